@@ -1,0 +1,282 @@
+//! The channel contract: what every chat platform adapter (HTTP API, terminal, Telegram, Slack,
+//! Discord) implements and what the daemon's ingress/egress consume.
+//!
+//! This crate depends on neither the root `clawft` crate nor ractor: an adapter only pushes
+//! [`InboundDelivery`]s into a channel and sends already-rendered [`OutboundMessage`]s.
+
+use std::fmt;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
+
+macro_rules! string_id {
+    ($(#[$doc:meta])* $name:ident) => {
+        $(#[$doc])*
+        #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+        #[serde(transparent)]
+        pub struct $name(String);
+
+        impl $name {
+            /// Wraps a raw identifier.
+            pub fn new(s: impl Into<String>) -> Self {
+                Self(s.into())
+            }
+            /// The raw identifier.
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+    };
+}
+
+string_id!(
+    /// A configured channel instance, e.g. `http`, `cli`, `telegram`.
+    ChannelId
+);
+string_id!(
+    /// A conversation on a platform (Telegram chat id, Slack channel id, HTTP `chat_id`).
+    ChatId
+);
+string_id!(
+    /// The sender of a message as the platform identifies them (ids, never usernames).
+    UserId
+);
+string_id!(
+    /// A thread inside a chat (Slack `thread_ts`, Telegram topic), when the platform has them.
+    ThreadId
+);
+string_id!(
+    /// The platform's own id of an inbound event: the dedupe key together with the channel.
+    PlatformEventId
+);
+
+/// One message a user sent, as an adapter saw it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InboundEvent {
+    /// Channel that received it.
+    pub channel: ChannelId,
+    /// Conversation it belongs to.
+    pub chat: ChatId,
+    /// Thread inside the conversation, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thread: Option<ThreadId>,
+    /// Who sent it.
+    pub sender: UserId,
+    /// Platform event id; `(channel, event_id)` is deduplicated by ingress.
+    pub event_id: PlatformEventId,
+    /// Text content as sent (sanitised later by ingress).
+    pub content: String,
+    /// Milliseconds since the Unix epoch when the adapter received it.
+    pub received_at_ms: u64,
+}
+
+/// How ingress answered an inbound delivery. The adapter acknowledges the platform only after
+/// [`Ack::Accepted`] or [`Ack::Duplicate`]: both mean the event is durably journaled.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Ack {
+    /// Journaled (flushed to disk) and queued for its session.
+    Accepted,
+    /// Already journaled earlier (a platform retry); nothing new was queued.
+    Duplicate,
+    /// Refused (sender not allowed, invalid session id, shutting down). The text says why.
+    Rejected(String),
+}
+
+/// An inbound event plus the port on which ingress reports that it is journaled.
+#[derive(Debug)]
+pub struct InboundDelivery {
+    /// The event itself.
+    pub event: InboundEvent,
+    /// Answered once the event is journaled or refused. Dropping it is allowed.
+    pub ack: Option<oneshot::Sender<Ack>>,
+}
+
+impl InboundDelivery {
+    /// A delivery together with the receiver of its acknowledgement.
+    pub fn new(event: InboundEvent) -> (Self, oneshot::Receiver<Ack>) {
+        let (tx, rx) = oneshot::channel();
+        (
+            Self {
+                event,
+                ack: Some(tx),
+            },
+            rx,
+        )
+    }
+}
+
+/// What an outbound message is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OutboundKind {
+    /// The final reply to one inbound event (or a proactive message). Journaled in the outbox.
+    Final,
+    /// A streamed fragment of text of a reply still being produced. Best effort, not journaled.
+    Delta,
+    /// Tool progress (a tool started/finished). Best effort, not journaled.
+    Progress,
+    /// The turn failed; `content` tells the user why. Journaled like `Final`.
+    Error,
+}
+
+impl OutboundKind {
+    /// Whether this kind is journaled in the outbox and retried until delivered.
+    pub fn is_durable(self) -> bool {
+        matches!(self, OutboundKind::Final | OutboundKind::Error)
+    }
+}
+
+/// A message to send on a channel.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OutboundMessage {
+    /// Unique id of this outbound message (the idempotency key of the outbox).
+    pub id: String,
+    /// Channel to send on.
+    pub channel: ChannelId,
+    /// Conversation to send to.
+    pub chat: ChatId,
+    /// Thread, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thread: Option<ThreadId>,
+    /// The inbound event this answers, if any (HTTP correlates replies to requests with it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub in_reply_to: Option<PlatformEventId>,
+    /// What it is.
+    pub kind: OutboundKind,
+    /// Text (Markdown for `Final`).
+    pub content: String,
+    /// Structured extra data (tool progress details), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub meta: Option<serde_json::Value>,
+}
+
+/// The platform's reference to a message it accepted.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SentRef(pub String);
+
+/// What a platform supports beyond plain text.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Capabilities {
+    /// Accepts [`OutboundKind::Delta`] messages (streaming).
+    pub streaming: bool,
+    /// Wants [`OutboundKind::Progress`] messages.
+    pub progress: bool,
+    /// Longest message the platform accepts, in bytes of UTF-8.
+    pub max_message_bytes: usize,
+}
+
+impl Default for Capabilities {
+    fn default() -> Self {
+        Self {
+            streaming: false,
+            progress: false,
+            max_message_bytes: 4000,
+        }
+    }
+}
+
+/// Why a channel operation failed, classified for the retry logic of the outbox.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ChannelError {
+    /// The platform asked us to slow down.
+    #[error("rate limited (retry after {retry_after:?})")]
+    RateLimited {
+        /// How long the platform asked us to wait, if it said.
+        retry_after: Option<Duration>,
+    },
+    /// A network or server error that may pass (5xx, connection reset).
+    #[error("transient: {0}")]
+    Transient(String),
+    /// Credentials refused: retrying will not help; the operator must fix the token.
+    #[error("authentication failed: {0}")]
+    Auth(String),
+    /// The message itself was refused (bad chat id, too long): retrying will not help.
+    #[error("rejected: {0}")]
+    Rejected(String),
+    /// The recipient is gone (HTTP client disconnected). Dropping the message is right.
+    #[error("recipient gone: {0}")]
+    Gone(String),
+    /// Anything else that is fatal for this adapter.
+    #[error("{0}")]
+    Fatal(String),
+}
+
+impl ChannelError {
+    /// Whether sending again later may succeed.
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            ChannelError::RateLimited { .. } | ChannelError::Transient(_)
+        )
+    }
+
+    /// The delay the platform asked for, if any.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            ChannelError::RateLimited { retry_after } => *retry_after,
+            _ => None,
+        }
+    }
+
+    /// A short stable name for metrics and logs.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ChannelError::RateLimited { .. } => "rate_limited",
+            ChannelError::Transient(_) => "transient",
+            ChannelError::Auth(_) => "auth",
+            ChannelError::Rejected(_) => "rejected",
+            ChannelError::Gone(_) => "gone",
+            ChannelError::Fatal(_) => "fatal",
+        }
+    }
+}
+
+/// A chat platform adapter.
+#[async_trait]
+pub trait Channel: Send + Sync + 'static {
+    /// The configured id of this channel instance.
+    fn id(&self) -> &ChannelId;
+
+    /// Optional platform capabilities.
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::default()
+    }
+
+    /// Push every inbound event into `tx` until `cancel` fires. Acknowledge the platform only
+    /// after the delivery's ack says the event is journaled.
+    ///
+    /// # Errors
+    /// Returns on a fatal error; the daemon restarts the adapter with backoff.
+    async fn listen(
+        &self,
+        tx: mpsc::Sender<InboundDelivery>,
+        cancel: CancellationToken,
+    ) -> Result<(), ChannelError>;
+
+    /// Send one already-rendered, already-chunked message.
+    ///
+    /// # Errors
+    /// A classified [`ChannelError`]; the outbox retries the retryable ones.
+    async fn send(&self, msg: &OutboundMessage) -> Result<SentRef, ChannelError>;
+}
+
+/// Milliseconds since the Unix epoch, for [`InboundEvent::received_at_ms`].
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}

@@ -1,0 +1,176 @@
+//! ⑤ LLM providers behind one [`ChatModel`] trait: OpenAI-compatible chat completions
+//! (streaming and not), Anthropic Messages, and a retrying/failover wrapper.
+//!
+//! Providers translate between the provider-neutral [`Message`] transcript and the wire format.
+//! They hold no conversation state and never touch the store.
+
+pub mod anthropic;
+pub mod error;
+pub mod openai;
+pub mod retry;
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc;
+
+pub use error::LlmError;
+
+/// Who said a message in a transcript.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// The system prompt.
+    System,
+    /// The human (or a channel on their behalf).
+    User,
+    /// The model.
+    Assistant,
+    /// A tool result, linked to an assistant tool call by `tool_call_id`.
+    Tool,
+}
+
+/// One tool call requested by the model.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ToolCall {
+    /// Provider-assigned id (`call_…`, `toolu_…`); tool results refer to it.
+    pub id: String,
+    /// Tool name as the model wrote it.
+    pub name: String,
+    /// Raw JSON argument text as the model wrote it (may be malformed: the loop reports that).
+    pub arguments: String,
+}
+
+/// One message of a transcript, provider-neutral.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Message {
+    /// Who said it.
+    pub role: Role,
+    /// Text content (may be empty for an assistant message that only calls tools).
+    #[serde(default)]
+    pub content: String,
+    /// Tool calls of an assistant message.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
+    /// For `Role::Tool`: the id of the call this answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    /// For `Role::Tool`: the tool's name (Anthropic and some OpenAI-compatible servers want it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+impl Message {
+    /// A system message.
+    pub fn system(content: impl Into<String>) -> Self {
+        Self::text(Role::System, content)
+    }
+    /// A user message.
+    pub fn user(content: impl Into<String>) -> Self {
+        Self::text(Role::User, content)
+    }
+    /// An assistant text message.
+    pub fn assistant(content: impl Into<String>) -> Self {
+        Self::text(Role::Assistant, content)
+    }
+    fn text(role: Role, content: impl Into<String>) -> Self {
+        Self {
+            role,
+            content: content.into(),
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+            name: None,
+        }
+    }
+    /// A tool result answering `call_id`.
+    pub fn tool_result(
+        call_id: impl Into<String>,
+        name: impl Into<String>,
+        content: impl Into<String>,
+    ) -> Self {
+        Self {
+            role: Role::Tool,
+            content: content.into(),
+            tool_calls: Vec::new(),
+            tool_call_id: Some(call_id.into()),
+            name: Some(name.into()),
+        }
+    }
+}
+
+/// A tool as shown to the model.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ToolSpec {
+    /// Tool name.
+    pub name: String,
+    /// What it does.
+    pub description: String,
+    /// JSON Schema of its arguments.
+    pub parameters: serde_json::Value,
+}
+
+/// One completion request.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ChatRequest {
+    /// Model name; empty means the provider's configured default.
+    pub model: String,
+    /// The transcript, system prompt first.
+    pub messages: Vec<Message>,
+    /// Tools the model may call, sorted by name.
+    pub tools: Vec<ToolSpec>,
+    /// Upper bound on generated tokens, if set.
+    pub max_tokens: Option<u32>,
+    /// Sampling temperature, if set.
+    pub temperature: Option<f32>,
+}
+
+/// Token accounting of one response.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    /// Prompt tokens.
+    pub input_tokens: u64,
+    /// Completion tokens.
+    pub output_tokens: u64,
+}
+
+/// The model's answer.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ChatResponse {
+    /// Text content (may be empty when the model only calls tools).
+    pub content: String,
+    /// Tool calls, in the order the model gave them.
+    pub tool_calls: Vec<ToolCall>,
+    /// Why generation stopped, as the provider said it (`stop`, `tool_calls`, `end_turn`…).
+    pub finish_reason: Option<String>,
+    /// Token usage, when reported.
+    pub usage: Usage,
+}
+
+/// A streamed fragment, sent while a streaming completion runs.
+#[derive(Clone, Debug, PartialEq)]
+pub enum StreamEvent {
+    /// Text produced so far was extended by this fragment.
+    TextDelta(String),
+}
+
+/// A chat completion provider.
+#[async_trait]
+pub trait ChatModel: Send + Sync + 'static {
+    /// Provider name for logs and status (`openai`, `anthropic`, `openrouter`…).
+    fn name(&self) -> &str;
+
+    /// Run one completion. When `stream` is given, text deltas are sent to it as they arrive
+    /// (providers that cannot stream simply send nothing); the full response is still returned.
+    ///
+    /// # Errors
+    /// A classified [`LlmError`]: callers branch on `is_retryable()`, never on the text.
+    async fn complete(
+        &self,
+        req: &ChatRequest,
+        stream: Option<&mpsc::Sender<StreamEvent>>,
+    ) -> Result<ChatResponse, LlmError>;
+}
+
+/// Shared handle to a model.
+pub type DynModel = Arc<dyn ChatModel>;
