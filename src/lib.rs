@@ -1,1 +1,42 @@
-pub fn x(){}
+//! clawft: the `weft` agent gateway.
+//!
+//! ```text
+//! channels/<platform> ─InboundDelivery─▶ ChannelActor: ingress pump (sanitise, SessionKey,
+//!                                         journal + flush, ack) ─BusMsg::Inbound─▶ BusActor
+//! BusActor (SessionKey → SessionActor, spawned on first message, supervised)
+//!   ─SessionMsg::Inbound─▶ SessionActor (queue, transcript; one turn at a time)
+//!   ─spawns─▶ turn::run_turn (LLM ⇄ ToolRegistry) ─SessionMsg::TurnFinished─▶ SessionActor
+//!   ─BusMsg::Outbound─▶ BusActor ─ChannelMsg::Send─▶ ChannelActor outbox ─▶ Channel::send
+//! ```
+//!
+//! # Layout
+//! - [`config`]: file + environment → validated [`config::Config`]; the only env reader.
+//! - [`ingress`]: [`ingress::SessionKey`], content sanitising.
+//! - [`bus`], [`session`], [`egress`]: the actors.
+//! - [`turn`]: the tool-call loop.
+//! - [`llm`]: providers behind [`llm::ChatModel`].
+//! - [`tools`]: [`tools::Tool`], [`tools::ToolRegistry`], built-in tools.
+//! - [`store`]: sled transcripts, inbound journal, outbox.
+//! - [`daemon`]: builds the tree, recovery, shutdown order.
+//! - [`admin`]: the admin side of the HTTP API (status, sessions).
+//! - [`cli`]: the `weft` subcommands.
+
+pub mod admin;
+pub mod bus;
+pub mod cli;
+pub mod config;
+pub mod daemon;
+pub mod egress;
+pub mod ingress;
+pub mod llm;
+pub mod session;
+pub mod store;
+pub mod telemetry;
+pub mod tools;
+pub mod turn;
+
+/// Install ring as the process-wide rustls crypto provider (two backends are linked; without
+/// this the first TLS client panics). Idempotent.
+pub fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}

@@ -1,1 +1,63 @@
-fn main(){}
+//! `weft`: clap → config → telemetry → command.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use clawft::cli::{self, Cli, Command};
+use clawft::config::{Config, Env};
+
+fn main() -> ExitCode {
+    clawft::install_crypto_provider();
+    let cli = Cli::parse();
+    let env = Env::from_process();
+    let journald = env.get("JOURNAL_STREAM").is_some();
+    let default_level = match cli.command {
+        Command::Gateway => "info",
+        _ => "warn",
+    };
+    clawft::telemetry::init(cli.log_format, default_level, journald);
+
+    if let Command::Onboard { force } = cli.command {
+        return match cli::onboard::run(cli.config.as_deref(), &env, force) {
+            Ok(paths) => {
+                for p in paths {
+                    println!("wrote {}", p.display());
+                }
+                ExitCode::SUCCESS
+            }
+            Err(e) => fail(&e.to_string()),
+        };
+    }
+    let config = match Config::load(cli.config.as_deref(), &env) {
+        Ok(c) => c,
+        Err(e) => return fail(&e.to_string()),
+    };
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => return fail(&format!("cannot start the runtime: {e}")),
+    };
+    let result = rt.block_on(async move {
+        match cli.command {
+            Command::Onboard { .. } => Ok(()),
+            Command::Agent { message, session } => {
+                cli::agent::run(&config, message, &session).await
+            }
+            Command::Gateway => cli::gateway::run(config, cli::gateway::signals()).await,
+            Command::Status => cli::status::run(&config).await,
+            Command::Sessions { action } => cli::sessions::run(&config, action).await,
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => fail(&e.to_string()),
+    }
+}
+
+fn fail(msg: &str) -> ExitCode {
+    eprintln!("weft: {msg}");
+    ExitCode::FAILURE
+}

@@ -1,0 +1,145 @@
+//! The admin side of the local HTTP API (`/v1/status`, `/v1/sessions`, `/readyz`), and the
+//! status report that `weft status` prints whether it reads the store directly or asks a
+//! running gateway.
+
+use std::sync::{Arc, OnceLock};
+
+use async_trait::async_trait;
+use serde_json::{json, Value};
+
+use crate::bus::{BusMsg, BusRef};
+use crate::config::Config;
+use crate::ingress::SessionKey;
+use crate::session::SessionStatus;
+use crate::store::Store;
+
+/// Timeout of a `Clear` call through the bus.
+const CLEAR_TIMEOUT_MS: u64 = 35_000;
+
+/// The status report (`weft status`, `GET /v1/status`).
+pub fn status_json(config: &Config, store: &Store, live: Option<&[SessionStatus]>) -> Value {
+    let stored = store.sessions().map(|s| s.len()).unwrap_or(0);
+    json!({
+        "config": config.path.as_ref().map(|p| p.display().to_string()),
+        "workspace": config.agent.workspace.display().to_string(),
+        "store": {
+            "path": store.path().map(|p| p.display().to_string()),
+            "size_bytes": store.size_on_disk(),
+        },
+        "providers": config.providers.iter().map(|p| json!({
+            "name": p.name,
+            "base_url": p.base_url,
+            "model": p.model,
+            "api_key": p.api_key.is_some(),
+        })).collect::<Vec<_>>(),
+        "provider_source": format!("{:?}", config.provider_source),
+        "channels": {
+            "http": if config.http.enabled { Value::String(config.http.bind.to_string()) } else { Value::Null },
+        },
+        "sessions": {
+            "stored": stored,
+            "live": live.map(<[SessionStatus]>::len),
+        },
+        "pid": std::process::id(),
+    })
+}
+
+/// Stored sessions as JSON rows.
+///
+/// # Errors
+/// Store failure, as text.
+pub fn sessions_json(store: &Store) -> Result<Value, String> {
+    let rows = store.sessions().map_err(|e| e.to_string())?;
+    Ok(json!({
+        "sessions": rows.iter().map(|m| json!({
+            "key": m.key.as_str(),
+            "messages": m.next_seq,
+            "created_ms": m.created_ms,
+            "updated_ms": m.updated_ms,
+        })).collect::<Vec<_>>()
+    }))
+}
+
+/// One session's transcript as JSON, or `None` if it is not stored.
+///
+/// # Errors
+/// Invalid key or store failure, as text.
+pub fn session_json(store: &Store, key: &str) -> Result<Option<Value>, String> {
+    let key = SessionKey::parse(key).map_err(|e| e.to_string())?;
+    let Some(meta) = store.session_meta(&key).map_err(|e| e.to_string())? else {
+        return Ok(None);
+    };
+    let msgs = store.load_transcript(&key).map_err(|e| e.to_string())?;
+    Ok(Some(json!({
+        "key": key.as_str(),
+        "created_ms": meta.created_ms,
+        "updated_ms": meta.updated_ms,
+        "messages": msgs,
+    })))
+}
+
+struct Running {
+    bus: BusRef,
+    store: Store,
+}
+
+/// The [`clawft_channel_http::Admin`] implementation: filled in once the daemon runs.
+#[derive(Clone)]
+pub struct AdminApi {
+    config: Arc<Config>,
+    running: Arc<OnceLock<Running>>,
+}
+
+impl AdminApi {
+    /// Admin API for `config`; answers "starting" until [`AdminApi::attach`].
+    pub fn new(config: Arc<Config>) -> Self {
+        Self {
+            config,
+            running: Arc::new(OnceLock::new()),
+        }
+    }
+
+    /// Connect it to the running daemon.
+    pub fn attach(&self, bus: BusRef, store: Store) {
+        let _ = self.running.set(Running { bus, store });
+    }
+}
+
+#[async_trait]
+impl clawft_channel_http::Admin for AdminApi {
+    async fn status(&self) -> Value {
+        match self.running.get() {
+            Some(r) => {
+                let live = crate::daemon::live_sessions(&r.bus).await;
+                let mut v = status_json(&self.config, &r.store, Some(&live));
+                v["mode"] = json!("gateway");
+                v
+            }
+            None => json!({"status": "starting"}),
+        }
+    }
+
+    async fn sessions(&self) -> Result<Value, String> {
+        let r = self.running.get().ok_or("starting")?;
+        sessions_json(&r.store)
+    }
+
+    async fn session(&self, key: &str) -> Result<Option<Value>, String> {
+        let r = self.running.get().ok_or("starting")?;
+        session_json(&r.store, key)
+    }
+
+    async fn clear_session(&self, key: &str) -> Result<bool, String> {
+        let r = self.running.get().ok_or("starting")?;
+        let key = SessionKey::parse(key).map_err(|e| e.to_string())?;
+        ractor::call_t!(r.bus, |reply| BusMsg::Clear { key, reply }, CLEAR_TIMEOUT_MS)
+            .map_err(|e| e.to_string())?
+    }
+
+    async fn ready(&self) -> Result<Value, Value> {
+        match self.running.get() {
+            Some(_) => Ok(json!({"status": "ready"})),
+            None => Err(json!({"status": "starting"})),
+        }
+    }
+}

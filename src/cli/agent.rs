@@ -1,0 +1,237 @@
+//! `weft agent`: one message (`-m`) or an interactive chat, in-process or through a running
+//! gateway's HTTP API.
+
+use std::io::Write;
+
+use clawft_channel_core::{OutboundKind, OutboundMessage, PlatformEventId};
+use tokio::io::AsyncBufReadExt;
+use tokio::sync::mpsc;
+
+use super::client::{GatewayClient, StreamItem};
+use super::terminal::TerminalChannel;
+use super::CliError;
+use crate::config::Config;
+use crate::daemon::{build_model, Daemon};
+use crate::store::{Store, StoreError};
+
+/// Where a command reads the sessions from.
+pub enum Backend {
+    /// A running gateway's API.
+    Gateway(GatewayClient),
+    /// The store, opened by this process.
+    Store(Store),
+}
+
+/// Use a running gateway if one answers, else open the store; never a raw lock error.
+///
+/// # Errors
+/// The store is locked by a process whose API does not answer, or cannot be opened.
+pub async fn backend(config: &Config) -> Result<Backend, CliError> {
+    if let Some(c) = GatewayClient::detect(config).await {
+        eprintln!("(using the running gateway at {})", c.base());
+        return Ok(Backend::Gateway(c));
+    }
+    match Store::open(&config.store.path, config.store.cache_bytes) {
+        Ok(s) => {
+            eprintln!("(store opened directly: {})", config.store.path.display());
+            Ok(Backend::Store(s))
+        }
+        Err(StoreError::Locked(path)) => Err(CliError(format!(
+            "the store at {path} is in use by another weft process, and no gateway API answers at {}. Wait for that process to finish, or stop it, then retry",
+            GatewayClient::address(config)
+        ))),
+        Err(e) => Err(CliError::msg(e)),
+    }
+}
+
+/// Run `weft agent`.
+///
+/// # Errors
+/// Provider failure (after retries) or infrastructure errors, with a clear message.
+pub async fn run(config: &Config, message: Option<String>, session: &str) -> Result<(), CliError> {
+    crate::ingress::SessionKey::from_parts(&["cli", session]).map_err(CliError::msg)?;
+    match backend(config).await? {
+        Backend::Gateway(client) => via_gateway(&client, message, session).await,
+        Backend::Store(store) => in_process(config, store, message, session).await,
+    }
+}
+
+struct Printer {
+    streamed: bool,
+}
+
+impl Printer {
+    /// Print one item; returns `Some(ok)` when it ended a reply.
+    fn item(&mut self, item: &StreamItem) -> Option<bool> {
+        let mut out = std::io::stdout();
+        match item {
+            StreamItem::Delta(t) => {
+                self.streamed = true;
+                let _ = write!(out, "{t}");
+                let _ = out.flush();
+                None
+            }
+            StreamItem::Progress(v) => {
+                if v.get("event").and_then(|e| e.as_str()) == Some("tool_started") {
+                    let tool = v.get("tool").and_then(|t| t.as_str()).unwrap_or("?");
+                    eprintln!("  [{tool}]");
+                }
+                None
+            }
+            StreamItem::Done(text) => {
+                if self.streamed {
+                    let _ = writeln!(out);
+                } else {
+                    let _ = writeln!(out, "{text}");
+                }
+                self.streamed = false;
+                Some(true)
+            }
+            StreamItem::Error(text) => {
+                if self.streamed {
+                    let _ = writeln!(out);
+                }
+                eprintln!("error: {text}");
+                self.streamed = false;
+                Some(false)
+            }
+        }
+    }
+}
+
+fn to_item(m: &OutboundMessage) -> StreamItem {
+    match m.kind {
+        OutboundKind::Delta => StreamItem::Delta(m.content.clone()),
+        OutboundKind::Progress => StreamItem::Progress(m.meta.clone().unwrap_or_default()),
+        OutboundKind::Final => StreamItem::Done(m.content.clone()),
+        OutboundKind::Error => StreamItem::Error(m.content.clone()),
+    }
+}
+
+async fn in_process(
+    config: &Config,
+    store: Store,
+    message: Option<String>,
+    session: &str,
+) -> Result<(), CliError> {
+    let model = build_model(config).map_err(CliError::msg)?;
+    let (term, mut out) = TerminalChannel::new();
+    let daemon = Daemon::start(config, store, model, vec![term.clone()])
+        .await
+        .map_err(CliError::msg)?;
+    let result = match message {
+        Some(m) => one_shot(&term, &mut out, session, &m).await,
+        None => interactive_local(&term, &mut out, session).await,
+    };
+    daemon.shutdown().await;
+    result
+}
+
+async fn one_shot(
+    term: &TerminalChannel,
+    out: &mut mpsc::UnboundedReceiver<OutboundMessage>,
+    session: &str,
+    message: &str,
+) -> Result<(), CliError> {
+    let id = term.submit(session, message).await.map_err(CliError)?;
+    let mut p = Printer { streamed: false };
+    while let Some(m) = out.recv().await {
+        if m.in_reply_to.as_ref() != Some(&id) {
+            continue;
+        }
+        if let Some(ok) = p.item(&to_item(&m)) {
+            return if ok {
+                Ok(())
+            } else {
+                Err(CliError("the turn failed".into()))
+            };
+        }
+    }
+    Err(CliError("the agent stopped before replying".into()))
+}
+
+fn stdin_lines() -> mpsc::Receiver<String> {
+    let (tx, rx) = mpsc::channel(16);
+    tokio::spawn(async move {
+        let mut lines = tokio::io::BufReader::new(tokio::io::stdin()).lines();
+        while let Ok(Some(l)) = lines.next_line().await {
+            if tx.send(l).await.is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+const HELP: &str = "Type a message. /stop cancels the running turn, /new starts a new conversation, Ctrl-D exits.";
+
+async fn interactive_local(
+    term: &TerminalChannel,
+    out: &mut mpsc::UnboundedReceiver<OutboundMessage>,
+    session: &str,
+) -> Result<(), CliError> {
+    eprintln!("{HELP}");
+    let mut lines = stdin_lines();
+    let mut p = Printer { streamed: false };
+    let mut waiting: Vec<PlatformEventId> = Vec::new();
+    loop {
+        tokio::select! {
+            line = lines.recv() => {
+                let Some(line) = line else { break };
+                if line.trim().is_empty() { continue; }
+                match term.submit(session, &line).await {
+                    Ok(id) => waiting.push(id),
+                    Err(e) => eprintln!("error: {e}"),
+                }
+            }
+            m = out.recv() => {
+                let Some(m) = m else { break };
+                if p.item(&to_item(&m)).is_some() {
+                    waiting.retain(|id| Some(id) != m.in_reply_to.as_ref());
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn via_gateway(
+    client: &GatewayClient,
+    message: Option<String>,
+    session: &str,
+) -> Result<(), CliError> {
+    let mut p = Printer { streamed: false };
+    if let Some(m) = message {
+        let last = client
+            .chat_stream(session, &m, |i| {
+                let _ = p.item(i);
+            })
+            .await?;
+        return match last {
+            StreamItem::Error(_) => Err(CliError("the turn failed".into())),
+            StreamItem::Delta(_) | StreamItem::Progress(_) | StreamItem::Done(_) => Ok(()),
+        };
+    }
+    eprintln!("{HELP}");
+    let mut lines = stdin_lines();
+    let (items_tx, mut items) = mpsc::unbounded_channel::<StreamItem>();
+    loop {
+        tokio::select! {
+            line = lines.recv() => {
+                let Some(line) = line else { break };
+                if line.trim().is_empty() { continue; }
+                let c = client.clone();
+                let tx = items_tx.clone();
+                let session = session.to_string();
+                tokio::spawn(async move {
+                    let r = c.chat_stream(&session, &line, |i| { let _ = tx.send(i.clone()); }).await;
+                    if let Err(e) = r {
+                        let _ = tx.send(StreamItem::Error(e.to_string()));
+                    }
+                });
+            }
+            Some(i) = items.recv() => { let _ = p.item(&i); }
+        }
+    }
+    Ok(())
+}

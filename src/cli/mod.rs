@@ -1,0 +1,89 @@
+//! The `weft` command line: one file per subcommand.
+
+pub mod agent;
+pub mod client;
+pub mod gateway;
+pub mod onboard;
+pub mod sessions;
+pub mod status;
+pub mod terminal;
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+use crate::telemetry::LogFormat;
+
+/// weft: an agent gateway connecting chat channels to LLM agents that act through tools.
+#[derive(Debug, Parser)]
+#[command(name = "weft", version, about)]
+pub struct Cli {
+    /// Configuration file (default: ~/.clawft/config.toml or config.json).
+    #[arg(long, global = true, value_name = "PATH")]
+    pub config: Option<PathBuf>,
+    /// Log format on stderr.
+    #[arg(long, global = true, value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+    /// The command.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Write a commented default config and create the workspace.
+    Onboard {
+        /// Overwrite an existing config file.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Talk to the agent: one message with -m, or an interactive chat on the terminal.
+    Agent {
+        /// Send this one message, print the reply and exit.
+        #[arg(short, long)]
+        message: Option<String>,
+        /// Conversation to use (default: `default`).
+        #[arg(short, long, default_value = "default")]
+        session: String,
+    },
+    /// Run the daemon: all enabled channels and the HTTP API, until SIGINT/SIGTERM.
+    Gateway,
+    /// Show configuration, store, providers, channels and sessions.
+    Status,
+    /// List, show or clear stored conversations.
+    Sessions {
+        /// What to do.
+        #[command(subcommand)]
+        action: SessionsAction,
+    },
+}
+
+/// `weft sessions` actions.
+#[derive(Debug, Subcommand)]
+pub enum SessionsAction {
+    /// List stored sessions.
+    List,
+    /// Print one session's transcript.
+    Show {
+        /// Session key, e.g. `http:my-chat` or `cli:default`.
+        key: String,
+    },
+    /// Delete one session's transcript.
+    Clear {
+        /// Session key.
+        key: String,
+    },
+}
+
+/// A failure reported to the user with a clear message and a non-zero exit code.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct CliError(pub String);
+
+impl CliError {
+    /// Wrap any displayable error.
+    pub fn msg(e: impl std::fmt::Display) -> Self {
+        Self(e.to_string())
+    }
+}

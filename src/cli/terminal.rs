@@ -1,0 +1,109 @@
+//! The terminal channel (`cli`): `weft agent` submits lines as inbound events and reads replies,
+//! deltas and progress from the outbound side.
+
+use std::sync::{Arc, Mutex, PoisonError};
+
+use async_trait::async_trait;
+use clawft_channel_core::{
+    now_ms, Ack, Capabilities, Channel, ChannelError, ChannelId, ChatId, InboundDelivery,
+    InboundEvent, OutboundMessage, PlatformEventId, SentRef, UserId,
+};
+use tokio::sync::{mpsc, Notify};
+use tokio_util::sync::CancellationToken;
+
+/// The terminal as a channel.
+pub struct TerminalChannel {
+    id: ChannelId,
+    listener: Mutex<Option<mpsc::Sender<InboundDelivery>>>,
+    ready: Notify,
+    out: mpsc::UnboundedSender<OutboundMessage>,
+}
+
+impl TerminalChannel {
+    /// The channel and the receiver of everything it is asked to send.
+    pub fn new() -> (Arc<Self>, mpsc::UnboundedReceiver<OutboundMessage>) {
+        let (out, rx) = mpsc::unbounded_channel();
+        (
+            Arc::new(Self {
+                id: ChannelId::new("cli"),
+                listener: Mutex::new(None),
+                ready: Notify::new(),
+                out,
+            }),
+            rx,
+        )
+    }
+
+    /// Submit a line typed by the user; returns its event id once it is journaled.
+    ///
+    /// # Errors
+    /// The daemon refused it or is gone.
+    pub async fn submit(&self, chat: &str, text: &str) -> Result<PlatformEventId, String> {
+        let tx = loop {
+            let notified = self.ready.notified();
+            if let Some(tx) = self
+                .listener
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clone()
+            {
+                break tx;
+            }
+            notified.await;
+        };
+        let event_id = PlatformEventId::new(uuid::Uuid::now_v7().to_string());
+        let (delivery, ack) = InboundDelivery::new(InboundEvent {
+            channel: self.id.clone(),
+            chat: ChatId::new(chat),
+            thread: None,
+            sender: UserId::new("terminal"),
+            event_id: event_id.clone(),
+            content: text.to_string(),
+            received_at_ms: now_ms(),
+        });
+        tx.send(delivery)
+            .await
+            .map_err(|_| "the agent stopped".to_string())?;
+        match ack.await {
+            Ok(Ack::Accepted | Ack::Duplicate) => Ok(event_id),
+            Ok(Ack::Rejected(why)) => Err(why),
+            Err(_) => Err("the agent stopped".into()),
+        }
+    }
+}
+
+#[async_trait]
+impl Channel for TerminalChannel {
+    fn id(&self) -> &ChannelId {
+        &self.id
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            streaming: true,
+            progress: true,
+            max_message_bytes: usize::MAX,
+        }
+    }
+
+    async fn listen(
+        &self,
+        tx: mpsc::Sender<InboundDelivery>,
+        cancel: CancellationToken,
+    ) -> Result<(), ChannelError> {
+        *self
+            .listener
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(tx);
+        self.ready.notify_waiters();
+        cancel.cancelled().await;
+        Ok(())
+    }
+
+    async fn send(&self, msg: &OutboundMessage) -> Result<SentRef, ChannelError> {
+        self.out
+            .send(msg.clone())
+            .map_err(|_| ChannelError::Gone("terminal closed".into()))?;
+        Ok(SentRef(msg.id.clone()))
+    }
+}

@@ -1,0 +1,140 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use super::*;
+
+fn env(pairs: &[(&str, &str)]) -> Env {
+    let mut v: Vec<(String, String)> = vec![("HOME".into(), "/home/u".into())];
+    v.extend(pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    Env::from_pairs(v)
+}
+
+#[test]
+fn defaults_without_file_use_local_provider() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = env(&[("CLAWFT_HOME", dir.path().to_str().unwrap())]);
+    let c = Config::load(None, &e).unwrap();
+    assert_eq!(c.agent.max_tool_iterations, 20);
+    assert_eq!(c.provider_source, ProviderSource::LocalDefault);
+    assert_eq!(c.providers[0].base_url, LOCAL_DEFAULT_BASE_URL);
+    assert_eq!(c.agent.workspace, dir.path().join("workspace"));
+    assert_eq!(c.http.bind.to_string(), DEFAULT_HTTP_BIND);
+}
+
+#[test]
+fn env_keys_pick_providers_in_order_and_honour_base_url() {
+    let e = env(&[
+        ("ANTHROPIC_API_KEY", "sk-ant"),
+        ("OPENAI_API_KEY", "sk-oa"),
+        ("OPENAI_BASE_URL", "http://127.0.0.1:9/v1/"),
+    ]);
+    let c = Config::from_str("{}", false, &e).unwrap();
+    let names: Vec<_> = c.providers.iter().map(|p| p.name.as_str()).collect();
+    assert_eq!(names, ["openai", "anthropic"]);
+    assert_eq!(c.providers[0].base_url, "http://127.0.0.1:9/v1");
+    assert_eq!(c.providers[1].kind, ProviderKind::Anthropic);
+    assert!(c.secrets.iter().any(|s| s.expose() == "sk-oa"));
+}
+
+#[test]
+fn unknown_key_is_reported_with_its_path() {
+    let err = Config::from_str(r#"{"agents":{"defaults":{"modle":"x"}}}"#, false, &env(&[]))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("modle"), "{err}");
+    assert!(err.contains("agents.defaults") || err.contains("model"), "{err}");
+}
+
+#[test]
+fn wrong_type_is_reported_with_key() {
+    let err = Config::from_str(
+        "[agents.defaults]\nmax_tool_iterations = \"many\"\n",
+        true,
+        &env(&[]),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("max_tool_iterations"), "{err}");
+}
+
+#[test]
+fn iterations_clamped_to_at_least_one() {
+    let c = Config::from_str(
+        "[agents.defaults]\nmax_tool_iterations = 0\n",
+        true,
+        &env(&[]),
+    )
+    .unwrap();
+    assert_eq!(c.agent.max_tool_iterations, 1);
+}
+
+#[test]
+fn env_override_beats_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("config.toml");
+    std::fs::write(&p, "[agents.defaults]\nmax_tool_iterations = 5\n").unwrap();
+    let e = env(&[("CLAWFT_AGENTS__DEFAULTS__MAX_TOOL_ITERATIONS", "7")]);
+    let c = Config::load(Some(&p), &e).unwrap();
+    assert_eq!(c.agent.max_tool_iterations, 7);
+}
+
+#[test]
+fn secret_indirection_by_env_and_file() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("tok"), "s3cret\n").unwrap();
+    let e = env(&[
+        ("MY_KEY", "k-123"),
+        ("CREDENTIALS_DIRECTORY", dir.path().to_str().unwrap()),
+    ]);
+    let c = Config::from_str(
+        r#"{"providers":{"openai":{"api_key_env":"MY_KEY"}},"channels":{"http":{"token_file":"tok"}}}"#,
+        false,
+        &e,
+    )
+    .unwrap();
+    assert_eq!(c.providers[0].api_key.as_ref().unwrap().expose(), "k-123");
+    assert_eq!(c.http.token.as_ref().unwrap().expose(), "s3cret");
+    assert_eq!(format!("{:?}", c.http.token), "Some(Secret(***))");
+
+    let err = Config::from_str(
+        r#"{"providers":{"openai":{"api_key_env":"NOPE"}}}"#,
+        false,
+        &e,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("providers.openai.api_key_env") && err.contains("NOPE"), "{err}");
+}
+
+#[test]
+fn non_loopback_bind_needs_token() {
+    let err = Config::from_str(r#"{"channels":{"http":{"bind":"0.0.0.0:80"}}}"#, false, &env(&[]))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("channels.http.bind") && err.contains("token"), "{err}");
+    Config::from_str(
+        r#"{"channels":{"http":{"bind":"0.0.0.0:80","token":"t"}}}"#,
+        false,
+        &env(&[]),
+    )
+    .unwrap();
+}
+
+#[test]
+fn unknown_fallback_provider_is_named() {
+    let err = Config::from_str(
+        r#"{"providers":{"openai":{}},"agents":{"defaults":{"fallback":["nope"]}}}"#,
+        false,
+        &env(&[]),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("agents.defaults.fallback") && err.contains("nope"), "{err}");
+}
+
+#[test]
+fn missing_explicit_file_is_clear() {
+    let err = Config::load(Some(Path::new("/nonexistent/c.json")), &env(&[]))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("/nonexistent/c.json") && err.contains("weft onboard"), "{err}");
+}

@@ -1,0 +1,148 @@
+//! The raw shape of the configuration file: every field optional, unknown keys refused.
+//! [`super::Config::load`] turns it into the validated [`super::Config`].
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// The whole file (`~/.clawft/config.json` or `.toml`).
+#[derive(Debug, Default, Deserialize, Serialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ConfigFile {
+    /// Agent behaviour.
+    #[serde(default)]
+    pub agents: AgentsFile,
+    /// LLM providers by name (`openai`, `anthropic`, `openrouter`, `ollama`, or any name with
+    /// `kind` set).
+    #[serde(default)]
+    pub providers: BTreeMap<String, ProviderFile>,
+    /// Chat channels.
+    #[serde(default)]
+    pub channels: ChannelsFile,
+    /// The session store.
+    #[serde(default)]
+    pub store: StoreFile,
+    /// Sessions in memory and their queues.
+    #[serde(default)]
+    pub sessions: SessionsFile,
+    /// Tools.
+    #[serde(default)]
+    pub tools: ToolsFile,
+}
+
+/// `agents`.
+#[derive(Debug, Default, Deserialize, Serialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AgentsFile {
+    /// `agents.defaults`.
+    #[serde(default)]
+    pub defaults: AgentDefaultsFile,
+}
+
+/// `agents.defaults`.
+#[derive(Debug, Default, Deserialize, Serialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AgentDefaultsFile {
+    /// Model name sent to the provider (overrides each provider's default model).
+    pub model: Option<String>,
+    /// Maximum rounds of tool calls per message (default 20, clamped to >= 1).
+    pub max_tool_iterations: Option<i64>,
+    /// Root directory of the file tools (default `~/.clawft/workspace`).
+    pub workspace: Option<String>,
+    /// Name of the provider to use first (default: the first configured, alphabetically).
+    pub provider: Option<String>,
+    /// Providers to fall back to, in order, when the first one fails.
+    pub fallback: Option<Vec<String>>,
+    /// Replaces the built-in system prompt.
+    pub system_prompt: Option<String>,
+    /// Upper bound on generated tokens per LLM call.
+    pub max_tokens: Option<u32>,
+    /// Sampling temperature.
+    pub temperature: Option<f32>,
+    /// Stream text deltas from the provider (default true).
+    pub stream: Option<bool>,
+}
+
+/// `providers.NAME`.
+#[derive(Debug, Default, Deserialize, Serialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ProviderFile {
+    /// `openai` (any OpenAI-compatible server) or `anthropic`. Default from the name
+    /// (`anthropic` for a provider named anthropic, else `openai`).
+    pub kind: Option<String>,
+    /// Base URL, e.g. `https://api.openai.com/v1` or `http://127.0.0.1:11434/v1`.
+    pub base_url: Option<String>,
+    /// The API key, inline (prefer `api_key_env` or `api_key_file`).
+    pub api_key: Option<String>,
+    /// Name of an environment variable holding the API key.
+    pub api_key_env: Option<String>,
+    /// File holding the API key (relative paths resolve in `$CREDENTIALS_DIRECTORY`).
+    pub api_key_file: Option<String>,
+    /// Default model of this provider.
+    pub model: Option<String>,
+    /// Request timeout in seconds (default 120).
+    pub timeout_secs: Option<u64>,
+    /// Extra HTTP headers.
+    pub headers: Option<BTreeMap<String, String>>,
+    /// Retries on 429/5xx/connection errors before falling over (default 3).
+    pub max_retries: Option<u32>,
+}
+
+/// `channels`.
+#[derive(Debug, Default, Deserialize, Serialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ChannelsFile {
+    /// The local HTTP API.
+    #[serde(default)]
+    pub http: HttpFile,
+}
+
+/// `channels.http`.
+#[derive(Debug, Default, Deserialize, Serialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct HttpFile {
+    /// Serve the HTTP API (default true).
+    pub enabled: Option<bool>,
+    /// Address to bind (default `127.0.0.1:18790`). Non-loopback needs a token.
+    pub bind: Option<String>,
+    /// Bearer token, inline.
+    pub token: Option<String>,
+    /// Environment variable holding the bearer token.
+    pub token_env: Option<String>,
+    /// File holding the bearer token.
+    pub token_file: Option<String>,
+    /// How long `POST /v1/chat` waits for the reply, in seconds (default 300).
+    pub reply_timeout_secs: Option<u64>,
+}
+
+/// `store`.
+#[derive(Debug, Default, Deserialize, Serialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StoreFile {
+    /// Directory of the sled store (default `~/.clawft/store`).
+    pub path: Option<String>,
+    /// sled page cache bound in MiB (default 8).
+    pub cache_mb: Option<u64>,
+}
+
+/// `sessions`.
+#[derive(Debug, Default, Deserialize, Serialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SessionsFile {
+    /// Drop an idle session from memory after this many seconds (default 600); it is
+    /// reloaded from the store on its next message.
+    pub idle_secs: Option<u64>,
+    /// Most messages queued behind a running turn per session (default 100). Over it, the
+    /// message is refused with a clear reply rather than dropped silently.
+    pub max_queue: Option<usize>,
+    /// Seconds running turns get to finish at shutdown before they are cancelled (default 10).
+    pub shutdown_grace_secs: Option<u64>,
+}
+
+/// `tools`.
+#[derive(Debug, Default, Deserialize, Serialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ToolsFile {
+    /// Per-call timeout of a tool in seconds (default 120).
+    pub timeout_secs: Option<u64>,
+}

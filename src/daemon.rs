@@ -1,0 +1,313 @@
+//! Builds the actor tree, recovers what a crash left behind, and owns the shutdown order.
+//!
+//! Start: store → bus → channel actors (intake closed) → resend the outbox → replay the journal
+//! → open intake. Stop: close intake → drain sessions (grace, then cancel) → flush outboxes →
+//! stop actors → wait for tasks → flush the store.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use clawft_channel_core::Channel;
+use ractor::Actor;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::bus::{BusActor, BusArgs, BusMsg, BusRef};
+use crate::config::{Config, ProviderKind, ProviderSource};
+use crate::egress::{ChannelActor, ChannelArgs, ChannelMsg, ChannelRef};
+use crate::llm::anthropic::{Anthropic, AnthropicConfig};
+use crate::llm::openai::{OpenAiCompat, OpenAiConfig};
+use crate::llm::retry::{ResilientModel, RetryPolicy};
+use crate::llm::{DynModel, LlmError};
+use crate::session::{SessionMsg, SessionStatus};
+use crate::store::{Store, StoreError};
+use crate::tools::{register_builtins, ToolRegistry, Workspace};
+use crate::turn::TurnDeps;
+
+/// Timeout of calls to actors from the daemon (status, drain steps).
+const ACTOR_CALL_TIMEOUT_MS: u64 = 5_000;
+/// Timeout of calls bounded by an outer deadline instead (drain, flush).
+const LONG_CALL_MS: u64 = 3_600_000;
+/// How long shutdown waits for outboxes to drain.
+const OUTBOX_DRAIN: Duration = Duration::from_secs(5);
+/// How long shutdown waits for cancelled turns to finish writing.
+const CANCEL_SETTLE: Duration = Duration::from_secs(5);
+
+/// Why the daemon could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    /// The store could not be opened or read.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The workspace directory could not be created or opened.
+    #[error("cannot open workspace {path}: {source}")]
+    Workspace {
+        /// Path.
+        path: String,
+        /// Error.
+        source: std::io::Error,
+    },
+    /// A provider could not be built.
+    #[error(transparent)]
+    Llm(#[from] LlmError),
+    /// An actor could not be spawned.
+    #[error("cannot start actor: {0}")]
+    Spawn(String),
+}
+
+/// Build the model chain (retries per provider, then failover in order).
+///
+/// # Errors
+/// A provider whose client cannot be built.
+pub fn build_model(config: &Config) -> Result<DynModel, LlmError> {
+    let mut models: Vec<DynModel> = Vec::new();
+    let mut retries = 3;
+    for p in &config.providers {
+        retries = p.max_retries;
+        let m: DynModel = match p.kind {
+            ProviderKind::OpenAi => Arc::new(OpenAiCompat::new(OpenAiConfig {
+                name: p.name.clone(),
+                base_url: p.base_url.clone(),
+                api_key: p.api_key.as_ref().map(|s| s.expose().to_string()),
+                model: p.model.clone(),
+                timeout: p.timeout,
+                extra_headers: p.headers.clone(),
+            })?),
+            ProviderKind::Anthropic => Arc::new(Anthropic::new(AnthropicConfig {
+                name: p.name.clone(),
+                base_url: p.base_url.clone(),
+                api_key: p.api_key.as_ref().map(|s| s.expose().to_string()),
+                model: p.model.clone(),
+                timeout: p.timeout,
+                max_tokens: config.agent.max_tokens.unwrap_or(4096),
+            })?),
+        };
+        models.push(m);
+    }
+    let policy = RetryPolicy {
+        max_attempts: retries.saturating_add(1),
+        ..RetryPolicy::default()
+    };
+    Ok(Arc::new(ResilientModel::new(models, policy)))
+}
+
+/// What to tell the user when the provider cannot be reached, given where it came from.
+pub fn connect_hint(config: &Config) -> Option<String> {
+    match &config.provider_source {
+        ProviderSource::LocalDefault => Some(format!(
+            "No LLM provider is configured and nothing answered at {} (Ollama's default). Set OPENAI_API_KEY (and OPENAI_BASE_URL for another OpenAI-compatible server), ANTHROPIC_API_KEY or OPENROUTER_API_KEY, or add providers.<name> to {}",
+            config.providers.first().map_or("", |p| p.base_url.as_str()),
+            config
+                .path
+                .as_ref()
+                .map_or_else(|| "~/.clawft/config.json".to_string(), |p| p.display().to_string())
+        )),
+        ProviderSource::Environment(_) | ProviderSource::Configured => None,
+    }
+}
+
+/// The running daemon.
+pub struct Daemon {
+    bus: BusRef,
+    channels: Vec<ChannelRef>,
+    store: Store,
+    tasks: TaskTracker,
+    intake: CancellationToken,
+    stop_channels: CancellationToken,
+    turns: CancellationToken,
+    grace: Duration,
+}
+
+impl Daemon {
+    /// Start the actor tree over `store` with `model` and `channels`.
+    ///
+    /// # Errors
+    /// [`DaemonError`] when the workspace, the store or an actor cannot start.
+    pub async fn start(
+        config: &Config,
+        store: Store,
+        model: DynModel,
+        channels: Vec<Arc<dyn Channel>>,
+    ) -> Result<Self, DaemonError> {
+        let workspace =
+            Workspace::open(&config.agent.workspace).map_err(|e| DaemonError::Workspace {
+                path: config.agent.workspace.display().to_string(),
+                source: e,
+            })?;
+        let mut registry = ToolRegistry::new()
+            .with_secrets(
+                config
+                    .secrets
+                    .iter()
+                    .map(|s| s.expose().to_string())
+                    .collect(),
+            )
+            .with_timeout(config.agent.tool_timeout);
+        register_builtins(&mut registry);
+        let deps = TurnDeps {
+            model,
+            tools: Arc::new(registry),
+            store: store.clone(),
+            agent: Arc::new(config.agent.clone()),
+            system_prompt: crate::session::prompt::system_prompt(
+                config.agent.system_prompt.as_deref(),
+                workspace.root(),
+            )
+            .into(),
+            workspace: Arc::new(workspace),
+            connect_hint: connect_hint(config).map(Into::into),
+        };
+        let tasks = TaskTracker::new();
+        let turns = CancellationToken::new();
+        let (bus, _) = Actor::spawn(
+            None,
+            BusActor,
+            BusArgs {
+                deps,
+                tasks: tasks.clone(),
+                shutdown: turns.clone(),
+                idle: config.sessions.idle,
+                max_queue: config.sessions.max_queue,
+                stream: config.agent.stream,
+            },
+        )
+        .await
+        .map_err(|e| DaemonError::Spawn(e.to_string()))?;
+
+        let intake = CancellationToken::new();
+        let stop_channels = CancellationToken::new();
+        let open = CancellationToken::new();
+        let mut refs = Vec::new();
+        for ch in channels {
+            let id = ch.id().clone();
+            let streaming = ch.capabilities().streaming;
+            let (actor, _) = Actor::spawn(
+                None,
+                ChannelActor,
+                ChannelArgs {
+                    channel: ch,
+                    store: store.clone(),
+                    bus: bus.clone(),
+                    intake: intake.clone(),
+                    open: open.clone(),
+                    stop: stop_channels.clone(),
+                    tasks: tasks.clone(),
+                },
+            )
+            .await
+            .map_err(|e| DaemonError::Spawn(e.to_string()))?;
+            let _ = bus.cast(BusMsg::RegisterChannel {
+                id,
+                actor: actor.clone(),
+                streaming,
+            });
+            refs.push(actor);
+        }
+
+        // Replies answered before a crash but not delivered.
+        let outbound = store.pending_outbound()?;
+        if !outbound.is_empty() {
+            tracing::info!(count = outbound.len(), "resending undelivered replies");
+        }
+        for m in outbound {
+            let _ = bus.cast(BusMsg::Outbound(m));
+        }
+        // Messages accepted before a crash but not answered.
+        let inbound = store.pending_inbound()?;
+        if !inbound.is_empty() {
+            tracing::info!(count = inbound.len(), "processing messages accepted before a restart");
+        }
+        for e in inbound {
+            let _ = bus.cast(BusMsg::Inbound(e));
+        }
+        open.cancel();
+
+        Ok(Self {
+            bus,
+            channels: refs,
+            store,
+            tasks,
+            intake,
+            stop_channels,
+            turns,
+            grace: config.sessions.shutdown_grace,
+        })
+    }
+
+    /// The bus (for the admin API and tools).
+    pub fn bus(&self) -> &BusRef {
+        &self.bus
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// Status of every live session.
+    pub async fn live_sessions(&self) -> Vec<SessionStatus> {
+        live_sessions(&self.bus).await
+    }
+
+    /// Shut down in order; returns when everything is flushed.
+    pub async fn shutdown(self) {
+        tracing::info!("shutting down: intake closed");
+        self.intake.cancel();
+        let sessions = ractor::call_t!(self.bus, |reply| BusMsg::Sessions { reply }, ACTOR_CALL_TIMEOUT_MS)
+            .unwrap_or_default();
+        let drain = futures::future::join_all(sessions.iter().map(|(_, s)| async move {
+            ractor::call_t!(s, |reply| SessionMsg::Drain { reply }, LONG_CALL_MS)
+        }));
+        if tokio::time::timeout(self.grace, drain).await.is_err() {
+            tracing::warn!(grace_s = self.grace.as_secs(), "turns still running after the grace period; cancelling them");
+            self.turns.cancel();
+            let settle = futures::future::join_all(sessions.iter().map(|(_, s)| async move {
+                ractor::call_t!(s, |reply| SessionMsg::Drain { reply }, LONG_CALL_MS)
+            }));
+            let _ = tokio::time::timeout(CANCEL_SETTLE, settle).await;
+        }
+        let flush = futures::future::join_all(self.channels.iter().map(|c| async move {
+            ractor::call_t!(c, |reply| ChannelMsg::Flush { reply }, LONG_CALL_MS)
+        }));
+        if tokio::time::timeout(OUTBOX_DRAIN, flush).await.is_err() {
+            tracing::warn!("outboxes not drained in time; undelivered replies are sent at the next start");
+        }
+        self.turns.cancel();
+        self.stop_channels.cancel();
+        for (_, s) in &sessions {
+            s.stop(Some("shutdown".into()));
+        }
+        for c in &self.channels {
+            c.stop(Some("shutdown".into()));
+        }
+        let _ = self
+            .bus
+            .stop_and_wait(Some("shutdown".into()), Some(Duration::from_secs(5)))
+            .await;
+        self.tasks.close();
+        if tokio::time::timeout(Duration::from_secs(5), self.tasks.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!("some tasks did not stop in time");
+        }
+        if let Err(e) = self.store.flush() {
+            tracing::error!(error = %e, "final store flush failed");
+        }
+        tracing::info!("shutdown complete");
+    }
+}
+
+/// Status of every live session behind `bus`.
+pub async fn live_sessions(bus: &BusRef) -> Vec<SessionStatus> {
+    let sessions = ractor::call_t!(bus, |reply| BusMsg::Sessions { reply }, ACTOR_CALL_TIMEOUT_MS)
+        .unwrap_or_default();
+    let mut out = Vec::new();
+    for (_, s) in sessions {
+        if let Ok(st) = ractor::call_t!(s, |reply| SessionMsg::Status { reply }, ACTOR_CALL_TIMEOUT_MS) {
+            out.push(st);
+        }
+    }
+    out.sort_by(|a, b| a.key.cmp(&b.key));
+    out
+}

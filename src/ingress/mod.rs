@@ -1,0 +1,160 @@
+//! ① Ingress: turns an adapter's [`InboundEvent`] into a journaled, deduplicated, sanitised
+//! message for the bus. Owns the one [`SessionKey`] encoder.
+//!
+//! Ingress decides nothing about conversations; it never awaits the LLM.
+
+use std::fmt;
+
+use clawft_channel_core::InboundEvent;
+use serde::{Deserialize, Serialize};
+
+/// Longest accepted session key, in bytes (seed 002).
+pub const MAX_SESSION_KEY_BYTES: usize = 256;
+
+/// One conversation: `channel:chat[:thread]`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct SessionKey(String);
+
+/// Why a session key was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid session id `{shown}`: {reason}")]
+pub struct InvalidSessionKey {
+    shown: String,
+    reason: &'static str,
+}
+
+impl SessionKey {
+    /// Derive the key of an inbound event (the only constructor used by ingress).
+    ///
+    /// # Errors
+    /// When a component is empty, has `:`, or the whole fails [`SessionKey::parse`].
+    pub fn derive(ev: &InboundEvent) -> Result<Self, InvalidSessionKey> {
+        let mut parts = vec![ev.channel.as_str(), ev.chat.as_str()];
+        if let Some(t) = &ev.thread {
+            parts.push(t.as_str());
+        }
+        Self::from_parts(&parts)
+    }
+
+    /// Build a key from components, each non-empty and without `:`.
+    ///
+    /// # Errors
+    /// As [`SessionKey::parse`], or a component that is empty or contains `:`.
+    pub fn from_parts(parts: &[&str]) -> Result<Self, InvalidSessionKey> {
+        for p in parts {
+            if p.is_empty() {
+                return Err(invalid(&parts.join(":"), "empty component"));
+            }
+            if p.contains(':') {
+                return Err(invalid(&parts.join(":"), "a component contains `:`"));
+            }
+        }
+        Self::parse(&parts.join(":"))
+    }
+
+    /// Validate a key given as text (CLI, HTTP admin API): not empty, at most 256 bytes, no
+    /// `..`, no `/` or `\`, no NUL or control characters.
+    ///
+    /// # Errors
+    /// [`InvalidSessionKey`] saying which rule was broken.
+    pub fn parse(s: &str) -> Result<Self, InvalidSessionKey> {
+        if s.is_empty() {
+            return Err(invalid(s, "empty"));
+        }
+        if s.len() > MAX_SESSION_KEY_BYTES {
+            return Err(invalid(s, "longer than 256 bytes"));
+        }
+        if s.contains("..") {
+            return Err(invalid(s, "contains `..`"));
+        }
+        if s.contains('/') || s.contains('\\') {
+            return Err(invalid(s, "contains a path separator"));
+        }
+        if s.chars().any(char::is_control) {
+            return Err(invalid(s, "contains NUL or a control character"));
+        }
+        Ok(Self(s.to_string()))
+    }
+
+    /// The key as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The one storage encoding (never contains NUL, which the store uses as separator).
+    pub fn to_store_key(&self) -> Vec<u8> {
+        self.0.as_bytes().to_vec()
+    }
+
+    /// The channel component.
+    pub fn channel(&self) -> &str {
+        self.0.split(':').next().unwrap_or("")
+    }
+}
+
+fn invalid(s: &str, reason: &'static str) -> InvalidSessionKey {
+    let shown: String = s
+        .chars()
+        .take(64)
+        .map(|c| if c.is_control() { '?' } else { c })
+        .collect();
+    InvalidSessionKey { shown, reason }
+}
+
+impl fmt::Display for SessionKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl TryFrom<String> for SessionKey {
+    type Error = InvalidSessionKey;
+    fn try_from(s: String) -> Result<Self, Self::Error> {
+        Self::parse(&s)
+    }
+}
+
+impl From<SessionKey> for String {
+    fn from(k: SessionKey) -> String {
+        k.0
+    }
+}
+
+/// Strip NUL, DEL and ASCII control characters except `\n`, `\r`, `\t` (seed 002).
+pub fn sanitize_content(s: &str) -> String {
+    s.chars()
+        .filter(|&c| matches!(c, '\n' | '\r' | '\t') || !(c.is_ascii_control()))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    #[test]
+    fn keys_are_validated() {
+        assert!(SessionKey::parse("http:abc").is_ok());
+        for bad in ["", "a/../b", "a/b", "a\\b", "a\0b", "a\x07b", &"x".repeat(257)] {
+            assert!(SessionKey::parse(bad).is_err(), "{bad:?} accepted");
+        }
+        assert!(SessionKey::parse(&"x".repeat(256)).is_ok());
+        assert!(SessionKey::from_parts(&["http", "a:b"]).is_err());
+        assert!(SessionKey::from_parts(&["http", ""]).is_err());
+        assert_eq!(
+            SessionKey::from_parts(&["slack", "C1", "17.5"])
+                .unwrap()
+                .as_str(),
+            "slack:C1:17.5"
+        );
+    }
+
+    #[test]
+    fn sanitize_keeps_whitespace_and_unicode() {
+        assert_eq!(
+            sanitize_content("a\0b\x7fc\x1b[31m\n\r\tdé✓"),
+            "abc[31m\n\r\tdé✓"
+        );
+    }
+}

@@ -1,0 +1,482 @@
+//! ③ One [`SessionActor`] per conversation: owns the in-memory transcript and the queue of
+//! journaled messages, runs one turn at a time in a spawned task, handles `/stop`, `/new`,
+//! `/status`.
+//!
+//! It never awaits the LLM or a tool in `handle`: turns run in tracked tasks that report back
+//! with [`SessionMsg::TurnFinished`].
+
+pub mod prompt;
+pub mod transcript;
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use clawft_channel_core::{OutboundKind, OutboundMessage};
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use serde::Serialize;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::Instrument;
+
+use crate::bus::{BusMsg, BusRef};
+use crate::ingress::{sanitize_content, SessionKey};
+use crate::llm::{Message, Role};
+use crate::store::{InboxEntry, InboxState};
+use crate::turn::{run_turn, TurnDeps, TurnEvent, TurnOutcome, TurnStatus};
+
+/// Handle to a session actor.
+pub type SessionRef = ActorRef<SessionMsg>;
+
+/// Messages understood by [`SessionActor`].
+pub enum SessionMsg {
+    /// A journaled user message routed by the bus. Queued if a turn is running.
+    Inbound(InboxEntry),
+    /// Sent by this session's own turn task when the turn ends (already persisted).
+    TurnFinished {
+        /// The outcome.
+        outcome: Box<TurnOutcome>,
+        /// The reply put in the outbox.
+        reply: OutboundMessage,
+    },
+    /// Abort the running turn, if any (shutdown after the grace period).
+    Cancel,
+    /// Clear the conversation (after the running turn, if any, is cancelled and finished).
+    /// Replies whether anything was stored.
+    Reset {
+        /// Answer.
+        reply: RpcReplyPort<bool>,
+    },
+    /// Stop taking new turns; reply once no turn is running.
+    Drain {
+        /// Answered when idle.
+        reply: RpcReplyPort<()>,
+    },
+    /// A snapshot for `/status`, the admin API and tests.
+    Status {
+        /// Answer.
+        reply: RpcReplyPort<SessionStatus>,
+    },
+    /// Sent by the session's own idle timer.
+    IdleCheck {
+        /// `routed` count when the timer was set.
+        routed: u64,
+    },
+}
+
+/// A snapshot of a live session.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct SessionStatus {
+    /// Key.
+    pub key: String,
+    /// Messages in the transcript.
+    pub messages: usize,
+    /// Whether a turn is running.
+    pub running: bool,
+    /// Messages waiting behind it.
+    pub queued: usize,
+}
+
+/// Arguments of a session actor.
+pub struct SessionArgs {
+    /// Its key.
+    pub key: SessionKey,
+    /// Shared turn dependencies.
+    pub deps: TurnDeps,
+    /// The bus, for replies and idle reports.
+    pub bus: BusRef,
+    /// Where turn tasks are tracked (the daemon waits for them at shutdown).
+    pub tasks: TaskTracker,
+    /// Parent of every turn's cancellation token.
+    pub shutdown: CancellationToken,
+    /// Stream deltas and progress (the channel can show them).
+    pub stream: bool,
+    /// Idle time before the session leaves memory.
+    pub idle: Duration,
+    /// Most queued messages.
+    pub max_queue: usize,
+}
+
+struct RunningTurn {
+    cancel: CancellationToken,
+}
+
+/// State of a session actor.
+pub struct SessionState {
+    args: SessionArgs,
+    transcript: Vec<Message>,
+    queue: VecDeque<InboxEntry>,
+    running: Option<RunningTurn>,
+    routed: u64,
+    resets: Vec<RpcReplyPort<bool>>,
+    drains: Vec<RpcReplyPort<()>>,
+    draining: bool,
+}
+
+/// The session actor (stateless struct; state in [`SessionState`]).
+pub struct SessionActor;
+
+fn reply_to(entry: &InboxEntry, kind: OutboundKind, content: String) -> Option<OutboundMessage> {
+    let ev = entry.event.as_ref()?;
+    Some(OutboundMessage {
+        id: uuid::Uuid::now_v7().to_string(),
+        channel: ev.channel.clone(),
+        chat: ev.chat.clone(),
+        thread: ev.thread.clone(),
+        in_reply_to: Some(ev.event_id.clone()),
+        kind,
+        content,
+        meta: None,
+    })
+}
+
+#[ractor::async_trait]
+impl Actor for SessionActor {
+    type Msg = SessionMsg;
+    type State = SessionState;
+    type Arguments = SessionArgs;
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        args: SessionArgs,
+    ) -> Result<SessionState, ActorProcessingErr> {
+        let mut transcript = args.deps.store.load_transcript(&args.key)?;
+        let added = transcript::repair(&mut transcript);
+        if !added.is_empty() {
+            tracing::warn!(session = %args.key, repaired = added.len(), "repaired tool calls interrupted by a restart");
+            args.deps.store.append_messages(&args.key, &added)?;
+        }
+        Ok(SessionState {
+            args,
+            transcript,
+            queue: VecDeque::new(),
+            running: None,
+            routed: 0,
+            resets: Vec::new(),
+            drains: Vec::new(),
+            draining: false,
+        })
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        msg: SessionMsg,
+        state: &mut SessionState,
+    ) -> Result<(), ActorProcessingErr> {
+        let span = tracing::info_span!("session", session = %state.args.key);
+        let _g = span.enter();
+        match msg {
+            SessionMsg::Inbound(entry) => {
+                state.routed += 1;
+                on_inbound(&myself, state, entry);
+            }
+            SessionMsg::TurnFinished { outcome, reply } => {
+                on_turn_finished(&myself, state, *outcome, reply);
+            }
+            SessionMsg::Cancel => {
+                if let Some(r) = &state.running {
+                    r.cancel.cancel();
+                }
+            }
+            SessionMsg::Reset { reply } => {
+                state.resets.push(reply);
+                match &state.running {
+                    Some(r) => r.cancel.cancel(),
+                    None => finish_resets(state),
+                }
+            }
+            SessionMsg::Drain { reply } => {
+                state.draining = true;
+                if state.running.is_some() {
+                    state.drains.push(reply);
+                } else {
+                    let _ = reply.send(());
+                }
+            }
+            SessionMsg::Status { reply } => {
+                let _ = reply.send(status(state));
+            }
+            SessionMsg::IdleCheck { routed } => {
+                if routed == state.routed && state.running.is_none() && state.queue.is_empty() {
+                    let _ = state.args.bus.cast(BusMsg::SessionIdle {
+                        key: state.args.key.clone(),
+                        routed,
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        state: &mut SessionState,
+    ) -> Result<(), ActorProcessingErr> {
+        if let Some(r) = &state.running {
+            r.cancel.cancel();
+        }
+        Ok(())
+    }
+}
+
+fn status(state: &SessionState) -> SessionStatus {
+    SessionStatus {
+        key: state.args.key.to_string(),
+        messages: state.transcript.len(),
+        running: state.running.is_some(),
+        queued: state.queue.len(),
+    }
+}
+
+fn finish_resets(state: &mut SessionState) {
+    if state.resets.is_empty() {
+        return;
+    }
+    let existed = match state.args.deps.store.clear_session(&state.args.key) {
+        Ok(b) => b,
+        Err(e) => {
+            tracing::error!(error = %e, "could not clear session");
+            false
+        }
+    };
+    state.transcript.clear();
+    for r in state.resets.drain(..) {
+        let _ = r.send(existed);
+    }
+}
+
+/// Answer a command or a refusal at once: the entry is done and the reply is in the outbox.
+fn answer_now(state: &SessionState, entry: &InboxEntry, kind: OutboundKind, text: String) {
+    let Some(reply) = reply_to(entry, kind, text) else {
+        return;
+    };
+    if let Err(e) = state
+        .args
+        .deps
+        .store
+        .finish_turn(&state.args.key, Some(entry), &[], Some(&reply))
+    {
+        tracing::error!(error = %e, "could not record command reply");
+    }
+    let _ = state.args.bus.cast(BusMsg::Outbound(reply));
+}
+
+fn on_inbound(myself: &ActorRef<SessionMsg>, state: &mut SessionState, entry: InboxEntry) {
+    let content = entry
+        .event
+        .as_ref()
+        .map(|e| e.content.trim().to_string())
+        .unwrap_or_default();
+    match content.as_str() {
+        "/stop" => {
+            let text = match &state.running {
+                Some(r) => {
+                    r.cancel.cancel();
+                    "Stopping the running turn.".to_string()
+                }
+                None => "Nothing is running.".to_string(),
+            };
+            answer_now(state, &entry, OutboundKind::Final, text);
+        }
+        "/new" => {
+            if let Some(r) = &state.running {
+                r.cancel.cancel();
+            }
+            // Clear once the running turn (if any) has finished writing.
+            let (tx, _rx) = tokio::sync::oneshot::channel();
+            state.resets.push(RpcReplyPort::from(tx));
+            if state.running.is_none() {
+                finish_resets(state);
+            }
+            answer_now(
+                state,
+                &entry,
+                OutboundKind::Final,
+                "Started a new conversation.".into(),
+            );
+        }
+        "/status" => {
+            let s = status(state);
+            let text = format!(
+                "session {}: {} messages, {}, {} queued",
+                s.key,
+                s.messages,
+                if s.running { "a turn is running" } else { "idle" },
+                s.queued
+            );
+            answer_now(state, &entry, OutboundKind::Final, text);
+        }
+        _ => {
+            if state.draining {
+                // Left pending in the journal: processed after the restart.
+                return;
+            }
+            if state.queue.len() >= state.args.max_queue {
+                answer_now(
+                    state,
+                    &entry,
+                    OutboundKind::Error,
+                    format!(
+                        "Too many messages are waiting ({}); this one was not processed. Send it again when the current work is done.",
+                        state.queue.len()
+                    ),
+                );
+                return;
+            }
+            state.queue.push_back(entry);
+            maybe_start(myself, state);
+        }
+    }
+}
+
+fn on_turn_finished(
+    myself: &ActorRef<SessionMsg>,
+    state: &mut SessionState,
+    outcome: TurnOutcome,
+    reply: OutboundMessage,
+) {
+    tracing::info!(
+        status = ?outcome.status,
+        llm_calls = outcome.llm_calls,
+        tool_calls = outcome.tool_calls,
+        input_tokens = outcome.usage.input_tokens,
+        output_tokens = outcome.usage.output_tokens,
+        "turn finished"
+    );
+    state.running = None;
+    state.transcript.extend(outcome.messages);
+    let _ = state.args.bus.cast(BusMsg::Outbound(reply));
+    finish_resets(state);
+    if state.draining {
+        for d in state.drains.drain(..) {
+            let _ = d.send(());
+        }
+        return;
+    }
+    maybe_start(myself, state);
+}
+
+fn maybe_start(myself: &ActorRef<SessionMsg>, state: &mut SessionState) {
+    if state.running.is_some() || state.draining {
+        return;
+    }
+    let Some(entry) = state.queue.pop_front() else {
+        // Idle: leave memory after the idle period unless something arrives.
+        let routed = state.routed;
+        myself.send_after(state.args.idle, move || SessionMsg::IdleCheck { routed });
+        return;
+    };
+    let Some(ev) = entry.event.clone() else {
+        return maybe_start(myself, state);
+    };
+    if entry.state == InboxState::Pending {
+        let user = Message::user(sanitize_content(&ev.content));
+        if let Err(e) = state.args.deps.store.begin_turn(&entry, &user) {
+            tracing::error!(error = %e, "could not record the user message");
+            answer_now(
+                state,
+                &entry,
+                OutboundKind::Error,
+                "Internal error: could not save your message.".into(),
+            );
+            return maybe_start(myself, state);
+        }
+        state.transcript.push(user);
+    } else if state.transcript.last().map(|m| m.role) == Some(Role::Assistant)
+        && state
+            .transcript
+            .last()
+            .is_some_and(|m| m.tool_calls.is_empty())
+    {
+        // Resumed after a crash, but the answer was already recorded: nothing to do but
+        // finish the entry. (Cannot normally happen: finishing is atomic.)
+        let text = state
+            .transcript
+            .last()
+            .map(|m| m.content.clone())
+            .unwrap_or_default();
+        answer_now(state, &entry, OutboundKind::Final, text);
+        return maybe_start(myself, state);
+    } else {
+        tracing::info!(event_id = %ev.event_id, "resuming a turn interrupted by a restart");
+    }
+
+    let cancel = state.args.shutdown.child_token();
+    state.running = Some(RunningTurn {
+        cancel: cancel.clone(),
+    });
+    let deps = state.args.deps.clone();
+    let key = state.args.key.clone();
+    let history = state.transcript.clone();
+    let me = myself.clone();
+    let bus = state.args.bus.clone();
+    let stream = state.args.stream;
+    let span = tracing::Span::current();
+    state.args.tasks.spawn(
+        async move {
+            let (events_tx, forwarder) = if stream {
+                let (tx, rx) = mpsc::channel(256);
+                let f = tokio::spawn(forward_events(rx, bus, entry.clone()));
+                (Some(tx), Some(f))
+            } else {
+                (None, None)
+            };
+            let outcome = run_turn(&deps, &key, &history, events_tx.as_ref(), &cancel).await;
+            drop(events_tx);
+            if let Some(f) = forwarder {
+                let _ = f.await;
+            }
+            let kind = match outcome.status {
+                TurnStatus::Completed => OutboundKind::Final,
+                TurnStatus::IterationLimit | TurnStatus::Cancelled | TurnStatus::Failed(_) => {
+                    OutboundKind::Error
+                }
+            };
+            let Some(reply) = reply_to(&entry, kind, outcome.reply.clone()) else {
+                return;
+            };
+            let skip = outcome.messages.len().saturating_sub(outcome.unpersisted);
+            let tail = &outcome.messages[skip..];
+            if let Err(e) = deps
+                .store
+                .finish_turn(&key, Some(&entry), tail, Some(&reply))
+            {
+                tracing::error!(error = %e, "could not record the end of the turn");
+            }
+            let _ = me.cast(SessionMsg::TurnFinished {
+                outcome: Box::new(outcome),
+                reply,
+            });
+        }
+        .instrument(span),
+    );
+}
+
+async fn forward_events(mut rx: mpsc::Receiver<TurnEvent>, bus: BusRef, entry: InboxEntry) {
+    while let Some(ev) = rx.recv().await {
+        let (kind, content, meta) = match ev {
+            TurnEvent::Delta(t) => (OutboundKind::Delta, t, None),
+            TurnEvent::ToolStarted { tool, call_id } => (
+                OutboundKind::Progress,
+                format!("running {tool}"),
+                Some(serde_json::json!({"event": "tool_started", "tool": tool, "call_id": call_id})),
+            ),
+            TurnEvent::ToolFinished {
+                tool,
+                call_id,
+                error_code,
+            } => (
+                OutboundKind::Progress,
+                format!("finished {tool}"),
+                Some(serde_json::json!({"event": "tool_finished", "tool": tool, "call_id": call_id, "error_code": error_code})),
+            ),
+        };
+        if let Some(mut m) = reply_to(&entry, kind, content) {
+            m.meta = meta;
+            let _ = bus.cast(BusMsg::Outbound(m));
+        }
+    }
+}

@@ -1,0 +1,18 @@
+//! The system prompt: built once per daemon (stable text keeps provider prompt caches warm).
+
+use std::path::Path;
+
+/// The default system prompt for a workspace.
+pub fn system_prompt(custom: Option<&str>, workspace: &Path) -> String {
+    if let Some(c) = custom {
+        return c.to_string();
+    }
+    format!(
+        "You are weft, a helpful assistant reached through a chat channel. \
+You can act through the tools you are given; call them when they help, and answer plainly when they do not. \
+File tools work inside the workspace directory {}; give paths relative to it. \
+A tool result with an `error` field means the call failed: read `error_code`, then fix the arguments or choose another approach. \
+Keep replies concise and use Markdown sparingly.",
+        workspace.display()
+    )
+}

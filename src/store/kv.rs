@@ -1,0 +1,197 @@
+//! The key-value seam under [`super::Store`]: sled on disk, a `BTreeMap` in memory for tests.
+//! All store logic lives above it, so both backends behave the same.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Mutex;
+
+use super::StoreError;
+
+/// Key-value pairs returned by a scan.
+pub type Pairs = Vec<(Vec<u8>, Vec<u8>)>;
+
+/// One write of an atomic batch.
+#[derive(Debug, Clone)]
+pub enum Op {
+    /// Insert or replace.
+    Put(Vec<u8>, Vec<u8>),
+    /// Remove (absent is fine).
+    Del(Vec<u8>),
+}
+
+/// An ordered key-value store with atomic batches.
+pub trait Kv: Send + Sync + 'static {
+    /// Read one key.
+    ///
+    /// # Errors
+    /// Backend I/O failure.
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError>;
+    /// All pairs whose key starts with `prefix`, in key order.
+    ///
+    /// # Errors
+    /// Backend I/O failure.
+    fn scan_prefix(&self, prefix: &[u8]) -> Result<Pairs, StoreError>;
+    /// Apply all ops atomically.
+    ///
+    /// # Errors
+    /// Backend I/O failure; nothing was applied.
+    fn apply(&self, ops: Vec<Op>) -> Result<(), StoreError>;
+    /// Make everything applied so far durable.
+    ///
+    /// # Errors
+    /// Backend I/O failure.
+    fn flush(&self) -> Result<(), StoreError>;
+    /// A monotonically increasing id, unique across restarts.
+    ///
+    /// # Errors
+    /// Backend I/O failure.
+    fn next_id(&self) -> Result<u64, StoreError>;
+    /// Bytes used on disk (0 in memory).
+    fn size_on_disk(&self) -> u64;
+}
+
+/// sled-backed [`Kv`].
+pub struct SledKv {
+    db: sled::Db,
+}
+
+impl SledKv {
+    /// Open (or create) the database at `path` with a bounded page cache.
+    ///
+    /// # Errors
+    /// [`StoreError::Locked`] when another process holds it; I/O errors otherwise.
+    pub fn open(path: &Path, cache_bytes: u64) -> Result<Self, StoreError> {
+        std::fs::create_dir_all(path).map_err(|e| StoreError::Io {
+            path: path.display().to_string(),
+            source: e,
+        })?;
+        let db = sled::Config::new()
+            .path(path)
+            .cache_capacity(cache_bytes)
+            .flush_every_ms(Some(500))
+            .open()
+            .map_err(|e| match e {
+                sled::Error::Io(io) if io.kind() == std::io::ErrorKind::WouldBlock => {
+                    StoreError::Locked(path.display().to_string())
+                }
+                sled::Error::Io(io) => {
+                    let text = io.to_string();
+                    if text.contains("lock") || text.contains("Resource temporarily unavailable") {
+                        StoreError::Locked(path.display().to_string())
+                    } else {
+                        StoreError::Io {
+                            path: path.display().to_string(),
+                            source: io,
+                        }
+                    }
+                }
+                other => StoreError::Backend(other.to_string()),
+            })?;
+        Ok(Self { db })
+    }
+}
+
+fn be(e: sled::Error) -> StoreError {
+    StoreError::Backend(e.to_string())
+}
+
+impl Kv for SledKv {
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(self.db.get(key).map_err(be)?.map(|v| v.to_vec()))
+    }
+
+    fn scan_prefix(&self, prefix: &[u8]) -> Result<Pairs, StoreError> {
+        self.db
+            .scan_prefix(prefix)
+            .map(|r| r.map(|(k, v)| (k.to_vec(), v.to_vec())).map_err(be))
+            .collect()
+    }
+
+    fn apply(&self, ops: Vec<Op>) -> Result<(), StoreError> {
+        let mut batch = sled::Batch::default();
+        for op in ops {
+            match op {
+                Op::Put(k, v) => batch.insert(k, v),
+                Op::Del(k) => batch.remove(k),
+            }
+        }
+        self.db.apply_batch(batch).map_err(be)
+    }
+
+    fn flush(&self) -> Result<(), StoreError> {
+        self.db.flush().map(|_| ()).map_err(be)
+    }
+
+    fn next_id(&self) -> Result<u64, StoreError> {
+        self.db.generate_id().map_err(be)
+    }
+
+    fn size_on_disk(&self) -> u64 {
+        self.db.size_on_disk().unwrap_or(0)
+    }
+}
+
+/// In-memory [`Kv`] for tests and `--no-store` runs.
+#[derive(Default)]
+pub struct MemKv {
+    inner: Mutex<MemInner>,
+}
+
+#[derive(Default)]
+struct MemInner {
+    map: BTreeMap<Vec<u8>, Vec<u8>>,
+    next_id: u64,
+}
+
+impl MemKv {
+    fn lock(&self) -> std::sync::MutexGuard<'_, MemInner> {
+        self.inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+impl Kv for MemKv {
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(self.lock().map.get(key).cloned())
+    }
+
+    fn scan_prefix(&self, prefix: &[u8]) -> Result<Pairs, StoreError> {
+        Ok(self
+            .lock()
+            .map
+            .range(prefix.to_vec()..)
+            .take_while(|(k, _)| k.starts_with(prefix))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect())
+    }
+
+    fn apply(&self, ops: Vec<Op>) -> Result<(), StoreError> {
+        let mut g = self.lock();
+        for op in ops {
+            match op {
+                Op::Put(k, v) => {
+                    g.map.insert(k, v);
+                }
+                Op::Del(k) => {
+                    g.map.remove(&k);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn flush(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    fn next_id(&self) -> Result<u64, StoreError> {
+        let mut g = self.lock();
+        g.next_id += 1;
+        Ok(g.next_id)
+    }
+
+    fn size_on_disk(&self) -> u64 {
+        0
+    }
+}

@@ -1,0 +1,158 @@
+//! ⑥ Tools: the [`Tool`] trait, [`ToolError`] and its model-facing JSON, the [`ToolRegistry`]
+//! (dispatch, scrubbing, truncation) and the built-in tools.
+//!
+//! Tools never see the transcript or the store; the registry turns every model-visible failure
+//! into a tool result so the loop carries on.
+
+pub mod fs;
+pub mod registry;
+pub mod truncate;
+pub mod workspace;
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use serde_json::{json, Value};
+use tokio_util::sync::CancellationToken;
+
+pub use registry::ToolRegistry;
+pub use workspace::Workspace;
+
+use crate::ingress::SessionKey;
+
+/// Max bytes of tool output returned to the model (64 KiB, seed 002): keeps one result under
+/// ~16k tokens.
+pub const MAX_TOOL_RESULT_BYTES: usize = 65_536;
+
+/// Why a tool call failed. All variants but [`ToolError::Fatal`] go back to the model as
+/// `{"error": ..., "error_code": ...}` and the turn continues.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ToolError {
+    /// The tool name is not in the registry.
+    #[error("unknown tool `{0}`")]
+    NotFound(String),
+    /// The arguments do not satisfy the schema (or are not JSON).
+    #[error("{0}")]
+    InvalidArgs(String),
+    /// A runtime error.
+    #[error("{0}")]
+    ExecutionFailed(String),
+    /// Blocked by a safety check.
+    #[error("{0}")]
+    PermissionDenied(String),
+    /// A required file does not exist.
+    #[error("{0}")]
+    FileNotFound(String),
+    /// The path is invalid or escapes the workspace.
+    #[error("{0}")]
+    InvalidPath(String),
+    /// The file is not text.
+    #[error("{0}")]
+    BinaryFile(String),
+    /// Exceeded its time limit (seconds).
+    #[error("timed out after {0}s")]
+    Timeout(u64),
+    /// Cancelled by `/stop` or shutdown.
+    #[error("cancelled")]
+    Cancelled,
+    /// Infrastructure broken: ends the turn, reported to the user.
+    #[error("fatal: {0}")]
+    Fatal(String),
+}
+
+impl ToolError {
+    /// The machine-readable `error_code` shown to the model.
+    pub fn code(&self) -> &'static str {
+        match self {
+            ToolError::NotFound(_) => "NOT_FOUND",
+            ToolError::InvalidArgs(_) => "INVALID_ARGS",
+            ToolError::ExecutionFailed(_) => "EXECUTION_FAILED",
+            ToolError::PermissionDenied(_) => "PERMISSION_DENIED",
+            ToolError::FileNotFound(_) => "FILE_NOT_FOUND",
+            ToolError::InvalidPath(_) => "INVALID_PATH",
+            ToolError::BinaryFile(_) => "BINARY_FILE",
+            ToolError::Timeout(_) => "TIMEOUT",
+            ToolError::Cancelled => "CANCELLED",
+            ToolError::Fatal(_) => "FATAL",
+        }
+    }
+
+    /// The tool result the model sees.
+    pub fn to_json(&self) -> Value {
+        json!({ "error": self.to_string(), "error_code": self.code() })
+    }
+
+    /// Whether the turn must end.
+    pub fn is_fatal(&self) -> bool {
+        matches!(self, ToolError::Fatal(_))
+    }
+}
+
+/// What a tool does to the world, for policy decisions. Unknown means [`Effect::Executes`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Effect {
+    /// Reads only.
+    ReadOnly,
+    /// Writes files or memory.
+    Writes,
+    /// Runs programs.
+    Executes,
+    /// Talks to the network.
+    Network,
+}
+
+/// Per-call context handed to a tool.
+#[derive(Clone)]
+pub struct ToolContext {
+    /// The session's workspace.
+    pub workspace: Arc<Workspace>,
+    /// The session calling.
+    pub session: SessionKey,
+    /// Fires on `/stop` or shutdown: tools must stop and kill their children.
+    pub cancel: CancellationToken,
+}
+
+/// A tool the model can call.
+#[async_trait]
+pub trait Tool: Send + Sync + 'static {
+    /// Unique name used in function calling.
+    fn name(&self) -> &str;
+    /// Summary shown to the model.
+    fn description(&self) -> &str;
+    /// JSON Schema of the arguments.
+    fn parameters(&self) -> Value;
+    /// What it does to the world.
+    fn effect(&self) -> Effect {
+        Effect::Executes
+    }
+    /// Run it.
+    ///
+    /// # Errors
+    /// A [`ToolError`]; all but `Fatal` go back to the model.
+    async fn execute(&self, args: Value, ctx: &ToolContext) -> Result<Value, ToolError>;
+}
+
+/// Parse typed arguments, mapping failures to `InvalidArgs` naming the tool.
+///
+/// # Errors
+/// `InvalidArgs` with serde's message.
+pub fn parse_args<T: serde::de::DeserializeOwned>(tool: &str, args: Value) -> Result<T, ToolError> {
+    serde_json::from_value(args)
+        .map_err(|e| ToolError::InvalidArgs(format!("invalid arguments for {tool}: {e}")))
+}
+
+/// The JSON Schema of an argument struct, as shown to the model.
+pub fn schema_of<T: schemars::JsonSchema>() -> Value {
+    let mut v = serde_json::to_value(schemars::schema_for!(T)).unwrap_or_else(|_| json!({}));
+    if let Some(o) = v.as_object_mut() {
+        o.remove("$schema");
+        o.remove("title");
+    }
+    v
+}
+
+/// Register the built-in tools of this build.
+pub fn register_builtins(reg: &mut ToolRegistry) {
+    reg.register(Arc::new(fs::ReadFile));
+    reg.register(Arc::new(fs::ListDirectory));
+}

@@ -1,0 +1,264 @@
+//! The [`ToolRegistry`]: name → tool, schemas sorted by name, and `dispatch`, which parses the
+//! model's argument text, runs the tool with a timeout, scrubs secrets and truncates the result.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::Value;
+use tracing::Instrument;
+
+use super::truncate::truncate_result;
+use super::{Tool, ToolContext, ToolError, MAX_TOOL_RESULT_BYTES};
+use crate::llm::ToolSpec;
+
+/// What the model receives for one tool call.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ToolOutcome {
+    /// JSON text of the result or of `{"error", "error_code"}`, scrubbed and truncated.
+    pub content: String,
+    /// The error, if the call failed.
+    pub error: Option<ToolError>,
+}
+
+/// Registered tools.
+#[derive(Clone, Default)]
+pub struct ToolRegistry {
+    tools: BTreeMap<String, Arc<dyn Tool>>,
+    secrets: Arc<Vec<String>>,
+    timeout: Option<Duration>,
+}
+
+/// Shortest secret that is scrubbed (shorter values would redact ordinary words).
+const MIN_SCRUB_LEN: usize = 6;
+
+impl ToolRegistry {
+    /// An empty registry.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Secret values to redact from every result.
+    pub fn with_secrets(mut self, secrets: Vec<String>) -> Self {
+        self.secrets = Arc::new(
+            secrets
+                .into_iter()
+                .filter(|s| s.len() >= MIN_SCRUB_LEN)
+                .collect(),
+        );
+        self
+    }
+
+    /// Per-call timeout.
+    pub fn with_timeout(mut self, t: Duration) -> Self {
+        self.timeout = Some(t);
+        self
+    }
+
+    /// Add a tool; a tool of the same name is replaced.
+    pub fn register(&mut self, tool: Arc<dyn Tool>) {
+        self.tools.insert(tool.name().to_string(), tool);
+    }
+
+    /// Registered names, sorted.
+    pub fn names(&self) -> Vec<String> {
+        self.tools.keys().cloned().collect()
+    }
+
+    /// Number of tools.
+    pub fn len(&self) -> usize {
+        self.tools.len()
+    }
+
+    /// Whether it is empty.
+    pub fn is_empty(&self) -> bool {
+        self.tools.is_empty()
+    }
+
+    /// Specs of every tool, sorted by name.
+    pub fn schemas(&self) -> Vec<ToolSpec> {
+        self.tools
+            .values()
+            .map(|t| ToolSpec {
+                name: t.name().to_string(),
+                description: t.description().to_string(),
+                parameters: t.parameters(),
+            })
+            .collect()
+    }
+
+    fn scrub(&self, v: &mut Value) {
+        if self.secrets.is_empty() {
+            return;
+        }
+        match v {
+            Value::String(s) => {
+                for secret in self.secrets.iter() {
+                    if s.contains(secret.as_str()) {
+                        *s = s.replace(secret.as_str(), "[REDACTED]");
+                    }
+                }
+            }
+            Value::Array(a) => a.iter_mut().for_each(|x| self.scrub(x)),
+            Value::Object(o) => o.values_mut().for_each(|x| self.scrub(x)),
+            Value::Null | Value::Bool(_) | Value::Number(_) => {}
+        }
+    }
+
+    /// Run one call: parse `raw_args`, find the tool, execute it under the timeout and the
+    /// context's cancellation, and produce the model-facing result.
+    pub async fn dispatch(
+        &self,
+        name: &str,
+        call_id: &str,
+        raw_args: &str,
+        ctx: &ToolContext,
+    ) -> ToolOutcome {
+        let span = tracing::info_span!("tool", tool = name, call_id);
+        let result = async {
+            let args: Value = if raw_args.trim().is_empty() {
+                Value::Object(serde_json::Map::new())
+            } else {
+                serde_json::from_str(raw_args).map_err(|e| {
+                    ToolError::InvalidArgs(format!(
+                        "arguments for {name} are not valid JSON ({e}); send a JSON object matching the tool's schema"
+                    ))
+                })?
+            };
+            let tool = self.tools.get(name).ok_or_else(|| {
+                ToolError::NotFound(format!(
+                    "{name}; available tools: {}",
+                    self.names().join(", ")
+                ))
+            })?;
+            let run = tool.execute(args, ctx);
+            tokio::select! {
+                biased;
+                () = ctx.cancel.cancelled() => Err(ToolError::Cancelled),
+                r = async {
+                    match self.timeout {
+                        Some(t) => tokio::time::timeout(t, run)
+                            .await
+                            .unwrap_or(Err(ToolError::Timeout(t.as_secs()))),
+                        None => run.await,
+                    }
+                } => r,
+            }
+        }
+        .instrument(span.clone())
+        .await;
+        let _g = span.enter();
+        match result {
+            Ok(mut v) => {
+                self.scrub(&mut v);
+                let v = truncate_result(v, MAX_TOOL_RESULT_BYTES);
+                tracing::debug!("tool succeeded");
+                ToolOutcome {
+                    content: serde_json::to_string(&v).unwrap_or_else(|_| "null".into()),
+                    error: None,
+                }
+            }
+            Err(e) => {
+                tracing::info!(error_code = e.code(), "tool failed");
+                let mut v = e.to_json();
+                self.scrub(&mut v);
+                ToolOutcome {
+                    content: v.to_string(),
+                    error: Some(e),
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use async_trait::async_trait;
+    use serde_json::json;
+    use tokio_util::sync::CancellationToken;
+
+    use super::*;
+    use crate::ingress::SessionKey;
+    use crate::tools::{Effect, Workspace};
+
+    /// Echoes its arguments.
+    struct EchoTool(&'static str);
+
+    #[async_trait]
+    impl Tool for EchoTool {
+        fn name(&self) -> &str {
+            self.0
+        }
+        fn description(&self) -> &str {
+            "echo"
+        }
+        fn parameters(&self) -> Value {
+            json!({"type": "object"})
+        }
+        fn effect(&self) -> Effect {
+            Effect::ReadOnly
+        }
+        async fn execute(&self, args: Value, _ctx: &ToolContext) -> Result<Value, ToolError> {
+            if args.get("sleep").is_some() {
+                tokio::time::sleep(Duration::from_secs(3600)).await;
+            }
+            Ok(args)
+        }
+    }
+
+    fn ctx() -> (ToolContext, tempfile::TempDir) {
+        let d = tempfile::tempdir().unwrap();
+        (
+            ToolContext {
+                workspace: Arc::new(Workspace::open(d.path()).unwrap()),
+                session: SessionKey::parse("t:1").unwrap(),
+                cancel: CancellationToken::new(),
+            },
+            d,
+        )
+    }
+
+    #[tokio::test]
+    async fn schemas_sorted_and_duplicates_replace() {
+        let mut r = ToolRegistry::new();
+        r.register(Arc::new(EchoTool("zeta")));
+        r.register(Arc::new(EchoTool("alpha")));
+        r.register(Arc::new(EchoTool("alpha")));
+        let names: Vec<_> = r.schemas().into_iter().map(|s| s.name).collect();
+        assert_eq!(names, ["alpha", "zeta"]);
+    }
+
+    #[tokio::test]
+    async fn errors_become_results_and_secrets_are_scrubbed() {
+        let mut r = ToolRegistry::new().with_secrets(vec!["sk-live-123456".into()]);
+        r.register(Arc::new(EchoTool("echo")));
+        let (c, _d) = ctx();
+        let o = r.dispatch("nope", "c1", "{}", &c).await;
+        assert_eq!(o.error.as_ref().unwrap().code(), "NOT_FOUND");
+        let v: Value = serde_json::from_str(&o.content).unwrap();
+        assert_eq!(v["error_code"], "NOT_FOUND");
+        assert!(v["error"].as_str().unwrap().contains("echo"));
+
+        let o = r.dispatch("echo", "c2", "{not json", &c).await;
+        assert_eq!(o.error.unwrap().code(), "INVALID_ARGS");
+
+        let o = r
+            .dispatch("echo", "c3", r#"{"k":"key sk-live-123456 here"}"#, &c)
+            .await;
+        assert!(o.error.is_none());
+        assert_eq!(o.content, r#"{"k":"key [REDACTED] here"}"#);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn timeout_and_cancel() {
+        let mut r = ToolRegistry::new().with_timeout(Duration::from_secs(5));
+        r.register(Arc::new(EchoTool("echo")));
+        let (c, _d) = ctx();
+        let o = r.dispatch("echo", "c1", r#"{"sleep":1}"#, &c).await;
+        assert_eq!(o.error.unwrap().code(), "TIMEOUT");
+        c.cancel.cancel();
+        let o = r.dispatch("echo", "c2", r#"{"sleep":1}"#, &c).await;
+        assert_eq!(o.error.unwrap().code(), "CANCELLED");
+    }
+}

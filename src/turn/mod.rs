@@ -1,0 +1,301 @@
+//! ④ One turn: the LLM ⇄ tools loop of seed 002 for one user message.
+//!
+//! A plain async function run in a task the session spawns. It persists each assistant tool-call
+//! message before running the tools and their results after, so a crash leaves at most orphan
+//! calls that the session repairs on load. It never touches the journal or the outbox.
+
+use std::sync::Arc;
+
+use futures::future::join_all;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use crate::config::AgentConfig;
+use crate::ingress::SessionKey;
+use crate::llm::{ChatRequest, ChatResponse, DynModel, LlmError, Message, Role, StreamEvent, Usage};
+use crate::store::Store;
+use crate::tools::{ToolContext, ToolError, ToolRegistry, Workspace};
+
+/// What a turn needs, shared by all turns of all sessions.
+#[derive(Clone)]
+pub struct TurnDeps {
+    /// The model (usually a retrying/failover wrapper).
+    pub model: DynModel,
+    /// Tools offered to the model.
+    pub tools: Arc<ToolRegistry>,
+    /// Where transcripts go.
+    pub store: Store,
+    /// Agent settings.
+    pub agent: Arc<AgentConfig>,
+    /// The workspace handle.
+    pub workspace: Arc<Workspace>,
+    /// The system prompt.
+    pub system_prompt: Arc<str>,
+    /// Extra hint appended to provider connection errors (what to configure).
+    pub connect_hint: Option<Arc<str>>,
+}
+
+/// Progress of a running turn, for streaming channels.
+#[derive(Clone, Debug, PartialEq)]
+pub enum TurnEvent {
+    /// Text generated so far grew by this fragment.
+    Delta(String),
+    /// A tool call started.
+    ToolStarted {
+        /// Tool name.
+        tool: String,
+        /// Call id.
+        call_id: String,
+    },
+    /// A tool call finished.
+    ToolFinished {
+        /// Tool name.
+        tool: String,
+        /// Call id.
+        call_id: String,
+        /// The `error_code` if it failed.
+        error_code: Option<String>,
+    },
+}
+
+/// How a turn ended.
+#[derive(Clone, Debug, PartialEq)]
+pub enum TurnStatus {
+    /// The model gave a final answer.
+    Completed,
+    /// `max_tool_iterations` rounds of tools without a final answer.
+    IterationLimit,
+    /// Cancelled by `/stop`, `/new` or shutdown.
+    Cancelled,
+    /// The provider failed (after retries and failover), or a tool failed fatally.
+    Failed(String),
+}
+
+/// The result of a turn.
+#[derive(Clone, Debug)]
+pub struct TurnOutcome {
+    /// How it ended.
+    pub status: TurnStatus,
+    /// The text for the user (the answer, or what went wrong).
+    pub reply: String,
+    /// Messages this turn appended to the transcript, in order (tool rounds included). The last
+    /// one (the final assistant answer, when there is one) is NOT yet persisted: the caller
+    /// persists it atomically with the journal and outbox.
+    pub messages: Vec<Message>,
+    /// How many of `messages` at the end still need persisting.
+    pub unpersisted: usize,
+    /// LLM calls made.
+    pub llm_calls: u32,
+    /// Tool calls made.
+    pub tool_calls: u32,
+    /// Tokens used.
+    pub usage: Usage,
+}
+
+async fn call_model(
+    deps: &TurnDeps,
+    req: &ChatRequest,
+    events: Option<&mpsc::Sender<TurnEvent>>,
+    cancel: &CancellationToken,
+) -> Result<ChatResponse, LlmError> {
+    let Some(events) = events else {
+        return tokio::select! {
+            biased;
+            () = cancel.cancelled() => Err(LlmError::Cancelled),
+            r = deps.model.complete(req, None) => r,
+        };
+    };
+    let (tx, mut rx) = mpsc::channel::<StreamEvent>(64);
+    let fut = deps.model.complete(req, Some(&tx));
+    tokio::pin!(fut);
+    loop {
+        tokio::select! {
+            biased;
+            () = cancel.cancelled() => return Err(LlmError::Cancelled),
+            Some(StreamEvent::TextDelta(d)) = rx.recv() => {
+                let _ = events.send(TurnEvent::Delta(d)).await;
+            }
+            r = &mut fut => {
+                while let Ok(StreamEvent::TextDelta(d)) = rx.try_recv() {
+                    let _ = events.send(TurnEvent::Delta(d)).await;
+                }
+                return r;
+            }
+        }
+    }
+}
+
+/// Synthetic result for a call that never produced one.
+pub fn synthetic_result(call: &crate::llm::ToolCall, why: &str) -> Message {
+    let v = serde_json::json!({ "error": why, "error_code": "CANCELLED" });
+    Message::tool_result(&call.id, &call.name, v.to_string())
+}
+
+/// Run one turn over `history` (system prompt excluded, the new user message last).
+pub async fn run_turn(
+    deps: &TurnDeps,
+    session: &SessionKey,
+    history: &[Message],
+    events: Option<&mpsc::Sender<TurnEvent>>,
+    cancel: &CancellationToken,
+) -> TurnOutcome {
+    let turn_id = uuid::Uuid::now_v7();
+    let span = tracing::info_span!("turn", turn = %turn_id, session = %session);
+    run_turn_inner(deps, session, history, events, cancel)
+        .instrument(span)
+        .await
+}
+
+async fn run_turn_inner(
+    deps: &TurnDeps,
+    session: &SessionKey,
+    history: &[Message],
+    events: Option<&mpsc::Sender<TurnEvent>>,
+    cancel: &CancellationToken,
+) -> TurnOutcome {
+    let max_iterations = deps.agent.max_tool_iterations.max(1);
+    let mut out = TurnOutcome {
+        status: TurnStatus::Completed,
+        reply: String::new(),
+        messages: Vec::new(),
+        unpersisted: 0,
+        llm_calls: 0,
+        tool_calls: 0,
+        usage: Usage::default(),
+    };
+    let ctx = ToolContext {
+        workspace: deps.workspace.clone(),
+        session: session.clone(),
+        cancel: cancel.clone(),
+    };
+    let tools = deps.tools.schemas();
+    let mut messages = Vec::with_capacity(history.len() + 1);
+    messages.push(Message::system(deps.system_prompt.as_ref()));
+    messages.extend_from_slice(history);
+
+    for iteration in 0..max_iterations {
+        let req = ChatRequest {
+            model: String::new(),
+            messages: std::mem::take(&mut messages),
+            tools: tools.clone(),
+            max_tokens: deps.agent.max_tokens,
+            temperature: deps.agent.temperature,
+        };
+        out.llm_calls += 1;
+        let resp = call_model(deps, &req, events, cancel).await;
+        messages = req.messages;
+        let resp = match resp {
+            Ok(r) => r,
+            Err(LlmError::Cancelled) => {
+                out.status = TurnStatus::Cancelled;
+                out.reply = "Stopped: the turn was cancelled.".into();
+                return out;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, kind = e.kind(), "llm call failed");
+                let mut text = format!("The model provider failed: {e}");
+                if let (LlmError::Connect { .. }, Some(h)) = (&e, &deps.connect_hint) {
+                    text.push_str(". ");
+                    text.push_str(h);
+                }
+                out.status = TurnStatus::Failed(text.clone());
+                out.reply = text;
+                return out;
+            }
+        };
+        out.usage.input_tokens += resp.usage.input_tokens;
+        out.usage.output_tokens += resp.usage.output_tokens;
+
+        if resp.tool_calls.is_empty() {
+            tracing::debug!(iteration, "tool loop complete");
+            let msg = Message::assistant(&resp.content);
+            out.reply = resp.content;
+            out.messages.push(msg);
+            out.unpersisted = 1;
+            return out;
+        }
+
+        // Persist the calls before running them: after a crash they are repaired, not lost.
+        let assistant = Message {
+            role: Role::Assistant,
+            content: resp.content,
+            tool_calls: resp.tool_calls,
+            tool_call_id: None,
+            name: None,
+        };
+        if let Err(e) = deps
+            .store
+            .append_messages(session, std::slice::from_ref(&assistant))
+        {
+            out.status = TurnStatus::Failed(format!("store failed: {e}"));
+            out.reply = "Internal error: could not save the conversation.".into();
+            return out;
+        }
+        tracing::debug!(iteration, count = assistant.tool_calls.len(), "executing tool calls");
+        let calls = assistant.tool_calls.clone();
+        messages.push(assistant.clone());
+        out.messages.push(assistant);
+
+        let runs = calls.iter().map(|call| {
+            let ctx = &ctx;
+            async move {
+                if let Some(ev) = events {
+                    let _ = ev
+                        .send(TurnEvent::ToolStarted {
+                            tool: call.name.clone(),
+                            call_id: call.id.clone(),
+                        })
+                        .await;
+                }
+                let o = deps
+                    .tools
+                    .dispatch(&call.name, &call.id, &call.arguments, ctx)
+                    .await;
+                if let Some(ev) = events {
+                    let _ = ev
+                        .send(TurnEvent::ToolFinished {
+                            tool: call.name.clone(),
+                            call_id: call.id.clone(),
+                            error_code: o.error.as_ref().map(|e| e.code().to_string()),
+                        })
+                        .await;
+                }
+                o
+            }
+        });
+        let outcomes = join_all(runs).await;
+        out.tool_calls += u32::try_from(calls.len()).unwrap_or(u32::MAX);
+        let mut results = Vec::with_capacity(calls.len());
+        let mut fatal = None;
+        for (call, o) in calls.iter().zip(outcomes) {
+            if let Some(ToolError::Fatal(m)) = &o.error {
+                fatal = Some(m.clone());
+            }
+            results.push(Message::tool_result(&call.id, &call.name, o.content));
+        }
+        if let Err(e) = deps.store.append_messages(session, &results) {
+            out.status = TurnStatus::Failed(format!("store failed: {e}"));
+            out.reply = "Internal error: could not save the conversation.".into();
+            return out;
+        }
+        messages.extend_from_slice(&results);
+        out.messages.extend(results);
+        if let Some(m) = fatal {
+            out.status = TurnStatus::Failed(m.clone());
+            out.reply = format!("A tool failed fatally: {m}");
+            return out;
+        }
+        if cancel.is_cancelled() {
+            out.status = TurnStatus::Cancelled;
+            out.reply = "Stopped: the turn was cancelled.".into();
+            return out;
+        }
+    }
+    tracing::warn!(max_iterations, "max tool iterations reached");
+    out.status = TurnStatus::IterationLimit;
+    out.reply = format!(
+        "I stopped after {max_iterations} rounds of tool calls without reaching a final answer (agents.defaults.max_tool_iterations). Ask me to continue, or narrow the task."
+    );
+    out
+}
