@@ -138,3 +138,13 @@ fn missing_explicit_file_is_clear() {
         .to_string();
     assert!(err.contains("/nonexistent/c.json") && err.contains("weft onboard"), "{err}");
 }
+
+#[test]
+fn shipped_example_config_parses_to_the_defaults() {
+    let text = include_str!("../../config/clawft.example.toml");
+    let c = Config::from_str(text, true, &env(&[])).unwrap();
+    assert_eq!(c.agent.max_tool_iterations, DEFAULT_MAX_TOOL_ITERATIONS);
+    assert_eq!(c.agent.workspace, PathBuf::from("/home/u/.clawft/workspace"));
+    assert_eq!(c.http.bind.to_string(), DEFAULT_HTTP_BIND);
+    assert_eq!(c.store.cache_bytes, 8 * 1024 * 1024);
+}

@@ -1,1 +1,9 @@
-fn main() {}
+//! The one integration-test binary: drives the daemon through its public seams (the HTTP API,
+//! the `weft` binary) against an OpenAI-compatible fake LLM on 127.0.0.1.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+mod fake_llm;
+mod gateway;
+mod process;

@@ -1,0 +1,151 @@
+//! Shared helpers: configs pointing at the fake LLM, an in-process gateway, an API client.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clawft::cli::gateway::Gateway;
+use clawft::config::{Config, Env};
+use serde_json::{json, Value};
+
+use crate::fake_llm::FakeLlm;
+
+/// Deep-merge `patch` into `base`.
+pub fn merge(base: &mut Value, patch: Value) {
+    match (base, patch) {
+        (Value::Object(b), Value::Object(p)) => {
+            for (k, v) in p {
+                merge(b.entry(k).or_insert(Value::Null), v);
+            }
+        }
+        (b, p) => *b = p,
+    }
+}
+
+/// A config file (JSON) for a gateway whose state lives in `dir` and whose LLM is `llm_url`.
+pub fn config_value(llm_url: &str, dir: &Path, extra: Value) -> Value {
+    let mut v = json!({
+        "agents": { "defaults": { "workspace": dir.join("ws").to_str().unwrap(), "model": "fake-model" } },
+        "providers": { "openai": {
+            "base_url": llm_url,
+            "api_key": "sk-test-secret-123456",
+            "timeout_secs": 30,
+            "max_retries": 3,
+        } },
+        "channels": { "http": { "bind": "127.0.0.1:0", "reply_timeout_secs": 60 } },
+        "store": { "path": dir.join("store").to_str().unwrap(), "cache_mb": 4 },
+        "sessions": { "shutdown_grace_secs": 2 },
+    });
+    merge(&mut v, extra);
+    v
+}
+
+/// The process environment a test gateway sees.
+pub fn test_env(dir: &Path) -> Env {
+    Env::from_pairs([
+        ("HOME", dir.to_str().unwrap()),
+        ("CLAWFT_HOME", dir.join(".clawft").to_str().unwrap()),
+    ])
+}
+
+/// A validated config.
+pub fn config(llm: &FakeLlm, dir: &Path, extra: Value) -> Config {
+    let v = config_value(&llm.base_url(), dir, extra);
+    Config::from_str(&v.to_string(), false, &test_env(dir)).unwrap()
+}
+
+/// A gateway in this process.
+pub struct TestGateway {
+    pub gateway: Gateway,
+    pub api: Api,
+}
+
+impl TestGateway {
+    pub async fn start(config: Config) -> Self {
+        clawft::install_crypto_provider();
+        let gateway = Gateway::start(Arc::new(config)).await.unwrap();
+        let addr = gateway.http_addr.unwrap();
+        Self {
+            gateway,
+            api: Api::new(&format!("http://{addr}")),
+        }
+    }
+
+    pub async fn stop(self) {
+        self.gateway.shutdown().await;
+    }
+}
+
+/// A client of the HTTP API.
+#[derive(Clone)]
+pub struct Api {
+    pub base: String,
+    pub http: reqwest::Client,
+}
+
+impl Api {
+    pub fn new(base: &str) -> Self {
+        Self {
+            base: base.to_string(),
+            http: reqwest::Client::builder().no_proxy().build().unwrap(),
+        }
+    }
+
+    /// POST /v1/chat → (status, body).
+    pub async fn chat(&self, chat_id: &str, content: &str) -> (u16, Value) {
+        let r = self
+            .http
+            .post(format!("{}/v1/chat", self.base))
+            .json(&json!({ "chat_id": chat_id, "content": content }))
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        (status, r.json().await.unwrap_or(Value::Null))
+    }
+
+    pub async fn get(&self, path: &str) -> (u16, Value) {
+        let r = self
+            .http
+            .get(format!("{}{path}", self.base))
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        (status, r.json().await.unwrap_or(Value::Null))
+    }
+}
+
+/// Poll `f` until it is true or `timeout` passes.
+pub async fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if f() {
+            return true;
+        }
+        if tokio::time::Instant::now() > deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The `messages` of a recorded LLM request.
+pub fn messages(req: &Value) -> Vec<Value> {
+    req["messages"].as_array().cloned().unwrap_or_default()
+}
+
+/// Tool results in a recorded request, as (tool_call_id, parsed content).
+pub fn tool_results(req: &Value) -> Vec<(String, Value)> {
+    messages(req)
+        .into_iter()
+        .filter(|m| m["role"] == "tool")
+        .map(|m| {
+            let content = m["content"].as_str().unwrap_or("");
+            (
+                m["tool_call_id"].as_str().unwrap_or("").to_string(),
+                serde_json::from_str(content).unwrap_or(Value::String(content.to_string())),
+            )
+        })
+        .collect()
+}

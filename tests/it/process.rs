@@ -1,0 +1,411 @@
+//! The `weft` binary as a user runs it: bad configs, one-shot agent, a gateway killed with
+//! SIGKILL mid-turn and restarted, CLI commands going through a running gateway.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::common::{config_value, messages, wait_until, Api};
+use crate::fake_llm::{check_tool_pairing, FakeLlm, Reply};
+
+const T: Duration = Duration::from_secs(30);
+
+fn weft(dir: &Path) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_weft"));
+    c.env_clear()
+        .env("HOME", dir)
+        .env("CLAWFT_HOME", dir.join(".clawft"))
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null());
+    c
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn write_config(dir: &Path, v: &Value) -> PathBuf {
+    let p = dir.join("config.json");
+    std::fs::write(&p, serde_json::to_string_pretty(v).unwrap()).unwrap();
+    p
+}
+
+struct Daemon {
+    child: Child,
+    api: Api,
+}
+
+impl Daemon {
+    async fn start(dir: &Path, cfg: &Path, port: u16) -> Self {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join("gateway.log"))
+            .unwrap();
+        let child = weft(dir)
+            .arg("--config")
+            .arg(cfg)
+            .arg("gateway")
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        let api = Api::new(&format!("http://127.0.0.1:{port}"));
+        let mut d = Self { child, api };
+        let deadline = std::time::Instant::now() + T;
+        loop {
+            if let Ok(r) = d.api.http.get(format!("{}/readyz", d.api.base)).send().await {
+                if r.status().is_success() {
+                    break;
+                }
+            }
+            if let Ok(Some(st)) = d.child.try_wait() {
+                panic!("gateway exited: {st}\n{}", log_of(dir));
+            }
+            assert!(std::time::Instant::now() < deadline, "gateway not ready\n{}", log_of(dir));
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        d
+    }
+
+    fn kill9(mut self) {
+        self.child.kill().unwrap(); // SIGKILL
+        self.child.wait().unwrap();
+    }
+
+    fn term(mut self) -> std::process::ExitStatus {
+        let pid = rustix::process::Pid::from_child(&self.child);
+        rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+        self.child.wait().unwrap()
+    }
+}
+
+fn log_of(dir: &Path) -> String {
+    std::fs::read_to_string(dir.join("gateway.log")).unwrap_or_default()
+}
+
+#[test]
+fn bad_config_files_fail_with_the_key_and_what_is_expected() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases: &[(&str, &str, &[&str])] = &[
+        (
+            "unknown.json",
+            r#"{"agents":{"defaults":{"max_tool_iteratons":3}}}"#,
+            &["max_tool_iteratons"],
+        ),
+        (
+            "type.toml",
+            "[agents.defaults]\nmax_tool_iterations = \"lots\"\n",
+            &["max_tool_iterations"],
+        ),
+        ("syntax.json", r#"{"agents": {"#, &["syntax.json"]),
+        (
+            "bind.json",
+            r#"{"channels":{"http":{"bind":"0.0.0.0:9"}}}"#,
+            &["channels.http.bind", "token"],
+        ),
+        (
+            "secret.json",
+            r#"{"providers":{"openai":{"api_key_env":"NOT_SET_ANYWHERE"}}}"#,
+            &["providers.openai.api_key_env", "NOT_SET_ANYWHERE"],
+        ),
+    ];
+    for (name, text, needles) in cases {
+        let p = dir.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        let out = weft(dir.path())
+            .arg("--config")
+            .arg(&p)
+            .arg("status")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{name} accepted");
+        for n in *needles {
+            assert!(err.contains(n), "{name}: `{n}` not in: {err}");
+        }
+        assert!(!err.contains("panicked"), "{err}");
+    }
+    let out = weft(dir.path())
+        .args(["--config", "/nonexistent/x.json", "status"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("does not exist"));
+}
+
+#[test]
+fn every_command_has_help() {
+    let dir = tempfile::tempdir().unwrap();
+    for args in [
+        vec!["--help"],
+        vec!["onboard", "--help"],
+        vec!["agent", "--help"],
+        vec!["gateway", "--help"],
+        vec!["status", "--help"],
+        vec!["sessions", "--help"],
+        vec!["sessions", "list", "--help"],
+        vec!["sessions", "show", "--help"],
+        vec!["sessions", "clear", "--help"],
+    ] {
+        let out = weft(dir.path()).args(&args).output().unwrap();
+        assert!(out.status.success(), "{args:?}");
+        assert!(String::from_utf8_lossy(&out.stdout).contains("Usage"), "{args:?}");
+    }
+}
+
+#[test]
+fn onboard_writes_config_and_workspace_and_never_overwrites() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = weft(dir.path()).arg("onboard").output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let cfg = dir.path().join(".clawft/config.toml");
+    assert!(cfg.exists());
+    assert!(dir.path().join(".clawft/workspace/memory").is_dir());
+    std::fs::write(&cfg, "# mine\n").unwrap();
+    let out = weft(dir.path()).arg("onboard").output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--force"));
+    assert_eq!(std::fs::read_to_string(&cfg).unwrap(), "# mine\n");
+    let out = weft(dir.path()).args(["onboard", "--force"]).output().unwrap();
+    assert!(out.status.success());
+    assert!(std::fs::read_to_string(&cfg).unwrap().contains("max_tool_iterations"));
+    // The written config loads.
+    let out = weft(dir.path()).arg("status").output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[tokio::test]
+async fn agent_one_shot_prints_the_reply_and_fails_clearly_on_provider_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let llm = FakeLlm::start().await;
+    let cfg = write_config(
+        dir.path(),
+        &config_value(&llm.base_url(), dir.path(), json!({"channels": {"http": {"bind": format!("127.0.0.1:{}", free_port())}}})),
+    );
+    llm.push(Reply::Text("hello from the model".into()));
+    let d = dir.path().to_path_buf();
+    let c = cfg.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        weft(&d).arg("--config").arg(&c).args(["agent", "-m", "hi"]).output().unwrap()
+    })
+    .await
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(stdout.trim(), "hello from the model");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("store opened directly"));
+
+    llm.push(Reply::Status(401, None, "invalid api key".into()));
+    let d = dir.path().to_path_buf();
+    let out = tokio::task::spawn_blocking(move || {
+        weft(&d).arg("--config").arg(&cfg).args(["agent", "-m", "hi"]).output().unwrap()
+    })
+    .await
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("authentication failed"), "{stderr}");
+}
+
+#[tokio::test]
+async fn no_provider_and_nothing_listening_says_what_to_set() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let cfg = write_config(
+        dir.path(),
+        &json!({
+            "store": {"path": dir.path().join("store").to_str().unwrap()},
+            "agents": {"defaults": {"workspace": dir.path().join("ws").to_str().unwrap()}},
+            "channels": {"http": {"bind": format!("127.0.0.1:{}", free_port())}},
+        }),
+    );
+    let d = dir.path().to_path_buf();
+    let out = tokio::task::spawn_blocking(move || {
+        weft(&d)
+            .arg("--config")
+            .arg(&cfg)
+            // Point the local default at a closed port so the test never depends on Ollama.
+            .env("OPENAI_BASE_URL", format!("http://127.0.0.1:{port}/v1"))
+            .args(["agent", "-m", "hi"])
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    for needle in ["OPENAI_API_KEY", "ANTHROPIC_API_KEY", "OPENROUTER_API_KEY"] {
+        assert!(stderr.contains(needle), "{stderr}");
+    }
+}
+
+#[tokio::test]
+async fn kill_9_mid_turn_then_restart_answers_exactly_once() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("ws")).unwrap();
+    std::fs::write(dir.path().join("ws/a.txt"), "alpha").unwrap();
+    let llm = FakeLlm::start().await;
+    let port = free_port();
+    let cfg = write_config(
+        dir.path(),
+        &config_value(
+            &llm.base_url(),
+            dir.path(),
+            json!({"channels": {"http": {"bind": format!("127.0.0.1:{port}")}}}),
+        ),
+    );
+    // First life: one tool round completes, then the model hangs and the daemon is killed.
+    llm.push(Reply::ToolCalls(vec![(
+        "call_a".into(),
+        "read_file".into(),
+        r#"{"path":"a.txt"}"#.into(),
+    )]));
+    llm.push(Reply::Hang);
+    let d = Daemon::start(dir.path(), &cfg, port).await;
+    let api = d.api.clone();
+    let pending = tokio::spawn(async move { api.chat("k9", "read a.txt please").await });
+    assert!(wait_until(T, || llm.requests().len() == 2).await, "{}", log_of(dir.path()));
+    // Past sled's background flush interval, so the tool round is on disk.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    d.kill9();
+    let _ = pending.await; // the HTTP client sees the connection drop
+
+    // Second life: the journaled message is resumed from the transcript, answered once.
+    llm.push(Reply::Text("alpha it is".into()));
+    let d = Daemon::start(dir.path(), &cfg, port).await;
+    assert!(wait_until(T, || llm.requests().len() == 3).await, "{}", log_of(dir.path()));
+    let resumed = llm.requests()[2].clone();
+    check_tool_pairing(&resumed).unwrap();
+    let users: Vec<_> = messages(&resumed)
+        .iter()
+        .filter(|m| m["role"] == "user")
+        .map(|m| m["content"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(users, ["read a.txt please"]);
+    // Wait for the answer to land in the transcript.
+    let api = d.api.clone();
+    let mut transcript = Value::Null;
+    for _ in 0..200 {
+        let (s, v) = api.get("/v1/sessions/http:k9").await;
+        if s == 200 && v.to_string().contains("alpha it is") {
+            transcript = v;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let msgs = transcript["messages"].as_array().cloned().unwrap_or_default();
+    let roles: Vec<_> = msgs.iter().map(|m| m["role"].as_str().unwrap_or("")).collect();
+    assert_eq!(roles, ["user", "assistant", "tool", "assistant"], "{transcript:#}");
+    assert_eq!(d.term().code(), Some(0), "{}", log_of(dir.path()));
+
+    // Third life: nothing left to do; the model is not called again.
+    let d = Daemon::start(dir.path(), &cfg, port).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(llm.requests().len(), 3);
+    assert_eq!(d.term().code(), Some(0));
+}
+
+#[tokio::test]
+async fn kill_9_before_the_model_answers_replays_the_journaled_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let llm = FakeLlm::start().await;
+    let port = free_port();
+    let cfg = write_config(
+        dir.path(),
+        &config_value(
+            &llm.base_url(),
+            dir.path(),
+            json!({"channels": {"http": {"bind": format!("127.0.0.1:{port}")}}}),
+        ),
+    );
+    llm.push(Reply::Hang);
+    let d = Daemon::start(dir.path(), &cfg, port).await;
+    let api = d.api.clone();
+    let pending = tokio::spawn(async move { api.chat("j", "remember me").await });
+    // The request reaching the model proves the message was journaled (flushed) first.
+    assert!(wait_until(T, || llm.requests().len() == 1).await);
+    d.kill9();
+    let _ = pending.await;
+
+    llm.push(Reply::Text("remembered".into()));
+    let d = Daemon::start(dir.path(), &cfg, port).await;
+    assert!(wait_until(T, || llm.requests().len() == 2).await, "{}", log_of(dir.path()));
+    let users: Vec<_> = messages(&llm.requests()[1])
+        .iter()
+        .filter(|m| m["role"] == "user")
+        .map(|m| m["content"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(users, ["remember me"]);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(llm.requests().len(), 2, "answered more than once");
+    assert_eq!(d.term().code(), Some(0), "{}", log_of(dir.path()));
+}
+
+#[tokio::test]
+async fn cli_commands_use_the_running_gateway_instead_of_the_locked_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let llm = FakeLlm::start().await;
+    let port = free_port();
+    let cfg = write_config(
+        dir.path(),
+        &config_value(
+            &llm.base_url(),
+            dir.path(),
+            json!({"channels": {"http": {"bind": format!("127.0.0.1:{port}")}}}),
+        ),
+    );
+    let d = Daemon::start(dir.path(), &cfg, port).await;
+    llm.push(Reply::Text("via gateway".into()));
+    let run = |args: &'static [&'static str]| {
+        let dir = dir.path().to_path_buf();
+        let cfg = cfg.clone();
+        tokio::task::spawn_blocking(move || {
+            weft(&dir).arg("--config").arg(&cfg).args(args).output().unwrap()
+        })
+    };
+    let out = run(&["agent", "-m", "hello"]).await.unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout).to_string(),
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    );
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(stdout.trim(), "via gateway");
+    assert!(stderr.contains("using the running gateway"), "{stderr}");
+
+    let out = run(&["status"]).await.unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["mode"], "gateway");
+    assert_eq!(v["sessions"]["stored"], 1);
+
+    let out = run(&["sessions", "list"]).await.unwrap();
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["sessions"][0]["key"], "http:default");
+
+    let out = run(&["sessions", "show", "http:default"]).await.unwrap();
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["messages"][1]["content"], "via gateway");
+
+    let out = run(&["sessions", "clear", "http:default"]).await.unwrap();
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["cleared"], true);
+    let out = run(&["sessions", "show", "http:default"]).await.unwrap();
+    assert!(!out.status.success());
+
+    let out = run(&["sessions", "show", "../etc"]).await.unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("invalid session id"));
+
+    assert_eq!(d.term().code(), Some(0));
+    // With the gateway gone, the same commands open the store directly.
+    let out = run(&["status"]).await.unwrap();
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["mode"], "direct");
+}
