@@ -174,10 +174,15 @@ async fn interactive_local(
     let mut lines = stdin_lines();
     let mut p = Printer { streamed: false };
     let mut waiting: Vec<PlatformEventId> = Vec::new();
+    let mut eof = false;
     loop {
+        if eof && waiting.is_empty() {
+            break;
+        }
         tokio::select! {
-            line = lines.recv() => {
-                let Some(line) = line else { break };
+            line = lines.recv(), if !eof => {
+                // Ctrl-D: exit once the replies already asked for have arrived.
+                let Some(line) = line else { eof = true; continue };
                 if line.trim().is_empty() { continue; }
                 match term.submit(session, &line).await {
                     Ok(id) => waiting.push(id),
@@ -215,11 +220,18 @@ async fn via_gateway(
     eprintln!("{HELP}");
     let mut lines = stdin_lines();
     let (items_tx, mut items) = mpsc::unbounded_channel::<StreamItem>();
+    let mut in_flight = 0usize;
+    let mut eof = false;
     loop {
+        if eof && in_flight == 0 {
+            break;
+        }
         tokio::select! {
-            line = lines.recv() => {
-                let Some(line) = line else { break };
+            line = lines.recv(), if !eof => {
+                // Ctrl-D: exit once the replies already asked for have arrived.
+                let Some(line) = line else { eof = true; continue };
                 if line.trim().is_empty() { continue; }
+                in_flight += 1;
                 let c = client.clone();
                 let tx = items_tx.clone();
                 let session = session.to_string();
@@ -230,7 +242,11 @@ async fn via_gateway(
                     }
                 });
             }
-            Some(i) = items.recv() => { let _ = p.item(&i); }
+            Some(i) = items.recv() => {
+                if p.item(&i).is_some() {
+                    in_flight = in_flight.saturating_sub(1);
+                }
+            }
         }
     }
     Ok(())

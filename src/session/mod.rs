@@ -9,9 +9,11 @@ pub mod prompt;
 pub mod transcript;
 
 use std::collections::VecDeque;
+use std::panic::AssertUnwindSafe;
 use std::time::Duration;
 
 use clawft_channel_core::{OutboundKind, OutboundMessage};
+use futures::FutureExt;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use serde::Serialize;
 use tokio::sync::mpsc;
@@ -38,6 +40,8 @@ pub enum SessionMsg {
         outcome: Box<TurnOutcome>,
         /// The reply put in the outbox.
         reply: OutboundMessage,
+        /// The turn panicked: reload the transcript from the store.
+        reload: bool,
     },
     /// Abort the running turn, if any (shutdown after the grace period).
     Cancel,
@@ -111,6 +115,9 @@ pub struct SessionState {
     resets: Vec<RpcReplyPort<bool>>,
     drains: Vec<RpcReplyPort<()>>,
     draining: bool,
+    /// The pending idle timer; replaced (and the old one aborted) each time the session idles,
+    /// so a busy session holds one timer task, not one per turn.
+    idle_timer: Option<tokio::task::JoinHandle<Result<(), ractor::MessagingErr<SessionMsg>>>>,
 }
 
 /// The session actor (stateless struct; state in [`SessionState`]).
@@ -141,12 +148,7 @@ impl Actor for SessionActor {
         _myself: ActorRef<Self::Msg>,
         args: SessionArgs,
     ) -> Result<SessionState, ActorProcessingErr> {
-        let mut transcript = args.deps.store.load_transcript(&args.key)?;
-        let added = transcript::repair(&mut transcript);
-        if !added.is_empty() {
-            tracing::warn!(session = %args.key, repaired = added.len(), "repaired tool calls interrupted by a restart");
-            args.deps.store.append_messages(&args.key, &added)?;
-        }
+        let transcript = load_repaired(&args)?;
         Ok(SessionState {
             args,
             transcript,
@@ -156,6 +158,7 @@ impl Actor for SessionActor {
             resets: Vec::new(),
             drains: Vec::new(),
             draining: false,
+            idle_timer: None,
         })
     }
 
@@ -172,8 +175,12 @@ impl Actor for SessionActor {
                 state.routed += 1;
                 on_inbound(&myself, state, entry);
             }
-            SessionMsg::TurnFinished { outcome, reply } => {
-                on_turn_finished(&myself, state, *outcome, reply);
+            SessionMsg::TurnFinished {
+                outcome,
+                reply,
+                reload,
+            } => {
+                on_turn_finished(&myself, state, *outcome, reply, reload);
             }
             SessionMsg::Cancel => {
                 if let Some(r) = &state.running {
@@ -218,8 +225,22 @@ impl Actor for SessionActor {
         if let Some(r) = &state.running {
             r.cancel.cancel();
         }
+        if let Some(t) = state.idle_timer.take() {
+            t.abort();
+        }
         Ok(())
     }
+}
+
+/// The stored transcript, with orphan tool calls repaired (and the repair persisted).
+fn load_repaired(args: &SessionArgs) -> Result<Vec<Message>, crate::store::StoreError> {
+    let mut transcript = args.deps.store.load_transcript(&args.key)?;
+    let added = transcript::repair(&mut transcript);
+    if !added.is_empty() {
+        tracing::warn!(session = %args.key, repaired = added.len(), "repaired tool calls left without a result");
+        args.deps.store.append_messages(&args.key, &added)?;
+    }
+    Ok(transcript)
 }
 
 fn status(state: &SessionState) -> SessionStatus {
@@ -337,6 +358,7 @@ fn on_turn_finished(
     state: &mut SessionState,
     outcome: TurnOutcome,
     reply: OutboundMessage,
+    reload: bool,
 ) {
     tracing::info!(
         status = ?outcome.status,
@@ -347,7 +369,14 @@ fn on_turn_finished(
         "turn finished"
     );
     state.running = None;
-    state.transcript.extend(outcome.messages);
+    if reload {
+        match load_repaired(&state.args) {
+            Ok(t) => state.transcript = t,
+            Err(e) => tracing::error!(error = %e, "could not reload the transcript"),
+        }
+    } else {
+        state.transcript.extend(outcome.messages);
+    }
     let _ = state.args.bus.cast(BusMsg::Outbound(reply));
     finish_resets(state);
     if state.draining {
@@ -366,7 +395,10 @@ fn maybe_start(myself: &ActorRef<SessionMsg>, state: &mut SessionState) {
     let Some(entry) = state.queue.pop_front() else {
         // Idle: leave memory after the idle period unless something arrives.
         let routed = state.routed;
-        myself.send_after(state.args.idle, move || SessionMsg::IdleCheck { routed });
+        let timer = myself.send_after(state.args.idle, move || SessionMsg::IdleCheck { routed });
+        if let Some(old) = state.idle_timer.replace(timer) {
+            old.abort();
+        }
         return;
     };
     let Some(ev) = entry.event.clone() else {
@@ -424,7 +456,14 @@ fn maybe_start(myself: &ActorRef<SessionMsg>, state: &mut SessionState) {
             } else {
                 (None, None)
             };
-            let outcome = run_turn(&deps, &key, &history, events_tx.as_ref(), &cancel).await;
+            let run = run_turn(&deps, &key, &history, events_tx.as_ref(), &cancel);
+            let (outcome, reload) = match AssertUnwindSafe(run).catch_unwind().await {
+                Ok(o) => (o, false),
+                Err(_) => {
+                    tracing::error!("turn panicked; the session reloads its transcript");
+                    (TurnOutcome::failed("Internal error: this turn crashed. Your message was received; try again."), true)
+                }
+            };
             drop(events_tx);
             if let Some(f) = forwarder {
                 let _ = f.await;
@@ -449,6 +488,7 @@ fn maybe_start(myself: &ActorRef<SessionMsg>, state: &mut SessionState) {
             let _ = me.cast(SessionMsg::TurnFinished {
                 outcome: Box::new(outcome),
                 reply,
+                reload,
             });
         }
         .instrument(span),

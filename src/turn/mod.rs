@@ -93,6 +93,21 @@ pub struct TurnOutcome {
     pub usage: Usage,
 }
 
+impl TurnOutcome {
+    /// A turn that failed before producing anything.
+    pub fn failed(reply: &str) -> Self {
+        Self {
+            status: TurnStatus::Failed(reply.to_string()),
+            reply: reply.to_string(),
+            messages: Vec::new(),
+            unpersisted: 0,
+            llm_calls: 0,
+            tool_calls: 0,
+            usage: Usage::default(),
+        }
+    }
+}
+
 async fn call_model(
     deps: &TurnDeps,
     req: &ChatRequest,
@@ -155,15 +170,8 @@ async fn run_turn_inner(
     cancel: &CancellationToken,
 ) -> TurnOutcome {
     let max_iterations = deps.agent.max_tool_iterations.max(1);
-    let mut out = TurnOutcome {
-        status: TurnStatus::Completed,
-        reply: String::new(),
-        messages: Vec::new(),
-        unpersisted: 0,
-        llm_calls: 0,
-        tool_calls: 0,
-        usage: Usage::default(),
-    };
+    let mut out = TurnOutcome::failed("");
+    out.status = TurnStatus::Completed;
     let ctx = ToolContext {
         workspace: deps.workspace.clone(),
         session: session.clone(),

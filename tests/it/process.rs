@@ -409,3 +409,43 @@ async fn cli_commands_use_the_running_gateway_instead_of_the_locked_store() {
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["mode"], "direct");
 }
+
+#[tokio::test]
+async fn interactive_agent_reads_lines_streams_and_exits_on_eof() {
+    let dir = tempfile::tempdir().unwrap();
+    let llm = FakeLlm::start().await;
+    let cfg = write_config(
+        dir.path(),
+        &config_value(
+            &llm.base_url(),
+            dir.path(),
+            json!({"channels": {"http": {"bind": format!("127.0.0.1:{}", free_port())}}}),
+        ),
+    );
+    llm.push(Reply::Text("first reply".into()));
+    llm.push(Reply::Text("second reply".into()));
+    let d = dir.path().to_path_buf();
+    let out = tokio::task::spawn_blocking(move || {
+        use std::io::Write;
+        let mut child = weft(&d)
+            .arg("--config")
+            .arg(&cfg)
+            .arg("agent")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(b"one\ntwo\n").unwrap();
+        drop(stdin); // Ctrl-D
+        child.wait_with_output().unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(stdout.lines().collect::<Vec<_>>(), ["first reply", "second reply"]);
+    // Deltas were streamed from the provider.
+    assert_eq!(llm.requests()[0]["stream"], true);
+}
