@@ -132,8 +132,12 @@ impl clawft_channel_http::Admin for AdminApi {
     async fn clear_session(&self, key: &str) -> Result<bool, String> {
         let r = self.running.get().ok_or("starting")?;
         let key = SessionKey::parse(key).map_err(|e| e.to_string())?;
-        ractor::call_t!(r.bus, |reply| BusMsg::Clear { key, reply }, CLEAR_TIMEOUT_MS)
-            .map_err(|e| e.to_string())?
+        ractor::call_t!(
+            r.bus,
+            |reply| BusMsg::Clear { key, reply },
+            CLEAR_TIMEOUT_MS
+        )
+        .map_err(|e| e.to_string())?
     }
 
     async fn ready(&self) -> Result<Value, Value> {

@@ -215,7 +215,10 @@ impl Daemon {
         // Messages accepted before a crash but not answered.
         let inbound = store.pending_inbound()?;
         if !inbound.is_empty() {
-            tracing::info!(count = inbound.len(), "processing messages accepted before a restart");
+            tracing::info!(
+                count = inbound.len(),
+                "processing messages accepted before a restart"
+            );
         }
         for e in inbound {
             let _ = bus.cast(BusMsg::Inbound(e));
@@ -253,13 +256,20 @@ impl Daemon {
     pub async fn shutdown(self) {
         tracing::info!("shutting down: intake closed");
         self.intake.cancel();
-        let sessions = ractor::call_t!(self.bus, |reply| BusMsg::Sessions { reply }, ACTOR_CALL_TIMEOUT_MS)
-            .unwrap_or_default();
+        let sessions = ractor::call_t!(
+            self.bus,
+            |reply| BusMsg::Sessions { reply },
+            ACTOR_CALL_TIMEOUT_MS
+        )
+        .unwrap_or_default();
         let drain = futures::future::join_all(sessions.iter().map(|(_, s)| async move {
             ractor::call_t!(s, |reply| SessionMsg::Drain { reply }, LONG_CALL_MS)
         }));
         if tokio::time::timeout(self.grace, drain).await.is_err() {
-            tracing::warn!(grace_s = self.grace.as_secs(), "turns still running after the grace period; cancelling them");
+            tracing::warn!(
+                grace_s = self.grace.as_secs(),
+                "turns still running after the grace period; cancelling them"
+            );
             self.turns.cancel();
             let settle = futures::future::join_all(sessions.iter().map(|(_, s)| async move {
                 ractor::call_t!(s, |reply| SessionMsg::Drain { reply }, LONG_CALL_MS)
@@ -270,7 +280,9 @@ impl Daemon {
             ractor::call_t!(c, |reply| ChannelMsg::Flush { reply }, LONG_CALL_MS)
         }));
         if tokio::time::timeout(OUTBOX_DRAIN, flush).await.is_err() {
-            tracing::warn!("outboxes not drained in time; undelivered replies are sent at the next start");
+            tracing::warn!(
+                "outboxes not drained in time; undelivered replies are sent at the next start"
+            );
         }
         self.turns.cancel();
         self.stop_channels.cancel();
@@ -300,11 +312,19 @@ impl Daemon {
 
 /// Status of every live session behind `bus`.
 pub async fn live_sessions(bus: &BusRef) -> Vec<SessionStatus> {
-    let sessions = ractor::call_t!(bus, |reply| BusMsg::Sessions { reply }, ACTOR_CALL_TIMEOUT_MS)
-        .unwrap_or_default();
+    let sessions = ractor::call_t!(
+        bus,
+        |reply| BusMsg::Sessions { reply },
+        ACTOR_CALL_TIMEOUT_MS
+    )
+    .unwrap_or_default();
     let mut out = Vec::new();
     for (_, s) in sessions {
-        if let Ok(st) = ractor::call_t!(s, |reply| SessionMsg::Status { reply }, ACTOR_CALL_TIMEOUT_MS) {
+        if let Ok(st) = ractor::call_t!(
+            s,
+            |reply| SessionMsg::Status { reply },
+            ACTOR_CALL_TIMEOUT_MS
+        ) {
             out.push(st);
         }
     }

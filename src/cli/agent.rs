@@ -163,7 +163,8 @@ fn stdin_lines() -> mpsc::Receiver<String> {
     rx
 }
 
-const HELP: &str = "Type a message. /stop cancels the running turn, /new starts a new conversation, Ctrl-D exits.";
+const HELP: &str =
+    "Type a message. /stop cancels the running turn, /new starts a new conversation, Ctrl-D exits.";
 
 async fn interactive_local(
     term: &TerminalChannel,

@@ -186,7 +186,9 @@ impl GatewayClient {
                 }
             }
         }
-        Err(CliError("the gateway closed the stream before the reply".into()))
+        Err(CliError(
+            "the gateway closed the stream before the reply".into(),
+        ))
     }
 }
 

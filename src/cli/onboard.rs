@@ -38,8 +38,7 @@ pub fn run(config_path: Option<&Path>, env: &Env, force: bool) -> Result<Vec<Pat
     written.push(path);
     let workspace = home.join("workspace");
     let memory = workspace.join("memory");
-    std::fs::create_dir_all(&memory)
-        .map_err(|e| CliError(format!("{}: {e}", memory.display())))?;
+    std::fs::create_dir_all(&memory).map_err(|e| CliError(format!("{}: {e}", memory.display())))?;
     written.push(workspace);
     written.push(memory);
     Ok(written)

@@ -44,6 +44,9 @@ pub async fn run(config: &Config, action: SessionsAction) -> Result<(), CliError
             serde_json::json!({ "cleared": s.clear_session(&k).map_err(CliError::msg)? })
         }
     };
-    println!("{}", serde_json::to_string_pretty(&v).map_err(CliError::msg)?);
+    println!(
+        "{}",
+        serde_json::to_string_pretty(&v).map_err(CliError::msg)?
+    );
     Ok(())
 }

@@ -21,6 +21,9 @@ pub async fn run(config: &Config) -> Result<(), CliError> {
     if v.get("mode").is_none() {
         v["mode"] = serde_json::json!("gateway");
     }
-    println!("{}", serde_json::to_string_pretty(&v).map_err(CliError::msg)?);
+    println!(
+        "{}",
+        serde_json::to_string_pretty(&v).map_err(CliError::msg)?
+    );
     Ok(())
 }

@@ -91,10 +91,7 @@ impl Channel for TerminalChannel {
         tx: mpsc::Sender<InboundDelivery>,
         cancel: CancellationToken,
     ) -> Result<(), ChannelError> {
-        *self
-            .listener
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = Some(tx);
+        *self.listener.lock().unwrap_or_else(PoisonError::into_inner) = Some(tx);
         self.ready.notify_waiters();
         cancel.cancelled().await;
         Ok(())

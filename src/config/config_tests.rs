@@ -41,7 +41,10 @@ fn unknown_key_is_reported_with_its_path() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("modle"), "{err}");
-    assert!(err.contains("agents.defaults") || err.contains("model"), "{err}");
+    assert!(
+        err.contains("agents.defaults") || err.contains("model"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -102,15 +105,25 @@ fn secret_indirection_by_env_and_file() {
     )
     .unwrap_err()
     .to_string();
-    assert!(err.contains("providers.openai.api_key_env") && err.contains("NOPE"), "{err}");
+    assert!(
+        err.contains("providers.openai.api_key_env") && err.contains("NOPE"),
+        "{err}"
+    );
 }
 
 #[test]
 fn non_loopback_bind_needs_token() {
-    let err = Config::from_str(r#"{"channels":{"http":{"bind":"0.0.0.0:80"}}}"#, false, &env(&[]))
-        .unwrap_err()
-        .to_string();
-    assert!(err.contains("channels.http.bind") && err.contains("token"), "{err}");
+    let err = Config::from_str(
+        r#"{"channels":{"http":{"bind":"0.0.0.0:80"}}}"#,
+        false,
+        &env(&[]),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("channels.http.bind") && err.contains("token"),
+        "{err}"
+    );
     Config::from_str(
         r#"{"channels":{"http":{"bind":"0.0.0.0:80","token":"t"}}}"#,
         false,
@@ -128,7 +141,10 @@ fn unknown_fallback_provider_is_named() {
     )
     .unwrap_err()
     .to_string();
-    assert!(err.contains("agents.defaults.fallback") && err.contains("nope"), "{err}");
+    assert!(
+        err.contains("agents.defaults.fallback") && err.contains("nope"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -136,7 +152,10 @@ fn missing_explicit_file_is_clear() {
     let err = Config::load(Some(Path::new("/nonexistent/c.json")), &env(&[]))
         .unwrap_err()
         .to_string();
-    assert!(err.contains("/nonexistent/c.json") && err.contains("weft onboard"), "{err}");
+    assert!(
+        err.contains("/nonexistent/c.json") && err.contains("weft onboard"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -144,7 +163,10 @@ fn shipped_example_config_parses_to_the_defaults() {
     let text = include_str!("../../config/clawft.example.toml");
     let c = Config::from_str(text, true, &env(&[])).unwrap();
     assert_eq!(c.agent.max_tool_iterations, DEFAULT_MAX_TOOL_ITERATIONS);
-    assert_eq!(c.agent.workspace, PathBuf::from("/home/u/.clawft/workspace"));
+    assert_eq!(
+        c.agent.workspace,
+        PathBuf::from("/home/u/.clawft/workspace")
+    );
     assert_eq!(c.http.bind.to_string(), DEFAULT_HTTP_BIND);
     assert_eq!(c.store.cache_bytes, 8 * 1024 * 1024);
 }

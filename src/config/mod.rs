@@ -99,11 +99,15 @@ impl Env {
     }
     /// One variable, if set and not empty.
     pub fn get(&self, key: &str) -> Option<&str> {
-        self.0.get(key).map(String::as_str).filter(|v| !v.is_empty())
+        self.0
+            .get(key)
+            .map(String::as_str)
+            .filter(|v| !v.is_empty())
     }
     /// The user's home directory.
     pub fn home(&self) -> PathBuf {
-        self.get("HOME").map_or_else(|| PathBuf::from("/"), PathBuf::from)
+        self.get("HOME")
+            .map_or_else(|| PathBuf::from("/"), PathBuf::from)
     }
 }
 
@@ -565,7 +569,12 @@ fn resolve_providers(
                 "ANTHROPIC_API_KEY",
                 Some("ANTHROPIC_BASE_URL"),
             ),
-            ("openrouter", ProviderKind::OpenAi, "OPENROUTER_API_KEY", None),
+            (
+                "openrouter",
+                ProviderKind::OpenAi,
+                "OPENROUTER_API_KEY",
+                None,
+            ),
         ];
         for (name, kind, key_var, base_var) in from_env {
             if let Some(key) = env.get(key_var) {

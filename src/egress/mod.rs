@@ -86,13 +86,24 @@ impl Actor for ChannelActor {
         let (tx, rx) = mpsc::unbounded_channel();
         let id = args.channel.id().to_string();
         args.tasks.spawn(
-            outbox_worker(args.channel.clone(), args.store.clone(), rx, args.stop.clone())
-                .instrument(tracing::info_span!("outbox", channel = %id)),
+            outbox_worker(
+                args.channel.clone(),
+                args.store.clone(),
+                rx,
+                args.stop.clone(),
+            )
+            .instrument(tracing::info_span!("outbox", channel = %id)),
         );
         let (in_tx, in_rx) = mpsc::channel(64);
         args.tasks.spawn(
-            ingress_pump(in_rx, args.store.clone(), args.bus.clone(), args.intake.clone(), args.open.clone())
-                .instrument(tracing::info_span!("ingress", channel = %id)),
+            ingress_pump(
+                in_rx,
+                args.store.clone(),
+                args.bus.clone(),
+                args.intake.clone(),
+                args.open.clone(),
+            )
+            .instrument(tracing::info_span!("ingress", channel = %id)),
         );
         args.tasks.spawn(
             listen_loop(args.channel.clone(), in_tx, args.stop.clone())
@@ -161,7 +172,8 @@ async fn ingress_pump(
 ) {
     open.cancelled().await;
     while let Some(InboundDelivery { mut event, ack }) = rx.recv().await {
-        let span = tracing::info_span!("inbound", channel = %event.channel, event_id = %event.event_id);
+        let span =
+            tracing::info_span!("inbound", channel = %event.channel, event_id = %event.event_id);
         let _g = span.enter();
         let answer = if intake.is_cancelled() {
             Ack::Rejected("the gateway is shutting down; retry shortly".into())
@@ -213,7 +225,12 @@ async fn outbox_worker(
     }
 }
 
-async fn send_one(channel: &dyn Channel, store: &Store, msg: &OutboundMessage, stop: &CancellationToken) {
+async fn send_one(
+    channel: &dyn Channel,
+    store: &Store,
+    msg: &OutboundMessage,
+    stop: &CancellationToken,
+) {
     let durable = msg.kind.is_durable();
     let mut delay = FIRST_RETRY_DELAY;
     let mut attempt: u32 = 0;

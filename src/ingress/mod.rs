@@ -136,7 +136,15 @@ mod tests {
     #[test]
     fn keys_are_validated() {
         assert!(SessionKey::parse("http:abc").is_ok());
-        for bad in ["", "a/../b", "a/b", "a\\b", "a\0b", "a\x07b", &"x".repeat(257)] {
+        for bad in [
+            "",
+            "a/../b",
+            "a/b",
+            "a\\b",
+            "a\0b",
+            "a\x07b",
+            &"x".repeat(257),
+        ] {
             assert!(SessionKey::parse(bad).is_err(), "{bad:?} accepted");
         }
         assert!(SessionKey::parse(&"x".repeat(256)).is_ok());

@@ -274,11 +274,12 @@ fn answer_now(state: &SessionState, entry: &InboxEntry, kind: OutboundKind, text
     let Some(reply) = reply_to(entry, kind, text) else {
         return;
     };
-    if let Err(e) = state
-        .args
-        .deps
-        .store
-        .finish_turn(&state.args.key, Some(entry), &[], Some(&reply))
+    if let Err(e) =
+        state
+            .args
+            .deps
+            .store
+            .finish_turn(&state.args.key, Some(entry), &[], Some(&reply))
     {
         tracing::error!(error = %e, "could not record command reply");
     }
@@ -325,7 +326,11 @@ fn on_inbound(myself: &ActorRef<SessionMsg>, state: &mut SessionState, entry: In
                 "session {}: {} messages, {}, {} queued",
                 s.key,
                 s.messages,
-                if s.running { "a turn is running" } else { "idle" },
+                if s.running {
+                    "a turn is running"
+                } else {
+                    "idle"
+                },
                 s.queued
             );
             answer_now(state, &entry, OutboundKind::Final, text);
@@ -502,7 +507,9 @@ async fn forward_events(mut rx: mpsc::Receiver<TurnEvent>, bus: BusRef, entry: I
             TurnEvent::ToolStarted { tool, call_id } => (
                 OutboundKind::Progress,
                 format!("running {tool}"),
-                Some(serde_json::json!({"event": "tool_started", "tool": tool, "call_id": call_id})),
+                Some(
+                    serde_json::json!({"event": "tool_started", "tool": tool, "call_id": call_id}),
+                ),
             ),
             TurnEvent::ToolFinished {
                 tool,
@@ -511,7 +518,9 @@ async fn forward_events(mut rx: mpsc::Receiver<TurnEvent>, bus: BusRef, entry: I
             } => (
                 OutboundKind::Progress,
                 format!("finished {tool}"),
-                Some(serde_json::json!({"event": "tool_finished", "tool": tool, "call_id": call_id, "error_code": error_code})),
+                Some(
+                    serde_json::json!({"event": "tool_finished", "tool": tool, "call_id": call_id, "error_code": error_code}),
+                ),
             ),
         };
         if let Some(mut m) = reply_to(&entry, kind, content) {

@@ -307,7 +307,11 @@ impl Store {
     ///
     /// # Errors
     /// Backend failure.
-    pub fn append_messages(&self, session: &SessionKey, msgs: &[Message]) -> Result<(), StoreError> {
+    pub fn append_messages(
+        &self,
+        session: &SessionKey,
+        msgs: &[Message],
+    ) -> Result<(), StoreError> {
         let mut ops = Vec::new();
         self.append_ops(session, msgs, &mut ops)?;
         self.kv.apply(ops)

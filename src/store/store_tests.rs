@@ -96,4 +96,3 @@ fn transcript_order_survives_many_appends_and_reopen() {
     assert_eq!(t[299].content, "m299");
     assert_eq!(t[256].content, "m256");
 }
-

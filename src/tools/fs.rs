@@ -137,11 +137,7 @@ impl Tool for ListDirectory {
         let a: ListDirectoryArgs = parse_args(self.name(), args)?;
         let ws = ctx.workspace.clone();
         blocking(move || {
-            let fd = ws.open_beneath(
-                &a.path,
-                OFlags::RDONLY | OFlags::DIRECTORY,
-                Mode::empty(),
-            )?;
+            let fd = ws.open_beneath(&a.path, OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty())?;
             let dir = rustix::fs::Dir::read_from(&fd)
                 .map_err(|e| super::workspace::map_errno(&a.path, e))?;
             let mut entries = Vec::new();
@@ -199,10 +195,16 @@ mod tests {
             .execute(json!({"path": "a.txt", "offset": 2, "limit": 1}), &c)
             .await
             .unwrap();
-        assert_eq!(v, json!({"content": "two\n", "total_lines": 3, "truncated": true}));
+        assert_eq!(
+            v,
+            json!({"content": "two\n", "total_lines": 3, "truncated": true})
+        );
 
         for bad in ["../secret.txt", "link", "sub/../../secret.txt"] {
-            let e = ReadFile.execute(json!({ "path": bad }), &c).await.unwrap_err();
+            let e = ReadFile
+                .execute(json!({ "path": bad }), &c)
+                .await
+                .unwrap_err();
             assert_eq!(e.code(), "INVALID_PATH", "{bad}: {e}");
         }
         let abs = root.path().join("secret.txt");
@@ -211,11 +213,20 @@ mod tests {
             .await
             .unwrap_err();
         assert_eq!(e.code(), "INVALID_PATH");
-        let e = ReadFile.execute(json!({"path": "nope"}), &c).await.unwrap_err();
+        let e = ReadFile
+            .execute(json!({"path": "nope"}), &c)
+            .await
+            .unwrap_err();
         assert_eq!(e.code(), "FILE_NOT_FOUND");
-        let e = ReadFile.execute(json!({"path": "bin"}), &c).await.unwrap_err();
+        let e = ReadFile
+            .execute(json!({"path": "bin"}), &c)
+            .await
+            .unwrap_err();
         assert_eq!(e.code(), "BINARY_FILE");
-        let e = ReadFile.execute(json!({"file": "a.txt"}), &c).await.unwrap_err();
+        let e = ReadFile
+            .execute(json!({"file": "a.txt"}), &c)
+            .await
+            .unwrap_err();
         assert_eq!(e.code(), "INVALID_ARGS");
     }
 
@@ -227,7 +238,10 @@ mod tests {
         std::fs::write(ws.join("b.txt"), "12345").unwrap();
         std::fs::write(ws.join("a.txt"), "1").unwrap();
         let c = ctx(&ws);
-        let mut v = ListDirectory.execute(json!({"path": "."}), &c).await.unwrap();
+        let mut v = ListDirectory
+            .execute(json!({"path": "."}), &c)
+            .await
+            .unwrap();
         // A directory's size depends on the filesystem.
         v["entries"][2]["size"] = json!(0);
         assert_eq!(
@@ -238,9 +252,15 @@ mod tests {
                 {"name": "zdir", "is_dir": true, "size": 0},
             ]})
         );
-        let e = ListDirectory.execute(json!({"path": ".."}), &c).await.unwrap_err();
+        let e = ListDirectory
+            .execute(json!({"path": ".."}), &c)
+            .await
+            .unwrap_err();
         assert_eq!(e.code(), "INVALID_PATH");
-        let e = ListDirectory.execute(json!({"path": "/"}), &c).await.unwrap_err();
+        let e = ListDirectory
+            .execute(json!({"path": "/"}), &c)
+            .await
+            .unwrap_err();
         assert_eq!(e.code(), "INVALID_PATH");
     }
 }

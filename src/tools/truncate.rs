@@ -109,7 +109,10 @@ mod tests {
     fn objects_are_wrapped() {
         let v = json!({ "content": "x".repeat(100_000) });
         let out = truncate_result(v, 65_536);
-        assert!(out["_truncated_json"].as_str().unwrap().starts_with("{\"content\":\"xxx"));
+        assert!(out["_truncated_json"]
+            .as_str()
+            .unwrap()
+            .starts_with("{\"content\":\"xxx"));
         assert!(out["original_bytes"].as_u64().unwrap() > 100_000);
         assert!(size(&out) <= 65_536);
     }

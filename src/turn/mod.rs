@@ -13,7 +13,9 @@ use tracing::Instrument;
 
 use crate::config::AgentConfig;
 use crate::ingress::SessionKey;
-use crate::llm::{ChatRequest, ChatResponse, DynModel, LlmError, Message, Role, StreamEvent, Usage};
+use crate::llm::{
+    ChatRequest, ChatResponse, DynModel, LlmError, Message, Role, StreamEvent, Usage,
+};
 use crate::store::Store;
 use crate::tools::{ToolContext, ToolError, ToolRegistry, Workspace};
 
@@ -240,7 +242,11 @@ async fn run_turn_inner(
             out.reply = "Internal error: could not save the conversation.".into();
             return out;
         }
-        tracing::debug!(iteration, count = assistant.tool_calls.len(), "executing tool calls");
+        tracing::debug!(
+            iteration,
+            count = assistant.tool_calls.len(),
+            "executing tool calls"
+        );
         let calls = assistant.tool_calls.clone();
         messages.push(assistant.clone());
         out.messages.push(assistant);

@@ -29,8 +29,16 @@ async fn chat_with_two_tool_rounds_links_results_by_call_id() {
     std::fs::create_dir_all(dir.path().join("ws/notes")).unwrap();
     std::fs::write(dir.path().join("ws/notes/todo.txt"), "buy milk\n").unwrap();
     let llm = FakeLlm::start().await;
-    llm.push(calls(&[("call_1", "list_directory", r#"{"path":"notes"}"#)]));
-    llm.push(calls(&[("call_2", "read_file", r#"{"path":"notes/todo.txt"}"#)]));
+    llm.push(calls(&[(
+        "call_1",
+        "list_directory",
+        r#"{"path":"notes"}"#,
+    )]));
+    llm.push(calls(&[(
+        "call_2",
+        "read_file",
+        r#"{"path":"notes/todo.txt"}"#,
+    )]));
     llm.push(Reply::Text("You need to buy milk.".into()));
     let gw = TestGateway::start(config(&llm, dir.path(), json!({}))).await;
 
@@ -104,7 +112,11 @@ async fn iteration_limit_stops_the_loop_with_a_clear_reply() {
     let dir = tempfile::tempdir().unwrap();
     let llm = FakeLlm::start().await;
     for i in 0..5 {
-        llm.push(calls(&[(&format!("c{i}"), "list_directory", r#"{"path":"."}"#)]));
+        llm.push(calls(&[(
+            &format!("c{i}"),
+            "list_directory",
+            r#"{"path":"."}"#,
+        )]));
     }
     let gw = TestGateway::start(config(
         &llm,
@@ -169,7 +181,10 @@ async fn stop_cancels_a_slow_llm_call_at_once() {
     assert_eq!(body["reply"], "Stopping the running turn.");
     let (status, body) = slow.await.unwrap();
     assert_eq!(status, 502, "{body}");
-    assert!(body["error"].as_str().unwrap().contains("Stopped"), "{body}");
+    assert!(
+        body["error"].as_str().unwrap().contains("Stopped"),
+        "{body}"
+    );
     assert!(started.elapsed() < Duration::from_secs(5));
 
     // The session still works afterwards, and the stopped message is in its history.
@@ -250,7 +265,11 @@ async fn history_survives_a_restart() {
         .collect();
     assert_eq!(
         texts,
-        ["my name is Ada", "nice to meet you, Ada", "what is my name?"]
+        [
+            "my name is Ada",
+            "nice to meet you, Ada",
+            "what is my name?"
+        ]
     );
     gw.stop().await;
 }

@@ -61,7 +61,13 @@ impl Daemon {
         let mut d = Self { child, api };
         let deadline = std::time::Instant::now() + T;
         loop {
-            if let Ok(r) = d.api.http.get(format!("{}/readyz", d.api.base)).send().await {
+            if let Ok(r) = d
+                .api
+                .http
+                .get(format!("{}/readyz", d.api.base))
+                .send()
+                .await
+            {
                 if r.status().is_success() {
                     break;
                 }
@@ -69,7 +75,11 @@ impl Daemon {
             if let Ok(Some(st)) = d.child.try_wait() {
                 panic!("gateway exited: {st}\n{}", log_of(dir));
             }
-            assert!(std::time::Instant::now() < deadline, "gateway not ready\n{}", log_of(dir));
+            assert!(
+                std::time::Instant::now() < deadline,
+                "gateway not ready\n{}",
+                log_of(dir)
+            );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         d
@@ -157,7 +167,10 @@ fn every_command_has_help() {
     ] {
         let out = weft(dir.path()).args(&args).output().unwrap();
         assert!(out.status.success(), "{args:?}");
-        assert!(String::from_utf8_lossy(&out.stdout).contains("Usage"), "{args:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains("Usage"),
+            "{args:?}"
+        );
     }
 }
 
@@ -165,7 +178,11 @@ fn every_command_has_help() {
 fn onboard_writes_config_and_workspace_and_never_overwrites() {
     let dir = tempfile::tempdir().unwrap();
     let out = weft(dir.path()).arg("onboard").output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let cfg = dir.path().join(".clawft/config.toml");
     assert!(cfg.exists());
     assert!(dir.path().join(".clawft/workspace/memory").is_dir());
@@ -174,12 +191,21 @@ fn onboard_writes_config_and_workspace_and_never_overwrites() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--force"));
     assert_eq!(std::fs::read_to_string(&cfg).unwrap(), "# mine\n");
-    let out = weft(dir.path()).args(["onboard", "--force"]).output().unwrap();
+    let out = weft(dir.path())
+        .args(["onboard", "--force"])
+        .output()
+        .unwrap();
     assert!(out.status.success());
-    assert!(std::fs::read_to_string(&cfg).unwrap().contains("max_tool_iterations"));
+    assert!(std::fs::read_to_string(&cfg)
+        .unwrap()
+        .contains("max_tool_iterations"));
     // The written config loads.
     let out = weft(dir.path()).arg("status").output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[tokio::test]
@@ -188,25 +214,43 @@ async fn agent_one_shot_prints_the_reply_and_fails_clearly_on_provider_errors() 
     let llm = FakeLlm::start().await;
     let cfg = write_config(
         dir.path(),
-        &config_value(&llm.base_url(), dir.path(), json!({"channels": {"http": {"bind": format!("127.0.0.1:{}", free_port())}}})),
+        &config_value(
+            &llm.base_url(),
+            dir.path(),
+            json!({"channels": {"http": {"bind": format!("127.0.0.1:{}", free_port())}}}),
+        ),
     );
     llm.push(Reply::Text("hello from the model".into()));
     let d = dir.path().to_path_buf();
     let c = cfg.clone();
     let out = tokio::task::spawn_blocking(move || {
-        weft(&d).arg("--config").arg(&c).args(["agent", "-m", "hi"]).output().unwrap()
+        weft(&d)
+            .arg("--config")
+            .arg(&c)
+            .args(["agent", "-m", "hi"])
+            .output()
+            .unwrap()
     })
     .await
     .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(stdout.trim(), "hello from the model");
     assert!(String::from_utf8_lossy(&out.stderr).contains("store opened directly"));
 
     llm.push(Reply::Status(401, None, "invalid api key".into()));
     let d = dir.path().to_path_buf();
     let out = tokio::task::spawn_blocking(move || {
-        weft(&d).arg("--config").arg(&cfg).args(["agent", "-m", "hi"]).output().unwrap()
+        weft(&d)
+            .arg("--config")
+            .arg(&cfg)
+            .args(["agent", "-m", "hi"])
+            .output()
+            .unwrap()
     })
     .await
     .unwrap();
@@ -272,7 +316,11 @@ async fn kill_9_mid_turn_then_restart_answers_exactly_once() {
     let d = Daemon::start(dir.path(), &cfg, port).await;
     let api = d.api.clone();
     let pending = tokio::spawn(async move { api.chat("k9", "read a.txt please").await });
-    assert!(wait_until(T, || llm.requests().len() == 2).await, "{}", log_of(dir.path()));
+    assert!(
+        wait_until(T, || llm.requests().len() == 2).await,
+        "{}",
+        log_of(dir.path())
+    );
     // Past sled's background flush interval, so the tool round is on disk.
     tokio::time::sleep(Duration::from_millis(1200)).await;
     d.kill9();
@@ -281,7 +329,11 @@ async fn kill_9_mid_turn_then_restart_answers_exactly_once() {
     // Second life: the journaled message is resumed from the transcript, answered once.
     llm.push(Reply::Text("alpha it is".into()));
     let d = Daemon::start(dir.path(), &cfg, port).await;
-    assert!(wait_until(T, || llm.requests().len() == 3).await, "{}", log_of(dir.path()));
+    assert!(
+        wait_until(T, || llm.requests().len() == 3).await,
+        "{}",
+        log_of(dir.path())
+    );
     let resumed = llm.requests()[2].clone();
     check_tool_pairing(&resumed).unwrap();
     let users: Vec<_> = messages(&resumed)
@@ -301,9 +353,19 @@ async fn kill_9_mid_turn_then_restart_answers_exactly_once() {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let msgs = transcript["messages"].as_array().cloned().unwrap_or_default();
-    let roles: Vec<_> = msgs.iter().map(|m| m["role"].as_str().unwrap_or("")).collect();
-    assert_eq!(roles, ["user", "assistant", "tool", "assistant"], "{transcript:#}");
+    let msgs = transcript["messages"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let roles: Vec<_> = msgs
+        .iter()
+        .map(|m| m["role"].as_str().unwrap_or(""))
+        .collect();
+    assert_eq!(
+        roles,
+        ["user", "assistant", "tool", "assistant"],
+        "{transcript:#}"
+    );
     assert_eq!(d.term().code(), Some(0), "{}", log_of(dir.path()));
 
     // Third life: nothing left to do; the model is not called again.
@@ -337,7 +399,11 @@ async fn kill_9_before_the_model_answers_replays_the_journaled_message() {
 
     llm.push(Reply::Text("remembered".into()));
     let d = Daemon::start(dir.path(), &cfg, port).await;
-    assert!(wait_until(T, || llm.requests().len() == 2).await, "{}", log_of(dir.path()));
+    assert!(
+        wait_until(T, || llm.requests().len() == 2).await,
+        "{}",
+        log_of(dir.path())
+    );
     let users: Vec<_> = messages(&llm.requests()[1])
         .iter()
         .filter(|m| m["role"] == "user")
@@ -368,7 +434,12 @@ async fn cli_commands_use_the_running_gateway_instead_of_the_locked_store() {
         let dir = dir.path().to_path_buf();
         let cfg = cfg.clone();
         tokio::task::spawn_blocking(move || {
-            weft(&dir).arg("--config").arg(&cfg).args(args).output().unwrap()
+            weft(&dir)
+                .arg("--config")
+                .arg(&cfg)
+                .args(args)
+                .output()
+                .unwrap()
         })
     };
     let out = run(&["agent", "-m", "hello"]).await.unwrap();
@@ -381,7 +452,11 @@ async fn cli_commands_use_the_running_gateway_instead_of_the_locked_store() {
     assert!(stderr.contains("using the running gateway"), "{stderr}");
 
     let out = run(&["status"]).await.unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["mode"], "gateway");
     assert_eq!(v["sessions"]["stored"], 1);
@@ -443,9 +518,16 @@ async fn interactive_agent_reads_lines_streams_and_exits_on_eof() {
     })
     .await
     .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(stdout.lines().collect::<Vec<_>>(), ["first reply", "second reply"]);
+    assert_eq!(
+        stdout.lines().collect::<Vec<_>>(),
+        ["first reply", "second reply"]
+    );
     // Deltas were streamed from the provider.
     assert_eq!(llm.requests()[0]["stream"], true);
 }

@@ -1,1 +1,584 @@
-pub fn x(){}
+//! The local HTTP API channel (axum): `POST /v1/chat` returns the final reply, `POST
+//! /v1/chat/stream` streams it as SSE, `GET /healthz` / `/readyz`, and the admin routes
+//! (`/v1/status`, `/v1/sessions`) served through the [`Admin`] trait.
+//!
+//! Deny by default: it binds loopback unless a bearer token is configured, and then every route
+//! but `/healthz` requires it. It knows nothing of sessions or the store; replies come back
+//! through [`Channel::send`], correlated by the inbound event id.
+
+use std::collections::{HashMap, VecDeque};
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use axum::extract::{DefaultBodyLimit, Path, Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use clawft_channel_core::{
+    now_ms, Ack, Capabilities, Channel, ChannelError, ChannelId, ChatId, InboundDelivery,
+    InboundEvent, OutboundKind, OutboundMessage, PlatformEventId, SentRef, UserId,
+};
+use serde_json::{json, Value};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+/// Largest accepted request body (1 MiB).
+const MAX_BODY_BYTES: usize = 1024 * 1024;
+/// Proactive messages kept per HTTP chat until fetched.
+const MAILBOX_PER_CHAT: usize = 100;
+/// Interval of SSE keep-alive comments.
+const SSE_KEEPALIVE: Duration = Duration::from_secs(15);
+
+/// Settings of the HTTP channel.
+#[derive(Clone, Debug)]
+pub struct HttpConfig {
+    /// Address to bind.
+    pub bind: SocketAddr,
+    /// Bearer token; required for a non-loopback bind.
+    pub token: Option<String>,
+    /// How long `POST /v1/chat` waits for the reply.
+    pub reply_timeout: Duration,
+    /// Channel id (`http`).
+    pub channel_id: String,
+}
+
+/// Why the HTTP channel could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum HttpError {
+    /// A non-loopback bind without a token.
+    #[error("refusing to serve the HTTP API on non-loopback address {addr} without a bearer token: set channels.http.token (or token_env / token_file), or bind 127.0.0.1")]
+    NonLoopbackWithoutToken {
+        /// The address.
+        addr: SocketAddr,
+    },
+    /// The address could not be bound.
+    #[error("cannot bind {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The error.
+        source: std::io::Error,
+    },
+}
+
+/// What the daemon exposes to the admin routes.
+#[async_trait]
+pub trait Admin: Send + Sync + 'static {
+    /// `GET /v1/status`.
+    async fn status(&self) -> Value;
+    /// `GET /v1/sessions`.
+    async fn sessions(&self) -> Result<Value, String>;
+    /// `GET /v1/sessions/{key}`; `None` is 404.
+    async fn session(&self, key: &str) -> Result<Option<Value>, String>;
+    /// `DELETE /v1/sessions/{key}`; whether anything was stored.
+    async fn clear_session(&self, key: &str) -> Result<bool, String>;
+    /// `GET /readyz`: `Ok` when ready (200), `Err` when not (503).
+    async fn ready(&self) -> Result<Value, Value>;
+}
+
+enum Waiter {
+    /// `POST /v1/chat`: only the final reply.
+    Once(oneshot::Sender<OutboundMessage>),
+    /// `POST /v1/chat/stream`: deltas, progress and the final reply.
+    Stream(mpsc::Sender<OutboundMessage>),
+}
+
+#[derive(Default)]
+struct Shared {
+    waiters: HashMap<PlatformEventId, Waiter>,
+    mailboxes: HashMap<String, VecDeque<OutboundMessage>>,
+}
+
+struct Inner {
+    cfg: HttpConfig,
+    id: ChannelId,
+    admin: Arc<dyn Admin>,
+    shared: Mutex<Shared>,
+    tx: Mutex<Option<mpsc::Sender<InboundDelivery>>>,
+    seq: AtomicU64,
+    shutdown: CancellationToken,
+}
+
+impl Inner {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Shared> {
+        self.shared.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// The HTTP API channel.
+pub struct HttpChannel {
+    inner: Arc<Inner>,
+    listener: Mutex<Option<std::net::TcpListener>>,
+    addr: SocketAddr,
+}
+
+/// Removes a waiter when its request ends (reply, timeout or client gone).
+struct WaiterGuard {
+    inner: Arc<Inner>,
+    id: PlatformEventId,
+}
+
+impl Drop for WaiterGuard {
+    fn drop(&mut self) {
+        self.inner.lock().waiters.remove(&self.id);
+    }
+}
+
+impl HttpChannel {
+    /// Validate the config and bind the listener now, so bind errors surface at startup.
+    ///
+    /// # Errors
+    /// A non-loopback bind without a token, or a bind failure.
+    pub async fn bind(
+        cfg: HttpConfig,
+        admin: Arc<dyn Admin>,
+    ) -> Result<Arc<HttpChannel>, HttpError> {
+        if !cfg.bind.ip().is_loopback() && cfg.token.as_deref().is_none_or(str::is_empty) {
+            return Err(HttpError::NonLoopbackWithoutToken { addr: cfg.bind });
+        }
+        let std_listener =
+            std::net::TcpListener::bind(cfg.bind).map_err(|source| HttpError::Bind {
+                addr: cfg.bind,
+                source,
+            })?;
+        std_listener
+            .set_nonblocking(true)
+            .map_err(|source| HttpError::Bind {
+                addr: cfg.bind,
+                source,
+            })?;
+        let addr = std_listener
+            .local_addr()
+            .map_err(|source| HttpError::Bind {
+                addr: cfg.bind,
+                source,
+            })?;
+        Ok(Arc::new(HttpChannel {
+            inner: Arc::new(Inner {
+                id: ChannelId::new(cfg.channel_id.clone()),
+                cfg,
+                admin,
+                shared: Mutex::new(Shared::default()),
+                tx: Mutex::new(None),
+                seq: AtomicU64::new(0),
+                shutdown: CancellationToken::new(),
+            }),
+            listener: Mutex::new(Some(std_listener)),
+            addr,
+        }))
+    }
+
+    /// The bound address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Pending reply waiters (for tests: none may leak).
+    pub fn pending_waiters(&self) -> usize {
+        self.inner.lock().waiters.len()
+    }
+}
+
+fn err(status: StatusCode, msg: impl Into<String>) -> Response {
+    (status, Json(json!({ "error": msg.into() }))).into_response()
+}
+
+/// A refused request: status and JSON body.
+type Refusal = (StatusCode, Value);
+
+fn refuse(status: StatusCode, msg: impl Into<String>) -> Refusal {
+    (status, json!({ "error": msg.into() }))
+}
+
+fn router(inner: Arc<Inner>) -> Router {
+    let api = Router::new()
+        .route("/readyz", get(readyz))
+        .route("/v1/chat", post(chat))
+        .route("/v1/chat/stream", post(chat_stream))
+        .route("/v1/status", get(status))
+        .route("/v1/sessions", get(sessions))
+        .route("/v1/sessions/{key}", get(session).delete(clear_session))
+        .route("/v1/chats/{chat_id}/messages", get(mailbox))
+        .route_layer(middleware::from_fn_with_state(inner.clone(), auth));
+    Router::new()
+        .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
+        .merge(api)
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(inner)
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+async fn auth(State(inner): State<Arc<Inner>>, req: Request, next: Next) -> Response {
+    if let Some(token) = inner.cfg.token.as_deref().filter(|t| !t.is_empty()) {
+        let given = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or("");
+        if !constant_time_eq(given.as_bytes(), token.as_bytes()) {
+            return err(StatusCode::UNAUTHORIZED, "missing or invalid bearer token");
+        }
+    }
+    next.run(req).await
+}
+
+async fn readyz(State(inner): State<Arc<Inner>>) -> Response {
+    match inner.admin.ready().await {
+        Ok(v) => Json(v).into_response(),
+        Err(v) => (StatusCode::SERVICE_UNAVAILABLE, Json(v)).into_response(),
+    }
+}
+
+async fn status(State(inner): State<Arc<Inner>>) -> Response {
+    Json(inner.admin.status().await).into_response()
+}
+
+async fn sessions(State(inner): State<Arc<Inner>>) -> Response {
+    match inner.admin.sessions().await {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => err(StatusCode::INTERNAL_SERVER_ERROR, e),
+    }
+}
+
+async fn session(State(inner): State<Arc<Inner>>, Path(key): Path<String>) -> Response {
+    match inner.admin.session(&key).await {
+        Ok(Some(v)) => Json(v).into_response(),
+        Ok(None) => err(StatusCode::NOT_FOUND, format!("no session `{key}`")),
+        Err(e) => err(StatusCode::BAD_REQUEST, e),
+    }
+}
+
+async fn clear_session(State(inner): State<Arc<Inner>>, Path(key): Path<String>) -> Response {
+    match inner.admin.clear_session(&key).await {
+        Ok(b) => Json(json!({ "cleared": b })).into_response(),
+        Err(e) => err(StatusCode::BAD_REQUEST, e),
+    }
+}
+
+async fn mailbox(State(inner): State<Arc<Inner>>, Path(chat_id): Path<String>) -> Response {
+    let msgs: Vec<Value> = inner
+        .lock()
+        .mailboxes
+        .remove(&chat_id)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|m| json!({"id": m.id, "kind": m.kind, "content": m.content}))
+        .collect();
+    Json(json!({ "messages": msgs })).into_response()
+}
+
+/// A parsed chat request.
+struct ChatReq {
+    chat_id: String,
+    content: String,
+    event_id: Option<String>,
+    sender: Option<String>,
+}
+
+fn parse_chat(body: &[u8]) -> Result<ChatReq, Refusal> {
+    let v: Value = serde_json::from_slice(body).map_err(|e| {
+        refuse(
+            StatusCode::BAD_REQUEST,
+            format!("body must be JSON like {{\"chat_id\": \"...\", \"content\": \"...\"}}: {e}"),
+        )
+    })?;
+    let s = |k: &str| v.get(k).and_then(Value::as_str).map(str::to_string);
+    let chat_id = s("chat_id").filter(|c| !c.is_empty()).ok_or_else(|| {
+        refuse(
+            StatusCode::BAD_REQUEST,
+            "`chat_id` must be a non-empty string",
+        )
+    })?;
+    let content = s("content")
+        .ok_or_else(|| refuse(StatusCode::BAD_REQUEST, "`content` must be a string"))?;
+    Ok(ChatReq {
+        chat_id,
+        content,
+        event_id: s("event_id").filter(|e| !e.is_empty()),
+        sender: s("sender").filter(|e| !e.is_empty()),
+    })
+}
+
+/// Register the waiter, deliver the event, and wait for the journal's ack.
+async fn submit(
+    inner: &Arc<Inner>,
+    req: ChatReq,
+    waiter: Waiter,
+) -> Result<(PlatformEventId, WaiterGuard), Refusal> {
+    if inner.shutdown.is_cancelled() {
+        return Err(refuse(StatusCode::SERVICE_UNAVAILABLE, "shutting down"));
+    }
+    let event_id = PlatformEventId::new(req.event_id.unwrap_or_else(|| {
+        format!(
+            "h{:x}-{:x}-{:x}",
+            now_ms(),
+            std::process::id(),
+            inner.seq.fetch_add(1, Ordering::Relaxed)
+        )
+    }));
+    {
+        let mut g = inner.lock();
+        if g.waiters.contains_key(&event_id) {
+            return Err(refuse(StatusCode::CONFLICT, "duplicate event_id"));
+        }
+        g.waiters.insert(event_id.clone(), waiter);
+    }
+    let guard = WaiterGuard {
+        inner: inner.clone(),
+        id: event_id.clone(),
+    };
+    let tx = inner
+        .tx
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone()
+        .ok_or_else(|| {
+            refuse(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "not accepting messages yet",
+            )
+        })?;
+    let (delivery, ack) = InboundDelivery::new(InboundEvent {
+        channel: inner.id.clone(),
+        chat: ChatId::new(req.chat_id),
+        thread: None,
+        sender: UserId::new(req.sender.unwrap_or_else(|| "http".into())),
+        event_id: event_id.clone(),
+        content: req.content,
+        received_at_ms: now_ms(),
+    });
+    tx.send(delivery)
+        .await
+        .map_err(|_| refuse(StatusCode::SERVICE_UNAVAILABLE, "shutting down"))?;
+    match ack.await {
+        Ok(Ack::Accepted) => Ok((event_id, guard)),
+        Ok(Ack::Duplicate) => Err((
+            StatusCode::CONFLICT,
+            json!({"error": "duplicate event_id", "event_id": event_id}),
+        )),
+        Ok(Ack::Rejected(why)) => Err(refuse(StatusCode::FORBIDDEN, why)),
+        Err(_) => Err(refuse(StatusCode::SERVICE_UNAVAILABLE, "shutting down")),
+    }
+}
+
+async fn chat(State(inner): State<Arc<Inner>>, body: axum::body::Bytes) -> Response {
+    let req = match parse_chat(&body) {
+        Ok(r) => r,
+        Err((status, v)) => return (status, Json(v)).into_response(),
+    };
+    let chat_id = req.chat_id.clone();
+    let (tx, rx) = oneshot::channel();
+    let (event_id, _guard) = match submit(&inner, req, Waiter::Once(tx)).await {
+        Ok(x) => x,
+        Err((status, v)) => return (status, Json(v)).into_response(),
+    };
+    let shutdown = inner.shutdown.clone();
+    tokio::select! {
+        r = tokio::time::timeout(inner.cfg.reply_timeout, rx) => match r {
+            Ok(Ok(m)) if m.kind == OutboundKind::Final => {
+                Json(json!({"chat_id": chat_id, "event_id": event_id, "reply": m.content})).into_response()
+            }
+            Ok(Ok(m)) => (
+                StatusCode::BAD_GATEWAY,
+                Json(json!({"error": m.content, "event_id": event_id})),
+            )
+                .into_response(),
+            Ok(Err(_)) => err(StatusCode::SERVICE_UNAVAILABLE, "shutting down"),
+            Err(_) => (
+                StatusCode::GATEWAY_TIMEOUT,
+                Json(json!({
+                    "error": format!("no reply within {}s; the message is stored and will still be processed", inner.cfg.reply_timeout.as_secs()),
+                    "event_id": event_id,
+                })),
+            )
+                .into_response(),
+        },
+        () = shutdown.cancelled() => err(StatusCode::SERVICE_UNAVAILABLE, "shutting down"),
+    }
+}
+
+fn sse_event(m: &OutboundMessage) -> Event {
+    let (name, data) = match m.kind {
+        OutboundKind::Delta => ("delta", json!({"text": m.content})),
+        OutboundKind::Progress => (
+            "progress",
+            m.meta.clone().unwrap_or_else(|| json!({"text": m.content})),
+        ),
+        OutboundKind::Final => (
+            "done",
+            json!({"reply": m.content, "event_id": m.in_reply_to}),
+        ),
+        OutboundKind::Error => (
+            "error",
+            json!({"error": m.content, "event_id": m.in_reply_to}),
+        ),
+    };
+    Event::default().event(name).data(data.to_string())
+}
+
+async fn chat_stream(State(inner): State<Arc<Inner>>, body: axum::body::Bytes) -> Response {
+    let submitted = match parse_chat(&body) {
+        Ok(req) => {
+            let (tx, rx) = mpsc::channel::<OutboundMessage>(256);
+            submit(&inner, req, Waiter::Stream(tx))
+                .await
+                .map(|(_, g)| (g, rx))
+        }
+        Err(r) => Err(r),
+    };
+    let (guard, mut rx) = match submitted {
+        Ok(x) => x,
+        Err((status, v)) => {
+            // Refusals become a single error event, so stream clients need one code path.
+            let e = Event::default()
+                .event("error")
+                .data(json!({"error": v["error"], "status": status.as_u16()}).to_string());
+            let s = futures::stream::iter([Ok::<_, Infallible>(e)]);
+            return Sse::new(s).into_response();
+        }
+    };
+    let shutdown = inner.shutdown.clone();
+    let stream = async_stream(move |yield_tx| async move {
+        let _guard = guard;
+        loop {
+            tokio::select! {
+                m = rx.recv() => {
+                    let Some(m) = m else { break };
+                    let last = m.kind.is_durable();
+                    if yield_tx.send(sse_event(&m)).await.is_err() || last {
+                        break;
+                    }
+                }
+                () = shutdown.cancelled() => {
+                    let _ = yield_tx
+                        .send(Event::default().event("error").data(json!({"error": "shutting down"}).to_string()))
+                        .await;
+                    break;
+                }
+            }
+        }
+    });
+    Sse::new(stream)
+        .keep_alive(KeepAlive::new().interval(SSE_KEEPALIVE))
+        .into_response()
+}
+
+/// A stream fed by a task (no extra dependency on an async-stream macro crate).
+fn async_stream<F, Fut>(f: F) -> impl futures::Stream<Item = Result<Event, Infallible>>
+where
+    F: FnOnce(mpsc::Sender<Event>) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let (tx, rx) = mpsc::channel::<Event>(16);
+    tokio::spawn(f(tx));
+    futures::stream::unfold(
+        rx,
+        |mut rx| async move { rx.recv().await.map(|e| (Ok(e), rx)) },
+    )
+}
+
+#[async_trait]
+impl Channel for HttpChannel {
+    fn id(&self) -> &ChannelId {
+        &self.inner.id
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            streaming: true,
+            progress: true,
+            max_message_bytes: MAX_BODY_BYTES,
+        }
+    }
+
+    async fn listen(
+        &self,
+        tx: mpsc::Sender<InboundDelivery>,
+        cancel: CancellationToken,
+    ) -> Result<(), ChannelError> {
+        let std_listener = self
+            .listener
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+            .ok_or_else(|| ChannelError::Fatal("listener already consumed".into()))?;
+        let listener = tokio::net::TcpListener::from_std(std_listener)
+            .map_err(|e| ChannelError::Fatal(format!("listener: {e}")))?;
+        *self.inner.tx.lock().unwrap_or_else(PoisonError::into_inner) = Some(tx);
+        let app = router(self.inner.clone());
+        let shutdown = self.inner.shutdown.clone();
+        let stop = cancel.clone();
+        tracing::info!(addr = %self.addr, "HTTP API listening");
+        let r = axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                stop.cancelled().await;
+                // Waiting requests are answered 503 so graceful shutdown can finish.
+                shutdown.cancel();
+            })
+            .await;
+        *self.inner.tx.lock().unwrap_or_else(PoisonError::into_inner) = None;
+        r.map_err(|e| ChannelError::Fatal(format!("HTTP server: {e}")))
+    }
+
+    async fn send(&self, msg: &OutboundMessage) -> Result<SentRef, ChannelError> {
+        let Some(reply_to) = &msg.in_reply_to else {
+            // A proactive message: keep it for `GET /v1/chats/{chat_id}/messages`.
+            let mut g = self.inner.lock();
+            let mb = g
+                .mailboxes
+                .entry(msg.chat.as_str().to_string())
+                .or_default();
+            if mb.len() >= MAILBOX_PER_CHAT {
+                mb.pop_front();
+            }
+            mb.push_back(msg.clone());
+            return Ok(SentRef(msg.id.clone()));
+        };
+        let stream_tx = {
+            let mut g = self.inner.lock();
+            match g.waiters.get(reply_to) {
+                Some(Waiter::Stream(tx)) => tx.clone(),
+                Some(Waiter::Once(_)) if !msg.kind.is_durable() => {
+                    // A plain request does not want deltas or progress.
+                    return Ok(SentRef(msg.id.clone()));
+                }
+                Some(Waiter::Once(_)) => {
+                    return match g.waiters.remove(reply_to) {
+                        Some(Waiter::Once(tx)) => tx
+                            .send(msg.clone())
+                            .map(|()| SentRef(msg.id.clone()))
+                            .map_err(|_| ChannelError::Gone("client gone".into())),
+                        _ => Err(ChannelError::Gone("client gone".into())),
+                    };
+                }
+                None => {
+                    return Err(ChannelError::Gone(format!(
+                        "no request waiting for {reply_to}"
+                    )))
+                }
+            }
+        };
+        stream_tx
+            .send(msg.clone())
+            .await
+            .map_err(|_| ChannelError::Gone("stream closed".into()))?;
+        Ok(SentRef(msg.id.clone()))
+    }
+}
+
+#[cfg(test)]
+mod tests;

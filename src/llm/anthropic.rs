@@ -1,0 +1,484 @@
+//! Anthropic Messages (`POST {base}/v1/messages`) with native `tool_use` / `tool_result`
+//! blocks, non-streaming and SSE streaming (`text_delta`, `input_json_delta`).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::StreamExt;
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+
+use super::error::parse_retry_after;
+use super::openai::http_client;
+use super::{
+    ChatModel, ChatRequest, ChatResponse, LlmError, Message, Role, StreamEvent, ToolCall, Usage,
+};
+
+/// API version header value.
+const ANTHROPIC_VERSION: &str = "2023-06-01";
+
+/// Settings of an Anthropic provider.
+#[derive(Clone, Debug)]
+pub struct AnthropicConfig {
+    /// Provider name.
+    pub name: String,
+    /// Base URL (`https://api.anthropic.com`, with or without `/v1`).
+    pub base_url: String,
+    /// `x-api-key`.
+    pub api_key: Option<String>,
+    /// Default model.
+    pub model: String,
+    /// Whole-request timeout.
+    pub timeout: Duration,
+    /// `max_tokens` when the request sets none (the API requires it).
+    pub max_tokens: u32,
+}
+
+/// An Anthropic Messages provider.
+pub struct Anthropic {
+    cfg: AnthropicConfig,
+    url: String,
+    http: reqwest::Client,
+}
+
+impl Anthropic {
+    /// Build the provider.
+    ///
+    /// # Errors
+    /// The HTTP client cannot be built.
+    pub fn new(cfg: AnthropicConfig) -> Result<Self, LlmError> {
+        let http = http_client(cfg.timeout).map_err(|detail| LlmError::InvalidResponse {
+            provider: cfg.name.clone(),
+            detail,
+        })?;
+        let base = cfg.base_url.trim_end_matches('/');
+        let url = if base.ends_with("/v1") {
+            format!("{base}/messages")
+        } else {
+            format!("{base}/v1/messages")
+        };
+        Ok(Self { cfg, url, http })
+    }
+
+    fn invalid(&self, detail: impl Into<String>) -> LlmError {
+        LlmError::InvalidResponse {
+            provider: self.cfg.name.clone(),
+            detail: detail.into(),
+        }
+    }
+
+    fn transport_error(&self, e: &reqwest::Error) -> LlmError {
+        if e.is_timeout() {
+            LlmError::Timeout {
+                provider: self.cfg.name.clone(),
+                timeout: self.cfg.timeout,
+            }
+        } else {
+            LlmError::Connect {
+                provider: self.cfg.name.clone(),
+                url: self.url.clone(),
+                detail: e.to_string(),
+            }
+        }
+    }
+
+    async fn send(&self, body: &Value) -> Result<reqwest::Response, LlmError> {
+        let mut rb = self
+            .http
+            .post(&self.url)
+            .timeout(self.cfg.timeout)
+            .header("anthropic-version", ANTHROPIC_VERSION)
+            .json(body);
+        if let Some(k) = &self.cfg.api_key {
+            rb = rb.header("x-api-key", k);
+        }
+        let resp = rb.send().await.map_err(|e| self.transport_error(&e))?;
+        let status = resp.status();
+        if status.is_success() {
+            return Ok(resp);
+        }
+        let retry_after = parse_retry_after(
+            resp.headers()
+                .get(reqwest::header::RETRY_AFTER)
+                .and_then(|v| v.to_str().ok()),
+        );
+        let text = resp.text().await.unwrap_or_default();
+        // 529 "overloaded" is a server error.
+        Err(LlmError::from_status(
+            &self.cfg.name,
+            status.as_u16(),
+            &text,
+            retry_after,
+        ))
+    }
+
+    async fn complete_stream(
+        &self,
+        req: &ChatRequest,
+        tx: &mpsc::Sender<StreamEvent>,
+    ) -> Result<ChatResponse, LlmError> {
+        let resp = self.send(&build_body(&self.cfg, req, true)).await?;
+        let mut bytes = resp.bytes_stream();
+        let mut buf: Vec<u8> = Vec::new();
+        let mut acc = Acc::default();
+        while let Some(chunk) = bytes.next().await {
+            let chunk = chunk.map_err(|e| self.transport_error(&e))?;
+            buf.extend_from_slice(&chunk);
+            while let Some(pos) = buf.iter().position(|&b| b == b'\n') {
+                let line: Vec<u8> = buf.drain(..=pos).collect();
+                let line = String::from_utf8_lossy(&line);
+                let Some(data) = line.trim_end_matches(['\n', '\r']).strip_prefix("data:") else {
+                    continue;
+                };
+                let v: Value = serde_json::from_str(data.trim_start())
+                    .map_err(|e| self.invalid(format!("bad stream event: {e}")))?;
+                match v["type"].as_str() {
+                    Some("error") => {
+                        let kind = v["error"]["type"].as_str().unwrap_or("");
+                        let msg = v["error"]["message"].as_str().unwrap_or("").to_string();
+                        return Err(match kind {
+                            "overloaded_error" | "api_error" => LlmError::Server {
+                                provider: self.cfg.name.clone(),
+                                status: 529,
+                                body: msg,
+                                retry_after: None,
+                            },
+                            "rate_limit_error" => LlmError::RateLimited {
+                                provider: self.cfg.name.clone(),
+                                retry_after: None,
+                            },
+                            _ => self.invalid(format!("{kind}: {msg}")),
+                        });
+                    }
+                    Some("message_stop") => return Ok(acc.finish()),
+                    _ => {
+                        if let Some(t) = acc.apply(&v) {
+                            let _ = tx.send(StreamEvent::TextDelta(t)).await;
+                        }
+                    }
+                }
+            }
+        }
+        if acc.started {
+            Ok(acc.finish())
+        } else {
+            Err(self.invalid("empty stream"))
+        }
+    }
+}
+
+fn text_blocks(m: &Message) -> Vec<Value> {
+    if m.content.is_empty() {
+        Vec::new()
+    } else {
+        vec![json!({"type": "text", "text": m.content})]
+    }
+}
+
+/// The request body: system prompt on top, roles alternating, tool results as user blocks.
+pub(crate) fn build_body(cfg: &AnthropicConfig, req: &ChatRequest, stream: bool) -> Value {
+    let mut system = Vec::new();
+    let mut msgs: Vec<(String, Vec<Value>)> = Vec::new();
+    for m in &req.messages {
+        let (role, blocks) = match m.role {
+            Role::System => {
+                system.push(m.content.clone());
+                continue;
+            }
+            Role::User => ("user", text_blocks(m)),
+            Role::Assistant => {
+                let mut b = text_blocks(m);
+                for c in &m.tool_calls {
+                    let input: Value = serde_json::from_str(&c.arguments)
+                        .ok()
+                        .filter(Value::is_object)
+                        .unwrap_or_else(|| json!({}));
+                    b.push(json!({"type": "tool_use", "id": c.id, "name": c.name, "input": input}));
+                }
+                ("assistant", b)
+            }
+            Role::Tool => (
+                "user",
+                vec![json!({
+                    "type": "tool_result",
+                    "tool_use_id": m.tool_call_id.as_deref().unwrap_or(""),
+                    "content": m.content,
+                })],
+            ),
+        };
+        if blocks.is_empty() {
+            continue;
+        }
+        match msgs.last_mut() {
+            Some((r, b)) if r == role => b.extend(blocks),
+            _ => msgs.push((role.to_string(), blocks)),
+        }
+    }
+    let mut body = json!({
+        "model": if req.model.is_empty() { &cfg.model } else { &req.model },
+        "max_tokens": req.max_tokens.unwrap_or(cfg.max_tokens),
+        "messages": msgs.into_iter().map(|(role, content)| json!({"role": role, "content": content})).collect::<Vec<_>>(),
+    });
+    if !system.is_empty() {
+        body["system"] = json!(system.join("\n\n"));
+    }
+    if !req.tools.is_empty() {
+        body["tools"] = req
+            .tools
+            .iter()
+            .map(|t| json!({"name": t.name, "description": t.description, "input_schema": t.parameters}))
+            .collect();
+    }
+    if let Some(t) = req.temperature {
+        body["temperature"] = json!(t);
+    }
+    if stream {
+        body["stream"] = json!(true);
+    }
+    body
+}
+
+fn parse_message(v: &Value) -> Option<ChatResponse> {
+    let blocks = v.get("content")?.as_array()?;
+    let mut content = String::new();
+    let mut tool_calls = Vec::new();
+    for b in blocks {
+        match b["type"].as_str() {
+            Some("text") => content.push_str(b["text"].as_str().unwrap_or("")),
+            Some("tool_use") => tool_calls.push(ToolCall {
+                id: b["id"].as_str().unwrap_or("").to_string(),
+                name: b["name"].as_str().unwrap_or("").to_string(),
+                arguments: b["input"].to_string(),
+            }),
+            _ => {}
+        }
+    }
+    Some(ChatResponse {
+        content,
+        tool_calls,
+        finish_reason: v["stop_reason"].as_str().map(str::to_string),
+        usage: Usage {
+            input_tokens: v["usage"]["input_tokens"].as_u64().unwrap_or(0),
+            output_tokens: v["usage"]["output_tokens"].as_u64().unwrap_or(0),
+        },
+    })
+}
+
+#[derive(Default)]
+struct Acc {
+    started: bool,
+    content: String,
+    tools: BTreeMap<u64, ToolCall>,
+    stop_reason: Option<String>,
+    usage: Usage,
+}
+
+impl Acc {
+    fn apply(&mut self, v: &Value) -> Option<String> {
+        self.started = true;
+        match v["type"].as_str()? {
+            "message_start" => {
+                self.usage.input_tokens =
+                    v["message"]["usage"]["input_tokens"].as_u64().unwrap_or(0);
+                None
+            }
+            "content_block_start" => {
+                let b = &v["content_block"];
+                if b["type"] == "tool_use" {
+                    self.tools.insert(
+                        v["index"].as_u64().unwrap_or(0),
+                        ToolCall {
+                            id: b["id"].as_str().unwrap_or("").to_string(),
+                            name: b["name"].as_str().unwrap_or("").to_string(),
+                            arguments: String::new(),
+                        },
+                    );
+                } else if let Some(t) = b["text"].as_str().filter(|t| !t.is_empty()) {
+                    self.content.push_str(t);
+                    return Some(t.to_string());
+                }
+                None
+            }
+            "content_block_delta" => {
+                let d = &v["delta"];
+                match d["type"].as_str()? {
+                    "text_delta" => {
+                        let t = d["text"].as_str()?;
+                        self.content.push_str(t);
+                        Some(t.to_string())
+                    }
+                    "input_json_delta" => {
+                        if let Some(c) = self.tools.get_mut(&v["index"].as_u64().unwrap_or(0)) {
+                            c.arguments
+                                .push_str(d["partial_json"].as_str().unwrap_or(""));
+                        }
+                        None
+                    }
+                    _ => None,
+                }
+            }
+            "message_delta" => {
+                if let Some(r) = v["delta"]["stop_reason"].as_str() {
+                    self.stop_reason = Some(r.to_string());
+                }
+                if let Some(o) = v["usage"]["output_tokens"].as_u64() {
+                    self.usage.output_tokens = o;
+                }
+                None
+            }
+            _ => None,
+        }
+    }
+
+    fn finish(self) -> ChatResponse {
+        ChatResponse {
+            content: self.content,
+            tool_calls: self
+                .tools
+                .into_values()
+                .map(|mut c| {
+                    if c.arguments.is_empty() {
+                        c.arguments = "{}".into();
+                    }
+                    c
+                })
+                .collect(),
+            finish_reason: self.stop_reason,
+            usage: self.usage,
+        }
+    }
+}
+
+#[async_trait]
+impl ChatModel for Anthropic {
+    fn name(&self) -> &str {
+        &self.cfg.name
+    }
+
+    async fn complete(
+        &self,
+        req: &ChatRequest,
+        stream: Option<&mpsc::Sender<StreamEvent>>,
+    ) -> Result<ChatResponse, LlmError> {
+        if let Some(tx) = stream {
+            return self.complete_stream(req, tx).await;
+        }
+        let resp = self.send(&build_body(&self.cfg, req, false)).await?;
+        let v: Value = resp
+            .json()
+            .await
+            .map_err(|e| self.invalid(format!("not JSON: {e}")))?;
+        parse_message(&v).ok_or_else(|| self.invalid("no content blocks"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    fn cfg() -> AnthropicConfig {
+        AnthropicConfig {
+            name: "anthropic".into(),
+            base_url: "https://api.anthropic.com".into(),
+            api_key: None,
+            model: "claude".into(),
+            timeout: Duration::from_secs(5),
+            max_tokens: 1024,
+        }
+    }
+
+    #[test]
+    fn body_alternates_roles_and_groups_tool_results() {
+        let mut a = Message::assistant("let me look");
+        a.tool_calls = vec![
+            ToolCall {
+                id: "t1".into(),
+                name: "read_file".into(),
+                arguments: r#"{"path":"a"}"#.into(),
+            },
+            ToolCall {
+                id: "t2".into(),
+                name: "list_directory".into(),
+                arguments: "{bad".into(),
+            },
+        ];
+        let req = ChatRequest {
+            model: String::new(),
+            messages: vec![
+                Message::system("sys"),
+                Message::user("hi"),
+                a,
+                Message::tool_result("t1", "read_file", "A"),
+                Message::tool_result("t2", "list_directory", "B"),
+                Message::user("and?"),
+            ],
+            tools: vec![],
+            max_tokens: None,
+            temperature: None,
+        };
+        let b = build_body(&cfg(), &req, false);
+        assert_eq!(b["system"], "sys");
+        assert_eq!(b["max_tokens"], 1024);
+        let msgs = b["messages"].as_array().unwrap();
+        let roles: Vec<_> = msgs.iter().map(|m| m["role"].as_str().unwrap()).collect();
+        assert_eq!(roles, ["user", "assistant", "user"]);
+        assert_eq!(msgs[1]["content"][1]["input"], json!({"path": "a"}));
+        assert_eq!(msgs[1]["content"][2]["input"], json!({}));
+        let last = msgs[2]["content"].as_array().unwrap();
+        assert_eq!(last[0]["type"], "tool_result");
+        assert_eq!(last[0]["tool_use_id"], "t1");
+        assert_eq!(last[1]["tool_use_id"], "t2");
+        assert_eq!(last[2], json!({"type": "text", "text": "and?"}));
+    }
+
+    #[test]
+    fn stream_events_assemble_text_and_tool_use() {
+        let events = [
+            json!({"type":"message_start","message":{"usage":{"input_tokens":12}}}),
+            json!({"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}),
+            json!({"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Hi "}}),
+            json!({"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"there"}}),
+            json!({"type":"content_block_start","index":1,"content_block":{"type":"tool_use","id":"toolu_1","name":"read_file","input":{}}}),
+            json!({"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":"{\"pa"}}),
+            json!({"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":"th\":\"x\"}"}}),
+            json!({"type":"message_delta","delta":{"stop_reason":"tool_use"},"usage":{"output_tokens":9}}),
+        ];
+        let mut acc = Acc::default();
+        let deltas: Vec<_> = events.iter().filter_map(|e| acc.apply(e)).collect();
+        assert_eq!(deltas, ["Hi ", "there"]);
+        let r = acc.finish();
+        assert_eq!(r.content, "Hi there");
+        assert_eq!(r.tool_calls[0].id, "toolu_1");
+        assert_eq!(r.tool_calls[0].arguments, r#"{"path":"x"}"#);
+        assert_eq!(
+            r.usage,
+            Usage {
+                input_tokens: 12,
+                output_tokens: 9
+            }
+        );
+        assert_eq!(r.finish_reason.as_deref(), Some("tool_use"));
+    }
+
+    #[test]
+    fn non_streaming_response_parses() {
+        let v = json!({"content":[{"type":"text","text":"ok"},{"type":"tool_use","id":"t","name":"n","input":{"a":1}}],"stop_reason":"tool_use","usage":{"input_tokens":1,"output_tokens":2}});
+        let r = parse_message(&v).unwrap();
+        assert_eq!(r.content, "ok");
+        assert_eq!(r.tool_calls[0].arguments, r#"{"a":1}"#);
+    }
+
+    #[test]
+    fn base_url_with_or_without_v1() {
+        let a = Anthropic::new(cfg()).unwrap();
+        assert_eq!(a.url, "https://api.anthropic.com/v1/messages");
+        let mut c = cfg();
+        c.base_url = "http://127.0.0.1:9/v1/".into();
+        assert_eq!(
+            Anthropic::new(c).unwrap().url,
+            "http://127.0.0.1:9/v1/messages"
+        );
+    }
+}

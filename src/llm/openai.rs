@@ -1,0 +1,424 @@
+//! OpenAI-compatible chat completions (`POST {base_url}/chat/completions`): OpenAI, OpenRouter,
+//! Ollama, vLLM, llama.cpp. Non-streaming, and SSE streaming with tool calls assembled from
+//! deltas by `index`.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::StreamExt;
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+
+use super::error::parse_retry_after;
+use super::{
+    ChatModel, ChatRequest, ChatResponse, LlmError, Message, Role, StreamEvent, ToolCall, Usage,
+};
+
+/// Settings of one OpenAI-compatible provider.
+#[derive(Clone, Debug)]
+pub struct OpenAiConfig {
+    /// Provider name for logs and errors.
+    pub name: String,
+    /// Base URL, e.g. `https://api.openai.com/v1`.
+    pub base_url: String,
+    /// Bearer token, if the server needs one.
+    pub api_key: Option<String>,
+    /// Model used when the request does not name one.
+    pub model: String,
+    /// Whole-request timeout.
+    pub timeout: Duration,
+    /// Extra headers sent with every request.
+    pub extra_headers: Vec<(String, String)>,
+}
+
+/// An OpenAI-compatible provider.
+pub struct OpenAiCompat {
+    cfg: OpenAiConfig,
+    url: String,
+    http: reqwest::Client,
+}
+
+/// Build the shared HTTP client of a provider (rustls, no proxy from the environment is
+/// disabled: providers may legitimately sit behind one).
+pub(crate) fn http_client(timeout: Duration) -> Result<reqwest::Client, String> {
+    reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(10).min(timeout))
+        .tcp_nodelay(true)
+        .pool_idle_timeout(Duration::from_secs(90))
+        .build()
+        .map_err(|e| e.to_string())
+}
+
+impl OpenAiCompat {
+    /// Build the provider and its HTTP client.
+    ///
+    /// # Errors
+    /// The HTTP client cannot be built.
+    pub fn new(cfg: OpenAiConfig) -> Result<Self, LlmError> {
+        let http = http_client(cfg.timeout).map_err(|detail| LlmError::InvalidResponse {
+            provider: cfg.name.clone(),
+            detail,
+        })?;
+        let url = format!("{}/chat/completions", cfg.base_url.trim_end_matches('/'));
+        Ok(Self { cfg, url, http })
+    }
+
+    fn body(&self, req: &ChatRequest, stream: bool) -> Value {
+        let messages: Vec<Value> = req.messages.iter().map(wire_message).collect();
+        let mut body = json!({
+            "model": if req.model.is_empty() { &self.cfg.model } else { &req.model },
+            "messages": messages,
+        });
+        if !req.tools.is_empty() {
+            body["tools"] = req
+                .tools
+                .iter()
+                .map(|t| {
+                    json!({"type": "function", "function": {
+                        "name": t.name, "description": t.description, "parameters": t.parameters,
+                    }})
+                })
+                .collect();
+        }
+        if let Some(m) = req.max_tokens {
+            body["max_tokens"] = json!(m);
+        }
+        if let Some(t) = req.temperature {
+            body["temperature"] = json!(t);
+        }
+        if stream {
+            body["stream"] = json!(true);
+            body["stream_options"] = json!({"include_usage": true});
+        }
+        body
+    }
+
+    fn transport_error(&self, e: &reqwest::Error) -> LlmError {
+        if e.is_timeout() {
+            LlmError::Timeout {
+                provider: self.cfg.name.clone(),
+                timeout: self.cfg.timeout,
+            }
+        } else {
+            LlmError::Connect {
+                provider: self.cfg.name.clone(),
+                url: self.url.clone(),
+                detail: error_chain(e),
+            }
+        }
+    }
+
+    fn invalid(&self, detail: impl Into<String>) -> LlmError {
+        LlmError::InvalidResponse {
+            provider: self.cfg.name.clone(),
+            detail: detail.into(),
+        }
+    }
+
+    async fn send(&self, body: &Value) -> Result<reqwest::Response, LlmError> {
+        let mut rb = self
+            .http
+            .post(&self.url)
+            .timeout(self.cfg.timeout)
+            .json(body);
+        if let Some(k) = &self.cfg.api_key {
+            rb = rb.bearer_auth(k);
+        }
+        for (k, v) in &self.cfg.extra_headers {
+            rb = rb.header(k, v);
+        }
+        let resp = rb.send().await.map_err(|e| self.transport_error(&e))?;
+        let status = resp.status();
+        if status.is_success() {
+            return Ok(resp);
+        }
+        let retry_after = parse_retry_after(
+            resp.headers()
+                .get(reqwest::header::RETRY_AFTER)
+                .and_then(|v| v.to_str().ok()),
+        );
+        let text = resp.text().await.unwrap_or_default();
+        Err(LlmError::from_status(
+            &self.cfg.name,
+            status.as_u16(),
+            &text,
+            retry_after,
+        ))
+    }
+
+    async fn complete_stream(
+        &self,
+        req: &ChatRequest,
+        tx: &mpsc::Sender<StreamEvent>,
+    ) -> Result<ChatResponse, LlmError> {
+        let resp = self.send(&self.body(req, true)).await?;
+        let mut bytes = resp.bytes_stream();
+        let mut buf: Vec<u8> = Vec::new();
+        let mut acc = StreamAcc::default();
+        while let Some(chunk) = bytes.next().await {
+            let chunk = chunk.map_err(|e| self.transport_error(&e))?;
+            buf.extend_from_slice(&chunk);
+            while let Some(pos) = buf.iter().position(|&b| b == b'\n') {
+                let line: Vec<u8> = buf.drain(..=pos).collect();
+                let line = String::from_utf8_lossy(&line);
+                let line = line.trim_end_matches(['\n', '\r']);
+                let Some(data) = line.strip_prefix("data:") else {
+                    continue;
+                };
+                let data = data.trim_start();
+                if data == "[DONE]" {
+                    return acc.finish(self);
+                }
+                let v: Value = serde_json::from_str(data)
+                    .map_err(|e| self.invalid(format!("bad stream chunk: {e}")))?;
+                if let Some(err) = v.get("error") {
+                    return Err(self.invalid(format!("stream error: {err}")));
+                }
+                if let Some(text) = acc.apply(&v) {
+                    let _ = tx.send(StreamEvent::TextDelta(text)).await;
+                }
+            }
+        }
+        // Some servers end the stream without [DONE].
+        acc.finish(self)
+    }
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+/// A transcript message in OpenAI's wire format.
+fn wire_message(m: &Message) -> Value {
+    match m.role {
+        Role::System => json!({"role": "system", "content": m.content}),
+        Role::User => json!({"role": "user", "content": m.content}),
+        Role::Assistant => {
+            let mut v = json!({"role": "assistant"});
+            v["content"] = if m.content.is_empty() && !m.tool_calls.is_empty() {
+                Value::Null
+            } else {
+                json!(m.content)
+            };
+            if !m.tool_calls.is_empty() {
+                v["tool_calls"] = m
+                    .tool_calls
+                    .iter()
+                    .map(|c| {
+                        json!({"id": c.id, "type": "function",
+                               "function": {"name": c.name, "arguments": c.arguments}})
+                    })
+                    .collect();
+            }
+            v
+        }
+        Role::Tool => json!({
+            "role": "tool",
+            "tool_call_id": m.tool_call_id.as_deref().unwrap_or(""),
+            "content": m.content,
+        }),
+    }
+}
+
+fn usage_of(v: &Value) -> Usage {
+    Usage {
+        input_tokens: v["prompt_tokens"].as_u64().unwrap_or(0),
+        output_tokens: v["completion_tokens"].as_u64().unwrap_or(0),
+    }
+}
+
+/// Parse a non-streaming completion body.
+fn parse_completion(v: &Value) -> Option<ChatResponse> {
+    let choice = v.get("choices")?.get(0)?;
+    let msg = choice.get("message")?;
+    let tool_calls = msg
+        .get("tool_calls")
+        .and_then(Value::as_array)
+        .map(|calls| {
+            calls
+                .iter()
+                .enumerate()
+                .map(|(i, c)| ToolCall {
+                    id: c["id"]
+                        .as_str()
+                        .map_or_else(|| format!("call_{i}"), str::to_string),
+                    name: c["function"]["name"].as_str().unwrap_or("").to_string(),
+                    arguments: match &c["function"]["arguments"] {
+                        Value::String(s) => s.clone(),
+                        Value::Null => String::new(),
+                        other => other.to_string(),
+                    },
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    Some(ChatResponse {
+        content: msg["content"].as_str().unwrap_or("").to_string(),
+        tool_calls,
+        finish_reason: choice["finish_reason"].as_str().map(str::to_string),
+        usage: usage_of(&v["usage"]),
+    })
+}
+
+#[derive(Default)]
+struct PartialCall {
+    id: String,
+    name: String,
+    arguments: String,
+}
+
+#[derive(Default)]
+struct StreamAcc {
+    content: String,
+    calls: BTreeMap<u64, PartialCall>,
+    finish_reason: Option<String>,
+    usage: Usage,
+    saw_chunk: bool,
+}
+
+impl StreamAcc {
+    /// Fold one chunk in; returns the text delta it carried, if any.
+    fn apply(&mut self, v: &Value) -> Option<String> {
+        self.saw_chunk = true;
+        if v.get("usage").is_some_and(Value::is_object) {
+            self.usage = usage_of(&v["usage"]);
+        }
+        let choice = v.get("choices")?.get(0)?;
+        if let Some(r) = choice["finish_reason"].as_str() {
+            self.finish_reason = Some(r.to_string());
+        }
+        let delta = choice.get("delta")?;
+        if let Some(calls) = delta.get("tool_calls").and_then(Value::as_array) {
+            for (pos, c) in calls.iter().enumerate() {
+                let idx = c["index"].as_u64().unwrap_or(pos as u64);
+                let p = self.calls.entry(idx).or_default();
+                if let Some(id) = c["id"].as_str() {
+                    p.id.push_str(id);
+                }
+                if let Some(n) = c["function"]["name"].as_str() {
+                    p.name.push_str(n);
+                }
+                if let Some(a) = c["function"]["arguments"].as_str() {
+                    p.arguments.push_str(a);
+                }
+            }
+        }
+        let text = delta["content"].as_str().filter(|t| !t.is_empty())?;
+        self.content.push_str(text);
+        Some(text.to_string())
+    }
+
+    fn finish(self, p: &OpenAiCompat) -> Result<ChatResponse, LlmError> {
+        if !self.saw_chunk {
+            return Err(p.invalid("empty stream"));
+        }
+        Ok(ChatResponse {
+            content: self.content,
+            tool_calls: self
+                .calls
+                .into_iter()
+                .map(|(i, c)| ToolCall {
+                    id: if c.id.is_empty() {
+                        format!("call_{i}")
+                    } else {
+                        c.id
+                    },
+                    name: c.name,
+                    arguments: c.arguments,
+                })
+                .collect(),
+            finish_reason: self.finish_reason,
+            usage: self.usage,
+        })
+    }
+}
+
+#[async_trait]
+impl ChatModel for OpenAiCompat {
+    fn name(&self) -> &str {
+        &self.cfg.name
+    }
+
+    async fn complete(
+        &self,
+        req: &ChatRequest,
+        stream: Option<&mpsc::Sender<StreamEvent>>,
+    ) -> Result<ChatResponse, LlmError> {
+        if let Some(tx) = stream {
+            return self.complete_stream(req, tx).await;
+        }
+        let resp = self.send(&self.body(req, false)).await?;
+        let bytes = resp.bytes().await.map_err(|e| self.transport_error(&e))?;
+        let v: Value =
+            serde_json::from_slice(&bytes).map_err(|e| self.invalid(format!("not JSON: {e}")))?;
+        parse_completion(&v).ok_or_else(|| {
+            let shown: String = String::from_utf8_lossy(&bytes).chars().take(300).collect();
+            self.invalid(format!("no choices[0].message in {shown}"))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    #[test]
+    fn stream_chunks_assemble_parallel_tool_calls() {
+        let mut acc = StreamAcc::default();
+        let chunks = [
+            json!({"choices":[{"delta":{"content":"Hel"}}]}),
+            json!({"choices":[{"delta":{"content":"lo"}}]}),
+            json!({"choices":[{"delta":{"tool_calls":[{"index":0,"id":"call_a","type":"function","function":{"name":"read_file","arguments":""}}]}}]}),
+            json!({"choices":[{"delta":{"tool_calls":[{"index":1,"id":"call_b","function":{"name":"list_directory","arguments":"{\"pa"}}]}}]}),
+            json!({"choices":[{"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{\"path\":\"x\"}"}}]}}]}),
+            json!({"choices":[{"delta":{"tool_calls":[{"index":1,"function":{"arguments":"th\":\".\"}"}}]},"finish_reason":"tool_calls"}]}),
+            json!({"choices":[],"usage":{"prompt_tokens":10,"completion_tokens":5}}),
+        ];
+        let deltas: Vec<_> = chunks.iter().filter_map(|c| acc.apply(c)).collect();
+        assert_eq!(deltas, ["Hel", "lo"]);
+        let p = OpenAiCompat::new(OpenAiConfig {
+            name: "t".into(),
+            base_url: "http://x".into(),
+            api_key: None,
+            model: "m".into(),
+            timeout: Duration::from_secs(1),
+            extra_headers: vec![],
+        })
+        .unwrap();
+        let r = acc.finish(&p).unwrap();
+        assert_eq!(r.content, "Hello");
+        assert_eq!(r.tool_calls.len(), 2);
+        assert_eq!(r.tool_calls[0].arguments, r#"{"path":"x"}"#);
+        assert_eq!(r.tool_calls[1].name, "list_directory");
+        assert_eq!(r.tool_calls[1].arguments, r#"{"path":"."}"#);
+        assert_eq!(r.usage.input_tokens, 10);
+        assert_eq!(r.finish_reason.as_deref(), Some("tool_calls"));
+    }
+
+    #[test]
+    fn wire_format_of_tool_round() {
+        let mut a = Message::assistant("");
+        a.tool_calls = vec![ToolCall {
+            id: "c1".into(),
+            name: "read_file".into(),
+            arguments: "{}".into(),
+        }];
+        assert_eq!(
+            wire_message(&a),
+            json!({"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"read_file","arguments":"{}"}}]})
+        );
+        assert_eq!(
+            wire_message(&Message::tool_result("c1", "read_file", "{\"ok\":1}")),
+            json!({"role":"tool","tool_call_id":"c1","content":"{\"ok\":1}"})
+        );
+    }
+}
