@@ -21,7 +21,8 @@ use crate::llm::retry::{ResilientModel, RetryPolicy};
 use crate::llm::{DynModel, LlmError};
 use crate::session::{SessionMsg, SessionStatus};
 use crate::store::{Store, StoreError};
-use crate::tools::{register_builtins, ToolRegistry, Workspace};
+use crate::tools::message::MessageSink;
+use crate::tools::{build_registry, Workspace};
 use crate::turn::TurnDeps;
 
 /// Timeout of calls to actors from the daemon (status, drain steps).
@@ -134,16 +135,12 @@ impl Daemon {
                 path: config.agent.workspace.display().to_string(),
                 source: e,
             })?;
-        let mut registry = ToolRegistry::new()
-            .with_secrets(
-                config
-                    .secrets
-                    .iter()
-                    .map(|s| s.expose().to_string())
-                    .collect(),
-            )
-            .with_timeout(config.agent.tool_timeout);
-        register_builtins(&mut registry);
+        let sink = Arc::new(BusSink {
+            bus: std::sync::OnceLock::new(),
+            store: store.clone(),
+            channels: channels.iter().map(|c| c.id().to_string()).collect(),
+        });
+        let registry = build_registry(config, Some(sink.clone() as Arc<dyn MessageSink>));
         let deps = TurnDeps {
             model,
             tools: Arc::new(registry),
@@ -173,6 +170,7 @@ impl Daemon {
         )
         .await
         .map_err(|e| DaemonError::Spawn(e.to_string()))?;
+        let _ = sink.bus.set(bus.clone());
 
         let intake = CancellationToken::new();
         let stop_channels = CancellationToken::new();
@@ -307,6 +305,28 @@ impl Daemon {
             tracing::error!(error = %e, "final store flush failed");
         }
         tracing::info!("shutdown complete");
+    }
+}
+
+/// The `message` tool's way out: the durable outbox, then the bus.
+struct BusSink {
+    bus: std::sync::OnceLock<BusRef>,
+    store: Store,
+    channels: Vec<String>,
+}
+
+impl MessageSink for BusSink {
+    fn channels(&self) -> Vec<String> {
+        self.channels.clone()
+    }
+
+    fn send(&self, msg: clawft_channel_core::OutboundMessage) -> Result<(), String> {
+        let bus = self.bus.get().ok_or("the bus is not running")?;
+        self.store
+            .enqueue_outbound(&msg)
+            .map_err(|e| format!("outbox: {e}"))?;
+        bus.cast(BusMsg::Outbound(msg))
+            .map_err(|_| "the bus stopped; the message stays in the outbox".to_string())
     }
 }
 

@@ -49,6 +49,7 @@ fn main() -> ExitCode {
             Command::Gateway => cli::gateway::run(config, cli::gateway::signals()).await,
             Command::Status => cli::status::run(&config).await,
             Command::Sessions { action } => cli::sessions::run(&config, action).await,
+            Command::Tools { action } => cli::tools::run(&config, action).await,
         }
     });
     match result {

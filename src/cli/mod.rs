@@ -7,6 +7,7 @@ pub mod onboard;
 pub mod sessions;
 pub mod status;
 pub mod terminal;
+pub mod tools;
 
 use std::path::PathBuf;
 
@@ -56,6 +57,12 @@ pub enum Command {
         /// What to do.
         #[command(subcommand)]
         action: SessionsAction,
+    },
+    /// List the built-in tools, or run one tool call with the configured policy.
+    Tools {
+        /// What to do.
+        #[command(subcommand)]
+        action: tools::ToolsAction,
     },
 }
 

@@ -61,6 +61,9 @@ pub struct AgentDefaultsFile {
     pub temperature: Option<f32>,
     /// Stream text deltas from the provider (default true).
     pub stream: Option<bool>,
+    /// This agent's tool policy layer (`profile`, `allow`, `deny`, `also_allow`); the most
+    /// specific layer of the policy engine.
+    pub tools: Option<crate::tools::policy::PolicyLayerFile>,
 }
 
 /// `providers.NAME`.
@@ -145,4 +148,33 @@ pub struct SessionsFile {
 pub struct ToolsFile {
     /// Per-call timeout of a tool in seconds (default 120).
     pub timeout_secs: Option<u64>,
+    /// Which tools the model is shown and may call (profiles, groups, allow/deny).
+    #[serde(default)]
+    pub policy: crate::tools::policy::PolicyFile,
+    /// Per-session rate limit of tool calls.
+    #[serde(default)]
+    pub rate_limit: RateLimitFile,
+    /// The `message` tool.
+    #[serde(default)]
+    pub message: MessageFile,
+}
+
+/// `tools.rate_limit`.
+#[derive(Debug, Default, Deserialize, Serialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RateLimitFile {
+    /// Tool calls a session may make per minute, on average (default 120; 0 disables the
+    /// limit).
+    pub per_minute: Option<u32>,
+    /// Calls allowed in a burst (default 60).
+    pub burst: Option<u32>,
+}
+
+/// `tools.message`.
+#[derive(Debug, Default, Deserialize, Serialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MessageFile {
+    /// Chats the `message` tool may reach besides the session's own, as `channel:chat_id`
+    /// patterns with `*` wildcards (default: none).
+    pub allow: Option<Vec<String>>,
 }

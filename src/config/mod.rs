@@ -223,8 +223,21 @@ pub struct Config {
     pub store: StoreConfig,
     /// Session limits.
     pub sessions: SessionLimits,
+    /// Tool settings.
+    pub tools: ToolsConfig,
     /// Every secret value, so tool output and logs can be scrubbed of them.
     pub secrets: Vec<Secret>,
+}
+
+/// Validated `tools.*` settings.
+#[derive(Clone, Debug)]
+pub struct ToolsConfig {
+    /// The policy engine's layers, resolved for the primary provider.
+    pub policy: crate::tools::policy::ToolPolicy,
+    /// Per-session rate limit (`None`: off).
+    pub rate_limit: Option<crate::tools::ratelimit::RateLimit>,
+    /// `tools.message.allow`.
+    pub message_allow: Vec<String>,
 }
 
 /// Where the config file is looked for when `--config` is not given.
@@ -349,7 +362,8 @@ impl Config {
     ) -> Result<Config, ConfigError> {
         let home = clawft_home(env);
         let mut secrets = Vec::new();
-        let d = raw.agents.defaults;
+        let mut d = raw.agents.defaults;
+        let agent_tools = d.tools.take();
         let max_tool_iterations = match d.max_tool_iterations {
             None => DEFAULT_MAX_TOOL_ITERATIONS,
             Some(n) => u32::try_from(n.clamp(1, 10_000)).unwrap_or(DEFAULT_MAX_TOOL_ITERATIONS),
@@ -432,6 +446,11 @@ impl Config {
             max_queue: raw.sessions.max_queue.unwrap_or(100).max(1),
             shutdown_grace: Duration::from_secs(raw.sessions.shutdown_grace_secs.unwrap_or(10)),
         };
+        let tools = resolve_tools(
+            &raw.tools,
+            agent_tools.as_ref(),
+            providers.first().map(|p| p.name.as_str()),
+        )?;
         Ok(Config {
             path,
             home,
@@ -441,9 +460,54 @@ impl Config {
             http,
             store,
             sessions,
+            tools,
             secrets,
         })
     }
+}
+
+fn invalid(key: &str, detail: String) -> ConfigError {
+    // Messages of the tool sections start with the key they are about.
+    let (key, detail) = match detail.split_once(": ") {
+        Some((k, d)) if k.starts_with(key) => (k.to_string(), d.to_string()),
+        _ => (key.to_string(), detail),
+    };
+    ConfigError::Invalid { key, detail }
+}
+
+fn resolve_tools(
+    t: &file::ToolsFile,
+    agent: Option<&crate::tools::policy::PolicyLayerFile>,
+    primary_provider: Option<&str>,
+) -> Result<ToolsConfig, ConfigError> {
+    let agent_layer = agent
+        .map(|a| a.resolve("agents.defaults.tools"))
+        .transpose()
+        .map_err(|e| invalid("agents.defaults.tools", e))?
+        .unwrap_or_default();
+    let policy = t
+        .policy
+        .resolve(primary_provider, &agent_layer)
+        .map_err(|e| invalid("tools.policy", e))?;
+    let per_minute = t.rate_limit.per_minute.unwrap_or(120);
+    let rate_limit = (per_minute > 0).then(|| crate::tools::ratelimit::RateLimit {
+        per_minute,
+        burst: t.rate_limit.burst.unwrap_or(60).max(1),
+    });
+    let message_allow = t.message.allow.clone().unwrap_or_default();
+    for r in &message_allow {
+        if !r.contains(':') {
+            return Err(invalid(
+                "tools.message.allow",
+                format!("expected `channel:chat_id` patterns like \"telegram:12345\" or \"slack:C01*\", got `{r}`"),
+            ));
+        }
+    }
+    Ok(ToolsConfig {
+        policy,
+        rate_limit,
+        message_allow,
+    })
 }
 
 fn resolve_secret(

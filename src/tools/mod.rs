@@ -5,7 +5,11 @@
 //! into a tool result so the loop carries on.
 
 pub mod fs;
+pub mod message;
+pub mod policy;
+pub mod ratelimit;
 pub mod registry;
+pub mod scrub;
 pub mod truncate;
 pub mod workspace;
 
@@ -55,6 +59,9 @@ pub enum ToolError {
     /// Cancelled by `/stop` or shutdown.
     #[error("cancelled")]
     Cancelled,
+    /// The session made too many tool calls too fast.
+    #[error("{0}")]
+    RateLimited(String),
     /// Infrastructure broken: ends the turn, reported to the user.
     #[error("fatal: {0}")]
     Fatal(String),
@@ -73,6 +80,7 @@ impl ToolError {
             ToolError::BinaryFile(_) => "BINARY_FILE",
             ToolError::Timeout(_) => "TIMEOUT",
             ToolError::Cancelled => "CANCELLED",
+            ToolError::RateLimited(_) => "RATE_LIMITED",
             ToolError::Fatal(_) => "FATAL",
         }
     }
@@ -151,8 +159,41 @@ pub fn schema_of<T: schemars::JsonSchema>() -> Value {
     v
 }
 
-/// Register the built-in tools of this build.
+/// Register the built-in tools that need nothing but the workspace.
 pub fn register_builtins(reg: &mut ToolRegistry) {
     reg.register(Arc::new(fs::ReadFile));
     reg.register(Arc::new(fs::ListDirectory));
+}
+
+/// The registry of the daemon (and of `weft tools`): every built-in tool with the configured
+/// policy, rate limit, timeout and secret scrubbing. `sink` is where the `message` tool sends;
+/// without one the tool is not registered.
+pub fn build_registry(
+    config: &crate::config::Config,
+    sink: Option<Arc<dyn message::MessageSink>>,
+) -> ToolRegistry {
+    let mut reg = ToolRegistry::new()
+        .with_secrets(
+            config
+                .secrets
+                .iter()
+                .map(|s| s.expose().to_string())
+                .collect(),
+        )
+        .with_timeout(config.agent.tool_timeout)
+        .with_policy(config.tools.policy.clone())
+        .with_rate_limit(
+            config
+                .tools
+                .rate_limit
+                .map(|l| Arc::new(ratelimit::RateLimiter::new(l))),
+        );
+    register_builtins(&mut reg);
+    if let Some(sink) = sink {
+        reg.register(Arc::new(message::MessageTool::new(
+            sink,
+            config.tools.message_allow.clone(),
+        )));
+    }
+    reg
 }

@@ -1,5 +1,6 @@
 //! The [`ToolRegistry`]: name → tool, schemas sorted by name, and `dispatch`, which parses the
-//! model's argument text, runs the tool with a timeout, scrubs secrets and truncates the result.
+//! model's argument text, applies the policy and the rate limit, runs the tool with a timeout,
+//! scrubs secrets and truncates the result.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -8,6 +9,9 @@ use std::time::Duration;
 use serde_json::Value;
 use tracing::Instrument;
 
+use super::policy::ToolPolicy;
+use super::ratelimit::RateLimiter;
+use super::scrub::Scrubber;
 use super::truncate::truncate_result;
 use super::{Tool, ToolContext, ToolError, MAX_TOOL_RESULT_BYTES};
 use crate::llm::ToolSpec;
@@ -25,12 +29,11 @@ pub struct ToolOutcome {
 #[derive(Clone, Default)]
 pub struct ToolRegistry {
     tools: BTreeMap<String, Arc<dyn Tool>>,
-    secrets: Arc<Vec<String>>,
+    scrubber: Scrubber,
+    policy: Arc<ToolPolicy>,
+    limiter: Option<Arc<RateLimiter>>,
     timeout: Option<Duration>,
 }
-
-/// Shortest secret that is scrubbed (shorter values would redact ordinary words).
-const MIN_SCRUB_LEN: usize = 6;
 
 impl ToolRegistry {
     /// An empty registry.
@@ -38,15 +41,45 @@ impl ToolRegistry {
         Self::default()
     }
 
-    /// Secret values to redact from every result.
+    /// Secret values to redact from every result (on top of the credential patterns, which
+    /// are always applied).
     pub fn with_secrets(mut self, secrets: Vec<String>) -> Self {
-        self.secrets = Arc::new(
-            secrets
-                .into_iter()
-                .filter(|s| s.len() >= MIN_SCRUB_LEN)
-                .collect(),
-        );
+        self.scrubber = Scrubber::new(secrets);
         self
+    }
+
+    /// The policy deciding which tools the model sees and may call.
+    pub fn with_policy(mut self, policy: ToolPolicy) -> Self {
+        self.policy = Arc::new(policy);
+        self
+    }
+
+    /// Per-session rate limiting of tool calls.
+    pub fn with_rate_limit(mut self, limiter: Option<Arc<RateLimiter>>) -> Self {
+        self.limiter = limiter;
+        self
+    }
+
+    /// The scrubber applied to every result.
+    pub fn scrubber(&self) -> &Scrubber {
+        &self.scrubber
+    }
+
+    /// The policy in force.
+    pub fn policy(&self) -> &ToolPolicy {
+        &self.policy
+    }
+
+    /// This registry with the policy narrowed by `deny` (for subagents): never wider.
+    pub fn narrowed(&self, deny: Vec<super::policy::Pattern>) -> Self {
+        let mut r = self.clone();
+        r.policy = Arc::new(self.policy.narrowed(deny));
+        r
+    }
+
+    /// A registered tool by name, whatever the policy says.
+    pub fn get(&self, name: &str) -> Option<&Arc<dyn Tool>> {
+        self.tools.get(name)
     }
 
     /// Per-call timeout.
@@ -60,9 +93,18 @@ impl ToolRegistry {
         self.tools.insert(tool.name().to_string(), tool);
     }
 
-    /// Registered names, sorted.
+    /// Registered names, sorted, whatever the policy says.
     pub fn names(&self) -> Vec<String> {
         self.tools.keys().cloned().collect()
+    }
+
+    /// Names the policy allows, sorted.
+    pub fn allowed_names(&self) -> Vec<String> {
+        self.tools
+            .keys()
+            .filter(|n| self.policy.allows(n))
+            .cloned()
+            .collect()
     }
 
     /// Number of tools.
@@ -75,34 +117,17 @@ impl ToolRegistry {
         self.tools.is_empty()
     }
 
-    /// Specs of every tool, sorted by name.
+    /// Specs of the tools the policy allows, sorted by name: what the model is shown.
     pub fn schemas(&self) -> Vec<ToolSpec> {
         self.tools
             .values()
+            .filter(|t| self.policy.allows(t.name()))
             .map(|t| ToolSpec {
                 name: t.name().to_string(),
                 description: t.description().to_string(),
                 parameters: t.parameters(),
             })
             .collect()
-    }
-
-    fn scrub(&self, v: &mut Value) {
-        if self.secrets.is_empty() {
-            return;
-        }
-        match v {
-            Value::String(s) => {
-                for secret in self.secrets.iter() {
-                    if s.contains(secret.as_str()) {
-                        *s = s.replace(secret.as_str(), "[REDACTED]");
-                    }
-                }
-            }
-            Value::Array(a) => a.iter_mut().for_each(|x| self.scrub(x)),
-            Value::Object(o) => o.values_mut().for_each(|x| self.scrub(x)),
-            Value::Null | Value::Bool(_) | Value::Number(_) => {}
-        }
     }
 
     /// Run one call: parse `raw_args`, find the tool, execute it under the timeout and the
@@ -128,9 +153,26 @@ impl ToolRegistry {
             let tool = self.tools.get(name).ok_or_else(|| {
                 ToolError::NotFound(format!(
                     "{name}; available tools: {}",
-                    self.names().join(", ")
+                    self.allowed_names().join(", ")
                 ))
             })?;
+            if !self.policy.allows(name) {
+                return Err(ToolError::PermissionDenied(format!(
+                    "tool `{name}` is not allowed by the tool policy (tools.policy / agents.defaults.tools); available tools: {}",
+                    self.allowed_names().join(", ")
+                )));
+            }
+            if let Some(l) = &self.limiter {
+                if let Err(wait) = l.check(ctx.session.as_str()) {
+                    let lim = l.limit();
+                    return Err(ToolError::RateLimited(format!(
+                        "too many tool calls: this session may make {} calls per minute (bursts of {}); try again in {:.1}s or finish without more tools",
+                        lim.per_minute,
+                        lim.burst,
+                        wait.as_secs_f64()
+                    )));
+                }
+            }
             let run = tool.execute(args, ctx);
             tokio::select! {
                 biased;
@@ -150,7 +192,8 @@ impl ToolRegistry {
         let _g = span.enter();
         match result {
             Ok(mut v) => {
-                self.scrub(&mut v);
+                // Scrub before truncating: a key cut at the boundary is still caught.
+                self.scrubber.scrub_value(&mut v);
                 let v = truncate_result(v, MAX_TOOL_RESULT_BYTES);
                 tracing::debug!("tool succeeded");
                 ToolOutcome {
@@ -161,7 +204,7 @@ impl ToolRegistry {
             Err(e) => {
                 tracing::info!(error_code = e.code(), "tool failed");
                 let mut v = e.to_json();
-                self.scrub(&mut v);
+                self.scrubber.scrub_value(&mut v);
                 ToolOutcome {
                     content: v.to_string(),
                     error: Some(e),

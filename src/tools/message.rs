@@ -1,0 +1,240 @@
+//! `message` (seed 000): send a message to a channel and chat through the bus.
+//!
+//! Deny by default: a session may message its own chat, and the chats matched by
+//! `tools.message.allow` (patterns over `channel:chat_id`, `*` wildcards, e.g.
+//! `"telegram:123456"`, `"slack:C024*"`); anything else is `PERMISSION_DENIED`, so a hostile
+//! prompt cannot make the agent spam or exfiltrate to arbitrary chats. The message is put in the
+//! durable outbox before it is handed to the bus, so it is delivered even across a crash.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use clawft_channel_core::{ChannelId, ChatId, OutboundKind, OutboundMessage, ThreadId};
+use schemars::JsonSchema;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::policy::wildcard;
+use super::{parse_args, schema_of, Effect, Tool, ToolContext, ToolError};
+use crate::ingress::sanitize_content;
+
+/// Longest message the tool accepts, in bytes (channels split long messages themselves).
+pub const MAX_MESSAGE_BYTES: usize = 32 * 1024;
+
+/// Where the tool hands messages: implemented by the daemon over the bus and the outbox.
+pub trait MessageSink: Send + Sync + 'static {
+    /// Ids of the channels that are running.
+    fn channels(&self) -> Vec<String>;
+    /// Persist `msg` in the outbox and route it to its channel.
+    ///
+    /// # Errors
+    /// Why it could not be queued.
+    fn send(&self, msg: OutboundMessage) -> Result<(), String>;
+}
+
+/// Arguments of `message`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MessageArgs {
+    /// Target channel, e.g. `telegram`, `slack`, `discord`, `http`.
+    pub channel: String,
+    /// Target chat or conversation id on that channel.
+    pub chat_id: String,
+    /// Message text (Markdown).
+    pub content: String,
+}
+
+/// The `message` tool.
+pub struct MessageTool {
+    sink: Arc<dyn MessageSink>,
+    allow: Vec<String>,
+}
+
+impl MessageTool {
+    /// A tool sending through `sink`, allowed to reach the session's own chat and the chats
+    /// matching `allow` (`channel:chat_id` patterns).
+    pub fn new(sink: Arc<dyn MessageSink>, allow: Vec<String>) -> Self {
+        Self { sink, allow }
+    }
+
+    fn allowed(&self, ctx: &ToolContext, channel: &str, chat: &str) -> bool {
+        let route = format!("{channel}:{chat}");
+        let mut own = ctx.session.as_str().split(':');
+        (own.next() == Some(channel) && own.next() == Some(chat))
+            || self
+                .allow
+                .iter()
+                .any(|p| wildcard(p.as_bytes(), route.as_bytes()))
+    }
+}
+
+#[async_trait]
+impl Tool for MessageTool {
+    fn name(&self) -> &str {
+        "message"
+    }
+    fn description(&self) -> &str {
+        "Send a message to a chat on a channel (the current chat, or chats allowed by tools.message.allow). Confirms that the message was queued for delivery, not that it was read. Returns: {status, channel, chat_id, content_length}"
+    }
+    fn parameters(&self) -> Value {
+        schema_of::<MessageArgs>()
+    }
+    fn effect(&self) -> Effect {
+        Effect::Network
+    }
+    async fn execute(&self, args: Value, ctx: &ToolContext) -> Result<Value, ToolError> {
+        let a: MessageArgs = parse_args(self.name(), args)?;
+        let content = sanitize_content(&a.content);
+        if content.trim().is_empty() {
+            return Err(ToolError::InvalidArgs("content is empty".into()));
+        }
+        if content.len() > MAX_MESSAGE_BYTES {
+            return Err(ToolError::InvalidArgs(format!(
+                "content is {} bytes; the limit is {MAX_MESSAGE_BYTES}: send a shorter message or several",
+                content.len()
+            )));
+        }
+        if a.channel.is_empty() || a.chat_id.is_empty() || a.chat_id.contains(':') {
+            return Err(ToolError::InvalidArgs(
+                "channel and chat_id must be non-empty and chat_id must not contain `:`".into(),
+            ));
+        }
+        if !self.allowed(ctx, &a.channel, &a.chat_id) {
+            return Err(ToolError::PermissionDenied(format!(
+                "this session may not message {}:{}; only its own chat and routes in tools.message.allow are allowed",
+                a.channel, a.chat_id
+            )));
+        }
+        let channels = self.sink.channels();
+        if !channels.contains(&a.channel) {
+            return Err(ToolError::InvalidArgs(format!(
+                "no channel `{}` is running; running channels: {}",
+                a.channel,
+                channels.join(", ")
+            )));
+        }
+        // A message to the session's own chat stays in its thread.
+        let mut own = ctx.session.as_str().splitn(3, ':');
+        let thread = match (own.next(), own.next(), own.next()) {
+            (Some(c), Some(chat), Some(t)) if c == a.channel && chat == a.chat_id => {
+                Some(ThreadId::new(t))
+            }
+            _ => None,
+        };
+        let len = content.chars().count();
+        let msg = OutboundMessage {
+            id: uuid::Uuid::now_v7().to_string(),
+            channel: ChannelId::new(&a.channel),
+            chat: ChatId::new(&a.chat_id),
+            thread,
+            in_reply_to: None,
+            kind: OutboundKind::Final,
+            content,
+            meta: None,
+        };
+        self.sink
+            .send(msg)
+            .map_err(|e| ToolError::ExecutionFailed(format!("could not queue the message: {e}")))?;
+        Ok(json!({
+            "status": "sent",
+            "channel": a.channel,
+            "chat_id": a.chat_id,
+            "content_length": len,
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use std::sync::Mutex;
+
+    use tokio_util::sync::CancellationToken;
+
+    use super::*;
+    use crate::ingress::SessionKey;
+    use crate::tools::Workspace;
+
+    #[derive(Default)]
+    struct Sink(Mutex<Vec<OutboundMessage>>);
+    impl MessageSink for Sink {
+        fn channels(&self) -> Vec<String> {
+            vec!["telegram".into(), "http".into()]
+        }
+        fn send(&self, msg: OutboundMessage) -> Result<(), String> {
+            self.0.lock().unwrap().push(msg);
+            Ok(())
+        }
+    }
+
+    #[tokio::test]
+    async fn own_chat_and_allowed_routes_only() {
+        let d = tempfile::tempdir().unwrap();
+        let ctx = ToolContext {
+            workspace: Arc::new(Workspace::open(d.path()).unwrap()),
+            session: SessionKey::parse("telegram:42:7").unwrap(),
+            cancel: CancellationToken::new(),
+        };
+        let sink = Arc::new(Sink::default());
+        let t = MessageTool::new(sink.clone(), vec!["http:ops-*".into()]);
+        let v = t
+            .execute(
+                json!({"channel": "telegram", "chat_id": "42", "content": "héllo ✓"}),
+                &ctx,
+            )
+            .await
+            .unwrap();
+        assert_eq!(v["status"], "sent");
+        assert_eq!(v["content_length"], 7);
+        t.execute(
+            json!({"channel": "http", "chat_id": "ops-room", "content": "deploy done"}),
+            &ctx,
+        )
+        .await
+        .unwrap();
+        for (channel, chat) in [("telegram", "43"), ("http", "other"), ("slack", "42")] {
+            let e = t
+                .execute(
+                    json!({"channel": channel, "chat_id": chat, "content": "x"}),
+                    &ctx,
+                )
+                .await
+                .unwrap_err();
+            assert_eq!(e.code(), "PERMISSION_DENIED", "{channel}:{chat}");
+        }
+        let sent = sink.0.lock().unwrap().clone();
+        assert_eq!(sent.len(), 2);
+        assert_eq!(sent[0].thread.as_ref().map(ThreadId::as_str), Some("7"));
+        assert_eq!(sent[0].kind, OutboundKind::Final);
+        assert_eq!(sent[1].chat.as_str(), "ops-room");
+        assert!(sent[1].thread.is_none());
+
+        let e = t
+            .execute(
+                json!({"channel": "telegram", "chat_id": "42", "content": " \u{0} "}),
+                &ctx,
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), "INVALID_ARGS");
+        let big = "x".repeat(MAX_MESSAGE_BYTES + 1);
+        let e = t
+            .execute(
+                json!({"channel": "telegram", "chat_id": "42", "content": big}),
+                &ctx,
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), "INVALID_ARGS");
+        let t = MessageTool::new(sink.clone(), vec!["*".into()]);
+        let e = t
+            .execute(
+                json!({"channel": "discord", "chat_id": "1", "content": "x"}),
+                &ctx,
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), "INVALID_ARGS");
+        assert!(e.to_string().contains("telegram, http"), "{e}");
+    }
+}

@@ -1,0 +1,443 @@
+//! The tool policy engine (seed 004 §5, adapted to clawft's tool names): which tools the model
+//! is shown and may call.
+//!
+//! Three layers, each with an optional `profile`, an optional `allow` list, a `deny` list and an
+//! `also_allow` list: global (`tools.policy`), per provider (`tools.policy.by_provider.NAME`,
+//! for the agent's primary provider) and per agent (`agents.defaults.tools`). A tool is allowed
+//! when
+//!
+//! 1. the most specific profile set (agent, else provider, else global, else `full`) includes it,
+//! 2. and every layer's `allow` list that is set matches it,
+//! 3. or any layer's `also_allow` matches it (additive),
+//! 4. and no layer's `deny` matches it: **deny always wins**.
+//!
+//! Patterns are tool names, `*`/`?` wildcards (`github__*`), or groups: `group:fs`,
+//! `group:runtime`, `group:web`, `group:memory`, `group:messaging`, `group:sessions`,
+//! `group:mcp` (every MCP tool) and `group:mcp:NAME` (one server's tools).
+//!
+//! The registry shows the model only allowed tools, and a call to a registered but disallowed
+//! tool is answered `PERMISSION_DENIED` without running it.
+
+use std::collections::BTreeSet;
+
+use serde::{Deserialize, Serialize};
+
+/// Tool groups and their members.
+pub const GROUPS: &[(&str, &[&str])] = &[
+    (
+        "fs",
+        &[
+            "read_file",
+            "write_file",
+            "edit_file",
+            "list_directory",
+            "glob",
+            "grep",
+        ],
+    ),
+    ("runtime", &["exec_shell", "spawn"]),
+    ("web", &["web_search", "web_fetch"]),
+    ("memory", &["memory_read", "memory_write"]),
+    ("messaging", &["message"]),
+    ("sessions", &["subagents", "use_skill"]),
+];
+
+/// The group a tool belongs to (`mcp` for `server__tool` names), for listings.
+pub fn group_of(tool: &str) -> Option<&'static str> {
+    if tool.contains("__") {
+        return Some("mcp");
+    }
+    GROUPS
+        .iter()
+        .find(|(_, members)| members.contains(&tool))
+        .map(|(g, _)| *g)
+}
+
+/// A named starting set of tools.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Profile {
+    /// Every registered tool.
+    Full,
+    /// Files, runtime, memory, sessions, web.
+    Coding,
+    /// Messaging and sessions only.
+    Messaging,
+    /// No tools.
+    Minimal,
+}
+
+impl Profile {
+    fn includes(self, tool: &str) -> bool {
+        let in_groups = |groups: &[&str]| {
+            groups
+                .iter()
+                .any(|g| Pattern::Group((*g).to_string()).matches(tool))
+        };
+        match self {
+            Profile::Full => true,
+            Profile::Coding => in_groups(&["fs", "runtime", "memory", "sessions", "web"]),
+            Profile::Messaging => in_groups(&["messaging", "sessions"]),
+            Profile::Minimal => false,
+        }
+    }
+}
+
+/// One entry of an allow/deny list.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Pattern {
+    /// `group:NAME` (or `group:mcp:SERVER`).
+    Group(String),
+    /// A name, possibly with `*`/`?` wildcards.
+    Name(String),
+}
+
+impl Pattern {
+    /// Parse one pattern.
+    ///
+    /// # Errors
+    /// An unknown group or an empty pattern, with what is expected.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let s = s.trim();
+        if s.is_empty() {
+            return Err("empty tool pattern".into());
+        }
+        if let Some(g) = s.strip_prefix("group:") {
+            let known = g == "mcp"
+                || g.strip_prefix("mcp:").is_some_and(|n| !n.is_empty())
+                || GROUPS.iter().any(|(name, _)| *name == g);
+            if !known {
+                let names: Vec<&str> = GROUPS.iter().map(|(n, _)| *n).collect();
+                return Err(format!(
+                    "unknown tool group `{s}`: expected one of group:{}, group:mcp, group:mcp:SERVER",
+                    names.join(", group:")
+                ));
+            }
+            return Ok(Pattern::Group(g.to_string()));
+        }
+        Ok(Pattern::Name(s.to_string()))
+    }
+
+    /// Whether `tool` matches.
+    pub fn matches(&self, tool: &str) -> bool {
+        match self {
+            Pattern::Name(p) => wildcard(p.as_bytes(), tool.as_bytes()),
+            Pattern::Group(g) if g == "mcp" => tool.contains("__"),
+            Pattern::Group(g) => match g.strip_prefix("mcp:") {
+                Some(server) => tool
+                    .strip_prefix(server)
+                    .is_some_and(|rest| rest.starts_with("__")),
+                None => GROUPS
+                    .iter()
+                    .any(|(name, members)| name == g && members.contains(&tool)),
+            },
+        }
+    }
+}
+
+/// `*` matches any run, `?` one byte; everything else literally.
+pub fn wildcard(p: &[u8], s: &[u8]) -> bool {
+    let (mut pi, mut si) = (0, 0);
+    let (mut star, mut mark) = (None, 0);
+    while si < s.len() {
+        if pi < p.len() && (p[pi] == b'?' || p[pi] == s[si]) {
+            pi += 1;
+            si += 1;
+        } else if pi < p.len() && p[pi] == b'*' {
+            star = Some(pi);
+            mark = si;
+            pi += 1;
+        } else if let Some(st) = star {
+            pi = st + 1;
+            mark += 1;
+            si = mark;
+        } else {
+            return false;
+        }
+    }
+    p[pi..].iter().all(|c| *c == b'*')
+}
+
+fn any(list: &[Pattern], tool: &str) -> bool {
+    list.iter().any(|p| p.matches(tool))
+}
+
+/// The raw shape of one policy layer in the config file.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyLayerFile {
+    /// Starting set: `full`, `coding`, `messaging` or `minimal`.
+    pub profile: Option<Profile>,
+    /// If set, only tools matching one of these patterns (names, wildcards, `group:NAME`).
+    pub allow: Option<Vec<String>>,
+    /// Tools never allowed (deny wins over every allow).
+    pub deny: Option<Vec<String>>,
+    /// Tools added back on top of the profile and allow lists (not over a deny).
+    pub also_allow: Option<Vec<String>>,
+}
+
+/// `tools.policy`: the global layer plus per-provider layers.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyFile {
+    /// Global profile (default `full`).
+    pub profile: Option<Profile>,
+    /// Global allow list.
+    pub allow: Option<Vec<String>>,
+    /// Global deny list.
+    pub deny: Option<Vec<String>>,
+    /// Global additions.
+    pub also_allow: Option<Vec<String>>,
+    /// Layers applied when the agent's primary provider has this name.
+    #[serde(default)]
+    pub by_provider: std::collections::BTreeMap<String, PolicyLayerFile>,
+}
+
+/// One validated layer.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PolicyLayer {
+    /// Profile, if set at this layer.
+    pub profile: Option<Profile>,
+    /// Allow list, if set.
+    pub allow: Option<Vec<Pattern>>,
+    /// Deny list.
+    pub deny: Vec<Pattern>,
+    /// Additions.
+    pub also_allow: Vec<Pattern>,
+}
+
+fn parse_list(key: &str, list: Option<&Vec<String>>) -> Result<Option<Vec<Pattern>>, String> {
+    list.map(|l| {
+        l.iter()
+            .map(|s| Pattern::parse(s).map_err(|e| format!("{key}: {e}")))
+            .collect()
+    })
+    .transpose()
+}
+
+impl PolicyLayerFile {
+    /// Validate. `key` is the dotted path used in error messages.
+    ///
+    /// # Errors
+    /// A pattern that does not parse, naming the key.
+    pub fn resolve(&self, key: &str) -> Result<PolicyLayer, String> {
+        Ok(PolicyLayer {
+            profile: self.profile,
+            allow: parse_list(&format!("{key}.allow"), self.allow.as_ref())?,
+            deny: parse_list(&format!("{key}.deny"), self.deny.as_ref())?.unwrap_or_default(),
+            also_allow: parse_list(&format!("{key}.also_allow"), self.also_allow.as_ref())?
+                .unwrap_or_default(),
+        })
+    }
+}
+
+impl PolicyFile {
+    /// Validate, picking the layer of `provider` (the agent's primary provider).
+    ///
+    /// # Errors
+    /// A pattern that does not parse, naming the key.
+    pub fn resolve(
+        &self,
+        provider: Option<&str>,
+        agent: &PolicyLayer,
+    ) -> Result<ToolPolicy, String> {
+        let global = PolicyLayerFile {
+            profile: self.profile,
+            allow: self.allow.clone(),
+            deny: self.deny.clone(),
+            also_allow: self.also_allow.clone(),
+        }
+        .resolve("tools.policy")?;
+        let mut by_provider = None;
+        for (name, layer) in &self.by_provider {
+            let l = layer.resolve(&format!("tools.policy.by_provider.{name}"))?;
+            if Some(name.as_str()) == provider {
+                by_provider = Some(l);
+            }
+        }
+        Ok(ToolPolicy {
+            global,
+            provider: by_provider,
+            agent: agent.clone(),
+            narrowed: Vec::new(),
+        })
+    }
+}
+
+/// The validated policy.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ToolPolicy {
+    /// `tools.policy`.
+    pub global: PolicyLayer,
+    /// `tools.policy.by_provider.<primary provider>`.
+    pub provider: Option<PolicyLayer>,
+    /// `agents.defaults.tools`.
+    pub agent: PolicyLayer,
+    /// Extra deny lists added by [`ToolPolicy::narrowed`] (subagents): never widened.
+    pub narrowed: Vec<Vec<Pattern>>,
+}
+
+impl ToolPolicy {
+    /// Everything allowed (the `full` profile, no lists).
+    pub fn allow_all() -> Self {
+        Self::default()
+    }
+
+    fn layers(&self) -> impl Iterator<Item = &PolicyLayer> {
+        std::iter::once(&self.global)
+            .chain(self.provider.as_ref())
+            .chain(std::iter::once(&self.agent))
+    }
+
+    /// The profile in force.
+    pub fn profile(&self) -> Profile {
+        self.agent
+            .profile
+            .or(self.provider.as_ref().and_then(|p| p.profile))
+            .or(self.global.profile)
+            .unwrap_or(Profile::Full)
+    }
+
+    /// Whether the model may see and call `tool`.
+    pub fn allows(&self, tool: &str) -> bool {
+        let mut ok = self.profile().includes(tool)
+            && self
+                .layers()
+                .all(|l| l.allow.as_ref().is_none_or(|a| any(a, tool)));
+        if !ok {
+            ok = self.layers().any(|l| any(&l.also_allow, tool));
+        }
+        ok && !self.layers().any(|l| any(&l.deny, tool))
+            && !self.narrowed.iter().any(|d| any(d, tool))
+    }
+
+    /// This policy with `deny` added: the result never allows more than `self`.
+    pub fn narrowed(&self, deny: Vec<Pattern>) -> Self {
+        let mut p = self.clone();
+        p.narrowed.push(deny);
+        p
+    }
+
+    /// The allowed subset of `names`.
+    pub fn filter<'a>(&self, names: impl IntoIterator<Item = &'a str>) -> BTreeSet<&'a str> {
+        names.into_iter().filter(|n| self.allows(n)).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    const ALL: &[&str] = &[
+        "read_file",
+        "write_file",
+        "edit_file",
+        "list_directory",
+        "glob",
+        "grep",
+        "exec_shell",
+        "spawn",
+        "web_search",
+        "web_fetch",
+        "memory_read",
+        "memory_write",
+        "message",
+        "github__create_issue",
+        "fs__read",
+    ];
+
+    fn layer(toml_text: &str) -> PolicyLayer {
+        let f: PolicyLayerFile = serde_json::from_str(toml_text).unwrap();
+        f.resolve("x").unwrap()
+    }
+
+    fn allowed(p: &ToolPolicy) -> Vec<&'static str> {
+        ALL.iter().copied().filter(|t| p.allows(t)).collect()
+    }
+
+    #[test]
+    fn wildcards() {
+        assert!(wildcard(b"github__*", b"github__create_issue"));
+        assert!(wildcard(b"*_file", b"read_file"));
+        assert!(wildcard(b"re?d_file", b"read_file"));
+        assert!(!wildcard(b"read", b"read_file"));
+        assert!(wildcard(b"*", b""));
+        assert!(!wildcard(b"a*b", b"ac"));
+    }
+
+    #[test]
+    fn profiles() {
+        let mut p = ToolPolicy::allow_all();
+        assert_eq!(allowed(&p).len(), ALL.len());
+        p.global.profile = Some(Profile::Coding);
+        let a = allowed(&p);
+        assert!(a.contains(&"exec_shell") && a.contains(&"grep") && a.contains(&"web_fetch"));
+        assert!(!a.contains(&"message") && !a.contains(&"github__create_issue"));
+        p.global.profile = Some(Profile::Messaging);
+        assert_eq!(allowed(&p), ["message"]);
+        p.global.profile = Some(Profile::Minimal);
+        assert!(allowed(&p).is_empty());
+        // The agent layer's profile is the most specific.
+        p.agent.profile = Some(Profile::Full);
+        assert_eq!(allowed(&p).len(), ALL.len());
+    }
+
+    #[test]
+    fn allow_lists_intersect_also_allow_adds_and_deny_wins() {
+        let p = ToolPolicy {
+            global: layer(r#"{"allow": ["group:fs", "group:mcp", "exec_shell"]}"#),
+            provider: Some(layer(
+                r#"{"allow": ["group:fs", "github__*", "exec_shell"]}"#,
+            )),
+            agent: layer(
+                r#"{"deny": ["write_file", "exec_shell"], "also_allow": ["memory_read", "exec_shell"]}"#,
+            ),
+            narrowed: vec![],
+        };
+        assert_eq!(
+            allowed(&p),
+            [
+                "read_file",
+                "edit_file",
+                "list_directory",
+                "glob",
+                "grep",
+                "memory_read",
+                "github__create_issue"
+            ]
+        );
+        let n = p.narrowed(vec![Pattern::parse("group:mcp:github").unwrap()]);
+        assert!(!n.allows("github__create_issue"));
+        assert!(n.allows("read_file"));
+        // Narrowing never widens.
+        for t in ALL {
+            assert!(!n.allows(t) || p.allows(t));
+        }
+    }
+
+    #[test]
+    fn unknown_groups_are_config_errors_naming_the_key() {
+        let f: PolicyLayerFile = serde_json::from_str(r#"{"deny": ["group:nope"]}"#).unwrap();
+        let e = f.resolve("agents.defaults.tools").unwrap_err();
+        assert!(e.contains("agents.defaults.tools.deny"), "{e}");
+        assert!(e.contains("group:fs"), "{e}");
+        assert!(Pattern::parse("group:mcp:github").is_ok());
+        assert!(Pattern::parse(" ").is_err());
+    }
+
+    #[test]
+    fn provider_layer_applies_only_to_its_provider() {
+        let f: PolicyFile =
+            serde_json::from_str(r#"{"by_provider": {"openrouter": {"deny": ["group:runtime"]}}}"#)
+                .unwrap();
+        let p = f.resolve(Some("openai"), &PolicyLayer::default()).unwrap();
+        assert!(p.allows("exec_shell"));
+        let p = f
+            .resolve(Some("openrouter"), &PolicyLayer::default())
+            .unwrap();
+        assert!(!p.allows("exec_shell") && !p.allows("spawn") && p.allows("read_file"));
+        assert_eq!(group_of("spawn"), Some("runtime"));
+        assert_eq!(group_of("x__y"), Some("mcp"));
+    }
+}
