@@ -30,6 +30,9 @@ pub enum Reply {
     Delay(Duration, Box<Reply>),
     /// Never answer (until the client goes away).
     Hang,
+    /// A text answer quoting every tool result of the request, as a model repeating what a
+    /// tool returned would.
+    EchoToolResults,
 }
 
 #[derive(Default)]
@@ -116,6 +119,19 @@ async fn handle(State(s): State<Shared>, Json(body): Json<Value>) -> Response<Bo
     s.changed.notify_waiters();
     let stream = body["stream"].as_bool().unwrap_or(false);
     let model = body["model"].as_str().unwrap_or("fake").to_string();
+    let reply = match reply {
+        Reply::EchoToolResults => Reply::Text(
+            body["messages"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|m| m["role"] == "tool")
+                .map(|m| m["content"].as_str().unwrap_or_default().to_string())
+                .collect::<Vec<_>>()
+                .join("\n"),
+        ),
+        other => other,
+    };
     answer(reply, stream, &model).await
 }
 
@@ -129,6 +145,7 @@ async fn answer(mut reply: Reply, stream: bool, model: &str) -> Response<Body> {
             Reply::Hang => {
                 std::future::pending::<()>().await;
             }
+            Reply::EchoToolResults => reply = Reply::Text(String::new()),
             Reply::Status(code, after, text) => {
                 let mut b = Response::builder()
                     .status(StatusCode::from_u16(code).unwrap())

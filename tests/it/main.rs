@@ -7,3 +7,4 @@ mod common;
 mod fake_llm;
 mod gateway;
 mod process;
+mod tools;

@@ -531,3 +531,63 @@ async fn interactive_agent_reads_lines_streams_and_exits_on_eof() {
     // Deltas were streamed from the provider.
     assert_eq!(llm.requests()[0]["stream"], true);
 }
+
+#[tokio::test]
+async fn planted_keys_never_reach_the_logs_even_at_trace_level() {
+    use crate::tools::{planted_file, PLANTED};
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("ws")).unwrap();
+    std::fs::write(dir.path().join("ws/leak.txt"), planted_file()).unwrap();
+    let llm = FakeLlm::start().await;
+    let port = free_port();
+    let cfg = write_config(
+        dir.path(),
+        &config_value(
+            &llm.base_url(),
+            dir.path(),
+            json!({"channels": {"http": {"bind": format!("127.0.0.1:{port}")}}}),
+        ),
+    );
+    llm.push(Reply::ToolCalls(vec![(
+        "c1".into(),
+        "read_file".into(),
+        r#"{"path":"leak.txt"}"#.into(),
+    )]));
+    llm.push(Reply::EchoToolResults);
+    // Everything the daemon can log, as JSON (what a log shipper would keep).
+    std::fs::write(dir.path().join("gateway.log"), "").unwrap();
+    let d = {
+        let log = std::fs::OpenOptions::new()
+            .append(true)
+            .open(dir.path().join("gateway.log"))
+            .unwrap();
+        let child = weft(dir.path())
+            .env("RUST_LOG", "trace")
+            .args(["--log-format", "json", "--config"])
+            .arg(&cfg)
+            .arg("gateway")
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        let api = Api::new(&format!("http://127.0.0.1:{port}"));
+        assert!(
+            wait_until(T, || std::net::TcpStream::connect(("127.0.0.1", port))
+                .is_ok())
+            .await,
+            "{}",
+            log_of(dir.path())
+        );
+        Daemon { child, api }
+    };
+    let (s, body) = d.api.chat("leak", "read leak.txt").await;
+    assert_eq!(s, 200, "{body}");
+    assert!(body["reply"].as_str().unwrap().contains("[REDACTED]"));
+    assert_eq!(d.term().code(), Some(0));
+    let log = log_of(dir.path());
+    // The log is not empty: trace level really logged the turn.
+    assert!(log.contains("tool"), "{log}");
+    for key in PLANTED {
+        assert!(!log.contains(key), "{key} in the logs");
+    }
+}

@@ -1,0 +1,207 @@
+//! The tool layer through the gateway: policy (what the model is shown and may call), rate
+//! limits, the `message` tool's routes, and secrets that never leave.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::common::{config, tool_results, TestGateway};
+use crate::fake_llm::{FakeLlm, Reply};
+
+fn calls(v: &[(&str, &str, &str)]) -> Reply {
+    Reply::ToolCalls(
+        v.iter()
+            .map(|(id, name, args)| (id.to_string(), name.to_string(), args.to_string()))
+            .collect(),
+    )
+}
+
+fn tool_names(req: &Value) -> Vec<String> {
+    req["tools"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|t| t["function"]["name"].as_str().unwrap().to_string())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn the_policy_hides_tools_and_refuses_calls_to_hidden_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("ws")).unwrap();
+    std::fs::write(dir.path().join("ws/a.txt"), "alpha").unwrap();
+    let llm = FakeLlm::start().await;
+    llm.push(calls(&[
+        ("c1", "list_directory", r#"{"path":"."}"#),
+        ("c2", "read_file", r#"{"path":"a.txt"}"#),
+    ]));
+    llm.push(Reply::Text("done".into()));
+    let cfg = config(
+        &llm,
+        dir.path(),
+        json!({
+            "tools": {"policy": {"profile": "coding", "deny": ["list_directory"]}},
+            "agents": {"defaults": {"tools": {"deny": ["group:runtime"]}}},
+        }),
+    );
+    let gw = TestGateway::start(cfg).await;
+    let (s, body) = gw.api.chat("p", "look").await;
+    assert_eq!(s, 200, "{body}");
+    let reqs = llm.requests();
+    let shown = tool_names(&reqs[0]);
+    assert!(shown.contains(&"read_file".to_string()), "{shown:?}");
+    for hidden in ["list_directory", "message", "exec_shell", "spawn"] {
+        assert!(
+            !shown.contains(&hidden.to_string()),
+            "{hidden} shown: {shown:?}"
+        );
+    }
+    let results = tool_results(&reqs[1]);
+    assert_eq!(results[0].0, "c1");
+    assert_eq!(results[0].1["error_code"], "PERMISSION_DENIED");
+    assert_eq!(results[1].1["content"], "alpha");
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn a_session_over_its_rate_limit_gets_rate_limited_results() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("ws")).unwrap();
+    std::fs::write(dir.path().join("ws/a.txt"), "alpha").unwrap();
+    let llm = FakeLlm::start().await;
+    let read = r#"{"path":"a.txt"}"#;
+    llm.push(calls(&[
+        ("c1", "read_file", read),
+        ("c2", "read_file", read),
+        ("c3", "read_file", read),
+    ]));
+    llm.push(Reply::Text("done".into()));
+    // Another session has its own bucket.
+    llm.push(calls(&[("d1", "read_file", read)]));
+    llm.push(Reply::Text("done".into()));
+    let cfg = config(
+        &llm,
+        dir.path(),
+        json!({"tools": {"rate_limit": {"per_minute": 1, "burst": 2}}}),
+    );
+    let gw = TestGateway::start(cfg).await;
+    assert_eq!(gw.api.chat("r1", "go").await.0, 200);
+    assert_eq!(gw.api.chat("r2", "go").await.0, 200);
+    let reqs = llm.requests();
+    let codes: Vec<Value> = tool_results(&reqs[1])
+        .into_iter()
+        .map(|(_, v)| v["error_code"].clone())
+        .collect();
+    assert_eq!(codes, [Value::Null, Value::Null, json!("RATE_LIMITED")]);
+    let other = tool_results(&reqs[3]);
+    assert_eq!(other[0].1["content"], "alpha");
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn the_message_tool_reaches_allowed_chats_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let llm = FakeLlm::start().await;
+    llm.push(calls(&[
+        (
+            "m1",
+            "message",
+            r#"{"channel":"http","chat_id":"ops-room","content":"deploy finished"}"#,
+        ),
+        (
+            "m2",
+            "message",
+            r#"{"channel":"http","chat_id":"stranger","content":"spam"}"#,
+        ),
+    ]));
+    llm.push(Reply::Text("told ops".into()));
+    let cfg = config(
+        &llm,
+        dir.path(),
+        json!({"tools": {"message": {"allow": ["http:ops-*"]}}}),
+    );
+    let gw = TestGateway::start(cfg).await;
+    let (s, body) = gw.api.chat("me", "tell ops").await;
+    assert_eq!(s, 200, "{body}");
+    let results = tool_results(&llm.requests()[1]);
+    assert_eq!(results[0].1["status"], "sent");
+    assert_eq!(results[1].1["error_code"], "PERMISSION_DENIED");
+    let mut got = Vec::new();
+    let api = gw.api.clone();
+    for _ in 0..100 {
+        let (_, v) = api.get("/v1/chats/ops-room/messages").await;
+        got.extend(v["messages"].as_array().cloned().unwrap_or_default());
+        if !got.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0]["content"], "deploy finished");
+    let (_, v) = api.get("/v1/chats/stranger/messages").await;
+    assert_eq!(v["messages"], json!([]));
+    gw.stop().await;
+}
+
+/// Fake credentials of several kinds, planted in a file the agent reads.
+pub const PLANTED: &[&str] = &[
+    "sk-test-secret-123456", // the configured provider key (scrubbed by value)
+    "ghp_0123456789abcdefghijklmnopqrstuvwxyzAB",
+    "AKIAIOSFODNN7EXAMPLE",
+    "sk-ant-api03-abcdefghijklmnopqrstuvwxyz-0123",
+    "hunter2hunter2",
+];
+
+pub fn planted_file() -> String {
+    format!(
+        "provider={}\ngithub: {}\naws {}\nanthropic {}\npassword=hunter2hunter2\n",
+        PLANTED[0], PLANTED[1], PLANTED[2], PLANTED[3]
+    )
+}
+
+#[tokio::test]
+async fn planted_keys_never_reach_the_model_the_store_or_the_channel() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("ws")).unwrap();
+    std::fs::write(dir.path().join("ws/leak.txt"), planted_file()).unwrap();
+    let llm = FakeLlm::start().await;
+    llm.push(calls(&[("c1", "read_file", r#"{"path":"leak.txt"}"#)]));
+    // The model repeats what the tool returned: the channel output must still be clean.
+    llm.push(Reply::EchoToolResults);
+    let gw = TestGateway::start(config(&llm, dir.path(), json!({}))).await;
+    let (s, body) = gw.api.chat("leak", "read leak.txt").await;
+    assert_eq!(s, 200, "{body}");
+    let reply = body["reply"].as_str().unwrap();
+    assert!(reply.contains("[REDACTED]"), "{reply}");
+    let sent = serde_json::to_string(&llm.requests()).unwrap();
+    let (_, stored) = gw.api.get("/v1/sessions/http:leak").await;
+    gw.stop().await;
+    // Every byte of the store on disk.
+    let mut disk = Vec::new();
+    let store = dir.path().join("store");
+    let mut stack = vec![store];
+    while let Some(p) = stack.pop() {
+        for e in std::fs::read_dir(&p).unwrap() {
+            let e = e.unwrap();
+            if e.file_type().unwrap().is_dir() {
+                stack.push(e.path());
+            } else {
+                disk.extend(std::fs::read(e.path()).unwrap());
+            }
+        }
+    }
+    assert!(!disk.is_empty());
+    let disk = String::from_utf8_lossy(&disk);
+    // The transcript is on disk in clear: the check below can see keys if they were stored.
+    assert!(disk.contains("github: [REDACTED]"));
+    for key in PLANTED {
+        assert!(!reply.contains(key), "{key} in the reply");
+        assert!(!sent.contains(key), "{key} sent to the model");
+        assert!(!stored.to_string().contains(key), "{key} in the transcript");
+        assert!(!disk.contains(key), "{key} on disk in the store");
+    }
+    // The text around the keys survived: the scrubbing is targeted.
+    assert!(reply.contains("github: [REDACTED]"), "{reply}");
+}
