@@ -140,6 +140,9 @@ impl Daemon {
             store: store.clone(),
             channels: channels.iter().map(|c| c.id().to_string()).collect(),
         });
+        let approvals = Arc::new(crate::approval::Approvals::new(
+            sink.clone() as Arc<dyn MessageSink>
+        ));
         let registry = build_registry(config, Some(sink.clone() as Arc<dyn MessageSink>));
         let deps = TurnDeps {
             model,
@@ -153,6 +156,7 @@ impl Daemon {
             .into(),
             workspace: Arc::new(workspace),
             connect_hint: connect_hint(config).map(Into::into),
+            approvals: Some(approvals),
         };
         let tasks = TaskTracker::new();
         let turns = CancellationToken::new();

@@ -19,9 +19,11 @@
 //! - [`store`]: sled transcripts, inbound journal, outbox.
 //! - [`daemon`]: builds the tree, recovery, shutdown order.
 //! - [`admin`]: the admin side of the HTTP API (status, sessions).
+//! - [`approval`]: approvals asked of the user in their chat (exec `ask` mode).
 //! - [`cli`]: the `weft` subcommands.
 
 pub mod admin;
+pub mod approval;
 pub mod bus;
 pub mod cli;
 pub mod config;

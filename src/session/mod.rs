@@ -335,6 +335,20 @@ fn on_inbound(myself: &ActorRef<SessionMsg>, state: &mut SessionState, entry: In
             );
             answer_now(state, &entry, OutboundKind::Final, text);
         }
+        text if crate::approval::Approvals::parse_command(text).is_some() => {
+            let reply = match (
+                &state.args.deps.approvals,
+                crate::approval::Approvals::parse_command(text),
+            ) {
+                (Some(a), Some((id, d))) => a.answer(&state.args.key, &id, d),
+                _ => Err("Nothing here asks for approvals.".to_string()),
+            };
+            let (kind, text) = match reply {
+                Ok(t) => (OutboundKind::Final, t),
+                Err(t) => (OutboundKind::Error, t),
+            };
+            answer_now(state, &entry, kind, text);
+        }
         _ => {
             if state.draining {
                 // Left pending in the journal: processed after the restart.

@@ -36,6 +36,8 @@ pub struct TurnDeps {
     pub system_prompt: Arc<str>,
     /// Extra hint appended to provider connection errors (what to configure).
     pub connect_hint: Option<Arc<str>>,
+    /// Pending approvals, answered by `/approve` and `/deny` in the session's chat.
+    pub approvals: Option<Arc<crate::approval::Approvals>>,
 }
 
 /// Progress of a running turn, for streaming channels.

@@ -1,0 +1,216 @@
+//! Approvals asked of the user through their own chat (exec `mode = "ask"`, seed 004 §4).
+//!
+//! A tool asks [`Approvals::request`]: the question goes to the session's chat as a durable
+//! message ("reply `/approve ID`, `/approve ID always` or `/deny ID`"), and the call waits. The
+//! answer comes back as an ordinary inbound message that the session handles as a command at
+//! once, even while the turn is running, through [`Approvals::answer`]. Only the session that
+//! asked can answer (a stranger who learns the id cannot approve). The caller bounds the wait
+//! (2 minutes by default) and treats silence as a denial; a pending request dropped for any
+//! reason (timeout, `/stop`) is forgotten.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use clawft_channel_core::{ChannelId, ChatId, OutboundKind, OutboundMessage, ThreadId};
+use tokio::sync::oneshot;
+
+use crate::ingress::SessionKey;
+use crate::tools::message::MessageSink;
+
+/// The user's answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// Run this once.
+    Once,
+    /// Run it and do not ask again for the same command in this session.
+    Always,
+    /// Do not run it.
+    Deny,
+}
+
+struct Pending {
+    session: SessionKey,
+    tx: oneshot::Sender<Decision>,
+}
+
+/// Pending approval requests, shared by the tools that ask and the sessions that answer.
+pub struct Approvals {
+    sink: Arc<dyn MessageSink>,
+    pending: Mutex<HashMap<String, Pending>>,
+}
+
+/// Removes a request when its asker stops waiting.
+struct Forget<'a>(&'a Approvals, String);
+
+impl Drop for Forget<'_> {
+    fn drop(&mut self) {
+        self.0.lock().remove(&self.1);
+    }
+}
+
+impl Approvals {
+    /// Approvals whose questions go out through `sink`.
+    pub fn new(sink: Arc<dyn MessageSink>) -> Self {
+        Self {
+            sink,
+            pending: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Pending>> {
+        self.pending.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Ask the user of `session` whether `what` may happen; waits for the answer. A question
+    /// that cannot be sent is a denial.
+    pub async fn request(&self, session: &SessionKey, what: &str) -> Decision {
+        let id = uuid::Uuid::new_v4().simple().to_string()[..8].to_string();
+        let (tx, rx) = oneshot::channel();
+        self.lock().insert(
+            id.clone(),
+            Pending {
+                session: session.clone(),
+                tx,
+            },
+        );
+        let _forget = Forget(self, id.clone());
+        let mut parts = session.as_str().splitn(3, ':');
+        let (Some(channel), Some(chat)) = (parts.next(), parts.next()) else {
+            return Decision::Deny;
+        };
+        let msg = OutboundMessage {
+            id: uuid::Uuid::now_v7().to_string(),
+            channel: ChannelId::new(channel),
+            chat: ChatId::new(chat),
+            thread: parts.next().map(ThreadId::new),
+            in_reply_to: None,
+            kind: OutboundKind::Final,
+            content: format!(
+                "Approval needed to run:\n```\n{what}\n```\nReply `/approve {id}` to run it once, `/approve {id} always` to stop asking for this command, or `/deny {id}`."
+            ),
+            meta: Some(serde_json::json!({"approval_id": id, "command": what})),
+        };
+        if let Err(e) = self.sink.send(msg) {
+            tracing::warn!(error = %e, "could not ask for approval; denying");
+            return Decision::Deny;
+        }
+        rx.await.unwrap_or(Decision::Deny)
+    }
+
+    /// Answer request `id` from `session`. Returns the text to reply to the user.
+    ///
+    /// # Errors
+    /// No such pending request for this session.
+    pub fn answer(&self, session: &SessionKey, id: &str, d: Decision) -> Result<String, String> {
+        let mut g = self.lock();
+        match g.get(id) {
+            Some(p) if p.session == *session => {}
+            _ => {
+                return Err(format!(
+                    "No pending approval `{id}` in this chat (it may have timed out)."
+                ))
+            }
+        }
+        let p = g.remove(id).ok_or("gone")?;
+        let _ = p.tx.send(d);
+        Ok(match d {
+            Decision::Once => format!("Approved `{id}` once."),
+            Decision::Always => format!("Approved `{id}`; this command will not be asked again."),
+            Decision::Deny => format!("Denied `{id}`."),
+        })
+    }
+
+    /// Parse `/approve ID [always]` or `/deny ID`.
+    pub fn parse_command(text: &str) -> Option<(String, Decision)> {
+        let mut words = text.split_whitespace();
+        let cmd = words.next()?;
+        let id = words.next()?.to_string();
+        let rest = words.next();
+        if words.next().is_some() {
+            return None;
+        }
+        let d = match (cmd, rest) {
+            ("/approve", None | Some("once")) => Decision::Once,
+            ("/approve", Some("always")) => Decision::Always,
+            ("/deny", None) => Decision::Deny,
+            _ => return None,
+        };
+        Some((id, d))
+    }
+
+    /// Number of requests waiting (for status and tests).
+    pub fn pending(&self) -> usize {
+        self.lock().len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use std::time::Duration;
+
+    use super::*;
+
+    #[derive(Default)]
+    struct Sink(Mutex<Vec<OutboundMessage>>);
+    impl MessageSink for Sink {
+        fn channels(&self) -> Vec<String> {
+            vec!["telegram".into()]
+        }
+        fn send(&self, msg: OutboundMessage) -> Result<(), String> {
+            self.0.lock().unwrap().push(msg);
+            Ok(())
+        }
+    }
+
+    #[tokio::test]
+    async fn only_the_asking_session_can_answer_and_drops_forget() {
+        let sink = Arc::new(Sink::default());
+        let a = Arc::new(Approvals::new(sink.clone()));
+        let me = SessionKey::parse("telegram:1").unwrap();
+        let other = SessionKey::parse("telegram:2").unwrap();
+        let (a2, me2) = (a.clone(), me.clone());
+        let waiting = tokio::spawn(async move { a2.request(&me2, "rm -r build").await });
+        let msg = loop {
+            if let Some(m) = sink.0.lock().unwrap().first().cloned() {
+                break m;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        };
+        assert_eq!(msg.chat.as_str(), "1");
+        let id = msg.meta.unwrap()["approval_id"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        assert!(msg.content.contains("rm -r build") && msg.content.contains(&id));
+        assert!(a.answer(&other, &id, Decision::Once).is_err());
+        assert!(a.answer(&me, "nope", Decision::Once).is_err());
+        a.answer(&me, &id, Decision::Always).unwrap();
+        assert_eq!(waiting.await.unwrap(), Decision::Always);
+        assert_eq!(a.pending(), 0);
+
+        // A caller that gives up leaves nothing behind.
+        let r = tokio::time::timeout(Duration::from_millis(20), a.request(&me, "x")).await;
+        assert!(r.is_err());
+        assert_eq!(a.pending(), 0);
+    }
+
+    #[test]
+    fn commands() {
+        assert_eq!(
+            Approvals::parse_command("/approve ab12"),
+            Some(("ab12".into(), Decision::Once))
+        );
+        assert_eq!(
+            Approvals::parse_command("/approve ab12 always"),
+            Some(("ab12".into(), Decision::Always))
+        );
+        assert_eq!(
+            Approvals::parse_command("/deny ab12"),
+            Some(("ab12".into(), Decision::Deny))
+        );
+        assert_eq!(Approvals::parse_command("/approve"), None);
+        assert_eq!(Approvals::parse_command("/deny ab12 always"), None);
+        assert_eq!(Approvals::parse_command("approve ab12"), None);
+    }
+}
