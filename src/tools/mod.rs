@@ -5,8 +5,11 @@
 //! into a tool result so the loop carries on.
 
 pub mod fs;
+pub mod html;
 pub mod registry;
+pub mod ssrf;
 pub mod truncate;
+pub mod web;
 pub mod workspace;
 
 use std::sync::Arc;
