@@ -176,26 +176,24 @@ impl WebFetchFile {
     }
 }
 
-/// HTTP method of `web_fetch`.
+/// HTTP method of `web_fetch` (GET, HEAD, POST, PUT, PATCH, DELETE; lowercase accepted).
+/// Variants carry no docs so the schema is a plain inline string `enum`, which every
+/// provider's function-calling dialect understands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(rename_all = "UPPERCASE")]
+#[schemars(inline)]
+#[allow(missing_docs)]
 pub enum HttpMethod {
-    /// GET (default).
     #[serde(alias = "get")]
     Get,
-    /// HEAD: status and headers only.
     #[serde(alias = "head")]
     Head,
-    /// POST.
     #[serde(alias = "post")]
     Post,
-    /// PUT.
     #[serde(alias = "put")]
     Put,
-    /// PATCH.
     #[serde(alias = "patch")]
     Patch,
-    /// DELETE.
     #[serde(alias = "delete")]
     Delete,
 }
@@ -1465,6 +1463,61 @@ mod tests {
         let reqs = seen.requests.lock().unwrap();
         let (m, _, b) = reqs.last().unwrap();
         assert_eq!((m.as_str(), b.as_str()), ("GET", ""));
+    }
+
+    #[tokio::test]
+    async fn credentials_are_dropped_on_cross_origin_redirects() {
+        let c = ctx();
+        let (a, seen_a) = server().await;
+        let (b, seen_b) = server().await;
+        let tool = fetcher(settings());
+        let headers = json!({"Authorization": "Bearer SECRET", "Cookie": "s=1", "X-Keep": "k"});
+        // Same origin: kept.
+        tool.execute(
+            json!({"url": format!("http://{a}/redir?to=/echo"), "headers": headers}),
+            &c.ctx,
+        )
+        .await
+        .unwrap();
+        let (_, h, _) = seen_a.requests.lock().unwrap()[0].clone();
+        assert_eq!(h["authorization"], "Bearer SECRET");
+        // Other origin (another port): credentials dropped, other headers kept.
+        let to = enc(&format!("http://{b}/echo"));
+        tool.execute(
+            json!({"url": format!("http://{a}/redir?to={to}"), "headers": headers}),
+            &c.ctx,
+        )
+        .await
+        .unwrap();
+        let (_, h, _) = seen_b.requests.lock().unwrap()[0].clone();
+        assert!(
+            !h.contains_key("authorization") && !h.contains_key("cookie"),
+            "{h:?}"
+        );
+        assert_eq!(h["x-keep"], "k");
+    }
+
+    #[test]
+    fn schemas_and_descriptions() {
+        crate::install_crypto_provider();
+        let f = fetcher(settings());
+        assert!(f
+            .description()
+            .ends_with("Returns: {status, content_type, body, url, bytes, truncated}"));
+        let p = f.parameters();
+        assert_eq!(p["required"], json!(["url"]));
+        assert_eq!(p["additionalProperties"], json!(false));
+        let text = p.to_string();
+        for m in ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"] {
+            assert!(text.contains(&format!("\"{m}\"")), "{text}");
+        }
+        assert_eq!(f.effect(), Effect::Network);
+        let s = WebSearch::new(WebSearchSettings::default()).unwrap();
+        assert!(s
+            .description()
+            .ends_with("Returns: {query, results: [{title, url, snippet}], count}"));
+        assert_eq!(s.parameters()["required"], json!(["query"]));
+        assert_eq!(s.effect(), Effect::Network);
     }
 
     #[tokio::test]
