@@ -5,12 +5,15 @@
 //! into a tool result so the loop carries on.
 
 pub mod fs;
+pub mod html;
 pub mod message;
 pub mod policy;
 pub mod ratelimit;
 pub mod registry;
 pub mod scrub;
+pub mod ssrf;
 pub mod truncate;
+pub mod web;
 pub mod workspace;
 
 use std::sync::Arc;
