@@ -157,6 +157,12 @@ pub struct ToolsFile {
     /// The `message` tool.
     #[serde(default)]
     pub message: MessageFile,
+    /// `web_fetch`: SSRF guard exemptions, body cap, timeouts.
+    #[serde(default)]
+    pub web_fetch: crate::tools::web::WebFetchFile,
+    /// `web_search`: the search backend (SearXNG or Brave).
+    #[serde(default)]
+    pub web_search: crate::tools::web::WebSearchFile,
 }
 
 /// `tools.rate_limit`.

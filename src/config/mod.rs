@@ -238,6 +238,10 @@ pub struct ToolsConfig {
     pub rate_limit: Option<crate::tools::ratelimit::RateLimit>,
     /// `tools.message.allow`.
     pub message_allow: Vec<String>,
+    /// `tools.web_fetch`.
+    pub web_fetch: crate::tools::web::WebFetchSettings,
+    /// `tools.web_search`.
+    pub web_search: crate::tools::web::WebSearchSettings,
 }
 
 /// Where the config file is looked for when `--config` is not given.
@@ -447,9 +451,12 @@ impl Config {
             shutdown_grace: Duration::from_secs(raw.sessions.shutdown_grace_secs.unwrap_or(10)),
         };
         let tools = resolve_tools(
-            &raw.tools,
+            raw.tools,
             agent_tools.as_ref(),
             providers.first().map(|p| p.name.as_str()),
+            config_dir,
+            env,
+            &mut secrets,
         )?;
         Ok(Config {
             path,
@@ -476,9 +483,12 @@ fn invalid(key: &str, detail: String) -> ConfigError {
 }
 
 fn resolve_tools(
-    t: &file::ToolsFile,
+    mut t: file::ToolsFile,
     agent: Option<&crate::tools::policy::PolicyLayerFile>,
     primary_provider: Option<&str>,
+    config_dir: &Path,
+    env: &Env,
+    secrets: &mut Vec<Secret>,
 ) -> Result<ToolsConfig, ConfigError> {
     let agent_layer = agent
         .map(|a| a.resolve("agents.defaults.tools"))
@@ -503,10 +513,31 @@ fn resolve_tools(
             ));
         }
     }
+    let web_fetch = t
+        .web_fetch
+        .resolve()
+        .map_err(|e| invalid("tools.web_fetch", e))?;
+    let search_key = resolve_secret(
+        "tools.web_search.api_key",
+        t.web_search.api_key.take(),
+        t.web_search.api_key_env.take(),
+        t.web_search.api_key_file.take(),
+        config_dir,
+        env,
+    )?;
+    if let Some(k) = &search_key {
+        secrets.push(k.clone());
+    }
+    let web_search = t
+        .web_search
+        .resolve(search_key)
+        .map_err(|e| invalid("tools.web_search", e))?;
     Ok(ToolsConfig {
         policy,
         rate_limit,
         message_allow,
+        web_fetch,
+        web_search,
     })
 }
 

@@ -192,6 +192,14 @@ pub fn build_registry(
                 .map(|l| Arc::new(ratelimit::RateLimiter::new(l))),
         );
     register_builtins(&mut reg);
+    match web::WebFetch::new(config.tools.web_fetch.clone()) {
+        Ok(t) => reg.register(Arc::new(t)),
+        Err(e) => tracing::error!(error = %e, "web_fetch is unavailable"),
+    }
+    match web::WebSearch::new(config.tools.web_search.clone()) {
+        Ok(t) => reg.register(Arc::new(t)),
+        Err(e) => tracing::error!(error = %e, "web_search is unavailable"),
+    }
     if let Some(sink) = sink {
         reg.register(Arc::new(message::MessageTool::new(
             sink,

@@ -205,3 +205,55 @@ async fn planted_keys_never_reach_the_model_the_store_or_the_channel() {
     // The text around the keys survived: the scrubbing is targeted.
     assert!(reply.contains("github: [REDACTED]"), "{reply}");
 }
+
+#[tokio::test]
+async fn web_fetch_from_the_model_never_dials_loopback() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    // A canary on 127.0.0.1 counting every connection it accepts.
+    let canary = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = canary.local_addr().unwrap().port();
+    let hits = Arc::new(AtomicUsize::new(0));
+    let h = hits.clone();
+    let accept = tokio::spawn(async move {
+        while canary.accept().await.is_ok() {
+            h.fetch_add(1, Ordering::SeqCst);
+        }
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let llm = FakeLlm::start().await;
+    let urls = [
+        format!("http://127.0.0.1:{port}/"),
+        format!("http://2130706433:{port}/"),
+        format!("http://0x7f.1:{port}/"),
+        format!("http://[::ffff:127.0.0.1]:{port}/"),
+        format!("http://localhost:{port}/"),
+        "http://169.254.169.254/latest/meta-data/".to_string(),
+        "http://metadata.google.internal/".to_string(),
+    ];
+    let list: Vec<(String, String, String)> = urls
+        .iter()
+        .enumerate()
+        .map(|(i, u)| {
+            (
+                format!("w{i}"),
+                "web_fetch".to_string(),
+                json!({ "url": u }).to_string(),
+            )
+        })
+        .collect();
+    llm.push(Reply::ToolCalls(list));
+    llm.push(Reply::Text("blocked".into()));
+    let gw = TestGateway::start(config(&llm, dir.path(), json!({}))).await;
+    let (s, body) = gw.api.chat("ssrf", "fetch these").await;
+    assert_eq!(s, 200, "{body}");
+    let results = tool_results(&llm.requests()[1]);
+    assert_eq!(results.len(), urls.len());
+    for (i, (_, v)) in results.iter().enumerate() {
+        assert_eq!(v["error_code"], "PERMISSION_DENIED", "{}: {v}", urls[i]);
+    }
+    gw.stop().await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(hits.load(Ordering::SeqCst), 0, "the canary was dialled");
+    accept.abort();
+}
