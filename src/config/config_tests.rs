@@ -169,4 +169,49 @@ fn shipped_example_config_parses_to_the_defaults() {
     );
     assert_eq!(c.http.bind.to_string(), DEFAULT_HTTP_BIND);
     assert_eq!(c.store.cache_bytes, 8 * 1024 * 1024);
+    let d = Config::from_str("", true, &env(&[])).unwrap();
+    assert_eq!(c.tools.rate_limit, d.tools.rate_limit);
+    assert_eq!(c.tools.policy.profile(), d.tools.policy.profile());
+    assert_eq!(c.tools.policy.global.deny, d.tools.policy.global.deny);
+    assert_eq!(c.tools.web_fetch.max_bytes, d.tools.web_fetch.max_bytes);
+    assert_eq!(c.tools.web_fetch.timeout, d.tools.web_fetch.timeout);
+    assert_eq!(
+        c.tools.web_fetch.max_redirects,
+        d.tools.web_fetch.max_redirects
+    );
+    assert_eq!(c.tools.web_search.timeout, d.tools.web_search.timeout);
+}
+
+#[test]
+fn bad_tool_settings_name_the_key() {
+    for (text, key) in [
+        (
+            "[tools.policy]\ndeny = [\"group:nope\"]",
+            "tools.policy.deny",
+        ),
+        (
+            "[agents.defaults.tools]\nallow = [\"group:bogus\"]",
+            "agents.defaults.tools.allow",
+        ),
+        ("[tools.policy]\nprofile = \"everything\"", "profile"),
+        (
+            "[tools.web_fetch]\nallow_private = [\"10.0.0.0/99\"]",
+            "tools.web_fetch.allow_private[0]",
+        ),
+        (
+            "[tools.web_search]\nprovider = \"brave\"",
+            "tools.web_search.api_key",
+        ),
+        (
+            "[tools.message]\nallow = [\"nochannel\"]",
+            "tools.message.allow",
+        ),
+    ] {
+        let err = Config::from_str(text, true, &env(&[]))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(key), "{text}: {err}");
+    }
+    let c = Config::from_str("[tools.rate_limit]\nper_minute = 0", true, &env(&[])).unwrap();
+    assert!(c.tools.rate_limit.is_none());
 }
