@@ -5,7 +5,9 @@
 //! into a tool result so the loop carries on.
 
 pub mod fs;
+pub mod memory;
 pub mod registry;
+pub mod search;
 pub mod truncate;
 pub mod workspace;
 
