@@ -288,3 +288,217 @@ impl Tool for MemoryWrite {
         .await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use std::os::unix::fs::symlink;
+
+    use super::*;
+    use crate::tools::workspace::testutil::{Fixture, CANARY};
+
+    async fn write(fx: &Fixture, args: Value) -> Result<Value, ToolError> {
+        MemoryWrite::new().execute(args, &fx.ctx).await
+    }
+    async fn read(
+        fx: &Fixture,
+        fallback: Option<PathBuf>,
+        args: Value,
+    ) -> Result<Value, ToolError> {
+        MemoryRead::new(fallback).execute(args, &fx.ctx).await
+    }
+    fn primary(fx: &Fixture) -> String {
+        std::fs::read_to_string(fx.ws.join(MEMORY_FILE)).unwrap()
+    }
+
+    #[tokio::test]
+    async fn append_separates_with_a_blank_line_and_overwrite_replaces() {
+        let fx = Fixture::new();
+        let v = read(&fx, None, json!({})).await.unwrap();
+        assert_eq!(v, json!({"content": "", "message": "No memory file found"}));
+        let v = write(&fx, json!({"content": "## Décision\nUse PostgreSQL 🐘"}))
+            .await
+            .unwrap();
+        let n = "## Décision\nUse PostgreSQL 🐘".len();
+        assert_eq!(
+            v["message"],
+            json!(format!(
+                "Successfully wrote {n} bytes to memory (mode: append)"
+            ))
+        );
+        assert_eq!(
+            v["path"],
+            json!(fx.ws.join(MEMORY_FILE).display().to_string())
+        );
+        write(&fx, json!({"content": "second", "mode": "append"}))
+            .await
+            .unwrap();
+        assert_eq!(primary(&fx), "## Décision\nUse PostgreSQL 🐘\n\nsecond");
+        // A file ending in a newline gets one more, not two.
+        std::fs::write(fx.ws.join(MEMORY_FILE), "a\n").unwrap();
+        write(&fx, json!({"content": "b"})).await.unwrap();
+        assert_eq!(primary(&fx), "a\n\nb");
+        let v = read(&fx, None, json!({})).await.unwrap();
+        assert_eq!(v, json!({"content": "a\n\nb"}));
+        let v = write(&fx, json!({"content": "fresh", "mode": "overwrite"}))
+            .await
+            .unwrap();
+        assert!(v["message"].as_str().unwrap().contains("(mode: overwrite)"));
+        assert_eq!(primary(&fx), "fresh");
+        // Overwrite with nothing clears it; appending nothing is refused.
+        write(&fx, json!({"content": "", "mode": "overwrite"}))
+            .await
+            .unwrap();
+        assert_eq!(primary(&fx), "");
+        let e = write(&fx, json!({"content": ""})).await.unwrap_err();
+        assert_eq!(e.code(), "INVALID_ARGS");
+        write(&fx, json!({"content": "first"})).await.unwrap();
+        assert_eq!(primary(&fx), "first", "no separator in an empty file");
+        for bad in [
+            json!({"content": "x", "mode": "prepend"}),
+            json!({"mode": "append"}),
+            json!({"content": "x", "extra": 1}),
+        ] {
+            let e = write(&fx, bad.clone()).await.unwrap_err();
+            assert_eq!(e.code(), "INVALID_ARGS", "{bad}");
+        }
+        let e = read(&fx, None, json!({"q": "x"})).await.unwrap_err();
+        assert_eq!(e.code(), "INVALID_ARGS");
+    }
+
+    #[tokio::test]
+    async fn query_returns_matching_paragraphs_case_insensitively() {
+        let fx = Fixture::new();
+        fx.put(
+            MEMORY_FILE,
+            "# Notes\n\nDecided JWT for Authentication.\nExpires in 1h.\n\n  \nDatabase: PostgreSQL\n\nauthentication via ÉCOLE sso\n",
+        );
+        let v = read(&fx, None, json!({"query": "AUTHENTICATION"}))
+            .await
+            .unwrap();
+        assert_eq!(
+            v,
+            json!({
+                "query": "AUTHENTICATION",
+                "matches": ["Decided JWT for Authentication.\nExpires in 1h.", "authentication via ÉCOLE sso"],
+                "count": 2
+            })
+        );
+        let v = read(&fx, None, json!({"query": "école"})).await.unwrap();
+        assert_eq!(v["count"], json!(1));
+        let v = read(&fx, None, json!({"query": "nothing like it"}))
+            .await
+            .unwrap();
+        assert_eq!(
+            v,
+            json!({"query": "nothing like it", "matches": [], "count": 0})
+        );
+    }
+
+    #[tokio::test]
+    async fn fallback_is_read_only_when_primary_is_missing_and_never_written() {
+        let fx = Fixture::new();
+        let legacy = fx.tmp.path().join("nanobot/MEMORY.md");
+        std::fs::create_dir_all(legacy.parent().unwrap()).unwrap();
+        std::fs::write(&legacy, "legacy note\n\nold auth paragraph").unwrap();
+        let v = read(&fx, Some(legacy.clone()), json!({})).await.unwrap();
+        assert_eq!(v, json!({"content": "legacy note\n\nold auth paragraph"}));
+        let v = read(&fx, Some(legacy.clone()), json!({"query": "AUTH"}))
+            .await
+            .unwrap();
+        assert_eq!(v["matches"], json!(["old auth paragraph"]));
+        // Missing fallback too: the "no memory" answer.
+        let v = read(&fx, Some(fx.tmp.path().join("none.md")), json!({}))
+            .await
+            .unwrap();
+        assert_eq!(v["message"], json!("No memory file found"));
+        // A write goes to the primary (append starts it fresh) and the fallback is untouched.
+        write(&fx, json!({"content": "new note"})).await.unwrap();
+        assert_eq!(primary(&fx), "new note");
+        assert_eq!(
+            std::fs::read_to_string(&legacy).unwrap(),
+            "legacy note\n\nold auth paragraph"
+        );
+        let v = read(&fx, Some(legacy.clone()), json!({})).await.unwrap();
+        assert_eq!(v, json!({"content": "new note"}));
+        // An empty primary is still the primary.
+        write(&fx, json!({"content": "", "mode": "overwrite"}))
+            .await
+            .unwrap();
+        let v = read(&fx, Some(legacy), json!({})).await.unwrap();
+        assert_eq!(v, json!({"content": ""}));
+    }
+
+    #[tokio::test]
+    async fn memory_stays_in_the_workspace() {
+        let mut fx = Fixture::new();
+        // `memory` is a symlink to the outside dir, which holds a MEMORY.md of its own.
+        fx.add_outside("MEMORY.md", CANARY);
+        symlink(&fx.outside, fx.ws.join("memory")).unwrap();
+        let legacy = fx.tmp.path().join("legacy.md");
+        std::fs::write(&legacy, "legacy").unwrap();
+        let e = read(&fx, Some(legacy), json!({})).await.unwrap_err();
+        assert_eq!(
+            e.code(),
+            "INVALID_PATH",
+            "an escape is not 'missing': no fallback"
+        );
+        let e = write(&fx, json!({"content": "pwned"})).await.unwrap_err();
+        assert_eq!(e.code(), "INVALID_PATH");
+        let e = write(&fx, json!({"content": "pwned", "mode": "overwrite"}))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), "INVALID_PATH");
+        fx.assert_outside_intact();
+        // MEMORY.md itself a symlink out, or a hard link to the canary.
+        std::fs::remove_file(fx.ws.join("memory")).unwrap();
+        std::fs::create_dir(fx.ws.join("memory")).unwrap();
+        symlink(fx.canary(), fx.ws.join(MEMORY_FILE)).unwrap();
+        let e = read(&fx, None, json!({})).await.unwrap_err();
+        assert_eq!(e.code(), "INVALID_PATH");
+        let e = write(&fx, json!({"content": "pwned"})).await.unwrap_err();
+        assert_eq!(e.code(), "INVALID_PATH");
+        std::fs::remove_file(fx.ws.join(MEMORY_FILE)).unwrap();
+        std::fs::hard_link(fx.canary(), fx.ws.join(MEMORY_FILE)).unwrap();
+        for mode in ["append", "overwrite"] {
+            let e = write(&fx, json!({"content": "pwned", "mode": mode}))
+                .await
+                .unwrap_err();
+            assert_eq!(e.code(), "PERMISSION_DENIED", "{mode}");
+        }
+        fx.assert_outside_intact();
+    }
+
+    #[tokio::test]
+    async fn size_is_capped() {
+        let fx = Fixture::new();
+        let w = MemoryWrite::new().with_max_bytes(10);
+        w.execute(json!({"content": "12345"}), &fx.ctx)
+            .await
+            .unwrap();
+        let e = w
+            .execute(json!({"content": "67890"}), &fx.ctx)
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), "INVALID_ARGS", "5 + 2 + 5 > 10");
+        let e = w
+            .execute(
+                json!({"content": "x".repeat(11), "mode": "overwrite"}),
+                &fx.ctx,
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), "INVALID_ARGS");
+        assert_eq!(primary(&fx), "12345");
+        fx.put(MEMORY_FILE, &"m".repeat(2 * 1024 * 1024));
+        let v = read(&fx, None, json!({})).await.unwrap();
+        assert_eq!(v["truncated"], json!(true));
+        assert_eq!(v["content"].as_str().unwrap().len(), 1024 * 1024);
+        assert!(v["message"].as_str().unwrap().contains("1048576"));
+        let e = MemoryWrite::new()
+            .execute(json!({"content": "more"}), &fx.ctx)
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), "INVALID_ARGS");
+    }
+}

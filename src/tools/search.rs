@@ -639,3 +639,365 @@ impl Tool for Grep {
         .await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use std::os::unix::fs::symlink;
+    use std::time::{Duration, SystemTime};
+
+    use super::*;
+    use crate::tools::workspace::testutil::{Fixture, CANARY, CANARY_MARK};
+
+    fn s() -> FileToolsSettings {
+        FileToolsSettings::default()
+    }
+    async fn glob(fx: &Fixture, args: Value) -> Result<Value, ToolError> {
+        Glob::new(&s()).execute(args, &fx.ctx).await
+    }
+    async fn grep(fx: &Fixture, args: Value) -> Result<Value, ToolError> {
+        let v = Grep::new(&s()).execute(args, &fx.ctx).await;
+        if let Ok(v) = &v {
+            Fixture::assert_clean(v);
+        }
+        v
+    }
+
+    /// A small tree: sources, an ignored dir and file, hidden files, unicode names.
+    fn tree(fx: &Fixture) {
+        fx.put(".gitignore", "target/\n*.log\n");
+        fx.put("src/main.rs", "fn main() {\n    helper();\n}\n");
+        fx.put("src/lib.rs", "pub fn helper() {}\n// TODO: more\n");
+        fx.put("src/deep/mod.rs", "fn inner() {} // todo\n");
+        fx.put("docs/ünïcødé 文档.md", "# Título\nTODO traducir\n");
+        fx.put("target/gen.rs", "fn generated() {}\n");
+        fx.put("app.log", "fn logged() {}\n");
+        fx.put(".hidden/h.rs", "fn hidden() {}\n");
+        fx.put("notes.txt", "nothing\n");
+    }
+
+    #[tokio::test]
+    async fn glob_matches_respects_ignores_and_pages() {
+        let fx = Fixture::new();
+        tree(&fx);
+        let v = glob(&fx, json!({"pattern": "**/*.rs"})).await.unwrap();
+        assert_eq!(
+            v,
+            json!({"matches": ["src/deep/mod.rs", "src/lib.rs", "src/main.rs"], "count": 3, "total_found": 3, "truncated": false})
+        );
+        let v = glob(&fx, json!({"pattern": "*"})).await.unwrap();
+        assert_eq!(
+            v["matches"],
+            json!(["notes.txt"]),
+            "`*` stays at the top; .gitignore'd and hidden skipped"
+        );
+        let v = glob(&fx, json!({"pattern": "*.md", "directory": "docs"}))
+            .await
+            .unwrap();
+        assert_eq!(v["matches"], json!(["docs/ünïcødé 文档.md"]));
+        let v = glob(&fx, json!({"pattern": "src/*.rs"})).await.unwrap();
+        assert_eq!(v["matches"], json!(["src/lib.rs", "src/main.rs"]));
+        let v = glob(
+            &fx,
+            json!({"pattern": "**/*.rs", "head_limit": 1, "offset": 1}),
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            v,
+            json!({"matches": ["src/lib.rs"], "count": 1, "total_found": 3, "truncated": true})
+        );
+        let v = glob(&fx, json!({"pattern": "**/*.rs", "offset": 2}))
+            .await
+            .unwrap();
+        assert_eq!(
+            v,
+            json!({"matches": ["src/main.rs"], "count": 1, "total_found": 3, "truncated": false})
+        );
+        let v = glob(&fx, json!({"pattern": "**/*.rs", "offset": 9}))
+            .await
+            .unwrap();
+        assert_eq!(
+            v,
+            json!({"matches": [], "count": 0, "total_found": 3, "truncated": false})
+        );
+        let v = glob(&fx, json!({"pattern": "**/*.xyz"})).await.unwrap();
+        assert_eq!(
+            v,
+            json!({"matches": [], "count": 0, "total_found": 0, "truncated": false})
+        );
+        // The root .gitignore still applies when searching a subdirectory; an explicitly
+        // requested ignored directory is searched.
+        fx.put("src/target/x.rs", "");
+        fx.put("src/x.log", "");
+        let v = glob(&fx, json!({"pattern": "**", "directory": "src"}))
+            .await
+            .unwrap();
+        assert_eq!(
+            v["matches"],
+            json!(["src/deep/mod.rs", "src/lib.rs", "src/main.rs"])
+        );
+        let v = glob(
+            &fx,
+            json!({"pattern": "*", "directory": "./target/../target"}),
+        )
+        .await
+        .unwrap();
+        assert_eq!(v["matches"], json!(["target/gen.rs"]));
+    }
+
+    #[tokio::test]
+    async fn glob_sorts_by_modified_and_size() {
+        let fx = Fixture::new();
+        let now = SystemTime::now();
+        for (name, size, age) in [("a.txt", 30, 300), ("b.txt", 10, 100), ("c.txt", 20, 200)] {
+            fx.put(name, &"x".repeat(size));
+            let f = std::fs::File::options()
+                .write(true)
+                .open(fx.ws.join(name))
+                .unwrap();
+            f.set_modified(now - Duration::from_secs(age)).unwrap();
+        }
+        let m = |v: Value| v["matches"].clone();
+        assert_eq!(
+            m(glob(&fx, json!({"pattern": "*.txt"})).await.unwrap()),
+            json!(["a.txt", "b.txt", "c.txt"])
+        );
+        assert_eq!(
+            m(glob(&fx, json!({"pattern": "*.txt", "sort": "modified"}))
+                .await
+                .unwrap()),
+            json!(["b.txt", "c.txt", "a.txt"])
+        );
+        assert_eq!(
+            m(glob(
+                &fx,
+                json!({"pattern": "*.txt", "sort": "size", "head_limit": 2})
+            )
+            .await
+            .unwrap()),
+            json!(["a.txt", "c.txt"])
+        );
+        let e = glob(&fx, json!({"pattern": "*", "sort": "random"}))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), "INVALID_ARGS");
+    }
+
+    #[tokio::test]
+    async fn glob_and_grep_errors() {
+        let fx = Fixture::new();
+        tree(&fx);
+        let e = glob(&fx, json!({"pattern": "src/[a"})).await.unwrap_err();
+        assert_eq!(e.code(), "INVALID_ARGS");
+        assert!(e.to_string().contains("src/[a"), "{e}");
+        let e = grep(&fx, json!({"pattern": "fn("})).await.unwrap_err();
+        assert_eq!(e.code(), "INVALID_ARGS");
+        assert!(e.to_string().contains("regex"), "{e}");
+        let e = grep(&fx, json!({"pattern": "x", "file_pattern": "{a"}))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), "INVALID_ARGS");
+        let e = grep(&fx, json!({"pattern": "x", "type": "nosuchtype"}))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), "INVALID_ARGS");
+        let e = grep(&fx, json!({"pattern": "x", "output_mode": "lines"}))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), "INVALID_ARGS");
+        let e = glob(&fx, json!({"pattern": "*", "path": "src"}))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), "INVALID_ARGS");
+        for (dir, code) in [("missing", "FILE_NOT_FOUND"), ("notes.txt", "INVALID_PATH")] {
+            let e = glob(&fx, json!({"pattern": "*", "directory": dir}))
+                .await
+                .unwrap_err();
+            assert_eq!(e.code(), code, "{dir}");
+            let e = grep(&fx, json!({"pattern": "x", "directory": dir}))
+                .await
+                .unwrap_err();
+            assert_eq!(e.code(), code, "{dir}");
+        }
+    }
+
+    #[tokio::test]
+    async fn search_directories_outside_are_refused_and_symlinks_not_followed() {
+        let mut fx = Fixture::new();
+        fx.add_outside("outside.rs", "fn outside() { CANARY-7f3a9c }\n");
+        fx.put("in/a.rs", "fn inside() {}\n");
+        symlink(&fx.outside, fx.ws.join("in/link_dir")).unwrap();
+        symlink(fx.canary(), fx.ws.join("in/link_file.rs")).unwrap();
+        symlink(&fx.outside, fx.ws.join("out")).unwrap();
+        let abs = fx.outside.to_str().unwrap().to_string();
+        for dir in [
+            "..",
+            "../outside",
+            abs.as_str(),
+            "in/../..",
+            "out",
+            "in/link_dir",
+            "/",
+        ] {
+            let e = glob(&fx, json!({"pattern": "**", "directory": dir}))
+                .await
+                .unwrap_err();
+            assert_eq!(e.code(), "INVALID_PATH", "glob {dir}: {e}");
+            let e = grep(&fx, json!({"pattern": "fn|CANARY", "directory": dir}))
+                .await
+                .unwrap_err();
+            assert_eq!(e.code(), "INVALID_PATH", "grep {dir}: {e}");
+        }
+        let v = glob(&fx, json!({"pattern": "**"})).await.unwrap();
+        assert_eq!(v["matches"], json!(["in/a.rs"]));
+        for mode in ["content", "files_with_matches", "count"] {
+            let v = grep(
+                &fx,
+                json!({"pattern": "fn|CANARY|secret", "output_mode": mode}),
+            )
+            .await
+            .unwrap();
+            assert_eq!(v["total_found"], json!(1), "{mode}: {v}");
+            assert!(!v.to_string().contains("outside"), "{v}");
+        }
+        let v = grep(&fx, json!({"pattern": CANARY_MARK, "directory": "in"}))
+            .await
+            .unwrap();
+        assert_eq!(v["total_found"], json!(0));
+        assert_eq!(std::fs::read_to_string(fx.canary()).unwrap(), CANARY);
+        fx.assert_outside_intact();
+    }
+
+    #[tokio::test]
+    async fn grep_modes_context_and_paging() {
+        let fx = Fixture::new();
+        tree(&fx);
+        let v = grep(&fx, json!({"pattern": "fn\\s+\\w+\\(", "type": "rust"}))
+            .await
+            .unwrap();
+        assert_eq!(
+            v,
+            json!({"matches": [
+                {"file": "src/deep/mod.rs", "line": 1, "content": "fn inner() {} // todo"},
+                {"file": "src/lib.rs", "line": 1, "content": "pub fn helper() {}"},
+                {"file": "src/main.rs", "line": 1, "content": "fn main() {"},
+            ], "count": 3, "total_found": 3, "truncated": false})
+        );
+        let v = grep(&fx, json!({"pattern": "todo", "case_insensitive": true, "output_mode": "files_with_matches"}))
+            .await
+            .unwrap();
+        assert_eq!(
+            v,
+            json!({"matches": ["docs/ünïcødé 文档.md", "src/deep/mod.rs", "src/lib.rs"], "count": 3, "total_found": 3, "truncated": false})
+        );
+        let v = grep(&fx, json!({"pattern": "TODO"})).await.unwrap();
+        assert_eq!(v["total_found"], json!(2), "case-sensitive by default");
+        fx.put("src/many.rs", "x\nx\nx\n");
+        let v = grep(
+            &fx,
+            json!({"pattern": "x|helper", "output_mode": "count", "directory": "src"}),
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            v,
+            json!({"matches": [{"file": "src/lib.rs", "count": 1}, {"file": "src/main.rs", "count": 1}, {"file": "src/many.rs", "count": 3}],
+                   "count": 3, "total_found": 5, "truncated": false})
+        );
+        let v = grep(&fx, json!({"pattern": "^x$", "offset": 1, "head_limit": 1}))
+            .await
+            .unwrap();
+        assert_eq!(
+            v,
+            json!({"matches": [{"file": "src/many.rs", "line": 2, "content": "x"}], "count": 1, "total_found": 3, "truncated": true})
+        );
+        fx.put("ctx.txt", "l1\nl2\nHIT\nl4\nl5\n");
+        let v = grep(
+            &fx,
+            json!({"pattern": "HIT", "context": 1, "after_context": 5}),
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            v["matches"],
+            json!([{"file": "ctx.txt", "line": 3, "content": "HIT", "before": ["l2"], "after": ["l4", "l5"]}])
+        );
+        let v = grep(&fx, json!({"pattern": "l1", "before_context": 3}))
+            .await
+            .unwrap();
+        assert_eq!(
+            v["matches"],
+            json!([{"file": "ctx.txt", "line": 1, "content": "l1", "before": []}])
+        );
+        let v = grep(&fx, json!({"pattern": "fn", "file_pattern": "main.*"}))
+            .await
+            .unwrap();
+        assert_eq!(v["total_found"], json!(1));
+        let v = grep(&fx, json!({"pattern": "fn", "file_pattern": "src/*.rs"}))
+            .await
+            .unwrap();
+        assert_eq!(v["total_found"], json!(2));
+        // .gitignore'd and hidden files are not searched; the ignored dir is when asked for.
+        let v = grep(&fx, json!({"pattern": "generated|logged|hidden"}))
+            .await
+            .unwrap();
+        assert_eq!(v["total_found"], json!(0));
+        let v = grep(&fx, json!({"pattern": "generated", "directory": "target"}))
+            .await
+            .unwrap();
+        assert_eq!(v["total_found"], json!(1));
+    }
+
+    #[tokio::test]
+    async fn grep_skips_binary_and_cuts_long_lines() {
+        let fx = Fixture::new();
+        std::fs::write(fx.ws.join("bin.dat"), b"needle\0\x01\x02needle").unwrap();
+        let mut late = "needle\n".repeat(2000).into_bytes();
+        late.extend_from_slice(b"\0binary after 14000 bytes\n");
+        std::fs::write(fx.ws.join("late.dat"), late).unwrap();
+        fx.put(
+            "long.txt",
+            &format!("{}needle{}\n", "é".repeat(600), "z".repeat(600)),
+        );
+        fx.put("empty.txt", "");
+        let v = grep(&fx, json!({"pattern": "needle"})).await.unwrap();
+        assert_eq!(v["total_found"], json!(1), "{v}");
+        let line = v["matches"][0]["content"].as_str().unwrap();
+        assert!(
+            line.starts_with("ééé") && line.contains("[line truncated: 1206 characters]"),
+            "{line}"
+        );
+        assert_eq!(
+            line.chars().count(),
+            500 + "… [line truncated: 1206 characters]".chars().count()
+        );
+        let v = grep(&fx, json!({"pattern": "^$"})).await.unwrap();
+        assert_eq!(v["total_found"], json!(0), "an empty file has no lines");
+    }
+
+    #[tokio::test]
+    async fn file_budget_bounds_the_walk() {
+        let fx = Fixture::new();
+        for i in 0..30 {
+            fx.put(&format!("f{i:02}.txt"), "hit\n");
+        }
+        let small = FileToolsSettings {
+            search_max_files: 10,
+            ..FileToolsSettings::default()
+        };
+        let v = Glob::new(&small)
+            .execute(json!({"pattern": "*"}), &fx.ctx)
+            .await
+            .unwrap();
+        assert_eq!(v["count"], json!(10));
+        assert_eq!(v["truncated"], json!(true));
+        assert!(v["note"].as_str().unwrap().contains("10 files"));
+        let v = Grep::new(&small)
+            .execute(json!({"pattern": "hit"}), &fx.ctx)
+            .await
+            .unwrap();
+        assert_eq!(v["total_found"], json!(10));
+        assert_eq!(v["truncated"], json!(true));
+    }
+}

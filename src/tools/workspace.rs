@@ -318,3 +318,114 @@ pub fn map_errno(rel: &str, e: rustix::io::Errno) -> ToolError {
         other => ToolError::ExecutionFailed(format!("`{rel}`: {other}")),
     }
 }
+
+/// Test fixture shared by the file-tool tests: a workspace and, next to it, an outside
+/// directory holding a canary file that no tool may read or change.
+#[cfg(test)]
+pub(crate) mod testutil {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use std::collections::BTreeMap;
+    use std::os::unix::fs::MetadataExt;
+    use std::path::PathBuf;
+    use std::sync::Arc;
+
+    use serde_json::Value;
+    use tokio_util::sync::CancellationToken;
+
+    use super::Workspace;
+    use crate::ingress::SessionKey;
+    use crate::tools::ToolContext;
+
+    /// Marker text of the canary; it must never appear in any result.
+    pub(crate) const CANARY_MARK: &str = "CANARY-7f3a9c";
+    /// Full canary content.
+    pub(crate) const CANARY: &str = "CANARY-7f3a9c top secret inside\n";
+
+    pub(crate) struct Fixture {
+        pub tmp: tempfile::TempDir,
+        pub ws: PathBuf,
+        pub outside: PathBuf,
+        pub ctx: ToolContext,
+        /// Outside files: name → (content, inode) expected at the end.
+        expect: BTreeMap<String, (String, u64)>,
+    }
+
+    impl Fixture {
+        pub fn new() -> Self {
+            let tmp = tempfile::tempdir().unwrap();
+            let ws = tmp.path().join("ws");
+            let outside = tmp.path().join("outside");
+            std::fs::create_dir_all(&ws).unwrap();
+            std::fs::create_dir_all(&outside).unwrap();
+            let ctx = ToolContext {
+                workspace: Arc::new(Workspace::open(&ws).unwrap()),
+                session: SessionKey::parse("t:1").unwrap(),
+                cancel: CancellationToken::new(),
+            };
+            let mut f = Self {
+                tmp,
+                ws,
+                outside,
+                ctx,
+                expect: BTreeMap::new(),
+            };
+            f.add_outside("canary.txt", CANARY);
+            f
+        }
+
+        /// Put another file outside the workspace (checked like the canary).
+        pub fn add_outside(&mut self, name: &str, content: &str) {
+            let p = self.outside.join(name);
+            std::fs::write(&p, content).unwrap();
+            let ino = std::fs::metadata(&p).unwrap().ino();
+            self.expect.insert(name.into(), (content.into(), ino));
+        }
+
+        pub fn canary(&self) -> PathBuf {
+            self.outside.join("canary.txt")
+        }
+
+        /// Write a file in the workspace (parents created).
+        pub fn put(&self, rel: &str, content: &str) {
+            let p = self.ws.join(rel);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, content).unwrap();
+        }
+
+        /// The outside directory holds exactly the files put there, unchanged (same content,
+        /// same inode: not replaced either).
+        pub fn assert_outside_intact(&self) {
+            let mut names: Vec<String> = std::fs::read_dir(&self.outside)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
+            names.sort();
+            let want: Vec<String> = self.expect.keys().cloned().collect();
+            assert_eq!(
+                names, want,
+                "files appeared or vanished outside the workspace"
+            );
+            for (name, (content, ino)) in &self.expect {
+                let p = self.outside.join(name);
+                assert_eq!(
+                    &std::fs::read_to_string(&p).unwrap(),
+                    content,
+                    "{name} changed"
+                );
+                assert_eq!(
+                    std::fs::metadata(&p).unwrap().ino(),
+                    *ino,
+                    "{name} replaced"
+                );
+            }
+        }
+
+        /// No result ever carries the canary.
+        pub fn assert_clean(v: &Value) {
+            assert!(
+                !v.to_string().contains(CANARY_MARK),
+                "canary leaked into a result: {v}"
+            );
+        }
+    }
+}
