@@ -73,7 +73,8 @@ impl Tool for ReadFile {
         }
         let ws = ctx.workspace.clone();
         blocking(move || {
-            let fd = ws.open_beneath(&a.path, OFlags::RDONLY, Mode::empty())?;
+            // NONBLOCK: opening a FIFO must not hang the call (it is refused just below).
+            let fd = ws.open_beneath(&a.path, OFlags::RDONLY | OFlags::NONBLOCK, Mode::empty())?;
             let mut file = std::fs::File::from(fd);
             let meta = file
                 .metadata()
@@ -81,6 +82,12 @@ impl Tool for ReadFile {
             if meta.is_dir() {
                 return Err(ToolError::InvalidArgs(format!(
                     "`{}` is a directory: use list_directory",
+                    a.path
+                )));
+            }
+            if !meta.is_file() {
+                return Err(ToolError::InvalidArgs(format!(
+                    "`{}` is not a regular file (device, FIFO or socket)",
                     a.path
                 )));
             }
@@ -1105,5 +1112,49 @@ mod write_edit_tests {
             assert!(t.description().contains("Returns: {"), "{}", t.name());
             assert_eq!(t.parameters()["type"], json!("object"), "{}", t.name());
         }
+    }
+
+    #[tokio::test]
+    async fn special_files_are_refused_without_hanging() {
+        let fx = Fixture::new();
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            fx.ws.join("fifo"),
+            rustix::fs::FileType::Fifo,
+            Mode::from_raw_mode(0o644),
+            0,
+        )
+        .unwrap();
+        let c = &fx.ctx;
+        let r = tokio::time::timeout(std::time::Duration::from_secs(5), async {
+            let e1 = ReadFile
+                .execute(json!({"path": "fifo"}), c)
+                .await
+                .unwrap_err();
+            let e2 = w()
+                .execute(json!({"path": "fifo", "content": "x"}), c)
+                .await
+                .unwrap_err();
+            let e3 = e()
+                .execute(json!({"path": "fifo", "old_text": "a", "new_text": "b"}), c)
+                .await
+                .unwrap_err();
+            let v = crate::tools::search::Grep::new(&FileToolsSettings::default())
+                .execute(json!({"pattern": "x"}), c)
+                .await
+                .unwrap();
+            (e1, e2, e3, v)
+        })
+        .await
+        .expect("a FIFO made a file tool hang");
+        assert_eq!(
+            (r.0.code(), r.1.code(), r.2.code()),
+            ("INVALID_ARGS", "INVALID_ARGS", "INVALID_ARGS")
+        );
+        assert_eq!(r.3["total_found"], json!(0));
+        assert!(rustix::fs::FileType::from_raw_mode(
+            rustix::fs::stat(fx.ws.join("fifo")).unwrap().st_mode
+        )
+        .is_fifo());
     }
 }

@@ -1000,4 +1000,125 @@ mod tests {
         assert_eq!(v["total_found"], json!(10));
         assert_eq!(v["truncated"], json!(true));
     }
+
+    /// A thread keeps swapping the workspace directory `d` with a symlink to the outside
+    /// directory (atomic `renameat2(RENAME_EXCHANGE)`), while read_file, write_file,
+    /// edit_file, grep and glob work on `d/...` thousands of times. The outside directory has
+    /// files of the same names. Nothing outside is ever read, listed, created or changed, and
+    /// every call succeeds inside or fails with INVALID_PATH / FILE_NOT_FOUND.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn race_swapping_a_directory_for_a_symlink_never_leads_out() {
+        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+        use std::sync::Arc;
+
+        use crate::tools::fs::{EditFile, ReadFile, WriteFile};
+
+        let mut fx = Fixture::on_tmpfs();
+        fx.add_outside("f.txt", "CANARY-7f3a9c inside\n");
+        fx.add_outside("only_outside.txt", "CANARY-7f3a9c inside\n");
+        fx.put("d/f.txt", "inside\n");
+        symlink(&fx.outside, fx.ws.join("d_alt")).unwrap();
+        let (d, d_alt) = (fx.ws.join("d"), fx.ws.join("d_alt"));
+        let stop = Arc::new(AtomicBool::new(false));
+        let swaps = Arc::new(AtomicUsize::new(0));
+        let swapper = {
+            let (stop, swaps) = (stop.clone(), swaps.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    rustix::fs::renameat_with(
+                        rustix::fs::CWD,
+                        &d,
+                        rustix::fs::CWD,
+                        &d_alt,
+                        rustix::fs::RenameFlags::EXCHANGE,
+                    )
+                    .unwrap();
+                    swaps.fetch_add(1, Ordering::Relaxed);
+                    std::thread::yield_now();
+                }
+            })
+        };
+        let set = s();
+        let (read, write, edit) = (ReadFile, WriteFile::new(&set), EditFile::new(&set));
+        let (gr, gl) = (Grep::new(&set), Glob::new(&set));
+        let started = std::time::Instant::now();
+        let (mut calls, mut ok, mut refused) = (0usize, 0usize, 0usize);
+        while (started.elapsed() < Duration::from_secs(1) || calls < 2000)
+            && started.elapsed() < Duration::from_secs(20)
+        {
+            let results = [
+                read.execute(json!({"path": "d/f.txt"}), &fx.ctx).await,
+                write
+                    .execute(json!({"path": "d/f.txt", "content": "inside\n"}), &fx.ctx)
+                    .await,
+                write
+                    .execute(json!({"path": "d/new/w.txt", "content": "w"}), &fx.ctx)
+                    .await,
+                edit.execute(
+                    json!({"path": "d/f.txt", "old_text": "inside", "new_text": "inside"}),
+                    &fx.ctx,
+                )
+                .await,
+                gr.execute(
+                    json!({"pattern": "inside|CANARY", "directory": "d"}),
+                    &fx.ctx,
+                )
+                .await,
+                gl.execute(json!({"pattern": "**", "directory": "d"}), &fx.ctx)
+                    .await,
+                gr.execute(json!({"pattern": "CANARY"}), &fx.ctx).await,
+            ];
+            for (i, r) in results.into_iter().enumerate() {
+                calls += 1;
+                match r {
+                    Ok(v) => {
+                        ok += 1;
+                        Fixture::assert_clean(&v);
+                        if i == 0 {
+                            assert_eq!(v["content"], json!("inside\n"));
+                        }
+                        for m in v["matches"].as_array().into_iter().flatten() {
+                            let f = m.as_str().or(m["file"].as_str()).unwrap();
+                            assert!(
+                                ["d/f.txt", "d/new/w.txt"].contains(&f),
+                                "listed a file that is not in the workspace: {f}"
+                            );
+                        }
+                    }
+                    Err(e) => {
+                        refused += 1;
+                        assert!(
+                            matches!(e.code(), "INVALID_PATH" | "FILE_NOT_FOUND"),
+                            "call {i}: {e}"
+                        );
+                    }
+                }
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        swapper.join().unwrap();
+        let swaps = swaps.load(Ordering::Relaxed);
+        eprintln!(
+            "race: {calls} calls ({ok} ok, {refused} refused), {swaps} swaps in {:?}",
+            started.elapsed()
+        );
+        assert!(
+            calls >= 2000 && swaps >= 100,
+            "{calls} calls, {swaps} swaps"
+        );
+        assert!(
+            ok > 0 && refused > 0,
+            "both outcomes must occur: {ok} ok, {refused} refused"
+        );
+        fx.assert_outside_intact();
+        let real = if fx.ws.join("d").is_symlink() {
+            "d_alt"
+        } else {
+            "d"
+        };
+        assert_eq!(
+            std::fs::read_to_string(fx.ws.join(real).join("f.txt")).unwrap(),
+            "inside\n"
+        );
+    }
 }

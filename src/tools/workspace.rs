@@ -352,7 +352,19 @@ pub(crate) mod testutil {
 
     impl Fixture {
         pub fn new() -> Self {
-            let tmp = tempfile::tempdir().unwrap();
+            Self::with(tempfile::tempdir().unwrap())
+        }
+
+        /// On tmpfs when there is one (fsync is free there: for tests making thousands of
+        /// writes), else as [`Self::new`].
+        pub fn on_tmpfs() -> Self {
+            match tempfile::tempdir_in("/dev/shm") {
+                Ok(t) => Self::with(t),
+                Err(_) => Self::new(),
+            }
+        }
+
+        fn with(tmp: tempfile::TempDir) -> Self {
             let ws = tmp.path().join("ws");
             let outside = tmp.path().join("outside");
             std::fs::create_dir_all(&ws).unwrap();
