@@ -479,6 +479,8 @@ impl EditFile {
     }
 }
 
+/// Largest file searched for a near match when `old_text` is not found (bytes).
+const EDIT_HINT_MAX_BYTES: usize = 1024 * 1024;
 /// Most candidate line numbers listed when `old_text` matches several times.
 const EDIT_MAX_LISTED_MATCHES: usize = 10;
 
@@ -516,7 +518,7 @@ fn fold(text: &str, drop_ws: bool, lower: bool) -> (String, Vec<usize>) {
 /// Where `needle` occurs in `hay` under a loose comparison: the 1-based line and its text.
 fn loose_match(hay: &str, needle: &str, drop_ws: bool, lower: bool) -> Option<(usize, String)> {
     let (n, _) = fold(needle, drop_ws, lower);
-    if n.is_empty() {
+    if n.is_empty() || hay.len() > EDIT_HINT_MAX_BYTES {
         return None;
     }
     let (h, at) = fold(hay, drop_ws, lower);
@@ -969,6 +971,13 @@ mod write_edit_tests {
             std::fs::read_to_string(fx.ws.join("real.txt")).unwrap(),
             "real"
         );
+        symlink("missing.txt", fx.ws.join("dangling_in")).unwrap();
+        let err = w()
+            .execute(json!({"path": "dangling_in", "content": "x"}), &fx.ctx)
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), "PERMISSION_DENIED", "{err}");
+        assert!(!fx.ws.join("missing.txt").exists());
         assert!(!fx.outside.join("newdir").exists());
         fx.assert_outside_intact();
     }

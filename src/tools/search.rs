@@ -67,15 +67,15 @@ fn search_dir(ws: &Workspace, dir: Option<&str>) -> Result<String, ToolError> {
         }
     }
     let norm = parts.join("/");
-    let fd = ws
-        .open_beneath(&norm, OFlags::PATH | OFlags::DIRECTORY, Mode::empty())
-        .map_err(|e| match e {
-            ToolError::InvalidPath(m) if !m.contains("outside") => ToolError::InvalidPath(format!(
+    match ws.open_beneath_errno(&norm, OFlags::PATH | OFlags::DIRECTORY, Mode::empty()) {
+        Ok(_) => {}
+        Err(rustix::io::Errno::NOTDIR) => {
+            return Err(ToolError::InvalidPath(format!(
                 "`{dir}` is not a directory; give a directory (default: the workspace root)"
-            )),
-            other => other,
-        })?;
-    drop(fd);
+            )))
+        }
+        Err(e) => return Err(super::workspace::map_errno(dir, e)),
+    }
     Ok(norm)
 }
 
@@ -185,7 +185,7 @@ fn walker(
 /// Compile a glob for paths relative to the search directory (`*` stays within a directory,
 /// `**` crosses directories).
 fn compile_glob(pattern: &str, what: &str) -> Result<GlobMatcher, ToolError> {
-    GlobBuilder::new(pattern)
+    GlobBuilder::new(pattern.trim_start_matches("./"))
         .literal_separator(true)
         .backslash_escape(true)
         .build()
@@ -409,9 +409,15 @@ impl Grep {
     }
 }
 
-/// Collects the byte ranges of matching lines; notices binary data.
+/// Counts matching lines and keeps the byte ranges of those whose result index (`first` +
+/// position in this file) falls in `keep`, so memory stays bounded by the page; notices binary
+/// data. With `stop_at_first`, stops at the first match.
 #[derive(Default)]
 struct Collect {
+    first: usize,
+    keep: std::ops::Range<usize>,
+    stop_at_first: bool,
+    count: usize,
     lines: Vec<(u64, std::ops::Range<usize>)>,
     binary: bool,
 }
@@ -424,9 +430,12 @@ impl Sink for Collect {
         _s: &grep_searcher::Searcher,
         m: &SinkMatch<'_>,
     ) -> Result<bool, Self::Error> {
-        self.lines
-            .push((m.line_number().unwrap_or(0), m.bytes_range_in_buffer()));
-        Ok(true)
+        if self.keep.contains(&(self.first + self.count)) {
+            self.lines
+                .push((m.line_number().unwrap_or(0), m.bytes_range_in_buffer()));
+        }
+        self.count += 1;
+        Ok(!self.stop_at_first)
     }
 
     fn binary_data(
@@ -555,14 +564,23 @@ impl Tool for Grep {
                 if buf[..buf.len().min(BINARY_SNIFF_BYTES)].contains(&0) {
                     continue;
                 }
-                let mut sink = Collect::default();
+                let mut sink = Collect {
+                    first: entries,
+                    keep: if a.output_mode == OutputMode::Content {
+                        window.clone()
+                    } else {
+                        0..0
+                    },
+                    stop_at_first: a.output_mode == OutputMode::FilesWithMatches,
+                    ..Collect::default()
+                };
                 if searcher.search_slice(&matcher, &buf, &mut sink).is_err() || sink.binary {
                     continue;
                 }
-                if sink.lines.is_empty() {
+                if sink.count == 0 {
                     continue;
                 }
-                total_lines += sink.lines.len();
+                total_lines += sink.count;
                 match a.output_mode {
                     OutputMode::FilesWithMatches => {
                         if window.contains(&entries) {
@@ -572,12 +590,12 @@ impl Tool for Grep {
                     }
                     OutputMode::Count => {
                         if window.contains(&entries) {
-                            out.push(json!({"file": path, "count": sink.lines.len()}));
+                            out.push(json!({"file": path, "count": sink.count}));
                         }
                         entries += 1;
                     }
                     OutputMode::Content => {
-                        let starts: Vec<usize> = if before + after > 0 {
+                        let starts: Vec<usize> = if before + after > 0 && !sink.lines.is_empty() {
                             std::iter::once(0)
                                 .chain(
                                     buf.iter()
@@ -596,27 +614,23 @@ impl Tool for Grep {
                             show_line(&buf[s..e], max_chars)
                         };
                         for (ln, range) in &sink.lines {
-                            if window.contains(&entries) {
-                                let mut m = json!({
-                                    "file": path,
-                                    "line": ln,
-                                    "content": show_line(&buf[range.clone()], max_chars),
-                                });
-                                let idx = usize::try_from(*ln).unwrap_or(1).saturating_sub(1);
-                                if before > 0 {
-                                    let from = idx.saturating_sub(before);
-                                    m["before"] =
-                                        json!((from..idx).map(line_at).collect::<Vec<_>>());
-                                }
-                                if after > 0 {
-                                    let to = (idx + 1 + after).min(starts.len());
-                                    m["after"] =
-                                        json!((idx + 1..to).map(line_at).collect::<Vec<_>>());
-                                }
-                                out.push(m);
+                            let mut m = json!({
+                                "file": path,
+                                "line": ln,
+                                "content": show_line(&buf[range.clone()], max_chars),
+                            });
+                            let idx = usize::try_from(*ln).unwrap_or(1).saturating_sub(1);
+                            if before > 0 {
+                                let from = idx.saturating_sub(before);
+                                m["before"] = json!((from..idx).map(line_at).collect::<Vec<_>>());
                             }
-                            entries += 1;
+                            if after > 0 {
+                                let to = (idx + 1 + after).min(starts.len());
+                                m["after"] = json!((idx + 1..to).map(line_at).collect::<Vec<_>>());
+                            }
+                            out.push(m);
                         }
+                        entries += sink.count;
                     }
                 }
             }
@@ -1120,5 +1134,34 @@ mod tests {
             std::fs::read_to_string(fx.ws.join(real).join("f.txt")).unwrap(),
             "inside\n"
         );
+    }
+
+    #[tokio::test]
+    async fn cancelled_search_stops() {
+        let fx = Fixture::new();
+        fx.put("a.txt", "hit\n");
+        fx.ctx.cancel.cancel();
+        let e = grep(&fx, json!({"pattern": "hit"})).await.unwrap_err();
+        assert_eq!(e.code(), "CANCELLED");
+        let e = glob(&fx, json!({"pattern": "**"})).await.unwrap_err();
+        assert_eq!(e.code(), "CANCELLED");
+    }
+
+    #[tokio::test]
+    async fn grep_pages_a_file_with_many_matches() {
+        let fx = Fixture::new();
+        fx.put("many.txt", &"m\n".repeat(5000));
+        let v = grep(&fx, json!({"pattern": "m", "offset": 4998}))
+            .await
+            .unwrap();
+        assert_eq!(v["total_found"], json!(5000));
+        assert_eq!(v["count"], json!(2));
+        assert_eq!(v["matches"][0]["line"], json!(4999));
+        assert_eq!(v["truncated"], json!(false));
+        let v = grep(&fx, json!({"pattern": "m"})).await.unwrap();
+        assert_eq!(v["count"], json!(MAX_RESULTS));
+        assert_eq!(v["truncated"], json!(true));
+        let v = glob(&fx, json!({"pattern": "./*.txt"})).await.unwrap();
+        assert_eq!(v["matches"], json!(["many.txt"]));
     }
 }

@@ -73,7 +73,15 @@ impl Workspace {
     }
 
     /// Open `rel` beneath the workspace, returning the raw errno (callers that branch on it).
-    fn open_beneath_errno(&self, rel: &str, flags: OFlags, mode: Mode) -> Result<OwnedFd, Errno> {
+    ///
+    /// # Errors
+    /// The errno of `openat2` (`EXDEV`/`ELOOP` for escapes).
+    pub fn open_beneath_errno(
+        &self,
+        rel: &str,
+        flags: OFlags,
+        mode: Mode,
+    ) -> Result<OwnedFd, Errno> {
         let rel = if rel.is_empty() { "." } else { rel };
         if rel.contains('\0') {
             return Err(Errno::INVAL);
@@ -198,7 +206,11 @@ pub fn check_replaceable(
     }
     if ft.is_symlink() {
         // Say "outside" when it leads out, so the model does not try the target either.
-        ws.open_beneath(rel, OFlags::PATH, Mode::empty())?;
+        if let Err(e @ ToolError::InvalidPath(_)) =
+            ws.open_beneath(rel, OFlags::PATH, Mode::empty())
+        {
+            return Err(e);
+        }
         return Err(ToolError::PermissionDenied(format!(
             "`{rel}` is a symbolic link; writes do not go through symlinks: use the path of its target"
         )));
