@@ -1120,6 +1120,13 @@ mod write_edit_tests {
         for t in &tools {
             assert!(t.description().contains("Returns: {"), "{}", t.name());
             assert_eq!(t.parameters()["type"], json!("object"), "{}", t.name());
+            let p = t.parameters();
+            assert_eq!(p["additionalProperties"], json!(false), "{}", t.name());
+            assert!(
+                !p.to_string().contains("$ref"),
+                "{}: inline schemas only",
+                t.name()
+            );
         }
     }
 

@@ -173,6 +173,7 @@ fn paragraphs(text: &str) -> Vec<String> {
 /// How `memory_write` writes.
 #[derive(Clone, Copy, Debug, Default, Deserialize, JsonSchema, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
+#[schemars(inline)]
 pub enum MemoryMode {
     /// Add to the end, after a blank line if the file has content.
     #[default]

@@ -212,6 +212,7 @@ fn scan_note(max: usize) -> String {
 /// How `glob` orders its matches.
 #[derive(Clone, Copy, Debug, Default, Deserialize, JsonSchema, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
+#[schemars(inline)]
 pub enum GlobSort {
     /// By path.
     #[default]
@@ -348,6 +349,7 @@ fn rel_str(root: &Path, path: &Path) -> Option<String> {
 /// What `grep` returns.
 #[derive(Clone, Copy, Debug, Default, Deserialize, JsonSchema, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
+#[schemars(inline)]
 pub enum OutputMode {
     /// Matching lines: `{file, line, content, before?, after?}`.
     #[default]
