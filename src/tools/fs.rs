@@ -1,22 +1,33 @@
-//! File tools contained in the workspace by kernel-checked opens: `read_file`, `list_directory`.
+//! File tools contained in the workspace by kernel-checked opens: `read_file`,
+//! `list_directory`, `write_file`, `edit_file`; plus the settings of the whole file-tool family
+//! (search and memory tools included) and [`file_tools`] to register them in one line.
+//!
+//! Writes never follow a string path: the parent directory is opened beneath the workspace
+//! (`openat2` RESOLVE_BENEATH), and the file is replaced by `renameat` of a temporary file
+//! made in that directory, so neither symlinks nor hard links are ever written through.
 
 use std::io::Read;
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use rustix::fs::{AtFlags, Mode, OFlags};
 use schemars::JsonSchema;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
+use super::workspace::{check_replaceable, refuse_hard_link, write_atomic};
 use super::{parse_args, schema_of, Effect, Tool, ToolContext, ToolError};
 
 /// Most bytes `read_file` reads from one file (8 MiB); the result is truncated to 64 KiB later,
 /// so `offset`/`limit` are how the model pages through a large file.
 const READ_FILE_MAX_BYTES: u64 = 8 * 1024 * 1024;
 /// Bytes inspected for NUL to decide that a file is binary.
-const BINARY_SNIFF_BYTES: usize = 8192;
+pub(crate) const BINARY_SNIFF_BYTES: usize = 8192;
 
-async fn blocking<T: Send + 'static>(
+/// Run blocking file work off the async threads.
+pub(crate) async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, ToolError> + Send + 'static,
 ) -> Result<T, ToolError> {
     tokio::task::spawn_blocking(f)
@@ -62,7 +73,8 @@ impl Tool for ReadFile {
         }
         let ws = ctx.workspace.clone();
         blocking(move || {
-            let fd = ws.open_beneath(&a.path, OFlags::RDONLY, Mode::empty())?;
+            // NONBLOCK: opening a FIFO must not hang the call (it is refused just below).
+            let fd = ws.open_beneath(&a.path, OFlags::RDONLY | OFlags::NONBLOCK, Mode::empty())?;
             let mut file = std::fs::File::from(fd);
             let meta = file
                 .metadata()
@@ -70,6 +82,12 @@ impl Tool for ReadFile {
             if meta.is_dir() {
                 return Err(ToolError::InvalidArgs(format!(
                     "`{}` is a directory: use list_directory",
+                    a.path
+                )));
+            }
+            if !meta.is_file() {
+                return Err(ToolError::InvalidArgs(format!(
+                    "`{}` is not a regular file (device, FIFO or socket)",
                     a.path
                 )));
             }
@@ -156,6 +174,456 @@ impl Tool for ListDirectory {
             }
             entries.sort_by(|a, b| a["name"].as_str().cmp(&b["name"].as_str()));
             Ok(json!({ "entries": entries }))
+        })
+        .await
+    }
+}
+
+/// Resolved limits of the file, search and memory tools.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FileToolsSettings {
+    /// Largest `content` `write_file` accepts, and largest result of `edit_file` (bytes).
+    pub max_write_bytes: u64,
+    /// Largest file `edit_file` (and a `write_file` backup) reads (bytes).
+    pub max_edit_bytes: u64,
+    /// Most files `glob`/`grep` look at in one call.
+    pub search_max_files: usize,
+    /// Bytes of each file `grep` searches (the rest of a larger file is not searched).
+    pub search_max_file_bytes: u64,
+    /// Longest line (characters) `grep` returns; longer ones are cut with a marker.
+    pub search_max_line_chars: usize,
+    /// Largest memory file read or written (bytes).
+    pub memory_max_bytes: u64,
+}
+
+/// Default of [`FileToolsSettings::max_write_bytes`]: 16 MiB.
+pub const DEFAULT_MAX_WRITE_BYTES: u64 = 16 * 1024 * 1024;
+/// Default of [`FileToolsSettings::max_edit_bytes`]: 8 MiB, as `read_file`.
+pub const DEFAULT_MAX_EDIT_BYTES: u64 = READ_FILE_MAX_BYTES;
+/// Default of [`FileToolsSettings::search_max_files`]: 20 000 files.
+pub const DEFAULT_SEARCH_MAX_FILES: usize = 20_000;
+/// Default of [`FileToolsSettings::search_max_file_bytes`]: 8 MiB.
+pub const DEFAULT_SEARCH_MAX_FILE_BYTES: u64 = 8 * 1024 * 1024;
+/// Default of [`FileToolsSettings::search_max_line_chars`]: 500 characters.
+pub const DEFAULT_SEARCH_MAX_LINE_CHARS: usize = 500;
+/// Default of [`FileToolsSettings::memory_max_bytes`]: 1 MiB.
+pub const DEFAULT_MEMORY_MAX_BYTES: u64 = 1024 * 1024;
+
+impl Default for FileToolsSettings {
+    fn default() -> Self {
+        Self {
+            max_write_bytes: DEFAULT_MAX_WRITE_BYTES,
+            max_edit_bytes: DEFAULT_MAX_EDIT_BYTES,
+            search_max_files: DEFAULT_SEARCH_MAX_FILES,
+            search_max_file_bytes: DEFAULT_SEARCH_MAX_FILE_BYTES,
+            search_max_line_chars: DEFAULT_SEARCH_MAX_LINE_CHARS,
+            memory_max_bytes: DEFAULT_MEMORY_MAX_BYTES,
+        }
+    }
+}
+
+/// Config section `tools.files` (raw, as written in the config file).
+#[derive(Debug, Default, Deserialize, Serialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FileToolsFile {
+    /// Largest content `write_file` accepts / `edit_file` produces, in bytes (default: 16777216).
+    pub max_write_bytes: Option<u64>,
+    /// Largest file `edit_file` reads, in bytes (default: 8388608).
+    pub max_edit_bytes: Option<u64>,
+    /// Most files `glob` and `grep` examine per call (default: 20000).
+    pub search_max_files: Option<usize>,
+    /// Bytes of each file `grep` searches (default: 8388608).
+    pub search_max_file_bytes: Option<u64>,
+    /// Longest line in `grep` results, in characters (default: 500).
+    pub search_max_line_chars: Option<usize>,
+    /// Largest memory file `memory_read`/`memory_write` handle, in bytes (default: 1048576).
+    pub memory_max_bytes: Option<u64>,
+}
+
+impl FileToolsFile {
+    /// Validate and fill defaults.
+    ///
+    /// # Errors
+    /// Names the key (`tools.files.KEY`) and what is expected when a value is 0 or too large.
+    pub fn resolve(&self) -> Result<FileToolsSettings, String> {
+        fn pick<T: Copy + PartialOrd + From<u8> + std::fmt::Display>(
+            key: &str,
+            v: Option<T>,
+            default: T,
+            max: T,
+        ) -> Result<T, String> {
+            match v {
+                None => Ok(default),
+                Some(x) if x >= T::from(1u8) && x <= max => Ok(x),
+                Some(x) => Err(format!(
+                    "tools.files.{key} = {x}: expected a number from 1 to {max}"
+                )),
+            }
+        }
+        const GIB: u64 = 1024 * 1024 * 1024;
+        Ok(FileToolsSettings {
+            max_write_bytes: pick(
+                "max_write_bytes",
+                self.max_write_bytes,
+                DEFAULT_MAX_WRITE_BYTES,
+                GIB,
+            )?,
+            max_edit_bytes: pick(
+                "max_edit_bytes",
+                self.max_edit_bytes,
+                DEFAULT_MAX_EDIT_BYTES,
+                GIB,
+            )?,
+            search_max_files: pick(
+                "search_max_files",
+                self.search_max_files,
+                DEFAULT_SEARCH_MAX_FILES,
+                10_000_000,
+            )?,
+            search_max_file_bytes: pick(
+                "search_max_file_bytes",
+                self.search_max_file_bytes,
+                DEFAULT_SEARCH_MAX_FILE_BYTES,
+                GIB,
+            )?,
+            search_max_line_chars: pick(
+                "search_max_line_chars",
+                self.search_max_line_chars,
+                DEFAULT_SEARCH_MAX_LINE_CHARS,
+                1_000_000,
+            )?,
+            memory_max_bytes: pick(
+                "memory_max_bytes",
+                self.memory_max_bytes,
+                DEFAULT_MEMORY_MAX_BYTES,
+                GIB,
+            )?,
+        })
+    }
+}
+
+/// Every workspace file tool of this module family, ready to register: `read_file`,
+/// `list_directory`, `write_file`, `edit_file`, `glob`, `grep`, `memory_read`, `memory_write`.
+/// `memory_fallback` is the legacy memory file read when `memory/MEMORY.md` is missing
+/// (`~/.nanobot/workspace/memory/MEMORY.md`), or `None`.
+pub fn file_tools(
+    settings: &FileToolsSettings,
+    memory_fallback: Option<PathBuf>,
+) -> Vec<Arc<dyn Tool>> {
+    vec![
+        Arc::new(ReadFile),
+        Arc::new(ListDirectory),
+        Arc::new(WriteFile::new(settings)),
+        Arc::new(EditFile::new(settings)),
+        Arc::new(super::search::Glob::new(settings)),
+        Arc::new(super::search::Grep::new(settings)),
+        Arc::new(
+            super::memory::MemoryRead::new(memory_fallback)
+                .with_max_bytes(settings.memory_max_bytes),
+        ),
+        Arc::new(super::memory::MemoryWrite::new().with_max_bytes(settings.memory_max_bytes)),
+    ]
+}
+
+/// Arguments of `write_file`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WriteFileArgs {
+    /// File path relative to the workspace; missing parent directories are created.
+    pub path: String,
+    /// The complete new content of the file.
+    pub content: String,
+    /// Keep the previous content as `PATH.bak` when overwriting (default: false).
+    #[serde(default)]
+    pub backup: bool,
+}
+
+/// `write_file`: create or replace a file atomically.
+pub struct WriteFile {
+    max_bytes: u64,
+}
+
+impl WriteFile {
+    /// With the write limit of `settings`.
+    pub fn new(settings: &FileToolsSettings) -> Self {
+        Self {
+            max_bytes: settings.max_write_bytes,
+        }
+    }
+}
+
+/// Read all of an open regular file, refusing more than `max` bytes.
+fn read_capped(
+    file: &mut std::fs::File,
+    max: u64,
+    rel: &str,
+    what: &str,
+) -> Result<Vec<u8>, ToolError> {
+    let mut buf = Vec::new();
+    file.take(max.saturating_add(1))
+        .read_to_end(&mut buf)
+        .map_err(|e| ToolError::ExecutionFailed(format!("reading `{rel}`: {e}")))?;
+    if buf.len() as u64 > max {
+        return Err(ToolError::InvalidArgs(format!(
+            "`{rel}` is larger than {max} bytes, too large to {what}"
+        )));
+    }
+    Ok(buf)
+}
+
+/// Open `name` in `dir` for reading without following a symlink or blocking on a FIFO, and
+/// check that it is still a single-link regular file.
+fn open_regular(dir: &OwnedFd, name: &str, rel: &str) -> Result<std::fs::File, ToolError> {
+    let fd = rustix::fs::openat(
+        dir,
+        name,
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| super::workspace::map_errno(rel, e))?;
+    let st = rustix::fs::fstat(&fd).map_err(|e| super::workspace::map_errno(rel, e))?;
+    if !rustix::fs::FileType::from_raw_mode(st.st_mode).is_file() {
+        return Err(ToolError::InvalidArgs(format!(
+            "`{rel}` is not a regular file"
+        )));
+    }
+    refuse_hard_link(&st, rel)?;
+    Ok(std::fs::File::from(fd))
+}
+
+#[async_trait]
+impl Tool for WriteFile {
+    fn name(&self) -> &str {
+        "write_file"
+    }
+    fn description(&self) -> &str {
+        "Create or completely replace a text file in the workspace (atomic; missing parent directories are created). For changes to part of a file prefer edit_file. Symlinks and hard-linked files are not written through. Returns: {message, bytes, created, backup?}"
+    }
+    fn parameters(&self) -> Value {
+        schema_of::<WriteFileArgs>()
+    }
+    fn effect(&self) -> Effect {
+        Effect::Writes
+    }
+    async fn execute(&self, args: Value, ctx: &ToolContext) -> Result<Value, ToolError> {
+        let a: WriteFileArgs = parse_args(self.name(), args)?;
+        if a.content.len() as u64 > self.max_bytes {
+            return Err(ToolError::InvalidArgs(format!(
+                "content is {} bytes; write_file accepts at most {} bytes",
+                a.content.len(),
+                self.max_bytes
+            )));
+        }
+        let ws = ctx.workspace.clone();
+        let max_backup = self.max_bytes;
+        blocking(move || {
+            let rel = a.path.as_str();
+            let (dir, name) = ws.open_parent(rel, true)?;
+            let existing = check_replaceable(&ws, &dir, &name, rel)?;
+            let mut backup = None;
+            if let (true, Some(old)) = (a.backup, existing) {
+                let mut f = open_regular(&dir, &name, rel)?;
+                let data = read_capped(&mut f, max_backup, rel, "back up")?;
+                let bak_name = format!("{name}.bak");
+                let bak_rel = format!("{rel}.bak");
+                let bak_old = check_replaceable(&ws, &dir, &bak_name, &bak_rel)?;
+                write_atomic(&dir, &bak_name, &data, old.mode, bak_old, &bak_rel)?;
+                backup = Some(bak_rel);
+            }
+            let mode = existing.map_or(0o644, |e| e.mode);
+            write_atomic(&dir, &name, a.content.as_bytes(), mode, existing, rel)?;
+            let bytes = a.content.len();
+            let mut v = json!({
+                "message": format!("Successfully wrote {bytes} bytes to {rel}"),
+                "bytes": bytes,
+                "created": existing.is_none(),
+            });
+            if let Some(b) = backup {
+                v["backup"] = json!(b);
+            }
+            Ok(v)
+        })
+        .await
+    }
+}
+
+/// Arguments of `edit_file`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct EditFileArgs {
+    /// File path relative to the workspace.
+    pub path: String,
+    /// Exact text to find (including whitespace and indentation); must occur exactly once
+    /// unless `replace_all` is true.
+    pub old_text: String,
+    /// Replacement text.
+    pub new_text: String,
+    /// Replace every occurrence instead of requiring exactly one (default: false).
+    #[serde(default)]
+    pub replace_all: bool,
+}
+
+/// `edit_file`: replace an exact piece of text in a file, atomically.
+pub struct EditFile {
+    max_read: u64,
+    max_write: u64,
+}
+
+impl EditFile {
+    /// With the limits of `settings`.
+    pub fn new(settings: &FileToolsSettings) -> Self {
+        Self {
+            max_read: settings.max_edit_bytes,
+            max_write: settings.max_write_bytes,
+        }
+    }
+}
+
+/// Largest file searched for a near match when `old_text` is not found (bytes).
+const EDIT_HINT_MAX_BYTES: usize = 1024 * 1024;
+/// Most candidate line numbers listed when `old_text` matches several times.
+const EDIT_MAX_LISTED_MATCHES: usize = 10;
+
+/// 1-based line number of byte offset `at` in `text`.
+fn line_of(text: &str, at: usize) -> usize {
+    text.as_bytes()[..at]
+        .iter()
+        .filter(|&&b| b == b'\n')
+        .count()
+        + 1
+}
+
+/// `text` folded for a loose comparison (whitespace dropped and/or lowercased), with the byte
+/// offset in `text` of every byte of the folded string.
+fn fold(text: &str, drop_ws: bool, lower: bool) -> (String, Vec<usize>) {
+    let mut out = String::new();
+    let mut at = Vec::new();
+    for (i, ch) in text.char_indices() {
+        if drop_ws && ch.is_whitespace() {
+            continue;
+        }
+        let mut push = |c: char| {
+            out.push(c);
+            at.extend(std::iter::repeat_n(i, c.len_utf8()));
+        };
+        if lower {
+            ch.to_lowercase().for_each(&mut push);
+        } else {
+            push(ch);
+        }
+    }
+    (out, at)
+}
+
+/// Where `needle` occurs in `hay` under a loose comparison: the 1-based line and its text.
+fn loose_match(hay: &str, needle: &str, drop_ws: bool, lower: bool) -> Option<(usize, String)> {
+    let (n, _) = fold(needle, drop_ws, lower);
+    if n.is_empty() || hay.len() > EDIT_HINT_MAX_BYTES {
+        return None;
+    }
+    let (h, at) = fold(hay, drop_ws, lower);
+    let pos = h.find(&n)?;
+    let off = *at.get(pos)?;
+    let line = line_of(hay, off);
+    let text = hay.lines().nth(line - 1).unwrap_or("").trim_end();
+    let text: String = text.chars().take(200).collect();
+    Some((line, text))
+}
+
+#[async_trait]
+impl Tool for EditFile {
+    fn name(&self) -> &str {
+        "edit_file"
+    }
+    fn description(&self) -> &str {
+        "Replace exact text in a workspace file (atomic). old_text must match exactly once, including whitespace; add surrounding lines to make it unique, or set replace_all. Read the file first to copy the text exactly. Returns: {message, replacements}"
+    }
+    fn parameters(&self) -> Value {
+        schema_of::<EditFileArgs>()
+    }
+    fn effect(&self) -> Effect {
+        Effect::Writes
+    }
+    async fn execute(&self, args: Value, ctx: &ToolContext) -> Result<Value, ToolError> {
+        let a: EditFileArgs = parse_args(self.name(), args)?;
+        if a.old_text.is_empty() {
+            return Err(ToolError::InvalidArgs(
+                "old_text is empty: give the exact text to replace (use write_file to write a whole file)".into(),
+            ));
+        }
+        let ws = ctx.workspace.clone();
+        let (max_read, max_write) = (self.max_read, self.max_write);
+        blocking(move || {
+            let rel = a.path.as_str();
+            let (dir, name) = ws.open_parent(rel, false)?;
+            let Some(existing) = check_replaceable(&ws, &dir, &name, rel)? else {
+                return Err(ToolError::FileNotFound(format!(
+                    "`{rel}` does not exist in the workspace; use write_file to create it"
+                )));
+            };
+            let mut f = open_regular(&dir, &name, rel)?;
+            let st = rustix::fs::fstat(&f).map_err(|e| super::workspace::map_errno(rel, e))?;
+            if (st.st_dev, st.st_ino) != existing.id {
+                return Err(ToolError::ExecutionFailed(format!(
+                    "`{rel}` changed while being opened; retry"
+                )));
+            }
+            let data = read_capped(&mut f, max_read, rel, "edit (use write_file to replace it)")?;
+            if data[..data.len().min(BINARY_SNIFF_BYTES)].contains(&0) {
+                return Err(ToolError::BinaryFile(format!(
+                    "`{rel}` is a binary file; edit_file only edits text"
+                )));
+            }
+            let text = String::from_utf8(data).map_err(|_| {
+                ToolError::BinaryFile(format!(
+                    "`{rel}` is not valid UTF-8; edit_file only edits UTF-8 text"
+                ))
+            })?;
+            let positions: Vec<usize> = text.match_indices(&a.old_text).map(|(i, _)| i).collect();
+            match positions.len() {
+                0 => {
+                    let mut msg = format!("old_text was not found in `{rel}`.");
+                    if let Some((line, t)) = loose_match(&text, &a.old_text, true, false) {
+                        msg.push_str(&format!(
+                            " A match that differs only in whitespace exists at line {line}: `{t}`; copy the text exactly (read_file) including indentation."
+                        ));
+                    } else if let Some((line, t)) = loose_match(&text, &a.old_text, false, true) {
+                        msg.push_str(&format!(
+                            " A match that differs only in letter case exists at line {line}: `{t}`; copy the text exactly."
+                        ));
+                    } else {
+                        msg.push_str(" Read the file and copy the exact text to replace.");
+                    }
+                    return Err(ToolError::InvalidArgs(msg));
+                }
+                1 => {}
+                n if !a.replace_all => {
+                    let lines: Vec<String> = positions
+                        .iter()
+                        .take(EDIT_MAX_LISTED_MATCHES)
+                        .map(|&p| line_of(&text, p).to_string())
+                        .collect();
+                    let more = if n > EDIT_MAX_LISTED_MATCHES { ", …" } else { "" };
+                    return Err(ToolError::InvalidArgs(format!(
+                        "old_text matches {n} times in `{rel}` (lines {}{more}). Add surrounding lines to old_text so it matches once, or set replace_all to true to replace every occurrence.",
+                        lines.join(", ")
+                    )));
+                }
+                _ => {}
+            }
+            let replacements = positions.len();
+            let new = text.replace(&a.old_text, &a.new_text);
+            if new.len() as u64 > max_write {
+                return Err(ToolError::InvalidArgs(format!(
+                    "the edited file would be {} bytes; the limit is {max_write}",
+                    new.len()
+                )));
+            }
+            write_atomic(&dir, &name, new.as_bytes(), existing.mode, Some(existing), rel)?;
+            Ok(json!({
+                "message": format!("Successfully edited {rel} ({replacements} replacement{})", if replacements == 1 { "" } else { "s" }),
+                "replacements": replacements,
+            }))
         })
         .await
     }
@@ -262,5 +730,447 @@ mod tests {
             .await
             .unwrap_err();
         assert_eq!(e.code(), "INVALID_PATH");
+    }
+}
+
+#[cfg(test)]
+mod write_edit_tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use std::os::unix::fs::{symlink, MetadataExt, PermissionsExt};
+
+    use serde_json::json;
+
+    use super::*;
+    use crate::tools::workspace::testutil::{Fixture, CANARY};
+
+    fn w() -> WriteFile {
+        WriteFile::new(&FileToolsSettings::default())
+    }
+    fn e() -> EditFile {
+        EditFile::new(&FileToolsSettings::default())
+    }
+
+    #[tokio::test]
+    async fn write_file_creates_parents_overwrites_and_backs_up() {
+        let fx = Fixture::new();
+        let v = w()
+            .execute(
+                json!({"path": "a/b/ünï 文件.txt", "content": "héllo 🌍\n"}),
+                &fx.ctx,
+            )
+            .await
+            .unwrap();
+        let bytes = "héllo 🌍\n".len();
+        assert_eq!(
+            v,
+            json!({"message": format!("Successfully wrote {bytes} bytes to a/b/ünï 文件.txt"), "bytes": bytes, "created": true})
+        );
+        let p = fx.ws.join("a/b/ünï 文件.txt");
+        assert_eq!(std::fs::read_to_string(&p).unwrap(), "héllo 🌍\n");
+
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let v = w()
+            .execute(
+                json!({"path": "a/b/ünï 文件.txt", "content": "new", "backup": true}),
+                &fx.ctx,
+            )
+            .await
+            .unwrap();
+        assert_eq!(v["created"], json!(false));
+        assert_eq!(v["backup"], json!("a/b/ünï 文件.txt.bak"));
+        assert_eq!(std::fs::read_to_string(&p).unwrap(), "new");
+        assert_eq!(
+            std::fs::read_to_string(fx.ws.join("a/b/ünï 文件.txt.bak")).unwrap(),
+            "héllo 🌍\n"
+        );
+        assert_eq!(
+            std::fs::metadata(&p).unwrap().mode() & 0o777,
+            0o600,
+            "mode kept"
+        );
+
+        // Without backup the .bak is left alone; empty content makes an empty file.
+        w().execute(json!({"path": "a/b/ünï 文件.txt", "content": ""}), &fx.ctx)
+            .await
+            .unwrap();
+        assert_eq!(std::fs::read_to_string(&p).unwrap(), "");
+        assert_eq!(
+            std::fs::read_to_string(fx.ws.join("a/b/ünï 文件.txt.bak")).unwrap(),
+            "héllo 🌍\n"
+        );
+
+        // `.` and `x/..` inside the workspace are fine; no temporary files are left behind.
+        w().execute(json!({"path": "./a/../top.txt", "content": "t"}), &fx.ctx)
+            .await
+            .unwrap();
+        assert_eq!(std::fs::read_to_string(fx.ws.join("top.txt")).unwrap(), "t");
+        let mut names: Vec<_> = std::fs::read_dir(fx.ws.join("a/b"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["ünï 文件.txt", "ünï 文件.txt.bak"]);
+        fx.assert_outside_intact();
+    }
+
+    #[tokio::test]
+    async fn write_file_errors() {
+        let fx = Fixture::new();
+        fx.put("dir/x.txt", "x");
+        fx.put("file", "f");
+        let cases = [
+            (json!({"path": "dir", "content": "c"}), "INVALID_ARGS"),
+            (json!({"path": "file/x", "content": "c"}), "INVALID_PATH"),
+            (json!({"path": "", "content": "c"}), "INVALID_PATH"),
+            (json!({"path": "dir/", "content": "c"}), "INVALID_PATH"),
+            (json!({"path": "dir/..", "content": "c"}), "INVALID_PATH"),
+            (json!({"path": ".", "content": "c"}), "INVALID_PATH"),
+            (json!({"path": "a\u{0}b", "content": "c"}), "INVALID_PATH"),
+            (json!({"path": "x"}), "INVALID_ARGS"),
+            (
+                json!({"path": "x", "content": "c", "mode": 1}),
+                "INVALID_ARGS",
+            ),
+            (json!({"path": "x", "content": 5}), "INVALID_ARGS"),
+        ];
+        for (args, code) in cases {
+            let err = w().execute(args.clone(), &fx.ctx).await.unwrap_err();
+            assert_eq!(err.code(), code, "{args}: {err}");
+        }
+        assert!(fx.ws.join("dir").is_dir());
+        assert_eq!(std::fs::read_to_string(fx.ws.join("file")).unwrap(), "f");
+        let small = WriteFile::new(&FileToolsSettings {
+            max_write_bytes: 4,
+            ..FileToolsSettings::default()
+        });
+        let err = small
+            .execute(json!({"path": "big", "content": "12345"}), &fx.ctx)
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), "INVALID_ARGS");
+        assert!(!fx.ws.join("big").exists());
+        fx.assert_outside_intact();
+    }
+
+    #[tokio::test]
+    async fn write_5mb_then_read_pages() {
+        let fx = Fixture::new();
+        let content: String = (1..=100_000)
+            .map(|i| format!("line {i:06} {}\n", "x".repeat(38)))
+            .collect();
+        assert!(content.len() >= 5_000_000);
+        let v = w()
+            .execute(json!({"path": "big.txt", "content": content}), &fx.ctx)
+            .await
+            .unwrap();
+        assert_eq!(v["bytes"], json!(content.len()));
+        let r = ReadFile
+            .execute(
+                json!({"path": "big.txt", "offset": 99_999, "limit": 5}),
+                &fx.ctx,
+            )
+            .await
+            .unwrap();
+        assert_eq!(r["total_lines"], json!(100_000));
+        let got = r["content"].as_str().unwrap();
+        assert!(
+            got.starts_with("line 099999 ") && got.contains("line 100000 "),
+            "{got}"
+        );
+        // A 5 MB edit works too.
+        let v = e()
+            .execute(
+                json!({"path": "big.txt", "old_text": "line 050000 ", "new_text": "LINE 50000 "}),
+                &fx.ctx,
+            )
+            .await
+            .unwrap();
+        assert_eq!(v["replacements"], json!(1));
+        assert!(std::fs::read_to_string(fx.ws.join("big.txt"))
+            .unwrap()
+            .contains("LINE 50000 x"));
+    }
+
+    #[tokio::test]
+    async fn writes_and_edits_never_leave_the_workspace() {
+        let fx = Fixture::new();
+        let canary = fx.canary();
+        symlink(&fx.outside, fx.ws.join("out")).unwrap();
+        symlink("../outside", fx.ws.join("out_rel")).unwrap();
+        symlink(&canary, fx.ws.join("lnk")).unwrap();
+        symlink(fx.outside.join("newdir"), fx.ws.join("dangling")).unwrap();
+        std::fs::create_dir(fx.ws.join("sub")).unwrap();
+        let abs = canary.to_str().unwrap().to_string();
+        for path in [
+            "../outside/canary.txt",
+            abs.as_str(),
+            "sub/../../outside/canary.txt",
+            "out/canary.txt",
+            "out/new.txt",
+            "out_rel/canary.txt",
+            "out/deeper/new.txt",
+            "lnk",
+            "dangling/x.txt",
+            "dangling/a/b/x.txt",
+        ] {
+            let err = w()
+                .execute(json!({"path": path, "content": "pwned"}), &fx.ctx)
+                .await
+                .unwrap_err();
+            assert_eq!(err.code(), "INVALID_PATH", "write {path}: {err}");
+            let err = e()
+                .execute(
+                    json!({"path": path, "old_text": "top secret", "new_text": "pwned"}),
+                    &fx.ctx,
+                )
+                .await
+                .unwrap_err();
+            assert!(
+                matches!(err.code(), "INVALID_PATH" | "FILE_NOT_FOUND"),
+                "edit {path}: {err}"
+            );
+            fx.assert_outside_intact();
+        }
+        // A hard link to the canary inside the workspace: refused, canary unchanged.
+        std::fs::hard_link(&canary, fx.ws.join("hard.txt")).unwrap();
+        let err = w()
+            .execute(json!({"path": "hard.txt", "content": "pwned"}), &fx.ctx)
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), "PERMISSION_DENIED", "{err}");
+        assert!(err.to_string().contains("hard link"), "{err}");
+        let err = e()
+            .execute(
+                json!({"path": "hard.txt", "old_text": "top secret", "new_text": "pwned"}),
+                &fx.ctx,
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), "PERMISSION_DENIED", "{err}");
+        let err = w()
+            .execute(
+                json!({"path": "hard.txt", "content": "x", "backup": true}),
+                &fx.ctx,
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), "PERMISSION_DENIED");
+        assert_eq!(
+            std::fs::read_to_string(fx.ws.join("hard.txt")).unwrap(),
+            CANARY
+        );
+        // A symlink inside the workspace to an inside file is not written through either.
+        fx.put("real.txt", "real");
+        symlink("real.txt", fx.ws.join("alias")).unwrap();
+        let err = w()
+            .execute(json!({"path": "alias", "content": "x"}), &fx.ctx)
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), "PERMISSION_DENIED");
+        assert_eq!(
+            std::fs::read_to_string(fx.ws.join("real.txt")).unwrap(),
+            "real"
+        );
+        symlink("missing.txt", fx.ws.join("dangling_in")).unwrap();
+        let err = w()
+            .execute(json!({"path": "dangling_in", "content": "x"}), &fx.ctx)
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), "PERMISSION_DENIED", "{err}");
+        assert!(!fx.ws.join("missing.txt").exists());
+        assert!(!fx.outside.join("newdir").exists());
+        fx.assert_outside_intact();
+    }
+
+    #[tokio::test]
+    async fn edit_file_replaces_once_or_all() {
+        let fx = Fixture::new();
+        fx.put(
+            "ü/s.rs",
+            "fn main() {\n    let x = 1; // ß\n    let x = 2;\n}\n",
+        );
+        let v = e()
+            .execute(json!({"path": "ü/s.rs", "old_text": "let x = 1; // ß", "new_text": "let y = 1; // 日本"}), &fx.ctx)
+            .await
+            .unwrap();
+        assert_eq!(
+            v,
+            json!({"message": "Successfully edited ü/s.rs (1 replacement)", "replacements": 1})
+        );
+        let v = e()
+            .execute(json!({"path": "ü/s.rs", "old_text": "let ", "new_text": "const ", "replace_all": true}), &fx.ctx)
+            .await
+            .unwrap();
+        assert_eq!(v["replacements"], json!(2));
+        assert_eq!(
+            std::fs::read_to_string(fx.ws.join("ü/s.rs")).unwrap(),
+            "fn main() {\n    const y = 1; // 日本\n    const x = 2;\n}\n"
+        );
+        // Replacing with nothing deletes the text.
+        e().execute(
+            json!({"path": "ü/s.rs", "old_text": "    const x = 2;\n", "new_text": ""}),
+            &fx.ctx,
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            std::fs::read_to_string(fx.ws.join("ü/s.rs")).unwrap(),
+            "fn main() {\n    const y = 1; // 日本\n}\n"
+        );
+    }
+
+    #[tokio::test]
+    async fn edit_file_errors_leave_the_file_alone() {
+        let fx = Fixture::new();
+        let text = "alpha\n  beta   gamma\nDelta\nrep\nrep\nrep\n";
+        fx.put("f.txt", text);
+        fx.put("d/x", "x");
+        std::fs::write(fx.ws.join("bin"), b"ab\0cd").unwrap();
+        std::fs::write(fx.ws.join("latin1"), b"caf\xe9").unwrap();
+        let run = |args: Value| {
+            let c = fx.ctx.clone();
+            async move { e().execute(args, &c).await.unwrap_err() }
+        };
+        let err = run(json!({"path": "f.txt", "old_text": "zzz", "new_text": "y"})).await;
+        assert_eq!(err.code(), "INVALID_ARGS");
+        assert!(err.to_string().contains("not found"), "{err}");
+        let err = run(json!({"path": "f.txt", "old_text": "beta gamma", "new_text": "y"})).await;
+        assert!(
+            err.to_string().contains("whitespace") && err.to_string().contains("line 2"),
+            "{err}"
+        );
+        let err = run(json!({"path": "f.txt", "old_text": "delta", "new_text": "y"})).await;
+        assert!(
+            err.to_string().contains("case") && err.to_string().contains("line 3"),
+            "{err}"
+        );
+        let err = run(json!({"path": "f.txt", "old_text": "rep", "new_text": "y"})).await;
+        assert_eq!(err.code(), "INVALID_ARGS");
+        let m = err.to_string();
+        assert!(
+            m.contains("3 times") && m.contains("lines 4, 5, 6") && m.contains("replace_all"),
+            "{m}"
+        );
+        let err = run(json!({"path": "f.txt", "old_text": "", "new_text": "y"})).await;
+        assert_eq!(err.code(), "INVALID_ARGS");
+        let err = run(json!({"path": "nope.txt", "old_text": "a", "new_text": "y"})).await;
+        assert_eq!(err.code(), "FILE_NOT_FOUND");
+        let err = run(json!({"path": "missing/nope.txt", "old_text": "a", "new_text": "y"})).await;
+        assert_eq!(err.code(), "FILE_NOT_FOUND");
+        let err = run(json!({"path": "d", "old_text": "a", "new_text": "y"})).await;
+        assert_eq!(err.code(), "INVALID_ARGS");
+        let err = run(json!({"path": "bin", "old_text": "ab", "new_text": "y"})).await;
+        assert_eq!(err.code(), "BINARY_FILE");
+        let err = run(json!({"path": "latin1", "old_text": "caf", "new_text": "y"})).await;
+        assert_eq!(err.code(), "BINARY_FILE");
+        let err = run(json!({"path": "f.txt", "old": "a", "new_text": "y"})).await;
+        assert_eq!(err.code(), "INVALID_ARGS");
+        let small = EditFile::new(&FileToolsSettings {
+            max_edit_bytes: 8,
+            ..FileToolsSettings::default()
+        });
+        let err = small
+            .execute(
+                json!({"path": "f.txt", "old_text": "alpha", "new_text": "y"}),
+                &fx.ctx,
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), "INVALID_ARGS");
+        assert_eq!(std::fs::read_to_string(fx.ws.join("f.txt")).unwrap(), text);
+    }
+
+    #[test]
+    fn settings_resolve_defaults_and_reject_zero() {
+        assert_eq!(
+            FileToolsFile::default().resolve().unwrap(),
+            FileToolsSettings::default()
+        );
+        let f = FileToolsFile {
+            search_max_files: Some(0),
+            ..FileToolsFile::default()
+        };
+        let e = f.resolve().unwrap_err();
+        assert!(e.contains("tools.files.search_max_files"), "{e}");
+        let f = FileToolsFile {
+            memory_max_bytes: Some(2048),
+            ..FileToolsFile::default()
+        };
+        assert_eq!(f.resolve().unwrap().memory_max_bytes, 2048);
+    }
+
+    #[test]
+    fn file_tools_lists_every_tool_with_the_right_effect() {
+        let tools = file_tools(&FileToolsSettings::default(), None);
+        let mut names: Vec<(&str, Effect)> = tools.iter().map(|t| (t.name(), t.effect())).collect();
+        names.sort_by_key(|n| n.0);
+        assert_eq!(
+            names,
+            [
+                ("edit_file", Effect::Writes),
+                ("glob", Effect::ReadOnly),
+                ("grep", Effect::ReadOnly),
+                ("list_directory", Effect::ReadOnly),
+                ("memory_read", Effect::ReadOnly),
+                ("memory_write", Effect::Writes),
+                ("read_file", Effect::ReadOnly),
+                ("write_file", Effect::Writes),
+            ]
+        );
+        for t in &tools {
+            assert!(t.description().contains("Returns: {"), "{}", t.name());
+            assert_eq!(t.parameters()["type"], json!("object"), "{}", t.name());
+            let p = t.parameters();
+            assert_eq!(p["additionalProperties"], json!(false), "{}", t.name());
+            assert!(
+                !p.to_string().contains("$ref"),
+                "{}: inline schemas only",
+                t.name()
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn special_files_are_refused_without_hanging() {
+        let fx = Fixture::new();
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            fx.ws.join("fifo"),
+            rustix::fs::FileType::Fifo,
+            Mode::from_raw_mode(0o644),
+            0,
+        )
+        .unwrap();
+        let c = &fx.ctx;
+        let r = tokio::time::timeout(std::time::Duration::from_secs(5), async {
+            let e1 = ReadFile
+                .execute(json!({"path": "fifo"}), c)
+                .await
+                .unwrap_err();
+            let e2 = w()
+                .execute(json!({"path": "fifo", "content": "x"}), c)
+                .await
+                .unwrap_err();
+            let e3 = e()
+                .execute(json!({"path": "fifo", "old_text": "a", "new_text": "b"}), c)
+                .await
+                .unwrap_err();
+            let v = crate::tools::search::Grep::new(&FileToolsSettings::default())
+                .execute(json!({"pattern": "x"}), c)
+                .await
+                .unwrap();
+            (e1, e2, e3, v)
+        })
+        .await
+        .expect("a FIFO made a file tool hang");
+        assert_eq!(
+            (r.0.code(), r.1.code(), r.2.code()),
+            ("INVALID_ARGS", "INVALID_ARGS", "INVALID_ARGS")
+        );
+        assert_eq!(r.3["total_found"], json!(0));
+        assert!(rustix::fs::FileType::from_raw_mode(
+            rustix::fs::stat(fx.ws.join("fifo")).unwrap().st_mode
+        )
+        .is_fifo());
     }
 }

@@ -6,11 +6,13 @@
 
 pub mod fs;
 pub mod html;
+pub mod memory;
 pub mod message;
 pub mod policy;
 pub mod ratelimit;
 pub mod registry;
 pub mod scrub;
+pub mod search;
 pub mod ssrf;
 pub mod truncate;
 pub mod web;

@@ -2,10 +2,12 @@
 //! `openat2(RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)`, so the kernel, not a string check,
 //! refuses `..`, absolute paths and symlinks that lead out, with no check-then-open race.
 
-use std::os::fd::OwnedFd;
+use std::io::Write;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
-use rustix::fs::{Mode, OFlags, ResolveFlags};
+use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags};
+use rustix::io::Errno;
 
 use super::ToolError;
 
@@ -61,6 +63,256 @@ impl Workspace {
     }
 }
 
+/// Most tries to pick an unused temporary name for an atomic write.
+const TEMP_NAME_TRIES: usize = 16;
+
+impl Workspace {
+    /// The open workspace directory (for `*at` calls relative to it).
+    pub fn dir_fd(&self) -> BorrowedFd<'_> {
+        self.dir.as_fd()
+    }
+
+    /// Open `rel` beneath the workspace, returning the raw errno (callers that branch on it).
+    ///
+    /// # Errors
+    /// The errno of `openat2` (`EXDEV`/`ELOOP` for escapes).
+    pub fn open_beneath_errno(
+        &self,
+        rel: &str,
+        flags: OFlags,
+        mode: Mode,
+    ) -> Result<OwnedFd, Errno> {
+        let rel = if rel.is_empty() { "." } else { rel };
+        if rel.contains('\0') {
+            return Err(Errno::INVAL);
+        }
+        rustix::fs::openat2(
+            &self.dir,
+            rel,
+            flags | OFlags::CLOEXEC,
+            mode,
+            ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS,
+        )
+    }
+
+    /// Open the directory that holds the file `rel` and return it with the file's name, so the
+    /// file is then created, replaced or inspected with `*at` calls on that directory handle
+    /// and never through a string path.
+    ///
+    /// With `create`, missing parent directories are made one component at a time: each prefix
+    /// is opened beneath the workspace by the kernel (`openat2` RESOLVE_BENEATH), a missing
+    /// component is made with `mkdirat` relative to its already-opened parent, then reopened
+    /// with the kernel check. A symlink planted anywhere on the way is either followed inside
+    /// the workspace or refused; nothing is ever created outside.
+    ///
+    /// # Errors
+    /// `InvalidPath` for absolute paths, escapes, an empty name or a final `.`/`..`;
+    /// `FileNotFound` for a missing parent without `create`; others from [`map_errno`].
+    pub fn open_parent(&self, rel: &str, create: bool) -> Result<(OwnedFd, String), ToolError> {
+        if rel.contains('\0') {
+            return Err(ToolError::InvalidPath(format!(
+                "invalid path {rel:?}: contains NUL"
+            )));
+        }
+        if rel.starts_with('/') {
+            return Err(map_errno(rel, Errno::XDEV));
+        }
+        let (parent, name) = match rel.rsplit_once('/') {
+            Some((p, n)) => (p, n),
+            None => ("", rel),
+        };
+        if name.is_empty() || name == "." || name == ".." {
+            return Err(ToolError::InvalidPath(format!(
+                "`{rel}` does not name a file; give a path like `dir/file.txt`"
+            )));
+        }
+        let dir_flags = OFlags::RDONLY | OFlags::DIRECTORY;
+        let dir = match self.open_beneath_errno(parent, dir_flags, Mode::empty()) {
+            Ok(fd) => fd,
+            Err(Errno::NOENT) if create => self.make_dirs(parent)?,
+            Err(e) => return Err(map_errno(if parent.is_empty() { "." } else { parent }, e)),
+        };
+        Ok((dir, name.to_string()))
+    }
+
+    /// Create the directories of `parent` component by component (see [`Self::open_parent`]).
+    fn make_dirs(&self, parent: &str) -> Result<OwnedFd, ToolError> {
+        let dir_flags = OFlags::RDONLY | OFlags::DIRECTORY;
+        let mut cur = self
+            .open_beneath_errno(".", dir_flags, Mode::empty())
+            .map_err(|e| map_errno(".", e))?;
+        let mut prefix = String::new();
+        for comp in parent.split('/') {
+            if comp.is_empty() || comp == "." {
+                continue;
+            }
+            if !prefix.is_empty() {
+                prefix.push('/');
+            }
+            prefix.push_str(comp);
+            match self.open_beneath_errno(&prefix, dir_flags, Mode::empty()) {
+                Ok(fd) => cur = fd,
+                Err(Errno::NOENT) if comp != ".." => {
+                    match rustix::fs::mkdirat(&cur, comp, Mode::from_raw_mode(0o755)) {
+                        // EEXIST: made concurrently (or a dangling symlink): reopen decides.
+                        Ok(()) | Err(Errno::EXIST) => {}
+                        Err(e) => return Err(map_errno(&prefix, e)),
+                    }
+                    cur = self
+                        .open_beneath_errno(&prefix, dir_flags, Mode::empty())
+                        .map_err(|e| map_errno(&prefix, e))?;
+                }
+                Err(e) => return Err(map_errno(&prefix, e)),
+            }
+        }
+        Ok(cur)
+    }
+}
+
+/// What is currently at `name` in `dir` (not following a symlink there).
+#[derive(Clone, Copy, Debug)]
+pub struct Existing {
+    /// Permission bits to keep on the replacement.
+    pub mode: u32,
+    /// Device and inode, to notice a concurrent replacement.
+    pub id: (u64, u64),
+}
+
+/// Check the entry `name` in `dir` before replacing it: `Ok(None)` if absent; refuses
+/// directories, symlinks, special files and hard-linked files (`st_nlink > 1`, which would
+/// alias a file elsewhere, possibly outside the workspace).
+///
+/// `ws` and `rel` are used to classify a symlink that leads out as `InvalidPath`.
+///
+/// # Errors
+/// `InvalidArgs` (directory, special file), `PermissionDenied` (symlink, hard link),
+/// `InvalidPath` (symlink leading out), or a mapped errno.
+pub fn check_replaceable(
+    ws: &Workspace,
+    dir: &OwnedFd,
+    name: &str,
+    rel: &str,
+) -> Result<Option<Existing>, ToolError> {
+    let st = match rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(st) => st,
+        Err(Errno::NOENT) => return Ok(None),
+        Err(e) => return Err(map_errno(rel, e)),
+    };
+    let ft = FileType::from_raw_mode(st.st_mode);
+    if ft.is_dir() {
+        return Err(ToolError::InvalidArgs(format!(
+            "`{rel}` is a directory; give the path of a file inside it"
+        )));
+    }
+    if ft.is_symlink() {
+        // Say "outside" when it leads out, so the model does not try the target either.
+        if let Err(e @ ToolError::InvalidPath(_)) =
+            ws.open_beneath(rel, OFlags::PATH, Mode::empty())
+        {
+            return Err(e);
+        }
+        return Err(ToolError::PermissionDenied(format!(
+            "`{rel}` is a symbolic link; writes do not go through symlinks: use the path of its target"
+        )));
+    }
+    if !ft.is_file() {
+        return Err(ToolError::InvalidArgs(format!(
+            "`{rel}` is not a regular file"
+        )));
+    }
+    refuse_hard_link(&st, rel)?;
+    Ok(Some(Existing {
+        mode: st.st_mode & 0o777,
+        id: (st.st_dev, st.st_ino),
+    }))
+}
+
+/// Refuse a file with more than one hard link.
+///
+/// # Errors
+/// `PermissionDenied`.
+pub fn refuse_hard_link(st: &rustix::fs::Stat, rel: &str) -> Result<(), ToolError> {
+    if st.st_nlink > 1 {
+        return Err(ToolError::PermissionDenied(format!(
+            "`{rel}` has {} hard links; hard links are refused because writing would also change the other names of the file, possibly outside the workspace. Write a new file instead",
+            st.st_nlink
+        )));
+    }
+    Ok(())
+}
+
+/// Replace (or create) `name` in `dir` atomically: the data goes to a fresh temporary file in
+/// the same directory (`O_CREAT|O_EXCL|O_NOFOLLOW` relative to `dir`), is fsynced, then
+/// `renameat` puts it in place; the directory is fsynced afterwards. A reader sees the old or
+/// the new content, never a mix, and a symlink or hard link at `name` is replaced, never
+/// written through.
+///
+/// `expect`: when the target existed, the identity seen by [`check_replaceable`]; if the entry
+/// changed since, nothing is replaced.
+///
+/// # Errors
+/// `ExecutionFailed` (I/O), or a mapped errno (`InvalidArgs` if `name` became a directory).
+pub fn write_atomic(
+    dir: &OwnedFd,
+    name: &str,
+    data: &[u8],
+    mode: u32,
+    expect: Option<Existing>,
+    rel: &str,
+) -> Result<(), ToolError> {
+    let mut created = None;
+    for _ in 0..TEMP_NAME_TRIES {
+        let tmp = format!(".weft-{:016x}.tmp", fastrand::u64(..));
+        match rustix::fs::openat(
+            dir,
+            tmp.as_str(),
+            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::from_raw_mode(mode),
+        ) {
+            Ok(fd) => {
+                created = Some((tmp, fd));
+                break;
+            }
+            Err(Errno::EXIST) => {}
+            Err(e) => return Err(map_errno(rel, e)),
+        }
+    }
+    let Some((tmp, fd)) = created else {
+        return Err(ToolError::ExecutionFailed(format!(
+            "`{rel}`: could not create a temporary file next to it"
+        )));
+    };
+    let result = (|| {
+        let mut file = std::fs::File::from(fd);
+        let io = |e: std::io::Error| ToolError::ExecutionFailed(format!("writing `{rel}`: {e}"));
+        file.write_all(data).map_err(io)?;
+        // Keep the old file's permissions (umask applied to new ones at create).
+        if expect.is_some() {
+            rustix::fs::fchmod(&file, Mode::from_raw_mode(mode)).map_err(|e| map_errno(rel, e))?;
+        }
+        file.sync_all().map_err(io)?;
+        drop(file);
+        if let Some(old) = expect {
+            let now = rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW)
+                .map(|st| (st.st_dev, st.st_ino))
+                .ok();
+            if now != Some(old.id) {
+                return Err(ToolError::ExecutionFailed(format!(
+                    "`{rel}` was replaced by someone else while it was being written; read it again and retry"
+                )));
+            }
+        }
+        rustix::fs::renameat(dir, tmp.as_str(), dir, name).map_err(|e| map_errno(rel, e))
+    })();
+    if result.is_err() {
+        let _ = rustix::fs::unlinkat(dir, tmp.as_str(), AtFlags::empty());
+        return result;
+    }
+    // Durability of the rename; failure here does not undo the write.
+    let _ = rustix::fs::fsync(dir);
+    Ok(())
+}
+
 /// Map an errno from an open beneath the workspace to the tool error the model sees.
 pub fn map_errno(rel: &str, e: rustix::io::Errno) -> ToolError {
     use rustix::io::Errno;
@@ -76,5 +328,128 @@ pub fn map_errno(rel: &str, e: rustix::io::Errno) -> ToolError {
         Errno::ACCESS | Errno::PERM => ToolError::PermissionDenied(format!("`{rel}`: permission denied")),
         Errno::NAMETOOLONG => ToolError::InvalidPath(format!("`{rel}`: name too long")),
         other => ToolError::ExecutionFailed(format!("`{rel}`: {other}")),
+    }
+}
+
+/// Test fixture shared by the file-tool tests: a workspace and, next to it, an outside
+/// directory holding a canary file that no tool may read or change.
+#[cfg(test)]
+pub(crate) mod testutil {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use std::collections::BTreeMap;
+    use std::os::unix::fs::MetadataExt;
+    use std::path::PathBuf;
+    use std::sync::Arc;
+
+    use serde_json::Value;
+    use tokio_util::sync::CancellationToken;
+
+    use super::Workspace;
+    use crate::ingress::SessionKey;
+    use crate::tools::ToolContext;
+
+    /// Marker text of the canary; it must never appear in any result.
+    pub(crate) const CANARY_MARK: &str = "CANARY-7f3a9c";
+    /// Full canary content.
+    pub(crate) const CANARY: &str = "CANARY-7f3a9c top secret inside\n";
+
+    pub(crate) struct Fixture {
+        pub tmp: tempfile::TempDir,
+        pub ws: PathBuf,
+        pub outside: PathBuf,
+        pub ctx: ToolContext,
+        /// Outside files: name → (content, inode) expected at the end.
+        expect: BTreeMap<String, (String, u64)>,
+    }
+
+    impl Fixture {
+        pub fn new() -> Self {
+            Self::with(tempfile::tempdir().unwrap())
+        }
+
+        /// On tmpfs when there is one (fsync is free there: for tests making thousands of
+        /// writes), else as [`Self::new`].
+        pub fn on_tmpfs() -> Self {
+            match tempfile::tempdir_in("/dev/shm") {
+                Ok(t) => Self::with(t),
+                Err(_) => Self::new(),
+            }
+        }
+
+        fn with(tmp: tempfile::TempDir) -> Self {
+            let ws = tmp.path().join("ws");
+            let outside = tmp.path().join("outside");
+            std::fs::create_dir_all(&ws).unwrap();
+            std::fs::create_dir_all(&outside).unwrap();
+            let ctx = ToolContext {
+                workspace: Arc::new(Workspace::open(&ws).unwrap()),
+                session: SessionKey::parse("t:1").unwrap(),
+                cancel: CancellationToken::new(),
+            };
+            let mut f = Self {
+                tmp,
+                ws,
+                outside,
+                ctx,
+                expect: BTreeMap::new(),
+            };
+            f.add_outside("canary.txt", CANARY);
+            f
+        }
+
+        /// Put another file outside the workspace (checked like the canary).
+        pub fn add_outside(&mut self, name: &str, content: &str) {
+            let p = self.outside.join(name);
+            std::fs::write(&p, content).unwrap();
+            let ino = std::fs::metadata(&p).unwrap().ino();
+            self.expect.insert(name.into(), (content.into(), ino));
+        }
+
+        pub fn canary(&self) -> PathBuf {
+            self.outside.join("canary.txt")
+        }
+
+        /// Write a file in the workspace (parents created).
+        pub fn put(&self, rel: &str, content: &str) {
+            let p = self.ws.join(rel);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, content).unwrap();
+        }
+
+        /// The outside directory holds exactly the files put there, unchanged (same content,
+        /// same inode: not replaced either).
+        pub fn assert_outside_intact(&self) {
+            let mut names: Vec<String> = std::fs::read_dir(&self.outside)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
+            names.sort();
+            let want: Vec<String> = self.expect.keys().cloned().collect();
+            assert_eq!(
+                names, want,
+                "files appeared or vanished outside the workspace"
+            );
+            for (name, (content, ino)) in &self.expect {
+                let p = self.outside.join(name);
+                assert_eq!(
+                    &std::fs::read_to_string(&p).unwrap(),
+                    content,
+                    "{name} changed"
+                );
+                assert_eq!(
+                    std::fs::metadata(&p).unwrap().ino(),
+                    *ino,
+                    "{name} replaced"
+                );
+            }
+        }
+
+        /// No result ever carries the canary.
+        pub fn assert_clean(v: &Value) {
+            assert!(
+                !v.to_string().contains(CANARY_MARK),
+                "canary leaked into a result: {v}"
+            );
+        }
     }
 }

@@ -1,0 +1,505 @@
+//! Memory tools: `memory_read` and `memory_write` on `memory/MEMORY.md` beneath the session
+//! workspace (opened through the workspace handle with the kernel check, written atomically).
+//! A legacy fallback file (`~/.nanobot/workspace/memory/MEMORY.md`, chosen by the operator) is
+//! only ever read, and only when the primary file does not exist.
+
+use std::io::Read;
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+use async_trait::async_trait;
+use rustix::fs::{Mode, OFlags};
+use schemars::JsonSchema;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::fs::{blocking, DEFAULT_MEMORY_MAX_BYTES};
+use super::workspace::{check_replaceable, write_atomic};
+use super::{parse_args, schema_of, Effect, Tool, ToolContext, ToolError};
+
+/// The memory file, relative to the workspace.
+pub const MEMORY_FILE: &str = "memory/MEMORY.md";
+
+/// Serialises read-modify-write appends in this process (sessions may share a workspace).
+static WRITE_LOCK: Mutex<()> = Mutex::new(());
+
+/// Read at most `max` bytes from `r`; whether more was there.
+fn read_up_to(r: impl Read, max: u64, what: &str) -> Result<(String, bool), ToolError> {
+    let mut buf = Vec::new();
+    r.take(max.saturating_add(1))
+        .read_to_end(&mut buf)
+        .map_err(|e| ToolError::ExecutionFailed(format!("reading {what}: {e}")))?;
+    let cut = buf.len() as u64 > max;
+    buf.truncate(usize::try_from(max).unwrap_or(usize::MAX));
+    Ok((String::from_utf8_lossy(&buf).into_owned(), cut))
+}
+
+/// Arguments of `memory_read`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MemoryReadArgs {
+    /// Only return paragraphs (blocks separated by blank lines) containing this text,
+    /// case-insensitive (default: the whole file).
+    pub query: Option<String>,
+}
+
+/// `memory_read`: the long-term memory file, whole or filtered by paragraph.
+pub struct MemoryRead {
+    fallback: Option<PathBuf>,
+    max_bytes: u64,
+}
+
+impl MemoryRead {
+    /// `fallback`: legacy file read when `memory/MEMORY.md` does not exist in the workspace.
+    pub fn new(fallback: Option<PathBuf>) -> Self {
+        Self {
+            fallback,
+            max_bytes: DEFAULT_MEMORY_MAX_BYTES,
+        }
+    }
+
+    /// Read at most `max` bytes of the memory file (default: 1 MiB).
+    pub fn with_max_bytes(mut self, max: u64) -> Self {
+        self.max_bytes = max;
+        self
+    }
+}
+
+#[async_trait]
+impl Tool for MemoryRead {
+    fn name(&self) -> &str {
+        "memory_read"
+    }
+    fn description(&self) -> &str {
+        "Read the long-term memory file (memory/MEMORY.md). With query, only the paragraphs containing it (case-insensitive). Returns: {content, message?, truncated?} or, with query, {query, matches, count}"
+    }
+    fn parameters(&self) -> Value {
+        schema_of::<MemoryReadArgs>()
+    }
+    fn effect(&self) -> Effect {
+        Effect::ReadOnly
+    }
+    async fn execute(&self, args: Value, ctx: &ToolContext) -> Result<Value, ToolError> {
+        let a: MemoryReadArgs = parse_args(self.name(), args)?;
+        let ws = ctx.workspace.clone();
+        let fallback = self.fallback.clone();
+        let max = self.max_bytes;
+        blocking(move || {
+            let primary = ws.open_beneath(
+                MEMORY_FILE,
+                OFlags::RDONLY | OFlags::NONBLOCK,
+                Mode::empty(),
+            );
+            let read = match primary {
+                Ok(fd) => {
+                    let file = std::fs::File::from(fd);
+                    let meta = file.metadata().map_err(|e| {
+                        ToolError::ExecutionFailed(format!("{MEMORY_FILE}: {e}"))
+                    })?;
+                    if !meta.is_file() {
+                        return Err(ToolError::ExecutionFailed(format!(
+                            "{MEMORY_FILE} is not a regular file"
+                        )));
+                    }
+                    Some(read_up_to(file, max, MEMORY_FILE)?)
+                }
+                // Only a missing primary falls back: an escaping symlink is an error.
+                Err(ToolError::FileNotFound(_)) => match &fallback {
+                    Some(p) => match std::fs::File::open(p) {
+                        Ok(f) => Some(read_up_to(f, max, "the fallback memory file")?),
+                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+                        Err(e) => {
+                            return Err(ToolError::ExecutionFailed(format!(
+                                "reading the fallback memory file: {e}"
+                            )))
+                        }
+                    },
+                    None => None,
+                },
+                Err(e) => return Err(e),
+            };
+            let Some((content, truncated)) = read else {
+                return Ok(json!({"content": "", "message": "No memory file found"}));
+            };
+            match a.query.as_deref().map(str::trim) {
+                Some(q) if !q.is_empty() => {
+                    let q = q.to_lowercase();
+                    let matches: Vec<String> = paragraphs(&content)
+                        .into_iter()
+                        .filter(|p| p.to_lowercase().contains(&q))
+                        .collect();
+                    let mut v = json!({"query": a.query, "count": matches.len(), "matches": matches});
+                    if truncated {
+                        v["truncated"] = json!(true);
+                    }
+                    Ok(v)
+                }
+                _ => {
+                    let mut v = json!({ "content": content });
+                    if truncated {
+                        v["truncated"] = json!(true);
+                        v["message"] = json!(format!(
+                            "the memory file is larger than {max} bytes; only the first {max} bytes are shown. Condense it with memory_write mode=overwrite"
+                        ));
+                    }
+                    Ok(v)
+                }
+            }
+        })
+        .await
+    }
+}
+
+/// Paragraphs of `text`: blocks separated by blank (or whitespace-only) lines.
+fn paragraphs(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut cur: Vec<&str> = Vec::new();
+    for line in text.lines() {
+        if line.trim().is_empty() {
+            if !cur.is_empty() {
+                out.push(cur.join("\n"));
+                cur.clear();
+            }
+        } else {
+            cur.push(line);
+        }
+    }
+    if !cur.is_empty() {
+        out.push(cur.join("\n"));
+    }
+    out
+}
+
+/// How `memory_write` writes.
+#[derive(Clone, Copy, Debug, Default, Deserialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+#[schemars(inline)]
+pub enum MemoryMode {
+    /// Add to the end, after a blank line if the file has content.
+    #[default]
+    Append,
+    /// Replace the whole file.
+    Overwrite,
+}
+
+/// Arguments of `memory_write`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MemoryWriteArgs {
+    /// Text to store (Markdown).
+    pub content: String,
+    /// `append` or `overwrite` (default: append).
+    #[serde(default)]
+    pub mode: MemoryMode,
+}
+
+/// `memory_write`: append to or replace the long-term memory file.
+pub struct MemoryWrite {
+    max_bytes: u64,
+}
+
+impl MemoryWrite {
+    /// Writes `memory/MEMORY.md` in the workspace (never the fallback).
+    pub fn new() -> Self {
+        Self {
+            max_bytes: DEFAULT_MEMORY_MAX_BYTES,
+        }
+    }
+
+    /// Refuse to make the memory file larger than `max` bytes (default: 1 MiB).
+    pub fn with_max_bytes(mut self, max: u64) -> Self {
+        self.max_bytes = max;
+        self
+    }
+}
+
+impl Default for MemoryWrite {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[async_trait]
+impl Tool for MemoryWrite {
+    fn name(&self) -> &str {
+        "memory_write"
+    }
+    fn description(&self) -> &str {
+        "Save long-term notes to the memory file (memory/MEMORY.md): append (default; separated by a blank line) or overwrite the whole file. Returns: {message, path}"
+    }
+    fn parameters(&self) -> Value {
+        schema_of::<MemoryWriteArgs>()
+    }
+    fn effect(&self) -> Effect {
+        Effect::Writes
+    }
+    async fn execute(&self, args: Value, ctx: &ToolContext) -> Result<Value, ToolError> {
+        let a: MemoryWriteArgs = parse_args(self.name(), args)?;
+        if a.mode == MemoryMode::Append && a.content.is_empty() {
+            return Err(ToolError::InvalidArgs(
+                "content is empty: nothing to append".into(),
+            ));
+        }
+        let ws = ctx.workspace.clone();
+        let max = self.max_bytes;
+        blocking(move || {
+            let _guard = WRITE_LOCK.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let (dir, name) = ws.open_parent(MEMORY_FILE, true)?;
+            let existing = check_replaceable(&ws, &dir, &name, MEMORY_FILE)?;
+            let (data, mode_name) = match (a.mode, existing) {
+                (MemoryMode::Append, Some(_)) => {
+                    let fd = rustix::fs::openat(
+                        &dir,
+                        name.as_str(),
+                        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+                        Mode::empty(),
+                    )
+                    .map_err(|e| super::workspace::map_errno(MEMORY_FILE, e))?;
+                    let (old, cut) = read_up_to(std::fs::File::from(fd), max, MEMORY_FILE)?;
+                    if cut {
+                        return Err(ToolError::InvalidArgs(format!(
+                            "the memory file is already larger than {max} bytes; condense it with mode=overwrite"
+                        )));
+                    }
+                    let sep = if old.is_empty() || old.ends_with("\n\n") {
+                        ""
+                    } else if old.ends_with('\n') {
+                        "\n"
+                    } else {
+                        "\n\n"
+                    };
+                    (format!("{old}{sep}{}", a.content), "append")
+                }
+                (MemoryMode::Append, None) => (a.content.clone(), "append"),
+                (MemoryMode::Overwrite, _) => (a.content.clone(), "overwrite"),
+            };
+            if data.len() as u64 > max {
+                return Err(ToolError::InvalidArgs(format!(
+                    "the memory file would be {} bytes; the limit is {max}. Condense it with mode=overwrite",
+                    data.len()
+                )));
+            }
+            let mode = existing.map_or(0o644, |e| e.mode);
+            write_atomic(&dir, &name, data.as_bytes(), mode, existing, MEMORY_FILE)?;
+            Ok(json!({
+                "message": format!("Successfully wrote {} bytes to memory (mode: {mode_name})", a.content.len()),
+                "path": ws.root().join(MEMORY_FILE).display().to_string(),
+            }))
+        })
+        .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use std::os::unix::fs::symlink;
+
+    use super::*;
+    use crate::tools::workspace::testutil::{Fixture, CANARY};
+
+    async fn write(fx: &Fixture, args: Value) -> Result<Value, ToolError> {
+        MemoryWrite::new().execute(args, &fx.ctx).await
+    }
+    async fn read(
+        fx: &Fixture,
+        fallback: Option<PathBuf>,
+        args: Value,
+    ) -> Result<Value, ToolError> {
+        MemoryRead::new(fallback).execute(args, &fx.ctx).await
+    }
+    fn primary(fx: &Fixture) -> String {
+        std::fs::read_to_string(fx.ws.join(MEMORY_FILE)).unwrap()
+    }
+
+    #[tokio::test]
+    async fn append_separates_with_a_blank_line_and_overwrite_replaces() {
+        let fx = Fixture::new();
+        let v = read(&fx, None, json!({})).await.unwrap();
+        assert_eq!(v, json!({"content": "", "message": "No memory file found"}));
+        let v = write(&fx, json!({"content": "## Décision\nUse PostgreSQL 🐘"}))
+            .await
+            .unwrap();
+        let n = "## Décision\nUse PostgreSQL 🐘".len();
+        assert_eq!(
+            v["message"],
+            json!(format!(
+                "Successfully wrote {n} bytes to memory (mode: append)"
+            ))
+        );
+        assert_eq!(
+            v["path"],
+            json!(fx.ws.join(MEMORY_FILE).display().to_string())
+        );
+        write(&fx, json!({"content": "second", "mode": "append"}))
+            .await
+            .unwrap();
+        assert_eq!(primary(&fx), "## Décision\nUse PostgreSQL 🐘\n\nsecond");
+        // A file ending in a newline gets one more, not two.
+        std::fs::write(fx.ws.join(MEMORY_FILE), "a\n").unwrap();
+        write(&fx, json!({"content": "b"})).await.unwrap();
+        assert_eq!(primary(&fx), "a\n\nb");
+        let v = read(&fx, None, json!({})).await.unwrap();
+        assert_eq!(v, json!({"content": "a\n\nb"}));
+        let v = write(&fx, json!({"content": "fresh", "mode": "overwrite"}))
+            .await
+            .unwrap();
+        assert!(v["message"].as_str().unwrap().contains("(mode: overwrite)"));
+        assert_eq!(primary(&fx), "fresh");
+        // Overwrite with nothing clears it; appending nothing is refused.
+        write(&fx, json!({"content": "", "mode": "overwrite"}))
+            .await
+            .unwrap();
+        assert_eq!(primary(&fx), "");
+        let e = write(&fx, json!({"content": ""})).await.unwrap_err();
+        assert_eq!(e.code(), "INVALID_ARGS");
+        write(&fx, json!({"content": "first"})).await.unwrap();
+        assert_eq!(primary(&fx), "first", "no separator in an empty file");
+        for bad in [
+            json!({"content": "x", "mode": "prepend"}),
+            json!({"mode": "append"}),
+            json!({"content": "x", "extra": 1}),
+        ] {
+            let e = write(&fx, bad.clone()).await.unwrap_err();
+            assert_eq!(e.code(), "INVALID_ARGS", "{bad}");
+        }
+        let e = read(&fx, None, json!({"q": "x"})).await.unwrap_err();
+        assert_eq!(e.code(), "INVALID_ARGS");
+    }
+
+    #[tokio::test]
+    async fn query_returns_matching_paragraphs_case_insensitively() {
+        let fx = Fixture::new();
+        fx.put(
+            MEMORY_FILE,
+            "# Notes\n\nDecided JWT for Authentication.\nExpires in 1h.\n\n  \nDatabase: PostgreSQL\n\nauthentication via ÉCOLE sso\n",
+        );
+        let v = read(&fx, None, json!({"query": "AUTHENTICATION"}))
+            .await
+            .unwrap();
+        assert_eq!(
+            v,
+            json!({
+                "query": "AUTHENTICATION",
+                "matches": ["Decided JWT for Authentication.\nExpires in 1h.", "authentication via ÉCOLE sso"],
+                "count": 2
+            })
+        );
+        let v = read(&fx, None, json!({"query": "école"})).await.unwrap();
+        assert_eq!(v["count"], json!(1));
+        let v = read(&fx, None, json!({"query": "nothing like it"}))
+            .await
+            .unwrap();
+        assert_eq!(
+            v,
+            json!({"query": "nothing like it", "matches": [], "count": 0})
+        );
+    }
+
+    #[tokio::test]
+    async fn fallback_is_read_only_when_primary_is_missing_and_never_written() {
+        let fx = Fixture::new();
+        let legacy = fx.tmp.path().join("nanobot/MEMORY.md");
+        std::fs::create_dir_all(legacy.parent().unwrap()).unwrap();
+        std::fs::write(&legacy, "legacy note\n\nold auth paragraph").unwrap();
+        let v = read(&fx, Some(legacy.clone()), json!({})).await.unwrap();
+        assert_eq!(v, json!({"content": "legacy note\n\nold auth paragraph"}));
+        let v = read(&fx, Some(legacy.clone()), json!({"query": "AUTH"}))
+            .await
+            .unwrap();
+        assert_eq!(v["matches"], json!(["old auth paragraph"]));
+        // Missing fallback too: the "no memory" answer.
+        let v = read(&fx, Some(fx.tmp.path().join("none.md")), json!({}))
+            .await
+            .unwrap();
+        assert_eq!(v["message"], json!("No memory file found"));
+        // A write goes to the primary (append starts it fresh) and the fallback is untouched.
+        write(&fx, json!({"content": "new note"})).await.unwrap();
+        assert_eq!(primary(&fx), "new note");
+        assert_eq!(
+            std::fs::read_to_string(&legacy).unwrap(),
+            "legacy note\n\nold auth paragraph"
+        );
+        let v = read(&fx, Some(legacy.clone()), json!({})).await.unwrap();
+        assert_eq!(v, json!({"content": "new note"}));
+        // An empty primary is still the primary.
+        write(&fx, json!({"content": "", "mode": "overwrite"}))
+            .await
+            .unwrap();
+        let v = read(&fx, Some(legacy), json!({})).await.unwrap();
+        assert_eq!(v, json!({"content": ""}));
+    }
+
+    #[tokio::test]
+    async fn memory_stays_in_the_workspace() {
+        let mut fx = Fixture::new();
+        // `memory` is a symlink to the outside dir, which holds a MEMORY.md of its own.
+        fx.add_outside("MEMORY.md", CANARY);
+        symlink(&fx.outside, fx.ws.join("memory")).unwrap();
+        let legacy = fx.tmp.path().join("legacy.md");
+        std::fs::write(&legacy, "legacy").unwrap();
+        let e = read(&fx, Some(legacy), json!({})).await.unwrap_err();
+        assert_eq!(
+            e.code(),
+            "INVALID_PATH",
+            "an escape is not 'missing': no fallback"
+        );
+        let e = write(&fx, json!({"content": "pwned"})).await.unwrap_err();
+        assert_eq!(e.code(), "INVALID_PATH");
+        let e = write(&fx, json!({"content": "pwned", "mode": "overwrite"}))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), "INVALID_PATH");
+        fx.assert_outside_intact();
+        // MEMORY.md itself a symlink out, or a hard link to the canary.
+        std::fs::remove_file(fx.ws.join("memory")).unwrap();
+        std::fs::create_dir(fx.ws.join("memory")).unwrap();
+        symlink(fx.canary(), fx.ws.join(MEMORY_FILE)).unwrap();
+        let e = read(&fx, None, json!({})).await.unwrap_err();
+        assert_eq!(e.code(), "INVALID_PATH");
+        let e = write(&fx, json!({"content": "pwned"})).await.unwrap_err();
+        assert_eq!(e.code(), "INVALID_PATH");
+        std::fs::remove_file(fx.ws.join(MEMORY_FILE)).unwrap();
+        std::fs::hard_link(fx.canary(), fx.ws.join(MEMORY_FILE)).unwrap();
+        for mode in ["append", "overwrite"] {
+            let e = write(&fx, json!({"content": "pwned", "mode": mode}))
+                .await
+                .unwrap_err();
+            assert_eq!(e.code(), "PERMISSION_DENIED", "{mode}");
+        }
+        fx.assert_outside_intact();
+    }
+
+    #[tokio::test]
+    async fn size_is_capped() {
+        let fx = Fixture::new();
+        let w = MemoryWrite::new().with_max_bytes(10);
+        w.execute(json!({"content": "12345"}), &fx.ctx)
+            .await
+            .unwrap();
+        let e = w
+            .execute(json!({"content": "67890"}), &fx.ctx)
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), "INVALID_ARGS", "5 + 2 + 5 > 10");
+        let e = w
+            .execute(
+                json!({"content": "x".repeat(11), "mode": "overwrite"}),
+                &fx.ctx,
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), "INVALID_ARGS");
+        assert_eq!(primary(&fx), "12345");
+        fx.put(MEMORY_FILE, &"m".repeat(2 * 1024 * 1024));
+        let v = read(&fx, None, json!({})).await.unwrap();
+        assert_eq!(v["truncated"], json!(true));
+        assert_eq!(v["content"].as_str().unwrap().len(), 1024 * 1024);
+        assert!(v["message"].as_str().unwrap().contains("1048576"));
+        let e = MemoryWrite::new()
+            .execute(json!({"content": "more"}), &fx.ctx)
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), "INVALID_ARGS");
+    }
+}

@@ -1,0 +1,1169 @@
+//! Search tools: `glob` (file names) and `grep` (file contents), built on the ripgrep crates
+//! (`ignore` walker, `globset`, `grep-regex`, `grep-searcher`).
+//!
+//! Containment: the search directory is checked beneath the workspace by the kernel
+//! (`openat2` RESOLVE_BENEATH); the walk never follows symlinks; every reported file is
+//! re-opened beneath the workspace by its workspace-relative path (grep reads its content only
+//! through that descriptor), so a directory swapped for a symlink during the walk can neither
+//! leak contents nor make an outside file appear. Ignore files above the search directory are
+//! read through the workspace handle too, never from outside the workspace.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use async_trait::async_trait;
+use globset::{GlobBuilder, GlobMatcher};
+use grep_regex::{RegexMatcher, RegexMatcherBuilder};
+use grep_searcher::{BinaryDetection, SearcherBuilder, Sink, SinkMatch};
+use ignore::gitignore::{Gitignore, GitignoreBuilder};
+use ignore::{Match, WalkBuilder};
+use rustix::fs::{Mode, OFlags};
+use schemars::JsonSchema;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tokio_util::sync::CancellationToken;
+
+use super::fs::{blocking, FileToolsSettings, BINARY_SNIFF_BYTES};
+use super::{parse_args, schema_of, Effect, Tool, ToolContext, ToolError, Workspace};
+
+/// Most results returned by one call (the result is cut to 64 KiB anyway); page with `offset`.
+pub const MAX_RESULTS: usize = 1000;
+/// Most context lines before or after a grep match.
+pub const MAX_CONTEXT_LINES: usize = 20;
+/// Largest ignore file read above the search directory (bytes).
+const MAX_IGNORE_FILE_BYTES: u64 = 1024 * 1024;
+
+/// Cancels the blocking search when the call's future is dropped (registry timeout).
+struct CancelOnDrop(CancellationToken);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.cancel();
+    }
+}
+
+/// `dir` normalised lexically (`.` dropped, `x/..` folded) and checked beneath the workspace.
+fn search_dir(ws: &Workspace, dir: Option<&str>) -> Result<String, ToolError> {
+    let dir = dir.unwrap_or(".");
+    if dir.contains('\0') {
+        return Err(ToolError::InvalidPath(format!(
+            "invalid directory {dir:?}: contains NUL"
+        )));
+    }
+    let escape = || super::workspace::map_errno(dir, rustix::io::Errno::XDEV);
+    if dir.starts_with('/') {
+        return Err(escape());
+    }
+    let mut parts: Vec<&str> = Vec::new();
+    for c in dir.split('/') {
+        match c {
+            "" | "." => {}
+            ".." => {
+                if parts.pop().is_none() {
+                    return Err(escape());
+                }
+            }
+            c => parts.push(c),
+        }
+    }
+    let norm = parts.join("/");
+    match ws.open_beneath_errno(&norm, OFlags::PATH | OFlags::DIRECTORY, Mode::empty()) {
+        Ok(_) => {}
+        Err(rustix::io::Errno::NOTDIR) => {
+            return Err(ToolError::InvalidPath(format!(
+                "`{dir}` is not a directory; give a directory (default: the workspace root)"
+            )))
+        }
+        Err(e) => return Err(super::workspace::map_errno(dir, e)),
+    }
+    Ok(norm)
+}
+
+/// Workspace-relative path of `rel` (relative to the search directory `dir`).
+fn ws_path(dir: &str, rel: &str) -> String {
+    if dir.is_empty() {
+        rel.to_string()
+    } else {
+        format!("{dir}/{rel}")
+    }
+}
+
+/// Ignore rules of the directories above `dir` inside the workspace, deepest first, read
+/// through the workspace handle.
+fn ancestor_ignores(ws: &Workspace, dir: &str) -> Vec<Gitignore> {
+    let mut prefixes = vec![String::new()];
+    let parts: Vec<&str> = dir.split('/').filter(|p| !p.is_empty()).collect();
+    for i in 1..parts.len() {
+        prefixes.push(parts[..i].join("/"));
+    }
+    if parts.is_empty() {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    for p in prefixes {
+        let root = if p.is_empty() {
+            ws.root().to_path_buf()
+        } else {
+            ws.root().join(&p)
+        };
+        let mut b = GitignoreBuilder::new(&root);
+        let mut any = false;
+        for file in [".gitignore", ".ignore"] {
+            let Ok(fd) = ws.open_beneath(
+                &ws_path(&p, file),
+                OFlags::RDONLY | OFlags::NONBLOCK,
+                Mode::empty(),
+            ) else {
+                continue;
+            };
+            let f = std::fs::File::from(fd);
+            if !f.metadata().is_ok_and(|m| m.is_file()) {
+                continue;
+            }
+            let mut text = String::new();
+            if f.take(MAX_IGNORE_FILE_BYTES)
+                .read_to_string(&mut text)
+                .is_err()
+            {
+                continue;
+            }
+            for line in text.lines() {
+                // A bad line is skipped, as git does.
+                let _ = b.add_line(None, line);
+                any = true;
+            }
+        }
+        if any {
+            if let Ok(gi) = b.build() {
+                out.push(gi);
+            }
+        }
+    }
+    out.reverse();
+    out
+}
+
+/// The walker over `dir` (workspace-relative, normalised): respects ignore files and skips
+/// hidden files, never follows symlinks, sorted by name, pruned by the ancestors' rules.
+fn walker(
+    ws: &Workspace,
+    dir: &str,
+    types: Option<ignore::types::Types>,
+) -> (PathBuf, ignore::Walk) {
+    let root = if dir.is_empty() {
+        ws.root().to_path_buf()
+    } else {
+        ws.root().join(dir)
+    };
+    let ancestors = ancestor_ignores(ws, dir);
+    let mut wb = WalkBuilder::new(&root);
+    wb.standard_filters(true)
+        .parents(false)
+        .git_global(false)
+        .require_git(false)
+        .follow_links(false)
+        .sort_by_file_name(std::cmp::Ord::cmp);
+    if let Some(t) = types {
+        wb.types(t);
+    }
+    if !ancestors.is_empty() {
+        wb.filter_entry(move |e| {
+            let is_dir = e.file_type().is_some_and(|t| t.is_dir());
+            for gi in &ancestors {
+                match gi.matched(e.path(), is_dir) {
+                    Match::Ignore(_) => return false,
+                    Match::Whitelist(_) => return true,
+                    Match::None => {}
+                }
+            }
+            true
+        });
+    }
+    (root, wb.build())
+}
+
+/// Compile a glob for paths relative to the search directory (`*` stays within a directory,
+/// `**` crosses directories).
+fn compile_glob(pattern: &str, what: &str) -> Result<GlobMatcher, ToolError> {
+    GlobBuilder::new(pattern.trim_start_matches("./"))
+        .literal_separator(true)
+        .backslash_escape(true)
+        .build()
+        .map(|g| g.compile_matcher())
+        .map_err(|e| ToolError::InvalidArgs(format!("invalid {what} `{pattern}`: {e}")))
+}
+
+/// Slice `[offset, offset + limit)` of a result list and whether anything is left out.
+fn page<T>(all: Vec<T>, offset: usize, limit: Option<usize>) -> (Vec<T>, bool) {
+    let total = all.len();
+    let limit = limit.unwrap_or(MAX_RESULTS).min(MAX_RESULTS);
+    let out: Vec<T> = all.into_iter().skip(offset).take(limit).collect();
+    let more = offset.saturating_add(out.len()) < total;
+    (out, more)
+}
+
+/// The note added when the file budget stopped the walk.
+fn scan_note(max: usize) -> String {
+    format!(
+        "stopped after examining {max} files; narrow `directory` or the pattern to see the rest"
+    )
+}
+
+/// How `glob` orders its matches.
+#[derive(Clone, Copy, Debug, Default, Deserialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+#[schemars(inline)]
+pub enum GlobSort {
+    /// By path.
+    #[default]
+    Name,
+    /// Most recently modified first.
+    Modified,
+    /// Largest first.
+    Size,
+}
+
+/// Arguments of `glob`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct GlobArgs {
+    /// Glob matched against paths relative to `directory`, e.g. `**/*.rs`, `src/*.ts`
+    /// (`*` does not cross `/`, `**` does).
+    pub pattern: String,
+    /// Directory to search, relative to the workspace (default: the workspace root).
+    pub directory: Option<String>,
+    /// `name` (path order), `modified` (newest first) or `size` (largest first) (default: name).
+    #[serde(default)]
+    pub sort: GlobSort,
+    /// Most matches to return (default: all, at most 1000).
+    pub head_limit: Option<usize>,
+    /// Matches to skip first, for paging (default: 0).
+    #[serde(default)]
+    pub offset: usize,
+}
+
+/// `glob`: workspace files whose path matches a pattern.
+pub struct Glob {
+    max_files: usize,
+}
+
+impl Glob {
+    /// With the file budget of `settings`.
+    pub fn new(settings: &FileToolsSettings) -> Self {
+        Self {
+            max_files: settings.search_max_files,
+        }
+    }
+}
+
+#[async_trait]
+impl Tool for Glob {
+    fn name(&self) -> &str {
+        "glob"
+    }
+    fn description(&self) -> &str {
+        "Find files in the workspace by path pattern (e.g. `**/*.rs`). Skips hidden and .gitignore'd files; paths are relative to the workspace. Returns: {matches[], count, total_found, truncated, note?}"
+    }
+    fn parameters(&self) -> Value {
+        schema_of::<GlobArgs>()
+    }
+    fn effect(&self) -> Effect {
+        Effect::ReadOnly
+    }
+    async fn execute(&self, args: Value, ctx: &ToolContext) -> Result<Value, ToolError> {
+        let a: GlobArgs = parse_args(self.name(), args)?;
+        let matcher = compile_glob(&a.pattern, "glob pattern")?;
+        let ws = ctx.workspace.clone();
+        let cancel = ctx.cancel.child_token();
+        let _guard = CancelOnDrop(cancel.clone());
+        let max_files = self.max_files;
+        blocking(move || {
+            let dir = search_dir(&ws, a.directory.as_deref())?;
+            let (root, walk) = walker(&ws, &dir, None);
+            let mut found: Vec<(String, i64, u64)> = Vec::new();
+            let mut examined = 0usize;
+            let mut limit_hit = false;
+            for ent in walk {
+                if cancel.is_cancelled() {
+                    return Err(ToolError::Cancelled);
+                }
+                let Ok(ent) = ent else { continue };
+                if !ent.file_type().is_some_and(|t| t.is_file()) {
+                    continue;
+                }
+                examined += 1;
+                if examined > max_files {
+                    limit_hit = true;
+                    break;
+                }
+                let Some(rel) = rel_str(&root, ent.path()) else {
+                    continue;
+                };
+                if !matcher.is_match(&rel) {
+                    continue;
+                }
+                let path = ws_path(&dir, &rel);
+                // Re-check by the kernel: the file is in the workspace now, by this path.
+                let Ok(fd) = ws.open_beneath(&path, OFlags::PATH | OFlags::NOFOLLOW, Mode::empty())
+                else {
+                    continue;
+                };
+                let Ok(st) = rustix::fs::fstat(&fd) else {
+                    continue;
+                };
+                if !rustix::fs::FileType::from_raw_mode(st.st_mode).is_file() {
+                    continue;
+                }
+                found.push((path, st.st_mtime, u64::try_from(st.st_size).unwrap_or(0)));
+            }
+            match a.sort {
+                GlobSort::Name => found.sort_by(|x, y| x.0.cmp(&y.0)),
+                GlobSort::Modified => {
+                    found.sort_by(|x, y| y.1.cmp(&x.1).then_with(|| x.0.cmp(&y.0)))
+                }
+                GlobSort::Size => found.sort_by(|x, y| y.2.cmp(&x.2).then_with(|| x.0.cmp(&y.0))),
+            }
+            let total = found.len();
+            let (matches, more) = page(found, a.offset, a.head_limit);
+            let matches: Vec<String> = matches.into_iter().map(|m| m.0).collect();
+            let mut v = json!({
+                "matches": matches,
+                "count": matches.len(),
+                "total_found": total,
+                "truncated": more || limit_hit,
+            });
+            if limit_hit {
+                v["note"] = json!(scan_note(max_files));
+            }
+            Ok(v)
+        })
+        .await
+    }
+}
+
+/// `path` relative to `root` as UTF-8 with `/` separators.
+fn rel_str(root: &Path, path: &Path) -> Option<String> {
+    path.strip_prefix(root).ok()?.to_str().map(str::to_string)
+}
+
+/// What `grep` returns.
+#[derive(Clone, Copy, Debug, Default, Deserialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+#[schemars(inline)]
+pub enum OutputMode {
+    /// Matching lines: `{file, line, content, before?, after?}`.
+    #[default]
+    Content,
+    /// Paths of files with a match.
+    FilesWithMatches,
+    /// `{file, count}` per file with a match.
+    Count,
+}
+
+/// Arguments of `grep`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct GrepArgs {
+    /// Regular expression (Rust regex syntax), e.g. `fn\s+\w+`, `TODO|FIXME`; matched per line.
+    pub pattern: String,
+    /// Directory to search, relative to the workspace (default: the workspace root).
+    pub directory: Option<String>,
+    /// Only files matching this glob; without `/` it matches the file name, with `/` the
+    /// path relative to `directory` (default: all files).
+    pub file_pattern: Option<String>,
+    /// Only files of this type, e.g. `rust`, `py`, `js`, `md` (default: all types).
+    #[serde(rename = "type")]
+    pub file_type: Option<String>,
+    /// `content`, `files_with_matches` or `count` (default: content).
+    #[serde(default)]
+    pub output_mode: OutputMode,
+    /// Ignore letter case (default: false).
+    #[serde(default)]
+    pub case_insensitive: bool,
+    /// Lines of context before and after each match, content mode (default: 0, max: 20).
+    pub context: Option<usize>,
+    /// Lines of context before each match (default: context).
+    pub before_context: Option<usize>,
+    /// Lines of context after each match (default: context).
+    pub after_context: Option<usize>,
+    /// Most results to return (default: all, at most 1000).
+    pub head_limit: Option<usize>,
+    /// Results to skip first, for paging (default: 0).
+    #[serde(default)]
+    pub offset: usize,
+}
+
+/// `grep`: search file contents in the workspace with a regular expression.
+pub struct Grep {
+    max_files: usize,
+    max_file_bytes: u64,
+    max_line_chars: usize,
+}
+
+impl Grep {
+    /// With the limits of `settings`.
+    pub fn new(settings: &FileToolsSettings) -> Self {
+        Self {
+            max_files: settings.search_max_files,
+            max_file_bytes: settings.search_max_file_bytes,
+            max_line_chars: settings.search_max_line_chars,
+        }
+    }
+}
+
+/// Counts matching lines and keeps the byte ranges of those whose result index (`first` +
+/// position in this file) falls in `keep`, so memory stays bounded by the page; notices binary
+/// data. With `stop_at_first`, stops at the first match.
+#[derive(Default)]
+struct Collect {
+    first: usize,
+    keep: std::ops::Range<usize>,
+    stop_at_first: bool,
+    count: usize,
+    lines: Vec<(u64, std::ops::Range<usize>)>,
+    binary: bool,
+}
+
+impl Sink for Collect {
+    type Error = std::io::Error;
+
+    fn matched(
+        &mut self,
+        _s: &grep_searcher::Searcher,
+        m: &SinkMatch<'_>,
+    ) -> Result<bool, Self::Error> {
+        if self.keep.contains(&(self.first + self.count)) {
+            self.lines
+                .push((m.line_number().unwrap_or(0), m.bytes_range_in_buffer()));
+        }
+        self.count += 1;
+        Ok(!self.stop_at_first)
+    }
+
+    fn binary_data(
+        &mut self,
+        _s: &grep_searcher::Searcher,
+        _off: u64,
+    ) -> Result<bool, Self::Error> {
+        self.binary = true;
+        Ok(false)
+    }
+}
+
+/// A line for the result: lossy UTF-8 without its terminator, cut at `max` characters.
+fn show_line(bytes: &[u8], max: usize) -> String {
+    let s = String::from_utf8_lossy(bytes);
+    let s = s.trim_end_matches(['\n', '\r']);
+    let n = s.chars().count();
+    if n <= max {
+        s.to_string()
+    } else {
+        let head: String = s.chars().take(max).collect();
+        format!("{head}… [line truncated: {n} characters]")
+    }
+}
+
+#[async_trait]
+impl Tool for Grep {
+    fn name(&self) -> &str {
+        "grep"
+    }
+    fn description(&self) -> &str {
+        "Search file contents in the workspace with a regular expression (skips hidden, .gitignore'd and binary files). output_mode: content (matching lines, optional context), files_with_matches, or count (per file; total_found is then the number of matching lines). Returns: {matches[], count, total_found, truncated, note?}"
+    }
+    fn parameters(&self) -> Value {
+        schema_of::<GrepArgs>()
+    }
+    fn effect(&self) -> Effect {
+        Effect::ReadOnly
+    }
+    async fn execute(&self, args: Value, ctx: &ToolContext) -> Result<Value, ToolError> {
+        let a: GrepArgs = parse_args(self.name(), args)?;
+        let matcher: RegexMatcher = RegexMatcherBuilder::new()
+            .case_insensitive(a.case_insensitive)
+            .line_terminator(Some(b'\n'))
+            .build(&a.pattern)
+            .map_err(|e| ToolError::InvalidArgs(format!("invalid regex `{}`: {e}", a.pattern)))?;
+        let file_glob = match a.file_pattern.as_deref() {
+            Some(p) => Some((compile_glob(p, "file_pattern")?, p.contains('/'))),
+            None => None,
+        };
+        let types = match a.file_type.as_deref() {
+            Some(t) => Some(
+                ignore::types::TypesBuilder::new()
+                    .add_defaults()
+                    .select(t)
+                    .build()
+                    .map_err(|e| ToolError::InvalidArgs(format!("invalid type `{t}`: {e}; use a name like rust, py, js, ts, go, md, json")))?,
+            ),
+            None => None,
+        };
+        let ctx_n = a.context.unwrap_or(0);
+        let before = a.before_context.unwrap_or(ctx_n).min(MAX_CONTEXT_LINES);
+        let after = a.after_context.unwrap_or(ctx_n).min(MAX_CONTEXT_LINES);
+        let ws = ctx.workspace.clone();
+        let cancel = ctx.cancel.child_token();
+        let _guard = CancelOnDrop(cancel.clone());
+        let (max_files, max_bytes, max_chars) =
+            (self.max_files, self.max_file_bytes, self.max_line_chars);
+        blocking(move || {
+            let dir = search_dir(&ws, a.directory.as_deref())?;
+            let (root, walk) = walker(&ws, &dir, types);
+            let mut searcher = SearcherBuilder::new()
+                .line_number(true)
+                .binary_detection(BinaryDetection::quit(0))
+                .build();
+            let limit = a.head_limit.unwrap_or(MAX_RESULTS).min(MAX_RESULTS);
+            let window = a.offset..a.offset.saturating_add(limit);
+            let mut entries = 0usize; // results (lines, files or file counts) seen
+            let mut total_lines = 0usize;
+            let mut out: Vec<Value> = Vec::new();
+            let mut examined = 0usize;
+            let mut limit_hit = false;
+            for ent in walk {
+                if cancel.is_cancelled() {
+                    return Err(ToolError::Cancelled);
+                }
+                let Ok(ent) = ent else { continue };
+                if !ent.file_type().is_some_and(|t| t.is_file()) {
+                    continue;
+                }
+                let Some(rel) = rel_str(&root, ent.path()) else {
+                    continue;
+                };
+                if let Some((g, by_path)) = &file_glob {
+                    let subject = if *by_path {
+                        rel.as_str()
+                    } else {
+                        rel.rsplit('/').next().unwrap_or(&rel)
+                    };
+                    if !g.is_match(subject) {
+                        continue;
+                    }
+                }
+                examined += 1;
+                if examined > max_files {
+                    limit_hit = true;
+                    break;
+                }
+                let path = ws_path(&dir, &rel);
+                // Content only ever comes through a descriptor the kernel checked.
+                let Ok(fd) = ws.open_beneath(
+                    &path,
+                    OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK,
+                    Mode::empty(),
+                ) else {
+                    continue;
+                };
+                let file = std::fs::File::from(fd);
+                if !file.metadata().is_ok_and(|m| m.is_file()) {
+                    continue;
+                }
+                let mut buf = Vec::new();
+                if file.take(max_bytes).read_to_end(&mut buf).is_err() {
+                    continue;
+                }
+                if buf[..buf.len().min(BINARY_SNIFF_BYTES)].contains(&0) {
+                    continue;
+                }
+                let mut sink = Collect {
+                    first: entries,
+                    keep: if a.output_mode == OutputMode::Content {
+                        window.clone()
+                    } else {
+                        0..0
+                    },
+                    stop_at_first: a.output_mode == OutputMode::FilesWithMatches,
+                    ..Collect::default()
+                };
+                if searcher.search_slice(&matcher, &buf, &mut sink).is_err() || sink.binary {
+                    continue;
+                }
+                if sink.count == 0 {
+                    continue;
+                }
+                total_lines += sink.count;
+                match a.output_mode {
+                    OutputMode::FilesWithMatches => {
+                        if window.contains(&entries) {
+                            out.push(json!(path));
+                        }
+                        entries += 1;
+                    }
+                    OutputMode::Count => {
+                        if window.contains(&entries) {
+                            out.push(json!({"file": path, "count": sink.count}));
+                        }
+                        entries += 1;
+                    }
+                    OutputMode::Content => {
+                        let starts: Vec<usize> = if before + after > 0 && !sink.lines.is_empty() {
+                            std::iter::once(0)
+                                .chain(
+                                    buf.iter()
+                                        .enumerate()
+                                        .filter(|(_, &b)| b == b'\n')
+                                        .map(|(i, _)| i + 1),
+                                )
+                                .filter(|&i| i < buf.len())
+                                .collect()
+                        } else {
+                            Vec::new()
+                        };
+                        let line_at = |i: usize| -> String {
+                            let s = starts[i];
+                            let e = starts.get(i + 1).copied().unwrap_or(buf.len());
+                            show_line(&buf[s..e], max_chars)
+                        };
+                        for (ln, range) in &sink.lines {
+                            let mut m = json!({
+                                "file": path,
+                                "line": ln,
+                                "content": show_line(&buf[range.clone()], max_chars),
+                            });
+                            let idx = usize::try_from(*ln).unwrap_or(1).saturating_sub(1);
+                            if before > 0 {
+                                let from = idx.saturating_sub(before);
+                                m["before"] = json!((from..idx).map(line_at).collect::<Vec<_>>());
+                            }
+                            if after > 0 {
+                                let to = (idx + 1 + after).min(starts.len());
+                                m["after"] = json!((idx + 1..to).map(line_at).collect::<Vec<_>>());
+                            }
+                            out.push(m);
+                        }
+                        entries += sink.count;
+                    }
+                }
+            }
+            let total_found = match a.output_mode {
+                OutputMode::Content | OutputMode::Count => total_lines,
+                OutputMode::FilesWithMatches => entries,
+            };
+            let more = a.offset.saturating_add(out.len()) < entries;
+            let mut v = json!({
+                "count": out.len(),
+                "matches": out,
+                "total_found": total_found,
+                "truncated": more || limit_hit,
+            });
+            if limit_hit {
+                v["note"] = json!(scan_note(max_files));
+            }
+            Ok(v)
+        })
+        .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use std::os::unix::fs::symlink;
+    use std::time::{Duration, SystemTime};
+
+    use super::*;
+    use crate::tools::workspace::testutil::{Fixture, CANARY, CANARY_MARK};
+
+    fn s() -> FileToolsSettings {
+        FileToolsSettings::default()
+    }
+    async fn glob(fx: &Fixture, args: Value) -> Result<Value, ToolError> {
+        Glob::new(&s()).execute(args, &fx.ctx).await
+    }
+    async fn grep(fx: &Fixture, args: Value) -> Result<Value, ToolError> {
+        let v = Grep::new(&s()).execute(args, &fx.ctx).await;
+        if let Ok(v) = &v {
+            Fixture::assert_clean(v);
+        }
+        v
+    }
+
+    /// A small tree: sources, an ignored dir and file, hidden files, unicode names.
+    fn tree(fx: &Fixture) {
+        fx.put(".gitignore", "target/\n*.log\n");
+        fx.put("src/main.rs", "fn main() {\n    helper();\n}\n");
+        fx.put("src/lib.rs", "pub fn helper() {}\n// TODO: more\n");
+        fx.put("src/deep/mod.rs", "fn inner() {} // todo\n");
+        fx.put("docs/ünïcødé 文档.md", "# Título\nTODO traducir\n");
+        fx.put("target/gen.rs", "fn generated() {}\n");
+        fx.put("app.log", "fn logged() {}\n");
+        fx.put(".hidden/h.rs", "fn hidden() {}\n");
+        fx.put("notes.txt", "nothing\n");
+    }
+
+    #[tokio::test]
+    async fn glob_matches_respects_ignores_and_pages() {
+        let fx = Fixture::new();
+        tree(&fx);
+        let v = glob(&fx, json!({"pattern": "**/*.rs"})).await.unwrap();
+        assert_eq!(
+            v,
+            json!({"matches": ["src/deep/mod.rs", "src/lib.rs", "src/main.rs"], "count": 3, "total_found": 3, "truncated": false})
+        );
+        let v = glob(&fx, json!({"pattern": "*"})).await.unwrap();
+        assert_eq!(
+            v["matches"],
+            json!(["notes.txt"]),
+            "`*` stays at the top; .gitignore'd and hidden skipped"
+        );
+        let v = glob(&fx, json!({"pattern": "*.md", "directory": "docs"}))
+            .await
+            .unwrap();
+        assert_eq!(v["matches"], json!(["docs/ünïcødé 文档.md"]));
+        let v = glob(&fx, json!({"pattern": "src/*.rs"})).await.unwrap();
+        assert_eq!(v["matches"], json!(["src/lib.rs", "src/main.rs"]));
+        let v = glob(
+            &fx,
+            json!({"pattern": "**/*.rs", "head_limit": 1, "offset": 1}),
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            v,
+            json!({"matches": ["src/lib.rs"], "count": 1, "total_found": 3, "truncated": true})
+        );
+        let v = glob(&fx, json!({"pattern": "**/*.rs", "offset": 2}))
+            .await
+            .unwrap();
+        assert_eq!(
+            v,
+            json!({"matches": ["src/main.rs"], "count": 1, "total_found": 3, "truncated": false})
+        );
+        let v = glob(&fx, json!({"pattern": "**/*.rs", "offset": 9}))
+            .await
+            .unwrap();
+        assert_eq!(
+            v,
+            json!({"matches": [], "count": 0, "total_found": 3, "truncated": false})
+        );
+        let v = glob(&fx, json!({"pattern": "**/*.xyz"})).await.unwrap();
+        assert_eq!(
+            v,
+            json!({"matches": [], "count": 0, "total_found": 0, "truncated": false})
+        );
+        // The root .gitignore still applies when searching a subdirectory; an explicitly
+        // requested ignored directory is searched.
+        fx.put("src/target/x.rs", "");
+        fx.put("src/x.log", "");
+        let v = glob(&fx, json!({"pattern": "**", "directory": "src"}))
+            .await
+            .unwrap();
+        assert_eq!(
+            v["matches"],
+            json!(["src/deep/mod.rs", "src/lib.rs", "src/main.rs"])
+        );
+        let v = glob(
+            &fx,
+            json!({"pattern": "*", "directory": "./target/../target"}),
+        )
+        .await
+        .unwrap();
+        assert_eq!(v["matches"], json!(["target/gen.rs"]));
+    }
+
+    #[tokio::test]
+    async fn glob_sorts_by_modified_and_size() {
+        let fx = Fixture::new();
+        let now = SystemTime::now();
+        for (name, size, age) in [("a.txt", 30, 300), ("b.txt", 10, 100), ("c.txt", 20, 200)] {
+            fx.put(name, &"x".repeat(size));
+            let f = std::fs::File::options()
+                .write(true)
+                .open(fx.ws.join(name))
+                .unwrap();
+            f.set_modified(now - Duration::from_secs(age)).unwrap();
+        }
+        let m = |v: Value| v["matches"].clone();
+        assert_eq!(
+            m(glob(&fx, json!({"pattern": "*.txt"})).await.unwrap()),
+            json!(["a.txt", "b.txt", "c.txt"])
+        );
+        assert_eq!(
+            m(glob(&fx, json!({"pattern": "*.txt", "sort": "modified"}))
+                .await
+                .unwrap()),
+            json!(["b.txt", "c.txt", "a.txt"])
+        );
+        assert_eq!(
+            m(glob(
+                &fx,
+                json!({"pattern": "*.txt", "sort": "size", "head_limit": 2})
+            )
+            .await
+            .unwrap()),
+            json!(["a.txt", "c.txt"])
+        );
+        let e = glob(&fx, json!({"pattern": "*", "sort": "random"}))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), "INVALID_ARGS");
+    }
+
+    #[tokio::test]
+    async fn glob_and_grep_errors() {
+        let fx = Fixture::new();
+        tree(&fx);
+        let e = glob(&fx, json!({"pattern": "src/[a"})).await.unwrap_err();
+        assert_eq!(e.code(), "INVALID_ARGS");
+        assert!(e.to_string().contains("src/[a"), "{e}");
+        let e = grep(&fx, json!({"pattern": "fn("})).await.unwrap_err();
+        assert_eq!(e.code(), "INVALID_ARGS");
+        assert!(e.to_string().contains("regex"), "{e}");
+        let e = grep(&fx, json!({"pattern": "x", "file_pattern": "{a"}))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), "INVALID_ARGS");
+        let e = grep(&fx, json!({"pattern": "x", "type": "nosuchtype"}))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), "INVALID_ARGS");
+        let e = grep(&fx, json!({"pattern": "x", "output_mode": "lines"}))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), "INVALID_ARGS");
+        let e = glob(&fx, json!({"pattern": "*", "path": "src"}))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), "INVALID_ARGS");
+        for (dir, code) in [("missing", "FILE_NOT_FOUND"), ("notes.txt", "INVALID_PATH")] {
+            let e = glob(&fx, json!({"pattern": "*", "directory": dir}))
+                .await
+                .unwrap_err();
+            assert_eq!(e.code(), code, "{dir}");
+            let e = grep(&fx, json!({"pattern": "x", "directory": dir}))
+                .await
+                .unwrap_err();
+            assert_eq!(e.code(), code, "{dir}");
+        }
+    }
+
+    #[tokio::test]
+    async fn search_directories_outside_are_refused_and_symlinks_not_followed() {
+        let mut fx = Fixture::new();
+        fx.add_outside("outside.rs", "fn outside() { CANARY-7f3a9c }\n");
+        fx.put("in/a.rs", "fn inside() {}\n");
+        symlink(&fx.outside, fx.ws.join("in/link_dir")).unwrap();
+        symlink(fx.canary(), fx.ws.join("in/link_file.rs")).unwrap();
+        symlink(&fx.outside, fx.ws.join("out")).unwrap();
+        let abs = fx.outside.to_str().unwrap().to_string();
+        for dir in [
+            "..",
+            "../outside",
+            abs.as_str(),
+            "in/../..",
+            "out",
+            "in/link_dir",
+            "/",
+        ] {
+            let e = glob(&fx, json!({"pattern": "**", "directory": dir}))
+                .await
+                .unwrap_err();
+            assert_eq!(e.code(), "INVALID_PATH", "glob {dir}: {e}");
+            let e = grep(&fx, json!({"pattern": "fn|CANARY", "directory": dir}))
+                .await
+                .unwrap_err();
+            assert_eq!(e.code(), "INVALID_PATH", "grep {dir}: {e}");
+        }
+        let v = glob(&fx, json!({"pattern": "**"})).await.unwrap();
+        assert_eq!(v["matches"], json!(["in/a.rs"]));
+        for mode in ["content", "files_with_matches", "count"] {
+            let v = grep(
+                &fx,
+                json!({"pattern": "fn|CANARY|secret", "output_mode": mode}),
+            )
+            .await
+            .unwrap();
+            assert_eq!(v["total_found"], json!(1), "{mode}: {v}");
+            assert!(!v.to_string().contains("outside"), "{v}");
+        }
+        let v = grep(&fx, json!({"pattern": CANARY_MARK, "directory": "in"}))
+            .await
+            .unwrap();
+        assert_eq!(v["total_found"], json!(0));
+        assert_eq!(std::fs::read_to_string(fx.canary()).unwrap(), CANARY);
+        fx.assert_outside_intact();
+    }
+
+    #[tokio::test]
+    async fn grep_modes_context_and_paging() {
+        let fx = Fixture::new();
+        tree(&fx);
+        let v = grep(&fx, json!({"pattern": "fn\\s+\\w+\\(", "type": "rust"}))
+            .await
+            .unwrap();
+        assert_eq!(
+            v,
+            json!({"matches": [
+                {"file": "src/deep/mod.rs", "line": 1, "content": "fn inner() {} // todo"},
+                {"file": "src/lib.rs", "line": 1, "content": "pub fn helper() {}"},
+                {"file": "src/main.rs", "line": 1, "content": "fn main() {"},
+            ], "count": 3, "total_found": 3, "truncated": false})
+        );
+        let v = grep(&fx, json!({"pattern": "todo", "case_insensitive": true, "output_mode": "files_with_matches"}))
+            .await
+            .unwrap();
+        assert_eq!(
+            v,
+            json!({"matches": ["docs/ünïcødé 文档.md", "src/deep/mod.rs", "src/lib.rs"], "count": 3, "total_found": 3, "truncated": false})
+        );
+        let v = grep(&fx, json!({"pattern": "TODO"})).await.unwrap();
+        assert_eq!(v["total_found"], json!(2), "case-sensitive by default");
+        fx.put("src/many.rs", "x\nx\nx\n");
+        let v = grep(
+            &fx,
+            json!({"pattern": "x|helper", "output_mode": "count", "directory": "src"}),
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            v,
+            json!({"matches": [{"file": "src/lib.rs", "count": 1}, {"file": "src/main.rs", "count": 1}, {"file": "src/many.rs", "count": 3}],
+                   "count": 3, "total_found": 5, "truncated": false})
+        );
+        let v = grep(&fx, json!({"pattern": "^x$", "offset": 1, "head_limit": 1}))
+            .await
+            .unwrap();
+        assert_eq!(
+            v,
+            json!({"matches": [{"file": "src/many.rs", "line": 2, "content": "x"}], "count": 1, "total_found": 3, "truncated": true})
+        );
+        fx.put("ctx.txt", "l1\nl2\nHIT\nl4\nl5\n");
+        let v = grep(
+            &fx,
+            json!({"pattern": "HIT", "context": 1, "after_context": 5}),
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            v["matches"],
+            json!([{"file": "ctx.txt", "line": 3, "content": "HIT", "before": ["l2"], "after": ["l4", "l5"]}])
+        );
+        let v = grep(&fx, json!({"pattern": "l1", "before_context": 3}))
+            .await
+            .unwrap();
+        assert_eq!(
+            v["matches"],
+            json!([{"file": "ctx.txt", "line": 1, "content": "l1", "before": []}])
+        );
+        let v = grep(&fx, json!({"pattern": "fn", "file_pattern": "main.*"}))
+            .await
+            .unwrap();
+        assert_eq!(v["total_found"], json!(1));
+        let v = grep(&fx, json!({"pattern": "fn", "file_pattern": "src/*.rs"}))
+            .await
+            .unwrap();
+        assert_eq!(v["total_found"], json!(2));
+        // .gitignore'd and hidden files are not searched; the ignored dir is when asked for.
+        let v = grep(&fx, json!({"pattern": "generated|logged|hidden"}))
+            .await
+            .unwrap();
+        assert_eq!(v["total_found"], json!(0));
+        let v = grep(&fx, json!({"pattern": "generated", "directory": "target"}))
+            .await
+            .unwrap();
+        assert_eq!(v["total_found"], json!(1));
+    }
+
+    #[tokio::test]
+    async fn grep_skips_binary_and_cuts_long_lines() {
+        let fx = Fixture::new();
+        std::fs::write(fx.ws.join("bin.dat"), b"needle\0\x01\x02needle").unwrap();
+        let mut late = "needle\n".repeat(2000).into_bytes();
+        late.extend_from_slice(b"\0binary after 14000 bytes\n");
+        std::fs::write(fx.ws.join("late.dat"), late).unwrap();
+        fx.put(
+            "long.txt",
+            &format!("{}needle{}\n", "é".repeat(600), "z".repeat(600)),
+        );
+        fx.put("empty.txt", "");
+        let v = grep(&fx, json!({"pattern": "needle"})).await.unwrap();
+        assert_eq!(v["total_found"], json!(1), "{v}");
+        let line = v["matches"][0]["content"].as_str().unwrap();
+        assert!(
+            line.starts_with("ééé") && line.contains("[line truncated: 1206 characters]"),
+            "{line}"
+        );
+        assert_eq!(
+            line.chars().count(),
+            500 + "… [line truncated: 1206 characters]".chars().count()
+        );
+        let v = grep(&fx, json!({"pattern": "^$"})).await.unwrap();
+        assert_eq!(v["total_found"], json!(0), "an empty file has no lines");
+    }
+
+    #[tokio::test]
+    async fn file_budget_bounds_the_walk() {
+        let fx = Fixture::new();
+        for i in 0..30 {
+            fx.put(&format!("f{i:02}.txt"), "hit\n");
+        }
+        let small = FileToolsSettings {
+            search_max_files: 10,
+            ..FileToolsSettings::default()
+        };
+        let v = Glob::new(&small)
+            .execute(json!({"pattern": "*"}), &fx.ctx)
+            .await
+            .unwrap();
+        assert_eq!(v["count"], json!(10));
+        assert_eq!(v["truncated"], json!(true));
+        assert!(v["note"].as_str().unwrap().contains("10 files"));
+        let v = Grep::new(&small)
+            .execute(json!({"pattern": "hit"}), &fx.ctx)
+            .await
+            .unwrap();
+        assert_eq!(v["total_found"], json!(10));
+        assert_eq!(v["truncated"], json!(true));
+    }
+
+    /// A thread keeps swapping the workspace directory `d` with a symlink to the outside
+    /// directory (atomic `renameat2(RENAME_EXCHANGE)`), while read_file, write_file,
+    /// edit_file, grep and glob work on `d/...` thousands of times. The outside directory has
+    /// files of the same names. Nothing outside is ever read, listed, created or changed, and
+    /// every call succeeds inside or fails with INVALID_PATH / FILE_NOT_FOUND.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn race_swapping_a_directory_for_a_symlink_never_leads_out() {
+        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+        use std::sync::Arc;
+
+        use crate::tools::fs::{EditFile, ReadFile, WriteFile};
+
+        let mut fx = Fixture::on_tmpfs();
+        fx.add_outside("f.txt", "CANARY-7f3a9c inside\n");
+        fx.add_outside("only_outside.txt", "CANARY-7f3a9c inside\n");
+        fx.put("d/f.txt", "inside\n");
+        symlink(&fx.outside, fx.ws.join("d_alt")).unwrap();
+        let (d, d_alt) = (fx.ws.join("d"), fx.ws.join("d_alt"));
+        let stop = Arc::new(AtomicBool::new(false));
+        let swaps = Arc::new(AtomicUsize::new(0));
+        let swapper = {
+            let (stop, swaps) = (stop.clone(), swaps.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    rustix::fs::renameat_with(
+                        rustix::fs::CWD,
+                        &d,
+                        rustix::fs::CWD,
+                        &d_alt,
+                        rustix::fs::RenameFlags::EXCHANGE,
+                    )
+                    .unwrap();
+                    swaps.fetch_add(1, Ordering::Relaxed);
+                    std::thread::yield_now();
+                }
+            })
+        };
+        let set = s();
+        let (read, write, edit) = (ReadFile, WriteFile::new(&set), EditFile::new(&set));
+        let (gr, gl) = (Grep::new(&set), Glob::new(&set));
+        let started = std::time::Instant::now();
+        let (mut calls, mut ok, mut refused) = (0usize, 0usize, 0usize);
+        while (started.elapsed() < Duration::from_secs(1) || calls < 2000)
+            && started.elapsed() < Duration::from_secs(20)
+        {
+            let results = [
+                read.execute(json!({"path": "d/f.txt"}), &fx.ctx).await,
+                write
+                    .execute(json!({"path": "d/f.txt", "content": "inside\n"}), &fx.ctx)
+                    .await,
+                write
+                    .execute(json!({"path": "d/new/w.txt", "content": "w"}), &fx.ctx)
+                    .await,
+                edit.execute(
+                    json!({"path": "d/f.txt", "old_text": "inside", "new_text": "inside"}),
+                    &fx.ctx,
+                )
+                .await,
+                gr.execute(
+                    json!({"pattern": "inside|CANARY", "directory": "d"}),
+                    &fx.ctx,
+                )
+                .await,
+                gl.execute(json!({"pattern": "**", "directory": "d"}), &fx.ctx)
+                    .await,
+                gr.execute(json!({"pattern": "CANARY"}), &fx.ctx).await,
+            ];
+            for (i, r) in results.into_iter().enumerate() {
+                calls += 1;
+                match r {
+                    Ok(v) => {
+                        ok += 1;
+                        Fixture::assert_clean(&v);
+                        if i == 0 {
+                            assert_eq!(v["content"], json!("inside\n"));
+                        }
+                        for m in v["matches"].as_array().into_iter().flatten() {
+                            let f = m.as_str().or(m["file"].as_str()).unwrap();
+                            assert!(
+                                ["d/f.txt", "d/new/w.txt"].contains(&f),
+                                "listed a file that is not in the workspace: {f}"
+                            );
+                        }
+                    }
+                    Err(e) => {
+                        refused += 1;
+                        assert!(
+                            matches!(e.code(), "INVALID_PATH" | "FILE_NOT_FOUND"),
+                            "call {i}: {e}"
+                        );
+                    }
+                }
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        swapper.join().unwrap();
+        let swaps = swaps.load(Ordering::Relaxed);
+        eprintln!(
+            "race: {calls} calls ({ok} ok, {refused} refused), {swaps} swaps in {:?}",
+            started.elapsed()
+        );
+        assert!(
+            calls >= 2000 && swaps >= 100,
+            "{calls} calls, {swaps} swaps"
+        );
+        assert!(
+            ok > 0 && refused > 0,
+            "both outcomes must occur: {ok} ok, {refused} refused"
+        );
+        fx.assert_outside_intact();
+        let real = if fx.ws.join("d").is_symlink() {
+            "d_alt"
+        } else {
+            "d"
+        };
+        assert_eq!(
+            std::fs::read_to_string(fx.ws.join(real).join("f.txt")).unwrap(),
+            "inside\n"
+        );
+    }
+
+    #[tokio::test]
+    async fn cancelled_search_stops() {
+        let fx = Fixture::new();
+        fx.put("a.txt", "hit\n");
+        fx.ctx.cancel.cancel();
+        let e = grep(&fx, json!({"pattern": "hit"})).await.unwrap_err();
+        assert_eq!(e.code(), "CANCELLED");
+        let e = glob(&fx, json!({"pattern": "**"})).await.unwrap_err();
+        assert_eq!(e.code(), "CANCELLED");
+    }
+
+    #[tokio::test]
+    async fn grep_pages_a_file_with_many_matches() {
+        let fx = Fixture::new();
+        fx.put("many.txt", &"m\n".repeat(5000));
+        let v = grep(&fx, json!({"pattern": "m", "offset": 4998}))
+            .await
+            .unwrap();
+        assert_eq!(v["total_found"], json!(5000));
+        assert_eq!(v["count"], json!(2));
+        assert_eq!(v["matches"][0]["line"], json!(4999));
+        assert_eq!(v["truncated"], json!(false));
+        let v = grep(&fx, json!({"pattern": "m"})).await.unwrap();
+        assert_eq!(v["count"], json!(MAX_RESULTS));
+        assert_eq!(v["truncated"], json!(true));
+        let v = glob(&fx, json!({"pattern": "./*.txt"})).await.unwrap();
+        assert_eq!(v["matches"], json!(["many.txt"]));
+    }
+}
