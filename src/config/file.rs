@@ -157,6 +157,9 @@ pub struct ToolsFile {
     /// The `message` tool.
     #[serde(default)]
     pub message: MessageFile,
+    /// File, search and memory tools: size and work bounds.
+    #[serde(default)]
+    pub files: crate::tools::fs::FileToolsFile,
     /// `web_fetch`: SSRF guard exemptions, body cap, timeouts.
     #[serde(default)]
     pub web_fetch: crate::tools::web::WebFetchFile,

@@ -238,6 +238,11 @@ pub struct ToolsConfig {
     pub rate_limit: Option<crate::tools::ratelimit::RateLimit>,
     /// `tools.message.allow`.
     pub message_allow: Vec<String>,
+    /// `tools.files`.
+    pub files: crate::tools::fs::FileToolsSettings,
+    /// Read by `memory_read` when the workspace has no `memory/MEMORY.md` (seed 000:
+    /// `~/.nanobot/workspace/memory/MEMORY.md`).
+    pub memory_fallback: Option<PathBuf>,
     /// `tools.web_fetch`.
     pub web_fetch: crate::tools::web::WebFetchSettings,
     /// `tools.web_search`.
@@ -532,10 +537,13 @@ fn resolve_tools(
         .web_search
         .resolve(search_key)
         .map_err(|e| invalid("tools.web_search", e))?;
+    let files = t.files.resolve().map_err(|e| invalid("tools.files", e))?;
     Ok(ToolsConfig {
         policy,
         rate_limit,
         message_allow,
+        files,
+        memory_fallback: Some(env.home().join(".nanobot/workspace/memory/MEMORY.md")),
         web_fetch,
         web_search,
     })

@@ -164,11 +164,6 @@ pub fn schema_of<T: schemars::JsonSchema>() -> Value {
     v
 }
 
-/// Register the built-in tools that need nothing but the workspace.
-pub fn register_builtins(reg: &mut ToolRegistry) {
-    reg.register(Arc::new(fs::ReadFile));
-    reg.register(Arc::new(fs::ListDirectory));
-}
 
 /// The registry of the daemon (and of `weft tools`): every built-in tool with the configured
 /// policy, rate limit, timeout and secret scrubbing. `sink` is where the `message` tool sends;
@@ -193,7 +188,9 @@ pub fn build_registry(
                 .rate_limit
                 .map(|l| Arc::new(ratelimit::RateLimiter::new(l))),
         );
-    register_builtins(&mut reg);
+    for t in fs::file_tools(&config.tools.files, config.tools.memory_fallback.clone()) {
+        reg.register(t);
+    }
     match web::WebFetch::new(config.tools.web_fetch.clone()) {
         Ok(t) => reg.register(Arc::new(t)),
         Err(e) => tracing::error!(error = %e, "web_fetch is unavailable"),

@@ -1198,7 +1198,7 @@ mod tests {
         let calls2 = calls.clone();
         let lookup = Arc::new(move |_h: String| {
             let n = calls2.fetch_add(1, Ordering::SeqCst);
-            let answer: Vec<SocketAddr> = if n % 2 == 0 {
+            let answer: Vec<SocketAddr> = if n.is_multiple_of(2) {
                 vec!["127.0.0.1:0".parse().unwrap()]
             } else {
                 vec![
