@@ -4,8 +4,11 @@
 //! Tools never see the transcript or the store; the registry turns every model-visible failure
 //! into a tool result so the loop carries on.
 
+pub mod exec;
 pub mod fs;
 pub mod registry;
+pub mod sandbox;
+pub mod shell_policy;
 pub mod truncate;
 pub mod workspace;
 
