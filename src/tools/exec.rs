@@ -484,6 +484,8 @@ impl ExecRuntime {
             // Exited or not: nothing of this command outlives the call.
             drop(group);
             if ended.is_err() {
+                // The group kill covers the child too; this is in case it was not delivered.
+                let _ = child.start_kill();
                 let _ = child.wait().await;
             } else if !read_all {
                 let _ = tokio::time::timeout(DRAIN_GRACE, &mut reading).await;
@@ -795,5 +797,940 @@ impl Tool for Spawn {
                 .unwrap_or_else(|| "(no description)".into())),
         );
         Ok(Value::Object(m))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use std::collections::VecDeque;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Mutex;
+
+    use tokio_util::sync::CancellationToken;
+
+    use super::*;
+    use crate::ingress::SessionKey;
+    use crate::tools::shell_policy::Approval;
+    use crate::tools::Workspace;
+
+    const CANARY_TEXT: &str = "CANARY-7f3a9c-do-not-leak";
+
+    /// A workspace, a canary directory outside it, and a runtime over them.
+    struct Fx {
+        root: tempfile::TempDir,
+        outside: tempfile::TempDir,
+        ws: PathBuf,
+        canary: PathBuf,
+        rt: Arc<ExecRuntime>,
+        ctx: ToolContext,
+    }
+
+    fn env_source() -> Vec<(OsString, OsString)> {
+        [
+            ("PATH", "/usr/local/bin:/usr/bin:/bin"),
+            ("LANG", "C.UTF-8"),
+            ("FOO_TOKEN", "tok-5d1e2b-value"),
+            ("API_KEY", "key-9a8b7c-value"),
+            ("MY_VAR", "visible-value"),
+            ("LEAKY_VAR", "prefix-daemon-secret-9q8w-suffix"),
+            ("OTHER_VAR", "not-passed-value"),
+        ]
+        .into_iter()
+        .map(|(a, b)| (a.into(), b.into()))
+        .collect()
+    }
+
+    fn fixture_with(
+        settings: ExecSettings,
+        protected: impl FnOnce(&Path) -> Vec<PathBuf>,
+        approver: Option<Arc<dyn Approver>>,
+    ) -> Fx {
+        let root = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        let ws = root.path().join("ws");
+        std::fs::create_dir_all(&ws).unwrap();
+        let canary = outside.path().join("CANARY");
+        std::fs::write(&canary, CANARY_TEXT).unwrap();
+        let deps = ExecDeps {
+            protected_paths: protected(&ws),
+            secrets: vec!["daemon-secret-9q8w".into()],
+            env: env_source(),
+            approver,
+            tmp_base: root.path().to_path_buf(),
+        };
+        let rt = Arc::new(ExecRuntime::new(settings, deps).unwrap());
+        let ctx = ToolContext {
+            workspace: Arc::new(Workspace::open(&ws).unwrap()),
+            session: SessionKey::parse("t:1").unwrap(),
+            cancel: CancellationToken::new(),
+        };
+        Fx {
+            root,
+            outside,
+            ws,
+            canary,
+            rt,
+            ctx,
+        }
+    }
+
+    fn fixture() -> Fx {
+        fixture_with(ExecSettings::default(), |_| Vec::new(), None)
+    }
+
+    /// Landlock is what these tests check; say so loudly where the kernel lacks it.
+    fn landlock_or_skip(fx: &Fx) -> bool {
+        let s = fx.rt.sandbox_status();
+        if !s.fs_enforced {
+            println!(
+                "SKIPPED: Landlock unavailable on this kernel: {}",
+                s.summary()
+            );
+        }
+        s.fs_enforced
+    }
+
+    async fn sh(fx: &Fx, command: &str) -> Result<Value, ToolError> {
+        ExecShell::new(fx.rt.clone())
+            .execute(json!({ "command": command }), &fx.ctx)
+            .await
+    }
+
+    async fn sh_ok(fx: &Fx, command: &str) -> Value {
+        sh(fx, command)
+            .await
+            .unwrap_or_else(|e| panic!("{command}: {e}"))
+    }
+
+    fn alive(pid: i32) -> bool {
+        match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+            Err(_) => false,
+            Ok(s) => !matches!(
+                s.rsplit(')')
+                    .next()
+                    .and_then(|r| r.split_whitespace().next()),
+                Some("Z" | "X")
+            ),
+        }
+    }
+
+    /// Whether `pid` is gone (or a zombie) within `within`.
+    async fn gone_within(pid: i32, within: Duration) -> bool {
+        let end = Instant::now() + within;
+        while Instant::now() < end {
+            if !alive(pid) {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        !alive(pid)
+    }
+
+    async fn wait_for_file(p: &Path) -> String {
+        for _ in 0..250 {
+            if let Ok(s) = std::fs::read_to_string(p) {
+                if s.ends_with('\n') {
+                    return s;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!("{} never appeared", p.display());
+    }
+
+    #[tokio::test]
+    async fn exec_shell_runs_in_workspace_with_unicode_and_exit_codes() {
+        let fx = fixture();
+        let v = sh_ok(&fx, "echo 'héllo 世界 🚀'; echo oops >&2; exit 3").await;
+        assert_eq!(v["exit_code"], 3);
+        assert_eq!(v["stdout"], "héllo 世界 🚀\n");
+        assert_eq!(v["stderr"], "oops\n");
+        assert!(v["duration_ms"].is_u64());
+        assert!(v.get("signal").is_none() && v.get("stdout_truncated").is_none());
+
+        let v = sh_ok(&fx, "pwd; echo \"$HOME\"; echo \"$TMPDIR\"").await;
+        let ws = fx.ws.to_str().unwrap();
+        let tmp = fx.rt.tmp_dir().to_str().unwrap();
+        assert_eq!(v["stdout"], format!("{ws}\n{ws}\n{tmp}\n"));
+
+        let v = sh_ok(&fx, "true").await;
+        assert_eq!(
+            (v["exit_code"].as_i64(), v["stdout"].as_str()),
+            (Some(0), Some(""))
+        );
+
+        let v = sh_ok(&fx, "kill -9 $$").await;
+        assert_eq!(v["exit_code"], -1);
+        assert_eq!(v["signal"], 9);
+
+        // stdin is closed: a program reading it sees EOF instead of hanging.
+        let v = sh_ok(&fx, "cat; echo done").await;
+        assert_eq!(v["stdout"], "done\n");
+    }
+
+    #[tokio::test]
+    async fn invalid_arguments_are_refused() {
+        let fx = fixture();
+        let t = ExecShell::new(fx.rt.clone());
+        for bad in [
+            json!({}),
+            json!({ "command": "" }),
+            json!({ "command": "   " }),
+            json!({ "command": "ls", "timeout": -1 }),
+            json!({ "command": "ls", "timeout": 0 }),
+            json!({ "command": "ls", "timeout": "5" }),
+            json!({ "command": "ls", "cwd": "/" }),
+            json!({ "command": "echo a\u{0}b" }),
+        ] {
+            let e = t.execute(bad.clone(), &fx.ctx).await.unwrap_err();
+            assert_eq!(e.code(), "INVALID_ARGS", "{bad}: {e}");
+        }
+        let s = Spawn::new(fx.rt.clone());
+        for bad in [
+            json!({ "command": "" }),
+            json!({ "command": "echo", "args": "x" }),
+            json!({ "command": "echo", "args": ["a\u{0}"] }),
+        ] {
+            let e = s.execute(bad.clone(), &fx.ctx).await.unwrap_err();
+            assert_eq!(e.code(), "INVALID_ARGS", "{bad}: {e}");
+        }
+        // A huge timeout is clamped, not refused.
+        assert_eq!(
+            fx.rt.timeout(Some(1e12), Duration::from_secs(30)).unwrap(),
+            Duration::from_secs(300)
+        );
+    }
+
+    #[tokio::test]
+    async fn canary_outside_the_workspace_survives_everything() {
+        let fx = fixture();
+        if !landlock_or_skip(&fx) {
+            return;
+        }
+        let c = fx.canary.to_str().unwrap().to_string();
+        let dir = fx.outside.path().to_str().unwrap().to_string();
+        let attempts = [
+            format!("rm -f {c}"),
+            format!("echo x > {c}"),
+            format!("echo x >> {c}"),
+            format!("cat {c}"),
+            format!("head -c 100 < {c}"),
+            format!("ln -s {c} link; echo pwned > link; cat link"),
+            format!("cp {c} ./x; cat ./x"),
+            format!("mv {c} ./moved"),
+            format!("ln {c} ./hard; cat ./hard"),
+            format!("truncate -s 0 {c}"),
+            format!("chmod 000 {c}"),
+            format!("ls -la {dir}"),
+            format!("python3 -c \"open('{c}','w').write('x')\""),
+            format!("python3 -c \"print(open('{c}').read())\""),
+            // Not on the denylist, but destructive: contained all the same.
+            format!("rm -r -f {dir}"),
+            format!("find {dir} -delete"),
+        ];
+        for cmd in &attempts {
+            let shown = match sh(&fx, cmd).await {
+                Ok(v) => v.to_string(),
+                Err(e) => e.to_json().to_string(),
+            };
+            assert!(!shown.contains(CANARY_TEXT), "{cmd} leaked: {shown}");
+            assert_eq!(
+                std::fs::read_to_string(&fx.canary).unwrap(),
+                CANARY_TEXT,
+                "{cmd} changed the canary"
+            );
+        }
+        for copy in ["x", "moved", "hard"] {
+            let p = fx.ws.join(copy);
+            assert!(
+                std::fs::read_to_string(&p).map_or(true, |s| !s.contains(CANARY_TEXT)),
+                "{copy}"
+            );
+        }
+        // Inside, the same operations work.
+        let v = sh_ok(&fx, "echo data > in.txt && cp in.txt b.txt && mv b.txt c.txt && cat c.txt && rm in.txt && mkdir -p d/e && ls").await;
+        assert_eq!(v["exit_code"], 0, "{v}");
+        assert_eq!(v["stdout"], "data\nc.txt\nd\nlink\n");
+    }
+
+    #[tokio::test]
+    async fn protected_paths_beneath_allowed_roots_are_unreadable() {
+        let extra = tempfile::tempdir().unwrap();
+        let extra_root = extra.path().to_path_buf();
+        std::fs::create_dir_all(extra_root.join("secret")).unwrap();
+        std::fs::write(extra_root.join("public.txt"), "public-ok").unwrap();
+        std::fs::write(extra_root.join("secret/creds.txt"), CANARY_TEXT).unwrap();
+        let settings = ExecSettings {
+            read_paths: vec![extra_root.clone()],
+            ..ExecSettings::default()
+        };
+        let protected_extra = extra_root.join("secret");
+        let fx = fixture_with(
+            settings,
+            move |ws| vec![protected_extra, ws.join("store")],
+            None,
+        );
+        if !landlock_or_skip(&fx) {
+            return;
+        }
+        std::fs::create_dir_all(fx.ws.join("store")).unwrap();
+        std::fs::write(fx.ws.join("store/db"), CANARY_TEXT).unwrap();
+        std::fs::create_dir_all(fx.ws.join("src")).unwrap();
+        std::fs::write(fx.ws.join("src/main.rs"), "fn main() {}").unwrap();
+        let e = extra_root.to_str().unwrap();
+
+        let v = sh_ok(&fx, &format!("cat {e}/public.txt")).await;
+        assert_eq!(v["stdout"], "public-ok");
+        let v = sh_ok(&fx, "cat src/main.rs").await;
+        assert_eq!(v["stdout"], "fn main() {}");
+        for cmd in [
+            format!("cat {e}/secret/creds.txt"),
+            format!("ls {e}/secret"),
+            format!("cd {e}/secret && cat creds.txt"),
+            "cat store/db".to_string(),
+            "cat ./src/../store/db".to_string(),
+            "ln -s store s2 2>/dev/null; cat s2/db".to_string(),
+            "grep -r CANARY . 2>/dev/null".to_string(),
+            format!("echo x > {e}/secret/creds.txt"),
+            "echo x > store/db".to_string(),
+        ] {
+            let v = sh_ok(&fx, &cmd).await;
+            assert!(!v.to_string().contains(CANARY_TEXT), "{cmd} leaked: {v}");
+        }
+        assert_eq!(
+            std::fs::read_to_string(fx.ws.join("store/db")).unwrap(),
+            CANARY_TEXT
+        );
+        assert_eq!(
+            std::fs::read_to_string(extra_root.join("secret/creds.txt")).unwrap(),
+            CANARY_TEXT
+        );
+        // System secrets too.
+        let v = sh_ok(&fx, "cat /etc/shadow").await;
+        assert_ne!(v["exit_code"], 0);
+        assert_eq!(v["stdout"], "");
+    }
+
+    #[tokio::test]
+    async fn shared_tmp_is_off_limits_and_tmpdir_is_writable() {
+        let fx = fixture();
+        if !landlock_or_skip(&fx) {
+            return;
+        }
+        let probe = std::env::temp_dir().join(format!("clawft-probe-{}", fastrand::u64(..)));
+        let p = probe.to_str().unwrap();
+        let v = sh_ok(&fx, &format!("echo x > {p}")).await;
+        assert_ne!(v["exit_code"], 0);
+        assert!(!probe.exists(), "wrote into the shared temp dir");
+        // The canary's directory is in the shared temp dir too: not listable.
+        let v = sh_ok(&fx, &format!("ls {}", std::env::temp_dir().display())).await;
+        assert_ne!(v["exit_code"], 0);
+        assert_eq!(v["stdout"], "");
+
+        let v = sh_ok(&fx, "echo tmp-ok > \"$TMPDIR/f\" && cat \"$TMPDIR/f\"").await;
+        assert_eq!(v["stdout"], "tmp-ok\n");
+        assert_eq!(
+            std::fs::read_to_string(fx.rt.tmp_dir().join("f")).unwrap(),
+            "tmp-ok\n"
+        );
+        let v = sh_ok(&fx, "python3 -c 'import tempfile; f = tempfile.NamedTemporaryFile(); print(f.name.startswith(__import__(\"os\").environ[\"TMPDIR\"]))'").await;
+        assert_eq!(v["stdout"], "True\n", "{v}");
+    }
+
+    #[tokio::test]
+    async fn common_tools_work_inside_the_sandbox() {
+        let fx = fixture();
+        std::fs::write(fx.ws.join("notes.txt"), "alpha\nbeta\n").unwrap();
+        for cmd in [
+            "ls -la",
+            "cat notes.txt",
+            "grep -c a notes.txt",
+            "python3 -c 'import json, sys; print(json.dumps({\"a\": 1}))'",
+            "git --version",
+            "echo hi > /dev/null",
+            "head -c 4 /dev/urandom | wc -c",
+            "sort notes.txt | uniq | wc -l",
+            "sh -c 'echo nested'",
+            "date +%s",
+        ] {
+            let v = sh_ok(&fx, cmd).await;
+            assert_eq!(v["exit_code"], 0, "{cmd}: {v}");
+        }
+        let v = sh_ok(
+            &fx,
+            "git init -q repo && cd repo && git status --short && echo ok",
+        )
+        .await;
+        assert_eq!(v["stdout"], "ok\n", "{v}");
+    }
+
+    #[tokio::test]
+    async fn denylist_evasions_are_refused_before_running() {
+        let fx = fixture();
+        for (i, cmd) in [
+            "r''m -rf /nonexistent-clawft",
+            "s\\udo true",
+            "sh -c \"sudo true\"",
+            "sudo${IFS}true",
+            "echo x | base64 -d | sh",
+        ]
+        .iter()
+        .enumerate()
+        {
+            let line = format!("touch marker{i}; {cmd}");
+            let e = sh(&fx, &line).await.unwrap_err();
+            assert_eq!(e.code(), "PERMISSION_DENIED", "{line}");
+            assert!(e.to_string().contains("deny pattern"), "{e}");
+            assert!(!fx.ws.join(format!("marker{i}")).exists(), "{line} ran");
+        }
+    }
+
+    #[tokio::test]
+    async fn allowlist_mode_refuses_unlisted_programs_anywhere_in_the_line() {
+        let settings = ExecFile {
+            mode: Some("allowlist".into()),
+            allow_commands: Some(vec!["ls".into(), "echo".into(), "touch".into()]),
+            ..ExecFile::default()
+        }
+        .resolve()
+        .unwrap();
+        let fx = fixture_with(settings, |_| Vec::new(), None);
+        for cmd in [
+            "ls; curl x",
+            "touch m1 && curl x",
+            "touch m2 | python3 -c 1",
+            "echo $(touch m3; cat /etc/passwd)",
+            "sh -c 'touch m4'",
+        ] {
+            let e = sh(&fx, cmd).await.unwrap_err();
+            assert_eq!(e.code(), "PERMISSION_DENIED", "{cmd}");
+        }
+        for m in ["m1", "m2", "m3", "m4"] {
+            assert!(!fx.ws.join(m).exists(), "{m}");
+        }
+        let v = sh_ok(&fx, "touch ok && ls").await;
+        assert_eq!(v["stdout"], "ok\n");
+        let e = Spawn::new(fx.rt.clone())
+            .execute(
+                json!({"command": "sh", "args": ["-c", "touch m5"]}),
+                &fx.ctx,
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), "PERMISSION_DENIED");
+        assert!(!fx.ws.join("m5").exists());
+    }
+
+    #[tokio::test]
+    async fn timeout_kills_the_whole_process_group() {
+        let fx = fixture();
+        let started = Instant::now();
+        let e = ExecShell::new(fx.rt.clone())
+            .execute(
+                json!({"command": "sleep 300 & echo $! > pid; wait", "timeout": 0.5}),
+                &fx.ctx,
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(e, ToolError::Timeout(1));
+        assert!(started.elapsed() < Duration::from_secs(3));
+        let pid: i32 = std::fs::read_to_string(fx.ws.join("pid"))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        assert!(
+            gone_within(pid, Duration::from_secs(2)).await,
+            "grandchild {pid} survived"
+        );
+    }
+
+    #[tokio::test]
+    async fn background_grandchild_holding_the_pipes_does_not_hang_the_call() {
+        let fx = fixture();
+        let started = Instant::now();
+        let v = sh_ok(&fx, "sleep 300 & echo $!").await;
+        assert!(started.elapsed() < Duration::from_secs(3), "hung");
+        let pid: i32 = v["stdout"].as_str().unwrap().trim().parse().unwrap();
+        assert!(
+            gone_within(pid, Duration::from_secs(2)).await,
+            "background job {pid} survived"
+        );
+    }
+
+    #[tokio::test]
+    async fn cancellation_kills_the_group_quickly() {
+        let fx = fixture();
+        let (rt, ctx) = (fx.rt.clone(), fx.ctx.clone());
+        let call = tokio::spawn(async move {
+            ExecShell::new(rt)
+                .execute(json!({"command": "sleep 300 & echo $! > pid; wait"}), &ctx)
+                .await
+        });
+        let pid: i32 = wait_for_file(&fx.ws.join("pid"))
+            .await
+            .trim()
+            .parse()
+            .unwrap();
+        let t = Instant::now();
+        fx.ctx.cancel.cancel();
+        let r = tokio::time::timeout(Duration::from_secs(2), call)
+            .await
+            .expect("cancel was not quick")
+            .unwrap();
+        assert_eq!(r.unwrap_err(), ToolError::Cancelled);
+        assert!(t.elapsed() < Duration::from_secs(1));
+        assert!(
+            gone_within(pid, Duration::from_secs(2)).await,
+            "{pid} survived"
+        );
+    }
+
+    #[tokio::test]
+    async fn dropping_the_call_kills_the_group() {
+        let fx = fixture();
+        let tool = ExecShell::new(fx.rt.clone());
+        let fut = tool.execute(
+            json!({"command": "sleep 300 & echo $! > pid; wait", "timeout": 300}),
+            &fx.ctx,
+        );
+        assert!(tokio::time::timeout(Duration::from_millis(400), fut)
+            .await
+            .is_err());
+        let pid: i32 = wait_for_file(&fx.ws.join("pid"))
+            .await
+            .trim()
+            .parse()
+            .unwrap();
+        assert!(
+            gone_within(pid, Duration::from_secs(2)).await,
+            "{pid} survived"
+        );
+    }
+
+    #[tokio::test]
+    async fn environment_is_scrubbed() {
+        let settings = ExecSettings {
+            env_passthrough: vec!["MY_VAR".into(), "LEAKY_VAR".into()],
+            ..ExecSettings::default()
+        };
+        let fx = fixture_with(settings, |_| Vec::new(), None);
+        let v = sh_ok(&fx, "env").await;
+        let out = v["stdout"].as_str().unwrap();
+        for leaked in [
+            "FOO_TOKEN",
+            "API_KEY",
+            "tok-5d1e2b",
+            "key-9a8b7c",
+            "daemon-secret-9q8w",
+            "LEAKY_VAR",
+            "OTHER_VAR",
+        ] {
+            assert!(!out.contains(leaked), "{leaked} leaked:\n{out}");
+        }
+        assert!(out.contains("MY_VAR=visible-value\n"), "{out}");
+        assert!(
+            out.contains(&format!("HOME={}\n", fx.ws.display())),
+            "{out}"
+        );
+        assert!(out.contains("PATH=/usr/local/bin:/usr/bin:/bin\n"), "{out}");
+        if landlock_or_skip(&fx) {
+            // The daemon's own environment is out of reach through /proc too.
+            let v = sh_ok(&fx, "cat /proc/$PPID/environ | tr '\\0' '\\n'").await;
+            assert_eq!(v["stdout"], "", "{v}");
+        }
+    }
+
+    #[tokio::test]
+    async fn commands_have_no_capabilities_and_no_new_privileges() {
+        let fx = fixture();
+        let v = sh_ok(
+            &fx,
+            "grep -E '^(CapEff|CapPrm|CapBnd|CapAmb|NoNewPrivs)' /proc/self/status",
+        )
+        .await;
+        let out = v["stdout"].as_str().unwrap();
+        for line in [
+            "CapEff:\t0000000000000000",
+            "CapPrm:\t0000000000000000",
+            "CapBnd:\t0000000000000000",
+            "NoNewPrivs:\t1",
+        ] {
+            assert!(out.contains(line), "{line} missing:\n{out}");
+        }
+    }
+
+    #[tokio::test]
+    async fn network_false_blocks_tcp_connections() {
+        let connect = |port: u16| {
+            format!("python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", {port}), timeout=2); print(\"connected\")'")
+        };
+        // Control: with network allowed the same command does connect, so the check below
+        // can tell a blocked connection from a broken test.
+        let open = fixture();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let v = sh_ok(&open, &connect(port)).await;
+        assert_eq!(v["stdout"], "connected\n", "{v}");
+        assert!(listener.accept().is_ok());
+
+        let settings = ExecSettings {
+            network: false,
+            ..ExecSettings::default()
+        };
+        let fx = fixture_with(settings, |_| Vec::new(), None);
+        if !fx.rt.sandbox_status().net_enforced {
+            println!(
+                "SKIPPED: Landlock TCP restriction (ABI >= 4) unsupported: {}",
+                fx.rt.sandbox_status().summary()
+            );
+            return;
+        }
+        let v = sh_ok(&fx, &connect(port)).await;
+        assert_ne!(v["exit_code"], 0, "{v}");
+        let v = sh_ok(&fx, "python3 -c 'import socket; s = socket.socket(); s.bind((\"127.0.0.1\", 0)); print(\"bound\")'").await;
+        assert_ne!(v["stdout"], "bound\n", "{v}");
+        assert_eq!(
+            listener.accept().map_err(|e| e.kind()).err(),
+            Some(std::io::ErrorKind::WouldBlock),
+            "a connection got through"
+        );
+    }
+
+    #[tokio::test]
+    async fn spawn_runs_programs_directly() {
+        let fx = fixture();
+        let s = Spawn::new(fx.rt.clone());
+        let v = s
+            .execute(
+                json!({"command": "echo", "args": ["héllo", "a;b", "$HOME"]}),
+                &fx.ctx,
+            )
+            .await
+            .unwrap();
+        assert_eq!(v["stdout"], "héllo a;b $HOME\n");
+        assert_eq!(v["exit_code"], 0);
+        assert_eq!(v["command"], "echo");
+        assert_eq!(v["description"], "(no description)");
+        let v = s
+            .execute(
+                json!({"command": "sh", "args": ["-c", "exit 7"], "description": "test exit"}),
+                &fx.ctx,
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            (v["exit_code"].as_i64(), v["description"].as_str()),
+            (Some(7), Some("test exit"))
+        );
+        let e = s
+            .execute(json!({"command": "no-such-program-clawft"}), &fx.ctx)
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), "EXECUTION_FAILED", "{e}");
+        let e = s
+            .execute(json!({"command": "sudo", "args": ["id"]}), &fx.ctx)
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), "PERMISSION_DENIED", "{e}");
+        let e = s
+            .execute(
+                json!({"command": "sleep", "args": ["5"], "timeout": 0.3}),
+                &fx.ctx,
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(e, ToolError::Timeout(1));
+    }
+
+    #[tokio::test]
+    async fn programs_outside_the_allowed_trees_cannot_run() {
+        use std::os::unix::fs::PermissionsExt;
+        let fx = fixture();
+        if !landlock_or_skip(&fx) {
+            return;
+        }
+        let script = fx.outside.path().join("evil.sh");
+        let marker = fx.ws.join("evil-ran");
+        std::fs::write(&script, format!("#!/bin/sh\ntouch {}\n", marker.display())).unwrap();
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let e = Spawn::new(fx.rt.clone())
+            .execute(json!({"command": script.to_str().unwrap()}), &fx.ctx)
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), "PERMISSION_DENIED", "{e}");
+        let v = sh_ok(&fx, script.to_str().unwrap()).await;
+        assert_ne!(v["exit_code"], 0);
+        assert!(!marker.exists());
+    }
+
+    #[tokio::test]
+    async fn spawn_limit_is_five_and_the_sixth_fails_at_once() {
+        let fx = fixture();
+        let mut running = Vec::new();
+        for _ in 0..5 {
+            let (rt, ctx) = (fx.rt.clone(), fx.ctx.clone());
+            running.push(tokio::spawn(async move {
+                Spawn::new(rt)
+                    .execute(json!({"command": "sleep", "args": ["5"]}), &ctx)
+                    .await
+            }));
+        }
+        for _ in 0..250 {
+            if fx.rt.spawn_slots.available_permits() == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(fx.rt.spawn_slots.available_permits(), 0);
+        let t = Instant::now();
+        // A separate session shares the same limit.
+        let other = ToolContext {
+            session: SessionKey::parse("t:2").unwrap(),
+            ..fx.ctx.clone()
+        };
+        let e = Spawn::new(fx.rt.clone())
+            .execute(json!({"command": "echo", "args": ["6th"]}), &other)
+            .await
+            .unwrap_err();
+        assert!(t.elapsed() < Duration::from_millis(500));
+        assert_eq!(e.code(), "EXECUTION_FAILED");
+        assert!(e.to_string().contains("at most 5"), "{e}");
+        // exec_shell is not limited by spawn slots.
+        assert_eq!(sh_ok(&fx, "echo free").await["stdout"], "free\n");
+        fx.ctx.cancel.cancel();
+        for r in running {
+            assert_eq!(r.await.unwrap().unwrap_err(), ToolError::Cancelled);
+        }
+        assert_eq!(fx.rt.spawn_slots.available_permits(), 5);
+    }
+
+    #[tokio::test]
+    async fn output_is_capped_per_stream() {
+        let settings = ExecSettings {
+            max_output_bytes: 1000,
+            ..ExecSettings::default()
+        };
+        let fx = fixture_with(settings, |_| Vec::new(), None);
+        let v = sh_ok(
+            &fx,
+            "head -c 3000000 /dev/zero | tr '\\0' a; echo small >&2",
+        )
+        .await;
+        assert_eq!(v["exit_code"], 0);
+        assert_eq!(v["stdout"].as_str().unwrap().len(), 1000);
+        assert_eq!(v["stdout_truncated"], true);
+        assert_eq!(v["stderr"], "small\n");
+        assert!(v.get("stderr_truncated").is_none());
+
+        let settings = ExecSettings {
+            max_output_bytes: 5,
+            ..ExecSettings::default()
+        };
+        let fx = fixture_with(settings, |_| Vec::new(), None);
+        let v = sh_ok(&fx, "printf 'ééé'").await;
+        assert_eq!(v["stdout"], "éé");
+
+        let fx = fixture();
+        let v = sh_ok(&fx, "yes | head -c 3000000").await;
+        assert_eq!(
+            v["stdout"].as_str().unwrap().len(),
+            DEFAULT_MAX_OUTPUT_BYTES
+        );
+        assert_eq!(v["stdout_truncated"], true);
+    }
+
+    /// Answers from a script, counting the questions.
+    struct ScriptedApprover {
+        answers: Mutex<VecDeque<Approval>>,
+        asked: AtomicUsize,
+        delay: Duration,
+    }
+
+    impl ScriptedApprover {
+        fn new(answers: &[Approval], delay: Duration) -> Arc<Self> {
+            Arc::new(Self {
+                answers: Mutex::new(answers.iter().copied().collect()),
+                asked: AtomicUsize::new(0),
+                delay,
+            })
+        }
+    }
+
+    #[async_trait]
+    impl Approver for ScriptedApprover {
+        async fn approve(&self, _session: &SessionKey, _command: &str) -> Approval {
+            self.asked.fetch_add(1, Ordering::SeqCst);
+            tokio::time::sleep(self.delay).await;
+            self.answers
+                .lock()
+                .unwrap()
+                .pop_front()
+                .unwrap_or(Approval::Deny)
+        }
+    }
+
+    fn ask_fixture(approver: &Arc<ScriptedApprover>, timeout: Duration) -> Fx {
+        let settings = ExecSettings {
+            mode: ExecMode::Ask,
+            allow_commands: vec!["ls".into()],
+            approval_timeout: timeout,
+            ..ExecSettings::default()
+        };
+        let a: Arc<dyn Approver> = approver.clone();
+        fixture_with(settings, |_| Vec::new(), Some(a))
+    }
+
+    #[tokio::test]
+    async fn ask_mode_allow_once_allow_always_deny_and_timeout() {
+        let ap = ScriptedApprover::new(
+            &[
+                Approval::AllowOnce,
+                Approval::AllowOnce,
+                Approval::AllowAlways,
+            ],
+            Duration::ZERO,
+        );
+        let fx = ask_fixture(&ap, Duration::from_secs(5));
+        // Allowed programs run without asking.
+        sh_ok(&fx, "ls").await;
+        assert_eq!(ap.asked.load(Ordering::SeqCst), 0);
+        // AllowOnce: asked each time.
+        sh_ok(&fx, "touch once").await;
+        sh_ok(&fx, "touch once").await;
+        assert_eq!(ap.asked.load(Ordering::SeqCst), 2);
+        assert!(fx.ws.join("once").exists());
+        // AllowAlways: asked once, then remembered for this session (normalised).
+        sh_ok(&fx, "touch always").await;
+        sh_ok(&fx, "touch   'always'").await;
+        assert_eq!(ap.asked.load(Ordering::SeqCst), 3);
+        // ... but not for another session; the script is empty now, which means Deny.
+        let other = ToolContext {
+            session: SessionKey::parse("t:2").unwrap(),
+            ..fx.ctx.clone()
+        };
+        let e = ExecShell::new(fx.rt.clone())
+            .execute(json!({"command": "touch always other"}), &other)
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), "PERMISSION_DENIED");
+        assert!(!fx.ws.join("other").exists());
+        // Deny.
+        let e = sh(&fx, "touch denied").await.unwrap_err();
+        assert_eq!(e.code(), "PERMISSION_DENIED");
+        assert!(e.to_string().contains("denied"), "{e}");
+        assert!(!fx.ws.join("denied").exists());
+        // The denylist is never put to the approver.
+        let before = ap.asked.load(Ordering::SeqCst);
+        assert_eq!(
+            sh(&fx, "sudo id").await.unwrap_err().code(),
+            "PERMISSION_DENIED"
+        );
+        assert_eq!(ap.asked.load(Ordering::SeqCst), before);
+
+        // No answer in time: deny.
+        let slow = ScriptedApprover::new(&[Approval::AllowOnce], Duration::from_secs(30));
+        let fx = ask_fixture(&slow, Duration::from_millis(200));
+        let t = Instant::now();
+        let e = sh(&fx, "touch late").await.unwrap_err();
+        assert_eq!(e.code(), "PERMISSION_DENIED");
+        assert!(t.elapsed() < Duration::from_secs(2));
+        assert!(!fx.ws.join("late").exists());
+
+        // Ask mode without an approver denies.
+        let settings = ExecSettings {
+            mode: ExecMode::Ask,
+            ..ExecSettings::default()
+        };
+        let fx = fixture_with(settings, |_| Vec::new(), None);
+        assert_eq!(
+            sh(&fx, "touch x").await.unwrap_err().code(),
+            "PERMISSION_DENIED"
+        );
+        assert!(!fx.ws.join("x").exists());
+    }
+
+    #[test]
+    fn config_resolves_defaults_and_names_bad_keys() {
+        let d = ExecFile::default().resolve().unwrap();
+        assert_eq!(d.mode, ExecMode::Denylist);
+        assert_eq!(d.timeout, Duration::from_secs(30));
+        assert_eq!(d.spawn_timeout, Duration::from_secs(60));
+        assert_eq!(d.max_timeout, Duration::from_secs(300));
+        assert_eq!(d.max_output_bytes, 1 << 20);
+        assert_eq!(d.max_concurrent_spawns, 5);
+        assert_eq!(d.approval_timeout, Duration::from_secs(120));
+        assert!(d.network && d.sandbox && !d.require_sandbox);
+        assert_eq!(d.deny_patterns.len(), DEFAULT_DENY_PATTERNS.len());
+
+        let f: ExecFile = serde_json::from_value(json!({
+            "mode": "ask",
+            "deny_patterns": ["foo"],
+            "extra_deny_patterns": ["bar *baz"],
+            "allow_commands": ["ls"],
+            "network": false,
+            "read_paths": ["/srv/data"],
+            "env_passthrough": ["RUST_LOG"],
+            "max_output_bytes": 4096
+        }))
+        .unwrap();
+        let s = f.resolve().unwrap();
+        assert_eq!(s.mode, ExecMode::Ask);
+        assert_eq!(s.deny_patterns, ["foo", "bar *baz"]);
+        assert!(!s.network);
+        assert_eq!(s.max_output_bytes, 4096);
+
+        assert!(serde_json::from_value::<ExecFile>(json!({"modee": "x"})).is_err());
+        for (f, key) in [
+            (json!({"mode": "yolo"}), "`mode`"),
+            (json!({"mode": "allowlist"}), "`allow_commands`"),
+            (json!({"allow_commands": ["ls -la"]}), "`allow_commands`"),
+            (json!({"timeout_secs": 0}), "`timeout_secs`"),
+            (json!({"timeout_secs": 400}), "`timeout_secs`"),
+            (json!({"max_timeout_secs": 10}), "`timeout_secs`"),
+            (json!({"read_paths": ["relative/dir"]}), "`read_paths`"),
+            (json!({"write_paths": ["/a/../etc"]}), "`write_paths`"),
+            (
+                json!({"env_passthrough": ["GITHUB_TOKEN"]}),
+                "`env_passthrough`",
+            ),
+            (
+                json!({"env_passthrough": ["LD_PRELOAD"]}),
+                "`env_passthrough`",
+            ),
+            (json!({"max_output_bytes": 0}), "`max_output_bytes`"),
+            (
+                json!({"max_concurrent_spawns": 0}),
+                "`max_concurrent_spawns`",
+            ),
+            (json!({"deny_patterns": [" * "]}), "`deny_patterns`"),
+        ] {
+            let e = serde_json::from_value::<ExecFile>(f.clone())
+                .unwrap()
+                .resolve()
+                .unwrap_err();
+            assert!(e.contains(key), "{f}: {e}");
+        }
+        let schema = serde_json::to_value(schemars::schema_for!(ExecFile)).unwrap();
+        assert!(schema["properties"]["mode"].is_object());
+    }
+
+    #[test]
+    fn tools_describe_their_results() {
+        let fx = fixture();
+        let e = ExecShell::new(fx.rt.clone());
+        let s = Spawn::new(fx.rt.clone());
+        assert!(e
+            .description()
+            .contains("Returns: {exit_code, stdout, stderr, duration_ms"));
+        assert!(s
+            .description()
+            .contains("Returns: {exit_code, stdout, stderr, command, description"));
+        assert!(s.description().contains("At most 5"));
+        assert_eq!(e.parameters()["required"], json!(["command"]));
+        assert_eq!(s.effect(), Effect::Executes);
+        let _ = &fx.root;
     }
 }
