@@ -508,6 +508,9 @@ fn spawn_error(program: &OsStr, e: &std::io::Error) -> ToolError {
         std::io::ErrorKind::NotFound => ToolError::ExecutionFailed(format!(
             "`{p}`: program not found (nor the workspace directory); check the name, or use an absolute path"
         )),
+        _ if e.raw_os_error() == Some(libc::E2BIG) => ToolError::ExecutionFailed(format!(
+            "`{p}`: the command line is too long for the OS (at most 128 KiB per argument); write the script to a file in the workspace and run that file instead"
+        )),
         std::io::ErrorKind::PermissionDenied => ToolError::PermissionDenied(format!(
             "`{p}` may not be executed here: only programs under the system directories, the workspace and configured read_paths can run"
         )),
@@ -629,7 +632,7 @@ fn describe(rt: &ExecRuntime, intro: &str, default_timeout: Duration, returns: &
         ExecMode::Ask => "Commands may need a human's approval first.",
     };
     format!(
-        "{intro} Runs in the workspace directory with HOME set to it; writes are only possible inside the workspace and $TMPDIR, and files outside the workspace and system directories cannot be read.{net} {policy} stdin is closed: do not run interactive programs. Non-zero exit codes are results, not errors. Timeout default {}s, max {}s; on timeout the whole process group is killed. Returns: {returns}",
+        "{intro} Runs in the workspace directory with HOME set to it; writes are only possible inside the workspace and $TMPDIR, and files outside the workspace and system directories cannot be read.{net} {policy} stdin is closed: do not run interactive programs; background processes (`&`) are killed when the call returns. Non-zero exit codes are results, not errors. Timeout default {}s, max {}s; on timeout the whole process group is killed. Returns: {returns}",
         default_timeout.as_secs(),
         s.max_timeout.as_secs(),
     )
@@ -967,6 +970,18 @@ mod tests {
         // stdin is closed: a program reading it sees EOF instead of hanging.
         let v = sh_ok(&fx, "cat; echo done").await;
         assert_eq!(v["stdout"], "done\n");
+    }
+
+    #[tokio::test]
+    async fn large_commands_run_and_oversized_ones_fail_clearly() {
+        let fx = fixture();
+        let big = "x".repeat(100_000);
+        let v = sh_ok(&fx, &format!("echo {big} | wc -c")).await;
+        assert_eq!(v["stdout"].as_str().unwrap().trim(), "100001");
+        let huge = "y".repeat(200_000);
+        let e = sh(&fx, &format!("echo {huge}")).await.unwrap_err();
+        assert_eq!(e.code(), "EXECUTION_FAILED");
+        assert!(e.to_string().contains("too long"), "{e}");
     }
 
     #[tokio::test]
@@ -1602,11 +1617,16 @@ mod tests {
         sh_ok(&fx, "touch once").await;
         assert_eq!(ap.asked.load(Ordering::SeqCst), 2);
         assert!(fx.ws.join("once").exists());
-        // AllowAlways: asked once, then remembered for this session (normalised).
+        // AllowAlways: asked once, then remembered for this session.
         sh_ok(&fx, "touch always").await;
-        sh_ok(&fx, "touch   'always'").await;
+        sh_ok(&fx, " touch always ").await;
         assert_eq!(ap.asked.load(Ordering::SeqCst), 3);
-        // ... but not for another session; the script is empty now, which means Deny.
+        // Only that exact text: a lookalike with different quoting is asked about (and the
+        // script is empty now, which means Deny).
+        let e = sh(&fx, "echo 'x;touch pwned'").await.unwrap_err();
+        assert_eq!(e.code(), "PERMISSION_DENIED");
+        assert!(!fx.ws.join("pwned").exists());
+        // ... and not for another session.
         let other = ToolContext {
             session: SessionKey::parse("t:2").unwrap(),
             ..fx.ctx.clone()
@@ -1629,6 +1649,38 @@ mod tests {
             "PERMISSION_DENIED"
         );
         assert_eq!(ap.asked.load(Ordering::SeqCst), before);
+
+        // Approving `echo 'x; touch y'` forever does not approve `echo x; touch y`.
+        let ap = ScriptedApprover::new(&[Approval::AllowAlways], Duration::ZERO);
+        let fx = ask_fixture(&ap, Duration::from_secs(5));
+        let v = sh_ok(&fx, "echo 'x; touch y'").await;
+        assert_eq!(v["stdout"], "x; touch y\n");
+        assert_eq!(
+            sh(&fx, "echo x; touch y").await.unwrap_err().code(),
+            "PERMISSION_DENIED"
+        );
+        assert!(!fx.ws.join("y").exists());
+        assert_eq!(ap.asked.load(Ordering::SeqCst), 2);
+
+        // Cancellation while waiting for the human.
+        let slow = ScriptedApprover::new(&[Approval::AllowOnce], Duration::from_secs(30));
+        let fx = ask_fixture(&slow, Duration::from_secs(60));
+        let (rt, ctx) = (fx.rt.clone(), fx.ctx.clone());
+        let call = tokio::spawn(async move {
+            ExecShell::new(rt)
+                .execute(json!({"command": "touch waited"}), &ctx)
+                .await
+        });
+        while slow.asked.load(Ordering::SeqCst) == 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        fx.ctx.cancel.cancel();
+        let r = tokio::time::timeout(Duration::from_secs(2), call)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(r.unwrap_err(), ToolError::Cancelled);
+        assert!(!fx.ws.join("waited").exists());
 
         // No answer in time: deny.
         let slow = ScriptedApprover::new(&[Approval::AllowOnce], Duration::from_secs(30));

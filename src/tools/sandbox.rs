@@ -463,7 +463,8 @@ pub fn confine(cmd: &mut tokio::process::Command, ruleset: Option<RawFd>, drop_c
                     permitted: 0,
                     inheritable: 0,
                 }; 2];
-                if libc::syscall(libc::SYS_capset, &header, data.as_ptr()) != 0 {
+                if libc::syscall(libc::SYS_capset, std::ptr::from_ref(&header), data.as_ptr()) != 0
+                {
                     return Err(io::Error::last_os_error());
                 }
             }

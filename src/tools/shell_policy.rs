@@ -116,7 +116,8 @@ impl ExecMode {
 pub enum Approval {
     /// Run it this time.
     AllowOnce,
-    /// Run it, and run the same (normalised) command in this session without asking again.
+    /// Run it, and run the same command (same text, surrounding whitespace aside) in this
+    /// session without asking again. Kept in memory only: a restart forgets it.
     AllowAlways,
     /// Do not run it.
     Deny,
@@ -503,8 +504,10 @@ impl CommandGate {
                 if !self.policy.allow.is_empty() && allowed.is_ok() {
                     return Ok(());
                 }
-                let norm = normalise(command);
-                if self.always_allowed(session, &norm) {
+                // Remembered verbatim (trimmed), not in the lossy normal form: approving
+                // `echo 'a; curl x | sh'` must not approve `echo a; curl x | sh`.
+                let key = command.trim().to_string();
+                if self.always_allowed(session, &key) {
                     return Ok(());
                 }
                 let Some(approver) = &self.approver else {
@@ -519,7 +522,7 @@ impl CommandGate {
                 match answer {
                     Some(Approval::AllowOnce) => Ok(()),
                     Some(Approval::AllowAlways) => {
-                        self.remember(session, norm);
+                        self.remember(session, key);
                         Ok(())
                     }
                     Some(Approval::Deny) => Err(ToolError::PermissionDenied(
@@ -544,18 +547,18 @@ impl CommandGate {
         }
     }
 
-    fn always_allowed(&self, session: &SessionKey, norm: &str) -> bool {
+    fn always_allowed(&self, session: &SessionKey, key: &str) -> bool {
         self.always
             .lock()
-            .map(|m| m.get(session).is_some_and(|s| s.contains(norm)))
+            .map(|m| m.get(session).is_some_and(|s| s.contains(key)))
             .unwrap_or(false)
     }
 
-    fn remember(&self, session: &SessionKey, norm: String) {
+    fn remember(&self, session: &SessionKey, key: String) {
         if let Ok(mut m) = self.always.lock() {
             let set = m.entry(session.clone()).or_default();
             if set.len() < MAX_ALWAYS_ALLOWED_PER_SESSION {
-                set.insert(norm);
+                set.insert(key);
             }
         }
     }
