@@ -4,6 +4,7 @@
 //! Tools never see the transcript or the store; the registry turns every model-visible failure
 //! into a tool result so the loop carries on.
 
+pub mod exec;
 pub mod fs;
 pub mod html;
 pub mod memory;
@@ -11,8 +12,10 @@ pub mod message;
 pub mod policy;
 pub mod ratelimit;
 pub mod registry;
+pub mod sandbox;
 pub mod scrub;
 pub mod search;
+pub mod shell_policy;
 pub mod ssrf;
 pub mod truncate;
 pub mod web;
@@ -163,7 +166,6 @@ pub fn schema_of<T: schemars::JsonSchema>() -> Value {
     }
     v
 }
-
 
 /// The registry of the daemon (and of `weft tools`): every built-in tool with the configured
 /// policy, rate limit, timeout and secret scrubbing. `sink` is where the `message` tool sends;
