@@ -40,8 +40,29 @@ pub fn status_json(config: &Config, store: &Store, live: Option<&[SessionStatus]
             "stored": stored,
             "live": live.map(<[SessionStatus]>::len),
         },
+        "tools": {
+            "profile": format!("{:?}", config.tools.policy.profile()).to_lowercase(),
+            "exec_mode": config.tools.exec.mode.as_str(),
+            "sandbox": sandbox_json(config),
+        },
         "pid": std::process::id(),
     })
+}
+
+/// What the exec sandbox enforces on this kernel, and a warning when it cannot.
+fn sandbox_json(config: &Config) -> Value {
+    let st = crate::tools::sandbox::probe();
+    let mut v = serde_json::to_value(st).unwrap_or(Value::Null);
+    v["enabled"] = json!(config.tools.exec.sandbox);
+    v["summary"] = json!(st.summary());
+    if !st.fs_enforced {
+        v["warning"] = json!(
+            "Landlock is unavailable on this kernel: exec_shell and spawn run without the filesystem sandbox"
+        );
+    } else if !config.tools.exec.sandbox {
+        v["warning"] = json!("tools.exec.sandbox = false: commands run unconfined");
+    }
+    v
 }
 
 /// Stored sessions as JSON rows.

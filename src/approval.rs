@@ -33,6 +33,22 @@ struct Pending {
     tx: oneshot::Sender<Decision>,
 }
 
+#[async_trait::async_trait]
+impl crate::tools::shell_policy::Approver for Approvals {
+    async fn approve(
+        &self,
+        session: &SessionKey,
+        command: &str,
+    ) -> crate::tools::shell_policy::Approval {
+        use crate::tools::shell_policy::Approval;
+        match self.request(session, command).await {
+            Decision::Once => Approval::AllowOnce,
+            Decision::Always => Approval::AllowAlways,
+            Decision::Deny => Approval::Deny,
+        }
+    }
+}
+
 /// Pending approval requests, shared by the tools that ask and the sessions that answer.
 pub struct Approvals {
     sink: Arc<dyn MessageSink>,

@@ -143,7 +143,11 @@ impl Daemon {
         let approvals = Arc::new(crate::approval::Approvals::new(
             sink.clone() as Arc<dyn MessageSink>
         ));
-        let registry = build_registry(config, Some(sink.clone() as Arc<dyn MessageSink>));
+        let registry = build_registry(
+            config,
+            Some(sink.clone() as Arc<dyn MessageSink>),
+            Some(approvals.clone() as Arc<dyn crate::tools::shell_policy::Approver>),
+        );
         let deps = TurnDeps {
             model,
             tools: Arc::new(registry),

@@ -157,6 +157,9 @@ pub struct ToolsFile {
     /// The `message` tool.
     #[serde(default)]
     pub message: MessageFile,
+    /// `exec_shell` and `spawn`: shell policy, sandbox, timeouts, environment.
+    #[serde(default)]
+    pub exec: crate::tools::exec::ExecFile,
     /// File, search and memory tools: size and work bounds.
     #[serde(default)]
     pub files: crate::tools::fs::FileToolsFile,

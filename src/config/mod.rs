@@ -238,6 +238,14 @@ pub struct ToolsConfig {
     pub rate_limit: Option<crate::tools::ratelimit::RateLimit>,
     /// `tools.message.allow`.
     pub message_allow: Vec<String>,
+    /// `tools.exec`.
+    pub exec: crate::tools::exec::ExecSettings,
+    /// The environment commands' environments are filtered from.
+    pub exec_env: Vec<(String, String)>,
+    /// `$CREDENTIALS_DIRECTORY` (systemd `LoadCredential=`), kept from commands.
+    pub credentials_dir: Option<PathBuf>,
+    /// Where the commands' private temp dir is made (`$TMPDIR` or `/tmp`).
+    pub tmp_base: PathBuf,
     /// `tools.files`.
     pub files: crate::tools::fs::FileToolsSettings,
     /// Read by `memory_read` when the workspace has no `memory/MEMORY.md` (seed 000:
@@ -538,10 +546,17 @@ fn resolve_tools(
         .resolve(search_key)
         .map_err(|e| invalid("tools.web_search", e))?;
     let files = t.files.resolve().map_err(|e| invalid("tools.files", e))?;
+    let exec = t.exec.resolve().map_err(|e| invalid("tools.exec", e))?;
     Ok(ToolsConfig {
         policy,
         rate_limit,
         message_allow,
+        exec,
+        exec_env: env.0.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+        credentials_dir: env.get("CREDENTIALS_DIRECTORY").map(PathBuf::from),
+        tmp_base: env
+            .get("TMPDIR")
+            .map_or_else(|| PathBuf::from("/tmp"), PathBuf::from),
         files,
         memory_fallback: Some(env.home().join(".nanobot/workspace/memory/MEMORY.md")),
         web_fetch,

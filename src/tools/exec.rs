@@ -681,6 +681,10 @@ impl Tool for ExecShell {
     fn effect(&self) -> Effect {
         Effect::Executes
     }
+    fn time_budget(&self) -> Option<Duration> {
+        let s = self.rt.settings();
+        Some(s.max_timeout + s.approval_timeout + Duration::from_secs(10))
+    }
     async fn execute(&self, args: Value, ctx: &ToolContext) -> Result<Value, ToolError> {
         let a: ExecShellArgs = parse_args(self.name(), args)?;
         if a.command.trim().is_empty() {
@@ -758,6 +762,10 @@ impl Tool for Spawn {
     }
     fn effect(&self) -> Effect {
         Effect::Executes
+    }
+    fn time_budget(&self) -> Option<Duration> {
+        let s = self.rt.settings();
+        Some(s.max_timeout + s.approval_timeout + Duration::from_secs(10))
     }
     async fn execute(&self, args: Value, ctx: &ToolContext) -> Result<Value, ToolError> {
         let a: SpawnArgs = parse_args(self.name(), args)?;

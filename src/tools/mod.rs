@@ -141,6 +141,12 @@ pub trait Tool: Send + Sync + 'static {
     fn effect(&self) -> Effect {
         Effect::Executes
     }
+    /// The longest one call may legitimately take when the tool enforces its own deadline
+    /// (e.g. `exec_shell`'s `timeout` up to 300 s plus an approval wait): the registry's
+    /// per-call timeout is raised to it, so the tool's own, more precise error is seen.
+    fn time_budget(&self) -> Option<std::time::Duration> {
+        None
+    }
     /// Run it.
     ///
     /// # Errors
@@ -167,12 +173,61 @@ pub fn schema_of<T: schemars::JsonSchema>() -> Value {
     v
 }
 
+/// Paths commands must never touch even beneath an allowed tree: the config (its directory when
+/// that does not hold the workspace), the store, the systemd credentials directory.
+pub fn protected_paths(config: &crate::config::Config) -> Vec<std::path::PathBuf> {
+    let ws = &config.agent.workspace;
+    let mut out = vec![config.store.path.clone()];
+    if let Some(p) = &config.path {
+        match p.parent() {
+            Some(dir) if !dir.as_os_str().is_empty() && !ws.starts_with(dir) => {
+                out.push(dir.to_path_buf());
+            }
+            _ => out.push(p.clone()),
+        }
+    }
+    out.extend(config.tools.credentials_dir.clone());
+    out.retain(|p| !ws.starts_with(p));
+    out
+}
+
+fn exec_runtime(
+    config: &crate::config::Config,
+    approver: Option<Arc<dyn shell_policy::Approver>>,
+) -> std::io::Result<Arc<exec::ExecRuntime>> {
+    let deps = exec::ExecDeps {
+        protected_paths: protected_paths(config),
+        secrets: config
+            .secrets
+            .iter()
+            .map(|s| s.expose().to_string())
+            .collect(),
+        env: config
+            .tools
+            .exec_env
+            .iter()
+            .map(|(k, v)| (k.into(), v.into()))
+            .collect(),
+        approver,
+        tmp_base: config.tools.tmp_base.clone(),
+    };
+    let rt = exec::ExecRuntime::new(config.tools.exec.clone(), deps)?;
+    let st = rt.sandbox_status();
+    if st.fs_enforced {
+        tracing::debug!(sandbox = %st.summary(), "exec sandbox ready");
+    } else {
+        tracing::warn!(sandbox = %st.summary(), "Landlock is unavailable: exec_shell and spawn run without the filesystem sandbox (policy and environment scrubbing still apply)");
+    }
+    Ok(Arc::new(rt))
+}
+
 /// The registry of the daemon (and of `weft tools`): every built-in tool with the configured
 /// policy, rate limit, timeout and secret scrubbing. `sink` is where the `message` tool sends;
 /// without one the tool is not registered.
 pub fn build_registry(
     config: &crate::config::Config,
     sink: Option<Arc<dyn message::MessageSink>>,
+    approver: Option<Arc<dyn shell_policy::Approver>>,
 ) -> ToolRegistry {
     let mut reg = ToolRegistry::new()
         .with_secrets(
@@ -192,6 +247,13 @@ pub fn build_registry(
         );
     for t in fs::file_tools(&config.tools.files, config.tools.memory_fallback.clone()) {
         reg.register(t);
+    }
+    match exec_runtime(config, approver) {
+        Ok(rt) => {
+            reg.register(Arc::new(exec::ExecShell::new(rt.clone())));
+            reg.register(Arc::new(exec::Spawn::new(rt)));
+        }
+        Err(e) => tracing::error!(error = %e, "exec_shell and spawn are unavailable"),
     }
     match web::WebFetch::new(config.tools.web_fetch.clone()) {
         Ok(t) => reg.register(Arc::new(t)),

@@ -178,7 +178,11 @@ impl ToolRegistry {
                 biased;
                 () = ctx.cancel.cancelled() => Err(ToolError::Cancelled),
                 r = async {
-                    match self.timeout {
+                    let limit = match (self.timeout, tool.time_budget()) {
+                        (Some(t), Some(b)) => Some(t.max(b)),
+                        (t, _) => t,
+                    };
+                    match limit {
                         Some(t) => tokio::time::timeout(t, run)
                             .await
                             .unwrap_or(Err(ToolError::Timeout(t.as_secs()))),

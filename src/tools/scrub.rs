@@ -44,7 +44,7 @@ const TOKEN_PATTERNS: &[&str] = &[
 ];
 
 /// `name = value` assignments whose value is redacted (group 1 kept, group 2 redacted).
-const ASSIGNMENT_PATTERN: &str = r#"(?i)((?:api[_-]?key|access[_-]?key|secret[_-]?key|client[_-]?secret|auth[_-]?token|access[_-]?token|refresh[_-]?token|token|secret|password|passwd|pwd)["']?\s*[:=]\s*["']?)([^\s"',;&}{]{4,})"#;
+const ASSIGNMENT_PATTERN: &str = r#"(?i)((?:api[_-]?key|access[_-]?key|secret[_-]?key|client[_-]?secret|auth[_-]?token|access[_-]?token|refresh[_-]?token|token|secret|password|passwd)["']?\s*[:=]\s*["']?)([^\s"',;&}{]{4,})"#;
 /// `Authorization: Bearer x`, `Bearer x`, `Authorization: Basic x`.
 const BEARER_PATTERN: &str =
     r"(?i)((?:authorization\s*[:=]\s*)?(?:bearer|basic|token)\s+)([A-Za-z0-9._~+/=\-]{8,})";
@@ -242,6 +242,7 @@ mod tests {
             "the token bucket refills",
             "a secret garden",
             "password reset emails",
+            "PWD=/home/u/work",
         ] {
             assert_eq!(s.scrub_str(plain), plain);
         }

@@ -591,3 +591,78 @@ async fn planted_keys_never_reach_the_logs_even_at_trace_level() {
         assert!(!log.contains(key), "{key} in the logs");
     }
 }
+
+#[test]
+fn tools_list_and_call_use_the_configured_policy_and_sandbox() {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    std::fs::create_dir_all(&ws).unwrap();
+    std::fs::write(ws.join("hello.txt"), "héllo\n").unwrap();
+    std::fs::write(dir.path().join("outside.txt"), "outside-secret").unwrap();
+    let cfg = write_config(
+        dir.path(),
+        &json!({
+            "agents": {"defaults": {"workspace": ws.to_str().unwrap()}},
+            "store": {"path": dir.path().join("store").to_str().unwrap()},
+            "tools": {"policy": {"deny": ["web_fetch"]}},
+        }),
+    );
+    let out = weft(dir.path())
+        .arg("--config")
+        .arg(&cfg)
+        .args(["tools", "list", "--json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let row = |n: &str| {
+        rows.as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["name"] == n)
+            .cloned()
+            .unwrap_or_else(|| panic!("{n} not listed: {rows}"))
+    };
+    assert_eq!(row("web_fetch")["allowed"], false);
+    assert_eq!(row("read_file")["allowed"], true);
+    assert_eq!(row("exec_shell")["group"], "runtime");
+    assert!(row("read_file")["parameters"]
+        .as_str()
+        .unwrap()
+        .contains("path*"));
+
+    let call = |name: &str, args: Value| {
+        let out = weft(dir.path())
+            .arg("--config")
+            .arg(&cfg)
+            .args(["tools", "call", name, "--args", &args.to_string()])
+            .output()
+            .unwrap();
+        let v: Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|_| panic!("{}", String::from_utf8_lossy(&out.stdout)));
+        (out.status.code(), v)
+    };
+    let (code, v) = call("read_file", json!({"path": "hello.txt"}));
+    assert_eq!((code, v["content"].as_str()), (Some(0), Some("héllo\n")));
+    let (code, v) = call("read_file", json!({"path": "../outside.txt"}));
+    assert_eq!(
+        (code, v["error_code"].as_str()),
+        (Some(1), Some("INVALID_PATH"))
+    );
+    let (code, v) = call("web_fetch", json!({"url": "https://example.com"}));
+    assert_eq!(
+        (code, v["error_code"].as_str()),
+        (Some(1), Some("PERMISSION_DENIED"))
+    );
+    let (code, v) = call(
+        "exec_shell",
+        json!({"command": "cat ../outside.txt; echo done"}),
+    );
+    assert_eq!(code, Some(0), "{v}");
+    assert_eq!(v["stdout"], "done\n");
+    assert!(!v.to_string().contains("outside-secret"));
+}

@@ -257,3 +257,173 @@ async fn web_fetch_from_the_model_never_dials_loopback() {
     assert_eq!(hits.load(Ordering::SeqCst), 0, "the canary was dialled");
     accept.abort();
 }
+
+#[tokio::test]
+async fn exec_shell_from_the_model_cannot_touch_anything_outside_the_workspace() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("ws")).unwrap();
+    std::fs::write(dir.path().join("canary.txt"), "canary-content-7f3a").unwrap();
+    let llm = FakeLlm::start().await;
+    let attacks = [
+        "cat ../canary.txt",
+        "rm -f ../canary.txt; r''m -r -f ../canary.txt",
+        "echo pwned > ../pwned.txt",
+        "ln -s ../canary.txt link && cat link && echo gone > link",
+        "cp ../canary.txt stolen.txt",
+        "ls ../store && cat ../store/conf",
+        "python3 -c \"open('../canary.txt','w').write('x')\"",
+        "echo made-inside > inside.txt && cat inside.txt",
+    ];
+    llm.push(Reply::ToolCalls(
+        attacks
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                (
+                    format!("x{i}"),
+                    "exec_shell".to_string(),
+                    json!({ "command": c }).to_string(),
+                )
+            })
+            .collect(),
+    ));
+    llm.push(Reply::Text("done".into()));
+    let gw = TestGateway::start(config(&llm, dir.path(), json!({}))).await;
+    let (s, body) = gw.api.chat("x", "attack").await;
+    assert_eq!(s, 200, "{body}");
+    let results = tool_results(&llm.requests()[1]);
+    assert_eq!(results.len(), attacks.len());
+    gw.stop().await;
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("canary.txt")).unwrap(),
+        "canary-content-7f3a"
+    );
+    assert!(!dir.path().join("pwned.txt").exists());
+    assert!(!dir.path().join("ws/stolen.txt").exists());
+    let all = serde_json::to_string(&results).unwrap();
+    assert!(!all.contains("canary-content-7f3a"), "{all}");
+    // The sandbox still lets ordinary work happen inside.
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("ws/inside.txt")).unwrap(),
+        "made-inside\n"
+    );
+    assert_eq!(results[7].1["stdout"], "made-inside\n");
+}
+
+/// Wait for the approval question in the HTTP mailbox of `chat` and return its id.
+async fn approval_id(api: &crate::common::Api, chat: &str) -> String {
+    for _ in 0..250 {
+        let (_, v) = api.get(&format!("/v1/chats/{chat}/messages")).await;
+        for m in v["messages"].as_array().cloned().unwrap_or_default() {
+            let text = m["content"].as_str().unwrap_or_default();
+            if let Some(rest) = text.split("`/approve ").nth(1) {
+                return rest.split('`').next().unwrap().to_string();
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("no approval question arrived");
+}
+
+#[tokio::test]
+async fn ask_mode_runs_a_command_only_after_the_user_approves_it_in_the_chat() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("ws")).unwrap();
+    let llm = FakeLlm::start().await;
+    llm.push(calls(&[(
+        "a1",
+        "exec_shell",
+        r#"{"command":"echo yes > approved.txt"}"#,
+    )]));
+    llm.push(Reply::Text("ran".into()));
+    llm.push(calls(&[(
+        "a2",
+        "exec_shell",
+        r#"{"command":"echo no > denied.txt"}"#,
+    )]));
+    llm.push(Reply::Text("refused".into()));
+    let cfg = config(
+        &llm,
+        dir.path(),
+        json!({"tools": {"exec": {"mode": "ask"}}}),
+    );
+    let gw = TestGateway::start(cfg).await;
+
+    let api = gw.api.clone();
+    let turn = tokio::spawn(async move { api.chat("asker", "make the file").await });
+    let id = approval_id(&gw.api, "asker").await;
+    assert!(
+        !dir.path().join("ws/approved.txt").exists(),
+        "ran before approval"
+    );
+    // Another chat cannot approve it.
+    let (_, other) = gw.api.chat("intruder", &format!("/approve {id}")).await;
+    assert!(other.to_string().contains("No pending approval"), "{other}");
+    let (s, ok) = gw.api.chat("asker", &format!("/approve {id}")).await;
+    assert_eq!(s, 200, "{ok}");
+    let (s, body) = turn.await.unwrap();
+    assert_eq!((s, body["reply"].as_str()), (200, Some("ran")), "{body}");
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("ws/approved.txt")).unwrap(),
+        "yes\n"
+    );
+
+    let api = gw.api.clone();
+    let turn = tokio::spawn(async move { api.chat("asker", "make another").await });
+    let id = approval_id(&gw.api, "asker").await;
+    gw.api.chat("asker", &format!("/deny {id}")).await;
+    let (s, _) = turn.await.unwrap();
+    assert_eq!(s, 200);
+    assert!(!dir.path().join("ws/denied.txt").exists());
+    let results = tool_results(&llm.requests()[3]);
+    assert_eq!(results.last().unwrap().1["error_code"], "PERMISSION_DENIED");
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn stop_kills_the_whole_process_group_of_a_running_command() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("ws")).unwrap();
+    let llm = FakeLlm::start().await;
+    llm.push(calls(&[(
+        "s1",
+        "exec_shell",
+        r#"{"command":"sleep 300 & echo $! > bg.pid; sleep 300","timeout":300}"#,
+    )]));
+    let gw = TestGateway::start(config(&llm, dir.path(), json!({}))).await;
+    let api = gw.api.clone();
+    let turn = tokio::spawn(async move { api.chat("k", "run forever").await });
+    let pid_file = dir.path().join("ws/bg.pid");
+    let mut pid = None;
+    for _ in 0..250 {
+        if let Some(p) = std::fs::read_to_string(&pid_file)
+            .ok()
+            .and_then(|s| s.trim().parse::<i32>().ok())
+        {
+            pid = Some(p);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let pid = pid.expect("the command started");
+    let alive = |p: i32| {
+        std::fs::read_to_string(format!("/proc/{p}/stat"))
+            .map(|s| !s.contains(") Z "))
+            .unwrap_or(false)
+    };
+    assert!(alive(pid));
+    let (s, body) = gw.api.chat("k", "/stop").await;
+    assert_eq!(s, 200, "{body}");
+    let (s, _) = turn.await.unwrap();
+    assert_eq!(s, 502);
+    let mut gone = false;
+    for _ in 0..100 {
+        if !alive(pid) {
+            gone = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(gone, "background child {pid} survived /stop");
+    gw.stop().await;
+}
