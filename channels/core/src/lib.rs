@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
+pub mod text;
 
 macro_rules! string_id {
     ($(#[$doc:meta])* $name:ident) => {
@@ -266,11 +267,60 @@ pub trait Channel: Send + Sync + 'static {
         cancel: CancellationToken,
     ) -> Result<(), ChannelError>;
 
-    /// Send one already-rendered, already-chunked message.
+    /// Send one message. Platform adapters render the Markdown `content` for their platform
+    /// and split it under their length limit ([`text::split_markdown`]); a retry of the same
+    /// `msg.id` must not resend chunks already delivered.
     ///
     /// # Errors
     /// A classified [`ChannelError`]; the outbox retries the retryable ones.
     async fn send(&self, msg: &OutboundMessage) -> Result<SentRef, ChannelError>;
+
+    /// Show that the bot is working on a reply in `chat` (Telegram `sendChatAction`, Discord
+    /// typing, ...). Called every few seconds while a turn runs; best effort.
+    ///
+    /// # Errors
+    /// Ignored by the caller except for logging.
+    async fn typing(&self, _chat: &ChatId, _thread: Option<&ThreadId>) -> Result<(), ChannelError> {
+        Ok(())
+    }
+
+    /// A one-line state for `weft status` (e.g. `connected as @bot`, `reconnecting: ...`).
+    fn state(&self) -> String {
+        "running".into()
+    }
+}
+
+/// Small durable key-value state an adapter keeps across restarts (Telegram's update offset,
+/// Discord's session id and sequence for RESUME). The daemon backs it with the store.
+pub trait StateStore: Send + Sync + 'static {
+    /// The value stored under `key`, if any.
+    fn get(&self, key: &str) -> Option<String>;
+    /// Store `value` under `key` durably (flushed before returning).
+    ///
+    /// # Errors
+    /// The store failed.
+    fn put(&self, key: &str, value: &str) -> Result<(), String>;
+}
+
+/// A [`StateStore`] in memory (tests, and adapters run without a store).
+#[derive(Debug, Default)]
+pub struct MemoryState(std::sync::Mutex<std::collections::HashMap<String, String>>);
+
+impl StateStore for MemoryState {
+    fn get(&self, key: &str) -> Option<String> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(key)
+            .cloned()
+    }
+    fn put(&self, key: &str, value: &str) -> Result<(), String> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(key.to_string(), value.to_string());
+        Ok(())
+    }
 }
 
 /// Milliseconds since the Unix epoch, for [`InboundEvent::received_at_ms`].
