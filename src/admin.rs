@@ -167,4 +167,99 @@ impl clawft_channel_http::Admin for AdminApi {
             None => Err(json!({"status": "starting"})),
         }
     }
+
+    async fn command(&self, name: &str, body: Value) -> Result<Value, String> {
+        let r = self.running.get().ok_or("starting")?;
+        match name {
+            "send" => {
+                let field = |k: &str| {
+                    body[k]
+                        .as_str()
+                        .map(str::to_string)
+                        .ok_or_else(|| format!("`{k}` (a string) is required"))
+                };
+                let channel = field("channel")?;
+                let mut running: Vec<&str> = self
+                    .config
+                    .chat_channels
+                    .iter()
+                    .map(|c| c.platform.name())
+                    .collect();
+                if self.config.http.enabled {
+                    running.push("http");
+                }
+                if !running.contains(&channel.as_str()) {
+                    return Err(format!(
+                        "no channel `{channel}` is running; running channels: {}",
+                        running.join(", ")
+                    ));
+                }
+                let msg = operator_message(&channel, &field("chat_id")?, &field("content")?)?;
+                let id = msg.id.clone();
+                r.store.enqueue_outbound(&msg).map_err(|e| e.to_string())?;
+                r.bus
+                    .cast(BusMsg::Outbound(msg))
+                    .map_err(|_| "the bus stopped; the message stays in the outbox".to_string())?;
+                Ok(json!({"status": "queued", "id": id}))
+            }
+            other => pairing_command(&r.store, other, &body),
+        }
+    }
+}
+
+/// A message the operator sends (`weft send`): not subject to the `message` tool's routes.
+///
+/// # Errors
+/// Empty fields or a chat id with `:`.
+pub fn operator_message(
+    channel: &str,
+    chat: &str,
+    content: &str,
+) -> Result<clawft_channel_core::OutboundMessage, String> {
+    use clawft_channel_core::{ChannelId, ChatId, OutboundKind, OutboundMessage};
+    let content = crate::ingress::sanitize_content(content);
+    if channel.is_empty() || chat.is_empty() || chat.contains(':') || content.trim().is_empty() {
+        return Err(
+            "channel, chat id and text must be non-empty (and the chat id without `:`)".into(),
+        );
+    }
+    Ok(OutboundMessage {
+        id: uuid::Uuid::now_v7().to_string(),
+        channel: ChannelId::new(channel),
+        chat: ChatId::new(chat),
+        thread: None,
+        in_reply_to: None,
+        kind: OutboundKind::Final,
+        content,
+        meta: None,
+    })
+}
+
+/// `pairing/list`, `pairing/approve {code}`, `pairing/revoke {who}` on `store`.
+///
+/// # Errors
+/// Unknown command, bad arguments or store failure, as text.
+pub fn pairing_command(store: &Store, name: &str, body: &Value) -> Result<Value, String> {
+    use crate::ingress::access;
+    match name {
+        "pairing/list" => Ok(json!({
+            "pending": access::pending(store).map_err(|e| e.to_string())?.iter().map(|p| json!({
+                "code": p.code, "channel": p.channel, "user": p.user, "chat": p.chat, "created_ms": p.created_ms,
+            })).collect::<Vec<_>>(),
+            "paired": access::paired(store).map_err(|e| e.to_string())?,
+        })),
+        "pairing/approve" => {
+            let code = body["code"].as_str().ok_or("`code` is required")?;
+            let who = access::approve(store, code, clawft_channel_core::now_ms())?;
+            Ok(json!({"approved": who}))
+        }
+        "pairing/revoke" => {
+            let who = body["who"]
+                .as_str()
+                .ok_or("`who` (channel:user) is required")?;
+            let was = access::revoke(store, who).map_err(|e| e.to_string())?;
+            Ok(json!({"revoked": was}))
+        }
+        other => Err(format!("unknown admin command `{other}`")),
+    }
 }

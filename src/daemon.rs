@@ -180,6 +180,7 @@ impl Daemon {
         .map_err(|e| DaemonError::Spawn(e.to_string()))?;
         let _ = sink.bus.set(bus.clone());
 
+        let access = Arc::new(access_rules(config));
         let intake = CancellationToken::new();
         let stop_channels = CancellationToken::new();
         let open = CancellationToken::new();
@@ -198,6 +199,7 @@ impl Daemon {
                     open: open.clone(),
                     stop: stop_channels.clone(),
                     tasks: tasks.clone(),
+                    access: access.clone(),
                 },
             )
             .await
@@ -314,6 +316,27 @@ impl Daemon {
         }
         tracing::info!("shutdown complete");
     }
+}
+
+/// Access rules: every chat platform is restricted to its `allow_from` (and paired senders);
+/// the HTTP API and the terminal are open (the bind address and token guard them).
+pub fn access_rules(config: &Config) -> crate::ingress::access::Access {
+    use crate::ingress::access::{Access, AccessRule};
+    Access::new(
+        config
+            .chat_channels
+            .iter()
+            .map(|c| {
+                (
+                    c.platform.name().to_string(),
+                    AccessRule::Restricted {
+                        allow_from: c.allow_from.clone(),
+                        pairing: c.pairing,
+                    },
+                )
+            })
+            .collect(),
+    )
 }
 
 /// The `message` tool's way out: the durable outbox, then the bus.

@@ -50,6 +50,12 @@ fn main() -> ExitCode {
             Command::Status => cli::status::run(&config).await,
             Command::Sessions { action } => cli::sessions::run(&config, action).await,
             Command::Tools { action } => cli::tools::run(&config, action).await,
+            Command::Pairing { action } => cli::pairing::run(&config, action).await,
+            Command::Send {
+                channel,
+                chat_id,
+                text,
+            } => cli::pairing::send(&config, &channel, &chat_id, &text).await,
         }
     });
     match result {

@@ -122,6 +122,25 @@ impl GatewayClient {
         }
     }
 
+    /// `POST path` with a JSON body → JSON.
+    ///
+    /// # Errors
+    /// Transport failure or a non-2xx answer (with the gateway's error text).
+    pub async fn post(&self, path: &str, body: &Value) -> Result<Value, CliError> {
+        let (status, v) = self
+            .json(self.req(reqwest::Method::POST, path).json(body))
+            .await?;
+        if (200..300).contains(&status) {
+            Ok(v)
+        } else {
+            Err(CliError(
+                v.get("error")
+                    .and_then(Value::as_str)
+                    .map_or_else(|| format!("gateway answered {status}: {v}"), str::to_string),
+            ))
+        }
+    }
+
     /// `DELETE path` → JSON.
     ///
     /// # Errors

@@ -4,6 +4,7 @@ pub mod agent;
 pub mod client;
 pub mod gateway;
 pub mod onboard;
+pub mod pairing;
 pub mod sessions;
 pub mod status;
 pub mod terminal;
@@ -58,11 +59,43 @@ pub enum Command {
         #[command(subcommand)]
         action: SessionsAction,
     },
+    /// Send a message to a chat through the running gateway (for scripts and cron jobs).
+    Send {
+        /// Channel id: telegram, discord, slack, http.
+        channel: String,
+        /// Chat id on that channel.
+        chat_id: String,
+        /// Message text (Markdown).
+        text: String,
+    },
+    /// Admit unknown senders who asked with a pairing code.
+    Pairing {
+        /// What to do.
+        #[command(subcommand)]
+        action: PairingAction,
+    },
     /// List the built-in tools, or run one tool call with the configured policy.
     Tools {
         /// What to do.
         #[command(subcommand)]
         action: tools::ToolsAction,
+    },
+}
+
+/// `weft pairing` actions.
+#[derive(Debug, Subcommand)]
+pub enum PairingAction {
+    /// Pending codes and paired senders.
+    List,
+    /// Admit the sender who received this code.
+    Approve {
+        /// The code the sender got in their chat.
+        code: String,
+    },
+    /// Remove a paired sender.
+    Revoke {
+        /// `channel:user_id`, as `weft pairing list` shows it.
+        who: String,
     },
 }
 

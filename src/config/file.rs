@@ -98,6 +98,68 @@ pub struct ChannelsFile {
     /// The local HTTP API.
     #[serde(default)]
     pub http: HttpFile,
+    /// Telegram (Bot API, long polling).
+    pub telegram: Option<ChatChannelFile>,
+    /// Discord (gateway + REST).
+    pub discord: Option<ChatChannelFile>,
+    /// Slack (Socket Mode + Web API).
+    pub slack: Option<ChatChannelFile>,
+}
+
+/// A platform user id, written as a number or a string.
+#[derive(Clone, Debug, Deserialize, Serialize, schemars::JsonSchema)]
+#[serde(untagged)]
+pub enum IdFile {
+    /// A numeric id (Telegram, Discord).
+    Int(i64),
+    /// A string id (Slack `U0123...`).
+    Str(String),
+}
+
+impl std::fmt::Display for IdFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            IdFile::Int(i) => write!(f, "{i}"),
+            IdFile::Str(s) => f.write_str(s.trim()),
+        }
+    }
+}
+
+/// `channels.telegram`, `channels.discord`, `channels.slack`.
+#[derive(Debug, Default, Deserialize, Serialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ChatChannelFile {
+    /// Run this channel (default true when the section is present).
+    pub enabled: Option<bool>,
+    /// Bot token, inline (prefer `token_env` or `token_file`).
+    pub token: Option<String>,
+    /// Environment variable holding the bot token.
+    pub token_env: Option<String>,
+    /// File holding the bot token (relative paths resolve in `$CREDENTIALS_DIRECTORY`).
+    pub token_file: Option<String>,
+    /// Slack only: the app-level token (`xapp-...`) for Socket Mode, inline.
+    pub app_token: Option<String>,
+    /// Slack only: environment variable holding the app-level token.
+    pub app_token_env: Option<String>,
+    /// Slack only: file holding the app-level token.
+    pub app_token_file: Option<String>,
+    /// Platform user ids allowed to talk to the bot (ids, not usernames). Empty: nobody
+    /// (unless paired).
+    pub allow_from: Option<Vec<IdFile>>,
+    /// Give unknown senders a one-time code that `weft pairing approve CODE` admits
+    /// (default false).
+    pub pairing: Option<bool>,
+    /// In group chats answer only when mentioned or replied to (`mention`, default) or to
+    /// every message (`all`).
+    pub group_mode: Option<String>,
+    /// Telegram/Slack: API base URL (a local `telegram-bot-api` server, a proxy).
+    pub api_url: Option<String>,
+    /// Discord: HTTP proxy in front of Discord's REST API (serenity's `proxy`).
+    pub proxy: Option<String>,
+    /// Stream replies by editing a draft message (default true).
+    pub stream_edits: Option<bool>,
+    /// Least time between two edits of a streamed draft, in milliseconds (default 1500).
+    pub edit_interval_ms: Option<u64>,
 }
 
 /// `channels.http`.

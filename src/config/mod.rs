@@ -225,8 +225,57 @@ pub struct Config {
     pub sessions: SessionLimits,
     /// Tool settings.
     pub tools: ToolsConfig,
+    /// Chat platform channels (Telegram, Discord, Slack) that are enabled.
+    pub chat_channels: Vec<ChatChannelConfig>,
     /// Every secret value, so tool output and logs can be scrubbed of them.
     pub secrets: Vec<Secret>,
+}
+
+/// A chat platform.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Platform {
+    /// Telegram.
+    Telegram,
+    /// Discord.
+    Discord,
+    /// Slack.
+    Slack,
+}
+
+impl Platform {
+    /// The channel id and config key.
+    pub fn name(self) -> &'static str {
+        match self {
+            Platform::Telegram => "telegram",
+            Platform::Discord => "discord",
+            Platform::Slack => "slack",
+        }
+    }
+}
+
+/// A validated `channels.<platform>` section.
+#[derive(Clone, Debug)]
+pub struct ChatChannelConfig {
+    /// Which platform.
+    pub platform: Platform,
+    /// Bot token.
+    pub token: Secret,
+    /// Slack's app-level token.
+    pub app_token: Option<Secret>,
+    /// Admitted user ids.
+    pub allow_from: std::collections::BTreeSet<String>,
+    /// Pairing of unknown senders.
+    pub pairing: bool,
+    /// Answer every group message (`true`) or only mentions/replies.
+    pub group_all: bool,
+    /// API base override.
+    pub api_url: Option<String>,
+    /// Discord REST proxy.
+    pub proxy: Option<String>,
+    /// Stream by editing a draft.
+    pub stream_edits: bool,
+    /// Least time between draft edits.
+    pub edit_interval: Duration,
 }
 
 /// Validated `tools.*` settings.
@@ -463,6 +512,14 @@ impl Config {
             max_queue: raw.sessions.max_queue.unwrap_or(100).max(1),
             shutdown_grace: Duration::from_secs(raw.sessions.shutdown_grace_secs.unwrap_or(10)),
         };
+        let chat_channels = resolve_chat_channels(
+            raw.channels.telegram,
+            raw.channels.discord,
+            raw.channels.slack,
+            config_dir,
+            env,
+            &mut secrets,
+        )?;
         let tools = resolve_tools(
             raw.tools,
             agent_tools.as_ref(),
@@ -481,9 +538,124 @@ impl Config {
             store,
             sessions,
             tools,
+            chat_channels,
             secrets,
         })
     }
+}
+
+fn resolve_chat_channels(
+    telegram: Option<file::ChatChannelFile>,
+    discord: Option<file::ChatChannelFile>,
+    slack: Option<file::ChatChannelFile>,
+    config_dir: &Path,
+    env: &Env,
+    secrets: &mut Vec<Secret>,
+) -> Result<Vec<ChatChannelConfig>, ConfigError> {
+    let mut out = Vec::new();
+    for (platform, f) in [
+        (Platform::Telegram, telegram),
+        (Platform::Discord, discord),
+        (Platform::Slack, slack),
+    ] {
+        let Some(f) = f else { continue };
+        if !f.enabled.unwrap_or(true) {
+            continue;
+        }
+        let name = platform.name();
+        let key = |k: &str| format!("channels.{name}.{k}");
+        let token = resolve_secret(&key("token"), f.token, f.token_env, f.token_file, config_dir, env)?
+            .ok_or_else(|| ConfigError::Invalid {
+                key: key("token"),
+                detail: format!("the {name} channel is enabled but has no bot token: set token_env or token_file (or enabled = false)"),
+            })?;
+        secrets.push(token.clone());
+        let app_token = resolve_secret(
+            &key("app_token"),
+            f.app_token,
+            f.app_token_env,
+            f.app_token_file,
+            config_dir,
+            env,
+        )?;
+        match (platform, &app_token) {
+            (Platform::Slack, None) => {
+                return Err(ConfigError::Invalid {
+                    key: key("app_token"),
+                    detail: "Slack's Socket Mode needs the app-level token (xapp-...): set app_token_env or app_token_file".into(),
+                })
+            }
+            (Platform::Telegram | Platform::Discord, Some(_)) => {
+                return Err(ConfigError::Invalid {
+                    key: key("app_token"),
+                    detail: format!("only the slack channel has an app token, not {name}"),
+                })
+            }
+            _ => {}
+        }
+        if let Some(t) = &app_token {
+            secrets.push(t.clone());
+        }
+        if f.proxy.is_some() && platform != Platform::Discord {
+            return Err(ConfigError::Invalid {
+                key: key("proxy"),
+                detail: "only the discord channel takes a REST proxy; use api_url".into(),
+            });
+        }
+        if f.api_url.is_some() && platform == Platform::Discord {
+            return Err(ConfigError::Invalid {
+                key: key("api_url"),
+                detail: "the discord channel takes `proxy` (an HTTP proxy in front of Discord's REST API), not api_url".into(),
+            });
+        }
+        for (k, v) in [("api_url", &f.api_url), ("proxy", &f.proxy)] {
+            if let Some(u) = v {
+                if !(u.starts_with("http://") || u.starts_with("https://")) {
+                    return Err(ConfigError::Invalid {
+                        key: key(k),
+                        detail: format!("expected an http:// or https:// URL, got `{u}`"),
+                    });
+                }
+            }
+        }
+        let group_all = match f.group_mode.as_deref() {
+            None | Some("mention") => false,
+            Some("all") => true,
+            Some(other) => {
+                return Err(ConfigError::Invalid {
+                    key: key("group_mode"),
+                    detail: format!("expected \"mention\" or \"all\", got \"{other}\""),
+                })
+            }
+        };
+        let allow_from = f
+            .allow_from
+            .unwrap_or_default()
+            .iter()
+            .map(ToString::to_string)
+            .filter(|s| !s.is_empty())
+            .collect::<std::collections::BTreeSet<_>>();
+        let pairing = f.pairing.unwrap_or(false);
+        if allow_from.is_empty() && !pairing {
+            tracing::warn!(
+                channel = name,
+                "channels.{name}.allow_from is empty and pairing is off: nobody can talk to this bot"
+            );
+        }
+        out.push(ChatChannelConfig {
+            platform,
+            token,
+            app_token,
+            allow_from,
+            pairing,
+            group_all,
+            api_url: f.api_url,
+            proxy: f.proxy,
+            stream_edits: f.stream_edits.unwrap_or(true),
+            edit_interval: Duration::from_millis(f.edit_interval_ms.unwrap_or(1500).max(200)),
+        });
+    }
+    Ok(out)
 }
 
 fn invalid(key: &str, detail: String) -> ConfigError {

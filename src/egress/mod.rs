@@ -8,7 +8,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use clawft_channel_core::{Ack, Channel, ChannelError, InboundDelivery, OutboundMessage};
+use clawft_channel_core::{
+    Ack, Channel, ChannelError, InboundDelivery, InboundEvent, OutboundMessage,
+};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
@@ -16,6 +18,7 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
 use crate::bus::{BusMsg, BusRef};
+use crate::ingress::access::{Access, Verdict};
 use crate::ingress::{sanitize_content, SessionKey};
 use crate::store::{JournalOutcome, Store};
 
@@ -57,6 +60,8 @@ pub struct ChannelArgs {
     pub stop: CancellationToken,
     /// Where the actor's tasks are tracked.
     pub tasks: TaskTracker,
+    /// Who may talk on this channel.
+    pub access: Arc<Access>,
 }
 
 enum Work {
@@ -102,6 +107,7 @@ impl Actor for ChannelActor {
                 args.bus.clone(),
                 args.intake.clone(),
                 args.open.clone(),
+                args.access.clone(),
             )
             .instrument(tracing::info_span!("ingress", channel = %id)),
         );
@@ -163,12 +169,40 @@ async fn listen_loop(
     }
 }
 
+/// Refuse `event` from a sender who is not allowed, telling them (once) how to pair.
+fn refuse_sender(store: &Store, bus: &BusRef, event: &InboundEvent, reply: Option<String>) -> Ack {
+    tracing::info!(sender = %event.sender, "message from a sender who is not allowed");
+    if let Some(text) = reply {
+        let msg = OutboundMessage {
+            id: uuid::Uuid::now_v7().to_string(),
+            channel: event.channel.clone(),
+            chat: event.chat.clone(),
+            thread: event.thread.clone(),
+            in_reply_to: None,
+            kind: clawft_channel_core::OutboundKind::Final,
+            content: text,
+            meta: None,
+        };
+        match store.enqueue_outbound(&msg) {
+            Ok(()) => {
+                let _ = bus.cast(BusMsg::Outbound(msg));
+            }
+            Err(e) => tracing::error!(error = %e, "could not queue the pairing reply"),
+        }
+    }
+    Ack::Rejected(format!(
+        "sender {} is not allowed on channel {}",
+        event.sender, event.channel
+    ))
+}
+
 async fn ingress_pump(
     mut rx: mpsc::Receiver<InboundDelivery>,
     store: Store,
     bus: BusRef,
     intake: CancellationToken,
     open: CancellationToken,
+    access: Arc<Access>,
 ) {
     open.cancelled().await;
     while let Some(InboundDelivery { mut event, ack }) = rx.recv().await {
@@ -179,9 +213,17 @@ async fn ingress_pump(
             Ack::Rejected("the gateway is shutting down; retry shortly".into())
         } else {
             event.content = sanitize_content(&event.content);
-            match SessionKey::derive(&event) {
-                Err(e) => Ack::Rejected(e.to_string()),
-                Ok(key) => match store.journal_inbound(&event, &key) {
+            match (
+                access.check(&store, &event, clawft_channel_core::now_ms()),
+                SessionKey::derive(&event),
+            ) {
+                (Err(e), _) => {
+                    tracing::error!(error = %e, "access check failed");
+                    Ack::Rejected(format!("could not check access: {e}"))
+                }
+                (Ok(Verdict::Denied { reply }), _) => refuse_sender(&store, &bus, &event, reply),
+                (Ok(Verdict::Allowed), Err(e)) => Ack::Rejected(e.to_string()),
+                (Ok(Verdict::Allowed), Ok(key)) => match store.journal_inbound(&event, &key) {
                     Ok(JournalOutcome::Duplicate) => {
                         tracing::info!("duplicate event ignored");
                         Ack::Duplicate

@@ -3,6 +3,8 @@
 //!
 //! Ingress decides nothing about conversations; it never awaits the LLM.
 
+pub mod access;
+
 use std::fmt;
 
 use clawft_channel_core::InboundEvent;

@@ -126,6 +126,14 @@ fn outbox_key(id: &str) -> Vec<u8> {
     k
 }
 
+fn state_key(ns: &str, key: &str) -> Vec<u8> {
+    let mut k = b"k\0".to_vec();
+    k.extend(ns.as_bytes());
+    k.push(SEP);
+    k.extend(key.as_bytes());
+    k
+}
+
 fn decode<T: serde::de::DeserializeOwned>(key: &[u8], v: &[u8]) -> Result<T, StoreError> {
     serde_json::from_slice(v).map_err(|e| StoreError::Corrupt {
         key: String::from_utf8_lossy(key).replace('\0', "/"),
@@ -172,6 +180,49 @@ impl Store {
     /// Bytes on disk.
     pub fn size_on_disk(&self) -> u64 {
         self.kv.size_on_disk()
+    }
+
+    /// A small state value (adapter offsets, pairing) under `ns`/`key`.
+    ///
+    /// # Errors
+    /// Backend failure.
+    pub fn state_get(&self, ns: &str, key: &str) -> Result<Option<String>, StoreError> {
+        Ok(self
+            .kv
+            .get(&state_key(ns, key))?
+            .map(|v| String::from_utf8_lossy(&v).into_owned()))
+    }
+
+    /// Store (`Some`) or delete (`None`) a state value durably (flushed).
+    ///
+    /// # Errors
+    /// Backend failure.
+    pub fn state_put(&self, ns: &str, key: &str, value: Option<&str>) -> Result<(), StoreError> {
+        let k = state_key(ns, key);
+        self.kv.apply(vec![match value {
+            Some(v) => Op::Put(k, v.as_bytes().to_vec()),
+            None => Op::Del(k),
+        }])?;
+        self.kv.flush()
+    }
+
+    /// Every state value under `ns`, as (key, value).
+    ///
+    /// # Errors
+    /// Backend failure.
+    pub fn state_scan(&self, ns: &str) -> Result<Vec<(String, String)>, StoreError> {
+        let prefix = state_key(ns, "");
+        Ok(self
+            .kv
+            .scan_prefix(&prefix)?
+            .into_iter()
+            .map(|(k, v)| {
+                (
+                    String::from_utf8_lossy(&k[prefix.len()..]).into_owned(),
+                    String::from_utf8_lossy(&v).into_owned(),
+                )
+            })
+            .collect())
     }
 
     /// Make every write durable.

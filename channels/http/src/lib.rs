@@ -81,6 +81,11 @@ pub trait Admin: Send + Sync + 'static {
     async fn clear_session(&self, key: &str) -> Result<bool, String>;
     /// `GET /readyz`: `Ok` when ready (200), `Err` when not (503).
     async fn ready(&self) -> Result<Value, Value>;
+    /// `POST /v1/admin/{name}` with a JSON body (`send`, `pairing/list`, `pairing/approve`,
+    /// ...): `Err` is 400 with the text.
+    async fn command(&self, name: &str, _body: Value) -> Result<Value, String> {
+        Err(format!("unknown admin command `{name}`"))
+    }
 }
 
 enum Waiter {
@@ -206,6 +211,7 @@ fn router(inner: Arc<Inner>) -> Router {
         .route("/v1/sessions", get(sessions))
         .route("/v1/sessions/{key}", get(session).delete(clear_session))
         .route("/v1/chats/{chat_id}/messages", get(mailbox))
+        .route("/v1/admin/{*name}", post(admin_command))
         .route_layer(middleware::from_fn_with_state(inner.clone(), auth));
     Router::new()
         .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
@@ -265,6 +271,18 @@ async fn session(State(inner): State<Arc<Inner>>, Path(key): Path<String>) -> Re
 async fn clear_session(State(inner): State<Arc<Inner>>, Path(key): Path<String>) -> Response {
     match inner.admin.clear_session(&key).await {
         Ok(b) => Json(json!({ "cleared": b })).into_response(),
+        Err(e) => err(StatusCode::BAD_REQUEST, e),
+    }
+}
+
+async fn admin_command(
+    State(inner): State<Arc<Inner>>,
+    Path(name): Path<String>,
+    body: Option<Json<Value>>,
+) -> Response {
+    let body = body.map_or(Value::Null, |Json(v)| v);
+    match inner.admin.command(&name, body).await {
+        Ok(v) => Json(v).into_response(),
         Err(e) => err(StatusCode::BAD_REQUEST, e),
     }
 }

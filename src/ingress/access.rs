@@ -1,0 +1,315 @@
+//! Who may talk to the bot on each chat platform: deny by default.
+//!
+//! A channel is `Open` (the HTTP API behind its bind address and token, the terminal) or
+//! `Restricted`: only senders whose platform user id is in `allow_from` (ids, never usernames,
+//! which can change hands), plus senders the operator paired. An empty list admits nobody.
+//!
+//! Pairing (optional, `channels.NAME.pairing = true`): an unknown sender gets a one-time code in
+//! their chat; the operator runs `weft pairing approve CODE`, which admits that sender id on that
+//! channel from then on. Codes expire after an hour; one code per sender at a time, so a stranger
+//! cannot make the bot spam; the code is random (from the OS generator).
+
+use std::collections::{BTreeSet, HashMap};
+
+use clawft_channel_core::InboundEvent;
+use serde::{Deserialize, Serialize};
+
+use crate::store::{Store, StoreError};
+
+/// Store namespace of admitted (paired) senders: key `channel:user`.
+const PAIRED: &str = "paired";
+/// Store namespace of pending codes: key = code.
+const PENDING: &str = "pairing";
+/// How long a code stays valid.
+const CODE_TTL_MS: u64 = 3_600_000;
+
+/// Access rule of one channel.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AccessRule {
+    /// Everyone who can reach the channel (HTTP API, terminal).
+    Open,
+    /// Only these ids (and paired senders).
+    Restricted {
+        /// Admitted platform user ids.
+        allow_from: BTreeSet<String>,
+        /// Whether unknown senders get a pairing code.
+        pairing: bool,
+    },
+}
+
+/// What ingress does with a message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Process it.
+    Allowed,
+    /// Refuse it; reply with this text in the sender's chat, if any.
+    Denied {
+        /// What to tell the sender (a pairing code), when something should be said.
+        reply: Option<String>,
+    },
+}
+
+/// A pending pairing request.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Pending {
+    /// The code.
+    #[serde(default)]
+    pub code: String,
+    /// Channel id.
+    pub channel: String,
+    /// Sender's platform user id.
+    pub user: String,
+    /// Chat where the code was sent.
+    pub chat: String,
+    /// When it was made.
+    pub created_ms: u64,
+}
+
+/// Access rules of every channel, with the store for pairing.
+#[derive(Clone, Debug, Default)]
+pub struct Access {
+    rules: HashMap<String, AccessRule>,
+}
+
+fn code() -> String {
+    const ALPHABET: &[u8] = b"ABCDEFGHJKLMNPQRSTUVWXYZ23456789";
+    uuid::Uuid::new_v4()
+        .as_bytes()
+        .iter()
+        .take(8)
+        .map(|b| char::from(ALPHABET[usize::from(*b) % ALPHABET.len()]))
+        .collect()
+}
+
+impl Access {
+    /// Rules by channel id; channels not listed are `Open`.
+    pub fn new(rules: HashMap<String, AccessRule>) -> Self {
+        Self { rules }
+    }
+
+    /// The rule of `channel`.
+    pub fn rule(&self, channel: &str) -> &AccessRule {
+        self.rules.get(channel).unwrap_or(&AccessRule::Open)
+    }
+
+    /// Decide on `ev`, creating a pairing code when the channel pairs unknown senders.
+    ///
+    /// # Errors
+    /// Store failure (the message is then refused).
+    pub fn check(
+        &self,
+        store: &Store,
+        ev: &InboundEvent,
+        now_ms: u64,
+    ) -> Result<Verdict, StoreError> {
+        let (allow_from, pairing) = match self.rule(ev.channel.as_str()) {
+            AccessRule::Open => return Ok(Verdict::Allowed),
+            AccessRule::Restricted {
+                allow_from,
+                pairing,
+            } => (allow_from, *pairing),
+        };
+        let user = ev.sender.as_str();
+        let who = format!("{}:{user}", ev.channel);
+        if allow_from.contains(user) || store.state_get(PAIRED, &who)?.is_some() {
+            return Ok(Verdict::Allowed);
+        }
+        if !pairing {
+            return Ok(Verdict::Denied { reply: None });
+        }
+        // One live code per sender: no reply (no spam) while it is valid.
+        for (c, v) in store.state_scan(PENDING)? {
+            let Ok(p) = serde_json::from_str::<Pending>(&v) else {
+                continue;
+            };
+            if now_ms.saturating_sub(p.created_ms) > CODE_TTL_MS {
+                store.state_put(PENDING, &c, None)?;
+            } else if p.channel == ev.channel.as_str() && p.user == user {
+                return Ok(Verdict::Denied { reply: None });
+            }
+        }
+        let c = code();
+        let p = Pending {
+            code: c.clone(),
+            channel: ev.channel.to_string(),
+            user: user.to_string(),
+            chat: ev.chat.to_string(),
+            created_ms: now_ms,
+        };
+        let text = serde_json::to_string(&p).map_err(|e| StoreError::Backend(e.to_string()))?;
+        store.state_put(PENDING, &c, Some(&text))?;
+        tracing::info!(channel = %ev.channel, user, code = %c, "pairing code issued");
+        Ok(Verdict::Denied {
+            reply: Some(format!(
+                "I don't know you yet. Your pairing code is {c}. Ask the operator of this bot to run `weft pairing approve {c}` (valid for one hour)."
+            )),
+        })
+    }
+}
+
+/// Pending pairing requests.
+///
+/// # Errors
+/// Store failure.
+pub fn pending(store: &Store) -> Result<Vec<Pending>, StoreError> {
+    Ok(store
+        .state_scan(PENDING)?
+        .into_iter()
+        .filter_map(|(c, v)| {
+            serde_json::from_str::<Pending>(&v).ok().map(|mut p| {
+                p.code = c;
+                p
+            })
+        })
+        .collect())
+}
+
+/// Admit the sender of pending code `code`. Returns `channel:user`.
+///
+/// # Errors
+/// Unknown or expired code, or store failure, as text.
+pub fn approve(store: &Store, code: &str, now_ms: u64) -> Result<String, String> {
+    let code = code.trim().to_uppercase();
+    let p = store
+        .state_get(PENDING, &code)
+        .map_err(|e| e.to_string())?
+        .and_then(|v| serde_json::from_str::<Pending>(&v).ok())
+        .filter(|p| now_ms.saturating_sub(p.created_ms) <= CODE_TTL_MS)
+        .ok_or_else(|| format!("no pending pairing code {code} (codes expire after an hour)"))?;
+    let who = format!("{}:{}", p.channel, p.user);
+    store
+        .state_put(PAIRED, &who, Some(&now_ms.to_string()))
+        .and_then(|()| store.state_put(PENDING, &code, None))
+        .map_err(|e| e.to_string())?;
+    Ok(who)
+}
+
+/// Paired senders, as `channel:user`.
+///
+/// # Errors
+/// Store failure.
+pub fn paired(store: &Store) -> Result<Vec<String>, StoreError> {
+    Ok(store
+        .state_scan(PAIRED)?
+        .into_iter()
+        .map(|(k, _)| k)
+        .collect())
+}
+
+/// Remove a paired sender (`channel:user`). Whether it was paired.
+///
+/// # Errors
+/// Store failure.
+pub fn revoke(store: &Store, who: &str) -> Result<bool, StoreError> {
+    let was = store.state_get(PAIRED, who)?.is_some();
+    store.state_put(PAIRED, who, None)?;
+    Ok(was)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use clawft_channel_core::{ChannelId, ChatId, PlatformEventId, UserId};
+
+    use super::*;
+
+    fn ev(channel: &str, user: &str) -> InboundEvent {
+        InboundEvent {
+            channel: ChannelId::new(channel),
+            chat: ChatId::new("c1"),
+            thread: None,
+            sender: UserId::new(user),
+            event_id: PlatformEventId::new("e1"),
+            content: "hi".into(),
+            received_at_ms: 0,
+        }
+    }
+
+    #[test]
+    fn deny_by_default_allowlist_and_pairing() {
+        let store = Store::memory();
+        let mut rules = HashMap::new();
+        rules.insert(
+            "telegram".to_string(),
+            AccessRule::Restricted {
+                allow_from: ["42".to_string()].into(),
+                pairing: true,
+            },
+        );
+        rules.insert(
+            "slack".to_string(),
+            AccessRule::Restricted {
+                allow_from: BTreeSet::new(),
+                pairing: false,
+            },
+        );
+        let a = Access::new(rules);
+        assert_eq!(
+            a.check(&store, &ev("http", "x"), 0).unwrap(),
+            Verdict::Allowed
+        );
+        assert_eq!(
+            a.check(&store, &ev("telegram", "42"), 0).unwrap(),
+            Verdict::Allowed
+        );
+        // An empty list admits nobody, and without pairing nothing is said.
+        assert_eq!(
+            a.check(&store, &ev("slack", "42"), 0).unwrap(),
+            Verdict::Denied { reply: None }
+        );
+        // A stranger gets one code, then silence.
+        let Verdict::Denied { reply: Some(text) } =
+            a.check(&store, &ev("telegram", "7"), 10).unwrap()
+        else {
+            panic!("no code");
+        };
+        assert_eq!(
+            a.check(&store, &ev("telegram", "7"), 20).unwrap(),
+            Verdict::Denied { reply: None }
+        );
+        let p = pending(&store).unwrap();
+        assert_eq!(p.len(), 1);
+        assert!(text.contains(&p[0].code));
+        // A wrong code does nothing; the right one admits exactly that sender on that channel.
+        assert!(approve(&store, "NOPE1234", 30).is_err());
+        assert_eq!(
+            approve(&store, &p[0].code.to_lowercase(), 30).unwrap(),
+            "telegram:7"
+        );
+        assert_eq!(
+            a.check(&store, &ev("telegram", "7"), 40).unwrap(),
+            Verdict::Allowed
+        );
+        assert_ne!(
+            a.check(&store, &ev("slack", "7"), 40).unwrap(),
+            Verdict::Allowed
+        );
+        assert!(pending(&store).unwrap().is_empty());
+        assert_eq!(paired(&store).unwrap(), ["telegram:7"]);
+        assert!(revoke(&store, "telegram:7").unwrap());
+        assert_ne!(
+            a.check(&store, &ev("telegram", "7"), 50).unwrap(),
+            Verdict::Allowed
+        );
+    }
+
+    #[test]
+    fn codes_expire() {
+        let store = Store::memory();
+        let a = Access::new(HashMap::from([(
+            "telegram".to_string(),
+            AccessRule::Restricted {
+                allow_from: BTreeSet::new(),
+                pairing: true,
+            },
+        )]));
+        a.check(&store, &ev("telegram", "7"), 0).unwrap();
+        let code = pending(&store).unwrap()[0].code.clone();
+        assert!(approve(&store, &code, CODE_TTL_MS + 1).is_err());
+        // After expiry a new code is issued.
+        let v = a
+            .check(&store, &ev("telegram", "7"), CODE_TTL_MS + 2)
+            .unwrap();
+        assert!(matches!(v, Verdict::Denied { reply: Some(_) }));
+    }
+}
