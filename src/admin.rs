@@ -35,6 +35,12 @@ pub fn status_json(config: &Config, store: &Store, live: Option<&[SessionStatus]
         "provider_source": format!("{:?}", config.provider_source),
         "channels": {
             "http": if config.http.enabled { Value::String(config.http.bind.to_string()) } else { Value::Null },
+            "chat": config.chat_channels.iter().map(|c| json!({
+                "channel": c.platform.name(),
+                "allow_from": c.allow_from.len(),
+                "pairing": c.pairing,
+                "group_mode": if c.group_all { "all" } else { "mention" },
+            })).collect::<Vec<_>>(),
         },
         "sessions": {
             "stored": stored,
@@ -102,6 +108,7 @@ pub fn session_json(store: &Store, key: &str) -> Result<Option<Value>, String> {
 struct Running {
     bus: BusRef,
     store: Store,
+    channels: Vec<(String, crate::egress::ChannelRef)>,
 }
 
 /// The [`clawft_channel_http::Admin`] implementation: filled in once the daemon runs.
@@ -121,8 +128,17 @@ impl AdminApi {
     }
 
     /// Connect it to the running daemon.
-    pub fn attach(&self, bus: BusRef, store: Store) {
-        let _ = self.running.set(Running { bus, store });
+    pub fn attach(
+        &self,
+        bus: BusRef,
+        store: Store,
+        channels: Vec<(String, crate::egress::ChannelRef)>,
+    ) {
+        let _ = self.running.set(Running {
+            bus,
+            store,
+            channels,
+        });
     }
 }
 
@@ -134,6 +150,7 @@ impl clawft_channel_http::Admin for AdminApi {
                 let live = crate::daemon::live_sessions(&r.bus).await;
                 let mut v = status_json(&self.config, &r.store, Some(&live));
                 v["mode"] = json!("gateway");
+                v["channel_states"] = crate::daemon::channel_states(&r.channels).await;
                 v
             }
             None => json!({"status": "starting"}),

@@ -110,7 +110,7 @@ pub fn connect_hint(config: &Config) -> Option<String> {
 /// The running daemon.
 pub struct Daemon {
     bus: BusRef,
-    channels: Vec<ChannelRef>,
+    channels: Vec<(String, ChannelRef)>,
     store: Store,
     tasks: TaskTracker,
     intake: CancellationToken,
@@ -205,11 +205,11 @@ impl Daemon {
             .await
             .map_err(|e| DaemonError::Spawn(e.to_string()))?;
             let _ = bus.cast(BusMsg::RegisterChannel {
-                id,
+                id: id.clone(),
                 actor: actor.clone(),
                 streaming,
             });
-            refs.push(actor);
+            refs.push((id.to_string(), actor));
         }
 
         // Replies answered before a crash but not delivered.
@@ -250,6 +250,11 @@ impl Daemon {
         &self.bus
     }
 
+    /// The channel actors by id.
+    pub fn channels(&self) -> &[(String, ChannelRef)] {
+        &self.channels
+    }
+
     /// The store.
     pub fn store(&self) -> &Store {
         &self.store
@@ -284,7 +289,7 @@ impl Daemon {
             }));
             let _ = tokio::time::timeout(CANCEL_SETTLE, settle).await;
         }
-        let flush = futures::future::join_all(self.channels.iter().map(|c| async move {
+        let flush = futures::future::join_all(self.channels.iter().map(|(_, c)| async move {
             ractor::call_t!(c, |reply| ChannelMsg::Flush { reply }, LONG_CALL_MS)
         }));
         if tokio::time::timeout(OUTBOX_DRAIN, flush).await.is_err() {
@@ -297,7 +302,7 @@ impl Daemon {
         for (_, s) in &sessions {
             s.stop(Some("shutdown".into()));
         }
-        for c in &self.channels {
+        for (_, c) in &self.channels {
             c.stop(Some("shutdown".into()));
         }
         let _ = self
@@ -359,6 +364,21 @@ impl MessageSink for BusSink {
         bus.cast(BusMsg::Outbound(msg))
             .map_err(|_| "the bus stopped; the message stays in the outbox".to_string())
     }
+}
+
+/// Each channel adapter's one-line state.
+pub async fn channel_states(channels: &[(String, ChannelRef)]) -> serde_json::Value {
+    let mut out = serde_json::Map::new();
+    for (id, c) in channels {
+        let st = ractor::call_t!(
+            c,
+            |reply| ChannelMsg::State { reply },
+            ACTOR_CALL_TIMEOUT_MS
+        )
+        .unwrap_or_else(|e| format!("not answering: {e}"));
+        out.insert(id.clone(), serde_json::Value::String(st));
+    }
+    serde_json::Value::Object(out)
 }
 
 /// Status of every live session behind `bus`.

@@ -25,6 +25,7 @@
 pub mod admin;
 pub mod approval;
 pub mod bus;
+pub mod channels;
 pub mod cli;
 pub mod config;
 pub mod daemon;

@@ -26,6 +26,15 @@ pub enum BusMsg {
     Inbound(InboxEntry),
     /// From sessions (and the `message` tool): send on the message's channel.
     Outbound(OutboundMessage),
+    /// From a session while a turn runs: show the typing indicator (best effort).
+    Typing {
+        /// Channel.
+        channel: ChannelId,
+        /// Chat.
+        chat: clawft_channel_core::ChatId,
+        /// Thread.
+        thread: Option<clawft_channel_core::ThreadId>,
+    },
     /// From the daemon: a channel actor to route replies to, and whether it streams.
     RegisterChannel {
         /// Channel id.
@@ -125,6 +134,15 @@ impl Actor for BusActor {
                     tracing::warn!(channel = %out.channel, "reply for an unknown channel; it stays in the outbox")
                 }
             },
+            BusMsg::Typing {
+                channel,
+                chat,
+                thread,
+            } => {
+                if let Some((ch, _)) = state.channels.get(&channel) {
+                    let _ = ch.cast(ChannelMsg::Typing { chat, thread });
+                }
+            }
             BusMsg::RegisterChannel {
                 id,
                 actor,

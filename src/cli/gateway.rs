@@ -53,10 +53,15 @@ impl Gateway {
             http_addr = Some(http.local_addr());
             channels.push(http);
         }
+        channels.extend(crate::channels::chat_channels(&config, &store));
         let daemon = Daemon::start(&config, store, model, channels)
             .await
             .map_err(CliError::msg)?;
-        admin.attach(daemon.bus().clone(), daemon.store().clone());
+        admin.attach(
+            daemon.bus().clone(),
+            daemon.store().clone(),
+            daemon.channels().to_vec(),
+        );
         match http_addr {
             Some(a) => tracing::info!(http = %a, "weft gateway ready"),
             None => tracing::info!("weft gateway ready (HTTP API disabled)"),

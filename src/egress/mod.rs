@@ -36,6 +36,18 @@ const MAX_LISTEN_BACKOFF: Duration = Duration::from_secs(60);
 pub enum ChannelMsg {
     /// From the bus: send this message (journaled ones are already in the outbox).
     Send(OutboundMessage),
+    /// Show the typing indicator in a chat (best effort, never queued behind sends).
+    Typing {
+        /// Chat.
+        chat: clawft_channel_core::ChatId,
+        /// Thread.
+        thread: Option<clawft_channel_core::ThreadId>,
+    },
+    /// The adapter's one-line state, for `weft status`.
+    State {
+        /// Answer.
+        reply: RpcReplyPort<String>,
+    },
     /// From the daemon at shutdown: reply once everything queued before it was attempted.
     Flush {
         /// Answered when the queue ahead is done.
@@ -72,6 +84,8 @@ enum Work {
 /// State of a channel actor.
 pub struct ChannelState {
     outbox: mpsc::UnboundedSender<Work>,
+    channel: Arc<dyn Channel>,
+    typing_busy: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// The channel actor.
@@ -115,7 +129,11 @@ impl Actor for ChannelActor {
             listen_loop(args.channel.clone(), in_tx, args.stop.clone())
                 .instrument(tracing::info_span!("listen", channel = %id)),
         );
-        Ok(ChannelState { outbox: tx })
+        Ok(ChannelState {
+            outbox: tx,
+            channel: args.channel.clone(),
+            typing_busy: Arc::default(),
+        })
     }
 
     async fn handle(
@@ -127,6 +145,28 @@ impl Actor for ChannelActor {
         match msg {
             ChannelMsg::Send(m) => {
                 let _ = state.outbox.send(Work::Send(m));
+            }
+            ChannelMsg::Typing { chat, thread } => {
+                use std::sync::atomic::Ordering;
+                // One typing call at a time per channel; a slow platform skips ticks.
+                if !state.typing_busy.swap(true, Ordering::AcqRel) {
+                    let ch = state.channel.clone();
+                    let busy = state.typing_busy.clone();
+                    tokio::spawn(async move {
+                        let r = tokio::time::timeout(
+                            Duration::from_secs(5),
+                            ch.typing(&chat, thread.as_ref()),
+                        )
+                        .await;
+                        if let Ok(Err(e)) = r {
+                            tracing::debug!(error = %e, "typing indicator failed");
+                        }
+                        busy.store(false, Ordering::Release);
+                    });
+                }
+            }
+            ChannelMsg::State { reply } => {
+                let _ = reply.send(state.channel.state());
             }
             ChannelMsg::Flush { reply } => {
                 let (tx, rx) = oneshot::channel();

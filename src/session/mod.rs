@@ -470,11 +470,18 @@ fn maybe_start(myself: &ActorRef<SessionMsg>, state: &mut SessionState) {
         async move {
             let (events_tx, forwarder) = if stream {
                 let (tx, rx) = mpsc::channel(256);
-                let f = tokio::spawn(forward_events(rx, bus, entry.clone()));
+                let f = tokio::spawn(forward_events(rx, bus.clone(), entry.clone()));
                 (Some(tx), Some(f))
             } else {
                 (None, None)
             };
+            // The typing indicator, refreshed while the turn runs (platforms expire it ~5 s).
+            let typing_done = CancellationToken::new();
+            let typing = tokio::spawn(typing_ticker(
+                bus.clone(),
+                ev.clone(),
+                typing_done.clone(),
+            ));
             let run = run_turn(&deps, &key, &history, events_tx.as_ref(), &cancel);
             let (outcome, reload) = match AssertUnwindSafe(run).catch_unwind().await {
                 Ok(o) => (o, false),
@@ -483,6 +490,8 @@ fn maybe_start(myself: &ActorRef<SessionMsg>, state: &mut SessionState) {
                     (TurnOutcome::failed("Internal error: this turn crashed. Your message was received; try again."), true)
                 }
             };
+            typing_done.cancel();
+            let _ = typing.await;
             drop(events_tx);
             if let Some(f) = forwarder {
                 let _ = f.await;
@@ -512,6 +521,27 @@ fn maybe_start(myself: &ActorRef<SessionMsg>, state: &mut SessionState) {
         }
         .instrument(span),
     );
+}
+
+/// How often the typing indicator is refreshed while a turn runs.
+const TYPING_EVERY: std::time::Duration = std::time::Duration::from_secs(4);
+
+async fn typing_ticker(
+    bus: BusRef,
+    ev: clawft_channel_core::InboundEvent,
+    done: CancellationToken,
+) {
+    loop {
+        let _ = bus.cast(BusMsg::Typing {
+            channel: ev.channel.clone(),
+            chat: ev.chat.clone(),
+            thread: ev.thread.clone(),
+        });
+        tokio::select! {
+            () = done.cancelled() => return,
+            () = tokio::time::sleep(TYPING_EVERY) => {}
+        }
+    }
 }
 
 async fn forward_events(mut rx: mpsc::Receiver<TurnEvent>, bus: BusRef, entry: InboxEntry) {

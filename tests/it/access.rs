@@ -1,0 +1,109 @@
+//! Who may talk to the bot on a chat platform: deny by default, allow_from by id, pairing.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use clawft::config::Config;
+use clawft::daemon::{build_model, Daemon};
+use clawft::store::Store;
+use clawft_channel_core::testing::FakeChannel;
+use clawft_channel_core::{
+    now_ms, Ack, Channel, ChannelId, ChatId, InboundEvent, PlatformEventId, UserId,
+};
+use serde_json::json;
+
+use crate::common::{config_value, test_env};
+use crate::fake_llm::{FakeLlm, Reply};
+
+const T: Duration = Duration::from_secs(20);
+
+fn event(user: &str, id: &str, text: &str) -> InboundEvent {
+    InboundEvent {
+        channel: ChannelId::new("telegram"),
+        chat: ChatId::new(format!("chat-{user}")),
+        thread: None,
+        sender: UserId::new(user),
+        event_id: PlatformEventId::new(id),
+        content: text.into(),
+        received_at_ms: now_ms(),
+    }
+}
+
+async fn start(llm: &FakeLlm, dir: &std::path::Path, fake: &FakeChannel) -> Daemon {
+    clawft::install_crypto_provider();
+    let v = config_value(
+        &llm.base_url(),
+        dir,
+        json!({
+            "channels": {
+                "http": {"enabled": false},
+                "telegram": {"token": "123456:AAtest-token", "allow_from": [42], "pairing": true},
+            },
+        }),
+    );
+    let config = Config::from_str(&v.to_string(), false, &test_env(dir)).unwrap();
+    let store = Store::open(&config.store.path, config.store.cache_bytes).unwrap();
+    let model = build_model(&config).unwrap();
+    let channels: Vec<Arc<dyn Channel>> = vec![Arc::new(fake.clone())];
+    Daemon::start(&config, store, model, channels)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn strangers_are_refused_get_one_code_and_are_admitted_once_paired() {
+    let dir = tempfile::tempdir().unwrap();
+    let llm = FakeLlm::start().await;
+    llm.push(Reply::Text("hello 42".into()));
+    llm.push(Reply::Text("hello 7".into()));
+    let fake = FakeChannel::new("telegram");
+    let daemon = start(&llm, dir.path(), &fake).await;
+
+    // The allowed id is answered.
+    assert_eq!(
+        fake.inject(event("42", "u1", "hi")).await,
+        Some(Ack::Accepted)
+    );
+    let sent = fake.wait_sent(1, T).await;
+    assert_eq!(sent[0].content, "hello 42");
+
+    // A stranger is refused, never reaches the model, and gets one pairing code.
+    let ack = fake.inject(event("7", "u2", "let me in")).await.unwrap();
+    assert!(matches!(ack, Ack::Rejected(_)), "{ack:?}");
+    let sent = fake.wait_sent(2, T).await;
+    let code_msg = &sent[1];
+    assert_eq!(code_msg.chat.as_str(), "chat-7");
+    let code = code_msg
+        .content
+        .split("pairing approve ")
+        .nth(1)
+        .unwrap()
+        .split('`')
+        .next()
+        .unwrap()
+        .to_string();
+    let again = fake.inject(event("7", "u3", "please")).await.unwrap();
+    assert!(matches!(again, Ack::Rejected(_)));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        fake.sent().len(),
+        2,
+        "a second code was sent: {:?}",
+        fake.sent()
+    );
+    assert_eq!(llm.requests().len(), 1, "the stranger reached the model");
+
+    // The operator approves the code: from now on the sender is answered.
+    let v =
+        clawft::admin::pairing_command(daemon.store(), "pairing/approve", &json!({ "code": code }))
+            .unwrap();
+    assert_eq!(v["approved"], "telegram:7");
+    assert_eq!(
+        fake.inject(event("7", "u4", "hi again")).await,
+        Some(Ack::Accepted)
+    );
+    let sent = fake.wait_sent(3, T).await;
+    assert_eq!(sent[2].content, "hello 7");
+    assert_eq!(sent[2].chat.as_str(), "chat-7");
+    daemon.shutdown().await;
+}
