@@ -666,3 +666,75 @@ fn tools_list_and_call_use_the_configured_policy_and_sandbox() {
     assert_eq!(v["stdout"], "done\n");
     assert!(!v.to_string().contains("outside-secret"));
 }
+
+#[tokio::test]
+async fn send_and_pairing_go_through_the_running_gateway() {
+    let dir = tempfile::tempdir().unwrap();
+    let llm = FakeLlm::start().await;
+    let port = free_port();
+    let cfg = write_config(
+        dir.path(),
+        &config_value(
+            &llm.base_url(),
+            dir.path(),
+            json!({"channels": {"http": {"bind": format!("127.0.0.1:{port}")}}}),
+        ),
+    );
+    let run = |args: Vec<&'static str>| {
+        let dir = dir.path().to_path_buf();
+        let cfg = cfg.clone();
+        tokio::task::spawn_blocking(move || {
+            weft(&dir)
+                .arg("--config")
+                .arg(&cfg)
+                .args(args)
+                .output()
+                .unwrap()
+        })
+    };
+    // Without a gateway, `send` says what to do.
+    let out = run(vec!["send", "http", "room1", "hello"]).await.unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("needs a running gateway"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Pairing works on the store directly.
+    let out = run(vec!["pairing", "list"]).await.unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["pending"], json!([]));
+
+    let d = Daemon::start(dir.path(), &cfg, port).await;
+    let out = run(vec!["send", "http", "room1", "deploy **done**"])
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut got = Vec::new();
+    for _ in 0..100 {
+        let (_, v) = d.api.get("/v1/chats/room1/messages").await;
+        got.extend(v["messages"].as_array().cloned().unwrap_or_default());
+        if !got.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0]["content"], "deploy **done**");
+    let out = run(vec!["send", "nowhere", "c", "x"]).await.unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("running channels: http"));
+    let out = run(vec!["pairing", "approve", "NOSUCHCODE"]).await.unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no pending pairing code"));
+    assert_eq!(d.term().code(), Some(0));
+}
