@@ -71,15 +71,16 @@ pub async fn run(config: &Config, action: ToolsAction) -> Result<(), CliError> {
         ToolsAction::List { json } => {
             let reg = build_registry(config, None, None);
             let rows: Vec<Value> = reg
-                .names()
-                .iter()
-                .filter_map(|n| reg.get(n))
-                .map(|t| {
+                .all()
+                .into_iter()
+                .map(|s| {
+                    let t = &s.tool;
                     let schema = t.parameters();
                     json!({
                         "name": t.name(),
                         "group": group_of(t.name()),
                         "allowed": reg.policy().allows(t.name()),
+                        "internal": s.internal,
                         "parameters": params_summary(&schema),
                         "description": t.description(),
                     })

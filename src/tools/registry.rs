@@ -25,10 +25,27 @@ pub struct ToolOutcome {
     pub error: Option<ToolError>,
 }
 
+/// A tool from a dynamic source, and whether it is internal (hidden unless a skill exposes it).
+#[derive(Clone)]
+pub struct SourcedTool {
+    /// The tool (named `server__tool` for MCP).
+    pub tool: Arc<dyn Tool>,
+    /// Shown to the model only when an active skill's `allowed_tools` matches it.
+    pub internal: bool,
+}
+
+/// Tools that come and go at run time (MCP servers connecting, reconnecting, changing their
+/// list). The registry asks for the current set on every turn and call.
+pub trait ToolSource: Send + Sync + 'static {
+    /// The tools available now.
+    fn tools(&self) -> Vec<SourcedTool>;
+}
+
 /// Registered tools.
 #[derive(Clone, Default)]
 pub struct ToolRegistry {
     tools: BTreeMap<String, Arc<dyn Tool>>,
+    sources: Vec<Arc<dyn ToolSource>>,
     scrubber: Scrubber,
     policy: Arc<ToolPolicy>,
     limiter: Option<Arc<RateLimiter>>,
@@ -77,9 +94,66 @@ impl ToolRegistry {
         r
     }
 
-    /// A registered tool by name, whatever the policy says.
-    pub fn get(&self, name: &str) -> Option<&Arc<dyn Tool>> {
-        self.tools.get(name)
+    /// Add a dynamic source of tools (MCP).
+    pub fn with_source(mut self, source: Arc<dyn ToolSource>) -> Self {
+        self.sources.push(source);
+        self
+    }
+
+    /// A tool by name (built-in first, then the sources), whatever the policy says, and
+    /// whether it is internal.
+    pub fn get(&self, name: &str) -> Option<(Arc<dyn Tool>, bool)> {
+        if let Some(t) = self.tools.get(name) {
+            return Some((t.clone(), false));
+        }
+        self.sources
+            .iter()
+            .flat_map(|s| s.tools())
+            .find(|t| t.tool.name() == name)
+            .map(|t| (t.tool, t.internal))
+    }
+
+    /// Every tool (built-in and from sources), sorted by name; a built-in wins a name clash.
+    pub fn all(&self) -> Vec<SourcedTool> {
+        let mut all: BTreeMap<String, SourcedTool> = BTreeMap::new();
+        for s in &self.sources {
+            for t in s.tools() {
+                all.entry(t.tool.name().to_string()).or_insert(t);
+            }
+        }
+        for (n, t) in &self.tools {
+            all.insert(
+                n.clone(),
+                SourcedTool {
+                    tool: t.clone(),
+                    internal: false,
+                },
+            );
+        }
+        all.into_values().collect()
+    }
+
+    fn visible(&self, t: &SourcedTool, exposed: &[String]) -> bool {
+        let name = t.tool.name();
+        self.policy.allows(name)
+            && (!t.internal
+                || exposed
+                    .iter()
+                    .any(|g| super::policy::wildcard(g.as_bytes(), name.as_bytes())))
+    }
+
+    /// Specs of the visible tools plus those matched by `globs` (a skill's `allowed_tools`,
+    /// internal MCP tools included), sorted by name. The policy still applies: deny wins.
+    pub fn schemas_for_tools(&self, globs: &[String]) -> Vec<ToolSpec> {
+        self.all()
+            .into_iter()
+            .filter(|t| self.visible(t, globs))
+            .map(|t| ToolSpec {
+                name: t.tool.name().to_string(),
+                description: t.tool.description().to_string(),
+                parameters: t.tool.parameters(),
+            })
+            .collect()
     }
 
     /// Per-call timeout.
@@ -93,17 +167,20 @@ impl ToolRegistry {
         self.tools.insert(tool.name().to_string(), tool);
     }
 
-    /// Registered names, sorted, whatever the policy says.
+    /// Registered names (built-in and from sources), sorted, whatever the policy says.
     pub fn names(&self) -> Vec<String> {
-        self.tools.keys().cloned().collect()
+        self.all()
+            .into_iter()
+            .map(|t| t.tool.name().to_string())
+            .collect()
     }
 
-    /// Names the policy allows, sorted.
+    /// Names the model is shown (policy allows, not internal), sorted.
     pub fn allowed_names(&self) -> Vec<String> {
-        self.tools
-            .keys()
-            .filter(|n| self.policy.allows(n))
-            .cloned()
+        self.all()
+            .into_iter()
+            .filter(|t| self.visible(t, &[]))
+            .map(|t| t.tool.name().to_string())
             .collect()
     }
 
@@ -117,17 +194,9 @@ impl ToolRegistry {
         self.tools.is_empty()
     }
 
-    /// Specs of the tools the policy allows, sorted by name: what the model is shown.
+    /// Specs of the tools the model is shown (policy allows, not internal), sorted by name.
     pub fn schemas(&self) -> Vec<ToolSpec> {
-        self.tools
-            .values()
-            .filter(|t| self.policy.allows(t.name()))
-            .map(|t| ToolSpec {
-                name: t.name().to_string(),
-                description: t.description().to_string(),
-                parameters: t.parameters(),
-            })
-            .collect()
+        self.schemas_for_tools(&[])
     }
 
     /// Run one call: parse `raw_args`, find the tool, execute it under the timeout and the
@@ -138,6 +207,19 @@ impl ToolRegistry {
         call_id: &str,
         raw_args: &str,
         ctx: &ToolContext,
+    ) -> ToolOutcome {
+        self.dispatch_with(name, call_id, raw_args, ctx, &[]).await
+    }
+
+    /// [`ToolRegistry::dispatch`] with the internal tools matched by `exposed` (an active
+    /// skill's `allowed_tools`) callable too.
+    pub async fn dispatch_with(
+        &self,
+        name: &str,
+        call_id: &str,
+        raw_args: &str,
+        ctx: &ToolContext,
+        exposed: &[String],
     ) -> ToolOutcome {
         let span = tracing::info_span!("tool", tool = name, call_id);
         let result = async {
@@ -150,13 +232,17 @@ impl ToolRegistry {
                     ))
                 })?
             };
-            let tool = self.tools.get(name).ok_or_else(|| {
+            let (tool, internal) = self.get(name).ok_or_else(|| {
                 ToolError::NotFound(format!(
                     "{name}; available tools: {}",
                     self.allowed_names().join(", ")
                 ))
             })?;
-            if !self.policy.allows(name) {
+            let sourced = SourcedTool {
+                tool: tool.clone(),
+                internal,
+            };
+            if !self.visible(&sourced, exposed) {
                 return Err(ToolError::PermissionDenied(format!(
                     "tool `{name}` is not allowed by the tool policy (tools.policy / agents.defaults.tools); available tools: {}",
                     self.allowed_names().join(", ")
@@ -295,6 +381,68 @@ mod tests {
             .await;
         assert!(o.error.is_none());
         assert_eq!(o.content, r#"{"k":"key [REDACTED] here"}"#);
+    }
+
+    struct Source(Vec<SourcedTool>);
+    impl ToolSource for Source {
+        fn tools(&self) -> Vec<SourcedTool> {
+            self.0.clone()
+        }
+    }
+
+    #[tokio::test]
+    async fn sources_internal_tools_and_skill_exposure() {
+        let src = Source(vec![
+            SourcedTool {
+                tool: Arc::new(EchoTool("gh__open_issue")),
+                internal: false,
+            },
+            SourcedTool {
+                tool: Arc::new(EchoTool("mem__store")),
+                internal: true,
+            },
+            // A source cannot shadow a built-in.
+            SourcedTool {
+                tool: Arc::new(EchoTool("echo")),
+                internal: true,
+            },
+        ]);
+        let mut r = ToolRegistry::new().with_source(Arc::new(src));
+        r.register(Arc::new(EchoTool("echo")));
+        let shown: Vec<_> = r.schemas().into_iter().map(|s| s.name).collect();
+        assert_eq!(shown, ["echo", "gh__open_issue"]);
+        let with_skill: Vec<_> = r
+            .schemas_for_tools(&["mem__*".to_string()])
+            .into_iter()
+            .map(|s| s.name)
+            .collect();
+        assert_eq!(with_skill, ["echo", "gh__open_issue", "mem__store"]);
+        let (c, _d) = ctx();
+        let o = r.dispatch("mem__store", "c1", "{}", &c).await;
+        assert_eq!(o.error.unwrap().code(), "PERMISSION_DENIED");
+        let o = r
+            .dispatch_with(
+                "mem__store",
+                "c2",
+                r#"{"k":1}"#,
+                &c,
+                &["mem__*".to_string()],
+            )
+            .await;
+        assert_eq!(o.content, r#"{"k":1}"#);
+        // The policy still wins over a skill.
+        let r = r.with_policy(crate::tools::policy::ToolPolicy {
+            global: crate::tools::policy::PolicyLayer {
+                deny: vec![crate::tools::policy::Pattern::parse("group:mcp").unwrap()],
+                ..Default::default()
+            },
+            ..Default::default()
+        });
+        let o = r
+            .dispatch_with("mem__store", "c3", "{}", &c, &["mem__*".to_string()])
+            .await;
+        assert_eq!(o.error.unwrap().code(), "PERMISSION_DENIED");
+        assert_eq!(r.allowed_names(), ["echo"]);
     }
 
     #[tokio::test(start_paused = true)]
