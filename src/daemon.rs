@@ -160,6 +160,7 @@ impl Daemon {
             .into(),
             workspace: Arc::new(workspace),
             connect_hint: connect_hint(config).map(Into::into),
+            skills_global: Some(config.home.join("skills")),
             approvals: Some(approvals),
         };
         let tasks = TaskTracker::new();

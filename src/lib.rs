@@ -33,6 +33,7 @@ pub mod egress;
 pub mod ingress;
 pub mod llm;
 pub mod session;
+pub mod skills;
 pub mod store;
 pub mod telemetry;
 pub mod tools;

@@ -51,6 +51,9 @@ fn main() -> ExitCode {
             Command::Sessions { action } => cli::sessions::run(&config, action).await,
             Command::Tools { action } => cli::tools::run(&config, action).await,
             Command::Pairing { action } => cli::pairing::run(&config, action).await,
+            Command::Skills {
+                action: cli::SkillsAction::List,
+            } => cli::tools::skills_list(&config),
             Command::Send {
                 channel,
                 chat_id,

@@ -74,12 +74,25 @@ pub enum Command {
         #[command(subcommand)]
         action: PairingAction,
     },
+    /// List the skills (workspace `skills/NAME/SKILL.md` and `~/.clawft/skills`).
+    Skills {
+        /// What to do.
+        #[command(subcommand)]
+        action: SkillsAction,
+    },
     /// List the built-in tools, or run one tool call with the configured policy.
     Tools {
         /// What to do.
         #[command(subcommand)]
         action: tools::ToolsAction,
     },
+}
+
+/// `weft skills` actions.
+#[derive(Debug, Subcommand)]
+pub enum SkillsAction {
+    /// Name, source, description and exposed tools of every skill.
+    List,
 }
 
 /// `weft pairing` actions.

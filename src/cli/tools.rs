@@ -153,3 +153,37 @@ pub async fn run(config: &Config, action: ToolsAction) -> Result<(), CliError> {
         }
     }
 }
+
+/// `weft skills list`: every skill as JSON.
+///
+/// # Errors
+/// The workspace cannot be opened.
+pub fn skills_list(config: &Config) -> Result<(), CliError> {
+    let ws = Workspace::open(&config.agent.workspace).map_err(|e| {
+        CliError(format!(
+            "cannot open the workspace {}: {e}",
+            config.agent.workspace.display()
+        ))
+    })?;
+    let dirs = crate::skills::SkillDirs {
+        global: Some(config.home.join("skills")),
+        workspace: Arc::new(ws),
+    };
+    let rows: Vec<Value> = dirs
+        .load()
+        .into_iter()
+        .map(|s| {
+            json!({
+                "name": s.name,
+                "source": s.source,
+                "description": s.description,
+                "allowed_tools": s.allowed_tools,
+            })
+        })
+        .collect();
+    println!(
+        "{}",
+        serde_json::to_string_pretty(&rows).map_err(CliError::msg)?
+    );
+    Ok(())
+}

@@ -263,6 +263,9 @@ pub fn build_registry(
         Ok(t) => reg.register(Arc::new(t)),
         Err(e) => tracing::error!(error = %e, "web_search is unavailable"),
     }
+    reg.register(Arc::new(crate::skills::UseSkill::new(Some(
+        config.home.join("skills"),
+    ))));
     if let Some(sink) = sink {
         reg.register(Arc::new(message::MessageTool::new(
             sink,

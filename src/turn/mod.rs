@@ -36,6 +36,8 @@ pub struct TurnDeps {
     pub system_prompt: Arc<str>,
     /// Extra hint appended to provider connection errors (what to configure).
     pub connect_hint: Option<Arc<str>>,
+    /// The global skills directory (`~/.clawft/skills`); workspace skills are always read.
+    pub skills_global: Option<std::path::PathBuf>,
     /// Pending approvals, answered by `/approve` and `/deny` in the session's chat.
     pub approvals: Option<Arc<crate::approval::Approvals>>,
 }
@@ -181,9 +183,31 @@ async fn run_turn_inner(
         session: session.clone(),
         cancel: cancel.clone(),
     };
-    let tools = deps.tools.schemas();
+    // Skills: listed in the system prompt; `/NAME` activates one for this turn.
+    let skill_dirs = crate::skills::SkillDirs {
+        global: deps.skills_global.clone(),
+        workspace: deps.workspace.clone(),
+    };
+    let skills = skill_dirs.load();
+    let mut exposed: Vec<String> = Vec::new();
+    let mut system = format!(
+        "{}{}",
+        deps.system_prompt,
+        crate::skills::prompt_section(&skills)
+    );
+    if let Some(user) = history.last().filter(|m| m.role == Role::User) {
+        if let Some(skill) = crate::skills::from_command(&skill_dirs, &user.content) {
+            tracing::info!(skill = %skill.name, "skill activated by command");
+            system.push_str(&format!(
+                "\n\nThe user activated the skill `{}`. Follow its instructions:\n{}",
+                skill.name, skill.instructions
+            ));
+            exposed.extend(skill.allowed_tools);
+        }
+    }
+    let mut tools = deps.tools.schemas_for_tools(&exposed);
     let mut messages = Vec::with_capacity(history.len() + 1);
-    messages.push(Message::system(deps.system_prompt.as_ref()));
+    messages.push(Message::system(&system));
     messages.extend_from_slice(history);
 
     for iteration in 0..max_iterations {
@@ -255,6 +279,7 @@ async fn run_turn_inner(
 
         let runs = calls.iter().map(|call| {
             let ctx = &ctx;
+            let exposed = exposed.as_slice();
             async move {
                 if let Some(ev) = events {
                     let _ = ev
@@ -266,7 +291,7 @@ async fn run_turn_inner(
                 }
                 let o = deps
                     .tools
-                    .dispatch(&call.name, &call.id, &call.arguments, ctx)
+                    .dispatch_with(&call.name, &call.id, &call.arguments, ctx, exposed)
                     .await;
                 if let Some(ev) = events {
                     let _ = ev
@@ -284,9 +309,21 @@ async fn run_turn_inner(
         out.tool_calls += u32::try_from(calls.len()).unwrap_or(u32::MAX);
         let mut results = Vec::with_capacity(calls.len());
         let mut fatal = None;
+        let mut newly_exposed = false;
         for (call, o) in calls.iter().zip(outcomes) {
             if let Some(ToolError::Fatal(m)) = &o.error {
                 fatal = Some(m.clone());
+            }
+            if call.name == "use_skill" && o.error.is_none() {
+                // The skill's tools become visible (and callable) from the next round on.
+                if let Ok(v) = serde_json::from_str::<serde_json::Value>(&o.content) {
+                    for g in v["allowed_tools"].as_array().into_iter().flatten() {
+                        if let Some(g) = g.as_str().filter(|g| !exposed.iter().any(|e| e == g)) {
+                            exposed.push(g.to_string());
+                            newly_exposed = true;
+                        }
+                    }
+                }
             }
             results.push(Message::tool_result(&call.id, &call.name, o.content));
         }
@@ -297,6 +334,9 @@ async fn run_turn_inner(
         }
         messages.extend_from_slice(&results);
         out.messages.extend(results);
+        if newly_exposed {
+            tools = deps.tools.schemas_for_tools(&exposed);
+        }
         if let Some(m) = fatal {
             out.status = TurnStatus::Failed(m.clone());
             out.reply = format!("A tool failed fatally: {m}");

@@ -427,3 +427,48 @@ async fn stop_kills_the_whole_process_group_of_a_running_command() {
     assert!(gone, "background child {pid} survived /stop");
     gw.stop().await;
 }
+
+#[tokio::test]
+async fn skills_are_listed_and_activated_by_command_or_by_use_skill() {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    std::fs::create_dir_all(ws.join("skills/release")).unwrap();
+    std::fs::write(
+        ws.join("skills/release/SKILL.md"),
+        "---\nname: release\ndescription: Cut a release\nallowed_tools: [\"read_file\"]\n---\nBump the version, then tag.\n",
+    )
+    .unwrap();
+    let llm = FakeLlm::start().await;
+    llm.push(Reply::Text("releasing".into()));
+    llm.push(calls(&[("u1", "use_skill", r#"{"name":"release"}"#)]));
+    llm.push(Reply::Text("ok".into()));
+    llm.push(calls(&[("u2", "use_skill", r#"{"name":"nope"}"#)]));
+    llm.push(Reply::Text("ok".into()));
+    let gw = TestGateway::start(config(&llm, dir.path(), json!({}))).await;
+
+    let (s, _) = gw.api.chat("sk", "/release 1.2.0").await;
+    assert_eq!(s, 200);
+    let req = &llm.requests()[0];
+    let system = req["messages"][0]["content"].as_str().unwrap();
+    assert!(system.contains("- release: Cut a release"), "{system}");
+    assert!(system.contains("Bump the version, then tag."), "{system}");
+
+    let (s, _) = gw.api.chat("sk2", "do a release").await;
+    assert_eq!(s, 200);
+    let reqs = llm.requests();
+    let system = reqs[1]["messages"][0]["content"].as_str().unwrap();
+    assert!(
+        !system.contains("Bump the version"),
+        "instructions leaked into an unrelated turn"
+    );
+    let r = tool_results(&reqs[2]);
+    assert_eq!(r[0].1["instructions"], "Bump the version, then tag.");
+    assert_eq!(r[0].1["allowed_tools"], json!(["read_file"]));
+
+    let (s, _) = gw.api.chat("sk3", "use a missing skill").await;
+    assert_eq!(s, 200);
+    let r = tool_results(&llm.requests()[4]);
+    assert_eq!(r[0].1["error_code"], "INVALID_ARGS");
+    assert!(r[0].1["error"].as_str().unwrap().contains("release"));
+    gw.stop().await;
+}
