@@ -85,7 +85,7 @@ pub fn parse_skill(text: &str, source: &'static str) -> Result<Skill, String> {
         .find("\n---")
         .ok_or("the front matter is not closed with `---`")?;
     let (front, body) = (&rest[..end], &rest[end + 4..]);
-    let body = body.trim_start_matches(|c| c == '-' || c == '\r');
+    let body = body.trim_start_matches(['-', '\r']);
     let (mut name, mut description, mut tools) = (None, String::new(), Vec::new());
     let mut in_list = false;
     for line in front.lines() {
