@@ -548,12 +548,21 @@ async fn retried_send_after_a_failure_on_chunk_two_does_not_resend_chunk_one() {
     let texts: Vec<char> = p.iter().map(|s| s.text.chars().next().unwrap()).collect();
     assert_eq!(texts, ['a', 'b', 'c']);
     assert_eq!(r.0, p[0].message_id);
+    // Chunk 1 was not even requested again: a, b (502), then b, c.
+    let post_requests = || {
+        fake.requests()
+            .iter()
+            .filter(|r| r.method == "POST" && r.path.ends_with("/messages"))
+            .count()
+    };
+    assert_eq!(post_requests(), 4);
     // A late retry of a completed message sends nothing.
     assert_eq!(ch.send(&m).await.unwrap().0, p[0].message_id);
     assert_eq!(posts(&fake).len(), 3);
     // After a restart (memory lost), Discord's enforced nonce still dedupes the chunks.
     let (fresh, _) = sender_only(&fake);
     fresh.send(&m).await.unwrap();
+    assert_eq!(post_requests(), 7);
     assert_eq!(posts(&fake).len(), 3);
 }
 
@@ -842,4 +851,73 @@ fn parse_message_normalises_commands_and_threads() {
     // A thread is a channel: its id is the chat.
     let ev = parse_message(&dm("in thread"), &bot, GroupMode::Mention, &id).unwrap();
     assert_eq!((ev.chat.as_str(), ev.thread), ("777", None));
+}
+
+#[tokio::test]
+async fn unreachable_gateway_backs_off_and_reports_the_attempt() {
+    let fake = FakeDiscord::start().await;
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = closed.local_addr().unwrap();
+    drop(closed);
+    let mut cfg = fake.config(Arc::new(MemoryState::default()));
+    cfg.gateway_url = Some(format!("ws://{addr}"));
+    let l = listen_with(cfg);
+    let started = std::time::Instant::now();
+    wait_until("third attempt", || l.ch.state().contains("attempt 3")).await;
+    // 20 ms then 40 ms between attempts (doubling).
+    assert!(started.elapsed() >= Duration::from_millis(60));
+    let s = l.ch.state();
+    assert!(
+        s.starts_with("reconnecting (attempt 3): gateway connect failed"),
+        "{s}"
+    );
+    assert_eq!(fake.connections(), 0);
+    // `gateway_url` overrides GET /gateway/bot.
+    assert!(fake.requests().iter().all(|r| !r.path.contains("gateway")));
+    l.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn resumable_invalid_session_resumes() {
+    let fake = FakeDiscord::start().await;
+    let mut l = listen_with(fake.config(Arc::new(MemoryState::default())));
+    fake.push_user_message("111", "42", "one");
+    l.next_acked(Ack::Accepted).await;
+    fake.invalidate_session(true);
+    let id = fake.push_user_message("111", "42", "two");
+    assert_eq!(l.next_acked(Ack::Accepted).await.event_id.as_str(), id);
+    assert_eq!(fake.sessions_created(), 1);
+    assert_eq!(
+        fake.client_frames().iter().filter(|f| f["op"] == 6).count(),
+        1
+    );
+    l.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn empty_and_unicode_finals() {
+    let fake = FakeDiscord::start().await;
+    let (ch, _) = sender_only(&fake);
+    ch.send(&msg("empty", "111", OutboundKind::Final, ""))
+        .await
+        .unwrap();
+    assert!(fake.requests().is_empty(), "Discord refuses empty messages");
+    // 2000 emoji are 2000 characters: exactly one message, not split on bytes.
+    let emoji = "😀".repeat(1900);
+    ch.send(&msg("emoji", "111", OutboundKind::Final, &emoji))
+        .await
+        .unwrap();
+    let p = posts(&fake);
+    assert_eq!(p.len(), 1);
+    assert_eq!(p[0].text, emoji);
+    let more = "é".repeat(4500);
+    ch.send(&msg("accents", "111", OutboundKind::Final, &more))
+        .await
+        .unwrap();
+    let p = posts(&fake);
+    assert_eq!(p.len(), 4);
+    assert_eq!(
+        p[1..].iter().map(|s| s.text.as_str()).collect::<String>(),
+        more
+    );
 }
