@@ -384,7 +384,7 @@ async fn reconnects_after_disconnect_and_keeps_receiving() {
 #[tokio::test]
 async fn watchdog_reconnects_when_heartbeats_are_not_acked() {
     let fake = FakeDiscord::start_with(FakeOptions {
-        heartbeat_interval_ms: 100,
+        heartbeat_interval_ms: 150,
     })
     .await;
     let mut l = listen_with(fake.config(Arc::new(MemoryState::default())));
@@ -393,9 +393,9 @@ async fn watchdog_reconnects_when_heartbeats_are_not_acked() {
         fake.client_frames().iter().filter(|f| f["op"] == 1).count() >= 2
     })
     .await;
-    assert_eq!(fake.connections(), 1);
+    let before = fake.connections();
     fake.set_heartbeat_ack(false);
-    wait_until("zombie detected", || fake.connections() >= 2).await;
+    wait_until("zombie detected", || fake.connections() > before).await;
     fake.set_heartbeat_ack(true);
     let id = fake.push_user_message("111", "42", "still here");
     assert_eq!(l.next_acked(Ack::Accepted).await.event_id.as_str(), id);
@@ -733,6 +733,7 @@ async fn hostile_text_never_pings_and_is_shown_literally() {
 async fn streaming_edits_are_bounded_by_edit_interval() {
     let fake = FakeDiscord::start().await;
     let (ch, _) = sender_only(&fake); // edit_interval 200 ms
+    let started = tokio::time::Instant::now();
     for i in 0..15 {
         ch.send(&msg("d", "111", OutboundKind::Delta, &format!("w{i} ")))
             .await
@@ -746,7 +747,13 @@ async fn streaming_edits_are_bounded_by_edit_interval() {
     let stream = fake.sent();
     assert_eq!(stream[0].op, SentOp::Post);
     assert!(stream[1..].iter().all(|s| s.op == SentOp::Edit));
-    assert!(stream.len() >= 2 && stream.len() <= 5, "{}", stream.len());
+    // At most one update per interval (plus the first post), however slow the machine.
+    let bound = (started.elapsed().as_millis() / 200) as usize + 1;
+    assert!(
+        stream.len() >= 2 && stream.len() <= bound,
+        "{} > {bound}",
+        stream.len()
+    );
     for w in stream.windows(2) {
         assert!(w[1].at - w[0].at >= Duration::from_millis(190));
     }
