@@ -928,3 +928,24 @@ async fn empty_and_unicode_finals() {
         more
     );
 }
+
+#[tokio::test]
+async fn wss_gateway_builds_a_tls_client_without_panicking() {
+    // A TCP server that is not TLS: the handshake must fail as an error, not a panic
+    // (rustls needs a crypto provider; ring is the only one compiled in).
+    let server = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = server.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((s, _)) = server.accept().await {
+            drop(s);
+        }
+    });
+    let fake = FakeDiscord::start().await;
+    let mut cfg = fake.config(Arc::new(MemoryState::default()));
+    cfg.gateway_url = Some(format!("wss://{addr}"));
+    let l = listen_with(cfg);
+    wait_until("tls attempt failed", || l.ch.state().contains("attempt 2")).await;
+    assert!(!l.task.is_finished());
+    assert!(l.ch.state().contains("tls"), "{}", l.ch.state());
+    l.stop().await.unwrap();
+}
