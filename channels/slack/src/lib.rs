@@ -163,6 +163,10 @@ struct Draft {
     last_edit: Option<Instant>,
     /// What the message shows now (skip identical edits).
     shown: String,
+    /// Ids of the deltas appended (a retried delta is not appended twice).
+    seen: HashSet<String>,
+    /// The final reply took the draft over: later deltas must not touch it.
+    closed: bool,
 }
 
 #[derive(Default)]
@@ -290,17 +294,26 @@ impl SlackChannel {
     }
 
     async fn delta(&self, msg: &OutboundMessage) -> Result<SentRef, ChannelError> {
+        // Deltas belong to a reply; without one there is nothing to stream into.
+        if msg.in_reply_to.is_none() {
+            return Ok(SentRef(String::new()));
+        }
         let key = reply_key(msg);
         if self.inner.state().finished.contains(&key) {
             return Ok(SentRef(String::new()));
         }
         let draft = self.draft(&key);
         let mut d = draft.lock().await;
+        if d.closed {
+            return Ok(SentRef(String::new()));
+        }
         if d.ts.is_none() && d.text.is_empty() {
             d.chat = msg.chat.as_str().to_string();
             d.thread = msg.thread.as_ref().map(|t| t.as_str().to_string());
         }
-        d.text.push_str(&msg.content);
+        if d.seen.insert(msg.id.clone()) {
+            d.text.push_str(&msg.content);
+        }
         let due = d
             .last_edit
             .is_none_or(|t| t.elapsed() >= self.inner.cfg.edit_interval);
@@ -334,7 +347,7 @@ impl SlackChannel {
             None
         };
         // Wait for a draft post/edit in flight, then hold the draft.
-        let draft_guard = match &draft {
+        let mut draft_guard = match &draft {
             Some(d) => Some(d.clone().lock_owned().await),
             None => None,
         };
@@ -364,6 +377,9 @@ impl SlackChannel {
             self.remember(&msg.id, &delivered, false);
         }
         self.remember(&msg.id, &delivered, true);
+        if let Some(d) = draft_guard.as_mut() {
+            d.closed = true;
+        }
         {
             let mut st = self.inner.state();
             st.drafts.remove(&key);

@@ -160,7 +160,8 @@ async fn session(
     };
     let (mut sink, mut stream) = ws.split();
     let mut healthy = false;
-    let mut last_seen = Instant::now();
+    let connected_at = Instant::now();
+    let mut last_seen = connected_at;
     let mut ping = tokio::time::interval_at(Instant::now() + cfg.ping_interval, cfg.ping_interval);
     let mut pending: FuturesUnordered<AckWait> = FuturesUnordered::new();
     let reconnect = |why: String, healthy: bool| {
@@ -173,7 +174,7 @@ async fn session(
     loop {
         tokio::select! {
             () = cancel.cancelled() => {
-                let _ = sink.send(Message::Close(None)).await;
+                let _ = tokio::time::timeout(Duration::from_secs(1), sink.send(Message::Close(None))).await;
                 return Ok(End::Cancelled);
             }
             Some(acked) = pending.next(), if !pending.is_empty() => {
@@ -184,6 +185,9 @@ async fn session(
                 }
             }
             _ = ping.tick() => {
+                if !healthy && connected_at.elapsed() >= cfg.watchdog_timeout {
+                    return reconnect("no hello from Slack".into(), false);
+                }
                 if last_seen.elapsed() >= cfg.watchdog_timeout {
                     return reconnect(format!("no traffic from Slack for {:?}", last_seen.elapsed()), healthy);
                 }

@@ -663,6 +663,25 @@ async fn streamed_final_longer_than_the_limit_edits_the_draft_then_posts_the_res
 }
 
 #[tokio::test]
+async fn a_retried_delta_is_not_appended_twice_and_deltas_without_a_reply_are_ignored() {
+    let h = start_with(|c| c.edit_interval = Duration::ZERO).await;
+    let d = out(OutboundKind::Delta, "d1", "C1", "once ");
+    h.fake.fail_next(Failure::ServerError);
+    assert!(h.ch.send(&d).await.is_err());
+    h.ch.send(&d).await.unwrap();
+    h.ch.send(&out(OutboundKind::Delta, "d2", "C1", "twice"))
+        .await
+        .unwrap();
+    let posted = h.fake.sent();
+    assert_eq!(posted.last().unwrap().text, "once twice");
+    let mut orphan = out(OutboundKind::Delta, "d3", "C2", "orphan");
+    orphan.in_reply_to = None;
+    h.ch.send(&orphan).await.unwrap();
+    assert_eq!(h.fake.sent().len(), posted.len());
+    h.stop().await;
+}
+
+#[tokio::test]
 async fn without_stream_edits_deltas_and_progress_are_ignored() {
     let h = start_with(|c| c.stream_edits = false).await;
     assert!(!h.ch.capabilities().streaming);
