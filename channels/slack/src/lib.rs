@@ -17,6 +17,13 @@
 //!   3,000 characters, posted with `chat.postMessage` in the message's thread.
 //! - **Streaming**: `Delta`s create a draft with `chat.postMessage` and edit it with
 //!   `chat.update` at most once per `edit_interval`; the `Final` edits it into its first chunk.
+//! - **Slack app setup**: enable Socket Mode; an app-level token with `connections:write`
+//!   (`app_token`); bot scopes `chat:write`, `app_mentions:read`, `im:history`,
+//!   `channels:history`, `groups:history`, `mpim:history` (`token`); bot events `app_mention`,
+//!   `message.im`, `message.channels`, `message.groups`, `message.mpim`. Optional slash
+//!   commands `/stop`, `/new`, `/status`, `/approve`, `/deny` arrive as `slash_commands`
+//!   envelopes and are delivered as text (in a DM Slack would otherwise refuse `/stop` as an
+//!   unknown command; in channels `@bot /stop` works without them).
 //! - **Typing**: a no-op. Slack offers bots in Socket Mode no typing indicator (the RTM
 //!   `typing` event is gone; `assistant.threads.setStatus` only works in assistant threads).
 

@@ -773,3 +773,28 @@ async fn cancel_stops_listen_promptly() {
     h.stop().await;
     assert!(t.elapsed() < Duration::from_secs(1));
 }
+
+#[test]
+fn chunks_fit_even_when_escaping_multiplies_the_length() {
+    let hostile = "&<>".repeat(5000);
+    let chunks = crate::chunks(&hostile);
+    assert!(chunks.len() > 1);
+    let mut back = String::new();
+    for c in &chunks {
+        assert!(
+            c.chars().count() <= MAX_MESSAGE_CHARS,
+            "{}",
+            c.chars().count()
+        );
+        // Only entities, plus a raw '>' quote marker when a cut makes a chunk start with '>':
+        // never a raw '<' that Slack could parse.
+        assert!(!c.contains('<'));
+        back.push_str(
+            &c.replace(' ', "")
+                .replace("&lt;", "<")
+                .replace("&gt;", ">")
+                .replace("&amp;", "&"),
+        );
+    }
+    assert!(back == hostile, "content changed");
+}
