@@ -1,0 +1,259 @@
+//! The Slack Web API over reqwest: `auth.test`, `apps.connections.open`, `chat.postMessage`,
+//! `chat.update`, with Slack's error conventions mapped onto [`ChannelError`].
+//!
+//! Slack answers most errors with HTTP 200 and `{"ok": false, "error": "..."}`; rate limits are
+//! HTTP 429 with a `Retry-After` header (seconds).
+
+use std::time::Duration;
+
+use clawft_channel_core::ChannelError;
+use serde_json::Value;
+
+/// Largest response body read from the Web API.
+const MAX_RESPONSE_BYTES: usize = 2 * 1024 * 1024;
+/// Longest a single Web API call may take.
+const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Which token a call uses: the setting named in `Auth` errors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Token {
+    /// The bot token (`xoxb-...`), `channels.slack.token`.
+    Bot,
+    /// The app-level token (`xapp-...`), `channels.slack.app_token`.
+    App,
+}
+
+impl Token {
+    pub(crate) fn setting(self) -> &'static str {
+        match self {
+            Token::Bot => "channels.slack.token",
+            Token::App => "channels.slack.app_token",
+        }
+    }
+}
+
+/// Who the bot is, from `auth.test`.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Identity {
+    /// The bot user's id (`U...`): mentions are `<@user_id>`.
+    pub user_id: String,
+    /// The bot user's name.
+    pub user: String,
+    /// The workspace name.
+    pub team: String,
+}
+
+/// A Web API client holding both tokens.
+pub(crate) struct WebApi {
+    http: reqwest::Client,
+    base: String,
+    bot_token: String,
+    app_token: String,
+}
+
+impl WebApi {
+    /// A client for `base` (ending in `/`, e.g. `https://slack.com/api/`).
+    pub(crate) fn new(base: &str, bot_token: &str, app_token: &str) -> Result<Self, ChannelError> {
+        let http = reqwest::Client::builder()
+            .timeout(CALL_TIMEOUT)
+            .connect_timeout(Duration::from_secs(10))
+            .redirect(reqwest::redirect::Policy::none())
+            .user_agent(concat!("clawft-channel-slack/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|e| ChannelError::Fatal(format!("cannot build the HTTP client: {e}")))?;
+        let mut base = base.trim().to_string();
+        if !base.ends_with('/') {
+            base.push('/');
+        }
+        Ok(Self {
+            http,
+            base,
+            bot_token: bot_token.to_string(),
+            app_token: app_token.to_string(),
+        })
+    }
+
+    /// Call `method` with a JSON body; the parsed `ok: true` response, or a classified error.
+    pub(crate) async fn call(
+        &self,
+        method: &str,
+        token: Token,
+        body: &Value,
+    ) -> Result<Value, ChannelError> {
+        let secret = match token {
+            Token::Bot => &self.bot_token,
+            Token::App => &self.app_token,
+        };
+        let url = format!("{}{method}", self.base);
+        let resp = self
+            .http
+            .post(&url)
+            .bearer_auth(secret)
+            .json(body)
+            .send()
+            .await
+            .map_err(|e| ChannelError::Transient(format!("{method}: {}", without_url(&e))))?;
+        let status = resp.status();
+        if status.as_u16() == 429 {
+            let retry_after = resp
+                .headers()
+                .get(reqwest::header::RETRY_AFTER)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .map(Duration::from_secs);
+            return Err(ChannelError::RateLimited { retry_after });
+        }
+        let bytes = read_capped(resp)
+            .await
+            .map_err(|e| ChannelError::Transient(format!("{method}: {e}")))?;
+        if status.is_server_error() {
+            return Err(ChannelError::Transient(format!(
+                "{method}: HTTP {status} from Slack"
+            )));
+        }
+        if status.as_u16() == 401 || status.as_u16() == 403 {
+            return Err(ChannelError::Auth(format!(
+                "{method}: HTTP {status}: check {}",
+                token.setting()
+            )));
+        }
+        if !status.is_success() {
+            return Err(ChannelError::Rejected(format!(
+                "{method}: HTTP {status} from Slack"
+            )));
+        }
+        let v: Value = serde_json::from_slice(&bytes).map_err(|e| {
+            ChannelError::Transient(format!("{method}: unparseable response from Slack: {e}"))
+        })?;
+        if v.get("ok").and_then(Value::as_bool) == Some(true) {
+            return Ok(v);
+        }
+        let error = v
+            .get("error")
+            .and_then(Value::as_str)
+            .unwrap_or("unknown_error");
+        Err(classify(method, token, error))
+    }
+
+    /// `auth.test` with the bot token.
+    pub(crate) async fn auth_test(&self) -> Result<Identity, ChannelError> {
+        let v = self
+            .call("auth.test", Token::Bot, &Value::Object(Default::default()))
+            .await?;
+        let s = |k: &str| v.get(k).and_then(Value::as_str).unwrap_or("").to_string();
+        let user_id = s("user_id");
+        if user_id.is_empty() {
+            return Err(ChannelError::Auth(
+                "auth.test returned no user_id: channels.slack.token must be a bot token (xoxb-...)"
+                    .into(),
+            ));
+        }
+        Ok(Identity {
+            user_id,
+            user: s("user"),
+            team: s("team"),
+        })
+    }
+
+    /// `apps.connections.open` with the app-level token: the Socket Mode WebSocket URL.
+    pub(crate) async fn open_connection(&self) -> Result<String, ChannelError> {
+        let v = self
+            .call(
+                "apps.connections.open",
+                Token::App,
+                &Value::Object(Default::default()),
+            )
+            .await?;
+        v.get("url")
+            .and_then(Value::as_str)
+            .map(str::to_string)
+            .ok_or_else(|| ChannelError::Transient("apps.connections.open returned no url".into()))
+    }
+}
+
+/// Map Slack's `error` string.
+fn classify(method: &str, token: Token, error: &str) -> ChannelError {
+    match error {
+        "invalid_auth"
+        | "not_authed"
+        | "token_revoked"
+        | "token_expired"
+        | "account_inactive"
+        | "not_allowed_token_type"
+        | "missing_scope"
+        | "no_permission"
+        | "ekm_access_denied" => {
+            let hint = match (token, error) {
+                (Token::App, _) => {
+                    "set channels.slack.app_token to an app-level token (xapp-...) with the connections:write scope, and enable Socket Mode"
+                }
+                (Token::Bot, "missing_scope") => {
+                    "give the bot token (channels.slack.token) the chat:write scope and reinstall the app"
+                }
+                (Token::Bot, _) => {
+                    "set channels.slack.token to a valid bot token (xoxb-...)"
+                }
+            };
+            ChannelError::Auth(format!("{method}: {error}: {hint}"))
+        }
+        "ratelimited" | "rate_limited" => ChannelError::RateLimited { retry_after: None },
+        "internal_error" | "fatal_error" | "service_unavailable" | "request_timeout" => {
+            ChannelError::Transient(format!("{method}: {error}"))
+        }
+        other => ChannelError::Rejected(format!("{method}: {other}")),
+    }
+}
+
+/// Read at most [`MAX_RESPONSE_BYTES`] of a body.
+async fn read_capped(mut resp: reqwest::Response) -> Result<Vec<u8>, String> {
+    let mut buf = Vec::new();
+    while let Some(chunk) = resp.chunk().await.map_err(|e| without_url(&e))? {
+        if buf.len() + chunk.len() > MAX_RESPONSE_BYTES {
+            return Err(format!("response larger than {MAX_RESPONSE_BYTES} bytes"));
+        }
+        buf.extend_from_slice(&chunk);
+    }
+    Ok(buf)
+}
+
+/// A reqwest error's text with its causes (the URL holds no secret: tokens go in a header).
+fn without_url(e: &reqwest::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = std::error::Error::source(e);
+    while let Some(inner) = src {
+        s.push_str(": ");
+        s.push_str(&inner.to_string());
+        src = inner.source();
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    #[test]
+    fn classification() {
+        assert!(matches!(
+            classify("chat.postMessage", Token::Bot, "invalid_auth"),
+            ChannelError::Auth(m) if m.contains("channels.slack.token")
+        ));
+        assert!(matches!(
+            classify("apps.connections.open", Token::App, "not_allowed_token_type"),
+            ChannelError::Auth(m) if m.contains("channels.slack.app_token")
+        ));
+        assert!(matches!(
+            classify("chat.postMessage", Token::Bot, "channel_not_found"),
+            ChannelError::Rejected(_)
+        ));
+        assert!(matches!(
+            classify("chat.postMessage", Token::Bot, "msg_too_long"),
+            ChannelError::Rejected(_)
+        ));
+        assert!(matches!(
+            classify("chat.postMessage", Token::Bot, "internal_error"),
+            ChannelError::Transient(_)
+        ));
+    }
+}

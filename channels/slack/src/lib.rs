@@ -1,0 +1,508 @@
+//! The Slack channel: Socket Mode inbound, Web API outbound.
+//!
+//! It speaks the protocol directly (reqwest for the Web API, tokio-tungstenite for the Socket
+//! Mode WebSocket) rather than through slack-morphism: slack-morphism sends the envelope ack as
+//! the return value of its event callback, runs its own reconnect loop, and brings hyper-rustls
+//! with native certs, signal-hook and a dozen other crates; here every part of the flow the
+//! daemon's invariants depend on (ack only after the event is journaled, reconnect, watchdog)
+//! is a few lines in [`socket`].
+//!
+//! - **Inbound** ([`Channel::listen`]): `auth.test` (bot token), `apps.connections.open`
+//!   (app-level token) → WebSocket; every `events_api` envelope that is a user message for the
+//!   bot becomes one [`InboundDelivery`]; its envelope is acknowledged only after the daemon's
+//!   [`Ack`](clawft_channel_core::Ack) arrives. An envelope not acknowledged within 3 s is
+//!   redelivered by Slack (`retry_attempt` 1..3) with the same `event_id`, which the daemon
+//!   deduplicates. Which events are delivered: see [`events`].
+//! - **Outbound** ([`Channel::send`]): Markdown rendered to mrkdwn ([`render`]), split at
+//!   3,000 characters, posted with `chat.postMessage` in the message's thread.
+//! - **Streaming**: `Delta`s create a draft with `chat.postMessage` and edit it with
+//!   `chat.update` at most once per `edit_interval`; the `Final` edits it into its first chunk.
+//! - **Slack app setup**: enable Socket Mode; an app-level token with `connections:write`
+//!   (`app_token`); bot scopes `chat:write`, `app_mentions:read`, `im:history`,
+//!   `channels:history`, `groups:history`, `mpim:history` (`token`); bot events `app_mention`,
+//!   `message.im`, `message.channels`, `message.groups`, `message.mpim`. Optional slash
+//!   commands `/stop`, `/new`, `/status`, `/approve`, `/deny` arrive as `slash_commands`
+//!   envelopes and are delivered as text (in a DM Slack would otherwise refuse `/stop` as an
+//!   unknown command; in channels `@bot /stop` works without them).
+//! - **Typing**: a no-op. Slack offers bots in Socket Mode no typing indicator (the RTM
+//!   `typing` event is gone; `assistant.threads.setStatus` only works in assistant threads).
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::fmt;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use clawft_channel_core::text::{split_markdown, Measure};
+use clawft_channel_core::{
+    Capabilities, Channel, ChannelError, ChannelId, ChatId, InboundDelivery, MemoryState,
+    OutboundKind, OutboundMessage, SentRef, StateStore, ThreadId,
+};
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+mod api;
+mod events;
+#[cfg(any(test, feature = "testing"))]
+pub mod fake;
+pub mod render;
+mod socket;
+#[cfg(test)]
+mod tests;
+
+use api::{Token, WebApi};
+
+/// Longest message we post, in characters (Slack truncates block text at 3,000).
+pub const MAX_MESSAGE_CHARS: usize = 3000;
+/// Markdown characters per chunk before rendering (rendering adds escapes; a chunk that
+/// still renders too long is split again).
+const SPLIT_CHARS: usize = 2800;
+/// Outbound messages whose progress is remembered (for retries of the same id).
+const PROGRESS_KEPT: usize = 512;
+
+/// Which channel messages are delivered.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum GroupMode {
+    /// Only messages that mention the bot (`<@BOT>`, stripped) or reply in a thread it started.
+    #[default]
+    Mention,
+    /// Every message in channels the bot is in (needs the `message.channels`/`message.groups`
+    /// event subscriptions).
+    All,
+}
+
+/// Resolved settings of the Slack channel.
+#[derive(Clone)]
+pub struct SlackConfig {
+    /// Channel id (default `slack`).
+    pub id: ChannelId,
+    /// Bot token (`xoxb-...`), `channels.slack.token`: Web API calls. Never printed.
+    pub token: String,
+    /// App-level token (`xapp-...`, scope `connections:write`), `channels.slack.app_token`:
+    /// opens Socket Mode connections. Never printed.
+    pub app_token: String,
+    /// Web API base (default `https://slack.com/api/`); `http://127.0.0.1:P/api/` in tests.
+    pub api_url: String,
+    /// Which channel messages are delivered (default [`GroupMode::Mention`]).
+    pub group_mode: GroupMode,
+    /// Stream replies by editing a draft message (default true).
+    pub stream_edits: bool,
+    /// Least time between two edits of a streamed draft (default 1.5 s).
+    pub edit_interval: Duration,
+    /// Durable adapter state. Slack needs no cursor (it redelivers unacknowledged envelopes
+    /// itself), so nothing is stored today.
+    pub state: Arc<dyn StateStore>,
+    /// First reconnect delay, doubled per failed attempt (default 1 s).
+    pub backoff_min: Duration,
+    /// Largest reconnect delay (default 60 s).
+    pub backoff_max: Duration,
+    /// Interval of WebSocket pings (default 10 s).
+    pub ping_interval: Duration,
+    /// Reconnect when nothing (frame or pong) arrived for this long (default 30 s).
+    pub watchdog_timeout: Duration,
+}
+
+impl Default for SlackConfig {
+    fn default() -> Self {
+        Self {
+            id: ChannelId::new("slack"),
+            token: String::new(),
+            app_token: String::new(),
+            api_url: "https://slack.com/api/".into(),
+            group_mode: GroupMode::Mention,
+            stream_edits: true,
+            edit_interval: Duration::from_millis(1500),
+            state: Arc::new(MemoryState::default()),
+            backoff_min: Duration::from_secs(1),
+            backoff_max: Duration::from_secs(60),
+            ping_interval: Duration::from_secs(10),
+            watchdog_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+impl fmt::Debug for SlackConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let redact = |s: &str| {
+            if s.is_empty() {
+                "<empty>"
+            } else {
+                "<redacted>"
+            }
+        };
+        f.debug_struct("SlackConfig")
+            .field("id", &self.id)
+            .field("token", &redact(&self.token))
+            .field("app_token", &redact(&self.app_token))
+            .field("api_url", &self.api_url)
+            .field("group_mode", &self.group_mode)
+            .field("stream_edits", &self.stream_edits)
+            .field("edit_interval", &self.edit_interval)
+            .field("backoff_min", &self.backoff_min)
+            .field("backoff_max", &self.backoff_max)
+            .field("ping_interval", &self.ping_interval)
+            .field("watchdog_timeout", &self.watchdog_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What was delivered of one outbound message (by `msg.id`).
+#[derive(Default)]
+struct Progress {
+    /// `ts` of each chunk delivered, in order.
+    delivered: Vec<String>,
+    /// All chunks delivered.
+    done: bool,
+}
+
+/// A streamed draft (by `in_reply_to`).
+#[derive(Default)]
+struct Draft {
+    chat: String,
+    thread: Option<String>,
+    /// Markdown received so far.
+    text: String,
+    /// The draft message, once posted.
+    ts: Option<String>,
+    /// When it was last posted or edited.
+    last_edit: Option<Instant>,
+    /// What the message shows now (skip identical edits).
+    shown: String,
+    /// Ids of the deltas appended (a retried delta is not appended twice).
+    seen: HashSet<String>,
+    /// The final reply took the draft over: later deltas must not touch it.
+    closed: bool,
+}
+
+#[derive(Default)]
+struct SendState {
+    progress: HashMap<String, Progress>,
+    order: VecDeque<String>,
+    drafts: HashMap<String, Arc<tokio::sync::Mutex<Draft>>>,
+    /// Replies whose final answer was sent: late deltas for them are dropped.
+    finished: HashSet<String>,
+    finished_order: VecDeque<String>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) cfg: SlackConfig,
+    pub(crate) api: WebApi,
+    pub(crate) tls: Arc<rustls::ClientConfig>,
+    pub(crate) status: Mutex<String>,
+    send: Mutex<SendState>,
+}
+
+impl Inner {
+    pub(crate) fn set_status(&self, s: impl Into<String>) {
+        *self.status.lock().unwrap_or_else(PoisonError::into_inner) = s.into();
+    }
+    fn state(&self) -> std::sync::MutexGuard<'_, SendState> {
+        self.send.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// The Slack channel adapter.
+pub struct SlackChannel {
+    inner: Arc<Inner>,
+}
+
+impl SlackChannel {
+    /// Validate the settings and build the clients (no network until [`Channel::listen`]).
+    ///
+    /// # Errors
+    /// [`ChannelError::Auth`] for a missing or misplaced token, [`ChannelError::Fatal`] for a
+    /// bad `api_url`.
+    pub fn new(cfg: SlackConfig) -> Result<Self, ChannelError> {
+        if cfg.token.trim().is_empty() {
+            return Err(ChannelError::Auth(
+                "channels.slack.token is empty: set it to the app's bot token (xoxb-...)".into(),
+            ));
+        }
+        if cfg.token.starts_with("xapp-") {
+            return Err(ChannelError::Auth(
+                "channels.slack.token is an app-level token (xapp-...): set it to the bot token (xoxb-...) and put the xapp- token in channels.slack.app_token".into(),
+            ));
+        }
+        if !cfg.app_token.starts_with("xapp-") {
+            return Err(ChannelError::Auth(
+                "channels.slack.app_token must be an app-level token (xapp-...) with the connections:write scope (Basic Information → App-Level Tokens), and Socket Mode must be enabled".into(),
+            ));
+        }
+        let url = reqwest::Url::parse(&cfg.api_url).map_err(|e| {
+            ChannelError::Fatal(format!(
+                "channels.slack.api_url `{}` is not a URL: {e}",
+                cfg.api_url
+            ))
+        })?;
+        if !matches!(url.scheme(), "http" | "https") {
+            return Err(ChannelError::Fatal(format!(
+                "channels.slack.api_url `{}` must be an http(s) URL like https://slack.com/api/",
+                cfg.api_url
+            )));
+        }
+        let api = WebApi::new(&cfg.api_url, &cfg.token, &cfg.app_token)?;
+        let tls = socket::tls_config()?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                cfg,
+                api,
+                tls,
+                status: Mutex::new("not started".into()),
+                send: Mutex::new(SendState::default()),
+            }),
+        })
+    }
+
+    async fn post(
+        &self,
+        chat: &str,
+        thread: Option<&str>,
+        text: &str,
+    ) -> Result<String, ChannelError> {
+        let mut body = json!({
+            "channel": chat,
+            "text": text,
+            "mrkdwn": true,
+            "unfurl_links": false,
+            "unfurl_media": false,
+        });
+        if let Some(t) = thread {
+            body["thread_ts"] = Value::String(t.to_string());
+        }
+        let v = self
+            .inner
+            .api
+            .call("chat.postMessage", Token::Bot, &body)
+            .await?;
+        Ok(v.get("ts")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string())
+    }
+
+    async fn update(&self, chat: &str, ts: &str, text: &str) -> Result<(), ChannelError> {
+        let body = json!({"channel": chat, "ts": ts, "text": text});
+        self.inner
+            .api
+            .call("chat.update", Token::Bot, &body)
+            .await
+            .map(drop)
+    }
+
+    fn draft(&self, key: &str) -> Arc<tokio::sync::Mutex<Draft>> {
+        self.inner
+            .state()
+            .drafts
+            .entry(key.to_string())
+            .or_default()
+            .clone()
+    }
+
+    async fn delta(&self, msg: &OutboundMessage) -> Result<SentRef, ChannelError> {
+        // Deltas belong to a reply; without one there is nothing to stream into.
+        if msg.in_reply_to.is_none() {
+            return Ok(SentRef(String::new()));
+        }
+        let key = reply_key(msg);
+        if self.inner.state().finished.contains(&key) {
+            return Ok(SentRef(String::new()));
+        }
+        let draft = self.draft(&key);
+        let mut d = draft.lock().await;
+        if d.closed {
+            return Ok(SentRef(String::new()));
+        }
+        if d.ts.is_none() && d.text.is_empty() {
+            d.chat = msg.chat.as_str().to_string();
+            d.thread = msg.thread.as_ref().map(|t| t.as_str().to_string());
+        }
+        if d.seen.insert(msg.id.clone()) {
+            d.text.push_str(&msg.content);
+        }
+        let due = d
+            .last_edit
+            .is_none_or(|t| t.elapsed() >= self.inner.cfg.edit_interval);
+        if !due {
+            return Ok(SentRef(d.ts.clone().unwrap_or_default()));
+        }
+        let shown = draft_text(&d.text);
+        if shown.is_empty() || shown == d.shown {
+            return Ok(SentRef(d.ts.clone().unwrap_or_default()));
+        }
+        match d.ts.clone() {
+            None => {
+                let ts = self.post(&d.chat, d.thread.as_deref(), &shown).await?;
+                d.ts = Some(ts);
+            }
+            Some(ts) => self.update(&d.chat, &ts, &shown).await?,
+        }
+        d.last_edit = Some(Instant::now());
+        d.shown = shown;
+        Ok(SentRef(d.ts.clone().unwrap_or_default()))
+    }
+
+    async fn final_reply(&self, msg: &OutboundMessage) -> Result<SentRef, ChannelError> {
+        let chat = msg.chat.as_str();
+        let thread = msg.thread.as_ref().map(ThreadId::as_str);
+        let key = reply_key(msg);
+        let draft = if self.inner.cfg.stream_edits {
+            let existing = self.inner.state().drafts.get(&key).cloned();
+            existing
+        } else {
+            None
+        };
+        // Wait for a draft post/edit in flight, then hold the draft.
+        let mut draft_guard = match &draft {
+            Some(d) => Some(d.clone().lock_owned().await),
+            None => None,
+        };
+        let draft_ts = draft_guard
+            .as_ref()
+            .filter(|d| d.chat == chat)
+            .and_then(|d| d.ts.clone());
+        let chunks = chunks(&msg.content);
+        let done_before = {
+            let st = self.inner.state();
+            st.progress.get(&msg.id).map(|p| p.delivered.clone())
+        };
+        let mut delivered = done_before.unwrap_or_default();
+        for (i, chunk) in chunks.iter().enumerate().skip(delivered.len()) {
+            let ts = match (&draft_ts, i) {
+                (Some(ts), 0) => {
+                    self.update(chat, ts, chunk).await.inspect_err(|_| {
+                        self.remember(&msg.id, &delivered, false);
+                    })?;
+                    ts.clone()
+                }
+                _ => self.post(chat, thread, chunk).await.inspect_err(|_| {
+                    self.remember(&msg.id, &delivered, false);
+                })?,
+            };
+            delivered.push(ts);
+            self.remember(&msg.id, &delivered, false);
+        }
+        self.remember(&msg.id, &delivered, true);
+        if let Some(d) = draft_guard.as_mut() {
+            d.closed = true;
+        }
+        {
+            let mut st = self.inner.state();
+            st.drafts.remove(&key);
+            if st.finished.insert(key.clone()) {
+                st.finished_order.push_back(key);
+                while st.finished_order.len() > PROGRESS_KEPT {
+                    if let Some(old) = st.finished_order.pop_front() {
+                        st.finished.remove(&old);
+                    }
+                }
+            }
+        }
+        drop(draft_guard);
+        Ok(SentRef(delivered.first().cloned().unwrap_or_default()))
+    }
+
+    fn remember(&self, id: &str, delivered: &[String], done: bool) {
+        let mut st = self.inner.state();
+        if !st.progress.contains_key(id) {
+            st.order.push_back(id.to_string());
+            while st.order.len() > PROGRESS_KEPT {
+                if let Some(old) = st.order.pop_front() {
+                    st.progress.remove(&old);
+                }
+            }
+        }
+        let p = st.progress.entry(id.to_string()).or_default();
+        p.delivered = delivered.to_vec();
+        p.done = done;
+    }
+}
+
+/// The key that ties deltas to their final reply.
+fn reply_key(msg: &OutboundMessage) -> String {
+    match &msg.in_reply_to {
+        Some(e) => format!("{}\u{1f}{}", msg.chat, e),
+        None => format!("{}\u{1f}id:{}", msg.chat, msg.id),
+    }
+}
+
+/// Markdown → rendered chunks of at most [`MAX_MESSAGE_CHARS`] characters, in order.
+pub fn chunks(md: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    chunk_into(md, SPLIT_CHARS, &mut out);
+    out
+}
+
+fn chunk_into(md: &str, max: usize, out: &mut Vec<String>) {
+    for piece in split_markdown(md, max, Measure::Chars) {
+        let r = render::render(&piece);
+        if r.chars().count() <= MAX_MESSAGE_CHARS || max <= 64 {
+            if !r.trim().is_empty() {
+                out.push(r);
+            }
+        } else {
+            chunk_into(&piece, max / 2, out);
+        }
+    }
+}
+
+/// What a streamed draft shows: the first chunk of the text so far, with an ellipsis when
+/// more follows.
+fn draft_text(md: &str) -> String {
+    let all = chunks(md);
+    match all.len() {
+        0 => String::new(),
+        1 => all.into_iter().next().unwrap_or_default(),
+        _ => {
+            let first = all.into_iter().next().unwrap_or_default();
+            let cut: String = first.chars().take(MAX_MESSAGE_CHARS - 2).collect();
+            format!("{cut} …")
+        }
+    }
+}
+
+#[async_trait]
+impl Channel for SlackChannel {
+    fn id(&self) -> &ChannelId {
+        &self.inner.cfg.id
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            streaming: self.inner.cfg.stream_edits,
+            progress: false,
+            max_message_bytes: MAX_MESSAGE_CHARS * 4,
+        }
+    }
+
+    async fn listen(
+        &self,
+        tx: mpsc::Sender<InboundDelivery>,
+        cancel: CancellationToken,
+    ) -> Result<(), ChannelError> {
+        socket::run(self.inner.clone(), tx, cancel).await
+    }
+
+    async fn send(&self, msg: &OutboundMessage) -> Result<SentRef, ChannelError> {
+        match msg.kind {
+            OutboundKind::Progress => Ok(SentRef(String::new())),
+            OutboundKind::Delta if !self.inner.cfg.stream_edits => Ok(SentRef(String::new())),
+            OutboundKind::Delta => self.delta(msg).await,
+            OutboundKind::Final | OutboundKind::Error => self.final_reply(msg).await,
+        }
+    }
+
+    /// A no-op: Slack has no typing indicator for bots in Socket Mode.
+    async fn typing(&self, _chat: &ChatId, _thread: Option<&ThreadId>) -> Result<(), ChannelError> {
+        Ok(())
+    }
+
+    fn state(&self) -> String {
+        self.inner
+            .status
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+}
