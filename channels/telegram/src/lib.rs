@@ -187,7 +187,8 @@ struct Origin {
 
 /// A streamed reply being built.
 struct Draft {
-    message_id: i64,
+    /// The draft message, once posted.
+    message_id: Option<i64>,
     text: String,
     /// The chunk last shown (to skip identical edits).
     shown: String,
@@ -206,6 +207,8 @@ struct Progress {
 struct Outbound {
     progress: Bounded<String, Progress>,
     drafts: Bounded<PlatformEventId, Draft>,
+    /// Replies whose final message was delivered (late deltas are dropped).
+    finished: Bounded<PlatformEventId, ()>,
 }
 
 /// One chunk ready to send.
@@ -344,6 +347,7 @@ impl TelegramChannel {
             out: tokio::sync::Mutex::new(Outbound {
                 progress: Bounded::new(),
                 drafts: Bounded::new(),
+                finished: Bounded::new(),
             }),
         })
     }
@@ -516,56 +520,68 @@ impl TelegramChannel {
         let Some(key) = msg.in_reply_to.clone() else {
             return Ok(SentRef(String::new()));
         };
+        if out.finished.get(&key).is_some() {
+            // A late fragment of a reply already delivered.
+            return Ok(SentRef(String::new()));
+        }
         let chat = parse_chat(&msg.chat);
         let thread = parse_thread(msg.thread.as_ref())?;
+        let reply_to = self.reply_target(msg);
         let now = Instant::now();
-        if let Some(d) = out.drafts.get_mut(&key) {
-            d.text.push_str(&msg.content);
-            if d.paused_until.is_some_and(|t| now < t)
-                || now.duration_since(d.last_edit) < self.cfg.edit_interval
-            {
-                return Ok(SentRef(d.message_id.to_string()));
-            }
-            let Some(first) = plan_chunks(&d.text).into_iter().next() else {
-                return Ok(SentRef(d.message_id.to_string()));
-            };
-            if first.plain == d.shown {
-                return Ok(SentRef(d.message_id.to_string()));
-            }
-            let (message_id, shown) = (d.message_id, first.plain.clone());
-            d.last_edit = now;
-            return match self.edit(&chat, message_id, &first).await {
-                Ok(_) => {
-                    if let Some(d) = out.drafts.get_mut(&key) {
-                        d.shown = shown;
-                    }
-                    Ok(SentRef(message_id.to_string()))
-                }
-                Err(e) => {
-                    if let (Some(d), Some(wait)) = (out.drafts.get_mut(&key), e.retry_after()) {
-                        d.paused_until = Some(now + wait);
-                    }
-                    Err(e)
-                }
-            };
+        if out.drafts.get(&key).is_none() {
+            out.drafts.insert(
+                key.clone(),
+                Draft {
+                    message_id: None,
+                    text: String::new(),
+                    shown: String::new(),
+                    last_edit: now,
+                    paused_until: None,
+                },
+            );
         }
-        let Some(first) = plan_chunks(&msg.content).into_iter().next() else {
+        let Some(d) = out.drafts.get_mut(&key) else {
             return Ok(SentRef(String::new()));
         };
-        let message_id = self
-            .post(&chat, thread, self.reply_target(msg), &first)
-            .await?;
-        out.drafts.insert(
-            key,
-            Draft {
-                message_id,
-                text: msg.content.clone(),
-                shown: first.plain,
-                last_edit: now,
-                paused_until: None,
-            },
-        );
-        Ok(SentRef(message_id.to_string()))
+        d.text.push_str(&msg.content);
+        let due =
+            d.message_id.is_none() || now.duration_since(d.last_edit) >= self.cfg.edit_interval;
+        if !due || d.paused_until.is_some_and(|t| now < t) {
+            return Ok(SentRef(
+                d.message_id.map(|m| m.to_string()).unwrap_or_default(),
+            ));
+        }
+        // The draft shows the first chunk of the text so far; the final reply posts the rest.
+        let Some(first) = plan_chunks(&d.text).into_iter().next() else {
+            return Ok(SentRef(String::new()));
+        };
+        if first.plain == d.shown {
+            return Ok(SentRef(
+                d.message_id.map(|m| m.to_string()).unwrap_or_default(),
+            ));
+        }
+        let existing = d.message_id;
+        d.last_edit = now;
+        let r = match existing {
+            Some(mid) => self.edit(&chat, mid, &first).await.map(|_| mid),
+            None => self.post(&chat, thread, reply_to, &first).await,
+        };
+        let Some(d) = out.drafts.get_mut(&key) else {
+            return r.map(|m| SentRef(m.to_string()));
+        };
+        match r {
+            Ok(mid) => {
+                d.message_id = Some(mid);
+                d.shown = first.plain;
+                Ok(SentRef(mid.to_string()))
+            }
+            Err(e) => {
+                if let Some(wait) = e.retry_after() {
+                    d.paused_until = Some(now + wait);
+                }
+                Err(e)
+            }
+        }
     }
 
     async fn send_final(
@@ -586,7 +602,7 @@ impl TelegramChannel {
             .in_reply_to
             .as_ref()
             .and_then(|k| out.drafts.get(k))
-            .map(|d| d.message_id);
+            .and_then(|d| d.message_id);
         let start = out.progress.get(&msg.id).map_or(0, |p| p.done);
         for (i, chunk) in chunks.iter().enumerate().skip(start) {
             let mut sent = None;
@@ -613,6 +629,10 @@ impl TelegramChannel {
                     out.drafts.remove(k);
                 }
             }
+        }
+        if let Some(k) = &msg.in_reply_to {
+            out.drafts.remove(k);
+            out.finished.insert(k.clone(), ());
         }
         let first = out
             .progress

@@ -358,6 +358,7 @@ async fn errors_are_classified() {
         .await
         .unwrap_err();
     assert!(matches!(e, ChannelError::Transient(_)), "{e:?}");
+    assert!(!e.to_string().contains("fake_token"), "token leaked: {e}");
     fake.fail_next("sendMessage", Failure::Unauthorized);
     let e = ch
         .send(&reply("5", OutboundKind::Error, "c", "x"))
@@ -520,6 +521,37 @@ async fn streaming_edits_are_bounded_by_the_interval() {
     assert_eq!(last.message_id, before_final[0].message_id);
     assert!(last.text.ends_with("<b>done</b>"));
     assert_eq!(all.iter().filter(|m| m.method == "sendMessage").count(), 1);
+    // A late fragment after the final reply changes nothing.
+    ch.send(&reply("5", OutboundKind::Delta, "late", "zzz"))
+        .await
+        .unwrap();
+    assert_eq!(fake.sent().len(), all.len());
+}
+
+#[tokio::test]
+async fn whitespace_first_delta_is_kept_and_a_deleted_draft_is_replaced() {
+    let fake = FakeTelegram::start().await;
+    let ch = TelegramChannel::new(config(&fake, Arc::new(MemoryState::default()))).unwrap();
+    ch.send(&reply("5", OutboundKind::Delta, "d0", "\n"))
+        .await
+        .unwrap();
+    assert!(fake.sent().is_empty());
+    ch.send(&reply("5", OutboundKind::Delta, "d1", "Hello"))
+        .await
+        .unwrap();
+    assert_eq!(fake.sent().len(), 1);
+    // The user deleted the draft: the final reply is posted as a new message.
+    fake.fail_next(
+        "editMessageText",
+        Failure::BadRequest("Bad Request: message to edit not found".into()),
+    );
+    ch.send(&reply("5", OutboundKind::Final, "f", "Hello world"))
+        .await
+        .unwrap();
+    let sent = fake.sent();
+    assert_eq!(sent.len(), 2);
+    assert_eq!(sent[1].method, "sendMessage");
+    assert_eq!(sent[1].visible, "Hello world");
 }
 
 #[tokio::test]
