@@ -1,0 +1,419 @@
+//! Which updates become deliveries, and with what text (pure functions).
+//!
+//! Only `message` updates are fetched (`allowed_updates = ["message"]`): edited messages,
+//! channel posts, reactions and member changes are neither fetched nor delivered; an edit of a
+//! message already answered would otherwise start a second turn. Text comes from `text` or,
+//! for media, `caption`; a message with neither (sticker, photo without caption) is skipped.
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::api::Me;
+use crate::GroupMode;
+
+/// Commands passed through in groups even without a mention (the daemon checks the sender).
+const COMMANDS: &[&str] = &["stop", "new", "status", "approve", "deny"];
+
+#[derive(Debug, Deserialize)]
+struct User {
+    id: i64,
+    #[serde(default)]
+    is_bot: bool,
+}
+
+#[derive(Debug, Deserialize)]
+struct Chat {
+    id: i64,
+    #[serde(rename = "type")]
+    kind: String,
+}
+
+#[derive(Debug, Deserialize)]
+struct Entity {
+    #[serde(rename = "type")]
+    kind: String,
+    offset: usize,
+    length: usize,
+    #[serde(default)]
+    user: Option<User>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Message {
+    message_id: i64,
+    #[serde(default)]
+    message_thread_id: Option<i64>,
+    #[serde(default)]
+    is_topic_message: bool,
+    #[serde(default)]
+    from: Option<User>,
+    chat: Chat,
+    #[serde(default)]
+    text: Option<String>,
+    #[serde(default)]
+    caption: Option<String>,
+    #[serde(default)]
+    entities: Vec<Entity>,
+    #[serde(default)]
+    caption_entities: Vec<Entity>,
+    #[serde(default)]
+    reply_to_message: Option<Box<ReplyTo>>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ReplyTo {
+    message_id: i64,
+    #[serde(default)]
+    from: Option<User>,
+}
+
+/// A message to deliver.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Incoming {
+    pub chat: i64,
+    pub thread: Option<i64>,
+    pub sender: i64,
+    pub message_id: i64,
+    pub group: bool,
+    pub text: String,
+}
+
+/// What to do with one update.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Decision {
+    Deliver(Incoming),
+    /// Confirm it without delivering; the reason is logged.
+    Skip(&'static str),
+}
+
+/// The update's id, if it has one.
+pub(crate) fn update_id(update: &Value) -> Option<i64> {
+    update.get("update_id").and_then(Value::as_i64)
+}
+
+fn utf16_slice(units: &[u16], offset: usize, length: usize) -> Option<String> {
+    let end = offset.checked_add(length)?;
+    units.get(offset..end).map(String::from_utf16_lossy)
+}
+
+/// Decide what to do with a `getUpdates` entry.
+pub(crate) fn decide(update: &Value, me: &Me, mode: GroupMode) -> Decision {
+    let Some(raw) = update.get("message") else {
+        return Decision::Skip("not a new message");
+    };
+    let msg: Message = match serde_json::from_value(raw.clone()) {
+        Ok(m) => m,
+        Err(_) => return Decision::Skip("message without the expected fields"),
+    };
+    let Some(from) = &msg.from else {
+        return Decision::Skip("no sender");
+    };
+    if from.is_bot {
+        return Decision::Skip("sent by a bot");
+    }
+    let group = match msg.chat.kind.as_str() {
+        "private" => false,
+        "group" | "supergroup" => true,
+        _ => return Decision::Skip("not a private or group chat"),
+    };
+    let (text, entities) = match (&msg.text, &msg.caption) {
+        (Some(t), _) => (t.as_str(), &msg.entities),
+        (None, Some(c)) => (c.as_str(), &msg.caption_entities),
+        (None, None) => return Decision::Skip("no text"),
+    };
+    let units: Vec<u16> = text.encode_utf16().collect();
+    let me_at = format!("@{}", me.username);
+    let mut mentioned = false;
+    // UTF-16 ranges to cut out of the text (mentions of the bot, `@bot` of a command).
+    let mut cuts: Vec<(usize, usize)> = Vec::new();
+    let mut command: Option<String> = None;
+    for e in entities {
+        let Some(s) = utf16_slice(&units, e.offset, e.length) else {
+            continue;
+        };
+        match e.kind.as_str() {
+            "mention" if s.eq_ignore_ascii_case(&me_at) => {
+                mentioned = true;
+                cuts.push((e.offset, e.length));
+            }
+            "text_mention" if e.user.as_ref().is_some_and(|u| u.id == me.id) => {
+                mentioned = true;
+            }
+            "bot_command" if e.offset == 0 => {
+                let (name, target) = match s.split_once('@') {
+                    Some((n, t)) => (n, Some(t)),
+                    None => (s.as_str(), None),
+                };
+                match target {
+                    Some(t) if t.eq_ignore_ascii_case(&me.username) => {
+                        mentioned = true;
+                        let at = name.encode_utf16().count();
+                        cuts.push((e.offset + at, e.length.saturating_sub(at)));
+                    }
+                    Some(_) => return Decision::Skip("command for another bot"),
+                    None => {}
+                }
+                command = Some(name.trim_start_matches('/').to_ascii_lowercase());
+            }
+            _ => {}
+        }
+    }
+    let reply_to_bot = msg.reply_to_message.as_ref().is_some_and(|r| {
+        // In a forum topic every message "replies" to the topic's first message.
+        let topic_root = msg.is_topic_message && Some(r.message_id) == msg.message_thread_id;
+        !topic_root && r.from.as_ref().is_some_and(|u| u.id == me.id)
+    });
+    let known_command = command.as_deref().is_some_and(|c| COMMANDS.contains(&c));
+    if group && mode == GroupMode::Mention && !mentioned && !reply_to_bot && !known_command {
+        return Decision::Skip("group message not addressed to the bot");
+    }
+    let text = cut(&units, &mut cuts);
+    if text.is_empty() {
+        return Decision::Skip("empty after removing the mention");
+    }
+    Decision::Deliver(Incoming {
+        chat: msg.chat.id,
+        thread: msg.message_thread_id.filter(|_| msg.is_topic_message),
+        sender: from.id,
+        message_id: msg.message_id,
+        group,
+        text,
+    })
+}
+
+/// Remove the UTF-16 ranges from the text, with one space next to each, and trim.
+fn cut(units: &[u16], cuts: &mut [(usize, usize)]) -> String {
+    cuts.sort_unstable();
+    let mut out: Vec<u16> = Vec::with_capacity(units.len());
+    let mut i = 0;
+    let space = u16::from(b' ');
+    for &(off, len) in cuts.iter() {
+        if off < i {
+            continue;
+        }
+        out.extend_from_slice(&units[i..off.min(units.len())]);
+        i = (off + len).min(units.len());
+        // "@bot hello" → "hello", "hi @bot there" → "hi there".
+        let before_blank = out
+            .last()
+            .is_none_or(|c| *c == space || *c == u16::from(b'\n'));
+        if before_blank && units.get(i) == Some(&space) {
+            i += 1;
+        }
+    }
+    out.extend_from_slice(&units[i.min(units.len())..]);
+    String::from_utf16_lossy(&out).trim().to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+    use serde_json::json;
+
+    fn me() -> Me {
+        Me {
+            id: 42,
+            username: "clawbot".into(),
+        }
+    }
+
+    fn upd(message: Value) -> Value {
+        json!({"update_id": 7, "message": message})
+    }
+
+    fn group_msg(text: &str, entities: Value) -> Value {
+        upd(json!({
+            "message_id": 5, "date": 0,
+            "chat": {"id": -100, "type": "supergroup", "title": "g"},
+            "from": {"id": 9, "is_bot": false, "first_name": "U"},
+            "text": text, "entities": entities,
+        }))
+    }
+
+    fn text_of(d: Decision) -> String {
+        match d {
+            Decision::Deliver(i) => i.text,
+            Decision::Skip(why) => panic!("skipped: {why}"),
+        }
+    }
+
+    #[test]
+    fn private_message_is_delivered() {
+        let d = decide(
+            &upd(json!({
+                "message_id": 3, "date": 0,
+                "chat": {"id": 9, "type": "private"},
+                "from": {"id": 9, "is_bot": false, "first_name": "U", "username": "u"},
+                "text": "hello 😀",
+            })),
+            &me(),
+            GroupMode::Mention,
+        );
+        assert_eq!(
+            d,
+            Decision::Deliver(Incoming {
+                chat: 9,
+                thread: None,
+                sender: 9,
+                message_id: 3,
+                group: false,
+                text: "hello 😀".into()
+            })
+        );
+    }
+
+    #[test]
+    fn mentions_are_detected_in_utf16_and_stripped() {
+        // "😀" is two UTF-16 units: the entity offset counts them.
+        let d = decide(
+            &group_msg(
+                "😀 @ClawBot what's up",
+                json!([{"type": "mention", "offset": 3, "length": 8}]),
+            ),
+            &me(),
+            GroupMode::Mention,
+        );
+        assert_eq!(text_of(d), "😀 what's up");
+        let d = decide(
+            &group_msg(
+                "@clawbot hi",
+                json!([{"type": "mention", "offset": 0, "length": 8}]),
+            ),
+            &me(),
+            GroupMode::Mention,
+        );
+        assert_eq!(text_of(d), "hi");
+    }
+
+    #[test]
+    fn unaddressed_group_messages_are_skipped_unless_mode_all() {
+        let m = group_msg(
+            "@otherbot hi",
+            json!([{"type": "mention", "offset": 0, "length": 9}]),
+        );
+        assert!(matches!(
+            decide(&m, &me(), GroupMode::Mention),
+            Decision::Skip(_)
+        ));
+        assert_eq!(text_of(decide(&m, &me(), GroupMode::All)), "@otherbot hi");
+    }
+
+    #[test]
+    fn replies_to_the_bot_count_as_mentions_but_not_topic_roots() {
+        let mut m = group_msg("yes", json!([]));
+        m["message"]["reply_to_message"] = json!({"message_id": 4, "date": 0, "chat": {"id": -100, "type": "supergroup"}, "from": {"id": 42, "is_bot": true, "first_name": "B"}});
+        assert_eq!(text_of(decide(&m, &me(), GroupMode::Mention)), "yes");
+        m["message"]["message_thread_id"] = json!(4);
+        m["message"]["is_topic_message"] = json!(true);
+        assert!(matches!(
+            decide(&m, &me(), GroupMode::Mention),
+            Decision::Skip(_)
+        ));
+    }
+
+    #[test]
+    fn commands_are_normalised() {
+        let d = decide(
+            &group_msg(
+                "/stop@ClawBot",
+                json!([{"type": "bot_command", "offset": 0, "length": 13}]),
+            ),
+            &me(),
+            GroupMode::Mention,
+        );
+        assert_eq!(text_of(d), "/stop");
+        let d = decide(
+            &group_msg(
+                "/approve@clawbot abc always",
+                json!([{"type": "bot_command", "offset": 0, "length": 16}]),
+            ),
+            &me(),
+            GroupMode::Mention,
+        );
+        assert_eq!(text_of(d), "/approve abc always");
+        // A bare known command in a group is passed through; one for another bot is not.
+        let d = decide(
+            &group_msg(
+                "/deny x1",
+                json!([{"type": "bot_command", "offset": 0, "length": 5}]),
+            ),
+            &me(),
+            GroupMode::Mention,
+        );
+        assert_eq!(text_of(d), "/deny x1");
+        let d = decide(
+            &group_msg(
+                "/stop@otherbot",
+                json!([{"type": "bot_command", "offset": 0, "length": 14}]),
+            ),
+            &me(),
+            GroupMode::All,
+        );
+        assert!(matches!(d, Decision::Skip(_)));
+    }
+
+    #[test]
+    fn bots_channels_and_non_text_are_skipped() {
+        let mut m = group_msg(
+            "@clawbot hi",
+            json!([{"type": "mention", "offset": 0, "length": 8}]),
+        );
+        m["message"]["from"]["is_bot"] = json!(true);
+        assert!(matches!(
+            decide(&m, &me(), GroupMode::All),
+            Decision::Skip(_)
+        ));
+        let mut m = group_msg("x", json!([]));
+        m["message"]["chat"]["type"] = json!("channel");
+        assert!(matches!(
+            decide(&m, &me(), GroupMode::All),
+            Decision::Skip(_)
+        ));
+        let mut m = group_msg("x", json!([]));
+        m["message"].as_object_mut().unwrap().remove("text");
+        assert!(matches!(
+            decide(&m, &me(), GroupMode::All),
+            Decision::Skip(_)
+        ));
+        m["message"]["caption"] = json!("a photo");
+        assert_eq!(text_of(decide(&m, &me(), GroupMode::All)), "a photo");
+        assert!(matches!(
+            decide(
+                &json!({"update_id": 1, "edited_message": {}}),
+                &me(),
+                GroupMode::All
+            ),
+            Decision::Skip(_)
+        ));
+        // Hostile entity offsets never panic.
+        let m = group_msg(
+            "hi",
+            json!([{"type": "mention", "offset": 999, "length": 999999}]),
+        );
+        assert!(matches!(
+            decide(&m, &me(), GroupMode::Mention),
+            Decision::Skip(_)
+        ));
+    }
+
+    #[test]
+    fn forum_topic_sets_the_thread() {
+        let mut m = group_msg(
+            "@clawbot hi",
+            json!([{"type": "mention", "offset": 0, "length": 8}]),
+        );
+        m["message"]["message_thread_id"] = json!(77);
+        m["message"]["is_topic_message"] = json!(true);
+        match decide(&m, &me(), GroupMode::Mention) {
+            Decision::Deliver(i) => assert_eq!(i.thread, Some(77)),
+            d => panic!("{d:?}"),
+        }
+        // A reply thread in a non-forum group is not a topic.
+        m["message"]["is_topic_message"] = json!(false);
+        match decide(&m, &me(), GroupMode::Mention) {
+            Decision::Deliver(i) => assert_eq!(i.thread, None),
+            d => panic!("{d:?}"),
+        }
+    }
+}

@@ -1,0 +1,797 @@
+//! The Telegram channel: Bot API long polling (`getUpdates`) through teloxide-core's `Bot`,
+//! without teloxide's `Dispatcher`.
+//!
+//! - **Inbound.** `listen` calls `getMe` once (a refused token ends it with
+//!   [`ChannelError::Auth`] naming `channels.telegram.token`), then long-polls `getUpdates`
+//!   with `offset`. An update is confirmed to Telegram only by the next `getUpdates` with
+//!   `offset = update_id + 1`, and the offset advances only after the daemon acknowledged the
+//!   delivery (`Accepted`, `Duplicate` or `Rejected`). The offset is stored in the
+//!   [`StateStore`] under `offset` after each batch, so a restart does not refetch confirmed
+//!   updates; unconfirmed ones are fetched again (Telegram keeps them 24 h) and the daemon
+//!   dedupes them on `event_id` = `update_id`. Only `message` updates are fetched: edits are
+//!   ignored. See [`inbound`] for which messages are delivered.
+//! - **Liveness.** Failed polls are retried with backoff (1 s doubling to 60 s); a poll that
+//!   does not answer within its `timeout` plus a grace (the timeout again, 1 to 10 s) is
+//!   abandoned (watchdog) and retried on a new connection. `state()` tells `connected as @bot`, `reconnecting (attempt N): ...` or
+//!   `auth failed: ...`.
+//! - **Outbound.** Markdown is split under Telegram's 4096 UTF-16 limit, each chunk rendered
+//!   to Telegram HTML ([`render`]); a chunk Telegram refuses to parse is resent as plain text.
+//!   Progress per outbound id makes a retried `send` skip chunks already delivered. With
+//!   `stream_edits`, deltas build one draft message edited at most once per `edit_interval`,
+//!   and the final reply edits the draft into its first chunk.
+//! - **Replies.** In groups the first chunk replies to the user's message (the adapter keeps a
+//!   bounded map from the last 1024 update ids to their message ids); in private chats it does
+//!   not quote. Replies go to the same forum topic (`message_thread_id`).
+
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::hash::Hash;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use clawft_channel_core::text::{split_markdown, Measure};
+use clawft_channel_core::{
+    now_ms, Ack, Capabilities, Channel, ChannelError, ChannelId, ChatId, InboundDelivery,
+    InboundEvent, MemoryState, OutboundKind, OutboundMessage, PlatformEventId, SentRef, StateStore,
+    ThreadId, UserId,
+};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+mod api;
+pub mod inbound;
+pub mod render;
+
+#[cfg(any(test, feature = "testing"))]
+pub mod fake;
+
+use api::{Api, CallError, EditMessageText, Me, ReplyParameters, SendChatAction, SendMessage};
+
+/// Telegram's limit per message, in UTF-16 code units of the text after entity parsing.
+pub const MAX_MESSAGE_UTF16: usize = 4096;
+/// Markdown is split at this size first, leaving room for what rendering changes.
+const SPLIT_AT: usize = 4000;
+/// State key of the next `getUpdates` offset.
+pub const OFFSET_KEY: &str = "offset";
+/// Longest reconnect backoff.
+const MAX_BACKOFF: Duration = Duration::from_secs(60);
+/// Remembered update → message ids (for replying), outbound progress entries and drafts.
+const MAX_REMEMBERED: usize = 1024;
+
+/// Which group messages are delivered.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GroupMode {
+    /// Only messages that mention the bot (`@botname`), reply to it, or are one of the
+    /// daemon's commands (`/stop`, `/new`, `/status`, `/approve`, `/deny`).
+    #[default]
+    Mention,
+    /// Every message the bot can see (needs privacy mode off in @BotFather).
+    All,
+}
+
+/// Resolved settings of the Telegram channel.
+#[derive(Clone)]
+pub struct TelegramConfig {
+    /// Channel id (default `telegram`).
+    pub id: ChannelId,
+    /// Bot token from @BotFather (`123456:ABC...`). Never printed by `Debug`.
+    pub token: String,
+    /// Bot API base URL (default `https://api.telegram.org`; a local `telegram-bot-api`
+    /// server, or the fake in tests).
+    pub api_url: String,
+    /// Which group messages are delivered (default [`GroupMode::Mention`]).
+    pub group_mode: GroupMode,
+    /// Stream replies by editing a draft message (default true).
+    pub stream_edits: bool,
+    /// Least time between two edits of a draft (default 1.5 s).
+    pub edit_interval: Duration,
+    /// Long-poll `timeout` of `getUpdates` (default 25 s; at least 1 s). The watchdog gives a
+    /// poll this plus the same again (at most 10 s more) before it reconnects.
+    pub poll_timeout: Duration,
+    /// Where the `getUpdates` offset is kept across restarts.
+    pub state: Arc<dyn StateStore>,
+}
+
+impl TelegramConfig {
+    /// Defaults with this token and an in-memory state store.
+    pub fn new(token: impl Into<String>) -> Self {
+        Self {
+            token: token.into(),
+            ..Self::default()
+        }
+    }
+}
+
+impl Default for TelegramConfig {
+    fn default() -> Self {
+        Self {
+            id: ChannelId::new("telegram"),
+            token: String::new(),
+            api_url: "https://api.telegram.org".into(),
+            group_mode: GroupMode::Mention,
+            stream_edits: true,
+            edit_interval: Duration::from_millis(1500),
+            poll_timeout: Duration::from_secs(25),
+            state: Arc::new(MemoryState::default()),
+        }
+    }
+}
+
+impl fmt::Debug for TelegramConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TelegramConfig")
+            .field("id", &self.id)
+            .field("token", &"<redacted>")
+            .field("api_url", &self.api_url)
+            .field("group_mode", &self.group_mode)
+            .field("stream_edits", &self.stream_edits)
+            .field("edit_interval", &self.edit_interval)
+            .field("poll_timeout", &self.poll_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A map that forgets its oldest entries beyond a bound.
+struct Bounded<K, V> {
+    map: HashMap<K, V>,
+    order: VecDeque<K>,
+}
+
+impl<K: Hash + Eq + Clone, V> Bounded<K, V> {
+    fn new() -> Self {
+        Self {
+            map: HashMap::new(),
+            order: VecDeque::new(),
+        }
+    }
+
+    fn insert(&mut self, k: K, v: V) {
+        if self.map.insert(k.clone(), v).is_none() {
+            self.order.push_back(k);
+            while self.order.len() > MAX_REMEMBERED {
+                if let Some(old) = self.order.pop_front() {
+                    self.map.remove(&old);
+                }
+            }
+        }
+    }
+
+    fn get(&self, k: &K) -> Option<&V> {
+        self.map.get(k)
+    }
+
+    fn get_mut(&mut self, k: &K) -> Option<&mut V> {
+        self.map.get_mut(k)
+    }
+
+    fn remove(&mut self, k: &K) -> Option<V> {
+        let v = self.map.remove(k);
+        if v.is_some() {
+            self.order.retain(|x| x != k);
+        }
+        v
+    }
+}
+
+/// The message a delivered update came from.
+#[derive(Clone, Copy)]
+struct Origin {
+    message_id: i64,
+    group: bool,
+}
+
+/// A streamed reply being built.
+struct Draft {
+    /// The draft message, once posted.
+    message_id: Option<i64>,
+    text: String,
+    /// The chunk last shown (to skip identical edits).
+    shown: String,
+    last_edit: Instant,
+    /// Telegram asked us to wait (429) until then.
+    paused_until: Option<Instant>,
+}
+
+/// Delivery progress of one outbound message.
+#[derive(Default)]
+struct Progress {
+    done: usize,
+    first: Option<i64>,
+}
+
+struct Outbound {
+    progress: Bounded<String, Progress>,
+    drafts: Bounded<PlatformEventId, Draft>,
+    /// Replies whose final message was delivered (late deltas are dropped).
+    finished: Bounded<PlatformEventId, ()>,
+}
+
+/// One chunk ready to send.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Chunk {
+    /// Telegram HTML, or `None` when the chunk renders to no visible text.
+    pub html: Option<String>,
+    /// The Markdown source, sent as plain text if Telegram refuses the HTML.
+    pub plain: String,
+}
+
+/// Split Markdown under Telegram's limit and render each chunk; a chunk whose rendering is
+/// still too long is split further.
+pub fn plan_chunks(markdown: &str) -> Vec<Chunk> {
+    let mut out = Vec::new();
+    plan_into(markdown, SPLIT_AT, &mut out);
+    out
+}
+
+fn plan_into(markdown: &str, max: usize, out: &mut Vec<Chunk>) {
+    for piece in split_markdown(markdown, max, Measure::Utf16) {
+        if piece.trim().is_empty() {
+            continue;
+        }
+        let html = render::markdown_to_html(&piece);
+        let visible = render::visible_len(&html);
+        if visible > MAX_MESSAGE_UTF16 && max > 64 {
+            // Rendering grew it (link URLs written out): split smaller, proportionally.
+            let smaller = (max * MAX_MESSAGE_UTF16 / visible * 9 / 10).clamp(64, max - 1);
+            plan_into(&piece, smaller, out);
+            continue;
+        }
+        out.push(Chunk {
+            html: (visible > 0 && !html.trim().is_empty()).then_some(html),
+            plain: piece,
+        });
+    }
+}
+
+/// The Telegram channel.
+pub struct TelegramChannel {
+    cfg: TelegramConfig,
+    api: Api,
+    status: Mutex<String>,
+    origins: Mutex<Bounded<PlatformEventId, Origin>>,
+    out: tokio::sync::Mutex<Outbound>,
+}
+
+fn parse_chat(chat: &ChatId) -> Value {
+    match chat.as_str().parse::<i64>() {
+        Ok(n) => Value::from(n),
+        Err(_) => Value::from(chat.as_str()),
+    }
+}
+
+fn parse_thread(thread: Option<&ThreadId>) -> Result<Option<i64>, ChannelError> {
+    thread
+        .map(|t| {
+            t.as_str().parse::<i64>().map_err(|_| {
+                ChannelError::Rejected(format!(
+                    "Telegram thread ids are numeric message_thread_ids, got `{t}`"
+                ))
+            })
+        })
+        .transpose()
+}
+
+fn backoff(attempt: u32) -> Duration {
+    let secs = 1u64 << attempt.saturating_sub(1).min(6);
+    Duration::from_secs(secs).min(MAX_BACKOFF)
+}
+
+/// What the processing of one batch ended with.
+enum Flow {
+    Continue,
+    Stop,
+    /// A delivery's ack was dropped: fetch the batch again after a pause.
+    Unacked,
+}
+
+impl TelegramChannel {
+    /// Validate the settings and build the client. Nothing is contacted yet.
+    ///
+    /// # Errors
+    /// [`ChannelError::Auth`] for an empty or malformed token, [`ChannelError::Fatal`] for an
+    /// unusable `api_url`.
+    pub fn new(cfg: TelegramConfig) -> Result<Self, ChannelError> {
+        let token = cfg.token.trim();
+        if token.is_empty() {
+            return Err(ChannelError::Auth(
+                "no Telegram bot token: set channels.telegram.token (token_env or token_file) \
+                 to the token @BotFather gave you"
+                    .into(),
+            ));
+        }
+        if !token.contains(':')
+            || !token
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, ':' | '_' | '-'))
+        {
+            return Err(ChannelError::Auth(
+                "channels.telegram.token does not look like a bot token (`123456:ABC-...`): \
+                 copy it again from @BotFather"
+                    .into(),
+            ));
+        }
+        let url = reqwest::Url::parse(cfg.api_url.trim()).map_err(|e| {
+            ChannelError::Fatal(format!(
+                "channels.telegram.api_url `{}` is not a URL: {e}",
+                cfg.api_url
+            ))
+        })?;
+        if !matches!(url.scheme(), "http" | "https")
+            || url.cannot_be_a_base()
+            || url.host_str().is_none()
+            || url.query().is_some()
+            || url.fragment().is_some()
+        {
+            return Err(ChannelError::Fatal(format!(
+                "channels.telegram.api_url `{}` must be an http(s) base URL like \
+                 https://api.telegram.org",
+                cfg.api_url
+            )));
+        }
+        if url.scheme() == "http" {
+            tracing::warn!(api_url = %url, "the Telegram bot token is sent over plain http");
+        }
+        let api = Api::new(token, url)?;
+        let mut cfg = cfg;
+        cfg.poll_timeout = cfg.poll_timeout.max(Duration::from_secs(1));
+        Ok(Self {
+            cfg,
+            api,
+            status: Mutex::new("not started".into()),
+            origins: Mutex::new(Bounded::new()),
+            out: tokio::sync::Mutex::new(Outbound {
+                progress: Bounded::new(),
+                drafts: Bounded::new(),
+                finished: Bounded::new(),
+            }),
+        })
+    }
+
+    fn set_status(&self, s: impl Into<String>) {
+        *self.status.lock().unwrap_or_else(PoisonError::into_inner) = s.into();
+    }
+
+    fn classify(&self, e: &CallError) -> ChannelError {
+        e.classify(self.api.token())
+    }
+
+    fn save_offset(&self, offset: Option<i64>) {
+        if let Some(o) = offset {
+            if let Err(e) = self.cfg.state.put(OFFSET_KEY, &o.to_string()) {
+                tracing::warn!(error = %e, "could not store the Telegram offset");
+            }
+        }
+    }
+
+    /// Deliver a batch in order, advancing `offset` past each acknowledged (or skipped) one.
+    async fn process(
+        &self,
+        me: &Me,
+        updates: Vec<Value>,
+        offset: &mut Option<i64>,
+        tx: &mpsc::Sender<InboundDelivery>,
+        cancel: &CancellationToken,
+    ) -> Flow {
+        let mut updates: Vec<(i64, Value)> = updates
+            .into_iter()
+            .filter_map(|u| inbound::update_id(&u).map(|id| (id, u)))
+            .collect();
+        updates.sort_by_key(|(id, _)| *id);
+        for (id, update) in updates {
+            if offset.is_some_and(|o| id < o) {
+                continue;
+            }
+            let incoming = match inbound::decide(&update, me, self.cfg.group_mode) {
+                inbound::Decision::Deliver(i) => i,
+                inbound::Decision::Skip(why) => {
+                    tracing::debug!(update_id = id, why, "telegram update skipped");
+                    *offset = Some(id + 1);
+                    continue;
+                }
+            };
+            let event_id = PlatformEventId::new(id.to_string());
+            self.origins
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .insert(
+                    event_id.clone(),
+                    Origin {
+                        message_id: incoming.message_id,
+                        group: incoming.group,
+                    },
+                );
+            let (delivery, ack) = InboundDelivery::new(InboundEvent {
+                channel: self.cfg.id.clone(),
+                chat: ChatId::new(incoming.chat.to_string()),
+                thread: incoming.thread.map(|t| ThreadId::new(t.to_string())),
+                sender: UserId::new(incoming.sender.to_string()),
+                event_id,
+                content: incoming.text,
+                received_at_ms: now_ms(),
+            });
+            tokio::select! {
+                r = tx.send(delivery) => if r.is_err() { return Flow::Stop },
+                () = cancel.cancelled() => return Flow::Stop,
+            }
+            let ack = tokio::select! {
+                a = ack => a,
+                () = cancel.cancelled() => return Flow::Stop,
+            };
+            match ack {
+                Ok(Ack::Accepted | Ack::Duplicate) => {}
+                Ok(Ack::Rejected(why)) => {
+                    tracing::info!(
+                        update_id = id,
+                        why,
+                        "telegram message refused by the daemon"
+                    );
+                }
+                Err(_) => return Flow::Unacked,
+            }
+            *offset = Some(id + 1);
+        }
+        Flow::Continue
+    }
+
+    /// Post one chunk; HTML refused by Telegram's parser is resent as plain text.
+    async fn post(
+        &self,
+        chat: &Value,
+        thread: Option<i64>,
+        reply_to: Option<i64>,
+        chunk: &Chunk,
+    ) -> Result<i64, ChannelError> {
+        let msg = |text: String, parse_mode| SendMessage {
+            chat_id: chat.clone(),
+            text,
+            parse_mode,
+            message_thread_id: thread,
+            reply_parameters: reply_to.map(|m| ReplyParameters {
+                message_id: m,
+                allow_sending_without_reply: true,
+            }),
+        };
+        if let Some(html) = &chunk.html {
+            match self.api.call_default(msg(html.clone(), Some("HTML"))).await {
+                Ok(m) => return Ok(m.message_id),
+                Err(e) if e.is_parse_entities() => {
+                    tracing::warn!(error = %self.classify(&e), "Telegram refused the HTML; sending plain text");
+                }
+                Err(e) => return Err(self.classify(&e)),
+            }
+        }
+        self.api
+            .call_default(msg(chunk.plain.clone(), None))
+            .await
+            .map(|m| m.message_id)
+            .map_err(|e| self.classify(&e))
+    }
+
+    /// Edit a message into a chunk. `Ok(false)` when the message can no longer be edited.
+    async fn edit(
+        &self,
+        chat: &Value,
+        message_id: i64,
+        chunk: &Chunk,
+    ) -> Result<bool, ChannelError> {
+        let edit = |text: String, parse_mode| EditMessageText {
+            chat_id: chat.clone(),
+            message_id,
+            text,
+            parse_mode,
+        };
+        let r = match &chunk.html {
+            Some(html) => match self
+                .api
+                .call_default(edit(html.clone(), Some("HTML")))
+                .await
+            {
+                Err(e) if e.is_parse_entities() => {
+                    self.api.call_default(edit(chunk.plain.clone(), None)).await
+                }
+                r => r,
+            },
+            None => self.api.call_default(edit(chunk.plain.clone(), None)).await,
+        };
+        match r {
+            Ok(_) => Ok(true),
+            Err(e) if e.is_not_modified() => Ok(true),
+            Err(e) if e.is_edit_target_gone() => Ok(false),
+            Err(e) => Err(self.classify(&e)),
+        }
+    }
+
+    fn reply_target(&self, msg: &OutboundMessage) -> Option<i64> {
+        let id = msg.in_reply_to.as_ref()?;
+        let origins = self.origins.lock().unwrap_or_else(PoisonError::into_inner);
+        origins.get(id).filter(|o| o.group).map(|o| o.message_id)
+    }
+
+    async fn send_delta(
+        &self,
+        msg: &OutboundMessage,
+        out: &mut Outbound,
+    ) -> Result<SentRef, ChannelError> {
+        let Some(key) = msg.in_reply_to.clone() else {
+            return Ok(SentRef(String::new()));
+        };
+        if out.finished.get(&key).is_some() {
+            // A late fragment of a reply already delivered.
+            return Ok(SentRef(String::new()));
+        }
+        let chat = parse_chat(&msg.chat);
+        let thread = parse_thread(msg.thread.as_ref())?;
+        let reply_to = self.reply_target(msg);
+        let now = Instant::now();
+        if out.drafts.get(&key).is_none() {
+            out.drafts.insert(
+                key.clone(),
+                Draft {
+                    message_id: None,
+                    text: String::new(),
+                    shown: String::new(),
+                    last_edit: now,
+                    paused_until: None,
+                },
+            );
+        }
+        let Some(d) = out.drafts.get_mut(&key) else {
+            return Ok(SentRef(String::new()));
+        };
+        d.text.push_str(&msg.content);
+        let due =
+            d.message_id.is_none() || now.duration_since(d.last_edit) >= self.cfg.edit_interval;
+        if !due || d.paused_until.is_some_and(|t| now < t) {
+            return Ok(SentRef(
+                d.message_id.map(|m| m.to_string()).unwrap_or_default(),
+            ));
+        }
+        // The draft shows the first chunk of the text so far; the final reply posts the rest.
+        let Some(first) = plan_chunks(&d.text).into_iter().next() else {
+            return Ok(SentRef(String::new()));
+        };
+        if first.plain == d.shown {
+            return Ok(SentRef(
+                d.message_id.map(|m| m.to_string()).unwrap_or_default(),
+            ));
+        }
+        let existing = d.message_id;
+        d.last_edit = now;
+        let r = match existing {
+            Some(mid) => self.edit(&chat, mid, &first).await.map(|_| mid),
+            None => self.post(&chat, thread, reply_to, &first).await,
+        };
+        let Some(d) = out.drafts.get_mut(&key) else {
+            return r.map(|m| SentRef(m.to_string()));
+        };
+        match r {
+            Ok(mid) => {
+                d.message_id = Some(mid);
+                d.shown = first.plain;
+                Ok(SentRef(mid.to_string()))
+            }
+            Err(e) => {
+                if let Some(wait) = e.retry_after() {
+                    d.paused_until = Some(now + wait);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    async fn send_final(
+        &self,
+        msg: &OutboundMessage,
+        out: &mut Outbound,
+    ) -> Result<SentRef, ChannelError> {
+        let chat = parse_chat(&msg.chat);
+        let thread = parse_thread(msg.thread.as_ref())?;
+        let chunks = plan_chunks(&msg.content);
+        if chunks.is_empty() {
+            return Ok(SentRef(String::new()));
+        }
+        if out.progress.get(&msg.id).is_none() {
+            out.progress.insert(msg.id.clone(), Progress::default());
+        }
+        let draft = msg
+            .in_reply_to
+            .as_ref()
+            .and_then(|k| out.drafts.get(k))
+            .and_then(|d| d.message_id);
+        let start = out.progress.get(&msg.id).map_or(0, |p| p.done);
+        for (i, chunk) in chunks.iter().enumerate().skip(start) {
+            let mut sent = None;
+            if i == 0 {
+                if let Some(mid) = draft {
+                    if self.edit(&chat, mid, chunk).await? {
+                        sent = Some(mid);
+                    }
+                }
+            }
+            let message_id = match sent {
+                Some(m) => m,
+                None => {
+                    let reply_to = if i == 0 { self.reply_target(msg) } else { None };
+                    self.post(&chat, thread, reply_to, chunk).await?
+                }
+            };
+            if let Some(p) = out.progress.get_mut(&msg.id) {
+                p.done = i + 1;
+                p.first.get_or_insert(message_id);
+            }
+            if i == 0 {
+                if let Some(k) = &msg.in_reply_to {
+                    out.drafts.remove(k);
+                }
+            }
+        }
+        if let Some(k) = &msg.in_reply_to {
+            out.drafts.remove(k);
+            out.finished.insert(k.clone(), ());
+        }
+        let first = out
+            .progress
+            .get(&msg.id)
+            .and_then(|p| p.first)
+            .map(|m| m.to_string())
+            .unwrap_or_default();
+        Ok(SentRef(first))
+    }
+}
+
+#[async_trait]
+impl Channel for TelegramChannel {
+    fn id(&self) -> &ChannelId {
+        &self.cfg.id
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            streaming: self.cfg.stream_edits,
+            progress: false,
+            max_message_bytes: MAX_MESSAGE_UTF16,
+        }
+    }
+
+    async fn listen(
+        &self,
+        tx: mpsc::Sender<InboundDelivery>,
+        cancel: CancellationToken,
+    ) -> Result<(), ChannelError> {
+        let mut offset: Option<i64> = self
+            .cfg
+            .state
+            .get(OFFSET_KEY)
+            .and_then(|s| s.trim().parse().ok());
+        let mut me: Option<Me> = None;
+        let mut attempt: u32 = 0;
+        self.set_status("connecting");
+        loop {
+            let failure: String;
+            let mut wait = None;
+            if let Some(bot) = &me {
+                let polled = tokio::select! {
+                    r = self.api.get_updates(offset, self.cfg.poll_timeout) => r,
+                    () = cancel.cancelled() => return Ok(()),
+                };
+                match polled {
+                    Ok(updates) => {
+                        if attempt > 0 {
+                            attempt = 0;
+                            self.set_status(format!("connected as @{}", bot.username));
+                        }
+                        let before = offset;
+                        let flow = self.process(bot, updates, &mut offset, &tx, &cancel).await;
+                        if offset != before {
+                            self.save_offset(offset);
+                        }
+                        match flow {
+                            Flow::Continue => continue,
+                            Flow::Stop => return Ok(()),
+                            Flow::Unacked => {
+                                failure =
+                                    "a delivery was not acknowledged; fetching it again".into();
+                            }
+                        }
+                    }
+                    Err(e) if e.is_webhook_active() => {
+                        tracing::warn!(
+                            "a webhook is set for this bot; deleting it to use getUpdates"
+                        );
+                        if let Err(e) = self
+                            .api
+                            .call_default(api::DeleteWebhook {
+                                drop_pending_updates: false,
+                            })
+                            .await
+                        {
+                            tracing::warn!(error = %self.classify(&e), "deleteWebhook failed");
+                        }
+                        failure = "a webhook was set; deleted it".into();
+                    }
+                    Err(e) => {
+                        let err = self.classify(&e);
+                        if let ChannelError::Auth(m) = &err {
+                            self.set_status(format!("auth failed: {m}"));
+                            return Err(err);
+                        }
+                        wait = err.retry_after();
+                        failure = match &e {
+                            CallError::Timeout(_) => format!("getUpdates watchdog: {err}"),
+                            _ => err.to_string(),
+                        };
+                    }
+                }
+            } else {
+                let r = tokio::select! {
+                    r = self.api.get_me() => r,
+                    () = cancel.cancelled() => return Ok(()),
+                };
+                match r {
+                    Ok(m) => {
+                        tracing::info!(bot = %m.username, "Telegram connected");
+                        self.set_status(format!("connected as @{}", m.username));
+                        me = Some(m);
+                        attempt = 0;
+                        continue;
+                    }
+                    Err(e) => {
+                        let err = self.classify(&e);
+                        if let ChannelError::Auth(m) = &err {
+                            self.set_status(format!("auth failed: {m}"));
+                            return Err(err);
+                        }
+                        wait = err.retry_after();
+                        failure = format!("getMe: {err}");
+                    }
+                }
+            }
+            attempt = attempt.saturating_add(1);
+            let delay = backoff(attempt).max(wait.unwrap_or_default());
+            tracing::warn!(attempt, ?delay, error = %failure, "Telegram polling failed; retrying");
+            self.set_status(format!("reconnecting (attempt {attempt}): {failure}"));
+            tokio::select! {
+                () = tokio::time::sleep(delay) => {}
+                () = cancel.cancelled() => return Ok(()),
+            }
+        }
+    }
+
+    async fn send(&self, msg: &OutboundMessage) -> Result<SentRef, ChannelError> {
+        let mut out = self.out.lock().await;
+        match msg.kind {
+            OutboundKind::Progress => Ok(SentRef(String::new())),
+            OutboundKind::Delta if !self.cfg.stream_edits => Ok(SentRef(String::new())),
+            OutboundKind::Delta => self.send_delta(msg, &mut out).await,
+            OutboundKind::Final | OutboundKind::Error => self.send_final(msg, &mut out).await,
+        }
+    }
+
+    async fn typing(&self, chat: &ChatId, thread: Option<&ThreadId>) -> Result<(), ChannelError> {
+        let action = SendChatAction {
+            chat_id: parse_chat(chat),
+            action: "typing",
+            message_thread_id: parse_thread(thread)?,
+        };
+        self.api
+            .call_default(action)
+            .await
+            .map(|_| ())
+            .map_err(|e| self.classify(&e))
+    }
+
+    fn state(&self) -> String {
+        self.status
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+}
+
+#[cfg(test)]
+mod tests;
