@@ -52,17 +52,80 @@ pub fn chat_channels(config: &Config, store: &Store) -> Vec<Arc<dyn Channel>> {
     out
 }
 
-#[allow(clippy::needless_pass_by_value)]
 fn build(
     c: &crate::config::ChatChannelConfig,
     state: Arc<dyn StateStore>,
 ) -> Result<Arc<dyn Channel>, String> {
-    let _ = &state;
-    Err(format!(
-        "this build of weft has no {} support (cargo feature `{}`)",
-        c.platform.name(),
-        c.platform.name()
-    ))
+    use crate::config::Platform;
+    match c.platform {
+        #[cfg(feature = "telegram")]
+        Platform::Telegram => {
+            use clawft_channel_telegram::{GroupMode, TelegramChannel, TelegramConfig};
+            let mut t = TelegramConfig::new(c.token.expose());
+            if let Some(u) = &c.api_url {
+                t.api_url.clone_from(u);
+            }
+            t.group_mode = if c.group_all {
+                GroupMode::All
+            } else {
+                GroupMode::Mention
+            };
+            t.stream_edits = c.stream_edits;
+            t.edit_interval = c.edit_interval;
+            t.state = state;
+            Ok(Arc::new(
+                TelegramChannel::new(t).map_err(|e| e.to_string())?,
+            ))
+        }
+        #[cfg(feature = "discord")]
+        Platform::Discord => {
+            use clawft_channel_discord::{DiscordChannel, DiscordConfig, GroupMode};
+            let mut d = DiscordConfig::new(c.token.expose(), state);
+            d.proxy.clone_from(&c.proxy);
+            d.group_mode = if c.group_all {
+                GroupMode::All
+            } else {
+                GroupMode::Mention
+            };
+            d.stream_edits = c.stream_edits;
+            d.edit_interval = c.edit_interval;
+            Ok(Arc::new(DiscordChannel::new(d).map_err(|e| e.to_string())?))
+        }
+        #[cfg(feature = "slack")]
+        Platform::Slack => {
+            use clawft_channel_slack::{GroupMode, SlackChannel, SlackConfig};
+            let mut s = SlackConfig {
+                token: c.token.expose().to_string(),
+                app_token: c
+                    .app_token
+                    .as_ref()
+                    .map(|t| t.expose().to_string())
+                    .unwrap_or_default(),
+                group_mode: if c.group_all {
+                    GroupMode::All
+                } else {
+                    GroupMode::Mention
+                },
+                stream_edits: c.stream_edits,
+                edit_interval: c.edit_interval,
+                state,
+                ..SlackConfig::default()
+            };
+            if let Some(u) = &c.api_url {
+                s.api_url.clone_from(u);
+            }
+            Ok(Arc::new(SlackChannel::new(s).map_err(|e| e.to_string())?))
+        }
+        #[allow(unreachable_patterns)]
+        other => {
+            let _ = state;
+            Err(format!(
+                "this build of weft has no {} support (cargo feature `{}`)",
+                other.name(),
+                other.name()
+            ))
+        }
+    }
 }
 
 #[cfg(test)]

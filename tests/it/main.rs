@@ -7,5 +7,6 @@ mod access;
 mod common;
 mod fake_llm;
 mod gateway;
+mod platforms;
 mod process;
 mod tools;
