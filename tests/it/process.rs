@@ -738,3 +738,118 @@ async fn send_and_pairing_go_through_the_running_gateway() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("no pending pairing code"));
     assert_eq!(d.term().code(), Some(0));
 }
+
+/// A platform the kill -9 test drives: where to point the gateway, how to send a user
+/// message, and what the bot has posted so far.
+struct PlatformCase {
+    section: (&'static str, Value),
+    push: Box<dyn Fn() -> String>,
+    posted: Box<dyn Fn() -> Vec<String>>,
+}
+
+/// The gateway accepts a message, is killed with SIGKILL before it answers, restarts, and the
+/// user gets exactly one answer on the platform.
+async fn kill_9_after_accepting_then_restart_answers_once(case: PlatformCase) {
+    let dir = tempfile::tempdir().unwrap();
+    let llm = FakeLlm::start().await;
+    let port = free_port();
+    let (name, section) = case.section;
+    let cfg = write_config(
+        dir.path(),
+        &config_value(
+            &llm.base_url(),
+            dir.path(),
+            json!({"channels": {"http": {"bind": format!("127.0.0.1:{port}")}, name: section}}),
+        ),
+    );
+    llm.push(Reply::Hang);
+    let d = Daemon::start(dir.path(), &cfg, port).await;
+    (case.push)();
+    // The model being asked proves the message was accepted (journaled and acknowledged).
+    assert!(
+        wait_until(T, || llm.requests().len() == 1).await,
+        "{}",
+        log_of(dir.path())
+    );
+    d.kill9();
+    assert!((case.posted)().is_empty());
+
+    llm.push(Reply::Text("answered after the crash".into()));
+    let d = Daemon::start(dir.path(), &cfg, port).await;
+    assert!(
+        wait_until(T, || (case.posted)()
+            .iter()
+            .any(|t| t.contains("answered after the crash")))
+        .await,
+        "no answer after restart: {:?}\n{}",
+        (case.posted)(),
+        log_of(dir.path())
+    );
+    // Give a duplicate every chance to show up.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let answers = (case.posted)()
+        .iter()
+        .filter(|t| t.contains("answered after the crash"))
+        .count();
+    assert_eq!(answers, 1, "{:?}", (case.posted)());
+    let users: Vec<_> = messages(llm.requests().last().unwrap())
+        .iter()
+        .filter(|m| m["role"] == "user")
+        .map(|m| m["content"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(users, ["are you there?"]);
+    assert_eq!(
+        llm.requests().len(),
+        2,
+        "the model was asked more than once after restart"
+    );
+    assert_eq!(d.term().code(), Some(0), "{}", log_of(dir.path()));
+}
+
+#[tokio::test]
+async fn telegram_kill_9_after_accepting_then_restart_answers_once() {
+    use clawft_channel_telegram::fake::FakeTelegram;
+    let tg = std::sync::Arc::new(FakeTelegram::start().await);
+    let (a, b) = (tg.clone(), tg.clone());
+    kill_9_after_accepting_then_restart_answers_once(PlatformCase {
+        section: (
+            "telegram",
+            json!({"token": FakeTelegram::TOKEN, "api_url": tg.api_url(), "allow_from": [111], "stream_edits": false}),
+        ),
+        push: Box::new(move || a.push_user_message(111, 111, "are you there?")),
+        posted: Box::new(move || b.sent().into_iter().map(|m| m.visible).collect()),
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn discord_kill_9_after_accepting_then_restart_answers_once() {
+    use clawft_channel_discord::fake::{FakeDiscord, FAKE_TOKEN};
+    let dc = std::sync::Arc::new(FakeDiscord::start().await);
+    let (a, b) = (dc.clone(), dc.clone());
+    kill_9_after_accepting_then_restart_answers_once(PlatformCase {
+        section: (
+            "discord",
+            json!({"token": FAKE_TOKEN, "proxy": dc.base_url(), "allow_from": ["111"], "stream_edits": false}),
+        ),
+        push: Box::new(move || a.push_user_message("500", "111", "are you there?")),
+        posted: Box::new(move || b.sent().into_iter().map(|m| m.text).collect()),
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn slack_kill_9_after_accepting_then_restart_answers_once() {
+    use clawft_channel_slack::fake::{FakeSlack, APP_TOKEN, BOT_TOKEN};
+    let sl = std::sync::Arc::new(FakeSlack::start().await);
+    let (a, b) = (sl.clone(), sl.clone());
+    kill_9_after_accepting_then_restart_answers_once(PlatformCase {
+        section: (
+            "slack",
+            json!({"token": BOT_TOKEN, "app_token": APP_TOKEN, "api_url": sl.api_url(), "allow_from": ["U111"], "stream_edits": false}),
+        ),
+        push: Box::new(move || a.push_user_message("D111", "U111", "are you there?")),
+        posted: Box::new(move || b.sent().into_iter().map(|m| m.text).collect()),
+    })
+    .await;
+}
