@@ -56,6 +56,7 @@ fn build(
     c: &crate::config::ChatChannelConfig,
     state: Arc<dyn StateStore>,
 ) -> Result<Arc<dyn Channel>, String> {
+    #[cfg(any(feature = "telegram", feature = "discord", feature = "slack"))]
     use crate::config::Platform;
     match c.platform {
         #[cfg(feature = "telegram")]
