@@ -90,15 +90,15 @@ impl Approvals {
             },
         );
         let _forget = Forget(self, id.clone());
-        let mut parts = session.as_str().splitn(3, ':');
-        let (Some(channel), Some(chat)) = (parts.next(), parts.next()) else {
+        let (channel, chat, thread) = session.route();
+        if chat.is_empty() {
             return Decision::Deny;
-        };
+        }
         let msg = OutboundMessage {
             id: uuid::Uuid::now_v7().to_string(),
             channel: ChannelId::new(channel),
             chat: ChatId::new(chat),
-            thread: parts.next().map(ThreadId::new),
+            thread: thread.map(ThreadId::new),
             in_reply_to: None,
             kind: OutboundKind::Final,
             content: format!(

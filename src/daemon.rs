@@ -343,6 +343,13 @@ pub fn access_rules(config: &Config) -> crate::ingress::access::Access {
             })
             .collect(),
     )
+    .with_per_user(
+        config
+            .chat_channels
+            .iter()
+            .filter(|c| c.per_user_sessions)
+            .map(|c| c.platform.name().to_string()),
+    )
 }
 
 /// The `message` tool's way out: the durable outbox, then the bus.

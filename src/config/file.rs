@@ -152,6 +152,9 @@ pub struct ChatChannelFile {
     /// In group chats answer only when mentioned or replied to (`mention`, default) or to
     /// every message (`all`).
     pub group_mode: Option<String>,
+    /// `chat` (default): one conversation per chat (and thread); `user`: one per sender inside
+    /// each chat, so group members do not share a context.
+    pub group_sessions: Option<String>,
     /// Telegram/Slack: API base URL (a local `telegram-bot-api` server, a proxy).
     pub api_url: Option<String>,
     /// Discord: HTTP proxy in front of Discord's REST API (serenity's `proxy`).

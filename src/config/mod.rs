@@ -268,6 +268,8 @@ pub struct ChatChannelConfig {
     pub pairing: bool,
     /// Answer every group message (`true`) or only mentions/replies.
     pub group_all: bool,
+    /// One session per sender in each chat.
+    pub per_user_sessions: bool,
     /// API base override.
     pub api_url: Option<String>,
     /// Discord REST proxy.
@@ -628,6 +630,16 @@ fn resolve_chat_channels(
                 })
             }
         };
+        let per_user_sessions = match f.group_sessions.as_deref() {
+            None | Some("chat") => false,
+            Some("user") => true,
+            Some(other) => {
+                return Err(ConfigError::Invalid {
+                    key: key("group_sessions"),
+                    detail: format!("expected \"chat\" or \"user\", got \"{other}\""),
+                })
+            }
+        };
         let allow_from = f
             .allow_from
             .unwrap_or_default()
@@ -649,6 +661,7 @@ fn resolve_chat_channels(
             allow_from,
             pairing,
             group_all,
+            per_user_sessions,
             api_url: f.api_url,
             proxy: f.proxy,
             stream_edits: f.stream_edits.unwrap_or(true),

@@ -19,7 +19,7 @@ use tracing::Instrument;
 
 use crate::bus::{BusMsg, BusRef};
 use crate::ingress::access::{Access, Verdict};
-use crate::ingress::{sanitize_content, SessionKey};
+use crate::ingress::sanitize_content;
 use crate::store::{JournalOutcome, Store};
 
 /// Handle to a channel actor.
@@ -255,7 +255,7 @@ async fn ingress_pump(
             event.content = sanitize_content(&event.content);
             match (
                 access.check(&store, &event, clawft_channel_core::now_ms()),
-                SessionKey::derive(&event),
+                access.session_key(&event),
             ) {
                 (Err(e), _) => {
                     tracing::error!(error = %e, "access check failed");

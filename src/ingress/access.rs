@@ -69,6 +69,7 @@ pub struct Pending {
 #[derive(Clone, Debug, Default)]
 pub struct Access {
     rules: HashMap<String, AccessRule>,
+    per_user: std::collections::HashSet<String>,
 }
 
 fn code() -> String {
@@ -84,7 +85,31 @@ fn code() -> String {
 impl Access {
     /// Rules by channel id; channels not listed are `Open`.
     pub fn new(rules: HashMap<String, AccessRule>) -> Self {
-        Self { rules }
+        Self {
+            rules,
+            per_user: std::collections::HashSet::new(),
+        }
+    }
+
+    /// Channels whose chats hold one session per sender (`group_sessions = "user"`).
+    pub fn with_per_user(mut self, channels: impl IntoIterator<Item = String>) -> Self {
+        self.per_user = channels.into_iter().collect();
+        self
+    }
+
+    /// The session `ev` belongs to.
+    ///
+    /// # Errors
+    /// An id that cannot form a session key.
+    pub fn session_key(
+        &self,
+        ev: &InboundEvent,
+    ) -> Result<crate::ingress::SessionKey, crate::ingress::InvalidSessionKey> {
+        if self.per_user.contains(ev.channel.as_str()) {
+            crate::ingress::SessionKey::derive_per_user(ev)
+        } else {
+            crate::ingress::SessionKey::derive(ev)
+        }
     }
 
     /// The rule of `channel`.

@@ -93,6 +93,29 @@ impl SessionKey {
     pub fn channel(&self) -> &str {
         self.0.split(':').next().unwrap_or("")
     }
+
+    /// The key of `ev` when the channel isolates users: one session per sender inside each
+    /// chat/thread, `channel:chat:thread-or--:u<sender>` (four components; ordinary keys have
+    /// two or three, so [`SessionKey::route`] tells them apart).
+    ///
+    /// # Errors
+    /// As [`SessionKey::from_parts`].
+    pub fn derive_per_user(ev: &InboundEvent) -> Result<Self, InvalidSessionKey> {
+        let user = format!("u{}", ev.sender);
+        let thread = ev.thread.as_ref().map_or("-", |t| t.as_str());
+        Self::from_parts(&[ev.channel.as_str(), ev.chat.as_str(), thread, &user])
+    }
+
+    /// Where replies for this session go: (channel, chat, thread).
+    pub fn route(&self) -> (&str, &str, Option<&str>) {
+        let p: Vec<&str> = self.0.split(':').collect();
+        match p.as_slice() {
+            [c, chat] => (c, chat, None),
+            [c, chat, t] => (c, chat, Some(t)),
+            [c, chat, t, ..] => (c, chat, (*t != "-").then_some(*t)),
+            _ => (self.channel(), "", None),
+        }
+    }
 }
 
 fn invalid(s: &str, reason: &'static str) -> InvalidSessionKey {
@@ -134,6 +157,18 @@ pub fn sanitize_content(s: &str) -> String {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
+
+    #[test]
+    fn routes_of_chat_thread_and_per_user_keys() {
+        let k = |s: &str| SessionKey::parse(s).unwrap();
+        assert_eq!(k("telegram:42").route(), ("telegram", "42", None));
+        assert_eq!(k("slack:C1:171.2").route(), ("slack", "C1", Some("171.2")));
+        assert_eq!(k("telegram:-100:-:u42").route(), ("telegram", "-100", None));
+        assert_eq!(
+            k("telegram:-100:7:u42").route(),
+            ("telegram", "-100", Some("7"))
+        );
+    }
 
     #[test]
     fn keys_are_validated() {

@@ -59,8 +59,8 @@ impl MessageTool {
 
     fn allowed(&self, ctx: &ToolContext, channel: &str, chat: &str) -> bool {
         let route = format!("{channel}:{chat}");
-        let mut own = ctx.session.as_str().split(':');
-        (own.next() == Some(channel) && own.next() == Some(chat))
+        let (own_channel, own_chat, _) = ctx.session.route();
+        (own_channel == channel && own_chat == chat)
             || self
                 .allow
                 .iter()
@@ -114,11 +114,8 @@ impl Tool for MessageTool {
             )));
         }
         // A message to the session's own chat stays in its thread.
-        let mut own = ctx.session.as_str().splitn(3, ':');
-        let thread = match (own.next(), own.next(), own.next()) {
-            (Some(c), Some(chat), Some(t)) if c == a.channel && chat == a.chat_id => {
-                Some(ThreadId::new(t))
-            }
+        let thread = match ctx.session.route() {
+            (c, chat, Some(t)) if c == a.channel && chat == a.chat_id => Some(ThreadId::new(t)),
             _ => None,
         };
         let len = content.chars().count();

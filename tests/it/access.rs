@@ -30,6 +30,21 @@ fn event(user: &str, id: &str, text: &str) -> InboundEvent {
 }
 
 async fn start(llm: &FakeLlm, dir: &std::path::Path, fake: &FakeChannel) -> Daemon {
+    start_with(
+        llm,
+        dir,
+        fake,
+        json!({"token": "123456:AAtest-token", "allow_from": [42], "pairing": true}),
+    )
+    .await
+}
+
+async fn start_with(
+    llm: &FakeLlm,
+    dir: &std::path::Path,
+    fake: &FakeChannel,
+    telegram: serde_json::Value,
+) -> Daemon {
     clawft::install_crypto_provider();
     let v = config_value(
         &llm.base_url(),
@@ -37,7 +52,7 @@ async fn start(llm: &FakeLlm, dir: &std::path::Path, fake: &FakeChannel) -> Daem
         json!({
             "channels": {
                 "http": {"enabled": false},
-                "telegram": {"token": "123456:AAtest-token", "allow_from": [42], "pairing": true},
+                "telegram": telegram,
             },
         }),
     );
@@ -105,5 +120,56 @@ async fn strangers_are_refused_get_one_code_and_are_admitted_once_paired() {
     let sent = fake.wait_sent(3, T).await;
     assert_eq!(sent[2].content, "hello 7");
     assert_eq!(sent[2].chat.as_str(), "chat-7");
+    daemon.shutdown().await;
+}
+
+#[tokio::test]
+async fn group_sessions_user_gives_each_member_their_own_conversation() {
+    let dir = tempfile::tempdir().unwrap();
+    let llm = FakeLlm::start().await;
+    for t in ["a1", "b1", "a2"] {
+        llm.push(Reply::Text(t.into()));
+    }
+    let fake = FakeChannel::new("telegram");
+    let daemon = start_with(
+        &llm,
+        dir.path(),
+        &fake,
+        json!({"token": "123456:AAtest-token", "allow_from": [42, 43], "group_sessions": "user"}),
+    )
+    .await;
+    let group = |user: &str, id: &str, text: &str| {
+        let mut e = event(user, id, text);
+        e.chat = ChatId::new("-100");
+        e
+    };
+    assert_eq!(
+        fake.inject(group("42", "g1", "I am 42")).await,
+        Some(Ack::Accepted)
+    );
+    fake.wait_sent(1, T).await;
+    assert_eq!(
+        fake.inject(group("43", "g2", "I am 43")).await,
+        Some(Ack::Accepted)
+    );
+    fake.wait_sent(2, T).await;
+    assert_eq!(
+        fake.inject(group("42", "g3", "again 42")).await,
+        Some(Ack::Accepted)
+    );
+    let sent = fake.wait_sent(3, T).await;
+    // Replies go to the group chat.
+    assert!(sent.iter().all(|m| m.chat.as_str() == "-100"));
+    let users = |i: usize| -> Vec<String> {
+        llm.requests()[i]["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|m| m["role"] == "user")
+            .map(|m| m["content"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(users(1), ["I am 43"], "43 saw 42's conversation");
+    assert_eq!(users(2), ["I am 42", "again 42"]);
     daemon.shutdown().await;
 }

@@ -171,3 +171,42 @@ async fn slack_message_in_long_reply_out_strangers_refused_retry_once() {
     assert_eq!(llm.requests().len(), 1, "the stranger reached the model");
     gw.stop().await;
 }
+
+#[tokio::test]
+async fn a_channel_with_a_bad_token_fails_clearly_while_the_others_keep_serving() {
+    use clawft_channel_telegram::fake::FakeTelegram;
+    let tg = FakeTelegram::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let llm = FakeLlm::start().await;
+    llm.push(Reply::Text("http still works".into()));
+    let cfg = config(
+        &llm,
+        dir.path(),
+        gateway_extra(
+            "telegram",
+            json!({"token": "999:WRONG-token-abcdefghijklmnopqrstuvw", "api_url": tg.api_url(), "allow_from": [1]}),
+        ),
+    );
+    let gw = TestGateway::start(cfg).await;
+    let (s, body) = gw.api.chat("h", "hello").await;
+    assert_eq!((s, body["reply"].as_str()), (200, Some("http still works")));
+    let mut state = String::new();
+    for _ in 0..100 {
+        let (_, st) = gw.api.get("/v1/status").await;
+        state = st["channel_states"]["telegram"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        if state.contains("auth") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(state.contains("auth failed"), "{state}");
+    assert!(state.contains("channels.telegram.token"), "{state}");
+    assert!(
+        !state.contains("WRONG-token"),
+        "the token leaked into the status: {state}"
+    );
+    gw.stop().await;
+}
