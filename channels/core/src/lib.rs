@@ -118,6 +118,18 @@ impl InboundDelivery {
     }
 }
 
+/// Which messages in group chats (Telegram groups, Discord guild channels, Slack channels) an
+/// adapter delivers. Direct messages are always delivered.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GroupMode {
+    /// Only messages that mention the bot or reply to it; the mention is stripped.
+    #[default]
+    Mention,
+    /// Every message the bot can see.
+    All,
+}
+
 /// What an outbound message is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

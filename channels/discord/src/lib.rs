@@ -41,16 +41,8 @@ const COMPLETED_CAP: usize = 1024;
 /// Streaming drafts kept at once (a turn whose final never came is evicted).
 const DRAFTS_CAP: usize = 256;
 
-/// Which guild (server) messages are delivered. DMs are always delivered.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum GroupMode {
-    /// Only messages that mention the bot (`<@BOTID>`) or reply to one of its messages; the
-    /// mention is stripped from the text.
-    #[default]
-    Mention,
-    /// Every message in channels the bot can read.
-    All,
-}
+/// Which group messages are delivered (DMs always are).
+pub use clawft_channel_core::GroupMode;
 
 /// Resolved settings of the Discord channel.
 #[derive(Clone)]

@@ -62,16 +62,8 @@ const SPLIT_CHARS: usize = 2800;
 /// Outbound messages whose progress is remembered (for retries of the same id).
 const PROGRESS_KEPT: usize = 512;
 
-/// Which channel messages are delivered.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum GroupMode {
-    /// Only messages that mention the bot (`<@BOT>`, stripped) or reply in a thread it started.
-    #[default]
-    Mention,
-    /// Every message in channels the bot is in (needs the `message.channels`/`message.groups`
-    /// event subscriptions).
-    All,
-}
+/// Which group messages are delivered (DMs always are).
+pub use clawft_channel_core::GroupMode;
 
 /// Resolved settings of the Slack channel.
 #[derive(Clone)]

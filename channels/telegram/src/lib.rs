@@ -36,7 +36,6 @@ use clawft_channel_core::{
     InboundEvent, MemoryState, OutboundKind, OutboundMessage, PlatformEventId, SentRef, StateStore,
     ThreadId, UserId,
 };
-use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -62,17 +61,8 @@ const MAX_BACKOFF: Duration = Duration::from_secs(60);
 /// Remembered update → message ids (for replying), outbound progress entries and drafts.
 const MAX_REMEMBERED: usize = 1024;
 
-/// Which group messages are delivered.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum GroupMode {
-    /// Only messages that mention the bot (`@botname`), reply to it, or are one of the
-    /// daemon's commands (`/stop`, `/new`, `/status`, `/approve`, `/deny`).
-    #[default]
-    Mention,
-    /// Every message the bot can see (needs privacy mode off in @BotFather).
-    All,
-}
+/// Which group messages are delivered (DMs always are).
+pub use clawft_channel_core::GroupMode;
 
 /// Resolved settings of the Telegram channel.
 #[derive(Clone)]
