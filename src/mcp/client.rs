@@ -401,7 +401,8 @@ impl ClientHandler for Handler {
 struct Conn {
     peer: Peer<RoleClient>,
     ct: CancellationToken,
-    done: JoinHandle<()>,
+    /// The service task; `None` once it has been awaited to the end.
+    done: Option<JoinHandle<()>>,
     child: Option<ChildGuard>,
     list_changed: Arc<Notify>,
 }
@@ -409,7 +410,9 @@ struct Conn {
 impl Conn {
     async fn close(mut self, grace: Duration) {
         self.ct.cancel();
-        let _ = tokio::time::timeout(Duration::from_secs(2), &mut self.done).await;
+        if let Some(done) = self.done.take() {
+            let _ = tokio::time::timeout(Duration::from_secs(2), done).await;
+        }
         if let Some(c) = self.child.take() {
             c.terminate(grace).await;
         }
@@ -496,6 +499,16 @@ async fn connect(slot: &Arc<Slot>, opts: &McpOptions) -> Result<Conn, ConnectErr
                     http::HttpSetupError::Blocked(b) => ConnectError::Permanent(blocked_msg(&b)),
                     http::HttpSetupError::Other(m) => ConnectError::Permanent(m),
                 })?;
+            if !*trusted {
+                http::preflight(url, &opts.ssrf)
+                    .await
+                    .map_err(|e| match e {
+                        http::HttpSetupError::Blocked(b) => {
+                            ConnectError::Permanent(blocked_msg(&b))
+                        }
+                        http::HttpSetupError::Other(m) => ConnectError::Transient(m),
+                    })?;
+            }
             let r = tokio::time::timeout(
                 init,
                 rmcp::service::serve_client_with_ct(handler, transport, ct.clone()),
@@ -521,9 +534,9 @@ async fn connect(slot: &Arc<Slot>, opts: &McpOptions) -> Result<Conn, ConnectErr
         }
     };
     let peer = running.peer().clone();
-    let done = tokio::spawn(async move {
+    let done = Some(tokio::spawn(async move {
         let _ = running.waiting().await;
-    });
+    }));
     let conn = Conn {
         peer,
         ct,
@@ -654,7 +667,13 @@ async fn run_connected(
                 conn.close(opts.stop_grace).await;
                 return Ended::Restart;
             }
-            _ = &mut conn.done => {
+            () = async {
+                match conn.done.as_mut() {
+                    Some(h) => { let _ = h.await; }
+                    None => std::future::pending::<()>().await,
+                }
+            } => {
+                conn.done = None;
                 let exit = conn.child.as_mut().and_then(ChildGuard::exit_status);
                 let why = match exit {
                     Some(st) => format!("the server process ended ({st})"),
@@ -993,7 +1012,7 @@ mod unit_tests {
         assert_eq!(exposed_name("fs", "read_file"), "fs__read_file");
         assert_eq!(exposed_name("e", "get-sum"), "e__get-sum");
         assert_eq!(exposed_name("e", "a.b/c d"), "e__a_b_c_d");
-        assert_eq!(exposed_name("e", "ünï"), "e_____");
+        assert_eq!(exposed_name("e", "ünï"), "e___n_");
         let long = "x".repeat(100);
         let n = exposed_name("srv", &long);
         assert_eq!(n.len(), 64);

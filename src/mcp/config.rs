@@ -172,7 +172,7 @@ pub struct McpServerSettings {
     /// Deadline of the `initialize` handshake.
     pub init_timeout: Duration,
     /// Values read through `headers_env` (to scrub from results).
-    secrets: Vec<String>,
+    secrets: Vec<crate::config::Secret>,
 }
 
 impl McpServerSettings {
@@ -211,8 +211,11 @@ impl McpServerSettings {
 
     /// Secret values this server's settings hold (header values from `headers_env`): add them
     /// to the registry's scrubber.
-    pub fn secrets(&self) -> &[String] {
-        &self.secrets
+    pub fn secrets(&self) -> Vec<String> {
+        self.secrets
+            .iter()
+            .map(|s| s.expose().to_string())
+            .collect()
     }
 
     /// `stdio` or `http`.
@@ -331,9 +334,11 @@ impl McpServerFile {
         let mut secrets = Vec::new();
         let transport = match (command, url) {
             (None, None) => return Ok(None),
-            (Some(_), Some(_)) => return Err(format!(
+            (Some(_), Some(_)) => {
+                return Err(format!(
                 "{key}: set either `command` (a stdio server) or `url` (an HTTP server), not both"
-            )),
+            ))
+            }
             (Some(command), None) => {
                 for (field, set) in [
                     ("headers", self.headers.is_some()),
@@ -412,7 +417,7 @@ impl McpServerFile {
                             "{k}.{h}: the header is also set in `headers`; keep one"
                         ));
                     }
-                    secrets.push(v.clone());
+                    secrets.push(crate::config::Secret::new(v.clone()));
                     headers.push((h.clone(), v));
                 }
                 McpTransport::Http {

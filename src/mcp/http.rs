@@ -85,6 +85,26 @@ fn http_name(k: &str) -> Result<reqwest13::header::HeaderName, HttpSetupError> {
         .map_err(|_| HttpSetupError::Other(format!("`{k}` is not a valid header name")))
 }
 
+/// Resolve an untrusted URL's host name through the guard before connecting, so a refused
+/// address is reported as such (rmcp flattens the transport's error chain). Diagnostic only:
+/// the connection itself resolves again through the same guard, which is what enforces it.
+pub(crate) async fn preflight(url: &Url, policy: &Arc<SsrfPolicy>) -> Result<(), HttpSetupError> {
+    let Some(url::Host::Domain(host)) = url.host() else {
+        return Ok(()); // literals were checked when the transport was built
+    };
+    let name = host
+        .parse::<reqwest::dns::Name>()
+        .map_err(|e| HttpSetupError::Other(format!("invalid host name `{host}`: {e}")))?;
+    let resolver = GuardedResolver::new(policy.clone());
+    match reqwest::dns::Resolve::resolve(&resolver, name).await {
+        Ok(_) => Ok(()),
+        Err(e) => Err(match find_blocked(e.as_ref()) {
+            Some(b) => HttpSetupError::Blocked(b),
+            None => HttpSetupError::Other(e.to_string()),
+        }),
+    }
+}
+
 /// The SSRF refusal somewhere in an error's source chain, if any.
 pub(crate) fn find_blocked(e: &(dyn std::error::Error + 'static)) -> Option<Blocked> {
     let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
