@@ -801,3 +801,31 @@ fn composite_provider_rejects_bad_namespaces() {
     assert!(CompositeProvider::new(vec![Arc::new(P(""))]).is_err());
     assert!(CompositeProvider::new(vec![Arc::new(P("a")), Arc::new(P("b"))]).is_ok());
 }
+
+#[tokio::test]
+async fn health_check_detects_a_hung_server_and_reconnects() {
+    let home = tempfile::tempdir().unwrap();
+    let opts = McpOptions {
+        health_interval: Duration::from_millis(300),
+        ping_timeout: Duration::from_millis(300),
+        ..fast()
+    };
+    let m = McpManager::start(vec![test_server("h", home.path())], opts);
+    let pid = wait_state(&m, "h", McpState::Connected).await.pid.unwrap();
+    // Alive but silent: the process is stopped, so only the ping can notice.
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(i32::try_from(pid).unwrap()).unwrap(),
+        rustix::process::Signal::STOP,
+    )
+    .unwrap();
+    let st = wait_state(&m, "h", McpState::Reconnecting).await;
+    assert!(
+        st.last_error.unwrap().contains("health check failed"),
+        "{:?}",
+        status(&m, "h")
+    );
+    wait_dead(pid).await;
+    let st = wait_state(&m, "h", McpState::Connected).await;
+    assert_ne!(st.pid, Some(pid));
+    m.shutdown().await;
+}
