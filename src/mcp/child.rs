@@ -66,11 +66,12 @@ impl ChildGuard {
         }
     }
 
-    /// How the child ended, if it has.
-    pub(crate) fn exit_status(&mut self) -> Option<String> {
+    /// How the child ended, waiting up to `within` for it (its stdout may close just before
+    /// the exit is reported).
+    pub(crate) async fn exit_status(&mut self, within: Duration) -> Option<String> {
         let c = self.child.as_mut()?;
-        match c.try_wait() {
-            Ok(Some(st)) => Some(st.to_string()),
+        match tokio::time::timeout(within, c.wait()).await {
+            Ok(Ok(st)) => Some(st.to_string()),
             _ => None,
         }
     }

@@ -674,7 +674,10 @@ async fn run_connected(
                 }
             } => {
                 conn.done = None;
-                let exit = conn.child.as_mut().and_then(ChildGuard::exit_status);
+                let exit = match conn.child.as_mut() {
+                    Some(c) => c.exit_status(Duration::from_millis(500)).await,
+                    None => None,
+                };
                 let why = match exit {
                     Some(st) => format!("the server process ended ({st})"),
                     None => "the connection closed".to_string(),

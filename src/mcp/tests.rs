@@ -430,7 +430,8 @@ async fn killed_server_mid_call_errors_then_reconnects() {
     // While it is down a call fails at once with the reason.
     let st = wait_state(&m, "t", McpState::Reconnecting).await;
     assert_eq!(st.attempt, Some(1));
-    assert!(st.last_error.unwrap().contains("signal: 9"));
+    let err = st.last_error.unwrap();
+    assert!(err.contains("signal: 9"), "{err}");
     let t0 = Instant::now();
     let e = tool(&m, "t__cancelled_count")
         .execute(json!({}), &c)
