@@ -32,6 +32,7 @@ pub mod daemon;
 pub mod egress;
 pub mod ingress;
 pub mod llm;
+pub mod mcp;
 pub mod session;
 pub mod skills;
 pub mod store;
