@@ -109,6 +109,7 @@ struct Running {
     bus: BusRef,
     store: Store,
     channels: Vec<(String, crate::egress::ChannelRef)>,
+    mcp: Option<Arc<crate::mcp::client::McpManager>>,
 }
 
 /// The [`clawft_channel_http::Admin`] implementation: filled in once the daemon runs.
@@ -133,11 +134,13 @@ impl AdminApi {
         bus: BusRef,
         store: Store,
         channels: Vec<(String, crate::egress::ChannelRef)>,
+        mcp: Option<Arc<crate::mcp::client::McpManager>>,
     ) {
         let _ = self.running.set(Running {
             bus,
             store,
             channels,
+            mcp,
         });
     }
 }
@@ -151,6 +154,7 @@ impl clawft_channel_http::Admin for AdminApi {
                 let mut v = status_json(&self.config, &r.store, Some(&live));
                 v["mode"] = json!("gateway");
                 v["channel_states"] = crate::daemon::channel_states(&r.channels).await;
+                v["mcp_servers"] = mcp_json(r.mcp.as_deref());
                 v
             }
             None => json!({"status": "starting"}),
@@ -219,9 +223,24 @@ impl clawft_channel_http::Admin for AdminApi {
                     .map_err(|_| "the bus stopped; the message stays in the outbox".to_string())?;
                 Ok(json!({"status": "queued", "id": id}))
             }
+            "mcp/list" => Ok(mcp_json(r.mcp.as_deref())),
+            "mcp/restart" => {
+                let name = body["name"].as_str().ok_or("`name` is required")?;
+                let m = r.mcp.as_ref().ok_or("no MCP servers are configured")?;
+                m.restart(name)?;
+                Ok(json!({"restarting": name}))
+            }
             other => pairing_command(&r.store, other, &body),
         }
     }
+}
+
+/// MCP servers' states as JSON (an empty list when none is configured).
+pub fn mcp_json(m: Option<&crate::mcp::client::McpManager>) -> Value {
+    let rows = m
+        .map(crate::mcp::client::McpManager::status)
+        .unwrap_or_default();
+    serde_json::to_value(rows).unwrap_or(Value::Null)
 }
 
 /// A message the operator sends (`weft send`): not subject to the `message` tool's routes.

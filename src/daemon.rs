@@ -19,6 +19,7 @@ use crate::llm::anthropic::{Anthropic, AnthropicConfig};
 use crate::llm::openai::{OpenAiCompat, OpenAiConfig};
 use crate::llm::retry::{ResilientModel, RetryPolicy};
 use crate::llm::{DynModel, LlmError};
+use crate::mcp::client::McpManager;
 use crate::session::{SessionMsg, SessionStatus};
 use crate::store::{Store, StoreError};
 use crate::tools::message::MessageSink;
@@ -117,6 +118,22 @@ pub struct Daemon {
     stop_channels: CancellationToken,
     turns: CancellationToken,
     grace: Duration,
+    mcp: Option<Arc<McpManager>>,
+}
+
+/// Start the configured MCP servers in the background (never blocks), behind the same SSRF
+/// exemptions as `web_fetch`.
+pub fn start_mcp(config: &Config) -> Option<Arc<McpManager>> {
+    if config.tools.mcp_servers.is_empty() {
+        return None;
+    }
+    let options = crate::mcp::client::McpOptions {
+        ssrf: Arc::new(crate::tools::ssrf::SsrfPolicy::new(
+            config.tools.web_fetch.allow_private.clone(),
+        )),
+        ..crate::mcp::client::McpOptions::default()
+    };
+    Some(McpManager::start(config.tools.mcp_servers.clone(), options))
 }
 
 impl Daemon {
@@ -143,10 +160,14 @@ impl Daemon {
         let approvals = Arc::new(crate::approval::Approvals::new(
             sink.clone() as Arc<dyn MessageSink>
         ));
+        let mcp = start_mcp(config);
         let registry = build_registry(
             config,
             Some(sink.clone() as Arc<dyn MessageSink>),
             Some(approvals.clone() as Arc<dyn crate::tools::shell_policy::Approver>),
+            mcp.iter()
+                .map(|m| m.clone() as Arc<dyn crate::tools::registry::ToolSource>)
+                .collect(),
         );
         let deps = TurnDeps {
             model,
@@ -243,12 +264,18 @@ impl Daemon {
             stop_channels,
             turns,
             grace: config.sessions.shutdown_grace,
+            mcp,
         })
     }
 
     /// The bus (for the admin API and tools).
     pub fn bus(&self) -> &BusRef {
         &self.bus
+    }
+
+    /// The MCP servers, when any is configured.
+    pub fn mcp(&self) -> Option<&Arc<McpManager>> {
+        self.mcp.as_ref()
     }
 
     /// The channel actors by id.
@@ -310,6 +337,9 @@ impl Daemon {
             .bus
             .stop_and_wait(Some("shutdown".into()), Some(Duration::from_secs(5)))
             .await;
+        if let Some(m) = &self.mcp {
+            m.shutdown().await;
+        }
         self.tasks.close();
         if tokio::time::timeout(Duration::from_secs(5), self.tasks.wait())
             .await

@@ -51,6 +51,8 @@ fn main() -> ExitCode {
             Command::Sessions { action } => cli::sessions::run(&config, action).await,
             Command::Tools { action } => cli::tools::run(&config, action).await,
             Command::Pairing { action } => cli::pairing::run(&config, action).await,
+            Command::Mcp { action } => cli::mcp::run(&config, action).await,
+            Command::McpServer => cli::mcp::serve(&config).await,
             Command::Skills {
                 action: cli::SkillsAction::List,
             } => cli::tools::skills_list(&config),

@@ -61,6 +61,7 @@ impl Gateway {
             daemon.bus().clone(),
             daemon.store().clone(),
             daemon.channels().to_vec(),
+            daemon.mcp().cloned(),
         );
         match http_addr {
             Some(a) => tracing::info!(http = %a, "weft gateway ready"),

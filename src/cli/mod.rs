@@ -3,6 +3,7 @@
 pub mod agent;
 pub mod client;
 pub mod gateway;
+pub mod mcp;
 pub mod onboard;
 pub mod pairing;
 pub mod sessions;
@@ -74,6 +75,14 @@ pub enum Command {
         #[command(subcommand)]
         action: PairingAction,
     },
+    /// MCP servers: their state, or restart one that failed.
+    Mcp {
+        /// What to do.
+        #[command(subcommand)]
+        action: McpAction,
+    },
+    /// Serve the built-in tools (with the configured policy and workspace) over MCP on stdio.
+    McpServer,
     /// List the skills (workspace `skills/NAME/SKILL.md` and `~/.clawft/skills`).
     Skills {
         /// What to do.
@@ -85,6 +94,18 @@ pub enum Command {
         /// What to do.
         #[command(subcommand)]
         action: tools::ToolsAction,
+    },
+}
+
+/// `weft mcp` actions.
+#[derive(Debug, Subcommand)]
+pub enum McpAction {
+    /// Each configured server: connecting / connected (tools) / reconnecting / failed.
+    List,
+    /// Reconnect a server (after it failed), through the running gateway.
+    Restart {
+        /// Server name (`tools.mcp_servers.NAME`).
+        name: String,
     },
 }
 

@@ -69,7 +69,7 @@ fn params_summary(schema: &Value) -> String {
 pub async fn run(config: &Config, action: ToolsAction) -> Result<(), CliError> {
     match action {
         ToolsAction::List { json } => {
-            let reg = build_registry(config, None, None);
+            let reg = build_registry(config, None, None, Vec::new());
             let rows: Vec<Value> = reg
                 .all()
                 .into_iter()
@@ -124,7 +124,7 @@ pub async fn run(config: &Config, action: ToolsAction) -> Result<(), CliError> {
                 config.agent.workspace = w;
             }
             let session = SessionKey::parse(&session).map_err(CliError::msg)?;
-            let reg = build_registry(&config, None, None);
+            let reg = build_registry(&config, None, None, Vec::new());
             let ws = Workspace::open(&config.agent.workspace).map_err(|e| {
                 CliError(format!(
                     "cannot open the workspace {}: {e}",

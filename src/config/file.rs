@@ -228,6 +228,9 @@ pub struct ToolsFile {
     /// File, search and memory tools: size and work bounds.
     #[serde(default)]
     pub files: crate::tools::fs::FileToolsFile,
+    /// MCP servers by name: their tools are registered as `NAME__tool`.
+    #[serde(default)]
+    pub mcp_servers: BTreeMap<String, crate::mcp::config::McpServerFile>,
     /// `web_fetch`: SSRF guard exemptions, body cap, timeouts.
     #[serde(default)]
     pub web_fetch: crate::tools::web::WebFetchFile,

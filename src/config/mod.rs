@@ -302,6 +302,8 @@ pub struct ToolsConfig {
     /// Read by `memory_read` when the workspace has no `memory/MEMORY.md` (seed 000:
     /// `~/.nanobot/workspace/memory/MEMORY.md`).
     pub memory_fallback: Option<PathBuf>,
+    /// `tools.mcp_servers` that have a command or a url.
+    pub mcp_servers: Vec<crate::mcp::config::McpServerSettings>,
     /// `tools.web_fetch`.
     pub web_fetch: crate::tools::web::WebFetchSettings,
     /// `tools.web_search`.
@@ -731,6 +733,23 @@ fn resolve_tools(
         .resolve(search_key)
         .map_err(|e| invalid("tools.web_search", e))?;
     let files = t.files.resolve().map_err(|e| invalid("tools.files", e))?;
+    let mut mcp_servers = Vec::new();
+    for (name, f) in &t.mcp_servers {
+        let key = format!("tools.mcp_servers.{name}");
+        match f
+            .resolve(name, &|var| env.get(var).map(str::to_string))
+            .map_err(|e| invalid(&key, e))?
+        {
+            Some(s) => {
+                secrets.extend(s.secrets().into_iter().map(Secret::new));
+                mcp_servers.push(s);
+            }
+            None => tracing::warn!(
+                server = %name,
+                "{key} has neither `command` nor `url`: skipped"
+            ),
+        }
+    }
     let exec = t.exec.resolve().map_err(|e| invalid("tools.exec", e))?;
     Ok(ToolsConfig {
         policy,
@@ -743,6 +762,7 @@ fn resolve_tools(
             .get("TMPDIR")
             .map_or_else(|| PathBuf::from("/tmp"), PathBuf::from),
         files,
+        mcp_servers,
         memory_fallback: Some(env.home().join(".nanobot/workspace/memory/MEMORY.md")),
         web_fetch,
         web_search,

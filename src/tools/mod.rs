@@ -228,6 +228,7 @@ pub fn build_registry(
     config: &crate::config::Config,
     sink: Option<Arc<dyn message::MessageSink>>,
     approver: Option<Arc<dyn shell_policy::Approver>>,
+    sources: Vec<Arc<dyn registry::ToolSource>>,
 ) -> ToolRegistry {
     let mut reg = ToolRegistry::new()
         .with_secrets(
@@ -245,6 +246,9 @@ pub fn build_registry(
                 .rate_limit
                 .map(|l| Arc::new(ratelimit::RateLimiter::new(l))),
         );
+    for src in sources {
+        reg = reg.with_source(src);
+    }
     for t in fs::file_tools(&config.tools.files, config.tools.memory_fallback.clone()) {
         reg.register(t);
     }

@@ -1,0 +1,73 @@
+//! `weft mcp list|restart` and `weft mcp-server`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::json;
+
+use super::client::GatewayClient;
+use super::{CliError, McpAction};
+use crate::config::Config;
+use crate::mcp::server::{serve_stdio, BuiltinProvider};
+use crate::tools::{build_registry, Workspace};
+
+/// How long `weft mcp list` without a gateway waits for servers to connect.
+const SETTLE: Duration = Duration::from_secs(20);
+
+/// Run `weft mcp list|restart`.
+///
+/// # Errors
+/// No gateway for `restart`, or the gateway refused.
+pub async fn run(config: &Config, action: McpAction) -> Result<(), CliError> {
+    let gateway = GatewayClient::detect(config).await;
+    let v = match (action, gateway) {
+        (McpAction::List, Some(c)) => {
+            eprintln!("(using the running gateway at {})", c.base());
+            c.post("/v1/admin/mcp/list", &json!({})).await?
+        }
+        (McpAction::List, None) => {
+            eprintln!("(no gateway running: connecting to each server from here)");
+            match crate::daemon::start_mcp(config) {
+                None => json!([]),
+                Some(m) => {
+                    m.settle(SETTLE).await;
+                    let v = crate::admin::mcp_json(Some(&m));
+                    m.shutdown().await;
+                    v
+                }
+            }
+        }
+        (McpAction::Restart { name }, Some(c)) => {
+            c.post("/v1/admin/mcp/restart", &json!({ "name": name }))
+                .await?
+        }
+        (McpAction::Restart { .. }, None) => {
+            return Err(CliError(format!(
+                "weft mcp restart needs a running gateway (none answers at {})",
+                GatewayClient::address(config)
+            )))
+        }
+    };
+    println!(
+        "{}",
+        serde_json::to_string_pretty(&v).map_err(CliError::msg)?
+    );
+    Ok(())
+}
+
+/// Run `weft mcp-server`: the built-in tools over stdio (logs go to stderr). MCP servers of the
+/// config are not proxied.
+///
+/// # Errors
+/// The workspace cannot be opened, or the transport failed.
+pub async fn serve(config: &Config) -> Result<(), CliError> {
+    let registry = Arc::new(build_registry(config, None, None, Vec::new()));
+    let ws = Workspace::open(&config.agent.workspace).map_err(|e| {
+        CliError(format!(
+            "cannot open the workspace {}: {e}",
+            config.agent.workspace.display()
+        ))
+    })?;
+    let provider = BuiltinProvider::new(registry, Arc::new(ws)).map_err(CliError)?;
+    serve_stdio(Arc::new(provider)).await.map_err(CliError)
+}
