@@ -382,6 +382,12 @@ impl ExecRuntime {
     }
 
     /// What is enforced for commands (log it at start; show it in `weft status`).
+    /// The longest a call may take: the largest timeout plus an approval wait and cleanup.
+    pub fn time_budget(&self) -> Duration {
+        self.settings.max_timeout + self.settings.approval_timeout + Duration::from_secs(10)
+    }
+
+    /// What the sandbox enforces on this kernel.
     pub fn sandbox_status(&self) -> SandboxStatus {
         self.status
     }
@@ -682,8 +688,7 @@ impl Tool for ExecShell {
         Effect::Executes
     }
     fn time_budget(&self) -> Option<Duration> {
-        let s = self.rt.settings();
-        Some(s.max_timeout + s.approval_timeout + Duration::from_secs(10))
+        Some(self.rt.time_budget())
     }
     async fn execute(&self, args: Value, ctx: &ToolContext) -> Result<Value, ToolError> {
         let a: ExecShellArgs = parse_args(self.name(), args)?;
@@ -764,8 +769,7 @@ impl Tool for Spawn {
         Effect::Executes
     }
     fn time_budget(&self) -> Option<Duration> {
-        let s = self.rt.settings();
-        Some(s.max_timeout + s.approval_timeout + Duration::from_secs(10))
+        Some(self.rt.time_budget())
     }
     async fn execute(&self, args: Value, ctx: &ToolContext) -> Result<Value, ToolError> {
         let a: SpawnArgs = parse_args(self.name(), args)?;
