@@ -381,13 +381,12 @@ impl ExecRuntime {
         })
     }
 
-    /// What is enforced for commands (log it at start; show it in `weft status`).
     /// The longest a call may take: the largest timeout plus an approval wait and cleanup.
     pub fn time_budget(&self) -> Duration {
         self.settings.max_timeout + self.settings.approval_timeout + Duration::from_secs(10)
     }
 
-    /// What the sandbox enforces on this kernel.
+    /// What is enforced for commands (log it at start; show it in `weft status`).
     pub fn sandbox_status(&self) -> SandboxStatus {
         self.status
     }
