@@ -857,7 +857,7 @@ async fn legacy_sse_server_fallback_discovery_calls_and_reconnect() {
     let url = url::Url::parse(&format!("http://127.0.0.1:{port}/sse")).unwrap();
     let m = McpManager::start(vec![McpServerSettings::http("old", url, true)], fast());
     let st = wait_state(&m, "old", McpState::Connected).await;
-    assert_eq!((st.transport, st.tools, st.pid), ("sse", 3, None));
+    assert_eq!((st.transport, st.tools, st.pid), ("sse", 4, None));
     let d = tempfile::tempdir().unwrap();
     let c = ctx(d.path());
     let v = tool(&m, "old__echo")
@@ -879,10 +879,26 @@ async fn legacy_sse_server_fallback_discovery_calls_and_reconnect() {
             .map(|i| json!((i + 100).to_string()))
             .collect::<Vec<_>>()
     );
-    // The server dies mid-session: the stream ends, the manager reconnects once it is back.
+    // The server dies mid-session (with a call pending): the stream ends, the pending call
+    // fails at once, the manager reconnects once the server is back.
     let pid = server.id().unwrap();
+    let slow = tool(&m, "old__slow");
+    let pending = tokio::spawn({
+        let c = c.clone();
+        async move { slow.execute(json!({"ms": 30000}), &c).await }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
     let _ = tool(&m, "old__exit").execute(json!({}), &c).await;
     wait_dead(pid).await;
+    let died = Instant::now();
+    let e = tokio::time::timeout(Duration::from_secs(5), pending)
+        .await
+        .expect("the pending call hung after the server died")
+        .unwrap()
+        .unwrap_err();
+    assert!(died.elapsed() < Duration::from_secs(3));
+    assert_eq!(e.code(), "EXECUTION_FAILED");
+    assert!(e.to_string().contains("closed the connection"), "{e}");
     let st = wait_state(&m, "old", McpState::Reconnecting).await;
     assert!(st.attempt.is_some(), "{st:?}");
     let e = tool(&m, "old__echo")

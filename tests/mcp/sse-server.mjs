@@ -6,6 +6,7 @@
 // Tools:
 // - `echo {message}`: returns "Echo: <message>".
 // - `add {a, b}`: returns the sum.
+// - `slow {ms}`: answers after ms milliseconds (default 60000).
 // - `exit`: the process exits (a server dying mid-session).
 import express from "express";
 import { Server } from "@modelcontextprotocol/sdk/server/index.js";
@@ -24,6 +25,7 @@ function makeServer() {
     tools: [
       { name: "echo", description: "Echo.", inputSchema: obj({ message: { type: "string" } }, ["message"]) },
       { name: "add", description: "Add.", inputSchema: obj({ a: { type: "number" }, b: { type: "number" } }, ["a", "b"]) },
+      { name: "slow", description: "Wait.", inputSchema: obj({ ms: { type: "number" } }) },
       { name: "exit", description: "Exit the process.", inputSchema: obj() },
     ],
   }));
@@ -34,6 +36,9 @@ function makeServer() {
         return text(`Echo: ${args.message}`);
       case "add":
         return text(Number(args.a) + Number(args.b));
+      case "slow":
+        await new Promise((resolve) => setTimeout(resolve, args.ms ?? 60000));
+        return text("slept");
       case "exit":
         setTimeout(() => process.exit(0), 50);
         return text("bye");
