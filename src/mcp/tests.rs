@@ -776,6 +776,30 @@ async fn server_mode_with_the_typescript_sdk_client() {
     let r: Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
     assert_eq!(r["tools"][0]["name"], "clawft__read_file");
     assert_eq!(r["tools"][0]["inputSchema"]["type"], "object");
+    // The conditions of the conformance suite's server-initialize, ping and tools-list
+    // scenarios (same SDK calls; the suite itself cannot drive a stdio server).
+    assert!(
+        r["server"]["name"].as_str().is_some_and(|n| !n.is_empty()),
+        "{r}"
+    );
+    assert!(
+        r["server"]["version"]
+            .as_str()
+            .is_some_and(|v| !v.is_empty()),
+        "{r}"
+    );
+    assert!(r["capabilities"]["tools"].is_object(), "{r}");
+    assert_eq!(r["ping"], json!({}));
+    let tools = r["tools"].as_array().unwrap();
+    assert!(!tools.is_empty());
+    for t in tools {
+        assert!(t["name"].as_str().is_some_and(|n| !n.is_empty()), "{t}");
+        assert!(
+            t["description"].as_str().is_some_and(|d| !d.is_empty()),
+            "{t}"
+        );
+        assert!(t["inputSchema"].is_object(), "{t}");
+    }
     let res = r["results"].as_array().unwrap();
     assert_eq!(res[0]["isError"], false);
     assert!(res[0]["text"].as_str().unwrap().contains("[REDACTED]"));
