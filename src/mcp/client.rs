@@ -27,6 +27,7 @@ use tokio_util::sync::CancellationToken;
 use super::child::{self, ChildGuard, StderrTail};
 use super::config::{McpServerSettings, McpTransport};
 use super::http;
+use super::sse;
 use crate::tools::registry::{SourcedTool, ToolSource};
 use crate::tools::ssrf::SsrfPolicy;
 use crate::tools::{Effect, Tool, ToolContext, ToolError};
@@ -99,7 +100,8 @@ pub enum McpState {
 pub struct McpServerStatus {
     /// Server name.
     pub name: String,
-    /// `stdio` or `http`.
+    /// `stdio`, `http` (streamable HTTP) or `sse` (the legacy HTTP+SSE transport a URL
+    /// server fell back to).
     pub transport: &'static str,
     /// Command line, or URL without credentials and query.
     pub target: String,
@@ -144,6 +146,8 @@ struct SlotInner {
     tools: Vec<Arc<McpTool>>,
     peer: Option<Peer<RoleClient>>,
     pid: Option<u32>,
+    /// The transport of the current (or last) connection: `stdio`, `http` or `sse`.
+    transport: &'static str,
 }
 
 /// One configured server.
@@ -173,7 +177,7 @@ impl Slot {
         let g = self.lock();
         McpServerStatus {
             name: self.settings.name.clone(),
-            transport: self.settings.transport_kind(),
+            transport: g.transport,
             target: self.settings.target(),
             state: g.state,
             tools: if matches!(g.state, McpState::Connected | McpState::Reconnecting) {
@@ -241,6 +245,7 @@ impl McpManager {
                 tracing::warn!(mcp_server = %settings.name, "duplicate MCP server name: skipped");
                 continue;
             }
+            let transport = settings.transport_kind();
             let slot = Arc::new(Slot {
                 settings,
                 inner: Mutex::new(SlotInner {
@@ -250,6 +255,7 @@ impl McpManager {
                     tools: Vec::new(),
                     peer: None,
                     pid: None,
+                    transport,
                 }),
                 restart: Notify::new(),
                 changed: tx.clone(),
@@ -494,11 +500,12 @@ async fn connect(slot: &Arc<Slot>, opts: &McpOptions) -> Result<Conn, ConnectErr
             headers,
             trusted,
         } => {
-            let transport =
-                http::transport(url, headers, *trusted, &opts.ssrf).map_err(|e| match e {
-                    http::HttpSetupError::Blocked(b) => ConnectError::Permanent(blocked_msg(&b)),
-                    http::HttpSetupError::Other(m) => ConnectError::Permanent(m),
-                })?;
+            let setup = |e| match e {
+                http::HttpSetupError::Blocked(b) => ConnectError::Permanent(blocked_msg(&b)),
+                http::HttpSetupError::Other(m) => ConnectError::Permanent(m),
+            };
+            let client = http::client(url, *trusted, &opts.ssrf).map_err(setup)?;
+            let headers = http::header_map(headers).map_err(setup)?;
             if !*trusted {
                 http::preflight(url, &opts.ssrf)
                     .await
@@ -509,20 +516,63 @@ async fn connect(slot: &Arc<Slot>, opts: &McpOptions) -> Result<Conn, ConnectErr
                         http::HttpSetupError::Other(m) => ConnectError::Transient(m),
                     })?;
             }
+            let started = tokio::time::Instant::now();
+            let transport = http::transport(url, client.clone(), headers.clone());
             let r = tokio::time::timeout(
                 init,
-                rmcp::service::serve_client_with_ct(handler, transport, ct.clone()),
+                rmcp::service::serve_client_with_ct(handler.clone(), transport, ct.clone()),
             )
             .await;
             match r {
-                Ok(Ok(running)) => (running, None),
+                Ok(Ok(running)) => {
+                    slot.update(|g| g.transport = "http");
+                    (running, None)
+                }
                 Ok(Err(e)) => {
-                    return Err(match http::find_blocked(&e) {
-                        Some(b) => ConnectError::Permanent(blocked_msg(&b)),
-                        None => {
-                            ConnectError::Transient(format!("initialize failed: {}", chain(&e)))
+                    if let Some(b) = http::find_blocked(&e) {
+                        return Err(ConnectError::Permanent(blocked_msg(&b)));
+                    }
+                    let Some(status) = legacy_status(&e) else {
+                        return Err(ConnectError::Transient(format!(
+                            "initialize failed: {}",
+                            chain(&e)
+                        )));
+                    };
+                    // The backwards-compatibility rule of the spec: a 4xx to the
+                    // initialize POST means the server may only speak the 2024-11-05
+                    // HTTP+SSE transport.
+                    let left = init.saturating_sub(started.elapsed());
+                    let legacy = async {
+                        let t = sse::SseTransport::connect(client, url, headers).await?;
+                        Ok::<_, LegacyError>(
+                            rmcp::service::serve_client_with_ct(handler, t, ct.clone()).await?,
+                        )
+                    };
+                    match tokio::time::timeout(left, legacy).await {
+                        Ok(Ok(running)) => {
+                            slot.update(|g| g.transport = "sse");
+                            (running, None)
                         }
-                    })
+                        Ok(Err(le)) => {
+                            let blocked = match &le {
+                                LegacyError::Sse(se) => http::find_blocked(se),
+                                LegacyError::Init(ie) => http::find_blocked(ie.as_ref()),
+                            };
+                            if let Some(b) = blocked {
+                                return Err(ConnectError::Permanent(blocked_msg(&b)));
+                            }
+                            return Err(ConnectError::Transient(format!(
+                                "initialize failed: streamable HTTP answered HTTP {status}, and the legacy SSE transport failed: {}",
+                                le.describe()
+                            )));
+                        }
+                        Err(_) => {
+                            return Err(ConnectError::Transient(format!(
+                                "streamable HTTP answered HTTP {status}, and the legacy SSE transport gave no answer to initialize within {}s",
+                                init.as_secs_f32()
+                            )))
+                        }
+                    }
                 }
                 Err(_) => {
                     return Err(ConnectError::Transient(format!(
@@ -566,6 +616,61 @@ async fn connect(slot: &Arc<Slot>, opts: &McpOptions) -> Result<Conn, ConnectErr
             )))
         }
     }
+}
+
+/// Why the legacy SSE fallback failed.
+#[derive(Debug)]
+enum LegacyError {
+    Sse(sse::SseError),
+    Init(Box<rmcp::service::ClientInitializeError>),
+}
+
+impl From<sse::SseError> for LegacyError {
+    fn from(e: sse::SseError) -> Self {
+        Self::Sse(e)
+    }
+}
+
+impl From<rmcp::service::ClientInitializeError> for LegacyError {
+    fn from(e: rmcp::service::ClientInitializeError) -> Self {
+        Self::Init(Box::new(e))
+    }
+}
+
+impl LegacyError {
+    fn describe(&self) -> String {
+        match self {
+            Self::Sse(e) => chain(e),
+            Self::Init(e) => chain(e.as_ref()),
+        }
+    }
+}
+
+/// The 4xx status (400, 404 or 405) with which a streamable-HTTP initialize was refused: what
+/// a server that only speaks the legacy SSE transport answers.
+fn legacy_status(e: &rmcp::service::ClientInitializeError) -> Option<u16> {
+    type StreamErr = rmcp::transport::streamable_http_client::StreamableHttpError<reqwest13::Error>;
+    // `TransportError` does not expose its transport error as `source()`.
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = match e {
+        rmcp::service::ClientInitializeError::TransportError { error, .. } => Some(error),
+        other => Some(other),
+    };
+    while let Some(c) = cur {
+        let status = match c.downcast_ref::<StreamErr>() {
+            Some(StreamErr::UnexpectedServerResponse(m)) => m
+                .strip_prefix("HTTP ")
+                .and_then(|r| r.get(..3))
+                .and_then(|n| n.parse::<u16>().ok()),
+            Some(StreamErr::Client(r)) => r.status().map(|s| s.as_u16()),
+            Some(StreamErr::HttpStatus(h)) => Some(h.status),
+            _ => None,
+        };
+        if let Some(s @ (400 | 404 | 405)) = status {
+            return Some(s);
+        }
+        cur = c.source();
+    }
+    None
 }
 
 fn blocked_msg(b: &crate::tools::ssrf::Blocked) -> String {

@@ -1,4 +1,4 @@
-//! The HTTP client of streamable-HTTP servers. rmcp's transport is implemented for reqwest
+//! The HTTP client of URL servers (streamable HTTP, and legacy SSE in [`super::sse`]). rmcp's transport is implemented for reqwest
 //! 0.13 (`reqwest13` here) while the rest of clawft uses 0.12; the guard itself is shared: the
 //! 0.12 [`GuardedResolver`] is wrapped as a 0.13 resolver (both resolver traits use the same
 //! `Box<dyn Iterator<Item = SocketAddr>>` / `Box<dyn Error>` types), so every name lookup of an
@@ -10,6 +10,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use reqwest13::header::{HeaderName, HeaderValue};
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::transport::StreamableHttpClientTransport;
 use url::Url;
@@ -42,14 +43,13 @@ pub(crate) enum HttpSetupError {
     Other(String),
 }
 
-/// A streamable HTTP transport to `url` with `headers`; unless `trusted`, only public
-/// addresses (plus `policy`'s exemptions) are dialled.
-pub(crate) fn transport(
+/// The HTTP client for `url`; unless `trusted`, only public addresses (plus `policy`'s
+/// exemptions) are dialled. Shared by the streamable HTTP and the legacy SSE transport.
+pub(crate) fn client(
     url: &Url,
-    headers: &[(String, String)],
     trusted: bool,
     policy: &Arc<SsrfPolicy>,
-) -> Result<StreamableHttpClientTransport<reqwest13::Client>, HttpSetupError> {
+) -> Result<reqwest13::Client, HttpSetupError> {
     crate::install_crypto_provider();
     let mut builder = reqwest13::Client::builder()
         .redirect(reqwest13::redirect::Policy::none())
@@ -66,22 +66,38 @@ pub(crate) fn transport(
                 policy.clone(),
             )))));
     }
-    let client = builder
+    builder
         .build()
-        .map_err(|e| HttpSetupError::Other(format!("cannot build the HTTP client: {e}")))?;
+        .map_err(|e| HttpSetupError::Other(format!("cannot build the HTTP client: {e}")))
+}
+
+/// The configured headers, validated.
+pub(crate) fn header_map(
+    headers: &[(String, String)],
+) -> Result<HashMap<HeaderName, HeaderValue>, HttpSetupError> {
     let mut custom = HashMap::new();
     for (k, v) in headers {
         let name = http_name(k)?;
-        let value = reqwest13::header::HeaderValue::from_str(v)
+        let value = HeaderValue::from_str(v)
             .map_err(|_| HttpSetupError::Other(format!("the value of header `{k}` is invalid")))?;
         custom.insert(name, value);
     }
-    let config = StreamableHttpClientTransportConfig::with_uri(url.as_str()).custom_headers(custom);
-    Ok(StreamableHttpClientTransport::with_client(client, config))
+    Ok(custom)
 }
 
-fn http_name(k: &str) -> Result<reqwest13::header::HeaderName, HttpSetupError> {
-    reqwest13::header::HeaderName::from_bytes(k.as_bytes())
+/// A streamable HTTP transport to `url` over `client` with `headers`.
+pub(crate) fn transport(
+    url: &Url,
+    client: reqwest13::Client,
+    headers: HashMap<HeaderName, HeaderValue>,
+) -> StreamableHttpClientTransport<reqwest13::Client> {
+    let config =
+        StreamableHttpClientTransportConfig::with_uri(url.as_str()).custom_headers(headers);
+    StreamableHttpClientTransport::with_client(client, config)
+}
+
+fn http_name(k: &str) -> Result<HeaderName, HttpSetupError> {
+    HeaderName::from_bytes(k.as_bytes())
         .map_err(|_| HttpSetupError::Other(format!("`{k}` is not a valid header name")))
 }
 

@@ -1,7 +1,8 @@
 //! Model Context Protocol, with the official SDK (rmcp).
 //!
 //! - [`client`]: [`McpManager`] connects the servers of `tools.mcp_servers` (stdio children and
-//!   streamable HTTP) in the background and offers their tools to the registry as
+//!   streamable HTTP, falling back to the legacy HTTP+SSE transport of [`sse`] when a URL
+//!   server only speaks that) in the background and offers their tools to the registry as
 //!   `{server}__{tool}` through [`crate::tools::registry::ToolSource`]; health checks,
 //!   reconnects with backoff, `list_changed` refreshes, no orphaned children.
 //! - [`server`]: `weft mcp-server`, clawft's own tools served over stdio through
@@ -17,6 +18,7 @@ pub mod client;
 pub mod config;
 mod http;
 pub mod server;
+mod sse;
 
 #[cfg(test)]
 mod tests;

@@ -263,10 +263,16 @@ async fn stdio_filesystem_is_confined_to_its_directory() {
 
 /// Spawn the 127.0.0.1-only streamable HTTP server-everything; returns it and its port.
 async fn http_everything() -> (tokio::process::Child, u16) {
+    node_server("http-everything.mjs", 0).await
+}
+
+/// Spawn a node script that listens on 127.0.0.1 (`port`, 0 for any) and prints `PORT n`.
+async fn node_server(name: &str, port: u16) -> (tokio::process::Child, u16) {
     use tokio::io::AsyncBufReadExt;
-    let s = script("http-everything.mjs");
+    let s = script(name);
     let mut child = tokio::process::Command::new("node")
         .arg(s)
+        .arg(port.to_string())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
         .kill_on_drop(true)
@@ -279,7 +285,7 @@ async fn http_everything() -> (tokio::process::Child, u16) {
                 return p.trim().parse::<u16>().unwrap();
             }
         }
-        panic!("http-everything.mjs exited without a port");
+        panic!("{name} exited without a port");
     })
     .await
     .unwrap();
@@ -770,6 +776,30 @@ async fn server_mode_with_the_typescript_sdk_client() {
     let r: Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
     assert_eq!(r["tools"][0]["name"], "clawft__read_file");
     assert_eq!(r["tools"][0]["inputSchema"]["type"], "object");
+    // The conditions of the conformance suite's server-initialize, ping and tools-list
+    // scenarios (same SDK calls; the suite itself cannot drive a stdio server).
+    assert!(
+        r["server"]["name"].as_str().is_some_and(|n| !n.is_empty()),
+        "{r}"
+    );
+    assert!(
+        r["server"]["version"]
+            .as_str()
+            .is_some_and(|v| !v.is_empty()),
+        "{r}"
+    );
+    assert!(r["capabilities"]["tools"].is_object(), "{r}");
+    assert_eq!(r["ping"], json!({}));
+    let tools = r["tools"].as_array().unwrap();
+    assert!(!tools.is_empty());
+    for t in tools {
+        assert!(t["name"].as_str().is_some_and(|n| !n.is_empty()), "{t}");
+        assert!(
+            t["description"].as_str().is_some_and(|d| !d.is_empty()),
+            "{t}"
+        );
+        assert!(t["inputSchema"].is_object(), "{t}");
+    }
     let res = r["results"].as_array().unwrap();
     assert_eq!(res[0]["isError"], false);
     assert!(res[0]["text"].as_str().unwrap().contains("[REDACTED]"));
@@ -828,5 +858,161 @@ async fn health_check_detects_a_hung_server_and_reconnects() {
     wait_dead(pid).await;
     let st = wait_state(&m, "h", McpState::Connected).await;
     assert_ne!(st.pid, Some(pid));
+    m.shutdown().await;
+}
+
+/// Count the connections a 127.0.0.1 listener accepts (and drop them).
+async fn counting_listener() -> (u16, Arc<AtomicUsize>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let acc = accepted.clone();
+    tokio::spawn(async move {
+        while let Ok((_s, _)) = listener.accept().await {
+            acc.fetch_add(1, Ordering::SeqCst);
+        }
+    });
+    (port, accepted)
+}
+
+#[tokio::test]
+async fn legacy_sse_server_fallback_discovery_calls_and_reconnect() {
+    let (server, port) = node_server("sse-server.mjs", 0).await;
+    let url = url::Url::parse(&format!("http://127.0.0.1:{port}/sse")).unwrap();
+    let m = McpManager::start(vec![McpServerSettings::http("old", url, true)], fast());
+    let st = wait_state(&m, "old", McpState::Connected).await;
+    assert_eq!((st.transport, st.tools, st.pid), ("sse", 4, None));
+    let d = tempfile::tempdir().unwrap();
+    let c = ctx(d.path());
+    let v = tool(&m, "old__echo")
+        .execute(json!({"message": "über SSE ✓"}), &c)
+        .await
+        .unwrap();
+    assert_eq!(v, json!("Echo: über SSE ✓"));
+    // Concurrent calls are matched to their answers by id over the one stream.
+    let add = tool(&m, "old__add");
+    let calls = (0..8).map(|i| {
+        let add = add.clone();
+        let c = c.clone();
+        async move { add.execute(json!({"a": i, "b": 100}), &c).await.unwrap() }
+    });
+    let sums = futures::future::join_all(calls).await;
+    assert_eq!(
+        sums,
+        (0..8)
+            .map(|i| json!((i + 100).to_string()))
+            .collect::<Vec<_>>()
+    );
+    // The server dies mid-session (with a call pending): the stream ends, the pending call
+    // fails at once, the manager reconnects once the server is back.
+    let pid = server.id().unwrap();
+    let slow = tool(&m, "old__slow");
+    let pending = tokio::spawn({
+        let c = c.clone();
+        async move { slow.execute(json!({"ms": 30000}), &c).await }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let _ = tool(&m, "old__exit").execute(json!({}), &c).await;
+    wait_dead(pid).await;
+    let died = Instant::now();
+    let e = tokio::time::timeout(Duration::from_secs(5), pending)
+        .await
+        .expect("the pending call hung after the server died")
+        .unwrap()
+        .unwrap_err();
+    assert!(died.elapsed() < Duration::from_secs(3));
+    assert_eq!(e.code(), "EXECUTION_FAILED");
+    assert!(e.to_string().contains("closed the connection"), "{e}");
+    let st = wait_state(&m, "old", McpState::Reconnecting).await;
+    assert!(st.attempt.is_some(), "{st:?}");
+    let e = tool(&m, "old__echo")
+        .execute(json!({"message": "x"}), &c)
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("is reconnecting"), "{e}");
+    let (_server2, port2) = node_server("sse-server.mjs", port).await;
+    assert_eq!(port2, port);
+    let st = wait_state(&m, "old", McpState::Connected).await;
+    assert_eq!(st.transport, "sse");
+    let v = tool(&m, "old__echo")
+        .execute(json!({"message": "again"}), &c)
+        .await
+        .unwrap();
+    assert_eq!(v, json!("Echo: again"));
+    m.shutdown().await;
+}
+
+#[tokio::test]
+async fn untrusted_loopback_sse_url_is_refused_by_the_ssrf_guard() {
+    let (port, accepted) = counting_listener().await;
+    let url = url::Url::parse(&format!("http://127.0.0.1:{port}/sse")).unwrap();
+    let m = McpManager::start(
+        vec![McpServerSettings::http("old", url.clone(), false)],
+        fast(),
+    );
+    let st = wait_state(&m, "old", McpState::Failed).await;
+    let e = st.last_error.unwrap();
+    assert!(e.contains("SSRF") && e.contains("loopback"), "{e}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        accepted.load(Ordering::SeqCst),
+        0,
+        "the guard let a connection through"
+    );
+    m.shutdown().await;
+    // Control: trusted, the same URL is dialled.
+    let t = McpManager::start(vec![McpServerSettings::http("old", url, true)], fast());
+    let start = Instant::now();
+    while accepted.load(Ordering::SeqCst) == 0 {
+        assert!(start.elapsed() < WAIT, "trusted client never connected");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    t.shutdown().await;
+}
+
+/// A legacy-only server whose `endpoint` event points at another origin: the client must not
+/// POST there (the configured headers would go with it).
+#[tokio::test]
+async fn sse_endpoint_on_another_origin_is_refused() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (other, other_accepted) = counting_listener().await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 8192];
+                let n = s.read(&mut buf).await.unwrap_or(0);
+                let head = String::from_utf8_lossy(&buf[..n]).into_owned();
+                if head.starts_with("GET ") {
+                    let body = format!(
+                        "event: endpoint\ndata: http://127.0.0.1:{other}/messages?sessionId=1\n\n"
+                    );
+                    let _ = s
+                        .write_all(
+                            format!(
+                                "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\n{body}"
+                            )
+                            .as_bytes(),
+                        )
+                        .await;
+                    tokio::time::sleep(Duration::from_secs(5)).await;
+                } else {
+                    let _ = s
+                        .write_all(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+                        .await;
+                }
+            });
+        }
+    });
+    let url = url::Url::parse(&format!("http://127.0.0.1:{port}/sse")).unwrap();
+    let m = McpManager::start(vec![McpServerSettings::http("old", url, true)], fast());
+    let st = wait_state(&m, "old", McpState::Reconnecting).await;
+    let e = st.last_error.unwrap();
+    assert!(
+        e.contains("HTTP 404") && e.contains("not on the origin of `http://127.0.0.1:"),
+        "{e}"
+    );
+    assert_eq!(other_accepted.load(Ordering::SeqCst), 0);
     m.shutdown().await;
 }
