@@ -2,13 +2,14 @@
 //! internal_only tools exposed by a skill, `weft mcp list`, and `weft mcp-server` driven by the
 //! official TypeScript SDK client.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::common::{config, tool_results, TestGateway};
+use crate::common::{config, tool_results, Api, TestGateway};
 use crate::fake_llm::{FakeLlm, Reply};
+use crate::process::{weft, write_config};
 
 fn npm(rel: &str) -> String {
     let p = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -41,6 +42,18 @@ fn names(req: &Value) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// Wait until the (only) MCP server reports `connected` in `/v1/status`.
+async fn connected(api: &Api) -> bool {
+    for _ in 0..200 {
+        let (_, st) = api.get("/v1/status").await;
+        if st["mcp_servers"][0]["state"] == "connected" {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    false
+}
+
 #[tokio::test]
 async fn the_model_calls_a_real_mcp_server_tool_through_the_gateway() {
     let dir = tempfile::tempdir().unwrap();
@@ -52,17 +65,10 @@ async fn the_model_calls_a_real_mcp_server_tool_through_the_gateway() {
     );
     let gw = TestGateway::start(cfg).await;
     // Startup did not wait for the server; it connects in the background.
-    let api = gw.api.clone();
-    let mut connected = false;
-    for _ in 0..200 {
-        let (_, st) = api.get("/v1/status").await;
-        if st["mcp_servers"][0]["state"] == "connected" {
-            connected = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(connected, "server-everything did not connect");
+    assert!(
+        connected(&gw.api).await,
+        "server-everything did not connect"
+    );
     llm.push(Reply::ToolCalls(vec![(
         "m1".into(),
         "everything__echo".into(),
@@ -99,17 +105,7 @@ async fn internal_only_tools_are_hidden_until_a_skill_exposes_them() {
         json!({"tools": {"mcp_servers": {"hidden": everything(true)}}}),
     );
     let gw = TestGateway::start(cfg).await;
-    let api = gw.api.clone();
-    let mut connected = false;
-    for _ in 0..200 {
-        let (_, st) = api.get("/v1/status").await;
-        if st["mcp_servers"][0]["state"] == "connected" {
-            connected = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(connected);
+    assert!(connected(&gw.api).await);
     // Without the skill: not shown, and a call is refused.
     llm.push(Reply::ToolCalls(vec![(
         "h1".into(),
@@ -143,22 +139,6 @@ async fn internal_only_tools_are_hidden_until_a_skill_exposes_them() {
     let r = tool_results(&reqs[4]);
     assert!(r.last().unwrap().1.to_string().contains("exposed"), "{r:?}");
     gw.stop().await;
-}
-
-fn weft(dir: &Path) -> std::process::Command {
-    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_weft"));
-    c.env_clear()
-        .env("HOME", dir)
-        .env("CLAWFT_HOME", dir.join(".clawft"))
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .stdin(std::process::Stdio::null());
-    c
-}
-
-fn write_config(dir: &Path, v: &Value) -> PathBuf {
-    let p = dir.join("config.json");
-    std::fs::write(&p, serde_json::to_string_pretty(v).unwrap()).unwrap();
-    p
 }
 
 #[tokio::test]

@@ -12,7 +12,7 @@ use crate::fake_llm::{check_tool_pairing, FakeLlm, Reply};
 
 const T: Duration = Duration::from_secs(30);
 
-fn weft(dir: &Path) -> Command {
+pub fn weft(dir: &Path) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_weft"));
     c.env_clear()
         .env("HOME", dir)
@@ -31,7 +31,7 @@ fn free_port() -> u16 {
         .port()
 }
 
-fn write_config(dir: &Path, v: &Value) -> PathBuf {
+pub fn write_config(dir: &Path, v: &Value) -> PathBuf {
     let p = dir.join("config.json");
     std::fs::write(&p, serde_json::to_string_pretty(v).unwrap()).unwrap();
     p
