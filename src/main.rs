@@ -30,6 +30,10 @@ fn main() -> ExitCode {
     }
     let config = match Config::load(cli.config.as_deref(), &env) {
         Ok(c) => c,
+        Err(e) if matches!(cli.command, Command::Doctor { .. }) => {
+            println!("{:<5} {:<22} {e}", "fail", "config");
+            return fail("1 check(s) failed");
+        }
         Err(e) => return fail(&e.to_string()),
     };
     let rt = match tokio::runtime::Builder::new_multi_thread()
@@ -51,6 +55,7 @@ fn main() -> ExitCode {
             Command::Sessions { action } => cli::sessions::run(&config, action).await,
             Command::Tools { action } => cli::tools::run(&config, action).await,
             Command::Pairing { action } => cli::pairing::run(&config, action).await,
+            Command::Doctor { json } => cli::doctor::run(&config, json).await,
             Command::Mcp { action } => cli::mcp::run(&config, action).await,
             Command::McpServer => cli::mcp::serve(&config).await,
             Command::Skills {

@@ -2,6 +2,7 @@
 
 pub mod agent;
 pub mod client;
+pub mod doctor;
 pub mod gateway;
 pub mod mcp;
 pub mod onboard;
@@ -59,6 +60,13 @@ pub enum Command {
         /// What to do.
         #[command(subcommand)]
         action: SessionsAction,
+    },
+    /// Check the setup (config, credentials, providers, channel tokens, MCP servers, store,
+    /// sandbox, permissions, HTTP bind): ok / warn / fail with the fix. Exit 1 on a failure.
+    Doctor {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
     },
     /// Send a message to a chat through the running gateway (for scripts and cron jobs).
     Send {

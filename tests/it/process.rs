@@ -853,3 +853,120 @@ async fn slack_kill_9_after_accepting_then_restart_answers_once() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn doctor_names_each_problem_of_a_broken_setup_and_passes_a_good_one() {
+    use clawft_channel_telegram::fake::FakeTelegram;
+    use std::os::unix::fs::PermissionsExt;
+    let tg = FakeTelegram::start().await;
+    let llm = FakeLlm::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let dead = free_port();
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let busy_port = busy.local_addr().unwrap().port();
+    let broken = write_config(
+        dir.path(),
+        &json!({
+            "agents": {"defaults": {"workspace": dir.path().join("ws").to_str().unwrap()}},
+            "store": {"path": dir.path().join("store").to_str().unwrap()},
+            "providers": {"openai": {"base_url": format!("http://127.0.0.1:{dead}/v1"), "api_key": "sk-test-doctor-123456"}},
+            "channels": {
+                "http": {"bind": format!("127.0.0.1:{busy_port}")},
+                "telegram": {"token": "999:WRONG-doctor-token-abcdefghijklmnop", "api_url": tg.api_url(), "allow_from": [1]},
+            },
+            "tools": {"mcp_servers": {"ghost": {"command": "/nonexistent/mcp"}}},
+        }),
+    );
+    std::fs::set_permissions(&broken, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let run = |cfg: PathBuf| {
+        let d = dir.path().to_path_buf();
+        tokio::task::spawn_blocking(move || {
+            weft(&d)
+                .arg("--config")
+                .arg(&cfg)
+                .args(["doctor", "--json"])
+                .output()
+                .unwrap()
+        })
+    };
+    let out = run(broken.clone()).await.unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let find = |check: &str| -> Value {
+        rows.as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["check"] == check)
+            .cloned()
+            .unwrap_or_else(|| panic!("no {check} finding: {rows:#}"))
+    };
+    assert_eq!(find("provider openai")["level"], "fail");
+    assert!(find("provider openai")["detail"]
+        .as_str()
+        .unwrap()
+        .contains("unreachable"));
+    assert_eq!(find("channel telegram")["level"], "fail");
+    assert!(find("channel telegram")["detail"]
+        .as_str()
+        .unwrap()
+        .contains("channels.telegram.token"));
+    assert_eq!(find("mcp ghost")["level"], "fail");
+    assert_eq!(find("config permissions")["level"], "warn");
+    assert!(find("config permissions")["detail"]
+        .as_str()
+        .unwrap()
+        .contains("chmod 600"));
+    assert_eq!(find("http")["level"], "fail");
+    assert!(
+        !out.stdout.windows(12).any(|w| w == b"WRONG-doctor"),
+        "token printed"
+    );
+    drop(busy);
+
+    // A good setup passes.
+    let good = write_config(
+        dir.path(),
+        &json!({
+            "agents": {"defaults": {"workspace": dir.path().join("ws").to_str().unwrap()}},
+            "store": {"path": dir.path().join("store").to_str().unwrap()},
+            "providers": {"openai": {"base_url": llm.base_url(), "api_key": "sk-test-doctor-123456"}},
+            "channels": {
+                "http": {"bind": format!("127.0.0.1:{}", free_port())},
+                "telegram": {"token": FakeTelegram::TOKEN, "api_url": tg.api_url(), "allow_from": [1]},
+            },
+        }),
+    );
+    std::fs::set_permissions(&good, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let out = run(good).await.unwrap();
+    let rows: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(out.status.code(), Some(0), "{rows:#}");
+    assert!(rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|r| r["level"] != "fail"));
+}
+
+#[test]
+fn doctor_reports_a_broken_config_file_as_a_failed_check() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("config.toml");
+    std::fs::write(&p, "[agents.defaults]\nmax_tool_iterations = \"many\"\n").unwrap();
+    let out = weft(dir.path())
+        .arg("--config")
+        .arg(&p)
+        .arg("doctor")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.starts_with("fail") && stdout.contains("max_tool_iterations"),
+        "{stdout}"
+    );
+}

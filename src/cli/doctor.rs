@@ -1,0 +1,363 @@
+//! `weft doctor`: checks a setup end to end and prints each finding as ok / warn / fail with
+//! what to do about it. Exit code 1 when anything fails.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::json;
+
+use super::client::GatewayClient;
+use super::CliError;
+use crate::config::{Config, Platform, ProviderKind};
+use crate::store::{Store, StoreError};
+
+/// How long one network check may take.
+const NET_TIMEOUT: Duration = Duration::from_secs(8);
+
+/// One finding.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finding {
+    /// `ok`, `warn` or `fail`.
+    pub level: &'static str,
+    /// What was checked.
+    pub check: String,
+    /// What was found, and what to do.
+    pub detail: String,
+}
+
+fn ok(check: impl Into<String>, detail: impl Into<String>) -> Finding {
+    Finding {
+        level: "ok",
+        check: check.into(),
+        detail: detail.into(),
+    }
+}
+
+fn warn(check: impl Into<String>, detail: impl Into<String>) -> Finding {
+    Finding {
+        level: "warn",
+        check: check.into(),
+        detail: detail.into(),
+    }
+}
+
+fn fail(check: impl Into<String>, detail: impl Into<String>) -> Finding {
+    Finding {
+        level: "fail",
+        check: check.into(),
+        detail: detail.into(),
+    }
+}
+
+fn http() -> Result<reqwest::Client, CliError> {
+    reqwest::Client::builder()
+        .timeout(NET_TIMEOUT)
+        .connect_timeout(NET_TIMEOUT)
+        .build()
+        .map_err(CliError::msg)
+}
+
+fn permissions(check: &str, path: &Path) -> Option<Finding> {
+    let meta = std::fs::metadata(path).ok()?;
+    let mode = meta.permissions().mode();
+    Some(if mode & 0o004 != 0 {
+        warn(
+            check,
+            format!(
+                "{} is world-readable (mode {:o}): run `chmod 600 {}`",
+                path.display(),
+                mode & 0o777,
+                path.display()
+            ),
+        )
+    } else {
+        ok(
+            check,
+            format!("{} (mode {:o})", path.display(), mode & 0o777),
+        )
+    })
+}
+
+async fn providers(config: &Config, client: &reqwest::Client) -> Vec<Finding> {
+    let mut out = Vec::new();
+    for p in &config.providers {
+        let check = format!("provider {}", p.name);
+        let local = p.base_url.contains("127.0.0.1") || p.base_url.contains("localhost");
+        if p.api_key.is_none() && !local {
+            out.push(warn(
+                &check,
+                format!(
+                    "no API key for {}: set providers.{}.api_key_env or api_key_file",
+                    p.base_url, p.name
+                ),
+            ));
+        }
+        let base = p.base_url.trim_end_matches('/');
+        let mut req = client.get(format!("{base}/models"));
+        if let Some(k) = &p.api_key {
+            req = match p.kind {
+                ProviderKind::Anthropic => req
+                    .header("x-api-key", k.expose())
+                    .header("anthropic-version", "2023-06-01"),
+                ProviderKind::OpenAi => req.bearer_auth(k.expose()),
+            };
+        }
+        out.push(match req.send().await {
+            Ok(r) if r.status().as_u16() == 401 || r.status().as_u16() == 403 => fail(
+                &check,
+                format!(
+                    "{base} refused the API key (HTTP {}): check providers.{}.api_key",
+                    r.status().as_u16(),
+                    p.name
+                ),
+            ),
+            Ok(r) => ok(
+                &check,
+                format!(
+                    "{base} answers (HTTP {}), model {}",
+                    r.status().as_u16(),
+                    p.model
+                ),
+            ),
+            Err(e) => fail(
+                &check,
+                format!("{base} is unreachable ({e}): is the server running, is base_url right?"),
+            ),
+        });
+    }
+    out
+}
+
+async fn channels(config: &Config, client: &reqwest::Client) -> Vec<Finding> {
+    let mut out = Vec::new();
+    for c in &config.chat_channels {
+        let name = c.platform.name();
+        let check = format!("channel {name}");
+        if c.allow_from.is_empty() && !c.pairing {
+            out.push(warn(
+                &check,
+                format!("channels.{name}.allow_from is empty and pairing is off: nobody can talk to the bot"),
+            ));
+        }
+        let token = c.token.expose();
+        let r = match c.platform {
+            Platform::Telegram => {
+                let base = c
+                    .api_url
+                    .clone()
+                    .unwrap_or_else(|| "https://api.telegram.org".into());
+                client
+                    .get(format!("{}/bot{token}/getMe", base.trim_end_matches('/')))
+                    .send()
+                    .await
+            }
+            Platform::Discord => {
+                let base = c
+                    .proxy
+                    .clone()
+                    .unwrap_or_else(|| "https://discord.com".into());
+                client
+                    .get(format!("{}/api/v10/users/@me", base.trim_end_matches('/')))
+                    .header("authorization", format!("Bot {token}"))
+                    .send()
+                    .await
+            }
+            Platform::Slack => {
+                let base = c
+                    .api_url
+                    .clone()
+                    .unwrap_or_else(|| "https://slack.com/api/".into());
+                client
+                    .post(format!("{}/auth.test", base.trim_end_matches('/')))
+                    .bearer_auth(token)
+                    .send()
+                    .await
+            }
+        };
+        out.push(match r {
+            Err(e) => fail(
+                &check,
+                format!("{name} API unreachable: {}", redact(&e.to_string(), token)),
+            ),
+            Ok(r) => {
+                let status = r.status().as_u16();
+                let body: serde_json::Value = r.json().await.unwrap_or_default();
+                let accepted = (200..300).contains(&status) && body["ok"] != json!(false);
+                if accepted {
+                    let who = body["result"]["username"]
+                        .as_str()
+                        .or_else(|| body["username"].as_str())
+                        .or_else(|| body["user"].as_str())
+                        .unwrap_or("?");
+                    ok(&check, format!("token accepted (bot {who})"))
+                } else {
+                    fail(
+                        &check,
+                        format!(
+                            "the {name} API refused the token (HTTP {status}{}): set channels.{name}.token (token_env / token_file)",
+                            body["error"]
+                                .as_str()
+                                .or_else(|| body["description"].as_str())
+                                .map(|e| format!(", {e}"))
+                                .unwrap_or_default()
+                        ),
+                    )
+                }
+            }
+        });
+    }
+    out
+}
+
+fn redact(text: &str, secret: &str) -> String {
+    if secret.len() >= 6 {
+        text.replace(secret, "[REDACTED]")
+    } else {
+        text.to_string()
+    }
+}
+
+async fn store_and_bind(config: &Config) -> Vec<Finding> {
+    let mut out = Vec::new();
+    let gateway = GatewayClient::detect(config).await;
+    match Store::open(&config.store.path, config.store.cache_bytes) {
+        Ok(s) => {
+            out.push(
+                match (s.pending_inbound(), s.pending_outbound(), s.sessions()) {
+                    (Ok(i), Ok(o), Ok(sess)) => ok(
+                        "store",
+                        format!(
+                            "{}: {} sessions, {} messages waiting, {} replies undelivered",
+                            config.store.path.display(),
+                            sess.len(),
+                            i.len(),
+                            o.len()
+                        ),
+                    ),
+                    (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => fail(
+                        "store",
+                        format!(
+                        "{} cannot be read ({e}): restore it from a backup (see deploy/README.md)",
+                        config.store.path.display()
+                    ),
+                    ),
+                },
+            );
+            drop(s);
+        }
+        Err(StoreError::Locked(p)) => out.push(if gateway.is_some() {
+            ok("store", format!("{p} is in use by the running gateway"))
+        } else {
+            fail(
+                "store",
+                format!("{p} is locked by another process whose API does not answer: stop it"),
+            )
+        }),
+        Err(e) => out.push(fail(
+            "store",
+            format!("{e}: check store.path and its permissions"),
+        )),
+    }
+    if config.http.enabled {
+        out.push(
+            match (&gateway, std::net::TcpListener::bind(config.http.bind)) {
+                (Some(c), _) => ok("http", format!("the gateway answers at {}", c.base())),
+                (None, Ok(_)) => ok("http", format!("{} is free to bind", config.http.bind)),
+                (None, Err(e)) => fail(
+                    "http",
+                    format!(
+                        "cannot bind {} ({e}): another program uses it; change channels.http.bind",
+                        config.http.bind
+                    ),
+                ),
+            },
+        );
+    }
+    out
+}
+
+/// Run every check and return the findings.
+///
+/// # Errors
+/// The HTTP client cannot be built.
+pub async fn check(config: &Config) -> Result<Vec<Finding>, CliError> {
+    let mut out = Vec::new();
+    out.push(ok(
+        "config",
+        config.path.as_ref().map_or_else(
+            || "no config file: defaults and environment (run `weft onboard`)".to_string(),
+            |p| format!("{} parsed", p.display()),
+        ),
+    ));
+    if let Some(p) = &config.path {
+        out.extend(permissions("config permissions", p));
+    }
+    if let Some(dir) = &config.tools.credentials_dir {
+        if let Ok(rd) = std::fs::read_dir(dir) {
+            for e in rd.flatten() {
+                out.extend(permissions("credential permissions", &e.path()));
+            }
+        }
+    }
+    let client = http()?;
+    out.extend(providers(config, &client).await);
+    out.extend(channels(config, &client).await);
+    if let Some(m) = crate::daemon::start_mcp(config) {
+        m.settle(Duration::from_secs(15)).await;
+        for s in m.status() {
+            let check = format!("mcp {}", s.name);
+            let line = s.to_string();
+            out.push(if line.starts_with("connected") {
+                ok(check, line)
+            } else {
+                fail(
+                    check,
+                    format!("{line}: check tools.mcp_servers.{} (command/url)", s.name),
+                )
+            });
+        }
+        m.shutdown().await;
+    }
+    let st = crate::tools::sandbox::probe();
+    out.push(if st.fs_enforced {
+        ok("sandbox", st.summary())
+    } else {
+        warn(
+            "sandbox",
+            format!(
+                "{}: exec_shell runs without the filesystem sandbox; use Linux >= 5.13 with Landlock enabled, or set tools.exec.require_sandbox",
+                st.summary()
+            ),
+        )
+    });
+    out.extend(store_and_bind(config).await);
+    Ok(out)
+}
+
+/// `weft doctor`: print the findings; `Err` (exit 1) when any failed.
+///
+/// # Errors
+/// A failed check.
+pub async fn run(config: &Config, as_json: bool) -> Result<(), CliError> {
+    let findings = check(config).await?;
+    if as_json {
+        let rows: Vec<_> = findings
+            .iter()
+            .map(|f| json!({"level": f.level, "check": f.check, "detail": f.detail}))
+            .collect();
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&rows).map_err(CliError::msg)?
+        );
+    } else {
+        for f in &findings {
+            println!("{:<5} {:<22} {}", f.level, f.check, f.detail);
+        }
+    }
+    let failed = findings.iter().filter(|f| f.level == "fail").count();
+    if failed > 0 {
+        return Err(CliError(format!("{failed} check(s) failed")));
+    }
+    Ok(())
+}
