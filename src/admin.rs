@@ -189,6 +189,72 @@ impl clawft_channel_http::Admin for AdminApi {
         }
     }
 
+    async fn metrics(&self) -> String {
+        use crate::metrics::Gauge;
+        let Some(r) = self.running.get() else {
+            return crate::metrics::render(&[]);
+        };
+        let live = crate::daemon::live_sessions(&r.bus).await;
+        let stored = r.store.sessions().map(|s| s.len()).unwrap_or(0);
+        let g = |name: &'static str,
+                 help: &'static str,
+                 labels: Vec<(String, String)>,
+                 value: f64| Gauge {
+            name,
+            help,
+            labels,
+            value,
+        };
+        let mut gauges = vec![
+            g(
+                "clawft_sessions_live",
+                "Sessions in memory.",
+                vec![],
+                live.len() as f64,
+            ),
+            g(
+                "clawft_sessions_stored",
+                "Sessions in the store.",
+                vec![],
+                stored as f64,
+            ),
+            g(
+                "clawft_queue_depth",
+                "Messages waiting behind running turns, all sessions.",
+                vec![],
+                live.iter().map(|s| s.queued as f64).sum(),
+            ),
+            g(
+                "clawft_turns_running",
+                "Turns running now.",
+                vec![],
+                live.iter().filter(|s| s.running).count() as f64,
+            ),
+            g(
+                "clawft_store_size_bytes",
+                "Size of the store on disk.",
+                vec![],
+                r.store.size_on_disk() as f64,
+            ),
+        ];
+        for s in r.mcp.as_ref().map(|m| m.status()).unwrap_or_default() {
+            let state = serde_json::to_value(s.state)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_string))
+                .unwrap_or_default();
+            gauges.push(g(
+                "clawft_mcp_server_up",
+                "1 when the MCP server is connected.",
+                vec![
+                    ("server".into(), s.name.clone()),
+                    ("state".into(), state.clone()),
+                ],
+                if state == "connected" { 1.0 } else { 0.0 },
+            ));
+        }
+        crate::metrics::render(&gauges)
+    }
+
     async fn command(&self, name: &str, body: Value) -> Result<Value, String> {
         let r = self.running.get().ok_or("starting")?;
         match name {

@@ -195,6 +195,11 @@ async fn listen_loop(
         if stop.is_cancelled() {
             return;
         }
+        crate::metrics::inc(
+            "clawft_channel_restarts_total",
+            &[("channel", channel.id().as_str())],
+            1,
+        );
         match r {
             Ok(()) => tracing::warn!("channel listener returned; restarting"),
             Err(e) => {

@@ -496,6 +496,19 @@ fn maybe_start(myself: &ActorRef<SessionMsg>, state: &mut SessionState) {
             if let Some(f) = forwarder {
                 let _ = f.await;
             }
+            crate::metrics::inc(
+                "clawft_turns_total",
+                &[(
+                    "status",
+                    match outcome.status {
+                        TurnStatus::Completed => "completed",
+                        TurnStatus::IterationLimit => "iteration_limit",
+                        TurnStatus::Cancelled => "cancelled",
+                        TurnStatus::Failed(_) => "failed",
+                    },
+                )],
+                1,
+            );
             let kind = match outcome.status {
                 TurnStatus::Completed => OutboundKind::Final,
                 TurnStatus::IterationLimit | TurnStatus::Cancelled | TurnStatus::Failed(_) => {

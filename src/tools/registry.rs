@@ -280,6 +280,17 @@ impl ToolRegistry {
         .instrument(span.clone())
         .await;
         let _g = span.enter();
+        let tool_label = if matches!(result, Err(ToolError::NotFound(_))) {
+            "(unknown)"
+        } else {
+            name
+        };
+        let outcome = result.as_ref().err().map_or("ok", ToolError::code);
+        crate::metrics::inc(
+            "clawft_tool_calls_total",
+            &[("tool", tool_label), ("outcome", outcome)],
+            1,
+        );
         match result {
             Ok(mut v) => {
                 // Scrub before truncating: a key cut at the boundary is still caught.

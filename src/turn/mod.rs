@@ -219,7 +219,9 @@ async fn run_turn_inner(
             temperature: deps.agent.temperature,
         };
         out.llm_calls += 1;
+        let started = std::time::Instant::now();
         let resp = call_model(deps, &req, events, cancel).await;
+        crate::metrics::observe_llm(deps.model.name(), started.elapsed().as_secs_f64());
         messages = req.messages;
         let resp = match resp {
             Ok(r) => r,
@@ -242,6 +244,17 @@ async fn run_turn_inner(
         };
         out.usage.input_tokens += resp.usage.input_tokens;
         out.usage.output_tokens += resp.usage.output_tokens;
+        let provider = deps.model.name();
+        crate::metrics::inc(
+            "clawft_llm_tokens_total",
+            &[("provider", provider), ("kind", "input")],
+            resp.usage.input_tokens,
+        );
+        crate::metrics::inc(
+            "clawft_llm_tokens_total",
+            &[("provider", provider), ("kind", "output")],
+            resp.usage.output_tokens,
+        );
 
         if resp.tool_calls.is_empty() {
             tracing::debug!(iteration, "tool loop complete");

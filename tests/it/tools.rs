@@ -472,3 +472,69 @@ async fn skills_are_listed_and_activated_by_command_or_by_use_skill() {
     assert!(r[0].1["error"].as_str().unwrap().contains("release"));
     gw.stop().await;
 }
+
+#[tokio::test]
+async fn metrics_are_valid_prometheus_text_and_count_turns_and_tools() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("ws")).unwrap();
+    std::fs::write(dir.path().join("ws/a.txt"), "alpha").unwrap();
+    let llm = FakeLlm::start().await;
+    llm.push(calls(&[
+        ("c1", "read_file", r#"{"path":"a.txt"}"#),
+        ("c2", "read_file", r#"{"path":"../x"}"#),
+    ]));
+    llm.push(Reply::Text("done".into()));
+    let gw = TestGateway::start(config(&llm, dir.path(), json!({}))).await;
+    assert_eq!(gw.api.chat("metrics", "go").await.0, 200);
+    let r = gw
+        .api
+        .http
+        .get(format!("{}/metrics", gw.api.base))
+        .send()
+        .await
+        .unwrap();
+    assert!(r.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/plain; version=0.0.4"));
+    let text = r.text().await.unwrap();
+    let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string()))).unwrap();
+    let value = |name: &str, labels: &[(&str, &str)]| -> f64 {
+        scrape
+            .samples
+            .iter()
+            .filter(|s| s.metric == name)
+            .filter(|s| labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
+            .map(|s| match s.value {
+                prometheus_parse::Value::Counter(v)
+                | prometheus_parse::Value::Gauge(v)
+                | prometheus_parse::Value::Untyped(v) => v,
+                _ => 0.0,
+            })
+            .sum()
+    };
+    // Counters are process-wide (other tests run in this process): at least ours.
+    assert!(
+        value("clawft_turns_total", &[("status", "completed")]) >= 1.0,
+        "{text}"
+    );
+    assert!(
+        value(
+            "clawft_tool_calls_total",
+            &[("tool", "read_file"), ("outcome", "ok")]
+        ) >= 1.0
+    );
+    assert!(
+        value(
+            "clawft_tool_calls_total",
+            &[("tool", "read_file"), ("outcome", "INVALID_PATH")]
+        ) >= 1.0
+    );
+    assert!(value("clawft_sessions_stored", &[]) >= 1.0);
+    assert!(value("clawft_store_size_bytes", &[]) > 0.0);
+    assert!(scrape
+        .samples
+        .iter()
+        .any(|s| s.metric == "clawft_llm_request_duration_seconds"));
+    gw.stop().await;
+}

@@ -86,6 +86,10 @@ pub trait Admin: Send + Sync + 'static {
     async fn command(&self, name: &str, _body: Value) -> Result<Value, String> {
         Err(format!("unknown admin command `{name}`"))
     }
+    /// `GET /metrics`: the Prometheus text exposition.
+    async fn metrics(&self) -> String {
+        String::new()
+    }
 }
 
 enum Waiter {
@@ -212,6 +216,7 @@ fn router(inner: Arc<Inner>) -> Router {
         .route("/v1/sessions/{key}", get(session).delete(clear_session))
         .route("/v1/chats/{chat_id}/messages", get(mailbox))
         .route("/v1/admin/{*name}", post(admin_command))
+        .route("/metrics", get(metrics))
         .route_layer(middleware::from_fn_with_state(inner.clone(), auth));
     Router::new()
         .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
@@ -273,6 +278,17 @@ async fn clear_session(State(inner): State<Arc<Inner>>, Path(key): Path<String>)
         Ok(b) => Json(json!({ "cleared": b })).into_response(),
         Err(e) => err(StatusCode::BAD_REQUEST, e),
     }
+}
+
+async fn metrics(State(inner): State<Arc<Inner>>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        inner.admin.metrics().await,
+    )
+        .into_response()
 }
 
 async fn admin_command(

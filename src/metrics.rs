@@ -1,0 +1,162 @@
+//! Process-wide counters and the LLM latency histogram, rendered in the Prometheus text
+//! exposition format (`GET /metrics`). Gauges (sessions, queues, MCP states, store size) are
+//! read at render time by the admin API and passed in.
+//!
+//! Counters are a small mutex-guarded map: they are touched a few times per turn, far from the
+//! per-token hot path.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::{Mutex, OnceLock, PoisonError};
+
+/// Upper bounds (seconds) of the LLM latency histogram buckets.
+const BUCKETS: &[f64] = &[0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0];
+
+type Labels = Vec<(String, String)>;
+
+#[derive(Default)]
+struct Histogram {
+    counts: Vec<u64>,
+    sum: f64,
+    count: u64,
+}
+
+#[derive(Default)]
+struct Inner {
+    counters: BTreeMap<(&'static str, Labels), u64>,
+    llm: BTreeMap<String, Histogram>,
+}
+
+fn inner() -> &'static Mutex<Inner> {
+    static M: OnceLock<Mutex<Inner>> = OnceLock::new();
+    M.get_or_init(Mutex::default)
+}
+
+fn labels(l: &[(&str, &str)]) -> Labels {
+    l.iter()
+        .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
+        .collect()
+}
+
+/// Add `by` to counter `name` with these labels.
+pub fn inc(name: &'static str, l: &[(&str, &str)], by: u64) {
+    let mut g = inner().lock().unwrap_or_else(PoisonError::into_inner);
+    *g.counters.entry((name, labels(l))).or_insert(0) += by;
+}
+
+/// Record one LLM call of `secs` seconds to `provider`.
+pub fn observe_llm(provider: &str, secs: f64) {
+    let mut g = inner().lock().unwrap_or_else(PoisonError::into_inner);
+    let h = g.llm.entry(provider.to_string()).or_default();
+    if h.counts.is_empty() {
+        h.counts = vec![0; BUCKETS.len()];
+    }
+    for (i, b) in BUCKETS.iter().enumerate() {
+        if secs <= *b {
+            h.counts[i] += 1;
+        }
+    }
+    h.sum += secs;
+    h.count += 1;
+}
+
+fn escape(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+fn label_text(l: &[(String, String)]) -> String {
+    if l.is_empty() {
+        return String::new();
+    }
+    let parts: Vec<String> = l
+        .iter()
+        .map(|(k, v)| format!("{k}=\"{}\"", escape(v)))
+        .collect();
+    format!("{{{}}}", parts.join(","))
+}
+
+/// Help text of each counter.
+const HELP: &[(&str, &str)] = &[
+    ("clawft_turns_total", "Turns finished, by status."),
+    (
+        "clawft_tool_calls_total",
+        "Tool calls, by tool and outcome (ok or the error code).",
+    ),
+    (
+        "clawft_llm_tokens_total",
+        "Tokens used, by provider and direction.",
+    ),
+    (
+        "clawft_channel_restarts_total",
+        "Channel listener restarts (reconnects after a failure).",
+    ),
+];
+
+/// A gauge value read at render time.
+pub struct Gauge {
+    /// Metric name.
+    pub name: &'static str,
+    /// Help text.
+    pub help: &'static str,
+    /// Labels.
+    pub labels: Vec<(String, String)>,
+    /// Value.
+    pub value: f64,
+}
+
+/// Everything in the Prometheus text format, with `gauges` appended.
+pub fn render(gauges: &[Gauge]) -> String {
+    let g = inner().lock().unwrap_or_else(PoisonError::into_inner);
+    let mut out = String::new();
+    for (name, help) in HELP {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+        for ((n, l), v) in &g.counters {
+            if n == name {
+                let _ = writeln!(out, "{name}{} {v}", label_text(l));
+            }
+        }
+    }
+    let name = "clawft_llm_request_duration_seconds";
+    let _ = writeln!(
+        out,
+        "# HELP {name} LLM request latency, by provider.\n# TYPE {name} histogram"
+    );
+    for (provider, h) in &g.llm {
+        let p = escape(provider);
+        for (i, b) in BUCKETS.iter().enumerate() {
+            let _ = writeln!(
+                out,
+                "{name}_bucket{{provider=\"{p}\",le=\"{b}\"}} {}",
+                h.counts[i]
+            );
+        }
+        let _ = writeln!(
+            out,
+            "{name}_bucket{{provider=\"{p}\",le=\"+Inf\"}} {}",
+            h.count
+        );
+        let _ = writeln!(out, "{name}_sum{{provider=\"{p}\"}} {}", h.sum);
+        let _ = writeln!(out, "{name}_count{{provider=\"{p}\"}} {}", h.count);
+    }
+    let mut last = "";
+    for gauge in gauges {
+        if gauge.name != last {
+            let _ = writeln!(
+                out,
+                "# HELP {} {}\n# TYPE {} gauge",
+                gauge.name, gauge.help, gauge.name
+            );
+            last = gauge.name;
+        }
+        let _ = writeln!(
+            out,
+            "{}{} {}",
+            gauge.name,
+            label_text(&gauge.labels),
+            gauge.value
+        );
+    }
+    out
+}
