@@ -970,3 +970,42 @@ fn doctor_reports_a_broken_config_file_as_a_failed_check() {
         "{stdout}"
     );
 }
+
+#[tokio::test]
+async fn sigterm_mid_turn_lets_the_turn_finish_delivers_the_reply_and_exits_0() {
+    let dir = tempfile::tempdir().unwrap();
+    let llm = FakeLlm::start().await;
+    let port = free_port();
+    let cfg = write_config(
+        dir.path(),
+        &config_value(
+            &llm.base_url(),
+            dir.path(),
+            json!({"channels": {"http": {"bind": format!("127.0.0.1:{port}")}},
+                   "sessions": {"shutdown_grace_secs": 10}}),
+        ),
+    );
+    llm.push(Reply::Delay(
+        Duration::from_millis(1500),
+        Box::new(Reply::Text("finished during shutdown".into())),
+    ));
+    let d = Daemon::start(dir.path(), &cfg, port).await;
+    let api = d.api.clone();
+    let pending = tokio::spawn(async move { api.chat("t", "slow question").await });
+    assert!(wait_until(T, || llm.requests().len() == 1).await);
+    let started = std::time::Instant::now();
+    let status = tokio::task::spawn_blocking(move || d.term()).await.unwrap();
+    assert_eq!(status.code(), Some(0), "{}", log_of(dir.path()));
+    let (s, body) = pending.await.unwrap();
+    assert_eq!(
+        (s, body["reply"].as_str()),
+        (200, Some("finished during shutdown")),
+        "{body}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(10));
+    // Nothing is left to replay: a restart does not ask the model again.
+    let d = Daemon::start(dir.path(), &cfg, port).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(llm.requests().len(), 1);
+    assert_eq!(d.term().code(), Some(0));
+}
