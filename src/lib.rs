@@ -33,6 +33,7 @@ pub mod egress;
 pub mod ingress;
 pub mod llm;
 pub mod mcp;
+pub mod notify;
 pub mod session;
 pub mod skills;
 pub mod store;
