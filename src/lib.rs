@@ -34,6 +34,7 @@ pub mod ingress;
 pub mod llm;
 pub mod mcp;
 pub mod metrics;
+pub mod notify;
 pub mod session;
 pub mod skills;
 pub mod store;

@@ -28,6 +28,13 @@ fn main() -> ExitCode {
             Err(e) => fail(&e.to_string()),
         };
     }
+    if let Command::Service { action } = cli.command {
+        // Needs no valid config: the unit only names the config file.
+        return match cli::service::run(cli.config.as_deref(), &env, action) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => fail(&e.to_string()),
+        };
+    }
     let config = match Config::load(cli.config.as_deref(), &env) {
         Ok(c) => c,
         Err(e) if matches!(cli.command, Command::Doctor { .. }) => {
@@ -46,7 +53,7 @@ fn main() -> ExitCode {
     };
     let result = rt.block_on(async move {
         match cli.command {
-            Command::Onboard { .. } => Ok(()),
+            Command::Onboard { .. } | Command::Service { .. } => Ok(()),
             Command::Agent { message, session } => {
                 cli::agent::run(&config, message, &session).await
             }

@@ -1,14 +1,20 @@
-//! `weft gateway`: run the daemon until SIGINT/SIGTERM, then shut down in order.
+//! `weft gateway`: run the daemon until SIGINT/SIGTERM, then shut down in order. Under
+//! systemd (`Type=notify`) it reports `READY=1` and a `STATUS=` line once the channels are up,
+//! pings `WATCHDOG=1` only while the bus answers, and sends `STOPPING=1` before draining.
 
+use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use clawft_channel_core::Channel;
 use clawft_channel_http::{HttpChannel, HttpConfig};
 
 use super::CliError;
 use crate::admin::AdminApi;
+use crate::bus::{BusMsg, BusRef};
 use crate::config::Config;
 use crate::daemon::{build_model, Daemon};
+use crate::notify::Notifier;
 use crate::store::{Store, StoreError};
 
 /// A started gateway: the daemon plus the address its HTTP API listens on.
@@ -76,18 +82,90 @@ impl Gateway {
     }
 }
 
-/// Run the gateway until `shutdown` resolves.
+/// Run the gateway until `shutdown` resolves, keeping the service manager informed.
 ///
 /// # Errors
 /// Startup failures, as [`Gateway::start`].
-pub async fn run(
-    config: Config,
-    shutdown: impl std::future::Future<Output = ()>,
-) -> Result<(), CliError> {
+pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(), CliError> {
+    let notifier = Notifier::new(config.notify_socket.clone(), config.watchdog);
     let gateway = Gateway::start(Arc::new(config)).await?;
+    notifier.ready();
+    notifier.status(&summary(&gateway).await);
+    let watchdog = notifier.watchdog_interval().map(|every| {
+        let bus = gateway.daemon.bus().clone();
+        let n = notifier.clone();
+        tokio::spawn(watchdog_loop(n, every, move || {
+            bus_alive(bus.clone(), every)
+        }))
+    });
     shutdown.await;
+    notifier.stopping();
+    notifier.status("stopping: draining sessions and outboxes");
     gateway.shutdown().await;
+    if let Some(w) = watchdog {
+        w.abort();
+    }
     Ok(())
+}
+
+/// The one-line `STATUS=` summary: channels, live sessions, MCP servers, HTTP API.
+pub async fn summary(gateway: &Gateway) -> String {
+    let d = &gateway.daemon;
+    let channels: Vec<&str> = d.channels().iter().map(|(id, _)| id.as_str()).collect();
+    let mut line = if channels.is_empty() {
+        "ready: no channels".to_string()
+    } else {
+        format!("ready: channels {}", channels.join(","))
+    };
+    line.push_str(&format!(
+        "; {} live sessions",
+        d.live_sessions().await.len()
+    ));
+    if let Some(m) = d.mcp() {
+        let st = m.status();
+        let up = st
+            .iter()
+            .filter(|s| s.state == crate::mcp::client::McpState::Connected)
+            .count();
+        line.push_str(&format!("; MCP {up}/{} connected", st.len()));
+    }
+    if let Some(a) = gateway.http_addr {
+        line.push_str(&format!("; API {a}"));
+    }
+    line
+}
+
+/// Whether the bus answers a `Sessions` call within `timeout` (clamped to 100 ms..5 s).
+async fn bus_alive(bus: BusRef, timeout: Duration) -> bool {
+    let ms = u64::try_from(timeout.as_millis())
+        .unwrap_or(u64::MAX)
+        .clamp(100, 5_000);
+    ractor::call_t!(bus, |reply| BusMsg::Sessions { reply }, ms).is_ok()
+}
+
+/// Every `every`, ask `probe` whether the daemon is alive and only then send `WATCHDOG=1`:
+/// a wedged bus stops the pings, so systemd restarts the service (`WatchdogSec=`).
+pub async fn watchdog_loop<F, Fut>(notifier: Notifier, every: Duration, probe: F)
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut wedged = false;
+    loop {
+        tick.tick().await;
+        if probe().await {
+            if wedged {
+                tracing::info!("bus answers again; watchdog pings resume");
+                wedged = false;
+            }
+            notifier.watchdog();
+        } else if !wedged {
+            tracing::error!("bus not answering; withholding watchdog pings");
+            wedged = true;
+        }
+    }
 }
 
 /// Resolves on SIGINT or SIGTERM.
@@ -113,5 +191,53 @@ pub async fn signals() {
     #[cfg(not(unix))]
     {
         let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use std::os::unix::net::UnixDatagram;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use super::*;
+
+    fn drain(sock: &UnixDatagram) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut buf = [0u8; 128];
+        while let Ok(n) = sock.recv(&mut buf) {
+            out.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+        }
+        out
+    }
+
+    #[tokio::test]
+    async fn watchdog_pings_only_while_the_probe_answers() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("n.sock");
+        let sock = UnixDatagram::bind(&path).unwrap();
+        sock.set_nonblocking(true).unwrap();
+        let alive = Arc::new(AtomicBool::new(true));
+        let a = alive.clone();
+        let every = Duration::from_millis(20);
+        let task = tokio::spawn(watchdog_loop(
+            Notifier::new(Some(path), Some(every)),
+            every,
+            move || {
+                let a = a.clone();
+                async move { a.load(Ordering::SeqCst) }
+            },
+        ));
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        let healthy = drain(&sock);
+        assert!(healthy.len() >= 3, "{healthy:?}");
+        assert!(healthy.iter().all(|m| m == "WATCHDOG=1"));
+        alive.store(false, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(40)).await;
+        drain(&sock);
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        assert_eq!(drain(&sock), Vec::<String>::new(), "pinged while wedged");
+        task.abort();
     }
 }

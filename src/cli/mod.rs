@@ -7,6 +7,7 @@ pub mod gateway;
 pub mod mcp;
 pub mod onboard;
 pub mod pairing;
+pub mod service;
 pub mod sessions;
 pub mod status;
 pub mod terminal;
@@ -53,6 +54,12 @@ pub enum Command {
     },
     /// Run the daemon: all enabled channels and the HTTP API, until SIGINT/SIGTERM.
     Gateway,
+    /// Install, remove or inspect the systemd unit (user unit; --system for the system one).
+    Service {
+        /// What to do.
+        #[command(subcommand)]
+        action: service::ServiceAction,
+    },
     /// Show configuration, store, providers, channels and sessions.
     Status,
     /// List, show or clear stored conversations.

@@ -215,3 +215,29 @@ fn bad_tool_settings_name_the_key() {
     let c = Config::from_str("[tools.rate_limit]\nper_minute = 0", true, &env(&[])).unwrap();
     assert!(c.tools.rate_limit.is_none());
 }
+
+#[test]
+fn notify_socket_and_watchdog_come_from_the_environment() {
+    let c = Config::from_str("{}", false, &env(&[])).unwrap();
+    assert_eq!(c.notify_socket, None);
+    assert_eq!(c.watchdog, None);
+    let pid = std::process::id().to_string();
+    let e = env(&[
+        ("NOTIFY_SOCKET", "@clawft-test"),
+        ("WATCHDOG_USEC", "400000"),
+        ("WATCHDOG_PID", pid.as_str()),
+    ]);
+    let c = Config::from_str("{}", false, &e).unwrap();
+    assert_eq!(c.notify_socket, Some(PathBuf::from("@clawft-test")));
+    assert_eq!(c.watchdog, Some(Duration::from_millis(200)));
+    // Meant for another process (e.g. inherited by a child): no pings.
+    let e = env(&[("WATCHDOG_USEC", "400000"), ("WATCHDOG_PID", "1")]);
+    assert_eq!(watchdog_interval(&e, 4242), None);
+    for bad in ["0", "soon", "-5"] {
+        assert_eq!(
+            watchdog_interval(&env(&[("WATCHDOG_USEC", bad)]), 1),
+            None,
+            "{bad}"
+        );
+    }
+}

@@ -229,6 +229,12 @@ pub struct Config {
     pub chat_channels: Vec<ChatChannelConfig>,
     /// Every secret value, so tool output and logs can be scrubbed of them.
     pub secrets: Vec<Secret>,
+    /// The service manager's notification socket (`$NOTIFY_SOCKET`; a leading `@` names an
+    /// abstract socket). `None` when not run by systemd with `Type=notify`.
+    pub notify_socket: Option<PathBuf>,
+    /// How often to send `WATCHDOG=1`: half of `$WATCHDOG_USEC`, when it is set and
+    /// `$WATCHDOG_PID` (if set) is this process.
+    pub watchdog: Option<Duration>,
 }
 
 /// A chat platform.
@@ -544,8 +550,22 @@ impl Config {
             tools,
             chat_channels,
             secrets,
+            notify_socket: env.get("NOTIFY_SOCKET").map(PathBuf::from),
+            watchdog: watchdog_interval(env, std::process::id()),
         })
     }
+}
+
+/// The watchdog ping interval from `$WATCHDOG_USEC` (half of it, as sd_watchdog_enabled(3)
+/// recommends), `None` when unset, zero, unparsable or meant for another pid (`$WATCHDOG_PID`).
+pub fn watchdog_interval(env: &Env, pid: u32) -> Option<Duration> {
+    if let Some(p) = env.get("WATCHDOG_PID") {
+        if p.trim().parse::<u32>().ok() != Some(pid) {
+            return None;
+        }
+    }
+    let usec = env.get("WATCHDOG_USEC")?.trim().parse::<u64>().ok()?;
+    (usec > 0).then(|| Duration::from_micros(usec / 2).max(Duration::from_millis(1)))
 }
 
 fn resolve_chat_channels(

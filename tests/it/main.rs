@@ -10,4 +10,5 @@ mod gateway;
 mod mcp;
 mod platforms;
 mod process;
+mod service;
 mod tools;
