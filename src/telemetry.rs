@@ -1,10 +1,47 @@
 //! Logging: tracing with `RUST_LOG` honoured (default `info`), text or JSON lines on stderr.
-//! Under systemd (`JOURNAL_STREAM` set) text logs drop the timestamp: journald adds its own.
+//! Under systemd (`JOURNAL_STREAM` set) text logs drop the timestamp (journald adds its own) and
+//! start with the `sd-daemon(3)` priority prefix (`<3>` error … `<7>` debug), so journald
+//! records each line at its level (`journalctl -p warning` works).
 //!
 //! Span field names used across the crate: `channel`, `chat`, `event_id`, `session`, `turn`,
 //! `tool`, `call_id`, `attempt`. Message bodies are never logged above `debug`.
 
+use std::fmt;
+
+use tracing::{Event, Level, Subscriber};
+use tracing_subscriber::fmt::format::{DefaultFields, Format, Writer};
+use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
+use tracing_subscriber::registry::LookupSpan;
 use tracing_subscriber::EnvFilter;
+
+/// The syslog priority journald reads from a `<N>` line prefix.
+pub fn journald_priority(level: &Level) -> u8 {
+    match *level {
+        Level::ERROR => 3,
+        Level::WARN => 4,
+        Level::INFO => 6,
+        Level::DEBUG | Level::TRACE => 7,
+    }
+}
+
+/// Text lines for journald: `<N>` then the usual line without a timestamp.
+struct Journald(Format<tracing_subscriber::fmt::format::Full, ()>);
+
+impl<S, N> FormatEvent<S, N> for Journald
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+{
+    fn format_event(
+        &self,
+        ctx: &FmtContext<'_, S, N>,
+        mut writer: Writer<'_>,
+        event: &Event<'_>,
+    ) -> fmt::Result {
+        write!(writer, "<{}>", journald_priority(event.metadata().level()))?;
+        self.0.format_event(ctx, writer, event)
+    }
+}
 
 /// Log line format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -25,7 +62,16 @@ pub fn init(format: LogFormat, default_level: &str, journald: bool) {
         .with_target(false);
     let _ = match (format, journald) {
         (LogFormat::Json, _) => builder.json().flatten_event(true).try_init(),
-        (LogFormat::Text, true) => builder.without_time().with_ansi(false).try_init(),
+        (LogFormat::Text, true) => builder
+            .with_ansi(false)
+            .fmt_fields(DefaultFields::new())
+            .event_format(Journald(
+                Format::default()
+                    .without_time()
+                    .with_target(false)
+                    .with_ansi(false),
+            ))
+            .try_init(),
         (LogFormat::Text, false) => builder.try_init(),
     };
 }

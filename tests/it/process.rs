@@ -1009,3 +1009,54 @@ async fn sigterm_mid_turn_lets_the_turn_finish_delivers_the_reply_and_exits_0() 
     assert_eq!(llm.requests().len(), 1);
     assert_eq!(d.term().code(), Some(0));
 }
+
+#[tokio::test]
+async fn under_journald_log_lines_carry_their_priority_and_no_timestamp() {
+    let dir = tempfile::tempdir().unwrap();
+    let llm = FakeLlm::start().await;
+    let port = free_port();
+    let cfg = write_config(
+        dir.path(),
+        &config_value(
+            &llm.base_url(),
+            dir.path(),
+            json!({"channels": {"http": {"bind": format!("127.0.0.1:{port}")}},
+                   "tools": {"mcp_servers": {"empty": {}}}}),
+        ),
+    );
+    let log = std::fs::File::create(dir.path().join("gateway.log")).unwrap();
+    let mut child = weft(dir.path())
+        .env("JOURNAL_STREAM", "8:12345")
+        .arg("--config")
+        .arg(&cfg)
+        .arg("gateway")
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    assert!(
+        wait_until(T, || log_of(dir.path()).contains("gateway ready")).await,
+        "{}",
+        log_of(dir.path())
+    );
+    let pid = rustix::process::Pid::from_child(&child);
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+    assert_eq!(child.wait().unwrap().code(), Some(0));
+    let text = log_of(dir.path());
+    let lines: Vec<&str> = text.lines().filter(|l| !l.is_empty()).collect();
+    assert!(lines.iter().all(|l| l.starts_with('<')), "{text}");
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("<4>") && l.contains("skipped")),
+        "{text}"
+    );
+    assert!(lines
+        .iter()
+        .any(|l| l.starts_with("<6>") && l.contains("gateway ready")));
+    // No timestamp: journald adds its own.
+    assert!(
+        !lines.iter().any(|l| l.contains("Z ") && l.contains("20")),
+        "{text}"
+    );
+}
