@@ -109,7 +109,16 @@ struct Running {
     bus: BusRef,
     store: Store,
     channels: Vec<(String, crate::egress::ChannelRef)>,
-    mcp: Option<Arc<crate::mcp::client::McpManager>>,
+    mcp: crate::daemon::McpSlot,
+}
+
+impl Running {
+    fn mcp(&self) -> Option<Arc<crate::mcp::client::McpManager>> {
+        self.mcp
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
 }
 
 /// The [`clawft_channel_http::Admin`] implementation: filled in once the daemon runs.
@@ -134,7 +143,7 @@ impl AdminApi {
         bus: BusRef,
         store: Store,
         channels: Vec<(String, crate::egress::ChannelRef)>,
-        mcp: Option<Arc<crate::mcp::client::McpManager>>,
+        mcp: crate::daemon::McpSlot,
     ) {
         let _ = self.running.set(Running {
             bus,
@@ -154,7 +163,7 @@ impl clawft_channel_http::Admin for AdminApi {
                 let mut v = status_json(&self.config, &r.store, Some(&live));
                 v["mode"] = json!("gateway");
                 v["channel_states"] = crate::daemon::channel_states(&r.channels).await;
-                v["mcp_servers"] = mcp_json(r.mcp.as_deref());
+                v["mcp_servers"] = mcp_json(r.mcp().as_deref());
                 v
             }
             None => json!({"status": "starting"}),
@@ -237,7 +246,7 @@ impl clawft_channel_http::Admin for AdminApi {
                 r.store.size_on_disk() as f64,
             ),
         ];
-        for s in r.mcp.as_ref().map(|m| m.status()).unwrap_or_default() {
+        for s in r.mcp().map(|m| m.status()).unwrap_or_default() {
             let state = serde_json::to_value(s.state)
                 .ok()
                 .and_then(|v| v.as_str().map(str::to_string))
@@ -289,10 +298,10 @@ impl clawft_channel_http::Admin for AdminApi {
                     .map_err(|_| "the bus stopped; the message stays in the outbox".to_string())?;
                 Ok(json!({"status": "queued", "id": id}))
             }
-            "mcp/list" => Ok(mcp_json(r.mcp.as_deref())),
+            "mcp/list" => Ok(mcp_json(r.mcp().as_deref())),
             "mcp/restart" => {
                 let name = body["name"].as_str().ok_or("`name` is required")?;
-                let m = r.mcp.as_ref().ok_or("no MCP servers are configured")?;
+                let m = r.mcp().ok_or("no MCP servers are configured")?;
                 m.restart(name)?;
                 Ok(json!({"restarting": name}))
             }

@@ -118,8 +118,15 @@ pub struct Daemon {
     stop_channels: CancellationToken,
     turns: CancellationToken,
     grace: Duration,
-    mcp: Option<Arc<McpManager>>,
+    mcp: McpSlot,
+    tools: Arc<crate::tools::registry::ToolsHandle>,
+    sink: Arc<BusSink>,
+    approvals: Arc<crate::approval::Approvals>,
+    config: Config,
 }
+
+/// The MCP manager in force, shared with the admin API (replaced on a reload).
+pub type McpSlot = Arc<std::sync::RwLock<Option<Arc<McpManager>>>>;
 
 /// Start the configured MCP servers in the background (never blocks), behind the same SSRF
 /// exemptions as `web_fetch`.
@@ -169,9 +176,10 @@ impl Daemon {
                 .map(|m| m.clone() as Arc<dyn crate::tools::registry::ToolSource>)
                 .collect(),
         );
+        let tools = crate::tools::registry::ToolsHandle::new(registry);
         let deps = TurnDeps {
             model,
-            tools: Arc::new(registry),
+            tools: tools.clone(),
             store: store.clone(),
             agent: Arc::new(config.agent.clone()),
             system_prompt: crate::session::prompt::system_prompt(
@@ -182,7 +190,7 @@ impl Daemon {
             workspace: Arc::new(workspace),
             connect_hint: connect_hint(config).map(Into::into),
             skills_global: Some(config.home.join("skills")),
-            approvals: Some(approvals),
+            approvals: Some(approvals.clone()),
         };
         let tasks = TaskTracker::new();
         let turns = CancellationToken::new();
@@ -264,7 +272,11 @@ impl Daemon {
             stop_channels,
             turns,
             grace: config.sessions.shutdown_grace,
-            mcp,
+            mcp: Arc::new(std::sync::RwLock::new(mcp)),
+            tools,
+            sink,
+            approvals,
+            config: config.clone(),
         })
     }
 
@@ -273,9 +285,94 @@ impl Daemon {
         &self.bus
     }
 
+    /// Apply a new configuration without dropping sessions: the tool policy, rate limit and
+    /// tool settings (a new registry for turns that start from now on) and the MCP servers
+    /// (restarted when their section changed). Returns what changed; settings that need a
+    /// restart (providers, channels, HTTP API, store, agent) are reported as such and keep
+    /// their old values.
+    pub async fn reload(&mut self, new: Config) -> Vec<String> {
+        let old = &self.config;
+        let mut changes = Vec::new();
+        let differs =
+            |a: &dyn std::fmt::Debug, b: &dyn std::fmt::Debug| format!("{a:?}") != format!("{b:?}");
+        let mcp_changed = differs(&old.tools.mcp_servers, &new.tools.mcp_servers);
+        let tools_changed = mcp_changed
+            || differs(&old.tools.policy, &new.tools.policy)
+            || old.tools.rate_limit != new.tools.rate_limit
+            || old.tools.message_allow != new.tools.message_allow
+            || differs(&old.tools.exec, &new.tools.exec)
+            || differs(&old.tools.files, &new.tools.files)
+            || differs(&old.tools.web_fetch, &new.tools.web_fetch)
+            || differs(&old.tools.web_search, &new.tools.web_search)
+            || old.secrets != new.secrets;
+        if mcp_changed {
+            let old_mcp = self
+                .mcp
+                .write()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .take();
+            if let Some(m) = old_mcp {
+                m.shutdown().await;
+            }
+            *self
+                .mcp
+                .write()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = start_mcp(&new);
+            changes.push(format!(
+                "MCP servers restarted ({} configured)",
+                new.tools.mcp_servers.len()
+            ));
+        }
+        if tools_changed {
+            let registry = build_registry(
+                &new,
+                Some(self.sink.clone() as Arc<dyn MessageSink>),
+                Some(self.approvals.clone() as Arc<dyn crate::tools::shell_policy::Approver>),
+                self.mcp()
+                    .into_iter()
+                    .map(|m| m as Arc<dyn crate::tools::registry::ToolSource>)
+                    .collect(),
+            );
+            self.tools.replace(registry);
+            changes.push("tools: policy, limits and tool settings reloaded".into());
+        }
+        for (what, changed) in [
+            ("providers", differs(&old.providers, &new.providers)),
+            (
+                "chat channels",
+                differs(&old.chat_channels, &new.chat_channels),
+            ),
+            ("channels.http", differs(&old.http, &new.http)),
+            ("store", differs(&old.store, &new.store)),
+            ("agents", differs(&old.agent, &new.agent)),
+            ("sessions", differs(&old.sessions, &new.sessions)),
+        ] {
+            if changed {
+                changes.push(format!("{what} changed: takes effect at the next restart"));
+            }
+        }
+        // Keep the old values of what was not applied, so the next diff is against what runs.
+        let mut kept = self.config.clone();
+        kept.tools = new.tools;
+        kept.secrets = new.secrets;
+        self.config = kept;
+        if changes.is_empty() {
+            changes.push("nothing changed".into());
+        }
+        changes
+    }
+
+    /// The shared slot of the MCP manager (for the admin API).
+    pub fn mcp_slot(&self) -> McpSlot {
+        self.mcp.clone()
+    }
+
     /// The MCP servers, when any is configured.
-    pub fn mcp(&self) -> Option<&Arc<McpManager>> {
-        self.mcp.as_ref()
+    pub fn mcp(&self) -> Option<Arc<McpManager>> {
+        self.mcp
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     /// The channel actors by id.
@@ -337,7 +434,7 @@ impl Daemon {
             .bus
             .stop_and_wait(Some("shutdown".into()), Some(Duration::from_secs(5)))
             .await;
-        if let Some(m) = &self.mcp {
+        if let Some(m) = self.mcp() {
             m.shutdown().await;
         }
         self.tasks.close();

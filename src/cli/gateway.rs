@@ -67,7 +67,7 @@ impl Gateway {
             daemon.bus().clone(),
             daemon.store().clone(),
             daemon.channels().to_vec(),
-            daemon.mcp().cloned(),
+            daemon.mcp_slot(),
         );
         match http_addr {
             Some(a) => tracing::info!(http = %a, "weft gateway ready"),
@@ -88,7 +88,8 @@ impl Gateway {
 /// Startup failures, as [`Gateway::start`].
 pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(), CliError> {
     let notifier = Notifier::new(config.notify_socket.clone(), config.watchdog);
-    let gateway = Gateway::start(Arc::new(config)).await?;
+    let path = config.path.clone();
+    let mut gateway = Gateway::start(Arc::new(config)).await?;
     notifier.ready();
     notifier.status(&summary(&gateway).await);
     let watchdog = notifier.watchdog_interval().map(|every| {
@@ -98,7 +99,21 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
             bus_alive(bus.clone(), every)
         }))
     });
-    shutdown.await;
+    let mut hup = hangups();
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            () = &mut shutdown => break,
+            got = hup.recv() => {
+                if got.is_none() {
+                    // No SIGHUP stream on this platform: only wait for shutdown.
+                    (&mut shutdown).await;
+                    break;
+                }
+                reload(&mut gateway, path.as_deref(), &notifier).await;
+            }
+        }
+    }
     notifier.stopping();
     notifier.status("stopping: draining sessions and outboxes");
     gateway.shutdown().await;
@@ -106,6 +121,46 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         w.abort();
     }
     Ok(())
+}
+
+/// SIGHUP as a stream of `()`; closed where it cannot be installed.
+fn hangups() -> tokio::sync::mpsc::Receiver<()> {
+    let (tx, rx) = tokio::sync::mpsc::channel(1);
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        if let Ok(mut s) = signal(SignalKind::hangup()) {
+            tokio::spawn(async move {
+                while s.recv().await.is_some() {
+                    if tx.send(()).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    }
+    #[cfg(not(unix))]
+    drop(tx);
+    rx
+}
+
+/// Reload the configuration file on SIGHUP: a config that does not load is rejected with the
+/// reason and the running one stays in force; otherwise what changed is applied and logged.
+async fn reload(gateway: &mut Gateway, path: Option<&std::path::Path>, notifier: &Notifier) {
+    tracing::info!("SIGHUP received: reloading the configuration");
+    match Config::load(path, &crate::config::Env::from_process()) {
+        Err(e) => {
+            tracing::error!(error = %e, "new configuration rejected; the running one stays in force");
+            notifier.status(&format!("config reload rejected: {e}"));
+        }
+        Ok(new) => {
+            let changes = gateway.daemon.reload(new).await;
+            for c in &changes {
+                tracing::info!(change = %c, "configuration reloaded");
+            }
+            notifier.status(&summary(gateway).await);
+        }
+    }
 }
 
 /// The one-line `STATUS=` summary: channels, live sessions, MCP servers, HTTP API.

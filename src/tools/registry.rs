@@ -41,6 +41,33 @@ pub trait ToolSource: Send + Sync + 'static {
     fn tools(&self) -> Vec<SourcedTool>;
 }
 
+/// The registry in force, replaceable at run time (config reload) while turns run: each turn
+/// takes the current one at its start and keeps it to its end.
+pub struct ToolsHandle(std::sync::RwLock<Arc<ToolRegistry>>);
+
+impl ToolsHandle {
+    /// A handle holding `r`.
+    pub fn new(r: ToolRegistry) -> Arc<Self> {
+        Arc::new(Self(std::sync::RwLock::new(Arc::new(r))))
+    }
+
+    /// The registry in force.
+    pub fn current(&self) -> Arc<ToolRegistry> {
+        self.0
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Put `r` in force for turns that start from now on.
+    pub fn replace(&self, r: ToolRegistry) {
+        *self
+            .0
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(r);
+    }
+}
+
 /// Registered tools.
 #[derive(Clone, Default)]
 pub struct ToolRegistry {

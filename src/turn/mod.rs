@@ -17,15 +17,16 @@ use crate::llm::{
     ChatRequest, ChatResponse, DynModel, LlmError, Message, Role, StreamEvent, Usage,
 };
 use crate::store::Store;
-use crate::tools::{ToolContext, ToolError, ToolRegistry, Workspace};
+use crate::tools::{ToolContext, ToolError, Workspace};
 
 /// What a turn needs, shared by all turns of all sessions.
 #[derive(Clone)]
 pub struct TurnDeps {
     /// The model (usually a retrying/failover wrapper).
     pub model: DynModel,
-    /// Tools offered to the model.
-    pub tools: Arc<ToolRegistry>,
+    /// Tools offered to the model (replaced on a config reload; a turn keeps the one it
+    /// started with).
+    pub tools: Arc<crate::tools::registry::ToolsHandle>,
     /// Where transcripts go.
     pub store: Store,
     /// Agent settings.
@@ -205,7 +206,8 @@ async fn run_turn_inner(
             exposed.extend(skill.allowed_tools);
         }
     }
-    let mut tools = deps.tools.schemas_for_tools(&exposed);
+    let registry = deps.tools.current();
+    let mut tools = registry.schemas_for_tools(&exposed);
     let mut messages = Vec::with_capacity(history.len() + 1);
     messages.push(Message::system(&system));
     messages.extend_from_slice(history);
@@ -293,6 +295,7 @@ async fn run_turn_inner(
         let runs = calls.iter().map(|call| {
             let ctx = &ctx;
             let exposed = exposed.as_slice();
+            let registry = &registry;
             async move {
                 if let Some(ev) = events {
                     let _ = ev
@@ -302,8 +305,7 @@ async fn run_turn_inner(
                         })
                         .await;
                 }
-                let o = deps
-                    .tools
+                let o = registry
                     .dispatch_with(&call.name, &call.id, &call.arguments, ctx, exposed)
                     .await;
                 if let Some(ev) = events {
@@ -348,7 +350,7 @@ async fn run_turn_inner(
         messages.extend_from_slice(&results);
         out.messages.extend(results);
         if newly_exposed {
-            tools = deps.tools.schemas_for_tools(&exposed);
+            tools = registry.schemas_for_tools(&exposed);
         }
         if let Some(m) = fatal {
             out.status = TurnStatus::Failed(m.clone());

@@ -22,6 +22,12 @@ pub fn merge(base: &mut Value, patch: Value) {
     }
 }
 
+/// `base` with `patch` merged in.
+pub fn merged(mut base: Value, patch: Value) -> Value {
+    merge(&mut base, patch);
+    base
+}
+
 /// A config file (JSON) for a gateway whose state lives in `dir` and whose LLM is `llm_url`.
 pub fn config_value(llm_url: &str, dir: &Path, extra: Value) -> Value {
     let mut v = json!({

@@ -1060,3 +1060,88 @@ async fn under_journald_log_lines_carry_their_priority_and_no_timestamp() {
         "{text}"
     );
 }
+
+#[tokio::test]
+async fn sighup_reloads_the_policy_without_dropping_sessions_and_rejects_a_bad_config() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("ws")).unwrap();
+    std::fs::write(dir.path().join("ws/a.txt"), "alpha").unwrap();
+    let llm = FakeLlm::start().await;
+    let port = free_port();
+    let base = |extra: Value| {
+        config_value(
+            &llm.base_url(),
+            dir.path(),
+            crate::common::merged(
+                json!({"channels": {"http": {"bind": format!("127.0.0.1:{port}")}}}),
+                extra,
+            ),
+        )
+    };
+    let cfg = write_config(
+        dir.path(),
+        &base(json!({"tools": {"policy": {"deny": ["read_file"]}}})),
+    );
+    let d = Daemon::start(dir.path(), &cfg, port).await;
+    let read = || {
+        Reply::ToolCalls(vec![(
+            "r".into(),
+            "read_file".into(),
+            r#"{"path":"a.txt"}"#.into(),
+        )])
+    };
+    llm.push(read());
+    llm.push(Reply::Text("first".into()));
+    assert_eq!(d.api.chat("s", "read it").await.0, 200);
+    let denied = crate::common::tool_results(&llm.requests()[1]);
+    assert_eq!(denied[0].1["error_code"], "PERMISSION_DENIED");
+
+    let pid = rustix::process::Pid::from_child(&d.child);
+    let hup = || rustix::process::kill_process(pid, rustix::process::Signal::HUP).unwrap();
+    write_config(dir.path(), &base(json!({})));
+    hup();
+    assert!(
+        wait_until(T, || log_of(dir.path())
+            .contains("policy, limits and tool settings reloaded"))
+        .await,
+        "{}",
+        log_of(dir.path())
+    );
+    llm.push(read());
+    llm.push(Reply::Text("second".into()));
+    assert_eq!(d.api.chat("s", "read it again").await.0, 200);
+    let reqs = llm.requests();
+    assert_eq!(
+        crate::common::tool_results(&reqs[3])[1].1["content"],
+        "alpha"
+    );
+    // The session kept its history across the reload.
+    let users: Vec<_> = messages(&reqs[3])
+        .iter()
+        .filter(|m| m["role"] == "user")
+        .map(|m| m["content"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(users, ["read it", "read it again"]);
+
+    // A config that does not load is rejected and the running one stays.
+    std::fs::write(&cfg, "{ not json").unwrap();
+    hup();
+    assert!(
+        wait_until(T, || log_of(dir.path())
+            .contains("new configuration rejected"))
+        .await,
+        "{}",
+        log_of(dir.path())
+    );
+    llm.push(read());
+    llm.push(Reply::Text("third".into()));
+    assert_eq!(d.api.chat("s", "once more").await.0, 200);
+    assert_eq!(
+        crate::common::tool_results(&llm.requests()[5])
+            .last()
+            .unwrap()
+            .1["content"],
+        "alpha"
+    );
+    assert_eq!(d.term().code(), Some(0), "{}", log_of(dir.path()));
+}
