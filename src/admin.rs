@@ -108,7 +108,7 @@ pub fn session_json(store: &Store, key: &str) -> Result<Option<Value>, String> {
 struct Running {
     bus: BusRef,
     store: Store,
-    channels: Vec<(String, crate::egress::ChannelRef)>,
+    channels: crate::daemon::ChannelsSlot,
     mcp: crate::daemon::McpSlot,
 }
 
@@ -142,7 +142,7 @@ impl AdminApi {
         &self,
         bus: BusRef,
         store: Store,
-        channels: Vec<(String, crate::egress::ChannelRef)>,
+        channels: crate::daemon::ChannelsSlot,
         mcp: crate::daemon::McpSlot,
     ) {
         let _ = self.running.set(Running {
@@ -162,7 +162,12 @@ impl clawft_channel_http::Admin for AdminApi {
                 let live = crate::daemon::live_sessions(&r.bus).await;
                 let mut v = status_json(&self.config, &r.store, Some(&live));
                 v["mode"] = json!("gateway");
-                v["channel_states"] = crate::daemon::channel_states(&r.channels).await;
+                let channels = r
+                    .channels
+                    .read()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .clone();
+                v["channel_states"] = crate::daemon::channel_states(&channels).await;
                 v["mcp_servers"] = mcp_json(r.mcp().as_deref());
                 v
             }
@@ -275,16 +280,14 @@ impl clawft_channel_http::Admin for AdminApi {
                         .ok_or_else(|| format!("`{k}` (a string) is required"))
                 };
                 let channel = field("channel")?;
-                let mut running: Vec<&str> = self
-                    .config
-                    .chat_channels
+                let running: Vec<String> = r
+                    .channels
+                    .read()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
                     .iter()
-                    .map(|c| c.platform.name())
+                    .map(|(id, _)| id.clone())
                     .collect();
-                if self.config.http.enabled {
-                    running.push("http");
-                }
-                if !running.contains(&channel.as_str()) {
+                if !running.contains(&channel) {
                     return Err(format!(
                         "no channel `{channel}` is running; running channels: {}",
                         running.join(", ")

@@ -38,18 +38,26 @@ impl StateStore for StoreState {
 /// Build the enabled chat channels. One that cannot be built is reported and left out; the
 /// others (and the HTTP API) still run.
 pub fn chat_channels(config: &Config, store: &Store) -> Vec<Arc<dyn Channel>> {
-    let mut out: Vec<Arc<dyn Channel>> = Vec::new();
-    for c in &config.chat_channels {
-        let state: Arc<dyn StateStore> =
-            Arc::new(StoreState::new(store.clone(), c.platform.name()));
-        match build(c, state) {
-            Ok(ch) => out.push(ch),
-            Err(e) => {
-                tracing::error!(channel = c.platform.name(), error = %e, "channel not started")
-            }
+    config
+        .chat_channels
+        .iter()
+        .filter_map(|c| chat_channel(c, store))
+        .collect()
+}
+
+/// Build one chat channel; `None` (reported) when it cannot be built.
+pub fn chat_channel(
+    c: &crate::config::ChatChannelConfig,
+    store: &Store,
+) -> Option<Arc<dyn Channel>> {
+    let state: Arc<dyn StateStore> = Arc::new(StoreState::new(store.clone(), c.platform.name()));
+    match build(c, state) {
+        Ok(ch) => Some(ch),
+        Err(e) => {
+            tracing::error!(channel = c.platform.name(), error = %e, "channel not started");
+            None
         }
     }
-    out
 }
 
 fn build(

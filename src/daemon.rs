@@ -116,6 +116,9 @@ pub struct Daemon {
     tasks: TaskTracker,
     intake: CancellationToken,
     stop_channels: CancellationToken,
+    channel_stops: std::collections::HashMap<String, CancellationToken>,
+    channels_slot: ChannelsSlot,
+    open: CancellationToken,
     turns: CancellationToken,
     grace: Duration,
     mcp: McpSlot,
@@ -124,6 +127,55 @@ pub struct Daemon {
     approvals: Arc<crate::approval::Approvals>,
     config: Config,
 }
+
+/// What spawning a channel actor needs.
+struct ChannelKit<'a> {
+    store: &'a Store,
+    bus: &'a BusRef,
+    intake: &'a CancellationToken,
+    open: &'a CancellationToken,
+    stop: &'a CancellationToken,
+    tasks: &'a TaskTracker,
+    access: &'a Arc<crate::ingress::access::Access>,
+}
+
+impl ChannelKit<'_> {
+    /// Spawn the actor of `ch` with its own stop token (a child of the daemon's) and register
+    /// it with the bus.
+    async fn spawn(
+        &self,
+        ch: Arc<dyn Channel>,
+    ) -> Result<(String, ChannelRef, CancellationToken), DaemonError> {
+        let id = ch.id().clone();
+        let streaming = ch.capabilities().streaming;
+        let stop = self.stop.child_token();
+        let (actor, _) = Actor::spawn(
+            None,
+            ChannelActor,
+            ChannelArgs {
+                channel: ch,
+                store: self.store.clone(),
+                bus: self.bus.clone(),
+                intake: self.intake.clone(),
+                open: self.open.clone(),
+                stop: stop.clone(),
+                tasks: self.tasks.clone(),
+                access: self.access.clone(),
+            },
+        )
+        .await
+        .map_err(|e| DaemonError::Spawn(e.to_string()))?;
+        let _ = self.bus.cast(BusMsg::RegisterChannel {
+            id: id.clone(),
+            actor: actor.clone(),
+            streaming,
+        });
+        Ok((id.to_string(), actor, stop))
+    }
+}
+
+/// The channel actors in force, shared with the admin API (changed by a reload).
+pub type ChannelsSlot = Arc<std::sync::RwLock<Vec<(String, ChannelRef)>>>;
 
 /// The MCP manager in force, shared with the admin API (replaced on a reload).
 pub type McpSlot = Arc<std::sync::RwLock<Option<Arc<McpManager>>>>;
@@ -215,31 +267,20 @@ impl Daemon {
         let stop_channels = CancellationToken::new();
         let open = CancellationToken::new();
         let mut refs = Vec::new();
+        let mut channel_stops = std::collections::HashMap::new();
+        let kit = ChannelKit {
+            store: &store,
+            bus: &bus,
+            intake: &intake,
+            open: &open,
+            stop: &stop_channels,
+            tasks: &tasks,
+            access: &access,
+        };
         for ch in channels {
-            let id = ch.id().clone();
-            let streaming = ch.capabilities().streaming;
-            let (actor, _) = Actor::spawn(
-                None,
-                ChannelActor,
-                ChannelArgs {
-                    channel: ch,
-                    store: store.clone(),
-                    bus: bus.clone(),
-                    intake: intake.clone(),
-                    open: open.clone(),
-                    stop: stop_channels.clone(),
-                    tasks: tasks.clone(),
-                    access: access.clone(),
-                },
-            )
-            .await
-            .map_err(|e| DaemonError::Spawn(e.to_string()))?;
-            let _ = bus.cast(BusMsg::RegisterChannel {
-                id: id.clone(),
-                actor: actor.clone(),
-                streaming,
-            });
-            refs.push((id.to_string(), actor));
+            let (id, actor, stop) = kit.spawn(ch).await?;
+            channel_stops.insert(id.clone(), stop);
+            refs.push((id, actor));
         }
 
         // Replies answered before a crash but not delivered.
@@ -265,11 +306,14 @@ impl Daemon {
 
         Ok(Self {
             bus,
-            channels: refs,
+            channels: refs.clone(),
             store,
             tasks,
             intake,
             stop_channels,
+            channel_stops,
+            channels_slot: Arc::new(std::sync::RwLock::new(refs)),
+            open,
             turns,
             grace: config.sessions.shutdown_grace,
             mcp: Arc::new(std::sync::RwLock::new(mcp)),
@@ -291,7 +335,8 @@ impl Daemon {
     /// restart (providers, channels, HTTP API, store, agent) are reported as such and keep
     /// their old values.
     pub async fn reload(&mut self, new: Config) -> Vec<String> {
-        let old = &self.config;
+        let old = self.config.clone();
+        let old = &old;
         let mut changes = Vec::new();
         let differs =
             |a: &dyn std::fmt::Debug, b: &dyn std::fmt::Debug| format!("{a:?}") != format!("{b:?}");
@@ -336,12 +381,10 @@ impl Daemon {
             self.tools.replace(registry);
             changes.push("tools: policy, limits and tool settings reloaded".into());
         }
+        let channel_changes = self.reload_channels(&new).await;
+        changes.extend(channel_changes);
         for (what, changed) in [
             ("providers", differs(&old.providers, &new.providers)),
-            (
-                "chat channels",
-                differs(&old.chat_channels, &new.chat_channels),
-            ),
             ("channels.http", differs(&old.http, &new.http)),
             ("store", differs(&old.store, &new.store)),
             ("agents", differs(&old.agent, &new.agent)),
@@ -355,11 +398,104 @@ impl Daemon {
         let mut kept = self.config.clone();
         kept.tools = new.tools;
         kept.secrets = new.secrets;
+        kept.chat_channels = new.chat_channels;
         self.config = kept;
         if changes.is_empty() {
             changes.push("nothing changed".into());
         }
         changes
+    }
+
+    /// Stop the chat channels whose section changed or disappeared, start the changed and new
+    /// ones (with their new access rules), and resend their undelivered replies.
+    async fn reload_channels(&mut self, new: &Config) -> Vec<String> {
+        use crate::config::ChatChannelConfig;
+        fn fingerprint(c: &ChatChannelConfig) -> String {
+            format!(
+                "{c:?}{}{}",
+                c.token.expose(),
+                c.app_token.as_ref().map_or("", |t| t.expose())
+            )
+        }
+        let old: std::collections::HashMap<&str, String> = self
+            .config
+            .chat_channels
+            .iter()
+            .map(|c| (c.platform.name(), fingerprint(c)))
+            .collect();
+        let fresh: std::collections::HashMap<&str, String> = new
+            .chat_channels
+            .iter()
+            .map(|c| (c.platform.name(), fingerprint(c)))
+            .collect();
+        let mut changes = Vec::new();
+        let stale: Vec<String> = old
+            .iter()
+            .filter(|(n, f)| fresh.get(*n) != Some(*f))
+            .map(|(n, _)| (*n).to_string())
+            .collect();
+        for name in &stale {
+            if let Some(t) = self.channel_stops.remove(name) {
+                t.cancel();
+            }
+            if let Some(pos) = self.channels.iter().position(|(id, _)| id == name) {
+                let (_, actor) = self.channels.remove(pos);
+                actor.stop(Some("reload".into()));
+            }
+            let _ = self.bus.cast(BusMsg::UnregisterChannel {
+                id: clawft_channel_core::ChannelId::new(name.as_str()),
+            });
+            if !fresh.contains_key(name.as_str()) {
+                changes.push(format!("channel {name} stopped"));
+            }
+        }
+        let access = Arc::new(access_rules(new));
+        for c in &new.chat_channels {
+            let name = c.platform.name();
+            if old.get(name) == fresh.get(name) {
+                continue;
+            }
+            let Some(ch) = crate::channels::chat_channel(c, &self.store) else {
+                changes.push(format!("channel {name} could not start (see the log)"));
+                continue;
+            };
+            let kit = ChannelKit {
+                store: &self.store,
+                bus: &self.bus,
+                intake: &self.intake,
+                open: &self.open,
+                stop: &self.stop_channels,
+                tasks: &self.tasks,
+                access: &access,
+            };
+            match kit.spawn(ch).await {
+                Ok((id, actor, stop)) => {
+                    self.channel_stops.insert(id.clone(), stop);
+                    self.channels.push((id, actor));
+                    for m in self.store.pending_outbound().unwrap_or_default() {
+                        if m.channel.as_str() == name {
+                            let _ = self.bus.cast(BusMsg::Outbound(m));
+                        }
+                    }
+                    changes.push(if old.contains_key(name) {
+                        format!("channel {name} restarted with its new settings")
+                    } else {
+                        format!("channel {name} started")
+                    });
+                }
+                Err(e) => changes.push(format!("channel {name} could not start: {e}")),
+            }
+        }
+        *self
+            .channels_slot
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = self.channels.clone();
+        changes
+    }
+
+    /// The shared list of channel actors (for the admin API).
+    pub fn channels_slot(&self) -> ChannelsSlot {
+        self.channels_slot.clone()
     }
 
     /// The shared slot of the MCP manager (for the admin API).

@@ -44,6 +44,12 @@ pub enum BusMsg {
         /// Whether it shows deltas/progress.
         streaming: bool,
     },
+    /// From the daemon on a reload: forget a channel that was stopped (its replies stay in the
+    /// outbox until it runs again).
+    UnregisterChannel {
+        /// Channel id.
+        id: ChannelId,
+    },
     /// From a session's idle timer: evict it if nothing was routed to it since.
     SessionIdle {
         /// Session.
@@ -149,6 +155,9 @@ impl Actor for BusActor {
                 streaming,
             } => {
                 state.channels.insert(id, (actor, streaming));
+            }
+            BusMsg::UnregisterChannel { id } => {
+                state.channels.remove(&id);
             }
             BusMsg::SessionIdle { key, routed } => {
                 if state.sessions.get(&key).is_some_and(|l| l.routed == routed) {

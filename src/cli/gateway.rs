@@ -66,7 +66,7 @@ impl Gateway {
         admin.attach(
             daemon.bus().clone(),
             daemon.store().clone(),
-            daemon.channels().to_vec(),
+            daemon.channels_slot(),
             daemon.mcp_slot(),
         );
         match http_addr {

@@ -1145,3 +1145,59 @@ async fn sighup_reloads_the_policy_without_dropping_sessions_and_rejects_a_bad_c
     );
     assert_eq!(d.term().code(), Some(0), "{}", log_of(dir.path()));
 }
+
+#[tokio::test]
+async fn sighup_starts_and_restarts_chat_channels_with_their_new_settings() {
+    use clawft_channel_telegram::fake::FakeTelegram;
+    let tg = FakeTelegram::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let llm = FakeLlm::start().await;
+    let port = free_port();
+    let telegram = |allow: Value| json!({"token": FakeTelegram::TOKEN, "api_url": tg.api_url(), "allow_from": allow, "stream_edits": false});
+    let with = |section: Option<Value>| {
+        let mut channels = json!({"http": {"bind": format!("127.0.0.1:{port}")}});
+        if let Some(t) = section {
+            channels["telegram"] = t;
+        }
+        config_value(&llm.base_url(), dir.path(), json!({ "channels": channels }))
+    };
+    // Start without Telegram; SIGHUP adds it.
+    let cfg = write_config(dir.path(), &with(None));
+    let d = Daemon::start(dir.path(), &cfg, port).await;
+    let pid = rustix::process::Pid::from_child(&d.child);
+    let hup = || rustix::process::kill_process(pid, rustix::process::Signal::HUP).unwrap();
+    write_config(dir.path(), &with(Some(telegram(json!([111])))));
+    hup();
+    assert!(
+        wait_until(T, || log_of(dir.path())
+            .contains("channel telegram started"))
+        .await,
+        "{}",
+        log_of(dir.path())
+    );
+    llm.push(Reply::Text("hello 111".into()));
+    tg.push_user_message(111, 111, "hi");
+    assert!(wait_until(T, || tg.sent().iter().any(|m| m.visible == "hello 111")).await);
+    // 222 is refused until a reload admits it.
+    tg.push_user_message(222, 222, "me too");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(llm.requests().len(), 1);
+    write_config(dir.path(), &with(Some(telegram(json!([111, 222])))));
+    hup();
+    assert!(
+        wait_until(T, || log_of(dir.path())
+            .contains("channel telegram restarted"))
+        .await,
+        "{}",
+        log_of(dir.path())
+    );
+    llm.push(Reply::Text("hello 222".into()));
+    tg.push_user_message(222, 222, "now?");
+    assert!(
+        wait_until(T, || tg.sent().iter().any(|m| m.visible == "hello 222")).await,
+        "{:?}\n{}",
+        tg.sent(),
+        log_of(dir.path())
+    );
+    assert_eq!(d.term().code(), Some(0), "{}", log_of(dir.path()));
+}
