@@ -197,10 +197,24 @@ impl clawft_channel_http::Admin for AdminApi {
     }
 
     async fn ready(&self) -> Result<Value, Value> {
-        match self.running.get() {
-            Some(_) => Ok(json!({"status": "ready"})),
-            None => Err(json!({"status": "starting"})),
-        }
+        let Some(r) = self.running.get() else {
+            return Err(json!({"status": "starting"}));
+        };
+        let channels = r
+            .channels
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        Ok(json!({
+            "status": "ready",
+            "channels": crate::daemon::channel_states(&channels).await,
+            "providers": self.config.providers.iter().map(|p| json!({
+                "name": p.name,
+                "base_url": p.base_url,
+                "model": p.model,
+            })).collect::<Vec<_>>(),
+            "mcp_servers": mcp_json(r.mcp().as_deref()),
+        }))
     }
 
     async fn metrics(&self) -> String {

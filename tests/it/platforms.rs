@@ -78,6 +78,17 @@ async fn telegram_message_in_long_reply_out_strangers_refused_429_honoured() {
             .any(|a| a.chat == 111 && a.action == "typing"),
         "no typing indicator"
     );
+    // Readiness lists the channels' and providers' state.
+    let (code, ready) = gw.api.get("/readyz").await;
+    assert_eq!(code, 200, "{ready}");
+    assert!(
+        ready["channels"]["telegram"]
+            .as_str()
+            .unwrap()
+            .contains("connected"),
+        "{ready}"
+    );
+    assert_eq!(ready["providers"][0]["name"], "openai");
     // Status shows the adapter's state.
     let (_, st) = gw.api.get("/v1/status").await;
     assert!(
