@@ -113,6 +113,13 @@ struct Running {
 }
 
 impl Running {
+    fn channels(&self) -> Vec<(String, crate::egress::ChannelRef)> {
+        self.channels
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
     fn mcp(&self) -> Option<Arc<crate::mcp::client::McpManager>> {
         self.mcp
             .read()
@@ -162,11 +169,7 @@ impl clawft_channel_http::Admin for AdminApi {
                 let live = crate::daemon::live_sessions(&r.bus).await;
                 let mut v = status_json(&self.config, &r.store, Some(&live));
                 v["mode"] = json!("gateway");
-                let channels = r
-                    .channels
-                    .read()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .clone();
+                let channels = r.channels();
                 v["channel_states"] = crate::daemon::channel_states(&channels).await;
                 v["mcp_servers"] = mcp_json(r.mcp().as_deref());
                 v
@@ -200,11 +203,7 @@ impl clawft_channel_http::Admin for AdminApi {
         let Some(r) = self.running.get() else {
             return Err(json!({"status": "starting"}));
         };
-        let channels = r
-            .channels
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone();
+        let channels = r.channels();
         Ok(json!({
             "status": "ready",
             "channels": crate::daemon::channel_states(&channels).await,
@@ -294,13 +293,7 @@ impl clawft_channel_http::Admin for AdminApi {
                         .ok_or_else(|| format!("`{k}` (a string) is required"))
                 };
                 let channel = field("channel")?;
-                let running: Vec<String> = r
-                    .channels
-                    .read()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .iter()
-                    .map(|(id, _)| id.clone())
-                    .collect();
+                let running: Vec<String> = r.channels().iter().map(|(id, _)| id.clone()).collect();
                 if !running.contains(&channel) {
                     return Err(format!(
                         "no channel `{channel}` is running; running channels: {}",
@@ -344,23 +337,19 @@ pub fn operator_message(
     chat: &str,
     content: &str,
 ) -> Result<clawft_channel_core::OutboundMessage, String> {
-    use clawft_channel_core::{ChannelId, ChatId, OutboundKind, OutboundMessage};
+    use clawft_channel_core::{ChannelId, ChatId};
     let content = crate::ingress::sanitize_content(content);
     if channel.is_empty() || chat.is_empty() || chat.contains(':') || content.trim().is_empty() {
         return Err(
             "channel, chat id and text must be non-empty (and the chat id without `:`)".into(),
         );
     }
-    Ok(OutboundMessage {
-        id: uuid::Uuid::now_v7().to_string(),
-        channel: ChannelId::new(channel),
-        chat: ChatId::new(chat),
-        thread: None,
-        in_reply_to: None,
-        kind: OutboundKind::Final,
+    Ok(crate::egress::proactive_message(
+        ChannelId::new(channel),
+        ChatId::new(chat),
+        None,
         content,
-        meta: None,
-    })
+    ))
 }
 
 /// `pairing/list`, `pairing/approve {code}`, `pairing/revoke {who}` on `store`.

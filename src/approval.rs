@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use clawft_channel_core::{ChannelId, ChatId, OutboundKind, OutboundMessage, ThreadId};
+use clawft_channel_core::{ChannelId, ChatId, ThreadId};
 use tokio::sync::oneshot;
 
 use crate::ingress::SessionKey;
@@ -94,18 +94,15 @@ impl Approvals {
         if chat.is_empty() {
             return Decision::Deny;
         }
-        let msg = OutboundMessage {
-            id: uuid::Uuid::now_v7().to_string(),
-            channel: ChannelId::new(channel),
-            chat: ChatId::new(chat),
-            thread: thread.map(ThreadId::new),
-            in_reply_to: None,
-            kind: OutboundKind::Final,
-            content: format!(
+        let mut msg = crate::egress::proactive_message(
+            ChannelId::new(channel),
+            ChatId::new(chat),
+            thread.map(ThreadId::new),
+            format!(
                 "Approval needed to run:\n```\n{what}\n```\nReply `/approve {id}` to run it once, `/approve {id} always` to stop asking for this command, or `/deny {id}`."
             ),
-            meta: Some(serde_json::json!({"approval_id": id, "command": what})),
-        };
+        );
+        msg.meta = Some(serde_json::json!({"approval_id": id, "command": what}));
         if let Err(e) = self.sink.send(msg) {
             tracing::warn!(error = %e, "could not ask for approval; denying");
             return Decision::Deny;
@@ -166,6 +163,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+    use clawft_channel_core::OutboundMessage;
 
     #[derive(Default)]
     struct Sink(Mutex<Vec<OutboundMessage>>);

@@ -9,7 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clawft_channel_core::{
-    Ack, Channel, ChannelError, InboundDelivery, InboundEvent, OutboundMessage,
+    Ack, Channel, ChannelError, ChannelId, ChatId, InboundDelivery, InboundEvent, OutboundMessage,
+    ThreadId,
 };
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tokio::sync::{mpsc, oneshot};
@@ -214,20 +215,36 @@ async fn listen_loop(
     }
 }
 
+/// A durable message that answers no inbound event (pairing codes, approval questions, the
+/// `message` tool, `weft send`), with a fresh outbox id.
+pub fn proactive_message(
+    channel: ChannelId,
+    chat: ChatId,
+    thread: Option<ThreadId>,
+    content: String,
+) -> OutboundMessage {
+    OutboundMessage {
+        id: uuid::Uuid::now_v7().to_string(),
+        channel,
+        chat,
+        thread,
+        in_reply_to: None,
+        kind: clawft_channel_core::OutboundKind::Final,
+        content,
+        meta: None,
+    }
+}
+
 /// Refuse `event` from a sender who is not allowed, telling them (once) how to pair.
 fn refuse_sender(store: &Store, bus: &BusRef, event: &InboundEvent, reply: Option<String>) -> Ack {
     tracing::info!(sender = %event.sender, "message from a sender who is not allowed");
     if let Some(text) = reply {
-        let msg = OutboundMessage {
-            id: uuid::Uuid::now_v7().to_string(),
-            channel: event.channel.clone(),
-            chat: event.chat.clone(),
-            thread: event.thread.clone(),
-            in_reply_to: None,
-            kind: clawft_channel_core::OutboundKind::Final,
-            content: text,
-            meta: None,
-        };
+        let msg = proactive_message(
+            event.channel.clone(),
+            event.chat.clone(),
+            event.thread.clone(),
+            text,
+        );
         match store.enqueue_outbound(&msg) {
             Ok(()) => {
                 let _ = bus.cast(BusMsg::Outbound(msg));

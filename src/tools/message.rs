@@ -9,7 +9,7 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use clawft_channel_core::{ChannelId, ChatId, OutboundKind, OutboundMessage, ThreadId};
+use clawft_channel_core::{ChannelId, ChatId, OutboundMessage, ThreadId};
 use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -119,16 +119,12 @@ impl Tool for MessageTool {
             _ => None,
         };
         let len = content.chars().count();
-        let msg = OutboundMessage {
-            id: uuid::Uuid::now_v7().to_string(),
-            channel: ChannelId::new(&a.channel),
-            chat: ChatId::new(&a.chat_id),
+        let msg = crate::egress::proactive_message(
+            ChannelId::new(&a.channel),
+            ChatId::new(&a.chat_id),
             thread,
-            in_reply_to: None,
-            kind: OutboundKind::Final,
             content,
-            meta: None,
-        };
+        );
         self.sink
             .send(msg)
             .map_err(|e| ToolError::ExecutionFailed(format!("could not queue the message: {e}")))?;
@@ -151,6 +147,7 @@ mod tests {
     use super::*;
     use crate::ingress::SessionKey;
     use crate::tools::Workspace;
+    use clawft_channel_core::OutboundKind;
 
     #[derive(Default)]
     struct Sink(Mutex<Vec<OutboundMessage>>);
