@@ -9,7 +9,7 @@ use super::client::GatewayClient;
 use super::{CliError, McpAction};
 use crate::config::Config;
 use crate::mcp::server::{serve_stdio, BuiltinProvider};
-use crate::tools::{build_registry, Workspace};
+use crate::tools::build_registry;
 
 /// How long `weft mcp list` without a gateway waits for servers to connect.
 const SETTLE: Duration = Duration::from_secs(20);
@@ -62,12 +62,7 @@ pub async fn run(config: &Config, action: McpAction) -> Result<(), CliError> {
 /// The workspace cannot be opened, or the transport failed.
 pub async fn serve(config: &Config) -> Result<(), CliError> {
     let registry = Arc::new(build_registry(config, None, None, Vec::new()));
-    let ws = Workspace::open(&config.agent.workspace).map_err(|e| {
-        CliError(format!(
-            "cannot open the workspace {}: {e}",
-            config.agent.workspace.display()
-        ))
-    })?;
+    let ws = super::open_workspace(config)?;
     let provider = BuiltinProvider::new(registry, Arc::new(ws)).map_err(CliError)?;
     serve_stdio(Arc::new(provider)).await.map_err(CliError)
 }

@@ -165,6 +165,19 @@ pub enum SessionsAction {
     },
 }
 
+/// Open the configured workspace, or say which directory could not be opened.
+///
+/// # Errors
+/// The directory cannot be created or opened.
+pub fn open_workspace(config: &crate::config::Config) -> Result<crate::tools::Workspace, CliError> {
+    crate::tools::Workspace::open(&config.agent.workspace).map_err(|e| {
+        CliError(format!(
+            "cannot open the workspace {}: {e}",
+            config.agent.workspace.display()
+        ))
+    })
+}
+
 /// A failure reported to the user with a clear message and a non-zero exit code.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]

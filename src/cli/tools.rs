@@ -11,7 +11,7 @@ use super::CliError;
 use crate::config::Config;
 use crate::ingress::SessionKey;
 use crate::tools::policy::group_of;
-use crate::tools::{build_registry, ToolContext, Workspace};
+use crate::tools::{build_registry, ToolContext};
 
 /// `weft tools` actions.
 #[derive(Debug, clap::Subcommand)]
@@ -125,12 +125,7 @@ pub async fn run(config: &Config, action: ToolsAction) -> Result<(), CliError> {
             }
             let session = SessionKey::parse(&session).map_err(CliError::msg)?;
             let reg = build_registry(&config, None, None, Vec::new());
-            let ws = Workspace::open(&config.agent.workspace).map_err(|e| {
-                CliError(format!(
-                    "cannot open the workspace {}: {e}",
-                    config.agent.workspace.display()
-                ))
-            })?;
+            let ws = super::open_workspace(&config)?;
             let ctx = ToolContext {
                 workspace: Arc::new(ws),
                 session,
@@ -159,12 +154,7 @@ pub async fn run(config: &Config, action: ToolsAction) -> Result<(), CliError> {
 /// # Errors
 /// The workspace cannot be opened.
 pub fn skills_list(config: &Config) -> Result<(), CliError> {
-    let ws = Workspace::open(&config.agent.workspace).map_err(|e| {
-        CliError(format!(
-            "cannot open the workspace {}: {e}",
-            config.agent.workspace.display()
-        ))
-    })?;
+    let ws = super::open_workspace(config)?;
     let dirs = crate::skills::SkillDirs {
         global: Some(config.home.join("skills")),
         workspace: Arc::new(ws),
