@@ -97,6 +97,19 @@ impl Daemon {
     }
 }
 
+/// A config file for a gateway whose HTTP API listens on `port`, with `extra` merged in.
+fn gateway_config(dir: &Path, llm: &FakeLlm, port: u16, extra: Value) -> PathBuf {
+    let v = config_value(
+        &llm.base_url(),
+        dir,
+        crate::common::merged(
+            json!({"channels": {"http": {"bind": format!("127.0.0.1:{port}")}}}),
+            extra,
+        ),
+    );
+    write_config(dir, &v)
+}
+
 fn log_of(dir: &Path) -> String {
     std::fs::read_to_string(dir.join("gateway.log")).unwrap_or_default()
 }
@@ -298,14 +311,7 @@ async fn kill_9_mid_turn_then_restart_answers_exactly_once() {
     std::fs::write(dir.path().join("ws/a.txt"), "alpha").unwrap();
     let llm = FakeLlm::start().await;
     let port = free_port();
-    let cfg = write_config(
-        dir.path(),
-        &config_value(
-            &llm.base_url(),
-            dir.path(),
-            json!({"channels": {"http": {"bind": format!("127.0.0.1:{port}")}}}),
-        ),
-    );
+    let cfg = gateway_config(dir.path(), &llm, port, json!({}));
     // First life: one tool round completes, then the model hangs and the daemon is killed.
     llm.push(Reply::ToolCalls(vec![(
         "call_a".into(),
@@ -380,14 +386,7 @@ async fn kill_9_before_the_model_answers_replays_the_journaled_message() {
     let dir = tempfile::tempdir().unwrap();
     let llm = FakeLlm::start().await;
     let port = free_port();
-    let cfg = write_config(
-        dir.path(),
-        &config_value(
-            &llm.base_url(),
-            dir.path(),
-            json!({"channels": {"http": {"bind": format!("127.0.0.1:{port}")}}}),
-        ),
-    );
+    let cfg = gateway_config(dir.path(), &llm, port, json!({}));
     llm.push(Reply::Hang);
     let d = Daemon::start(dir.path(), &cfg, port).await;
     let api = d.api.clone();
@@ -420,14 +419,7 @@ async fn cli_commands_use_the_running_gateway_instead_of_the_locked_store() {
     let dir = tempfile::tempdir().unwrap();
     let llm = FakeLlm::start().await;
     let port = free_port();
-    let cfg = write_config(
-        dir.path(),
-        &config_value(
-            &llm.base_url(),
-            dir.path(),
-            json!({"channels": {"http": {"bind": format!("127.0.0.1:{port}")}}}),
-        ),
-    );
+    let cfg = gateway_config(dir.path(), &llm, port, json!({}));
     let d = Daemon::start(dir.path(), &cfg, port).await;
     llm.push(Reply::Text("via gateway".into()));
     let run = |args: &'static [&'static str]| {
@@ -540,14 +532,7 @@ async fn planted_keys_never_reach_the_logs_even_at_trace_level() {
     std::fs::write(dir.path().join("ws/leak.txt"), planted_file()).unwrap();
     let llm = FakeLlm::start().await;
     let port = free_port();
-    let cfg = write_config(
-        dir.path(),
-        &config_value(
-            &llm.base_url(),
-            dir.path(),
-            json!({"channels": {"http": {"bind": format!("127.0.0.1:{port}")}}}),
-        ),
-    );
+    let cfg = gateway_config(dir.path(), &llm, port, json!({}));
     llm.push(Reply::ToolCalls(vec![(
         "c1".into(),
         "read_file".into(),
@@ -672,14 +657,7 @@ async fn send_and_pairing_go_through_the_running_gateway() {
     let dir = tempfile::tempdir().unwrap();
     let llm = FakeLlm::start().await;
     let port = free_port();
-    let cfg = write_config(
-        dir.path(),
-        &config_value(
-            &llm.base_url(),
-            dir.path(),
-            json!({"channels": {"http": {"bind": format!("127.0.0.1:{port}")}}}),
-        ),
-    );
+    let cfg = gateway_config(dir.path(), &llm, port, json!({}));
     let run = |args: Vec<&'static str>| {
         let dir = dir.path().to_path_buf();
         let cfg = cfg.clone();
