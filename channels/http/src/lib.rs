@@ -421,7 +421,10 @@ async fn chat(State(inner): State<Arc<Inner>>, body: axum::body::Bytes) -> Respo
         Err((status, v)) => return (status, Json(v)).into_response(),
     };
     let shutdown = inner.shutdown.clone();
+    // Biased: a reply already delivered wins over a shutdown that fires in the same instant
+    // (the daemon delivers replies before it stops the channel).
     tokio::select! {
+        biased;
         r = tokio::time::timeout(inner.cfg.reply_timeout, rx) => match r {
             Ok(Ok(m)) if m.kind == OutboundKind::Final => {
                 Json(json!({"chat_id": chat_id, "event_id": event_id, "reply": m.content})).into_response()
@@ -490,6 +493,7 @@ async fn chat_stream(State(inner): State<Arc<Inner>>, body: axum::body::Bytes) -
         let _guard = guard;
         loop {
             tokio::select! {
+                biased;
                 m = rx.recv() => {
                     let Some(m) = m else { break };
                     let last = m.kind.is_durable();
