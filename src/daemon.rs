@@ -125,6 +125,8 @@ pub struct Daemon {
     tools: Arc<crate::tools::registry::ToolsHandle>,
     sink: Arc<BusSink>,
     approvals: Arc<crate::approval::Approvals>,
+    subagents: Arc<crate::subagent::SubagentHub>,
+    supervisor: crate::subagent::SupervisorRef,
     config: Config,
 }
 
@@ -220,6 +222,7 @@ impl Daemon {
             sink.clone() as Arc<dyn MessageSink>
         ));
         let mcp = start_mcp(config);
+        let subagents = crate::subagent::SubagentHub::new(config.tools.subagents.clone());
         let registry = build_registry(
             config,
             Some(sink.clone() as Arc<dyn MessageSink>),
@@ -227,6 +230,7 @@ impl Daemon {
             mcp.iter()
                 .map(|m| m.clone() as Arc<dyn crate::tools::registry::ToolSource>)
                 .collect(),
+            Some(subagents.clone()),
         );
         let tools = crate::tools::registry::ToolsHandle::new(registry);
         let deps = TurnDeps {
@@ -243,6 +247,7 @@ impl Daemon {
             connect_hint: connect_hint(config).map(Into::into),
             skills_global: Some(config.home.join("skills")),
             approvals: Some(approvals.clone()),
+            subagents: Some(subagents.clone()),
         };
         let tasks = TaskTracker::new();
         let turns = CancellationToken::new();
@@ -250,7 +255,7 @@ impl Daemon {
             None,
             BusActor,
             BusArgs {
-                deps,
+                deps: deps.clone(),
                 tasks: tasks.clone(),
                 shutdown: turns.clone(),
                 idle: config.sessions.idle,
@@ -261,9 +266,24 @@ impl Daemon {
         .await
         .map_err(|e| DaemonError::Spawn(e.to_string()))?;
         let _ = sink.bus.set(bus.clone());
+        let intake = CancellationToken::new();
+        // Before the journal is replayed: it fails the tasks a crash interrupted and journals
+        // their announcements, which the replay below then routes.
+        let supervisor = crate::subagent::start(
+            &subagents,
+            crate::subagent::SupervisorArgs {
+                deps,
+                settings: config.tools.subagents.clone(),
+                bus: bus.clone(),
+                tasks: tasks.clone(),
+                root_cancel: turns.child_token(),
+                intake: intake.clone(),
+            },
+        )
+        .await
+        .map_err(|e| DaemonError::Spawn(format!("subagent supervisor: {e}")))?;
 
         let access = Arc::new(access_rules(config));
-        let intake = CancellationToken::new();
         let stop_channels = CancellationToken::new();
         let open = CancellationToken::new();
         let mut refs = Vec::new();
@@ -320,6 +340,8 @@ impl Daemon {
             tools,
             sink,
             approvals,
+            subagents,
+            supervisor,
             config: config.clone(),
         })
     }
@@ -349,6 +371,7 @@ impl Daemon {
             || differs(&old.tools.files, &new.tools.files)
             || differs(&old.tools.web_fetch, &new.tools.web_fetch)
             || differs(&old.tools.web_search, &new.tools.web_search)
+            || old.tools.subagents != new.tools.subagents
             || old.secrets != new.secrets;
         if mcp_changed {
             let old_mcp = self
@@ -368,6 +391,10 @@ impl Daemon {
                 new.tools.mcp_servers.len()
             ));
         }
+        if old.tools.subagents != new.tools.subagents {
+            self.subagents.set_settings(new.tools.subagents.clone());
+            changes.push("subagent limits reloaded (running subagents keep theirs)".into());
+        }
         if tools_changed {
             let registry = build_registry(
                 &new,
@@ -377,6 +404,7 @@ impl Daemon {
                     .into_iter()
                     .map(|m| m as Arc<dyn crate::tools::registry::ToolSource>)
                     .collect(),
+                Some(self.subagents.clone()),
             );
             self.tools.replace(registry);
             changes.push("tools: policy, limits and tool settings reloaded".into());
@@ -539,7 +567,23 @@ impl Daemon {
         let drain = futures::future::join_all(sessions.iter().map(|(_, s)| async move {
             ractor::call_t!(s, |reply| SessionMsg::Drain { reply }, LONG_CALL_MS)
         }));
-        if tokio::time::timeout(self.grace, drain).await.is_err() {
+        let drained = tokio::time::timeout(self.grace, drain).await.is_ok();
+        // Subagents still running are cancelled (their parents are told at the next start);
+        // a turn waiting on one then gets its result.
+        let stop_subagents = async {
+            ractor::call_t!(
+                self.supervisor,
+                |reply| crate::subagent::SupervisorMsg::Shutdown { reply },
+                LONG_CALL_MS
+            )
+        };
+        if tokio::time::timeout(CANCEL_SETTLE, stop_subagents)
+            .await
+            .is_err()
+        {
+            tracing::warn!("some subagents did not stop in time; they are failed at the next start");
+        }
+        if !drained {
             tracing::warn!(
                 grace_s = self.grace.as_secs(),
                 "turns still running after the grace period; cancelling them"
@@ -566,6 +610,7 @@ impl Daemon {
         for (_, c) in &self.channels {
             c.stop(Some("shutdown".into()));
         }
+        self.supervisor.stop(Some("shutdown".into()));
         let _ = self
             .bus
             .stop_and_wait(Some("shutdown".into()), Some(Duration::from_secs(5)))

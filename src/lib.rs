@@ -38,6 +38,7 @@ pub mod notify;
 pub mod session;
 pub mod skills;
 pub mod store;
+pub mod subagent;
 pub mod telemetry;
 pub mod tools;
 pub mod turn;

@@ -89,6 +89,10 @@ const HELP: &[(&str, &str)] = &[
         "Tokens used, by provider and direction.",
     ),
     (
+        "clawft_subagents_total",
+        "Subagent tasks, by event (spawned, completed, failed, cancelled).",
+    ),
+    (
         "clawft_channel_restarts_total",
         "Channel listener restarts (reconnects after a failure).",
     ),

@@ -69,7 +69,9 @@ fn params_summary(schema: &Value) -> String {
 pub async fn run(config: &Config, action: ToolsAction) -> Result<(), CliError> {
     match action {
         ToolsAction::List { json } => {
-            let reg = build_registry(config, None, None, Vec::new());
+            // `subagents` is listed (it is a built-in tool) though it only runs in the gateway.
+            let hub = crate::subagent::SubagentHub::new(config.tools.subagents.clone());
+            let reg = build_registry(config, None, None, Vec::new(), Some(hub));
             let rows: Vec<Value> = reg
                 .all()
                 .into_iter()
@@ -124,7 +126,7 @@ pub async fn run(config: &Config, action: ToolsAction) -> Result<(), CliError> {
                 config.agent.workspace = w;
             }
             let session = SessionKey::parse(&session).map_err(CliError::msg)?;
-            let reg = build_registry(&config, None, None, Vec::new());
+            let reg = build_registry(&config, None, None, Vec::new(), None);
             let ws = super::open_workspace(&config)?;
             let ctx = ToolContext {
                 workspace: Arc::new(ws),

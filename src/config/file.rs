@@ -237,6 +237,9 @@ pub struct ToolsFile {
     /// `web_search`: the search backend (SearXNG or Brave).
     #[serde(default)]
     pub web_search: crate::tools::web::WebSearchFile,
+    /// `subagents`: limits of the subagent supervisor.
+    #[serde(default)]
+    pub subagents: crate::subagent::SubagentsFile,
 }
 
 /// `tools.rate_limit`.

@@ -314,6 +314,8 @@ pub struct ToolsConfig {
     pub web_fetch: crate::tools::web::WebFetchSettings,
     /// `tools.web_search`.
     pub web_search: crate::tools::web::WebSearchSettings,
+    /// `tools.subagents`.
+    pub subagents: crate::subagent::SubagentSettings,
 }
 
 /// Where the config file is looked for when `--config` is not given.
@@ -771,7 +773,12 @@ fn resolve_tools(
         }
     }
     let exec = t.exec.resolve().map_err(|e| invalid("tools.exec", e))?;
+    let subagents = t
+        .subagents
+        .resolve()
+        .map_err(|e| invalid("tools.subagents", e))?;
     Ok(ToolsConfig {
+        subagents,
         policy,
         rate_limit,
         message_allow,

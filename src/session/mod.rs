@@ -125,12 +125,18 @@ pub struct SessionActor;
 
 fn reply_to(entry: &InboxEntry, kind: OutboundKind, content: String) -> Option<OutboundMessage> {
     let ev = entry.event.as_ref()?;
+    // A turn woken by the gateway itself (subagent results) answers the chat, not an event;
+    // its streaming deltas and progress go nowhere.
+    let system = ev.sender.as_str() == crate::subagent::SYSTEM_SENDER;
+    if system && !kind.is_durable() {
+        return None;
+    }
     Some(OutboundMessage {
         id: uuid::Uuid::now_v7().to_string(),
         channel: ev.channel.clone(),
         chat: ev.chat.clone(),
         thread: ev.thread.clone(),
-        in_reply_to: Some(ev.event_id.clone()),
+        in_reply_to: (!system).then(|| ev.event_id.clone()),
         kind,
         content,
         meta: None,
@@ -294,6 +300,9 @@ fn on_inbound(myself: &ActorRef<SessionMsg>, state: &mut SessionState, entry: In
         .unwrap_or_default();
     match content.as_str() {
         "/stop" => {
+            if let Some(h) = &state.args.deps.subagents {
+                h.cancel_session(&state.args.key);
+            }
             let text = match &state.running {
                 Some(r) => {
                     r.cancel.cancel();
@@ -304,6 +313,9 @@ fn on_inbound(myself: &ActorRef<SessionMsg>, state: &mut SessionState, entry: In
             answer_now(state, &entry, OutboundKind::Final, text);
         }
         "/new" => {
+            if let Some(h) = &state.args.deps.subagents {
+                h.cancel_session(&state.args.key);
+            }
             if let Some(r) = &state.running {
                 r.cancel.cancel();
             }

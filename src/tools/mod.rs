@@ -229,6 +229,7 @@ pub fn build_registry(
     sink: Option<Arc<dyn message::MessageSink>>,
     approver: Option<Arc<dyn shell_policy::Approver>>,
     sources: Vec<Arc<dyn registry::ToolSource>>,
+    subagents: Option<Arc<crate::subagent::SubagentHub>>,
 ) -> ToolRegistry {
     let mut reg = ToolRegistry::new()
         .with_secrets(
@@ -270,6 +271,9 @@ pub fn build_registry(
     reg.register(Arc::new(crate::skills::UseSkill::new(Some(
         config.home.join("skills"),
     ))));
+    if let Some(hub) = subagents {
+        reg.register(Arc::new(crate::subagent::tool::SubagentsTool::new(hub)));
+    }
     if let Some(sink) = sink {
         reg.register(Arc::new(message::MessageTool::new(
             sink,

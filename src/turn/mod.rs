@@ -41,6 +41,8 @@ pub struct TurnDeps {
     pub skills_global: Option<std::path::PathBuf>,
     /// Pending approvals, answered by `/approve` and `/deny` in the session's chat.
     pub approvals: Option<Arc<crate::approval::Approvals>>,
+    /// The subagent supervisor (`/stop` and `/new` cancel a session's subagents).
+    pub subagents: Option<Arc<crate::subagent::SubagentHub>>,
 }
 
 /// Progress of a running turn, for streaming channels.

@@ -1,0 +1,1191 @@
+//! ⑦ The [`SupervisorActor`] (seed 004 §6): child agents that run a delegated task in
+//! parallel, bounded by depth, children and concurrency limits, watched through the
+//! `subagents` tool, and reporting back to their parent session through the bus.
+//!
+//! - Each task is a record in the store (namespace `subagents`), written at every state
+//!   change: Spawning → Running → Completed | Failed | Cancelled → Archived. Tasks found
+//!   Spawning or Running at start were interrupted by a restart: they become Failed and their
+//!   parent session is told.
+//! - A child runs [`crate::turn::run_turn`] under its own session key `subagent:<id>` (so its
+//!   transcript is stored and inspectable), with the parent's tool registry narrowed by the
+//!   subagent deny lists, `max_iterations` rounds and a wall-clock timeout. Its cancellation
+//!   token is a child of its parent task's (or of the supervisor's root), so cancelling a task
+//!   cancels its subtree, and the tools' own cancellation kills their processes.
+//! - Results of `spawn`ed tasks are announced to the root chat session as one journaled
+//!   inbound message per batch (debounced): the same exactly-once path as a user message, so
+//!   an announcement is neither lost nor doubled by a crash (the batch is written before it is
+//!   journaled, and journaling is deduplicated on the batch id).
+
+pub mod config;
+pub mod tool;
+
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use clawft_channel_core::{ChannelId, ChatId, InboundEvent, PlatformEventId, ThreadId, UserId};
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use serde::{Deserialize, Serialize};
+use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+pub use config::{SubagentSettings, SubagentsFile};
+
+use crate::bus::{BusMsg, BusRef};
+use crate::ingress::SessionKey;
+use crate::llm::Message;
+use crate::store::{JournalOutcome, Store};
+use crate::tools::policy::Pattern;
+use crate::turn::{run_turn, TurnDeps, TurnStatus};
+
+/// Store namespace of task records.
+pub const NS_TASKS: &str = "subagents";
+/// Store namespace of announcement batches written but maybe not yet journaled.
+const NS_BATCHES: &str = "subagent_batches";
+/// First component of a subagent's session key.
+pub const KEY_PREFIX: &str = "subagent";
+/// The sender of announcement messages; replies to them are not threaded to an event.
+pub const SYSTEM_SENDER: &str = "clawft-subagents";
+/// How long `steer` waits between cancelling and respawning.
+pub const STEER_SETTLE: Duration = Duration::from_millis(500);
+/// Most characters of one result quoted in an announcement.
+const ANNOUNCE_RESULT_CHARS: usize = 16_000;
+/// Archived records are deleted (with their transcripts) this long after archiving.
+const DELETE_AFTER_ARCHIVE: Duration = Duration::from_secs(7 * 24 * 3600);
+/// How often finished tasks are checked for archiving.
+const SWEEP_EVERY: Duration = Duration::from_secs(60);
+
+/// Tools no subagent may use, at any depth (seed 004's list, in this gateway's names): the
+/// parent talks to the user, not its children.
+pub const ALWAYS_DENIED: &[&str] = &[
+    "gateway",
+    "agents_list",
+    "whatsapp_login",
+    "session_status",
+    "cron",
+    "sessions_send",
+    "message",
+];
+/// Tools denied at the deepest level (besides `subagents` spawn/run, refused by the
+/// supervisor).
+pub const LEAF_DENIED: &[&str] = &["spawn", "sessions_spawn"];
+
+/// Lifecycle state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TaskStatus {
+    /// Accepted, not yet started.
+    Spawning,
+    /// Running.
+    Running,
+    /// Finished with a final answer.
+    Completed,
+    /// Provider failure, iteration limit, timeout, restart or shutdown.
+    Failed,
+    /// Cancelled by its parent, `steer`, `/stop` or `/new`.
+    Cancelled,
+    /// Finished long ago; hidden from `list` unless asked.
+    Archived,
+}
+
+impl TaskStatus {
+    /// Whether it still runs (or is about to).
+    pub fn is_active(self) -> bool {
+        matches!(self, TaskStatus::Spawning | TaskStatus::Running)
+    }
+}
+
+/// How the parent wants the result.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// Announced to the parent session when done.
+    Spawn,
+    /// Returned inline to the waiting `run` call.
+    Run,
+}
+
+/// What a task consumed (its own run; `status` sums its subtree).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskUsage {
+    /// Prompt tokens.
+    pub input_tokens: u64,
+    /// Completion tokens.
+    pub output_tokens: u64,
+    /// LLM calls.
+    pub llm_calls: u64,
+    /// Tool calls.
+    pub tool_calls: u64,
+    /// Wall-clock milliseconds.
+    pub wall_ms: u64,
+}
+
+impl TaskUsage {
+    fn add(&mut self, o: &TaskUsage) {
+        self.input_tokens += o.input_tokens;
+        self.output_tokens += o.output_tokens;
+        self.llm_calls += o.llm_calls;
+        self.tool_calls += o.tool_calls;
+        self.wall_ms += o.wall_ms;
+    }
+}
+
+/// One task, as stored.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TaskRecord {
+    /// Task id (a UUIDv7).
+    pub id: String,
+    /// Short name given by the parent.
+    pub label: String,
+    /// The task message.
+    pub task: String,
+    /// The caller's session key (a chat session or `subagent:<id>`).
+    pub parent: String,
+    /// The chat session at the top of the tree: results are announced there.
+    pub root: String,
+    /// 1 for a chat session's children.
+    pub depth: u32,
+    /// Spawn or run.
+    pub mode: Mode,
+    /// State.
+    pub status: TaskStatus,
+    /// Epoch ms.
+    pub created_ms: u64,
+    /// Epoch ms when it finished.
+    #[serde(default)]
+    pub ended_ms: Option<u64>,
+    /// Epoch ms when archived.
+    #[serde(default)]
+    pub archived_ms: Option<u64>,
+    /// The final answer.
+    #[serde(default)]
+    pub result: Option<String>,
+    /// Why it failed or was cancelled.
+    #[serde(default)]
+    pub error: Option<String>,
+    /// What it consumed.
+    #[serde(default)]
+    pub usage: TaskUsage,
+    /// Whether the parent was told (or needs no telling).
+    #[serde(default)]
+    pub announced: bool,
+}
+
+impl TaskRecord {
+    /// The model-facing summary (no task text or result).
+    pub fn summary(&self, now_ms: u64) -> serde_json::Value {
+        let end = self.ended_ms.unwrap_or(now_ms);
+        serde_json::json!({
+            "id": self.id,
+            "label": self.label,
+            "status": self.status,
+            "depth": self.depth,
+            "parent": self.parent,
+            "mode": self.mode,
+            "runtime_ms": end.saturating_sub(self.created_ms),
+        })
+    }
+
+    /// The session key the child runs under.
+    pub fn session_key(&self) -> Option<SessionKey> {
+        session_key_of(&self.id)
+    }
+}
+
+/// `subagent:<id>`.
+pub fn session_key_of(id: &str) -> Option<SessionKey> {
+    SessionKey::from_parts(&[KEY_PREFIX, id]).ok()
+}
+
+/// The task id if `key` is a subagent's session.
+pub fn task_id_of(key: &SessionKey) -> Option<&str> {
+    key.as_str()
+        .strip_prefix(KEY_PREFIX)
+        .and_then(|r| r.strip_prefix(':'))
+}
+
+/// A spawn or run request from the tool.
+#[derive(Clone, Debug)]
+pub struct SpawnRequest {
+    /// The calling session (chat session or subagent).
+    pub caller: SessionKey,
+    /// Task message.
+    pub task: String,
+    /// Label.
+    pub label: Option<String>,
+    /// Spawn or run.
+    pub mode: Mode,
+    /// Shorter timeout than the configured one (run).
+    pub timeout: Option<Duration>,
+}
+
+/// An accepted spawn.
+#[derive(Debug)]
+pub struct Spawned {
+    /// The record as created.
+    pub record: TaskRecord,
+    /// Resolves with the final record (for `run`).
+    pub done: Option<oneshot::Receiver<TaskRecord>>,
+}
+
+/// Why a running task is being cancelled.
+#[derive(Clone, Debug, PartialEq)]
+pub enum CancelReason {
+    /// Its parent called `cancel`.
+    ByParent,
+    /// Replaced by `steer`.
+    Steered,
+    /// `/stop` or `/new` in the chat.
+    SessionStopped,
+    /// The gateway is shutting down.
+    Shutdown,
+}
+
+/// Which tasks `cancel` targets.
+#[derive(Clone, Debug, PartialEq)]
+pub enum CancelTarget {
+    /// One task (the caller's own child or descendant).
+    Id(String),
+    /// Every running child of the caller.
+    All,
+    /// The caller's most recently spawned running child.
+    Last,
+}
+
+/// What a child's run produced.
+#[derive(Debug)]
+pub struct ChildResult {
+    status: TurnStatus,
+    reply: String,
+    usage: TaskUsage,
+    timed_out: Option<u64>,
+}
+
+/// Messages understood by the supervisor.
+pub enum SupervisorMsg {
+    /// Check limits, record and start a task.
+    Spawn {
+        /// The request.
+        req: SpawnRequest,
+        /// The record, or which limit refused it.
+        reply: RpcReplyPort<Result<Spawned, String>>,
+    },
+    /// From a child's task when its run ends.
+    Finished {
+        /// Task id.
+        id: String,
+        /// Outcome.
+        result: Box<ChildResult>,
+    },
+    /// Tasks of `caller` (its children and their descendants).
+    List {
+        /// Caller session.
+        caller: SessionKey,
+        /// Include archived ones.
+        archived: bool,
+        /// Answer.
+        reply: RpcReplyPort<Vec<TaskRecord>>,
+    },
+    /// One task of `caller`'s subtree.
+    Get {
+        /// Caller session.
+        caller: SessionKey,
+        /// Task id.
+        id: String,
+        /// Answer (with its subtree's summed usage).
+        reply: RpcReplyPort<Option<(TaskRecord, TaskUsage)>>,
+    },
+    /// Cancel tasks of `caller`.
+    Cancel {
+        /// Caller session.
+        caller: SessionKey,
+        /// Which.
+        target: CancelTarget,
+        /// Why.
+        reason: CancelReason,
+        /// The ids cancelled, or why nothing was.
+        reply: RpcReplyPort<Result<Vec<String>, String>>,
+    },
+    /// `/stop` or `/new` in a chat session: cancel its whole tree.
+    CancelSession {
+        /// The chat session.
+        session: SessionKey,
+    },
+    /// Usage of `caller`'s subtree.
+    Usage {
+        /// Caller session.
+        caller: SessionKey,
+        /// Answer.
+        reply: RpcReplyPort<(TaskUsage, usize)>,
+    },
+    /// Debounce timer of a root session's announcements.
+    Flush {
+        /// Root session.
+        root: String,
+    },
+    /// Archive timer.
+    Sweep,
+    /// New limits after a config reload (running tasks keep theirs).
+    SetSettings(SubagentSettings),
+    /// Refuse new work, cancel running tasks and wait until they have reported.
+    Shutdown {
+        /// Answered when no task runs.
+        reply: RpcReplyPort<()>,
+    },
+}
+
+/// Handle to the supervisor.
+pub type SupervisorRef = ActorRef<SupervisorMsg>;
+
+/// The late-bound way from the `subagents` tool to the supervisor (the tool is built into
+/// the registry before the supervisor exists).
+#[derive(Default)]
+pub struct SubagentHub {
+    actor: OnceLock<SupervisorRef>,
+    settings: std::sync::RwLock<SubagentSettings>,
+}
+
+impl SubagentHub {
+    /// An unbound hub with `settings`.
+    pub fn new(settings: SubagentSettings) -> Arc<Self> {
+        Arc::new(Self {
+            actor: OnceLock::new(),
+            settings: std::sync::RwLock::new(settings),
+        })
+    }
+
+    /// The supervisor, once started.
+    pub fn actor(&self) -> Option<&SupervisorRef> {
+        self.actor.get()
+    }
+
+    /// The limits in force.
+    pub fn settings(&self) -> SubagentSettings {
+        self.settings
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Cancel a chat session's subagents (`/stop`, `/new`).
+    pub fn cancel_session(&self, session: &SessionKey) {
+        if let Some(a) = self.actor() {
+            let _ = a.cast(SupervisorMsg::CancelSession {
+                session: session.clone(),
+            });
+        }
+    }
+
+    /// Apply reloaded limits.
+    pub fn set_settings(&self, s: SubagentSettings) {
+        *self
+            .settings
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = s.clone();
+        if let Some(a) = self.actor() {
+            let _ = a.cast(SupervisorMsg::SetSettings(s));
+        }
+    }
+}
+
+/// Arguments of the supervisor.
+pub struct SupervisorArgs {
+    /// The chat sessions' turn dependencies (store, model, tools, workspace).
+    pub deps: TurnDeps,
+    /// Limits.
+    pub settings: SubagentSettings,
+    /// Where announcements go.
+    pub bus: BusRef,
+    /// Tracks child tasks (the daemon waits for them).
+    pub tasks: TaskTracker,
+    /// Parent of every task's cancellation.
+    pub root_cancel: CancellationToken,
+    /// Cancelled when the gateway stops taking messages: announcements are then only
+    /// journaled (the next start routes them).
+    pub intake: CancellationToken,
+}
+
+struct Running {
+    cancel: CancellationToken,
+    reason: Option<CancelReason>,
+    waiters: Vec<oneshot::Sender<TaskRecord>>,
+}
+
+/// State of the supervisor.
+pub struct SupervisorState {
+    args: SupervisorArgs,
+    records: HashMap<String, TaskRecord>,
+    running: HashMap<String, Running>,
+    flush_pending: std::collections::HashSet<String>,
+    shutting_down: bool,
+    shutdown_waiters: Vec<RpcReplyPort<()>>,
+}
+
+/// The supervisor actor.
+pub struct SupervisorActor;
+
+/// Start the supervisor (after recovering what a crash left behind) and bind `hub` to it.
+///
+/// # Errors
+/// The store could not be read, or the actor not spawned.
+pub async fn start(
+    hub: &SubagentHub,
+    args: SupervisorArgs,
+) -> Result<SupervisorRef, ActorProcessingErr> {
+    let (actor, _) = Actor::spawn(None, SupervisorActor, args).await?;
+    let _ = hub.actor.set(actor.clone());
+    Ok(actor)
+}
+
+fn now_ms() -> u64 {
+    clawft_channel_core::now_ms()
+}
+
+#[ractor::async_trait]
+impl Actor for SupervisorActor {
+    type Msg = SupervisorMsg;
+    type State = SupervisorState;
+    type Arguments = SupervisorArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<SupervisorMsg>,
+        args: SupervisorArgs,
+    ) -> Result<SupervisorState, ActorProcessingErr> {
+        let mut state = SupervisorState {
+            args,
+            records: HashMap::new(),
+            running: HashMap::new(),
+            flush_pending: std::collections::HashSet::new(),
+            shutting_down: false,
+            shutdown_waiters: Vec::new(),
+        };
+        recover(&mut state)?;
+        myself.send_interval(SWEEP_EVERY, || SupervisorMsg::Sweep);
+        Ok(state)
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<SupervisorMsg>,
+        msg: SupervisorMsg,
+        state: &mut SupervisorState,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            SupervisorMsg::Spawn { req, reply } => {
+                let r = spawn(&myself, state, req);
+                let _ = reply.send(r);
+            }
+            SupervisorMsg::Finished { id, result } => {
+                finished(&myself, state, &id, *result);
+            }
+            SupervisorMsg::List {
+                caller,
+                archived,
+                reply,
+            } => {
+                let mut v: Vec<TaskRecord> = state
+                    .records
+                    .values()
+                    .filter(|r| archived || r.status != TaskStatus::Archived)
+                    .filter(|r| is_descendant_of(state, r, caller.as_str()))
+                    .cloned()
+                    .collect();
+                v.sort_by(|a, b| a.created_ms.cmp(&b.created_ms).then(a.id.cmp(&b.id)));
+                let _ = reply.send(v);
+            }
+            SupervisorMsg::Get { caller, id, reply } => {
+                let r = state
+                    .records
+                    .get(&id)
+                    .filter(|r| is_descendant_of(state, r, caller.as_str()))
+                    .map(|r| (r.clone(), subtree_usage(state, &r.id)));
+                let _ = reply.send(r);
+            }
+            SupervisorMsg::Cancel {
+                caller,
+                target,
+                reason,
+                reply,
+            } => {
+                let _ = reply.send(cancel(state, &caller, &target, &reason));
+            }
+            SupervisorMsg::CancelSession { session } => {
+                let ids: Vec<String> = state
+                    .running
+                    .keys()
+                    .filter(|id| {
+                        state
+                            .records
+                            .get(*id)
+                            .is_some_and(|r| r.root == session.as_str())
+                    })
+                    .cloned()
+                    .collect();
+                if !ids.is_empty() {
+                    tracing::info!(session = %session, count = ids.len(), "cancelling the session's subagents");
+                }
+                for id in ids {
+                    cancel_one(state, &id, &CancelReason::SessionStopped);
+                }
+            }
+            SupervisorMsg::Usage { caller, reply } => {
+                let mut total = TaskUsage::default();
+                let mut n = 0;
+                for r in state.records.values() {
+                    if r.parent == caller.as_str() {
+                        total.add(&subtree_usage(state, &r.id));
+                        n += 1;
+                    }
+                }
+                let _ = reply.send((total, n));
+            }
+            SupervisorMsg::Flush { root } => {
+                state.flush_pending.remove(&root);
+                if let Err(e) = announce(state, &root, true) {
+                    tracing::error!(error = %e, "could not announce subagent results; retried at the next start");
+                }
+            }
+            SupervisorMsg::Sweep => sweep(state),
+            SupervisorMsg::SetSettings(s) => state.args.settings = s,
+            SupervisorMsg::Shutdown { reply } => {
+                state.shutting_down = true;
+                let ids: Vec<String> = state.running.keys().cloned().collect();
+                for id in ids {
+                    cancel_one(state, &id, &CancelReason::Shutdown);
+                }
+                if state.running.is_empty() {
+                    let _ = reply.send(());
+                } else {
+                    state.shutdown_waiters.push(reply);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Load the records; fail what a restart interrupted; journal what was never announced.
+fn recover(state: &mut SupervisorState) -> Result<(), crate::store::StoreError> {
+    let store = state.args.deps.store.clone();
+    for (id, v) in store.state_scan(NS_TASKS)? {
+        match serde_json::from_str::<TaskRecord>(&v) {
+            Ok(mut r) => {
+                if r.status.is_active() {
+                    tracing::warn!(task = %r.id, "subagent interrupted by a restart");
+                    r.status = TaskStatus::Failed;
+                    r.error = Some("interrupted by restart".into());
+                    r.ended_ms = Some(now_ms());
+                    // Its parent is told whatever the mode: a waiting `run` died too.
+                    r.announced = false;
+                    persist(&store, &r);
+                }
+                state.records.insert(id, r);
+            }
+            Err(e) => tracing::error!(task = %id, error = %e, "unreadable subagent record skipped"),
+        }
+    }
+    // Batches written but perhaps not journaled: journal again (deduplicated on the id).
+    for (batch, v) in store.state_scan(NS_BATCHES)? {
+        if let Ok(b) = serde_json::from_str::<Batch>(&v) {
+            if let Err(e) = journal_batch(state, &batch, &b, false) {
+                tracing::error!(error = %e, "could not journal a subagent announcement");
+            }
+        }
+    }
+    let roots: Vec<String> = state
+        .records
+        .values()
+        .filter(|r| needs_announcing(r))
+        .map(|r| r.root.clone())
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    for root in roots {
+        announce(state, &root, false)?;
+    }
+    Ok(())
+}
+
+fn persist(store: &Store, r: &TaskRecord) {
+    match serde_json::to_string(r) {
+        Ok(v) => {
+            if let Err(e) = store.state_put(NS_TASKS, &r.id, Some(&v)) {
+                tracing::error!(task = %r.id, error = %e, "could not persist a subagent record");
+            }
+        }
+        Err(e) => tracing::error!(error = %e, "could not encode a subagent record"),
+    }
+}
+
+fn needs_announcing(r: &TaskRecord) -> bool {
+    !r.announced && !r.status.is_active() && r.status != TaskStatus::Archived
+}
+
+/// Whether `r` is a child or deeper descendant of `caller`.
+fn is_descendant_of(state: &SupervisorState, r: &TaskRecord, caller: &str) -> bool {
+    let mut parent = r.parent.as_str();
+    for _ in 0..16 {
+        if parent == caller {
+            return true;
+        }
+        let Some(id) = parent
+            .strip_prefix(KEY_PREFIX)
+            .and_then(|p| p.strip_prefix(':'))
+        else {
+            return false;
+        };
+        match state.records.get(id) {
+            Some(p) => parent = p.parent.as_str(),
+            None => return false,
+        }
+    }
+    false
+}
+
+fn subtree_usage(state: &SupervisorState, id: &str) -> TaskUsage {
+    let mut u = state
+        .records
+        .get(id)
+        .map(|r| r.usage)
+        .unwrap_or_default();
+    let Some(key) = session_key_of(id) else {
+        return u;
+    };
+    for r in state.records.values() {
+        if r.parent == key.as_str() {
+            u.add(&subtree_usage(state, &r.id));
+        }
+    }
+    u
+}
+
+fn spawn(
+    myself: &ActorRef<SupervisorMsg>,
+    state: &mut SupervisorState,
+    req: SpawnRequest,
+) -> Result<Spawned, String> {
+    let s = state.args.settings.clone();
+    if state.shutting_down {
+        return Err("the gateway is shutting down; no new subagents start".into());
+    }
+    let (depth, root) = match task_id_of(&req.caller) {
+        Some(pid) => {
+            let p = state
+                .records
+                .get(pid)
+                .ok_or_else(|| format!("unknown parent task {pid}"))?;
+            (p.depth + 1, p.root.clone())
+        }
+        None => (1, req.caller.to_string()),
+    };
+    if depth > s.max_spawn_depth {
+        return Err(if s.max_spawn_depth == 0 {
+            "subagents are disabled (tools.subagents.max_spawn_depth = 0)".into()
+        } else {
+            format!(
+                "max_spawn_depth ({}) reached: a subagent at depth {} cannot spawn more subagents (tools.subagents.max_spawn_depth); do the work yourself",
+                s.max_spawn_depth,
+                depth - 1
+            )
+        });
+    }
+    let children = state
+        .records
+        .values()
+        .filter(|r| r.parent == req.caller.as_str() && r.status.is_active())
+        .count();
+    if children >= s.max_children_per_agent {
+        return Err(format!(
+            "max_children_per_agent ({}) reached: this agent already has {children} running subagents (tools.subagents.max_children_per_agent); wait for one to finish or cancel one",
+            s.max_children_per_agent
+        ));
+    }
+    if state.running.len() >= s.max_concurrent {
+        return Err(format!(
+            "max_concurrent ({}) reached: {} subagents are running across all sessions (tools.subagents.max_concurrent); try again when one has finished",
+            s.max_concurrent,
+            state.running.len()
+        ));
+    }
+    let task = req.task.trim().to_string();
+    if task.is_empty() {
+        return Err("`task` is empty: say what the subagent should do".into());
+    }
+    let id = uuid::Uuid::now_v7().to_string();
+    let label = req
+        .label
+        .map(|l| l.chars().filter(|c| !c.is_control()).take(80).collect())
+        .filter(|l: &String| !l.trim().is_empty())
+        .unwrap_or_else(|| task.chars().take(40).collect());
+    let mut record = TaskRecord {
+        id: id.clone(),
+        label,
+        task: task.clone(),
+        parent: req.caller.to_string(),
+        root,
+        depth,
+        mode: req.mode,
+        status: TaskStatus::Spawning,
+        created_ms: now_ms(),
+        ended_ms: None,
+        archived_ms: None,
+        result: None,
+        error: None,
+        usage: TaskUsage::default(),
+        announced: false,
+    };
+    let store = &state.args.deps.store;
+    persist(store, &record);
+    let key = session_key_of(&id).ok_or("invalid task id")?;
+    let parent_cancel = task_id_of(&req.caller)
+        .and_then(|pid| state.running.get(pid))
+        .map_or_else(
+            || state.args.root_cancel.clone(),
+            |p| p.cancel.clone(),
+        );
+    let cancel = parent_cancel.child_token();
+    let deps = child_deps(&state.args.deps, &s, depth);
+    let timeout = req
+        .timeout
+        .map_or(s.run_timeout, |t| t.min(s.run_timeout));
+    let me = myself.clone();
+    let token = cancel.clone();
+    let span = tracing::info_span!("subagent", task = %id, depth);
+    let tid = id.clone();
+    state.args.tasks.spawn(tracing::Instrument::instrument(
+        async move {
+            let result = run_child(&deps, &key, &task, &token, timeout).await;
+            let _ = me.cast(SupervisorMsg::Finished {
+                id: tid,
+                result: Box::new(result),
+            });
+        },
+        span,
+    ));
+    record.status = TaskStatus::Running;
+    persist(store, &record);
+    crate::metrics::inc("clawft_subagents_total", &[("event", "spawned")], 1);
+    tracing::info!(task = %id, depth, parent = %record.parent, mode = ?record.mode, "subagent started");
+    let (tx, rx) = oneshot::channel();
+    let done = (req.mode == Mode::Run).then_some(rx);
+    let mut waiters = Vec::new();
+    if done.is_some() {
+        waiters.push(tx);
+    }
+    state.running.insert(
+        id.clone(),
+        Running {
+            cancel,
+            reason: None,
+            waiters,
+        },
+    );
+    state.records.insert(id, record.clone());
+    Ok(Spawned { record, done })
+}
+
+/// The parent's dependencies, narrowed for a child at `depth`.
+fn child_deps(base: &TurnDeps, s: &SubagentSettings, depth: u32) -> TurnDeps {
+    let mut deny: Vec<Pattern> = ALWAYS_DENIED
+        .iter()
+        .map(|n| Pattern::Name((*n).to_string()))
+        .collect();
+    if !s.allow_memory_write {
+        deny.push(Pattern::Name("memory_write".into()));
+    }
+    if depth >= s.max_spawn_depth {
+        deny.extend(LEAF_DENIED.iter().map(|n| Pattern::Name((*n).to_string())));
+    }
+    deny.extend(s.deny.iter().cloned());
+    let registry = base.tools.current().narrowed(deny);
+    let mut agent = (*base.agent).clone();
+    agent.max_tool_iterations = s.max_iterations;
+    let leaf = depth >= s.max_spawn_depth;
+    let prompt = format!(
+        "{}\n\nYou are a subagent (depth {depth}) doing one task delegated by another agent. \
+         Work on it with your tools and finish with a final answer that states the result: \
+         that answer is passed back to the agent that delegated the task. Nobody reads your \
+         intermediate messages and you cannot ask the user questions.{}",
+        base.system_prompt,
+        if leaf {
+            " You cannot start subagents yourself."
+        } else {
+            ""
+        }
+    );
+    TurnDeps {
+        tools: crate::tools::registry::ToolsHandle::new(registry),
+        agent: Arc::new(agent),
+        system_prompt: prompt.into(),
+        ..base.clone()
+    }
+}
+
+async fn run_child(
+    deps: &TurnDeps,
+    key: &SessionKey,
+    task: &str,
+    cancel: &CancellationToken,
+    timeout: Duration,
+) -> ChildResult {
+    let started = Instant::now();
+    let user = Message::user(crate::ingress::sanitize_content(task));
+    if let Err(e) = deps.store.append_messages(key, std::slice::from_ref(&user)) {
+        return ChildResult {
+            status: TurnStatus::Failed(format!("store failed: {e}")),
+            reply: String::new(),
+            usage: TaskUsage::default(),
+            timed_out: None,
+        };
+    }
+    let history = [user];
+    let run = run_turn(deps, key, &history, None, cancel);
+    let (outcome, timed_out) = match tokio::time::timeout(timeout, run).await {
+        Ok(o) => (Some(o), None),
+        Err(_) => {
+            cancel.cancel();
+            (None, Some(timeout.as_secs()))
+        }
+    };
+    let wall_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+    match outcome {
+        Some(o) => {
+            let skip = o.messages.len().saturating_sub(o.unpersisted);
+            if let Err(e) = deps.store.append_messages(key, &o.messages[skip..]) {
+                tracing::error!(error = %e, "could not store the subagent's answer");
+            }
+            ChildResult {
+                usage: TaskUsage {
+                    input_tokens: o.usage.input_tokens,
+                    output_tokens: o.usage.output_tokens,
+                    llm_calls: u64::from(o.llm_calls),
+                    tool_calls: u64::from(o.tool_calls),
+                    wall_ms,
+                },
+                status: o.status,
+                reply: o.reply,
+                timed_out,
+            }
+        }
+        None => ChildResult {
+            status: TurnStatus::Failed(String::new()),
+            reply: String::new(),
+            usage: TaskUsage {
+                wall_ms,
+                ..TaskUsage::default()
+            },
+            timed_out,
+        },
+    }
+}
+
+fn finished(
+    myself: &ActorRef<SupervisorMsg>,
+    state: &mut SupervisorState,
+    id: &str,
+    result: ChildResult,
+) {
+    let running = state.running.remove(id);
+    let reason = running.as_ref().and_then(|r| r.reason.clone());
+    let Some(mut r) = state.records.get(id).cloned() else {
+        return;
+    };
+    r.ended_ms = Some(now_ms());
+    r.usage = result.usage;
+    let (status, error, tell) = match (&reason, &result.status, result.timed_out) {
+        (Some(CancelReason::Shutdown), _, _) => (
+            TaskStatus::Failed,
+            Some("interrupted: the gateway shut down".to_string()),
+            true,
+        ),
+        (_, _, Some(s)) => (
+            TaskStatus::Failed,
+            Some(if s == state.args.settings.run_timeout.as_secs() {
+                format!("timed out after {s}s (tools.subagents.run_timeout_secs); it was cancelled")
+            } else {
+                format!("timed out after {s}s (the run call's timeout_secs); it was cancelled")
+            }),
+            r.mode == Mode::Spawn,
+        ),
+        (Some(CancelReason::ByParent), _, _) => (
+            TaskStatus::Cancelled,
+            Some("cancelled by its parent".to_string()),
+            false,
+        ),
+        (Some(CancelReason::Steered), _, _) => (
+            TaskStatus::Cancelled,
+            Some("replaced by steer".to_string()),
+            false,
+        ),
+        (Some(CancelReason::SessionStopped), _, _) | (None, TurnStatus::Cancelled, _) => (
+            TaskStatus::Cancelled,
+            Some("cancelled by /stop or /new".to_string()),
+            false,
+        ),
+        (None, TurnStatus::Completed, _) => (TaskStatus::Completed, None, r.mode == Mode::Spawn),
+        (None, TurnStatus::IterationLimit, _) => (
+            TaskStatus::Failed,
+            Some(format!(
+                "stopped after {} rounds of tool calls without a final answer (tools.subagents.max_iterations)",
+                state.args.settings.max_iterations
+            )),
+            r.mode == Mode::Spawn,
+        ),
+        (None, TurnStatus::Failed(m), _) => (
+            TaskStatus::Failed,
+            Some(m.clone()),
+            r.mode == Mode::Spawn,
+        ),
+    };
+    r.status = status;
+    r.error = error;
+    if status == TaskStatus::Completed || result.status == TurnStatus::IterationLimit {
+        r.result = Some(result.reply);
+    }
+    r.announced = !tell;
+    persist(&state.args.deps.store, &r);
+    crate::metrics::inc(
+        "clawft_subagents_total",
+        &[(
+            "event",
+            match status {
+                TaskStatus::Completed => "completed",
+                TaskStatus::Cancelled => "cancelled",
+                _ => "failed",
+            },
+        )],
+        1,
+    );
+    tracing::info!(task = %id, status = ?status, llm_calls = r.usage.llm_calls, tool_calls = r.usage.tool_calls, wall_ms = r.usage.wall_ms, "subagent finished");
+    state.records.insert(id.to_string(), r.clone());
+    if let Some(run) = running {
+        for w in run.waiters {
+            let _ = w.send(r.clone());
+        }
+    }
+    if tell {
+        if state.shutting_down {
+            if let Err(e) = announce(state, &r.root, false) {
+                tracing::error!(error = %e, "could not journal a subagent announcement");
+            }
+        } else if state.flush_pending.insert(r.root.clone()) {
+            let root = r.root.clone();
+            myself.send_after(state.args.settings.announce_debounce, move || {
+                SupervisorMsg::Flush { root }
+            });
+        }
+    }
+    if state.running.is_empty() {
+        for w in state.shutdown_waiters.drain(..) {
+            let _ = w.send(());
+        }
+    }
+}
+
+fn cancel_one(state: &mut SupervisorState, id: &str, reason: &CancelReason) -> bool {
+    match state.running.get_mut(id) {
+        Some(r) => {
+            if r.reason.is_none() {
+                r.reason = Some(reason.clone());
+            }
+            r.cancel.cancel();
+            true
+        }
+        None => false,
+    }
+}
+
+fn cancel(
+    state: &mut SupervisorState,
+    caller: &SessionKey,
+    target: &CancelTarget,
+    reason: &CancelReason,
+) -> Result<Vec<String>, String> {
+    let mine: Vec<TaskRecord> = state
+        .records
+        .values()
+        .filter(|r| r.status.is_active() && is_descendant_of(state, r, caller.as_str()))
+        .cloned()
+        .collect();
+    let ids: Vec<String> = match target {
+        CancelTarget::Id(id) => {
+            let Some(r) = state.records.get(id) else {
+                return Err(format!("no subagent task `{id}`; call subagents list for the ids"));
+            };
+            if !is_descendant_of(state, r, caller.as_str()) {
+                return Err(format!("task `{id}` is not one of your subagents"));
+            }
+            if !r.status.is_active() {
+                return Err(format!("task `{id}` is already {:?}", r.status).to_lowercase());
+            }
+            vec![id.clone()]
+        }
+        CancelTarget::All => mine.iter().map(|r| r.id.clone()).collect(),
+        CancelTarget::Last => mine
+            .iter()
+            .filter(|r| r.parent == caller.as_str())
+            .max_by(|a, b| a.created_ms.cmp(&b.created_ms).then(a.id.cmp(&b.id)))
+            .map(|r| vec![r.id.clone()])
+            .unwrap_or_default(),
+    };
+    for id in &ids {
+        cancel_one(state, id, reason);
+    }
+    Ok(ids)
+}
+
+/// An announcement: which tasks, and the message text.
+#[derive(Serialize, Deserialize)]
+struct Batch {
+    root: String,
+    ids: Vec<String>,
+    content: String,
+}
+
+fn describe(r: &TaskRecord) -> String {
+    let secs = r.usage.wall_ms as f64 / 1000.0;
+    let tokens = r.usage.input_tokens + r.usage.output_tokens;
+    let head = format!(
+        "- task {} \"{}\" {} after {secs:.1}s ({} LLM calls, {} tool calls, {tokens} tokens)",
+        r.id,
+        r.label,
+        match r.status {
+            TaskStatus::Completed => "completed",
+            TaskStatus::Cancelled => "was cancelled",
+            _ => "failed",
+        },
+        r.usage.llm_calls,
+        r.usage.tool_calls,
+    );
+    let mut body = match (&r.result, &r.error) {
+        (Some(res), None) => res.clone(),
+        (res, Some(e)) => match res {
+            Some(res) if !res.is_empty() => format!("error: {e}\n{res}"),
+            _ => format!("error: {e}"),
+        },
+        (None, None) => String::new(),
+    };
+    if body.chars().count() > ANNOUNCE_RESULT_CHARS {
+        body = body.chars().take(ANNOUNCE_RESULT_CHARS).collect::<String>()
+            + "\n[result truncated; call subagents result for the whole text]";
+    }
+    format!("{head}:\n{body}")
+}
+
+/// Journal one message to `root` with every result not yet announced there; with `route`, also
+/// hand it to the bus at once.
+fn announce(
+    state: &mut SupervisorState,
+    root: &str,
+    route: bool,
+) -> Result<(), crate::store::StoreError> {
+    let mut due: Vec<TaskRecord> = state
+        .records
+        .values()
+        .filter(|r| r.root == root && needs_announcing(r))
+        .cloned()
+        .collect();
+    if due.is_empty() {
+        return Ok(());
+    }
+    due.sort_by(|a, b| {
+        a.ended_ms
+            .cmp(&b.ended_ms)
+            .then(a.created_ms.cmp(&b.created_ms))
+    });
+    let mut content = String::from(
+        "[Automatic message from the gateway, not from the user: results of subagents you started. Use them to continue; the user has not seen them.]\n",
+    );
+    for r in &due {
+        content.push_str(&describe(r));
+        content.push('\n');
+    }
+    let batch_id = uuid::Uuid::now_v7().to_string();
+    let batch = Batch {
+        root: root.to_string(),
+        ids: due.iter().map(|r| r.id.clone()).collect(),
+        content,
+    };
+    let store = state.args.deps.store.clone();
+    store.state_put(
+        NS_BATCHES,
+        &batch_id,
+        Some(&serde_json::to_string(&batch).unwrap_or_default()),
+    )?;
+    journal_batch(state, &batch_id, &batch, route && !state.shutting_down)
+}
+
+fn journal_batch(
+    state: &mut SupervisorState,
+    batch_id: &str,
+    batch: &Batch,
+    route: bool,
+) -> Result<(), crate::store::StoreError> {
+    let store = state.args.deps.store.clone();
+    let Ok(session) = SessionKey::parse(&batch.root) else {
+        tracing::error!(root = %batch.root, "invalid root session; announcement dropped");
+        return store.state_put(NS_BATCHES, batch_id, None);
+    };
+    let (channel, chat, thread) = session.route();
+    let ev = InboundEvent {
+        channel: ChannelId::new(channel),
+        chat: ChatId::new(chat),
+        thread: thread.map(ThreadId::new),
+        sender: UserId::new(SYSTEM_SENDER),
+        event_id: PlatformEventId::new(format!("subagents:{batch_id}")),
+        content: batch.content.clone(),
+        received_at_ms: now_ms(),
+    };
+    let outcome = store.journal_inbound(&ev, &session)?;
+    for id in &batch.ids {
+        if let Some(r) = state.records.get_mut(id) {
+            r.announced = true;
+            persist(&store, r);
+        }
+    }
+    store.state_put(NS_BATCHES, batch_id, None)?;
+    tracing::info!(session = %session, tasks = batch.ids.len(), "subagent results announced");
+    if let (JournalOutcome::New(entry), true) = (outcome, route && !state.args.intake.is_cancelled())
+    {
+        let _ = state.args.bus.cast(BusMsg::Inbound(entry));
+    }
+    Ok(())
+}
+
+fn sweep(state: &mut SupervisorState) {
+    let now = now_ms();
+    let archive_ms = u64::try_from(state.args.settings.archive_after.as_millis()).unwrap_or(u64::MAX);
+    let delete_ms = u64::try_from(DELETE_AFTER_ARCHIVE.as_millis()).unwrap_or(u64::MAX);
+    let store = state.args.deps.store.clone();
+    let mut gone = Vec::new();
+    for r in state.records.values_mut() {
+        match (r.status, r.ended_ms, r.archived_ms) {
+            (TaskStatus::Archived, _, Some(at)) if now.saturating_sub(at) >= delete_ms => {
+                gone.push(r.id.clone());
+            }
+            (s, Some(end), _)
+                if !s.is_active()
+                    && s != TaskStatus::Archived
+                    && r.announced
+                    && now.saturating_sub(end) >= archive_ms =>
+            {
+                r.status = TaskStatus::Archived;
+                r.archived_ms = Some(now);
+                persist(&store, r);
+            }
+            _ => {}
+        }
+    }
+    for id in gone {
+        state.records.remove(&id);
+        let _ = store.state_put(NS_TASKS, &id, None);
+        if let Some(k) = session_key_of(&id) {
+            let _ = store.clear_session(&k);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

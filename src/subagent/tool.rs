@@ -1,0 +1,327 @@
+//! The `subagents` tool: spawn, run, list, status, result, cancel and steer child agents.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use schemars::JsonSchema;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::{
+    CancelReason, CancelTarget, Mode, SpawnRequest, SubagentHub, SupervisorMsg, SupervisorRef,
+    TaskRecord, TaskStatus, STEER_SETTLE,
+};
+use crate::tools::{parse_args, schema_of, Effect, Tool, ToolContext, ToolError};
+
+/// Timeout of calls to the supervisor (it never awaits anything slow).
+const CALL_MS: u64 = 10_000;
+
+#[derive(Deserialize, JsonSchema, Clone, Copy, PartialEq, Eq, Debug)]
+#[serde(rename_all = "snake_case")]
+enum Action {
+    Spawn,
+    Run,
+    List,
+    Status,
+    Result,
+    Cancel,
+    Steer,
+}
+
+/// Arguments of `subagents`.
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct Args {
+    /// `spawn`: start a subagent in the background and return its id at once; its result
+    /// arrives later as a message. `run`: start one and wait for its result. `list`: your
+    /// subagents. `status` / `result`: one subagent by `id`. `cancel`: `id` is a task id, `all`
+    /// or `last`. `steer`: cancel subagent `id` and restart it with a new `task`.
+    action: Action,
+    /// The complete, self-contained instruction for the subagent (spawn, run, steer): it does
+    /// not see this conversation.
+    task: Option<String>,
+    /// A short name shown in `list` (spawn, run; default: the task's first words).
+    label: Option<String>,
+    /// A task id (status, result, steer); for cancel a task id, `all` or `last`.
+    id: Option<String>,
+    /// run: seconds to wait before the subagent is cancelled (default and maximum:
+    /// tools.subagents.run_timeout_secs, 300).
+    timeout_secs: Option<u64>,
+    /// list: include archived tasks (default: false).
+    include_archived: Option<bool>,
+}
+
+/// The `subagents` tool.
+pub struct SubagentsTool {
+    hub: Arc<SubagentHub>,
+    description: String,
+}
+
+impl SubagentsTool {
+    /// A tool reaching the supervisor through `hub`.
+    pub fn new(hub: Arc<SubagentHub>) -> Self {
+        let s = hub.settings();
+        let description = format!(
+            "Delegate work to subagents: child agents with your tools (minus a few) that work in parallel on a self-contained task and report back. `spawn` returns at once and the result arrives later as a message; `run` waits for the result (up to {}s). Limits: {} running at once overall, {} per agent, nesting depth {}, {} tool rounds each. Returns: spawn {{id, label, status}}; run/status/result {{id, label, status, result, error, usage}}; list {{tasks: [{{id, label, status, depth, runtime_ms, parent}}]}}; cancel {{cancelled: [id]}}; steer {{cancelled, id}}.",
+            s.run_timeout.as_secs(),
+            s.max_concurrent,
+            s.max_children_per_agent,
+            s.max_spawn_depth,
+            s.max_iterations
+        );
+        Self { hub, description }
+    }
+
+    fn actor(&self) -> Result<&SupervisorRef, ToolError> {
+        self.hub.actor().ok_or_else(|| {
+            ToolError::ExecutionFailed(
+                "subagents only run inside the gateway (`weft gateway` or `weft agent`)".into(),
+            )
+        })
+    }
+}
+
+fn call_err(e: impl std::fmt::Display) -> ToolError {
+    ToolError::Fatal(format!("the subagent supervisor is not answering: {e}"))
+}
+
+fn full(r: &TaskRecord, usage: Option<super::TaskUsage>) -> Value {
+    let mut v = r.summary(clawft_channel_core::now_ms());
+    v["result"] = json!(r.result);
+    v["error"] = json!(r.error);
+    v["usage"] = json!(usage.unwrap_or(r.usage));
+    v
+}
+
+fn need<'a>(v: &'a Option<String>, what: &str, action: &str) -> Result<&'a str, ToolError> {
+    v.as_deref()
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .ok_or_else(|| ToolError::InvalidArgs(format!("`{what}` is required for action {action}")))
+}
+
+#[async_trait]
+impl Tool for SubagentsTool {
+    fn name(&self) -> &str {
+        "subagents"
+    }
+
+    fn description(&self) -> &str {
+        &self.description
+    }
+
+    fn parameters(&self) -> Value {
+        schema_of::<Args>()
+    }
+
+    fn time_budget(&self) -> Option<Duration> {
+        Some(self.hub.settings().run_timeout + Duration::from_secs(30))
+    }
+
+    async fn execute(&self, args: Value, ctx: &ToolContext) -> Result<Value, ToolError> {
+        let a: Args = parse_args("subagents", args)?;
+        let actor = self.actor()?;
+        let caller = ctx.session.clone();
+        match a.action {
+            Action::Spawn | Action::Run => {
+                let task = need(&a.task, "task", "spawn/run")?.to_string();
+                let mode = if a.action == Action::Run {
+                    Mode::Run
+                } else {
+                    Mode::Spawn
+                };
+                if a.timeout_secs == Some(0) {
+                    return Err(ToolError::InvalidArgs(
+                        "timeout_secs must be at least 1".into(),
+                    ));
+                }
+                let req = SpawnRequest {
+                    caller,
+                    task,
+                    label: a.label,
+                    mode,
+                    timeout: a.timeout_secs.map(Duration::from_secs),
+                };
+                let spawned = ractor::call_t!(
+                    actor,
+                    |reply| SupervisorMsg::Spawn { req, reply },
+                    CALL_MS
+                )
+                .map_err(call_err)?
+                .map_err(ToolError::PermissionDenied)?;
+                let Some(done) = spawned.done else {
+                    let r = &spawned.record;
+                    return Ok(json!({
+                        "id": r.id,
+                        "label": r.label,
+                        "status": r.status,
+                        "depth": r.depth,
+                        "note": "Running in the background. Its result arrives as a message when it finishes; do not wait or poll for it.",
+                    }));
+                };
+                // Cancelling this call (the parent's /stop) cancels the child through the
+                // session's subtree cancel; the child's own timeout bounds the wait.
+                let id = spawned.record.id.clone();
+                let fin = tokio::select! {
+                    biased;
+                    () = ctx.cancel.cancelled() => {
+                        let _ = actor.cast(SupervisorMsg::Cancel {
+                            caller: ctx.session.clone(),
+                            target: CancelTarget::Id(id),
+                            reason: CancelReason::SessionStopped,
+                            reply: tokio::sync::oneshot::channel().0.into(),
+                        });
+                        return Err(ToolError::Cancelled);
+                    }
+                    r = done => r.map_err(|_| call_err("the task ended without a result"))?,
+                };
+                let usage = ractor::call_t!(
+                    actor,
+                    |reply| SupervisorMsg::Get {
+                        caller: ctx.session.clone(),
+                        id: fin.id.clone(),
+                        reply
+                    },
+                    CALL_MS
+                )
+                .ok()
+                .flatten()
+                .map(|(_, u)| u);
+                Ok(full(&fin, usage))
+            }
+            Action::List => {
+                let archived = a.include_archived.unwrap_or(false);
+                let tasks = ractor::call_t!(
+                    actor,
+                    |reply| SupervisorMsg::List {
+                        caller,
+                        archived,
+                        reply
+                    },
+                    CALL_MS
+                )
+                .map_err(call_err)?;
+                let now = clawft_channel_core::now_ms();
+                let running = tasks.iter().filter(|t| t.status.is_active()).count();
+                Ok(json!({
+                    "tasks": tasks.iter().map(|t| t.summary(now)).collect::<Vec<_>>(),
+                    "running": running,
+                }))
+            }
+            Action::Status | Action::Result => {
+                let id = need(&a.id, "id", "status/result")?.to_string();
+                let got = ractor::call_t!(
+                    actor,
+                    |reply| SupervisorMsg::Get {
+                        caller,
+                        id: id.clone(),
+                        reply
+                    },
+                    CALL_MS
+                )
+                .map_err(call_err)?;
+                let Some((r, usage)) = got else {
+                    return Err(ToolError::InvalidArgs(format!(
+                        "no subagent task `{id}` of yours; call subagents list for the ids"
+                    )));
+                };
+                let mut v = full(&r, Some(usage));
+                if a.action == Action::Status {
+                    if let Some(o) = v.as_object_mut() {
+                        o.remove("result");
+                    }
+                } else if r.status.is_active() {
+                    v["note"] = json!("still running: no result yet");
+                }
+                Ok(v)
+            }
+            Action::Cancel => {
+                let which = need(&a.id, "id", "cancel")?;
+                let target = match which {
+                    "all" => CancelTarget::All,
+                    "last" => CancelTarget::Last,
+                    id => CancelTarget::Id(id.to_string()),
+                };
+                let ids = ractor::call_t!(
+                    actor,
+                    |reply| SupervisorMsg::Cancel {
+                        caller,
+                        target,
+                        reason: CancelReason::ByParent,
+                        reply
+                    },
+                    CALL_MS
+                )
+                .map_err(call_err)?
+                .map_err(ToolError::InvalidArgs)?;
+                Ok(json!({ "cancelled": ids }))
+            }
+            Action::Steer => {
+                let id = need(&a.id, "id", "steer")?.to_string();
+                let task = need(&a.task, "task", "steer")?.to_string();
+                let got = ractor::call_t!(
+                    actor,
+                    |reply| SupervisorMsg::Get {
+                        caller: caller.clone(),
+                        id: id.clone(),
+                        reply
+                    },
+                    CALL_MS
+                )
+                .map_err(call_err)?;
+                let Some((old, _)) = got else {
+                    return Err(ToolError::InvalidArgs(format!(
+                        "no subagent task `{id}` of yours; call subagents list for the ids"
+                    )));
+                };
+                if old.status != TaskStatus::Running {
+                    return Err(ToolError::InvalidArgs(format!(
+                        "task `{id}` is not running (it is {}); spawn a new one instead",
+                        serde_json::to_value(old.status)
+                            .ok()
+                            .and_then(|v| v.as_str().map(str::to_string))
+                            .unwrap_or_default()
+                    )));
+                }
+                ractor::call_t!(
+                    actor,
+                    |reply| SupervisorMsg::Cancel {
+                        caller: caller.clone(),
+                        target: CancelTarget::Id(id.clone()),
+                        reason: CancelReason::Steered,
+                        reply
+                    },
+                    CALL_MS
+                )
+                .map_err(call_err)?
+                .map_err(ToolError::InvalidArgs)?;
+                tokio::time::sleep(STEER_SETTLE).await;
+                let req = SpawnRequest {
+                    caller,
+                    task,
+                    label: Some(a.label.unwrap_or(old.label)),
+                    mode: Mode::Spawn,
+                    timeout: None,
+                };
+                let spawned = ractor::call_t!(
+                    actor,
+                    |reply| SupervisorMsg::Spawn { req, reply },
+                    CALL_MS
+                )
+                .map_err(call_err)?
+                .map_err(ToolError::PermissionDenied)?;
+                Ok(json!({
+                    "cancelled": id,
+                    "id": spawned.record.id,
+                    "label": spawned.record.label,
+                    "status": spawned.record.status,
+                }))
+            }
+        }
+    }
+
+    fn effect(&self) -> Effect {
+        Effect::Executes
+    }
+}
