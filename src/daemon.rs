@@ -544,6 +544,11 @@ impl Daemon {
         &self.channels
     }
 
+    /// The subagent supervisor.
+    pub fn supervisor(&self) -> &crate::subagent::SupervisorRef {
+        &self.supervisor
+    }
+
     /// The store.
     pub fn store(&self) -> &Store {
         &self.store
@@ -581,7 +586,9 @@ impl Daemon {
             .await
             .is_err()
         {
-            tracing::warn!("some subagents did not stop in time; they are failed at the next start");
+            tracing::warn!(
+                "some subagents did not stop in time; they are failed at the next start"
+            );
         }
         if !drained {
             tracing::warn!(

@@ -162,7 +162,11 @@ mod tests {
         let s = SubagentsFile::default().resolve().unwrap();
         assert_eq!(s, SubagentSettings::default());
         assert_eq!(
-            (s.max_concurrent, s.max_spawn_depth, s.max_children_per_agent),
+            (
+                s.max_concurrent,
+                s.max_spawn_depth,
+                s.max_children_per_agent
+            ),
             (8, 1, 5)
         );
         assert_eq!(s.max_iterations, 20);
@@ -189,6 +193,9 @@ mod tests {
             deny: Some(vec!["group:nope".into()]),
             ..SubagentsFile::default()
         };
-        assert!(f.resolve().unwrap_err().starts_with("deny: unknown tool group"));
+        assert!(f
+            .resolve()
+            .unwrap_err()
+            .starts_with("deny: unknown tool group"));
     }
 }

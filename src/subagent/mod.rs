@@ -645,11 +645,7 @@ fn is_descendant_of(state: &SupervisorState, r: &TaskRecord, caller: &str) -> bo
 }
 
 fn subtree_usage(state: &SupervisorState, id: &str) -> TaskUsage {
-    let mut u = state
-        .records
-        .get(id)
-        .map(|r| r.usage)
-        .unwrap_or_default();
+    let mut u = state.records.get(id).map(|r| r.usage).unwrap_or_default();
     let Some(key) = session_key_of(id) else {
         return u;
     };
@@ -741,15 +737,10 @@ fn spawn(
     let key = session_key_of(&id).ok_or("invalid task id")?;
     let parent_cancel = task_id_of(&req.caller)
         .and_then(|pid| state.running.get(pid))
-        .map_or_else(
-            || state.args.root_cancel.clone(),
-            |p| p.cancel.clone(),
-        );
+        .map_or_else(|| state.args.root_cancel.clone(), |p| p.cancel.clone());
     let cancel = parent_cancel.child_token();
     let deps = child_deps(&state.args.deps, &s, depth);
-    let timeout = req
-        .timeout
-        .map_or(s.run_timeout, |t| t.min(s.run_timeout));
+    let timeout = req.timeout.map_or(s.run_timeout, |t| t.min(s.run_timeout));
     let me = myself.clone();
     let token = cancel.clone();
     let span = tracing::info_span!("subagent", task = %id, depth);
@@ -1012,7 +1003,9 @@ fn cancel(
     let ids: Vec<String> = match target {
         CancelTarget::Id(id) => {
             let Some(r) = state.records.get(id) else {
-                return Err(format!("no subagent task `{id}`; call subagents list for the ids"));
+                return Err(format!(
+                    "no subagent task `{id}`; call subagents list for the ids"
+                ));
             };
             if !is_descendant_of(state, r, caller.as_str()) {
                 return Err(format!("task `{id}` is not one of your subagents"));
@@ -1147,7 +1140,8 @@ fn journal_batch(
     }
     store.state_put(NS_BATCHES, batch_id, None)?;
     tracing::info!(session = %session, tasks = batch.ids.len(), "subagent results announced");
-    if let (JournalOutcome::New(entry), true) = (outcome, route && !state.args.intake.is_cancelled())
+    if let (JournalOutcome::New(entry), true) =
+        (outcome, route && !state.args.intake.is_cancelled())
     {
         let _ = state.args.bus.cast(BusMsg::Inbound(entry));
     }
@@ -1156,7 +1150,8 @@ fn journal_batch(
 
 fn sweep(state: &mut SupervisorState) {
     let now = now_ms();
-    let archive_ms = u64::try_from(state.args.settings.archive_after.as_millis()).unwrap_or(u64::MAX);
+    let archive_ms =
+        u64::try_from(state.args.settings.archive_after.as_millis()).unwrap_or(u64::MAX);
     let delete_ms = u64::try_from(DELETE_AFTER_ARCHIVE.as_millis()).unwrap_or(u64::MAX);
     let store = state.args.deps.store.clone();
     let mut gone = Vec::new();

@@ -143,13 +143,10 @@ impl Tool for SubagentsTool {
                     mode,
                     timeout: a.timeout_secs.map(Duration::from_secs),
                 };
-                let spawned = ractor::call_t!(
-                    actor,
-                    |reply| SupervisorMsg::Spawn { req, reply },
-                    CALL_MS
-                )
-                .map_err(call_err)?
-                .map_err(ToolError::PermissionDenied)?;
+                let spawned =
+                    ractor::call_t!(actor, |reply| SupervisorMsg::Spawn { req, reply }, CALL_MS)
+                        .map_err(call_err)?
+                        .map_err(ToolError::PermissionDenied)?;
                 let Some(done) = spawned.done else {
                     let r = &spawned.record;
                     return Ok(json!({
@@ -304,13 +301,10 @@ impl Tool for SubagentsTool {
                     mode: Mode::Spawn,
                     timeout: None,
                 };
-                let spawned = ractor::call_t!(
-                    actor,
-                    |reply| SupervisorMsg::Spawn { req, reply },
-                    CALL_MS
-                )
-                .map_err(call_err)?
-                .map_err(ToolError::PermissionDenied)?;
+                let spawned =
+                    ractor::call_t!(actor, |reply| SupervisorMsg::Spawn { req, reply }, CALL_MS)
+                        .map_err(call_err)?
+                        .map_err(ToolError::PermissionDenied)?;
                 Ok(json!({
                     "cancelled": id,
                     "id": spawned.record.id,

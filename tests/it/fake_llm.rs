@@ -35,10 +35,15 @@ pub enum Reply {
     EchoToolResults,
 }
 
+/// Picks the reply from the request itself (for concurrent agents whose calls interleave);
+/// `None` falls back to the queued script.
+pub type ReplyRouter = Arc<dyn Fn(&Value) -> Option<Reply> + Send + Sync>;
+
 #[derive(Default)]
 struct Inner {
     script: VecDeque<Reply>,
     requests: Vec<Value>,
+    router: Option<ReplyRouter>,
 }
 
 #[derive(Clone, Default)]
@@ -86,6 +91,12 @@ impl FakeLlm {
         self.shared.inner.lock().unwrap().script.push_back(r);
     }
 
+    /// Answer by `f` (see [`ReplyRouter`]).
+    #[allow(dead_code)]
+    pub fn route(&self, f: impl Fn(&Value) -> Option<Reply> + Send + Sync + 'static) {
+        self.shared.inner.lock().unwrap().router = Some(Arc::new(f));
+    }
+
     /// Every request body received so far.
     pub fn requests(&self) -> Vec<Value> {
         self.shared.inner.lock().unwrap().requests.clone()
@@ -112,9 +123,14 @@ async fn handle(State(s): State<Shared>, Json(body): Json<Value>) -> Response<Bo
     let reply = {
         let mut g = s.inner.lock().unwrap();
         g.requests.push(body.clone());
-        g.script
-            .pop_front()
-            .unwrap_or_else(|| Reply::Text("(no script)".into()))
+        let routed = g.router.clone().and_then(|r| r(&body));
+        match routed {
+            Some(r) => r,
+            None => g
+                .script
+                .pop_front()
+                .unwrap_or_else(|| Reply::Text("(no script)".into())),
+        }
     };
     s.changed.notify_waiters();
     let stream = body["stream"].as_bool().unwrap_or(false);

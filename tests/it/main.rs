@@ -11,4 +11,5 @@ mod mcp;
 mod platforms;
 mod process;
 mod service;
+mod subagents;
 mod tools;
