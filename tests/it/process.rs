@@ -1179,3 +1179,104 @@ async fn sighup_starts_and_restarts_chat_channels_with_their_new_settings() {
     );
     assert_eq!(d.term().code(), Some(0), "{}", log_of(dir.path()));
 }
+
+#[tokio::test]
+async fn subagents_interrupted_by_kill_9_or_shutdown_are_failed_and_their_parent_is_told_once() {
+    const ANNOUNCE: &str = "[Automatic message from the gateway";
+    let dir = tempfile::tempdir().unwrap();
+    let llm = FakeLlm::start().await;
+    llm.route(|req| {
+        let msgs = messages(req);
+        let system = msgs[0]["content"].as_str().unwrap_or("").to_string();
+        if system.contains("You are a subagent") {
+            return Some(Reply::Hang);
+        }
+        let last = msgs.last().unwrap();
+        if last["role"] == "tool" {
+            return Some(Reply::Text("started".into()));
+        }
+        let text = last["content"].as_str().unwrap_or("");
+        if text.starts_with(ANNOUNCE) {
+            return Some(Reply::Text("your helper was interrupted".into()));
+        }
+        Some(Reply::ToolCalls(vec![(
+            "s".into(),
+            "subagents".into(),
+            json!({"action": "spawn", "task": format!("TASK {text}")}).to_string(),
+        )]))
+    });
+    let woken = |llm: &FakeLlm| -> Vec<String> {
+        llm.requests()
+            .iter()
+            .filter_map(|r| {
+                let m = messages(r);
+                let last = m.last()?["content"].as_str()?.to_string();
+                last.starts_with(ANNOUNCE).then_some(last)
+            })
+            .collect()
+    };
+    let children = |llm: &FakeLlm| {
+        llm.requests()
+            .iter()
+            .filter(|r| r.to_string().contains("You are a subagent"))
+            .count()
+    };
+    let port = free_port();
+    let cfg = gateway_config(dir.path(), &llm, port, json!({}));
+
+    // First life: a child is running (its model hangs) when the daemon is killed.
+    let d = Daemon::start(dir.path(), &cfg, port).await;
+    let (s, body) = d.api.chat("p", "one").await;
+    assert_eq!(
+        (s, body["reply"].as_str()),
+        (200, Some("started")),
+        "{body}"
+    );
+    assert!(wait_until(T, || children(&llm) == 1).await);
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    d.kill9();
+
+    // Second life: the child is failed and the parent woken with it, once.
+    let d = Daemon::start(dir.path(), &cfg, port).await;
+    assert!(
+        wait_until(T, || woken(&llm).len() == 1).await,
+        "{}",
+        log_of(dir.path())
+    );
+    assert!(
+        woken(&llm)[0].contains("interrupted by restart"),
+        "{:?}",
+        woken(&llm)
+    );
+    let mut mailbox = Vec::new();
+    for _ in 0..200 {
+        let (_, mb) = d.api.get("/v1/chats/p/messages").await;
+        mailbox.extend(mb["messages"].as_array().cloned().unwrap_or_default());
+        if !mailbox.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(mailbox.len(), 1, "{mailbox:?}");
+    assert_eq!(mailbox[0]["content"], "your helper was interrupted");
+    // Another child is running at a graceful shutdown.
+    let (s, _) = d.api.chat("p", "two").await;
+    assert_eq!(s, 200);
+    assert!(wait_until(T, || children(&llm) == 2).await);
+    assert_eq!(d.term().code(), Some(0), "{}", log_of(dir.path()));
+
+    // Third life: that one is reported as interrupted by the shutdown; the first is not
+    // reported again.
+    let d = Daemon::start(dir.path(), &cfg, port).await;
+    assert!(
+        wait_until(T, || woken(&llm).len() == 2).await,
+        "{}",
+        log_of(dir.path())
+    );
+    let w = woken(&llm);
+    assert!(w[1].contains("the gateway shut down"), "{w:?}");
+    assert!(!w[1].contains("interrupted by restart"), "{w:?}");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(woken(&llm).len(), 2, "announced more than once");
+    assert_eq!(d.term().code(), Some(0), "{}", log_of(dir.path()));
+}
