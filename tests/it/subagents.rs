@@ -457,8 +457,7 @@ async fn a_looping_spawning_model_stays_within_limits_and_stop_cancels_the_tree(
     let last_parent = llm
         .requests()
         .into_iter()
-        .filter(|r| !is_child(r) && first_user(r) == "fork bomb")
-        .next_back()
+        .rfind(|r| !is_child(r) && first_user(r) == "fork bomb")
         .unwrap();
     let refused = messages(&last_parent)
         .iter()
