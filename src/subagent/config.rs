@@ -13,6 +13,9 @@ pub struct SubagentSettings {
     pub max_spawn_depth: u32,
     /// Running children one agent (session or subagent) may have.
     pub max_children_per_agent: usize,
+    /// Subagents one chat session's tree may start per rolling hour: a model that spawns
+    /// again each time a result wakes it stops here.
+    pub max_spawns_per_hour: usize,
     /// LLM rounds per subagent run.
     pub max_iterations: u32,
     /// Wall-clock limit of one run.
@@ -33,6 +36,7 @@ impl Default for SubagentSettings {
             max_concurrent: 8,
             max_spawn_depth: 1,
             max_children_per_agent: 5,
+            max_spawns_per_hour: 100,
             max_iterations: 20,
             run_timeout: Duration::from_secs(300),
             archive_after: Duration::from_secs(3600),
@@ -54,6 +58,8 @@ pub struct SubagentsFile {
     pub max_spawn_depth: Option<u32>,
     /// Running children per agent (default 5, 1-64).
     pub max_children_per_agent: Option<u64>,
+    /// Subagents one chat session's tree may start per rolling hour (default 100, 1-10000).
+    pub max_spawns_per_hour: Option<u64>,
     /// LLM rounds per subagent run (default 20, 1-200).
     pub max_iterations: Option<u32>,
     /// Wall-clock limit of one run in seconds (default 300, 1-86400).
@@ -115,6 +121,14 @@ impl SubagentsFile {
                 64,
             )?)
             .unwrap_or(5),
+            max_spawns_per_hour: usize::try_from(ranged(
+                "max_spawns_per_hour",
+                self.max_spawns_per_hour,
+                100,
+                1,
+                10_000,
+            )?)
+            .unwrap_or(100),
             max_iterations: u32::try_from(ranged(
                 "max_iterations",
                 self.max_iterations.map(u64::from),

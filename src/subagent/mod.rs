@@ -705,6 +705,18 @@ fn spawn(
             state.running.len()
         ));
     }
+    let hour_ago = now_ms().saturating_sub(3_600_000);
+    let recent = state
+        .records
+        .values()
+        .filter(|r| r.root == root && r.created_ms >= hour_ago)
+        .count();
+    if recent >= s.max_spawns_per_hour {
+        return Err(format!(
+            "max_spawns_per_hour ({}) reached: this chat started {recent} subagents in the last hour (tools.subagents.max_spawns_per_hour); finish the work without more subagents",
+            s.max_spawns_per_hour
+        ));
+    }
     let task = req.task.trim().to_string();
     if task.is_empty() {
         return Err("`task` is empty: say what the subagent should do".into());

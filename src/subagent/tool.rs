@@ -63,7 +63,7 @@ impl SubagentsTool {
     pub fn new(hub: Arc<SubagentHub>) -> Self {
         let s = hub.settings();
         let description = format!(
-            "Delegate work to subagents: child agents with your tools (minus a few) that work in parallel on a self-contained task and report back. `spawn` returns at once and the result arrives later as a message; `run` waits for the result (up to {}s). Limits: {} running at once overall, {} per agent, nesting depth {}, {} tool rounds each. Returns: spawn {{id, label, status}}; run/status/result {{id, label, status, result, error, usage}}; list {{tasks: [{{id, label, status, depth, runtime_ms, parent}}]}}; cancel {{cancelled: [id]}}; steer {{cancelled, id}}.",
+            "Delegate work to subagents: child agents with your tools (minus a few) that work in parallel on a self-contained task and report back. `spawn` returns at once and the result arrives later as a message; `run` waits for the result (up to {}s). Limits: {} running at once overall, {} per agent, nesting depth {}, {} tool rounds each. Returns: spawn {{id, label, status}}; run/status/result {{id, label, status, result, error, usage}}; list {{tasks: [{{id, label, status, depth, runtime_ms, parent}}], running, usage}} (usage summed over all your subagents); cancel {{cancelled: [id]}}; steer {{cancelled, id}}.",
             s.run_timeout.as_secs(),
             s.max_concurrent,
             s.max_children_per_agent,
@@ -192,10 +192,16 @@ impl Tool for SubagentsTool {
                 let tasks = ractor::call_t!(
                     actor,
                     |reply| SupervisorMsg::List {
-                        caller,
+                        caller: caller.clone(),
                         archived,
                         reply
                     },
+                    CALL_MS
+                )
+                .map_err(call_err)?;
+                let (usage, _) = ractor::call_t!(
+                    actor,
+                    |reply| SupervisorMsg::Usage { caller, reply },
                     CALL_MS
                 )
                 .map_err(call_err)?;
@@ -204,6 +210,7 @@ impl Tool for SubagentsTool {
                 Ok(json!({
                     "tasks": tasks.iter().map(|t| t.summary(now)).collect::<Vec<_>>(),
                     "running": running,
+                    "usage": usage,
                 }))
             }
             Action::Status | Action::Result => {

@@ -195,6 +195,11 @@ async fn two_children_finishing_out_of_order_are_announced_together_once() {
         .all(|r| r.status == TaskStatus::Completed && r.announced));
     assert!(t.iter().all(|r| r.usage.llm_calls == 1));
     gw.stop().await;
+    // The records outlive the process.
+    let gw = TestGateway::start(config(&llm, dir.path(), json!({}))).await;
+    let again = tasks(&gw, "p").await;
+    assert_eq!(again, t);
+    gw.stop().await;
 }
 
 #[tokio::test]
@@ -362,6 +367,12 @@ async fn depth_limit_allows_exactly_n_levels_and_usage_sums_up_the_tree() {
         if last_user(req).starts_with(ANNOUNCE) {
             return Some(Reply::Text("noted".into()));
         }
+        if last_user(req) == "what ran?" {
+            return Some(Reply::ToolCalls(vec![call(
+                "ls",
+                json!({"action": "list"}),
+            )]));
+        }
         Some(Reply::ToolCalls(vec![spawn("l1", "TASK level1")]))
     });
     let gw = TestGateway::start(config(
@@ -414,6 +425,15 @@ async fn depth_limit_allows_exactly_n_levels_and_usage_sums_up_the_tree() {
     assert_eq!(rec.usage.llm_calls, 2);
     assert_eq!(usage.llm_calls, 4);
     assert_eq!(usage.tool_calls, 2);
+    // The parent's `list` shows its whole tree and the summed usage.
+    let (s, body) = gw.api.chat("d", "what ran?").await;
+    assert_eq!(s, 200, "{body}");
+    let v = echoed(&body).last().cloned().unwrap();
+    let listed = v["tasks"].as_array().unwrap();
+    assert_eq!(listed.len(), 2, "{v}");
+    assert_eq!(listed[1]["parent"], format!("subagent:{}", t[0].id));
+    assert_eq!(v["running"], 0);
+    assert_eq!(v["usage"]["llm_calls"], 4, "{v}");
     gw.stop().await;
 }
 
@@ -641,5 +661,59 @@ async fn steer_replaces_a_running_child_and_only_the_new_one_reports() {
     assert_eq!(by(&old).status, TaskStatus::Cancelled);
     assert_eq!(by(&old).error.as_deref(), Some("replaced by steer"));
     assert_eq!(by(&new).status, TaskStatus::Completed);
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn a_model_respawning_on_every_result_stops_at_the_hourly_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let llm = FakeLlm::start().await;
+    llm.route(|req| {
+        if is_child(req) {
+            return Some(Reply::Text("done again".into()));
+        }
+        let refused = messages(req).last().is_some_and(|m| {
+            m["role"] == "tool"
+                && m["content"]
+                    .as_str()
+                    .unwrap_or("")
+                    .contains("max_spawns_per_hour (3)")
+        });
+        if refused {
+            return Some(Reply::Text("giving up".into()));
+        }
+        if last_is_tool(req) {
+            return Some(Reply::Text("spawned".into()));
+        }
+        // Every wake (the user's message or a result) spawns another child.
+        Some(Reply::ToolCalls(vec![spawn(
+            &format!("c{}", tool_count(req)),
+            "TASK again",
+        )]))
+    });
+    let gw = TestGateway::start(config(
+        &llm,
+        dir.path(),
+        json!({"tools": {"subagents": {"max_spawns_per_hour": 3, "announce_debounce_ms": 0}}}),
+    ))
+    .await;
+    let (s, _) = gw.api.chat("loop", "keep going").await;
+    assert_eq!(s, 200);
+    assert!(
+        wait_until(T, || llm.requests().iter().any(|r| {
+            !is_child(r)
+                && messages(r).last().is_some_and(|m| {
+                    m["content"]
+                        .as_str()
+                        .unwrap_or("")
+                        .contains("max_spawns_per_hour (3)")
+                })
+        }))
+        .await
+    );
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let t = tasks(&gw, "loop").await;
+    assert_eq!(t.len(), 3, "{t:?}");
+    assert_eq!(announcements(&llm).len(), 3);
     gw.stop().await;
 }
