@@ -80,6 +80,11 @@ impl Approvals {
     /// Ask the user of `session` whether `what` may happen; waits for the answer. A question
     /// that cannot be sent is a denial.
     pub async fn request(&self, session: &SessionKey, what: &str) -> Decision {
+        if crate::subagent::task_id_of(session).is_some() {
+            // A subagent has no chat to ask in: nobody could answer.
+            tracing::info!(session = %session, "a subagent cannot ask for approval; denying");
+            return Decision::Deny;
+        }
         let id = uuid::Uuid::new_v4().simple().to_string()[..8].to_string();
         let (tx, rx) = oneshot::channel();
         self.lock().insert(
@@ -175,6 +180,18 @@ mod tests {
             self.0.lock().unwrap().push(msg);
             Ok(())
         }
+    }
+
+    #[tokio::test]
+    async fn a_subagent_is_denied_at_once_without_asking_anyone() {
+        let sink = Arc::new(Sink::default());
+        let a = Approvals::new(sink.clone());
+        let sub = SessionKey::parse("subagent:0192abc").unwrap();
+        let d = tokio::time::timeout(Duration::from_secs(1), a.request(&sub, "rm x"))
+            .await
+            .unwrap();
+        assert_eq!(d, Decision::Deny);
+        assert!(sink.0.lock().unwrap().is_empty());
     }
 
     #[tokio::test]
