@@ -1160,29 +1160,49 @@ fn journal_batch(
     Ok(())
 }
 
+/// What the archive sweep does to a record.
+#[derive(Debug, PartialEq, Eq)]
+enum SweepAction {
+    Keep,
+    Archive,
+    Delete,
+}
+
+/// Finished and told for `archive_ms`: archive; archived for [`DELETE_AFTER_ARCHIVE`]: delete.
+/// Running tasks and results the parent has not been told yet are kept.
+fn sweep_action(r: &TaskRecord, now: u64, archive_ms: u64) -> SweepAction {
+    let delete_ms = u64::try_from(DELETE_AFTER_ARCHIVE.as_millis()).unwrap_or(u64::MAX);
+    match (r.status, r.ended_ms, r.archived_ms) {
+        (TaskStatus::Archived, _, Some(at)) if now.saturating_sub(at) >= delete_ms => {
+            SweepAction::Delete
+        }
+        (s, Some(end), _)
+            if !s.is_active()
+                && s != TaskStatus::Archived
+                && r.announced
+                && now.saturating_sub(end) >= archive_ms =>
+        {
+            SweepAction::Archive
+        }
+        _ => SweepAction::Keep,
+    }
+}
+
 fn sweep(state: &mut SupervisorState) {
     let now = now_ms();
     let archive_ms =
         u64::try_from(state.args.settings.archive_after.as_millis()).unwrap_or(u64::MAX);
-    let delete_ms = u64::try_from(DELETE_AFTER_ARCHIVE.as_millis()).unwrap_or(u64::MAX);
     let store = state.args.deps.store.clone();
     let mut gone = Vec::new();
     for r in state.records.values_mut() {
-        match (r.status, r.ended_ms, r.archived_ms) {
-            (TaskStatus::Archived, _, Some(at)) if now.saturating_sub(at) >= delete_ms => {
-                gone.push(r.id.clone());
-            }
-            (s, Some(end), _)
-                if !s.is_active()
-                    && s != TaskStatus::Archived
-                    && r.announced
-                    && now.saturating_sub(end) >= archive_ms =>
-            {
+        match sweep_action(r, now, archive_ms) {
+            SweepAction::Delete => gone.push(r.id.clone()),
+            SweepAction::Archive => {
                 r.status = TaskStatus::Archived;
                 r.archived_ms = Some(now);
                 persist(&store, r);
             }
-            _ => {}
+            SweepAction::Keep => {}
         }
     }
     for id in gone {

@@ -57,3 +57,28 @@ fn records_survive_serialisation_and_old_records_without_new_fields_load() {
         (Mode::Run, TaskStatus::Running, false)
     );
 }
+
+#[test]
+fn finished_and_told_tasks_are_archived_after_the_period_then_deleted_a_week_later() {
+    let hour = 3_600_000;
+    let mut r = record("a", "http:c");
+    r.ended_ms = Some(10);
+    r.announced = true;
+    assert_eq!(sweep_action(&r, 10 + hour - 1, hour), SweepAction::Keep);
+    assert_eq!(sweep_action(&r, 10 + hour, hour), SweepAction::Archive);
+    // Not yet told: kept until the announcement is out.
+    r.announced = false;
+    assert_eq!(sweep_action(&r, 10 + 5 * hour, hour), SweepAction::Keep);
+    // Running: never archived.
+    r.announced = true;
+    r.status = TaskStatus::Running;
+    r.ended_ms = None;
+    assert_eq!(sweep_action(&r, 10 + 5 * hour, hour), SweepAction::Keep);
+    r.status = TaskStatus::Archived;
+    r.archived_ms = Some(100);
+    assert_eq!(sweep_action(&r, 100 + 24 * hour, hour), SweepAction::Keep);
+    assert_eq!(
+        sweep_action(&r, 100 + 7 * 24 * hour, hour),
+        SweepAction::Delete
+    );
+}

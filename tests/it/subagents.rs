@@ -140,6 +140,12 @@ async fn two_children_finishing_out_of_order_are_announced_together_once() {
         if last_user(req).starts_with(ANNOUNCE) {
             return Some(Reply::Text("both reported".into()));
         }
+        if let Some(id) = last_user(req).strip_prefix("result of ") {
+            return Some(Reply::ToolCalls(vec![
+                call("r", json!({"action": "result", "id": id})),
+                call("st", json!({"action": "status", "id": id})),
+            ]));
+        }
         Some(Reply::ToolCalls(vec![
             spawn("c1", "TASK slow"),
             spawn("c2", "TASK fast"),
@@ -194,6 +200,16 @@ async fn two_children_finishing_out_of_order_are_announced_together_once() {
         .iter()
         .all(|r| r.status == TaskStatus::Completed && r.announced));
     assert!(t.iter().all(|r| r.usage.llm_calls == 1));
+    // `result` gives the text, `status` the state without it.
+    let slow = t.iter().find(|r| r.task == "TASK slow").unwrap();
+    let (s, body) = gw.api.chat("p", &format!("result of {}", slow.id)).await;
+    assert_eq!(s, 200, "{body}");
+    let e = echoed(&body);
+    let (res, st) = (&e[e.len() - 2], &e[e.len() - 1]);
+    assert_eq!(res["result"], "slow result", "{body}");
+    assert_eq!(res["status"], "completed");
+    assert_eq!(st["status"], "completed");
+    assert!(st.get("result").is_none(), "{st}");
     gw.stop().await;
     // The records outlive the process.
     let gw = TestGateway::start(config(&llm, dir.path(), json!({}))).await;
@@ -264,6 +280,12 @@ async fn children_limit_allows_exactly_n() {
         if last_is_tool(req) {
             return Some(Reply::EchoToolResults);
         }
+        if last_user(req) == "cancel the last" {
+            return Some(Reply::ToolCalls(vec![call(
+                "k",
+                json!({"action": "cancel", "id": "last"}),
+            )]));
+        }
         Some(Reply::ToolCalls(
             (0..4)
                 .map(|i| spawn(&format!("s{i}"), "TASK wait"))
@@ -292,7 +314,22 @@ async fn children_limit_allows_exactly_n() {
             .contains("max_children_per_agent (3)"),
         "{body}"
     );
-    assert_eq!(tasks(&gw, "c").await.len(), 3);
+    let t = tasks(&gw, "c").await;
+    assert_eq!(t.len(), 3);
+    // `cancel last` takes the newest child only.
+    let (s, body) = gw.api.chat("c", "cancel the last").await;
+    assert_eq!(s, 200, "{body}");
+    let v = echoed(&body).last().cloned().unwrap();
+    assert_eq!(v["cancelled"], json!([t[2].id]), "{body}");
+    let t = wait_tasks(&gw, "c", |t| t[2].status == TaskStatus::Cancelled).await;
+    assert_eq!(
+        t.iter().map(|r| r.status).collect::<Vec<_>>(),
+        [
+            TaskStatus::Running,
+            TaskStatus::Running,
+            TaskStatus::Cancelled
+        ]
+    );
     gw.stop().await;
 }
 
@@ -715,5 +752,40 @@ async fn a_model_respawning_on_every_result_stops_at_the_hourly_budget() {
     let t = tasks(&gw, "loop").await;
     assert_eq!(t.len(), 3, "{t:?}");
     assert_eq!(announcements(&llm).len(), 3);
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn a_spawned_child_over_the_run_timeout_is_cancelled_and_reported_as_timed_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let llm = FakeLlm::start().await;
+    llm.route(|req| {
+        if is_child(req) {
+            return Some(Reply::Hang);
+        }
+        if last_is_tool(req) {
+            return Some(Reply::Text("started".into()));
+        }
+        if last_user(req).starts_with(ANNOUNCE) {
+            return Some(Reply::Text("it timed out".into()));
+        }
+        Some(Reply::ToolCalls(vec![spawn("t", "TASK forever")]))
+    });
+    let gw = TestGateway::start(config(
+        &llm,
+        dir.path(),
+        json!({"tools": {"subagents": {"run_timeout_secs": 1, "announce_debounce_ms": 0}}}),
+    ))
+    .await;
+    let (s, _) = gw.api.chat("t", "go").await;
+    assert_eq!(s, 200);
+    assert!(wait_until(T, || !announcements(&llm).is_empty()).await);
+    let a = announcements(&llm);
+    assert!(
+        a[0].contains("timed out after 1s (tools.subagents.run_timeout_secs)"),
+        "{a:?}"
+    );
+    let t = tasks(&gw, "t").await;
+    assert_eq!(t[0].status, TaskStatus::Failed);
     gw.stop().await;
 }
