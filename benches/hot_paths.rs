@@ -279,7 +279,7 @@ fn request_building(c: &mut Criterion) {
     let first = ChatRequest {
         model: String::new(),
         messages: vec![
-            Message::system(system.clone()),
+            Message::system(system),
             Message::user("What does note.txt say?"),
         ],
         tools: reg.schemas(),
