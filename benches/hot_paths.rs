@@ -229,6 +229,14 @@ fn store_append(c: &mut Criterion) {
             t0.elapsed()
         });
     });
+    // Per message, never flushed (sled's own background flush only): the apply cost alone.
+    g.bench_function("append_message_no_flush", |b| {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("store"), 8 << 20).unwrap();
+        let key = SessionKey::parse("http:bench").unwrap();
+        let msg = [Message::user("a short one-line message of a chat")];
+        b.iter(|| store.append_messages(&key, &msg).unwrap());
+    });
     // Per turn: journal + begin + tool round + finish, flushed twice as the daemon does.
     g.bench_function("short_turn_flush_per_turn", |b| {
         let dir = tempfile::tempdir().unwrap();

@@ -50,9 +50,9 @@ const USAGE: &str = "weft-bench: end-to-end figures of `weft gateway` against a 
 usage: weft-bench [--weft PATH] [--quick] [--scenario NAME]... [--settle-secs N] [--no-fail]
 
   --weft PATH       the weft binary (default: $CARGO_TARGET_DIR/release/weft or target/release/weft)
-  --quick           small N (CI): 3 starts, 100 turns, 300 turns at 100 in flight, bursts of 200
+  --quick           small N (CI): 3 starts, 50 turns, 200 turns at 100 in flight, 100 at once
   --scenario NAME   run only these (repeat or comma-separate); --list shows them
-  --settle-secs N   wait after the burst before reading RSS (default 30; 2 with --quick)
+  --settle-secs N   wait after the burst before reading RSS (default 30; 1 with --quick)
   --no-fail         exit 0 even when a figure is over budget (CI prints, never fails on a figure)
 
 Output: one JSON line per figure {metric, value, unit, budget, cmp, ok, n, note}, then a table.
@@ -104,7 +104,7 @@ fn parse_args() -> Result<Option<Args>, String> {
             other => return Err(format!("unknown argument `{other}`\n\n{USAGE}")),
         }
     }
-    a.settle = Duration::from_secs_f64(settle.unwrap_or(if a.quick { 2.0 } else { 30.0 }));
+    a.settle = Duration::from_secs_f64(settle.unwrap_or(if a.quick { 1.0 } else { 30.0 }));
     if a.scenarios.is_empty() {
         a.scenarios = SCENARIOS.iter().map(|(n, _)| (*n).to_string()).collect();
     }
@@ -394,7 +394,7 @@ async fn idle(ctx: &mut Ctx) -> Result<(), String> {
 }
 
 async fn turns(ctx: &mut Ctx) -> Result<(), String> {
-    let n = ctx.n(100, 2000);
+    let n = ctx.n(50, 2000);
     let (home, gw) = ctx.fresh("turn").await?;
     let mut c = Client::new(home.addr(), TURN_TIMEOUT);
     for i in 0..5 {
@@ -553,7 +553,7 @@ async fn drive(
 
 async fn throughput(ctx: &mut Ctx) -> Result<(), String> {
     let workers = 100;
-    let n = ctx.n(300, 5000);
+    let n = ctx.n(200, 5000);
     let (home, gw) = ctx.fresh("throughput").await?;
     // Warm-up: one turn per worker's first session, so connections and sessions exist.
     let (_, errs, _) = drive(home.addr(), workers, workers, "tpw").await;
@@ -589,7 +589,7 @@ async fn throughput(ctx: &mut Ctx) -> Result<(), String> {
 }
 
 async fn burst(ctx: &mut Ctx) -> Result<(), String> {
-    let n = ctx.n(200, 1000);
+    let n = ctx.n(100, 1000);
     let (home, gw) = ctx.fresh("burst").await?;
     sleep(Duration::from_secs(1)).await;
     let idle = gw.rss()?;
@@ -665,7 +665,7 @@ async fn burst(ctx: &mut Ctx) -> Result<(), String> {
 }
 
 async fn idle_sessions(ctx: &mut Ctx) -> Result<(), String> {
-    let n = ctx.n(200, 1000);
+    let n = ctx.n(100, 1000);
     let (home, gw) = ctx.fresh("idle-sessions").await?;
     let mut c = Client::new(home.addr(), TURN_TIMEOUT);
     for i in 0..10 {
