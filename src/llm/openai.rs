@@ -94,6 +94,13 @@ impl OpenAiCompat {
         body
     }
 
+    /// The request body bytes sent for `req` (what [`ChatModel::complete`] posts), for the
+    /// request-building benchmark (`benches/hot_paths.rs`).
+    #[doc(hidden)]
+    pub fn encode_request(&self, req: &ChatRequest, stream: bool) -> Vec<u8> {
+        serde_json::to_vec(&self.body(req, stream)).unwrap_or_default()
+    }
+
     fn transport_error(&self, e: &reqwest::Error) -> LlmError {
         if e.is_timeout() {
             LlmError::Timeout {

@@ -1,0 +1,290 @@
+//! A zero-latency OpenAI-compatible LLM on 127.0.0.1: `POST .../chat/completions`, JSON or SSE
+//! (when the request says `"stream": true`), keep-alive, `TCP_NODELAY`, each response written
+//! with one write call.
+//!
+//! Script, decided from the request alone: when the last message is a tool result the answer is
+//! the final text [`FINAL_TEXT`]; otherwise it is one `read_file` call of [`TOOL_FILE`]. So every
+//! turn is 2 LLM calls + 1 tool call, whatever the session.
+//!
+//! It records the tool-call leg (its tool-call response written → the request carrying that
+//! call's result fully received), the body size of each session's first request, and counts.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::http::{write_response, Reader};
+
+/// The final answer of every turn.
+pub const FINAL_TEXT: &str = "Done: the note says hello.";
+/// The workspace file the tool call reads.
+pub const TOOL_FILE: &str = "note.txt";
+
+#[derive(Default)]
+struct Rec {
+    /// Tool-call id → when its response was written.
+    pending: HashMap<String, Instant>,
+    /// Tool-call legs measured.
+    legs: Vec<Duration>,
+    /// Body sizes of first requests (no assistant message yet), in arrival order, with the
+    /// last user message.
+    first_bodies: Vec<(String, usize)>,
+    /// Requests that asked for SSE.
+    streamed: u64,
+    /// Requests answered.
+    requests: u64,
+    /// Requests that could not be parsed.
+    bad: u64,
+}
+
+/// The running fake. Its tasks end with the runtime.
+#[derive(Clone)]
+pub struct FakeLlm {
+    addr: SocketAddr,
+    rec: Arc<Mutex<Rec>>,
+    seq: Arc<AtomicU64>,
+}
+
+impl FakeLlm {
+    /// Bind 127.0.0.1:0 and serve.
+    pub async fn start() -> Result<FakeLlm, String> {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .map_err(|e| format!("bind fake LLM: {e}"))?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| format!("fake LLM addr: {e}"))?;
+        let me = FakeLlm {
+            addr,
+            rec: Arc::default(),
+            seq: Arc::default(),
+        };
+        let srv = me.clone();
+        tokio::spawn(async move {
+            while let Ok((s, _)) = listener.accept().await {
+                let _ = s.set_nodelay(true);
+                let srv = srv.clone();
+                tokio::spawn(async move { srv.serve(s).await });
+            }
+        });
+        Ok(me)
+    }
+
+    /// `http://127.0.0.1:PORT/v1`.
+    pub fn base_url(&self) -> String {
+        format!("http://{}/v1", self.addr)
+    }
+
+    fn rec(&self) -> std::sync::MutexGuard<'_, Rec> {
+        self.rec.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Forget the legs measured so far (after a warm-up).
+    pub fn reset_legs(&self) {
+        let mut r = self.rec();
+        r.legs.clear();
+    }
+
+    /// The tool-call legs measured so far.
+    pub fn legs(&self) -> Vec<Duration> {
+        self.rec().legs.clone()
+    }
+
+    /// Body size of the first request whose last user message is `text`.
+    pub fn first_body_size(&self, text: &str) -> Option<usize> {
+        self.rec()
+            .first_bodies
+            .iter()
+            .find(|(t, _)| t == text)
+            .map(|(_, n)| *n)
+    }
+
+    /// (requests, streamed, unparsable).
+    pub fn counts(&self) -> (u64, u64, u64) {
+        let r = self.rec();
+        (r.requests, r.streamed, r.bad)
+    }
+
+    async fn serve(self, mut s: TcpStream) {
+        let mut reader = Reader::new();
+        loop {
+            let (head, body) = match reader.read_message(&mut s, false).await {
+                Ok(Some(m)) => m,
+                Ok(None) | Err(_) => return,
+            };
+            let received = Instant::now();
+            if !head.start.starts_with("POST ") || !head.start.ends_with("/chat/completions") {
+                let _ = write_response(
+                    &mut s,
+                    "404 Not Found",
+                    "application/json",
+                    br#"{"error":{"message":"not found"}}"#,
+                )
+                .await;
+                continue;
+            }
+            let Ok(req) = serde_json::from_slice::<Value>(&body) else {
+                self.rec().bad += 1;
+                let _ = write_response(
+                    &mut s,
+                    "400 Bad Request",
+                    "application/json",
+                    br#"{"error":{"message":"body is not JSON"}}"#,
+                )
+                .await;
+                continue;
+            };
+            let stream = req["stream"].as_bool().unwrap_or(false);
+            let msgs = req["messages"].as_array().map_or(&[][..], Vec::as_slice);
+            let last = msgs.last();
+            let after_tool = last.is_some_and(|m| m["role"] == "tool");
+            {
+                let mut r = self.rec();
+                r.requests += 1;
+                if stream {
+                    r.streamed += 1;
+                }
+                if after_tool {
+                    let id = last
+                        .and_then(|m| m["tool_call_id"].as_str())
+                        .unwrap_or_default();
+                    if let Some(t) = r.pending.remove(id) {
+                        r.legs.push(received.saturating_duration_since(t));
+                    }
+                } else if !msgs.iter().any(|m| m["role"] == "assistant") {
+                    let text = last
+                        .and_then(|m| m["content"].as_str())
+                        .unwrap_or_default()
+                        .to_string();
+                    r.first_bodies.push((text, body.len()));
+                }
+            }
+            let model = req["model"].as_str().unwrap_or("fake").to_string();
+            if after_tool {
+                let (ct, bytes) = if stream {
+                    ("text/event-stream", sse_text(&model))
+                } else {
+                    ("application/json", json_text(&model))
+                };
+                if write_response(&mut s, "200 OK", ct, &bytes).await.is_err() {
+                    return;
+                }
+            } else {
+                let id = format!("call_{}", self.seq.fetch_add(1, Ordering::Relaxed));
+                let args = json!({ "path": TOOL_FILE }).to_string();
+                let (ct, bytes) = if stream {
+                    ("text/event-stream", sse_tool(&model, &id, &args))
+                } else {
+                    ("application/json", json_tool(&model, &id, &args))
+                };
+                if write_response(&mut s, "200 OK", ct, &bytes).await.is_err() {
+                    return;
+                }
+                self.rec().pending.insert(id, Instant::now());
+            }
+        }
+    }
+}
+
+const USAGE: &str = r#"{"prompt_tokens":10,"completion_tokens":5,"total_tokens":15}"#;
+
+fn json_text(model: &str) -> Vec<u8> {
+    json!({
+        "id": "chatcmpl-bench", "object": "chat.completion", "model": model,
+        "choices": [{"index": 0, "finish_reason": "stop",
+                     "message": {"role": "assistant", "content": FINAL_TEXT}}],
+        "usage": serde_json::from_str::<Value>(USAGE).unwrap_or(Value::Null),
+    })
+    .to_string()
+    .into_bytes()
+}
+
+fn json_tool(model: &str, id: &str, args: &str) -> Vec<u8> {
+    json!({
+        "id": "chatcmpl-bench", "object": "chat.completion", "model": model,
+        "choices": [{"index": 0, "finish_reason": "tool_calls",
+                     "message": {"role": "assistant", "content": null, "tool_calls": [
+                         {"id": id, "type": "function", "function": {"name": "read_file", "arguments": args}}
+                     ]}}],
+        "usage": serde_json::from_str::<Value>(USAGE).unwrap_or(Value::Null),
+    })
+    .to_string()
+    .into_bytes()
+}
+
+fn chunk(model: &str, delta: &Value, finish: Option<&str>) -> String {
+    let c = json!({"id": "chatcmpl-bench", "object": "chat.completion.chunk", "model": model,
+                   "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]});
+    format!("data: {c}\n\n")
+}
+
+fn usage_chunk() -> String {
+    format!(
+        "data: {{\"id\":\"chatcmpl-bench\",\"object\":\"chat.completion.chunk\",\"choices\":[],\"usage\":{USAGE}}}\n\n"
+    )
+}
+
+fn sse_text(model: &str) -> Vec<u8> {
+    let mut out = chunk(model, &json!({"role": "assistant", "content": ""}), None);
+    let (a, b) = FINAL_TEXT.split_at(FINAL_TEXT.len() / 2);
+    out.push_str(&chunk(model, &json!({ "content": a }), None));
+    out.push_str(&chunk(model, &json!({ "content": b }), None));
+    out.push_str(&chunk(model, &json!({}), Some("stop")));
+    out.push_str(&usage_chunk());
+    out.push_str("data: [DONE]\n\n");
+    out.into_bytes()
+}
+
+fn sse_tool(model: &str, id: &str, args: &str) -> Vec<u8> {
+    let mut out = chunk(model, &json!({"role": "assistant", "content": null}), None);
+    out.push_str(&chunk(
+        model,
+        &json!({"tool_calls": [{"index": 0, "id": id, "type": "function",
+                                "function": {"name": "read_file", "arguments": ""}}]}),
+        None,
+    ));
+    let (a, b) = args.split_at(args.len() / 2);
+    for piece in [a, b] {
+        out.push_str(&chunk(
+            model,
+            &json!({"tool_calls": [{"index": 0, "function": {"arguments": piece}}]}),
+            None,
+        ));
+    }
+    out.push_str(&chunk(model, &json!({}), Some("tool_calls")));
+    out.push_str(&usage_chunk());
+    out.push_str("data: [DONE]\n\n");
+    out.into_bytes()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    #[test]
+    fn sse_frames_are_json() {
+        let body = String::from_utf8(sse_tool("m", "call_1", r#"{"path":"note.txt"}"#)).unwrap();
+        let mut args = String::new();
+        for line in body.lines().filter_map(|l| l.strip_prefix("data: ")) {
+            if line == "[DONE]" {
+                continue;
+            }
+            let v: Value = serde_json::from_str(line).unwrap();
+            if let Some(a) =
+                v["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"].as_str()
+            {
+                args.push_str(a);
+            }
+        }
+        assert_eq!(args, r#"{"path":"note.txt"}"#);
+        assert!(String::from_utf8(sse_text("m"))
+            .unwrap()
+            .ends_with("data: [DONE]\n\n"));
+    }
+}

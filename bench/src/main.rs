@@ -1,0 +1,791 @@
+//! `weft-bench`: the end-to-end load tool of issue 8. Starts a zero-latency fake
+//! OpenAI-compatible LLM, starts `weft gateway` as a separate process against it, drives the
+//! HTTP API and reads the daemon's CPU and memory from `/proc`. Prints one JSON line per figure
+//! with its budget, then a table. See `docs/performance.md`.
+
+mod fake_llm;
+mod gateway;
+mod http;
+mod platforms;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::fake_llm::{FakeLlm, FINAL_TEXT};
+use crate::gateway::{Gateway, Home};
+use crate::http::Client;
+
+const MIB: f64 = 1024.0 * 1024.0;
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+const TURN_TIMEOUT: Duration = Duration::from_secs(120);
+/// Turns per session before a worker moves to a new session (keeps histories short and alike).
+const TURNS_PER_SESSION: u64 = 10;
+
+const SCENARIOS: &[(&str, &str)] = &[
+    ("binary", "size of the --weft file, and whether it is stripped"),
+    ("start", "spawn -> first 200 from /healthz, HTTP API only (min/median of N)"),
+    ("idle", "VmRSS 1 s after ready, HTTP API only"),
+    ("channels", "start and idle RSS with Telegram, Discord and Slack on local fakes (needs --features platform-fakes)"),
+    ("turn", "sequential turns: CPU per turn, tool-call leg p50/p99, first LLM request size, store bytes per turn"),
+    ("throughput", "turns/s with 100 sessions in flight"),
+    ("burst", "1,000 sessions sent at once: errors, p50/p99; RSS after the settle time"),
+    ("idle_sessions", "RSS growth per 1,000 idle sessions"),
+];
+
+struct Args {
+    weft: PathBuf,
+    quick: bool,
+    scenarios: Vec<String>,
+    settle: Duration,
+    no_fail: bool,
+}
+
+const USAGE: &str = "weft-bench: end-to-end figures of `weft gateway` against a fake LLM
+
+usage: weft-bench [--weft PATH] [--quick] [--scenario NAME]... [--settle-secs N] [--no-fail]
+
+  --weft PATH       the weft binary (default: $CARGO_TARGET_DIR/release/weft or target/release/weft)
+  --quick           small N (CI): 3 starts, 50 turns, 200 turns at 100 in flight, 100 at once
+  --scenario NAME   run only these (repeat or comma-separate); --list shows them
+  --settle-secs N   wait after the burst before reading RSS (default 30; 1 with --quick)
+  --no-fail         exit 0 even when a figure is over budget (CI prints, never fails on a figure)
+
+Output: one JSON line per figure {metric, value, unit, budget, cmp, ok, n, note}, then a table.
+Exit status: 0, or 2 when a figure is over budget (without --no-fail), 1 on an error.";
+
+fn parse_args() -> Result<Option<Args>, String> {
+    let target =
+        std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| PathBuf::from("target"), PathBuf::from);
+    let mut a = Args {
+        weft: target.join("release").join("weft"),
+        quick: false,
+        scenarios: Vec::new(),
+        settle: Duration::from_secs(30),
+        no_fail: false,
+    };
+    let mut settle = None;
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "--weft" => a.weft = it.next().ok_or("--weft needs a path")?.into(),
+            "--quick" => a.quick = true,
+            "--no-fail" => a.no_fail = true,
+            "--scenario" => {
+                let v = it.next().ok_or("--scenario needs a name")?;
+                for s in v.split(',').filter(|s| !s.is_empty()) {
+                    if !SCENARIOS.iter().any(|(n, _)| *n == s) {
+                        return Err(format!("unknown scenario `{s}`; --list shows them"));
+                    }
+                    a.scenarios.push(s.to_string());
+                }
+            }
+            "--settle-secs" => {
+                let v = it.next().ok_or("--settle-secs needs a number")?;
+                settle = Some(
+                    v.parse::<f64>()
+                        .map_err(|e| format!("--settle-secs `{v}`: {e}"))?,
+                );
+            }
+            "--list" => {
+                for (n, d) in SCENARIOS {
+                    println!("{n:14} {d}");
+                }
+                return Ok(None);
+            }
+            "-h" | "--help" => {
+                println!("{USAGE}");
+                return Ok(None);
+            }
+            other => return Err(format!("unknown argument `{other}`\n\n{USAGE}")),
+        }
+    }
+    a.settle = Duration::from_secs_f64(settle.unwrap_or(if a.quick { 1.0 } else { 30.0 }));
+    if a.scenarios.is_empty() {
+        a.scenarios = SCENARIOS.iter().map(|(n, _)| (*n).to_string()).collect();
+    }
+    Ok(Some(a))
+}
+
+/// One printed figure.
+struct Metric {
+    name: String,
+    value: Option<f64>,
+    unit: &'static str,
+    budget: Option<f64>,
+    /// `<=` (a ceiling) or `>=` (a floor).
+    cmp: &'static str,
+    n: Option<u64>,
+    note: String,
+}
+
+impl Metric {
+    fn ok(&self) -> Option<bool> {
+        let (v, b) = (self.value?, self.budget?);
+        Some(if self.cmp == ">=" { v >= b } else { v <= b })
+    }
+}
+
+#[derive(Default)]
+struct Report {
+    metrics: Vec<Metric>,
+    errors: Vec<String>,
+}
+
+impl Report {
+    #[allow(clippy::too_many_arguments)]
+    fn add(
+        &mut self,
+        name: &str,
+        value: Option<f64>,
+        unit: &'static str,
+        budget: Option<f64>,
+        cmp: &'static str,
+        n: Option<u64>,
+        note: impl Into<String>,
+    ) {
+        let m = Metric {
+            name: name.into(),
+            value,
+            unit,
+            budget,
+            cmp,
+            n,
+            note: note.into(),
+        };
+        let round = |v: f64| (v * 1000.0).round() / 1000.0;
+        let line = json!({
+            "metric": m.name,
+            "value": m.value.map(round),
+            "unit": m.unit,
+            "budget": m.budget,
+            "cmp": m.budget.map(|_| m.cmp),
+            "ok": m.ok(),
+            "n": m.n,
+            "note": if m.note.is_empty() { Value::Null } else { json!(m.note) },
+        });
+        println!("{line}");
+        self.metrics.push(m);
+    }
+
+    fn table(&self) -> String {
+        let mut rows = vec![[
+            "metric".to_string(),
+            "value".into(),
+            "unit".into(),
+            "budget".into(),
+            "ok".into(),
+            "n".into(),
+        ]];
+        for m in &self.metrics {
+            rows.push([
+                m.name.clone(),
+                m.value.map_or_else(|| "-".into(), fmt_num),
+                m.unit.into(),
+                m.budget
+                    .map_or_else(String::new, |b| format!("{} {}", m.cmp, fmt_num(b))),
+                match m.ok() {
+                    Some(true) => "ok".into(),
+                    Some(false) => "OVER".into(),
+                    None => String::new(),
+                },
+                m.n.map_or_else(String::new, |n| n.to_string()),
+            ]);
+        }
+        let mut w = [0usize; 6];
+        for r in &rows {
+            for (i, c) in r.iter().enumerate() {
+                w[i] = w[i].max(c.chars().count());
+            }
+        }
+        let mut out = String::new();
+        for (k, r) in rows.iter().enumerate() {
+            let line: Vec<String> = r
+                .iter()
+                .enumerate()
+                .map(|(i, c)| {
+                    if i == 1 || i == 5 {
+                        format!("{c:>width$}", width = w[i])
+                    } else {
+                        format!("{c:<width$}", width = w[i])
+                    }
+                })
+                .collect();
+            out.push_str(line.join("  ").trim_end());
+            out.push('\n');
+            if k == 0 {
+                out.push_str(&"-".repeat(w.iter().sum::<usize>() + 10));
+                out.push('\n');
+            }
+        }
+        for m in self.metrics.iter().filter(|m| !m.note.is_empty()) {
+            out.push_str(&format!("  {}: {}\n", m.name, m.note));
+        }
+        out
+    }
+}
+
+fn fmt_num(v: f64) -> String {
+    if v == v.trunc() && v.abs() < 1e12 {
+        format!("{v:.0}")
+    } else if v.abs() >= 100.0 {
+        format!("{v:.1}")
+    } else if v.abs() >= 1.0 {
+        format!("{v:.2}")
+    } else {
+        format!("{v:.4}")
+    }
+}
+
+/// The `p`-quantile (0..=1) by nearest rank.
+fn quantile(sorted: &[Duration], p: f64) -> Option<Duration> {
+    if sorted.is_empty() {
+        return None;
+    }
+    let rank = ((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    Some(sorted[rank - 1])
+}
+
+fn median_f(v: &mut [f64]) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    Some(if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    })
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+struct Ctx {
+    args: Args,
+    llm: FakeLlm,
+    report: Report,
+}
+
+impl Ctx {
+    fn n(&self, quick: u64, full: u64) -> u64 {
+        if self.args.quick {
+            quick
+        } else {
+            full
+        }
+    }
+
+    async fn start_gateway(&self, home: Home) -> Result<(Home, Gateway), String> {
+        let weft = self.args.weft.clone();
+        tokio::task::spawn_blocking(move || {
+            let gw = Gateway::start(&weft, &home, READY_TIMEOUT)?;
+            Ok((home, gw))
+        })
+        .await
+        .map_err(|e| format!("start task: {e}"))?
+    }
+
+    async fn fresh(&self, tag: &str) -> Result<(Home, Gateway), String> {
+        let home = Home::new(tag, &self.llm.base_url(), None)?;
+        self.start_gateway(home).await
+    }
+}
+
+/// One turn through `POST /v1/chat`: its latency, or why it failed.
+async fn turn(c: &mut Client, chat_id: &str, text: &str) -> Result<Duration, String> {
+    let body = json!({ "chat_id": chat_id, "content": text }).to_string();
+    let t0 = Instant::now();
+    let (status, resp) = c.request("POST", "/v1/chat", Some(body.as_bytes())).await?;
+    let took = t0.elapsed();
+    if status != 200 {
+        return Err(format!(
+            "HTTP {status}: {}",
+            String::from_utf8_lossy(&resp)
+                .chars()
+                .take(300)
+                .collect::<String>()
+        ));
+    }
+    let v: Value = serde_json::from_slice(&resp).map_err(|e| format!("reply not JSON: {e}"))?;
+    if v["reply"] != FINAL_TEXT {
+        return Err(format!("unexpected reply {}", v["reply"]));
+    }
+    Ok(took)
+}
+
+async fn sleep(d: Duration) {
+    tokio::time::sleep(d).await;
+}
+
+async fn binary(ctx: &mut Ctx) -> Result<(), String> {
+    let meta = std::fs::metadata(&ctx.args.weft)
+        .map_err(|e| format!("{}: {e}", ctx.args.weft.display()))?;
+    let note = match gateway::elf_has_symtab(&ctx.args.weft) {
+        Some(false) => "stripped (no .symtab)".to_string(),
+        Some(true) => "NOT stripped: has a .symtab; the stripped size is smaller".to_string(),
+        None => "not an ELF64 file: cannot tell whether stripped".to_string(),
+    };
+    ctx.report.add(
+        "binary_size",
+        Some(meta.len() as f64 / MIB),
+        "MiB",
+        Some(8.0),
+        "<=",
+        None,
+        format!("{}; {note}", ctx.args.weft.display()),
+    );
+    Ok(())
+}
+
+async fn start(ctx: &mut Ctx) -> Result<(), String> {
+    let n = ctx.n(3, 10);
+    let mut home = Home::new("start", &ctx.llm.base_url(), None)?;
+    let mut times = Vec::new();
+    for _ in 0..n {
+        let (h, gw) = ctx.start_gateway(home).await?;
+        home = h;
+        times.push(ms(gw.start_to_ready));
+        drop(gw);
+    }
+    let min = times.iter().copied().fold(f64::INFINITY, f64::min);
+    let med = median_f(&mut times);
+    ctx.report.add(
+        "start_to_ready_min",
+        Some(min),
+        "ms",
+        None,
+        "<=",
+        Some(n),
+        "",
+    );
+    ctx.report.add(
+        "start_to_ready_median",
+        med,
+        "ms",
+        Some(10.0),
+        "<=",
+        Some(n),
+        "spawn -> first 200 from /healthz, HTTP API only; the store exists after the first start",
+    );
+    Ok(())
+}
+
+async fn idle(ctx: &mut Ctx) -> Result<(), String> {
+    let (_home, gw) = ctx.fresh("idle").await?;
+    sleep(Duration::from_secs(1)).await;
+    let rss = gw.rss()?;
+    ctx.report.add(
+        "idle_rss_http_only",
+        Some(rss as f64 / MIB),
+        "MiB",
+        Some(6.0),
+        "<=",
+        None,
+        "VmRSS 1 s after ready",
+    );
+    Ok(())
+}
+
+async fn turns(ctx: &mut Ctx) -> Result<(), String> {
+    let n = ctx.n(50, 2000);
+    let (home, gw) = ctx.fresh("turn").await?;
+    let mut c = Client::new(home.addr(), TURN_TIMEOUT);
+    for i in 0..5 {
+        turn(&mut c, "warm-up", &format!("warm-up {i}")).await?;
+    }
+    // A one-line message in a fresh session: the first LLM request's size.
+    let probe = "What does note.txt say?";
+    turn(&mut c, "size-probe", probe).await?;
+    let size = ctx.llm.first_body_size(probe);
+    ctx.report.add(
+        "llm_request_bytes",
+        size.map(|s| s as f64),
+        "bytes",
+        Some(16384.0),
+        "<=",
+        None,
+        "first request body for a one-line message with the built-in tools",
+    );
+    ctx.llm.reset_legs();
+    let store0 = home.store_bytes();
+    let cpu0 = gw.cpu_secs()?;
+    let mut lat = Vec::with_capacity(n as usize);
+    let t0 = Instant::now();
+    for i in 0..n {
+        let chat = format!("seq-{}", i / TURNS_PER_SESSION);
+        lat.push(
+            turn(
+                &mut c,
+                &chat,
+                &format!("message {i}: what does note.txt say?"),
+            )
+            .await?,
+        );
+    }
+    let wall = t0.elapsed();
+    let cpu1 = gw.cpu_secs()?;
+    let store1 = home.store_bytes();
+    let per_turn_ms = (cpu1 - cpu0) * 1e3 / n as f64;
+    ctx.report.add(
+        "cpu_per_turn",
+        Some(per_turn_ms),
+        "ms",
+        Some(0.5),
+        "<=",
+        Some(n),
+        format!("utime+stime / turns (2 LLM calls + 1 tool call, sequential, {TURNS_PER_SESSION} turns per session); 10 ms tick resolution over the run"),
+    );
+    lat.sort();
+    ctx.report.add(
+        "turn_latency_p50",
+        quantile(&lat, 0.5).map(ms),
+        "ms",
+        None,
+        "<=",
+        Some(n),
+        "",
+    );
+    ctx.report.add(
+        "turns_per_s_sequential",
+        Some(n as f64 / wall.as_secs_f64()),
+        "turns/s",
+        None,
+        ">=",
+        Some(n),
+        "",
+    );
+    let mut legs = ctx.llm.legs();
+    legs.sort();
+    let nl = legs.len() as u64;
+    ctx.report.add(
+        "tool_leg_p50",
+        quantile(&legs, 0.5).map(|d| d.as_secs_f64() * 1e6),
+        "us",
+        Some(100.0),
+        "<=",
+        Some(nl),
+        "fake LLM: tool-call response written -> next request of that session fully received",
+    );
+    ctx.report.add(
+        "tool_leg_p99",
+        quantile(&legs, 0.99).map(|d| d.as_secs_f64() * 1e6),
+        "us",
+        Some(500.0),
+        "<=",
+        Some(nl),
+        "",
+    );
+    ctx.report.add(
+        "store_bytes_per_turn",
+        Some(store1.saturating_sub(store0) as f64 / n as f64),
+        "bytes",
+        Some(2048.0),
+        "<=",
+        Some(n),
+        "growth of the store directory (apparent file sizes) / turns; sled grows its files in steps, so small N is coarse",
+    );
+    let (reqs, streamed, bad) = ctx.llm.counts();
+    if bad > 0 {
+        ctx.report
+            .errors
+            .push(format!("{bad} LLM requests were not JSON"));
+    }
+    eprintln!("turn: {reqs} LLM requests so far, {streamed} of them streaming (SSE)");
+    Ok(())
+}
+
+/// `turns` turns over `workers` connections, each worker on its own sessions. Returns
+/// (latencies of the successes, errors, wall time).
+async fn drive(
+    addr: std::net::SocketAddr,
+    workers: u64,
+    turns: u64,
+    tag: &str,
+) -> (Vec<Duration>, Vec<String>, Duration) {
+    let next = Arc::new(AtomicU64::new(0));
+    let t0 = Instant::now();
+    let mut tasks = Vec::new();
+    for w in 0..workers {
+        let next = next.clone();
+        let tag = tag.to_string();
+        tasks.push(tokio::spawn(async move {
+            let mut c = Client::new(addr, TURN_TIMEOUT);
+            let mut lat = Vec::new();
+            let mut errs = Vec::new();
+            let mut k = 0u64;
+            while next.fetch_add(1, Ordering::Relaxed) < turns {
+                let chat = format!("{tag}-{w}-{}", k / TURNS_PER_SESSION);
+                match turn(
+                    &mut c,
+                    &chat,
+                    &format!("message {k}: what does note.txt say?"),
+                )
+                .await
+                {
+                    Ok(d) => lat.push(d),
+                    Err(e) => errs.push(e),
+                }
+                k += 1;
+            }
+            (lat, errs)
+        }));
+    }
+    let mut lat = Vec::new();
+    let mut errs = Vec::new();
+    for t in tasks {
+        match t.await {
+            Ok((l, e)) => {
+                lat.extend(l);
+                errs.extend(e);
+            }
+            Err(e) => errs.push(format!("worker: {e}")),
+        }
+    }
+    (lat, errs, t0.elapsed())
+}
+
+async fn throughput(ctx: &mut Ctx) -> Result<(), String> {
+    let workers = 100;
+    let n = ctx.n(200, 5000);
+    let (home, gw) = ctx.fresh("throughput").await?;
+    // Warm-up: one turn per worker's first session, so connections and sessions exist.
+    let (_, errs, _) = drive(home.addr(), workers, workers, "tpw").await;
+    if let Some(e) = errs.first() {
+        return Err(format!(
+            "throughput warm-up: {} errors, first: {e}",
+            errs.len()
+        ));
+    }
+    let cpu0 = gw.cpu_secs()?;
+    let (mut lat, errs, wall) = drive(home.addr(), workers, n, "tp").await;
+    let cpu1 = gw.cpu_secs()?;
+    lat.sort();
+    let ok = lat.len() as f64;
+    ctx.report.add(
+        "throughput_100_in_flight",
+        Some(ok / wall.as_secs_f64()),
+        "turns/s",
+        Some(2000.0),
+        ">=",
+        Some(n),
+        format!(
+            "{} errors{}; p50 {:.1} ms, p99 {:.1} ms; daemon CPU {:.3} ms/turn",
+            errs.len(),
+            errs.first()
+                .map_or_else(String::new, |e| format!(" (first: {e})")),
+            quantile(&lat, 0.5).map_or(0.0, ms),
+            quantile(&lat, 0.99).map_or(0.0, ms),
+            (cpu1 - cpu0) * 1e3 / n as f64
+        ),
+    );
+    Ok(())
+}
+
+async fn burst(ctx: &mut Ctx) -> Result<(), String> {
+    let n = ctx.n(100, 1000);
+    let (home, gw) = ctx.fresh("burst").await?;
+    sleep(Duration::from_secs(1)).await;
+    let idle = gw.rss()?;
+    let addr = home.addr();
+    // Connect everyone first, then release all requests together.
+    let gate = Arc::new(tokio::sync::Barrier::new(n as usize));
+    let mut tasks = Vec::new();
+    for i in 0..n {
+        let gate = gate.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut c = Client::new(addr, TURN_TIMEOUT);
+            let pre = c.request("GET", "/healthz", None).await;
+            gate.wait().await;
+            pre?;
+            turn(&mut c, &format!("burst-{i}"), "what does note.txt say?").await
+        }));
+    }
+    let mut lat = Vec::new();
+    let mut errs = Vec::new();
+    for t in tasks {
+        match t.await {
+            Ok(Ok(d)) => lat.push(d),
+            Ok(Err(e)) => errs.push(e),
+            Err(e) => errs.push(format!("task: {e}")),
+        }
+    }
+    lat.sort();
+    let peak = gw.rss()?;
+    ctx.report.add(
+        "burst_errors",
+        Some(errs.len() as f64),
+        "errors",
+        Some(0.0),
+        "<=",
+        Some(n),
+        errs.first()
+            .map_or_else(String::new, |e| format!("first: {e}")),
+    );
+    ctx.report.add(
+        "burst_p50",
+        quantile(&lat, 0.5).map(ms),
+        "ms",
+        None,
+        "<=",
+        Some(n),
+        "",
+    );
+    ctx.report.add(
+        "burst_p99",
+        quantile(&lat, 0.99).map(ms),
+        "ms",
+        Some(500.0),
+        "<=",
+        Some(n),
+        format!("RSS right after the burst: {:.1} MiB", peak as f64 / MIB),
+    );
+    sleep(ctx.args.settle).await;
+    let after = gw.rss()?;
+    let idle_mib = idle as f64 / MIB;
+    ctx.report.add(
+        "rss_after_burst",
+        Some(after as f64 / MIB),
+        "MiB",
+        Some(idle_mib + 16.0),
+        "<=",
+        Some(n),
+        format!(
+            "VmRSS {:.0} s after the burst; budget = idle ({idle_mib:.1} MiB) + 16",
+            ctx.args.settle.as_secs_f64()
+        ),
+    );
+    Ok(())
+}
+
+async fn idle_sessions(ctx: &mut Ctx) -> Result<(), String> {
+    let n = ctx.n(100, 1000);
+    let (home, gw) = ctx.fresh("idle-sessions").await?;
+    let mut c = Client::new(home.addr(), TURN_TIMEOUT);
+    for i in 0..10 {
+        turn(&mut c, "warm-up", &format!("warm-up {i}")).await?;
+    }
+    sleep(Duration::from_millis(500)).await;
+    let rss0 = gw.rss()?;
+    // One turn in each of n new sessions, 20 at a time; then they sit idle.
+    let (_, errs, _) = drive(home.addr(), 20, n, "idle").await;
+    if let Some(e) = errs.first() {
+        return Err(format!("idle sessions: {} errors, first: {e}", errs.len()));
+    }
+    sleep(Duration::from_secs(1)).await;
+    let rss1 = gw.rss()?;
+    let growth = (rss1 as f64 - rss0 as f64) / MIB * 1000.0 / n as f64;
+    ctx.report.add(
+        "rss_growth_per_1000_idle_sessions",
+        Some(growth),
+        "MiB",
+        Some(4.0),
+        "<=",
+        Some(n),
+        format!(
+            "VmRSS {:.1} -> {:.1} MiB after one turn in each of {n} sessions (20 at a time), 1 s later",
+            rss0 as f64 / MIB,
+            rss1 as f64 / MIB
+        ),
+    );
+    Ok(())
+}
+
+async fn run(args: Args) -> Result<Report, String> {
+    if !args.weft.exists() {
+        return Err(format!(
+            "{} does not exist: build it (cargo build --release) or pass --weft PATH",
+            args.weft.display()
+        ));
+    }
+    let llm = FakeLlm::start().await?;
+    let scenarios = args.scenarios.clone();
+    let mut ctx = Ctx {
+        args,
+        llm,
+        report: Report::default(),
+    };
+    for s in &scenarios {
+        let r = match s.as_str() {
+            "binary" => binary(&mut ctx).await,
+            "start" => start(&mut ctx).await,
+            "idle" => idle(&mut ctx).await,
+            "channels" => platforms::channels(&mut ctx).await,
+            "turn" => turns(&mut ctx).await,
+            "throughput" => throughput(&mut ctx).await,
+            "burst" => burst(&mut ctx).await,
+            "idle_sessions" => idle_sessions(&mut ctx).await,
+            other => Err(format!("unknown scenario {other}")),
+        };
+        if let Err(e) = r {
+            eprintln!("scenario {s} failed: {e}");
+            ctx.report.errors.push(format!("{s}: {e}"));
+        }
+    }
+    Ok(ctx.report)
+}
+
+fn main() -> ExitCode {
+    let args = match parse_args() {
+        Ok(Some(a)) => a,
+        Ok(None) => return ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("weft-bench: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let no_fail = args.no_fail;
+    let quick = args.quick;
+    let weft = args.weft.clone();
+    // One thread: the tool takes at most one of the machine's cores from the gateway.
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("weft-bench: runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let report = match rt.block_on(run(args)) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("weft-bench: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    println!();
+    println!(
+        "weft-bench: {}{}",
+        weft.display(),
+        if quick { " (--quick)" } else { "" }
+    );
+    print!("{}", report.table());
+    for e in &report.errors {
+        println!("ERROR {e}");
+    }
+    let over = report
+        .metrics
+        .iter()
+        .filter(|m| m.ok() == Some(false))
+        .count();
+    println!(
+        "{} figures, {over} over budget, {} errors",
+        report.metrics.len(),
+        report.errors.len()
+    );
+    if !report.errors.is_empty() {
+        return ExitCode::from(1);
+    }
+    if over > 0 && !no_fail {
+        return ExitCode::from(2);
+    }
+    ExitCode::SUCCESS
+}

@@ -1,0 +1,365 @@
+//! Criterion benches of the gateway's hot paths (issue 8): tool dispatch through the registry,
+//! scrubbing + truncation of a 64 KiB tool result, transcript append to the store (per message
+//! with batched flushes, per turn with a flush per turn), LLM request building, and Markdown
+//! rendering and splitting. `cargo bench --bench hot_paths` (see docs/performance.md).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::hint::black_box;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clawft::config::{Config, Env};
+use clawft::ingress::SessionKey;
+use clawft::llm::openai::{OpenAiCompat, OpenAiConfig};
+use clawft::llm::{ChatRequest, Message, ToolCall};
+use clawft::store::{JournalOutcome, Store};
+use clawft::tools::scrub::Scrubber;
+use clawft::tools::truncate::truncate_result;
+use clawft::tools::{ToolContext, ToolRegistry, Workspace, MAX_TOOL_RESULT_BYTES};
+use clawft_channel_core::text::{split_markdown, Measure};
+use clawft_channel_core::{
+    now_ms, ChannelId, ChatId, InboundEvent, OutboundKind, OutboundMessage, PlatformEventId, UserId,
+};
+use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
+use serde_json::{json, Value};
+use tokio_util::sync::CancellationToken;
+
+const SECRET: &str = "sk-bench-secret-value-0123456789";
+
+/// A validated config over `dir` (workspace `dir/ws`, store `dir/store`).
+fn config(dir: &Path) -> Config {
+    let v = json!({
+        "agents": { "defaults": { "workspace": dir.join("ws"), "model": "bench-model" } },
+        "providers": { "openai": { "base_url": "http://127.0.0.1:9/v1", "api_key": SECRET } },
+        "store": { "path": dir.join("store") },
+        "tools": { "rate_limit": { "per_minute": 0 } },
+    });
+    let env = Env::from_pairs([
+        ("HOME", dir.to_str().unwrap()),
+        ("CLAWFT_HOME", dir.join(".clawft").to_str().unwrap()),
+    ]);
+    Config::from_str(&v.to_string(), false, &env).unwrap()
+}
+
+/// The daemon's registry (every built-in tool, policy, scrubbing) over a temp dir.
+fn registry(dir: &Path) -> ToolRegistry {
+    clawft::install_crypto_provider();
+    std::fs::create_dir_all(dir.join("ws")).unwrap();
+    clawft::tools::build_registry(&config(dir), None, None, Vec::new())
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn tool_dispatch(c: &mut Criterion) {
+    let dir = tempfile::tempdir().unwrap();
+    let reg = registry(dir.path());
+    std::fs::write(
+        dir.path().join("ws/note.txt"),
+        "hello from the benchmark workspace\nsecond line\n",
+    )
+    .unwrap();
+    let ctx = ToolContext {
+        workspace: Arc::new(Workspace::open(&dir.path().join("ws")).unwrap()),
+        session: SessionKey::parse("http:bench").unwrap(),
+        cancel: CancellationToken::new(),
+    };
+    let rt = runtime();
+    let mut g = c.benchmark_group("tool_dispatch");
+    g.bench_function("read_file_small", |b| {
+        b.iter(|| {
+            rt.block_on(reg.dispatch(
+                "read_file",
+                "call_1",
+                black_box(r#"{"path":"note.txt"}"#),
+                &ctx,
+            ))
+        });
+    });
+    g.bench_function("list_directory_dot", |b| {
+        b.iter(|| {
+            rt.block_on(reg.dispatch(
+                "list_directory",
+                "call_1",
+                black_box(r#"{"path":"."}"#),
+                &ctx,
+            ))
+        });
+    });
+    g.bench_function("unknown_tool", |b| {
+        b.iter(|| rt.block_on(reg.dispatch("no_such_tool", "call_1", black_box("{}"), &ctx)));
+    });
+    g.finish();
+}
+
+/// A tool result of about `bytes` of text: log-like lines, one secret near the end.
+fn big_result(bytes: usize) -> Value {
+    let mut s = String::with_capacity(bytes + 128);
+    let mut i = 0;
+    while s.len() < bytes {
+        s.push_str(&format!(
+            "{i:06} INFO request handled path=/api/items/{i} status=200 took=3ms user=alice\n"
+        ));
+        i += 1;
+    }
+    s.truncate(bytes - SECRET.len() - 8);
+    s.push_str(" token=");
+    s.push_str(SECRET);
+    json!({ "path": "logs/app.log", "content": s, "lines": i })
+}
+
+fn scrub_truncate(c: &mut Criterion) {
+    let scrubber = Scrubber::new(vec![SECRET.to_string()]);
+    let v64 = big_result(64 * 1024);
+    let v128 = big_result(128 * 1024);
+    let mut g = c.benchmark_group("scrub_truncate");
+    g.throughput(Throughput::Bytes(64 * 1024));
+    g.bench_function("scrub_64k", |b| {
+        b.iter_batched(
+            || v64.clone(),
+            |mut v| {
+                scrubber.scrub_value(&mut v);
+                v
+            },
+            BatchSize::SmallInput,
+        );
+    });
+    g.bench_function("truncate_128k_to_64k", |b| {
+        b.iter_batched(
+            || v128.clone(),
+            |v| truncate_result(v, MAX_TOOL_RESULT_BYTES),
+            BatchSize::SmallInput,
+        );
+    });
+    // What the registry does with every result: scrub, truncate, serialise.
+    g.bench_function("scrub_truncate_serialise_64k", |b| {
+        b.iter_batched(
+            || v64.clone(),
+            |mut v| {
+                scrubber.scrub_value(&mut v);
+                serde_json::to_string(&truncate_result(v, MAX_TOOL_RESULT_BYTES)).unwrap()
+            },
+            BatchSize::SmallInput,
+        );
+    });
+    g.finish();
+}
+
+fn event(i: u64) -> InboundEvent {
+    InboundEvent {
+        channel: ChannelId::new("http"),
+        chat: ChatId::new("bench"),
+        thread: None,
+        sender: UserId::new("http"),
+        event_id: PlatformEventId::new(format!("ev-{i}")),
+        content: "what does note.txt say?".into(),
+        received_at_ms: now_ms(),
+    }
+}
+
+fn tool_round(i: u64) -> [Message; 2] {
+    let mut a = Message::assistant("");
+    a.tool_calls = vec![ToolCall {
+        id: format!("call_{i}"),
+        name: "read_file".into(),
+        arguments: r#"{"path":"note.txt"}"#.into(),
+    }];
+    let r = Message::tool_result(
+        format!("call_{i}"),
+        "read_file",
+        r#"{"path":"note.txt","content":"hello from the benchmark workspace\nsecond line\n","lines":2}"#,
+    );
+    [a, r]
+}
+
+/// One short turn as the daemon stores it: journal (flush), begin, tool round, finish (flush).
+fn store_turn(store: &Store, key: &SessionKey, i: u64) {
+    let JournalOutcome::New(entry) = store.journal_inbound(&event(i), key).unwrap() else {
+        panic!("duplicate");
+    };
+    store
+        .begin_turn(&entry, &Message::user("what does note.txt say?"))
+        .unwrap();
+    store.append_messages(key, &tool_round(i)).unwrap();
+    let reply = OutboundMessage {
+        id: format!("out-{i}"),
+        channel: ChannelId::new("http"),
+        chat: ChatId::new("bench"),
+        thread: None,
+        in_reply_to: Some(PlatformEventId::new(format!("ev-{i}"))),
+        kind: OutboundKind::Final,
+        content: "Done: the note says hello.".into(),
+        meta: None,
+    };
+    store
+        .finish_turn(
+            key,
+            Some(&entry),
+            &[Message::assistant("Done: the note says hello.")],
+            Some(&reply),
+        )
+        .unwrap();
+    store.outbound_done(&reply.id).unwrap();
+}
+
+fn store_append(c: &mut Criterion) {
+    let mut g = c.benchmark_group("store");
+    g.measurement_time(Duration::from_secs(5));
+    // Per message, one flush per 100 messages.
+    g.bench_function("append_message_batched_flush_per_100", |b| {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("store"), 8 << 20).unwrap();
+        let key = SessionKey::parse("http:bench").unwrap();
+        let msg = [Message::user("a short one-line message of a chat")];
+        b.iter_custom(|iters| {
+            let t0 = Instant::now();
+            for i in 0..iters {
+                store.append_messages(&key, &msg).unwrap();
+                if i % 100 == 99 {
+                    store.flush().unwrap();
+                }
+            }
+            store.flush().unwrap();
+            t0.elapsed()
+        });
+    });
+    // Per message, never flushed (sled's own background flush only): the apply cost alone.
+    g.bench_function("append_message_no_flush", |b| {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("store"), 8 << 20).unwrap();
+        let key = SessionKey::parse("http:bench").unwrap();
+        let msg = [Message::user("a short one-line message of a chat")];
+        b.iter(|| store.append_messages(&key, &msg).unwrap());
+    });
+    // Per turn: journal + begin + tool round + finish, flushed twice as the daemon does.
+    g.bench_function("short_turn_flush_per_turn", |b| {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("store"), 8 << 20).unwrap();
+        let key = SessionKey::parse("http:bench").unwrap();
+        let mut i = 0u64;
+        b.iter(|| {
+            i += 1;
+            store_turn(&store, &key, i);
+        });
+    });
+    g.finish();
+    // Bytes on disk per short turn, printed once (not a criterion figure).
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store");
+    let store = Store::open(&path, 8 << 20).unwrap();
+    let key = SessionKey::parse("http:disk").unwrap();
+    store_turn(&store, &key, 0);
+    store.flush().unwrap();
+    let before = store.size_on_disk();
+    let n = 2000;
+    for i in 1..=n {
+        store_turn(&store, &key, i);
+    }
+    store.flush().unwrap();
+    let after = store.size_on_disk();
+    println!(
+        "store/bytes_on_disk_per_short_turn: {:.0} bytes ({} -> {} over {n} turns; budget <= 2048)",
+        after.saturating_sub(before) as f64 / n as f64,
+        before,
+        after
+    );
+}
+
+fn request_building(c: &mut Criterion) {
+    let dir = tempfile::tempdir().unwrap();
+    let reg = registry(dir.path());
+    let provider = OpenAiCompat::new(OpenAiConfig {
+        name: "openai".into(),
+        base_url: "http://127.0.0.1:9/v1".into(),
+        api_key: Some(SECRET.into()),
+        model: "bench-model".into(),
+        timeout: Duration::from_secs(60),
+        extra_headers: vec![],
+    })
+    .unwrap();
+    let system = clawft::session::prompt::system_prompt(None, &dir.path().join("ws"));
+    let first = ChatRequest {
+        model: String::new(),
+        messages: vec![
+            Message::system(system),
+            Message::user("What does note.txt say?"),
+        ],
+        tools: reg.schemas(),
+        max_tokens: None,
+        temperature: None,
+    };
+    let mut after_tool = first.clone();
+    after_tool.messages.extend(tool_round(1));
+    println!(
+        "request_building: first request {} bytes, {} tools (budget <= 16384 bytes)",
+        provider.encode_request(&first, true).len(),
+        first.tools.len()
+    );
+    let mut g = c.benchmark_group("request_building");
+    g.bench_function("schemas_from_registry", |b| b.iter(|| reg.schemas()));
+    g.bench_function("first_request_stream", |b| {
+        b.iter(|| provider.encode_request(black_box(&first), true));
+    });
+    g.bench_function("after_tool_request_stream", |b| {
+        b.iter(|| provider.encode_request(black_box(&after_tool), true));
+    });
+    g.finish();
+}
+
+/// A Markdown reply of about `paras` paragraphs with code, lists, links and emphasis.
+fn markdown(paras: usize) -> String {
+    let mut s = String::new();
+    for i in 0..paras {
+        s.push_str(&format!(
+            "## Section {i}\n\nSome **bold** and _italic_ text with `inline code`, a [link](https://example.com/{i}) and <angle> & ampersands.\n\n- item one\n- item two with **bold**\n\n```rust\nfn main() {{ println!(\"{i}\"); }}\n```\n\n"
+        ));
+    }
+    s
+}
+
+fn markdown_render(c: &mut Criterion) {
+    let short = markdown(2);
+    let long = markdown(60);
+    let mut g = c.benchmark_group("markdown");
+    g.throughput(Throughput::Bytes(long.len() as u64));
+    g.bench_function("split_markdown_long_4096_utf16", |b| {
+        b.iter(|| split_markdown(black_box(&long), 4096, Measure::Utf16));
+    });
+    g.bench_function("split_markdown_long_2000_chars", |b| {
+        b.iter(|| split_markdown(black_box(&long), 2000, Measure::Chars));
+    });
+    g.bench_function("telegram_html_long", |b| {
+        b.iter(|| clawft_channel_telegram::render::markdown_to_html(black_box(&long)));
+    });
+    g.bench_function("discord_chunks_long", |b| {
+        b.iter(|| clawft_channel_discord::render::render_chunks(black_box(&long)));
+    });
+    g.bench_function("slack_mrkdwn_long", |b| {
+        b.iter(|| clawft_channel_slack::render::render(black_box(&long)));
+    });
+    g.finish();
+    let mut g = c.benchmark_group("markdown_short");
+    g.bench_function("telegram_html_short", |b| {
+        b.iter(|| clawft_channel_telegram::render::markdown_to_html(black_box(&short)));
+    });
+    g.bench_function("split_markdown_short", |b| {
+        b.iter(|| split_markdown(black_box(&short), 4096, Measure::Utf16));
+    });
+    g.finish();
+}
+
+criterion_group!(
+    benches,
+    tool_dispatch,
+    scrub_truncate,
+    store_append,
+    request_building,
+    markdown_render
+);
+criterion_main!(benches);
