@@ -47,7 +47,9 @@ fn config(dir: &Path) -> Config {
 fn registry(dir: &Path) -> ToolRegistry {
     clawft::install_crypto_provider();
     std::fs::create_dir_all(dir.join("ws")).unwrap();
-    clawft::tools::build_registry(&config(dir), None, None, Vec::new())
+    let config = config(dir);
+    let hub = clawft::subagent::SubagentHub::new(config.tools.subagents.clone());
+    clawft::tools::build_registry(&config, None, None, Vec::new(), Some(hub))
 }
 
 fn runtime() -> tokio::runtime::Runtime {
