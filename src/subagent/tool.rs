@@ -33,20 +33,16 @@ enum Action {
 #[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct Args {
-    /// `spawn`: start a subagent in the background and return its id at once; its result
-    /// arrives later as a message. `run`: start one and wait for its result. `list`: your
-    /// subagents. `status` / `result`: one subagent by `id`. `cancel`: `id` is a task id, `all`
-    /// or `last`. `steer`: cancel subagent `id` and restart it with a new `task`.
+    /// spawn (background; the result arrives later as a message), run (wait for the result),
+    /// list, status, result, cancel, steer (restart `id` with a new `task`).
     action: Action,
-    /// The complete, self-contained instruction for the subagent (spawn, run, steer): it does
-    /// not see this conversation.
+    /// Self-contained instruction (spawn, run, steer); the subagent does not see this chat.
     task: Option<String>,
-    /// A short name shown in `list` (spawn, run; default: the task's first words).
+    /// Short name for list (default: the task's first words).
     label: Option<String>,
-    /// A task id (status, result, steer); for cancel a task id, `all` or `last`.
+    /// Task id (status, result, steer, cancel); cancel also takes `all` or `last`.
     id: Option<String>,
-    /// run: seconds to wait before the subagent is cancelled (default and maximum:
-    /// tools.subagents.run_timeout_secs, 300).
+    /// run: seconds to wait, then cancel (default and max: tools.subagents.run_timeout_secs).
     timeout_secs: Option<u64>,
     /// list: include archived tasks (default: false).
     include_archived: Option<bool>,
@@ -63,12 +59,12 @@ impl SubagentsTool {
     pub fn new(hub: Arc<SubagentHub>) -> Self {
         let s = hub.settings();
         let description = format!(
-            "Delegate work to subagents: child agents with your tools (minus a few) that work in parallel on a self-contained task and report back. `spawn` returns at once and the result arrives later as a message; `run` waits for the result (up to {}s). Limits: {} running at once overall, {} per agent, nesting depth {}, {} tool rounds each. Returns: spawn {{id, label, status}}; run/status/result {{id, label, status, result, error, usage}}; list {{tasks: [{{id, label, status, depth, runtime_ms, parent}}], running, usage}} (usage summed over all your subagents); cancel {{cancelled: [id]}}; steer {{cancelled, id}}.",
-            s.run_timeout.as_secs(),
+            "Delegate self-contained work to subagents: child agents with your tools that run in parallel and report back. Limits: {} running overall, {} per agent, depth {}, {} tool rounds, {}s each. Returns: spawn {{id, status}}; run/status/result {{id, status, result, error, usage}}; list {{tasks, running, usage}}; cancel {{cancelled}}; steer {{cancelled, id}}.",
             s.max_concurrent,
             s.max_children_per_agent,
             s.max_spawn_depth,
-            s.max_iterations
+            s.max_iterations,
+            s.run_timeout.as_secs()
         );
         Self { hub, description }
     }
