@@ -1198,8 +1198,12 @@ fn sweep(state: &mut SupervisorState) {
         match sweep_action(r, now, archive_ms) {
             SweepAction::Delete => gone.push(r.id.clone()),
             SweepAction::Archive => {
+                // Only the summary stays in memory; the answer is still in the task's
+                // transcript (`subagent:<id>`) until the record is deleted.
                 r.status = TaskStatus::Archived;
                 r.archived_ms = Some(now);
+                r.result = None;
+                r.task = r.task.chars().take(200).collect();
                 persist(&store, r);
             }
             SweepAction::Keep => {}
