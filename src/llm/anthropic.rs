@@ -40,6 +40,8 @@ pub struct Anthropic {
     cfg: AnthropicConfig,
     url: String,
     http: reqwest::Client,
+    /// The serialised `tools` array, reused while the tool list is unchanged.
+    tools_json: super::openai::ToolsJsonCache,
 }
 
 impl Anthropic {
@@ -58,7 +60,30 @@ impl Anthropic {
         } else {
             format!("{base}/v1/messages")
         };
-        Ok(Self { cfg, url, http })
+        Ok(Self {
+            cfg,
+            url,
+            http,
+            tools_json: super::openai::ToolsJsonCache::default(),
+        })
+    }
+
+    /// [`build_body`] serialised, the tools array from the cache instead of rebuilt.
+    fn body(&self, req: &ChatRequest, stream: bool) -> Vec<u8> {
+        let mut out = build_body_without_tools(&self.cfg, req, stream)
+            .to_string()
+            .into_bytes();
+        if !req.tools.is_empty() {
+            let tools = self
+                .tools_json
+                .get(&req.tools, |specs| tools_value(specs).to_string());
+            // The object always has `model`, so a comma after its last member is valid.
+            out.pop();
+            out.extend_from_slice(b",\"tools\":");
+            out.extend_from_slice(tools.as_bytes());
+            out.push(b'}');
+        }
+        out
     }
 
     fn invalid(&self, detail: impl Into<String>) -> LlmError {
@@ -83,13 +108,14 @@ impl Anthropic {
         }
     }
 
-    async fn send(&self, body: &Value) -> Result<reqwest::Response, LlmError> {
+    async fn send(&self, body: Vec<u8>) -> Result<reqwest::Response, LlmError> {
         let mut rb = self
             .http
             .post(&self.url)
             .timeout(self.cfg.timeout)
             .header("anthropic-version", ANTHROPIC_VERSION)
-            .json(body);
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(body);
         if let Some(k) = &self.cfg.api_key {
             rb = rb.header("x-api-key", k);
         }
@@ -118,7 +144,7 @@ impl Anthropic {
         req: &ChatRequest,
         tx: &mpsc::Sender<StreamEvent>,
     ) -> Result<ChatResponse, LlmError> {
-        let resp = self.send(&build_body(&self.cfg, req, true)).await?;
+        let resp = self.send(self.body(req, true)).await?;
         let mut bytes = resp.bytes_stream();
         let mut buf: Vec<u8> = Vec::new();
         let mut acc = Acc::default();
@@ -177,7 +203,27 @@ fn text_blocks(m: &Message) -> Vec<Value> {
 }
 
 /// The request body: system prompt on top, roles alternating, tool results as user blocks.
+#[cfg(test)]
 pub(crate) fn build_body(cfg: &AnthropicConfig, req: &ChatRequest, stream: bool) -> Value {
+    let mut body = build_body_without_tools(cfg, req, stream);
+    if !req.tools.is_empty() {
+        body["tools"] = tools_value(&req.tools);
+    }
+    body
+}
+
+/// The `tools` array in Anthropic's format.
+fn tools_value(specs: &[super::ToolSpec]) -> Value {
+    specs
+        .iter()
+        .map(
+            |t| json!({"name": t.name, "description": t.description, "input_schema": t.parameters}),
+        )
+        .collect()
+}
+
+/// [`build_body`] without `tools` (added by the caller from its cache).
+fn build_body_without_tools(cfg: &AnthropicConfig, req: &ChatRequest, stream: bool) -> Value {
     let mut system = Vec::new();
     let mut msgs: Vec<(String, Vec<Value>)> = Vec::new();
     for m in &req.messages {
@@ -222,13 +268,6 @@ pub(crate) fn build_body(cfg: &AnthropicConfig, req: &ChatRequest, stream: bool)
     });
     if !system.is_empty() {
         body["system"] = json!(system.join("\n\n"));
-    }
-    if !req.tools.is_empty() {
-        body["tools"] = req
-            .tools
-            .iter()
-            .map(|t| json!({"name": t.name, "description": t.description, "input_schema": t.parameters}))
-            .collect();
     }
     if let Some(t) = req.temperature {
         body["temperature"] = json!(t);
@@ -364,7 +403,7 @@ impl ChatModel for Anthropic {
         if let Some(tx) = stream {
             return self.complete_stream(req, tx).await;
         }
-        let resp = self.send(&build_body(&self.cfg, req, false)).await?;
+        let resp = self.send(self.body(req, false)).await?;
         let v: Value = resp
             .json()
             .await
@@ -387,6 +426,32 @@ mod tests {
             timeout: Duration::from_secs(5),
             max_tokens: 1024,
         }
+    }
+
+    #[test]
+    fn sent_body_equals_the_built_body_and_tools_are_serialised_once() {
+        let p = Anthropic::new(cfg()).unwrap();
+        let tool = |n: &str| crate::llm::ToolSpec {
+            name: n.into(),
+            description: format!("{n} does things"),
+            parameters: json!({"type": "object", "properties": {"tools": {"type": "null"}}}),
+        };
+        let mut req = ChatRequest {
+            model: String::new(),
+            messages: vec![Message::system("sys"), Message::user("\"tools\":null")],
+            tools: vec![tool("a"), tool("b")],
+            max_tokens: None,
+            temperature: Some(0.25),
+        };
+        for stream in [false, true] {
+            let sent: Value = serde_json::from_slice(&p.body(&req, stream)).unwrap();
+            assert_eq!(sent, build_body(&cfg(), &req, stream));
+        }
+        let _ = p.tools_json.get(&req.tools, |_| panic!("rendered twice"));
+        req.tools.clear();
+        let sent: Value = serde_json::from_slice(&p.body(&req, false)).unwrap();
+        assert_eq!(sent, build_body(&cfg(), &req, false));
+        assert!(sent.get("tools").is_none());
     }
 
     #[test]

@@ -12,7 +12,8 @@ use tokio::sync::mpsc;
 
 use super::error::parse_retry_after;
 use super::{
-    ChatModel, ChatRequest, ChatResponse, LlmError, Message, Role, StreamEvent, ToolCall, Usage,
+    ChatModel, ChatRequest, ChatResponse, LlmError, Message, Role, StreamEvent, ToolCall, ToolSpec,
+    Usage,
 };
 
 /// Settings of one OpenAI-compatible provider.
@@ -37,6 +38,35 @@ pub struct OpenAiCompat {
     cfg: OpenAiConfig,
     url: String,
     http: reqwest::Client,
+    /// The serialised `tools` array of the last request and the specs it was made from: the
+    /// tool list rarely changes between requests, so it is serialised once, not per request.
+    tools_json: ToolsJsonCache,
+}
+
+/// Serialised tool lists, reused while the specs are equal (compared, not hashed).
+#[derive(Default)]
+pub(crate) struct ToolsJsonCache(std::sync::Mutex<Option<(Vec<ToolSpec>, std::sync::Arc<str>)>>);
+
+impl ToolsJsonCache {
+    /// The JSON of `specs` rendered by `render`, from the cache when `specs` did not change.
+    pub(crate) fn get(
+        &self,
+        specs: &[ToolSpec],
+        render: impl FnOnce(&[ToolSpec]) -> String,
+    ) -> std::sync::Arc<str> {
+        let mut slot = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some((cached, json)) = slot.as_ref() {
+            if cached.as_slice() == specs {
+                return json.clone();
+            }
+        }
+        let json: std::sync::Arc<str> = render(specs).into();
+        *slot = Some((specs.to_vec(), json.clone()));
+        json
+    }
 }
 
 /// Build the shared HTTP client of a provider (rustls, no proxy from the environment is
@@ -61,37 +91,59 @@ impl OpenAiCompat {
             detail,
         })?;
         let url = format!("{}/chat/completions", cfg.base_url.trim_end_matches('/'));
-        Ok(Self { cfg, url, http })
+        Ok(Self {
+            cfg,
+            url,
+            http,
+            tools_json: ToolsJsonCache::default(),
+        })
     }
 
-    fn body(&self, req: &ChatRequest, stream: bool) -> Value {
-        let messages: Vec<Value> = req.messages.iter().map(wire_message).collect();
-        let mut body = json!({
+    /// The request body: the transcript serialised straight from the messages (no JSON tree
+    /// copy) and the tools array from the cache.
+    fn body(&self, req: &ChatRequest, stream: bool) -> Vec<u8> {
+        let mut rest = json!({
             "model": if req.model.is_empty() { &self.cfg.model } else { &req.model },
-            "messages": messages,
         });
-        if !req.tools.is_empty() {
-            body["tools"] = req
-                .tools
-                .iter()
-                .map(|t| {
-                    json!({"type": "function", "function": {
-                        "name": t.name, "description": t.description, "parameters": t.parameters,
-                    }})
-                })
-                .collect();
-        }
         if let Some(m) = req.max_tokens {
-            body["max_tokens"] = json!(m);
+            rest["max_tokens"] = json!(m);
         }
         if let Some(t) = req.temperature {
-            body["temperature"] = json!(t);
+            rest["temperature"] = json!(t);
         }
         if stream {
-            body["stream"] = json!(true);
-            body["stream_options"] = json!({"include_usage": true});
+            rest["stream"] = json!(true);
+            rest["stream_options"] = json!({"include_usage": true});
         }
-        body
+        let mut out = Vec::with_capacity(16 * 1024);
+        out.extend_from_slice(b"{\"messages\":");
+        // Serialising borrowed data into a Vec cannot fail.
+        let _ = serde_json::to_writer(&mut out, &WireMessages(&req.messages));
+        if !req.tools.is_empty() {
+            let tools = self.tools_json.get(&req.tools, |specs| {
+                let v: Vec<Value> = specs
+                    .iter()
+                    .map(|t| {
+                        json!({"type": "function", "function": {
+                            "name": t.name, "description": t.description, "parameters": t.parameters,
+                        }})
+                    })
+                    .collect();
+                Value::Array(v).to_string()
+            });
+            out.extend_from_slice(b",\"tools\":");
+            out.extend_from_slice(tools.as_bytes());
+        }
+        if let Value::Object(m) = rest {
+            for (k, v) in m {
+                out.push(b',');
+                let _ = serde_json::to_writer(&mut out, &k);
+                out.push(b':');
+                let _ = serde_json::to_writer(&mut out, &v);
+            }
+        }
+        out.push(b'}');
+        out
     }
 
     /// The request body bytes sent for `req` (what [`ChatModel::complete`] posts), for the
@@ -123,12 +175,13 @@ impl OpenAiCompat {
         }
     }
 
-    async fn send(&self, body: &Value) -> Result<reqwest::Response, LlmError> {
+    async fn send(&self, body: Vec<u8>) -> Result<reqwest::Response, LlmError> {
         let mut rb = self
             .http
             .post(&self.url)
             .timeout(self.cfg.timeout)
-            .json(body);
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(body);
         if let Some(k) = &self.cfg.api_key {
             rb = rb.bearer_auth(k);
         }
@@ -159,7 +212,7 @@ impl OpenAiCompat {
         req: &ChatRequest,
         tx: &mpsc::Sender<StreamEvent>,
     ) -> Result<ChatResponse, LlmError> {
-        let resp = self.send(&self.body(req, true)).await?;
+        let resp = self.send(self.body(req, true)).await?;
         let mut bytes = resp.bytes_stream();
         let mut buf: Vec<u8> = Vec::new();
         let mut acc = StreamAcc::default();
@@ -203,7 +256,84 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     s
 }
 
+/// The transcript in OpenAI's wire format, serialised from borrowed messages (the same JSON as
+/// [`wire_message`], without building it as a tree first).
+struct WireMessages<'a>(&'a [Message]);
+
+impl serde::Serialize for WireMessages<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.0.iter().map(WireMessage))
+    }
+}
+
+struct WireMessage<'a>(&'a Message);
+
+#[derive(serde::Serialize)]
+struct WireFunction<'a> {
+    name: &'a str,
+    arguments: &'a str,
+}
+
+#[derive(serde::Serialize)]
+struct WireCall<'a> {
+    id: &'a str,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    function: WireFunction<'a>,
+}
+
+impl serde::Serialize for WireMessage<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let m = self.0;
+        let mut map = s.serialize_map(None)?;
+        match m.role {
+            Role::System | Role::User => {
+                map.serialize_entry("content", &m.content)?;
+                map.serialize_entry(
+                    "role",
+                    if m.role == Role::System {
+                        "system"
+                    } else {
+                        "user"
+                    },
+                )?;
+            }
+            Role::Assistant => {
+                if m.content.is_empty() && !m.tool_calls.is_empty() {
+                    map.serialize_entry("content", &())?;
+                } else {
+                    map.serialize_entry("content", &m.content)?;
+                }
+                map.serialize_entry("role", "assistant")?;
+                if !m.tool_calls.is_empty() {
+                    let calls: Vec<WireCall<'_>> = m
+                        .tool_calls
+                        .iter()
+                        .map(|c| WireCall {
+                            id: &c.id,
+                            kind: "function",
+                            function: WireFunction {
+                                name: &c.name,
+                                arguments: &c.arguments,
+                            },
+                        })
+                        .collect();
+                    map.serialize_entry("tool_calls", &calls)?;
+                }
+            }
+            Role::Tool => {
+                map.serialize_entry("content", &m.content)?;
+                map.serialize_entry("role", "tool")?;
+                map.serialize_entry("tool_call_id", m.tool_call_id.as_deref().unwrap_or(""))?;
+            }
+        }
+        map.end()
+    }
+}
+
 /// A transcript message in OpenAI's wire format.
+#[cfg(test)]
 fn wire_message(m: &Message) -> Value {
     match m.role {
         Role::System => json!({"role": "system", "content": m.content}),
@@ -362,7 +492,7 @@ impl ChatModel for OpenAiCompat {
         if let Some(tx) = stream {
             return self.complete_stream(req, tx).await;
         }
-        let resp = self.send(&self.body(req, false)).await?;
+        let resp = self.send(self.body(req, false)).await?;
         let bytes = resp.bytes().await.map_err(|e| self.transport_error(&e))?;
         let v: Value =
             serde_json::from_slice(&bytes).map_err(|e| self.invalid(format!("not JSON: {e}")))?;
@@ -409,6 +539,96 @@ mod tests {
         assert_eq!(r.tool_calls[1].arguments, r#"{"path":"."}"#);
         assert_eq!(r.usage.input_tokens, 10);
         assert_eq!(r.finish_reason.as_deref(), Some("tool_calls"));
+    }
+
+    fn provider() -> OpenAiCompat {
+        OpenAiCompat::new(OpenAiConfig {
+            name: "t".into(),
+            base_url: "http://x".into(),
+            api_key: None,
+            model: "m".into(),
+            timeout: Duration::from_secs(1),
+            extra_headers: vec![],
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn serialised_transcript_equals_the_tree_form() {
+        let mut a = Message::assistant("");
+        a.tool_calls = vec![
+            ToolCall {
+                id: "c1".into(),
+                name: "read_file".into(),
+                arguments: "{\"path\":\"ü\"}".into(),
+            },
+            ToolCall {
+                id: "c2".into(),
+                name: "list_directory".into(),
+                arguments: String::new(),
+            },
+        ];
+        let mut b = Message::assistant("thinking");
+        b.tool_calls = a.tool_calls.clone();
+        let msgs = vec![
+            Message::system("sys"),
+            Message::user("a \"quoted\" ünïcode line\n"),
+            a,
+            Message::tool_result("c1", "read_file", "{\"ok\":1}"),
+            b,
+            Message::assistant(""),
+            Message::assistant("done"),
+        ];
+        let streamed: Value =
+            serde_json::from_slice(&serde_json::to_vec(&WireMessages(&msgs)).unwrap()).unwrap();
+        let tree: Vec<Value> = msgs.iter().map(wire_message).collect();
+        assert_eq!(streamed, Value::Array(tree));
+    }
+
+    #[test]
+    fn body_carries_tools_and_options_and_serialises_the_tools_once() {
+        let p = provider();
+        let tool = |n: &str| ToolSpec {
+            name: n.into(),
+            description: format!("{n} does things"),
+            parameters: json!({"type": "object", "properties": {"path": {"type": "string"}}}),
+        };
+        let mut req = ChatRequest {
+            model: String::new(),
+            messages: vec![Message::system("s"), Message::user("hi")],
+            tools: vec![tool("a"), tool("b")],
+            max_tokens: Some(100),
+            temperature: Some(0.5),
+        };
+        let v: Value = serde_json::from_slice(&p.body(&req, true)).unwrap();
+        assert_eq!(v["model"], "m");
+        assert_eq!(v["messages"][1], json!({"role": "user", "content": "hi"}));
+        assert_eq!(v["tools"][1]["type"], "function");
+        assert_eq!(v["tools"][1]["function"]["name"], "b");
+        assert_eq!(
+            v["tools"][1]["function"]["parameters"],
+            req.tools[1].parameters
+        );
+        assert_eq!(v["max_tokens"], 100);
+        assert_eq!(v["temperature"], 0.5);
+        assert_eq!(v["stream"], true);
+        assert_eq!(v["stream_options"]["include_usage"], true);
+        // Unchanged tools: served from the cache, not rendered again.
+        let again = p.tools_json.get(&req.tools, |_| panic!("rendered twice"));
+        assert!(again.contains("\"b does things\""));
+        // Changed tools: rendered again.
+        req.tools.push(tool("c"));
+        req.model = "other".into();
+        req.max_tokens = None;
+        req.temperature = None;
+        let v: Value = serde_json::from_slice(&p.body(&req, false)).unwrap();
+        assert_eq!(v["tools"].as_array().unwrap().len(), 3);
+        assert_eq!(v["model"], "other");
+        assert!(v.get("stream").is_none() && v.get("max_tokens").is_none());
+        // No tools: no `tools` key at all.
+        req.tools.clear();
+        let v: Value = serde_json::from_slice(&p.body(&req, false)).unwrap();
+        assert!(v.get("tools").is_none());
     }
 
     #[test]

@@ -163,13 +163,29 @@ pub fn parse_args<T: serde::de::DeserializeOwned>(tool: &str, args: Value) -> Re
         .map_err(|e| ToolError::InvalidArgs(format!("invalid arguments for {tool}: {e}")))
 }
 
-/// The JSON Schema of an argument struct, as shown to the model.
-pub fn schema_of<T: schemars::JsonSchema>() -> Value {
+/// The JSON Schema of an argument struct, as shown to the model. Generated once per type and
+/// process (tools are asked for their schema at every LLM request).
+pub fn schema_of<T: schemars::JsonSchema + 'static>() -> Value {
+    static CACHE: std::sync::Mutex<Vec<(std::any::TypeId, Value)>> =
+        std::sync::Mutex::new(Vec::new());
+    let id = std::any::TypeId::of::<T>();
+    if let Some((_, v)) = CACHE
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .iter()
+        .find(|(t, _)| *t == id)
+    {
+        return v.clone();
+    }
     let mut v = serde_json::to_value(schemars::schema_for!(T)).unwrap_or_else(|_| json!({}));
     if let Some(o) = v.as_object_mut() {
         o.remove("$schema");
         o.remove("title");
     }
+    CACHE
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .push((id, v.clone()));
     v
 }
 

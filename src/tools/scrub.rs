@@ -57,11 +57,27 @@ pub struct Scrubber {
 
 struct Inner {
     values: Vec<String>,
+}
+
+/// The compiled credential patterns: the same for every scrubber, so compiled once per process
+/// and only when the first text is scrubbed (not at start).
+struct Patterns {
     tokens: Vec<Regex>,
     any_token: Option<RegexSet>,
     assignment: Option<Regex>,
     bearer: Option<Regex>,
 }
+
+static PATTERNS: std::sync::LazyLock<Patterns> = std::sync::LazyLock::new(|| Patterns {
+    // The patterns are constants checked by a test; a failure here would only disable them.
+    tokens: TOKEN_PATTERNS
+        .iter()
+        .filter_map(|p| Regex::new(p).ok())
+        .collect(),
+    any_token: RegexSet::new(TOKEN_PATTERNS).ok(),
+    assignment: Regex::new(ASSIGNMENT_PATTERN).ok(),
+    bearer: Regex::new(BEARER_PATTERN).ok(),
+});
 
 impl Default for Scrubber {
     fn default() -> Self {
@@ -73,7 +89,7 @@ impl std::fmt::Debug for Scrubber {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Scrubber")
             .field("secret_values", &self.inner.values.len())
-            .field("patterns", &self.inner.tokens.len())
+            .field("patterns", &TOKEN_PATTERNS.len())
             .finish()
     }
 }
@@ -88,19 +104,8 @@ impl Scrubber {
         // Longest first, so a secret containing another is replaced whole.
         values.sort_by_key(|s| std::cmp::Reverse(s.len()));
         values.dedup();
-        // The patterns are constants checked by a test; a failure here would only disable them.
-        let tokens: Vec<Regex> = TOKEN_PATTERNS
-            .iter()
-            .filter_map(|p| Regex::new(p).ok())
-            .collect();
         Self {
-            inner: Arc::new(Inner {
-                values,
-                any_token: RegexSet::new(TOKEN_PATTERNS).ok(),
-                tokens,
-                assignment: Regex::new(ASSIGNMENT_PATTERN).ok(),
-                bearer: Regex::new(BEARER_PATTERN).ok(),
-            }),
+            inner: Arc::new(Inner { values }),
         }
     }
 
@@ -111,13 +116,13 @@ impl Scrubber {
 
     /// `text` with every secret replaced by `[REDACTED]`.
     pub fn scrub_str<'a>(&self, text: &'a str) -> Cow<'a, str> {
-        let i = &*self.inner;
         let mut out: Cow<'a, str> = Cow::Borrowed(text);
-        for v in &i.values {
+        for v in &self.inner.values {
             if out.contains(v.as_str()) {
                 out = Cow::Owned(out.replace(v.as_str(), REDACTED));
             }
         }
+        let i = &*PATTERNS;
         if i.any_token.as_ref().is_some_and(|s| s.is_match(&out)) {
             for re in &i.tokens {
                 if let Cow::Owned(s) = re.replace_all(&out, REDACTED) {
