@@ -292,7 +292,7 @@ fn request_building(c: &mut Criterion) {
             Message::system(system),
             Message::user("What does note.txt say?"),
         ],
-        tools: reg.schemas(),
+        tools: reg.schemas().into(),
         max_tokens: None,
         temperature: None,
     };

@@ -439,7 +439,7 @@ mod tests {
         let mut req = ChatRequest {
             model: String::new(),
             messages: vec![Message::system("sys"), Message::user("\"tools\":null")],
-            tools: vec![tool("a"), tool("b")],
+            tools: vec![tool("a"), tool("b")].into(),
             max_tokens: None,
             temperature: Some(0.25),
         };
@@ -448,7 +448,7 @@ mod tests {
             assert_eq!(sent, build_body(&cfg(), &req, stream));
         }
         let _ = p.tools_json.get(&req.tools, |_| panic!("rendered twice"));
-        req.tools.clear();
+        req.tools = Vec::new().into();
         let sent: Value = serde_json::from_slice(&p.body(&req, false)).unwrap();
         assert_eq!(sent, build_body(&cfg(), &req, false));
         assert!(sent.get("tools").is_none());
@@ -479,7 +479,7 @@ mod tests {
                 Message::tool_result("t2", "list_directory", "B"),
                 Message::user("and?"),
             ],
-            tools: vec![],
+            tools: Vec::new().into(),
             max_tokens: None,
             temperature: None,
         };

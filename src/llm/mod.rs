@@ -117,8 +117,9 @@ pub struct ChatRequest {
     pub model: String,
     /// The transcript, system prompt first.
     pub messages: Vec<Message>,
-    /// Tools the model may call, sorted by name.
-    pub tools: Vec<ToolSpec>,
+    /// Tools the model may call, sorted by name. Shared: a turn builds the list once and every
+    /// LLM call of the turn reuses it without copying the schemas.
+    pub tools: std::sync::Arc<[ToolSpec]>,
     /// Upper bound on generated tokens, if set.
     pub max_tokens: Option<u32>,
     /// Sampling temperature, if set.

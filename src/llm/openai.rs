@@ -45,13 +45,16 @@ pub struct OpenAiCompat {
 
 /// Serialised tool lists, reused while the specs are equal (compared, not hashed).
 #[derive(Default)]
-pub(crate) struct ToolsJsonCache(std::sync::Mutex<Option<(Vec<ToolSpec>, std::sync::Arc<str>)>>);
+pub(crate) struct ToolsJsonCache(std::sync::Mutex<Option<CachedTools>>);
+
+/// A tool list and its JSON.
+type CachedTools = (std::sync::Arc<[ToolSpec]>, std::sync::Arc<str>);
 
 impl ToolsJsonCache {
     /// The JSON of `specs` rendered by `render`, from the cache when `specs` did not change.
     pub(crate) fn get(
         &self,
-        specs: &[ToolSpec],
+        specs: &std::sync::Arc<[ToolSpec]>,
         render: impl FnOnce(&[ToolSpec]) -> String,
     ) -> std::sync::Arc<str> {
         let mut slot = self
@@ -59,12 +62,15 @@ impl ToolsJsonCache {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some((cached, json)) = slot.as_ref() {
-            if cached.as_slice() == specs {
-                return json.clone();
+            // The same list (a turn's later calls) is recognised without comparing schemas.
+            if std::sync::Arc::ptr_eq(cached, specs) || **cached == **specs {
+                let json = json.clone();
+                *slot = Some((specs.clone(), json.clone()));
+                return json;
             }
         }
         let json: std::sync::Arc<str> = render(specs).into();
-        *slot = Some((specs.to_vec(), json.clone()));
+        *slot = Some((specs.clone(), json.clone()));
         json
     }
 }
@@ -596,7 +602,7 @@ mod tests {
         let mut req = ChatRequest {
             model: String::new(),
             messages: vec![Message::system("s"), Message::user("hi")],
-            tools: vec![tool("a"), tool("b")],
+            tools: vec![tool("a"), tool("b")].into(),
             max_tokens: Some(100),
             temperature: Some(0.5),
         };
@@ -613,11 +619,14 @@ mod tests {
         assert_eq!(v["temperature"], 0.5);
         assert_eq!(v["stream"], true);
         assert_eq!(v["stream_options"]["include_usage"], true);
-        // Unchanged tools: served from the cache, not rendered again.
+        // Unchanged tools: served from the cache, not rendered again, whether the same list or
+        // an equal copy.
         let again = p.tools_json.get(&req.tools, |_| panic!("rendered twice"));
         assert!(again.contains("\"b does things\""));
+        let copy: std::sync::Arc<[ToolSpec]> = req.tools.to_vec().into();
+        p.tools_json.get(&copy, |_| panic!("rendered twice"));
         // Changed tools: rendered again.
-        req.tools.push(tool("c"));
+        req.tools = vec![tool("a"), tool("b"), tool("c")].into();
         req.model = "other".into();
         req.max_tokens = None;
         req.temperature = None;
@@ -626,7 +635,7 @@ mod tests {
         assert_eq!(v["model"], "other");
         assert!(v.get("stream").is_none() && v.get("max_tokens").is_none());
         // No tools: no `tools` key at all.
-        req.tools.clear();
+        req.tools = Vec::new().into();
         let v: Value = serde_json::from_slice(&p.body(&req, false)).unwrap();
         assert!(v.get("tools").is_none());
     }

@@ -198,7 +198,7 @@ mod tests {
         ChatRequest {
             model: String::new(),
             messages: vec![],
-            tools: vec![],
+            tools: Vec::new().into(),
             max_tokens: None,
             temperature: None,
         }

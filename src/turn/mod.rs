@@ -209,7 +209,7 @@ async fn run_turn_inner(
         }
     }
     let registry = deps.tools.current();
-    let mut tools = registry.schemas_for_tools(&exposed);
+    let mut tools: Arc<[crate::llm::ToolSpec]> = registry.schemas_for_tools(&exposed).into();
     let mut messages = Vec::with_capacity(history.len() + 1);
     messages.push(Message::system(&system));
     messages.extend_from_slice(history);
@@ -352,7 +352,7 @@ async fn run_turn_inner(
         messages.extend_from_slice(&results);
         out.messages.extend(results);
         if newly_exposed {
-            tools = registry.schemas_for_tools(&exposed);
+            tools = registry.schemas_for_tools(&exposed).into();
         }
         if let Some(m) = fatal {
             out.status = TurnStatus::Failed(m.clone());
