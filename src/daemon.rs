@@ -269,17 +269,14 @@ impl Daemon {
         let intake = CancellationToken::new();
         // Before the journal is replayed: it fails the tasks a crash interrupted and journals
         // their announcements, which the replay below then routes.
-        let supervisor = crate::subagent::start(
-            &subagents,
-            crate::subagent::SupervisorArgs {
-                deps,
-                settings: config.tools.subagents.clone(),
-                bus: bus.clone(),
-                tasks: tasks.clone(),
-                root_cancel: turns.child_token(),
-                intake: intake.clone(),
-            },
-        )
+        let supervisor = crate::subagent::start(crate::subagent::SupervisorArgs {
+            hub: subagents.clone(),
+            deps,
+            bus: bus.clone(),
+            tasks: tasks.clone(),
+            root_cancel: turns.child_token(),
+            intake: intake.clone(),
+        })
         .await
         .map_err(|e| DaemonError::Spawn(format!("subagent supervisor: {e}")))?;
 

@@ -94,6 +94,18 @@ impl TaskStatus {
     pub fn is_active(self) -> bool {
         matches!(self, TaskStatus::Spawning | TaskStatus::Running)
     }
+
+    /// The name stored and shown to the model.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaskStatus::Spawning => "spawning",
+            TaskStatus::Running => "running",
+            TaskStatus::Completed => "completed",
+            TaskStatus::Failed => "failed",
+            TaskStatus::Cancelled => "cancelled",
+            TaskStatus::Archived => "archived",
+        }
+    }
 }
 
 /// How the parent wants the result.
@@ -200,8 +212,12 @@ pub fn session_key_of(id: &str) -> Option<SessionKey> {
 
 /// The task id if `key` is a subagent's session.
 pub fn task_id_of(key: &SessionKey) -> Option<&str> {
-    key.as_str()
-        .strip_prefix(KEY_PREFIX)
+    task_id_in(key.as_str())
+}
+
+/// [`task_id_of`] for a key kept as a string (a record's `parent`).
+fn task_id_in(key: &str) -> Option<&str> {
+    key.strip_prefix(KEY_PREFIX)
         .and_then(|r| r.strip_prefix(':'))
 }
 
@@ -317,7 +333,7 @@ pub enum SupervisorMsg {
         /// Caller session.
         caller: SessionKey,
         /// Answer.
-        reply: RpcReplyPort<(TaskUsage, usize)>,
+        reply: RpcReplyPort<TaskUsage>,
     },
     /// Debounce timer of a root session's announcements.
     Flush {
@@ -326,8 +342,6 @@ pub enum SupervisorMsg {
     },
     /// Archive timer.
     Sweep,
-    /// New limits after a config reload (running tasks keep theirs).
-    SetSettings(SubagentSettings),
     /// Refuse new work, cancel running tasks and wait until they have reported.
     Shutdown {
         /// Answered when no task runs.
@@ -377,15 +391,12 @@ impl SubagentHub {
         }
     }
 
-    /// Apply reloaded limits.
+    /// Apply reloaded limits (to new spawns; running tasks keep theirs).
     pub fn set_settings(&self, s: SubagentSettings) {
         *self
             .settings
             .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = s.clone();
-        if let Some(a) = self.actor() {
-            let _ = a.cast(SupervisorMsg::SetSettings(s));
-        }
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = s;
     }
 }
 
@@ -393,8 +404,8 @@ impl SubagentHub {
 pub struct SupervisorArgs {
     /// The chat sessions' turn dependencies (store, model, tools, workspace).
     pub deps: TurnDeps,
-    /// Limits.
-    pub settings: SubagentSettings,
+    /// The limits in force (changed by a reload).
+    pub hub: Arc<SubagentHub>,
     /// Where announcements go.
     pub bus: BusRef,
     /// Tracks child tasks (the daemon waits for them).
@@ -425,14 +436,12 @@ pub struct SupervisorState {
 /// The supervisor actor.
 pub struct SupervisorActor;
 
-/// Start the supervisor (after recovering what a crash left behind) and bind `hub` to it.
+/// Start the supervisor (after recovering what a crash left behind) and bind its hub to it.
 ///
 /// # Errors
 /// The store could not be read, or the actor not spawned.
-pub async fn start(
-    hub: &SubagentHub,
-    args: SupervisorArgs,
-) -> Result<SupervisorRef, ActorProcessingErr> {
+pub async fn start(args: SupervisorArgs) -> Result<SupervisorRef, ActorProcessingErr> {
+    let hub = args.hub.clone();
     let (actor, _) = Actor::spawn(None, SupervisorActor, args).await?;
     let _ = hub.actor.set(actor.clone());
     Ok(actor)
@@ -531,15 +540,7 @@ impl Actor for SupervisorActor {
                 }
             }
             SupervisorMsg::Usage { caller, reply } => {
-                let mut total = TaskUsage::default();
-                let mut n = 0;
-                for r in state.records.values() {
-                    if r.parent == caller.as_str() {
-                        total.add(&subtree_usage(state, &r.id));
-                        n += 1;
-                    }
-                }
-                let _ = reply.send((total, n));
+                let _ = reply.send(children_usage(state, caller.as_str()));
             }
             SupervisorMsg::Flush { root } => {
                 state.flush_pending.remove(&root);
@@ -548,7 +549,6 @@ impl Actor for SupervisorActor {
                 }
             }
             SupervisorMsg::Sweep => sweep(state),
-            SupervisorMsg::SetSettings(s) => state.args.settings = s,
             SupervisorMsg::Shutdown { reply } => {
                 state.shutting_down = true;
                 let ids: Vec<String> = state.running.keys().cloned().collect();
@@ -630,10 +630,7 @@ fn is_descendant_of(state: &SupervisorState, r: &TaskRecord, caller: &str) -> bo
         if parent == caller {
             return true;
         }
-        let Some(id) = parent
-            .strip_prefix(KEY_PREFIX)
-            .and_then(|p| p.strip_prefix(':'))
-        else {
+        let Some(id) = task_id_in(parent) else {
             return false;
         };
         match state.records.get(id) {
@@ -644,15 +641,20 @@ fn is_descendant_of(state: &SupervisorState, r: &TaskRecord, caller: &str) -> bo
     false
 }
 
+/// A task's usage plus its descendants'.
 fn subtree_usage(state: &SupervisorState, id: &str) -> TaskUsage {
     let mut u = state.records.get(id).map(|r| r.usage).unwrap_or_default();
-    let Some(key) = session_key_of(id) else {
-        return u;
-    };
-    for r in state.records.values() {
-        if r.parent == key.as_str() {
-            u.add(&subtree_usage(state, &r.id));
-        }
+    if let Some(key) = session_key_of(id) {
+        u.add(&children_usage(state, key.as_str()));
+    }
+    u
+}
+
+/// The summed usage of every task below `parent` (a chat session or a subagent's key).
+fn children_usage(state: &SupervisorState, parent: &str) -> TaskUsage {
+    let mut u = TaskUsage::default();
+    for r in state.records.values().filter(|r| r.parent == parent) {
+        u.add(&subtree_usage(state, &r.id));
     }
     u
 }
@@ -662,7 +664,7 @@ fn spawn(
     state: &mut SupervisorState,
     req: SpawnRequest,
 ) -> Result<Spawned, String> {
-    let s = state.args.settings.clone();
+    let s = state.args.hub.settings();
     if state.shutting_down {
         return Err("the gateway is shutting down; no new subagents start".into());
     }
@@ -905,7 +907,7 @@ fn finished(
         ),
         (_, _, Some(s)) => (
             TaskStatus::Failed,
-            Some(if s == state.args.settings.run_timeout.as_secs() {
+            Some(if s == state.args.hub.settings().run_timeout.as_secs() {
                 format!("timed out after {s}s (tools.subagents.run_timeout_secs); it was cancelled")
             } else {
                 format!("timed out after {s}s (the run call's timeout_secs); it was cancelled")
@@ -932,7 +934,7 @@ fn finished(
             TaskStatus::Failed,
             Some(format!(
                 "stopped after {} rounds of tool calls without a final answer (tools.subagents.max_iterations)",
-                state.args.settings.max_iterations
+                state.args.hub.settings().max_iterations
             )),
             r.mode == Mode::Spawn,
         ),
@@ -975,7 +977,7 @@ fn finished(
             }
         } else if state.flush_pending.insert(r.root.clone()) {
             let root = r.root.clone();
-            myself.send_after(state.args.settings.announce_debounce, move || {
+            myself.send_after(state.args.hub.settings().announce_debounce, move || {
                 SupervisorMsg::Flush { root }
             });
         }
@@ -1023,7 +1025,7 @@ fn cancel(
                 return Err(format!("task `{id}` is not one of your subagents"));
             }
             if !r.status.is_active() {
-                return Err(format!("task `{id}` is already {:?}", r.status).to_lowercase());
+                return Err(format!("task `{id}` is already {}", r.status.as_str()));
             }
             vec![id.clone()]
         }
@@ -1191,7 +1193,7 @@ fn sweep_action(r: &TaskRecord, now: u64, archive_ms: u64) -> SweepAction {
 fn sweep(state: &mut SupervisorState) {
     let now = now_ms();
     let archive_ms =
-        u64::try_from(state.args.settings.archive_after.as_millis()).unwrap_or(u64::MAX);
+        u64::try_from(state.args.hub.settings().archive_after.as_millis()).unwrap_or(u64::MAX);
     let store = state.args.deps.store.clone();
     let mut gone = Vec::new();
     for r in state.records.values_mut() {

@@ -82,3 +82,17 @@ fn finished_and_told_tasks_are_archived_after_the_period_then_deleted_a_week_lat
         SweepAction::Delete
     );
 }
+
+#[test]
+fn status_names_are_the_stored_ones() {
+    for s in [
+        TaskStatus::Spawning,
+        TaskStatus::Running,
+        TaskStatus::Completed,
+        TaskStatus::Failed,
+        TaskStatus::Cancelled,
+        TaskStatus::Archived,
+    ] {
+        assert_eq!(serde_json::to_value(s).unwrap(), s.as_str());
+    }
+}

@@ -12,6 +12,7 @@ use super::{
     CancelReason, CancelTarget, Mode, SpawnRequest, SubagentHub, SupervisorMsg, SupervisorRef,
     TaskRecord, TaskStatus, STEER_SETTLE,
 };
+use crate::ingress::SessionKey;
 use crate::tools::{parse_args, schema_of, Effect, Tool, ToolContext, ToolError};
 
 /// Timeout of calls to the supervisor (it never awaits anything slow).
@@ -82,6 +83,65 @@ fn call_err(e: impl std::fmt::Display) -> ToolError {
     ToolError::Fatal(format!("the subagent supervisor is not answering: {e}"))
 }
 
+/// Start a task; a refusal names the limit.
+async fn spawn(actor: &SupervisorRef, req: SpawnRequest) -> Result<super::Spawned, ToolError> {
+    ractor::call_t!(actor, |reply| SupervisorMsg::Spawn { req, reply }, CALL_MS)
+        .map_err(call_err)?
+        .map_err(ToolError::PermissionDenied)
+}
+
+/// One task of `caller`'s tree with its subtree's usage, or `None`.
+async fn get(
+    actor: &SupervisorRef,
+    caller: &SessionKey,
+    id: &str,
+) -> Result<Option<(TaskRecord, super::TaskUsage)>, ToolError> {
+    ractor::call_t!(
+        actor,
+        |reply| SupervisorMsg::Get {
+            caller: caller.clone(),
+            id: id.to_string(),
+            reply
+        },
+        CALL_MS
+    )
+    .map_err(call_err)
+}
+
+/// [`get`], with an unknown id an error for the model.
+async fn get_known(
+    actor: &SupervisorRef,
+    caller: &SessionKey,
+    id: &str,
+) -> Result<(TaskRecord, super::TaskUsage), ToolError> {
+    get(actor, caller, id).await?.ok_or_else(|| {
+        ToolError::InvalidArgs(format!(
+            "no subagent task `{id}` of yours; call subagents list for the ids"
+        ))
+    })
+}
+
+/// Cancel `target` among `caller`'s tasks; the ids cancelled.
+async fn cancel(
+    actor: &SupervisorRef,
+    caller: &SessionKey,
+    target: CancelTarget,
+    reason: CancelReason,
+) -> Result<Vec<String>, ToolError> {
+    ractor::call_t!(
+        actor,
+        |reply| SupervisorMsg::Cancel {
+            caller: caller.clone(),
+            target,
+            reason,
+            reply
+        },
+        CALL_MS
+    )
+    .map_err(call_err)?
+    .map_err(ToolError::InvalidArgs)
+}
+
 fn full(r: &TaskRecord, usage: Option<super::TaskUsage>) -> Value {
     let mut v = r.summary(clawft_channel_core::now_ms());
     v["result"] = json!(r.result);
@@ -133,16 +193,13 @@ impl Tool for SubagentsTool {
                     ));
                 }
                 let req = SpawnRequest {
-                    caller,
+                    caller: caller.clone(),
                     task,
                     label: a.label,
                     mode,
                     timeout: a.timeout_secs.map(Duration::from_secs),
                 };
-                let spawned =
-                    ractor::call_t!(actor, |reply| SupervisorMsg::Spawn { req, reply }, CALL_MS)
-                        .map_err(call_err)?
-                        .map_err(ToolError::PermissionDenied)?;
+                let spawned = spawn(actor, req).await?;
                 let Some(done) = spawned.done else {
                     let r = &spawned.record;
                     return Ok(json!({
@@ -153,34 +210,18 @@ impl Tool for SubagentsTool {
                         "note": "Running in the background. Its result arrives as a message when it finishes; do not wait or poll for it.",
                     }));
                 };
-                // Cancelling this call (the parent's /stop) cancels the child through the
-                // session's subtree cancel; the child's own timeout bounds the wait.
-                let id = spawned.record.id.clone();
-                let fin = tokio::select! {
-                    biased;
-                    () = ctx.cancel.cancelled() => {
-                        let _ = actor.cast(SupervisorMsg::Cancel {
-                            caller: ctx.session.clone(),
-                            target: CancelTarget::Id(id),
-                            reason: CancelReason::SessionStopped,
-                            reply: tokio::sync::oneshot::channel().0.into(),
-                        });
-                        return Err(ToolError::Cancelled);
-                    }
-                    r = done => r.map_err(|_| call_err("the task ended without a result"))?,
-                };
-                let usage = ractor::call_t!(
-                    actor,
-                    |reply| SupervisorMsg::Get {
-                        caller: ctx.session.clone(),
-                        id: fin.id.clone(),
-                        reply
-                    },
-                    CALL_MS
-                )
-                .ok()
-                .flatten()
-                .map(|(_, u)| u);
+                // The child's own timeout bounds the wait. When the caller is cancelled the
+                // registry drops this call, and the child goes with its tree: `/stop`, `/new`
+                // and shutdown cancel a session's subagents, and a subagent's children hold
+                // child tokens of its own.
+                let fin = done
+                    .await
+                    .map_err(|_| call_err("the task ended without a result"))?;
+                let usage = get(actor, &caller, &fin.id)
+                    .await
+                    .ok()
+                    .flatten()
+                    .map(|(_, u)| u);
                 Ok(full(&fin, usage))
             }
             Action::List => {
@@ -195,7 +236,7 @@ impl Tool for SubagentsTool {
                     CALL_MS
                 )
                 .map_err(call_err)?;
-                let (usage, _) = ractor::call_t!(
+                let usage = ractor::call_t!(
                     actor,
                     |reply| SupervisorMsg::Usage { caller, reply },
                     CALL_MS
@@ -210,22 +251,8 @@ impl Tool for SubagentsTool {
                 }))
             }
             Action::Status | Action::Result => {
-                let id = need(&a.id, "id", "status/result")?.to_string();
-                let got = ractor::call_t!(
-                    actor,
-                    |reply| SupervisorMsg::Get {
-                        caller,
-                        id: id.clone(),
-                        reply
-                    },
-                    CALL_MS
-                )
-                .map_err(call_err)?;
-                let Some((r, usage)) = got else {
-                    return Err(ToolError::InvalidArgs(format!(
-                        "no subagent task `{id}` of yours; call subagents list for the ids"
-                    )));
-                };
+                let id = need(&a.id, "id", "status/result")?;
+                let (r, usage) = get_known(actor, &caller, id).await?;
                 let mut v = full(&r, Some(usage));
                 if a.action == Action::Status {
                     if let Some(o) = v.as_object_mut() {
@@ -243,59 +270,26 @@ impl Tool for SubagentsTool {
                     "last" => CancelTarget::Last,
                     id => CancelTarget::Id(id.to_string()),
                 };
-                let ids = ractor::call_t!(
-                    actor,
-                    |reply| SupervisorMsg::Cancel {
-                        caller,
-                        target,
-                        reason: CancelReason::ByParent,
-                        reply
-                    },
-                    CALL_MS
-                )
-                .map_err(call_err)?
-                .map_err(ToolError::InvalidArgs)?;
+                let ids = cancel(actor, &caller, target, CancelReason::ByParent).await?;
                 Ok(json!({ "cancelled": ids }))
             }
             Action::Steer => {
                 let id = need(&a.id, "id", "steer")?.to_string();
                 let task = need(&a.task, "task", "steer")?.to_string();
-                let got = ractor::call_t!(
-                    actor,
-                    |reply| SupervisorMsg::Get {
-                        caller: caller.clone(),
-                        id: id.clone(),
-                        reply
-                    },
-                    CALL_MS
-                )
-                .map_err(call_err)?;
-                let Some((old, _)) = got else {
-                    return Err(ToolError::InvalidArgs(format!(
-                        "no subagent task `{id}` of yours; call subagents list for the ids"
-                    )));
-                };
+                let (old, _) = get_known(actor, &caller, &id).await?;
                 if old.status != TaskStatus::Running {
                     return Err(ToolError::InvalidArgs(format!(
                         "task `{id}` is not running (it is {}); spawn a new one instead",
-                        serde_json::to_value(old.status)
-                            .ok()
-                            .and_then(|v| v.as_str().map(str::to_string))
-                            .unwrap_or_default()
+                        old.status.as_str()
                     )));
                 }
-                ractor::call_t!(
+                cancel(
                     actor,
-                    |reply| SupervisorMsg::Cancel {
-                        caller: caller.clone(),
-                        target: CancelTarget::Id(id.clone()),
-                        reason: CancelReason::Steered,
-                        reply
-                    },
-                    CALL_MS
+                    &caller,
+                    CancelTarget::Id(id.clone()),
+                    CancelReason::Steered,
                 )
-                .map_err(call_err)?
-                .map_err(ToolError::InvalidArgs)?;
+                .await?;
                 tokio::time::sleep(STEER_SETTLE).await;
                 let req = SpawnRequest {
                     caller,
@@ -304,10 +298,7 @@ impl Tool for SubagentsTool {
                     mode: Mode::Spawn,
                     timeout: None,
                 };
-                let spawned =
-                    ractor::call_t!(actor, |reply| SupervisorMsg::Spawn { req, reply }, CALL_MS)
-                        .map_err(call_err)?
-                        .map_err(ToolError::PermissionDenied)?;
+                let spawned = spawn(actor, req).await?;
                 Ok(json!({
                     "cancelled": id,
                     "id": spawned.record.id,
