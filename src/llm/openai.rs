@@ -63,7 +63,11 @@ impl ToolsJsonCache {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some((cached, json)) = slot.as_ref() {
             // The same list (a turn's later calls) is recognised without comparing schemas.
-            if std::sync::Arc::ptr_eq(cached, specs) || **cached == **specs {
+            if std::sync::Arc::ptr_eq(cached, specs) {
+                return json.clone();
+            }
+            if **cached == **specs {
+                // An equal copy: keep this one so the turn's next calls match by pointer.
                 let json = json.clone();
                 *slot = Some((specs.clone(), json.clone()));
                 return json;
