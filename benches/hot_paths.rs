@@ -11,13 +11,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clawft::config::{Config, Env};
-use clawft::ingress::SessionKey;
 use clawft::llm::openai::{OpenAiCompat, OpenAiConfig};
 use clawft::llm::{ChatRequest, Message, ToolCall};
 use clawft::store::{JournalOutcome, Store};
 use clawft::tools::scrub::Scrubber;
 use clawft::tools::truncate::truncate_result;
 use clawft::tools::{ToolContext, ToolRegistry, Workspace, MAX_TOOL_RESULT_BYTES};
+use clawft::types::SessionKey;
 use clawft_channel_core::text::{split_markdown, Measure};
 use clawft_channel_core::{
     now_ms, ChannelId, ChatId, InboundEvent, OutboundKind, OutboundMessage, PlatformEventId, UserId,

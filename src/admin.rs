@@ -9,9 +9,9 @@ use serde_json::{json, Value};
 
 use crate::bus::{BusMsg, BusRef};
 use crate::config::Config;
-use crate::ingress::SessionKey;
 use crate::session::SessionStatus;
 use crate::store::Store;
+use crate::types::SessionKey;
 
 /// Timeout of a `Clear` call through the bus.
 const CLEAR_TIMEOUT_MS: u64 = 35_000;
@@ -338,13 +338,13 @@ pub fn operator_message(
     content: &str,
 ) -> Result<clawft_channel_core::OutboundMessage, String> {
     use clawft_channel_core::{ChannelId, ChatId};
-    let content = crate::ingress::sanitize_content(content);
+    let content = crate::types::sanitize_content(content);
     if channel.is_empty() || chat.is_empty() || chat.contains(':') || content.trim().is_empty() {
         return Err(
             "channel, chat id and text must be non-empty (and the chat id without `:`)".into(),
         );
     }
-    Ok(crate::egress::proactive_message(
+    Ok(clawft_channel_core::OutboundMessage::proactive(
         ChannelId::new(channel),
         ChatId::new(chat),
         None,

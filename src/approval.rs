@@ -14,8 +14,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use clawft_channel_core::{ChannelId, ChatId, ThreadId};
 use tokio::sync::oneshot;
 
-use crate::ingress::SessionKey;
 use crate::tools::message::MessageSink;
+use crate::types::SessionKey;
 
 /// The user's answer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -80,7 +80,7 @@ impl Approvals {
     /// Ask the user of `session` whether `what` may happen; waits for the answer. A question
     /// that cannot be sent is a denial.
     pub async fn request(&self, session: &SessionKey, what: &str) -> Decision {
-        if crate::subagent::task_id_of(session).is_some() {
+        if crate::types::session_key::subagent_task_id(session).is_some() {
             // A subagent has no chat to ask in: nobody could answer.
             tracing::info!(session = %session, "a subagent cannot ask for approval; denying");
             return Decision::Deny;
@@ -99,7 +99,7 @@ impl Approvals {
         if chat.is_empty() {
             return Decision::Deny;
         }
-        let mut msg = crate::egress::proactive_message(
+        let mut msg = clawft_channel_core::OutboundMessage::proactive(
             ChannelId::new(channel),
             ChatId::new(chat),
             thread.map(ThreadId::new),

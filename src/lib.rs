@@ -11,7 +11,8 @@
 //!
 //! # Layout
 //! - [`config`]: file + environment → validated [`config::Config`]; the only env reader.
-//! - [`ingress`]: [`ingress::SessionKey`], content sanitising.
+//! - [`types`]: leaf types: [`types::SessionKey`], [`types::Secret`], text sanitising.
+//! - [`ingress`]: access rules and pairing.
 //! - [`bus`], [`session`], [`egress`]: the actors.
 //! - [`turn`]: the tool-call loop.
 //! - [`llm`]: providers behind [`llm::ChatModel`].
@@ -42,6 +43,7 @@ pub mod subagent;
 pub mod telemetry;
 pub mod tools;
 pub mod turn;
+pub mod types;
 
 /// Install ring as the process-wide rustls crypto provider (two backends are linked; without
 /// this the first TLS client panics). Idempotent.

@@ -12,10 +12,10 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::egress::{ChannelMsg, ChannelRef};
-use crate::ingress::SessionKey;
 use crate::session::{SessionActor, SessionArgs, SessionMsg, SessionRef};
 use crate::store::InboxEntry;
 use crate::turn::TurnDeps;
+use crate::types::SessionKey;
 
 /// Handle to the bus.
 pub type BusRef = ActorRef<BusMsg>;

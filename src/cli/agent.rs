@@ -49,7 +49,7 @@ pub async fn backend(config: &Config) -> Result<Backend, CliError> {
 /// # Errors
 /// Provider failure (after retries) or infrastructure errors, with a clear message.
 pub async fn run(config: &Config, message: Option<String>, session: &str) -> Result<(), CliError> {
-    crate::ingress::SessionKey::from_parts(&["cli", session]).map_err(CliError::msg)?;
+    crate::types::SessionKey::from_parts(&["cli", session]).map_err(CliError::msg)?;
     match backend(config).await? {
         Backend::Gateway(client) => via_gateway(&client, message, session).await,
         Backend::Store(store) => in_process(config, store, message, session).await,

@@ -4,7 +4,7 @@ use super::agent::{backend, Backend};
 use super::{CliError, SessionsAction};
 use crate::admin::{session_json, sessions_json};
 use crate::config::Config;
-use crate::ingress::SessionKey;
+use crate::types::SessionKey;
 
 fn encode(key: &str) -> String {
     key.bytes()

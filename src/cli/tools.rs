@@ -9,9 +9,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::CliError;
 use crate::config::Config;
-use crate::ingress::SessionKey;
 use crate::tools::policy::group_of;
 use crate::tools::{build_registry, ToolContext};
+use crate::types::SessionKey;
 
 /// `weft tools` actions.
 #[derive(Debug, clap::Subcommand)]

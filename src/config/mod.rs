@@ -6,8 +6,9 @@
 
 pub mod file;
 
+use crate::types::Secret;
+
 use std::collections::BTreeMap;
-use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -51,27 +52,6 @@ pub enum ConfigError {
         /// What went wrong and how to fix it.
         detail: String,
     },
-}
-
-/// A secret value. Its `Debug` never shows the value.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Secret(String);
-
-impl Secret {
-    /// Wraps a secret.
-    pub fn new(s: impl Into<String>) -> Self {
-        Self(s.into())
-    }
-    /// The secret itself. Call only where it is sent to its destination.
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Debug for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("Secret(***)")
-    }
 }
 
 /// A snapshot of the process environment (tests pass their own).

@@ -9,8 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clawft_channel_core::{
-    Ack, Channel, ChannelError, ChannelId, ChatId, InboundDelivery, InboundEvent, OutboundMessage,
-    ThreadId,
+    Ack, Channel, ChannelError, InboundDelivery, InboundEvent, OutboundMessage,
 };
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tokio::sync::{mpsc, oneshot};
@@ -20,8 +19,8 @@ use tracing::Instrument;
 
 use crate::bus::{BusMsg, BusRef};
 use crate::ingress::access::{Access, Verdict};
-use crate::ingress::sanitize_content;
 use crate::store::{JournalOutcome, Store};
+use crate::types::sanitize_content;
 
 /// Handle to a channel actor.
 pub type ChannelRef = ActorRef<ChannelMsg>;
@@ -215,31 +214,11 @@ async fn listen_loop(
     }
 }
 
-/// A durable message that answers no inbound event (pairing codes, approval questions, the
-/// `message` tool, `weft send`), with a fresh outbox id.
-pub fn proactive_message(
-    channel: ChannelId,
-    chat: ChatId,
-    thread: Option<ThreadId>,
-    content: String,
-) -> OutboundMessage {
-    OutboundMessage {
-        id: uuid::Uuid::now_v7().to_string(),
-        channel,
-        chat,
-        thread,
-        in_reply_to: None,
-        kind: clawft_channel_core::OutboundKind::Final,
-        content,
-        meta: None,
-    }
-}
-
 /// Refuse `event` from a sender who is not allowed, telling them (once) how to pair.
 fn refuse_sender(store: &Store, bus: &BusRef, event: &InboundEvent, reply: Option<String>) -> Ack {
     tracing::info!(sender = %event.sender, "message from a sender who is not allowed");
     if let Some(text) = reply {
-        let msg = proactive_message(
+        let msg = OutboundMessage::proactive(
             event.channel.clone(),
             event.chat.clone(),
             event.thread.clone(),

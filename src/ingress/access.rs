@@ -104,11 +104,11 @@ impl Access {
     pub fn session_key(
         &self,
         ev: &InboundEvent,
-    ) -> Result<crate::ingress::SessionKey, crate::ingress::InvalidSessionKey> {
+    ) -> Result<crate::types::SessionKey, crate::types::InvalidSessionKey> {
         if self.per_user.contains(ev.channel.as_str()) {
-            crate::ingress::SessionKey::derive_per_user(ev)
+            crate::types::SessionKey::derive_per_user(ev)
         } else {
-            crate::ingress::SessionKey::derive(ev)
+            crate::types::SessionKey::derive(ev)
         }
     }
 

@@ -172,7 +172,7 @@ pub struct McpServerSettings {
     /// Deadline of the `initialize` handshake.
     pub init_timeout: Duration,
     /// Values read through `headers_env` (to scrub from results).
-    secrets: Vec<crate::config::Secret>,
+    secrets: Vec<crate::types::Secret>,
 }
 
 impl McpServerSettings {
@@ -417,7 +417,7 @@ impl McpServerFile {
                             "{k}.{h}: the header is also set in `headers`; keep one"
                         ));
                     }
-                    secrets.push(crate::config::Secret::new(v.clone()));
+                    secrets.push(crate::types::Secret::new(v.clone()));
                     headers.push((h.clone(), v));
                 }
                 McpTransport::Http {

@@ -16,8 +16,8 @@ use rmcp::{ErrorData, ServerHandler, ServiceExt};
 use serde_json::{Map, Value};
 use tokio_util::sync::CancellationToken;
 
-use crate::ingress::SessionKey;
 use crate::tools::{ToolContext, ToolError, ToolRegistry, Workspace};
+use crate::types::SessionKey;
 
 /// Session key of calls made through the MCP server (rate limiting, logs).
 pub const MCP_SERVER_SESSION: &str = "mcp:server";

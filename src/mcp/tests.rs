@@ -13,9 +13,9 @@ use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
 use super::*;
-use crate::ingress::SessionKey;
 use crate::tools::registry::ToolSource;
 use crate::tools::{Tool, ToolContext, ToolError, ToolRegistry, Workspace};
+use crate::types::SessionKey;
 
 const WAIT: Duration = Duration::from_secs(20);
 

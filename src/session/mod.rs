@@ -22,10 +22,10 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
 use crate::bus::{BusMsg, BusRef};
-use crate::ingress::{sanitize_content, SessionKey};
 use crate::llm::{Message, Role};
 use crate::store::{InboxEntry, InboxState};
 use crate::turn::{run_turn, TurnDeps, TurnEvent, TurnOutcome, TurnStatus};
+use crate::types::{sanitize_content, SessionKey};
 
 /// Handle to a session actor.
 pub type SessionRef = ActorRef<SessionMsg>;
@@ -127,7 +127,7 @@ fn reply_to(entry: &InboxEntry, kind: OutboundKind, content: String) -> Option<O
     let ev = entry.event.as_ref()?;
     // A turn woken by the gateway itself (subagent results) answers the chat, not an event;
     // its streaming deltas and progress go nowhere.
-    let system = ev.sender.as_str() == crate::subagent::SYSTEM_SENDER;
+    let system = ev.sender.as_str() == crate::types::session_key::SYSTEM_SENDER;
     if system && !kind.is_durable() {
         return None;
     }

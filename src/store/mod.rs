@@ -13,8 +13,8 @@ use std::sync::Arc;
 use clawft_channel_core::{InboundEvent, OutboundMessage};
 use serde::{Deserialize, Serialize};
 
-use crate::ingress::SessionKey;
 use crate::llm::Message;
+use crate::types::SessionKey;
 use kv::{Kv, MemKv, Op, SledKv};
 
 /// Why a store operation failed.

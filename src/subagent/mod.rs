@@ -33,20 +33,20 @@ use tokio_util::task::TaskTracker;
 pub use config::{SubagentSettings, SubagentsFile};
 
 use crate::bus::{BusMsg, BusRef};
-use crate::ingress::SessionKey;
 use crate::llm::Message;
 use crate::store::{JournalOutcome, Store};
 use crate::tools::policy::Pattern;
 use crate::turn::{run_turn, TurnDeps, TurnStatus};
+use crate::types::session_key::{
+    subagent_key as session_key_of, subagent_task_id as task_id_of,
+    subagent_task_id_in as task_id_in, SYSTEM_SENDER,
+};
+use crate::types::SessionKey;
 
 /// Store namespace of task records.
 pub const NS_TASKS: &str = "subagents";
 /// Store namespace of announcement batches written but maybe not yet journaled.
 const NS_BATCHES: &str = "subagent_batches";
-/// First component of a subagent's session key.
-pub const KEY_PREFIX: &str = "subagent";
-/// The sender of announcement messages; replies to them are not threaded to an event.
-pub const SYSTEM_SENDER: &str = "clawft-subagents";
 /// How long `steer` waits between cancelling and respawning.
 pub const STEER_SETTLE: Duration = Duration::from_millis(500);
 /// Most characters of one result quoted in an announcement.
@@ -203,22 +203,6 @@ impl TaskRecord {
     pub fn session_key(&self) -> Option<SessionKey> {
         session_key_of(&self.id)
     }
-}
-
-/// `subagent:<id>`.
-pub fn session_key_of(id: &str) -> Option<SessionKey> {
-    SessionKey::from_parts(&[KEY_PREFIX, id]).ok()
-}
-
-/// The task id if `key` is a subagent's session.
-pub fn task_id_of(key: &SessionKey) -> Option<&str> {
-    task_id_in(key.as_str())
-}
-
-/// [`task_id_of`] for a key kept as a string (a record's `parent`).
-fn task_id_in(key: &str) -> Option<&str> {
-    key.strip_prefix(KEY_PREFIX)
-        .and_then(|r| r.strip_prefix(':'))
 }
 
 /// A spawn or run request from the tool.
@@ -836,7 +820,7 @@ async fn run_child(
     timeout: Duration,
 ) -> ChildResult {
     let started = Instant::now();
-    let user = Message::user(crate::ingress::sanitize_content(task));
+    let user = Message::user(crate::types::sanitize_content(task));
     if let Err(e) = deps.store.append_messages(key, std::slice::from_ref(&user)) {
         return ChildResult {
             status: TurnStatus::Failed(format!("store failed: {e}")),

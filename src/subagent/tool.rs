@@ -12,8 +12,8 @@ use super::{
     CancelReason, CancelTarget, Mode, SpawnRequest, SubagentHub, SupervisorMsg, SupervisorRef,
     TaskRecord, TaskStatus, STEER_SETTLE,
 };
-use crate::ingress::SessionKey;
 use crate::tools::{parse_args, schema_of, Effect, Tool, ToolContext, ToolError};
+use crate::types::SessionKey;
 
 /// Timeout of calls to the supervisor (it never awaits anything slow).
 const CALL_MS: u64 = 10_000;

@@ -824,9 +824,9 @@ mod tests {
     use tokio_util::sync::CancellationToken;
 
     use super::*;
-    use crate::ingress::SessionKey;
     use crate::tools::shell_policy::Approval;
     use crate::tools::Workspace;
+    use crate::types::SessionKey;
 
     const CANARY_TEXT: &str = "CANARY-7f3a9c-do-not-leak";
 

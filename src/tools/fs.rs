@@ -637,8 +637,8 @@ mod tests {
     use tokio_util::sync::CancellationToken;
 
     use super::*;
-    use crate::ingress::SessionKey;
     use crate::tools::Workspace;
+    use crate::types::SessionKey;
 
     fn ctx(dir: &std::path::Path) -> ToolContext {
         ToolContext {

@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 
 use super::policy::wildcard;
 use super::{parse_args, schema_of, Effect, Tool, ToolContext, ToolError};
-use crate::ingress::sanitize_content;
+use crate::types::sanitize_content;
 
 /// Longest message the tool accepts, in bytes (channels split long messages themselves).
 pub const MAX_MESSAGE_BYTES: usize = 32 * 1024;
@@ -119,7 +119,7 @@ impl Tool for MessageTool {
             _ => None,
         };
         let len = content.chars().count();
-        let msg = crate::egress::proactive_message(
+        let msg = clawft_channel_core::OutboundMessage::proactive(
             ChannelId::new(&a.channel),
             ChatId::new(&a.chat_id),
             thread,
@@ -145,8 +145,8 @@ mod tests {
     use tokio_util::sync::CancellationToken;
 
     use super::*;
-    use crate::ingress::SessionKey;
     use crate::tools::Workspace;
+    use crate::types::SessionKey;
     use clawft_channel_core::OutboundKind;
 
     #[derive(Default)]

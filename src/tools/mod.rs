@@ -30,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 pub use registry::ToolRegistry;
 pub use workspace::Workspace;
 
-use crate::ingress::SessionKey;
+use crate::types::SessionKey;
 
 /// Max bytes of tool output returned to the model (64 KiB, seed 002): keeps one result under
 /// ~16k tokens.

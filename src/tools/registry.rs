@@ -350,8 +350,8 @@ mod tests {
     use tokio_util::sync::CancellationToken;
 
     use super::*;
-    use crate::ingress::SessionKey;
     use crate::tools::{Effect, Workspace};
+    use crate::types::SessionKey;
 
     /// Echoes its arguments.
     struct EchoTool(&'static str);

@@ -23,7 +23,7 @@ use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 
 use super::ToolError;
-use crate::ingress::SessionKey;
+use crate::types::SessionKey;
 
 /// The denylist used when `deny_patterns` is not configured: seed 000's patterns plus seed
 /// 004's (remote code execution, reverse shells, eval injection) and a few obvious variants.

@@ -21,7 +21,7 @@ use url::Url;
 use super::html;
 use super::ssrf::{self, Cidr, FetchError, GuardedClient, GuardedRequest, SsrfPolicy};
 use super::{parse_args, schema_of, Effect, Tool, ToolContext, ToolError};
-use crate::config::Secret;
+use crate::types::Secret;
 
 /// Default cap on a fetched body (10 MB, seed 001); the registry later cuts the result to
 /// 64 KiB, so this bounds memory and transfer, not what the model sees.
@@ -907,8 +907,8 @@ mod tests {
     use tokio_util::sync::CancellationToken;
 
     use super::*;
-    use crate::ingress::SessionKey;
     use crate::tools::Workspace;
+    use crate::types::SessionKey;
 
     struct Ctx {
         _dir: tempfile::TempDir,

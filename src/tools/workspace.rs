@@ -345,8 +345,8 @@ pub(crate) mod testutil {
     use tokio_util::sync::CancellationToken;
 
     use super::Workspace;
-    use crate::ingress::SessionKey;
     use crate::tools::ToolContext;
+    use crate::types::SessionKey;
 
     /// Marker text of the canary; it must never appear in any result.
     pub(crate) const CANARY_MARK: &str = "CANARY-7f3a9c";

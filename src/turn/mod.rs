@@ -12,12 +12,12 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::config::AgentConfig;
-use crate::ingress::SessionKey;
 use crate::llm::{
     ChatRequest, ChatResponse, DynModel, LlmError, Message, Role, StreamEvent, Usage,
 };
 use crate::store::Store;
 use crate::tools::{ToolContext, ToolError, Workspace};
+use crate::types::SessionKey;
 
 /// What a turn needs, shared by all turns of all sessions.
 #[derive(Clone)]

@@ -80,7 +80,7 @@ fn announcements(llm: &FakeLlm) -> Vec<String> {
 
 /// Every task the supervisor knows under chat session `http:CHAT`.
 async fn tasks(gw: &TestGateway, chat: &str) -> Vec<TaskRecord> {
-    let caller = clawft::ingress::SessionKey::parse(&format!("http:{chat}")).unwrap();
+    let caller = clawft::types::SessionKey::parse(&format!("http:{chat}")).unwrap();
     ractor::call_t!(
         gw.gateway.daemon.supervisor(),
         |reply| SupervisorMsg::List {
@@ -447,7 +447,7 @@ async fn depth_limit_allows_exactly_n_levels_and_usage_sums_up_the_tree() {
     .await;
     assert_eq!(t.iter().map(|r| r.depth).collect::<Vec<_>>(), [1, 2]);
     // Usage of level 1 (2 calls) includes level 2's (2 calls).
-    let caller = clawft::ingress::SessionKey::parse("http:d").unwrap();
+    let caller = clawft::types::SessionKey::parse("http:d").unwrap();
     let (rec, usage) = ractor::call_t!(
         gw.gateway.daemon.supervisor(),
         |reply| SupervisorMsg::Get {

@@ -175,6 +175,28 @@ pub struct OutboundMessage {
     pub meta: Option<serde_json::Value>,
 }
 
+impl OutboundMessage {
+    /// A durable message that answers no inbound event (pairing codes, approval questions, the
+    /// `message` tool, `weft send`), with a fresh outbox id.
+    pub fn proactive(
+        channel: ChannelId,
+        chat: ChatId,
+        thread: Option<ThreadId>,
+        content: String,
+    ) -> Self {
+        Self {
+            id: uuid::Uuid::now_v7().to_string(),
+            channel,
+            chat,
+            thread,
+            in_reply_to: None,
+            kind: OutboundKind::Final,
+            content,
+            meta: None,
+        }
+    }
+}
+
 /// The platform's reference to a message it accepted.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SentRef(pub String);

@@ -1,0 +1,12 @@
+//! Leaf types shared by every layer: ids ([`SessionKey`]), [`Secret`], [`SettingError`], text
+//! sanitising. This module imports nothing from the crate (see `docs/architecture.md`, layer 0).
+
+pub mod secret;
+pub mod session_key;
+pub mod setting;
+pub mod text;
+
+pub use secret::Secret;
+pub use session_key::{InvalidSessionKey, SessionKey, MAX_SESSION_KEY_BYTES};
+pub use setting::SettingError;
+pub use text::sanitize_content;

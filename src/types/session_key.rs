@@ -1,0 +1,209 @@
+//! [`SessionKey`]: one conversation, `channel:chat[:thread]`, with its one storage encoding, and
+//! the keys the gateway makes for itself (subagents).
+
+use std::fmt;
+
+use clawft_channel_core::InboundEvent;
+use serde::{Deserialize, Serialize};
+
+/// Longest accepted session key, in bytes (seed 002).
+pub const MAX_SESSION_KEY_BYTES: usize = 256;
+
+/// One conversation: `channel:chat[:thread]`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct SessionKey(String);
+
+/// Why a session key was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid session id `{shown}`: {reason}")]
+pub struct InvalidSessionKey {
+    shown: String,
+    reason: &'static str,
+}
+
+impl SessionKey {
+    /// Derive the key of an inbound event (the only constructor used by ingress).
+    ///
+    /// # Errors
+    /// When a component is empty, has `:`, or the whole fails [`SessionKey::parse`].
+    pub fn derive(ev: &InboundEvent) -> Result<Self, InvalidSessionKey> {
+        let mut parts = vec![ev.channel.as_str(), ev.chat.as_str()];
+        if let Some(t) = &ev.thread {
+            parts.push(t.as_str());
+        }
+        Self::from_parts(&parts)
+    }
+
+    /// Build a key from components, each non-empty and without `:`.
+    ///
+    /// # Errors
+    /// As [`SessionKey::parse`], or a component that is empty or contains `:`.
+    pub fn from_parts(parts: &[&str]) -> Result<Self, InvalidSessionKey> {
+        for p in parts {
+            if p.is_empty() {
+                return Err(invalid(&parts.join(":"), "empty component"));
+            }
+            if p.contains(':') {
+                return Err(invalid(&parts.join(":"), "a component contains `:`"));
+            }
+        }
+        Self::parse(&parts.join(":"))
+    }
+
+    /// Validate a key given as text (CLI, HTTP admin API): not empty, at most 256 bytes, no
+    /// `..`, no `/` or `\`, no NUL or control characters.
+    ///
+    /// # Errors
+    /// [`InvalidSessionKey`] saying which rule was broken.
+    pub fn parse(s: &str) -> Result<Self, InvalidSessionKey> {
+        if s.is_empty() {
+            return Err(invalid(s, "empty"));
+        }
+        if s.len() > MAX_SESSION_KEY_BYTES {
+            return Err(invalid(s, "longer than 256 bytes"));
+        }
+        if s.contains("..") {
+            return Err(invalid(s, "contains `..`"));
+        }
+        if s.contains('/') || s.contains('\\') {
+            return Err(invalid(s, "contains a path separator"));
+        }
+        if s.chars().any(char::is_control) {
+            return Err(invalid(s, "contains NUL or a control character"));
+        }
+        Ok(Self(s.to_string()))
+    }
+
+    /// The key as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The one storage encoding (never contains NUL, which the store uses as separator).
+    pub fn to_store_key(&self) -> Vec<u8> {
+        self.0.as_bytes().to_vec()
+    }
+
+    /// The channel component.
+    pub fn channel(&self) -> &str {
+        self.0.split(':').next().unwrap_or("")
+    }
+
+    /// The key of `ev` when the channel isolates users: one session per sender inside each
+    /// chat/thread, `channel:chat:thread-or--:u<sender>` (four components; ordinary keys have
+    /// two or three, so [`SessionKey::route`] tells them apart).
+    ///
+    /// # Errors
+    /// As [`SessionKey::from_parts`].
+    pub fn derive_per_user(ev: &InboundEvent) -> Result<Self, InvalidSessionKey> {
+        let user = format!("u{}", ev.sender);
+        let thread = ev.thread.as_ref().map_or("-", |t| t.as_str());
+        Self::from_parts(&[ev.channel.as_str(), ev.chat.as_str(), thread, &user])
+    }
+
+    /// Where replies for this session go: (channel, chat, thread).
+    pub fn route(&self) -> (&str, &str, Option<&str>) {
+        let p: Vec<&str> = self.0.split(':').collect();
+        match p.as_slice() {
+            [c, chat] => (c, chat, None),
+            [c, chat, t] => (c, chat, Some(t)),
+            [c, chat, t, ..] => (c, chat, (*t != "-").then_some(*t)),
+            _ => (self.channel(), "", None),
+        }
+    }
+}
+
+fn invalid(s: &str, reason: &'static str) -> InvalidSessionKey {
+    let shown: String = s
+        .chars()
+        .take(64)
+        .map(|c| if c.is_control() { '?' } else { c })
+        .collect();
+    InvalidSessionKey { shown, reason }
+}
+
+impl fmt::Display for SessionKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl TryFrom<String> for SessionKey {
+    type Error = InvalidSessionKey;
+    fn try_from(s: String) -> Result<Self, Self::Error> {
+        Self::parse(&s)
+    }
+}
+
+impl From<SessionKey> for String {
+    fn from(k: SessionKey) -> String {
+        k.0
+    }
+}
+
+/// Session keys of subagents are `subagent:<task id>`.
+pub const SUBAGENT_KEY_PREFIX: &str = "subagent";
+
+/// The sender of the inbound events the gateway journals for itself (subagent announcements):
+/// their replies answer the chat, not an event.
+pub const SYSTEM_SENDER: &str = "clawft-subagents";
+
+/// `subagent:<id>`.
+pub fn subagent_key(id: &str) -> Option<SessionKey> {
+    SessionKey::from_parts(&[SUBAGENT_KEY_PREFIX, id]).ok()
+}
+
+/// The task id if `key` is a subagent's session.
+pub fn subagent_task_id(key: &SessionKey) -> Option<&str> {
+    subagent_task_id_in(key.as_str())
+}
+
+/// [`subagent_task_id`] for a key kept as a string (a record's `parent`).
+pub fn subagent_task_id_in(key: &str) -> Option<&str> {
+    key.strip_prefix(SUBAGENT_KEY_PREFIX)
+        .and_then(|r| r.strip_prefix(':'))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    #[test]
+    fn routes_of_chat_thread_and_per_user_keys() {
+        let k = |s: &str| SessionKey::parse(s).unwrap();
+        assert_eq!(k("telegram:42").route(), ("telegram", "42", None));
+        assert_eq!(k("slack:C1:171.2").route(), ("slack", "C1", Some("171.2")));
+        assert_eq!(k("telegram:-100:-:u42").route(), ("telegram", "-100", None));
+        assert_eq!(
+            k("telegram:-100:7:u42").route(),
+            ("telegram", "-100", Some("7"))
+        );
+    }
+
+    #[test]
+    fn keys_are_validated() {
+        assert!(SessionKey::parse("http:abc").is_ok());
+        for bad in [
+            "",
+            "a/../b",
+            "a/b",
+            "a\\b",
+            "a\0b",
+            "a\x07b",
+            &"x".repeat(257),
+        ] {
+            assert!(SessionKey::parse(bad).is_err(), "{bad:?} accepted");
+        }
+        assert!(SessionKey::parse(&"x".repeat(256)).is_ok());
+        assert!(SessionKey::from_parts(&["http", "a:b"]).is_err());
+        assert!(SessionKey::from_parts(&["http", ""]).is_err());
+        assert_eq!(
+            SessionKey::from_parts(&["slack", "C1", "17.5"])
+                .unwrap()
+                .as_str(),
+            "slack:C1:17.5"
+        );
+    }
+}
