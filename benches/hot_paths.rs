@@ -49,7 +49,7 @@ fn registry(dir: &Path) -> ToolRegistry {
     std::fs::create_dir_all(dir.join("ws")).unwrap();
     let config = config(dir);
     let hub = clawft::subagent::SubagentHub::new(config.tools.subagents.clone());
-    clawft::tools::build_registry(&config, None, None, Vec::new(), Some(hub))
+    clawft::daemon::build_registry(&config, None, None, Vec::new(), Some(hub))
 }
 
 fn runtime() -> tokio::runtime::Runtime {

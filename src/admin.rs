@@ -9,6 +9,7 @@ use serde_json::{json, Value};
 
 use crate::bus::{BusMsg, BusRef};
 use crate::config::Config;
+use crate::egress::{ChannelTable, Outbox};
 use crate::session::SessionStatus;
 use crate::store::Store;
 use crate::types::SessionKey;
@@ -108,16 +109,13 @@ pub fn session_json(store: &Store, key: &str) -> Result<Option<Value>, String> {
 struct Running {
     bus: BusRef,
     store: Store,
-    channels: crate::daemon::ChannelsSlot,
+    outbox: Outbox,
     mcp: crate::daemon::McpSlot,
 }
 
 impl Running {
-    fn channels(&self) -> Vec<(String, crate::egress::ChannelRef)> {
-        self.channels
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
+    fn channels(&self) -> &ChannelTable {
+        self.outbox.channels()
     }
 
     fn mcp(&self) -> Option<Arc<crate::mcp::client::McpManager>> {
@@ -145,17 +143,11 @@ impl AdminApi {
     }
 
     /// Connect it to the running daemon.
-    pub fn attach(
-        &self,
-        bus: BusRef,
-        store: Store,
-        channels: crate::daemon::ChannelsSlot,
-        mcp: crate::daemon::McpSlot,
-    ) {
+    pub fn attach(&self, bus: BusRef, store: Store, outbox: Outbox, mcp: crate::daemon::McpSlot) {
         let _ = self.running.set(Running {
             bus,
             store,
-            channels,
+            outbox,
             mcp,
         });
     }
@@ -169,8 +161,7 @@ impl clawft_channel_http::Admin for AdminApi {
                 let live = crate::daemon::live_sessions(&r.bus).await;
                 let mut v = status_json(&self.config, &r.store, Some(&live));
                 v["mode"] = json!("gateway");
-                let channels = r.channels();
-                v["channel_states"] = crate::daemon::channel_states(&channels).await;
+                v["channel_states"] = crate::daemon::channel_states(r.channels()).await;
                 v["mcp_servers"] = mcp_json(r.mcp().as_deref());
                 v
             }
@@ -197,16 +188,17 @@ impl clawft_channel_http::Admin for AdminApi {
             CLEAR_TIMEOUT_MS
         )
         .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())
     }
 
     async fn ready(&self) -> Result<Value, Value> {
         let Some(r) = self.running.get() else {
             return Err(json!({"status": "starting"}));
         };
-        let channels = r.channels();
+
         Ok(json!({
             "status": "ready",
-            "channels": crate::daemon::channel_states(&channels).await,
+            "channels": crate::daemon::channel_states(r.channels()).await,
             "providers": self.config.providers.iter().map(|p| json!({
                 "name": p.name,
                 "base_url": p.base_url,
@@ -293,7 +285,7 @@ impl clawft_channel_http::Admin for AdminApi {
                         .ok_or_else(|| format!("`{k}` (a string) is required"))
                 };
                 let channel = field("channel")?;
-                let running: Vec<String> = r.channels().iter().map(|(id, _)| id.clone()).collect();
+                let running = r.channels().names();
                 if !running.contains(&channel) {
                     return Err(format!(
                         "no channel `{channel}` is running; running channels: {}",
@@ -302,10 +294,7 @@ impl clawft_channel_http::Admin for AdminApi {
                 }
                 let msg = operator_message(&channel, &field("chat_id")?, &field("content")?)?;
                 let id = msg.id.clone();
-                r.store.enqueue_outbound(&msg).map_err(|e| e.to_string())?;
-                r.bus
-                    .cast(BusMsg::Outbound(msg))
-                    .map_err(|_| "the bus stopped; the message stays in the outbox".to_string())?;
+                r.outbox.send(msg).map_err(|e| format!("outbox: {e}"))?;
                 Ok(json!({"status": "queued", "id": id}))
             }
             "mcp/list" => Ok(mcp_json(r.mcp().as_deref())),

@@ -17,6 +17,11 @@ use tokio::sync::oneshot;
 use crate::tools::message::MessageSink;
 use crate::types::SessionKey;
 
+/// `/approve` or `/deny` for a request that is not pending in this chat.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("No pending approval `{0}` in this chat (it may have timed out).")]
+pub struct NotPending(pub String);
+
 /// The user's answer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Decision {
@@ -119,41 +124,27 @@ impl Approvals {
     ///
     /// # Errors
     /// No such pending request for this session.
-    pub fn answer(&self, session: &SessionKey, id: &str, d: Decision) -> Result<String, String> {
+    pub fn answer(
+        &self,
+        session: &SessionKey,
+        id: &str,
+        d: Decision,
+    ) -> Result<String, NotPending> {
         let mut g = self.lock();
-        match g.get(id) {
-            Some(p) if p.session == *session => {}
-            _ => {
-                return Err(format!(
-                    "No pending approval `{id}` in this chat (it may have timed out)."
-                ))
+        let p = match g.remove(id) {
+            Some(p) if p.session == *session => p,
+            Some(p) => {
+                g.insert(id.to_string(), p);
+                return Err(NotPending(id.to_string()));
             }
-        }
-        let p = g.remove(id).ok_or("gone")?;
+            None => return Err(NotPending(id.to_string())),
+        };
         let _ = p.tx.send(d);
         Ok(match d {
             Decision::Once => format!("Approved `{id}` once."),
             Decision::Always => format!("Approved `{id}`; this command will not be asked again."),
             Decision::Deny => format!("Denied `{id}`."),
         })
-    }
-
-    /// Parse `/approve ID [always]` or `/deny ID`.
-    pub fn parse_command(text: &str) -> Option<(String, Decision)> {
-        let mut words = text.split_whitespace();
-        let cmd = words.next()?;
-        let id = words.next()?.to_string();
-        let rest = words.next();
-        if words.next().is_some() {
-            return None;
-        }
-        let d = match (cmd, rest) {
-            ("/approve", None | Some("once")) => Decision::Once,
-            ("/approve", Some("always")) => Decision::Always,
-            ("/deny", None) => Decision::Deny,
-            _ => return None,
-        };
-        Some((id, d))
     }
 
     /// Number of requests waiting (for status and tests).
@@ -176,7 +167,7 @@ mod tests {
         fn channels(&self) -> Vec<String> {
             vec!["telegram".into()]
         }
-        fn send(&self, msg: OutboundMessage) -> Result<(), String> {
+        fn send(&self, msg: OutboundMessage) -> Result<(), crate::store::StoreError> {
             self.0.lock().unwrap().push(msg);
             Ok(())
         }
@@ -224,24 +215,5 @@ mod tests {
         let r = tokio::time::timeout(Duration::from_millis(20), a.request(&me, "x")).await;
         assert!(r.is_err());
         assert_eq!(a.pending(), 0);
-    }
-
-    #[test]
-    fn commands() {
-        assert_eq!(
-            Approvals::parse_command("/approve ab12"),
-            Some(("ab12".into(), Decision::Once))
-        );
-        assert_eq!(
-            Approvals::parse_command("/approve ab12 always"),
-            Some(("ab12".into(), Decision::Always))
-        );
-        assert_eq!(
-            Approvals::parse_command("/deny ab12"),
-            Some(("ab12".into(), Decision::Deny))
-        );
-        assert_eq!(Approvals::parse_command("/approve"), None);
-        assert_eq!(Approvals::parse_command("/deny ab12 always"), None);
-        assert_eq!(Approvals::parse_command("approve ab12"), None);
     }
 }

@@ -1,32 +1,36 @@
 //! clawft: the `weft` agent gateway.
 //!
 //! ```text
-//! channels/<platform> ─InboundDelivery─▶ ChannelActor: ingress pump (sanitise, SessionKey,
-//!                                         journal + flush, ack) ─BusMsg::Inbound─▶ BusActor
-//! BusActor (SessionKey → SessionActor, spawned on first message, supervised)
+//! channels/<platform> ─InboundDelivery─▶ ingress pump (access, SessionKey, journal + flush, ack)
+//!   ─Inbox─▶ BusActor (SessionKey → SessionActor, spawned on first message, supervised)
 //!   ─SessionMsg::Inbound─▶ SessionActor (queue, transcript; one turn at a time)
 //!   ─spawns─▶ turn::run_turn (LLM ⇄ ToolRegistry) ─SessionMsg::TurnFinished─▶ SessionActor
-//!   ─BusMsg::Outbound─▶ BusActor ─ChannelMsg::Send─▶ ChannelActor outbox ─▶ Channel::send
+//!   ─Outbox (persist, then route)─▶ ChannelActor outbox worker ─▶ Channel::send
 //! ```
 //!
 //! # Layout
-//! - [`config`]: file + environment → validated [`config::Config`]; the only env reader.
-//! - [`types`]: leaf types: [`types::SessionKey`], [`types::Secret`], text sanitising.
-//! - [`ingress`]: access rules and pairing.
-//! - [`bus`], [`session`], [`egress`]: the actors.
-//! - [`turn`]: the tool-call loop.
-//! - [`llm`]: providers behind [`llm::ChatModel`].
-//! - [`tools`]: [`tools::Tool`], [`tools::ToolRegistry`], built-in tools.
+//! By layer, from the bottom up; a module imports only from layers below it
+//! (`docs/architecture.md`, checked by `tests/it/layering.rs`).
+//! - [`types`]: leaf types: [`types::SessionKey`], [`types::Secret`], [`types::SettingError`],
+//!   text sanitising. [`metrics`], [`telemetry`], [`notify`]: process-wide facilities.
+//! - [`llm`]: providers behind [`llm::ChatModel`]. [`net`]: the network guard (SSRF).
 //! - [`store`]: sled transcripts, inbound journal, outbox.
-//! - [`daemon`]: builds the tree, recovery, shutdown order.
-//! - [`admin`]: the admin side of the HTTP API (status, sessions).
-//! - [`approval`]: approvals asked of the user in their chat (exec `ask` mode).
-//! - [`cli`]: the `weft` subcommands.
+//! - [`tools`]: [`tools::Tool`], [`tools::ToolRegistry`], built-in tools.
+//! - [`skills`]: `SKILL.md` skills. [`mcp`]: MCP client and server.
+//! - [`config`]: file + environment → validated [`config::Config`]; the only env reader.
+//!   [`approval`]: approvals asked of the user in their chat (exec `ask` mode).
+//! - [`egress`]: channel actors (outbox workers), the [`egress::Outbox`] handle and the live
+//!   [`egress::ChannelTable`]. [`turn`]: the tool-call loop.
+//! - [`session`]: one actor per conversation. [`bus`]: routes inbound messages to sessions.
+//! - [`ingress`]: listeners, the ingress pump, access rules and pairing. [`subagent`]: the
+//!   subagent supervisor and the `subagents` tool.
+//! - [`daemon`]: the composition root: builds everything from the config, recovery, reloads,
+//!   shutdown order. [`admin`]: the control plane behind the HTTP API. [`cli`]: the `weft`
+//!   subcommands.
 
 pub mod admin;
 pub mod approval;
 pub mod bus;
-pub mod channels;
 pub mod cli;
 pub mod config;
 pub mod daemon;

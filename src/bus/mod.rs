@@ -1,55 +1,49 @@
 //! ② The [`BusActor`] routes journaled inbound messages to one session actor per
-//! [`SessionKey`] (spawned on first message, supervised) and replies to channel actors.
+//! [`SessionKey`] (spawned on first message, supervised, evicted when idle). Senders of inbound
+//! messages (ingress, the subagent supervisor) hold an [`Inbox`], not the actor's ref; replies
+//! do not pass through the bus (sessions hold an [`crate::egress::Outbox`]).
 //!
 //! It holds no conversation state and never awaits the LLM.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
-use clawft_channel_core::{ChannelId, OutboundMessage};
 use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::egress::{ChannelMsg, ChannelRef};
-use crate::session::{SessionActor, SessionArgs, SessionMsg, SessionRef};
-use crate::store::InboxEntry;
+use crate::egress::ChannelTable;
+use crate::session::{SessionActor, SessionArgs, SessionHooks, SessionMsg, SessionRef};
+use crate::store::{InboxEntry, StoreError};
 use crate::turn::TurnDeps;
 use crate::types::SessionKey;
 
 /// Handle to the bus.
 pub type BusRef = ActorRef<BusMsg>;
 
+/// The narrow handle of those who route journaled inbound messages (ingress, the subagent
+/// supervisor): they can hand the bus an entry, nothing else.
+#[derive(Clone)]
+pub struct Inbox(BusRef);
+
+impl Inbox {
+    /// The inbox of `bus`.
+    pub fn new(bus: BusRef) -> Self {
+        Self(bus)
+    }
+
+    /// Route a journaled entry to its session. False when the bus is gone (the entry stays
+    /// journaled and is replayed at the next start).
+    pub fn route(&self, entry: InboxEntry) -> bool {
+        self.0.cast(BusMsg::Inbound(entry)).is_ok()
+    }
+}
+
 /// Messages understood by [`BusActor`].
 pub enum BusMsg {
     /// From ingress: a journaled user message. Spawns the session if needed.
     Inbound(InboxEntry),
-    /// From sessions (and the `message` tool): send on the message's channel.
-    Outbound(OutboundMessage),
-    /// From a session while a turn runs: show the typing indicator (best effort).
-    Typing {
-        /// Channel.
-        channel: ChannelId,
-        /// Chat.
-        chat: clawft_channel_core::ChatId,
-        /// Thread.
-        thread: Option<clawft_channel_core::ThreadId>,
-    },
-    /// From the daemon: a channel actor to route replies to, and whether it streams.
-    RegisterChannel {
-        /// Channel id.
-        id: ChannelId,
-        /// Its actor.
-        actor: ChannelRef,
-        /// Whether it shows deltas/progress.
-        streaming: bool,
-    },
-    /// From the daemon on a reload: forget a channel that was stopped (its replies stay in the
-    /// outbox until it runs again).
-    UnregisterChannel {
-        /// Channel id.
-        id: ChannelId,
-    },
     /// From a session's idle timer: evict it if nothing was routed to it since.
     SessionIdle {
         /// Session.
@@ -67,14 +61,29 @@ pub enum BusMsg {
         /// Session.
         key: SessionKey,
         /// Answer.
-        reply: RpcReplyPort<Result<bool, String>>,
+        reply: RpcReplyPort<Result<bool, ClearError>>,
     },
+}
+
+/// Why a session could not be cleared.
+#[derive(Debug, thiserror::Error)]
+pub enum ClearError {
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The live session did not answer.
+    #[error("the session did not answer: {0}")]
+    Session(String),
 }
 
 /// Arguments of the bus.
 pub struct BusArgs {
     /// Shared by every session.
     pub deps: TurnDeps,
+    /// What sessions use beside their turns (outbox, approvals, subagent tree).
+    pub hooks: SessionHooks,
+    /// The running channels (whether one streams).
+    pub channels: ChannelTable,
     /// Tracks turn tasks.
     pub tasks: TaskTracker,
     /// Parent of turn cancellation.
@@ -97,7 +106,6 @@ pub struct BusState {
     args: BusArgs,
     sessions: HashMap<SessionKey, Live>,
     by_id: HashMap<ActorId, SessionKey>,
-    channels: HashMap<ChannelId, (ChannelRef, bool)>,
 }
 
 /// The bus actor.
@@ -118,7 +126,6 @@ impl Actor for BusActor {
             args,
             sessions: HashMap::new(),
             by_id: HashMap::new(),
-            channels: HashMap::new(),
         })
     }
 
@@ -130,35 +137,6 @@ impl Actor for BusActor {
     ) -> Result<(), ActorProcessingErr> {
         match msg {
             BusMsg::Inbound(entry) => route_inbound(&myself, state, entry).await,
-            BusMsg::Outbound(out) => match state.channels.get(&out.channel) {
-                Some((ch, _)) => {
-                    if ch.cast(ChannelMsg::Send(out)).is_err() {
-                        tracing::warn!("channel actor gone; reply stays in the outbox");
-                    }
-                }
-                None => {
-                    tracing::warn!(channel = %out.channel, "reply for an unknown channel; it stays in the outbox")
-                }
-            },
-            BusMsg::Typing {
-                channel,
-                chat,
-                thread,
-            } => {
-                if let Some((ch, _)) = state.channels.get(&channel) {
-                    let _ = ch.cast(ChannelMsg::Typing { chat, thread });
-                }
-            }
-            BusMsg::RegisterChannel {
-                id,
-                actor,
-                streaming,
-            } => {
-                state.channels.insert(id, (actor, streaming));
-            }
-            BusMsg::UnregisterChannel { id } => {
-                state.channels.remove(&id);
-            }
             BusMsg::SessionIdle { key, routed } => {
                 if state.sessions.get(&key).is_some_and(|l| l.routed == routed) {
                     if let Some(live) = state.sessions.remove(&key) {
@@ -182,7 +160,7 @@ impl Actor for BusActor {
                     let actor = live.actor.clone();
                     tokio::spawn(async move {
                         let r = ractor::call_t!(actor, |reply| SessionMsg::Reset { reply }, 30_000)
-                            .map_err(|e| e.to_string());
+                            .map_err(|e| ClearError::Session(e.to_string()));
                         let _ = reply.send(r);
                     });
                 }
@@ -193,7 +171,7 @@ impl Actor for BusActor {
                             .deps
                             .store
                             .clear_session(&key)
-                            .map_err(|e| e.to_string()),
+                            .map_err(ClearError::from),
                     );
                 }
             },
@@ -236,14 +214,15 @@ async fn route_inbound(myself: &ActorRef<BusMsg>, state: &mut BusState, entry: I
         }
         return;
     }
-    let streaming = state
-        .channels
-        .get(&clawft_channel_core::ChannelId::new(key.channel()))
-        .is_some_and(|(_, s)| *s);
+    let streaming = state.args.channels.is_streaming(key.channel());
+    let bus = myself.clone();
     let args = SessionArgs {
         key: key.clone(),
         deps: state.args.deps.clone(),
-        bus: myself.clone(),
+        hooks: state.args.hooks.clone(),
+        on_idle: Arc::new(move |key, routed| {
+            let _ = bus.cast(BusMsg::SessionIdle { key, routed });
+        }),
         tasks: state.args.tasks.clone(),
         shutdown: state.args.shutdown.clone(),
         stream: streaming && state.args.stream,

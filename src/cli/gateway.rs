@@ -59,14 +59,14 @@ impl Gateway {
             http_addr = Some(http.local_addr());
             channels.push(http);
         }
-        channels.extend(crate::channels::chat_channels(&config, &store));
+        channels.extend(crate::daemon::channels::chat_channels(&config, &store));
         let daemon = Daemon::start(&config, store, model, channels)
             .await
             .map_err(CliError::msg)?;
         admin.attach(
             daemon.bus().clone(),
             daemon.store().clone(),
-            daemon.channels_slot(),
+            daemon.outbox().clone(),
             daemon.mcp_slot(),
         );
         match http_addr {
@@ -166,7 +166,7 @@ async fn reload(gateway: &mut Gateway, path: Option<&std::path::Path>, notifier:
 /// The one-line `STATUS=` summary: channels, live sessions, MCP servers, HTTP API.
 pub async fn summary(gateway: &Gateway) -> String {
     let d = &gateway.daemon;
-    let channels: Vec<&str> = d.channels().iter().map(|(id, _)| id.as_str()).collect();
+    let channels = d.channel_table().names();
     let mut line = if channels.is_empty() {
         "ready: no channels".to_string()
     } else {

@@ -8,8 +8,8 @@ use serde_json::json;
 use super::client::GatewayClient;
 use super::{CliError, McpAction};
 use crate::config::Config;
+use crate::daemon::build_registry;
 use crate::mcp::server::{serve_stdio, BuiltinProvider};
-use crate::tools::build_registry;
 
 /// How long `weft mcp list` without a gateway waits for servers to connect.
 const SETTLE: Duration = Duration::from_secs(20);

@@ -9,8 +9,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::CliError;
 use crate::config::Config;
+use crate::daemon::build_registry;
 use crate::tools::policy::group_of;
-use crate::tools::{build_registry, ToolContext};
+use crate::tools::ToolContext;
 use crate::types::SessionKey;
 
 /// `weft tools` actions.

@@ -239,7 +239,7 @@ pub struct ToolsFile {
     pub web_search: crate::tools::web::WebSearchFile,
     /// `subagents`: limits of the subagent supervisor.
     #[serde(default)]
-    pub subagents: crate::subagent::SubagentsFile,
+    pub subagents: crate::config::subagents::SubagentsFile,
 }
 
 /// `tools.rate_limit`.

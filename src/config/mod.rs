@@ -5,6 +5,7 @@
 //! sub-configs.
 
 pub mod file;
+pub mod subagents;
 
 use crate::types::Secret;
 
@@ -295,7 +296,7 @@ pub struct ToolsConfig {
     /// `tools.web_search`.
     pub web_search: crate::tools::web::WebSearchSettings,
     /// `tools.subagents`.
-    pub subagents: crate::subagent::SubagentSettings,
+    pub subagents: subagents::SubagentSettings,
 }
 
 /// Where the config file is looked for when `--config` is not given.

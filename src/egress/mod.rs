@@ -1,26 +1,26 @@
-//! ⑧ The [`ChannelActor`]: one per channel. It runs the adapter's `listen` (restarted with
-//! backoff), the ingress pump (sanitise, derive the session, journal, acknowledge, route), and
-//! the outbox worker (send in order, retry retryable errors honouring `retry_after`, remove from
-//! the store once delivered).
+//! ⑧ The way out. [`ChannelActor`]: one per channel, it runs the outbox worker (send in order,
+//! retry retryable errors honouring `retry_after`, remove from the store once delivered), the
+//! typing indicator and the adapter's state. [`Outbox`]: the handle every sender uses (persist,
+//! then route through the live [`ChannelTable`]).
 //!
-//! The actor's `handle` only enqueues; all I/O runs in its tasks.
+//! The actor's `handle` only enqueues; all I/O runs in its tasks. The inbound side of a channel
+//! (its `listen` loop and the ingress pump) lives in [`crate::ingress`].
+
+pub mod outbox;
+
+pub use outbox::{ChannelEntry, ChannelTable, Outbox};
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use clawft_channel_core::{
-    Ack, Channel, ChannelError, InboundDelivery, InboundEvent, OutboundMessage,
-};
+use clawft_channel_core::{Channel, ChannelError, OutboundMessage};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
-use crate::bus::{BusMsg, BusRef};
-use crate::ingress::access::{Access, Verdict};
-use crate::store::{JournalOutcome, Store};
-use crate::types::sanitize_content;
+use crate::store::Store;
 
 /// Handle to a channel actor.
 pub type ChannelRef = ActorRef<ChannelMsg>;
@@ -29,12 +29,10 @@ pub type ChannelRef = ActorRef<ChannelMsg>;
 const MAX_RETRY_DELAY: Duration = Duration::from_secs(60);
 /// First wait after a failed send.
 const FIRST_RETRY_DELAY: Duration = Duration::from_millis(500);
-/// Longest wait between two restarts of a failing `listen`.
-const MAX_LISTEN_BACKOFF: Duration = Duration::from_secs(60);
 
 /// Messages understood by [`ChannelActor`].
 pub enum ChannelMsg {
-    /// From the bus: send this message (journaled ones are already in the outbox).
+    /// From the [`Outbox`]: send this message (durable ones are already in the store).
     Send(OutboundMessage),
     /// Show the typing indicator in a chat (best effort, never queued behind sends).
     Typing {
@@ -59,21 +57,12 @@ pub enum ChannelMsg {
 pub struct ChannelArgs {
     /// The adapter.
     pub channel: Arc<dyn Channel>,
-    /// The store (journal and outbox).
+    /// The store (outbox entries are removed once delivered).
     pub store: Store,
-    /// The bus to route inbound messages to.
-    pub bus: BusRef,
-    /// Fires to stop accepting new messages (first step of shutdown).
-    pub intake: CancellationToken,
-    /// Fires once recovery is done: inbound messages wait until then, so replayed ones come
-    /// first.
-    pub open: CancellationToken,
-    /// Fires to stop the adapter and the outbox (after the outbox drained).
+    /// Fires to stop the outbox worker (after the outbox drained).
     pub stop: CancellationToken,
     /// Where the actor's tasks are tracked.
     pub tasks: TaskTracker,
-    /// Who may talk on this channel.
-    pub access: Arc<Access>,
 }
 
 enum Work {
@@ -112,22 +101,6 @@ impl Actor for ChannelActor {
                 args.stop.clone(),
             )
             .instrument(tracing::info_span!("outbox", channel = %id)),
-        );
-        let (in_tx, in_rx) = mpsc::channel(64);
-        args.tasks.spawn(
-            ingress_pump(
-                in_rx,
-                args.store.clone(),
-                args.bus.clone(),
-                args.intake.clone(),
-                args.open.clone(),
-                args.access.clone(),
-            )
-            .instrument(tracing::info_span!("ingress", channel = %id)),
-        );
-        args.tasks.spawn(
-            listen_loop(args.channel.clone(), in_tx, args.stop.clone())
-                .instrument(tracing::info_span!("listen", channel = %id)),
         );
         Ok(ChannelState {
             outbox: tx,
@@ -181,110 +154,6 @@ impl Actor for ChannelActor {
             }
         }
         Ok(())
-    }
-}
-
-async fn listen_loop(
-    channel: Arc<dyn Channel>,
-    tx: mpsc::Sender<InboundDelivery>,
-    stop: CancellationToken,
-) {
-    let mut backoff = Duration::from_secs(1);
-    loop {
-        let r = channel.listen(tx.clone(), stop.clone()).await;
-        if stop.is_cancelled() {
-            return;
-        }
-        crate::metrics::inc(
-            "clawft_channel_restarts_total",
-            &[("channel", channel.id().as_str())],
-            1,
-        );
-        match r {
-            Ok(()) => tracing::warn!("channel listener returned; restarting"),
-            Err(e) => {
-                tracing::error!(error = %e, kind = e.kind(), "channel listener failed; restarting")
-            }
-        }
-        tokio::select! {
-            () = stop.cancelled() => return,
-            () = tokio::time::sleep(backoff) => {}
-        }
-        backoff = (backoff * 2).min(MAX_LISTEN_BACKOFF);
-    }
-}
-
-/// Refuse `event` from a sender who is not allowed, telling them (once) how to pair.
-fn refuse_sender(store: &Store, bus: &BusRef, event: &InboundEvent, reply: Option<String>) -> Ack {
-    tracing::info!(sender = %event.sender, "message from a sender who is not allowed");
-    if let Some(text) = reply {
-        let msg = OutboundMessage::proactive(
-            event.channel.clone(),
-            event.chat.clone(),
-            event.thread.clone(),
-            text,
-        );
-        match store.enqueue_outbound(&msg) {
-            Ok(()) => {
-                let _ = bus.cast(BusMsg::Outbound(msg));
-            }
-            Err(e) => tracing::error!(error = %e, "could not queue the pairing reply"),
-        }
-    }
-    Ack::Rejected(format!(
-        "sender {} is not allowed on channel {}",
-        event.sender, event.channel
-    ))
-}
-
-async fn ingress_pump(
-    mut rx: mpsc::Receiver<InboundDelivery>,
-    store: Store,
-    bus: BusRef,
-    intake: CancellationToken,
-    open: CancellationToken,
-    access: Arc<Access>,
-) {
-    open.cancelled().await;
-    while let Some(InboundDelivery { mut event, ack }) = rx.recv().await {
-        let span =
-            tracing::info_span!("inbound", channel = %event.channel, event_id = %event.event_id);
-        let _g = span.enter();
-        let answer = if intake.is_cancelled() {
-            Ack::Rejected("the gateway is shutting down; retry shortly".into())
-        } else {
-            event.content = sanitize_content(&event.content);
-            match (
-                access.check(&store, &event, clawft_channel_core::now_ms()),
-                access.session_key(&event),
-            ) {
-                (Err(e), _) => {
-                    tracing::error!(error = %e, "access check failed");
-                    Ack::Rejected(format!("could not check access: {e}"))
-                }
-                (Ok(Verdict::Denied { reply }), _) => refuse_sender(&store, &bus, &event, reply),
-                (Ok(Verdict::Allowed), Err(e)) => Ack::Rejected(e.to_string()),
-                (Ok(Verdict::Allowed), Ok(key)) => match store.journal_inbound(&event, &key) {
-                    Ok(JournalOutcome::Duplicate) => {
-                        tracing::info!("duplicate event ignored");
-                        Ack::Duplicate
-                    }
-                    Ok(JournalOutcome::New(entry)) => {
-                        if bus.cast(BusMsg::Inbound(entry)).is_err() {
-                            tracing::error!("bus gone; message stays journaled");
-                        }
-                        Ack::Accepted
-                    }
-                    Err(e) => {
-                        tracing::error!(error = %e, "could not journal inbound message");
-                        Ack::Rejected(format!("could not store the message: {e}"))
-                    }
-                },
-            }
-        };
-        if let Some(ack) = ack {
-            let _ = ack.send(answer);
-        }
     }
 }
 

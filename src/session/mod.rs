@@ -5,11 +5,13 @@
 //! It never awaits the LLM or a tool in `handle`: turns run in tracked tasks that report back
 //! with [`SessionMsg::TurnFinished`].
 
+pub mod command;
 pub mod prompt;
 pub mod transcript;
 
 use std::collections::VecDeque;
 use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
 use std::time::Duration;
 
 use clawft_channel_core::{OutboundKind, OutboundMessage};
@@ -21,11 +23,14 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
-use crate::bus::{BusMsg, BusRef};
+use crate::approval::Approvals;
+use crate::egress::Outbox;
 use crate::llm::{Message, Role};
 use crate::store::{InboxEntry, InboxState};
 use crate::turn::{run_turn, TurnDeps, TurnEvent, TurnOutcome, TurnStatus};
-use crate::types::{sanitize_content, SessionKey};
+use crate::types::session_key::SYSTEM_SENDER;
+use crate::types::SessionKey;
+use command::ChatCommand;
 
 /// Handle to a session actor.
 pub type SessionRef = ActorRef<SessionMsg>;
@@ -81,14 +86,38 @@ pub struct SessionStatus {
     pub queued: usize,
 }
 
+/// Cancels the subagents of a chat session (`/stop`, `/new`); the subagent hub implements it,
+/// so sessions need not know the supervisor.
+pub trait SubagentTree: Send + Sync + 'static {
+    /// Cancel every subagent started from `session` (and their children).
+    fn cancel_session(&self, session: &SessionKey);
+}
+
+/// What every session uses beside its turns.
+#[derive(Clone)]
+pub struct SessionHooks {
+    /// Where replies, deltas and typing go.
+    pub outbox: Outbox,
+    /// Pending approvals, answered by `/approve` and `/deny` in the session's chat.
+    pub approvals: Option<Arc<Approvals>>,
+    /// The subagents (`/stop` and `/new` cancel a session's subagents).
+    pub subagents: Option<Arc<dyn SubagentTree>>,
+}
+
+/// Told when a session has been idle for its idle time: `(key, routed count)`. The bus evicts
+/// the session if nothing was routed to it since.
+pub type OnIdle = Arc<dyn Fn(SessionKey, u64) + Send + Sync>;
+
 /// Arguments of a session actor.
 pub struct SessionArgs {
     /// Its key.
     pub key: SessionKey,
     /// Shared turn dependencies.
     pub deps: TurnDeps,
-    /// The bus, for replies and idle reports.
-    pub bus: BusRef,
+    /// Outbox, approvals, subagents.
+    pub hooks: SessionHooks,
+    /// Idle reports.
+    pub on_idle: OnIdle,
     /// Where turn tasks are tracked (the daemon waits for them at shutdown).
     pub tasks: TaskTracker,
     /// Parent of every turn's cancellation token.
@@ -127,7 +156,7 @@ fn reply_to(entry: &InboxEntry, kind: OutboundKind, content: String) -> Option<O
     let ev = entry.event.as_ref()?;
     // A turn woken by the gateway itself (subagent results) answers the chat, not an event;
     // its streaming deltas and progress go nowhere.
-    let system = ev.sender.as_str() == crate::types::session_key::SYSTEM_SENDER;
+    let system = ev.sender.as_str() == SYSTEM_SENDER;
     if system && !kind.is_durable() {
         return None;
     }
@@ -213,10 +242,7 @@ impl Actor for SessionActor {
             }
             SessionMsg::IdleCheck { routed } => {
                 if routed == state.routed && state.running.is_none() && state.queue.is_empty() {
-                    let _ = state.args.bus.cast(BusMsg::SessionIdle {
-                        key: state.args.key.clone(),
-                        routed,
-                    });
+                    (state.args.on_idle)(state.args.key.clone(), routed);
                 }
             }
         }
@@ -277,30 +303,23 @@ fn finish_resets(state: &mut SessionState) {
 
 /// Answer a command or a refusal at once: the entry is done and the reply is in the outbox.
 fn answer_now(state: &SessionState, entry: &InboxEntry, kind: OutboundKind, text: String) {
-    let Some(reply) = reply_to(entry, kind, text) else {
-        return;
-    };
-    if let Err(e) =
+    if let Some(reply) = reply_to(entry, kind, text) {
         state
             .args
-            .deps
-            .store
-            .finish_turn(&state.args.key, Some(entry), &[], Some(&reply))
-    {
-        tracing::error!(error = %e, "could not record command reply");
+            .hooks
+            .outbox
+            .answer(&state.args.key, entry, reply);
     }
-    let _ = state.args.bus.cast(BusMsg::Outbound(reply));
 }
 
 fn on_inbound(myself: &ActorRef<SessionMsg>, state: &mut SessionState, entry: InboxEntry) {
-    let content = entry
+    let command = entry
         .event
         .as_ref()
-        .map(|e| e.content.trim().to_string())
-        .unwrap_or_default();
-    match content.as_str() {
-        "/stop" => {
-            if let Some(h) = &state.args.deps.subagents {
+        .and_then(|e| ChatCommand::parse(&e.content));
+    match command {
+        Some(ChatCommand::Stop) => {
+            if let Some(h) = &state.args.hooks.subagents {
                 h.cancel_session(&state.args.key);
             }
             let text = match &state.running {
@@ -312,8 +331,8 @@ fn on_inbound(myself: &ActorRef<SessionMsg>, state: &mut SessionState, entry: In
             };
             answer_now(state, &entry, OutboundKind::Final, text);
         }
-        "/new" => {
-            if let Some(h) = &state.args.deps.subagents {
+        Some(ChatCommand::New) => {
+            if let Some(h) = &state.args.hooks.subagents {
                 h.cancel_session(&state.args.key);
             }
             if let Some(r) = &state.running {
@@ -332,7 +351,7 @@ fn on_inbound(myself: &ActorRef<SessionMsg>, state: &mut SessionState, entry: In
                 "Started a new conversation.".into(),
             );
         }
-        "/status" => {
+        Some(ChatCommand::Status) => {
             let s = status(state);
             let text = format!(
                 "session {}: {} messages, {}, {} queued",
@@ -347,21 +366,23 @@ fn on_inbound(myself: &ActorRef<SessionMsg>, state: &mut SessionState, entry: In
             );
             answer_now(state, &entry, OutboundKind::Final, text);
         }
-        text if crate::approval::Approvals::parse_command(text).is_some() => {
-            let reply = match (
-                &state.args.deps.approvals,
-                crate::approval::Approvals::parse_command(text),
-            ) {
-                (Some(a), Some((id, d))) => a.answer(&state.args.key, &id, d),
-                _ => Err("Nothing here asks for approvals.".to_string()),
-            };
-            let (kind, text) = match reply {
-                Ok(t) => (OutboundKind::Final, t),
-                Err(t) => (OutboundKind::Error, t),
+        Some(ChatCommand::Help) => {
+            answer_now(state, &entry, OutboundKind::Final, command::HELP.into());
+        }
+        Some(ChatCommand::Approval { id, decision }) => {
+            let (kind, text) = match &state.args.hooks.approvals {
+                Some(a) => match a.answer(&state.args.key, &id, decision) {
+                    Ok(t) => (OutboundKind::Final, t),
+                    Err(e) => (OutboundKind::Error, e.to_string()),
+                },
+                None => (
+                    OutboundKind::Error,
+                    "Nothing here asks for approvals.".to_string(),
+                ),
             };
             answer_now(state, &entry, kind, text);
         }
-        _ => {
+        None => {
             if state.draining {
                 // Left pending in the journal: processed after the restart.
                 return;
@@ -408,7 +429,7 @@ fn on_turn_finished(
     } else {
         state.transcript.extend(outcome.messages);
     }
-    let _ = state.args.bus.cast(BusMsg::Outbound(reply));
+    state.args.hooks.outbox.route(reply);
     finish_resets(state);
     if state.draining {
         for d in state.drains.drain(..) {
@@ -436,7 +457,7 @@ fn maybe_start(myself: &ActorRef<SessionMsg>, state: &mut SessionState) {
         return maybe_start(myself, state);
     };
     if entry.state == InboxState::Pending {
-        let user = Message::user(sanitize_content(&ev.content));
+        let user = Message::user(ev.content.clone());
         if let Err(e) = state.args.deps.store.begin_turn(&entry, &user) {
             tracing::error!(error = %e, "could not record the user message");
             answer_now(
@@ -475,14 +496,14 @@ fn maybe_start(myself: &ActorRef<SessionMsg>, state: &mut SessionState) {
     let key = state.args.key.clone();
     let history = state.transcript.clone();
     let me = myself.clone();
-    let bus = state.args.bus.clone();
+    let outbox = state.args.hooks.outbox.clone();
     let stream = state.args.stream;
     let span = tracing::Span::current();
     state.args.tasks.spawn(
         async move {
             let (events_tx, forwarder) = if stream {
                 let (tx, rx) = mpsc::channel(256);
-                let f = tokio::spawn(forward_events(rx, bus.clone(), entry.clone()));
+                let f = tokio::spawn(forward_events(rx, outbox.clone(), entry.clone()));
                 (Some(tx), Some(f))
             } else {
                 (None, None)
@@ -490,7 +511,7 @@ fn maybe_start(myself: &ActorRef<SessionMsg>, state: &mut SessionState) {
             // The typing indicator, refreshed while the turn runs (platforms expire it ~5 s).
             let typing_done = CancellationToken::new();
             let typing = tokio::spawn(typing_ticker(
-                bus.clone(),
+                outbox.clone(),
                 ev.clone(),
                 typing_done.clone(),
             ));
@@ -552,16 +573,12 @@ fn maybe_start(myself: &ActorRef<SessionMsg>, state: &mut SessionState) {
 const TYPING_EVERY: std::time::Duration = std::time::Duration::from_secs(4);
 
 async fn typing_ticker(
-    bus: BusRef,
+    outbox: Outbox,
     ev: clawft_channel_core::InboundEvent,
     done: CancellationToken,
 ) {
     loop {
-        let _ = bus.cast(BusMsg::Typing {
-            channel: ev.channel.clone(),
-            chat: ev.chat.clone(),
-            thread: ev.thread.clone(),
-        });
+        outbox.typing(&ev.channel, ev.chat.clone(), ev.thread.clone());
         tokio::select! {
             () = done.cancelled() => return,
             () = tokio::time::sleep(TYPING_EVERY) => {}
@@ -569,7 +586,7 @@ async fn typing_ticker(
     }
 }
 
-async fn forward_events(mut rx: mpsc::Receiver<TurnEvent>, bus: BusRef, entry: InboxEntry) {
+async fn forward_events(mut rx: mpsc::Receiver<TurnEvent>, outbox: Outbox, entry: InboxEntry) {
     while let Some(ev) = rx.recv().await {
         let (kind, content, meta) = match ev {
             TurnEvent::Delta(t) => (OutboundKind::Delta, t, None),
@@ -594,7 +611,7 @@ async fn forward_events(mut rx: mpsc::Receiver<TurnEvent>, bus: BusRef, entry: I
         };
         if let Some(mut m) = reply_to(&entry, kind, content) {
             m.meta = meta;
-            let _ = bus.cast(BusMsg::Outbound(m));
+            outbox.route(m);
         }
     }
 }

@@ -253,7 +253,12 @@ impl Store {
             seq: self.kv.next_id()?,
             session: session.clone(),
             state: InboxState::Pending,
-            event: Some(ev.clone()),
+            // The one place outside text is sanitised: every inbound message (chat, subagent
+            // announcement) enters through the journal.
+            event: Some(InboundEvent {
+                content: crate::types::sanitize_content(&ev.content),
+                ..ev.clone()
+            }),
         };
         self.kv.apply(vec![
             Op::Put(key.clone(), encode(&entry)?),

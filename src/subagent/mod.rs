@@ -16,7 +16,6 @@
 //!   an announcement is neither lost nor doubled by a crash (the batch is written before it is
 //!   journaled, and journaling is deduplicated on the batch id).
 
-pub mod config;
 pub mod tool;
 
 use std::collections::HashMap;
@@ -30,9 +29,9 @@ use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-pub use config::{SubagentSettings, SubagentsFile};
+use crate::config::subagents::SubagentSettings;
 
-use crate::bus::{BusMsg, BusRef};
+use crate::bus::Inbox;
 use crate::llm::Message;
 use crate::store::{JournalOutcome, Store};
 use crate::tools::policy::Pattern;
@@ -384,14 +383,20 @@ impl SubagentHub {
     }
 }
 
+impl crate::session::SubagentTree for SubagentHub {
+    fn cancel_session(&self, session: &SessionKey) {
+        SubagentHub::cancel_session(self, session);
+    }
+}
+
 /// Arguments of the supervisor.
 pub struct SupervisorArgs {
     /// The chat sessions' turn dependencies (store, model, tools, workspace).
     pub deps: TurnDeps,
     /// The limits in force (changed by a reload).
     pub hub: Arc<SubagentHub>,
-    /// Where announcements go.
-    pub bus: BusRef,
+    /// Where announcements are routed once journaled.
+    pub inbox: Inbox,
     /// Tracks child tasks (the daemon waits for them).
     pub tasks: TaskTracker,
     /// Parent of every task's cancellation.
@@ -1141,7 +1146,7 @@ fn journal_batch(
     if let (JournalOutcome::New(entry), true) =
         (outcome, route && !state.args.intake.is_cancelled())
     {
-        let _ = state.args.bus.cast(BusMsg::Inbound(entry));
+        state.args.inbox.route(entry);
     }
     Ok(())
 }

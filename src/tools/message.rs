@@ -21,15 +21,15 @@ use crate::types::sanitize_content;
 /// Longest message the tool accepts, in bytes (channels split long messages themselves).
 pub const MAX_MESSAGE_BYTES: usize = 32 * 1024;
 
-/// Where the tool hands messages: implemented by the daemon over the bus and the outbox.
+/// Where the tool hands messages: implemented by the daemon's outbox (`egress::Outbox`).
 pub trait MessageSink: Send + Sync + 'static {
-    /// Ids of the channels that are running.
+    /// Ids of the channels that are running now.
     fn channels(&self) -> Vec<String>;
     /// Persist `msg` in the outbox and route it to its channel.
     ///
     /// # Errors
-    /// Why it could not be queued.
-    fn send(&self, msg: OutboundMessage) -> Result<(), String>;
+    /// The store could not queue it.
+    fn send(&self, msg: OutboundMessage) -> Result<(), crate::store::StoreError>;
 }
 
 /// Arguments of `message`.
@@ -155,7 +155,7 @@ mod tests {
         fn channels(&self) -> Vec<String> {
             vec!["telegram".into(), "http".into()]
         }
-        fn send(&self, msg: OutboundMessage) -> Result<(), String> {
+        fn send(&self, msg: OutboundMessage) -> Result<(), crate::store::StoreError> {
             self.0.lock().unwrap().push(msg);
             Ok(())
         }

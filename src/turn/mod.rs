@@ -39,10 +39,6 @@ pub struct TurnDeps {
     pub connect_hint: Option<Arc<str>>,
     /// The global skills directory (`~/.clawft/skills`); workspace skills are always read.
     pub skills_global: Option<std::path::PathBuf>,
-    /// Pending approvals, answered by `/approve` and `/deny` in the session's chat.
-    pub approvals: Option<Arc<crate::approval::Approvals>>,
-    /// The subagent supervisor (`/stop` and `/new` cancel a session's subagents).
-    pub subagents: Option<Arc<crate::subagent::SubagentHub>>,
 }
 
 /// Progress of a running turn, for streaming channels.

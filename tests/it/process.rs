@@ -1180,6 +1180,62 @@ async fn sighup_starts_and_restarts_chat_channels_with_their_new_settings() {
     assert_eq!(d.term().code(), Some(0), "{}", log_of(dir.path()));
 }
 
+/// Issue 13's reload bug: the `message` tool kept the channel list of start-up, so after a
+/// SIGHUP that added Telegram it answered "no channel `telegram` is running" although the
+/// channel was up. The tool now reads the daemon's one live channel table.
+#[tokio::test]
+async fn after_a_reload_adds_telegram_the_message_tool_reaches_it() {
+    use clawft_channel_telegram::fake::FakeTelegram;
+    let tg = FakeTelegram::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let llm = FakeLlm::start().await;
+    let port = free_port();
+    let with = |telegram: bool| {
+        let mut channels = json!({"http": {"bind": format!("127.0.0.1:{port}")}});
+        if telegram {
+            channels["telegram"] = json!({"token": FakeTelegram::TOKEN, "api_url": tg.api_url(), "allow_from": [111], "stream_edits": false});
+        }
+        config_value(
+            &llm.base_url(),
+            dir.path(),
+            json!({ "channels": channels, "tools": {"message": {"allow": ["telegram:555"]}} }),
+        )
+    };
+    let cfg = write_config(dir.path(), &with(false));
+    let d = Daemon::start(dir.path(), &cfg, port).await;
+    write_config(dir.path(), &with(true));
+    let pid = rustix::process::Pid::from_child(&d.child);
+    rustix::process::kill_process(pid, rustix::process::Signal::HUP).unwrap();
+    assert!(
+        wait_until(T, || log_of(dir.path())
+            .contains("channel telegram started"))
+        .await,
+        "{}",
+        log_of(dir.path())
+    );
+    llm.push(Reply::ToolCalls(vec![(
+        "m1".into(),
+        "message".into(),
+        json!({"channel": "telegram", "chat_id": "555", "content": "the build is green"})
+            .to_string(),
+    )]));
+    llm.push(Reply::Text("told telegram".into()));
+    let (s, body) = d.api.chat("ops", "tell telegram").await;
+    assert_eq!(s, 200, "{body}");
+    let result = crate::common::tool_results(&llm.requests()[1]);
+    assert_eq!(result[0].1["status"], "sent", "{:?}", result[0].1);
+    assert!(
+        wait_until(T, || tg
+            .sent()
+            .iter()
+            .any(|m| m.chat == 555 && m.visible == "the build is green"))
+        .await,
+        "{:?}",
+        tg.sent()
+    );
+    assert_eq!(d.term().code(), Some(0), "{}", log_of(dir.path()));
+}
+
 #[tokio::test]
 async fn subagents_interrupted_by_kill_9_or_shutdown_are_failed_and_their_parent_is_told_once() {
     const ANNOUNCE: &str = "[Automatic message from the gateway";

@@ -3,6 +3,16 @@
 //! Start: store → bus → channel actors (intake closed) → resend the outbox → replay the journal
 //! → open intake. Stop: close intake → drain sessions (grace, then cancel) → flush outboxes →
 //! stop actors → wait for tasks → flush the store.
+//!
+//! This is the composition root: [`build`] turns `&Config` into objects, [`channels`] builds
+//! the chat adapters; the layers below never read the config to assemble themselves.
+
+pub mod build;
+pub mod channels;
+
+pub use build::{
+    access_rules, build_model, build_registry, connect_hint, protected_paths, start_mcp,
+};
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,18 +22,16 @@ use ractor::Actor;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::bus::{BusActor, BusArgs, BusMsg, BusRef};
-use crate::config::{Config, ProviderKind, ProviderSource};
-use crate::egress::{ChannelActor, ChannelArgs, ChannelMsg, ChannelRef};
-use crate::llm::anthropic::{Anthropic, AnthropicConfig};
-use crate::llm::openai::{OpenAiCompat, OpenAiConfig};
-use crate::llm::retry::{ResilientModel, RetryPolicy};
+use crate::bus::{BusActor, BusArgs, BusMsg, BusRef, Inbox};
+use crate::config::Config;
+use crate::egress::{ChannelActor, ChannelArgs, ChannelEntry, ChannelMsg, ChannelTable, Outbox};
+use crate::ingress::access::Access;
 use crate::llm::{DynModel, LlmError};
 use crate::mcp::client::McpManager;
-use crate::session::{SessionMsg, SessionStatus};
+use crate::session::{SessionHooks, SessionMsg, SessionStatus};
 use crate::store::{Store, StoreError};
 use crate::tools::message::MessageSink;
-use crate::tools::{build_registry, Workspace};
+use crate::tools::Workspace;
 use crate::turn::TurnDeps;
 
 /// Timeout of calls to actors from the daemon (status, drain steps).
@@ -57,144 +65,110 @@ pub enum DaemonError {
     Spawn(String),
 }
 
-/// Build the model chain (retries per provider, then failover in order).
-///
-/// # Errors
-/// A provider whose client cannot be built.
-pub fn build_model(config: &Config) -> Result<DynModel, LlmError> {
-    let mut models: Vec<DynModel> = Vec::new();
-    let mut retries = 3;
-    for p in &config.providers {
-        retries = p.max_retries;
-        let m: DynModel = match p.kind {
-            ProviderKind::OpenAi => Arc::new(OpenAiCompat::new(OpenAiConfig {
-                name: p.name.clone(),
-                base_url: p.base_url.clone(),
-                api_key: p.api_key.as_ref().map(|s| s.expose().to_string()),
-                model: p.model.clone(),
-                timeout: p.timeout,
-                extra_headers: p.headers.clone(),
-            })?),
-            ProviderKind::Anthropic => Arc::new(Anthropic::new(AnthropicConfig {
-                name: p.name.clone(),
-                base_url: p.base_url.clone(),
-                api_key: p.api_key.as_ref().map(|s| s.expose().to_string()),
-                model: p.model.clone(),
-                timeout: p.timeout,
-                max_tokens: config.agent.max_tokens.unwrap_or(4096),
-            })?),
-        };
-        models.push(m);
-    }
-    let policy = RetryPolicy {
-        max_attempts: retries.saturating_add(1),
-        ..RetryPolicy::default()
-    };
-    Ok(Arc::new(ResilientModel::new(models, policy)))
-}
-
-/// What to tell the user when the provider cannot be reached, given where it came from.
-pub fn connect_hint(config: &Config) -> Option<String> {
-    match &config.provider_source {
-        ProviderSource::LocalDefault => Some(format!(
-            "No LLM provider is configured and nothing answered at {} (Ollama's default). Set OPENAI_API_KEY (and OPENAI_BASE_URL for another OpenAI-compatible server), ANTHROPIC_API_KEY or OPENROUTER_API_KEY, or add providers.<name> to {}",
-            config.providers.first().map_or("", |p| p.base_url.as_str()),
-            config
-                .path
-                .as_ref()
-                .map_or_else(|| "~/.clawft/config.json".to_string(), |p| p.display().to_string())
-        )),
-        ProviderSource::Environment(_) | ProviderSource::Configured => None,
-    }
-}
+/// The MCP manager in force, shared with the admin API (replaced on a reload).
+pub type McpSlot = Arc<std::sync::RwLock<Option<Arc<McpManager>>>>;
 
 /// The running daemon.
 pub struct Daemon {
     bus: BusRef,
-    channels: Vec<(String, ChannelRef)>,
+    inbox: Inbox,
+    /// The one table of running channels (the outbox, the `message` tool and the admin API
+    /// read the same one, so a reload is seen everywhere).
+    channels: ChannelTable,
+    outbox: Outbox,
     store: Store,
     tasks: TaskTracker,
     intake: CancellationToken,
     stop_channels: CancellationToken,
-    channel_stops: std::collections::HashMap<String, CancellationToken>,
-    channels_slot: ChannelsSlot,
     open: CancellationToken,
     turns: CancellationToken,
     grace: Duration,
     mcp: McpSlot,
     tools: Arc<crate::tools::registry::ToolsHandle>,
-    sink: Arc<BusSink>,
     approvals: Arc<crate::approval::Approvals>,
     subagents: Arc<crate::subagent::SubagentHub>,
     supervisor: crate::subagent::SupervisorRef,
     config: Config,
 }
 
-/// What spawning a channel actor needs.
+impl Daemon {
+    /// Start a channel: its actor (outbox worker) and its inbound side (listener and ingress
+    /// pump), each with a stop token that is a child of the daemon's, entered in the table.
+    async fn start_channel(
+        &self,
+        ch: Arc<dyn Channel>,
+        access: &Arc<Access>,
+    ) -> Result<(), DaemonError> {
+        start_channel(
+            ChannelKit {
+                store: &self.store,
+                inbox: &self.inbox,
+                outbox: &self.outbox,
+                intake: &self.intake,
+                open: &self.open,
+                stop: &self.stop_channels,
+                tasks: &self.tasks,
+            },
+            ch,
+            access,
+        )
+        .await
+    }
+}
+
+/// What starting a channel needs.
 struct ChannelKit<'a> {
     store: &'a Store,
-    bus: &'a BusRef,
+    inbox: &'a Inbox,
+    outbox: &'a Outbox,
     intake: &'a CancellationToken,
     open: &'a CancellationToken,
     stop: &'a CancellationToken,
     tasks: &'a TaskTracker,
-    access: &'a Arc<crate::ingress::access::Access>,
 }
 
-impl ChannelKit<'_> {
-    /// Spawn the actor of `ch` with its own stop token (a child of the daemon's) and register
-    /// it with the bus.
-    async fn spawn(
-        &self,
-        ch: Arc<dyn Channel>,
-    ) -> Result<(String, ChannelRef, CancellationToken), DaemonError> {
-        let id = ch.id().clone();
-        let streaming = ch.capabilities().streaming;
-        let stop = self.stop.child_token();
-        let (actor, _) = Actor::spawn(
-            None,
-            ChannelActor,
-            ChannelArgs {
-                channel: ch,
-                store: self.store.clone(),
-                bus: self.bus.clone(),
-                intake: self.intake.clone(),
-                open: self.open.clone(),
-                stop: stop.clone(),
-                tasks: self.tasks.clone(),
-                access: self.access.clone(),
-            },
-        )
-        .await
-        .map_err(|e| DaemonError::Spawn(e.to_string()))?;
-        let _ = self.bus.cast(BusMsg::RegisterChannel {
-            id: id.clone(),
-            actor: actor.clone(),
+async fn start_channel(
+    kit: ChannelKit<'_>,
+    ch: Arc<dyn Channel>,
+    access: &Arc<Access>,
+) -> Result<(), DaemonError> {
+    let id = ch.id().to_string();
+    let streaming = ch.capabilities().streaming;
+    let stop = kit.stop.child_token();
+    let (actor, _) = Actor::spawn(
+        None,
+        ChannelActor,
+        ChannelArgs {
+            channel: ch.clone(),
+            store: kit.store.clone(),
+            stop: stop.clone(),
+            tasks: kit.tasks.clone(),
+        },
+    )
+    .await
+    .map_err(|e| DaemonError::Spawn(e.to_string()))?;
+    crate::ingress::pump::spawn(
+        crate::ingress::pump::IngressArgs {
+            channel: ch,
+            store: kit.store.clone(),
+            inbox: kit.inbox.clone(),
+            outbox: kit.outbox.clone(),
+            access: access.clone(),
+            intake: kit.intake.clone(),
+            open: kit.open.clone(),
+            stop: stop.clone(),
+        },
+        kit.tasks,
+    );
+    kit.outbox.channels().insert(
+        &id,
+        ChannelEntry {
+            actor,
             streaming,
-        });
-        Ok((id.to_string(), actor, stop))
-    }
-}
-
-/// The channel actors in force, shared with the admin API (changed by a reload).
-pub type ChannelsSlot = Arc<std::sync::RwLock<Vec<(String, ChannelRef)>>>;
-
-/// The MCP manager in force, shared with the admin API (replaced on a reload).
-pub type McpSlot = Arc<std::sync::RwLock<Option<Arc<McpManager>>>>;
-
-/// Start the configured MCP servers in the background (never blocks), behind the same SSRF
-/// exemptions as `web_fetch`.
-pub fn start_mcp(config: &Config) -> Option<Arc<McpManager>> {
-    if config.tools.mcp_servers.is_empty() {
-        return None;
-    }
-    let options = crate::mcp::client::McpOptions {
-        ssrf: Arc::new(crate::tools::ssrf::SsrfPolicy::new(
-            config.tools.web_fetch.allow_private.clone(),
-        )),
-        ..crate::mcp::client::McpOptions::default()
-    };
-    Some(McpManager::start(config.tools.mcp_servers.clone(), options))
+            stop,
+        },
+    );
+    Ok(())
 }
 
 impl Daemon {
@@ -213,19 +187,16 @@ impl Daemon {
                 path: config.agent.workspace.display().to_string(),
                 source: e,
             })?;
-        let sink = Arc::new(BusSink {
-            bus: std::sync::OnceLock::new(),
-            store: store.clone(),
-            channels: channels.iter().map(|c| c.id().to_string()).collect(),
-        });
+        let table = ChannelTable::default();
+        let outbox = Outbox::new(store.clone(), table.clone());
         let approvals = Arc::new(crate::approval::Approvals::new(
-            sink.clone() as Arc<dyn MessageSink>
+            Arc::new(outbox.clone()) as Arc<dyn MessageSink>
         ));
         let mcp = start_mcp(config);
         let subagents = crate::subagent::SubagentHub::new(config.tools.subagents.clone());
         let registry = build_registry(
             config,
-            Some(sink.clone() as Arc<dyn MessageSink>),
+            Some(Arc::new(outbox.clone()) as Arc<dyn MessageSink>),
             Some(approvals.clone() as Arc<dyn crate::tools::shell_policy::Approver>),
             mcp.iter()
                 .map(|m| m.clone() as Arc<dyn crate::tools::registry::ToolSource>)
@@ -246,8 +217,6 @@ impl Daemon {
             workspace: Arc::new(workspace),
             connect_hint: connect_hint(config).map(Into::into),
             skills_global: Some(config.home.join("skills")),
-            approvals: Some(approvals.clone()),
-            subagents: Some(subagents.clone()),
         };
         let tasks = TaskTracker::new();
         let turns = CancellationToken::new();
@@ -256,6 +225,12 @@ impl Daemon {
             BusActor,
             BusArgs {
                 deps: deps.clone(),
+                hooks: SessionHooks {
+                    outbox: outbox.clone(),
+                    approvals: Some(approvals.clone()),
+                    subagents: Some(subagents.clone() as Arc<dyn crate::session::SubagentTree>),
+                },
+                channels: table.clone(),
                 tasks: tasks.clone(),
                 shutdown: turns.clone(),
                 idle: config.sessions.idle,
@@ -265,14 +240,14 @@ impl Daemon {
         )
         .await
         .map_err(|e| DaemonError::Spawn(e.to_string()))?;
-        let _ = sink.bus.set(bus.clone());
+        let inbox = Inbox::new(bus.clone());
         let intake = CancellationToken::new();
         // Before the journal is replayed: it fails the tasks a crash interrupted and journals
         // their announcements, which the replay below then routes.
         let supervisor = crate::subagent::start(crate::subagent::SupervisorArgs {
             hub: subagents.clone(),
             deps,
-            bus: bus.clone(),
+            inbox: inbox.clone(),
             tasks: tasks.clone(),
             root_cancel: turns.child_token(),
             intake: intake.clone(),
@@ -283,21 +258,21 @@ impl Daemon {
         let access = Arc::new(access_rules(config));
         let stop_channels = CancellationToken::new();
         let open = CancellationToken::new();
-        let mut refs = Vec::new();
-        let mut channel_stops = std::collections::HashMap::new();
-        let kit = ChannelKit {
-            store: &store,
-            bus: &bus,
-            intake: &intake,
-            open: &open,
-            stop: &stop_channels,
-            tasks: &tasks,
-            access: &access,
-        };
         for ch in channels {
-            let (id, actor, stop) = kit.spawn(ch).await?;
-            channel_stops.insert(id.clone(), stop);
-            refs.push((id, actor));
+            start_channel(
+                ChannelKit {
+                    store: &store,
+                    inbox: &inbox,
+                    outbox: &outbox,
+                    intake: &intake,
+                    open: &open,
+                    stop: &stop_channels,
+                    tasks: &tasks,
+                },
+                ch,
+                &access,
+            )
+            .await?;
         }
 
         // Replies answered before a crash but not delivered.
@@ -306,7 +281,7 @@ impl Daemon {
             tracing::info!(count = outbound.len(), "resending undelivered replies");
         }
         for m in outbound {
-            let _ = bus.cast(BusMsg::Outbound(m));
+            outbox.route(m);
         }
         // Messages accepted before a crash but not answered.
         let inbound = store.pending_inbound()?;
@@ -317,25 +292,24 @@ impl Daemon {
             );
         }
         for e in inbound {
-            let _ = bus.cast(BusMsg::Inbound(e));
+            inbox.route(e);
         }
         open.cancel();
 
         Ok(Self {
             bus,
-            channels: refs.clone(),
+            inbox,
+            channels: table,
+            outbox,
             store,
             tasks,
             intake,
             stop_channels,
-            channel_stops,
-            channels_slot: Arc::new(std::sync::RwLock::new(refs)),
             open,
             turns,
             grace: config.sessions.shutdown_grace,
             mcp: Arc::new(std::sync::RwLock::new(mcp)),
             tools,
-            sink,
             approvals,
             subagents,
             supervisor,
@@ -395,7 +369,7 @@ impl Daemon {
         if tools_changed {
             let registry = build_registry(
                 &new,
-                Some(self.sink.clone() as Arc<dyn MessageSink>),
+                Some(Arc::new(self.outbox.clone()) as Arc<dyn MessageSink>),
                 Some(self.approvals.clone() as Arc<dyn crate::tools::shell_policy::Approver>),
                 self.mcp()
                     .into_iter()
@@ -460,16 +434,10 @@ impl Daemon {
             .map(|(n, _)| (*n).to_string())
             .collect();
         for name in &stale {
-            if let Some(t) = self.channel_stops.remove(name) {
-                t.cancel();
+            if let Some(e) = self.channels.remove(name) {
+                e.stop.cancel();
+                e.actor.stop(Some("reload".into()));
             }
-            if let Some(pos) = self.channels.iter().position(|(id, _)| id == name) {
-                let (_, actor) = self.channels.remove(pos);
-                actor.stop(Some("reload".into()));
-            }
-            let _ = self.bus.cast(BusMsg::UnregisterChannel {
-                id: clawft_channel_core::ChannelId::new(name.as_str()),
-            });
             if !fresh.contains_key(name.as_str()) {
                 changes.push(format!("channel {name} stopped"));
             }
@@ -480,26 +448,15 @@ impl Daemon {
             if old.get(name) == fresh.get(name) {
                 continue;
             }
-            let Some(ch) = crate::channels::chat_channel(c, &self.store) else {
+            let Some(ch) = channels::chat_channel(c, &self.store) else {
                 changes.push(format!("channel {name} could not start (see the log)"));
                 continue;
             };
-            let kit = ChannelKit {
-                store: &self.store,
-                bus: &self.bus,
-                intake: &self.intake,
-                open: &self.open,
-                stop: &self.stop_channels,
-                tasks: &self.tasks,
-                access: &access,
-            };
-            match kit.spawn(ch).await {
-                Ok((id, actor, stop)) => {
-                    self.channel_stops.insert(id.clone(), stop);
-                    self.channels.push((id, actor));
+            match self.start_channel(ch, &access).await {
+                Ok(()) => {
                     for m in self.store.pending_outbound().unwrap_or_default() {
                         if m.channel.as_str() == name {
-                            let _ = self.bus.cast(BusMsg::Outbound(m));
+                            self.outbox.route(m);
                         }
                     }
                     changes.push(if old.contains_key(name) {
@@ -511,16 +468,17 @@ impl Daemon {
                 Err(e) => changes.push(format!("channel {name} could not start: {e}")),
             }
         }
-        *self
-            .channels_slot
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = self.channels.clone();
         changes
     }
 
-    /// The shared list of channel actors (for the admin API).
-    pub fn channels_slot(&self) -> ChannelsSlot {
-        self.channels_slot.clone()
+    /// The live table of running channels (for the admin API and tests).
+    pub fn channel_table(&self) -> ChannelTable {
+        self.channels.clone()
+    }
+
+    /// The outbox handle (persist, then route).
+    pub fn outbox(&self) -> &Outbox {
+        &self.outbox
     }
 
     /// The shared slot of the MCP manager (for the admin API).
@@ -536,9 +494,9 @@ impl Daemon {
             .clone()
     }
 
-    /// The channel actors by id.
-    pub fn channels(&self) -> &[(String, ChannelRef)] {
-        &self.channels
+    /// The running channels with their actors, by id.
+    pub fn channels(&self) -> Vec<(String, crate::egress::ChannelRef)> {
+        self.channels.actors()
     }
 
     /// The subagent supervisor.
@@ -598,7 +556,8 @@ impl Daemon {
             }));
             let _ = tokio::time::timeout(CANCEL_SETTLE, settle).await;
         }
-        let flush = futures::future::join_all(self.channels.iter().map(|(_, c)| async move {
+        let channels = self.channels.actors();
+        let flush = futures::future::join_all(channels.iter().map(|(_, c)| async move {
             ractor::call_t!(c, |reply| ChannelMsg::Flush { reply }, LONG_CALL_MS)
         }));
         if tokio::time::timeout(OUTBOX_DRAIN, flush).await.is_err() {
@@ -611,7 +570,7 @@ impl Daemon {
         for (_, s) in &sessions {
             s.stop(Some("shutdown".into()));
         }
-        for (_, c) in &self.channels {
+        for (_, c) in &channels {
             c.stop(Some("shutdown".into()));
         }
         self.supervisor.stop(Some("shutdown".into()));
@@ -636,67 +595,17 @@ impl Daemon {
     }
 }
 
-/// Access rules: every chat platform is restricted to its `allow_from` (and paired senders);
-/// the HTTP API and the terminal are open (the bind address and token guard them).
-pub fn access_rules(config: &Config) -> crate::ingress::access::Access {
-    use crate::ingress::access::{Access, AccessRule};
-    Access::new(
-        config
-            .chat_channels
-            .iter()
-            .map(|c| {
-                (
-                    c.platform.name().to_string(),
-                    AccessRule::Restricted {
-                        allow_from: c.allow_from.clone(),
-                        pairing: c.pairing,
-                    },
-                )
-            })
-            .collect(),
-    )
-    .with_per_user(
-        config
-            .chat_channels
-            .iter()
-            .filter(|c| c.per_user_sessions)
-            .map(|c| c.platform.name().to_string()),
-    )
-}
-
-/// The `message` tool's way out: the durable outbox, then the bus.
-struct BusSink {
-    bus: std::sync::OnceLock<BusRef>,
-    store: Store,
-    channels: Vec<String>,
-}
-
-impl MessageSink for BusSink {
-    fn channels(&self) -> Vec<String> {
-        self.channels.clone()
-    }
-
-    fn send(&self, msg: clawft_channel_core::OutboundMessage) -> Result<(), String> {
-        let bus = self.bus.get().ok_or("the bus is not running")?;
-        self.store
-            .enqueue_outbound(&msg)
-            .map_err(|e| format!("outbox: {e}"))?;
-        bus.cast(BusMsg::Outbound(msg))
-            .map_err(|_| "the bus stopped; the message stays in the outbox".to_string())
-    }
-}
-
 /// Each channel adapter's one-line state.
-pub async fn channel_states(channels: &[(String, ChannelRef)]) -> serde_json::Value {
+pub async fn channel_states(channels: &ChannelTable) -> serde_json::Value {
     let mut out = serde_json::Map::new();
-    for (id, c) in channels {
+    for (id, c) in channels.actors() {
         let st = ractor::call_t!(
             c,
             |reply| ChannelMsg::State { reply },
             ACTOR_CALL_TIMEOUT_MS
         )
         .unwrap_or_else(|e| format!("not answering: {e}"));
-        out.insert(id.clone(), serde_json::Value::String(st));
+        out.insert(id, serde_json::Value::String(st));
     }
     serde_json::Value::Object(out)
 }

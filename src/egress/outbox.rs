@@ -1,0 +1,151 @@
+//! The way out: the live [`ChannelTable`] (one per daemon, changed by reloads) and the
+//! [`Outbox`] handle every sender uses. "Persist, then route" is written once, here: a durable
+//! message is in the store's outbox before it is handed to its channel actor, so a crash between
+//! the two resends it at the next start.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, PoisonError, RwLock};
+
+use clawft_channel_core::{ChannelId, ChatId, OutboundMessage, ThreadId};
+use tokio_util::sync::CancellationToken;
+
+use super::{ChannelMsg, ChannelRef};
+use crate::store::{InboxEntry, Store, StoreError};
+use crate::types::SessionKey;
+
+/// One running channel.
+#[derive(Clone)]
+pub struct ChannelEntry {
+    /// Its actor (outbox worker, typing, state).
+    pub actor: ChannelRef,
+    /// Whether it shows deltas and progress.
+    pub streaming: bool,
+    /// Stops its listener and outbox (a child of the daemon's channel token).
+    pub stop: CancellationToken,
+}
+
+/// The channels running now, by id: the one table the daemon, the outbox, the `message` tool
+/// and the admin API read. A reload changes it in place, so every reader sees the channels that
+/// run, not the ones that ran at start.
+#[derive(Clone, Default)]
+pub struct ChannelTable(Arc<RwLock<BTreeMap<String, ChannelEntry>>>);
+
+impl ChannelTable {
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<String, ChannelEntry>> {
+        self.0.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, BTreeMap<String, ChannelEntry>> {
+        self.0.write().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Add (or replace) a channel; returns the one it replaced.
+    pub fn insert(&self, id: &str, entry: ChannelEntry) -> Option<ChannelEntry> {
+        self.write().insert(id.to_string(), entry)
+    }
+
+    /// Remove a channel; returns it.
+    pub fn remove(&self, id: &str) -> Option<ChannelEntry> {
+        self.write().remove(id)
+    }
+
+    /// A channel by id.
+    pub fn get(&self, id: &str) -> Option<ChannelEntry> {
+        self.read().get(id).cloned()
+    }
+
+    /// Ids of the running channels, sorted.
+    pub fn names(&self) -> Vec<String> {
+        self.read().keys().cloned().collect()
+    }
+
+    /// Every running channel with its actor, sorted by id.
+    pub fn actors(&self) -> Vec<(String, ChannelRef)> {
+        self.read()
+            .iter()
+            .map(|(k, e)| (k.clone(), e.actor.clone()))
+            .collect()
+    }
+
+    /// Whether `id` runs and shows deltas.
+    pub fn is_streaming(&self, id: &str) -> bool {
+        self.read().get(id).is_some_and(|e| e.streaming)
+    }
+}
+
+/// The handle through which sessions, tools, approvals, ingress and the admin API send: it
+/// persists and routes. Cheap to clone.
+#[derive(Clone)]
+pub struct Outbox {
+    store: Store,
+    channels: ChannelTable,
+}
+
+impl Outbox {
+    /// An outbox over `store` routing to the channels of `channels`.
+    pub fn new(store: Store, channels: ChannelTable) -> Self {
+        Self { store, channels }
+    }
+
+    /// The live channel table.
+    pub fn channels(&self) -> &ChannelTable {
+        &self.channels
+    }
+
+    /// Persist `msg` in the outbox, then route it to its channel (a message that answers no
+    /// inbound event: pairing codes, approval questions, the `message` tool, `weft send`).
+    ///
+    /// # Errors
+    /// The store refused the message; nothing was routed.
+    pub fn send(&self, msg: OutboundMessage) -> Result<(), StoreError> {
+        self.store.enqueue_outbound(&msg)?;
+        self.route(msg);
+        Ok(())
+    }
+
+    /// Answer `entry` of `session` at once with `reply` (a chat command, a refusal): the entry
+    /// is finished and the reply put in the outbox in one atomic write, then routed. A failed
+    /// write is logged and the reply still routed (the entry is then replayed after a restart).
+    pub fn answer(&self, session: &SessionKey, entry: &InboxEntry, reply: OutboundMessage) {
+        if let Err(e) = self
+            .store
+            .finish_turn(session, Some(entry), &[], Some(&reply))
+        {
+            tracing::error!(error = %e, "could not record the reply");
+        }
+        self.route(reply);
+    }
+
+    /// Hand a message that needs no (more) persisting to its channel: a reply already written
+    /// with its turn, or a streaming delta or progress note. A message for a channel that is
+    /// not running stays in the store's outbox (durable ones are resent when it runs).
+    pub fn route(&self, msg: OutboundMessage) {
+        match self.channels.get(msg.channel.as_str()) {
+            Some(e) => {
+                if e.actor.cast(ChannelMsg::Send(msg)).is_err() {
+                    tracing::warn!("channel actor gone; reply stays in the outbox");
+                }
+            }
+            None => {
+                tracing::warn!(channel = %msg.channel, "reply for an unknown channel; it stays in the outbox");
+            }
+        }
+    }
+
+    /// Show the typing indicator in a chat (best effort).
+    pub fn typing(&self, channel: &ChannelId, chat: ChatId, thread: Option<ThreadId>) {
+        if let Some(e) = self.channels.get(channel.as_str()) {
+            let _ = e.actor.cast(ChannelMsg::Typing { chat, thread });
+        }
+    }
+}
+
+impl crate::tools::message::MessageSink for Outbox {
+    fn channels(&self) -> Vec<String> {
+        self.channels.names()
+    }
+
+    fn send(&self, msg: OutboundMessage) -> Result<(), StoreError> {
+        Outbox::send(self, msg)
+    }
+}

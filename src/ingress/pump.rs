@@ -1,0 +1,153 @@
+//! The inbound side of one channel: the adapter's `listen` loop (restarted with backoff) and the
+//! ingress pump (sanitise, check access, derive the session, journal, acknowledge, route).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use clawft_channel_core::{Ack, Channel, InboundDelivery, InboundEvent, OutboundMessage};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::Instrument;
+
+use super::access::{Access, Verdict};
+use crate::bus::Inbox;
+use crate::egress::Outbox;
+use crate::store::{JournalOutcome, Store};
+
+/// Longest wait between two restarts of a failing `listen`.
+const MAX_LISTEN_BACKOFF: Duration = Duration::from_secs(60);
+
+/// What the inbound side of a channel needs.
+pub struct IngressArgs {
+    /// The adapter.
+    pub channel: Arc<dyn Channel>,
+    /// The store (journal, access and pairing).
+    pub store: Store,
+    /// Where journaled messages are routed.
+    pub inbox: Inbox,
+    /// Where refusals (pairing codes) go.
+    pub outbox: Outbox,
+    /// Who may talk on this channel.
+    pub access: Arc<Access>,
+    /// Fires to stop accepting new messages (first step of shutdown).
+    pub intake: CancellationToken,
+    /// Fires once recovery is done: inbound messages wait until then, so replayed ones come
+    /// first.
+    pub open: CancellationToken,
+    /// Fires to stop the adapter.
+    pub stop: CancellationToken,
+}
+
+/// Start the listener and the pump of a channel on `tasks`.
+pub fn spawn(args: IngressArgs, tasks: &TaskTracker) {
+    let id = args.channel.id().to_string();
+    let (tx, rx) = mpsc::channel(64);
+    tasks.spawn(
+        listen_loop(args.channel.clone(), tx, args.stop.clone())
+            .instrument(tracing::info_span!("listen", channel = %id)),
+    );
+    tasks.spawn(pump(rx, args).instrument(tracing::info_span!("ingress", channel = %id)));
+}
+
+async fn listen_loop(
+    channel: Arc<dyn Channel>,
+    tx: mpsc::Sender<InboundDelivery>,
+    stop: CancellationToken,
+) {
+    let mut backoff = Duration::from_secs(1);
+    loop {
+        let r = channel.listen(tx.clone(), stop.clone()).await;
+        if stop.is_cancelled() {
+            return;
+        }
+        crate::metrics::inc(
+            "clawft_channel_restarts_total",
+            &[("channel", channel.id().as_str())],
+            1,
+        );
+        match r {
+            Ok(()) => tracing::warn!("channel listener returned; restarting"),
+            Err(e) => {
+                tracing::error!(error = %e, kind = e.kind(), "channel listener failed; restarting")
+            }
+        }
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(backoff) => {}
+        }
+        backoff = (backoff * 2).min(MAX_LISTEN_BACKOFF);
+    }
+}
+
+/// Refuse `event` from a sender who is not allowed, telling them (once) how to pair.
+fn refuse_sender(outbox: &Outbox, event: &InboundEvent, reply: Option<String>) -> Ack {
+    tracing::info!(sender = %event.sender, "message from a sender who is not allowed");
+    if let Some(text) = reply {
+        let msg = OutboundMessage::proactive(
+            event.channel.clone(),
+            event.chat.clone(),
+            event.thread.clone(),
+            text,
+        );
+        if let Err(e) = outbox.send(msg) {
+            tracing::error!(error = %e, "could not queue the pairing reply");
+        }
+    }
+    Ack::Rejected(format!(
+        "sender {} is not allowed on channel {}",
+        event.sender, event.channel
+    ))
+}
+
+async fn pump(mut rx: mpsc::Receiver<InboundDelivery>, args: IngressArgs) {
+    let IngressArgs {
+        store,
+        inbox,
+        outbox,
+        access,
+        intake,
+        open,
+        ..
+    } = args;
+    open.cancelled().await;
+    while let Some(InboundDelivery { event, ack }) = rx.recv().await {
+        let span =
+            tracing::info_span!("inbound", channel = %event.channel, event_id = %event.event_id);
+        let _g = span.enter();
+        let answer = if intake.is_cancelled() {
+            Ack::Rejected("the gateway is shutting down; retry shortly".into())
+        } else {
+            match (
+                access.check(&store, &event, clawft_channel_core::now_ms()),
+                access.session_key(&event),
+            ) {
+                (Err(e), _) => {
+                    tracing::error!(error = %e, "access check failed");
+                    Ack::Rejected(format!("could not check access: {e}"))
+                }
+                (Ok(Verdict::Denied { reply }), _) => refuse_sender(&outbox, &event, reply),
+                (Ok(Verdict::Allowed), Err(e)) => Ack::Rejected(e.to_string()),
+                (Ok(Verdict::Allowed), Ok(key)) => match store.journal_inbound(&event, &key) {
+                    Ok(JournalOutcome::Duplicate) => {
+                        tracing::info!("duplicate event ignored");
+                        Ack::Duplicate
+                    }
+                    Ok(JournalOutcome::New(entry)) => {
+                        if !inbox.route(entry) {
+                            tracing::error!("bus gone; message stays journaled");
+                        }
+                        Ack::Accepted
+                    }
+                    Err(e) => {
+                        tracing::error!(error = %e, "could not journal inbound message");
+                        Ack::Rejected(format!("could not store the message: {e}"))
+                    }
+                },
+            }
+        };
+        if let Some(ack) = ack {
+            let _ = ack.send(answer);
+        }
+    }
+}

@@ -1,0 +1,100 @@
+//! Chat commands: the text of an inbound message parsed once into a [`ChatCommand`].
+
+use crate::approval::Decision;
+
+/// A command typed in a chat, answered by the session without a turn.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ChatCommand {
+    /// `/stop`: cancel the running turn and the session's subagents.
+    Stop,
+    /// `/new`: start a new conversation.
+    New,
+    /// `/status`: the session's state.
+    Status,
+    /// `/help`: the list of chat commands.
+    Help,
+    /// `/approve ID [once|always]` or `/deny ID`: answer a pending approval.
+    Approval {
+        /// The approval's id.
+        id: String,
+        /// The answer.
+        decision: Decision,
+    },
+}
+
+/// What `/help` answers.
+pub const HELP: &str = "Chat commands:\n/new: start a new conversation\n/stop: stop the running turn (and its subagents)\n/status: this session's state\n/approve ID [always]: allow a command the assistant asked to run\n/deny ID: refuse it\n/help: this list\nAnything else goes to the assistant.";
+
+impl ChatCommand {
+    /// The command `text` is, if it is one (surrounding whitespace ignored). Anything else,
+    /// including an unknown `/word`, is a message for the model.
+    pub fn parse(text: &str) -> Option<Self> {
+        let text = text.trim();
+        match text {
+            "/stop" => return Some(Self::Stop),
+            "/new" => return Some(Self::New),
+            "/status" => return Some(Self::Status),
+            "/help" => return Some(Self::Help),
+            _ => {}
+        }
+        let mut words = text.split_whitespace();
+        let cmd = words.next()?;
+        let id = words.next()?.to_string();
+        let rest = words.next();
+        if words.next().is_some() {
+            return None;
+        }
+        let decision = match (cmd, rest) {
+            ("/approve", None | Some("once")) => Decision::Once,
+            ("/approve", Some("always")) => Decision::Always,
+            ("/deny", None) => Decision::Deny,
+            _ => return None,
+        };
+        Some(Self::Approval { id, decision })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commands_parse_once_and_the_rest_is_for_the_model() {
+        assert_eq!(ChatCommand::parse(" /stop "), Some(ChatCommand::Stop));
+        assert_eq!(ChatCommand::parse("/new"), Some(ChatCommand::New));
+        assert_eq!(ChatCommand::parse("/status"), Some(ChatCommand::Status));
+        assert_eq!(ChatCommand::parse("/help"), Some(ChatCommand::Help));
+        assert_eq!(
+            ChatCommand::parse("/approve ab12"),
+            Some(ChatCommand::Approval {
+                id: "ab12".into(),
+                decision: Decision::Once
+            })
+        );
+        assert_eq!(
+            ChatCommand::parse("/approve ab12 always"),
+            Some(ChatCommand::Approval {
+                id: "ab12".into(),
+                decision: Decision::Always
+            })
+        );
+        assert_eq!(
+            ChatCommand::parse("/deny ab12"),
+            Some(ChatCommand::Approval {
+                id: "ab12".into(),
+                decision: Decision::Deny
+            })
+        );
+        for text in [
+            "/stop now",
+            "/deny ab12 always",
+            "/approve",
+            "/approve a b c",
+            "/weather",
+            "stop",
+            "",
+        ] {
+            assert_eq!(ChatCommand::parse(text), None, "{text:?}");
+        }
+    }
+}
