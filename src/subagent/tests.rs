@@ -1,6 +1,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use super::announce::*;
 use super::*;
+use crate::types::session_key::{subagent_key as session_key_of, subagent_task_id as task_id_of};
+use crate::types::SessionKey;
 
 fn record(id: &str, parent: &str) -> TaskRecord {
     TaskRecord {
