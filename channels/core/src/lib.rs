@@ -12,6 +12,8 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
+pub mod bounded;
+pub mod draft;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod text;

@@ -12,12 +12,12 @@
 //! restarts), advances its sequence when an event arrives rather than when it is handled, and
 //! dispatches handlers on spawned tasks (no ordering, no acknowledgement point).
 
-use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use clawft_channel_core::draft::{DraftBook, DraftOptions, DraftPlatform, Edited, Slot};
 use clawft_channel_core::{
     Capabilities, Channel, ChannelError, ChannelId, ChatId, InboundDelivery, OutboundKind,
     OutboundMessage, PlatformEventId, SentRef, StateStore, ThreadId,
@@ -25,7 +25,6 @@ use clawft_channel_core::{
 use reqwest::Method;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 #[cfg(any(test, feature = "testing"))]
@@ -36,10 +35,9 @@ mod rest;
 
 pub use gateway::{parse_message, BotUser};
 
-/// Outbound messages whose completion is remembered (a late retry is not resent).
-const COMPLETED_CAP: usize = 1024;
-/// Streaming drafts kept at once (a turn whose final never came is evicted).
-const DRAFTS_CAP: usize = 256;
+/// Streaming drafts, finished replies and outbound progress entries remembered (each): a late
+/// retry is not resent, a turn whose final never came is evicted.
+const REMEMBERED: usize = 1024;
 
 /// Which group messages are delivered (DMs always are).
 pub use clawft_channel_core::GroupMode;
@@ -102,28 +100,12 @@ impl fmt::Debug for DiscordConfig {
     }
 }
 
-/// A streamed reply being shown as one draft message.
-#[derive(Default)]
-struct Draft {
-    text: String,
-    message_id: Option<String>,
-    last_update: Option<Instant>,
-}
-
-#[derive(Default)]
-struct Outbox {
-    /// msg.id → ids of the chunks already delivered.
-    progress: HashMap<String, Vec<String>>,
-    /// Completed msg.ids with their first message id, oldest first.
-    completed: VecDeque<(String, String)>,
-}
-
 pub(crate) struct Inner {
     cfg: DiscordConfig,
     rest: rest::Rest,
     status: Mutex<String>,
-    outbox: Mutex<Outbox>,
-    drafts: Mutex<VecDeque<(String, Arc<tokio::sync::Mutex<Draft>>)>>,
+    /// Streamed drafts and the delivery progress of final replies.
+    drafts: DraftBook<String, String>,
     bot: Mutex<Option<BotUser>>,
 }
 
@@ -182,11 +164,14 @@ impl DiscordChannel {
         let rest = rest::Rest::new(base, cfg.token.trim())?;
         Ok(Self {
             inner: Arc::new(Inner {
+                drafts: DraftBook::new(DraftOptions {
+                    edit_interval: cfg.edit_interval,
+                    capacity: REMEMBERED,
+                    skip_repeated_deltas: false,
+                }),
                 cfg,
                 rest,
                 status: Mutex::new("not started".into()),
-                outbox: Mutex::new(Outbox::default()),
-                drafts: Mutex::new(VecDeque::new()),
                 bot: Mutex::new(None),
             }),
         })
@@ -256,157 +241,79 @@ impl DiscordChannel {
             .map(drop)
     }
 
-    fn draft_key(msg: &OutboundMessage) -> Option<String> {
-        msg.in_reply_to
-            .as_ref()
-            .map(|r| format!("{}\u{0}{}", msg.chat, r))
+    fn target_of<'a>(&'a self, msg: &'a OutboundMessage) -> Result<Target<'a>, ChannelError> {
+        Ok(Target {
+            ch: self,
+            channel: Self::target(&msg.chat, msg.thread.as_ref())?,
+            msg_id: &msg.id,
+            reply_to: msg.in_reply_to.as_ref().map(PlatformEventId::as_str),
+        })
     }
+}
 
-    fn draft(&self, key: &str, create: bool) -> Option<Arc<tokio::sync::Mutex<Draft>>> {
-        let mut d = self
-            .inner
-            .drafts
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if let Some((_, v)) = d.iter().find(|(k, _)| k == key) {
-            return Some(v.clone());
-        }
-        if !create {
+/// The Discord side of a streamed draft or final reply: where one outbound message goes.
+struct Target<'a> {
+    ch: &'a DiscordChannel,
+    channel: String,
+    /// The outbound id (the nonces of its chunks derive from it).
+    msg_id: &'a str,
+    /// The user's message the draft and the first chunk reply to.
+    reply_to: Option<&'a str>,
+}
+
+#[async_trait]
+impl DraftPlatform for Target<'_> {
+    type Id = String;
+    type Text = String;
+
+    /// The first chunk of the text so far, with an ellipsis when more follows.
+    fn preview(&self, markdown: &str) -> Option<String> {
+        if markdown.trim().is_empty() {
             return None;
         }
-        let v = Arc::new(tokio::sync::Mutex::new(Draft::default()));
-        d.push_back((key.to_string(), v.clone()));
-        while d.len() > DRAFTS_CAP {
-            d.pop_front();
-        }
-        Some(v)
-    }
-
-    fn drop_draft(&self, key: &str) {
-        self.inner
-            .drafts
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .retain(|(k, _)| k != key);
-    }
-
-    async fn send_delta(&self, msg: &OutboundMessage) -> Result<SentRef, ChannelError> {
-        let (Some(key), true) = (Self::draft_key(msg), self.inner.cfg.stream_edits) else {
-            return Ok(SentRef(String::new()));
-        };
-        let channel = Self::target(&msg.chat, msg.thread.as_ref())?;
-        let Some(draft) = self.draft(&key, true) else {
-            return Ok(SentRef(String::new()));
-        };
-        let mut d = draft.lock().await;
-        d.text.push_str(&msg.content);
-        let due = d
-            .last_update
-            .is_none_or(|t| t.elapsed() >= self.inner.cfg.edit_interval);
-        if !due || d.text.trim().is_empty() {
-            return Ok(SentRef(d.message_id.clone().unwrap_or_default()));
-        }
-        let chunks = render::render_chunks(&d.text);
-        let Some(first) = chunks.first() else {
-            return Ok(SentRef(String::new()));
-        };
-        let preview = if chunks.len() > 1 {
+        let chunks = render::render_chunks(markdown);
+        let first = chunks.first()?;
+        Some(if chunks.len() > 1 {
             let mut p: String = first.chars().take(render::LIMIT - 1).collect();
             p.push('…');
             p
         } else {
             first.clone()
-        };
-        d.last_update = Some(Instant::now());
-        match d.message_id.clone() {
-            Some(mid) => {
-                self.edit(&channel, &mid, &preview).await?;
-                Ok(SentRef(mid))
+        })
+    }
+
+    /// Discord refuses empty messages: a draft whose final is empty shows an ellipsis.
+    fn empty_final(&self) -> Option<String> {
+        Some("\u{2026}".into())
+    }
+
+    async fn post(&self, slot: Slot, content: &String) -> Result<Option<String>, ChannelError> {
+        match slot {
+            Slot::Draft => {
+                let mid = self
+                    .ch
+                    .post(&self.channel, content, None, self.reply_to)
+                    .await?;
+                Ok(Some(mid).filter(|m| !m.is_empty()))
             }
-            None => {
-                let reply_to = msg.in_reply_to.as_ref().map(PlatformEventId::as_str);
-                let mid = self.post(&channel, &preview, None, reply_to).await?;
-                d.message_id = Some(mid.clone()).filter(|m| !m.is_empty());
-                Ok(SentRef(mid))
+            Slot::Chunk(i) => {
+                let reply_to = if i == 0 { self.reply_to } else { None };
+                self.ch
+                    .post(
+                        &self.channel,
+                        content,
+                        Some(nonce(self.msg_id, i)),
+                        reply_to,
+                    )
+                    .await
+                    .map(Some)
             }
         }
     }
 
-    async fn send_final(&self, msg: &OutboundMessage) -> Result<SentRef, ChannelError> {
-        {
-            let ob = self
-                .inner
-                .outbox
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            if let Some((_, first)) = ob.completed.iter().find(|(id, _)| *id == msg.id) {
-                return Ok(SentRef(first.clone()));
-            }
-        }
-        let channel = Self::target(&msg.chat, msg.thread.as_ref())?;
-        let key = Self::draft_key(msg).filter(|_| self.inner.cfg.stream_edits);
-        let draft = key.as_deref().and_then(|k| self.draft(k, false));
-        let mut draft_guard = match &draft {
-            Some(d) => Some(d.lock().await),
-            None => None,
-        };
-        let draft_id = draft_guard.as_ref().and_then(|d| d.message_id.clone());
-        let mut chunks = render::render_chunks(&msg.content);
-        if chunks.is_empty() {
-            if draft_id.is_none() {
-                return Ok(SentRef(String::new()));
-            }
-            chunks.push("\u{2026}".into());
-        }
-        let mut delivered = self
-            .inner
-            .outbox
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .progress
-            .get(&msg.id)
-            .cloned()
-            .unwrap_or_default();
-        let reply_to = msg.in_reply_to.as_ref().map(PlatformEventId::as_str);
-        for (i, chunk) in chunks.iter().enumerate().skip(delivered.len()) {
-            let r = match (&draft_id, i) {
-                (Some(mid), 0) => self.edit(&channel, mid, chunk).await.map(|()| mid.clone()),
-                _ => {
-                    let r = if i == 0 { reply_to } else { None };
-                    self.post(&channel, chunk, Some(nonce(&msg.id, i)), r).await
-                }
-            };
-            match r {
-                Ok(mid) => {
-                    delivered.push(mid);
-                    self.inner
-                        .outbox
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .progress
-                        .insert(msg.id.clone(), delivered.clone());
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        let first = delivered.first().cloned().unwrap_or_default();
-        {
-            let mut ob = self
-                .inner
-                .outbox
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            ob.progress.remove(&msg.id);
-            ob.completed.push_back((msg.id.clone(), first.clone()));
-            while ob.completed.len() > COMPLETED_CAP {
-                ob.completed.pop_front();
-            }
-        }
-        draft_guard.take();
-        if let Some(k) = key {
-            self.drop_draft(&k);
-        }
-        Ok(SentRef(first))
+    async fn edit(&self, id: &String, content: &String) -> Result<Edited, ChannelError> {
+        self.ch.edit(&self.channel, id, content).await?;
+        Ok(Edited::Done)
     }
 }
 
@@ -436,8 +343,19 @@ impl Channel for DiscordChannel {
     async fn send(&self, msg: &OutboundMessage) -> Result<SentRef, ChannelError> {
         match msg.kind {
             OutboundKind::Progress => Ok(SentRef(String::new())),
-            OutboundKind::Delta => self.send_delta(msg).await,
-            OutboundKind::Final | OutboundKind::Error => self.send_final(msg).await,
+            OutboundKind::Delta if !self.inner.cfg.stream_edits => Ok(SentRef(String::new())),
+            OutboundKind::Delta => {
+                // Deltas belong to a reply; without one there is nothing to stream into.
+                if msg.in_reply_to.is_none() {
+                    return Ok(SentRef(String::new()));
+                }
+                self.inner.drafts.delta(&self.target_of(msg)?, msg).await
+            }
+            OutboundKind::Final | OutboundKind::Error => {
+                let target = self.target_of(msg)?;
+                let chunks = render::render_chunks(&msg.content);
+                self.inner.drafts.finish(&target, msg, chunks).await
+            }
         }
     }
 

@@ -27,12 +27,12 @@
 //! - **Typing**: a no-op. Slack offers bots in Socket Mode no typing indicator (the RTM
 //!   `typing` event is gone; `assistant.threads.setStatus` only works in assistant threads).
 
-use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use clawft_channel_core::draft::{DraftBook, DraftOptions, DraftPlatform, Edited, Slot};
 use clawft_channel_core::text::{split_markdown, Measure};
 use clawft_channel_core::{
     Capabilities, Channel, ChannelError, ChannelId, ChatId, InboundDelivery, MemoryState,
@@ -40,7 +40,6 @@ use clawft_channel_core::{
 };
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 mod api;
@@ -59,7 +58,8 @@ pub const MAX_MESSAGE_CHARS: usize = 3000;
 /// Markdown characters per chunk before rendering (rendering adds escapes; a chunk that
 /// still renders too long is split again).
 const SPLIT_CHARS: usize = 2800;
-/// Outbound messages whose progress is remembered (for retries of the same id).
+/// Outbound messages whose progress is remembered (for retries of the same id), drafts and
+/// finished replies (each).
 const PROGRESS_KEPT: usize = 512;
 
 /// Which group messages are delivered (DMs always are).
@@ -140,58 +140,18 @@ impl fmt::Debug for SlackConfig {
     }
 }
 
-/// What was delivered of one outbound message (by `msg.id`).
-#[derive(Default)]
-struct Progress {
-    /// `ts` of each chunk delivered, in order.
-    delivered: Vec<String>,
-    /// All chunks delivered.
-    done: bool,
-}
-
-/// A streamed draft (by `in_reply_to`).
-#[derive(Default)]
-struct Draft {
-    chat: String,
-    thread: Option<String>,
-    /// Markdown received so far.
-    text: String,
-    /// The draft message, once posted.
-    ts: Option<String>,
-    /// When it was last posted or edited.
-    last_edit: Option<Instant>,
-    /// What the message shows now (skip identical edits).
-    shown: String,
-    /// Ids of the deltas appended (a retried delta is not appended twice).
-    seen: HashSet<String>,
-    /// The final reply took the draft over: later deltas must not touch it.
-    closed: bool,
-}
-
-#[derive(Default)]
-struct SendState {
-    progress: HashMap<String, Progress>,
-    order: VecDeque<String>,
-    drafts: HashMap<String, Arc<tokio::sync::Mutex<Draft>>>,
-    /// Replies whose final answer was sent: late deltas for them are dropped.
-    finished: HashSet<String>,
-    finished_order: VecDeque<String>,
-}
-
 pub(crate) struct Inner {
     pub(crate) cfg: SlackConfig,
     pub(crate) api: WebApi,
     pub(crate) tls: Arc<rustls::ClientConfig>,
     pub(crate) status: Mutex<String>,
-    send: Mutex<SendState>,
+    /// Streamed drafts and the delivery progress of final replies.
+    drafts: DraftBook<String, String>,
 }
 
 impl Inner {
     pub(crate) fn set_status(&self, s: impl Into<String>) {
         *self.status.lock().unwrap_or_else(PoisonError::into_inner) = s.into();
-    }
-    fn state(&self) -> std::sync::MutexGuard<'_, SendState> {
-        self.send.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -238,11 +198,16 @@ impl SlackChannel {
         let tls = socket::tls_config()?;
         Ok(Self {
             inner: Arc::new(Inner {
+                drafts: DraftBook::new(DraftOptions {
+                    edit_interval: cfg.edit_interval,
+                    capacity: PROGRESS_KEPT,
+                    // A retried delta is not appended twice.
+                    skip_repeated_deltas: true,
+                }),
                 cfg,
                 api,
                 tls,
                 status: Mutex::new("not started".into()),
-                send: Mutex::new(SendState::default()),
             }),
         })
     }
@@ -283,139 +248,38 @@ impl SlackChannel {
             .map(drop)
     }
 
-    fn draft(&self, key: &str) -> Arc<tokio::sync::Mutex<Draft>> {
-        self.inner
-            .state()
-            .drafts
-            .entry(key.to_string())
-            .or_default()
-            .clone()
-    }
-
-    async fn delta(&self, msg: &OutboundMessage) -> Result<SentRef, ChannelError> {
-        // Deltas belong to a reply; without one there is nothing to stream into.
-        if msg.in_reply_to.is_none() {
-            return Ok(SentRef(String::new()));
+    fn target<'a>(&'a self, msg: &'a OutboundMessage) -> Target<'a> {
+        Target {
+            ch: self,
+            chat: msg.chat.as_str(),
+            thread: msg.thread.as_ref().map(ThreadId::as_str),
         }
-        let key = reply_key(msg);
-        if self.inner.state().finished.contains(&key) {
-            return Ok(SentRef(String::new()));
-        }
-        let draft = self.draft(&key);
-        let mut d = draft.lock().await;
-        if d.closed {
-            return Ok(SentRef(String::new()));
-        }
-        if d.ts.is_none() && d.text.is_empty() {
-            d.chat = msg.chat.as_str().to_string();
-            d.thread = msg.thread.as_ref().map(|t| t.as_str().to_string());
-        }
-        if d.seen.insert(msg.id.clone()) {
-            d.text.push_str(&msg.content);
-        }
-        let due = d
-            .last_edit
-            .is_none_or(|t| t.elapsed() >= self.inner.cfg.edit_interval);
-        if !due {
-            return Ok(SentRef(d.ts.clone().unwrap_or_default()));
-        }
-        let shown = draft_text(&d.text);
-        if shown.is_empty() || shown == d.shown {
-            return Ok(SentRef(d.ts.clone().unwrap_or_default()));
-        }
-        match d.ts.clone() {
-            None => {
-                let ts = self.post(&d.chat, d.thread.as_deref(), &shown).await?;
-                d.ts = Some(ts);
-            }
-            Some(ts) => self.update(&d.chat, &ts, &shown).await?,
-        }
-        d.last_edit = Some(Instant::now());
-        d.shown = shown;
-        Ok(SentRef(d.ts.clone().unwrap_or_default()))
-    }
-
-    async fn final_reply(&self, msg: &OutboundMessage) -> Result<SentRef, ChannelError> {
-        let chat = msg.chat.as_str();
-        let thread = msg.thread.as_ref().map(ThreadId::as_str);
-        let key = reply_key(msg);
-        let draft = if self.inner.cfg.stream_edits {
-            let existing = self.inner.state().drafts.get(&key).cloned();
-            existing
-        } else {
-            None
-        };
-        // Wait for a draft post/edit in flight, then hold the draft.
-        let mut draft_guard = match &draft {
-            Some(d) => Some(d.clone().lock_owned().await),
-            None => None,
-        };
-        let draft_ts = draft_guard
-            .as_ref()
-            .filter(|d| d.chat == chat)
-            .and_then(|d| d.ts.clone());
-        let chunks = chunks(&msg.content);
-        let done_before = {
-            let st = self.inner.state();
-            st.progress.get(&msg.id).map(|p| p.delivered.clone())
-        };
-        let mut delivered = done_before.unwrap_or_default();
-        for (i, chunk) in chunks.iter().enumerate().skip(delivered.len()) {
-            let ts = match (&draft_ts, i) {
-                (Some(ts), 0) => {
-                    self.update(chat, ts, chunk).await.inspect_err(|_| {
-                        self.remember(&msg.id, &delivered, false);
-                    })?;
-                    ts.clone()
-                }
-                _ => self.post(chat, thread, chunk).await.inspect_err(|_| {
-                    self.remember(&msg.id, &delivered, false);
-                })?,
-            };
-            delivered.push(ts);
-            self.remember(&msg.id, &delivered, false);
-        }
-        self.remember(&msg.id, &delivered, true);
-        if let Some(d) = draft_guard.as_mut() {
-            d.closed = true;
-        }
-        {
-            let mut st = self.inner.state();
-            st.drafts.remove(&key);
-            if st.finished.insert(key.clone()) {
-                st.finished_order.push_back(key);
-                while st.finished_order.len() > PROGRESS_KEPT {
-                    if let Some(old) = st.finished_order.pop_front() {
-                        st.finished.remove(&old);
-                    }
-                }
-            }
-        }
-        drop(draft_guard);
-        Ok(SentRef(delivered.first().cloned().unwrap_or_default()))
-    }
-
-    fn remember(&self, id: &str, delivered: &[String], done: bool) {
-        let mut st = self.inner.state();
-        if !st.progress.contains_key(id) {
-            st.order.push_back(id.to_string());
-            while st.order.len() > PROGRESS_KEPT {
-                if let Some(old) = st.order.pop_front() {
-                    st.progress.remove(&old);
-                }
-            }
-        }
-        let p = st.progress.entry(id.to_string()).or_default();
-        p.delivered = delivered.to_vec();
-        p.done = done;
     }
 }
 
-/// The key that ties deltas to their final reply.
-fn reply_key(msg: &OutboundMessage) -> String {
-    match &msg.in_reply_to {
-        Some(e) => format!("{}\u{1f}{}", msg.chat, e),
-        None => format!("{}\u{1f}id:{}", msg.chat, msg.id),
+/// The Slack side of a streamed draft or final reply: where one outbound message goes.
+struct Target<'a> {
+    ch: &'a SlackChannel,
+    chat: &'a str,
+    thread: Option<&'a str>,
+}
+
+#[async_trait]
+impl DraftPlatform for Target<'_> {
+    type Id = String;
+    type Text = String;
+
+    fn preview(&self, markdown: &str) -> Option<String> {
+        Some(draft_text(markdown)).filter(|t| !t.is_empty())
+    }
+
+    async fn post(&self, _slot: Slot, text: &String) -> Result<Option<String>, ChannelError> {
+        self.ch.post(self.chat, self.thread, text).await.map(Some)
+    }
+
+    async fn edit(&self, ts: &String, text: &String) -> Result<Edited, ChannelError> {
+        self.ch.update(self.chat, ts, text).await?;
+        Ok(Edited::Done)
     }
 }
 
@@ -480,8 +344,15 @@ impl Channel for SlackChannel {
         match msg.kind {
             OutboundKind::Progress => Ok(SentRef(String::new())),
             OutboundKind::Delta if !self.inner.cfg.stream_edits => Ok(SentRef(String::new())),
-            OutboundKind::Delta => self.delta(msg).await,
-            OutboundKind::Final | OutboundKind::Error => self.final_reply(msg).await,
+            // Repeated delta ids and deltas without `in_reply_to` are ignored by the book.
+            OutboundKind::Delta => self.inner.drafts.delta(&self.target(msg), msg).await,
+            OutboundKind::Final | OutboundKind::Error => {
+                let chunks = chunks(&msg.content);
+                self.inner
+                    .drafts
+                    .finish(&self.target(msg), msg, chunks)
+                    .await
+            }
         }
     }
 

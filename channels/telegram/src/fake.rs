@@ -437,8 +437,23 @@ const TAGS: &[&str] = &[
     "span",
 ];
 
+/// Why Telegram would refuse a text as HTML (the reason of its `can't parse entities`).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{reason}")]
+pub struct HtmlParseError {
+    /// Telegram's wording, e.g. `Unclosed start tag at byte offset 3`.
+    pub reason: String,
+}
+
 /// Parse Telegram HTML strictly; the visible text, or why Telegram would refuse it.
-pub fn parse_telegram_html(html: &str) -> Result<String, String> {
+///
+/// # Errors
+/// [`HtmlParseError`] with the reason Telegram would give.
+pub fn parse_telegram_html(html: &str) -> Result<String, HtmlParseError> {
+    parse_html(html).map_err(|reason| HtmlParseError { reason })
+}
+
+fn parse_html(html: &str) -> Result<String, String> {
     let mut visible = String::new();
     let mut stack: Vec<String> = Vec::new();
     let mut i = 0;

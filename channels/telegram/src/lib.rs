@@ -23,13 +23,13 @@
 //!   bounded map from the last 1024 update ids to their message ids); in private chats it does
 //!   not quote. Replies go to the same forum topic (`message_thread_id`).
 
-use std::collections::{HashMap, VecDeque};
 use std::fmt;
-use std::hash::Hash;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use clawft_channel_core::bounded::BoundedMap;
+use clawft_channel_core::draft::{DraftBook, DraftOptions, DraftPlatform, Edited, Slot};
 use clawft_channel_core::text::{split_markdown, Measure};
 use clawft_channel_core::{
     now_ms, Ack, Capabilities, Channel, ChannelError, ChannelId, ChatId, InboundDelivery,
@@ -38,7 +38,6 @@ use clawft_channel_core::{
 };
 use serde_json::Value;
 use tokio::sync::mpsc;
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 mod api;
@@ -126,79 +125,11 @@ impl fmt::Debug for TelegramConfig {
     }
 }
 
-/// A map that forgets its oldest entries beyond a bound.
-struct Bounded<K, V> {
-    map: HashMap<K, V>,
-    order: VecDeque<K>,
-}
-
-impl<K: Hash + Eq + Clone, V> Bounded<K, V> {
-    fn new() -> Self {
-        Self {
-            map: HashMap::new(),
-            order: VecDeque::new(),
-        }
-    }
-
-    fn insert(&mut self, k: K, v: V) {
-        if self.map.insert(k.clone(), v).is_none() {
-            self.order.push_back(k);
-            while self.order.len() > MAX_REMEMBERED {
-                if let Some(old) = self.order.pop_front() {
-                    self.map.remove(&old);
-                }
-            }
-        }
-    }
-
-    fn get(&self, k: &K) -> Option<&V> {
-        self.map.get(k)
-    }
-
-    fn get_mut(&mut self, k: &K) -> Option<&mut V> {
-        self.map.get_mut(k)
-    }
-
-    fn remove(&mut self, k: &K) -> Option<V> {
-        let v = self.map.remove(k);
-        if v.is_some() {
-            self.order.retain(|x| x != k);
-        }
-        v
-    }
-}
-
 /// The message a delivered update came from.
 #[derive(Clone, Copy)]
 struct Origin {
     message_id: i64,
     group: bool,
-}
-
-/// A streamed reply being built.
-struct Draft {
-    /// The draft message, once posted.
-    message_id: Option<i64>,
-    text: String,
-    /// The chunk last shown (to skip identical edits).
-    shown: String,
-    last_edit: Instant,
-    /// Telegram asked us to wait (429) until then.
-    paused_until: Option<Instant>,
-}
-
-/// Delivery progress of one outbound message.
-#[derive(Default)]
-struct Progress {
-    done: usize,
-    first: Option<i64>,
-}
-
-struct Outbound {
-    progress: Bounded<String, Progress>,
-    drafts: Bounded<PlatformEventId, Draft>,
-    /// Replies whose final message was delivered (late deltas are dropped).
-    finished: Bounded<PlatformEventId, ()>,
 }
 
 /// One chunk ready to send.
@@ -243,8 +174,50 @@ pub struct TelegramChannel {
     cfg: TelegramConfig,
     api: Api,
     status: Mutex<String>,
-    origins: Mutex<Bounded<PlatformEventId, Origin>>,
-    out: tokio::sync::Mutex<Outbound>,
+    origins: Mutex<BoundedMap<PlatformEventId, Origin>>,
+    /// Streamed drafts and the delivery progress of final replies.
+    drafts: DraftBook<i64, Chunk>,
+    /// Sends are made one at a time.
+    sending: tokio::sync::Mutex<()>,
+}
+
+/// The Telegram side of a streamed draft or final reply: where one outbound message goes.
+struct Target<'a> {
+    ch: &'a TelegramChannel,
+    chat: Value,
+    thread: Option<i64>,
+    /// The user's message the draft and the first chunk quote (groups only).
+    reply_to: Option<i64>,
+}
+
+#[async_trait]
+impl DraftPlatform for Target<'_> {
+    type Id = i64;
+    type Text = Chunk;
+
+    /// The draft shows the first chunk of the text so far; the final reply posts the rest.
+    fn preview(&self, markdown: &str) -> Option<Chunk> {
+        plan_chunks(markdown).into_iter().next()
+    }
+
+    async fn post(&self, slot: Slot, chunk: &Chunk) -> Result<Option<i64>, ChannelError> {
+        let reply_to = match slot {
+            Slot::Draft | Slot::Chunk(0) => self.reply_to,
+            Slot::Chunk(_) => None,
+        };
+        self.ch
+            .post(&self.chat, self.thread, reply_to, chunk)
+            .await
+            .map(Some)
+    }
+
+    async fn edit(&self, id: &i64, chunk: &Chunk) -> Result<Edited, ChannelError> {
+        Ok(if self.ch.edit(&self.chat, *id, chunk).await? {
+            Edited::Done
+        } else {
+            Edited::Gone
+        })
+    }
 }
 
 fn parse_chat(chat: &ChatId) -> Value {
@@ -330,15 +303,16 @@ impl TelegramChannel {
         let mut cfg = cfg;
         cfg.poll_timeout = cfg.poll_timeout.max(Duration::from_secs(1));
         Ok(Self {
+            drafts: DraftBook::new(DraftOptions {
+                edit_interval: cfg.edit_interval,
+                capacity: MAX_REMEMBERED,
+                skip_repeated_deltas: false,
+            }),
             cfg,
             api,
             status: Mutex::new("not started".into()),
-            origins: Mutex::new(Bounded::new()),
-            out: tokio::sync::Mutex::new(Outbound {
-                progress: Bounded::new(),
-                drafts: Bounded::new(),
-                finished: Bounded::new(),
-            }),
+            origins: Mutex::new(BoundedMap::new(MAX_REMEMBERED)),
+            sending: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -502,135 +476,13 @@ impl TelegramChannel {
         origins.get(id).filter(|o| o.group).map(|o| o.message_id)
     }
 
-    async fn send_delta(
-        &self,
-        msg: &OutboundMessage,
-        out: &mut Outbound,
-    ) -> Result<SentRef, ChannelError> {
-        let Some(key) = msg.in_reply_to.clone() else {
-            return Ok(SentRef(String::new()));
-        };
-        if out.finished.get(&key).is_some() {
-            // A late fragment of a reply already delivered.
-            return Ok(SentRef(String::new()));
-        }
-        let chat = parse_chat(&msg.chat);
-        let thread = parse_thread(msg.thread.as_ref())?;
-        let reply_to = self.reply_target(msg);
-        let now = Instant::now();
-        if out.drafts.get(&key).is_none() {
-            out.drafts.insert(
-                key.clone(),
-                Draft {
-                    message_id: None,
-                    text: String::new(),
-                    shown: String::new(),
-                    last_edit: now,
-                    paused_until: None,
-                },
-            );
-        }
-        let Some(d) = out.drafts.get_mut(&key) else {
-            return Ok(SentRef(String::new()));
-        };
-        d.text.push_str(&msg.content);
-        let due =
-            d.message_id.is_none() || now.duration_since(d.last_edit) >= self.cfg.edit_interval;
-        if !due || d.paused_until.is_some_and(|t| now < t) {
-            return Ok(SentRef(
-                d.message_id.map(|m| m.to_string()).unwrap_or_default(),
-            ));
-        }
-        // The draft shows the first chunk of the text so far; the final reply posts the rest.
-        let Some(first) = plan_chunks(&d.text).into_iter().next() else {
-            return Ok(SentRef(String::new()));
-        };
-        if first.plain == d.shown {
-            return Ok(SentRef(
-                d.message_id.map(|m| m.to_string()).unwrap_or_default(),
-            ));
-        }
-        let existing = d.message_id;
-        d.last_edit = now;
-        let r = match existing {
-            Some(mid) => self.edit(&chat, mid, &first).await.map(|_| mid),
-            None => self.post(&chat, thread, reply_to, &first).await,
-        };
-        let Some(d) = out.drafts.get_mut(&key) else {
-            return r.map(|m| SentRef(m.to_string()));
-        };
-        match r {
-            Ok(mid) => {
-                d.message_id = Some(mid);
-                d.shown = first.plain;
-                Ok(SentRef(mid.to_string()))
-            }
-            Err(e) => {
-                if let Some(wait) = e.retry_after() {
-                    d.paused_until = Some(now + wait);
-                }
-                Err(e)
-            }
-        }
-    }
-
-    async fn send_final(
-        &self,
-        msg: &OutboundMessage,
-        out: &mut Outbound,
-    ) -> Result<SentRef, ChannelError> {
-        let chat = parse_chat(&msg.chat);
-        let thread = parse_thread(msg.thread.as_ref())?;
-        let chunks = plan_chunks(&msg.content);
-        if chunks.is_empty() {
-            return Ok(SentRef(String::new()));
-        }
-        if out.progress.get(&msg.id).is_none() {
-            out.progress.insert(msg.id.clone(), Progress::default());
-        }
-        let draft = msg
-            .in_reply_to
-            .as_ref()
-            .and_then(|k| out.drafts.get(k))
-            .and_then(|d| d.message_id);
-        let start = out.progress.get(&msg.id).map_or(0, |p| p.done);
-        for (i, chunk) in chunks.iter().enumerate().skip(start) {
-            let mut sent = None;
-            if i == 0 {
-                if let Some(mid) = draft {
-                    if self.edit(&chat, mid, chunk).await? {
-                        sent = Some(mid);
-                    }
-                }
-            }
-            let message_id = match sent {
-                Some(m) => m,
-                None => {
-                    let reply_to = if i == 0 { self.reply_target(msg) } else { None };
-                    self.post(&chat, thread, reply_to, chunk).await?
-                }
-            };
-            if let Some(p) = out.progress.get_mut(&msg.id) {
-                p.done = i + 1;
-                p.first.get_or_insert(message_id);
-            }
-            if i == 0 {
-                if let Some(k) = &msg.in_reply_to {
-                    out.drafts.remove(k);
-                }
-            }
-        }
-        if let Some(k) = &msg.in_reply_to {
-            out.drafts.remove(k);
-            out.finished.insert(k.clone(), ());
-        }
-        let first = out
-            .progress
-            .get(&msg.id)
-            .and_then(|p| p.first)
-            .map(|m| m.to_string())
-            .unwrap_or_default();
-        Ok(SentRef(first))
+    fn target(&self, msg: &OutboundMessage) -> Result<Target<'_>, ChannelError> {
+        Ok(Target {
+            ch: self,
+            chat: parse_chat(&msg.chat),
+            thread: parse_thread(msg.thread.as_ref())?,
+            reply_to: self.reply_target(msg),
+        })
     }
 }
 
@@ -753,12 +605,22 @@ impl Channel for TelegramChannel {
     }
 
     async fn send(&self, msg: &OutboundMessage) -> Result<SentRef, ChannelError> {
-        let mut out = self.out.lock().await;
+        let _one_at_a_time = self.sending.lock().await;
         match msg.kind {
             OutboundKind::Progress => Ok(SentRef(String::new())),
             OutboundKind::Delta if !self.cfg.stream_edits => Ok(SentRef(String::new())),
-            OutboundKind::Delta => self.send_delta(msg, &mut out).await,
-            OutboundKind::Final | OutboundKind::Error => self.send_final(msg, &mut out).await,
+            OutboundKind::Delta => {
+                // Deltas belong to a reply; without one there is nothing to stream into.
+                if msg.in_reply_to.is_none() {
+                    return Ok(SentRef(String::new()));
+                }
+                self.drafts.delta(&self.target(msg)?, msg).await
+            }
+            OutboundKind::Final | OutboundKind::Error => {
+                let target = self.target(msg)?;
+                let chunks = plan_chunks(&msg.content);
+                self.drafts.finish(&target, msg, chunks).await
+            }
         }
     }
 
