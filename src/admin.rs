@@ -13,6 +13,7 @@ use crate::egress::{ChannelTable, Outbox};
 use crate::session::SessionStatus;
 use crate::store::Store;
 use crate::types::SessionKey;
+use clawft_channel_http::AdminError;
 
 /// Timeout of a `Clear` call through the bus.
 const CLEAR_TIMEOUT_MS: u64 = 35_000;
@@ -75,9 +76,9 @@ fn sandbox_json(config: &Config) -> Value {
 /// Stored sessions as JSON rows.
 ///
 /// # Errors
-/// Store failure, as text.
-pub fn sessions_json(store: &Store) -> Result<Value, String> {
-    let rows = store.sessions().map_err(|e| e.to_string())?;
+/// Store failure.
+pub fn sessions_json(store: &Store) -> Result<Value, AdminError> {
+    let rows = store.sessions().map_err(internal)?;
     Ok(json!({
         "sessions": rows.iter().map(|m| json!({
             "key": m.key.as_str(),
@@ -91,19 +92,32 @@ pub fn sessions_json(store: &Store) -> Result<Value, String> {
 /// One session's transcript as JSON, or `None` if it is not stored.
 ///
 /// # Errors
-/// Invalid key or store failure, as text.
-pub fn session_json(store: &Store, key: &str) -> Result<Option<Value>, String> {
-    let key = SessionKey::parse(key).map_err(|e| e.to_string())?;
-    let Some(meta) = store.session_meta(&key).map_err(|e| e.to_string())? else {
+/// Invalid key (bad request) or store failure (internal).
+pub fn session_json(store: &Store, key: &str) -> Result<Option<Value>, AdminError> {
+    let key = SessionKey::parse(key).map_err(bad_request)?;
+    let Some(meta) = store.session_meta(&key).map_err(internal)? else {
         return Ok(None);
     };
-    let msgs = store.load_transcript(&key).map_err(|e| e.to_string())?;
+    let msgs = store.load_transcript(&key).map_err(internal)?;
     Ok(Some(json!({
         "key": key.as_str(),
         "created_ms": meta.created_ms,
         "updated_ms": meta.updated_ms,
         "messages": msgs,
     })))
+}
+
+fn internal(e: impl std::fmt::Display) -> AdminError {
+    AdminError::Internal(e.to_string())
+}
+
+fn bad_request(e: impl std::fmt::Display) -> AdminError {
+    AdminError::BadRequest(e.to_string())
+}
+
+/// What every admin route answers while the daemon starts.
+fn starting() -> AdminError {
+    AdminError::Unavailable("starting".into())
 }
 
 struct Running {
@@ -169,26 +183,26 @@ impl clawft_channel_http::Admin for AdminApi {
         }
     }
 
-    async fn sessions(&self) -> Result<Value, String> {
-        let r = self.running.get().ok_or("starting")?;
+    async fn sessions(&self) -> Result<Value, AdminError> {
+        let r = self.running.get().ok_or_else(starting)?;
         sessions_json(&r.store)
     }
 
-    async fn session(&self, key: &str) -> Result<Option<Value>, String> {
-        let r = self.running.get().ok_or("starting")?;
+    async fn session(&self, key: &str) -> Result<Option<Value>, AdminError> {
+        let r = self.running.get().ok_or_else(starting)?;
         session_json(&r.store, key)
     }
 
-    async fn clear_session(&self, key: &str) -> Result<bool, String> {
-        let r = self.running.get().ok_or("starting")?;
-        let key = SessionKey::parse(key).map_err(|e| e.to_string())?;
+    async fn clear_session(&self, key: &str) -> Result<bool, AdminError> {
+        let r = self.running.get().ok_or_else(starting)?;
+        let key = SessionKey::parse(key).map_err(bad_request)?;
         ractor::call_t!(
             r.bus,
             |reply| BusMsg::Clear { key, reply },
             CLEAR_TIMEOUT_MS
         )
-        .map_err(|e| e.to_string())?
-        .map_err(|e| e.to_string())
+        .map_err(internal)?
+        .map_err(internal)
     }
 
     async fn ready(&self) -> Result<Value, Value> {
@@ -274,34 +288,39 @@ impl clawft_channel_http::Admin for AdminApi {
         crate::metrics::render(&gauges)
     }
 
-    async fn command(&self, name: &str, body: Value) -> Result<Value, String> {
-        let r = self.running.get().ok_or("starting")?;
+    async fn command(&self, name: &str, body: Value) -> Result<Value, AdminError> {
+        let r = self.running.get().ok_or_else(starting)?;
         match name {
             "send" => {
                 let field = |k: &str| {
-                    body[k]
-                        .as_str()
-                        .map(str::to_string)
-                        .ok_or_else(|| format!("`{k}` (a string) is required"))
+                    body[k].as_str().map(str::to_string).ok_or_else(|| {
+                        AdminError::BadRequest(format!("`{k}` (a string) is required"))
+                    })
                 };
                 let channel = field("channel")?;
                 let running = r.channels().names();
                 if !running.contains(&channel) {
-                    return Err(format!(
+                    return Err(AdminError::BadRequest(format!(
                         "no channel `{channel}` is running; running channels: {}",
                         running.join(", ")
-                    ));
+                    )));
                 }
                 let msg = operator_message(&channel, &field("chat_id")?, &field("content")?)?;
                 let id = msg.id.clone();
-                r.outbox.send(msg).map_err(|e| format!("outbox: {e}"))?;
+                r.outbox
+                    .send(msg)
+                    .map_err(|e| AdminError::Internal(format!("outbox: {e}")))?;
                 Ok(json!({"status": "queued", "id": id}))
             }
             "mcp/list" => Ok(mcp_json(r.mcp().as_deref())),
             "mcp/restart" => {
-                let name = body["name"].as_str().ok_or("`name` is required")?;
-                let m = r.mcp().ok_or("no MCP servers are configured")?;
-                m.restart(name)?;
+                let name = body["name"]
+                    .as_str()
+                    .ok_or_else(|| bad_request("`name` is required"))?;
+                let m = r
+                    .mcp()
+                    .ok_or_else(|| bad_request("no MCP servers are configured"))?;
+                m.restart(name).map_err(bad_request)?;
                 Ok(json!({"restarting": name}))
             }
             other => pairing_command(&r.store, other, &body),
@@ -325,13 +344,13 @@ pub fn operator_message(
     channel: &str,
     chat: &str,
     content: &str,
-) -> Result<clawft_channel_core::OutboundMessage, String> {
+) -> Result<clawft_channel_core::OutboundMessage, AdminError> {
     use clawft_channel_core::{ChannelId, ChatId};
     let content = crate::types::sanitize_content(content);
     if channel.is_empty() || chat.is_empty() || chat.contains(':') || content.trim().is_empty() {
-        return Err(
-            "channel, chat id and text must be non-empty (and the chat id without `:`)".into(),
-        );
+        return Err(bad_request(
+            "channel, chat id and text must be non-empty (and the chat id without `:`)",
+        ));
     }
     Ok(clawft_channel_core::OutboundMessage::proactive(
         ChannelId::new(channel),
@@ -345,27 +364,30 @@ pub fn operator_message(
 ///
 /// # Errors
 /// Unknown command, bad arguments or store failure, as text.
-pub fn pairing_command(store: &Store, name: &str, body: &Value) -> Result<Value, String> {
+pub fn pairing_command(store: &Store, name: &str, body: &Value) -> Result<Value, AdminError> {
     use crate::ingress::access;
     match name {
         "pairing/list" => Ok(json!({
-            "pending": access::pending(store).map_err(|e| e.to_string())?.iter().map(|p| json!({
+            "pending": access::pending(store).map_err(internal)?.iter().map(|p| json!({
                 "code": p.code, "channel": p.channel, "user": p.user, "chat": p.chat, "created_ms": p.created_ms,
             })).collect::<Vec<_>>(),
-            "paired": access::paired(store).map_err(|e| e.to_string())?,
+            "paired": access::paired(store).map_err(internal)?,
         })),
         "pairing/approve" => {
-            let code = body["code"].as_str().ok_or("`code` is required")?;
-            let who = access::approve(store, code, clawft_channel_core::now_ms())?;
+            let code = body["code"]
+                .as_str()
+                .ok_or_else(|| bad_request("`code` is required"))?;
+            let who =
+                access::approve(store, code, clawft_channel_core::now_ms()).map_err(bad_request)?;
             Ok(json!({"approved": who}))
         }
         "pairing/revoke" => {
             let who = body["who"]
                 .as_str()
-                .ok_or("`who` (channel:user) is required")?;
-            let was = access::revoke(store, who).map_err(|e| e.to_string())?;
+                .ok_or_else(|| bad_request("`who` (channel:user) is required"))?;
+            let was = access::revoke(store, who).map_err(internal)?;
             Ok(json!({"revoked": was}))
         }
-        other => Err(format!("unknown admin command `{other}`")),
+        other => Err(bad_request(format!("unknown admin command `{other}`"))),
     }
 }

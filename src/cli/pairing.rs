@@ -21,7 +21,7 @@ pub async fn run(config: &Config, action: PairingAction) -> Result<(), CliError>
     };
     let v = match backend(config).await? {
         Backend::Gateway(c) => c.post(&format!("/v1/admin/{name}"), &body).await?,
-        Backend::Store(s) => pairing_command(&s, name, &body).map_err(CliError)?,
+        Backend::Store(s) => pairing_command(&s, name, &body).map_err(CliError::msg)?,
     };
     println!(
         "{}",
@@ -35,7 +35,7 @@ pub async fn run(config: &Config, action: PairingAction) -> Result<(), CliError>
 /// # Errors
 /// No gateway running, or the gateway refused the message.
 pub async fn send(config: &Config, channel: &str, chat: &str, text: &str) -> Result<(), CliError> {
-    crate::admin::operator_message(channel, chat, text).map_err(CliError)?;
+    crate::admin::operator_message(channel, chat, text).map_err(CliError::msg)?;
     let c = GatewayClient::detect(config).await.ok_or_else(|| {
         CliError(format!(
             "weft send needs a running gateway (none answers at {}): start `weft gateway`",

@@ -28,13 +28,13 @@ pub async fn run(config: &Config, action: SessionsAction) -> Result<(), CliError
     let b = backend(config).await?;
     let v = match (&b, action) {
         (Backend::Gateway(c), SessionsAction::List) => c.get("/v1/sessions").await?,
-        (Backend::Store(s), SessionsAction::List) => sessions_json(s).map_err(CliError)?,
+        (Backend::Store(s), SessionsAction::List) => sessions_json(s).map_err(CliError::msg)?,
         (Backend::Gateway(c), SessionsAction::Show { key }) => c
             .get_opt(&format!("/v1/sessions/{}", encode(&key)))
             .await?
             .ok_or_else(|| CliError(format!("no session `{key}`")))?,
         (Backend::Store(s), SessionsAction::Show { key }) => session_json(s, &key)
-            .map_err(CliError)?
+            .map_err(CliError::msg)?
             .ok_or_else(|| CliError(format!("no session `{key}`")))?,
         (Backend::Gateway(c), SessionsAction::Clear { key }) => {
             c.delete(&format!("/v1/sessions/{}", encode(&key))).await?

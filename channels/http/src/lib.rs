@@ -68,23 +68,50 @@ pub enum HttpError {
     },
 }
 
+/// Why an admin request failed; the variant decides the HTTP status.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AdminError {
+    /// The request is wrong (unknown command, bad key, missing field): 400.
+    #[error("{0}")]
+    BadRequest(String),
+    /// The daemon is not running yet: 503.
+    #[error("{0}")]
+    Unavailable(String),
+    /// The daemon failed (the store): 500.
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl AdminError {
+    /// The HTTP status of this error.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            AdminError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            AdminError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            AdminError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+}
+
 /// What the daemon exposes to the admin routes.
 #[async_trait]
 pub trait Admin: Send + Sync + 'static {
     /// `GET /v1/status`.
     async fn status(&self) -> Value;
     /// `GET /v1/sessions`.
-    async fn sessions(&self) -> Result<Value, String>;
+    async fn sessions(&self) -> Result<Value, AdminError>;
     /// `GET /v1/sessions/{key}`; `None` is 404.
-    async fn session(&self, key: &str) -> Result<Option<Value>, String>;
+    async fn session(&self, key: &str) -> Result<Option<Value>, AdminError>;
     /// `DELETE /v1/sessions/{key}`; whether anything was stored.
-    async fn clear_session(&self, key: &str) -> Result<bool, String>;
+    async fn clear_session(&self, key: &str) -> Result<bool, AdminError>;
     /// `GET /readyz`: `Ok` when ready (200), `Err` when not (503).
     async fn ready(&self) -> Result<Value, Value>;
     /// `POST /v1/admin/{name}` with a JSON body (`send`, `pairing/list`, `pairing/approve`,
-    /// ...): `Err` is 400 with the text.
-    async fn command(&self, name: &str, _body: Value) -> Result<Value, String> {
-        Err(format!("unknown admin command `{name}`"))
+    /// ...): `Err` is its status with the text.
+    async fn command(&self, name: &str, _body: Value) -> Result<Value, AdminError> {
+        Err(AdminError::BadRequest(format!(
+            "unknown admin command `{name}`"
+        )))
     }
     /// `GET /metrics`: the Prometheus text exposition.
     async fn metrics(&self) -> String {
@@ -261,7 +288,7 @@ async fn status(State(inner): State<Arc<Inner>>) -> Response {
 async fn sessions(State(inner): State<Arc<Inner>>) -> Response {
     match inner.admin.sessions().await {
         Ok(v) => Json(v).into_response(),
-        Err(e) => err(StatusCode::INTERNAL_SERVER_ERROR, e),
+        Err(e) => err(e.status(), e.to_string()),
     }
 }
 
@@ -269,14 +296,14 @@ async fn session(State(inner): State<Arc<Inner>>, Path(key): Path<String>) -> Re
     match inner.admin.session(&key).await {
         Ok(Some(v)) => Json(v).into_response(),
         Ok(None) => err(StatusCode::NOT_FOUND, format!("no session `{key}`")),
-        Err(e) => err(StatusCode::BAD_REQUEST, e),
+        Err(e) => err(e.status(), e.to_string()),
     }
 }
 
 async fn clear_session(State(inner): State<Arc<Inner>>, Path(key): Path<String>) -> Response {
     match inner.admin.clear_session(&key).await {
         Ok(b) => Json(json!({ "cleared": b })).into_response(),
-        Err(e) => err(StatusCode::BAD_REQUEST, e),
+        Err(e) => err(e.status(), e.to_string()),
     }
 }
 
@@ -299,7 +326,7 @@ async fn admin_command(
     let body = body.map_or(Value::Null, |Json(v)| v);
     match inner.admin.command(&name, body).await {
         Ok(v) => Json(v).into_response(),
-        Err(e) => err(StatusCode::BAD_REQUEST, e),
+        Err(e) => err(e.status(), e.to_string()),
     }
 }
 

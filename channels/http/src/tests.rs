@@ -18,13 +18,13 @@ impl Admin for FakeAdmin {
     async fn status(&self) -> Value {
         json!({"status": "fine"})
     }
-    async fn sessions(&self) -> Result<Value, String> {
+    async fn sessions(&self) -> Result<Value, AdminError> {
         Ok(json!({"sessions": []}))
     }
-    async fn session(&self, key: &str) -> Result<Option<Value>, String> {
+    async fn session(&self, key: &str) -> Result<Option<Value>, AdminError> {
         Ok((key == "http:abc").then(|| json!({"key": key})))
     }
-    async fn clear_session(&self, key: &str) -> Result<bool, String> {
+    async fn clear_session(&self, key: &str) -> Result<bool, AdminError> {
         Ok(key == "http:abc")
     }
     async fn ready(&self) -> Result<Value, Value> {
