@@ -28,10 +28,10 @@ impl StateStore for StoreState {
     fn get(&self, key: &str) -> Option<String> {
         self.store.state_get(&self.ns, key).ok().flatten()
     }
-    fn put(&self, key: &str, value: &str) -> Result<(), String> {
+    fn put(&self, key: &str, value: &str) -> Result<(), clawft_channel_core::StateError> {
         self.store
             .state_put(&self.ns, key, Some(value))
-            .map_err(|e| e.to_string())
+            .map_err(|e| clawft_channel_core::StateError(e.to_string()))
     }
 }
 

@@ -335,8 +335,14 @@ pub trait StateStore: Send + Sync + 'static {
     ///
     /// # Errors
     /// The store failed.
-    fn put(&self, key: &str, value: &str) -> Result<(), String>;
+    fn put(&self, key: &str, value: &str) -> Result<(), StateError>;
 }
+
+/// A [`StateStore`] write that failed (the backing store's own error, as text: adapters only
+/// log it).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("state store: {0}")]
+pub struct StateError(pub String);
 
 /// A [`StateStore`] in memory (tests, and adapters run without a store).
 #[derive(Debug, Default)]
@@ -350,7 +356,7 @@ impl StateStore for MemoryState {
             .get(key)
             .cloned()
     }
-    fn put(&self, key: &str, value: &str) -> Result<(), String> {
+    fn put(&self, key: &str, value: &str) -> Result<(), StateError> {
         self.0
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
