@@ -13,7 +13,7 @@
 //! (`docs/architecture.md`, checked by `tests/it/layering.rs`).
 //! - [`types`]: leaf types: [`types::SessionKey`], [`types::Secret`], [`types::SettingError`],
 //!   text sanitising. [`metrics`], [`telemetry`], [`notify`]: process-wide facilities.
-//! - [`llm`]: providers behind [`llm::ChatModel`]. [`net`]: the network guard (SSRF).
+//! - [`llm`]: providers behind [`llm::ChatModel`].
 //! - [`store`]: sled transcripts, inbound journal, outbox.
 //! - [`tools`]: [`tools::Tool`], [`tools::ToolRegistry`], built-in tools.
 //! - [`skills`]: `SKILL.md` skills. [`mcp`]: MCP client and server.
