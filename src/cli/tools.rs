@@ -143,7 +143,7 @@ pub async fn run(config: &Config, action: ToolsAction) -> Result<(), CliError> {
             });
             let outcome = reg.dispatch(&name, "cli", &args, &ctx).await;
             watcher.abort();
-            println!("{}", outcome.content);
+            println!("{}", outcome.content());
             match outcome.error {
                 None => Ok(()),
                 Some(e) => Err(CliError(format!("{} ({})", name, e.code()))),

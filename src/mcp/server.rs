@@ -134,7 +134,7 @@ impl ToolProvider for BuiltinProvider {
             .dispatch(name, &format!("mcp-{n}"), &args.to_string(), &ctx)
             .await;
         ToolCallOutput {
-            text: out.content,
+            text: out.content(),
             is_error: out.error.is_some(),
         }
     }

@@ -164,11 +164,11 @@ async fn stdio_everything_discovery_namespacing_and_calls() {
             &c,
         )
         .await;
-    assert_eq!(o.content, json!("Echo: héllo wörld 🌍").to_string());
+    assert_eq!(o.content(), json!("Echo: héllo wörld 🌍").to_string());
     let o = reg
         .dispatch("everything__echo", "2", r#"{"message":""}"#, &c)
         .await;
-    assert_eq!(o.content, json!("Echo: ").to_string());
+    assert_eq!(o.content(), json!("Echo: ").to_string());
     let big = "x".repeat(200_000);
     let o = reg
         .dispatch(
@@ -179,15 +179,19 @@ async fn stdio_everything_discovery_namespacing_and_calls() {
         )
         .await;
     assert!(o.error.is_none());
-    assert!(o.content.len() <= crate::tools::MAX_TOOL_RESULT_BYTES + 200);
+    assert!(o.content().len() <= crate::tools::MAX_TOOL_RESULT_BYTES + 200);
     let o = reg
         .dispatch("everything__get-sum", "4", r#"{"a":2,"b":3}"#, &c)
         .await;
-    assert!(o.content.contains("is 5"), "{}", o.content);
+    assert!(o.content().contains("is 5"), "{}", o.content());
     let o = reg
         .dispatch("everything__get-tiny-image", "5", "{}", &c)
         .await;
-    assert!(o.content.contains("[image: image/png, "), "{}", o.content);
+    assert!(
+        o.content().contains("[image: image/png, "),
+        "{}",
+        o.content()
+    );
     let o = reg
         .dispatch(
             "everything__get-structured-content",
@@ -196,7 +200,7 @@ async fn stdio_everything_discovery_namespacing_and_calls() {
             &c,
         )
         .await;
-    let v: Value = serde_json::from_str(&o.content).unwrap();
+    let v: Value = o.value.clone();
     assert!(v["temperature"].is_number(), "{v}");
     // Invalid arguments come back as the server's error.
     let o = reg
@@ -397,7 +401,7 @@ async fn internal_only_is_reflected_in_the_tool_source_and_skills_expose_it() {
     let o = reg
         .dispatch_with("hid__cancelled_count", "2", "{}", &c, &skill)
         .await;
-    assert_eq!(o.content, r#""0""#);
+    assert_eq!(o.content(), r#""0""#);
     m.shutdown().await;
 }
 

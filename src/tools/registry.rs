@@ -16,13 +16,21 @@ use super::truncate::truncate_result;
 use super::{Tool, ToolContext, ToolError, MAX_TOOL_RESULT_BYTES};
 use crate::llm::ToolSpec;
 
-/// What the model receives for one tool call.
+/// What the model receives for one tool call: kept as a value (the turn reads fields of it,
+/// e.g. `use_skill`'s `allowed_tools`) and serialised once, into the tool message.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ToolOutcome {
-    /// JSON text of the result or of `{"error", "error_code"}`, scrubbed and truncated.
-    pub content: String,
+    /// The result or `{"error", "error_code"}`, scrubbed and truncated.
+    pub value: Value,
     /// The error, if the call failed.
     pub error: Option<ToolError>,
+}
+
+impl ToolOutcome {
+    /// The JSON text the model sees.
+    pub fn content(&self) -> String {
+        serde_json::to_string(&self.value).unwrap_or_else(|_| "null".into())
+    }
 }
 
 /// A tool from a dynamic source, and whether it is internal (hidden unless a skill exposes it).
@@ -325,7 +333,7 @@ impl ToolRegistry {
                 let v = truncate_result(v, MAX_TOOL_RESULT_BYTES);
                 tracing::debug!("tool succeeded");
                 ToolOutcome {
-                    content: serde_json::to_string(&v).unwrap_or_else(|_| "null".into()),
+                    value: v,
                     error: None,
                 }
             }
@@ -334,7 +342,7 @@ impl ToolRegistry {
                 let mut v = e.to_json();
                 self.scrubber.scrub_value(&mut v);
                 ToolOutcome {
-                    content: v.to_string(),
+                    value: v,
                     error: Some(e),
                 }
             }
@@ -407,7 +415,7 @@ mod tests {
         let (c, _d) = ctx();
         let o = r.dispatch("nope", "c1", "{}", &c).await;
         assert_eq!(o.error.as_ref().unwrap().code(), "NOT_FOUND");
-        let v: Value = serde_json::from_str(&o.content).unwrap();
+        let v: Value = o.value.clone();
         assert_eq!(v["error_code"], "NOT_FOUND");
         assert!(v["error"].as_str().unwrap().contains("echo"));
 
@@ -418,7 +426,7 @@ mod tests {
             .dispatch("echo", "c3", r#"{"k":"key sk-live-123456 here"}"#, &c)
             .await;
         assert!(o.error.is_none());
-        assert_eq!(o.content, r#"{"k":"key [REDACTED] here"}"#);
+        assert_eq!(o.content(), r#"{"k":"key [REDACTED] here"}"#);
     }
 
     struct Source(Vec<SourcedTool>);
@@ -467,7 +475,7 @@ mod tests {
                 &["mem__*".to_string()],
             )
             .await;
-        assert_eq!(o.content, r#"{"k":1}"#);
+        assert_eq!(o.content(), r#"{"k":1}"#);
         // The policy still wins over a skill.
         let r = r.with_policy(crate::tools::policy::ToolPolicy {
             global: crate::tools::policy::PolicyLayer {

@@ -329,16 +329,14 @@ async fn run_turn_inner(
             }
             if call.name == "use_skill" && o.error.is_none() {
                 // The skill's tools become visible (and callable) from the next round on.
-                if let Ok(v) = serde_json::from_str::<serde_json::Value>(&o.content) {
-                    for g in v["allowed_tools"].as_array().into_iter().flatten() {
-                        if let Some(g) = g.as_str().filter(|g| !exposed.iter().any(|e| e == g)) {
-                            exposed.push(g.to_string());
-                            newly_exposed = true;
-                        }
+                for g in o.value["allowed_tools"].as_array().into_iter().flatten() {
+                    if let Some(g) = g.as_str().filter(|g| !exposed.iter().any(|e| e == g)) {
+                        exposed.push(g.to_string());
+                        newly_exposed = true;
                     }
                 }
             }
-            results.push(Message::tool_result(&call.id, &call.name, o.content));
+            results.push(Message::tool_result(&call.id, &call.name, o.content()));
         }
         if let Err(e) = deps.store.append_messages(session, &results) {
             out.status = TurnStatus::Failed(format!("store failed: {e}"));
