@@ -5,12 +5,10 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use futures::StreamExt;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
-use super::error::parse_retry_after;
-use super::openai::http_client;
+use super::http::{http_client, Endpoint};
 use super::{
     ChatModel, ChatRequest, ChatResponse, LlmError, Message, Role, StreamEvent, ToolCall, Usage,
 };
@@ -50,10 +48,7 @@ impl Anthropic {
     /// # Errors
     /// The HTTP client cannot be built.
     pub fn new(cfg: AnthropicConfig) -> Result<Self, LlmError> {
-        let http = http_client(cfg.timeout).map_err(|detail| LlmError::InvalidResponse {
-            provider: cfg.name.clone(),
-            detail,
-        })?;
+        let http = http_client(&cfg.name, cfg.timeout)?;
         let base = cfg.base_url.trim_end_matches('/');
         let url = if base.ends_with("/v1") {
             format!("{base}/messages")
@@ -86,57 +81,29 @@ impl Anthropic {
         out
     }
 
+    /// Where requests go, and the names errors carry.
+    fn endpoint(&self) -> Endpoint<'_> {
+        Endpoint {
+            http: &self.http,
+            provider: &self.cfg.name,
+            url: &self.url,
+            timeout: self.cfg.timeout,
+            full_cause: false,
+        }
+    }
+
     fn invalid(&self, detail: impl Into<String>) -> LlmError {
-        LlmError::InvalidResponse {
-            provider: self.cfg.name.clone(),
-            detail: detail.into(),
-        }
+        self.endpoint().invalid(detail)
     }
 
-    fn transport_error(&self, e: &reqwest::Error) -> LlmError {
-        if e.is_timeout() {
-            LlmError::Timeout {
-                provider: self.cfg.name.clone(),
-                timeout: self.cfg.timeout,
-            }
-        } else {
-            LlmError::Connect {
-                provider: self.cfg.name.clone(),
-                url: self.url.clone(),
-                detail: e.to_string(),
-            }
-        }
-    }
-
+    /// POST `body` with the API version and key headers.
     async fn send(&self, body: Vec<u8>) -> Result<reqwest::Response, LlmError> {
-        let mut rb = self
-            .http
-            .post(&self.url)
-            .timeout(self.cfg.timeout)
-            .header("anthropic-version", ANTHROPIC_VERSION)
-            .header(reqwest::header::CONTENT_TYPE, "application/json")
-            .body(body);
+        let ep = self.endpoint();
+        let mut rb = ep.post(body).header("anthropic-version", ANTHROPIC_VERSION);
         if let Some(k) = &self.cfg.api_key {
             rb = rb.header("x-api-key", k);
         }
-        let resp = rb.send().await.map_err(|e| self.transport_error(&e))?;
-        let status = resp.status();
-        if status.is_success() {
-            return Ok(resp);
-        }
-        let retry_after = parse_retry_after(
-            resp.headers()
-                .get(reqwest::header::RETRY_AFTER)
-                .and_then(|v| v.to_str().ok()),
-        );
-        let text = resp.text().await.unwrap_or_default();
-        // 529 "overloaded" is a server error.
-        Err(LlmError::from_status(
-            &self.cfg.name,
-            status.as_u16(),
-            &text,
-            retry_after,
-        ))
+        ep.send(rb).await
     }
 
     async fn complete_stream(
@@ -145,43 +112,34 @@ impl Anthropic {
         tx: &mpsc::Sender<StreamEvent>,
     ) -> Result<ChatResponse, LlmError> {
         let resp = self.send(self.body(req, true)).await?;
-        let mut bytes = resp.bytes_stream();
-        let mut buf: Vec<u8> = Vec::new();
+        let mut events = self.endpoint().events(resp);
         let mut acc = Acc::default();
-        while let Some(chunk) = bytes.next().await {
-            let chunk = chunk.map_err(|e| self.transport_error(&e))?;
-            buf.extend_from_slice(&chunk);
-            while let Some(pos) = buf.iter().position(|&b| b == b'\n') {
-                let line: Vec<u8> = buf.drain(..=pos).collect();
-                let line = String::from_utf8_lossy(&line);
-                let Some(data) = line.trim_end_matches(['\n', '\r']).strip_prefix("data:") else {
-                    continue;
-                };
-                let v: Value = serde_json::from_str(data.trim_start())
-                    .map_err(|e| self.invalid(format!("bad stream event: {e}")))?;
-                match v["type"].as_str() {
-                    Some("error") => {
-                        let kind = v["error"]["type"].as_str().unwrap_or("");
-                        let msg = v["error"]["message"].as_str().unwrap_or("").to_string();
-                        return Err(match kind {
-                            "overloaded_error" | "api_error" => LlmError::Server {
-                                provider: self.cfg.name.clone(),
-                                status: 529,
-                                body: msg,
-                                retry_after: None,
-                            },
-                            "rate_limit_error" => LlmError::RateLimited {
-                                provider: self.cfg.name.clone(),
-                                retry_after: None,
-                            },
-                            _ => self.invalid(format!("{kind}: {msg}")),
-                        });
-                    }
-                    Some("message_stop") => return Ok(acc.finish()),
-                    _ => {
-                        if let Some(t) = acc.apply(&v) {
-                            let _ = tx.send(StreamEvent::TextDelta(t)).await;
-                        }
+        while let Some(ev) = events.next().await {
+            // The JSON's `type` is authoritative; the SSE `event:` name repeats it.
+            let v: Value = serde_json::from_str(&ev?.data)
+                .map_err(|e| self.invalid(format!("bad stream event: {e}")))?;
+            match v["type"].as_str() {
+                Some("error") => {
+                    let kind = v["error"]["type"].as_str().unwrap_or("");
+                    let msg = v["error"]["message"].as_str().unwrap_or("").to_string();
+                    return Err(match kind {
+                        "overloaded_error" | "api_error" => LlmError::Server {
+                            provider: self.cfg.name.clone(),
+                            status: 529,
+                            body: msg,
+                            retry_after: None,
+                        },
+                        "rate_limit_error" => LlmError::RateLimited {
+                            provider: self.cfg.name.clone(),
+                            retry_after: None,
+                        },
+                        _ => self.invalid(format!("{kind}: {msg}")),
+                    });
+                }
+                Some("message_stop") => return Ok(acc.finish()),
+                _ => {
+                    if let Some(t) = acc.apply(&v) {
+                        let _ = tx.send(StreamEvent::TextDelta(t)).await;
                     }
                 }
             }

@@ -130,3 +130,57 @@ fn base_url_with_or_without_v1() {
         "http://127.0.0.1:9/v1/messages"
     );
 }
+
+/// The provider over real HTTP: SSE frames split mid-line, CRLF line ends, an `event:` line
+/// per event, a ping, and deltas sent as they arrive.
+#[tokio::test]
+async fn streams_over_http_with_frames_split_anywhere() {
+    let sse = "event: message_start\r\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":3}}}\r\n\r\n\
+        event: ping\r\ndata: {\"type\": \"ping\"}\r\n\r\n\
+        event: content_block_delta\r\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Hi\"}}\r\n\r\n\
+        event: message_delta\r\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"output_tokens\":1}}\r\n\r\n\
+        event: message_stop\r\ndata: {\"type\":\"message_stop\"}\r\n\r\n";
+    let frames: Vec<bytes::Bytes> = sse
+        .as_bytes()
+        .chunks(7)
+        .map(bytes::Bytes::copy_from_slice)
+        .collect();
+    let app = axum::Router::new().route(
+        "/v1/messages",
+        axum::routing::post(move || {
+            let frames = frames.clone();
+            async move {
+                axum::body::Body::from_stream(futures::stream::iter(
+                    frames.into_iter().map(Ok::<_, std::convert::Infallible>),
+                ))
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    let mut c = cfg();
+    c.base_url = format!("http://{addr}");
+    let p = Anthropic::new(c).unwrap();
+    let req = ChatRequest {
+        model: String::new(),
+        messages: vec![Message::user("hi")],
+        tools: Vec::new().into(),
+        max_tokens: None,
+        temperature: None,
+    };
+    let (tx, mut rx) = mpsc::channel(8);
+    let r = p.complete(&req, Some(&tx)).await.unwrap();
+    assert_eq!(r.content, "Hi");
+    assert_eq!(r.finish_reason.as_deref(), Some("end_turn"));
+    assert_eq!(
+        r.usage,
+        Usage {
+            input_tokens: 3,
+            output_tokens: 1
+        }
+    );
+    assert_eq!(rx.try_recv().unwrap(), StreamEvent::TextDelta("Hi".into()));
+}

@@ -6,11 +6,10 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use futures::StreamExt;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
-use super::error::parse_retry_after;
+use super::http::{http_client, Endpoint};
 use super::{
     ChatModel, ChatRequest, ChatResponse, LlmError, Message, Role, StreamEvent, ToolCall, ToolSpec,
     Usage,
@@ -79,27 +78,13 @@ impl ToolsJsonCache {
     }
 }
 
-/// Build the shared HTTP client of a provider (rustls, no proxy from the environment is
-/// disabled: providers may legitimately sit behind one).
-pub(crate) fn http_client(timeout: Duration) -> Result<reqwest::Client, String> {
-    reqwest::Client::builder()
-        .connect_timeout(Duration::from_secs(10).min(timeout))
-        .tcp_nodelay(true)
-        .pool_idle_timeout(Duration::from_secs(90))
-        .build()
-        .map_err(|e| e.to_string())
-}
-
 impl OpenAiCompat {
     /// Build the provider and its HTTP client.
     ///
     /// # Errors
     /// The HTTP client cannot be built.
     pub fn new(cfg: OpenAiConfig) -> Result<Self, LlmError> {
-        let http = http_client(cfg.timeout).map_err(|detail| LlmError::InvalidResponse {
-            provider: cfg.name.clone(),
-            detail,
-        })?;
+        let http = http_client(&cfg.name, cfg.timeout)?;
         let url = format!("{}/chat/completions", cfg.base_url.trim_end_matches('/'));
         Ok(Self {
             cfg,
@@ -163,58 +148,32 @@ impl OpenAiCompat {
         serde_json::to_vec(&self.body(req, stream)).unwrap_or_default()
     }
 
-    fn transport_error(&self, e: &reqwest::Error) -> LlmError {
-        if e.is_timeout() {
-            LlmError::Timeout {
-                provider: self.cfg.name.clone(),
-                timeout: self.cfg.timeout,
-            }
-        } else {
-            LlmError::Connect {
-                provider: self.cfg.name.clone(),
-                url: self.url.clone(),
-                detail: error_chain(e),
-            }
+    /// Where requests go, and the names errors carry.
+    fn endpoint(&self) -> Endpoint<'_> {
+        Endpoint {
+            http: &self.http,
+            provider: &self.cfg.name,
+            url: &self.url,
+            timeout: self.cfg.timeout,
+            full_cause: true,
         }
     }
 
     fn invalid(&self, detail: impl Into<String>) -> LlmError {
-        LlmError::InvalidResponse {
-            provider: self.cfg.name.clone(),
-            detail: detail.into(),
-        }
+        self.endpoint().invalid(detail)
     }
 
+    /// POST `body` with the bearer token and the extra headers.
     async fn send(&self, body: Vec<u8>) -> Result<reqwest::Response, LlmError> {
-        let mut rb = self
-            .http
-            .post(&self.url)
-            .timeout(self.cfg.timeout)
-            .header(reqwest::header::CONTENT_TYPE, "application/json")
-            .body(body);
+        let ep = self.endpoint();
+        let mut rb = ep.post(body);
         if let Some(k) = &self.cfg.api_key {
             rb = rb.bearer_auth(k);
         }
         for (k, v) in &self.cfg.extra_headers {
             rb = rb.header(k, v);
         }
-        let resp = rb.send().await.map_err(|e| self.transport_error(&e))?;
-        let status = resp.status();
-        if status.is_success() {
-            return Ok(resp);
-        }
-        let retry_after = parse_retry_after(
-            resp.headers()
-                .get(reqwest::header::RETRY_AFTER)
-                .and_then(|v| v.to_str().ok()),
-        );
-        let text = resp.text().await.unwrap_or_default();
-        Err(LlmError::from_status(
-            &self.cfg.name,
-            status.as_u16(),
-            &text,
-            retry_after,
-        ))
+        ep.send(rb).await
     }
 
     async fn complete_stream(
@@ -223,47 +182,26 @@ impl OpenAiCompat {
         tx: &mpsc::Sender<StreamEvent>,
     ) -> Result<ChatResponse, LlmError> {
         let resp = self.send(self.body(req, true)).await?;
-        let mut bytes = resp.bytes_stream();
-        let mut buf: Vec<u8> = Vec::new();
+        let mut events = self.endpoint().events(resp);
         let mut acc = StreamAcc::default();
-        while let Some(chunk) = bytes.next().await {
-            let chunk = chunk.map_err(|e| self.transport_error(&e))?;
-            buf.extend_from_slice(&chunk);
-            while let Some(pos) = buf.iter().position(|&b| b == b'\n') {
-                let line: Vec<u8> = buf.drain(..=pos).collect();
-                let line = String::from_utf8_lossy(&line);
-                let line = line.trim_end_matches(['\n', '\r']);
-                let Some(data) = line.strip_prefix("data:") else {
-                    continue;
-                };
-                let data = data.trim_start();
-                if data == "[DONE]" {
-                    return acc.finish(self);
-                }
-                let v: Value = serde_json::from_str(data)
-                    .map_err(|e| self.invalid(format!("bad stream chunk: {e}")))?;
-                if let Some(err) = v.get("error") {
-                    return Err(self.invalid(format!("stream error: {err}")));
-                }
-                if let Some(text) = acc.apply(&v) {
-                    let _ = tx.send(StreamEvent::TextDelta(text)).await;
-                }
+        while let Some(ev) = events.next().await {
+            let ev = ev?;
+            let data = ev.data.trim_start();
+            if data == "[DONE]" {
+                return acc.finish(self);
+            }
+            let v: Value = serde_json::from_str(data)
+                .map_err(|e| self.invalid(format!("bad stream chunk: {e}")))?;
+            if let Some(err) = v.get("error") {
+                return Err(self.invalid(format!("stream error: {err}")));
+            }
+            if let Some(text) = acc.apply(&v) {
+                let _ = tx.send(StreamEvent::TextDelta(text)).await;
             }
         }
         // Some servers end the stream without [DONE].
         acc.finish(self)
     }
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }
 
 /// The transcript in OpenAI's wire format, serialised from borrowed messages (the same JSON as
@@ -503,7 +441,10 @@ impl ChatModel for OpenAiCompat {
             return self.complete_stream(req, tx).await;
         }
         let resp = self.send(self.body(req, false)).await?;
-        let bytes = resp.bytes().await.map_err(|e| self.transport_error(&e))?;
+        let bytes = resp
+            .bytes()
+            .await
+            .map_err(|e| self.endpoint().transport_error(&e))?;
         let v: Value =
             serde_json::from_slice(&bytes).map_err(|e| self.invalid(format!("not JSON: {e}")))?;
         parse_completion(&v).ok_or_else(|| {
