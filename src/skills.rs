@@ -72,18 +72,37 @@ fn unquote(s: &str) -> String {
         .to_string()
 }
 
+/// Why a `SKILL.md` was not accepted (the skill is skipped with a warning).
+#[derive(Debug, thiserror::Error)]
+pub enum SkillError {
+    /// The file does not start with `---`.
+    #[error("a SKILL.md starts with `---` front matter")]
+    NoFrontMatter,
+    /// No `---` line closes the front matter.
+    #[error("the front matter is not closed with `---`")]
+    UnclosedFrontMatter,
+    /// A front matter line without `:` (the line, trimmed).
+    #[error("front matter line `{0}` is not `key: value`")]
+    NotKeyValue(String),
+    /// `allowed_tools: [...]` is not a JSON-like list of strings.
+    #[error("allowed_tools: expected a list like [\"read_file\", \"github__*\"]: {0}")]
+    AllowedTools(#[source] serde_json::Error),
+    /// The front matter has no `name`.
+    #[error("the front matter has no `name`")]
+    NoName,
+    /// The name has other characters than letters, digits, `-` and `_`, or is too long.
+    #[error("skill name `{0}` must be letters, digits, `-` or `_` (at most 64)")]
+    InvalidName(String),
+}
+
 /// Parse a `SKILL.md`.
 ///
 /// # Errors
 /// No front matter, no valid `name`, or a malformed `allowed_tools`.
-pub fn parse_skill(text: &str, source: &'static str) -> Result<Skill, String> {
+pub fn parse_skill(text: &str, source: &'static str) -> Result<Skill, SkillError> {
     let text = text.trim_start_matches('\u{feff}');
-    let rest = text
-        .strip_prefix("---")
-        .ok_or("a SKILL.md starts with `---` front matter")?;
-    let end = rest
-        .find("\n---")
-        .ok_or("the front matter is not closed with `---`")?;
+    let rest = text.strip_prefix("---").ok_or(SkillError::NoFrontMatter)?;
+    let end = rest.find("\n---").ok_or(SkillError::UnclosedFrontMatter)?;
     let (front, body) = (&rest[..end], &rest[end + 4..]);
     let body = body.trim_start_matches(['-', '\r']);
     let (mut name, mut description, mut tools) = (None, String::new(), Vec::new());
@@ -101,7 +120,7 @@ pub fn parse_skill(text: &str, source: &'static str) -> Result<Skill, String> {
             in_list = false;
         }
         let Some((k, v)) = t.split_once(':') else {
-            return Err(format!("front matter line `{t}` is not `key: value`"));
+            return Err(SkillError::NotKeyValue(t.to_string()));
         };
         let v = v.trim();
         match k.trim() {
@@ -112,7 +131,7 @@ pub fn parse_skill(text: &str, source: &'static str) -> Result<Skill, String> {
                     in_list = true;
                 } else if v.starts_with('[') {
                     tools = serde_json::from_str::<Vec<String>>(&v.replace('\'', "\""))
-                        .map_err(|e| format!("allowed_tools: expected a list like [\"read_file\", \"github__*\"]: {e}"))?;
+                        .map_err(SkillError::AllowedTools)?;
                 } else {
                     tools = v
                         .split(',')
@@ -124,11 +143,9 @@ pub fn parse_skill(text: &str, source: &'static str) -> Result<Skill, String> {
             _ => {}
         }
     }
-    let name = name.ok_or("the front matter has no `name`")?;
+    let name = name.ok_or(SkillError::NoName)?;
     if !valid_name(&name) {
-        return Err(format!(
-            "skill name `{name}` must be letters, digits, `-` or `_` (at most 64)"
-        ));
+        return Err(SkillError::InvalidName(name));
     }
     Ok(Skill {
         name,
@@ -360,6 +377,30 @@ mod tests {
         ] {
             assert!(parse_skill(bad, "workspace").is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn parse_errors_read_as_before() {
+        let err = |text: &str| parse_skill(text, "workspace").unwrap_err().to_string();
+        assert_eq!(
+            err("no front matter"),
+            "a SKILL.md starts with `---` front matter"
+        );
+        assert_eq!(
+            err("---\nname: x\n"),
+            "the front matter is not closed with `---`"
+        );
+        assert_eq!(
+            err("---\n what \n---\n"),
+            "front matter line `what` is not `key: value`"
+        );
+        assert!(err("---\nallowed_tools: [x\n---\n")
+            .starts_with("allowed_tools: expected a list like [\"read_file\", \"github__*\"]: "));
+        assert_eq!(err("---\n---\n"), "the front matter has no `name`");
+        assert_eq!(
+            err("---\nname: ../etc\n---\n"),
+            "skill name `../etc` must be letters, digits, `-` or `_` (at most 64)"
+        );
     }
 
     #[test]

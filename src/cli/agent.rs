@@ -133,7 +133,7 @@ async fn one_shot(
     session: &str,
     message: &str,
 ) -> Result<(), CliError> {
-    let id = term.submit(session, message).await.map_err(CliError)?;
+    let id = term.submit(session, message).await.map_err(CliError::msg)?;
     let mut p = Printer { streamed: false };
     while let Some(m) = out.recv().await {
         if m.in_reply_to.as_ref() != Some(&id) {

@@ -63,6 +63,6 @@ pub async fn run(config: &Config, action: McpAction) -> Result<(), CliError> {
 pub async fn serve(config: &Config) -> Result<(), CliError> {
     let registry = Arc::new(build_registry(config, None, None, Vec::new(), None));
     let ws = super::open_workspace(config)?;
-    let provider = BuiltinProvider::new(registry, Arc::new(ws)).map_err(CliError)?;
-    serve_stdio(Arc::new(provider)).await.map_err(CliError)
+    let provider = BuiltinProvider::new(registry, Arc::new(ws)).map_err(CliError::msg)?;
+    serve_stdio(Arc::new(provider)).await.map_err(CliError::msg)
 }

@@ -11,6 +11,17 @@ use clawft_channel_core::{
 use tokio::sync::{mpsc, Notify};
 use tokio_util::sync::CancellationToken;
 
+/// Why a typed line was not taken.
+#[derive(Debug, thiserror::Error)]
+pub enum SubmitError {
+    /// The daemon's ingress is gone (shutdown, crash).
+    #[error("the agent stopped")]
+    AgentStopped,
+    /// Ingress refused the line; the reason is shown to the user as is.
+    #[error("{0}")]
+    Rejected(String),
+}
+
 /// The terminal as a channel.
 pub struct TerminalChannel {
     id: ChannelId,
@@ -38,7 +49,7 @@ impl TerminalChannel {
     ///
     /// # Errors
     /// The daemon refused it or is gone.
-    pub async fn submit(&self, chat: &str, text: &str) -> Result<PlatformEventId, String> {
+    pub async fn submit(&self, chat: &str, text: &str) -> Result<PlatformEventId, SubmitError> {
         let tx = loop {
             let notified = self.ready.notified();
             if let Some(tx) = self
@@ -63,11 +74,11 @@ impl TerminalChannel {
         });
         tx.send(delivery)
             .await
-            .map_err(|_| "the agent stopped".to_string())?;
+            .map_err(|_| SubmitError::AgentStopped)?;
         match ack.await {
             Ok(Ack::Accepted | Ack::Duplicate) => Ok(event_id),
-            Ok(Ack::Rejected(why)) => Err(why),
-            Err(_) => Err("the agent stopped".into()),
+            Ok(Ack::Rejected(why)) => Err(SubmitError::Rejected(why)),
+            Err(_) => Err(SubmitError::AgentStopped),
         }
     }
 }

@@ -189,23 +189,34 @@ pub fn pending(store: &Store) -> Result<Vec<Pending>, StoreError> {
         .collect())
 }
 
+/// Why a pairing code could not be approved.
+#[derive(Debug, thiserror::Error)]
+pub enum PairingError {
+    /// No pending request has this code, or it expired (the code, normalised).
+    #[error("no pending pairing code {0} (codes expire after an hour)")]
+    UnknownCode(String),
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
 /// Admit the sender of pending code `code`. Returns `channel:user`.
 ///
 /// # Errors
-/// Unknown or expired code, or store failure, as text.
-pub fn approve(store: &Store, code: &str, now_ms: u64) -> Result<String, String> {
+/// Unknown or expired code, or store failure.
+pub fn approve(store: &Store, code: &str, now_ms: u64) -> Result<String, PairingError> {
     let code = code.trim().to_uppercase();
-    let p = store
-        .state_get(PENDING, &code)
-        .map_err(|e| e.to_string())?
+    let Some(p) = store
+        .state_get(PENDING, &code)?
         .and_then(|v| serde_json::from_str::<Pending>(&v).ok())
         .filter(|p| now_ms.saturating_sub(p.created_ms) <= CODE_TTL_MS)
-        .ok_or_else(|| format!("no pending pairing code {code} (codes expire after an hour)"))?;
+    else {
+        return Err(PairingError::UnknownCode(code));
+    };
     let who = format!("{}:{}", p.channel, p.user);
     store
         .state_put(PAIRED, &who, Some(&now_ms.to_string()))
-        .and_then(|()| store.state_put(PENDING, &code, None))
-        .map_err(|e| e.to_string())?;
+        .and_then(|()| store.state_put(PENDING, &code, None))?;
     Ok(who)
 }
 

@@ -5,12 +5,10 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use futures::StreamExt;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
-use super::error::parse_retry_after;
-use super::openai::http_client;
+use super::http::{http_client, Endpoint};
 use super::{
     ChatModel, ChatRequest, ChatResponse, LlmError, Message, Role, StreamEvent, ToolCall, Usage,
 };
@@ -50,10 +48,7 @@ impl Anthropic {
     /// # Errors
     /// The HTTP client cannot be built.
     pub fn new(cfg: AnthropicConfig) -> Result<Self, LlmError> {
-        let http = http_client(cfg.timeout).map_err(|detail| LlmError::InvalidResponse {
-            provider: cfg.name.clone(),
-            detail,
-        })?;
+        let http = http_client(&cfg.name, cfg.timeout)?;
         let base = cfg.base_url.trim_end_matches('/');
         let url = if base.ends_with("/v1") {
             format!("{base}/messages")
@@ -86,57 +81,29 @@ impl Anthropic {
         out
     }
 
+    /// Where requests go, and the names errors carry.
+    fn endpoint(&self) -> Endpoint<'_> {
+        Endpoint {
+            http: &self.http,
+            provider: &self.cfg.name,
+            url: &self.url,
+            timeout: self.cfg.timeout,
+            full_cause: false,
+        }
+    }
+
     fn invalid(&self, detail: impl Into<String>) -> LlmError {
-        LlmError::InvalidResponse {
-            provider: self.cfg.name.clone(),
-            detail: detail.into(),
-        }
+        self.endpoint().invalid(detail)
     }
 
-    fn transport_error(&self, e: &reqwest::Error) -> LlmError {
-        if e.is_timeout() {
-            LlmError::Timeout {
-                provider: self.cfg.name.clone(),
-                timeout: self.cfg.timeout,
-            }
-        } else {
-            LlmError::Connect {
-                provider: self.cfg.name.clone(),
-                url: self.url.clone(),
-                detail: e.to_string(),
-            }
-        }
-    }
-
+    /// POST `body` with the API version and key headers.
     async fn send(&self, body: Vec<u8>) -> Result<reqwest::Response, LlmError> {
-        let mut rb = self
-            .http
-            .post(&self.url)
-            .timeout(self.cfg.timeout)
-            .header("anthropic-version", ANTHROPIC_VERSION)
-            .header(reqwest::header::CONTENT_TYPE, "application/json")
-            .body(body);
+        let ep = self.endpoint();
+        let mut rb = ep.post(body).header("anthropic-version", ANTHROPIC_VERSION);
         if let Some(k) = &self.cfg.api_key {
             rb = rb.header("x-api-key", k);
         }
-        let resp = rb.send().await.map_err(|e| self.transport_error(&e))?;
-        let status = resp.status();
-        if status.is_success() {
-            return Ok(resp);
-        }
-        let retry_after = parse_retry_after(
-            resp.headers()
-                .get(reqwest::header::RETRY_AFTER)
-                .and_then(|v| v.to_str().ok()),
-        );
-        let text = resp.text().await.unwrap_or_default();
-        // 529 "overloaded" is a server error.
-        Err(LlmError::from_status(
-            &self.cfg.name,
-            status.as_u16(),
-            &text,
-            retry_after,
-        ))
+        ep.send(rb).await
     }
 
     async fn complete_stream(
@@ -145,43 +112,34 @@ impl Anthropic {
         tx: &mpsc::Sender<StreamEvent>,
     ) -> Result<ChatResponse, LlmError> {
         let resp = self.send(self.body(req, true)).await?;
-        let mut bytes = resp.bytes_stream();
-        let mut buf: Vec<u8> = Vec::new();
+        let mut events = self.endpoint().events(resp);
         let mut acc = Acc::default();
-        while let Some(chunk) = bytes.next().await {
-            let chunk = chunk.map_err(|e| self.transport_error(&e))?;
-            buf.extend_from_slice(&chunk);
-            while let Some(pos) = buf.iter().position(|&b| b == b'\n') {
-                let line: Vec<u8> = buf.drain(..=pos).collect();
-                let line = String::from_utf8_lossy(&line);
-                let Some(data) = line.trim_end_matches(['\n', '\r']).strip_prefix("data:") else {
-                    continue;
-                };
-                let v: Value = serde_json::from_str(data.trim_start())
-                    .map_err(|e| self.invalid(format!("bad stream event: {e}")))?;
-                match v["type"].as_str() {
-                    Some("error") => {
-                        let kind = v["error"]["type"].as_str().unwrap_or("");
-                        let msg = v["error"]["message"].as_str().unwrap_or("").to_string();
-                        return Err(match kind {
-                            "overloaded_error" | "api_error" => LlmError::Server {
-                                provider: self.cfg.name.clone(),
-                                status: 529,
-                                body: msg,
-                                retry_after: None,
-                            },
-                            "rate_limit_error" => LlmError::RateLimited {
-                                provider: self.cfg.name.clone(),
-                                retry_after: None,
-                            },
-                            _ => self.invalid(format!("{kind}: {msg}")),
-                        });
-                    }
-                    Some("message_stop") => return Ok(acc.finish()),
-                    _ => {
-                        if let Some(t) = acc.apply(&v) {
-                            let _ = tx.send(StreamEvent::TextDelta(t)).await;
-                        }
+        while let Some(ev) = events.next().await {
+            // The JSON's `type` is authoritative; the SSE `event:` name repeats it.
+            let v: Value = serde_json::from_str(&ev?.data)
+                .map_err(|e| self.invalid(format!("bad stream event: {e}")))?;
+            match v["type"].as_str() {
+                Some("error") => {
+                    let kind = v["error"]["type"].as_str().unwrap_or("");
+                    let msg = v["error"]["message"].as_str().unwrap_or("").to_string();
+                    return Err(match kind {
+                        "overloaded_error" | "api_error" => LlmError::Server {
+                            provider: self.cfg.name.clone(),
+                            status: 529,
+                            body: msg,
+                            retry_after: None,
+                        },
+                        "rate_limit_error" => LlmError::RateLimited {
+                            provider: self.cfg.name.clone(),
+                            retry_after: None,
+                        },
+                        _ => self.invalid(format!("{kind}: {msg}")),
+                    });
+                }
+                Some("message_stop") => return Ok(acc.finish()),
+                _ => {
+                    if let Some(t) = acc.apply(&v) {
+                        let _ = tx.send(StreamEvent::TextDelta(t)).await;
                     }
                 }
             }
@@ -413,137 +371,5 @@ impl ChatModel for Anthropic {
 }
 
 #[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used)]
-    use super::*;
-
-    fn cfg() -> AnthropicConfig {
-        AnthropicConfig {
-            name: "anthropic".into(),
-            base_url: "https://api.anthropic.com".into(),
-            api_key: None,
-            model: "claude".into(),
-            timeout: Duration::from_secs(5),
-            max_tokens: 1024,
-        }
-    }
-
-    #[test]
-    fn sent_body_equals_the_built_body_and_tools_are_serialised_once() {
-        let p = Anthropic::new(cfg()).unwrap();
-        let tool = |n: &str| crate::llm::ToolSpec {
-            name: n.into(),
-            description: format!("{n} does things"),
-            parameters: json!({"type": "object", "properties": {"tools": {"type": "null"}}}),
-        };
-        let mut req = ChatRequest {
-            model: String::new(),
-            messages: vec![Message::system("sys"), Message::user("\"tools\":null")],
-            tools: vec![tool("a"), tool("b")].into(),
-            max_tokens: None,
-            temperature: Some(0.25),
-        };
-        for stream in [false, true] {
-            let sent: Value = serde_json::from_slice(&p.body(&req, stream)).unwrap();
-            assert_eq!(sent, build_body(&cfg(), &req, stream));
-        }
-        let _ = p.tools_json.get(&req.tools, |_| panic!("rendered twice"));
-        req.tools = Vec::new().into();
-        let sent: Value = serde_json::from_slice(&p.body(&req, false)).unwrap();
-        assert_eq!(sent, build_body(&cfg(), &req, false));
-        assert!(sent.get("tools").is_none());
-    }
-
-    #[test]
-    fn body_alternates_roles_and_groups_tool_results() {
-        let mut a = Message::assistant("let me look");
-        a.tool_calls = vec![
-            ToolCall {
-                id: "t1".into(),
-                name: "read_file".into(),
-                arguments: r#"{"path":"a"}"#.into(),
-            },
-            ToolCall {
-                id: "t2".into(),
-                name: "list_directory".into(),
-                arguments: "{bad".into(),
-            },
-        ];
-        let req = ChatRequest {
-            model: String::new(),
-            messages: vec![
-                Message::system("sys"),
-                Message::user("hi"),
-                a,
-                Message::tool_result("t1", "read_file", "A"),
-                Message::tool_result("t2", "list_directory", "B"),
-                Message::user("and?"),
-            ],
-            tools: Vec::new().into(),
-            max_tokens: None,
-            temperature: None,
-        };
-        let b = build_body(&cfg(), &req, false);
-        assert_eq!(b["system"], "sys");
-        assert_eq!(b["max_tokens"], 1024);
-        let msgs = b["messages"].as_array().unwrap();
-        let roles: Vec<_> = msgs.iter().map(|m| m["role"].as_str().unwrap()).collect();
-        assert_eq!(roles, ["user", "assistant", "user"]);
-        assert_eq!(msgs[1]["content"][1]["input"], json!({"path": "a"}));
-        assert_eq!(msgs[1]["content"][2]["input"], json!({}));
-        let last = msgs[2]["content"].as_array().unwrap();
-        assert_eq!(last[0]["type"], "tool_result");
-        assert_eq!(last[0]["tool_use_id"], "t1");
-        assert_eq!(last[1]["tool_use_id"], "t2");
-        assert_eq!(last[2], json!({"type": "text", "text": "and?"}));
-    }
-
-    #[test]
-    fn stream_events_assemble_text_and_tool_use() {
-        let events = [
-            json!({"type":"message_start","message":{"usage":{"input_tokens":12}}}),
-            json!({"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}),
-            json!({"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Hi "}}),
-            json!({"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"there"}}),
-            json!({"type":"content_block_start","index":1,"content_block":{"type":"tool_use","id":"toolu_1","name":"read_file","input":{}}}),
-            json!({"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":"{\"pa"}}),
-            json!({"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":"th\":\"x\"}"}}),
-            json!({"type":"message_delta","delta":{"stop_reason":"tool_use"},"usage":{"output_tokens":9}}),
-        ];
-        let mut acc = Acc::default();
-        let deltas: Vec<_> = events.iter().filter_map(|e| acc.apply(e)).collect();
-        assert_eq!(deltas, ["Hi ", "there"]);
-        let r = acc.finish();
-        assert_eq!(r.content, "Hi there");
-        assert_eq!(r.tool_calls[0].id, "toolu_1");
-        assert_eq!(r.tool_calls[0].arguments, r#"{"path":"x"}"#);
-        assert_eq!(
-            r.usage,
-            Usage {
-                input_tokens: 12,
-                output_tokens: 9
-            }
-        );
-        assert_eq!(r.finish_reason.as_deref(), Some("tool_use"));
-    }
-
-    #[test]
-    fn non_streaming_response_parses() {
-        let v = json!({"content":[{"type":"text","text":"ok"},{"type":"tool_use","id":"t","name":"n","input":{"a":1}}],"stop_reason":"tool_use","usage":{"input_tokens":1,"output_tokens":2}});
-        let r = parse_message(&v).unwrap();
-        assert_eq!(r.content, "ok");
-        assert_eq!(r.tool_calls[0].arguments, r#"{"a":1}"#);
-    }
-
-    #[test]
-    fn base_url_with_or_without_v1() {
-        let a = Anthropic::new(cfg()).unwrap();
-        assert_eq!(a.url, "https://api.anthropic.com/v1/messages");
-        let mut c = cfg();
-        c.base_url = "http://127.0.0.1:9/v1/".into();
-        assert_eq!(
-            Anthropic::new(c).unwrap().url,
-            "http://127.0.0.1:9/v1/messages"
-        );
-    }
-}
+#[path = "anthropic_tests.rs"]
+mod tests;

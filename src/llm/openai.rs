@@ -6,11 +6,10 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use futures::StreamExt;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
-use super::error::parse_retry_after;
+use super::http::{http_client, Endpoint};
 use super::{
     ChatModel, ChatRequest, ChatResponse, LlmError, Message, Role, StreamEvent, ToolCall, ToolSpec,
     Usage,
@@ -79,27 +78,13 @@ impl ToolsJsonCache {
     }
 }
 
-/// Build the shared HTTP client of a provider (rustls, no proxy from the environment is
-/// disabled: providers may legitimately sit behind one).
-pub(crate) fn http_client(timeout: Duration) -> Result<reqwest::Client, String> {
-    reqwest::Client::builder()
-        .connect_timeout(Duration::from_secs(10).min(timeout))
-        .tcp_nodelay(true)
-        .pool_idle_timeout(Duration::from_secs(90))
-        .build()
-        .map_err(|e| e.to_string())
-}
-
 impl OpenAiCompat {
     /// Build the provider and its HTTP client.
     ///
     /// # Errors
     /// The HTTP client cannot be built.
     pub fn new(cfg: OpenAiConfig) -> Result<Self, LlmError> {
-        let http = http_client(cfg.timeout).map_err(|detail| LlmError::InvalidResponse {
-            provider: cfg.name.clone(),
-            detail,
-        })?;
+        let http = http_client(&cfg.name, cfg.timeout)?;
         let url = format!("{}/chat/completions", cfg.base_url.trim_end_matches('/'));
         Ok(Self {
             cfg,
@@ -163,58 +148,32 @@ impl OpenAiCompat {
         serde_json::to_vec(&self.body(req, stream)).unwrap_or_default()
     }
 
-    fn transport_error(&self, e: &reqwest::Error) -> LlmError {
-        if e.is_timeout() {
-            LlmError::Timeout {
-                provider: self.cfg.name.clone(),
-                timeout: self.cfg.timeout,
-            }
-        } else {
-            LlmError::Connect {
-                provider: self.cfg.name.clone(),
-                url: self.url.clone(),
-                detail: error_chain(e),
-            }
+    /// Where requests go, and the names errors carry.
+    fn endpoint(&self) -> Endpoint<'_> {
+        Endpoint {
+            http: &self.http,
+            provider: &self.cfg.name,
+            url: &self.url,
+            timeout: self.cfg.timeout,
+            full_cause: true,
         }
     }
 
     fn invalid(&self, detail: impl Into<String>) -> LlmError {
-        LlmError::InvalidResponse {
-            provider: self.cfg.name.clone(),
-            detail: detail.into(),
-        }
+        self.endpoint().invalid(detail)
     }
 
+    /// POST `body` with the bearer token and the extra headers.
     async fn send(&self, body: Vec<u8>) -> Result<reqwest::Response, LlmError> {
-        let mut rb = self
-            .http
-            .post(&self.url)
-            .timeout(self.cfg.timeout)
-            .header(reqwest::header::CONTENT_TYPE, "application/json")
-            .body(body);
+        let ep = self.endpoint();
+        let mut rb = ep.post(body);
         if let Some(k) = &self.cfg.api_key {
             rb = rb.bearer_auth(k);
         }
         for (k, v) in &self.cfg.extra_headers {
             rb = rb.header(k, v);
         }
-        let resp = rb.send().await.map_err(|e| self.transport_error(&e))?;
-        let status = resp.status();
-        if status.is_success() {
-            return Ok(resp);
-        }
-        let retry_after = parse_retry_after(
-            resp.headers()
-                .get(reqwest::header::RETRY_AFTER)
-                .and_then(|v| v.to_str().ok()),
-        );
-        let text = resp.text().await.unwrap_or_default();
-        Err(LlmError::from_status(
-            &self.cfg.name,
-            status.as_u16(),
-            &text,
-            retry_after,
-        ))
+        ep.send(rb).await
     }
 
     async fn complete_stream(
@@ -223,47 +182,26 @@ impl OpenAiCompat {
         tx: &mpsc::Sender<StreamEvent>,
     ) -> Result<ChatResponse, LlmError> {
         let resp = self.send(self.body(req, true)).await?;
-        let mut bytes = resp.bytes_stream();
-        let mut buf: Vec<u8> = Vec::new();
+        let mut events = self.endpoint().events(resp);
         let mut acc = StreamAcc::default();
-        while let Some(chunk) = bytes.next().await {
-            let chunk = chunk.map_err(|e| self.transport_error(&e))?;
-            buf.extend_from_slice(&chunk);
-            while let Some(pos) = buf.iter().position(|&b| b == b'\n') {
-                let line: Vec<u8> = buf.drain(..=pos).collect();
-                let line = String::from_utf8_lossy(&line);
-                let line = line.trim_end_matches(['\n', '\r']);
-                let Some(data) = line.strip_prefix("data:") else {
-                    continue;
-                };
-                let data = data.trim_start();
-                if data == "[DONE]" {
-                    return acc.finish(self);
-                }
-                let v: Value = serde_json::from_str(data)
-                    .map_err(|e| self.invalid(format!("bad stream chunk: {e}")))?;
-                if let Some(err) = v.get("error") {
-                    return Err(self.invalid(format!("stream error: {err}")));
-                }
-                if let Some(text) = acc.apply(&v) {
-                    let _ = tx.send(StreamEvent::TextDelta(text)).await;
-                }
+        while let Some(ev) = events.next().await {
+            let ev = ev?;
+            let data = ev.data.trim_start();
+            if data == "[DONE]" {
+                return acc.finish(self);
+            }
+            let v: Value = serde_json::from_str(data)
+                .map_err(|e| self.invalid(format!("bad stream chunk: {e}")))?;
+            if let Some(err) = v.get("error") {
+                return Err(self.invalid(format!("stream error: {err}")));
+            }
+            if let Some(text) = acc.apply(&v) {
+                let _ = tx.send(StreamEvent::TextDelta(text)).await;
             }
         }
         // Some servers end the stream without [DONE].
         acc.finish(self)
     }
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }
 
 /// The transcript in OpenAI's wire format, serialised from borrowed messages (the same JSON as
@@ -503,7 +441,10 @@ impl ChatModel for OpenAiCompat {
             return self.complete_stream(req, tx).await;
         }
         let resp = self.send(self.body(req, false)).await?;
-        let bytes = resp.bytes().await.map_err(|e| self.transport_error(&e))?;
+        let bytes = resp
+            .bytes()
+            .await
+            .map_err(|e| self.endpoint().transport_error(&e))?;
         let v: Value =
             serde_json::from_slice(&bytes).map_err(|e| self.invalid(format!("not JSON: {e}")))?;
         parse_completion(&v).ok_or_else(|| {
@@ -514,151 +455,5 @@ impl ChatModel for OpenAiCompat {
 }
 
 #[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used)]
-    use super::*;
-
-    #[test]
-    fn stream_chunks_assemble_parallel_tool_calls() {
-        let mut acc = StreamAcc::default();
-        let chunks = [
-            json!({"choices":[{"delta":{"content":"Hel"}}]}),
-            json!({"choices":[{"delta":{"content":"lo"}}]}),
-            json!({"choices":[{"delta":{"tool_calls":[{"index":0,"id":"call_a","type":"function","function":{"name":"read_file","arguments":""}}]}}]}),
-            json!({"choices":[{"delta":{"tool_calls":[{"index":1,"id":"call_b","function":{"name":"list_directory","arguments":"{\"pa"}}]}}]}),
-            json!({"choices":[{"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{\"path\":\"x\"}"}}]}}]}),
-            json!({"choices":[{"delta":{"tool_calls":[{"index":1,"function":{"arguments":"th\":\".\"}"}}]},"finish_reason":"tool_calls"}]}),
-            json!({"choices":[],"usage":{"prompt_tokens":10,"completion_tokens":5}}),
-        ];
-        let deltas: Vec<_> = chunks.iter().filter_map(|c| acc.apply(c)).collect();
-        assert_eq!(deltas, ["Hel", "lo"]);
-        let p = OpenAiCompat::new(OpenAiConfig {
-            name: "t".into(),
-            base_url: "http://x".into(),
-            api_key: None,
-            model: "m".into(),
-            timeout: Duration::from_secs(1),
-            extra_headers: vec![],
-        })
-        .unwrap();
-        let r = acc.finish(&p).unwrap();
-        assert_eq!(r.content, "Hello");
-        assert_eq!(r.tool_calls.len(), 2);
-        assert_eq!(r.tool_calls[0].arguments, r#"{"path":"x"}"#);
-        assert_eq!(r.tool_calls[1].name, "list_directory");
-        assert_eq!(r.tool_calls[1].arguments, r#"{"path":"."}"#);
-        assert_eq!(r.usage.input_tokens, 10);
-        assert_eq!(r.finish_reason.as_deref(), Some("tool_calls"));
-    }
-
-    fn provider() -> OpenAiCompat {
-        OpenAiCompat::new(OpenAiConfig {
-            name: "t".into(),
-            base_url: "http://x".into(),
-            api_key: None,
-            model: "m".into(),
-            timeout: Duration::from_secs(1),
-            extra_headers: vec![],
-        })
-        .unwrap()
-    }
-
-    #[test]
-    fn serialised_transcript_equals_the_tree_form() {
-        let mut a = Message::assistant("");
-        a.tool_calls = vec![
-            ToolCall {
-                id: "c1".into(),
-                name: "read_file".into(),
-                arguments: "{\"path\":\"ü\"}".into(),
-            },
-            ToolCall {
-                id: "c2".into(),
-                name: "list_directory".into(),
-                arguments: String::new(),
-            },
-        ];
-        let mut b = Message::assistant("thinking");
-        b.tool_calls = a.tool_calls.clone();
-        let msgs = vec![
-            Message::system("sys"),
-            Message::user("a \"quoted\" ünïcode line\n"),
-            a,
-            Message::tool_result("c1", "read_file", "{\"ok\":1}"),
-            b,
-            Message::assistant(""),
-            Message::assistant("done"),
-        ];
-        let streamed: Value =
-            serde_json::from_slice(&serde_json::to_vec(&WireMessages(&msgs)).unwrap()).unwrap();
-        let tree: Vec<Value> = msgs.iter().map(wire_message).collect();
-        assert_eq!(streamed, Value::Array(tree));
-    }
-
-    #[test]
-    fn body_carries_tools_and_options_and_serialises_the_tools_once() {
-        let p = provider();
-        let tool = |n: &str| ToolSpec {
-            name: n.into(),
-            description: format!("{n} does things"),
-            parameters: json!({"type": "object", "properties": {"path": {"type": "string"}}}),
-        };
-        let mut req = ChatRequest {
-            model: String::new(),
-            messages: vec![Message::system("s"), Message::user("hi")],
-            tools: vec![tool("a"), tool("b")].into(),
-            max_tokens: Some(100),
-            temperature: Some(0.5),
-        };
-        let v: Value = serde_json::from_slice(&p.body(&req, true)).unwrap();
-        assert_eq!(v["model"], "m");
-        assert_eq!(v["messages"][1], json!({"role": "user", "content": "hi"}));
-        assert_eq!(v["tools"][1]["type"], "function");
-        assert_eq!(v["tools"][1]["function"]["name"], "b");
-        assert_eq!(
-            v["tools"][1]["function"]["parameters"],
-            req.tools[1].parameters
-        );
-        assert_eq!(v["max_tokens"], 100);
-        assert_eq!(v["temperature"], 0.5);
-        assert_eq!(v["stream"], true);
-        assert_eq!(v["stream_options"]["include_usage"], true);
-        // Unchanged tools: served from the cache, not rendered again, whether the same list or
-        // an equal copy.
-        let again = p.tools_json.get(&req.tools, |_| panic!("rendered twice"));
-        assert!(again.contains("\"b does things\""));
-        let copy: std::sync::Arc<[ToolSpec]> = req.tools.to_vec().into();
-        p.tools_json.get(&copy, |_| panic!("rendered twice"));
-        // Changed tools: rendered again.
-        req.tools = vec![tool("a"), tool("b"), tool("c")].into();
-        req.model = "other".into();
-        req.max_tokens = None;
-        req.temperature = None;
-        let v: Value = serde_json::from_slice(&p.body(&req, false)).unwrap();
-        assert_eq!(v["tools"].as_array().unwrap().len(), 3);
-        assert_eq!(v["model"], "other");
-        assert!(v.get("stream").is_none() && v.get("max_tokens").is_none());
-        // No tools: no `tools` key at all.
-        req.tools = Vec::new().into();
-        let v: Value = serde_json::from_slice(&p.body(&req, false)).unwrap();
-        assert!(v.get("tools").is_none());
-    }
-
-    #[test]
-    fn wire_format_of_tool_round() {
-        let mut a = Message::assistant("");
-        a.tool_calls = vec![ToolCall {
-            id: "c1".into(),
-            name: "read_file".into(),
-            arguments: "{}".into(),
-        }];
-        assert_eq!(
-            wire_message(&a),
-            json!({"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"read_file","arguments":"{}"}}]})
-        );
-        assert_eq!(
-            wire_message(&Message::tool_result("c1", "read_file", "{\"ok\":1}")),
-            json!({"role":"tool","tool_call_id":"c1","content":"{\"ok\":1}"})
-        );
-    }
-}
+#[path = "openai_tests.rs"]
+mod tests;

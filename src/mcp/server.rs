@@ -19,6 +19,26 @@ use tokio_util::sync::CancellationToken;
 use crate::tools::{ToolContext, ToolError, ToolRegistry, Workspace};
 use crate::types::SessionKey;
 
+/// Why the MCP server could not be set up or stopped abnormally.
+#[derive(Debug, thiserror::Error)]
+pub enum McpServerError {
+    /// The fixed session key [`MCP_SERVER_SESSION`] was refused (a broken invariant).
+    #[error(transparent)]
+    SessionKey(#[from] crate::types::InvalidSessionKey),
+    /// A provider namespace is empty or contains `__`.
+    #[error("provider namespace `{0}` must be non-empty and must not contain `__`")]
+    InvalidNamespace(String),
+    /// Two providers of a [`CompositeProvider`] share a namespace.
+    #[error("two providers share the namespace `{0}`")]
+    DuplicateNamespace(String),
+    /// The client's `initialize` handshake failed (boxed: rmcp's error is several hundred bytes).
+    #[error("MCP handshake failed: {0}")]
+    Handshake(#[source] Box<rmcp::service::ServerInitializeError>),
+    /// The service task panicked or was aborted.
+    #[error("the MCP server task failed: {0}")]
+    Task(#[source] tokio::task::JoinError),
+}
+
 /// Session key of calls made through the MCP server (rate limiting, logs).
 pub const MCP_SERVER_SESSION: &str = "mcp:server";
 
@@ -80,11 +100,14 @@ impl BuiltinProvider {
     ///
     /// # Errors
     /// Never in practice (the fixed session key is valid); kept fallible for the key check.
-    pub fn new(registry: Arc<ToolRegistry>, workspace: Arc<Workspace>) -> Result<Self, String> {
+    pub fn new(
+        registry: Arc<ToolRegistry>,
+        workspace: Arc<Workspace>,
+    ) -> Result<Self, McpServerError> {
         Ok(Self {
             registry,
             workspace,
-            session: SessionKey::parse(MCP_SERVER_SESSION).map_err(|e| e.to_string())?,
+            session: SessionKey::parse(MCP_SERVER_SESSION)?,
             namespace: "clawft".into(),
             calls: std::sync::atomic::AtomicU64::new(0),
         })
@@ -151,17 +174,15 @@ impl CompositeProvider {
     ///
     /// # Errors
     /// Two providers share a namespace, or a namespace contains `__` or is empty.
-    pub fn new(providers: Vec<Arc<dyn ToolProvider>>) -> Result<Self, String> {
+    pub fn new(providers: Vec<Arc<dyn ToolProvider>>) -> Result<Self, McpServerError> {
         let mut seen = std::collections::BTreeSet::new();
         for p in &providers {
             let ns = p.namespace();
             if ns.is_empty() || ns.contains("__") {
-                return Err(format!(
-                    "provider namespace `{ns}` must be non-empty and must not contain `__`"
-                ));
+                return Err(McpServerError::InvalidNamespace(ns.to_string()));
             }
             if !seen.insert(ns.to_string()) {
-                return Err(format!("two providers share the namespace `{ns}`"));
+                return Err(McpServerError::DuplicateNamespace(ns.to_string()));
             }
         }
         Ok(Self { providers })
@@ -274,7 +295,10 @@ impl ServerHandler for McpServerHandler {
 ///
 /// # Errors
 /// The handshake failed or the service task panicked.
-pub async fn serve<T, E, A>(provider: Arc<dyn ToolProvider>, transport: T) -> Result<(), String>
+pub async fn serve<T, E, A>(
+    provider: Arc<dyn ToolProvider>,
+    transport: T,
+) -> Result<(), McpServerError>
 where
     T: rmcp::transport::IntoTransport<RoleServer, E, A>,
     E: std::error::Error + Send + Sync + 'static,
@@ -282,18 +306,18 @@ where
     let running = McpServerHandler { provider }
         .serve(transport)
         .await
-        .map_err(|e| format!("MCP handshake failed: {e}"))?;
+        .map_err(|e| McpServerError::Handshake(Box::new(e)))?;
     running
         .waiting()
         .await
         .map(|_| ())
-        .map_err(|e| format!("the MCP server task failed: {e}"))
+        .map_err(McpServerError::Task)
 }
 
 /// Serve `provider` on stdin/stdout until the client closes stdin.
 ///
 /// # Errors
 /// As [`serve`].
-pub async fn serve_stdio(provider: Arc<dyn ToolProvider>) -> Result<(), String> {
+pub async fn serve_stdio(provider: Arc<dyn ToolProvider>) -> Result<(), McpServerError> {
     serve(provider, rmcp::transport::stdio()).await
 }
