@@ -16,6 +16,7 @@
 //! - [`bus`], [`session`], [`egress`]: the actors.
 //! - [`turn`]: the tool-call loop.
 //! - [`llm`]: providers behind [`llm::ChatModel`].
+//! - [`net`]: the SSRF guard ([`net::ssrf`]) of `web_fetch` and MCP URL servers.
 //! - [`tools`]: [`tools::Tool`], [`tools::ToolRegistry`], built-in tools.
 //! - [`store`]: sled transcripts, inbound journal, outbox.
 //! - [`daemon`]: builds the tree, recovery, shutdown order.
@@ -35,6 +36,7 @@ pub mod ingress;
 pub mod llm;
 pub mod mcp;
 pub mod metrics;
+pub mod net;
 pub mod notify;
 pub mod session;
 pub mod skills;

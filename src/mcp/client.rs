@@ -29,7 +29,7 @@ use super::config::{McpServerSettings, McpTransport};
 use super::http;
 use super::sse;
 use crate::tools::registry::{SourcedTool, ToolSource};
-use crate::tools::ssrf::SsrfPolicy;
+use crate::net::ssrf::SsrfPolicy;
 use crate::tools::{Effect, Tool, ToolContext, ToolError};
 
 /// Longest tool name handed to the model (OpenAI and Anthropic accept 64).
@@ -673,7 +673,7 @@ fn legacy_status(e: &rmcp::service::ClientInitializeError) -> Option<u16> {
     None
 }
 
-fn blocked_msg(b: &crate::tools::ssrf::Blocked) -> String {
+fn blocked_msg(b: &crate::net::ssrf::Blocked) -> String {
     format!("refused by the SSRF guard: {b}; set `trusted = true` on a server you run yourself on a private or loopback address")
 }
 

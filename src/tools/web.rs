@@ -1,7 +1,7 @@
-//! Web tools: `web_fetch` (model-chosen URLs, behind the SSRF guard of [`super::ssrf`]) and
+//! Web tools: `web_fetch` (model-chosen URLs, behind the SSRF guard of [`crate::net::ssrf`]) and
 //! `web_search` (the operator's search backend: SearXNG or Brave).
 //!
-//! `web_fetch` never dials an address it has not checked (see [`super::ssrf`]), reads at most
+//! `web_fetch` never dials an address it has not checked (see [`crate::net::ssrf`]), reads at most
 //! `max_bytes` of a body as a stream, and returns text only. `web_search` is deliberately NOT
 //! behind the SSRF guard: its endpoint comes from the operator's config (people run SearXNG on
 //! localhost), never from the model, and the query only goes into the query string.
@@ -19,7 +19,7 @@ use serde_json::{json, Value};
 use url::Url;
 
 use super::html;
-use super::ssrf::{self, Cidr, FetchError, GuardedClient, GuardedRequest, SsrfPolicy};
+use crate::net::ssrf::{self, Cidr, FetchError, GuardedClient, GuardedRequest, SsrfPolicy};
 use super::{parse_args, schema_of, Effect, Tool, ToolContext, ToolError};
 use crate::types::Secret;
 
