@@ -28,8 +28,8 @@ use super::child::{self, ChildGuard, StderrTail};
 use super::config::{McpServerSettings, McpTransport};
 use super::http;
 use super::sse;
-use crate::tools::registry::{SourcedTool, ToolSource};
 use crate::net::ssrf::SsrfPolicy;
+use crate::tools::registry::{SourcedTool, ToolSource};
 use crate::tools::{Effect, Tool, ToolContext, ToolError};
 
 /// Longest tool name handed to the model (OpenAI and Anthropic accept 64).

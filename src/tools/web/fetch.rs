@@ -43,7 +43,6 @@ const FORBIDDEN_HEADERS: [&str; 10] = [
     "proxy-connection",
 ];
 
-
 /// Resolved `web_fetch` settings.
 #[derive(Debug, Clone)]
 pub struct WebFetchSettings {
