@@ -42,15 +42,15 @@ async fn search_server(status: u16, body: &'static str) -> (SocketAddr, Captured
 }
 
 const SEARXNG_JSON: &str = r#"{"query":"rust","number_of_results":0,"results":[
-    {"url":"https://www.rust-lang.org/","title":"Rust Programming Language","content":"A language empowering everyone","engine":"duckduckgo","score":1.0},
-    {"url":"https://doc.rust-lang.org/book/","title":"The Rust Book","content":"Learn Rust","engine":"bing"},
-    {"url":"https://crates.io/","title":"crates.io","engine":"google"}],
-    "answers":[],"corrections":[],"infoboxes":[],"suggestions":[],"unresponsive_engines":[]}"#;
+        {"url":"https://www.rust-lang.org/","title":"Rust Programming Language","content":"A language empowering everyone","engine":"duckduckgo","score":1.0},
+        {"url":"https://doc.rust-lang.org/book/","title":"The Rust Book","content":"Learn Rust","engine":"bing"},
+        {"url":"https://crates.io/","title":"crates.io","engine":"google"}],
+        "answers":[],"corrections":[],"infoboxes":[],"suggestions":[],"unresponsive_engines":[]}"#;
 
 const BRAVE_JSON: &str = r#"{"type":"search","query":{"original":"rust"},"mixed":{},
-    "web":{"type":"search","results":[
-    {"title":"Rust Programming Language","url":"https://www.rust-lang.org/","description":"A language empowering <strong>everyone</strong> &amp; more","is_source_local":false,"language":"en"},
-    {"title":"Rust (video game)","url":"https://rust.facepunch.com/","description":"Survive"}],"family_friendly":true}}"#;
+        "web":{"type":"search","results":[
+        {"title":"Rust Programming Language","url":"https://www.rust-lang.org/","description":"A language empowering <strong>everyone</strong> &amp; more","is_source_local":false,"language":"en"},
+        {"title":"Rust (video game)","url":"https://rust.facepunch.com/","description":"Survive"}],"family_friendly":true}}"#;
 
 fn searcher(provider: SearchProvider, endpoint: String, key: Option<&str>) -> WebSearch {
     crate::install_crypto_provider();
