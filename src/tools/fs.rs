@@ -19,6 +19,7 @@ use serde_json::{json, Value};
 
 use super::workspace::{check_replaceable, refuse_hard_link, write_atomic};
 use super::{parse_args, schema_of, Effect, Tool, ToolContext, ToolError};
+use crate::types::SettingError;
 
 /// Most bytes `read_file` reads from one file (8 MiB); the result is truncated to 64 KiB later,
 /// so `offset`/`limit` are how the model pages through a large file.
@@ -245,18 +246,20 @@ impl FileToolsFile {
     ///
     /// # Errors
     /// Names the key (`tools.files.KEY`) and what is expected when a value is 0 or too large.
-    pub fn resolve(&self) -> Result<FileToolsSettings, String> {
+    pub fn resolve(&self) -> Result<FileToolsSettings, SettingError> {
         fn pick<T: Copy + PartialOrd + From<u8> + std::fmt::Display>(
             key: &str,
             v: Option<T>,
             default: T,
             max: T,
-        ) -> Result<T, String> {
+        ) -> Result<T, SettingError> {
             match v {
                 None => Ok(default),
                 Some(x) if x >= T::from(1u8) && x <= max => Ok(x),
-                Some(x) => Err(format!(
-                    "tools.files.{key} = {x}: expected a number from 1 to {max}"
+                // The key as users have always seen it: with the rejected value.
+                Some(x) => Err(SettingError::new(
+                    format!("tools.files.{key} = {x}"),
+                    format!("expected a number from 1 to {max}"),
                 )),
             }
         }

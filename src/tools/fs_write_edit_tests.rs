@@ -1,4 +1,3 @@
-
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 use std::os::unix::fs::{symlink, MetadataExt, PermissionsExt};
 
@@ -354,7 +353,7 @@ fn settings_resolve_defaults_and_reject_zero() {
         search_max_files: Some(0),
         ..FileToolsFile::default()
     };
-    let e = f.resolve().unwrap_err();
+    let e = f.resolve().unwrap_err().to_string();
     assert!(e.contains("tools.files.search_max_files"), "{e}");
     let f = FileToolsFile {
         memory_max_bytes: Some(2048),

@@ -1,4 +1,3 @@
-
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 use std::os::unix::fs::symlink;
 use std::time::{Duration, SystemTime};

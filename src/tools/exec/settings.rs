@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::tools::sandbox;
 use crate::tools::shell_policy::{ExecMode, DEFAULT_DENY_PATTERNS};
+use crate::types::SettingError;
 
 /// Default `exec_shell` timeout (seed 000: 30 s).
 pub const DEFAULT_TIMEOUT_SECS: u64 = 30;
@@ -138,25 +139,31 @@ impl Default for ExecSettings {
     }
 }
 
-fn secs(key: &str, v: Option<u64>, default: u64) -> Result<Duration, String> {
+fn secs(key: &str, v: Option<u64>, default: u64) -> Result<Duration, SettingError> {
     match v {
         None => Ok(Duration::from_secs(default)),
         Some(s) if (1..=MAX_CONFIG_SECS).contains(&s) => Ok(Duration::from_secs(s)),
-        Some(s) => Err(format!(
+        Some(s) => Err(invalid(format!(
             "`{key}`: expected a number of seconds from 1 to {MAX_CONFIG_SECS}, got {s}"
-        )),
+        ))),
     }
 }
 
-fn paths(key: &str, v: Option<&Vec<PathBuf>>) -> Result<Vec<PathBuf>, String> {
+fn paths(key: &str, v: Option<&Vec<PathBuf>>) -> Result<Vec<PathBuf>, SettingError> {
     let v = v.cloned().unwrap_or_default();
     if let Some(bad) = v.iter().find(|p| !sandbox::is_clean_absolute(p)) {
-        return Err(format!(
+        return Err(invalid(format!(
             "`{key}`: expected absolute paths without `..`, got {}",
             bad.display()
-        ));
+        )));
     }
     Ok(v)
+}
+
+/// An invalid `tools.exec` value. The key is the section and the detail starts with the field
+/// in backquotes: the text users have always seen (`tools.exec`: `mode`: expected ...).
+fn invalid(detail: impl Into<String>) -> SettingError {
+    SettingError::new("tools.exec", detail)
 }
 
 impl ExecFile {
@@ -164,12 +171,14 @@ impl ExecFile {
     ///
     /// # Errors
     /// A message naming the offending key and what is expected.
-    pub fn resolve(&self) -> Result<ExecSettings, String> {
+    pub fn resolve(&self) -> Result<ExecSettings, SettingError> {
         let d = ExecSettings::default();
         let mode = match self.mode.as_deref() {
             None => d.mode,
             Some(m) => ExecMode::parse(m).ok_or_else(|| {
-                format!("`mode`: expected \"denylist\", \"allowlist\" or \"ask\", got {m:?}")
+                invalid(format!(
+                    "`mode`: expected \"denylist\", \"allowlist\" or \"ask\", got {m:?}"
+                ))
             })?,
         };
         let mut deny_patterns = self.deny_patterns.clone().unwrap_or(d.deny_patterns);
@@ -178,24 +187,23 @@ impl ExecFile {
             p.split('*')
                 .all(|piece| crate::tools::shell_policy::normalise(piece).is_empty())
         }) {
-            return Err(format!(
+            return Err(invalid(format!(
                 "`deny_patterns`/`extra_deny_patterns`: pattern {bad:?} matches everything or nothing; write the text to refuse, with `*` for any text in between"
-            ));
+            )));
         }
         let allow_commands = self.allow_commands.clone().unwrap_or_default();
         if let Some(bad) = allow_commands
             .iter()
             .find(|c| c.trim().is_empty() || c.chars().any(char::is_whitespace))
         {
-            return Err(format!(
+            return Err(invalid(format!(
                 "`allow_commands`: expected program names such as \"ls\" or \"/usr/bin/git\", got {bad:?}"
-            ));
+            )));
         }
         if mode == ExecMode::Allowlist && allow_commands.is_empty() {
-            return Err(
-                "`allow_commands`: mode \"allowlist\" needs at least one allowed program name"
-                    .into(),
-            );
+            return Err(invalid(
+                "`allow_commands`: mode \"allowlist\" needs at least one allowed program name",
+            ));
         }
         let max_timeout = secs(
             "max_timeout_secs",
@@ -213,11 +221,11 @@ impl ExecFile {
             ("spawn_timeout_secs", spawn_timeout),
         ] {
             if t > max_timeout {
-                return Err(format!(
+                return Err(invalid(format!(
                     "`{key}`: expected at most `max_timeout_secs` ({}), got {}",
                     max_timeout.as_secs(),
                     t.as_secs()
-                ));
+                )));
             }
         }
         let approval_timeout = secs(
@@ -228,39 +236,39 @@ impl ExecFile {
         let max_output_bytes = match self.max_output_bytes {
             None => d.max_output_bytes,
             Some(n) if (1..=MAX_CONFIG_OUTPUT_BYTES).contains(&n) => {
-                usize::try_from(n).map_err(|_| "`max_output_bytes`: too large".to_string())?
+                usize::try_from(n).map_err(|_| invalid("`max_output_bytes`: too large"))?
             }
             Some(n) => {
-                return Err(format!(
+                return Err(invalid(format!(
                     "`max_output_bytes`: expected 1 to {MAX_CONFIG_OUTPUT_BYTES}, got {n}"
-                ))
+                )))
             }
         };
         let max_concurrent_spawns = match self.max_concurrent_spawns {
             None => d.max_concurrent_spawns,
             Some(n @ 1..=64) => usize::try_from(n).unwrap_or(DEFAULT_MAX_CONCURRENT_SPAWNS),
             Some(n) => {
-                return Err(format!(
+                return Err(invalid(format!(
                     "`max_concurrent_spawns`: expected 1 to 64, got {n}"
-                ))
+                )))
             }
         };
         let env_passthrough = self.env_passthrough.clone().unwrap_or_default();
         for name in &env_passthrough {
             if name.is_empty() || name.contains(['=', '\0']) {
-                return Err(format!(
+                return Err(invalid(format!(
                     "`env_passthrough`: expected environment variable names, got {name:?}"
-                ));
+                )));
             }
             if sandbox::is_secret_name(name) {
-                return Err(format!(
+                return Err(invalid(format!(
                     "`env_passthrough`: {name:?} looks like a secret (contains KEY, TOKEN, SECRET, PASSWORD, PASSWD or CREDENTIAL) and is never passed to commands; remove it"
-                ));
+                )));
             }
             if name.starts_with("LD_") || matches!(name.as_str(), "HOME" | "TMPDIR") {
-                return Err(format!(
+                return Err(invalid(format!(
                     "`env_passthrough`: {name:?} cannot be passed (HOME and TMPDIR are set by the sandbox, LD_* would change how programs load)"
-                ));
+                )));
             }
         }
         Ok(ExecSettings {

@@ -66,7 +66,8 @@ fn config_resolves_defaults_and_names_bad_keys() {
         let e = serde_json::from_value::<ExecFile>(f.clone())
             .unwrap()
             .resolve()
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(e.contains(key), "{f}: {e}");
     }
     let schema = serde_json::to_value(schemars::schema_for!(ExecFile)).unwrap();

@@ -14,8 +14,11 @@ use serde_json::{json, Value};
 use url::Url;
 
 use super::{decode, default_user_agent, MAX_TIMEOUT_SECS};
-use crate::net::ssrf::{self, Cidr, FetchError, GuardedClient, GuardedRequest, SsrfPolicy};
+use crate::net::ssrf::{
+    self, Cidr, ClientBuildError, FetchError, GuardedClient, GuardedRequest, SsrfPolicy,
+};
 use crate::tools::{parse_args, schema_of, Effect, Tool, ToolContext, ToolError};
+use crate::types::SettingError;
 
 /// Default cap on a fetched body (10 MB, seed 001); the registry later cuts the result to
 /// 64 KiB, so this bounds memory and transfer, not what the model sees.
@@ -94,22 +97,22 @@ impl WebFetchFile {
     ///
     /// # Errors
     /// A message naming the key (`tools.web_fetch.…`) and what is expected.
-    pub fn resolve(&self) -> Result<WebFetchSettings, String> {
+    pub fn resolve(&self) -> Result<WebFetchSettings, SettingError> {
         let d = WebFetchSettings::default();
         let mut allow_private = Vec::new();
         for (i, s) in self.allow_private.iter().flatten().enumerate() {
-            allow_private.push(
-                s.parse::<Cidr>()
-                    .map_err(|e| format!("tools.web_fetch.allow_private[{i}]: {e}"))?,
-            );
+            allow_private.push(s.parse::<Cidr>().map_err(|e| {
+                SettingError::new(format!("tools.web_fetch.allow_private[{i}]"), e)
+            })?);
         }
         let max_bytes = match self.max_bytes {
             None => d.max_bytes,
             Some(n) => match usize::try_from(n) {
                 Ok(n) if (1..=MAX_MAX_BYTES).contains(&n) => n,
                 _ => {
-                    return Err(format!(
-                        "tools.web_fetch.max_bytes: expected 1..={MAX_MAX_BYTES} bytes, got {n}"
+                    return Err(SettingError::new(
+                        "tools.web_fetch.max_bytes",
+                        format!("expected 1..={MAX_MAX_BYTES} bytes, got {n}"),
                     ))
                 }
             },
@@ -118,16 +121,16 @@ impl WebFetchFile {
             None => d.timeout,
             Some(n) if (1..=MAX_TIMEOUT_SECS).contains(&n) => Duration::from_secs(n),
             Some(n) => {
-                return Err(format!(
-                    "tools.web_fetch.timeout_secs: expected 1..={MAX_TIMEOUT_SECS} seconds, got {n}"
+                return Err(SettingError::new(
+                    "tools.web_fetch.timeout_secs",
+                    format!("expected 1..={MAX_TIMEOUT_SECS} seconds, got {n}"),
                 ))
             }
         };
         let user_agent = match &self.user_agent {
             None => d.user_agent,
             Some(ua) => {
-                ssrf::validate_user_agent(ua)
-                    .map_err(|e| format!("tools.web_fetch.user_agent: {e}"))?;
+                ssrf::validate_user_agent("tools.web_fetch.user_agent", ua)?;
                 ua.clone()
             }
         };
@@ -136,8 +139,9 @@ impl WebFetchFile {
             Some(n) => match usize::try_from(n) {
                 Ok(n) if n <= MAX_MAX_REDIRECTS => n,
                 _ => {
-                    return Err(format!(
-                        "tools.web_fetch.max_redirects: expected 0..={MAX_MAX_REDIRECTS}, got {n}"
+                    return Err(SettingError::new(
+                        "tools.web_fetch.max_redirects",
+                        format!("expected 0..={MAX_MAX_REDIRECTS}, got {n}"),
                     ))
                 }
             },
@@ -214,7 +218,7 @@ impl WebFetch {
     ///
     /// # Errors
     /// The HTTP client cannot be built.
-    pub fn new(settings: WebFetchSettings) -> Result<Self, String> {
+    pub fn new(settings: WebFetchSettings) -> Result<Self, ClientBuildError> {
         let client = GuardedClient::new(
             SsrfPolicy::new(settings.allow_private),
             settings.max_redirects,

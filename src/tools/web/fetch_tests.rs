@@ -751,7 +751,7 @@ fn fetch_config_resolves_and_rejects() {
             "user_agent",
         ),
     ] {
-        let e = f.resolve().unwrap_err();
+        let e = f.resolve().unwrap_err().to_string();
         assert!(e.starts_with(&format!("tools.web_fetch.{key}")), "{e}");
     }
     let f: Result<WebFetchFile, _> = serde_json::from_value(json!({"allow": []}));

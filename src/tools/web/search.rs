@@ -11,9 +11,10 @@ use serde_json::{json, Value};
 use url::Url;
 
 use super::{default_user_agent, MAX_TIMEOUT_SECS};
+use crate::net::ssrf::ClientBuildError;
 use crate::tools::html;
 use crate::tools::{parse_args, schema_of, Effect, Tool, ToolContext, ToolError};
-use crate::types::Secret;
+use crate::types::{Secret, SettingError};
 
 /// Default `web_search` deadline (seconds).
 pub const DEFAULT_SEARCH_TIMEOUT_SECS: u64 = 15;
@@ -87,15 +88,16 @@ impl WebSearchFile {
     ///
     /// # Errors
     /// A message naming the key (`tools.web_search.…`) and what is expected.
-    pub fn resolve(&self, api_key: Option<Secret>) -> Result<WebSearchSettings, String> {
+    pub fn resolve(&self, api_key: Option<Secret>) -> Result<WebSearchSettings, SettingError> {
         let provider = match self.provider.as_deref().map(str::trim) {
             None if self.endpoint.is_none() => None,
             None => Some(SearchProvider::Searxng),
             Some(p) if p.eq_ignore_ascii_case("searxng") => Some(SearchProvider::Searxng),
             Some(p) if p.eq_ignore_ascii_case("brave") => Some(SearchProvider::Brave),
             Some(p) => {
-                return Err(format!(
-                    "tools.web_search.provider: expected \"searxng\" or \"brave\", got \"{p}\""
+                return Err(SettingError::new(
+                    "tools.web_search.provider",
+                    format!("expected \"searxng\" or \"brave\", got \"{p}\""),
                 ))
             }
         };
@@ -103,11 +105,15 @@ impl WebSearchFile {
             None => None,
             Some(e) => {
                 let u = Url::parse(e.trim()).map_err(|err| {
-                    format!("tools.web_search.endpoint: `{e}` is not a URL ({err}); expected e.g. http://127.0.0.1:8888")
+                    SettingError::new(
+                        "tools.web_search.endpoint",
+                        format!("`{e}` is not a URL ({err}); expected e.g. http://127.0.0.1:8888"),
+                    )
                 })?;
                 if !matches!(u.scheme(), "http" | "https") {
-                    return Err(format!(
-                        "tools.web_search.endpoint: expected an http:// or https:// URL, got `{e}`"
+                    return Err(SettingError::new(
+                        "tools.web_search.endpoint",
+                        format!("expected an http:// or https:// URL, got `{e}`"),
                     ));
                 }
                 Some(u)
@@ -115,13 +121,16 @@ impl WebSearchFile {
         };
         let endpoint = match provider {
             Some(SearchProvider::Searxng) if endpoint.is_none() => {
-                return Err("tools.web_search.endpoint: the searxng provider needs the URL of a SearXNG instance (e.g. http://127.0.0.1:8888)".into())
+                return Err(SettingError::new("tools.web_search.endpoint", "the searxng provider needs the URL of a SearXNG instance (e.g. http://127.0.0.1:8888)"))
             }
             Some(SearchProvider::Brave) if api_key.is_none() => {
-                return Err("tools.web_search.api_key: the brave provider needs an API key (set tools.web_search.api_key_env or api_key_file)".into())
+                return Err(SettingError::new("tools.web_search.api_key", "the brave provider needs an API key (set tools.web_search.api_key_env or api_key_file)"))
             }
             Some(SearchProvider::Brave) if endpoint.is_none() => {
-                Some(Url::parse(BRAVE_DEFAULT_ENDPOINT).map_err(|e| e.to_string())?)
+                Some(
+                    Url::parse(BRAVE_DEFAULT_ENDPOINT)
+                        .map_err(|e| SettingError::new("tools.web_search", e.to_string()))?,
+                )
             }
             _ => endpoint,
         };
@@ -129,9 +138,10 @@ impl WebSearchFile {
             None => Duration::from_secs(DEFAULT_SEARCH_TIMEOUT_SECS),
             Some(n) if (1..=MAX_TIMEOUT_SECS).contains(&n) => Duration::from_secs(n),
             Some(n) => {
-                return Err(format!(
-                "tools.web_search.timeout_secs: expected 1..={MAX_TIMEOUT_SECS} seconds, got {n}"
-            ))
+                return Err(SettingError::new(
+                    "tools.web_search.timeout_secs",
+                    format!("expected 1..={MAX_TIMEOUT_SECS} seconds, got {n}"),
+                ))
             }
         };
         Ok(WebSearchSettings {
@@ -202,14 +212,17 @@ impl WebSearch {
     ///
     /// # Errors
     /// The HTTP client cannot be built.
-    pub fn new(settings: WebSearchSettings) -> Result<Self, String> {
+    pub fn new(settings: WebSearchSettings) -> Result<Self, ClientBuildError> {
         let client = reqwest::Client::builder()
             .no_proxy()
             .redirect(reqwest::redirect::Policy::limited(3))
             .connect_timeout(settings.timeout.min(Duration::from_secs(10)))
             .user_agent(default_user_agent())
             .build()
-            .map_err(|e| format!("cannot build the web_search HTTP client: {e}"))?;
+            .map_err(|e| ClientBuildError {
+                tool: "web_search",
+                reason: e.to_string(),
+            })?;
         Ok(Self { client, settings })
     }
 

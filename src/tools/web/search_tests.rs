@@ -272,7 +272,7 @@ fn search_config_resolves_and_rejects() {
             "timeout_secs",
         ),
     ] {
-        let e = f.resolve(None).unwrap_err();
+        let e = f.resolve(None).unwrap_err().to_string();
         assert!(e.starts_with(&format!("tools.web_search.{key}")), "{e}");
     }
 }
