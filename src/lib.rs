@@ -13,7 +13,8 @@
 //! (`docs/architecture.md`, checked by `tests/it/layering.rs`).
 //! - [`types`]: leaf types: [`types::SessionKey`], [`types::Secret`], [`types::SettingError`],
 //!   text sanitising. [`metrics`], [`telemetry`], [`notify`]: process-wide facilities.
-//! - [`llm`]: providers behind [`llm::ChatModel`].
+//! - [`llm`]: providers behind [`llm::ChatModel`]. [`net`]: the SSRF guard ([`net::ssrf`]) of
+//!   `web_fetch` and MCP URL servers.
 //! - [`store`]: sled transcripts, inbound journal, outbox.
 //! - [`tools`]: [`tools::Tool`], [`tools::ToolRegistry`], built-in tools.
 //! - [`skills`]: `SKILL.md` skills. [`mcp`]: MCP client and server.
@@ -39,6 +40,7 @@ pub mod ingress;
 pub mod llm;
 pub mod mcp;
 pub mod metrics;
+pub mod net;
 pub mod notify;
 pub mod session;
 pub mod skills;

@@ -7,7 +7,7 @@
 pub mod file;
 pub mod subagents;
 
-use crate::types::Secret;
+use crate::types::{Secret, SettingError};
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -53,6 +53,15 @@ pub enum ConfigError {
         /// What went wrong and how to fix it.
         detail: String,
     },
+}
+
+impl From<SettingError> for ConfigError {
+    fn from(e: SettingError) -> Self {
+        ConfigError::Invalid {
+            key: e.key,
+            detail: e.detail,
+        }
+    }
 }
 
 /// A snapshot of the process environment (tests pass their own).
@@ -676,15 +685,6 @@ fn resolve_chat_channels(
     Ok(out)
 }
 
-fn invalid(key: &str, detail: String) -> ConfigError {
-    // Messages of the tool sections start with the key they are about.
-    let (key, detail) = match detail.split_once(": ") {
-        Some((k, d)) if k.starts_with(key) => (k.to_string(), d.to_string()),
-        _ => (key.to_string(), detail),
-    };
-    ConfigError::Invalid { key, detail }
-}
-
 fn resolve_tools(
     mut t: file::ToolsFile,
     agent: Option<&crate::tools::policy::PolicyLayerFile>,
@@ -695,13 +695,9 @@ fn resolve_tools(
 ) -> Result<ToolsConfig, ConfigError> {
     let agent_layer = agent
         .map(|a| a.resolve("agents.defaults.tools"))
-        .transpose()
-        .map_err(|e| invalid("agents.defaults.tools", e))?
+        .transpose()?
         .unwrap_or_default();
-    let policy = t
-        .policy
-        .resolve(primary_provider, &agent_layer)
-        .map_err(|e| invalid("tools.policy", e))?;
+    let policy = t.policy.resolve(primary_provider, &agent_layer)?;
     let per_minute = t.rate_limit.per_minute.unwrap_or(120);
     let rate_limit = (per_minute > 0).then(|| crate::tools::ratelimit::RateLimit {
         per_minute,
@@ -710,16 +706,13 @@ fn resolve_tools(
     let message_allow = t.message.allow.clone().unwrap_or_default();
     for r in &message_allow {
         if !r.contains(':') {
-            return Err(invalid(
-                "tools.message.allow",
-                format!("expected `channel:chat_id` patterns like \"telegram:12345\" or \"slack:C01*\", got `{r}`"),
-            ));
+            return Err(ConfigError::Invalid {
+                key: "tools.message.allow".into(),
+                detail: format!("expected `channel:chat_id` patterns like \"telegram:12345\" or \"slack:C01*\", got `{r}`"),
+            });
         }
     }
-    let web_fetch = t
-        .web_fetch
-        .resolve()
-        .map_err(|e| invalid("tools.web_fetch", e))?;
+    let web_fetch = t.web_fetch.resolve()?;
     let search_key = resolve_secret(
         "tools.web_search.api_key",
         t.web_search.api_key.take(),
@@ -731,33 +724,30 @@ fn resolve_tools(
     if let Some(k) = &search_key {
         secrets.push(k.clone());
     }
-    let web_search = t
-        .web_search
-        .resolve(search_key)
-        .map_err(|e| invalid("tools.web_search", e))?;
-    let files = t.files.resolve().map_err(|e| invalid("tools.files", e))?;
+    let web_search = t.web_search.resolve(search_key)?;
+    let files = t.files.resolve()?;
     let mut mcp_servers = Vec::new();
     for (name, f) in &t.mcp_servers {
-        let key = format!("tools.mcp_servers.{name}");
-        match f
-            .resolve(name, &|var| env.get(var).map(str::to_string))
-            .map_err(|e| invalid(&key, e))?
-        {
+        match f.resolve(name, &|var| env.get(var).map(str::to_string))? {
             Some(s) => {
                 secrets.extend(s.secrets().into_iter().map(Secret::new));
                 mcp_servers.push(s);
             }
             None => tracing::warn!(
                 server = %name,
-                "{key} has neither `command` nor `url`: skipped"
+                "tools.mcp_servers.{name} has neither `command` nor `url`: skipped"
             ),
         }
     }
-    let exec = t.exec.resolve().map_err(|e| invalid("tools.exec", e))?;
+    let exec = t.exec.resolve()?;
+    // The subagent settings still report plain text (about a field of the section).
     let subagents = t
         .subagents
         .resolve()
-        .map_err(|e| invalid("tools.subagents", e))?;
+        .map_err(|detail| ConfigError::Invalid {
+            key: "tools.subagents".into(),
+            detail,
+        })?;
     Ok(ToolsConfig {
         subagents,
         policy,

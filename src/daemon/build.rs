@@ -70,7 +70,7 @@ pub fn start_mcp(config: &Config) -> Option<Arc<McpManager>> {
         return None;
     }
     let options = crate::mcp::client::McpOptions {
-        ssrf: Arc::new(crate::tools::ssrf::SsrfPolicy::new(
+        ssrf: Arc::new(crate::net::ssrf::SsrfPolicy::new(
             config.tools.web_fetch.allow_private.clone(),
         )),
         ..crate::mcp::client::McpOptions::default()

@@ -9,6 +9,8 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use url::Url;
 
+use crate::types::SettingError;
+
 /// Default per-call timeout of an MCP tool (seconds).
 pub const DEFAULT_CALL_TIMEOUT_SECS: u64 = 60;
 /// Longest per-call timeout accepted (seconds).
@@ -256,25 +258,26 @@ pub(crate) fn redacted_url(url: &Url) -> String {
 /// separator of `{server}__{tool}`).
 ///
 /// # Errors
-/// What is wrong with it.
-pub fn validate_server_name(name: &str) -> Result<(), String> {
+/// What is wrong with it, about `tools.mcp_servers.NAME`.
+pub fn validate_server_name(name: &str) -> Result<(), SettingError> {
+    let invalid = |detail: String| SettingError::new(format!("tools.mcp_servers.{name}"), detail);
     if name.is_empty() || name.len() > MAX_SERVER_NAME_LEN {
-        return Err(format!(
+        return Err(invalid(format!(
             "the server name `{name}` must be 1 to {MAX_SERVER_NAME_LEN} characters"
-        ));
+        )));
     }
     if !name
         .bytes()
         .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
     {
-        return Err(format!(
+        return Err(invalid(format!(
             "the server name `{name}` may only contain letters, digits, `_` and `-`"
-        ));
+        )));
     }
     if name.contains("__") {
-        return Err(format!(
+        return Err(invalid(format!(
             "the server name `{name}` must not contain `__` (it separates server and tool in `server__tool`)"
-        ));
+        )));
     }
     Ok(())
 }
@@ -283,16 +286,21 @@ fn nonempty(s: &Option<String>) -> Option<&str> {
     s.as_deref().map(str::trim).filter(|s| !s.is_empty())
 }
 
-fn check_header(key: &str, name: &str, value: &str) -> Result<(), String> {
+fn check_header(key: &str, name: &str, value: &str) -> Result<(), SettingError> {
     let n = reqwest::header::HeaderName::from_bytes(name.as_bytes())
-        .map_err(|_| format!("{key}: `{name}` is not a valid HTTP header name"))?;
+        .map_err(|_| SettingError::new(key, format!("`{name}` is not a valid HTTP header name")))?;
     if RESERVED_HEADERS.contains(&n.as_str()) {
-        return Err(format!(
-            "{key}: the `{name}` header is set by the MCP transport and cannot be configured"
+        return Err(SettingError::new(
+            key,
+            format!("the `{name}` header is set by the MCP transport and cannot be configured"),
         ));
     }
-    reqwest::header::HeaderValue::from_str(value)
-        .map_err(|_| format!("{key}: the value of `{name}` must be visible ASCII text"))?;
+    reqwest::header::HeaderValue::from_str(value).map_err(|_| {
+        SettingError::new(
+            key,
+            format!("the value of `{name}` must be visible ASCII text"),
+        )
+    })?;
     Ok(())
 }
 
@@ -307,16 +315,17 @@ impl McpServerFile {
         &self,
         name: &str,
         env_lookup: &dyn Fn(&str) -> Option<String>,
-    ) -> Result<Option<McpServerSettings>, String> {
+    ) -> Result<Option<McpServerSettings>, SettingError> {
         let key = format!("tools.mcp_servers.{name}");
-        validate_server_name(name).map_err(|e| format!("{key}: {e}"))?;
+        validate_server_name(name)?;
         let command = nonempty(&self.command);
         let url = nonempty(&self.url);
         let timeout = |field: &str, v: Option<u64>, default: u64, max: u64| match v {
             None => Ok(Duration::from_secs(default)),
             Some(n) if (1..=max).contains(&n) => Ok(Duration::from_secs(n)),
-            Some(n) => Err(format!(
-                "{key}.{field}: expected 1..={max} seconds, got {n}"
+            Some(n) => Err(SettingError::new(
+                format!("{key}.{field}"),
+                format!("expected 1..={max} seconds, got {n}"),
             )),
         };
         let call_timeout = timeout(
@@ -335,9 +344,10 @@ impl McpServerFile {
         let transport = match (command, url) {
             (None, None) => return Ok(None),
             (Some(_), Some(_)) => {
-                return Err(format!(
-                "{key}: set either `command` (a stdio server) or `url` (an HTTP server), not both"
-            ))
+                return Err(SettingError::new(
+                    key.clone(),
+                    "set either `command` (a stdio server) or `url` (an HTTP server), not both",
+                ))
             }
             (Some(command), None) => {
                 for (field, set) in [
@@ -346,8 +356,9 @@ impl McpServerFile {
                     ("trusted", self.trusted.is_some()),
                 ] {
                     if set {
-                        return Err(format!(
-                            "{key}.{field}: only applies to `url` servers; this one has `command`"
+                        return Err(SettingError::new(
+                            format!("{key}.{field}"),
+                            "only applies to `url` servers; this one has `command`",
                         ));
                     }
                 }
@@ -360,8 +371,9 @@ impl McpServerFile {
                 for (k, v) in self.env.iter().flatten() {
                     let bad_name = k.is_empty() || k.contains('=') || k.contains('\0');
                     if bad_name {
-                        return Err(format!(
-                            "{key}.env: `{k}` is not a valid environment variable name"
+                        return Err(SettingError::new(
+                            format!("{key}.env"),
+                            format!("`{k}` is not a valid environment variable name"),
                         ));
                     }
                     let upper = k.to_ascii_uppercase();
@@ -369,17 +381,21 @@ impl McpServerFile {
                         || upper.starts_with("LD_")
                         || upper.starts_with("DYLD_")
                     {
-                        return Err(format!(
-                            "{key}.env.{k}: this variable changes which code the server loads and cannot be set; use an absolute `command` path instead"
-                        ));
+                        return Err(SettingError::new(format!("{key}.env.{k}"), "this variable changes which code the server loads and cannot be set; use an absolute `command` path instead"));
                     }
                     if v.contains('\0') {
-                        return Err(format!("{key}.env.{k}: the value contains a NUL byte"));
+                        return Err(SettingError::new(
+                            format!("{key}.env.{k}"),
+                            "the value contains a NUL byte",
+                        ));
                     }
                     env.insert(k.clone(), v.clone());
                 }
                 if command.contains('\0') || self.args.iter().flatten().any(|a| a.contains('\0')) {
-                    return Err(format!("{key}.command: contains a NUL byte"));
+                    return Err(SettingError::new(
+                        format!("{key}.command"),
+                        "contains a NUL byte",
+                    ));
                 }
                 McpTransport::Stdio {
                     command: command.to_string(),
@@ -389,16 +405,18 @@ impl McpServerFile {
             }
             (None, Some(url)) => {
                 if self.args.is_some() || self.env.is_some() {
-                    return Err(format!(
-                        "{key}: `args` and `env` only apply to `command` servers; this one has `url`"
+                    return Err(SettingError::new(
+                        key.clone(),
+                        "`args` and `env` only apply to `command` servers; this one has `url`",
                     ));
                 }
                 let parsed = Url::parse(url).map_err(|e| {
-                    format!("{key}.url: `{url}` is not a valid URL ({e}); expected e.g. https://mcp.example.com/mcp")
+                    SettingError::new(format!("{key}.url"), format!("`{url}` is not a valid URL ({e}); expected e.g. https://mcp.example.com/mcp"))
                 })?;
                 if !matches!(parsed.scheme(), "http" | "https") || parsed.host().is_none() {
-                    return Err(format!(
-                        "{key}.url: expected an http:// or https:// URL with a host, got `{url}`"
+                    return Err(SettingError::new(
+                        format!("{key}.url"),
+                        format!("expected an http:// or https:// URL with a host, got `{url}`"),
                     ));
                 }
                 let mut headers = Vec::new();
@@ -409,12 +427,16 @@ impl McpServerFile {
                 for (h, var) in self.headers_env.iter().flatten() {
                     let k = format!("{key}.headers_env");
                     let v = env_lookup(var).filter(|v| !v.is_empty()).ok_or_else(|| {
-                        format!("{k}.{h}: the environment variable `{var}` is not set")
+                        SettingError::new(
+                            format!("{k}.{h}"),
+                            format!("the environment variable `{var}` is not set"),
+                        )
                     })?;
                     check_header(&k, h, &v)?;
                     if headers.iter().any(|(n, _)| n.eq_ignore_ascii_case(h)) {
-                        return Err(format!(
-                            "{k}.{h}: the header is also set in `headers`; keep one"
+                        return Err(SettingError::new(
+                            format!("{k}.{h}"),
+                            "the header is also set in `headers`; keep one",
                         ));
                     }
                     secrets.push(crate::types::Secret::new(v.clone()));
@@ -626,7 +648,7 @@ mod tests {
             ),
         ];
         for (name, f, want) in cases {
-            let e = f.resolve(name, &env).unwrap_err();
+            let e = f.resolve(name, &env).unwrap_err().to_string();
             assert!(e.contains(want), "{name}: `{e}` lacks `{want}`");
         }
     }

@@ -15,7 +15,7 @@ use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig
 use rmcp::transport::StreamableHttpClientTransport;
 use url::Url;
 
-use crate::tools::ssrf::{Blocked, GuardedResolver, SsrfPolicy};
+use crate::net::ssrf::{Blocked, GuardedResolver, SsrfPolicy};
 
 /// Connect timeout of the HTTP client.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);

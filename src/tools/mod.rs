@@ -16,7 +16,6 @@ pub mod sandbox;
 pub mod scrub;
 pub mod search;
 pub mod shell_policy;
-pub mod ssrf;
 pub mod truncate;
 pub mod web;
 pub mod workspace;

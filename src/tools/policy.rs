@@ -22,6 +22,8 @@ use std::collections::BTreeSet;
 
 use serde::{Deserialize, Serialize};
 
+use crate::types::SettingError;
+
 /// Tool groups and their members.
 pub const GROUPS: &[(&str, &[&str])] = &[
     (
@@ -206,10 +208,10 @@ pub struct PolicyLayer {
     pub also_allow: Vec<Pattern>,
 }
 
-fn parse_list(key: &str, list: Option<&Vec<String>>) -> Result<Option<Vec<Pattern>>, String> {
+fn parse_list(key: &str, list: Option<&Vec<String>>) -> Result<Option<Vec<Pattern>>, SettingError> {
     list.map(|l| {
         l.iter()
-            .map(|s| Pattern::parse(s).map_err(|e| format!("{key}: {e}")))
+            .map(|s| Pattern::parse(s).map_err(|e| SettingError::new(key, e)))
             .collect()
     })
     .transpose()
@@ -220,7 +222,7 @@ impl PolicyLayerFile {
     ///
     /// # Errors
     /// A pattern that does not parse, naming the key.
-    pub fn resolve(&self, key: &str) -> Result<PolicyLayer, String> {
+    pub fn resolve(&self, key: &str) -> Result<PolicyLayer, SettingError> {
         Ok(PolicyLayer {
             profile: self.profile,
             allow: parse_list(&format!("{key}.allow"), self.allow.as_ref())?,
@@ -240,7 +242,7 @@ impl PolicyFile {
         &self,
         provider: Option<&str>,
         agent: &PolicyLayer,
-    ) -> Result<ToolPolicy, String> {
+    ) -> Result<ToolPolicy, SettingError> {
         let global = PolicyLayerFile {
             profile: self.profile,
             allow: self.allow.clone(),
@@ -420,6 +422,8 @@ mod tests {
     fn unknown_groups_are_config_errors_naming_the_key() {
         let f: PolicyLayerFile = serde_json::from_str(r#"{"deny": ["group:nope"]}"#).unwrap();
         let e = f.resolve("agents.defaults.tools").unwrap_err();
+        assert_eq!(e.key, "agents.defaults.tools.deny");
+        let e = e.to_string();
         assert!(e.contains("agents.defaults.tools.deny"), "{e}");
         assert!(e.contains("group:fs"), "{e}");
         assert!(Pattern::parse("group:mcp:github").is_ok());

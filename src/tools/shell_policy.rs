@@ -242,6 +242,33 @@ const RESERVED: &[&str] = &[
     "if", "then", "else", "elif", "fi", "do", "done", "while", "until", "!", "in", "esac",
 ];
 
+/// Why a command line does not pass the allowlist; shown to the model as `` `{self}` ``.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NotAllowed {
+    /// A program (lowercased, as written) that is not in `allow_commands`.
+    Program(String),
+    /// An assignment to `PATH` or an `LD_*` variable (the lowercased name).
+    SetsVariable(String),
+    /// Shells and wrappers nested too deep to check.
+    TooDeep,
+}
+
+impl std::fmt::Display for NotAllowed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Program(p) => f.write_str(p),
+            Self::SetsVariable(name) => write!(
+                f,
+                "{name}= (changing {} is not allowed)",
+                name.to_uppercase()
+            ),
+            Self::TooDeep => f.write_str("(nesting too deep)"),
+        }
+    }
+}
+
+impl std::error::Error for NotAllowed {}
+
 /// The pattern and program checks, without the approval state.
 #[derive(Clone, Debug)]
 pub struct ShellPolicy {
@@ -277,11 +304,11 @@ impl ShellPolicy {
             .map(|p| p.shown.as_str())
     }
 
-    /// `Err(program)` naming the first program of a shell command line that is not allowed.
+    /// `Err` naming the first program of a shell command line that is not allowed.
     ///
     /// # Errors
-    /// The offending program (or a reason such as "sets PATH").
-    pub fn check_allowed_line(&self, command: &str) -> Result<(), String> {
+    /// The offending program (or another reason: setting PATH, nesting too deep).
+    pub fn check_allowed_line(&self, command: &str) -> Result<(), NotAllowed> {
         for words in simple_commands(&normalise(command)) {
             self.check_words(&words, 0)?;
         }
@@ -292,23 +319,20 @@ impl ShellPolicy {
     ///
     /// # Errors
     /// The offending program.
-    pub fn check_allowed_argv(&self, argv: &[String]) -> Result<(), String> {
+    pub fn check_allowed_argv(&self, argv: &[String]) -> Result<(), NotAllowed> {
         let words: Vec<String> = argv.iter().map(|w| w.to_lowercase()).collect();
         self.check_words(&words, 0)
     }
 
-    fn check_words(&self, words: &[String], depth: usize) -> Result<(), String> {
+    fn check_words(&self, words: &[String], depth: usize) -> Result<(), NotAllowed> {
         if depth > 8 {
-            return Err("(nesting too deep)".into());
+            return Err(NotAllowed::TooDeep);
         }
         let mut i = 0;
         while let Some(w) = words.get(i) {
             if let Some((name, _)) = w.split_once('=').filter(|(n, _)| is_var_name(n)) {
                 if name == "path" || name.starts_with("ld_") {
-                    return Err(format!(
-                        "{name}= (changing {} is not allowed)",
-                        name.to_uppercase()
-                    ));
+                    return Err(NotAllowed::SetsVariable(name.to_string()));
                 }
                 i += 1;
             } else if RESERVED.contains(&w.as_str()) || w == "{" || w == "}" {
@@ -327,7 +351,7 @@ impl ShellPolicy {
         // A name containing `/` (`./ls`, `/usr/bin/ls`) must be listed as is: allowing `ls`
         // must not allow a script called `ls` in the workspace.
         if !self.allow.contains(program) {
-            return Err(program.clone());
+            return Err(NotAllowed::Program(program.clone()));
         }
         let name = program.rsplit('/').next().unwrap_or(program);
         let rest = &words[i + 1..];
@@ -484,7 +508,7 @@ impl CommandGate {
         &self,
         session: &SessionKey,
         command: &str,
-        allowed: Result<(), String>,
+        allowed: Result<(), NotAllowed>,
         cancel: &CancellationToken,
     ) -> Result<(), ToolError> {
         if let Some(rule) = self.policy.denied_by(command) {
@@ -667,12 +691,16 @@ mod tests {
             ("(curl x)", "curl"),
             ("c''url x", "curl"),
         ] {
-            assert_eq!(p.check_allowed_line(bad), Err(program.to_string()), "{bad}");
+            assert_eq!(
+                p.check_allowed_line(bad),
+                Err(NotAllowed::Program(program.to_string())),
+                "{bad}"
+            );
         }
         assert!(p.check_allowed_line("PATH=. ls").is_err());
         assert_eq!(
             p.check_allowed_argv(&["sh".into(), "-c".into(), "ls; curl x".into()]),
-            Err("curl".into())
+            Err(NotAllowed::Program("curl".into()))
         );
         assert_eq!(p.check_allowed_argv(&["ls".into(), "a;b".into()]), Ok(()));
     }

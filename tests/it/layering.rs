@@ -16,6 +16,7 @@ const LAYERS: &[(&str, u32)] = &[
     ("notify", 0),
     // 1-4: domain libraries, each usable alone.
     ("llm", 1),
+    ("net", 1),
     ("store", 2),
     ("tools", 3),
     ("skills", 4),

@@ -52,6 +52,8 @@ use reqwest::header::{HeaderMap, HeaderValue, AUTHORIZATION, COOKIE, LOCATION};
 use reqwest::{Method, Response, StatusCode};
 use url::{Host, Url};
 
+use crate::types::SettingError;
+
 /// Host names refused before any DNS lookup (cloud metadata services), compared without case
 /// and without trailing dots.
 const BLOCKED_HOSTNAMES: [&str; 4] = [
@@ -493,6 +495,16 @@ fn classify_reqwest(e: &reqwest::Error) -> FetchError {
     }
 }
 
+/// An HTTP client could not be built (TLS initialisation).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("cannot build the {tool} HTTP client: {reason}")]
+pub struct ClientBuildError {
+    /// The tool the client is for (`web_fetch`, `web_search`).
+    pub tool: &'static str,
+    /// What the HTTP library said, with its sources.
+    pub reason: String,
+}
+
 /// One request to send through [`GuardedClient::send`].
 #[derive(Debug, Clone)]
 pub struct GuardedRequest {
@@ -526,7 +538,7 @@ impl GuardedClient {
         max_redirects: usize,
         connect_timeout: Duration,
         user_agent: &str,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, ClientBuildError> {
         Self::build(
             policy,
             max_redirects,
@@ -544,7 +556,7 @@ impl GuardedClient {
         connect_timeout: Duration,
         user_agent: &str,
         lookup: LookupFn,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, ClientBuildError> {
         Self::build(policy, max_redirects, connect_timeout, user_agent, lookup)
     }
 
@@ -554,7 +566,7 @@ impl GuardedClient {
         connect_timeout: Duration,
         user_agent: &str,
         lookup: LookupFn,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, ClientBuildError> {
         let policy = Arc::new(policy);
         let resolver = Arc::new(GuardedResolver::with_lookup(policy.clone(), lookup));
         let client = reqwest::Client::builder()
@@ -564,7 +576,10 @@ impl GuardedClient {
             .connect_timeout(connect_timeout)
             .user_agent(user_agent)
             .build()
-            .map_err(|e| format!("cannot build the web_fetch HTTP client: {}", chain(&e)))?;
+            .map_err(|e| ClientBuildError {
+                tool: "web_fetch",
+                reason: chain(&e),
+            })?;
         Ok(Self {
             client,
             policy,
@@ -662,14 +677,14 @@ impl GuardedClient {
 /// A `User-Agent` value check for config.
 ///
 /// # Errors
-/// A message when `ua` is empty or not a valid header value.
-pub fn validate_user_agent(ua: &str) -> Result<(), String> {
+/// About `key` (the setting that holds `ua`) when `ua` is empty or not a valid header value.
+pub fn validate_user_agent(key: &str, ua: &str) -> Result<(), SettingError> {
     if ua.trim().is_empty() {
-        return Err("must not be empty".into());
+        return Err(SettingError::new(key, "must not be empty"));
     }
     HeaderValue::from_str(ua)
         .map(|_| ())
-        .map_err(|_| "must be visible ASCII text".into())
+        .map_err(|_| SettingError::new(key, "must be visible ASCII text"))
 }
 
 #[cfg(test)]

@@ -1,0 +1,31 @@
+//! Process tools: `exec_shell` (a `sh -c` command line) and `spawn` (a program with arguments,
+//! at most 5 at once). Both vet the command with the [`CommandGate`] (denylist, allowlist or
+//! human approval: a speed bump), then run it in the workspace directory, in its own process
+//! group, inside the [`sandbox`](super::sandbox) (the boundary), with a scrubbed environment,
+//! stdin closed and stdout/stderr captured up to a cap.
+//!
+//! Every exit path kills the whole process group with SIGKILL: timeout, cancellation, the
+//! call's future being dropped (the registry's own timeout) and normal exit (background jobs do
+//! not outlive the call, and a grandchild holding the pipes open cannot make it hang).
+//! Tools never decide what reaches the model beyond their result: the registry scrubs secrets
+//! and truncates to 64 KiB.
+//!
+//! - [`settings`]: `tools.exec` ([`ExecFile`]) and its validated form ([`ExecSettings`]).
+//! - [`runtime`]: [`ExecRuntime`]: spawning in the sandbox, process groups, timeouts, output
+//!   capture.
+//! - [`tools`]: the `exec_shell` and `spawn` tools over the runtime.
+
+pub mod runtime;
+pub mod settings;
+pub mod tools;
+
+#[cfg(test)]
+mod test_support;
+
+pub use runtime::{ExecDeps, ExecRuntime};
+pub use settings::{
+    ExecFile, ExecSettings, DEFAULT_APPROVAL_TIMEOUT_SECS, DEFAULT_MAX_CONCURRENT_SPAWNS,
+    DEFAULT_MAX_OUTPUT_BYTES, DEFAULT_MAX_TIMEOUT_SECS, DEFAULT_SPAWN_TIMEOUT_SECS,
+    DEFAULT_TIMEOUT_SECS,
+};
+pub use tools::{ExecShell, ExecShellArgs, Spawn, SpawnArgs};

@@ -1,0 +1,340 @@
+//! The process runtime shared by `exec_shell` and `spawn` ([`ExecRuntime`]): the command gate,
+//! spawning in the workspace inside the sandbox with a scrubbed environment, the process group
+//! killed on every way out (exit, timeout, cancellation, drop), output captured up to a cap.
+
+use std::ffi::{OsStr, OsString};
+use std::os::fd::AsRawFd;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::sync::Semaphore;
+
+use super::ExecSettings;
+use crate::tools::sandbox::{self, PrivateTmp, SandboxPlan, SandboxStatus};
+use crate::tools::shell_policy::{Approver, CommandGate, ShellPolicy};
+use crate::tools::{ToolContext, ToolError};
+
+/// After the command exits and its group is killed, how long to wait for the pipes to reach
+/// EOF (a process that left the group may still hold them) before returning what was read.
+const DRAIN_GRACE: Duration = Duration::from_millis(500);
+/// Read buffer for stdout/stderr.
+const READ_CHUNK: usize = 16 * 1024;
+
+/// What the daemon hands the process tools besides their settings.
+#[derive(Clone)]
+pub struct ExecDeps {
+    /// Paths commands must never read or write even beneath an allowed tree: the config file,
+    /// the credentials directory, the store directory.
+    pub protected_paths: Vec<PathBuf>,
+    /// The daemon's secret values: an environment variable whose value contains one is never
+    /// passed to commands.
+    pub secrets: Vec<String>,
+    /// The daemon's environment, from which the commands' environment is filtered.
+    pub env: Vec<(OsString, OsString)>,
+    /// Who approves commands in `ask` mode (none: such commands are denied).
+    pub approver: Option<Arc<dyn Approver>>,
+    /// Where the private temp dir is created (usually `std::env::temp_dir()`).
+    pub tmp_base: PathBuf,
+}
+
+/// State shared by `exec_shell` and `spawn` (one per daemon): settings, the command gate, the
+/// sandbox plan and status, the private temp dir, the scrubbed environment and the spawn slots.
+pub struct ExecRuntime {
+    pub(super) settings: ExecSettings,
+    pub(super) gate: CommandGate,
+    pub(super) plan: SandboxPlan,
+    pub(super) status: SandboxStatus,
+    pub(super) tmp: PrivateTmp,
+    /// Scrubbed once; `HOME` is added per call (it is the caller's workspace).
+    pub(super) env: Vec<(OsString, OsString)>,
+    /// Shared by every `spawn` call of every session (seed 000: max 5 concurrent).
+    pub(super) spawn_slots: Arc<Semaphore>,
+}
+
+impl ExecRuntime {
+    /// Create the runtime: probes Landlock (once per process) and creates the private temp dir.
+    ///
+    /// # Errors
+    /// The private temp dir cannot be created beneath `deps.tmp_base`.
+    pub fn new(settings: ExecSettings, deps: ExecDeps) -> std::io::Result<Self> {
+        let tmp = PrivateTmp::create_in(&deps.tmp_base)?;
+        let kernel = sandbox::probe();
+        let status = SandboxStatus {
+            landlock_abi: kernel.landlock_abi,
+            fs_enforced: settings.sandbox && kernel.fs_enforced,
+            net_enforced: settings.sandbox && !settings.network && kernel.net_enforced,
+            scoped: settings.sandbox && kernel.scoped,
+        };
+        let env = sandbox::scrub_env(
+            &deps.env,
+            &settings.env_passthrough,
+            &deps.secrets,
+            tmp.path(),
+        );
+        let policy = ShellPolicy::new(
+            settings.mode,
+            &settings.deny_patterns,
+            &settings.allow_commands,
+        );
+        Ok(Self {
+            gate: CommandGate::new(policy, deps.approver, settings.approval_timeout),
+            plan: SandboxPlan {
+                read_paths: settings.read_paths.clone(),
+                write_paths: settings.write_paths.clone(),
+                protected: deps.protected_paths,
+                network: settings.network,
+            },
+            status,
+            tmp,
+            env,
+            spawn_slots: Arc::new(Semaphore::new(settings.max_concurrent_spawns)),
+            settings,
+        })
+    }
+
+    /// The longest a call may take: the largest timeout plus an approval wait and cleanup.
+    pub fn time_budget(&self) -> Duration {
+        self.settings.max_timeout + self.settings.approval_timeout + Duration::from_secs(10)
+    }
+
+    /// What is enforced for commands (log it at start; show it in `weft status`).
+    pub fn sandbox_status(&self) -> SandboxStatus {
+        self.status
+    }
+
+    /// The settings.
+    pub fn settings(&self) -> &ExecSettings {
+        &self.settings
+    }
+
+    /// The private temp dir given to commands as `TMPDIR`.
+    pub fn tmp_dir(&self) -> &Path {
+        self.tmp.path()
+    }
+
+    pub(super) fn timeout(
+        &self,
+        requested: Option<f64>,
+        default: Duration,
+    ) -> Result<Duration, ToolError> {
+        match requested {
+            None => Ok(default.min(self.settings.max_timeout)),
+            Some(t) if t.is_finite() && t > 0.0 => {
+                let max = self.settings.max_timeout;
+                Ok(if t >= max.as_secs_f64() {
+                    max
+                } else {
+                    Duration::from_secs_f64(t)
+                })
+            }
+            Some(t) => Err(ToolError::InvalidArgs(format!(
+                "timeout must be a positive number of seconds (at most {}), got {t}",
+                self.settings.max_timeout.as_secs()
+            ))),
+        }
+    }
+
+    /// Run `program args` under the sandbox until it exits, `timeout` passes or the call is
+    /// cancelled. The process group is killed on every path out of this function.
+    pub(super) async fn run(
+        &self,
+        ctx: &ToolContext,
+        program: &OsStr,
+        args: &[OsString],
+        timeout: Duration,
+    ) -> Result<Finished, ToolError> {
+        if self.settings.require_sandbox && !self.status.fs_enforced {
+            return Err(ToolError::PermissionDenied(format!(
+                "commands are disabled: the exec sandbox is required but not enforced ({}); the operator must enable Landlock or set require_sandbox = false",
+                self.status.summary()
+            )));
+        }
+        let ws = ctx.workspace.root().to_path_buf();
+        let ruleset = if self.status.fs_enforced {
+            let (plan, tmp, ws) = (self.plan.clone(), self.tmp.path().to_path_buf(), ws.clone());
+            tokio::task::spawn_blocking(move || plan.build_ruleset(&ws, &tmp))
+                .await
+                .map_err(|e| ToolError::ExecutionFailed(format!("sandbox setup task failed: {e}")))?
+                .map_err(|e| {
+                    ToolError::ExecutionFailed(format!("could not prepare the sandbox: {e}"))
+                })?
+        } else {
+            None
+        };
+        let mut cmd = tokio::process::Command::new(program);
+        cmd.args(args)
+            .current_dir(&ws)
+            .env_clear()
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .env("HOME", &ws)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .kill_on_drop(true);
+        if self.settings.sandbox {
+            sandbox::confine(&mut cmd, ruleset.as_ref().map(AsRawFd::as_raw_fd), true);
+        }
+        let started = Instant::now();
+        let spawned = cmd.spawn();
+        drop(ruleset);
+        let mut child = spawned.map_err(|e| spawn_error(program, &e))?;
+        let group = child
+            .id()
+            .and_then(|id| i32::try_from(id).ok())
+            .and_then(rustix::process::Pid::from_raw)
+            .map(GroupKiller);
+        let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
+        let cap = self.settings.max_output_bytes;
+        let (mut out, mut err) = (Capture::new(cap), Capture::new(cap));
+        let status = {
+            let reading = async { tokio::join!(out.fill(stdout), err.fill(stderr)) };
+            tokio::pin!(reading);
+            let deadline = tokio::time::sleep(timeout);
+            tokio::pin!(deadline);
+            let mut read_all = false;
+            let ended = loop {
+                tokio::select! {
+                    s = child.wait() => break s.map_err(|e| ToolError::ExecutionFailed(format!("waiting for the command failed: {e}"))),
+                    _ = &mut reading, if !read_all => read_all = true,
+                    () = &mut deadline => break Err(ToolError::Timeout(timeout.as_secs_f64().ceil() as u64)),
+                    () = ctx.cancel.cancelled() => break Err(ToolError::Cancelled),
+                }
+            };
+            // Exited or not: nothing of this command outlives the call.
+            drop(group);
+            if ended.is_err() {
+                // The group kill covers the child too; this is in case it was not delivered.
+                let _ = child.start_kill();
+                let _ = child.wait().await;
+            } else if !read_all {
+                let _ = tokio::time::timeout(DRAIN_GRACE, &mut reading).await;
+            }
+            ended?
+        };
+        Ok(Finished {
+            code: status.code(),
+            signal: status.signal(),
+            stdout: out,
+            stderr: err,
+            duration: started.elapsed(),
+        })
+    }
+}
+
+fn spawn_error(program: &OsStr, e: &std::io::Error) -> ToolError {
+    let p = program.to_string_lossy();
+    match e.kind() {
+        std::io::ErrorKind::NotFound => ToolError::ExecutionFailed(format!(
+            "`{p}`: program not found (nor the workspace directory); check the name, or use an absolute path"
+        )),
+        _ if e.raw_os_error() == Some(libc::E2BIG) => ToolError::ExecutionFailed(format!(
+            "`{p}`: the command line is too long for the OS (at most 128 KiB per argument); write the script to a file in the workspace and run that file instead"
+        )),
+        std::io::ErrorKind::PermissionDenied => ToolError::PermissionDenied(format!(
+            "`{p}` may not be executed here: only programs under the system directories, the workspace and configured read_paths can run"
+        )),
+        _ => ToolError::ExecutionFailed(format!("could not start `{p}`: {e}")),
+    }
+}
+
+/// Kills a process group with SIGKILL when dropped.
+struct GroupKiller(rustix::process::Pid);
+
+impl Drop for GroupKiller {
+    fn drop(&mut self) {
+        // ESRCH (the group is already gone) is the normal case.
+        let _ = rustix::process::kill_process_group(self.0, rustix::process::Signal::KILL);
+    }
+}
+
+/// Bytes read from one pipe, capped.
+struct Capture {
+    buf: Vec<u8>,
+    cap: usize,
+    truncated: bool,
+}
+
+impl Capture {
+    fn new(cap: usize) -> Self {
+        Self {
+            buf: Vec::new(),
+            cap,
+            truncated: false,
+        }
+    }
+
+    /// Read until EOF or an error, keeping the first `cap` bytes and discarding the rest.
+    async fn fill(&mut self, pipe: Option<impl AsyncRead + Unpin>) {
+        let Some(mut pipe) = pipe else { return };
+        let mut chunk = vec![0u8; READ_CHUNK];
+        loop {
+            match pipe.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => {
+                    let room = self.cap.saturating_sub(self.buf.len());
+                    if n > room {
+                        self.truncated = true;
+                    }
+                    self.buf.extend_from_slice(&chunk[..n.min(room)]);
+                }
+            }
+        }
+    }
+
+    /// The text (invalid UTF-8 replaced; a character cut by the cap dropped).
+    fn text(&self) -> String {
+        let mut bytes = self.buf.as_slice();
+        if self.truncated {
+            if let Err(e) = std::str::from_utf8(bytes) {
+                if e.error_len().is_none() {
+                    bytes = &bytes[..e.valid_up_to()];
+                }
+            }
+        }
+        String::from_utf8_lossy(bytes).into_owned()
+    }
+}
+
+/// A command that ran to its end.
+pub(super) struct Finished {
+    code: Option<i32>,
+    signal: Option<i32>,
+    stdout: Capture,
+    stderr: Capture,
+    duration: Duration,
+}
+
+impl Finished {
+    /// `{exit_code, stdout, stderr, duration_ms}` plus `signal`, `stdout_truncated`,
+    /// `stderr_truncated` when they apply.
+    pub(super) fn to_json(&self) -> serde_json::Map<String, Value> {
+        let mut m = serde_json::Map::new();
+        m.insert("exit_code".into(), json!(self.code.unwrap_or(-1)));
+        m.insert("stdout".into(), json!(self.stdout.text()));
+        m.insert("stderr".into(), json!(self.stderr.text()));
+        m.insert(
+            "duration_ms".into(),
+            json!(u64::try_from(self.duration.as_millis()).unwrap_or(u64::MAX)),
+        );
+        if let Some(sig) = self.signal {
+            m.insert("signal".into(), json!(sig));
+        }
+        if self.stdout.truncated {
+            m.insert("stdout_truncated".into(), json!(true));
+        }
+        if self.stderr.truncated {
+            m.insert("stderr_truncated".into(), json!(true));
+        }
+        m
+    }
+}
+
+#[cfg(test)]
+#[path = "runtime_tests.rs"]
+mod tests;

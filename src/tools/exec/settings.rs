@@ -1,0 +1,296 @@
+//! `tools.exec`: the raw section ([`ExecFile`]) and its validated form ([`ExecSettings`]).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::tools::sandbox;
+use crate::tools::shell_policy::{ExecMode, DEFAULT_DENY_PATTERNS};
+use crate::types::SettingError;
+
+/// Default `exec_shell` timeout (seed 000: 30 s).
+pub const DEFAULT_TIMEOUT_SECS: u64 = 30;
+/// Default `spawn` timeout (seed 000: 60 s).
+pub const DEFAULT_SPAWN_TIMEOUT_SECS: u64 = 60;
+/// Largest timeout a call may request (seed 000: 300 s); larger requests are clamped.
+pub const DEFAULT_MAX_TIMEOUT_SECS: u64 = 300;
+/// Bytes of stdout and of stderr kept per command (1 MiB each); the rest is read and dropped.
+pub const DEFAULT_MAX_OUTPUT_BYTES: usize = 1024 * 1024;
+/// How long `ask` mode waits for a human (goclaw: 2 minutes); no answer means deny.
+pub const DEFAULT_APPROVAL_TIMEOUT_SECS: u64 = 120;
+/// `spawn` processes running at once across all sessions (seed 000: 5).
+pub const DEFAULT_MAX_CONCURRENT_SPAWNS: usize = 5;
+/// Upper bound for any configured timeout (1 day): catches unit mistakes.
+const MAX_CONFIG_SECS: u64 = 86_400;
+/// Upper bound for `max_output_bytes` (64 MiB): output is held in memory.
+const MAX_CONFIG_OUTPUT_BYTES: u64 = 64 * 1024 * 1024;
+
+/// The `[tools.exec]` config section (raw). Every field is optional; see
+/// [`ExecFile::resolve`] for defaults and validation.
+#[derive(Debug, Default, Clone, Deserialize, Serialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExecFile {
+    /// How command lines are vetted before running: "denylist" (refuse matches of
+    /// `deny_patterns`), "allowlist" (every program must be in `allow_commands`) or "ask" (a
+    /// human approves commands not in `allow_commands`). The denylist applies in every mode.
+    /// This is a speed bump; the sandbox is the boundary. (default: "denylist")
+    pub mode: Option<String>,
+    /// Deny patterns replacing the built-in list. `*` matches any text; matched
+    /// case-insensitively on the normalised command (quotes, backslashes and `$IFS` removed) at
+    /// word boundaries. (default: the built-in list: rm -rf /, sudo, mkfs, dd if=, curl * | sh, ...)
+    pub deny_patterns: Option<Vec<String>>,
+    /// Deny patterns added to the list in use. (default: none)
+    pub extra_deny_patterns: Option<Vec<String>>,
+    /// Program names (or exact paths) allowed in "allowlist" mode and run without asking in
+    /// "ask" mode. Allowing a shell or an interpreter (sh, python3) allows anything. (default: none)
+    pub allow_commands: Option<Vec<String>>,
+    /// Default `exec_shell` timeout in seconds. (default: 30)
+    pub timeout_secs: Option<u64>,
+    /// Default `spawn` timeout in seconds. (default: 60)
+    pub spawn_timeout_secs: Option<u64>,
+    /// Largest timeout a call may request, in seconds; larger requests are clamped. (default: 300)
+    pub max_timeout_secs: Option<u64>,
+    /// Whether commands may open TCP connections and listen. false denies TCP connect/bind
+    /// (needs Linux >= 6.7; UDP is not restricted). (default: true)
+    pub network: Option<bool>,
+    /// Whether commands run in the Landlock sandbox (writes only in the workspace and a private
+    /// temp dir, reads only in system paths). Turning it off removes the security boundary.
+    /// (default: true)
+    pub sandbox: Option<bool>,
+    /// Refuse to run commands when the kernel cannot enforce the filesystem sandbox (instead of
+    /// running them unconfined with a warning). (default: false)
+    pub require_sandbox: Option<bool>,
+    /// Extra absolute paths commands may read and execute (e.g. a toolchain in /home/u/.cargo).
+    /// (default: none)
+    pub read_paths: Option<Vec<PathBuf>>,
+    /// Extra absolute paths commands may write (and read). (default: none)
+    pub write_paths: Option<Vec<PathBuf>>,
+    /// Extra environment variable names passed to commands, besides PATH, LANG, LC_*, TZ, TERM,
+    /// USER, LOGNAME. Names containing KEY, TOKEN, SECRET, PASSWORD, PASSWD or CREDENTIAL are
+    /// refused. (default: none)
+    pub env_passthrough: Option<Vec<String>>,
+    /// Seconds to wait for a human's approval in "ask" mode; no answer means deny. (default: 120)
+    pub approval_timeout_secs: Option<u64>,
+    /// Bytes of stdout and of stderr kept per command; the rest is discarded and flagged.
+    /// (default: 1048576)
+    pub max_output_bytes: Option<u64>,
+    /// `spawn` processes that may run at once across all sessions. (default: 5)
+    pub max_concurrent_spawns: Option<u64>,
+}
+
+/// Resolved, validated settings of the process tools.
+#[derive(Clone, Debug)]
+pub struct ExecSettings {
+    /// How commands are vetted.
+    pub mode: ExecMode,
+    /// Deny patterns in use (built-in or configured, plus extras).
+    pub deny_patterns: Vec<String>,
+    /// Allowed program names.
+    pub allow_commands: Vec<String>,
+    /// Default `exec_shell` timeout.
+    pub timeout: Duration,
+    /// Default `spawn` timeout.
+    pub spawn_timeout: Duration,
+    /// Largest timeout a call may request.
+    pub max_timeout: Duration,
+    /// TCP allowed.
+    pub network: bool,
+    /// Landlock sandbox on.
+    pub sandbox: bool,
+    /// Refuse to run commands without an enforced filesystem sandbox.
+    pub require_sandbox: bool,
+    /// Extra read+exec trees.
+    pub read_paths: Vec<PathBuf>,
+    /// Extra writable trees.
+    pub write_paths: Vec<PathBuf>,
+    /// Extra environment names passed on.
+    pub env_passthrough: Vec<String>,
+    /// `ask` mode wait.
+    pub approval_timeout: Duration,
+    /// Cap per stream.
+    pub max_output_bytes: usize,
+    /// `spawn` concurrency.
+    pub max_concurrent_spawns: usize,
+}
+
+impl Default for ExecSettings {
+    fn default() -> Self {
+        Self {
+            mode: ExecMode::Denylist,
+            deny_patterns: DEFAULT_DENY_PATTERNS
+                .iter()
+                .map(|s| (*s).to_string())
+                .collect(),
+            allow_commands: Vec::new(),
+            timeout: Duration::from_secs(DEFAULT_TIMEOUT_SECS),
+            spawn_timeout: Duration::from_secs(DEFAULT_SPAWN_TIMEOUT_SECS),
+            max_timeout: Duration::from_secs(DEFAULT_MAX_TIMEOUT_SECS),
+            network: true,
+            sandbox: true,
+            require_sandbox: false,
+            read_paths: Vec::new(),
+            write_paths: Vec::new(),
+            env_passthrough: Vec::new(),
+            approval_timeout: Duration::from_secs(DEFAULT_APPROVAL_TIMEOUT_SECS),
+            max_output_bytes: DEFAULT_MAX_OUTPUT_BYTES,
+            max_concurrent_spawns: DEFAULT_MAX_CONCURRENT_SPAWNS,
+        }
+    }
+}
+
+fn secs(key: &str, v: Option<u64>, default: u64) -> Result<Duration, SettingError> {
+    match v {
+        None => Ok(Duration::from_secs(default)),
+        Some(s) if (1..=MAX_CONFIG_SECS).contains(&s) => Ok(Duration::from_secs(s)),
+        Some(s) => Err(invalid(format!(
+            "`{key}`: expected a number of seconds from 1 to {MAX_CONFIG_SECS}, got {s}"
+        ))),
+    }
+}
+
+fn paths(key: &str, v: Option<&Vec<PathBuf>>) -> Result<Vec<PathBuf>, SettingError> {
+    let v = v.cloned().unwrap_or_default();
+    if let Some(bad) = v.iter().find(|p| !sandbox::is_clean_absolute(p)) {
+        return Err(invalid(format!(
+            "`{key}`: expected absolute paths without `..`, got {}",
+            bad.display()
+        )));
+    }
+    Ok(v)
+}
+
+/// An invalid `tools.exec` value. The key is the section and the detail starts with the field
+/// in backquotes: the text users have always seen (`tools.exec`: `mode`: expected ...).
+fn invalid(detail: impl Into<String>) -> SettingError {
+    SettingError::new("tools.exec", detail)
+}
+
+impl ExecFile {
+    /// Validate and fill in defaults.
+    ///
+    /// # Errors
+    /// A message naming the offending key and what is expected.
+    pub fn resolve(&self) -> Result<ExecSettings, SettingError> {
+        let d = ExecSettings::default();
+        let mode = match self.mode.as_deref() {
+            None => d.mode,
+            Some(m) => ExecMode::parse(m).ok_or_else(|| {
+                invalid(format!(
+                    "`mode`: expected \"denylist\", \"allowlist\" or \"ask\", got {m:?}"
+                ))
+            })?,
+        };
+        let mut deny_patterns = self.deny_patterns.clone().unwrap_or(d.deny_patterns);
+        deny_patterns.extend(self.extra_deny_patterns.iter().flatten().cloned());
+        if let Some(bad) = deny_patterns.iter().find(|p| {
+            p.split('*')
+                .all(|piece| crate::tools::shell_policy::normalise(piece).is_empty())
+        }) {
+            return Err(invalid(format!(
+                "`deny_patterns`/`extra_deny_patterns`: pattern {bad:?} matches everything or nothing; write the text to refuse, with `*` for any text in between"
+            )));
+        }
+        let allow_commands = self.allow_commands.clone().unwrap_or_default();
+        if let Some(bad) = allow_commands
+            .iter()
+            .find(|c| c.trim().is_empty() || c.chars().any(char::is_whitespace))
+        {
+            return Err(invalid(format!(
+                "`allow_commands`: expected program names such as \"ls\" or \"/usr/bin/git\", got {bad:?}"
+            )));
+        }
+        if mode == ExecMode::Allowlist && allow_commands.is_empty() {
+            return Err(invalid(
+                "`allow_commands`: mode \"allowlist\" needs at least one allowed program name",
+            ));
+        }
+        let max_timeout = secs(
+            "max_timeout_secs",
+            self.max_timeout_secs,
+            DEFAULT_MAX_TIMEOUT_SECS,
+        )?;
+        let timeout = secs("timeout_secs", self.timeout_secs, DEFAULT_TIMEOUT_SECS)?;
+        let spawn_timeout = secs(
+            "spawn_timeout_secs",
+            self.spawn_timeout_secs,
+            DEFAULT_SPAWN_TIMEOUT_SECS,
+        )?;
+        for (key, t) in [
+            ("timeout_secs", timeout),
+            ("spawn_timeout_secs", spawn_timeout),
+        ] {
+            if t > max_timeout {
+                return Err(invalid(format!(
+                    "`{key}`: expected at most `max_timeout_secs` ({}), got {}",
+                    max_timeout.as_secs(),
+                    t.as_secs()
+                )));
+            }
+        }
+        let approval_timeout = secs(
+            "approval_timeout_secs",
+            self.approval_timeout_secs,
+            DEFAULT_APPROVAL_TIMEOUT_SECS,
+        )?;
+        let max_output_bytes = match self.max_output_bytes {
+            None => d.max_output_bytes,
+            Some(n) if (1..=MAX_CONFIG_OUTPUT_BYTES).contains(&n) => {
+                usize::try_from(n).map_err(|_| invalid("`max_output_bytes`: too large"))?
+            }
+            Some(n) => {
+                return Err(invalid(format!(
+                    "`max_output_bytes`: expected 1 to {MAX_CONFIG_OUTPUT_BYTES}, got {n}"
+                )))
+            }
+        };
+        let max_concurrent_spawns = match self.max_concurrent_spawns {
+            None => d.max_concurrent_spawns,
+            Some(n @ 1..=64) => usize::try_from(n).unwrap_or(DEFAULT_MAX_CONCURRENT_SPAWNS),
+            Some(n) => {
+                return Err(invalid(format!(
+                    "`max_concurrent_spawns`: expected 1 to 64, got {n}"
+                )))
+            }
+        };
+        let env_passthrough = self.env_passthrough.clone().unwrap_or_default();
+        for name in &env_passthrough {
+            if name.is_empty() || name.contains(['=', '\0']) {
+                return Err(invalid(format!(
+                    "`env_passthrough`: expected environment variable names, got {name:?}"
+                )));
+            }
+            if sandbox::is_secret_name(name) {
+                return Err(invalid(format!(
+                    "`env_passthrough`: {name:?} looks like a secret (contains KEY, TOKEN, SECRET, PASSWORD, PASSWD or CREDENTIAL) and is never passed to commands; remove it"
+                )));
+            }
+            if name.starts_with("LD_") || matches!(name.as_str(), "HOME" | "TMPDIR") {
+                return Err(invalid(format!(
+                    "`env_passthrough`: {name:?} cannot be passed (HOME and TMPDIR are set by the sandbox, LD_* would change how programs load)"
+                )));
+            }
+        }
+        Ok(ExecSettings {
+            mode,
+            deny_patterns,
+            allow_commands,
+            timeout,
+            spawn_timeout,
+            max_timeout,
+            network: self.network.unwrap_or(d.network),
+            sandbox: self.sandbox.unwrap_or(d.sandbox),
+            require_sandbox: self.require_sandbox.unwrap_or(d.require_sandbox),
+            read_paths: paths("read_paths", self.read_paths.as_ref())?,
+            write_paths: paths("write_paths", self.write_paths.as_ref())?,
+            env_passthrough,
+            approval_timeout,
+            max_output_bytes,
+            max_concurrent_spawns,
+        })
+    }
+}
+
+#[cfg(test)]
+#[path = "settings_tests.rs"]
+mod tests;
