@@ -122,7 +122,7 @@ pub enum ProviderSource {
 }
 
 /// One resolved LLM provider.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct ProviderConfig {
     /// Name (`openai`, `anthropic`, …).
     pub name: String,
@@ -143,7 +143,7 @@ pub struct ProviderConfig {
 }
 
 /// Agent behaviour.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct AgentConfig {
     /// Root of the file tools.
     pub workspace: PathBuf,
@@ -162,7 +162,7 @@ pub struct AgentConfig {
 }
 
 /// The local HTTP API channel.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct HttpChannelConfig {
     /// Serve it.
     pub enabled: bool,
@@ -175,7 +175,7 @@ pub struct HttpChannelConfig {
 }
 
 /// The store.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct StoreConfig {
     /// Directory of the sled database.
     pub path: PathBuf,
@@ -184,7 +184,7 @@ pub struct StoreConfig {
 }
 
 /// Session limits.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct SessionLimits {
     /// Idle time after which a session leaves memory.
     pub idle: Duration,
@@ -250,7 +250,7 @@ impl Platform {
 }
 
 /// A validated `channels.<platform>` section.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct ChatChannelConfig {
     /// Which platform.
     pub platform: Platform,
@@ -740,14 +740,7 @@ fn resolve_tools(
         }
     }
     let exec = t.exec.resolve()?;
-    // The subagent settings still report plain text (about a field of the section).
-    let subagents = t
-        .subagents
-        .resolve()
-        .map_err(|detail| ConfigError::Invalid {
-            key: "tools.subagents".into(),
-            detail,
-        })?;
+    let subagents = t.subagents.resolve()?;
     Ok(ToolsConfig {
         subagents,
         policy,

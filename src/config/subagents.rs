@@ -4,6 +4,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::types::SettingError;
+
 /// The resolved limits.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SubagentSettings {
@@ -75,11 +77,23 @@ pub struct SubagentsFile {
     pub deny: Option<Vec<String>>,
 }
 
-fn ranged(key: &str, v: Option<u64>, default: u64, min: u64, max: u64) -> Result<u64, String> {
+/// Errors of this section are about `tools.subagents`; the detail names the field.
+const KEY: &str = "tools.subagents";
+
+fn ranged(
+    key: &str,
+    v: Option<u64>,
+    default: u64,
+    min: u64,
+    max: u64,
+) -> Result<u64, SettingError> {
     match v {
         None => Ok(default),
         Some(n) if (min..=max).contains(&n) => Ok(n),
-        Some(n) => Err(format!("{key} = {n}: expected {min} to {max}")),
+        Some(n) => Err(SettingError::new(
+            KEY,
+            format!("{key} = {n}: expected {min} to {max}"),
+        )),
     }
 }
 
@@ -88,13 +102,16 @@ impl SubagentsFile {
     ///
     /// # Errors
     /// The key and the accepted range.
-    pub fn resolve(&self) -> Result<SubagentSettings, String> {
+    pub fn resolve(&self) -> Result<SubagentSettings, SettingError> {
         let d = SubagentSettings::default();
         let deny = self
             .deny
             .iter()
             .flatten()
-            .map(|p| crate::tools::policy::Pattern::parse(p).map_err(|e| format!("deny: {e}")))
+            .map(|p| {
+                crate::tools::policy::Pattern::parse(p)
+                    .map_err(|e| SettingError::new(KEY, format!("deny: {e}")))
+            })
             .collect::<Result<Vec<_>, _>>()?;
         Ok(SubagentSettings {
             max_concurrent: usize::try_from(ranged(
@@ -196,13 +213,17 @@ mod tests {
         };
         assert_eq!(
             f.resolve().unwrap_err(),
-            "max_concurrent = 0: expected 1 to 256"
+            SettingError::new("tools.subagents", "max_concurrent = 0: expected 1 to 256")
         );
         let f = SubagentsFile {
             max_spawn_depth: Some(9),
             ..SubagentsFile::default()
         };
-        assert!(f.resolve().unwrap_err().contains("max_spawn_depth = 9"));
+        assert!(f
+            .resolve()
+            .unwrap_err()
+            .detail
+            .contains("max_spawn_depth = 9"));
         let f = SubagentsFile {
             deny: Some(vec!["group:nope".into()]),
             ..SubagentsFile::default()
@@ -210,6 +231,7 @@ mod tests {
         assert!(f
             .resolve()
             .unwrap_err()
+            .detail
             .starts_with("deny: unknown tool group"));
     }
 }

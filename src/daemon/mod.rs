@@ -331,17 +331,15 @@ impl Daemon {
         let old = self.config.clone();
         let old = &old;
         let mut changes = Vec::new();
-        let differs =
-            |a: &dyn std::fmt::Debug, b: &dyn std::fmt::Debug| format!("{a:?}") != format!("{b:?}");
-        let mcp_changed = differs(&old.tools.mcp_servers, &new.tools.mcp_servers);
+        let mcp_changed = old.tools.mcp_servers != new.tools.mcp_servers;
         let tools_changed = mcp_changed
-            || differs(&old.tools.policy, &new.tools.policy)
+            || old.tools.policy != new.tools.policy
             || old.tools.rate_limit != new.tools.rate_limit
             || old.tools.message_allow != new.tools.message_allow
-            || differs(&old.tools.exec, &new.tools.exec)
-            || differs(&old.tools.files, &new.tools.files)
-            || differs(&old.tools.web_fetch, &new.tools.web_fetch)
-            || differs(&old.tools.web_search, &new.tools.web_search)
+            || old.tools.exec != new.tools.exec
+            || old.tools.files != new.tools.files
+            || old.tools.web_fetch != new.tools.web_fetch
+            || old.tools.web_search != new.tools.web_search
             || old.tools.subagents != new.tools.subagents
             || old.secrets != new.secrets;
         if mcp_changed {
@@ -383,11 +381,11 @@ impl Daemon {
         let channel_changes = self.reload_channels(&new).await;
         changes.extend(channel_changes);
         for (what, changed) in [
-            ("providers", differs(&old.providers, &new.providers)),
-            ("channels.http", differs(&old.http, &new.http)),
-            ("store", differs(&old.store, &new.store)),
-            ("agents", differs(&old.agent, &new.agent)),
-            ("sessions", differs(&old.sessions, &new.sessions)),
+            ("providers", old.providers != new.providers),
+            ("channels.http", old.http != new.http),
+            ("store", old.store != new.store),
+            ("agents", old.agent != new.agent),
+            ("sessions", old.sessions != new.sessions),
         ] {
             if changed {
                 changes.push(format!("{what} changed: takes effect at the next restart"));
@@ -409,23 +407,17 @@ impl Daemon {
     /// ones (with their new access rules), and resend their undelivered replies.
     async fn reload_channels(&mut self, new: &Config) -> Vec<String> {
         use crate::config::ChatChannelConfig;
-        fn fingerprint(c: &ChatChannelConfig) -> String {
-            format!(
-                "{c:?}{}{}",
-                c.token.expose(),
-                c.app_token.as_ref().map_or("", |t| t.expose())
-            )
-        }
-        let old: std::collections::HashMap<&str, String> = self
+        // Compared by value (tokens included: `Secret` compares its value).
+        let old: std::collections::HashMap<&str, &ChatChannelConfig> = self
             .config
             .chat_channels
             .iter()
-            .map(|c| (c.platform.name(), fingerprint(c)))
+            .map(|c| (c.platform.name(), c))
             .collect();
-        let fresh: std::collections::HashMap<&str, String> = new
+        let fresh: std::collections::HashMap<&str, &ChatChannelConfig> = new
             .chat_channels
             .iter()
-            .map(|c| (c.platform.name(), fingerprint(c)))
+            .map(|c| (c.platform.name(), c))
             .collect();
         let mut changes = Vec::new();
         let stale: Vec<String> = old

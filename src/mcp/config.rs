@@ -161,7 +161,7 @@ impl std::fmt::Debug for McpTransport {
 }
 
 /// A validated `tools.mcp_servers.NAME`.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct McpServerSettings {
     /// Server name, the prefix of its tools (`NAME__tool`).
     pub name: String,

@@ -537,7 +537,11 @@ async fn missing_command_fails_clearly_and_others_are_unaffected() {
     wait_state(&m, "ok", McpState::Connected).await;
     assert!(m.tools().iter().all(|t| t.tool.name().starts_with("ok__")));
     assert!(m.restart("ghost").is_ok());
-    assert!(m.restart("nope").unwrap_err().contains("ghost, ok"));
+    assert!(m
+        .restart("nope")
+        .unwrap_err()
+        .configured
+        .contains("ghost, ok"));
     // A restarted failure fails again, cleanly.
     wait_state(&m, "ghost", McpState::Failed).await;
     m.shutdown().await;

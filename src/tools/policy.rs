@@ -94,15 +94,31 @@ pub enum Pattern {
     Name(String),
 }
 
+/// A tool pattern that does not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PatternError {
+    /// Nothing but whitespace.
+    #[error("empty tool pattern")]
+    Empty,
+    /// `group:NAME` with a group that does not exist.
+    #[error("unknown tool group `{pattern}`: expected one of {expected}")]
+    UnknownGroup {
+        /// The pattern as written.
+        pattern: String,
+        /// The groups that exist.
+        expected: String,
+    },
+}
+
 impl Pattern {
     /// Parse one pattern.
     ///
     /// # Errors
     /// An unknown group or an empty pattern, with what is expected.
-    pub fn parse(s: &str) -> Result<Self, String> {
+    pub fn parse(s: &str) -> Result<Self, PatternError> {
         let s = s.trim();
         if s.is_empty() {
-            return Err("empty tool pattern".into());
+            return Err(PatternError::Empty);
         }
         if let Some(g) = s.strip_prefix("group:") {
             let known = g == "mcp"
@@ -110,10 +126,13 @@ impl Pattern {
                 || GROUPS.iter().any(|(name, _)| *name == g);
             if !known {
                 let names: Vec<&str> = GROUPS.iter().map(|(n, _)| *n).collect();
-                return Err(format!(
-                    "unknown tool group `{s}`: expected one of group:{}, group:mcp, group:mcp:SERVER",
-                    names.join(", group:")
-                ));
+                return Err(PatternError::UnknownGroup {
+                    pattern: s.to_string(),
+                    expected: format!(
+                        "group:{}, group:mcp, group:mcp:SERVER",
+                        names.join(", group:")
+                    ),
+                });
             }
             return Ok(Pattern::Group(g.to_string()));
         }
@@ -211,7 +230,7 @@ pub struct PolicyLayer {
 fn parse_list(key: &str, list: Option<&Vec<String>>) -> Result<Option<Vec<Pattern>>, SettingError> {
     list.map(|l| {
         l.iter()
-            .map(|s| Pattern::parse(s).map_err(|e| SettingError::new(key, e)))
+            .map(|s| Pattern::parse(s).map_err(|e| SettingError::new(key, e.to_string())))
             .collect()
     })
     .transpose()

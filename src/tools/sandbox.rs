@@ -210,7 +210,11 @@ impl SandboxPlan {
     ///
     /// # Errors
     /// A Landlock call failed.
-    pub fn build_ruleset(&self, workspace: &Path, tmp: &Path) -> Result<Option<OwnedFd>, String> {
+    pub fn build_ruleset(
+        &self,
+        workspace: &Path,
+        tmp: &Path,
+    ) -> Result<Option<OwnedFd>, SandboxError> {
         let protected: Vec<PathBuf> = SYSTEM_PROTECTED
             .iter()
             .map(PathBuf::from)
@@ -265,9 +269,14 @@ impl SandboxPlan {
                 .add_rules(path_beneath_rules(&write, AccessFs::from_all(abi)))?;
             Ok(created.into())
         };
-        build().map_err(|e| format!("landlock: {e}"))
+        build().map_err(SandboxError)
     }
 }
+
+/// The Landlock ruleset could not be built.
+#[derive(Debug, thiserror::Error)]
+#[error("landlock: {0}")]
+pub struct SandboxError(#[from] pub landlock::RulesetError);
 
 /// Push onto `out` the paths that together allow `root` minus every protected path: `root`
 /// itself when nothing protected lies beneath it, otherwise (recursively) its entries. Symbolic

@@ -211,6 +211,16 @@ impl fmt::Debug for McpManager {
     }
 }
 
+/// `restart` of a server that is not configured.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("no MCP server named `{name}`; configured: {configured}")]
+pub struct UnknownServer {
+    /// The name asked for.
+    pub name: String,
+    /// The configured servers, comma-separated.
+    pub configured: String,
+}
+
 impl McpManager {
     /// Start connecting to every server in the background and return at once. Must be called
     /// inside a Tokio runtime. Servers with duplicate names are skipped (logged).
@@ -269,20 +279,21 @@ impl McpManager {
     ///
     /// # Errors
     /// No server has that name.
-    pub fn restart(&self, name: &str) -> Result<(), String> {
+    pub fn restart(&self, name: &str) -> Result<(), UnknownServer> {
         match self.slots.iter().find(|s| s.name() == name) {
             Some(s) => {
                 s.restart.notify_one();
                 Ok(())
             }
-            None => Err(format!(
-                "no MCP server named `{name}`; configured: {}",
-                self.slots
+            None => Err(UnknownServer {
+                name: name.to_string(),
+                configured: self
+                    .slots
                     .iter()
                     .map(|s| s.name())
                     .collect::<Vec<_>>()
-                    .join(", ")
-            )),
+                    .join(", "),
+            }),
         }
     }
 

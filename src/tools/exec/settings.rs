@@ -80,7 +80,7 @@ pub struct ExecFile {
 }
 
 /// Resolved, validated settings of the process tools.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct ExecSettings {
     /// How commands are vetted.
     pub mode: ExecMode,

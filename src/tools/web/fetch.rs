@@ -47,7 +47,7 @@ const FORBIDDEN_HEADERS: [&str; 10] = [
 ];
 
 /// Resolved `web_fetch` settings.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct WebFetchSettings {
     /// Non-public networks the operator allows (default: none).
     pub allow_private: Vec<Cidr>,

@@ -38,7 +38,7 @@ pub enum SearchProvider {
 
 /// Resolved `web_search` settings. `provider: None` means not configured: the tool answers
 /// with an informational result.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct WebSearchSettings {
     /// The backend (default: none, not configured).
     pub provider: Option<SearchProvider>,
