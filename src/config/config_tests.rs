@@ -1,6 +1,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use super::*;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 fn env(pairs: &[(&str, &str)]) -> Env {
     let mut v: Vec<(String, String)> = vec![("HOME".into(), "/home/u".into())];

@@ -1,0 +1,657 @@
+//! File + environment → [`Config`]: paths, providers, chat channels, tools, validation.
+
+use super::{env::*, secrets::*, types::*};
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use super::file::{self, ConfigFile};
+use crate::types::Secret;
+
+/// Where the config file is looked for when `--config` is not given.
+pub fn default_path(env: &Env) -> PathBuf {
+    let dir = clawft_home(env);
+    let toml = dir.join("config.toml");
+    if toml.exists() {
+        toml
+    } else {
+        dir.join("config.json")
+    }
+}
+
+/// `$CLAWFT_HOME` or `~/.clawft`.
+pub fn clawft_home(env: &Env) -> PathBuf {
+    env.get("CLAWFT_HOME")
+        .map_or_else(|| env.home().join(".clawft"), PathBuf::from)
+}
+
+pub(super) fn expand(path: &str, env: &Env) -> PathBuf {
+    if path == "~" {
+        env.home()
+    } else if let Some(rest) = path.strip_prefix("~/") {
+        env.home().join(rest)
+    } else {
+        PathBuf::from(path)
+    }
+}
+
+impl Config {
+    /// Load from `path` (or the default location; a missing default file means defaults),
+    /// apply `CLAWFT_SECTION__KEY` overrides from `env`, resolve secrets, validate.
+    ///
+    /// # Errors
+    /// [`ConfigError`] naming the key and what is expected.
+    pub fn load(path: Option<&Path>, env: &Env) -> Result<Config, ConfigError> {
+        let explicit = path.is_some();
+        let path = path.map_or_else(|| default_path(env), Path::to_path_buf);
+        let exists = path.exists();
+        if explicit && !exists {
+            return Err(ConfigError::Missing(path));
+        }
+        let mut builder = config::Config::builder();
+        if exists {
+            let format = match path.extension().and_then(|e| e.to_str()) {
+                Some("toml") => config::FileFormat::Toml,
+                Some("json") | None => config::FileFormat::Json,
+                Some(other) => {
+                    return Err(ConfigError::Invalid {
+                        key: "--config".into(),
+                        detail: format!(
+                            "unsupported extension `.{other}`: use a .json or .toml file"
+                        ),
+                    })
+                }
+            };
+            builder = builder.add_source(config::File::from(path.as_path()).format(format));
+        }
+        let overrides: config::Map<String, String> = env
+            .0
+            .iter()
+            .filter(|(k, _)| k.starts_with("CLAWFT_") && k.contains("__"))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        if !overrides.is_empty() {
+            builder = builder.add_source(
+                config::Environment::with_prefix("CLAWFT")
+                    .prefix_separator("_")
+                    .separator("__")
+                    .try_parsing(true)
+                    .source(Some(overrides)),
+            );
+        }
+        let source_name = if exists {
+            path.display().to_string()
+        } else {
+            "defaults".to_string()
+        };
+        let raw = builder
+            .build()
+            .map_err(|e| ConfigError::Parse {
+                source_name: source_name.clone(),
+                detail: e.to_string(),
+            })?
+            .try_deserialize::<ConfigFile>()
+            .map_err(|e| ConfigError::Parse {
+                source_name,
+                detail: e.to_string(),
+            })?;
+        let config_dir = path
+            .parent()
+            .map_or_else(|| clawft_home(env), Path::to_path_buf);
+        Self::resolve(raw, exists.then_some(path), &config_dir, env)
+    }
+
+    /// Parse configuration text directly (used by tests of the example config).
+    ///
+    /// # Errors
+    /// As [`Config::load`].
+    pub fn from_str(text: &str, toml: bool, env: &Env) -> Result<Config, ConfigError> {
+        let format = if toml {
+            config::FileFormat::Toml
+        } else {
+            config::FileFormat::Json
+        };
+        let raw = config::Config::builder()
+            .add_source(config::File::from_str(text, format))
+            .build()
+            .and_then(config::Config::try_deserialize::<ConfigFile>)
+            .map_err(|e| ConfigError::Parse {
+                source_name: "text".into(),
+                detail: e.to_string(),
+            })?;
+        Self::resolve(raw, None, &clawft_home(env), env)
+    }
+
+    fn resolve(
+        raw: ConfigFile,
+        path: Option<PathBuf>,
+        config_dir: &Path,
+        env: &Env,
+    ) -> Result<Config, ConfigError> {
+        let home = clawft_home(env);
+        let mut secrets = Vec::new();
+        let mut d = raw.agents.defaults;
+        let agent_tools = d.tools.take();
+        let max_tool_iterations = match d.max_tool_iterations {
+            None => DEFAULT_MAX_TOOL_ITERATIONS,
+            Some(n) => u32::try_from(n.clamp(1, 10_000)).unwrap_or(DEFAULT_MAX_TOOL_ITERATIONS),
+        };
+        if let Some(t) = d.temperature {
+            if !(0.0..=2.0).contains(&t) {
+                return Err(ConfigError::Invalid {
+                    key: "agents.defaults.temperature".into(),
+                    detail: format!("expected a number between 0 and 2, got {t}"),
+                });
+            }
+        }
+        let workspace = d
+            .workspace
+            .as_deref()
+            .map_or_else(|| home.join("workspace"), |w| expand(w, env));
+        let tool_timeout = Duration::from_secs(raw.tools.timeout_secs.unwrap_or(120).max(1));
+        let agent = AgentConfig {
+            workspace,
+            max_tool_iterations,
+            system_prompt: d.system_prompt,
+            max_tokens: d.max_tokens,
+            temperature: d.temperature,
+            stream: d.stream.unwrap_or(true),
+            tool_timeout,
+        };
+
+        let (providers, provider_source) = resolve_providers(
+            raw.providers,
+            d.provider.as_deref(),
+            d.fallback.as_deref(),
+            d.model.as_deref(),
+            config_dir,
+            env,
+            &mut secrets,
+        )?;
+
+        let h = raw.channels.http;
+        let bind_text = h.bind.as_deref().unwrap_or(DEFAULT_HTTP_BIND);
+        let bind: SocketAddr = bind_text.parse().map_err(|_| ConfigError::Invalid {
+            key: "channels.http.bind".into(),
+            detail: format!("expected an address like 127.0.0.1:18790, got `{bind_text}`"),
+        })?;
+        let token = resolve_secret(
+            "channels.http.token",
+            h.token,
+            h.token_env,
+            h.token_file,
+            config_dir,
+            env,
+        )?;
+        if let Some(t) = &token {
+            secrets.push(t.clone());
+        }
+        let http = HttpChannelConfig {
+            enabled: h.enabled.unwrap_or(true),
+            bind,
+            token,
+            reply_timeout: Duration::from_secs(h.reply_timeout_secs.unwrap_or(300).max(1)),
+        };
+        if http.enabled && !bind.ip().is_loopback() && http.token.is_none() {
+            return Err(ConfigError::Invalid {
+                key: "channels.http.bind".into(),
+                detail: format!(
+                    "{bind} is not a loopback address: set channels.http.token (or token_env / token_file) so the API requires a bearer token, or bind 127.0.0.1"
+                ),
+            });
+        }
+
+        let store = StoreConfig {
+            path: raw
+                .store
+                .path
+                .as_deref()
+                .map_or_else(|| home.join("store"), |p| expand(p, env)),
+            cache_bytes: raw.store.cache_mb.unwrap_or(8).clamp(1, 4096) * 1024 * 1024,
+        };
+        let sessions = SessionLimits {
+            idle: Duration::from_secs(raw.sessions.idle_secs.unwrap_or(600).max(1)),
+            max_queue: raw.sessions.max_queue.unwrap_or(100).max(1),
+            shutdown_grace: Duration::from_secs(raw.sessions.shutdown_grace_secs.unwrap_or(10)),
+        };
+        let chat_channels = resolve_chat_channels(
+            raw.channels.telegram,
+            raw.channels.discord,
+            raw.channels.slack,
+            config_dir,
+            env,
+            &mut secrets,
+        )?;
+        let tools = resolve_tools(
+            raw.tools,
+            agent_tools.as_ref(),
+            providers.first().map(|p| p.name.as_str()),
+            config_dir,
+            env,
+            &mut secrets,
+        )?;
+        Ok(Config {
+            path,
+            home,
+            agent,
+            providers,
+            provider_source,
+            http,
+            store,
+            sessions,
+            tools,
+            chat_channels,
+            secrets,
+            notify_socket: env.get("NOTIFY_SOCKET").map(PathBuf::from),
+            watchdog: watchdog_interval(env, std::process::id()),
+        })
+    }
+}
+
+/// The watchdog ping interval from `$WATCHDOG_USEC` (half of it, as sd_watchdog_enabled(3)
+/// recommends), `None` when unset, zero, unparsable or meant for another pid (`$WATCHDOG_PID`).
+pub fn watchdog_interval(env: &Env, pid: u32) -> Option<Duration> {
+    if let Some(p) = env.get("WATCHDOG_PID") {
+        if p.trim().parse::<u32>().ok() != Some(pid) {
+            return None;
+        }
+    }
+    let usec = env.get("WATCHDOG_USEC")?.trim().parse::<u64>().ok()?;
+    (usec > 0).then(|| Duration::from_micros(usec / 2).max(Duration::from_millis(1)))
+}
+
+pub(super) fn resolve_chat_channels(
+    telegram: Option<file::ChatChannelFile>,
+    discord: Option<file::ChatChannelFile>,
+    slack: Option<file::ChatChannelFile>,
+    config_dir: &Path,
+    env: &Env,
+    secrets: &mut Vec<Secret>,
+) -> Result<Vec<ChatChannelConfig>, ConfigError> {
+    let mut out = Vec::new();
+    for (platform, f) in [
+        (Platform::Telegram, telegram),
+        (Platform::Discord, discord),
+        (Platform::Slack, slack),
+    ] {
+        let Some(f) = f else { continue };
+        if !f.enabled.unwrap_or(true) {
+            continue;
+        }
+        let name = platform.name();
+        let key = |k: &str| format!("channels.{name}.{k}");
+        let token = resolve_secret(&key("token"), f.token, f.token_env, f.token_file, config_dir, env)?
+            .ok_or_else(|| ConfigError::Invalid {
+                key: key("token"),
+                detail: format!("the {name} channel is enabled but has no bot token: set token_env or token_file (or enabled = false)"),
+            })?;
+        secrets.push(token.clone());
+        let app_token = resolve_secret(
+            &key("app_token"),
+            f.app_token,
+            f.app_token_env,
+            f.app_token_file,
+            config_dir,
+            env,
+        )?;
+        match (platform, &app_token) {
+            (Platform::Slack, None) => {
+                return Err(ConfigError::Invalid {
+                    key: key("app_token"),
+                    detail: "Slack's Socket Mode needs the app-level token (xapp-...): set app_token_env or app_token_file".into(),
+                })
+            }
+            (Platform::Telegram | Platform::Discord, Some(_)) => {
+                return Err(ConfigError::Invalid {
+                    key: key("app_token"),
+                    detail: format!("only the slack channel has an app token, not {name}"),
+                })
+            }
+            _ => {}
+        }
+        if let Some(t) = &app_token {
+            secrets.push(t.clone());
+        }
+        if f.proxy.is_some() && platform != Platform::Discord {
+            return Err(ConfigError::Invalid {
+                key: key("proxy"),
+                detail: "only the discord channel takes a REST proxy; use api_url".into(),
+            });
+        }
+        if f.api_url.is_some() && platform == Platform::Discord {
+            return Err(ConfigError::Invalid {
+                key: key("api_url"),
+                detail: "the discord channel takes `proxy` (an HTTP proxy in front of Discord's REST API), not api_url".into(),
+            });
+        }
+        for (k, v) in [("api_url", &f.api_url), ("proxy", &f.proxy)] {
+            if let Some(u) = v {
+                if !(u.starts_with("http://") || u.starts_with("https://")) {
+                    return Err(ConfigError::Invalid {
+                        key: key(k),
+                        detail: format!("expected an http:// or https:// URL, got `{u}`"),
+                    });
+                }
+            }
+        }
+        let group_all = match f.group_mode.as_deref() {
+            None | Some("mention") => false,
+            Some("all") => true,
+            Some(other) => {
+                return Err(ConfigError::Invalid {
+                    key: key("group_mode"),
+                    detail: format!("expected \"mention\" or \"all\", got \"{other}\""),
+                })
+            }
+        };
+        let per_user_sessions = match f.group_sessions.as_deref() {
+            None | Some("chat") => false,
+            Some("user") => true,
+            Some(other) => {
+                return Err(ConfigError::Invalid {
+                    key: key("group_sessions"),
+                    detail: format!("expected \"chat\" or \"user\", got \"{other}\""),
+                })
+            }
+        };
+        let allow_from = f
+            .allow_from
+            .unwrap_or_default()
+            .iter()
+            .map(ToString::to_string)
+            .filter(|s| !s.is_empty())
+            .collect::<std::collections::BTreeSet<_>>();
+        let pairing = f.pairing.unwrap_or(false);
+        if allow_from.is_empty() && !pairing {
+            tracing::warn!(
+                channel = name,
+                "channels.{name}.allow_from is empty and pairing is off: nobody can talk to this bot"
+            );
+        }
+        out.push(ChatChannelConfig {
+            platform,
+            token,
+            app_token,
+            allow_from,
+            pairing,
+            group_all,
+            per_user_sessions,
+            api_url: f.api_url,
+            proxy: f.proxy,
+            stream_edits: f.stream_edits.unwrap_or(true),
+            edit_interval: Duration::from_millis(f.edit_interval_ms.unwrap_or(1500).max(200)),
+        });
+    }
+    Ok(out)
+}
+
+pub(super) fn resolve_tools(
+    mut t: file::ToolsFile,
+    agent: Option<&crate::tools::policy::PolicyLayerFile>,
+    primary_provider: Option<&str>,
+    config_dir: &Path,
+    env: &Env,
+    secrets: &mut Vec<Secret>,
+) -> Result<ToolsConfig, ConfigError> {
+    let agent_layer = agent
+        .map(|a| a.resolve("agents.defaults.tools"))
+        .transpose()?
+        .unwrap_or_default();
+    let policy = t.policy.resolve(primary_provider, &agent_layer)?;
+    let per_minute = t.rate_limit.per_minute.unwrap_or(120);
+    let rate_limit = (per_minute > 0).then(|| crate::tools::ratelimit::RateLimit {
+        per_minute,
+        burst: t.rate_limit.burst.unwrap_or(60).max(1),
+    });
+    let message_allow = t.message.allow.clone().unwrap_or_default();
+    for r in &message_allow {
+        if !r.contains(':') {
+            return Err(ConfigError::Invalid {
+                key: "tools.message.allow".into(),
+                detail: format!("expected `channel:chat_id` patterns like \"telegram:12345\" or \"slack:C01*\", got `{r}`"),
+            });
+        }
+    }
+    let web_fetch = t.web_fetch.resolve()?;
+    let search_key = resolve_secret(
+        "tools.web_search.api_key",
+        t.web_search.api_key.take(),
+        t.web_search.api_key_env.take(),
+        t.web_search.api_key_file.take(),
+        config_dir,
+        env,
+    )?;
+    if let Some(k) = &search_key {
+        secrets.push(k.clone());
+    }
+    let web_search = t.web_search.resolve(search_key)?;
+    let files = t.files.resolve()?;
+    let mut mcp_servers = Vec::new();
+    for (name, f) in &t.mcp_servers {
+        match f.resolve(name, &|var| env.get(var).map(str::to_string))? {
+            Some(s) => {
+                secrets.extend(s.secrets().into_iter().map(Secret::new));
+                mcp_servers.push(s);
+            }
+            None => tracing::warn!(
+                server = %name,
+                "tools.mcp_servers.{name} has neither `command` nor `url`: skipped"
+            ),
+        }
+    }
+    let exec = t.exec.resolve()?;
+    let subagents = t.subagents.resolve()?;
+    Ok(ToolsConfig {
+        subagents,
+        policy,
+        rate_limit,
+        message_allow,
+        exec,
+        exec_env: env.0.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+        credentials_dir: env.get("CREDENTIALS_DIRECTORY").map(PathBuf::from),
+        tmp_base: env
+            .get("TMPDIR")
+            .map_or_else(|| PathBuf::from("/tmp"), PathBuf::from),
+        files,
+        mcp_servers,
+        memory_fallback: Some(env.home().join(".nanobot/workspace/memory/MEMORY.md")),
+        web_fetch,
+        web_search,
+    })
+}
+
+pub(super) fn default_model(name: &str, kind: ProviderKind) -> &'static str {
+    match (name, kind) {
+        (_, ProviderKind::Anthropic) => "claude-sonnet-4-5",
+        ("openrouter", _) => "openai/gpt-4o-mini",
+        ("ollama" | "local", _) => "llama3.2",
+        _ => "gpt-4o-mini",
+    }
+}
+
+pub(super) fn default_base_url(name: &str, kind: ProviderKind) -> &'static str {
+    match (name, kind) {
+        (_, ProviderKind::Anthropic) => "https://api.anthropic.com",
+        ("openrouter", _) => "https://openrouter.ai/api/v1",
+        ("ollama" | "local", _) => LOCAL_DEFAULT_BASE_URL,
+        _ => "https://api.openai.com/v1",
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(super) fn provider(
+    name: &str,
+    kind: ProviderKind,
+    base_url: Option<String>,
+    api_key: Option<Secret>,
+    model: Option<&str>,
+    timeout_secs: Option<u64>,
+    headers: Vec<(String, String)>,
+    max_retries: Option<u32>,
+) -> ProviderConfig {
+    ProviderConfig {
+        name: name.to_string(),
+        kind,
+        base_url: base_url
+            .unwrap_or_else(|| default_base_url(name, kind).to_string())
+            .trim_end_matches('/')
+            .to_string(),
+        api_key,
+        model: model.map_or_else(|| default_model(name, kind).to_string(), str::to_string),
+        timeout: Duration::from_secs(timeout_secs.unwrap_or(120).max(1)),
+        headers,
+        max_retries: max_retries.unwrap_or(3),
+    }
+}
+
+pub(super) fn resolve_providers(
+    raw: BTreeMap<String, file::ProviderFile>,
+    first: Option<&str>,
+    fallback: Option<&[String]>,
+    model_override: Option<&str>,
+    config_dir: &Path,
+    env: &Env,
+    secrets: &mut Vec<Secret>,
+) -> Result<(Vec<ProviderConfig>, ProviderSource), ConfigError> {
+    if raw.is_empty() {
+        let mut found = Vec::new();
+        let mut out = Vec::new();
+        let from_env = [
+            (
+                "openai",
+                ProviderKind::OpenAi,
+                "OPENAI_API_KEY",
+                Some("OPENAI_BASE_URL"),
+            ),
+            (
+                "anthropic",
+                ProviderKind::Anthropic,
+                "ANTHROPIC_API_KEY",
+                Some("ANTHROPIC_BASE_URL"),
+            ),
+            (
+                "openrouter",
+                ProviderKind::OpenAi,
+                "OPENROUTER_API_KEY",
+                None,
+            ),
+        ];
+        for (name, kind, key_var, base_var) in from_env {
+            if let Some(key) = env.get(key_var) {
+                let secret = Secret::new(key);
+                secrets.push(secret.clone());
+                found.push(key_var.to_string());
+                let base = base_var.and_then(|b| env.get(b)).map(str::to_string);
+                out.push(provider(
+                    name,
+                    kind,
+                    base,
+                    Some(secret),
+                    model_override,
+                    None,
+                    Vec::new(),
+                    None,
+                ));
+            }
+        }
+        if !out.is_empty() {
+            return Ok((out, ProviderSource::Environment(found)));
+        }
+        let base = env.get("OPENAI_BASE_URL").map(str::to_string);
+        return Ok((
+            vec![provider(
+                "local",
+                ProviderKind::OpenAi,
+                base,
+                None,
+                model_override,
+                None,
+                Vec::new(),
+                None,
+            )],
+            ProviderSource::LocalDefault,
+        ));
+    }
+
+    let mut all = BTreeMap::new();
+    for (name, p) in raw {
+        let key = format!("providers.{name}");
+        let kind = match p.kind.as_deref() {
+            None if name == "anthropic" => ProviderKind::Anthropic,
+            None | Some("openai") => ProviderKind::OpenAi,
+            Some("anthropic") => ProviderKind::Anthropic,
+            Some(other) => {
+                return Err(ConfigError::Invalid {
+                    key: format!("{key}.kind"),
+                    detail: format!("expected `openai` or `anthropic`, got `{other}`"),
+                })
+            }
+        };
+        if let Some(url) = &p.base_url {
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                return Err(ConfigError::Invalid {
+                    key: format!("{key}.base_url"),
+                    detail: format!("expected an http:// or https:// URL, got `{url}`"),
+                });
+            }
+        }
+        let api_key = resolve_secret(
+            &format!("{key}.api_key"),
+            p.api_key,
+            p.api_key_env,
+            p.api_key_file,
+            config_dir,
+            env,
+        )?;
+        if let Some(s) = &api_key {
+            secrets.push(s.clone());
+        }
+        let headers = p.headers.unwrap_or_default().into_iter().collect();
+        let model = model_override.or(p.model.as_deref());
+        all.insert(
+            name.clone(),
+            provider(
+                &name,
+                kind,
+                p.base_url,
+                api_key,
+                model,
+                p.timeout_secs,
+                headers,
+                p.max_retries,
+            ),
+        );
+    }
+    let mut order: Vec<String> = Vec::new();
+    match first {
+        Some(f) => order.push(f.to_string()),
+        None => order.extend(all.keys().next().cloned()),
+    }
+    for f in fallback.unwrap_or_default() {
+        if !order.contains(f) {
+            order.push(f.clone());
+        }
+    }
+    let mut out = Vec::new();
+    for (i, name) in order.iter().enumerate() {
+        let key = if i == 0 {
+            "agents.defaults.provider"
+        } else {
+            "agents.defaults.fallback"
+        };
+        match all.get(name) {
+            Some(p) => out.push(p.clone()),
+            None => {
+                return Err(ConfigError::Invalid {
+                    key: key.into(),
+                    detail: format!(
+                        "no provider named `{name}`; configured: {}",
+                        all.keys().cloned().collect::<Vec<_>>().join(", ")
+                    ),
+                })
+            }
+        }
+    }
+    Ok((out, ProviderSource::Configured))
+}

@@ -1,0 +1,61 @@
+//! Secrets by indirection: inline values (refused where they do not belong), `*_env`
+//! variables and `*_file` files (relative to `$CREDENTIALS_DIRECTORY`).
+
+use super::{env::*, resolve::*, types::*};
+use std::path::Path;
+
+use crate::types::Secret;
+
+pub(super) fn resolve_secret(
+    key: &str,
+    inline: Option<String>,
+    env_name: Option<String>,
+    file: Option<String>,
+    config_dir: &Path,
+    env: &Env,
+) -> Result<Option<Secret>, ConfigError> {
+    let set = [inline.is_some(), env_name.is_some(), file.is_some()]
+        .iter()
+        .filter(|b| **b)
+        .count();
+    if set > 1 {
+        return Err(ConfigError::Invalid {
+            key: key.into(),
+            detail: format!("set only one of `{key}`, `{key}_env`, `{key}_file`"),
+        });
+    }
+    if let Some(v) = inline {
+        return Ok(Some(Secret::new(v)));
+    }
+    if let Some(name) = env_name {
+        return match env.get(&name) {
+            Some(v) => Ok(Some(Secret::new(v))),
+            None => Err(ConfigError::Secret {
+                key: format!("{key}_env"),
+                detail: format!("environment variable {name} is not set"),
+            }),
+        };
+    }
+    if let Some(f) = file {
+        let p = expand(&f, env);
+        let p = if p.is_absolute() {
+            p
+        } else if let Some(dir) = env.get("CREDENTIALS_DIRECTORY") {
+            Path::new(dir).join(p)
+        } else {
+            config_dir.join(p)
+        };
+        return match std::fs::read_to_string(&p) {
+            Ok(v) if !v.trim().is_empty() => Ok(Some(Secret::new(v.trim()))),
+            Ok(_) => Err(ConfigError::Secret {
+                key: format!("{key}_file"),
+                detail: format!("{} is empty", p.display()),
+            }),
+            Err(e) => Err(ConfigError::Secret {
+                key: format!("{key}_file"),
+                detail: format!("{}: {e}", p.display()),
+            }),
+        };
+    }
+    Ok(None)
+}

@@ -1,0 +1,263 @@
+//! The resolved configuration: [`Config`] and its sections, plain data with no behaviour
+//! beyond lookups, and [`ConfigError`].
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::types::{Secret, SettingError};
+
+/// Default bind address of the local HTTP API.
+pub const DEFAULT_HTTP_BIND: &str = "127.0.0.1:18790";
+/// Ollama's default OpenAI-compatible endpoint, used when nothing else is configured.
+pub const LOCAL_DEFAULT_BASE_URL: &str = "http://127.0.0.1:11434/v1";
+/// Default `agents.defaults.max_tool_iterations` (seed 000).
+pub const DEFAULT_MAX_TOOL_ITERATIONS: u32 = 20;
+
+/// Why the configuration could not be loaded. Every variant names the key and what is expected.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file given with `--config` does not exist.
+    #[error("config file {0} does not exist (run `weft onboard` to create one)")]
+    Missing(PathBuf),
+    /// The file is not valid JSON/TOML, has unknown keys or values of the wrong type.
+    #[error("invalid configuration in {source_name}: {detail}")]
+    Parse {
+        /// File (or environment) the error came from.
+        source_name: String,
+        /// What the parser said, with the key path.
+        detail: String,
+    },
+    /// A value is of the right type but not acceptable.
+    #[error("invalid value for `{key}`: {detail}")]
+    Invalid {
+        /// Dotted key path.
+        key: String,
+        /// What is expected.
+        detail: String,
+    },
+    /// A secret given by indirection could not be read.
+    #[error("cannot read secret for `{key}`: {detail}")]
+    Secret {
+        /// Dotted key path.
+        key: String,
+        /// What went wrong and how to fix it.
+        detail: String,
+    },
+}
+
+impl From<SettingError> for ConfigError {
+    fn from(e: SettingError) -> Self {
+        ConfigError::Invalid {
+            key: e.key,
+            detail: e.detail,
+        }
+    }
+}
+
+/// Which wire protocol a provider speaks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProviderKind {
+    /// OpenAI-compatible chat completions.
+    OpenAi,
+    /// Anthropic Messages.
+    Anthropic,
+}
+
+/// Where the provider list came from: decides the hint given when it fails.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ProviderSource {
+    /// `providers.*` in the config file.
+    Configured,
+    /// API keys found in the environment (names listed).
+    Environment(Vec<String>),
+    /// Nothing configured: the local Ollama default.
+    LocalDefault,
+}
+
+/// One resolved LLM provider.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ProviderConfig {
+    /// Name (`openai`, `anthropic`, …).
+    pub name: String,
+    /// Wire protocol.
+    pub kind: ProviderKind,
+    /// Base URL.
+    pub base_url: String,
+    /// API key, if any.
+    pub api_key: Option<Secret>,
+    /// Model to request.
+    pub model: String,
+    /// Request timeout.
+    pub timeout: Duration,
+    /// Extra headers.
+    pub headers: Vec<(String, String)>,
+    /// Retries before falling over to the next provider.
+    pub max_retries: u32,
+}
+
+/// Agent behaviour.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AgentConfig {
+    /// Root of the file tools.
+    pub workspace: PathBuf,
+    /// Tool-call rounds per message (>= 1).
+    pub max_tool_iterations: u32,
+    /// System prompt override.
+    pub system_prompt: Option<String>,
+    /// Max generated tokens.
+    pub max_tokens: Option<u32>,
+    /// Temperature.
+    pub temperature: Option<f32>,
+    /// Stream deltas from the provider when the channel can show them.
+    pub stream: bool,
+    /// Per-call tool timeout.
+    pub tool_timeout: Duration,
+}
+
+/// The local HTTP API channel.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HttpChannelConfig {
+    /// Serve it.
+    pub enabled: bool,
+    /// Bind address.
+    pub bind: SocketAddr,
+    /// Bearer token.
+    pub token: Option<Secret>,
+    /// How long a request waits for its reply.
+    pub reply_timeout: Duration,
+}
+
+/// The store.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StoreConfig {
+    /// Directory of the sled database.
+    pub path: PathBuf,
+    /// Page cache bound in bytes.
+    pub cache_bytes: u64,
+}
+
+/// Session limits.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SessionLimits {
+    /// Idle time after which a session leaves memory.
+    pub idle: Duration,
+    /// Most queued messages per session.
+    pub max_queue: usize,
+    /// Grace period for running turns at shutdown.
+    pub shutdown_grace: Duration,
+}
+
+/// The validated configuration.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// The file it was read from, if any.
+    pub path: Option<PathBuf>,
+    /// `~/.clawft`.
+    pub home: PathBuf,
+    /// Agent behaviour.
+    pub agent: AgentConfig,
+    /// Providers in fallback order (never empty).
+    pub providers: Vec<ProviderConfig>,
+    /// Where the providers came from.
+    pub provider_source: ProviderSource,
+    /// The HTTP API.
+    pub http: HttpChannelConfig,
+    /// The store.
+    pub store: StoreConfig,
+    /// Session limits.
+    pub sessions: SessionLimits,
+    /// Tool settings.
+    pub tools: ToolsConfig,
+    /// Chat platform channels (Telegram, Discord, Slack) that are enabled.
+    pub chat_channels: Vec<ChatChannelConfig>,
+    /// Every secret value, so tool output and logs can be scrubbed of them.
+    pub secrets: Vec<Secret>,
+    /// The service manager's notification socket (`$NOTIFY_SOCKET`; a leading `@` names an
+    /// abstract socket). `None` when not run by systemd with `Type=notify`.
+    pub notify_socket: Option<PathBuf>,
+    /// How often to send `WATCHDOG=1`: half of `$WATCHDOG_USEC`, when it is set and
+    /// `$WATCHDOG_PID` (if set) is this process.
+    pub watchdog: Option<Duration>,
+}
+
+/// A chat platform.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Platform {
+    /// Telegram.
+    Telegram,
+    /// Discord.
+    Discord,
+    /// Slack.
+    Slack,
+}
+
+impl Platform {
+    /// The channel id and config key.
+    pub fn name(self) -> &'static str {
+        match self {
+            Platform::Telegram => "telegram",
+            Platform::Discord => "discord",
+            Platform::Slack => "slack",
+        }
+    }
+}
+
+/// A validated `channels.<platform>` section.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ChatChannelConfig {
+    /// Which platform.
+    pub platform: Platform,
+    /// Bot token.
+    pub token: Secret,
+    /// Slack's app-level token.
+    pub app_token: Option<Secret>,
+    /// Admitted user ids.
+    pub allow_from: std::collections::BTreeSet<String>,
+    /// Pairing of unknown senders.
+    pub pairing: bool,
+    /// Answer every group message (`true`) or only mentions/replies.
+    pub group_all: bool,
+    /// One session per sender in each chat.
+    pub per_user_sessions: bool,
+    /// API base override.
+    pub api_url: Option<String>,
+    /// Discord REST proxy.
+    pub proxy: Option<String>,
+    /// Stream by editing a draft.
+    pub stream_edits: bool,
+    /// Least time between draft edits.
+    pub edit_interval: Duration,
+}
+
+/// Validated `tools.*` settings.
+#[derive(Clone, Debug)]
+pub struct ToolsConfig {
+    /// The policy engine's layers, resolved for the primary provider.
+    pub policy: crate::tools::policy::ToolPolicy,
+    /// Per-session rate limit (`None`: off).
+    pub rate_limit: Option<crate::tools::ratelimit::RateLimit>,
+    /// `tools.message.allow`.
+    pub message_allow: Vec<String>,
+    /// `tools.exec`.
+    pub exec: crate::tools::exec::ExecSettings,
+    /// The environment commands' environments are filtered from.
+    pub exec_env: Vec<(String, String)>,
+    /// `$CREDENTIALS_DIRECTORY` (systemd `LoadCredential=`), kept from commands.
+    pub credentials_dir: Option<PathBuf>,
+    /// Where the commands' private temp dir is made (`$TMPDIR` or `/tmp`).
+    pub tmp_base: PathBuf,
+    /// `tools.files`.
+    pub files: crate::tools::fs::FileToolsSettings,
+    /// Read by `memory_read` when the workspace has no `memory/MEMORY.md` (seed 000:
+    /// `~/.nanobot/workspace/memory/MEMORY.md`).
+    pub memory_fallback: Option<PathBuf>,
+    /// `tools.mcp_servers` that have a command or a url.
+    pub mcp_servers: Vec<crate::mcp::config::McpServerSettings>,
+    /// `tools.web_fetch`.
+    pub web_fetch: crate::tools::web::WebFetchSettings,
+    /// `tools.web_search`.
+    pub web_search: crate::tools::web::WebSearchSettings,
+    /// `tools.subagents`.
+    pub subagents: super::subagents::SubagentSettings,
+}
