@@ -131,14 +131,10 @@ impl Approvals {
         d: Decision,
     ) -> Result<String, NotPending> {
         let mut g = self.lock();
-        let p = match g.remove(id) {
-            Some(p) if p.session == *session => p,
-            Some(p) => {
-                g.insert(id.to_string(), p);
-                return Err(NotPending(id.to_string()));
-            }
-            None => return Err(NotPending(id.to_string())),
-        };
+        if g.get(id).is_none_or(|p| p.session != *session) {
+            return Err(NotPending(id.to_string()));
+        }
+        let p = g.remove(id).ok_or_else(|| NotPending(id.to_string()))?;
         let _ = p.tx.send(d);
         Ok(match d {
             Decision::Once => format!("Approved `{id}` once."),

@@ -13,7 +13,6 @@ use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, Supervi
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::egress::ChannelTable;
 use crate::session::{SessionActor, SessionArgs, SessionHooks, SessionMsg, SessionRef};
 use crate::store::{InboxEntry, StoreError};
 use crate::turn::TurnDeps;
@@ -80,10 +79,9 @@ pub enum ClearError {
 pub struct BusArgs {
     /// Shared by every session.
     pub deps: TurnDeps,
-    /// What sessions use beside their turns (outbox, approvals, subagent tree).
+    /// What sessions use beside their turns (outbox, approvals, subagent tree); the outbox's
+    /// channel table also says whether a channel streams.
     pub hooks: SessionHooks,
-    /// The running channels (whether one streams).
-    pub channels: ChannelTable,
     /// Tracks turn tasks.
     pub tasks: TaskTracker,
     /// Parent of turn cancellation.
@@ -214,7 +212,12 @@ async fn route_inbound(myself: &ActorRef<BusMsg>, state: &mut BusState, entry: I
         }
         return;
     }
-    let streaming = state.args.channels.is_streaming(key.channel());
+    let streaming = state
+        .args
+        .hooks
+        .outbox
+        .channels()
+        .is_streaming(key.channel());
     let bus = myself.clone();
     let args = SessionArgs {
         key: key.clone(),

@@ -72,9 +72,8 @@ pub type McpSlot = Arc<std::sync::RwLock<Option<Arc<McpManager>>>>;
 pub struct Daemon {
     bus: BusRef,
     inbox: Inbox,
-    /// The one table of running channels (the outbox, the `message` tool and the admin API
-    /// read the same one, so a reload is seen everywhere).
-    channels: ChannelTable,
+    /// Persists and routes through the one table of running channels (the `message` tool and
+    /// the admin API read the same one, so a reload is seen everywhere).
     outbox: Outbox,
     store: Store,
     tasks: TaskTracker,
@@ -187,8 +186,7 @@ impl Daemon {
                 path: config.agent.workspace.display().to_string(),
                 source: e,
             })?;
-        let table = ChannelTable::default();
-        let outbox = Outbox::new(store.clone(), table.clone());
+        let outbox = Outbox::new(store.clone(), ChannelTable::default());
         let approvals = Arc::new(crate::approval::Approvals::new(
             Arc::new(outbox.clone()) as Arc<dyn MessageSink>
         ));
@@ -230,7 +228,6 @@ impl Daemon {
                     approvals: Some(approvals.clone()),
                     subagents: Some(subagents.clone() as Arc<dyn crate::session::SubagentTree>),
                 },
-                channels: table.clone(),
                 tasks: tasks.clone(),
                 shutdown: turns.clone(),
                 idle: config.sessions.idle,
@@ -299,7 +296,6 @@ impl Daemon {
         Ok(Self {
             bus,
             inbox,
-            channels: table,
             outbox,
             store,
             tasks,
@@ -426,7 +422,7 @@ impl Daemon {
             .map(|(n, _)| (*n).to_string())
             .collect();
         for name in &stale {
-            if let Some(e) = self.channels.remove(name) {
+            if let Some(e) = self.outbox.channels().remove(name) {
                 e.stop.cancel();
                 e.actor.stop(Some("reload".into()));
             }
@@ -465,7 +461,7 @@ impl Daemon {
 
     /// The live table of running channels (for the admin API and tests).
     pub fn channel_table(&self) -> ChannelTable {
-        self.channels.clone()
+        self.outbox.channels().clone()
     }
 
     /// The outbox handle (persist, then route).
@@ -484,11 +480,6 @@ impl Daemon {
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone()
-    }
-
-    /// The running channels with their actors, by id.
-    pub fn channels(&self) -> Vec<(String, crate::egress::ChannelRef)> {
-        self.channels.actors()
     }
 
     /// The subagent supervisor.
@@ -548,7 +539,7 @@ impl Daemon {
             }));
             let _ = tokio::time::timeout(CANCEL_SETTLE, settle).await;
         }
-        let channels = self.channels.actors();
+        let channels = self.outbox.channels().actors();
         let flush = futures::future::join_all(channels.iter().map(|(_, c)| async move {
             ractor::call_t!(c, |reply| ChannelMsg::Flush { reply }, LONG_CALL_MS)
         }));

@@ -52,6 +52,7 @@ use reqwest::header::{HeaderMap, HeaderValue, AUTHORIZATION, COOKIE, LOCATION};
 use reqwest::{Method, Response, StatusCode};
 use url::{Host, Url};
 
+use crate::types::text::error_chain as chain;
 use crate::types::SettingError;
 
 /// Host names refused before any DNS lookup (cloud metadata services), compared without case
@@ -457,22 +458,6 @@ pub enum FetchError {
     /// Any other HTTP failure.
     #[error("{0}")]
     Http(String),
-}
-
-/// Render an error with its sources (reqwest's own message alone is often just "error sending
-/// request").
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        let m = c.to_string();
-        if !s.contains(&m) {
-            s.push_str(": ");
-            s.push_str(&m);
-        }
-        cur = c.source();
-    }
-    s
 }
 
 fn classify_reqwest(e: &reqwest::Error) -> FetchError {

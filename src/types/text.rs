@@ -7,6 +7,22 @@ pub fn sanitize_content(s: &str) -> String {
         .collect()
 }
 
+/// `e` and its sources, `: `-separated, each message once (reqwest's and rmcp's own messages
+/// are often bare, e.g. "error sending request").
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let m = c.to_string();
+        if !s.contains(&m) {
+            s.push_str(": ");
+            s.push_str(&m);
+        }
+        cur = c.source();
+    }
+    s
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

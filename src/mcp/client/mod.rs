@@ -23,17 +23,4 @@ mod manager;
 pub use adapter::McpTool;
 pub use manager::{McpManager, McpOptions, McpServerStatus, McpState};
 
-/// Render an error with its sources (rmcp's and reqwest's own messages are often bare).
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        let m = c.to_string();
-        if !s.contains(&m) {
-            s.push_str(": ");
-            s.push_str(&m);
-        }
-        cur = c.source();
-    }
-    s
-}
+use crate::types::text::error_chain as chain;
