@@ -550,17 +550,25 @@ impl Daemon {
         }
         self.turns.cancel();
         self.stop_channels.cancel();
-        for (_, s) in &sessions {
-            s.stop(Some("shutdown".into()));
-        }
-        for (_, c) in &channels {
-            c.stop(Some("shutdown".into()));
-        }
-        self.supervisor.stop(Some("shutdown".into()));
-        let _ = self
-            .bus
-            .stop_and_wait(Some("shutdown".into()), Some(Duration::from_secs(5)))
-            .await;
+        // Wait for the actors to stop, not only ask them: their states hold store handles, and
+        // the store's lock is released only when the last one is dropped (a gateway started
+        // right after this returns must be able to open it).
+        let stopped = Some(Duration::from_secs(5));
+        let why = || Some("shutdown".to_string());
+        futures::future::join_all(
+            sessions
+                .iter()
+                .map(|(_, s)| s.stop_and_wait(why(), stopped)),
+        )
+        .await;
+        futures::future::join_all(
+            channels
+                .iter()
+                .map(|(_, c)| c.stop_and_wait(why(), stopped)),
+        )
+        .await;
+        let _ = self.supervisor.stop_and_wait(why(), stopped).await;
+        let _ = self.bus.stop_and_wait(why(), stopped).await;
         if let Some(m) = self.mcp() {
             m.shutdown().await;
         }
