@@ -55,6 +55,9 @@ pub struct SledKv {
     db: sled::Db,
 }
 
+/// How long a reopen waits for a lock still held by this process's own closing handle.
+const OWN_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+
 impl SledKv {
     /// Open (or create) the database at `path` with a bounded page cache.
     ///
@@ -65,7 +68,41 @@ impl SledKv {
             path: path.display().to_string(),
             source: e,
         })?;
-        let db = sled::Config::new()
+        // sled releases its lock file only when its last internal handle goes, and its IO
+        // threads keep handles for jobs still running after the `Db` was dropped. A path this
+        // process opened before may therefore still be locked by this process for a moment;
+        // only then is the lock waited for (bounded). A lock held by another process is
+        // reported at once.
+        let ours = Self::opened_here(path);
+        let deadline = std::time::Instant::now() + OWN_LOCK_WAIT;
+        loop {
+            match Self::try_open(path, cache_bytes) {
+                Err(StoreError::Locked(_)) if ours && std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                Ok(db) => return Ok(Self { db }),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Whether this process opened `path` before (and remember that it does now).
+    fn opened_here(path: &Path) -> bool {
+        static OPENED: std::sync::Mutex<Vec<std::path::PathBuf>> =
+            std::sync::Mutex::new(Vec::new());
+        let path = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+        let mut opened = OPENED
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if opened.contains(&path) {
+            return true;
+        }
+        opened.push(path);
+        false
+    }
+
+    fn try_open(path: &Path, cache_bytes: u64) -> Result<sled::Db, StoreError> {
+        sled::Config::new()
             .path(path)
             .cache_capacity(cache_bytes)
             .flush_every_ms(Some(500))
@@ -86,8 +123,7 @@ impl SledKv {
                     }
                 }
                 other => StoreError::Backend(other.to_string()),
-            })?;
-        Ok(Self { db })
+            })
     }
 }
 
@@ -193,5 +229,45 @@ impl Kv for MemKv {
 
     fn size_on_disk(&self) -> u64 {
         0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+
+    #[test]
+    fn a_reopen_waits_for_this_process_own_closing_handle() {
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join("store");
+        let first = SledKv::open(&path, 1 << 20).unwrap();
+        // What sled's IO threads do after the `Db` is dropped: an internal handle (and with it the
+        // lock file) lives on for a moment.
+        let lingering = first.db.clone();
+        drop(first);
+        let release = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            drop(lingering);
+        });
+        let again = SledKv::open(&path, 1 << 20);
+        release.join().unwrap();
+        assert!(again.is_ok(), "{:?}", again.err());
+    }
+
+    #[test]
+    fn a_lock_held_by_another_owner_is_reported_at_once() {
+        use rustix::fs::{flock, FlockOperation};
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join("store");
+        std::fs::create_dir_all(&path).unwrap();
+        // Another owner (as another process would): its own open file description, locked.
+        let other = std::fs::File::create(path.join("db")).unwrap();
+        flock(&other, FlockOperation::NonBlockingLockExclusive).unwrap();
+        let started = std::time::Instant::now();
+        let r = SledKv::open(&path, 1 << 20);
+        assert!(matches!(r, Err(StoreError::Locked(_))), "{:?}", r.err());
+        assert!(started.elapsed() < std::time::Duration::from_secs(1));
     }
 }
