@@ -4,4 +4,5 @@
 //!
 //! This module imports nothing from the crate except leaf types ([`crate::types`]).
 
+pub mod proxy;
 pub mod ssrf;

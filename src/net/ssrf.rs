@@ -331,7 +331,8 @@ fn system_lookup() -> LookupFn {
     })
 }
 
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
+/// A boxed error of the resolver ([`Blocked`] or [`DnsFailure`] inside).
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// reqwest resolver that returns only addresses allowed by the policy, and fails closed.
 pub struct GuardedResolver {
@@ -370,10 +371,19 @@ impl GuardedResolver {
     }
 }
 
-impl reqwest::dns::Resolve for GuardedResolver {
-    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+impl GuardedResolver {
+    /// Resolve `host` to the addresses the policy allows (port 0), with the same rules as the
+    /// reqwest resolver: metadata names refused, `localhost` answered locally, fail closed.
+    /// The error is a [`Blocked`] or a [`DnsFailure`].
+    ///
+    /// # Errors
+    /// The name is refused, cannot be resolved, or resolves only to refused addresses.
+    pub fn resolve_checked(
+        &self,
+        host: &str,
+    ) -> futures::future::BoxFuture<'static, Result<Vec<SocketAddr>, BoxError>> {
         let policy = self.policy.clone();
-        let host = name.as_str().to_string();
+        let host = host.to_string();
         if is_blocked_hostname(&host) {
             return Box::pin(async move {
                 Err(Box::new(Blocked {
@@ -402,12 +412,22 @@ impl reqwest::dns::Resolve for GuardedResolver {
     }
 }
 
+impl reqwest::dns::Resolve for GuardedResolver {
+    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+        let answer = self.resolve_checked(name.as_str());
+        Box::pin(async move {
+            let addrs = answer.await?;
+            Ok(Box::new(addrs.into_iter()) as reqwest::dns::Addrs)
+        })
+    }
+}
+
 /// Keep the allowed addresses of a lookup answer; none left is an error (fail closed).
 fn filter_answer(
     policy: &SsrfPolicy,
     host: &str,
     addrs: Vec<SocketAddr>,
-) -> Result<reqwest::dns::Addrs, BoxError> {
+) -> Result<Vec<SocketAddr>, BoxError> {
     let mut ok: Vec<SocketAddr> = Vec::new();
     let mut refused: Vec<Blocked> = Vec::new();
     for a in addrs {
@@ -428,7 +448,7 @@ fn filter_answer(
             None => Box::new(DnsFailure(format!("{host} has no addresses"))),
         });
     }
-    Ok(Box::new(ok.into_iter()))
+    Ok(ok)
 }
 
 /// Why a guarded request failed.
