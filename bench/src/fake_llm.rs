@@ -3,8 +3,9 @@
 //! with one write call.
 //!
 //! Script, decided from the request alone: when the last message is a tool result the answer is
-//! the final text [`FINAL_TEXT`]; otherwise it is one `read_file` call of [`TOOL_FILE`]. So every
-//! turn is 2 LLM calls + 1 tool call, whatever the session.
+//! the final text [`FINAL_TEXT`]; otherwise it is one `read_file` call of [`TOOL_FILE`], or, when
+//! the user message starts with [`EXEC_PREFIX`], one `exec_shell` call of the rest of the
+//! message. So every turn is 2 LLM calls + 1 tool call, whatever the session.
 //!
 //! It records the tool-call leg (its tool-call response written → the request carrying that
 //! call's result fully received), the body size of each session's first request, and counts.
@@ -24,6 +25,8 @@ use crate::http::{write_response, Reader};
 pub const FINAL_TEXT: &str = "Done: the note says hello.";
 /// The workspace file the tool call reads.
 pub const TOOL_FILE: &str = "note.txt";
+/// A user message starting with this asks for an `exec_shell` call of the rest.
+pub const EXEC_PREFIX: &str = "exec: ";
 
 #[derive(Default)]
 struct Rec {
@@ -176,11 +179,15 @@ impl FakeLlm {
                 }
             } else {
                 let id = format!("call_{}", self.seq.fetch_add(1, Ordering::Relaxed));
-                let args = json!({ "path": TOOL_FILE }).to_string();
+                let user = last.and_then(|m| m["content"].as_str()).unwrap_or_default();
+                let (tool, args) = match user.strip_prefix(EXEC_PREFIX) {
+                    Some(command) => ("exec_shell", json!({ "command": command }).to_string()),
+                    None => ("read_file", json!({ "path": TOOL_FILE }).to_string()),
+                };
                 let (ct, bytes) = if stream {
-                    ("text/event-stream", sse_tool(&model, &id, &args))
+                    ("text/event-stream", sse_tool(&model, tool, &id, &args))
                 } else {
-                    ("application/json", json_tool(&model, &id, &args))
+                    ("application/json", json_tool(&model, tool, &id, &args))
                 };
                 if write_response(&mut s, "200 OK", ct, &bytes).await.is_err() {
                     return;
@@ -204,12 +211,12 @@ fn json_text(model: &str) -> Vec<u8> {
     .into_bytes()
 }
 
-fn json_tool(model: &str, id: &str, args: &str) -> Vec<u8> {
+fn json_tool(model: &str, tool: &str, id: &str, args: &str) -> Vec<u8> {
     json!({
         "id": "chatcmpl-bench", "object": "chat.completion", "model": model,
         "choices": [{"index": 0, "finish_reason": "tool_calls",
                      "message": {"role": "assistant", "content": null, "tool_calls": [
-                         {"id": id, "type": "function", "function": {"name": "read_file", "arguments": args}}
+                         {"id": id, "type": "function", "function": {"name": tool, "arguments": args}}
                      ]}}],
         "usage": serde_json::from_str::<Value>(USAGE).unwrap_or(Value::Null),
     })
@@ -240,12 +247,12 @@ fn sse_text(model: &str) -> Vec<u8> {
     out.into_bytes()
 }
 
-fn sse_tool(model: &str, id: &str, args: &str) -> Vec<u8> {
+fn sse_tool(model: &str, tool: &str, id: &str, args: &str) -> Vec<u8> {
     let mut out = chunk(model, &json!({"role": "assistant", "content": null}), None);
     out.push_str(&chunk(
         model,
         &json!({"tool_calls": [{"index": 0, "id": id, "type": "function",
-                                "function": {"name": "read_file", "arguments": ""}}]}),
+                                "function": {"name": tool, "arguments": ""}}]}),
         None,
     ));
     let (a, b) = args.split_at(args.len() / 2);
@@ -269,7 +276,13 @@ mod tests {
 
     #[test]
     fn sse_frames_are_json() {
-        let body = String::from_utf8(sse_tool("m", "call_1", r#"{"path":"note.txt"}"#)).unwrap();
+        let body = String::from_utf8(sse_tool(
+            "m",
+            "read_file",
+            "call_1",
+            r#"{"path":"note.txt"}"#,
+        ))
+        .unwrap();
         let mut args = String::new();
         for line in body.lines().filter_map(|l| l.strip_prefix("data: ")) {
             if line == "[DONE]" {

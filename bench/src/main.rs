@@ -32,6 +32,7 @@ const SCENARIOS: &[(&str, &str)] = &[
     ("idle", "VmRSS 1 s after ready, HTTP API only"),
     ("channels", "start and idle RSS with Telegram, Discord and Slack on local fakes (needs --features platform-fakes)"),
     ("turn", "sequential turns: CPU per turn, tool-call leg p50/p99, first LLM request size, store bytes per turn"),
+    ("exec", "sequential turns whose tool call is exec_shell `true`: the exec tool leg p50/p99, daemon CPU per turn"),
     ("throughput", "turns/s with 100 sessions in flight"),
     ("burst", "1,000 sessions sent at once: errors, p50/p99; RSS after the settle time"),
     ("idle_sessions", "RSS growth per 1,000 idle sessions"),
@@ -501,6 +502,55 @@ async fn turns(ctx: &mut Ctx) -> Result<(), String> {
     Ok(())
 }
 
+/// Turns whose one tool call is `exec_shell true`: what the exec path (policy, sandbox set-up,
+/// spawn, wait, output) costs end to end, as the tool-call leg the fake LLM measures.
+async fn exec_turns(ctx: &mut Ctx) -> Result<(), String> {
+    let n = ctx.n(30, 300);
+    let (home, gw) = ctx.fresh("exec").await?;
+    let mut c = Client::new(home.addr(), TURN_TIMEOUT);
+    let text = format!("{}true", fake_llm::EXEC_PREFIX);
+    for _ in 0..3 {
+        turn(&mut c, "exec-warm-up", &text).await?;
+    }
+    ctx.llm.reset_legs();
+    let cpu0 = gw.cpu_secs()?;
+    for i in 0..n {
+        turn(&mut c, &format!("exec-{}", i / TURNS_PER_SESSION), &text).await?;
+    }
+    let cpu1 = gw.cpu_secs()?;
+    let mut legs = ctx.llm.legs();
+    legs.sort();
+    let nl = legs.len() as u64;
+    ctx.report.add(
+        "exec_leg_p50",
+        quantile(&legs, 0.5).map(ms),
+        "ms",
+        None,
+        "<=",
+        Some(nl),
+        "fake LLM: exec_shell `true` call written -> its result received (sandbox, spawn, wait)",
+    );
+    ctx.report.add(
+        "exec_leg_p99",
+        quantile(&legs, 0.99).map(ms),
+        "ms",
+        None,
+        "<=",
+        Some(nl),
+        "",
+    );
+    ctx.report.add(
+        "cpu_per_exec_turn",
+        Some((cpu1 - cpu0) * 1e3 / n as f64),
+        "ms",
+        None,
+        "<=",
+        Some(n),
+        "daemon utime+stime / turns (the command's own CPU not included)",
+    );
+    Ok(())
+}
+
 /// `turns` turns over `workers` connections, each worker on its own sessions. Returns
 /// (latencies of the successes, errors, wall time).
 async fn drive(
@@ -718,6 +768,7 @@ async fn run(args: Args) -> Result<Report, String> {
             "idle" => idle(&mut ctx).await,
             "channels" => platforms::channels(&mut ctx).await,
             "turn" => turns(&mut ctx).await,
+            "exec" => exec_turns(&mut ctx).await,
             "throughput" => throughput(&mut ctx).await,
             "burst" => burst(&mut ctx).await,
             "idle_sessions" => idle_sessions(&mut ctx).await,
