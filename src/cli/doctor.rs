@@ -220,7 +220,7 @@ fn redact(text: &str, secret: &str) -> String {
 
 async fn store_and_bind(config: &Config) -> Vec<Finding> {
     let mut out = Vec::new();
-    let gateway = GatewayClient::detect(config).await;
+    let gateway = GatewayClient::find(config).await;
     match Store::open(&config.store.path, config.store.cache_bytes) {
         Ok(s) => {
             out.push(
