@@ -38,7 +38,7 @@ pub async fn send(config: &Config, channel: &str, chat: &str, text: &str) -> Res
     crate::admin::operator_message(channel, chat, text).map_err(CliError::msg)?;
     let c = GatewayClient::detect(config).await?.ok_or_else(|| {
         CliError(format!(
-            "weft send needs the running gateway of this config's store ({}), and none runs: start `weft gateway` with this config",
+            "weft send needs a running gateway for this config's store ({}), and none runs: start `weft gateway` with this config",
             config.store.path.display()
         ))
     })?;

@@ -307,10 +307,13 @@ fn caller(inner: &Inner, headers: &header::HeaderMap) -> Caller {
         .map_or("", |(_, token)| token.trim());
     // Both candidates are compared, in constant time each, whichever matches.
     let mut ok = false;
-    for t in [inner.cfg.control_token.as_deref(), inner.cfg.token.as_deref()]
-        .into_iter()
-        .flatten()
-        .filter(|t| !t.is_empty())
+    for t in [
+        inner.cfg.control_token.as_deref(),
+        inner.cfg.token.as_deref(),
+    ]
+    .into_iter()
+    .flatten()
+    .filter(|t| !t.is_empty())
     {
         ok |= !given.is_empty() && constant_time_eq(given.as_bytes(), t.as_bytes());
     }

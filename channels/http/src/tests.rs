@@ -187,13 +187,21 @@ impl Harness {
 async fn chat_round_trip_and_error_reply() {
     let h = start(None, Mode::Reply, Duration::from_secs(5)).await;
     let (s, v) = h
-        .post("/v1/chat", json!({"chat_id": "c", "content": "hi"}), Some(CONTROL))
+        .post(
+            "/v1/chat",
+            json!({"chat_id": "c", "content": "hi"}),
+            Some(CONTROL),
+        )
         .await;
     assert_eq!(s, 200, "{v}");
     assert_eq!(v["reply"], "echo: hi");
     assert_eq!(v["chat_id"], "c");
     let (s, v) = h
-        .post("/v1/chat", json!({"chat_id": "c", "content": "fail"}), Some(CONTROL))
+        .post(
+            "/v1/chat",
+            json!({"chat_id": "c", "content": "fail"}),
+            Some(CONTROL),
+        )
         .await;
     assert_eq!(s, 502);
     assert_eq!(v["error"], "echo: fail");
@@ -213,7 +221,11 @@ async fn duplicate_and_rejected() {
     assert_eq!((s, v["error"].as_str()), (409, Some("duplicate event_id")));
     let h = start(None, Mode::Reject, Duration::from_secs(5)).await;
     let (s, v) = h
-        .post("/v1/chat", json!({"chat_id": "c", "content": "x"}), Some(CONTROL))
+        .post(
+            "/v1/chat",
+            json!({"chat_id": "c", "content": "x"}),
+            Some(CONTROL),
+        )
         .await;
     assert_eq!((s, v["error"].as_str()), (403, Some("sender not allowed")));
     assert_eq!(h.ch.pending_waiters(), 0);
@@ -223,7 +235,11 @@ async fn duplicate_and_rejected() {
 async fn reply_timeout_is_504_and_leaks_no_waiter() {
     let h = start(None, Mode::Silent, Duration::from_millis(200)).await;
     let (s, v) = h
-        .post("/v1/chat", json!({"chat_id": "c", "content": "x"}), Some(CONTROL))
+        .post(
+            "/v1/chat",
+            json!({"chat_id": "c", "content": "x"}),
+            Some(CONTROL),
+        )
         .await;
     assert_eq!(s, 504);
     assert!(v["error"]
@@ -300,11 +316,18 @@ async fn bearer_token_required_except_healthz() {
         .post("/v1/chat", json!({"chat_id": "c", "content": "x"}), None)
         .await;
     assert_eq!(s, 401);
-    assert!(v["error"].as_str().unwrap().contains("Authorization: Bearer"));
+    assert!(v["error"]
+        .as_str()
+        .unwrap()
+        .contains("Authorization: Bearer"));
     // The configured token and the control token both admit every route.
     for token in ["s3cret", CONTROL] {
         let (s, v) = h
-            .post("/v1/chat", json!({"chat_id": "c", "content": "x"}), Some(token))
+            .post(
+                "/v1/chat",
+                json!({"chat_id": "c", "content": "x"}),
+                Some(token),
+            )
             .await;
         assert_eq!((s, v["reply"].as_str()), (200, Some("echo: x")));
         assert_eq!(h.get_as("/v1/status", Some(token)).await.0, 200);
@@ -329,13 +352,15 @@ async fn admin_routes_need_a_token_on_loopback_too() {
         }
     };
     for token in [None, Some("wrong"), Some(""), Some("control-token")] {
-        for path in ["/v1/status", "/v1/sessions", "/v1/sessions/http:abc", "/metrics"] {
+        for path in [
+            "/v1/status",
+            "/v1/sessions",
+            "/v1/sessions/http:abc",
+            "/metrics",
+        ] {
             let (s, v) = h.get_as(path, token).await;
             assert_eq!(s, 401, "{path} with {token:?}: {v}");
-            assert!(
-                v["error"].as_str().unwrap().contains("control.json"),
-                "{v}"
-            );
+            assert!(v["error"].as_str().unwrap().contains("control.json"), "{v}");
         }
         let (s, www, body) = post("/v1/admin/send", token).await;
         assert_eq!(s, 401, "{body}");
@@ -366,7 +391,10 @@ async fn admin_routes_need_a_token_on_loopback_too() {
     let (s, v) = h.get_as("/readyz", None).await;
     assert_eq!((s, v), (200, json!({"status": "ready"})));
     let (s, v) = h.get_as("/readyz", Some(CONTROL)).await;
-    assert_eq!((s, v["providers"][0]["base_url"].as_str()), (200, Some("http://10.1.2.3/v1")));
+    assert_eq!(
+        (s, v["providers"][0]["base_url"].as_str()),
+        (200, Some("http://10.1.2.3/v1"))
+    );
 }
 
 #[tokio::test]
@@ -421,9 +449,11 @@ async fn non_loopback_bind_needs_a_token_and_refuses_tokenless_chat() {
     assert!(e
         .to_string()
         .contains("channels.http.allow_loopback_without_token"));
-    assert!(HttpChannel::bind(cfg(Some("t"), false), Arc::new(FakeAdmin))
-        .await
-        .is_ok());
+    assert!(
+        HttpChannel::bind(cfg(Some("t"), false), Arc::new(FakeAdmin))
+            .await
+            .is_ok()
+    );
 }
 
 #[tokio::test]
@@ -441,12 +471,20 @@ async fn bad_requests_get_json_errors() {
     let v: Value = resp.json().await.unwrap();
     assert!(v["error"].as_str().unwrap().contains("chat_id"));
     let (s, v) = h
-        .post("/v1/chat", json!({"chat_id": "", "content": "x"}), Some(CONTROL))
+        .post(
+            "/v1/chat",
+            json!({"chat_id": "", "content": "x"}),
+            Some(CONTROL),
+        )
         .await;
     assert_eq!(s, 400);
     assert!(v["error"].as_str().unwrap().contains("chat_id"));
     let (s, _) = h
-        .post("/v1/chat", json!({"chat_id": "c", "content": 5}), Some(CONTROL))
+        .post(
+            "/v1/chat",
+            json!({"chat_id": "c", "content": 5}),
+            Some(CONTROL),
+        )
         .await;
     assert_eq!(s, 400);
     let big = "x".repeat(2 * 1024 * 1024);
