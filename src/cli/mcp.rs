@@ -41,10 +41,12 @@ pub async fn run(config: &Config, action: McpAction) -> Result<(), CliError> {
             c.post("/v1/admin/mcp/restart", &json!({ "name": name }))
                 .await?
         }
-        (McpAction::Restart { .. }, None) => return Err(CliError(format!(
-            "weft mcp restart needs a running gateway for this config's store ({}), and none runs",
-            config.store.path.display()
-        ))),
+        (McpAction::Restart { .. }, None) => {
+            return Err(CliError(format!(
+                "weft mcp restart needs a running gateway for the store {}, and none runs",
+                config.store.path.display()
+            )));
+        }
     };
     println!(
         "{}",

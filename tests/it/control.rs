@@ -22,7 +22,7 @@ fn control_file(dir: &Path) -> Value {
 /// `weft --config CFG ARGS…` run from `home`: (success, stdout, stderr).
 async fn run(home: &Path, cfg: &Path, args: &[&str]) -> (bool, String, String) {
     let (home, cfg) = (home.to_path_buf(), cfg.to_path_buf());
-    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    let args: Vec<String> = args.iter().map(ToString::to_string).collect();
     let out = tokio::task::spawn_blocking(move || {
         weft(&home)
             .arg("--config")
