@@ -74,12 +74,6 @@ impl GatewayClient {
         }))
     }
 
-    /// The gateway of `config`'s store, or `None` (any error reading the control file is
-    /// reported as "none", for checks that only want to know).
-    pub async fn find(config: &Config) -> Option<Self> {
-        Self::detect(config).await.ok().flatten()
-    }
-
     /// Base URL.
     pub fn base(&self) -> &str {
         &self.base
