@@ -72,8 +72,7 @@ impl Home {
         )
         .map_err(|e| format!("note: {e}"))?;
         let port = free_port()?;
-        let mut channels =
-            json!({ "http": { "bind": format!("127.0.0.1:{port}"), "reply_timeout_secs": 120 } });
+        let mut channels = json!({ "http": { "bind": format!("127.0.0.1:{port}"), "reply_timeout_secs": 120, "token": crate::http::API_TOKEN } });
         if let (Some(Value::Object(extra)), Some(obj)) = (extra_channels, channels.as_object_mut())
         {
             obj.extend(extra);

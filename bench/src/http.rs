@@ -7,6 +7,10 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+/// The bearer token the benchmark's gateways are configured with (`channels.http.token`) and
+/// every request sends: the API refuses callers without one, loopback included.
+pub const API_TOKEN: &str = "bench-api-token-not-a-secret-0000";
+
 /// Longest head accepted (requests and responses).
 const MAX_HEAD: usize = 64 * 1024;
 /// Longest body accepted.
@@ -214,7 +218,10 @@ impl Client {
         path: &str,
         body: Option<&[u8]>,
     ) -> Result<(u16, Vec<u8>), String> {
-        let mut msg = format!("{method} {path} HTTP/1.1\r\nHost: {}\r\n", self.addr);
+        let mut msg = format!(
+            "{method} {path} HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {API_TOKEN}\r\n",
+            self.addr
+        );
         if let Some(b) = body {
             msg.push_str("Content-Type: application/json\r\n");
             msg.push_str(&format!("Content-Length: {}\r\n", b.len()));

@@ -22,12 +22,14 @@ pub enum Backend {
     Store(Store),
 }
 
-/// Use a running gateway if one answers, else open the store; never a raw lock error.
+/// Use the running gateway of this store if there is one, else open the store; never a raw
+/// lock error.
 ///
 /// # Errors
-/// The store is locked by a process whose API does not answer, or cannot be opened.
+/// The store is locked by a process whose API does not answer, or cannot be opened; the
+/// store's control file cannot be read.
 pub async fn backend(config: &Config) -> Result<Backend, CliError> {
-    if let Some(c) = GatewayClient::detect(config).await {
+    if let Some(c) = GatewayClient::detect(config).await? {
         eprintln!("(using the running gateway at {})", c.base());
         return Ok(Backend::Gateway(c));
     }
@@ -37,8 +39,7 @@ pub async fn backend(config: &Config) -> Result<Backend, CliError> {
             Ok(Backend::Store(s))
         }
         Err(StoreError::Locked(path)) => Err(CliError(format!(
-            "the store at {path} is in use by another weft process, and no gateway API answers at {}. Wait for that process to finish, or stop it, then retry",
-            GatewayClient::address(config)
+            "the store at {path} is in use by another weft process, and no gateway of this store answers (none is running with its HTTP API, or it is starting or stopping). Wait for that process to finish, or stop it, then retry"
         ))),
         Err(e) => Err(CliError::msg(e)),
     }

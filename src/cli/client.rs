@@ -1,23 +1,28 @@
-//! Talking to a running gateway through its local HTTP API (sled admits one process, so while a
-//! gateway runs, `weft agent`, `weft status` and `weft sessions` go through it).
+//! Talking to the running gateway of this config's store through its local HTTP API (sled
+//! admits one process, so while a gateway runs, `weft agent`, `weft status`, `weft sessions`,
+//! `weft send`, `weft pairing` and `weft mcp` go through it).
+//!
+//! The gateway is found through `control.json` in the store directory ([`super::control`]),
+//! never by probing a port: a gateway of another store, or any other program, listening on the
+//! configured address is never talked to, and every request carries the control token.
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
 use futures::StreamExt;
 use serde_json::{json, Value};
 
-use super::CliError;
+use super::{control, CliError};
 use crate::config::Config;
 
-/// How long to wait for a gateway's `/healthz` before deciding none runs.
+/// How long to wait for the gateway's `/healthz` before deciding it is gone.
 const DETECT_TIMEOUT: Duration = Duration::from_millis(500);
 
-/// A client of a running gateway.
+/// A client of the running gateway of one store.
 #[derive(Clone)]
 pub struct GatewayClient {
     base: String,
-    token: Option<String>,
+    token: String,
+    store: std::path::PathBuf,
     http: reqwest::Client,
 }
 
@@ -35,39 +40,38 @@ pub enum StreamItem {
 }
 
 impl GatewayClient {
-    /// Where the API of `config` answers (a wildcard bind is reached on loopback).
-    pub fn address(config: &Config) -> SocketAddr {
-        let mut addr = config.http.bind;
-        if addr.ip().is_unspecified() {
-            addr.set_ip(IpAddr::V4(Ipv4Addr::LOCALHOST));
+    /// The gateway of `config`'s store, if one runs: its `control.json` exists, names a live
+    /// process, and something answers at the address it names. A file left by `kill -9` (dead
+    /// pid, or nothing listening) counts as no gateway.
+    ///
+    /// # Errors
+    /// The control file exists but cannot be read or parsed.
+    pub async fn detect(config: &Config) -> Result<Option<Self>, CliError> {
+        let store = &config.store.path;
+        let Some(info) = control::read(store)? else {
+            return Ok(None);
+        };
+        if !control::pid_alive(info.pid) {
+            return Ok(None);
         }
-        addr
-    }
-
-    /// A gateway answering `/healthz` at the configured address, if any.
-    pub async fn detect(config: &Config) -> Option<Self> {
-        if !config.http.enabled {
-            return None;
-        }
-        let addr = Self::address(config);
         let http = reqwest::Client::builder()
             .no_proxy()
             .connect_timeout(DETECT_TIMEOUT)
             .build()
-            .ok()?;
-        let base = format!("http://{addr}");
-        let ok = http
+            .map_err(CliError::msg)?;
+        let base = format!("http://{}", info.addr);
+        let answers = http
             .get(format!("{base}/healthz"))
             .timeout(DETECT_TIMEOUT)
             .send()
             .await
-            .map(|r| r.status().is_success())
-            .unwrap_or(false);
-        ok.then(|| Self {
+            .is_ok_and(|r| r.status().is_success());
+        Ok(answers.then(|| Self {
             base,
-            token: config.http.token.as_ref().map(|t| t.expose().to_string()),
+            token: info.token,
+            store: store.clone(),
             http,
-        })
+        }))
     }
 
     /// Base URL.
@@ -76,11 +80,18 @@ impl GatewayClient {
     }
 
     fn req(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
-        let r = self.http.request(method, format!("{}{path}", self.base));
-        match &self.token {
-            Some(t) => r.bearer_auth(t),
-            None => r,
-        }
+        self.http
+            .request(method, format!("{}{path}", self.base))
+            .bearer_auth(&self.token)
+    }
+
+    /// What a 401 means here: whoever answers at the address is not this store's gateway.
+    fn not_ours(&self) -> CliError {
+        CliError(format!(
+            "the gateway at {} refused this store's control token: it is not the gateway of {} (its control.json names a process that is not serving there). Stop the program on that address, or restart this store's gateway",
+            self.base,
+            self.store.display()
+        ))
     }
 
     async fn json(&self, r: reqwest::RequestBuilder) -> Result<(u16, Value), CliError> {
@@ -88,6 +99,9 @@ impl GatewayClient {
             .send()
             .await
             .map_err(|e| CliError(format!("gateway at {} did not answer: {e}", self.base)))?;
+        if resp.status() == reqwest::StatusCode::UNAUTHORIZED {
+            return Err(self.not_ours());
+        }
         let status = resp.status().as_u16();
         let v = resp.json::<Value>().await.unwrap_or(Value::Null);
         Ok((status, v))
@@ -171,6 +185,9 @@ impl GatewayClient {
             .send()
             .await
             .map_err(|e| CliError(format!("gateway at {} did not answer: {e}", self.base)))?;
+        if resp.status() == reqwest::StatusCode::UNAUTHORIZED {
+            return Err(self.not_ours());
+        }
         if !resp.status().is_success() {
             let status = resp.status();
             let body = resp.text().await.unwrap_or_default();

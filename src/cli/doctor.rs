@@ -220,7 +220,8 @@ fn redact(text: &str, secret: &str) -> String {
 
 async fn store_and_bind(config: &Config) -> Vec<Finding> {
     let mut out = Vec::new();
-    let gateway = GatewayClient::detect(config).await;
+    // An unreadable control file shows up as the store being in use by an unknown process.
+    let gateway = GatewayClient::detect(config).await.ok().flatten();
     match Store::open(&config.store.path, config.store.cache_bytes) {
         Ok(s) => {
             out.push(

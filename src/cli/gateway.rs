@@ -1,6 +1,10 @@
 //! `weft gateway`: run the daemon until SIGINT/SIGTERM, then shut down in order. Under
 //! systemd (`Type=notify`) it reports `READY=1` and a `STATUS=` line once the channels are up,
 //! pings `WATCHDOG=1` only while the bus answers, and sends `STOPPING=1` before draining.
+//!
+//! Each start makes a new control token: the HTTP API accepts it on every route, it joins the
+//! secrets the scrubber knows, and `control.json` in the store hands it to the local CLI
+//! (removed again at a clean shutdown).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -9,13 +13,14 @@ use std::time::Duration;
 use clawft_channel_core::Channel;
 use clawft_channel_http::{HttpChannel, HttpConfig};
 
-use super::CliError;
+use super::{control, CliError};
 use crate::admin::AdminApi;
 use crate::bus::{BusMsg, BusRef};
 use crate::config::Config;
 use crate::daemon::{build_model, Daemon};
 use crate::notify::Notifier;
 use crate::store::{Store, StoreError};
+use crate::types::Secret;
 
 /// A started gateway: the daemon plus the address its HTTP API listens on.
 pub struct Gateway {
@@ -23,6 +28,9 @@ pub struct Gateway {
     pub daemon: Daemon,
     /// Bound address of the HTTP API, when enabled.
     pub http_addr: Option<std::net::SocketAddr>,
+    /// This run's control token (when the HTTP API is enabled) and the store holding its
+    /// `control.json`.
+    control: Option<(Secret, std::path::PathBuf)>,
 }
 
 impl Gateway {
@@ -41,6 +49,23 @@ impl Gateway {
             Err(e) => return Err(CliError::msg(e)),
         };
         let model = build_model(&config).map_err(CliError::msg)?;
+        let token = if config.http.enabled {
+            let t = control::new_token()
+                .map_err(|e| CliError(format!("cannot generate the control token: {e}")))?;
+            Some(Secret::new(t))
+        } else {
+            None
+        };
+        // The token is a secret of this run: scrubbed from tool output and kept out of the
+        // environment of commands, like the configured ones.
+        let config = match &token {
+            Some(t) => {
+                let mut c = (*config).clone();
+                c.secrets.push(t.clone());
+                Arc::new(c)
+            }
+            None => config,
+        };
         let admin = AdminApi::new(config.clone());
         let mut channels: Vec<Arc<dyn Channel>> = Vec::new();
         let mut http_addr = None;
@@ -49,6 +74,8 @@ impl Gateway {
                 HttpConfig {
                     bind: config.http.bind,
                     token: config.http.token.as_ref().map(|t| t.expose().to_string()),
+                    control_token: token.as_ref().map(|t| t.expose().to_string()),
+                    allow_loopback_without_token: config.http.allow_loopback_without_token,
                     reply_timeout: config.http.reply_timeout,
                     channel_id: "http".into(),
                 },
@@ -69,15 +96,48 @@ impl Gateway {
             daemon.outbox().clone(),
             daemon.mcp_slot(),
         );
+        let control = match (token, http_addr) {
+            (Some(token), Some(addr)) => {
+                let store = config.store.path.clone();
+                let info = control::ControlInfo {
+                    addr: control::reachable(addr),
+                    pid: std::process::id(),
+                    token: token.expose().to_string(),
+                    store: std::fs::canonicalize(&store).unwrap_or_else(|_| store.clone()),
+                };
+                if let Err(e) = control::write(&store, &info) {
+                    daemon.shutdown().await;
+                    return Err(CliError(format!(
+                        "cannot write {} ({e}): the weft commands could not reach this gateway; check the permissions of store.path",
+                        control::path(&store).display()
+                    )));
+                }
+                Some((token, store))
+            }
+            _ => None,
+        };
         match http_addr {
             Some(a) => tracing::info!(http = %a, "weft gateway ready"),
             None => tracing::info!("weft gateway ready (HTTP API disabled)"),
         }
-        Ok(Self { daemon, http_addr })
+        Ok(Self {
+            daemon,
+            http_addr,
+            control,
+        })
     }
 
-    /// Shut down in order.
+    /// This run's control token: what `control.json` holds (`None` without the HTTP API).
+    pub fn control_token(&self) -> Option<&str> {
+        self.control.as_ref().map(|(t, _)| t.expose())
+    }
+
+    /// Shut down in order. The control file goes first, while this process still holds the
+    /// store, so it can never remove the file of a gateway started after it.
     pub async fn shutdown(self) {
+        if let Some((token, store)) = &self.control {
+            control::remove(store, token.expose());
+        }
         self.daemon.shutdown().await;
     }
 }
@@ -153,7 +213,10 @@ async fn reload(gateway: &mut Gateway, path: Option<&std::path::Path>, notifier:
             tracing::error!(error = %e, "new configuration rejected; the running one stays in force");
             notifier.status(&format!("config reload rejected: {e}"));
         }
-        Ok(new) => {
+        Ok(mut new) => {
+            // The control token stays a secret of the reloaded tools.
+            new.secrets
+                .extend(gateway.control.as_ref().map(|(t, _)| t.clone()));
             let changes = gateway.daemon.reload(new).await;
             for c in &changes {
                 tracing::info!(change = %c, "configuration reloaded");

@@ -19,7 +19,7 @@ const SETTLE: Duration = Duration::from_secs(20);
 /// # Errors
 /// No gateway for `restart`, or the gateway refused.
 pub async fn run(config: &Config, action: McpAction) -> Result<(), CliError> {
-    let gateway = GatewayClient::detect(config).await;
+    let gateway = GatewayClient::detect(config).await?;
     let v = match (action, gateway) {
         (McpAction::List, Some(c)) => {
             eprintln!("(using the running gateway at {})", c.base());
@@ -43,9 +43,9 @@ pub async fn run(config: &Config, action: McpAction) -> Result<(), CliError> {
         }
         (McpAction::Restart { .. }, None) => {
             return Err(CliError(format!(
-                "weft mcp restart needs a running gateway (none answers at {})",
-                GatewayClient::address(config)
-            )))
+                "weft mcp restart needs a running gateway for the store {}, and none runs",
+                config.store.path.display()
+            )));
         }
     };
     println!(

@@ -2,6 +2,7 @@
 
 pub mod agent;
 pub mod client;
+pub mod control;
 pub mod doctor;
 pub mod gateway;
 pub mod mcp;

@@ -36,10 +36,10 @@ pub async fn run(config: &Config, action: PairingAction) -> Result<(), CliError>
 /// No gateway running, or the gateway refused the message.
 pub async fn send(config: &Config, channel: &str, chat: &str, text: &str) -> Result<(), CliError> {
     crate::admin::operator_message(channel, chat, text).map_err(CliError::msg)?;
-    let c = GatewayClient::detect(config).await.ok_or_else(|| {
+    let c = GatewayClient::detect(config).await?.ok_or_else(|| {
         CliError(format!(
-            "weft send needs a running gateway (none answers at {}): start `weft gateway`",
-            GatewayClient::address(config)
+            "weft send needs a running gateway for this config's store ({}), and none runs: start `weft gateway` with this config",
+            config.store.path.display()
         ))
     })?;
     let v = c

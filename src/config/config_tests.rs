@@ -135,6 +135,30 @@ fn non_loopback_bind_needs_token() {
 }
 
 #[test]
+fn tokenless_chat_is_an_opt_in_refused_on_a_non_loopback_bind() {
+    let c = Config::from_str("{}", false, &env(&[])).unwrap();
+    assert!(!c.http.allow_loopback_without_token);
+    let c = Config::from_str(
+        r#"{"channels":{"http":{"allow_loopback_without_token":true}}}"#,
+        false,
+        &env(&[]),
+    )
+    .unwrap();
+    assert!(c.http.allow_loopback_without_token);
+    let err = Config::from_str(
+        r#"{"channels":{"http":{"bind":"0.0.0.0:80","token":"t","allow_loopback_without_token":true}}}"#,
+        false,
+        &env(&[]),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("channels.http.allow_loopback_without_token") && err.contains("127.0.0.1"),
+        "{err}"
+    );
+}
+
+#[test]
 fn unknown_fallback_provider_is_named() {
     let err = Config::from_str(
         r#"{"providers":{"openai":{}},"agents":{"defaults":{"fallback":["nope"]}}}"#,

@@ -181,6 +181,9 @@ pub struct HttpFile {
     pub token_file: Option<String>,
     /// How long `POST /v1/chat` waits for the reply, in seconds (default 300).
     pub reply_timeout_secs: Option<u64>,
+    /// Let local programs use the chat routes (`/v1/chat`, `/v1/chat/stream`) without a
+    /// bearer token (default false). Loopback binds only; the admin routes always need one.
+    pub allow_loopback_without_token: Option<bool>,
 }
 
 /// `store`.

@@ -192,7 +192,16 @@ impl Config {
             bind,
             token,
             reply_timeout: Duration::from_secs(h.reply_timeout_secs.unwrap_or(300).max(1)),
+            allow_loopback_without_token: h.allow_loopback_without_token.unwrap_or(false),
         };
+        if http.enabled && http.allow_loopback_without_token && !bind.ip().is_loopback() {
+            return Err(ConfigError::Invalid {
+                key: "channels.http.allow_loopback_without_token".into(),
+                detail: format!(
+                    "only accepted with a loopback bind, and channels.http.bind is {bind}: remove it (clients then send the bearer token), or bind 127.0.0.1"
+                ),
+            });
+        }
         if http.enabled && !bind.ip().is_loopback() && http.token.is_none() {
             return Err(ConfigError::Invalid {
                 key: "channels.http.bind".into(),

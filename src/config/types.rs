@@ -126,6 +126,8 @@ pub struct HttpChannelConfig {
     pub token: Option<Secret>,
     /// How long a request waits for its reply.
     pub reply_timeout: Duration,
+    /// Chat routes without a token on a loopback bind (an explicit opt-in).
+    pub allow_loopback_without_token: bool,
 }
 
 /// The store.

@@ -71,10 +71,8 @@ impl TestGateway {
         clawft::install_crypto_provider();
         let gateway = Gateway::start(Arc::new(config)).await.unwrap();
         let addr = gateway.http_addr.unwrap();
-        Self {
-            gateway,
-            api: Api::new(&format!("http://{addr}")),
-        }
+        let api = Api::with_token(&format!("http://{addr}"), gateway.control_token());
+        Self { gateway, api }
     }
 
     pub async fn stop(self) {
@@ -82,7 +80,8 @@ impl TestGateway {
     }
 }
 
-/// A client of the HTTP API.
+/// A client of the HTTP API. Built `with_token`, every request (also through `http`) carries
+/// `Authorization: Bearer <token>`.
 #[derive(Clone)]
 pub struct Api {
     pub base: String,
@@ -90,10 +89,27 @@ pub struct Api {
 }
 
 impl Api {
+    /// Without a token.
     pub fn new(base: &str) -> Self {
+        Self::with_token(base, None)
+    }
+
+    /// With `token` (the gateway's control token) on every request.
+    pub fn with_token(base: &str, token: Option<&str>) -> Self {
+        let mut headers = reqwest::header::HeaderMap::new();
+        if let Some(t) = token {
+            headers.insert(
+                reqwest::header::AUTHORIZATION,
+                format!("Bearer {t}").parse().unwrap(),
+            );
+        }
         Self {
             base: base.to_string(),
-            http: reqwest::Client::builder().no_proxy().build().unwrap(),
+            http: reqwest::Client::builder()
+                .no_proxy()
+                .default_headers(headers)
+                .build()
+                .unwrap(),
         }
     }
 

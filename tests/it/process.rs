@@ -23,7 +23,7 @@ pub fn weft(dir: &Path) -> Command {
     c
 }
 
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -37,13 +37,24 @@ pub fn write_config(dir: &Path, v: &Value) -> PathBuf {
     p
 }
 
-struct Daemon {
-    child: Child,
-    api: Api,
+pub(crate) struct Daemon {
+    pub(crate) child: Child,
+    /// The API with the gateway's control token (read from `control.json` in its store).
+    pub(crate) api: Api,
+}
+
+/// The control token the gateway of config file `cfg` wrote into its store.
+pub(crate) fn control_token(cfg: &Path) -> Option<String> {
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(cfg).ok()?).ok()?;
+    let store = PathBuf::from(v["store"]["path"].as_str()?);
+    let c: Value = serde_json::from_slice(&std::fs::read(store.join("control.json")).ok()?).ok()?;
+    c["token"].as_str().map(str::to_string)
 }
 
 impl Daemon {
-    async fn start(dir: &Path, cfg: &Path, port: u16) -> Self {
+    pub(crate) async fn start(dir: &Path, cfg: &Path, port: u16) -> Self {
+        // A file left by a gateway killed with SIGKILL: wait for the new one.
+        let stale = control_token(cfg);
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -82,15 +93,29 @@ impl Daemon {
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+        // Ready: control.json is written just before the gateway says so.
+        let deadline = std::time::Instant::now() + T;
+        let token = loop {
+            if let Some(t) = control_token(cfg).filter(|t| Some(t) != stale.as_ref()) {
+                break t;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no control.json\n{}",
+                log_of(dir)
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        d.api = Api::with_token(&d.api.base, Some(&token));
         d
     }
 
-    fn kill9(mut self) {
+    pub(crate) fn kill9(mut self) {
         self.child.kill().unwrap(); // SIGKILL
         self.child.wait().unwrap();
     }
 
-    fn term(mut self) -> std::process::ExitStatus {
+    pub(crate) fn term(mut self) -> std::process::ExitStatus {
         let pid = rustix::process::Pid::from_child(&self.child);
         rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
         self.child.wait().unwrap()
@@ -98,7 +123,7 @@ impl Daemon {
 }
 
 /// A config file for a gateway whose HTTP API listens on `port`, with `extra` merged in.
-fn gateway_config(dir: &Path, llm: &FakeLlm, port: u16, extra: Value) -> PathBuf {
+pub(crate) fn gateway_config(dir: &Path, llm: &FakeLlm, port: u16, extra: Value) -> PathBuf {
     let v = config_value(
         &llm.base_url(),
         dir,
@@ -110,7 +135,7 @@ fn gateway_config(dir: &Path, llm: &FakeLlm, port: u16, extra: Value) -> PathBuf
     write_config(dir, &v)
 }
 
-fn log_of(dir: &Path) -> String {
+pub(crate) fn log_of(dir: &Path) -> String {
     std::fs::read_to_string(dir.join("gateway.log")).unwrap_or_default()
 }
 
@@ -555,16 +580,18 @@ async fn planted_keys_never_reach_the_logs_even_at_trace_level() {
             .stderr(log)
             .spawn()
             .unwrap();
-        let api = Api::new(&format!("http://127.0.0.1:{port}"));
         assert!(
-            wait_until(T, || std::net::TcpStream::connect(("127.0.0.1", port))
-                .is_ok())
-            .await,
+            wait_until(T, || control_token(&cfg).is_some()).await,
             "{}",
             log_of(dir.path())
         );
+        let api = Api::with_token(
+            &format!("http://127.0.0.1:{port}"),
+            control_token(&cfg).as_deref(),
+        );
         Daemon { child, api }
     };
+    let token = control_token(&cfg).unwrap();
     let (s, body) = d.api.chat("leak", "read leak.txt").await;
     assert_eq!(s, 200, "{body}");
     assert!(body["reply"].as_str().unwrap().contains("[REDACTED]"));
@@ -575,6 +602,7 @@ async fn planted_keys_never_reach_the_logs_even_at_trace_level() {
     for key in PLANTED {
         assert!(!log.contains(key), "{key} in the logs");
     }
+    assert!(!log.contains(&token), "the control token is in the logs");
 }
 
 #[test]

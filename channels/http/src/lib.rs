@@ -1,10 +1,14 @@
 //! The local HTTP API channel (axum): `POST /v1/chat` returns the final reply, `POST
 //! /v1/chat/stream` streams it as SSE, `GET /healthz` / `/readyz`, and the admin routes
-//! (`/v1/status`, `/v1/sessions`) served through the [`Admin`] trait.
+//! (`/v1/status`, `/v1/sessions`, `/v1/admin/*`, `/metrics`) served through the [`Admin`] trait.
 //!
-//! Deny by default: it binds loopback unless a bearer token is configured, and then every route
-//! but `/healthz` requires it. It knows nothing of sessions or the store; replies come back
-//! through [`Channel::send`], correlated by the inbound event id.
+//! Deny by default, on every bind, loopback included: the admin routes need a bearer token (the
+//! gateway's control token, or the operator's `channels.http.token`); the chat routes need one
+//! too unless the operator opted in to tokenless chat on a loopback bind
+//! ([`HttpConfig::allow_loopback_without_token`]). Only `/healthz` and the bare status of
+//! `/readyz` answer anyone. It binds a non-loopback address only with a configured token. It
+//! knows nothing of sessions or the store; replies come back through [`Channel::send`],
+//! correlated by the inbound event id.
 
 use std::collections::{HashMap, VecDeque};
 use std::convert::Infallible;
@@ -41,8 +45,15 @@ const SSE_KEEPALIVE: Duration = Duration::from_secs(15);
 pub struct HttpConfig {
     /// Address to bind.
     pub bind: SocketAddr,
-    /// Bearer token; required for a non-loopback bind.
+    /// The operator's bearer token (`channels.http.token`): admits every route; required for
+    /// a non-loopback bind.
     pub token: Option<String>,
+    /// The gateway's control token, generated at each start and handed to the local CLI
+    /// through a 0600 file: admits every route, like `token`.
+    pub control_token: Option<String>,
+    /// Serve the chat routes (`/v1/chat`, `/v1/chat/stream`, `/v1/chats/*/messages`) to
+    /// callers without a token. Loopback binds only; the admin routes always need a token.
+    pub allow_loopback_without_token: bool,
     /// How long `POST /v1/chat` waits for the reply.
     pub reply_timeout: Duration,
     /// Channel id (`http`).
@@ -55,6 +66,12 @@ pub enum HttpError {
     /// A non-loopback bind without a token.
     #[error("refusing to serve the HTTP API on non-loopback address {addr} without a bearer token: set channels.http.token (or token_env / token_file), or bind 127.0.0.1")]
     NonLoopbackWithoutToken {
+        /// The address.
+        addr: SocketAddr,
+    },
+    /// Tokenless chat asked for on a non-loopback bind.
+    #[error("channels.http.allow_loopback_without_token = true is only accepted on a loopback bind, and the API binds {addr}: remove the key (clients then send channels.http.token), or bind 127.0.0.1")]
+    OpenChatOnNonLoopback {
         /// The address.
         addr: SocketAddr,
     },
@@ -171,13 +188,18 @@ impl HttpChannel {
     /// Validate the config and bind the listener now, so bind errors surface at startup.
     ///
     /// # Errors
-    /// A non-loopback bind without a token, or a bind failure.
+    /// A non-loopback bind without a token or with tokenless chat, or a bind failure.
     pub async fn bind(
         cfg: HttpConfig,
         admin: Arc<dyn Admin>,
     ) -> Result<Arc<HttpChannel>, HttpError> {
-        if !cfg.bind.ip().is_loopback() && cfg.token.as_deref().is_none_or(str::is_empty) {
-            return Err(HttpError::NonLoopbackWithoutToken { addr: cfg.bind });
+        if !cfg.bind.ip().is_loopback() {
+            if cfg.token.as_deref().is_none_or(str::is_empty) {
+                return Err(HttpError::NonLoopbackWithoutToken { addr: cfg.bind });
+            }
+            if cfg.allow_loopback_without_token {
+                return Err(HttpError::OpenChatOnNonLoopback { addr: cfg.bind });
+            }
         }
         let std_listener =
             std::net::TcpListener::bind(cfg.bind).map_err(|source| HttpError::Bind {
@@ -234,20 +256,23 @@ fn refuse(status: StatusCode, msg: impl Into<String>) -> Refusal {
 }
 
 fn router(inner: Arc<Inner>) -> Router {
-    let api = Router::new()
-        .route("/readyz", get(readyz))
+    let chat = Router::new()
         .route("/v1/chat", post(chat))
         .route("/v1/chat/stream", post(chat_stream))
+        .route("/v1/chats/{chat_id}/messages", get(mailbox))
+        .route_layer(middleware::from_fn_with_state(inner.clone(), auth_chat));
+    let admin = Router::new()
         .route("/v1/status", get(status))
         .route("/v1/sessions", get(sessions))
         .route("/v1/sessions/{key}", get(session).delete(clear_session))
-        .route("/v1/chats/{chat_id}/messages", get(mailbox))
         .route("/v1/admin/{*name}", post(admin_command))
         .route("/metrics", get(metrics))
-        .route_layer(middleware::from_fn_with_state(inner.clone(), auth));
+        .route_layer(middleware::from_fn_with_state(inner.clone(), auth_admin));
     Router::new()
         .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
-        .merge(api)
+        .route("/readyz", get(readyz))
+        .merge(chat)
+        .merge(admin)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(inner)
 }
@@ -259,25 +284,99 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-async fn auth(State(inner): State<Arc<Inner>>, req: Request, next: Next) -> Response {
-    if let Some(token) = inner.cfg.token.as_deref().filter(|t| !t.is_empty()) {
-        let given = req
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .unwrap_or("");
-        if !constant_time_eq(given.as_bytes(), token.as_bytes()) {
-            return err(StatusCode::UNAUTHORIZED, "missing or invalid bearer token");
-        }
-    }
-    next.run(req).await
+/// What the caller presented, judged against the tokens this API accepts.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Caller {
+    /// No `Authorization` header.
+    Anonymous,
+    /// A bearer token that is neither the control token nor the configured one.
+    BadToken,
+    /// The control token or the configured token.
+    Authenticated,
 }
 
-async fn readyz(State(inner): State<Arc<Inner>>) -> Response {
+fn caller(inner: &Inner, headers: &header::HeaderMap) -> Caller {
+    let Some(value) = headers.get(header::AUTHORIZATION) else {
+        return Caller::Anonymous;
+    };
+    let given = value
+        .to_str()
+        .ok()
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map_or("", |(_, token)| token.trim());
+    // Both candidates are compared, in constant time each, whichever matches.
+    let mut ok = false;
+    for t in [
+        inner.cfg.control_token.as_deref(),
+        inner.cfg.token.as_deref(),
+    ]
+    .into_iter()
+    .flatten()
+    .filter(|t| !t.is_empty())
+    {
+        ok |= !given.is_empty() && constant_time_eq(given.as_bytes(), t.as_bytes());
+    }
+    if ok {
+        Caller::Authenticated
+    } else {
+        Caller::BadToken
+    }
+}
+
+fn unauthorized(msg: &str) -> Response {
+    let mut r = err(StatusCode::UNAUTHORIZED, msg);
+    r.headers_mut().insert(
+        header::WWW_AUTHENTICATE,
+        header::HeaderValue::from_static("Bearer"),
+    );
+    r
+}
+
+/// What a refused admin request is told.
+const ADMIN_UNAUTHORIZED: &str = "missing or invalid bearer token: the admin routes need `Authorization: Bearer <token>` with channels.http.token, or the gateway's control token (written at each start to control.json in the gateway's store directory, mode 0600; the `weft` commands use it by themselves)";
+/// What a refused chat request is told when no token is configured.
+const CHAT_NEEDS_OPT_IN: &str = "missing bearer token: set channels.http.token (or token_env / token_file) and send `Authorization: Bearer <token>`, or set channels.http.allow_loopback_without_token = true to let local programs chat without one (`weft agent` needs neither)";
+/// What a refused chat request is told when a token is configured or a wrong one was sent.
+const CHAT_UNAUTHORIZED: &str =
+    "missing or invalid bearer token: send `Authorization: Bearer <channels.http.token>`";
+
+/// The admin routes: always a token, whatever the bind.
+async fn auth_admin(State(inner): State<Arc<Inner>>, req: Request, next: Next) -> Response {
+    match caller(&inner, req.headers()) {
+        Caller::Authenticated => next.run(req).await,
+        Caller::Anonymous | Caller::BadToken => unauthorized(ADMIN_UNAUTHORIZED),
+    }
+}
+
+/// The chat routes: a token, unless the operator opted in to tokenless chat on loopback (a
+/// token that is sent is still checked).
+async fn auth_chat(State(inner): State<Arc<Inner>>, req: Request, next: Next) -> Response {
+    let open = inner.cfg.allow_loopback_without_token && inner.cfg.bind.ip().is_loopback();
+    match caller(&inner, req.headers()) {
+        Caller::Authenticated => next.run(req).await,
+        Caller::Anonymous if open => next.run(req).await,
+        Caller::Anonymous if inner.cfg.token.as_deref().is_none_or(str::is_empty) => {
+            unauthorized(CHAT_NEEDS_OPT_IN)
+        }
+        Caller::Anonymous | Caller::BadToken => unauthorized(CHAT_UNAUTHORIZED),
+    }
+}
+
+/// Readiness for anyone (probes, load balancers): the status code and `status`; the details
+/// (channels, providers, MCP servers) only for an authenticated caller.
+async fn readyz(State(inner): State<Arc<Inner>>, headers: header::HeaderMap) -> Response {
+    let full = caller(&inner, &headers) == Caller::Authenticated;
+    let shown = |v: Value| {
+        if full {
+            v
+        } else {
+            json!({ "status": v.get("status").cloned().unwrap_or(Value::Null) })
+        }
+    };
     match inner.admin.ready().await {
-        Ok(v) => Json(v).into_response(),
-        Err(v) => (StatusCode::SERVICE_UNAVAILABLE, Json(v)).into_response(),
+        Ok(v) => Json(shown(v)).into_response(),
+        Err(v) => (StatusCode::SERVICE_UNAVAILABLE, Json(shown(v))).into_response(),
     }
 }
 

@@ -28,7 +28,10 @@ impl Admin for FakeAdmin {
         Ok(key == "http:abc")
     }
     async fn ready(&self) -> Result<Value, Value> {
-        Ok(json!({"status": "ready"}))
+        Ok(json!({"status": "ready", "providers": [{"base_url": "http://10.1.2.3/v1"}]}))
+    }
+    async fn command(&self, name: &str, _body: Value) -> Result<Value, AdminError> {
+        Ok(json!({"ran": name}))
     }
 }
 
@@ -50,18 +53,26 @@ struct Harness {
     http: reqwest::Client,
 }
 
+/// The control token every harness is started with (the daemon generates a random one).
+const CONTROL: &str = "control-token-0123456789abcdef";
+
+fn loopback(token: Option<&str>, timeout: Duration) -> HttpConfig {
+    HttpConfig {
+        bind: "127.0.0.1:0".parse().unwrap(),
+        token: token.map(str::to_string),
+        control_token: Some(CONTROL.into()),
+        allow_loopback_without_token: false,
+        reply_timeout: timeout,
+        channel_id: "http".into(),
+    }
+}
+
 async fn start(token: Option<&str>, mode: Mode, timeout: Duration) -> Harness {
-    let ch = HttpChannel::bind(
-        HttpConfig {
-            bind: "127.0.0.1:0".parse().unwrap(),
-            token: token.map(str::to_string),
-            reply_timeout: timeout,
-            channel_id: "http".into(),
-        },
-        Arc::new(FakeAdmin),
-    )
-    .await
-    .unwrap();
+    start_with(loopback(token, timeout), mode).await
+}
+
+async fn start_with(cfg: HttpConfig, mode: Mode) -> Harness {
+    let ch = HttpChannel::bind(cfg, Arc::new(FakeAdmin)).await.unwrap();
     let (tx, mut rx) = mpsc::channel::<InboundDelivery>(8);
     let cancel = CancellationToken::new();
     let c2 = ch.clone();
@@ -157,13 +168,16 @@ impl Harness {
         let s = resp.status().as_u16();
         (s, resp.json().await.unwrap_or(Value::Null))
     }
+    /// `GET path` with the control token.
     async fn get(&self, path: &str) -> (u16, Value) {
-        let resp = self
-            .http
-            .get(format!("{}{path}", self.base))
-            .send()
-            .await
-            .unwrap();
+        self.get_as(path, Some(CONTROL)).await
+    }
+    async fn get_as(&self, path: &str, token: Option<&str>) -> (u16, Value) {
+        let mut r = self.http.get(format!("{}{path}", self.base));
+        if let Some(t) = token {
+            r = r.bearer_auth(t);
+        }
+        let resp = r.send().await.unwrap();
         let s = resp.status().as_u16();
         (s, resp.json().await.unwrap_or(Value::Null))
     }
@@ -173,13 +187,21 @@ impl Harness {
 async fn chat_round_trip_and_error_reply() {
     let h = start(None, Mode::Reply, Duration::from_secs(5)).await;
     let (s, v) = h
-        .post("/v1/chat", json!({"chat_id": "c", "content": "hi"}), None)
+        .post(
+            "/v1/chat",
+            json!({"chat_id": "c", "content": "hi"}),
+            Some(CONTROL),
+        )
         .await;
     assert_eq!(s, 200, "{v}");
     assert_eq!(v["reply"], "echo: hi");
     assert_eq!(v["chat_id"], "c");
     let (s, v) = h
-        .post("/v1/chat", json!({"chat_id": "c", "content": "fail"}), None)
+        .post(
+            "/v1/chat",
+            json!({"chat_id": "c", "content": "fail"}),
+            Some(CONTROL),
+        )
         .await;
     assert_eq!(s, 502);
     assert_eq!(v["error"], "echo: fail");
@@ -193,13 +215,17 @@ async fn duplicate_and_rejected() {
         .post(
             "/v1/chat",
             json!({"chat_id": "c", "content": "x", "event_id": "e1"}),
-            None,
+            Some(CONTROL),
         )
         .await;
     assert_eq!((s, v["error"].as_str()), (409, Some("duplicate event_id")));
     let h = start(None, Mode::Reject, Duration::from_secs(5)).await;
     let (s, v) = h
-        .post("/v1/chat", json!({"chat_id": "c", "content": "x"}), None)
+        .post(
+            "/v1/chat",
+            json!({"chat_id": "c", "content": "x"}),
+            Some(CONTROL),
+        )
         .await;
     assert_eq!((s, v["error"].as_str()), (403, Some("sender not allowed")));
     assert_eq!(h.ch.pending_waiters(), 0);
@@ -209,7 +235,11 @@ async fn duplicate_and_rejected() {
 async fn reply_timeout_is_504_and_leaks_no_waiter() {
     let h = start(None, Mode::Silent, Duration::from_millis(200)).await;
     let (s, v) = h
-        .post("/v1/chat", json!({"chat_id": "c", "content": "x"}), None)
+        .post(
+            "/v1/chat",
+            json!({"chat_id": "c", "content": "x"}),
+            Some(CONTROL),
+        )
         .await;
     assert_eq!(s, 504);
     assert!(v["error"]
@@ -237,6 +267,7 @@ async fn sse_stream_delivers_deltas_progress_and_done() {
     let text = h
         .http
         .post(format!("{}/v1/chat/stream", h.base))
+        .bearer_auth(CONTROL)
         .json(&json!({"chat_id": "c", "content": "hi"}))
         .send()
         .await
@@ -268,11 +299,11 @@ async fn sse_stream_delivers_deltas_progress_and_done() {
 #[tokio::test]
 async fn bearer_token_required_except_healthz() {
     let h = start(Some("s3cret"), Mode::Reply, Duration::from_secs(5)).await;
-    let (s, _) = h.get("/healthz").await;
+    let (s, _) = h.get_as("/healthz", None).await;
     assert_eq!(s, 200);
-    let (s, v) = h.get("/v1/status").await;
+    let (s, v) = h.get_as("/v1/status", None).await;
     assert_eq!(s, 401);
-    assert_eq!(v["error"], "missing or invalid bearer token");
+    assert!(v["error"].as_str().unwrap().contains("channels.http.token"));
     let (s, _) = h
         .post(
             "/v1/chat",
@@ -282,32 +313,147 @@ async fn bearer_token_required_except_healthz() {
         .await;
     assert_eq!(s, 401);
     let (s, v) = h
-        .post(
-            "/v1/chat",
-            json!({"chat_id": "c", "content": "x"}),
-            Some("s3cret"),
-        )
+        .post("/v1/chat", json!({"chat_id": "c", "content": "x"}), None)
         .await;
-    assert_eq!((s, v["reply"].as_str()), (200, Some("echo: x")));
+    assert_eq!(s, 401);
+    assert!(v["error"]
+        .as_str()
+        .unwrap()
+        .contains("Authorization: Bearer"));
+    // The configured token and the control token both admit every route.
+    for token in ["s3cret", CONTROL] {
+        let (s, v) = h
+            .post(
+                "/v1/chat",
+                json!({"chat_id": "c", "content": "x"}),
+                Some(token),
+            )
+            .await;
+        assert_eq!((s, v["reply"].as_str()), (200, Some("echo: x")));
+        assert_eq!(h.get_as("/v1/status", Some(token)).await.0, 200);
+    }
 }
 
 #[tokio::test]
-async fn non_loopback_bind_needs_a_token() {
-    let cfg = |token: Option<&str>| HttpConfig {
+async fn admin_routes_need_a_token_on_loopback_too() {
+    let h = start(None, Mode::Reply, Duration::from_secs(5)).await;
+    let post = |path: &'static str, token: Option<&'static str>| {
+        let mut r = h.http.post(format!("{}{path}", h.base)).json(&json!({
+            "channel": "http", "chat_id": "victim", "content": "hi"
+        }));
+        if let Some(t) = token {
+            r = r.bearer_auth(t);
+        }
+        async move {
+            let resp = r.send().await.unwrap();
+            let s = resp.status().as_u16();
+            let www = resp.headers().get("www-authenticate").cloned();
+            (s, www, resp.text().await.unwrap())
+        }
+    };
+    for token in [None, Some("wrong"), Some(""), Some("control-token")] {
+        for path in [
+            "/v1/status",
+            "/v1/sessions",
+            "/v1/sessions/http:abc",
+            "/metrics",
+        ] {
+            let (s, v) = h.get_as(path, token).await;
+            assert_eq!(s, 401, "{path} with {token:?}: {v}");
+            assert!(v["error"].as_str().unwrap().contains("control.json"), "{v}");
+        }
+        let (s, www, body) = post("/v1/admin/send", token).await;
+        assert_eq!(s, 401, "{body}");
+        assert_eq!(www.unwrap(), "Bearer");
+        assert!(!body.contains("ran"), "{body}");
+        let resp = h
+            .http
+            .delete(format!("{}/v1/sessions/http:abc", h.base))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 401);
+    }
+    // With the control token they answer (the scheme is case-insensitive).
+    let (s, v) = h.get_as("/v1/sessions/http:abc", Some(CONTROL)).await;
+    assert_eq!((s, v["key"].as_str()), (200, Some("http:abc")));
+    let (s, _, body) = post("/v1/admin/send", Some(CONTROL)).await;
+    assert_eq!((s, body.as_str()), (200, r#"{"ran":"send"}"#));
+    let resp = h
+        .http
+        .get(format!("{}/v1/status", h.base))
+        .header("authorization", format!("bearer {CONTROL}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    // /readyz: the status for anyone, the details for the authenticated only.
+    let (s, v) = h.get_as("/readyz", None).await;
+    assert_eq!((s, v), (200, json!({"status": "ready"})));
+    let (s, v) = h.get_as("/readyz", Some(CONTROL)).await;
+    assert_eq!(
+        (s, v["providers"][0]["base_url"].as_str()),
+        (200, Some("http://10.1.2.3/v1"))
+    );
+}
+
+#[tokio::test]
+async fn chat_without_a_token_needs_the_loopback_opt_in() {
+    let h = start(None, Mode::Reply, Duration::from_secs(5)).await;
+    let body = json!({"chat_id": "c", "content": "x"});
+    let (s, v) = h.post("/v1/chat", body.clone(), None).await;
+    assert_eq!(s, 401);
+    assert!(
+        v["error"]
+            .as_str()
+            .unwrap()
+            .contains("channels.http.allow_loopback_without_token = true"),
+        "{v}"
+    );
+    assert_eq!(h.post("/v1/chat/stream", body.clone(), None).await.0, 401);
+    assert_eq!(h.get_as("/v1/chats/c/messages", None).await.0, 401);
+
+    let mut cfg = loopback(None, Duration::from_secs(5));
+    cfg.allow_loopback_without_token = true;
+    let h = start_with(cfg, Mode::Reply).await;
+    let (s, v) = h.post("/v1/chat", body.clone(), None).await;
+    assert_eq!((s, v["reply"].as_str()), (200, Some("echo: x")));
+    assert_eq!(h.get_as("/v1/chats/c/messages", None).await.0, 200);
+    // A token that is sent is still checked; the admin routes still need one.
+    assert_eq!(h.post("/v1/chat", body, Some("wrong")).await.0, 401);
+    assert_eq!(h.get_as("/v1/sessions", None).await.0, 401);
+    assert_eq!(h.get_as("/v1/status", None).await.0, 401);
+}
+
+#[tokio::test]
+async fn non_loopback_bind_needs_a_token_and_refuses_tokenless_chat() {
+    let cfg = |token: Option<&str>, open: bool| HttpConfig {
         bind: "0.0.0.0:0".parse().unwrap(),
         token: token.map(str::to_string),
+        control_token: Some(CONTROL.into()),
+        allow_loopback_without_token: open,
         reply_timeout: Duration::from_secs(1),
         channel_id: "http".into(),
     };
-    let e = HttpChannel::bind(cfg(None), Arc::new(FakeAdmin))
+    let e = HttpChannel::bind(cfg(None, false), Arc::new(FakeAdmin))
         .await
         .err()
         .unwrap();
     assert!(matches!(e, HttpError::NonLoopbackWithoutToken { .. }));
     assert!(e.to_string().contains("channels.http.token"));
-    assert!(HttpChannel::bind(cfg(Some("t")), Arc::new(FakeAdmin))
+    let e = HttpChannel::bind(cfg(Some("t"), true), Arc::new(FakeAdmin))
         .await
-        .is_ok());
+        .err()
+        .unwrap();
+    assert!(matches!(e, HttpError::OpenChatOnNonLoopback { .. }));
+    assert!(e
+        .to_string()
+        .contains("channels.http.allow_loopback_without_token"));
+    assert!(
+        HttpChannel::bind(cfg(Some("t"), false), Arc::new(FakeAdmin))
+            .await
+            .is_ok()
+    );
 }
 
 #[tokio::test]
@@ -316,6 +462,7 @@ async fn bad_requests_get_json_errors() {
     let resp = h
         .http
         .post(format!("{}/v1/chat", h.base))
+        .bearer_auth(CONTROL)
         .body("{not json")
         .send()
         .await
@@ -324,18 +471,27 @@ async fn bad_requests_get_json_errors() {
     let v: Value = resp.json().await.unwrap();
     assert!(v["error"].as_str().unwrap().contains("chat_id"));
     let (s, v) = h
-        .post("/v1/chat", json!({"chat_id": "", "content": "x"}), None)
+        .post(
+            "/v1/chat",
+            json!({"chat_id": "", "content": "x"}),
+            Some(CONTROL),
+        )
         .await;
     assert_eq!(s, 400);
     assert!(v["error"].as_str().unwrap().contains("chat_id"));
     let (s, _) = h
-        .post("/v1/chat", json!({"chat_id": "c", "content": 5}), None)
+        .post(
+            "/v1/chat",
+            json!({"chat_id": "c", "content": 5}),
+            Some(CONTROL),
+        )
         .await;
     assert_eq!(s, 400);
     let big = "x".repeat(2 * 1024 * 1024);
     let resp = h
         .http
         .post(format!("{}/v1/chat", h.base))
+        .bearer_auth(CONTROL)
         .body(big)
         .send()
         .await
@@ -356,6 +512,7 @@ async fn admin_routes_and_percent_encoded_keys() {
     let resp = h
         .http
         .delete(format!("{}/v1/sessions/http%3Aabc", h.base))
+        .bearer_auth(CONTROL)
         .send()
         .await
         .unwrap();
@@ -389,6 +546,7 @@ async fn cancel_stops_listen_and_answers_waiting_requests() {
     let base = h.base.clone();
     let waiting = tokio::spawn(async move {
         http.post(format!("{base}/v1/chat"))
+            .bearer_auth(CONTROL)
             .json(&json!({"chat_id": "c", "content": "x"}))
             .send()
             .await
