@@ -51,6 +51,7 @@ impl Gateway {
                     token: config.http.token.as_ref().map(|t| t.expose().to_string()),
                     reply_timeout: config.http.reply_timeout,
                     channel_id: "http".into(),
+                    max_inbound_bytes: config.max_inbound_bytes,
                 },
                 Arc::new(admin.clone()),
             )

@@ -107,6 +107,7 @@ impl Daemon {
                 open: &self.open,
                 stop: &self.stop_channels,
                 tasks: &self.tasks,
+                max_inbound_bytes: self.config.max_inbound_bytes,
             },
             ch,
             access,
@@ -124,6 +125,8 @@ struct ChannelKit<'a> {
     open: &'a CancellationToken,
     stop: &'a CancellationToken,
     tasks: &'a TaskTracker,
+    /// `channels.max_inbound_bytes` (fixed at start, as the HTTP API's own check).
+    max_inbound_bytes: usize,
 }
 
 async fn start_channel(
@@ -156,6 +159,7 @@ async fn start_channel(
             intake: kit.intake.clone(),
             open: kit.open.clone(),
             stop: stop.clone(),
+            max_inbound_bytes: kit.max_inbound_bytes,
         },
         kit.tasks,
     );
@@ -265,6 +269,7 @@ impl Daemon {
                     open: &open,
                     stop: &stop_channels,
                     tasks: &tasks,
+                    max_inbound_bytes: config.max_inbound_bytes,
                 },
                 ch,
                 &access,
@@ -379,6 +384,10 @@ impl Daemon {
         for (what, changed) in [
             ("providers", old.providers != new.providers),
             ("channels.http", old.http != new.http),
+            (
+                "channels.max_inbound_bytes",
+                old.max_inbound_bytes != new.max_inbound_bytes,
+            ),
             ("store", old.store != new.store),
             ("agents", old.agent != new.agent),
             ("sessions", old.sessions != new.sessions),

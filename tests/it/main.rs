@@ -7,6 +7,7 @@ mod access;
 mod common;
 mod fake_llm;
 mod gateway;
+mod inputs;
 mod layering;
 mod mcp;
 mod platforms;

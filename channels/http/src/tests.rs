@@ -57,6 +57,7 @@ async fn start(token: Option<&str>, mode: Mode, timeout: Duration) -> Harness {
             token: token.map(str::to_string),
             reply_timeout: timeout,
             channel_id: "http".into(),
+            max_inbound_bytes: clawft_channel_core::DEFAULT_MAX_INBOUND_BYTES,
         },
         Arc::new(FakeAdmin),
     )
@@ -298,6 +299,7 @@ async fn non_loopback_bind_needs_a_token() {
         token: token.map(str::to_string),
         reply_timeout: Duration::from_secs(1),
         channel_id: "http".into(),
+        max_inbound_bytes: clawft_channel_core::DEFAULT_MAX_INBOUND_BYTES,
     };
     let e = HttpChannel::bind(cfg(None), Arc::new(FakeAdmin))
         .await
