@@ -10,6 +10,7 @@ use crate::llm::openai::{OpenAiCompat, OpenAiConfig};
 use crate::llm::retry::{ResilientModel, RetryPolicy};
 use crate::llm::{DynModel, LlmError};
 use crate::mcp::client::McpManager;
+use crate::tools::protected::ProtectedPaths;
 use crate::tools::{exec, fs, message, ratelimit, registry, shell_policy, web, ToolRegistry};
 
 /// Build the model chain (retries per provider, then failover in order).
@@ -106,22 +107,70 @@ pub fn access_rules(config: &Config) -> crate::ingress::access::Access {
     )
 }
 
-/// Paths commands must never touch even beneath an allowed tree: the config (its directory when
-/// that does not hold the workspace), the store, the systemd credentials directory.
-pub fn protected_paths(config: &Config) -> Vec<std::path::PathBuf> {
-    let ws = &config.agent.workspace;
-    let mut out = vec![config.store.path.clone()];
+/// The daemon's own paths, which no tool may touch wherever the workspace is: the config
+/// (file and directory), the files secrets were read from, `$CREDENTIALS_DIRECTORY`, the store
+/// (which also holds the gateway's own files), the state directory (`~/.clawft`) and the
+/// config files it may hold. The one list of both the file tools ([`crate::tools::Workspace`])
+/// and the exec sandbox (carved out of allowed trees).
+///
+/// A path that contains the workspace cannot be refused whole (the workspace would go with
+/// it): the config directory and the state directory are then represented by the files above
+/// (config, secret files, store), and the store and credentials directories, sensitive
+/// throughout, by their entries outside the workspace's branch.
+pub fn protected_paths(config: &Config) -> ProtectedPaths {
+    use crate::tools::protected::{canonical, ProtectedKind};
+    let mut all = ProtectedPaths::default();
     if let Some(p) = &config.path {
-        match p.parent() {
-            Some(dir) if !dir.as_os_str().is_empty() && !ws.starts_with(dir) => {
-                out.push(dir.to_path_buf());
-            }
-            _ => out.push(p.clone()),
+        all.push(p.clone(), ProtectedKind::Config);
+        if let Some(dir) = p.parent() {
+            all.push(dir, ProtectedKind::Config);
         }
     }
-    out.extend(config.tools.credentials_dir.clone());
-    out.retain(|p| !ws.starts_with(p));
+    for s in &config.secrets {
+        if let Some(f) = s.file() {
+            all.push(f, ProtectedKind::Credentials);
+        }
+    }
+    if let Some(d) = &config.tools.credentials_dir {
+        all.push(d.clone(), ProtectedKind::Credentials);
+    }
+    all.push(config.store.path.clone(), ProtectedKind::Store);
+    all.push(config.home.clone(), ProtectedKind::State);
+    for name in ["config.toml", "config.json"] {
+        all.push(config.home.join(name), ProtectedKind::Config);
+    }
+    let ws = canonical(&config.agent.workspace);
+    let mut out = ProtectedPaths::default();
+    for p in all.iter() {
+        let c = canonical(&p.path);
+        if !ws.starts_with(&c) {
+            out.push(p.path.clone(), p.kind);
+        } else if c != ws && matches!(p.kind, ProtectedKind::Store | ProtectedKind::Credentials) {
+            carve(&c, &ws, p.kind, &mut out);
+        }
+    }
     out
+}
+
+/// Protect the entries of `dir` (which strictly contains `ws`) except those on the way to the
+/// workspace, recursively.
+fn carve(
+    dir: &std::path::Path,
+    ws: &std::path::Path,
+    kind: crate::tools::protected::ProtectedKind,
+    out: &mut ProtectedPaths,
+) {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in rd.flatten() {
+        let p = e.path();
+        if !ws.starts_with(&p) {
+            out.push(p, kind);
+        } else if p != ws {
+            carve(&p, ws, kind, out);
+        }
+    }
 }
 
 fn exec_runtime(
@@ -129,7 +178,7 @@ fn exec_runtime(
     approver: Option<Arc<dyn shell_policy::Approver>>,
 ) -> std::io::Result<Arc<exec::ExecRuntime>> {
     let deps = exec::ExecDeps {
-        protected_paths: protected_paths(config),
+        protected_paths: protected_paths(config).paths(),
         secrets: config
             .secrets
             .iter()

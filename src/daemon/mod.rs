@@ -87,6 +87,8 @@ pub struct Daemon {
     approvals: Arc<crate::approval::Approvals>,
     subagents: Arc<crate::subagent::SubagentHub>,
     supervisor: crate::subagent::SupervisorRef,
+    /// The workspace of every session, to refresh its protected paths on reload.
+    workspace: Arc<Workspace>,
     config: Config,
 }
 
@@ -185,11 +187,13 @@ impl Daemon {
         model: DynModel,
         channels: Vec<Arc<dyn Channel>>,
     ) -> Result<Self, DaemonError> {
-        let workspace =
-            Workspace::open(&config.agent.workspace).map_err(|e| DaemonError::Workspace {
+        let workspace = Workspace::open(&config.agent.workspace)
+            .map_err(|e| DaemonError::Workspace {
                 path: config.agent.workspace.display().to_string(),
                 source: e,
-            })?;
+            })?
+            .with_protected(&protected_paths(config));
+        let workspace = Arc::new(workspace);
         let outbox = Outbox::new(store.clone(), ChannelTable::default());
         let approvals = Arc::new(crate::approval::Approvals::new(
             Arc::new(outbox.clone()) as Arc<dyn MessageSink>
@@ -216,7 +220,7 @@ impl Daemon {
                 workspace.root(),
             )
             .into(),
-            workspace: Arc::new(workspace),
+            workspace: workspace.clone(),
             connect_hint: connect_hint(config).map(Into::into),
             skills_global: Some(config.home.join("skills")),
         };
@@ -314,6 +318,7 @@ impl Daemon {
             approvals,
             subagents,
             supervisor,
+            workspace,
             config: config.clone(),
         })
     }
@@ -402,6 +407,8 @@ impl Daemon {
         kept.secrets = new.secrets;
         kept.chat_channels = new.chat_channels;
         self.config = kept;
+        // Secret files may have changed; the store and the workspace did not (restart).
+        self.workspace.set_protected(&protected_paths(&self.config));
         if changes.is_empty() {
             changes.push("nothing changed".into());
         }

@@ -8,6 +8,7 @@
 
 use std::io::Read;
 use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -263,6 +264,8 @@ impl Tool for ListDirectory {
             let fd = ws.open_beneath(&a.path, OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty())?;
             let dir = rustix::fs::Dir::read_from(&fd)
                 .map_err(|e| super::workspace::map_errno(&a.path, e))?;
+            let guard = ws.guard();
+            let protected = guard.listing(std::os::fd::AsFd::as_fd(&fd), &a.path)?;
             let mut entries = Vec::new();
             for ent in dir {
                 let ent = ent.map_err(|e| super::workspace::map_errno(&a.path, e))?;
@@ -274,6 +277,16 @@ impl Tool for ListDirectory {
                 let is_dir = st
                     .as_ref()
                     .is_some_and(|s| rustix::fs::FileType::from_raw_mode(s.st_mode).is_dir());
+                // Named, so the model knows not to try; never opened.
+                if let Some(kind) = protected.kind_of(
+                    std::ffi::OsStr::from_bytes(ent.file_name().to_bytes()),
+                    st.as_ref(),
+                ) {
+                    entries.push(json!({
+                        "name": name, "is_dir": is_dir, "protected": kind.describe(),
+                    }));
+                    continue;
+                }
                 let size = st.map_or(0, |s| u64::try_from(s.st_size).unwrap_or(0));
                 entries.push(json!({ "name": name, "is_dir": is_dir, "size": size }));
             }

@@ -264,3 +264,153 @@ async fn allow_from_usernames_stop_the_gateway_at_start_and_are_refused_by_a_rel
     );
     assert_eq!(d.term().code(), Some(0), "{}", log_of(dir.path()));
 }
+
+/// Issue 14, finding 3: the workspace is the service's home, which holds the state directory
+/// (config, store) and the credentials directory. No file tool reads or changes them, by their
+/// path, a symlink or a hard link; everything else in the home stays usable.
+#[tokio::test]
+async fn file_tools_never_touch_the_config_store_or_credentials_inside_the_workspace() {
+    use crate::common::tool_results;
+    use crate::fake_llm::check_tool_pairing;
+    const CONFIG_MARK: &str = "CONFIG-MARK-5e0a";
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("home");
+    let llm = FakeLlm::start().await;
+    std::fs::create_dir_all(home.join(".clawft")).unwrap();
+    std::fs::create_dir_all(home.join("creds")).unwrap();
+    let key = "sk-test-from-credentials-dir-0001";
+    std::fs::write(home.join("creds/openai.key"), key).unwrap();
+    let config_text = format!(
+        "# {CONFIG_MARK}\n[agents.defaults]\nworkspace = \"{home}\"\nmodel = \"fake-model\"\n\n\
+         [providers.openai]\nbase_url = \"{llm}\"\napi_key_file = \"openai.key\"\ntimeout_secs = 30\n\n\
+         [channels.http]\nbind = \"127.0.0.1:0\"\n\n[store]\npath = \"{home}/.clawft/store\"\ncache_mb = 4\n\n\
+         [sessions]\nshutdown_grace_secs = 2\n\n[tools.exec]\nsandbox = true\n",
+        home = home.display(),
+        llm = llm.base_url(),
+    );
+    let config_path = home.join(".clawft/config.toml");
+    std::fs::write(&config_path, &config_text).unwrap();
+    let env = clawft::config::Env::from_pairs([
+        ("HOME", home.to_str().unwrap()),
+        ("CLAWFT_HOME", home.join(".clawft").to_str().unwrap()),
+        (
+            "CREDENTIALS_DIRECTORY",
+            home.join("creds").to_str().unwrap(),
+        ),
+    ]);
+    let config = clawft::config::Config::load(Some(&config_path), &env).unwrap();
+    let gw = TestGateway::start(config).await;
+    let store = home.join(".clawft/store");
+    let store_file = std::fs::read_dir(&store)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.is_file())
+        .expect("a file in the store");
+    // Other names of the protected files, inside the workspace.
+    std::os::unix::fs::symlink(".clawft/config.toml", home.join("cfg-link")).unwrap();
+    std::os::unix::fs::symlink("creds", home.join("keys")).unwrap();
+    std::fs::hard_link(&config_path, home.join("cfg-hard")).unwrap();
+    std::fs::hard_link(home.join("creds/openai.key"), home.join("key-hard")).unwrap();
+    std::fs::hard_link(&store_file, home.join("store-hard")).unwrap();
+    std::fs::write(home.join("notes.txt"), "ordinary notes").unwrap();
+
+    let unsandbox = "[tools.exec]\nsandbox = false\n";
+    let calls: Vec<(&str, &str, serde_json::Value)> = vec![
+        (
+            "w1",
+            "write_file",
+            json!({"path": ".clawft/config.toml", "content": unsandbox}),
+        ),
+        (
+            "w2",
+            "edit_file",
+            json!({"path": ".clawft/config.toml", "old_text": "sandbox = true", "new_text": "sandbox = false"}),
+        ),
+        (
+            "w3",
+            "write_file",
+            json!({"path": "cfg-link", "content": unsandbox}),
+        ),
+        (
+            "w4",
+            "edit_file",
+            json!({"path": "cfg-hard", "old_text": "sandbox = true", "new_text": "sandbox = false"}),
+        ),
+        (
+            "w5",
+            "write_file",
+            json!({"path": "creds/openai.key", "content": "sk-attacker"}),
+        ),
+        (
+            "w6",
+            "write_file",
+            json!({"path": "keys/openai.key", "content": "sk-attacker"}),
+        ),
+        (
+            "w7",
+            "write_file",
+            json!({"path": ".clawft/store/control.json", "content": "{}"}),
+        ),
+        ("r1", "read_file", json!({"path": ".clawft/config.toml"})),
+        ("r2", "read_file", json!({"path": "cfg-link"})),
+        ("r3", "read_file", json!({"path": "cfg-hard"})),
+        ("r4", "read_file", json!({"path": "creds/openai.key"})),
+        ("r5", "read_file", json!({"path": "keys/openai.key"})),
+        ("r6", "read_file", json!({"path": "key-hard"})),
+        ("r7", "read_file", json!({"path": "store-hard"})),
+        ("l1", "list_directory", json!({"path": ".clawft/store"})),
+        (
+            "g1",
+            "grep",
+            json!({"pattern": "sandbox", "directory": ".clawft"}),
+        ),
+    ];
+    llm.push(Reply::ToolCalls(
+        calls
+            .iter()
+            .map(|(id, name, args)| (id.to_string(), name.to_string(), args.to_string()))
+            .collect(),
+    ));
+    llm.push(Reply::ToolCalls(vec![(
+        "ok".into(),
+        "read_file".into(),
+        r#"{"path":"notes.txt"}"#.into(),
+    )]));
+    llm.push(Reply::Text("done".into()));
+    let (s, body) = gw.api.chat("h", "rewrite the config").await;
+    assert_eq!((s, body["reply"].as_str()), (200, Some("done")), "{body}");
+    let reqs = llm.requests();
+    for r in &reqs {
+        check_tool_pairing(r).unwrap();
+    }
+    let results = tool_results(&reqs[1]);
+    assert_eq!(results.len(), calls.len());
+    for (id, v) in &results {
+        assert_eq!(v["error_code"], "PERMISSION_DENIED", "{id}: {v}");
+        // Writes never go through a symlink at all (refused before the target is looked at).
+        let why = if id == "w3" {
+            "symbolic link"
+        } else {
+            "file tools never"
+        };
+        assert!(v["error"].as_str().unwrap().contains(why), "{id}: {v}");
+    }
+    let notes = &tool_results(&reqs[2]).last().unwrap().1.clone();
+    assert_eq!(notes["content"], "ordinary notes", "{notes}");
+    let sent = serde_json::to_string(&reqs).unwrap();
+    assert!(!sent.contains(CONFIG_MARK), "the config reached the model");
+    assert!(!sent.contains(key), "the key reached the model");
+    gw.stop().await;
+    assert_eq!(std::fs::read_to_string(&config_path).unwrap(), config_text);
+    assert_eq!(
+        std::fs::read_to_string(home.join("creds/openai.key")).unwrap(),
+        key
+    );
+    assert!(!store.join("control.json").exists());
+    let names: Vec<_> = std::fs::read_dir(home.join("creds")).unwrap().collect();
+    assert_eq!(
+        names.len(),
+        1,
+        "a file appeared in the credentials directory"
+    );
+}
