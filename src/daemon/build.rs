@@ -264,3 +264,105 @@ pub fn build_registry(
     }
     reg
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use std::path::{Path, PathBuf};
+
+    use super::*;
+    use crate::config::Env;
+    use crate::tools::protected::{canonical, ProtectedKind};
+
+    fn load(home: &Path, config: &Path, text: &str, extra: &[(&str, &str)]) -> Config {
+        std::fs::create_dir_all(config.parent().unwrap()).unwrap();
+        std::fs::write(config, text).unwrap();
+        let mut env = vec![("HOME", home.to_str().unwrap())];
+        env.extend_from_slice(extra);
+        Config::load(Some(config), &Env::from_pairs(env)).unwrap()
+    }
+
+    fn set(c: &Config) -> Vec<(PathBuf, ProtectedKind)> {
+        protected_paths(c)
+            .iter()
+            .map(|p| (canonical(&p.path), p.kind))
+            .collect()
+    }
+
+    #[test]
+    fn the_default_layout_protects_the_config_and_store_but_not_the_dirs_holding_the_workspace() {
+        let tmp = tempfile::tempdir().unwrap();
+        let home = canonical(tmp.path());
+        let state = home.join(".clawft");
+        let c = load(&home, &state.join("config.toml"), "", &[]);
+        let s = set(&c);
+        assert!(s.contains(&(state.join("config.toml"), ProtectedKind::Config)));
+        assert!(s.contains(&(state.join("config.json"), ProtectedKind::Config)));
+        assert!(s.contains(&(state.join("store"), ProtectedKind::Store)));
+        // ~/.clawft holds the workspace: refusing it would refuse the workspace.
+        assert!(!s.iter().any(|(p, _)| *p == state), "{s:?}");
+    }
+
+    #[test]
+    fn a_workspace_holding_everything_keeps_everything_protected() {
+        let tmp = tempfile::tempdir().unwrap();
+        let home = canonical(tmp.path());
+        std::fs::create_dir_all(home.join("creds")).unwrap();
+        std::fs::write(home.join("creds/tg"), "123:token").unwrap();
+        std::fs::write(home.join("weft.key"), "sk-1").unwrap();
+        let text = format!(
+            "[agents.defaults]\nworkspace = \"{h}\"\n[providers.openai]\napi_key_file = \"{h}/weft.key\"\n[channels.telegram]\ntoken_file = \"tg\"\nallow_from = [1]\n",
+            h = home.display()
+        );
+        let c = load(
+            &home,
+            &home.join(".clawft/config.toml"),
+            &text,
+            &[(
+                "CREDENTIALS_DIRECTORY",
+                home.join("creds").to_str().unwrap(),
+            )],
+        );
+        let s = set(&c);
+        for (p, kind) in [
+            (".clawft", ProtectedKind::Config),
+            (".clawft/config.toml", ProtectedKind::Config),
+            (".clawft/store", ProtectedKind::Store),
+            ("creds", ProtectedKind::Credentials),
+            ("creds/tg", ProtectedKind::Credentials),
+            ("weft.key", ProtectedKind::Credentials),
+        ] {
+            assert!(s.contains(&(home.join(p), kind)), "{p}: {s:?}");
+        }
+        // The exec sandbox gets the same list.
+        assert_eq!(protected_paths(&c).paths().len(), s.len());
+    }
+
+    #[test]
+    fn a_store_holding_the_workspace_is_protected_entry_by_entry() {
+        let tmp = tempfile::tempdir().unwrap();
+        let home = canonical(tmp.path());
+        let store = home.join("data");
+        std::fs::create_dir_all(store.join("ws")).unwrap();
+        std::fs::write(store.join("db"), "pages").unwrap();
+        std::fs::write(store.join("conf"), "x").unwrap();
+        let text = format!(
+            "[agents.defaults]\nworkspace = \"{s}/ws\"\n[store]\npath = \"{s}\"\n",
+            s = store.display()
+        );
+        let c = load(&home, &home.join("cfg/weft.toml"), &text, &[]);
+        let s = set(&c);
+        assert!(
+            s.contains(&(store.join("db"), ProtectedKind::Store)),
+            "{s:?}"
+        );
+        assert!(
+            s.contains(&(store.join("conf"), ProtectedKind::Store)),
+            "{s:?}"
+        );
+        assert!(
+            !s.iter().any(|(p, _)| *p == store || *p == store.join("ws")),
+            "{s:?}"
+        );
+    }
+}
