@@ -546,6 +546,8 @@ impl Tool for WriteFile {
                 let data = read_capped(&mut f, max_backup, rel, "back up")?;
                 let bak_name = format!("{name}.bak");
                 let bak_rel = format!("{rel}.bak");
+                ws.guard()
+                    .check_entry(std::os::fd::AsFd::as_fd(&dir), &bak_name, &bak_rel)?;
                 let bak_old = check_replaceable(&ws, &dir, &bak_name, &bak_rel)?;
                 write_atomic(&dir, &bak_name, &data, old.mode, bak_old, &bak_rel)?;
                 backup = Some(bak_rel);
