@@ -300,6 +300,35 @@ async fn file_tools_never_touch_the_config_store_or_credentials_inside_the_works
     ]);
     let config = clawft::config::Config::load(Some(&config_path), &env).unwrap();
     let gw = TestGateway::start(config).await;
+    // The exec sandbox gets the same list: commands cannot read them either, by their paths
+    // or a symlink, even with a hard link to them beside (Landlock follows paths: the link's
+    // own name stays readable to commands, see docs/security.md).
+    if clawft::tools::sandbox::probe().fs_enforced {
+        std::os::unix::fs::symlink(".clawft/config.toml", home.join("cfg-sym")).unwrap();
+        std::fs::hard_link(&config_path, home.join("cfg-beside")).unwrap();
+        let cat = "cat .clawft/config.toml cfg-sym creds/openai.key; ls .clawft/store";
+        llm.push(Reply::ToolCalls(vec![(
+            "x".into(),
+            "exec_shell".into(),
+            json!({ "command": cat }).to_string(),
+        )]));
+        llm.push(Reply::Text("ran".into()));
+        let (s, body) = gw.api.chat("x", "cat the config").await;
+        assert_eq!((s, body["reply"].as_str()), (200, Some("ran")), "{body}");
+        let exec = tool_results(&llm.requests()[1])[0].1.clone();
+        assert_ne!(exec["exit_code"], 0, "{exec}");
+        assert_eq!(exec["stdout"], "", "{exec}");
+        let denied = exec["stderr"]
+            .as_str()
+            .unwrap()
+            .matches("Permission denied");
+        assert_eq!(denied.count(), 4, "{exec}");
+        std::fs::remove_file(home.join("cfg-sym")).unwrap();
+        std::fs::remove_file(home.join("cfg-beside")).unwrap();
+    } else {
+        println!("SKIPPED the exec part: Landlock is unavailable on this kernel");
+    }
+    let base = llm.requests().len();
     let store = home.join(".clawft/store");
     let store_file = std::fs::read_dir(&store)
         .unwrap()
@@ -379,7 +408,7 @@ async fn file_tools_never_touch_the_config_store_or_credentials_inside_the_works
     llm.push(Reply::Text("done".into()));
     let (s, body) = gw.api.chat("h", "rewrite the config").await;
     assert_eq!((s, body["reply"].as_str()), (200, Some("done")), "{body}");
-    let reqs = llm.requests();
+    let reqs = llm.requests().split_off(base);
     for r in &reqs {
         check_tool_pairing(r).unwrap();
     }
