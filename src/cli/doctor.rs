@@ -79,6 +79,73 @@ fn permissions(check: &str, path: &Path) -> Option<Finding> {
     })
 }
 
+/// Whether the workspace holds the daemon's own files (or lies inside its store or credentials
+/// directory). The file tools refuse them anyway and the exec sandbox carves them out, but a
+/// kernel without Landlock leaves them readable to `exec_shell`, and an operator who copies or
+/// archives the workspace takes them along: a workspace of its own is the fix.
+pub fn workspace_findings(config: &Config) -> Vec<Finding> {
+    use crate::tools::protected::{canonical, ProtectedKind};
+    let ws = canonical(&config.agent.workspace);
+    let key = "agents.defaults.workspace";
+    let mut out = Vec::new();
+    // Outermost first, so a directory is named once, not every file in it.
+    let mut inside: Vec<(std::path::PathBuf, ProtectedKind)> =
+        crate::daemon::protected_paths(config)
+            .iter()
+            .map(|p| (canonical(&p.path), p.kind))
+            .filter(|(c, _)| c.starts_with(&ws) && c.exists())
+            .collect();
+    inside.sort_by_key(|(c, _)| c.components().count());
+    let mut seen: Vec<std::path::PathBuf> = Vec::new();
+    for (c, kind) in inside {
+        if !seen.iter().any(|s| c.starts_with(s)) {
+            out.push(warn(
+                "workspace",
+                format!(
+                    "the workspace {} contains the daemon's {} {}: file tools refuse it and the exec sandbox hides it, but without Landlock exec_shell can read it; set {key} to a directory of its own (e.g. ~/.clawft/workspace) or move it out",
+                    ws.display(),
+                    kind.describe(),
+                    c.display()
+                ),
+            ));
+            seen.push(c);
+        }
+    }
+    let holders = [
+        (Some(config.store.path.clone()), ProtectedKind::Store),
+        (
+            config.tools.credentials_dir.clone(),
+            ProtectedKind::Credentials,
+        ),
+    ];
+    for (dir, kind) in holders {
+        let Some(dir) = dir.map(|d| canonical(&d)) else {
+            continue;
+        };
+        if ws.starts_with(&dir) {
+            out.push(warn(
+                "workspace",
+                format!(
+                    "the workspace {} lies inside the daemon's {} {}: set {key} to a directory outside it",
+                    ws.display(),
+                    kind.describe(),
+                    dir.display()
+                ),
+            ));
+        }
+    }
+    if out.is_empty() {
+        out.push(ok(
+            "workspace",
+            format!(
+                "{} holds none of the daemon's config, credentials, store or state directory",
+                ws.display()
+            ),
+        ));
+    }
+    out
+}
+
 async fn providers(config: &Config, client: &reqwest::Client) -> Vec<Finding> {
     let mut out = Vec::new();
     for p in &config.providers {
@@ -301,6 +368,7 @@ pub async fn check(config: &Config) -> Result<Vec<Finding>, CliError> {
             }
         }
     }
+    out.extend(workspace_findings(config));
     let client = http()?;
     out.extend(providers(config, &client).await);
     out.extend(channels(config, &client).await);
@@ -361,4 +429,70 @@ pub async fn run(config: &Config, as_json: bool) -> Result<(), CliError> {
         return Err(CliError(format!("{failed} check(s) failed")));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+    use crate::config::Env;
+
+    fn load(home: &Path, text: &str, extra: &[(&str, &str)]) -> Config {
+        let path = home.join(".clawft/config.toml");
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, text).unwrap();
+        let mut env = vec![("HOME", home.to_str().unwrap())];
+        env.extend_from_slice(extra);
+        Config::load(Some(&path), &Env::from_pairs(env)).unwrap()
+    }
+
+    #[test]
+    fn doctor_warns_when_the_workspace_holds_the_daemons_files() {
+        let tmp = tempfile::tempdir().unwrap();
+        let home = tmp.path().join("home");
+        std::fs::create_dir_all(home.join("creds")).unwrap();
+        // The service's home as the workspace: config, store and credentials inside it.
+        let c = load(
+            &home,
+            &format!(
+                "[agents.defaults]\nworkspace = \"{h}\"\n[store]\npath = \"{h}/.clawft/store\"\n",
+                h = home.display()
+            ),
+            &[(
+                "CREDENTIALS_DIRECTORY",
+                home.join("creds").to_str().unwrap(),
+            )],
+        );
+        std::fs::create_dir_all(home.join(".clawft/store")).unwrap();
+        let f = workspace_findings(&c);
+        let text: Vec<String> = f
+            .iter()
+            .map(|f| format!("{} {}", f.level, f.detail))
+            .collect();
+        assert!(f.iter().all(|f| f.level == "warn"), "{text:?}");
+        // The state directory once (not each file in it), and the credentials directory.
+        assert_eq!(f.len(), 2, "{text:?}");
+        assert!(
+            text.iter()
+                .any(|t| t.contains("config") && t.contains(".clawft")),
+            "{text:?}"
+        );
+        assert!(
+            text.iter()
+                .any(|t| t.contains("credentials") && t.contains("creds")),
+            "{text:?}"
+        );
+        assert!(
+            text.iter().all(|t| t.contains("agents.defaults.workspace")),
+            "{text:?}"
+        );
+
+        // The default layout: the workspace holds none of them.
+        let other = tmp.path().join("other");
+        let c = load(&other, "", &[]);
+        std::fs::create_dir_all(&c.agent.workspace).unwrap();
+        let f = workspace_findings(&c);
+        assert_eq!(f.len(), 1);
+        assert_eq!(f[0].level, "ok", "{}", f[0].detail);
+    }
 }

@@ -78,6 +78,7 @@ impl Gateway {
                     allow_loopback_without_token: config.http.allow_loopback_without_token,
                     reply_timeout: config.http.reply_timeout,
                     channel_id: "http".into(),
+                    max_inbound_bytes: config.max_inbound_bytes,
                 },
                 Arc::new(admin.clone()),
             )

@@ -166,17 +166,20 @@ pub enum SessionsAction {
     },
 }
 
-/// Open the configured workspace, or say which directory could not be opened.
+/// Open the configured workspace (with the daemon's protected paths refused to the file tools),
+/// or say which directory could not be opened.
 ///
 /// # Errors
 /// The directory cannot be created or opened.
 pub fn open_workspace(config: &crate::config::Config) -> Result<crate::tools::Workspace, CliError> {
-    crate::tools::Workspace::open(&config.agent.workspace).map_err(|e| {
-        CliError(format!(
-            "cannot open the workspace {}: {e}",
-            config.agent.workspace.display()
-        ))
-    })
+    crate::tools::Workspace::open(&config.agent.workspace)
+        .map(|ws| ws.with_protected(&crate::daemon::protected_paths(config)))
+        .map_err(|e| {
+            CliError(format!(
+                "cannot open the workspace {}: {e}",
+                config.agent.workspace.display()
+            ))
+        })
 }
 
 /// A failure reported to the user with a clear message and a non-zero exit code.

@@ -267,3 +267,70 @@ fn notify_socket_and_watchdog_come_from_the_environment() {
         );
     }
 }
+
+#[test]
+fn allow_from_entries_that_cannot_match_a_sender_are_refused_with_how_to_find_the_id() {
+    let section = |platform: &str, allow: &str| {
+        let extra = if platform == "slack" {
+            "app_token = \"xapp-1\"\n"
+        } else {
+            ""
+        };
+        format!("[channels.{platform}]\ntoken = \"t-123456\"\n{extra}allow_from = {allow}\n")
+    };
+    for (platform, allow, needles) in [
+        (
+            "telegram",
+            r#"["@alice"]"#,
+            &["`@alice`", "@userinfobot", "weft pairing"][..],
+        ),
+        ("telegram", "[-1001234]", &["group or channel id"][..]),
+        ("telegram", r#"["alice"]"#, &["positive numbers"][..]),
+        (
+            "discord",
+            r#"["@alice"]"#,
+            &["Copy User ID", "weft pairing"][..],
+        ),
+        ("discord", r#"["alice#1234"]"#, &["snowflakes"][..]),
+        ("slack", r#"["@alice"]"#, &["U0123ABCD", "weft pairing"][..]),
+        ("slack", r#"["alice@example.com"]"#, &["member ids"][..]),
+        ("slack", "[12345]", &["member ids"][..]),
+    ] {
+        let text = section(platform, allow);
+        let err = Config::from_str(&text, true, &env(&[]))
+            .unwrap_err()
+            .to_string();
+        let key = format!("channels.{platform}.allow_from");
+        assert!(err.contains(&key), "{text}: {err}");
+        for n in needles {
+            assert!(err.contains(n), "{text}: `{n}` not in: {err}");
+        }
+    }
+    for (platform, allow, want) in [
+        (
+            "telegram",
+            r#"[123456789, "987654321"]"#,
+            &["123456789", "987654321"][..],
+        ),
+        (
+            "discord",
+            r#"["123456789012345678", 42]"#,
+            &["123456789012345678", "42"][..],
+        ),
+        (
+            "slack",
+            r#"["U0123ABCD", "W0AB12"]"#,
+            &["U0123ABCD", "W0AB12"][..],
+        ),
+    ] {
+        let c = Config::from_str(&section(platform, allow), true, &env(&[])).unwrap();
+        let got: Vec<&str> = c.chat_channels[0]
+            .allow_from
+            .iter()
+            .map(String::as_str)
+            .collect();
+        let mut want = want.to_vec();
+        want.sort_unstable();
+        assert_eq!(got, want, "{platform}");
+    }
+}

@@ -104,6 +104,10 @@ pub struct ChannelsFile {
     pub discord: Option<ChatChannelFile>,
     /// Slack (Socket Mode + Web API).
     pub slack: Option<ChatChannelFile>,
+    /// Largest message accepted from any channel, in bytes of UTF-8 text (default: 32768,
+    /// from 1024 to 4194304). A longer one is refused before it is stored or reaches the model,
+    /// and its sender is told in the same chat (the HTTP API answers 413).
+    pub max_inbound_bytes: Option<u64>,
 }
 
 /// A platform user id, written as a number or a string.

@@ -20,6 +20,10 @@ pub fn default_path(env: &Env) -> PathBuf {
     }
 }
 
+/// Largest `channels.max_inbound_bytes` (4 MiB): beyond it one message alone would fill a
+/// model's context, and the Slack adapter's WebSocket bound is the same.
+const MAX_INBOUND_BYTES_LIMIT: u64 = 4 * 1024 * 1024;
+
 /// `$CLAWFT_HOME` or `~/.clawft`.
 pub fn clawft_home(env: &Env) -> PathBuf {
     env.get("CLAWFT_HOME")
@@ -224,6 +228,21 @@ impl Config {
             max_queue: raw.sessions.max_queue.unwrap_or(100).max(1),
             shutdown_grace: Duration::from_secs(raw.sessions.shutdown_grace_secs.unwrap_or(10)),
         };
+        let max_inbound_bytes = match raw.channels.max_inbound_bytes {
+            None => clawft_channel_core::DEFAULT_MAX_INBOUND_BYTES,
+            Some(n) if (1024..=MAX_INBOUND_BYTES_LIMIT).contains(&n) => {
+                usize::try_from(n).unwrap_or(clawft_channel_core::DEFAULT_MAX_INBOUND_BYTES)
+            }
+            Some(n) => {
+                return Err(ConfigError::Invalid {
+                    key: "channels.max_inbound_bytes".into(),
+                    detail: format!(
+                        "expected a number of bytes from 1024 to {MAX_INBOUND_BYTES_LIMIT}, got {n} (the default is {})",
+                        clawft_channel_core::DEFAULT_MAX_INBOUND_BYTES
+                    ),
+                })
+            }
+        };
         let chat_channels = resolve_chat_channels(
             raw.channels.telegram,
             raw.channels.discord,
@@ -251,6 +270,7 @@ impl Config {
             sessions,
             tools,
             chat_channels,
+            max_inbound_bytes,
             secrets,
             notify_socket: env.get("NOTIFY_SOCKET").map(PathBuf::from),
             watchdog: watchdog_interval(env, std::process::id()),
@@ -371,6 +391,12 @@ pub(super) fn resolve_chat_channels(
             .map(ToString::to_string)
             .filter(|s| !s.is_empty())
             .collect::<std::collections::BTreeSet<_>>();
+        for id in &allow_from {
+            check_user_id(platform, id).map_err(|detail| ConfigError::Invalid {
+                key: key("allow_from"),
+                detail,
+            })?;
+        }
         let pairing = f.pairing.unwrap_or(false);
         if allow_from.is_empty() && !pairing {
             tracing::warn!(
@@ -393,6 +419,44 @@ pub(super) fn resolve_chat_channels(
         });
     }
     Ok(out)
+}
+
+/// Whether `id` can ever match a sender on `platform` (ingress compares the platform's user
+/// id, never a name): `Err` says why not and how to find the id.
+pub(super) fn check_user_id(platform: Platform, id: &str) -> Result<(), String> {
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    let how = "or set `pairing = true` and admit the sender with `weft pairing approve CODE` (`weft pairing list` shows their id)";
+    let ok = match platform {
+        // User ids are positive; negative numbers are group and channel chat ids.
+        Platform::Telegram => digits(id) && id.len() <= 16 && !id.starts_with('0'),
+        // Snowflakes: unsigned 64-bit numbers.
+        Platform::Discord => digits(id) && id.parse::<u64>().is_ok(),
+        // Member ids: U… (or W… on Enterprise Grid), upper-case letters and digits.
+        Platform::Slack => {
+            id.len() >= 3
+                && (id.starts_with('U') || id.starts_with('W'))
+                && id
+                    .bytes()
+                    .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit())
+        }
+    };
+    if ok {
+        return Ok(());
+    }
+    Err(match platform {
+        Platform::Telegram if id.starts_with('-') => format!(
+            "`{id}` is a Telegram group or channel id; allow_from lists the user ids of the people who may talk to the bot (positive numbers like 123456789): ask @userinfobot for yours, {how}"
+        ),
+        Platform::Telegram => format!(
+            "`{id}` is not a Telegram user id: user ids are positive numbers like 123456789, not @usernames (which can change hands); ask @userinfobot for yours, {how}"
+        ),
+        Platform::Discord => format!(
+            "`{id}` is not a Discord user id: user ids are numbers (snowflakes) like \"123456789012345678\", not names; in Discord turn on Developer Mode and use Copy User ID on the user, {how}"
+        ),
+        Platform::Slack => format!(
+            "`{id}` is not a Slack user id: member ids look like \"U0123ABCD\" (or W… on Enterprise Grid), not @names or emails; open the profile, ⋮ → Copy member ID, {how}"
+        ),
+    })
 }
 
 pub(super) fn resolve_tools(

@@ -46,7 +46,7 @@ pub(super) fn resolve_secret(
             config_dir.join(p)
         };
         return match std::fs::read_to_string(&p) {
-            Ok(v) if !v.trim().is_empty() => Ok(Some(Secret::new(v.trim()))),
+            Ok(v) if !v.trim().is_empty() => Ok(Some(Secret::from_file(v.trim(), p))),
             Ok(_) => Err(ConfigError::Secret {
                 key: format!("{key}_file"),
                 detail: format!("{} is empty", p.display()),

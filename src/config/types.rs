@@ -173,6 +173,8 @@ pub struct Config {
     pub tools: ToolsConfig,
     /// Chat platform channels (Telegram, Discord, Slack) that are enabled.
     pub chat_channels: Vec<ChatChannelConfig>,
+    /// `channels.max_inbound_bytes`: the one size limit of an inbound message, every channel.
+    pub max_inbound_bytes: usize,
     /// Every secret value, so tool output and logs can be scrubbed of them.
     pub secrets: Vec<Secret>,
     /// The service manager's notification socket (`$NOTIFY_SOCKET`; a leading `@` names an

@@ -10,6 +10,7 @@ use crate::llm::openai::{OpenAiCompat, OpenAiConfig};
 use crate::llm::retry::{ResilientModel, RetryPolicy};
 use crate::llm::{DynModel, LlmError};
 use crate::mcp::client::McpManager;
+use crate::tools::protected::ProtectedPaths;
 use crate::tools::{exec, fs, message, ratelimit, registry, shell_policy, web, ToolRegistry};
 
 /// Build the model chain (retries per provider, then failover in order).
@@ -106,22 +107,70 @@ pub fn access_rules(config: &Config) -> crate::ingress::access::Access {
     )
 }
 
-/// Paths commands must never touch even beneath an allowed tree: the config (its directory when
-/// that does not hold the workspace), the store, the systemd credentials directory.
-pub fn protected_paths(config: &Config) -> Vec<std::path::PathBuf> {
-    let ws = &config.agent.workspace;
-    let mut out = vec![config.store.path.clone()];
+/// The daemon's own paths, which no tool may touch wherever the workspace is: the config
+/// (file and directory), the files secrets were read from, `$CREDENTIALS_DIRECTORY`, the store
+/// (which also holds the gateway's own files), the state directory (`~/.clawft`) and the
+/// config files it may hold. The one list of both the file tools ([`crate::tools::Workspace`])
+/// and the exec sandbox (carved out of allowed trees).
+///
+/// A path that contains the workspace cannot be refused whole (the workspace would go with
+/// it): the config directory and the state directory are then represented by the files above
+/// (config, secret files, store), and the store and credentials directories, sensitive
+/// throughout, by their entries outside the workspace's branch.
+pub fn protected_paths(config: &Config) -> ProtectedPaths {
+    use crate::tools::protected::{canonical, ProtectedKind};
+    let mut all = ProtectedPaths::default();
     if let Some(p) = &config.path {
-        match p.parent() {
-            Some(dir) if !dir.as_os_str().is_empty() && !ws.starts_with(dir) => {
-                out.push(dir.to_path_buf());
-            }
-            _ => out.push(p.clone()),
+        all.push(p.clone(), ProtectedKind::Config);
+        if let Some(dir) = p.parent() {
+            all.push(dir, ProtectedKind::Config);
         }
     }
-    out.extend(config.tools.credentials_dir.clone());
-    out.retain(|p| !ws.starts_with(p));
+    for s in &config.secrets {
+        if let Some(f) = s.file() {
+            all.push(f, ProtectedKind::Credentials);
+        }
+    }
+    if let Some(d) = &config.tools.credentials_dir {
+        all.push(d.clone(), ProtectedKind::Credentials);
+    }
+    all.push(config.store.path.clone(), ProtectedKind::Store);
+    all.push(config.home.clone(), ProtectedKind::State);
+    for name in ["config.toml", "config.json"] {
+        all.push(config.home.join(name), ProtectedKind::Config);
+    }
+    let ws = canonical(&config.agent.workspace);
+    let mut out = ProtectedPaths::default();
+    for p in all.iter() {
+        let c = canonical(&p.path);
+        if !ws.starts_with(&c) {
+            out.push(p.path.clone(), p.kind);
+        } else if c != ws && matches!(p.kind, ProtectedKind::Store | ProtectedKind::Credentials) {
+            carve(&c, &ws, p.kind, &mut out);
+        }
+    }
     out
+}
+
+/// Protect the entries of `dir` (which strictly contains `ws`) except those on the way to the
+/// workspace, recursively.
+fn carve(
+    dir: &std::path::Path,
+    ws: &std::path::Path,
+    kind: crate::tools::protected::ProtectedKind,
+    out: &mut ProtectedPaths,
+) {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in rd.flatten() {
+        let p = e.path();
+        if !ws.starts_with(&p) {
+            out.push(p, kind);
+        } else if p != ws {
+            carve(&p, ws, kind, out);
+        }
+    }
 }
 
 fn exec_runtime(
@@ -129,7 +178,7 @@ fn exec_runtime(
     approver: Option<Arc<dyn shell_policy::Approver>>,
 ) -> std::io::Result<Arc<exec::ExecRuntime>> {
     let deps = exec::ExecDeps {
-        protected_paths: protected_paths(config),
+        protected_paths: protected_paths(config).paths(),
         secrets: config
             .secrets
             .iter()
@@ -214,4 +263,106 @@ pub fn build_registry(
         )));
     }
     reg
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use std::path::{Path, PathBuf};
+
+    use super::*;
+    use crate::config::Env;
+    use crate::tools::protected::{canonical, ProtectedKind};
+
+    fn load(home: &Path, config: &Path, text: &str, extra: &[(&str, &str)]) -> Config {
+        std::fs::create_dir_all(config.parent().unwrap()).unwrap();
+        std::fs::write(config, text).unwrap();
+        let mut env = vec![("HOME", home.to_str().unwrap())];
+        env.extend_from_slice(extra);
+        Config::load(Some(config), &Env::from_pairs(env)).unwrap()
+    }
+
+    fn set(c: &Config) -> Vec<(PathBuf, ProtectedKind)> {
+        protected_paths(c)
+            .iter()
+            .map(|p| (canonical(&p.path), p.kind))
+            .collect()
+    }
+
+    #[test]
+    fn the_default_layout_protects_the_config_and_store_but_not_the_dirs_holding_the_workspace() {
+        let tmp = tempfile::tempdir().unwrap();
+        let home = canonical(tmp.path());
+        let state = home.join(".clawft");
+        let c = load(&home, &state.join("config.toml"), "", &[]);
+        let s = set(&c);
+        assert!(s.contains(&(state.join("config.toml"), ProtectedKind::Config)));
+        assert!(s.contains(&(state.join("config.json"), ProtectedKind::Config)));
+        assert!(s.contains(&(state.join("store"), ProtectedKind::Store)));
+        // ~/.clawft holds the workspace: refusing it would refuse the workspace.
+        assert!(!s.iter().any(|(p, _)| *p == state), "{s:?}");
+    }
+
+    #[test]
+    fn a_workspace_holding_everything_keeps_everything_protected() {
+        let tmp = tempfile::tempdir().unwrap();
+        let home = canonical(tmp.path());
+        std::fs::create_dir_all(home.join("creds")).unwrap();
+        std::fs::write(home.join("creds/tg"), "123:token").unwrap();
+        std::fs::write(home.join("weft.key"), "sk-1").unwrap();
+        let text = format!(
+            "[agents.defaults]\nworkspace = \"{h}\"\n[providers.openai]\napi_key_file = \"{h}/weft.key\"\n[channels.telegram]\ntoken_file = \"tg\"\nallow_from = [1]\n",
+            h = home.display()
+        );
+        let c = load(
+            &home,
+            &home.join(".clawft/config.toml"),
+            &text,
+            &[(
+                "CREDENTIALS_DIRECTORY",
+                home.join("creds").to_str().unwrap(),
+            )],
+        );
+        let s = set(&c);
+        for (p, kind) in [
+            (".clawft", ProtectedKind::Config),
+            (".clawft/config.toml", ProtectedKind::Config),
+            (".clawft/store", ProtectedKind::Store),
+            ("creds", ProtectedKind::Credentials),
+            ("creds/tg", ProtectedKind::Credentials),
+            ("weft.key", ProtectedKind::Credentials),
+        ] {
+            assert!(s.contains(&(home.join(p), kind)), "{p}: {s:?}");
+        }
+        // The exec sandbox gets the same list.
+        assert_eq!(protected_paths(&c).paths().len(), s.len());
+    }
+
+    #[test]
+    fn a_store_holding_the_workspace_is_protected_entry_by_entry() {
+        let tmp = tempfile::tempdir().unwrap();
+        let home = canonical(tmp.path());
+        let store = home.join("data");
+        std::fs::create_dir_all(store.join("ws")).unwrap();
+        std::fs::write(store.join("db"), "pages").unwrap();
+        std::fs::write(store.join("conf"), "x").unwrap();
+        let text = format!(
+            "[agents.defaults]\nworkspace = \"{s}/ws\"\n[store]\npath = \"{s}\"\n",
+            s = store.display()
+        );
+        let c = load(&home, &home.join("cfg/weft.toml"), &text, &[]);
+        let s = set(&c);
+        assert!(
+            s.contains(&(store.join("db"), ProtectedKind::Store)),
+            "{s:?}"
+        );
+        assert!(
+            s.contains(&(store.join("conf"), ProtectedKind::Store)),
+            "{s:?}"
+        );
+        assert!(
+            !s.iter().any(|(p, _)| *p == store || *p == store.join("ws")),
+            "{s:?}"
+        );
+    }
 }

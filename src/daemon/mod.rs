@@ -87,6 +87,8 @@ pub struct Daemon {
     approvals: Arc<crate::approval::Approvals>,
     subagents: Arc<crate::subagent::SubagentHub>,
     supervisor: crate::subagent::SupervisorRef,
+    /// The workspace of every session, to refresh its protected paths on reload.
+    workspace: Arc<Workspace>,
     config: Config,
 }
 
@@ -107,6 +109,7 @@ impl Daemon {
                 open: &self.open,
                 stop: &self.stop_channels,
                 tasks: &self.tasks,
+                max_inbound_bytes: self.config.max_inbound_bytes,
             },
             ch,
             access,
@@ -124,6 +127,8 @@ struct ChannelKit<'a> {
     open: &'a CancellationToken,
     stop: &'a CancellationToken,
     tasks: &'a TaskTracker,
+    /// `channels.max_inbound_bytes` (fixed at start, as the HTTP API's own check).
+    max_inbound_bytes: usize,
 }
 
 async fn start_channel(
@@ -156,6 +161,7 @@ async fn start_channel(
             intake: kit.intake.clone(),
             open: kit.open.clone(),
             stop: stop.clone(),
+            max_inbound_bytes: kit.max_inbound_bytes,
         },
         kit.tasks,
     );
@@ -181,11 +187,13 @@ impl Daemon {
         model: DynModel,
         channels: Vec<Arc<dyn Channel>>,
     ) -> Result<Self, DaemonError> {
-        let workspace =
-            Workspace::open(&config.agent.workspace).map_err(|e| DaemonError::Workspace {
+        let workspace = Workspace::open(&config.agent.workspace)
+            .map_err(|e| DaemonError::Workspace {
                 path: config.agent.workspace.display().to_string(),
                 source: e,
-            })?;
+            })?
+            .with_protected(&protected_paths(config));
+        let workspace = Arc::new(workspace);
         let outbox = Outbox::new(store.clone(), ChannelTable::default());
         let approvals = Arc::new(crate::approval::Approvals::new(
             Arc::new(outbox.clone()) as Arc<dyn MessageSink>
@@ -212,7 +220,7 @@ impl Daemon {
                 workspace.root(),
             )
             .into(),
-            workspace: Arc::new(workspace),
+            workspace: workspace.clone(),
             connect_hint: connect_hint(config).map(Into::into),
             skills_global: Some(config.home.join("skills")),
         };
@@ -265,6 +273,7 @@ impl Daemon {
                     open: &open,
                     stop: &stop_channels,
                     tasks: &tasks,
+                    max_inbound_bytes: config.max_inbound_bytes,
                 },
                 ch,
                 &access,
@@ -309,6 +318,7 @@ impl Daemon {
             approvals,
             subagents,
             supervisor,
+            workspace,
             config: config.clone(),
         })
     }
@@ -379,6 +389,10 @@ impl Daemon {
         for (what, changed) in [
             ("providers", old.providers != new.providers),
             ("channels.http", old.http != new.http),
+            (
+                "channels.max_inbound_bytes",
+                old.max_inbound_bytes != new.max_inbound_bytes,
+            ),
             ("store", old.store != new.store),
             ("agents", old.agent != new.agent),
             ("sessions", old.sessions != new.sessions),
@@ -393,6 +407,8 @@ impl Daemon {
         kept.secrets = new.secrets;
         kept.chat_channels = new.chat_channels;
         self.config = kept;
+        // Secret files may have changed; the store and the workspace did not (restart).
+        self.workspace.set_protected(&protected_paths(&self.config));
         if changes.is_empty() {
             changes.push("nothing changed".into());
         }

@@ -1,5 +1,6 @@
 //! The inbound side of one channel: the adapter's `listen` loop (restarted with backoff) and the
-//! ingress pump (sanitise, check access, derive the session, journal, acknowledge, route).
+//! ingress pump (check access, derive the session, refuse oversized messages, journal,
+//! acknowledge, route).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -37,6 +38,8 @@ pub struct IngressArgs {
     pub open: CancellationToken,
     /// Fires to stop the adapter.
     pub stop: CancellationToken,
+    /// `channels.max_inbound_bytes`: longer messages are refused before they are journaled.
+    pub max_inbound_bytes: usize,
 }
 
 /// Start the listener and the pump of a channel on `tasks`.
@@ -80,6 +83,30 @@ async fn listen_loop(
     }
 }
 
+/// Refuse `event`, longer than `limit` bytes, before it is journaled (so it never reaches a
+/// transcript, where it would be resent with every later request of the session and make the
+/// provider refuse them all), and tell the sender in the same chat.
+fn refuse_oversized(outbox: &Outbox, event: &InboundEvent, limit: usize) -> Ack {
+    let bytes = event.content.len();
+    tracing::info!(
+        bytes,
+        limit,
+        "message over channels.max_inbound_bytes refused"
+    );
+    let msg = OutboundMessage::proactive(
+        event.channel.clone(),
+        event.chat.clone(),
+        event.thread.clone(),
+        clawft_channel_core::oversized_notice(bytes, limit),
+    );
+    if let Err(e) = outbox.send(msg) {
+        tracing::error!(error = %e, "could not queue the size notice");
+    }
+    Ack::Rejected(format!(
+        "message of {bytes} bytes is over the limit of {limit} bytes (channels.max_inbound_bytes)"
+    ))
+}
+
 /// Refuse `event` from a sender who is not allowed, telling them (once) how to pair.
 fn refuse_sender(outbox: &Outbox, event: &InboundEvent, reply: Option<String>) -> Ack {
     tracing::info!(sender = %event.sender, "message from a sender who is not allowed");
@@ -108,6 +135,7 @@ async fn pump(mut rx: mpsc::Receiver<InboundDelivery>, args: IngressArgs) {
         access,
         intake,
         open,
+        max_inbound_bytes,
         ..
     } = args;
     open.cancelled().await;
@@ -128,6 +156,10 @@ async fn pump(mut rx: mpsc::Receiver<InboundDelivery>, args: IngressArgs) {
                 }
                 (Ok(Verdict::Denied { reply }), _) => refuse_sender(&outbox, &event, reply),
                 (Ok(Verdict::Allowed), Err(e)) => Ack::Rejected(e.to_string()),
+                // After the access check: strangers get no notice, only refusal.
+                (Ok(Verdict::Allowed), Ok(_)) if event.content.len() > max_inbound_bytes => {
+                    refuse_oversized(&outbox, &event, max_inbound_bytes)
+                }
                 (Ok(Verdict::Allowed), Ok(key)) => match store.journal_inbound(&event, &key) {
                     Ok(JournalOutcome::Duplicate) => {
                         tracing::info!("duplicate event ignored");

@@ -8,6 +8,7 @@
 
 use std::io::Read;
 use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -24,6 +25,110 @@ use crate::types::SettingError;
 /// Most bytes `read_file` reads from one file (8 MiB); the result is truncated to 64 KiB later,
 /// so `offset`/`limit` are how the model pages through a large file.
 const READ_FILE_MAX_BYTES: u64 = 8 * 1024 * 1024;
+/// Most bytes of file content one `read_file` result carries (the registry cuts results to
+/// 64 KiB anyway): reading stops there, at a line boundary when it can, so a call holds about
+/// this much whatever the file's size.
+const READ_FILE_CONTENT_BUDGET: usize = super::MAX_TOOL_RESULT_BYTES;
+/// Read buffer of `read_file` (bytes).
+const READ_FILE_CHUNK: usize = 64 * 1024;
+
+/// What [`read_lines`] found.
+#[derive(Debug, PartialEq, Eq)]
+struct Lines {
+    /// The selected lines (lossy UTF-8), at most the budget.
+    content: String,
+    /// Lines in the part of the file examined (the first [`READ_FILE_MAX_BYTES`]).
+    total_lines: u64,
+    /// The content budget stopped the selection before `take` lines.
+    budget_hit: bool,
+    /// 1-based number of the first line not returned.
+    next_line: u64,
+}
+
+/// Stream the first [`READ_FILE_MAX_BYTES`] of `file` through a fixed buffer: skip `start`
+/// lines, keep the next `take` lines up to `budget` bytes, count every line. Memory is the
+/// buffer plus the budget, whatever the file's size or the length of its lines. `Ok(None)`
+/// when the file is binary (NUL in its first [`BINARY_SNIFF_BYTES`]).
+fn read_lines(
+    file: &mut impl Read,
+    start: u64,
+    take: u64,
+    budget: usize,
+) -> std::io::Result<Option<Lines>> {
+    let mut file = file.take(READ_FILE_MAX_BYTES);
+    let mut buf = vec![0u8; READ_FILE_CHUNK];
+    let mut content: Vec<u8> = Vec::new();
+    let end = start.saturating_add(take);
+    let mut line = 0u64; // 0-based index of the line being read
+    let mut partial = false; // bytes of `line` seen without its newline yet
+    let mut budget_hit = false;
+    let mut next_line = None;
+    let mut sniffed = 0usize;
+    loop {
+        let n = match file.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        let chunk = &buf[..n];
+        if sniffed < BINARY_SNIFF_BYTES {
+            let upto = chunk.len().min(BINARY_SNIFF_BYTES - sniffed);
+            if chunk[..upto].contains(&0) {
+                return Ok(None);
+            }
+            sniffed += upto;
+        }
+        let mut rest = chunk;
+        while !rest.is_empty() {
+            let (piece, newline) = match rest.iter().position(|&b| b == b'\n') {
+                Some(i) => (&rest[..=i], true),
+                None => (rest, false),
+            };
+            rest = &rest[piece.len()..];
+            if (start..end).contains(&line) && !budget_hit {
+                let room = budget - content.len();
+                if piece.len() <= room {
+                    content.extend_from_slice(piece);
+                } else {
+                    budget_hit = true;
+                    // A line longer than the whole budget is cut; otherwise stop before it.
+                    if content.is_empty() {
+                        content.extend_from_slice(&piece[..room]);
+                        next_line = Some(line + 2);
+                    } else {
+                        next_line = Some(line + 1);
+                    }
+                }
+            }
+            if newline {
+                line += 1;
+                partial = false;
+            } else {
+                partial = true;
+            }
+        }
+    }
+    let total_lines = line + u64::from(partial);
+    let mut content = String::from_utf8_lossy(&content).into_owned();
+    if budget_hit {
+        // A cut inside a character left a replacement character: drop it.
+        if content.len() > budget {
+            let mut at = budget;
+            while !content.is_char_boundary(at) {
+                at -= 1;
+            }
+            content.truncate(at);
+        }
+    }
+    Ok(Some(Lines {
+        content,
+        total_lines,
+        budget_hit,
+        next_line: next_line.unwrap_or(end.min(total_lines) + 1),
+    }))
+}
+
 /// Bytes inspected for NUL to decide that a file is binary.
 pub(crate) const BINARY_SNIFF_BYTES: usize = 8192;
 
@@ -92,36 +197,36 @@ impl Tool for ReadFile {
                     a.path
                 )));
             }
-            let mut buf = Vec::new();
-            (&mut file)
-                .take(READ_FILE_MAX_BYTES)
-                .read_to_end(&mut buf)
+            let start = a.offset.unwrap_or(1).saturating_sub(1);
+            let take = a.limit.unwrap_or(u64::MAX);
+            let r = read_lines(&mut file, start, take, READ_FILE_CONTENT_BUDGET)
                 .map_err(|e| ToolError::ExecutionFailed(format!("{}: {e}", a.path)))?;
-            let cut_by_size = meta.len() > READ_FILE_MAX_BYTES;
-            if buf[..buf.len().min(BINARY_SNIFF_BYTES)].contains(&0) {
+            let Some(r) = r else {
                 return Err(ToolError::BinaryFile(format!(
                     "`{}` is a binary file ({} bytes); it cannot be read as text",
                     a.path,
                     meta.len()
                 )));
-            }
-            let text = String::from_utf8_lossy(&buf);
-            let lines: Vec<&str> = text.split_inclusive('\n').collect();
-            let total = lines.len() as u64;
-            let start = a.offset.unwrap_or(1).saturating_sub(1);
-            let take = a.limit.unwrap_or(u64::MAX);
-            let selected: String = lines
-                .iter()
-                .skip(usize::try_from(start).unwrap_or(usize::MAX))
-                .take(usize::try_from(take).unwrap_or(usize::MAX))
-                .copied()
-                .collect();
-            let truncated = cut_by_size || start.saturating_add(take) < total;
-            Ok(json!({
-                "content": selected,
-                "total_lines": total,
+            };
+            let cut_by_size = meta.len() > READ_FILE_MAX_BYTES;
+            let truncated = cut_by_size || r.budget_hit || start.saturating_add(take) < r.total_lines;
+            let mut v = json!({
+                "content": r.content,
+                "total_lines": r.total_lines,
                 "truncated": truncated,
-            }))
+            });
+            if r.budget_hit {
+                v["note"] = json!(format!(
+                    "content stops at {READ_FILE_CONTENT_BUDGET} bytes; continue with offset {}",
+                    r.next_line
+                ));
+            } else if cut_by_size {
+                v["note"] = json!(format!(
+                    "the file is {} bytes; only its first {READ_FILE_MAX_BYTES} bytes are read (total_lines counts the lines in them); use grep or exec_shell for the rest",
+                    meta.len()
+                ));
+            }
+            Ok(v)
         })
         .await
     }
@@ -159,6 +264,8 @@ impl Tool for ListDirectory {
             let fd = ws.open_beneath(&a.path, OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty())?;
             let dir = rustix::fs::Dir::read_from(&fd)
                 .map_err(|e| super::workspace::map_errno(&a.path, e))?;
+            let guard = ws.guard();
+            let protected = guard.listing(std::os::fd::AsFd::as_fd(&fd), &a.path)?;
             let mut entries = Vec::new();
             for ent in dir {
                 let ent = ent.map_err(|e| super::workspace::map_errno(&a.path, e))?;
@@ -170,6 +277,16 @@ impl Tool for ListDirectory {
                 let is_dir = st
                     .as_ref()
                     .is_some_and(|s| rustix::fs::FileType::from_raw_mode(s.st_mode).is_dir());
+                // Named, so the model knows not to try; never opened.
+                if let Some(kind) = protected.kind_of(
+                    std::ffi::OsStr::from_bytes(ent.file_name().to_bytes()),
+                    st.as_ref(),
+                ) {
+                    entries.push(json!({
+                        "name": name, "is_dir": is_dir, "protected": kind.describe(),
+                    }));
+                    continue;
+                }
                 let size = st.map_or(0, |s| u64::try_from(s.st_size).unwrap_or(0));
                 entries.push(json!({ "name": name, "is_dir": is_dir, "size": size }));
             }
@@ -429,6 +546,8 @@ impl Tool for WriteFile {
                 let data = read_capped(&mut f, max_backup, rel, "back up")?;
                 let bak_name = format!("{name}.bak");
                 let bak_rel = format!("{rel}.bak");
+                ws.guard()
+                    .check_entry(std::os::fd::AsFd::as_fd(&dir), &bak_name, &bak_rel)?;
                 let bak_old = check_replaceable(&ws, &dir, &bak_name, &bak_rel)?;
                 write_atomic(&dir, &bak_name, &data, old.mode, bak_old, &bak_rel)?;
                 backup = Some(bak_rel);
@@ -739,3 +858,7 @@ mod tests {
 #[cfg(test)]
 #[path = "fs_write_edit_tests.rs"]
 mod write_edit_tests;
+
+#[cfg(test)]
+#[path = "fs_read_tests.rs"]
+mod read_tests;

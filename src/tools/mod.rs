@@ -10,6 +10,7 @@ pub mod html;
 pub mod memory;
 pub mod message;
 pub mod policy;
+pub mod protected;
 pub mod ratelimit;
 pub mod registry;
 pub mod sandbox;

@@ -48,8 +48,11 @@
 //!   Landlock ABIs this sandbox requests (<= 6); only creating socket files is. Do not add paths
 //!   holding privileged sockets to `read_paths`.
 //! - Landlock rules follow the file hierarchy: a hard link to a protected file placed inside an
-//!   allowed tree, or a bind mount, is reachable. Paths are resolved when each command starts, so
-//!   a protected path created later beneath an allowed tree is covered from the next command on.
+//!   allowed tree, or a bind mount, is reachable by that other name. (A rule is never put on such
+//!   a name itself, where the tree is split around protected paths: a rule on a file or directory
+//!   belongs to its inode, and would open the protected one by its own path too.) Paths are
+//!   resolved when each command starts, so a protected path created later beneath an allowed
+//!   tree is covered from the next command on.
 //! - Resource use (CPU, memory, disk space, processes) is not limited beyond the timeout; a
 //!   process that leaves the process group (`setsid`) survives the group kill.
 //! - Reads of world-readable `/proc` files (other processes' command lines) are allowed.
@@ -107,6 +110,9 @@ const SYSTEM_PROTECTED: &[&str] = &[
 /// Most directory entries visited when splitting trees around protected paths; past it, the
 /// rest is left out (denied), never allowed wholesale.
 const MAX_SPLIT_ENTRIES: usize = 20_000;
+/// Most entries of protected directories looked at for files with several links (their other
+/// names get no rule; past it, the rest are not looked for).
+const MAX_ALIAS_ENTRIES: usize = 10_000;
 /// `PATH` given to commands when the daemon's environment has none.
 pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 /// Variables passed to commands when present in the daemon's environment (plus `LC_*`).
@@ -222,10 +228,12 @@ impl SandboxPlan {
             .map(|p| canonical(&p))
             .collect();
         let mut budget = MAX_SPLIT_ENTRIES;
+        let mut alias_budget = MAX_ALIAS_ENTRIES;
+        let aliases = protected_ids(&protected, &mut alias_budget);
         let split = |roots: &mut dyn Iterator<Item = PathBuf>, budget: &mut usize| {
             let mut out = Vec::new();
             for r in roots {
-                allow_except(&canonical(&r), &protected, &mut out, budget);
+                allow_except(&canonical(&r), &protected, &aliases, &mut out, budget);
             }
             out
         };
@@ -278,16 +286,66 @@ impl SandboxPlan {
 #[error("landlock: {0}")]
 pub struct SandboxError(#[from] pub landlock::RulesetError);
 
+/// Device and inode of what could be a protected path under another name: each protected path,
+/// and the files with several links inside protected directories (a bounded walk).
+fn protected_ids(
+    protected: &[PathBuf],
+    budget: &mut usize,
+) -> std::collections::HashSet<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let mut ids = std::collections::HashSet::new();
+    for p in protected {
+        let Ok(m) = std::fs::metadata(p) else {
+            continue;
+        };
+        ids.insert((m.dev(), m.ino()));
+        if !m.is_dir() {
+            continue;
+        }
+        let mut stack = vec![p.clone()];
+        while let Some(dir) = stack.pop() {
+            let Ok(rd) = std::fs::read_dir(&dir) else {
+                continue;
+            };
+            for e in rd.flatten() {
+                if *budget == 0 {
+                    return ids;
+                }
+                *budget -= 1;
+                let Ok(m) = e.metadata() else { continue };
+                if m.is_dir() {
+                    stack.push(e.path());
+                } else if m.is_file() && m.nlink() > 1 {
+                    ids.insert((m.dev(), m.ino()));
+                }
+            }
+        }
+    }
+    ids
+}
+
 /// Push onto `out` the paths that together allow `root` minus every protected path: `root`
 /// itself when nothing protected lies beneath it, otherwise (recursively) its entries. Symbolic
 /// links inside a split directory are skipped: Landlock checks the path they resolve to, which
-/// is allowed or not on its own.
-fn allow_except(root: &Path, protected: &[PathBuf], out: &mut Vec<PathBuf>, budget: &mut usize) {
+/// is allowed or not on its own. An entry that is a protected object under another name (its
+/// device and inode in `aliases`: a hard link, a bind mount) gets no rule: Landlock ties a rule
+/// to the inode, so it would open the protected path itself.
+fn allow_except(
+    root: &Path,
+    protected: &[PathBuf],
+    aliases: &std::collections::HashSet<(u64, u64)>,
+    out: &mut Vec<PathBuf>,
+    budget: &mut usize,
+) {
+    use std::os::unix::fs::MetadataExt;
     if protected.iter().any(|p| root.starts_with(p)) {
         return;
     }
     if !protected.iter().any(|p| p.starts_with(root)) {
-        out.push(root.to_path_buf());
+        let alias = std::fs::metadata(root).is_ok_and(|m| aliases.contains(&(m.dev(), m.ino())));
+        if !alias {
+            out.push(root.to_path_buf());
+        }
         return;
     }
     let Ok(entries) = std::fs::read_dir(root) else {
@@ -301,7 +359,7 @@ fn allow_except(root: &Path, protected: &[PathBuf], out: &mut Vec<PathBuf>, budg
         if entry.file_type().is_ok_and(|t| t.is_symlink()) {
             continue;
         }
-        allow_except(&entry.path(), protected, out, budget);
+        allow_except(&entry.path(), protected, aliases, out, budget);
     }
 }
 
@@ -501,7 +559,14 @@ mod tests {
         std::os::unix::fs::symlink(root.join("a/secret"), root.join("a/link")).unwrap();
         let mut out = Vec::new();
         let mut budget = 100;
-        allow_except(&root, &[root.join("a/secret")], &mut out, &mut budget);
+        let none = std::collections::HashSet::new();
+        allow_except(
+            &root,
+            &[root.join("a/secret")],
+            &none,
+            &mut out,
+            &mut budget,
+        );
         out.sort();
         assert_eq!(
             out,
@@ -511,10 +576,21 @@ mod tests {
         allow_except(
             &root.join("a/secret/deep"),
             &[root.join("a/secret")],
+            &none,
             &mut out,
             &mut budget,
         );
         assert!(out.is_empty());
+        // A hard link to a protected file next to it gets no rule (the rule would be the
+        // protected file's own).
+        std::fs::write(root.join("a/secret/key"), "k").unwrap();
+        std::fs::hard_link(root.join("a/secret/key"), root.join("a/key-link")).unwrap();
+        let protected = [root.join("a/secret")];
+        let ids = protected_ids(&protected, &mut budget);
+        let mut out = Vec::new();
+        allow_except(&root, &protected, &ids, &mut out, &mut budget);
+        assert!(!out.contains(&root.join("a/key-link")), "{out:?}");
+        assert!(out.contains(&root.join("a/file")), "{out:?}");
     }
 
     #[test]

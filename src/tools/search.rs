@@ -67,14 +67,13 @@ fn search_dir(ws: &Workspace, dir: Option<&str>) -> Result<String, ToolError> {
         }
     }
     let norm = parts.join("/");
-    match ws.open_beneath_errno(&norm, OFlags::PATH | OFlags::DIRECTORY, Mode::empty()) {
-        Ok(_) => {}
-        Err(rustix::io::Errno::NOTDIR) => {
-            return Err(ToolError::InvalidPath(format!(
-                "`{dir}` is not a directory; give a directory (default: the workspace root)"
-            )))
-        }
-        Err(e) => return Err(super::workspace::map_errno(dir, e)),
+    // Checked by the kernel and against the protected paths, then by type.
+    let fd = ws.open_beneath(&norm, OFlags::PATH, Mode::empty())?;
+    let st = rustix::fs::fstat(&fd).map_err(|e| super::workspace::map_errno(dir, e))?;
+    if !rustix::fs::FileType::from_raw_mode(st.st_mode).is_dir() {
+        return Err(ToolError::InvalidPath(format!(
+            "`{dir}` is not a directory; give a directory (default: the workspace root)"
+        )));
     }
     Ok(norm)
 }
@@ -144,7 +143,8 @@ fn ancestor_ignores(ws: &Workspace, dir: &str) -> Vec<Gitignore> {
 }
 
 /// The walker over `dir` (workspace-relative, normalised): respects ignore files and skips
-/// hidden files, never follows symlinks, sorted by name, pruned by the ancestors' rules.
+/// hidden files, never follows symlinks, sorted by name, pruned by the ancestors' rules and
+/// by the daemon's protected paths (skipped silently; the open of each file checks again).
 fn walker(
     ws: &Workspace,
     dir: &str,
@@ -166,8 +166,15 @@ fn walker(
     if let Some(t) = types {
         wb.types(t);
     }
-    if !ancestors.is_empty() {
+    let guard = ws.guard();
+    let ws_root = ws.root().to_path_buf();
+    if !ancestors.is_empty() || !guard.is_empty() {
         wb.filter_entry(move |e| {
+            if let Ok(rel) = e.path().strip_prefix(&ws_root) {
+                if guard.covers_rel(rel) {
+                    return false;
+                }
+            }
             let is_dir = e.file_type().is_some_and(|t| t.is_dir());
             for gi in &ancestors {
                 match gi.matched(e.path(), is_dir) {

@@ -1,14 +1,20 @@
 //! The workspace root as an open directory handle. File tools open paths beneath it with
 //! `openat2(RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)`, so the kernel, not a string check,
 //! refuses `..`, absolute paths and symlinks that lead out, with no check-then-open race.
+//!
+//! Every descriptor opened here is then checked against the daemon's protected paths
+//! ([`super::protected::Guard`]): the config, credentials and store are refused even when they
+//! lie inside the workspace, by whatever name, symlink or hard link the model reaches them.
 
 use std::io::Write;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, PoisonError, RwLock};
 
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags};
 use rustix::io::Errno;
 
+use super::protected::{Guard, ProtectedPaths};
 use super::ToolError;
 
 /// An open workspace directory.
@@ -16,6 +22,8 @@ use super::ToolError;
 pub struct Workspace {
     root: PathBuf,
     dir: OwnedFd,
+    /// The daemon's own files, refused to every open; replaced when a reload changes them.
+    guard: RwLock<Arc<Guard>>,
 }
 
 impl Workspace {
@@ -33,7 +41,29 @@ impl Workspace {
         Ok(Self {
             root: root.to_path_buf(),
             dir,
+            guard: RwLock::new(Arc::new(Guard::default())),
         })
+    }
+
+    /// With `paths` refused to every file tool (see [`Self::set_protected`]).
+    pub fn with_protected(self, paths: &ProtectedPaths) -> Self {
+        self.set_protected(paths);
+        self
+    }
+
+    /// Refuse `paths` (the daemon's config, credentials, store and state directory) to every
+    /// open from now on, whatever the workspace is.
+    pub fn set_protected(&self, paths: &ProtectedPaths) {
+        let guard = Arc::new(Guard::new(paths, &self.root));
+        *self.guard.write().unwrap_or_else(PoisonError::into_inner) = guard;
+    }
+
+    /// The protected-path checks in force.
+    pub fn guard(&self) -> Arc<Guard> {
+        self.guard
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     /// Its path (for messages and the system prompt; never for access checks).
@@ -41,10 +71,11 @@ impl Workspace {
         &self.root
     }
 
-    /// Open `rel` beneath the workspace with `flags`.
+    /// Open `rel` beneath the workspace with `flags`, refusing the daemon's protected paths.
     ///
     /// # Errors
-    /// `InvalidPath` for escapes, `FileNotFound`, `PermissionDenied`, or `ExecutionFailed`.
+    /// `InvalidPath` for escapes, `FileNotFound`, `PermissionDenied` (a protected path too), or
+    /// `ExecutionFailed`.
     pub fn open_beneath(&self, rel: &str, flags: OFlags, mode: Mode) -> Result<OwnedFd, ToolError> {
         if rel.contains('\0') {
             return Err(ToolError::InvalidPath(format!(
@@ -52,14 +83,11 @@ impl Workspace {
             )));
         }
         let rel = if rel.is_empty() { "." } else { rel };
-        rustix::fs::openat2(
-            &self.dir,
-            rel,
-            flags | OFlags::CLOEXEC,
-            mode,
-            ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS,
-        )
-        .map_err(|e| map_errno(rel, e))
+        let fd = self
+            .open_raw(rel, flags, mode)
+            .map_err(|e| map_errno(rel, e))?;
+        self.guard().check_fd(fd.as_fd(), rel)?;
+        Ok(fd)
     }
 }
 
@@ -72,16 +100,9 @@ impl Workspace {
         self.dir.as_fd()
     }
 
-    /// Open `rel` beneath the workspace, returning the raw errno (callers that branch on it).
-    ///
-    /// # Errors
-    /// The errno of `openat2` (`EXDEV`/`ELOOP` for escapes).
-    pub fn open_beneath_errno(
-        &self,
-        rel: &str,
-        flags: OFlags,
-        mode: Mode,
-    ) -> Result<OwnedFd, Errno> {
+    /// Open `rel` beneath the workspace, returning the raw errno, without the protected-path
+    /// check: every caller checks what it opened with the guard.
+    fn open_raw(&self, rel: &str, flags: OFlags, mode: Mode) -> Result<OwnedFd, Errno> {
         let rel = if rel.is_empty() { "." } else { rel };
         if rel.contains('\0') {
             return Err(Errno::INVAL);
@@ -105,9 +126,13 @@ impl Workspace {
     /// with the kernel check. A symlink planted anywhere on the way is either followed inside
     /// the workspace or refused; nothing is ever created outside.
     ///
+    /// The directory and the file's path are checked against the daemon's protected paths
+    /// (before anything is created).
+    ///
     /// # Errors
     /// `InvalidPath` for absolute paths, escapes, an empty name or a final `.`/`..`;
-    /// `FileNotFound` for a missing parent without `create`; others from [`map_errno`].
+    /// `FileNotFound` for a missing parent without `create`; `PermissionDenied` for a protected
+    /// path; others from [`map_errno`].
     pub fn open_parent(&self, rel: &str, create: bool) -> Result<(OwnedFd, String), ToolError> {
         if rel.contains('\0') {
             return Err(ToolError::InvalidPath(format!(
@@ -127,19 +152,26 @@ impl Workspace {
             )));
         }
         let dir_flags = OFlags::RDONLY | OFlags::DIRECTORY;
-        let dir = match self.open_beneath_errno(parent, dir_flags, Mode::empty()) {
-            Ok(fd) => fd,
-            Err(Errno::NOENT) if create => self.make_dirs(parent)?,
+        let guard = self.guard();
+        let dir = match self.open_raw(parent, dir_flags, Mode::empty()) {
+            Ok(fd) => {
+                guard.check_fd(fd.as_fd(), rel)?;
+                fd
+            }
+            Err(Errno::NOENT) if create => self.make_dirs(parent, rel, &guard)?,
             Err(e) => return Err(map_errno(if parent.is_empty() { "." } else { parent }, e)),
         };
+        guard.check_entry(dir.as_fd(), name, rel)?;
         Ok((dir, name.to_string()))
     }
 
-    /// Create the directories of `parent` component by component (see [`Self::open_parent`]).
-    fn make_dirs(&self, parent: &str) -> Result<OwnedFd, ToolError> {
+    /// Create the directories of `parent` component by component (see [`Self::open_parent`]),
+    /// never inside a protected directory nor at a protected path (`rel` names the file for
+    /// refusals).
+    fn make_dirs(&self, parent: &str, rel: &str, guard: &Guard) -> Result<OwnedFd, ToolError> {
         let dir_flags = OFlags::RDONLY | OFlags::DIRECTORY;
         let mut cur = self
-            .open_beneath_errno(".", dir_flags, Mode::empty())
+            .open_raw(".", dir_flags, Mode::empty())
             .map_err(|e| map_errno(".", e))?;
         let mut prefix = String::new();
         for comp in parent.split('/') {
@@ -150,17 +182,22 @@ impl Workspace {
                 prefix.push('/');
             }
             prefix.push_str(comp);
-            match self.open_beneath_errno(&prefix, dir_flags, Mode::empty()) {
-                Ok(fd) => cur = fd,
+            match self.open_raw(&prefix, dir_flags, Mode::empty()) {
+                Ok(fd) => {
+                    guard.check_fd(fd.as_fd(), rel)?;
+                    cur = fd;
+                }
                 Err(Errno::NOENT) if comp != ".." => {
+                    guard.check_entry(cur.as_fd(), comp, rel)?;
                     match rustix::fs::mkdirat(&cur, comp, Mode::from_raw_mode(0o755)) {
                         // EEXIST: made concurrently (or a dangling symlink): reopen decides.
                         Ok(()) | Err(Errno::EXIST) => {}
                         Err(e) => return Err(map_errno(&prefix, e)),
                     }
                     cur = self
-                        .open_beneath_errno(&prefix, dir_flags, Mode::empty())
+                        .open_raw(&prefix, dir_flags, Mode::empty())
                         .map_err(|e| map_errno(&prefix, e))?;
+                    guard.check_fd(cur.as_fd(), rel)?;
                 }
                 Err(e) => return Err(map_errno(&prefix, e)),
             }

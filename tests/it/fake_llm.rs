@@ -63,8 +63,11 @@ impl FakeLlm {
     /// Bind 127.0.0.1:0 and serve.
     pub async fn start() -> FakeLlm {
         let shared = Shared::default();
+        // No body limit: every request is recorded, however large (tests assert what the
+        // model never received).
         let app = Router::new()
             .route("/v1/chat/completions", post(handle))
+            .layer(axum::extract::DefaultBodyLimit::disable())
             .with_state(shared.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();

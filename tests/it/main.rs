@@ -8,6 +8,7 @@ mod common;
 mod control;
 mod fake_llm;
 mod gateway;
+mod inputs;
 mod layering;
 mod mcp;
 mod platforms;

@@ -85,6 +85,20 @@ pub struct InboundEvent {
     pub received_at_ms: u64,
 }
 
+/// Default of the one inbound size limit of every channel (`channels.max_inbound_bytes`):
+/// 32 KiB of UTF-8 text, about 8,000 tokens, far beyond what a person types into a chat.
+pub const DEFAULT_MAX_INBOUND_BYTES: usize = 32 * 1024;
+
+/// What the sender of a message over the inbound size limit is told, in the same chat, by every
+/// channel (the HTTP API returns it with status 413).
+pub fn oversized_notice(bytes: usize, limit: usize) -> String {
+    format!(
+        "Your message is {} KB, over the {} KB limit for one message, so it was not read. Send it in shorter parts, or as a link to the text.",
+        bytes.div_ceil(1024),
+        limit / 1024
+    )
+}
+
 /// How ingress answered an inbound delivery. The adapter acknowledges the platform only after
 /// [`Ack::Accepted`] or [`Ack::Duplicate`]: both mean the event is durably journaled.
 #[derive(Clone, Debug, PartialEq, Eq)]

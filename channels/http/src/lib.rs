@@ -33,7 +33,8 @@ use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
-/// Largest accepted request body (1 MiB).
+/// Largest accepted request body (1 MiB), or more when `max_inbound_bytes` needs it (see
+/// [`body_limit`]).
 const MAX_BODY_BYTES: usize = 1024 * 1024;
 /// Proactive messages kept per HTTP chat until fetched.
 const MAILBOX_PER_CHAT: usize = 100;
@@ -58,6 +59,19 @@ pub struct HttpConfig {
     pub reply_timeout: Duration,
     /// Channel id (`http`).
     pub channel_id: String,
+    /// `channels.max_inbound_bytes`: a `content` longer than this is refused with 413 and
+    /// [`clawft_channel_core::oversized_notice`], as the daemon refuses it on every channel.
+    pub max_inbound_bytes: usize,
+}
+
+/// The request body bound for messages of up to `max_inbound_bytes`: JSON escaping can make
+/// text up to six times longer (`\u0001`), plus room for the other fields; at least
+/// [`MAX_BODY_BYTES`].
+fn body_limit(max_inbound_bytes: usize) -> usize {
+    max_inbound_bytes
+        .saturating_mul(6)
+        .saturating_add(64 * 1024)
+        .max(MAX_BODY_BYTES)
 }
 
 /// Why the HTTP channel could not start.
@@ -273,7 +287,9 @@ fn router(inner: Arc<Inner>) -> Router {
         .route("/readyz", get(readyz))
         .merge(chat)
         .merge(admin)
-        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(DefaultBodyLimit::max(body_limit(
+            inner.cfg.max_inbound_bytes,
+        )))
         .with_state(inner)
 }
 
@@ -449,8 +465,27 @@ struct ChatReq {
     sender: Option<String>,
 }
 
-fn parse_chat(body: &[u8]) -> Result<ChatReq, Refusal> {
-    let v: Value = serde_json::from_slice(body).map_err(|e| {
+/// The request of `POST /v1/chat[/stream]`; a body over the limit and a `content` over
+/// `max_inbound_bytes` are 413 with the notice every channel gives.
+fn parse_chat(
+    body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
+    max_inbound_bytes: usize,
+) -> Result<ChatReq, Refusal> {
+    let body = body.map_err(|e| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            refuse(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!(
+                    "The request body is over {} bytes. One message may hold at most {} KB of text: send it in shorter parts, or as a link to the text.",
+                    body_limit(max_inbound_bytes),
+                    max_inbound_bytes / 1024
+                ),
+            )
+        } else {
+            refuse(e.status(), e.body_text())
+        }
+    })?;
+    let v: Value = serde_json::from_slice(&body).map_err(|e| {
         refuse(
             StatusCode::BAD_REQUEST,
             format!("body must be JSON like {{\"chat_id\": \"...\", \"content\": \"...\"}}: {e}"),
@@ -465,6 +500,12 @@ fn parse_chat(body: &[u8]) -> Result<ChatReq, Refusal> {
     })?;
     let content = s("content")
         .ok_or_else(|| refuse(StatusCode::BAD_REQUEST, "`content` must be a string"))?;
+    if content.len() > max_inbound_bytes {
+        return Err(refuse(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            clawft_channel_core::oversized_notice(content.len(), max_inbound_bytes),
+        ));
+    }
     Ok(ChatReq {
         chat_id,
         content,
@@ -535,8 +576,11 @@ async fn submit(
     }
 }
 
-async fn chat(State(inner): State<Arc<Inner>>, body: axum::body::Bytes) -> Response {
-    let req = match parse_chat(&body) {
+async fn chat(
+    State(inner): State<Arc<Inner>>,
+    body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
+) -> Response {
+    let req = match parse_chat(body, inner.cfg.max_inbound_bytes) {
         Ok(r) => r,
         Err((status, v)) => return (status, Json(v)).into_response(),
     };
@@ -593,8 +637,11 @@ fn sse_event(m: &OutboundMessage) -> Event {
     Event::default().event(name).data(data.to_string())
 }
 
-async fn chat_stream(State(inner): State<Arc<Inner>>, body: axum::body::Bytes) -> Response {
-    let submitted = match parse_chat(&body) {
+async fn chat_stream(
+    State(inner): State<Arc<Inner>>,
+    body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
+) -> Response {
+    let submitted = match parse_chat(body, inner.cfg.max_inbound_bytes) {
         Ok(req) => {
             let (tx, rx) = mpsc::channel::<OutboundMessage>(256);
             submit(&inner, req, Waiter::Stream(tx))

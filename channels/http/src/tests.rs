@@ -64,6 +64,7 @@ fn loopback(token: Option<&str>, timeout: Duration) -> HttpConfig {
         allow_loopback_without_token: false,
         reply_timeout: timeout,
         channel_id: "http".into(),
+        max_inbound_bytes: clawft_channel_core::DEFAULT_MAX_INBOUND_BYTES,
     }
 }
 
@@ -434,6 +435,7 @@ async fn non_loopback_bind_needs_a_token_and_refuses_tokenless_chat() {
         allow_loopback_without_token: open,
         reply_timeout: Duration::from_secs(1),
         channel_id: "http".into(),
+        max_inbound_bytes: clawft_channel_core::DEFAULT_MAX_INBOUND_BYTES,
     };
     let e = HttpChannel::bind(cfg(None, false), Arc::new(FakeAdmin))
         .await

@@ -101,7 +101,8 @@ pub(crate) fn decide(update: &Value, me: &Me, mode: GroupMode) -> Decision {
     let Some(raw) = update.get("message") else {
         return Decision::Skip("not a new message");
     };
-    let msg: Message = match serde_json::from_value(raw.clone()) {
+    // Deserialised from the borrowed value: the text is copied once, not the whole update.
+    let msg: Message = match Message::deserialize(raw) {
         Ok(m) => m,
         Err(_) => return Decision::Skip("message without the expected fields"),
     };
@@ -121,7 +122,12 @@ pub(crate) fn decide(update: &Value, me: &Me, mode: GroupMode) -> Decision {
         (None, Some(c)) => (c.as_str(), &msg.caption_entities),
         (None, None) => return Decision::Skip("no text"),
     };
-    let units: Vec<u16> = text.encode_utf16().collect();
+    // UTF-16 copies only when there are entities to look up (a mention, a command).
+    let units: Vec<u16> = if entities.is_empty() {
+        Vec::new()
+    } else {
+        text.encode_utf16().collect()
+    };
     let me_at = format!("@{}", me.username);
     let mut mentioned = false;
     // UTF-16 ranges to cut out of the text (mentions of the bot, `@bot` of a command).
@@ -167,7 +173,11 @@ pub(crate) fn decide(update: &Value, me: &Me, mode: GroupMode) -> Decision {
     if group && mode == GroupMode::Mention && !mentioned && !reply_to_bot && !known_command {
         return Decision::Skip("group message not addressed to the bot");
     }
-    let text = cut(&units, &mut cuts);
+    let text = if cuts.is_empty() {
+        text.trim().to_string()
+    } else {
+        cut(&units, &mut cuts)
+    };
     if text.is_empty() {
         return Decision::Skip("empty after removing the mention");
     }
