@@ -76,11 +76,14 @@ impl ProxyPolicy {
     }
 }
 
-/// The running proxy: serves until dropped, then removes its socket.
+/// The running proxy: serves until dropped, then removes its socket (and its private
+/// directory, when it made one).
 #[derive(Debug)]
 pub struct EgressProxy {
     path: PathBuf,
     task: tokio::task::JoinHandle<()>,
+    /// The 0700 directory made by [`EgressProxy::start_private`].
+    dir: Option<PathBuf>,
 }
 
 impl EgressProxy {
@@ -91,6 +94,41 @@ impl EgressProxy {
     /// The socket cannot be created.
     pub fn start(path: &Path, policy: ProxyPolicy) -> io::Result<Self> {
         Self::start_with(path, policy, None)
+    }
+
+    /// Make a new directory `clawft-egress-<pid>-<random>` (mode 0700) beneath `base`, and
+    /// listen on `egress.sock` in it; both are removed when the proxy is dropped. Must be
+    /// called inside a tokio runtime.
+    ///
+    /// # Errors
+    /// The directory or the socket cannot be created.
+    pub fn start_private(base: &Path, policy: ProxyPolicy) -> io::Result<Self> {
+        use std::os::unix::fs::DirBuilderExt;
+        let mut last = None;
+        for _ in 0..16 {
+            let dir = base.join(format!(
+                "clawft-egress-{}-{:016x}",
+                std::process::id(),
+                fastrand::u64(..)
+            ));
+            match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+                Ok(()) => {
+                    return match Self::start_with(&dir.join("egress.sock"), policy, None) {
+                        Ok(mut p) => {
+                            p.dir = Some(dir);
+                            Ok(p)
+                        }
+                        Err(e) => {
+                            let _ = std::fs::remove_dir(&dir);
+                            Err(e)
+                        }
+                    };
+                }
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => last = Some(e),
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| io::Error::other("no free directory name")))
     }
 
     fn start_with(
@@ -116,6 +154,7 @@ impl EgressProxy {
         Ok(Self {
             path: path.to_path_buf(),
             task,
+            dir: None,
         })
     }
 
@@ -129,6 +168,9 @@ impl Drop for EgressProxy {
     fn drop(&mut self) {
         self.task.abort();
         let _ = std::fs::remove_file(&self.path);
+        if let Some(dir) = &self.dir {
+            let _ = std::fs::remove_dir(dir);
+        }
     }
 }
 

@@ -258,3 +258,19 @@ async fn the_socket_is_private_and_removed_when_the_proxy_stops() {
     let p = EgressProxy::start(&d.path().join("egress.sock"), ProxyPolicy::default()).unwrap();
     assert!(UnixStream::connect(p.path()).await.is_ok());
 }
+
+#[tokio::test]
+async fn a_private_proxy_lives_in_its_own_0700_directory_removed_on_drop() {
+    use std::os::unix::fs::PermissionsExt;
+    let base = tempfile::tempdir().unwrap();
+    let p = EgressProxy::start_private(base.path(), ProxyPolicy::default()).unwrap();
+    let dir = p.path().parent().unwrap().to_path_buf();
+    assert!(dir.starts_with(base.path()));
+    assert_eq!(
+        std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777,
+        0o700
+    );
+    assert!(UnixStream::connect(p.path()).await.is_ok());
+    drop(p);
+    assert!(!dir.exists());
+}
