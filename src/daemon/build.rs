@@ -143,13 +143,18 @@ fn exec_runtime(
             .collect(),
         approver,
         tmp_base: config.tools.tmp_base.clone(),
+        // The egress proxy (net::proxy) is started by the daemon and its socket given here.
+        proxy_socket: None,
     };
     let rt = exec::ExecRuntime::new(config.tools.exec.clone(), deps)?;
     let st = rt.sandbox_status();
     if st.fs_enforced {
-        tracing::debug!(sandbox = %st.summary(), "exec sandbox ready");
+        tracing::info!(sandbox = %st.summary(), "exec sandbox ready");
     } else {
         tracing::warn!(sandbox = %st.summary(), "Landlock is unavailable: exec_shell and spawn run without the filesystem sandbox (policy and environment scrubbing still apply)");
+    }
+    if st.jail.is_some_and(|j| !j.pid_namespace) {
+        tracing::warn!(sandbox = %st.summary(), "commands cannot get their own namespaces: no network at all for them (seccomp), and processes that leave their process group can outlive them");
     }
     Ok(Arc::new(rt))
 }

@@ -124,27 +124,155 @@ pub struct SandboxStatus {
     pub landlock_abi: u32,
     /// Filesystem access is restricted (ABI >= 1).
     pub fs_enforced: bool,
-    /// TCP connect/bind is denied (ABI >= 4 and `network = false`; from [`probe`]: supported).
+    /// TCP connect/bind is denied (ABI >= 4 and `network = "off"`; from [`probe`]: supported).
     pub net_enforced: bool,
     /// Signals and abstract UNIX sockets are scoped to the sandbox (ABI >= 6).
     pub scoped: bool,
+    /// The per-command jail: network, lifetime and limits (`None` from [`probe`], which only
+    /// looks at Landlock).
+    pub jail: Option<JailStatus>,
+}
+
+/// What commands' network is, as enforced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NetworkStatus {
+    /// Their own network namespace; HTTP(S) only through the daemon's egress proxy.
+    Proxy,
+    /// Their own network namespace; proxy mode, but the daemon runs no egress proxy: no
+    /// network at all.
+    ProxyUnavailable,
+    /// Their own network namespace: no network at all (`network = "off"`).
+    Off,
+    /// No namespaces available: a seccomp filter refuses every socket family but `AF_UNIX`, so
+    /// no network at all (not even through the proxy).
+    Seccomp,
+    /// The host's network, unrestricted (`network = "direct"`).
+    Direct,
+    /// Neither namespaces nor the seccomp filter are available: the host's network.
+    Unisolated,
+}
+
+/// How one resource of commands is limited.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LimitKind {
+    /// A per-command cgroup v1.
+    CgroupV1,
+    /// A per-command cgroup v2.
+    CgroupV2,
+    /// `RLIMIT_NPROC` in the command's own user namespace (processes only).
+    Rlimit,
+    /// Not limited (configured as 0, or no mechanism available).
+    None,
+}
+
+impl LimitKind {
+    fn describe(self) -> &'static str {
+        match self {
+            Self::CgroupV1 => "cgroup v1",
+            Self::CgroupV2 => "cgroup v2",
+            Self::Rlimit => "RLIMIT_NPROC in its own user namespace",
+            Self::None => "",
+        }
+    }
+}
+
+/// What the per-command jail enforces (see `tools::exec`'s jail): network, lifetime, limits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct JailStatus {
+    /// The network commands have.
+    pub network: NetworkStatus,
+    /// Each command runs in its own pid namespace: nothing it starts outlives it.
+    pub pid_namespace: bool,
+    /// Why namespaces are unavailable (an errno), when they are.
+    pub namespace_errno: i32,
+    /// Configured tasks per command (0: no limit).
+    pub max_processes: u32,
+    /// What enforces `max_processes`.
+    pub processes: LimitKind,
+    /// Configured memory per command in MiB (0: no limit).
+    pub max_memory_mb: u64,
+    /// What enforces `max_memory_mb`.
+    pub memory: LimitKind,
+}
+
+impl JailStatus {
+    /// The jail's part of the status line.
+    pub fn summary(&self) -> String {
+        let why = || {
+            format!(
+                "unshare failed: {}",
+                io::Error::from_raw_os_error(self.namespace_errno)
+            )
+        };
+        let network = match self.network {
+            NetworkStatus::Proxy => {
+                "HTTP(S) through the egress proxy only (own network namespace)".to_string()
+            }
+            NetworkStatus::ProxyUnavailable => {
+                "none (own network namespace; no egress proxy running)".to_string()
+            }
+            NetworkStatus::Off => "none (own network namespace)".to_string(),
+            NetworkStatus::Seccomp => format!("none (no namespaces: seccomp; {})", why()),
+            NetworkStatus::Direct => {
+                "direct (the host's network, unrestricted: tools.exec.network = \"direct\")"
+                    .to_string()
+            }
+            NetworkStatus::Unisolated => format!("NOT isolated (no namespaces: {})", why()),
+        };
+        let lifetime = if self.pid_namespace {
+            "own pid namespace (nothing outlives the command)"
+        } else {
+            "process group only (a process that leaves it can outlive the command)"
+        };
+        let limit = |zero: bool, max: String, kind: LimitKind, missing: &str| {
+            if zero {
+                "not limited (set to 0)".to_string()
+            } else if kind == LimitKind::None {
+                format!("not limited ({missing})")
+            } else {
+                format!("at most {max} ({})", kind.describe())
+            }
+        };
+        format!(
+            "network: {network}; lifetime: {lifetime}; processes: {}; memory: {}",
+            limit(
+                self.max_processes == 0,
+                self.max_processes.to_string(),
+                self.processes,
+                "no pids cgroup and no user namespace"
+            ),
+            limit(
+                self.max_memory_mb == 0,
+                format!("{} MiB", self.max_memory_mb),
+                self.memory,
+                "no memory cgroup"
+            ),
+        )
+    }
 }
 
 impl SandboxStatus {
     /// One line for logs and `weft status`.
     pub fn summary(&self) -> String {
-        if !self.fs_enforced {
-            return format!(
+        let fs = if self.fs_enforced {
+            format!(
+                "exec sandbox enforced (Landlock ABI {}): filesystem yes, TCP blocked {}, signal/socket scoping {}",
+                self.landlock_abi,
+                if self.net_enforced { "yes" } else { "no" },
+                if self.scoped { "yes" } else { "no" },
+            )
+        } else {
+            format!(
                 "exec sandbox NOT enforced (Landlock ABI {}): commands can read and write anything the daemon's user can",
                 self.landlock_abi
-            );
+            )
+        };
+        match &self.jail {
+            Some(j) => format!("{fs}; {}", j.summary()),
+            None => fs,
         }
-        format!(
-            "exec sandbox enforced (Landlock ABI {}): filesystem yes, TCP blocked {}, signal/socket scoping {}",
-            self.landlock_abi,
-            if self.net_enforced { "yes" } else { "no" },
-            if self.scoped { "yes" } else { "no" },
-        )
     }
 }
 
@@ -169,6 +297,7 @@ pub fn probe() -> SandboxStatus {
             fs_enforced: abi >= 1,
             net_enforced: abi >= 4,
             scoped: abi >= 6,
+            jail: None,
         }
     })
 }

@@ -5,6 +5,7 @@
 
 mod access;
 mod common;
+mod exec_jail;
 mod fake_llm;
 mod gateway;
 mod layering;

@@ -37,13 +37,13 @@ pub fn write_config(dir: &Path, v: &Value) -> PathBuf {
     p
 }
 
-struct Daemon {
+pub struct Daemon {
     child: Child,
-    api: Api,
+    pub api: Api,
 }
 
 impl Daemon {
-    async fn start(dir: &Path, cfg: &Path, port: u16) -> Self {
+    pub async fn start(dir: &Path, cfg: &Path, port: u16) -> Self {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -90,7 +90,7 @@ impl Daemon {
         self.child.wait().unwrap();
     }
 
-    fn term(mut self) -> std::process::ExitStatus {
+    pub fn term(mut self) -> std::process::ExitStatus {
         let pid = rustix::process::Pid::from_child(&self.child);
         rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
         self.child.wait().unwrap()
@@ -98,7 +98,7 @@ impl Daemon {
 }
 
 /// A config file for a gateway whose HTTP API listens on `port`, with `extra` merged in.
-fn gateway_config(dir: &Path, llm: &FakeLlm, port: u16, extra: Value) -> PathBuf {
+pub fn gateway_config(dir: &Path, llm: &FakeLlm, port: u16, extra: Value) -> PathBuf {
     let v = config_value(
         &llm.base_url(),
         dir,
@@ -110,7 +110,7 @@ fn gateway_config(dir: &Path, llm: &FakeLlm, port: u16, extra: Value) -> PathBuf
     write_config(dir, &v)
 }
 
-fn log_of(dir: &Path) -> String {
+pub fn log_of(dir: &Path) -> String {
     std::fs::read_to_string(dir.join("gateway.log")).unwrap_or_default()
 }
 

@@ -15,6 +15,8 @@
 //!   capture.
 //! - [`tools`]: the `exec_shell` and `spawn` tools over the runtime.
 
+mod cgroup;
+mod jail;
 pub mod runtime;
 pub mod settings;
 pub mod tools;
@@ -22,10 +24,11 @@ pub mod tools;
 #[cfg(test)]
 mod test_support;
 
-pub use runtime::{ExecDeps, ExecRuntime};
+pub use runtime::{sandbox_status, ExecDeps, ExecRuntime, PROXY_ADDR};
 pub use settings::{
-    ExecFile, ExecSettings, DEFAULT_APPROVAL_TIMEOUT_SECS, DEFAULT_MAX_CONCURRENT_SPAWNS,
-    DEFAULT_MAX_OUTPUT_BYTES, DEFAULT_MAX_TIMEOUT_SECS, DEFAULT_SPAWN_TIMEOUT_SECS,
+    ExecFile, ExecSettings, NetworkMode, NetworkSetting, DEFAULT_APPROVAL_TIMEOUT_SECS,
+    DEFAULT_MAX_CONCURRENT_SPAWNS, DEFAULT_MAX_MEMORY_MB, DEFAULT_MAX_OUTPUT_BYTES,
+    DEFAULT_MAX_PROCESSES, DEFAULT_MAX_TIMEOUT_SECS, DEFAULT_SPAWN_TIMEOUT_SECS,
     DEFAULT_TIMEOUT_SECS,
 };
 pub use tools::{ExecShell, ExecShellArgs, Spawn, SpawnArgs};

@@ -1,0 +1,826 @@
+//! The per-command jail, set up in the child between `fork` and `exec` (raw syscalls only:
+//! everything it needs, paths, maps, socket addresses, the seccomp program, is prepared in the
+//! parent). What it gives each command:
+//!
+//! - **Its own network namespace** (`network = "proxy"` or `"off"`) with only a loopback
+//!   interface: no route to the host, the LAN, cloud metadata or the internet, for TCP, UDP,
+//!   DNS and ICMP alike. In proxy mode a bridge in the namespace listens on `127.0.0.1:3128`
+//!   and relays each connection to the daemon's egress proxy (a Unix socket, which works
+//!   across network namespaces).
+//! - **Its own pid namespace**, so nothing it starts outlives it: when the command ends, the
+//!   kernel kills every process left in the namespace (`setsid`, double forks and daemons
+//!   included).
+//! - **Its own user namespace** when the daemon is not privileged (the daemon's uid and gid
+//!   mapped to themselves, so files keep their owner), which is what lets an unprivileged
+//!   daemon create the other two.
+//!
+//! The processes, from the daemon down (all in the command's process group and cgroup):
+//!
+//! ```text
+//! daemon ── A ── B (pid 1 of the new pid namespace) ── C = the command (pid 2)
+//!                 └─ one relay per proxy connection (proxy mode)
+//! ```
+//!
+//! - **A** is what the daemon spawned (`Command::spawn`): it joins the command's cgroups,
+//!   creates the namespaces, brings `lo` up, binds the bridge's socket, forks B, closes every
+//!   file descriptor (so `spawn` returns once C has exec'd, and the pipes reach EOF when the
+//!   command's processes are gone) and waits; it exits as C did (the same exit code, or the
+//!   same signal), so the tool result is unchanged.
+//! - **B**, the namespace's init, forks C, closes everything but what it needs, reaps orphans,
+//!   accepts bridge connections (forking one relay each), and when C ends reports C's wait
+//!   status to A through a pipe and exits, which kills the rest of the namespace. B has
+//!   `PR_SET_PDEATHSIG` = SIGKILL: if A is killed (timeout, `/stop`, a dropped call), B dies and
+//!   the namespace with it, even if C left the process group.
+//! - **C** continues into the sandbox ([`crate::tools::sandbox::confine`]) and `exec`.
+//!
+//! When namespaces cannot be created (`RestrictNamespaces=`, AppArmor's user-namespace
+//! restriction, a container), the runtime fails closed for the network: no fork, and a seccomp
+//! filter refuses `socket()` for every family but `AF_UNIX` (and `io_uring_setup`, which can
+//! create sockets without `socket()`), so there is no network at all and no proxy either.
+
+use std::ffi::CStr;
+use std::io;
+use std::os::fd::RawFd;
+use std::path::Path;
+use std::sync::OnceLock;
+
+use libc::{c_int, c_uint};
+
+/// Where the bridge listens inside each command's network namespace.
+pub(super) const PROXY_PORT: u16 = 3128;
+/// Relay buffer (on the stack of the relay process).
+const RELAY_BUF: usize = 16 * 1024;
+/// Cgroup `cgroup.procs` files a command joins at most (v1: pids, memory, cpu).
+pub(super) const MAX_CGROUPS: usize = 4;
+
+/// Which namespaces the daemon can create, probed once per process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct NsSupport {
+    /// The `unshare` flags that worked (user, net and pid, or net and pid for a privileged
+    /// daemon); 0 when none did.
+    pub flags: c_int,
+    /// Whether a user namespace is part of them (unprivileged daemon).
+    pub userns: bool,
+    /// Why namespaces are unavailable (an errno), when `flags` is 0.
+    pub errno: i32,
+}
+
+impl NsSupport {
+    /// No namespaces (as when `unshare` fails with EPERM).
+    #[cfg(test)]
+    pub const NONE: Self = Self {
+        flags: 0,
+        userns: false,
+        errno: libc::EPERM,
+    };
+
+    /// Whether commands get their own namespaces.
+    pub fn available(&self) -> bool {
+        self.flags != 0
+    }
+
+    /// Why not, for the status line and errors.
+    pub fn reason(&self) -> String {
+        format!(
+            "unshare(user, net, pid) failed: {}",
+            io::Error::from_raw_os_error(self.errno)
+        )
+    }
+}
+
+/// A `/proc/self/{uid,gid}_map` line, prepared in the parent.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct MapLine {
+    buf: [u8; 48],
+    len: usize,
+}
+
+impl MapLine {
+    fn identity(id: u32) -> Self {
+        let text = format!("{id} {id} 1\n");
+        let mut buf = [0u8; 48];
+        let len = text.len().min(buf.len());
+        buf[..len].copy_from_slice(&text.as_bytes()[..len]);
+        Self { buf, len }
+    }
+
+    fn bytes(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+}
+
+/// The daemon's own uid and gid, mapped to themselves in a new user namespace.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct IdMaps {
+    uid: MapLine,
+    gid: MapLine,
+}
+
+impl IdMaps {
+    fn of_self() -> Self {
+        Self {
+            uid: MapLine::identity(rustix::process::geteuid().as_raw()),
+            gid: MapLine::identity(rustix::process::getegid().as_raw()),
+        }
+    }
+}
+
+/// The egress proxy's Unix socket address, prepared in the parent.
+#[derive(Clone, Copy)]
+pub(super) struct ProxyAddr {
+    addr: libc::sockaddr_un,
+    len: libc::socklen_t,
+}
+
+impl std::fmt::Debug for ProxyAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ProxyAddr")
+    }
+}
+
+impl ProxyAddr {
+    /// The address of the socket at `path`.
+    ///
+    /// # Errors
+    /// The path does not fit a `sockaddr_un` (107 bytes) or holds a NUL byte.
+    pub fn new(path: &Path) -> io::Result<Self> {
+        use std::os::unix::ffi::OsStrExt;
+        let bytes = path.as_os_str().as_bytes();
+        // SAFETY: sockaddr_un is plain old data; all zeroes is a valid value.
+        #[allow(unsafe_code)]
+        let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+        if bytes.is_empty() || bytes.len() >= addr.sun_path.len() || bytes.contains(&0) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "the egress proxy socket path {} is empty or longer than {} bytes",
+                    path.display(),
+                    addr.sun_path.len() - 1
+                ),
+            ));
+        }
+        addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+        for (d, s) in addr.sun_path.iter_mut().zip(bytes) {
+            *d = *s as libc::c_char;
+        }
+        let len = std::mem::size_of::<libc::sa_family_t>() + bytes.len() + 1;
+        Ok(Self {
+            addr,
+            len: libc::socklen_t::try_from(len).unwrap_or(libc::socklen_t::MAX),
+        })
+    }
+}
+
+/// What the jail does for one command; built in the parent, copied into the child.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct JailSpec {
+    /// `unshare` flags (0: no namespaces; the command is the spawned process itself).
+    pub ns_flags: c_int,
+    /// Identity maps, when a user namespace is created.
+    pub maps: Option<IdMaps>,
+    /// The proxy to bridge to (proxy mode, inside a network namespace).
+    pub proxy: Option<ProxyAddr>,
+    /// The no-namespace fallback: refuse every socket family but `AF_UNIX`.
+    pub seccomp: bool,
+    /// `RLIMIT_NPROC` (0: unchanged); only meaningful in a fresh user namespace.
+    pub nproc: u64,
+    /// `cgroup.procs` files to join (the first `cgroups` entries), kept open by the parent
+    /// until `spawn` returns.
+    pub cgroup_procs: [RawFd; MAX_CGROUPS],
+    /// How many of `cgroup_procs` are used.
+    pub cgroups: usize,
+}
+
+impl JailSpec {
+    /// Namespaces as `support` allows for this network mode; no cgroups yet.
+    pub fn new(support: NsSupport, network_ns: bool) -> Self {
+        let mut flags = support.flags;
+        if !network_ns {
+            flags &= !libc::CLONE_NEWNET;
+        }
+        Self {
+            ns_flags: flags,
+            maps: support.userns.then(IdMaps::of_self),
+            proxy: None,
+            seccomp: false,
+            nproc: 0,
+            cgroup_procs: [-1; MAX_CGROUPS],
+            cgroups: 0,
+        }
+    }
+}
+
+/// Probe once per process which namespaces can be created, by creating them in a forked child.
+pub(super) fn probe() -> NsSupport {
+    static SUPPORT: OnceLock<NsSupport> = OnceLock::new();
+    *SUPPORT.get_or_init(|| {
+        let base = libc::CLONE_NEWNET | libc::CLONE_NEWPID;
+        let mut candidates = Vec::new();
+        if privileged() {
+            candidates.push((base, false));
+        }
+        candidates.push((base | libc::CLONE_NEWUSER, true));
+        let mut errno = libc::EPERM;
+        for (flags, userns) in candidates {
+            let maps = userns.then(IdMaps::of_self);
+            match try_namespaces(flags, maps) {
+                Ok(()) => {
+                    return NsSupport {
+                        flags,
+                        userns,
+                        errno: 0,
+                    }
+                }
+                Err(e) => errno = e,
+            }
+        }
+        NsSupport {
+            flags: 0,
+            userns: false,
+            errno,
+        }
+    })
+}
+
+/// Whether the daemon can create network and pid namespaces without a user namespace
+/// (euid 0 with `CAP_SYS_ADMIN`).
+fn privileged() -> bool {
+    if !rustix::process::geteuid().is_root() {
+        return false;
+    }
+    const CAP_SYS_ADMIN: u32 = 21;
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("CapEff:"))
+                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        })
+        .is_some_and(|caps| caps & (1 << CAP_SYS_ADMIN) != 0)
+}
+
+/// Fork a child that enters the namespaces and exits; Ok when it could, else the errno.
+#[allow(unsafe_code)]
+fn try_namespaces(flags: c_int, maps: Option<IdMaps>) -> Result<(), i32> {
+    // SAFETY: the child of a possibly multi-threaded process only makes raw syscalls on data
+    // prepared before the fork (enter_namespaces allocates nothing), then _exit()s.
+    unsafe {
+        let pid = libc::fork();
+        if pid < 0 {
+            return Err(errno());
+        }
+        if pid == 0 {
+            let code = match enter_namespaces(flags, maps.as_ref()) {
+                Ok(()) => 0,
+                Err(e) => e.raw_os_error().unwrap_or(libc::EINVAL).clamp(1, 255),
+            };
+            libc::_exit(code);
+        }
+        let mut status = 0;
+        loop {
+            let r = libc::waitpid(pid, &mut status, 0);
+            if r == pid {
+                break;
+            }
+            if r < 0 && errno() != libc::EINTR {
+                return Err(errno());
+            }
+        }
+        if libc::WIFEXITED(status) {
+            match libc::WEXITSTATUS(status) {
+                0 => Ok(()),
+                e => Err(e),
+            }
+        } else {
+            Err(libc::EPERM)
+        }
+    }
+}
+
+/// Install the jail on `cmd`: a `pre_exec` closure that must run before any other (the
+/// sandbox's own closure then runs in the command's process, C, only).
+#[allow(unsafe_code)]
+pub(super) fn install(cmd: &mut tokio::process::Command, spec: JailSpec) {
+    // SAFETY: the closure runs in the child forked from a multi-threaded parent. It makes raw
+    // syscalls only, on `spec` (plain data copied into the closure) and stack values: no
+    // allocation, no locks, no panics. The processes it forks are children of a
+    // single-threaded process. The cgroup fds in `spec` are valid because the parent keeps them
+    // open until spawn returns.
+    unsafe {
+        cmd.pre_exec(move || enter(&spec));
+    }
+}
+
+fn errno() -> i32 {
+    io::Error::last_os_error()
+        .raw_os_error()
+        .unwrap_or(libc::EINVAL)
+}
+
+fn check(r: c_int) -> io::Result<()> {
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// A (the spawned process): returns `Ok` only in C, the process that goes on to `exec`.
+#[allow(unsafe_code)]
+unsafe fn enter(spec: &JailSpec) -> io::Result<()> {
+    for &fd in &spec.cgroup_procs[..spec.cgroups.min(MAX_CGROUPS)] {
+        // "0" moves the writing process.
+        if libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    if spec.ns_flags == 0 {
+        if spec.seccomp {
+            check(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))?;
+            seccomp::install()?;
+        }
+        return Ok(());
+    }
+    enter_namespaces(spec.ns_flags, spec.maps.as_ref())?;
+    // A and B are copies of the daemon's memory: no core dumps, no ptrace by the same uid.
+    // (After the maps: a non-dumpable process's /proc/self files belong to root.)
+    libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
+    if spec.nproc > 0 {
+        let lim = libc::rlimit {
+            rlim_cur: spec.nproc,
+            rlim_max: spec.nproc,
+        };
+        check(libc::setrlimit(libc::RLIMIT_NPROC, &lim))?;
+    }
+    let listener = match spec.proxy {
+        Some(_) => listen_bridge()?,
+        None => -1,
+    };
+    let mut pipe = [-1; 2];
+    check(libc::pipe2(pipe.as_mut_ptr(), libc::O_CLOEXEC))?;
+    // SIGCHLD stays blocked in B (it reads it from a signalfd); C unblocks it before exec.
+    let mut chld: libc::sigset_t = std::mem::zeroed();
+    libc::sigemptyset(&mut chld);
+    libc::sigaddset(&mut chld, libc::SIGCHLD);
+    let mut old: libc::sigset_t = std::mem::zeroed();
+    libc::sigprocmask(libc::SIG_BLOCK, &chld, &mut old);
+    let b = libc::fork();
+    if b < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if b == 0 {
+        libc::close(pipe[0]);
+        return init(spec, listener, pipe[1]);
+    }
+    libc::sigprocmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+    // Nothing of the daemon's (stdio, std's exec-error pipe, the listener) stays open here.
+    let mut keep = [pipe[0]];
+    close_all_except(&mut keep);
+    wait_and_mirror(b, pipe[0])
+}
+
+/// Create the namespaces, write the identity maps, bring `lo` up (shared with the probe).
+#[allow(unsafe_code)]
+unsafe fn enter_namespaces(flags: c_int, maps: Option<&IdMaps>) -> io::Result<()> {
+    check(libc::unshare(flags))?;
+    if let Some(m) = maps {
+        match write_file(c"/proc/self/setgroups", b"deny") {
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+            other => other?,
+        }
+        write_file(c"/proc/self/uid_map", m.uid.bytes())?;
+        write_file(c"/proc/self/gid_map", m.gid.bytes())?;
+    }
+    if flags & libc::CLONE_NEWNET != 0 {
+        loopback_up()?;
+    }
+    Ok(())
+}
+
+#[allow(unsafe_code)]
+unsafe fn write_file(path: &CStr, data: &[u8]) -> io::Result<()> {
+    let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let n = libc::write(fd, data.as_ptr().cast(), data.len());
+    let err = io::Error::last_os_error();
+    libc::close(fd);
+    if usize::try_from(n).ok() == Some(data.len()) {
+        Ok(())
+    } else {
+        Err(err)
+    }
+}
+
+/// `ip link set lo up` in the current network namespace.
+#[allow(unsafe_code)]
+unsafe fn loopback_up() -> io::Result<()> {
+    let s = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+    if s < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut ifr: libc::ifreq = std::mem::zeroed();
+    for (d, s) in ifr.ifr_name.iter_mut().zip(b"lo") {
+        *d = *s as libc::c_char;
+    }
+    let r = libc::ioctl(s, libc::SIOCGIFFLAGS, &mut ifr);
+    let r = if r == 0 {
+        ifr.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+        libc::ioctl(s, libc::SIOCSIFFLAGS, &ifr)
+    } else {
+        r
+    };
+    let err = io::Error::last_os_error();
+    libc::close(s);
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(err)
+    }
+}
+
+/// The bridge's listening socket on `127.0.0.1:3128` in the command's network namespace.
+#[allow(unsafe_code)]
+unsafe fn listen_bridge() -> io::Result<RawFd> {
+    let s = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+    if s < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let one: c_int = 1;
+    libc::setsockopt(
+        s,
+        libc::SOL_SOCKET,
+        libc::SO_REUSEADDR,
+        std::ptr::from_ref(&one).cast(),
+        4,
+    );
+    let addr = libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: PROXY_PORT.to_be(),
+        sin_addr: libc::in_addr {
+            s_addr: u32::from_ne_bytes([127, 0, 0, 1]),
+        },
+        sin_zero: [0; 8],
+    };
+    let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    if libc::bind(s, std::ptr::from_ref(&addr).cast(), len) != 0 || libc::listen(s, 128) != 0 {
+        let e = io::Error::last_os_error();
+        libc::close(s);
+        return Err(e);
+    }
+    Ok(s)
+}
+
+/// Close every file descriptor but `keep` (negative entries ignored).
+#[allow(unsafe_code)]
+unsafe fn close_all_except(keep: &mut [RawFd]) {
+    keep.sort_unstable();
+    let mut lo: c_uint = 0;
+    for &k in keep.iter() {
+        let Ok(k) = c_uint::try_from(k) else {
+            continue;
+        };
+        if k > lo {
+            close_range(lo, k - 1);
+        }
+        lo = k + 1;
+    }
+    close_range(lo, c_uint::MAX);
+}
+
+#[allow(unsafe_code)]
+unsafe fn close_range(lo: c_uint, hi: c_uint) {
+    if libc::syscall(libc::SYS_close_range, lo, hi, 0) != 0 {
+        // Linux < 5.9.
+        for fd in lo..=hi.min(65_535) {
+            libc::close(fd as c_int);
+        }
+    }
+}
+
+/// A: wait for B, then end as C ended (C's wait status comes from B through `status_r`; if B
+/// died first, B's own status).
+#[allow(unsafe_code)]
+unsafe fn wait_and_mirror(b: libc::pid_t, status_r: RawFd) -> ! {
+    let mut st = 0;
+    loop {
+        let r = libc::waitpid(b, &mut st, 0);
+        if r == b {
+            break;
+        }
+        if r < 0 && errno() != libc::EINTR {
+            libc::_exit(127);
+        }
+    }
+    let mut buf = [0u8; 4];
+    let n = libc::read(status_r, buf.as_mut_ptr().cast(), 4);
+    if n == 4 {
+        st = c_int::from_ne_bytes(buf);
+    }
+    exit_like(st)
+}
+
+/// End this process with wait status `st`: the same exit code, or death by the same signal.
+#[allow(unsafe_code)]
+unsafe fn exit_like(st: c_int) -> ! {
+    if libc::WIFSIGNALED(st) {
+        let sig = libc::WTERMSIG(st);
+        let nocore = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        libc::setrlimit(libc::RLIMIT_CORE, &nocore);
+        let mut dfl: libc::sigaction = std::mem::zeroed();
+        dfl.sa_sigaction = libc::SIG_DFL;
+        libc::sigaction(sig, &dfl, std::ptr::null_mut());
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, sig);
+        libc::sigprocmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+        libc::kill(libc::getpid(), sig);
+        libc::_exit(128 + sig);
+    }
+    if libc::WIFEXITED(st) {
+        libc::_exit(libc::WEXITSTATUS(st));
+    }
+    libc::_exit(1)
+}
+
+/// B, pid 1 of the command's pid namespace: fork C (which returns `Ok` and goes on to exec),
+/// then reap, bridge, and report C's end to A.
+#[allow(unsafe_code)]
+unsafe fn init(spec: &JailSpec, listener: RawFd, status_w: RawFd) -> io::Result<()> {
+    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
+    let c = libc::fork();
+    if c < 0 {
+        // Reported by std through its exec-error pipe, which B still holds.
+        return Err(io::Error::last_os_error());
+    }
+    if c == 0 {
+        let mut none: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut none);
+        libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
+        libc::close(status_w);
+        if listener >= 0 {
+            libc::close(listener);
+        }
+        return Ok(());
+    }
+    let mut keep = [listener, status_w];
+    close_all_except(&mut keep);
+    drop_capabilities();
+    let mut chld: libc::sigset_t = std::mem::zeroed();
+    libc::sigemptyset(&mut chld);
+    libc::sigaddset(&mut chld, libc::SIGCHLD);
+    let sfd = libc::signalfd(-1, &chld, libc::SFD_CLOEXEC | libc::SFD_NONBLOCK);
+    loop {
+        let mut fds = [
+            libc::pollfd {
+                fd: sfd,
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: listener,
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        if sfd >= 0 {
+            let r = libc::poll(fds.as_mut_ptr(), 2, -1);
+            if r < 0 && errno() != libc::EINTR {
+                libc::_exit(1);
+            }
+            if fds[0].revents != 0 {
+                let mut info = [0u8; 128];
+                while libc::read(sfd, info.as_mut_ptr().cast(), info.len()) > 0 {}
+            }
+        } else {
+            // No signalfd: no bridge either; just wait.
+            fds[1].revents = 0;
+        }
+        loop {
+            let mut st = 0;
+            let flags = if sfd >= 0 { libc::WNOHANG } else { 0 };
+            let r = libc::waitpid(-1, &mut st, flags);
+            if r == c {
+                let bytes = st.to_ne_bytes();
+                libc::write(status_w, bytes.as_ptr().cast(), bytes.len());
+                // Exiting kills every process left in the namespace.
+                libc::_exit(0);
+            }
+            if r <= 0 {
+                break;
+            }
+        }
+        if fds[1].revents & libc::POLLIN != 0 {
+            let conn = libc::accept4(
+                listener,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                libc::SOCK_CLOEXEC,
+            );
+            if conn >= 0 {
+                if let Some(addr) = spec.proxy {
+                    let r = libc::fork();
+                    if r == 0 {
+                        libc::close(sfd);
+                        libc::close(listener);
+                        libc::close(status_w);
+                        relay(conn, &addr);
+                        libc::_exit(0);
+                    }
+                }
+                libc::close(conn);
+            }
+        }
+    }
+}
+
+/// Empty the capability sets of this process (B keeps none: it only accepts, forks and
+/// relays bytes).
+#[allow(unsafe_code)]
+unsafe fn drop_capabilities() {
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: c_int,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    let header = Header {
+        version: 0x2008_0522,
+        pid: 0,
+    };
+    let data = [Data {
+        effective: 0,
+        permitted: 0,
+        inheritable: 0,
+    }; 2];
+    libc::syscall(libc::SYS_capset, std::ptr::from_ref(&header), data.as_ptr());
+}
+
+/// One proxy connection: relay bytes between the command's TCP connection and a fresh
+/// connection to the egress proxy's Unix socket, half-closes included, until both sides end.
+#[allow(unsafe_code)]
+unsafe fn relay(conn: RawFd, addr: &ProxyAddr) {
+    let up = libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+    if up < 0 || libc::connect(up, std::ptr::from_ref(&addr.addr).cast(), addr.len) != 0 {
+        return;
+    }
+    let mut buf = [0u8; RELAY_BUF];
+    let ends = [conn, up];
+    let mut open = [true, true];
+    while open[0] || open[1] {
+        let mut fds = [
+            libc::pollfd {
+                fd: if open[0] { conn } else { -1 },
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: if open[1] { up } else { -1 },
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        if libc::poll(fds.as_mut_ptr(), 2, -1) < 0 {
+            if errno() == libc::EINTR {
+                continue;
+            }
+            return;
+        }
+        for i in 0..2 {
+            if fds[i].revents == 0 {
+                continue;
+            }
+            let (from, to) = (ends[i], ends[1 - i]);
+            let n = libc::read(from, buf.as_mut_ptr().cast(), buf.len());
+            match usize::try_from(n) {
+                Ok(0) => {
+                    libc::shutdown(to, libc::SHUT_WR);
+                    open[i] = false;
+                }
+                Ok(n) => {
+                    if !send_all(to, &buf[..n]) {
+                        return;
+                    }
+                }
+                Err(_) if matches!(errno(), libc::EINTR | libc::EAGAIN) => {}
+                Err(_) => {
+                    libc::shutdown(to, libc::SHUT_WR);
+                    open[i] = false;
+                }
+            }
+        }
+    }
+}
+
+#[allow(unsafe_code)]
+unsafe fn send_all(fd: RawFd, mut data: &[u8]) -> bool {
+    while !data.is_empty() {
+        let n = libc::send(fd, data.as_ptr().cast(), data.len(), libc::MSG_NOSIGNAL);
+        match usize::try_from(n) {
+            Ok(n) => data = &data[n..],
+            Err(_) if errno() == libc::EINTR => {}
+            Err(_) => return false,
+        }
+    }
+    true
+}
+
+/// The fallback filter: no socket of any family but `AF_UNIX`, no io_uring.
+pub(super) mod seccomp {
+    use std::io;
+
+    /// `BPF_LD | BPF_W | BPF_ABS` (0x00 | 0x00 | 0x20).
+    const BPF_LD_W_ABS: u16 = 0x20;
+    const BPF_JEQ_K: u16 = 0x05 | 0x10;
+    const BPF_JGE_K: u16 = 0x05 | 0x30;
+    const BPF_RET_K: u16 = 0x06;
+    const RET_ALLOW: u32 = 0x7fff_0000;
+    const RET_ERRNO: u32 = 0x0005_0000;
+    const OFF_NR: u32 = 0;
+    const OFF_ARCH: u32 = 4;
+    /// `args[0]`, low 32 bits (little-endian).
+    const OFF_ARG0: u32 = 16;
+    /// x32 system calls (`__X32_SYSCALL_BIT`) are refused outright.
+    const X32_BIT: u32 = 0x4000_0000;
+
+    #[cfg(target_arch = "x86_64")]
+    const AUDIT_ARCH: u32 = 0xC000_003E;
+    #[cfg(target_arch = "aarch64")]
+    const AUDIT_ARCH: u32 = 0xC000_00B7;
+
+    /// Whether this build has the filter (x86_64 and aarch64).
+    pub const SUPPORTED: bool = cfg!(any(target_arch = "x86_64", target_arch = "aarch64"));
+
+    const fn stmt(code: u16, k: u32) -> libc::sock_filter {
+        libc::sock_filter {
+            code,
+            jt: 0,
+            jf: 0,
+            k,
+        }
+    }
+
+    const fn jump(code: u16, k: u32, jt: u8, jf: u8) -> libc::sock_filter {
+        libc::sock_filter { code, jt, jf, k }
+    }
+
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    #[allow(clippy::cast_sign_loss)]
+    static FILTER: [libc::sock_filter; 14] = [
+        stmt(BPF_LD_W_ABS, OFF_ARCH),
+        jump(BPF_JEQ_K, AUDIT_ARCH, 1, 0),
+        // Another architecture's system calls (i386 compat): refused.
+        stmt(BPF_RET_K, RET_ERRNO | libc::EPERM as u32),
+        stmt(BPF_LD_W_ABS, OFF_NR),
+        jump(BPF_JGE_K, X32_BIT, 0, 1),
+        stmt(BPF_RET_K, RET_ERRNO | libc::ENOSYS as u32),
+        jump(BPF_JEQ_K, libc::SYS_socket as u32, 3, 0),
+        jump(BPF_JEQ_K, libc::SYS_io_uring_setup as u32, 1, 0),
+        stmt(BPF_RET_K, RET_ALLOW),
+        stmt(BPF_RET_K, RET_ERRNO | libc::EPERM as u32),
+        stmt(BPF_LD_W_ABS, OFF_ARG0),
+        jump(BPF_JEQ_K, libc::AF_UNIX as u32, 0, 1),
+        stmt(BPF_RET_K, RET_ALLOW),
+        stmt(BPF_RET_K, RET_ERRNO | libc::EAFNOSUPPORT as u32),
+    ];
+
+    /// Install the filter on the calling thread (no_new_privs must be set). Async-signal-safe.
+    ///
+    /// # Errors
+    /// The kernel refused the filter, or this architecture has none.
+    #[allow(unsafe_code)]
+    pub unsafe fn install() -> io::Result<()> {
+        #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+        {
+            let prog = libc::sock_fprog {
+                len: FILTER.len() as u16,
+                filter: FILTER.as_ptr().cast_mut(),
+            };
+            if libc::prctl(
+                libc::PR_SET_SECCOMP,
+                libc::SECCOMP_MODE_FILTER,
+                std::ptr::from_ref(&prog),
+                0,
+                0,
+            ) != 0
+            {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        }
+        #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+        {
+            Err(io::Error::from_raw_os_error(libc::ENOSYS))
+        }
+    }
+}
