@@ -402,6 +402,25 @@ impl SandboxPlan {
     }
 }
 
+impl SandboxPlan {
+    /// Whether a protected path lies beneath the workspace, the temp dir or a write path. The
+    /// ruleset then allows the entries of that tree one by one, as they are when it is built,
+    /// so it must be rebuilt for each command (files created later would be out of reach).
+    pub fn splits_writable(&self, workspace: &Path, tmp: &Path) -> bool {
+        let roots: Vec<PathBuf> = [workspace.to_path_buf(), tmp.to_path_buf()]
+            .into_iter()
+            .chain(self.write_paths.iter().cloned())
+            .map(|p| canonical(&p))
+            .collect();
+        SYSTEM_PROTECTED
+            .iter()
+            .map(PathBuf::from)
+            .chain(self.protected.iter().cloned())
+            .map(|p| canonical(&p))
+            .any(|p| roots.iter().any(|r| p.starts_with(r)))
+    }
+}
+
 /// The Landlock ruleset could not be built.
 #[derive(Debug, thiserror::Error)]
 #[error("landlock: {0}")]
@@ -576,42 +595,52 @@ const MAX_CAP: libc::c_ulong = 63;
 pub fn confine(cmd: &mut tokio::process::Command, ruleset: Option<RawFd>, drop_caps: bool) {
     let fd = ruleset.unwrap_or(-1);
     // SAFETY: the closure runs in the child forked from a multi-threaded parent, where only
-    // async-signal-safe operations are allowed. It performs raw syscalls only (prctl, capset,
-    // landlock_restrict_self) on plain values captured by copy and on stack structs: no
-    // allocation (io::Error::last_os_error does not allocate), no locks, no panics. `fd` is a
-    // valid ruleset fd in the child because the parent keeps it open until spawn returns; it is
-    // O_CLOEXEC, so the exec'd program does not inherit it.
+    // async-signal-safe operations are allowed: `confine_now` makes raw syscalls only. `fd` is
+    // a valid ruleset fd in the child because the parent keeps it open until spawn returns; it
+    // is O_CLOEXEC, so the exec'd program does not inherit it.
     unsafe {
-        cmd.pre_exec(move || {
-            if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
-                return Err(io::Error::last_os_error());
-            }
-            if drop_caps {
-                // Needs CAP_SETPCAP, held only by privileged daemons: there is nothing to drop
-                // otherwise, so EPERM/EINVAL are fine.
-                for cap in 0..=MAX_CAP {
-                    libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0);
-                }
-                let header = CapHeader {
-                    version: LINUX_CAPABILITY_VERSION_3,
-                    pid: 0,
-                };
-                let data = [CapData {
-                    effective: 0,
-                    permitted: 0,
-                    inheritable: 0,
-                }; 2];
-                if libc::syscall(libc::SYS_capset, std::ptr::from_ref(&header), data.as_ptr()) != 0
-                {
-                    return Err(io::Error::last_os_error());
-                }
-            }
-            if fd >= 0 && libc::syscall(libc::SYS_landlock_restrict_self, fd, 0) != 0 {
-                return Err(io::Error::last_os_error());
-            }
-            Ok(())
-        });
+        cmd.pre_exec(move || confine_now(fd, drop_caps));
     }
+}
+
+/// The child-side half of the sandbox, applied to the calling process now: no-new-privs, empty
+/// capability sets when `drop_caps`, and the Landlock ruleset `ruleset` (negative: none).
+///
+/// # Safety
+/// Async-signal-safe (raw syscalls on plain values and stack structs: no allocation, no locks,
+/// no panics), for use between `fork` and `exec`. `ruleset` must be a Landlock ruleset fd or
+/// negative.
+///
+/// # Errors
+/// A step failed; the caller must not exec the command.
+#[allow(unsafe_code)]
+pub unsafe fn confine_now(ruleset: RawFd, drop_caps: bool) -> io::Result<()> {
+    if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if drop_caps {
+        // Needs CAP_SETPCAP, held only by privileged daemons: there is nothing to drop
+        // otherwise, so EPERM/EINVAL are fine.
+        for cap in 0..=MAX_CAP {
+            libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0);
+        }
+        let header = CapHeader {
+            version: LINUX_CAPABILITY_VERSION_3,
+            pid: 0,
+        };
+        let data = [CapData {
+            effective: 0,
+            permitted: 0,
+            inheritable: 0,
+        }; 2];
+        if libc::syscall(libc::SYS_capset, std::ptr::from_ref(&header), data.as_ptr()) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    if ruleset >= 0 && libc::syscall(libc::SYS_landlock_restrict_self, ruleset, 0) != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 #[cfg(test)]

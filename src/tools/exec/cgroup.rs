@@ -23,6 +23,7 @@ use std::io::{self, Write as _};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 pub(super) use crate::tools::sandbox::LimitKind;
@@ -41,7 +42,13 @@ pub(super) struct Cgroups {
     /// v1: the runtime directory of the cpu hierarchy, which every command joins.
     cpu_procs: Option<OwnedFd>,
     next: AtomicU64,
+    /// Command cgroups whose command ended and left nothing behind: reused (a mkdir and rmdir
+    /// of a memory cgroup cost more than the command `true`).
+    idle: Mutex<Vec<Slot>>,
 }
+
+/// Command cgroups kept for reuse at most.
+const MAX_IDLE: usize = 16;
 
 #[derive(Debug)]
 enum Layout {
@@ -80,98 +87,117 @@ impl Cgroups {
             max_memory_mb,
             cpu_procs,
             next: AtomicU64::new(0),
+            idle: Mutex::new(Vec::new()),
         })
     }
 
     /// What limits processes and memory with these cgroups.
     pub(super) fn kinds(&self) -> (LimitKind, LimitKind) {
+        let kind = |used: bool, k: LimitKind| if used { k } else { LimitKind::None };
         match &self.layout {
             Layout::V1 { pids, memory, .. } => (
-                if pids.is_some() {
-                    LimitKind::CgroupV1
-                } else {
-                    LimitKind::None
-                },
-                if memory.is_some() {
-                    LimitKind::CgroupV1
-                } else {
-                    LimitKind::None
-                },
+                kind(pids.is_some(), LimitKind::CgroupV1),
+                kind(memory.is_some(), LimitKind::CgroupV1),
             ),
             Layout::V2 { pids, memory, .. } => (
-                if *pids {
-                    LimitKind::CgroupV2
-                } else {
-                    LimitKind::None
-                },
-                if *memory {
-                    LimitKind::CgroupV2
-                } else {
-                    LimitKind::None
-                },
+                kind(*pids, LimitKind::CgroupV2),
+                kind(*memory, LimitKind::CgroupV2),
             ),
         }
     }
 
-    /// Create the cgroup(s) of one command, with its limits set. Blocking (cgroupfs writes).
+    fn v2(&self) -> bool {
+        matches!(self.layout, Layout::V2 { .. })
+    }
+
+    /// An idle command cgroup, if there is one (never blocks on the filesystem).
+    pub(super) fn reuse(self: &Arc<Self>) -> Option<CommandCgroup> {
+        let slot = self.idle.lock().ok()?.pop()?;
+        Some(self.wrap(slot))
+    }
+
+    fn wrap(self: &Arc<Self>, slot: Slot) -> CommandCgroup {
+        CommandCgroup {
+            slot: Some(slot),
+            owner: Arc::downgrade(self),
+            shared_procs: self.cpu_procs.as_ref().map(AsRawFd::as_raw_fd),
+            v2: self.v2(),
+        }
+    }
+
+    /// A cgroup for one command, with its limits set: an idle one, or a new one. Blocking
+    /// (cgroupfs writes).
     ///
     /// # Errors
     /// A directory or limit file could not be written.
-    pub(super) fn create(&self) -> io::Result<CommandCgroup> {
+    pub(super) fn create(self: &Arc<Self>) -> io::Result<CommandCgroup> {
+        if let Some(c) = self.reuse() {
+            return Ok(c);
+        }
         let n = self.next.fetch_add(1, Ordering::Relaxed);
         let name = format!("c{n}");
-        let mut cg = CommandCgroup {
-            dirs: Vec::new(),
-            procs: Vec::new(),
-            shared_procs: self.cpu_procs.as_ref().map(AsRawFd::as_raw_fd),
-            pids_dir: None,
-            memory_dir: None,
-            v2: false,
-            done: false,
-        };
+        let mut slot = Slot::default();
         let bytes = self.max_memory_mb.saturating_mul(1024 * 1024);
-        match &self.layout {
-            Layout::V1 { pids, memory, .. } => {
-                if let Some(rt) = pids {
-                    let dir = cg.make(&rt.join(&name))?;
-                    write_file(&dir.join("pids.max"), &self.max_processes.to_string())?;
-                    cg.pids_dir = Some(dir);
+        let made = (|| -> io::Result<()> {
+            match &self.layout {
+                Layout::V1 { pids, memory, .. } => {
+                    if let Some(rt) = pids {
+                        let dir = slot.make(&rt.join(&name))?;
+                        write_file(&dir.join("pids.max"), &self.max_processes.to_string())?;
+                        slot.pids_dir = Some(dir);
+                    }
+                    if let Some(rt) = memory {
+                        let dir = slot.make(&rt.join(&name))?;
+                        write_file(&dir.join("memory.limit_in_bytes"), &bytes.to_string())?;
+                        // With swap accounting, swap counts too (it must be >= the limit).
+                        let _ = write_file(
+                            &dir.join("memory.memsw.limit_in_bytes"),
+                            &bytes.to_string(),
+                        );
+                        slot.memory_dir = Some(dir);
+                    }
                 }
-                if let Some(rt) = memory {
-                    let dir = cg.make(&rt.join(&name))?;
-                    write_file(&dir.join("memory.limit_in_bytes"), &bytes.to_string())?;
-                    // With swap accounting, swap counts too (it must be >= the limit above).
-                    let _ =
-                        write_file(&dir.join("memory.memsw.limit_in_bytes"), &bytes.to_string());
-                    cg.memory_dir = Some(dir);
+                Layout::V2 { dir, pids, memory } => {
+                    let d = slot.make(&dir.join(&name))?;
+                    if *pids {
+                        write_file(&d.join("pids.max"), &self.max_processes.to_string())?;
+                        slot.pids_dir = Some(d.clone());
+                    }
+                    if *memory {
+                        write_file(&d.join("memory.max"), &bytes.to_string())?;
+                        // The limit is on memory as a whole, not RAM plus whatever swap there
+                        // is; and an OOM kill ends the whole command, not one random process.
+                        let _ = write_file(&d.join("memory.swap.max"), "0");
+                        let _ = write_file(&d.join("memory.oom.group"), "1");
+                        slot.memory_dir = Some(d);
+                    }
                 }
             }
-            Layout::V2 { dir, pids, memory } => {
-                cg.v2 = true;
-                let d = cg.make(&dir.join(&name))?;
-                if *pids {
-                    write_file(&d.join("pids.max"), &self.max_processes.to_string())?;
-                    cg.pids_dir = Some(d.clone());
-                }
-                if *memory {
-                    write_file(&d.join("memory.max"), &bytes.to_string())?;
-                    // The limit is on memory as a whole, not RAM plus whatever swap there is;
-                    // and an OOM kill ends the whole command, not one random process of it.
-                    let _ = write_file(&d.join("memory.swap.max"), "0");
-                    let _ = write_file(&d.join("memory.oom.group"), "1");
-                    cg.memory_dir = Some(d);
-                }
+            for d in &slot.dirs {
+                slot.procs.push(open_procs(d)?);
             }
+            Ok(())
+        })();
+        if let Err(e) = made {
+            for d in &slot.dirs {
+                let _ = fs::remove_dir(d);
+            }
+            return Err(e);
         }
-        for d in &cg.dirs {
-            cg.procs.push(open_procs(d)?);
-        }
-        Ok(cg)
+        slot.base = slot.counters(self.v2());
+        Ok(self.wrap(slot))
     }
 }
 
 impl Drop for Cgroups {
     fn drop(&mut self) {
+        if let Ok(idle) = self.idle.get_mut() {
+            for slot in idle.drain(..) {
+                for d in &slot.dirs {
+                    let _ = fs::remove_dir(d);
+                }
+            }
+        }
         let dirs: Vec<&PathBuf> = match &self.layout {
             Layout::V1 { pids, memory, cpu } => [pids, memory, cpu].into_iter().flatten().collect(),
             Layout::V2 { dir, .. } => vec![dir],
@@ -182,29 +208,18 @@ impl Drop for Cgroups {
     }
 }
 
-/// The cgroup directories of one command: joined by the command's first process before
-/// anything else runs, read for limit events, swept and removed at the end.
-#[derive(Debug)]
-pub(super) struct CommandCgroup {
+/// The directories of one command cgroup and their open `cgroup.procs` files.
+#[derive(Debug, Default)]
+struct Slot {
     dirs: Vec<PathBuf>,
     procs: Vec<OwnedFd>,
-    shared_procs: Option<RawFd>,
     pids_dir: Option<PathBuf>,
     memory_dir: Option<PathBuf>,
-    v2: bool,
-    done: bool,
+    /// The counters when this use of the slot began.
+    base: Events,
 }
 
-/// Limit events of one command.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(super) struct Events {
-    /// Processes killed by the OOM killer because of the memory limit.
-    pub oom_kills: u64,
-    /// Forks refused because of the pids limit.
-    pub pids_max: u64,
-}
-
-impl CommandCgroup {
+impl Slot {
     fn make(&mut self, dir: &Path) -> io::Result<PathBuf> {
         match fs::create_dir(dir) {
             Ok(()) => {}
@@ -215,18 +230,8 @@ impl CommandCgroup {
         Ok(dir.to_path_buf())
     }
 
-    /// The `cgroup.procs` files the command's first process writes "0" into (valid while
-    /// `self` and the runtime live).
-    pub(super) fn procs_fds(&self) -> Vec<RawFd> {
-        self.procs
-            .iter()
-            .map(AsRawFd::as_raw_fd)
-            .chain(self.shared_procs)
-            .collect()
-    }
-
-    /// What the limits did so far.
-    pub(super) fn events(&self) -> Events {
+    /// The cumulative counters of the slot's cgroups.
+    fn counters(&self, v2: bool) -> Events {
         let pids_max = self
             .pids_dir
             .as_ref()
@@ -236,7 +241,7 @@ impl CommandCgroup {
             .memory_dir
             .as_ref()
             .and_then(|d| {
-                let file = if self.v2 {
+                let file = if v2 {
                     "memory.events"
                 } else {
                     "memory.oom_control"
@@ -249,65 +254,120 @@ impl CommandCgroup {
             pids_max,
         }
     }
+}
 
-    /// Kill whatever is left in the command's cgroups and remove them; if they do not empty at
-    /// once, a thread keeps trying for a few seconds.
-    pub(super) fn finish(mut self) {
-        self.done = true;
-        let dirs = std::mem::take(&mut self.dirs);
-        let v2 = self.v2;
-        if !sweep_once(&dirs, v2) {
-            let _ = std::thread::Builder::new()
-                .name("exec-cgroup-sweep".into())
-                .spawn(move || {
-                    let end = Instant::now() + SWEEP_FOR;
-                    while Instant::now() < end {
-                        std::thread::sleep(Duration::from_millis(20));
-                        if sweep_once(&dirs, v2) {
-                            return;
-                        }
-                    }
-                    tracing::warn!(?dirs, "a command's cgroup could not be removed");
-                });
+/// The cgroup(s) of one command: joined by the command's first process before anything else
+/// runs, read for limit events, swept at the end and then reused or removed.
+#[derive(Debug)]
+pub(super) struct CommandCgroup {
+    slot: Option<Slot>,
+    owner: Weak<Cgroups>,
+    shared_procs: Option<RawFd>,
+    v2: bool,
+}
+
+/// Limit events of one command.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct Events {
+    /// Processes killed by the OOM killer because of the memory limit.
+    pub oom_kills: u64,
+    /// Forks refused because of the pids limit.
+    pub pids_max: u64,
+}
+
+impl CommandCgroup {
+    /// The `cgroup.procs` files the command's first process writes "0" into (valid while
+    /// `self` and the runtime live).
+    pub(super) fn procs_fds(&self) -> Vec<RawFd> {
+        self.slot
+            .iter()
+            .flat_map(|s| s.procs.iter().map(AsRawFd::as_raw_fd))
+            .chain(self.shared_procs)
+            .collect()
+    }
+
+    /// What the limits did during this command.
+    pub(super) fn events(&self) -> Events {
+        let Some(slot) = &self.slot else {
+            return Events::default();
+        };
+        let now = slot.counters(self.v2);
+        Events {
+            oom_kills: now.oom_kills.saturating_sub(slot.base.oom_kills),
+            pids_max: now.pids_max.saturating_sub(slot.base.pids_max),
         }
+    }
+
+    /// Kill whatever is left in the command's cgroups; then keep them for the next command if
+    /// they are empty, else a thread keeps killing and then removes them.
+    pub(super) fn finish(mut self) {
+        self.release();
+    }
+
+    fn release(&mut self) {
+        let Some(mut slot) = self.slot.take() else {
+            return;
+        };
+        let v2 = self.v2;
+        if sweep_once(&slot.dirs, v2, false) {
+            if let Some(owner) = self.owner.upgrade() {
+                slot.base = slot.counters(v2);
+                if let Ok(mut idle) = owner.idle.lock() {
+                    if idle.len() < MAX_IDLE {
+                        idle.push(slot);
+                        return;
+                    }
+                }
+            }
+            for d in &slot.dirs {
+                let _ = fs::remove_dir(d);
+            }
+            return;
+        }
+        let dirs = std::mem::take(&mut slot.dirs);
+        drop(slot);
+        let _ = std::thread::Builder::new()
+            .name("exec-cgroup-sweep".into())
+            .spawn(move || {
+                let end = Instant::now() + SWEEP_FOR;
+                while Instant::now() < end {
+                    std::thread::sleep(Duration::from_millis(20));
+                    if sweep_once(&dirs, v2, true) {
+                        return;
+                    }
+                }
+                tracing::warn!(?dirs, "a command's cgroup could not be removed");
+            });
     }
 }
 
 impl Drop for CommandCgroup {
     fn drop(&mut self) {
-        if !self.done {
-            let dirs = std::mem::take(&mut self.dirs);
-            let me = Self {
-                dirs,
-                procs: Vec::new(),
-                shared_procs: None,
-                pids_dir: None,
-                memory_dir: None,
-                v2: self.v2,
-                done: false,
-            };
-            me.finish();
-        }
+        self.release();
     }
 }
 
-/// One round: kill every process in `dirs` and try to remove them. True when all are gone.
-fn sweep_once(dirs: &[PathBuf], v2: bool) -> bool {
+/// One round: kill every process in `dirs` (and remove the directories when `remove`). True
+/// when they were all empty (and, with `remove`, are gone).
+fn sweep_once(dirs: &[PathBuf], v2: bool, remove: bool) -> bool {
     let mut all = true;
     for d in dirs {
-        if !d.exists() {
+        let Ok(list) = fs::read_to_string(d.join("cgroup.procs")) else {
             continue;
-        }
-        if v2 && write_file(&d.join("cgroup.kill"), "1").is_ok() {
-            // Kernel >= 5.14 kills the whole cgroup at once.
-        } else if let Ok(list) = fs::read_to_string(d.join("cgroup.procs")) {
-            for pid in list.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
-                if let Some(pid) = rustix::process::Pid::from_raw(pid) {
-                    let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+        };
+        if !list.trim().is_empty() {
+            all = false;
+            if v2 && write_file(&d.join("cgroup.kill"), "1").is_ok() {
+                // Kernel >= 5.14 kills the whole cgroup at once.
+            } else {
+                for pid in list.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+                    if let Some(pid) = rustix::process::Pid::from_raw(pid) {
+                        let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+                    }
                 }
             }
         }
-        if fs::remove_dir(d).is_err() && d.exists() {
+        if remove && fs::remove_dir(d).is_err() && d.exists() {
             all = false;
         }
     }
@@ -322,7 +382,7 @@ fn remove_tree(dir: &Path) {
             .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
             .map(|e| e.path())
             .collect();
-        let _ = sweep_once(&subs, dir.join("cgroup.kill").exists() || is_v2_dir(dir));
+        let _ = sweep_once(&subs, is_v2_dir(dir), true);
     }
     let _ = fs::remove_dir(dir);
 }

@@ -38,13 +38,13 @@
 //! filter refuses `socket()` for every family but `AF_UNIX` (and `io_uring_setup`, which can
 //! create sockets without `socket()`), so there is no network at all and no proxy either.
 
-use std::ffi::CStr;
+use std::ffi::{CStr, CString};
 use std::io;
 use std::os::fd::RawFd;
 use std::path::Path;
 use std::sync::OnceLock;
 
-use libc::{c_int, c_uint};
+use libc::{c_char, c_int, c_uint};
 
 /// Where the bridge listens inside each command's network namespace.
 pub(super) const PROXY_PORT: u16 = 3128;
@@ -189,6 +189,15 @@ pub(super) struct JailSpec {
     pub cgroup_procs: [RawFd; MAX_CGROUPS],
     /// How many of `cgroup_procs` are used.
     pub cgroups: usize,
+    /// What C execs (namespace path; the parent keeps the [`ExecImage`] alive until spawn
+    /// returns).
+    pub image: Option<RawImage>,
+    /// The stacks of B and C (the runtime's [`Stacks`]).
+    pub stacks: Option<StackTops>,
+    /// The Landlock ruleset C applies (negative: none).
+    pub ruleset: RawFd,
+    /// Whether C applies the sandbox (no-new-privs, no capabilities, Landlock).
+    pub confine: bool,
 }
 
 impl JailSpec {
@@ -206,6 +215,214 @@ impl JailSpec {
             nproc: 0,
             cgroup_procs: [-1; MAX_CGROUPS],
             cgroups: 0,
+            image: None,
+            stacks: None,
+            ruleset: -1,
+            confine: false,
+        }
+    }
+
+    /// Whether the jail forks and execs the command itself (namespaces); otherwise the
+    /// spawned process is the command and std execs it.
+    pub fn execs(&self) -> bool {
+        self.ns_flags != 0
+    }
+}
+
+/// What C executes, prepared in the parent: every candidate path of the program (the `PATH`
+/// search of `execvp`, with the command's own `PATH`), argv, envp, and the argv of the
+/// `/bin/sh` fallback for files without a `#!` line (as `execvp` does).
+pub(super) struct ExecImage {
+    _strings: Vec<CString>,
+    candidates: Vec<*const c_char>,
+    argv: Vec<*const c_char>,
+    envp: Vec<*const c_char>,
+    sh_argv: Vec<*const c_char>,
+}
+
+// SAFETY: the pointers point into the CStrings the image owns (heap data that does not move
+// when the image does); nothing mutates them through a shared reference.
+#[allow(unsafe_code)]
+unsafe impl Send for ExecImage {}
+
+/// [`ExecImage`]'s pointers, copied into the child.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct RawImage {
+    candidates: *const *const c_char,
+    n_candidates: usize,
+    argv: *const *const c_char,
+    envp: *const *const c_char,
+    sh_argv: *mut *const c_char,
+}
+
+// SAFETY: plain pointers into an ExecImage that the parent keeps alive (and unchanged) until
+// spawn returns; only the child, which has its own copy of the memory, dereferences them.
+#[allow(unsafe_code)]
+unsafe impl Send for RawImage {}
+#[allow(unsafe_code)]
+unsafe impl Sync for RawImage {}
+
+fn cstring(bytes: &[u8]) -> io::Result<CString> {
+    CString::new(bytes).map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "a program name, argument or environment value contains a NUL byte",
+        )
+    })
+}
+
+impl ExecImage {
+    /// The image of `program args` with environment `env`.
+    ///
+    /// # Errors
+    /// A NUL byte in a string.
+    pub fn new(
+        program: &std::ffi::OsStr,
+        args: &[std::ffi::OsString],
+        env: &[(std::ffi::OsString, std::ffi::OsString)],
+    ) -> io::Result<Self> {
+        use std::os::unix::ffi::OsStrExt;
+        let prog = program.as_bytes();
+        let path = env
+            .iter()
+            .rev()
+            .find(|(k, _)| k == "PATH")
+            .map_or(&b"/bin:/usr/bin"[..], |(_, v)| v.as_bytes());
+        let candidates: Vec<CString> = if prog.contains(&b'/') {
+            vec![cstring(prog)?]
+        } else {
+            path.split(|b| *b == b':')
+                .map(|dir| {
+                    let dir = if dir.is_empty() { &b"."[..] } else { dir };
+                    let mut full = dir.to_vec();
+                    full.push(b'/');
+                    full.extend_from_slice(prog);
+                    cstring(&full)
+                })
+                .collect::<io::Result<_>>()?
+        };
+        let argv: Vec<CString> = std::iter::once(Ok(cstring(prog)?))
+            .chain(args.iter().map(|a| cstring(a.as_bytes())))
+            .collect::<io::Result<_>>()?;
+        let envp: Vec<CString> = env
+            .iter()
+            .map(|(k, v)| {
+                let mut kv = k.as_bytes().to_vec();
+                kv.push(b'=');
+                kv.extend_from_slice(v.as_bytes());
+                cstring(&kv)
+            })
+            .collect::<io::Result<_>>()?;
+        let sh = cstring(b"/bin/sh")?;
+        let ptrs = |v: &[CString]| -> Vec<*const c_char> {
+            v.iter()
+                .map(|c| c.as_ptr())
+                .chain(std::iter::once(std::ptr::null()))
+                .collect()
+        };
+        let mut sh_argv = vec![sh.as_ptr(), std::ptr::null()];
+        sh_argv.extend(argv.iter().skip(1).map(|c| c.as_ptr()));
+        sh_argv.push(std::ptr::null());
+        let image = Self {
+            candidates: candidates.iter().map(|c| c.as_ptr()).collect(),
+            argv: ptrs(&argv),
+            envp: ptrs(&envp),
+            sh_argv,
+            _strings: candidates
+                .into_iter()
+                .chain(argv)
+                .chain(envp)
+                .chain(std::iter::once(sh))
+                .collect(),
+        };
+        Ok(image)
+    }
+
+    /// The pointers for the child.
+    pub fn raw(&mut self) -> RawImage {
+        RawImage {
+            candidates: self.candidates.as_ptr(),
+            n_candidates: self.candidates.len(),
+            argv: self.argv.as_ptr(),
+            envp: self.envp.as_ptr(),
+            sh_argv: self.sh_argv.as_mut_ptr(),
+        }
+    }
+}
+
+/// Size of the stacks of B and C, and of the guard page below each.
+const STACK: usize = 256 * 1024;
+const GUARD: usize = 64 * 1024;
+
+/// Two stacks (B's and C's) with a guard region below each, mapped once per runtime in the
+/// daemon and never touched there: every A has its own copy-on-write copy, which its B and C
+/// (sharing A's memory) run on.
+pub(super) struct Stacks {
+    base: *mut libc::c_void,
+    len: usize,
+}
+
+// SAFETY: the mapping is only ever used by children (each with its own copy).
+#[allow(unsafe_code)]
+unsafe impl Send for Stacks {}
+#[allow(unsafe_code)]
+unsafe impl Sync for Stacks {}
+
+/// The top addresses of B's and C's stacks.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct StackTops {
+    b: usize,
+    c: usize,
+}
+
+impl Stacks {
+    /// Map them.
+    ///
+    /// # Errors
+    /// `mmap` or `mprotect` failed.
+    #[allow(unsafe_code)]
+    pub fn new() -> io::Result<Self> {
+        let len = 2 * (GUARD + STACK);
+        // SAFETY: a fresh private anonymous mapping; the guard regions are made inaccessible.
+        unsafe {
+            let base = libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            );
+            if base == libc::MAP_FAILED {
+                return Err(io::Error::last_os_error());
+            }
+            let me = Self { base, len };
+            for guard in [0, GUARD + STACK] {
+                if libc::mprotect(base.cast::<u8>().add(guard).cast(), GUARD, libc::PROT_NONE) != 0
+                {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            Ok(me)
+        }
+    }
+
+    /// Where B's and C's stacks start (they grow down).
+    pub fn tops(&self) -> StackTops {
+        let base = self.base as usize;
+        StackTops {
+            b: base + GUARD + STACK,
+            c: base + 2 * (GUARD + STACK),
+        }
+    }
+}
+
+impl Drop for Stacks {
+    #[allow(unsafe_code)]
+    fn drop(&mut self) {
+        // SAFETY: our own mapping, unused in this process.
+        unsafe {
+            libc::munmap(self.base, self.len);
         }
     }
 }
@@ -297,15 +514,15 @@ fn try_namespaces(flags: c_int, maps: Option<IdMaps>) -> Result<(), i32> {
     }
 }
 
-/// Install the jail on `cmd`: a `pre_exec` closure that must run before any other (the
-/// sandbox's own closure then runs in the command's process, C, only).
+/// Install the jail on `cmd` as a `pre_exec` closure. With namespaces the jail execs the
+/// command itself (in C, after applying the sandbox given in `spec`); without, the spawned
+/// process is the command and any other closure (the sandbox's) runs after this one.
 #[allow(unsafe_code)]
 pub(super) fn install(cmd: &mut tokio::process::Command, spec: JailSpec) {
     // SAFETY: the closure runs in the child forked from a multi-threaded parent. It makes raw
-    // syscalls only, on `spec` (plain data copied into the closure) and stack values: no
-    // allocation, no locks, no panics. The processes it forks are children of a
-    // single-threaded process. The cgroup fds in `spec` are valid because the parent keeps them
-    // open until spawn returns.
+    // syscalls only, on `spec` (plain data copied into the closure), the memory it points to
+    // (kept alive and unchanged by the parent until spawn returns: the exec image, the cgroup
+    // and ruleset fds, the stacks) and stack values: no allocation, no locks, no panics.
     unsafe {
         cmd.pre_exec(move || enter(&spec));
     }
@@ -325,7 +542,9 @@ fn check(r: c_int) -> io::Result<()> {
     }
 }
 
-/// A (the spawned process): returns `Ok` only in C, the process that goes on to `exec`.
+/// A (the spawned process). Without namespaces it returns `Ok` and std execs the command in
+/// this process; with them it never returns `Ok`: it returns the error that kept C from
+/// running (std reports it to `spawn`), or waits and exits as C did.
 #[allow(unsafe_code)]
 unsafe fn enter(spec: &JailSpec) -> io::Result<()> {
     for &fd in &spec.cgroup_procs[..spec.cgroups.min(MAX_CGROUPS)] {
@@ -341,6 +560,9 @@ unsafe fn enter(spec: &JailSpec) -> io::Result<()> {
         }
         return Ok(());
     }
+    let (Some(_), Some(stacks)) = (spec.image, spec.stacks) else {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    };
     enter_namespaces(spec.ns_flags, spec.maps.as_ref())?;
     // A and B are copies of the daemon's memory: no core dumps, no ptrace by the same uid.
     // (After the maps: a non-dumpable process's /proc/self files belong to root.)
@@ -356,27 +578,95 @@ unsafe fn enter(spec: &JailSpec) -> io::Result<()> {
         Some(_) => listen_bridge()?,
         None => -1,
     };
-    let mut pipe = [-1; 2];
-    check(libc::pipe2(pipe.as_mut_ptr(), libc::O_CLOEXEC))?;
+    let mut status = [-1; 2];
+    check(libc::pipe2(status.as_mut_ptr(), libc::O_CLOEXEC))?;
+    let mut report = [-1; 2];
+    check(libc::pipe2(report.as_mut_ptr(), libc::O_CLOEXEC))?;
     // SIGCHLD stays blocked in B (it reads it from a signalfd); C unblocks it before exec.
     let mut chld: libc::sigset_t = std::mem::zeroed();
     libc::sigemptyset(&mut chld);
     libc::sigaddset(&mut chld, libc::SIGCHLD);
     let mut old: libc::sigset_t = std::mem::zeroed();
     libc::sigprocmask(libc::SIG_BLOCK, &chld, &mut old);
-    let b = libc::fork();
+    // B shares this process's memory (no copy of the daemon's page tables): it reads `shared`
+    // (which stays valid: this frame never returns while B may read it) and runs on its own
+    // stack. C shares it too, with this process blocked in read() and B suspended (vfork).
+    let mut shared = Shared {
+        spec: *spec,
+        listener,
+        status_w: status[1],
+        report_w: report[1],
+        exec_errno: 0,
+    };
+    let b = libc::clone(
+        b_main,
+        stacks.b as *mut libc::c_void,
+        libc::CLONE_VM | libc::SIGCHLD,
+        std::ptr::from_mut(&mut shared).cast(),
+    );
     if b < 0 {
         return Err(io::Error::last_os_error());
     }
-    if b == 0 {
-        libc::close(pipe[0]);
-        return init(spec, listener, pipe[1]);
-    }
     libc::sigprocmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+    libc::close(status[1]);
+    libc::close(report[1]);
+    // Wait until C has exec'd (or could not), before letting go of std's exec-error pipe.
+    let mut buf = [0u8; 4];
+    let n = read_full(report[0], &mut buf);
+    let exec_errno = if n == 4 {
+        c_int::from_ne_bytes(buf)
+    } else {
+        libc::EIO
+    };
+    if exec_errno != 0 {
+        reap(b);
+        return Err(io::Error::from_raw_os_error(exec_errno));
+    }
     // Nothing of the daemon's (stdio, std's exec-error pipe, the listener) stays open here.
-    let mut keep = [pipe[0]];
+    let mut keep = [status[0]];
     close_all_except(&mut keep);
-    wait_and_mirror(b, pipe[0])
+    wait_and_mirror(b, status[0])
+}
+
+/// What A hands B and C (on A's stack, shared through `CLONE_VM`).
+#[repr(C)]
+struct Shared {
+    spec: JailSpec,
+    listener: RawFd,
+    status_w: RawFd,
+    report_w: RawFd,
+    /// Written by C when it cannot exec; read by B once C has exec'd or exited.
+    exec_errno: c_int,
+}
+
+/// Read until `buf` is full or EOF/error; the bytes read.
+#[allow(unsafe_code)]
+unsafe fn read_full(fd: RawFd, buf: &mut [u8]) -> usize {
+    let mut got = 0;
+    let mut tries = 0;
+    while got < buf.len() && tries < 1000 {
+        tries += 1;
+        let rest = &mut buf[got..];
+        let n = libc::read(fd, rest.as_mut_ptr().cast(), rest.len());
+        match usize::try_from(n) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(_) => {} // EINTR (errno is not read: B shares it)
+        }
+    }
+    got
+}
+
+/// Wait for `pid` to end (bounded retries; errno is not read: B shares it).
+#[allow(unsafe_code)]
+unsafe fn reap(pid: libc::pid_t) -> c_int {
+    let mut st = 0;
+    for _ in 0..1000 {
+        if libc::waitpid(pid, &mut st, 0) == pid {
+            return st;
+        }
+    }
+    st
 }
 
 /// Create the namespaces, write the identity maps, bring `lo` up (shared with the probe).
@@ -503,19 +793,9 @@ unsafe fn close_range(lo: c_uint, hi: c_uint) {
 /// died first, B's own status).
 #[allow(unsafe_code)]
 unsafe fn wait_and_mirror(b: libc::pid_t, status_r: RawFd) -> ! {
-    let mut st = 0;
-    loop {
-        let r = libc::waitpid(b, &mut st, 0);
-        if r == b {
-            break;
-        }
-        if r < 0 && errno() != libc::EINTR {
-            libc::_exit(127);
-        }
-    }
+    let mut st = reap(b);
     let mut buf = [0u8; 4];
-    let n = libc::read(status_r, buf.as_mut_ptr().cast(), 4);
-    if n == 4 {
+    if read_full(status_r, &mut buf) == 4 {
         st = c_int::from_ne_bytes(buf);
     }
     exit_like(st)
@@ -547,29 +827,49 @@ unsafe fn exit_like(st: c_int) -> ! {
     libc::_exit(1)
 }
 
-/// B, pid 1 of the command's pid namespace: fork C (which returns `Ok` and goes on to exec),
-/// then reap, bridge, and report C's end to A.
-#[allow(unsafe_code)]
-unsafe fn init(spec: &JailSpec, listener: RawFd, status_w: RawFd) -> io::Result<()> {
-    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
-    let c = libc::fork();
-    if c < 0 {
-        // Reported by std through its exec-error pipe, which B still holds.
-        return Err(io::Error::last_os_error());
-    }
-    if c == 0 {
-        let mut none: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut none);
-        libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
-        libc::close(status_w);
-        if listener >= 0 {
-            libc::close(listener);
+/// B, pid 1 of the command's pid namespace (sharing A's memory): start C, tell A whether it
+/// exec'd, then reap orphans, bridge proxy connections, and report C's end to A. Never
+/// returns; reads no errno (A shares it).
+extern "C" fn b_main(arg: *mut libc::c_void) -> c_int {
+    #[allow(unsafe_code)]
+    // SAFETY: `arg` is A's `Shared`, valid while B runs (see `enter`); raw syscalls only.
+    unsafe {
+        let shared = arg.cast::<Shared>();
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
+        let Some(stacks) = (*shared).spec.stacks else {
+            libc::_exit(127);
+        };
+        (*shared).exec_errno = 0;
+        let c = libc::clone(
+            c_main,
+            stacks.c as *mut libc::c_void,
+            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+            arg,
+        );
+        // C has exec'd or exited (vfork): A is blocked reading the report, so errno is ours.
+        let exec_errno = if c < 0 {
+            errno()
+        } else {
+            std::ptr::read_volatile(&raw const (*shared).exec_errno)
+        };
+        let report = exec_errno.to_ne_bytes();
+        libc::write((*shared).report_w, report.as_ptr().cast(), report.len());
+        if exec_errno != 0 {
+            libc::_exit(127);
         }
-        return Ok(());
+        let spec = (*shared).spec;
+        let (listener, status_w) = ((*shared).listener, (*shared).status_w);
+        let mut keep = [listener, status_w];
+        close_all_except(&mut keep);
+        drop_capabilities();
+        serve(c, &spec, listener, status_w)
     }
-    let mut keep = [listener, status_w];
-    close_all_except(&mut keep);
-    drop_capabilities();
+}
+
+/// B's loop: reap, accept bridge connections, and when C ends report its status and exit
+/// (which kills every process left in the namespace).
+#[allow(unsafe_code)]
+unsafe fn serve(c: libc::pid_t, spec: &JailSpec, listener: RawFd, status_w: RawFd) -> ! {
     let mut chld: libc::sigset_t = std::mem::zeroed();
     libc::sigemptyset(&mut chld);
     libc::sigaddset(&mut chld, libc::SIGCHLD);
@@ -588,10 +888,8 @@ unsafe fn init(spec: &JailSpec, listener: RawFd, status_w: RawFd) -> io::Result<
             },
         ];
         if sfd >= 0 {
-            let r = libc::poll(fds.as_mut_ptr(), 2, -1);
-            if r < 0 && errno() != libc::EINTR {
-                libc::_exit(1);
-            }
+            // An error (EINTR) just goes round again.
+            libc::poll(fds.as_mut_ptr(), 2, -1);
             if fds[0].revents != 0 {
                 let mut info = [0u8; 128];
                 while libc::read(sfd, info.as_mut_ptr().cast(), info.len()) > 0 {}
@@ -607,7 +905,6 @@ unsafe fn init(spec: &JailSpec, listener: RawFd, status_w: RawFd) -> io::Result<
             if r == c {
                 let bytes = st.to_ne_bytes();
                 libc::write(status_w, bytes.as_ptr().cast(), bytes.len());
-                // Exiting kills every process left in the namespace.
                 libc::_exit(0);
             }
             if r <= 0 {
@@ -623,7 +920,9 @@ unsafe fn init(spec: &JailSpec, listener: RawFd, status_w: RawFd) -> io::Result<
             );
             if conn >= 0 {
                 if let Some(addr) = spec.proxy {
-                    let r = libc::fork();
+                    // A plain fork by system call: its own copy of the memory, no atfork
+                    // handlers, no libc state touched in A's shared memory.
+                    let r = libc::syscall(libc::SYS_clone, libc::SIGCHLD, 0, 0, 0, 0);
                     if r == 0 {
                         libc::close(sfd);
                         libc::close(listener);
@@ -635,6 +934,57 @@ unsafe fn init(spec: &JailSpec, listener: RawFd, status_w: RawFd) -> io::Result<
                 libc::close(conn);
             }
         }
+    }
+}
+
+/// C could not exec: leave the errno for B, exit.
+#[allow(unsafe_code)]
+unsafe fn exec_failed(shared: *mut Shared, e: c_int) -> ! {
+    std::ptr::write_volatile(&raw mut (*shared).exec_errno, e.max(1));
+    libc::_exit(127)
+}
+
+/// C (sharing A's memory, B suspended until it execs): the sandbox, then `exec` of the
+/// command, trying each `PATH` candidate as `execvp` does. On failure it leaves the errno in
+/// `Shared` for B and exits.
+extern "C" fn c_main(arg: *mut libc::c_void) -> c_int {
+    #[allow(unsafe_code)]
+    // SAFETY: `arg` is A's `Shared`; the image pointers are valid in this memory (see
+    // `RawImage`); raw syscalls only.
+    unsafe {
+        let shared = arg.cast::<Shared>();
+        let spec = (*shared).spec;
+        let mut none: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut none);
+        libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
+        if spec.confine {
+            if let Err(e) = crate::tools::sandbox::confine_now(spec.ruleset, true) {
+                exec_failed(shared, e.raw_os_error().unwrap_or(libc::EPERM));
+            }
+        }
+        let Some(img) = spec.image else {
+            exec_failed(shared, libc::EINVAL);
+        };
+        let mut err = libc::ENOENT;
+        let mut eacces = false;
+        for i in 0..img.n_candidates {
+            let path = *img.candidates.add(i);
+            libc::execve(path, img.argv, img.envp);
+            let e = errno();
+            match e {
+                libc::ENOEXEC => {
+                    // No `#!` line: run it with the shell, as execvp does.
+                    *img.sh_argv.add(1) = path;
+                    libc::execve(*img.sh_argv, img.sh_argv.cast_const(), img.envp);
+                    exec_failed(shared, errno());
+                }
+                libc::EACCES => eacces = true,
+                libc::ENOENT | libc::ENOTDIR | libc::ESTALE | libc::ENODEV | libc::ETIMEDOUT => {}
+                other => exec_failed(shared, other),
+            }
+            err = e;
+        }
+        exec_failed(shared, if eacces { libc::EACCES } else { err })
     }
 }
 

@@ -4,7 +4,7 @@
 //! (exit, timeout, cancellation, drop), output captured up to a cap.
 
 use std::ffi::{OsStr, OsString};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -16,7 +16,7 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::sync::Semaphore;
 
 use super::cgroup::{self, Cgroups, CommandCgroup, Events};
-use super::jail::{self, JailSpec, NsSupport, ProxyAddr, MAX_CGROUPS};
+use super::jail::{self, ExecImage, JailSpec, NsSupport, ProxyAddr, Stacks, MAX_CGROUPS};
 use super::{ExecSettings, NetworkMode};
 use crate::tools::sandbox::{
     self, JailStatus, LimitKind, NetworkStatus, PrivateTmp, SandboxPlan, SandboxStatus,
@@ -71,6 +71,50 @@ pub struct ExecRuntime {
     pub(super) spawn_slots: Arc<Semaphore>,
     /// The per-command jail: what the child sets up, and the runtime's cgroups.
     jail: Jail,
+    /// Built Landlock rulesets by workspace.
+    rulesets: RulesetCache,
+}
+
+/// How long a built Landlock ruleset is reused for commands in the same workspace. The
+/// ruleset holds the allowed trees as they were when it was built: entries created since in a
+/// directory that is split around a protected path (e.g. a new file directly in `/etc`) are
+/// reachable once it is rebuilt; protected paths never are.
+const RULESET_TTL: Duration = Duration::from_secs(30);
+/// Workspaces whose ruleset is kept.
+const RULESET_CACHE: usize = 16;
+
+/// Built rulesets by workspace (only those whose writable trees need no splitting: the
+/// workspace and the temp dir are then single rules, exact whatever is created in them).
+#[derive(Default)]
+struct RulesetCache {
+    map: std::sync::Mutex<Vec<(PathBuf, Instant, Arc<OwnedFd>)>>,
+    /// Tests measure the cost of building each time.
+    #[cfg(test)]
+    off: std::sync::atomic::AtomicBool,
+}
+
+impl RulesetCache {
+    fn get(&self, ws: &Path) -> Option<Arc<OwnedFd>> {
+        #[cfg(test)]
+        if self.off.load(std::sync::atomic::Ordering::Relaxed) {
+            return None;
+        }
+        let map = self.map.lock().ok()?;
+        map.iter()
+            .find(|(p, at, _)| p == ws && at.elapsed() < RULESET_TTL)
+            .map(|(_, _, fd)| fd.clone())
+    }
+
+    fn put(&self, ws: PathBuf, fd: Arc<OwnedFd>) {
+        let Ok(mut map) = self.map.lock() else {
+            return;
+        };
+        map.retain(|(p, at, _)| *p != ws && at.elapsed() < RULESET_TTL);
+        if map.len() >= RULESET_CACHE {
+            map.remove(0);
+        }
+        map.push((ws, Instant::now(), fd));
+    }
 }
 
 /// The jail as this runtime applies it.
@@ -85,6 +129,8 @@ struct Jail {
     proxy_env: bool,
     /// Whether anything has to run in the child (else no `pre_exec` from the jail).
     active: bool,
+    /// B's and C's stacks (namespaces only).
+    _stacks: Option<Stacks>,
 }
 
 /// What the jail enforces for `settings` with these namespaces, limits and proxy.
@@ -186,12 +232,21 @@ impl ExecRuntime {
         if jail_status.processes == LimitKind::Rlimit {
             spec.nproc = u64::from(settings.max_processes);
         }
+        let stacks = if spec.execs() {
+            let s = Stacks::new()?;
+            spec.stacks = Some(s.tops());
+            Some(s)
+        } else {
+            None
+        };
+        spec.confine = settings.sandbox;
         let jail = Jail {
             active: spec.ns_flags != 0 || spec.seccomp || cgroups.is_some(),
             proxy_env: spec.proxy.is_some(),
             spec,
             cgroups,
             ns,
+            _stacks: stacks,
         };
         let status = SandboxStatus {
             landlock_abi: kernel.landlock_abi,
@@ -227,7 +282,74 @@ impl ExecRuntime {
             spawn_slots: Arc::new(Semaphore::new(settings.max_concurrent_spawns)),
             settings,
             jail,
+            rulesets: RulesetCache::default(),
         })
+    }
+
+    /// The command's Landlock ruleset (cached per workspace) and cgroup (an idle one when
+    /// there is one); whatever must be built is built off the async threads.
+    async fn prepare(
+        &self,
+        ws: &Path,
+    ) -> Result<(Option<Arc<OwnedFd>>, Option<CommandCgroup>), ToolError> {
+        let cached = if self.status.fs_enforced {
+            self.rulesets.get(ws)
+        } else {
+            None
+        };
+        let reused = self.jail.cgroups.as_ref().and_then(Cgroups::reuse);
+        let need_ruleset = self.status.fs_enforced && cached.is_none();
+        let need_cgroup = self.jail.cgroups.is_some() && reused.is_none();
+        if !need_ruleset && !need_cgroup {
+            return Ok((cached, reused));
+        }
+        let plan = need_ruleset.then(|| self.plan.clone());
+        let (tmp, root) = (self.tmp.path().to_path_buf(), ws.to_path_buf());
+        let cgroups = if need_cgroup {
+            self.jail.cgroups.clone()
+        } else {
+            None
+        };
+        let (built, made) = tokio::task::spawn_blocking(move || {
+            let built = match plan {
+                Some(plan) => {
+                    let fd = plan.build_ruleset(&root, &tmp).map_err(|e| {
+                        ToolError::ExecutionFailed(format!("could not prepare the sandbox: {e}"))
+                    })?;
+                    fd.map(|fd| (Arc::new(fd), !plan.splits_writable(&root, &tmp)))
+                }
+                None => None,
+            };
+            let made = match cgroups {
+                Some(c) => Some(c.create().map_err(|e| {
+                    ToolError::ExecutionFailed(format!(
+                        "could not create the command's cgroup (its process and memory limits): {e}"
+                    ))
+                })?),
+                None => None,
+            };
+            Ok::<_, ToolError>((built, made))
+        })
+        .await
+        .map_err(|e| ToolError::ExecutionFailed(format!("sandbox setup task failed: {e}")))??;
+        let ruleset = match built {
+            Some((fd, cacheable)) => {
+                if cacheable {
+                    self.rulesets.put(ws.to_path_buf(), fd.clone());
+                }
+                Some(fd)
+            }
+            None => cached,
+        };
+        Ok((ruleset, made.or(reused)))
+    }
+
+    /// Build the ruleset for every command (the behaviour before the cache), for measurements.
+    #[cfg(test)]
+    pub(super) fn disable_ruleset_cache(&self) {
+        self.rulesets
+            .off
+            .store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The longest a call may take: the largest timeout plus an approval wait and cleanup.
@@ -297,50 +419,32 @@ impl ExecRuntime {
             )));
         }
         let ws = ctx.workspace.root().to_path_buf();
-        let (ruleset, cgroup) = {
-            let plan = self.status.fs_enforced.then(|| self.plan.clone());
-            let (tmp, ws) = (self.tmp.path().to_path_buf(), ws.clone());
-            let cgroups = self.jail.cgroups.clone();
-            tokio::task::spawn_blocking(move || {
-                let ruleset = match plan {
-                    Some(plan) => plan.build_ruleset(&ws, &tmp).map_err(|e| {
-                        ToolError::ExecutionFailed(format!("could not prepare the sandbox: {e}"))
-                    })?,
-                    None => None,
-                };
-                let cgroup = match cgroups {
-                    Some(c) => Some(c.create().map_err(|e| {
-                        ToolError::ExecutionFailed(format!(
-                            "could not create the command's cgroup (its process and memory limits): {e}"
-                        ))
-                    })?),
-                    None => None,
-                };
-                Ok::<_, ToolError>((ruleset, cgroup))
-            })
-            .await
-            .map_err(|e| ToolError::ExecutionFailed(format!("sandbox setup task failed: {e}")))??
-        };
+        let (ruleset, cgroup) = self.prepare(&ws).await?;
+        let mut env: Vec<(OsString, OsString)> = self.env.clone();
+        env.push(("HOME".into(), ws.clone().into_os_string()));
+        if self.jail.proxy_env {
+            let url = format!("http://{PROXY_ADDR}");
+            for name in ["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"] {
+                env.push((name.into(), url.clone().into()));
+                env.push((name.to_ascii_lowercase().into(), url.clone().into()));
+            }
+            env.push(("NO_PROXY".into(), NO_PROXY.into()));
+            env.push(("no_proxy".into(), NO_PROXY.into()));
+        }
         let mut cmd = tokio::process::Command::new(program);
         cmd.args(args)
             .current_dir(&ws)
             .env_clear()
-            .envs(self.env.iter().map(|(k, v)| (k, v)))
-            .env("HOME", &ws)
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .process_group(0)
             .kill_on_drop(true);
-        if self.jail.proxy_env {
-            let url = format!("http://{PROXY_ADDR}");
-            for name in ["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"] {
-                cmd.env(name, &url).env(name.to_ascii_lowercase(), &url);
-            }
-            cmd.env("NO_PROXY", NO_PROXY).env("no_proxy", NO_PROXY);
-        }
+        let ruleset_fd = ruleset.as_ref().map(AsRawFd::as_raw_fd);
+        // Kept alive (and unchanged) until spawn returns: the child reads them.
+        let mut image = None;
         if self.jail.active {
-            // First: the jail's closure forks, and the sandbox's must run in the command only.
             let mut spec = self.jail.spec;
             if let Some(cg) = &cgroup {
                 for (slot, fd) in spec.cgroup_procs.iter_mut().zip(cg.procs_fds()) {
@@ -348,14 +452,22 @@ impl ExecRuntime {
                 }
                 spec.cgroups = cg.procs_fds().len().min(MAX_CGROUPS);
             }
+            if spec.execs() {
+                let mut img =
+                    ExecImage::new(program, args, &env).map_err(|e| spawn_error(program, &e))?;
+                spec.image = Some(img.raw());
+                spec.ruleset = ruleset_fd.unwrap_or(-1);
+                image = Some(img);
+            }
             jail::install(&mut cmd, spec);
         }
-        if self.settings.sandbox {
-            sandbox::confine(&mut cmd, ruleset.as_ref().map(AsRawFd::as_raw_fd), true);
+        if self.settings.sandbox && !self.jail.spec.execs() {
+            sandbox::confine(&mut cmd, ruleset_fd, true);
         }
         let started = Instant::now();
         let spawned = cmd.spawn();
         drop(ruleset);
+        drop(image);
         let mut child = spawned.map_err(|e| spawn_error(program, &e))?;
         let group = child
             .id()

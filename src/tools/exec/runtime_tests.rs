@@ -452,14 +452,21 @@ async fn jail_overhead() {
         ..ExecSettings::default()
     };
     let variants = [
+        // The code before the jail: no namespaces, no cgroups, a ruleset built per command.
         (
-            "without jail",
+            "before",
             settings(NetworkMode::Direct, 0, 0),
             NsSupport::NONE,
             false,
         ),
         (
-            "pid ns only",
+            "no jail, ruleset cached",
+            settings(NetworkMode::Direct, 0, 0),
+            NsSupport::NONE,
+            false,
+        ),
+        (
+            "pid ns",
             settings(NetworkMode::Direct, 0, 0),
             probe(),
             false,
@@ -471,24 +478,17 @@ async fn jail_overhead() {
             false,
         ),
         (
-            "cgroups only (pids, memory, cpu)",
+            "cgroups",
             settings(NetworkMode::Direct, 512, 1024),
             NsSupport::NONE,
             true,
         ),
         (
-            "cgroup cpu only",
-            settings(NetworkMode::Direct, 0, 0),
-            NsSupport::NONE,
+            "full jail (defaults)",
+            ExecSettings::default(),
+            probe(),
             true,
         ),
-        (
-            "cgroup pids+cpu",
-            settings(NetworkMode::Direct, 512, 0),
-            NsSupport::NONE,
-            true,
-        ),
-        ("full jail", ExecSettings::default(), probe(), true),
     ];
     let fxs: Vec<_> = variants
         .into_iter()
@@ -499,10 +499,11 @@ async fn jail_overhead() {
             )
         })
         .collect();
+    fxs[0].1.rt.disable_ruleset_cache();
     let mut times = vec![Vec::new(); fxs.len()];
-    for _ in 0..10 {
+    for _ in 0..20 {
         for (i, (_, fx)) in fxs.iter().enumerate() {
-            for _ in 0..20 {
+            for _ in 0..10 {
                 let t = Instant::now();
                 let v = sh_ok(fx, "true").await;
                 times[i].push(t.elapsed());
