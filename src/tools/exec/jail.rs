@@ -657,11 +657,11 @@ unsafe fn read_full(fd: RawFd, buf: &mut [u8]) -> usize {
     got
 }
 
-/// Wait for `pid` to end (bounded retries; errno is not read: B shares it).
+/// Wait for `pid` to end (retries on interruption, bounded; errno is not read: B shares it).
 #[allow(unsafe_code)]
 unsafe fn reap(pid: libc::pid_t) -> c_int {
     let mut st = 0;
-    for _ in 0..1000 {
+    for _ in 0..1_000_000 {
         if libc::waitpid(pid, &mut st, 0) == pid {
             return st;
         }
@@ -836,7 +836,12 @@ extern "C" fn b_main(arg: *mut libc::c_void) -> c_int {
     unsafe {
         let shared = arg.cast::<Shared>();
         libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
-        let Some(stacks) = (*shared).spec.stacks else {
+        // Copied now: once the report is written, A may be gone from the frame `shared` is in
+        // (on failure) or never look at it again.
+        let spec = (*shared).spec;
+        let (listener, status_w, report_w) =
+            ((*shared).listener, (*shared).status_w, (*shared).report_w);
+        let Some(stacks) = spec.stacks else {
             libc::_exit(127);
         };
         (*shared).exec_errno = 0;
@@ -853,12 +858,10 @@ extern "C" fn b_main(arg: *mut libc::c_void) -> c_int {
             std::ptr::read_volatile(&raw const (*shared).exec_errno)
         };
         let report = exec_errno.to_ne_bytes();
-        libc::write((*shared).report_w, report.as_ptr().cast(), report.len());
+        libc::write(report_w, report.as_ptr().cast(), report.len());
         if exec_errno != 0 {
             libc::_exit(127);
         }
-        let spec = (*shared).spec;
-        let (listener, status_w) = ((*shared).listener, (*shared).status_w);
         let mut keep = [listener, status_w];
         close_all_except(&mut keep);
         drop_capabilities();

@@ -421,15 +421,19 @@ impl ExecRuntime {
         let ws = ctx.workspace.root().to_path_buf();
         let (ruleset, cgroup) = self.prepare(&ws).await?;
         let mut env: Vec<(OsString, OsString)> = self.env.clone();
-        env.push(("HOME".into(), ws.clone().into_os_string()));
+        let mut set = |name: &str, value: OsString| {
+            env.retain(|(k, _)| k != name);
+            env.push((name.into(), value));
+        };
+        set("HOME", ws.clone().into_os_string());
         if self.jail.proxy_env {
             let url = format!("http://{PROXY_ADDR}");
             for name in ["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"] {
-                env.push((name.into(), url.clone().into()));
-                env.push((name.to_ascii_lowercase().into(), url.clone().into()));
+                set(name, url.clone().into());
+                set(&name.to_ascii_lowercase(), url.clone().into());
             }
-            env.push(("NO_PROXY".into(), NO_PROXY.into()));
-            env.push(("no_proxy".into(), NO_PROXY.into()));
+            set("NO_PROXY", NO_PROXY.into());
+            set("no_proxy", NO_PROXY.into());
         }
         let mut cmd = tokio::process::Command::new(program);
         cmd.args(args)

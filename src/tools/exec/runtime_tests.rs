@@ -438,6 +438,63 @@ async fn output_is_capped_per_stream() {
     assert_eq!(v["stdout_truncated"], true);
 }
 
+#[tokio::test]
+async fn without_namespaces_the_seccomp_filter_leaves_no_ip_socket() {
+    use crate::tools::exec::jail::NsSupport;
+    let fx = fixture_jailed(
+        ExecSettings::default(),
+        |_| Vec::new(),
+        None,
+        Some((NsSupport::NONE, true)),
+    );
+    let st = fx.rt.sandbox_status();
+    assert!(
+        st.summary()
+            .contains("network: none (no namespaces: seccomp"),
+        "{}",
+        st.summary()
+    );
+    let v = sh_ok(&fx, "echo runs").await;
+    assert_eq!(v["stdout"], "runs\n");
+    for family in ["AF_INET", "AF_INET6", "AF_PACKET"] {
+        let v = sh_ok(
+            &fx,
+            &format!(
+                "python3 -c 'import socket; socket.socket(socket.{family}, socket.SOCK_DGRAM)'"
+            ),
+        )
+        .await;
+        assert_ne!(v["exit_code"], 0, "{family}: {v}");
+    }
+    let v = sh_ok(
+        &fx,
+        "python3 -c 'import socket; socket.socket(socket.AF_UNIX); print(\"unix\")'",
+    )
+    .await;
+    assert_eq!(v["stdout"], "unix\n", "{v}");
+    // require_sandbox refuses instead, saying why.
+    let strict = fixture_jailed(
+        ExecSettings {
+            require_sandbox: true,
+            ..ExecSettings::default()
+        },
+        |_| Vec::new(),
+        None,
+        Some((NsSupport::NONE, false)),
+    );
+    let e = sh(&strict, "echo no").await.unwrap_err();
+    assert_eq!(e.code(), "PERMISSION_DENIED");
+    assert!(e.to_string().contains("namespaces"), "{e}");
+}
+
+#[test]
+fn the_proxy_address_is_where_the_bridge_listens() {
+    assert_eq!(
+        PROXY_ADDR,
+        format!("127.0.0.1:{}", crate::tools::exec::jail::PROXY_PORT)
+    );
+}
+
 /// Not an outcome test: the cost of the jail (namespaces, init, cgroups) on a trivial command,
 /// against the same runtime without it, interleaved (`cargo test --lib jail_overhead --
 /// --ignored --nocapture`).
