@@ -42,6 +42,16 @@ pub struct Daemon {
     pub api: Api,
 }
 
+impl Drop for Daemon {
+    /// A test that fails before stopping its gateway does not leave it running.
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
 impl Daemon {
     pub async fn start(dir: &Path, cfg: &Path, port: u16) -> Self {
         let log = std::fs::OpenOptions::new()

@@ -499,13 +499,19 @@ fn v1_dir(controller: &str) -> Option<PathBuf> {
     dir_under(&mount, &m.path).filter(|d| d.is_dir())
 }
 
+/// The daemon's own cgroup path in the v2 hierarchy.
+fn v2_path() -> Option<String> {
+    memberships()
+        .into_iter()
+        .find(|m| m.id == "0" && m.controllers.is_empty())
+        .map(|m| m.path)
+}
+
 /// The daemon's own directory in the v2 hierarchy.
 fn v2_dir() -> Option<PathBuf> {
-    let m = memberships()
-        .into_iter()
-        .find(|m| m.id == "0" && m.controllers.is_empty())?;
+    let path = v2_path()?;
     let mount = mounts().into_iter().find(|mt| mt.fstype == "cgroup2")?;
-    dir_under(&mount, &m.path).filter(|d| d.is_dir())
+    dir_under(&mount, &path).filter(|d| d.is_dir())
 }
 
 /// The v1 runtime directories this daemon can create.
@@ -559,12 +565,30 @@ fn v2_wanted(base: &Path, max_processes: u32, max_memory_mb: u64) -> Vec<&'stati
     .collect()
 }
 
+/// Whether the daemon may manage the cgroup tree beneath `base`: it was delegated to it
+/// (systemd `Delegate=`: writable by a non-root daemon at all only then, and marked with the
+/// `trusted.delegate`/`user.delegate` attribute by systemd >= 251), or it is the root of the
+/// daemon's cgroup namespace (a container's own tree). A root daemon in someone else's
+/// cgroup (a systemd unit without `Delegate=`) leaves it alone.
+fn delegated(base: &Path, own_path: &str) -> bool {
+    if !writable(&base.join("cgroup.subtree_control")) {
+        return false;
+    }
+    if !rustix::process::geteuid().is_root() || own_path == "/" {
+        return true;
+    }
+    let mut buf = [0u8; 8];
+    ["trusted.delegate", "user.delegate"].iter().any(|attr| {
+        rustix::fs::getxattr(base, *attr, &mut buf).is_ok_and(|n| n > 0 && buf[0] == b'1')
+    })
+}
+
 fn setup_v2(name: &str, max_processes: u32, max_memory_mb: u64) -> Option<Layout> {
     let (base, in_leaf) = v2_base()?;
-    let wanted = v2_wanted(&base, max_processes, max_memory_mb);
+    let mut wanted = v2_wanted(&base, max_processes, max_memory_mb);
     let pids = wanted.contains(&"pids");
     let memory = wanted.contains(&"memory");
-    if !(pids || memory) || !writable(&base.join("cgroup.subtree_control")) {
+    if !(pids || memory) || !delegated(&base, &v2_path().unwrap_or_default()) {
         return None;
     }
     if !in_leaf {
@@ -591,9 +615,19 @@ fn setup_v2(name: &str, max_processes: u32, max_memory_mb: u64) -> Option<Layout
             }
         }
     }
-    let enable: Vec<String> = wanted.iter().map(|c| format!("+{c}")).collect();
-    let enable = enable.join(" ");
-    write_file(&base.join("cgroup.subtree_control"), &enable).ok()?;
+    let enable_of = |w: &[&str]| {
+        w.iter()
+            .map(|c| format!("+{c}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let mut enable = enable_of(&wanted);
+    if write_file(&base.join("cgroup.subtree_control"), &enable).is_err() {
+        // The cpu controller cannot always be enabled (real-time processes); limits matter more.
+        wanted.retain(|c| *c != "cpu");
+        enable = enable_of(&wanted);
+        write_file(&base.join("cgroup.subtree_control"), &enable).ok()?;
+    }
     remove_stale(&base);
     let dir = base.join(name);
     fs::create_dir(&dir).ok()?;
@@ -637,7 +671,7 @@ fn remove_stale(own: &Path) {
 pub(super) fn probe(max_processes: u32, max_memory_mb: u64) -> (LimitKind, LimitKind) {
     if let Some((base, _)) = v2_base() {
         let wanted = v2_wanted(&base, max_processes, max_memory_mb);
-        if writable(&base.join("cgroup.subtree_control"))
+        if delegated(&base, &v2_path().unwrap_or_default())
             && (wanted.contains(&"pids") || wanted.contains(&"memory"))
         {
             let k = |c| {
