@@ -21,8 +21,9 @@
 //!   allowed one by one, descending towards each protected path and leaving it out. The cost: a
 //!   split directory itself (e.g. `/etc`) cannot be listed and new files cannot be created
 //!   directly in it, only in its allowed subdirectories.
-//! - With `network = false` and Landlock ABI >= 4: no TCP `connect` or `bind` at all (IPv4 and
-//!   IPv6, including 127.0.0.1).
+//! - With `network = "off"` and Landlock ABI >= 4: no TCP `connect` or `bind` at all (IPv4 and
+//!   IPv6, including 127.0.0.1), on top of the command's own network namespace (see
+//!   `tools::exec`'s jail, which also covers network, lifetime and resource limits).
 //! - With Landlock ABI >= 6: the command cannot send signals to processes outside its own
 //!   sandbox (it cannot kill the daemon or another session's command) nor connect to abstract
 //!   UNIX sockets created outside it. Landlock also always forbids `ptrace` of processes outside
@@ -42,16 +43,18 @@
 //!   boot list): commands then still run, with only the scrubbed environment, no-new-privs and
 //!   dropped capabilities; [`probe`] says so, the daemon warns, and `require_sandbox = true`
 //!   refuses to run commands instead.
-//! - With `network = false`: **UDP, ICMP and raw sockets are not restricted** (Landlock only
-//!   covers TCP), so DNS queries and UDP exfiltration remain possible; on ABI < 4 nothing is.
+//! - Landlock itself restricts only TCP (ABI >= 4); UDP, ICMP, DNS and raw sockets are kept
+//!   from the network by the jail's network namespace (or, without namespaces, its seccomp
+//!   filter), not by this module.
 //! - Connecting to UNIX sockets by path (e.g. `/var/run/docker.sock`) is not restricted by the
 //!   Landlock ABIs this sandbox requests (<= 6); only creating socket files is. Do not add paths
 //!   holding privileged sockets to `read_paths`.
 //! - Landlock rules follow the file hierarchy: a hard link to a protected file placed inside an
 //!   allowed tree, or a bind mount, is reachable. Paths are resolved when each command starts, so
 //!   a protected path created later beneath an allowed tree is covered from the next command on.
-//! - Resource use (CPU, memory, disk space, processes) is not limited beyond the timeout; a
-//!   process that leaves the process group (`setsid`) survives the group kill.
+//! - Processes, memory and CPU are limited by the jail (cgroups), not here; disk space is not
+//!   limited. A process that leaves the process group (`setsid`) is killed by the jail's pid
+//!   namespace, not by the group kill.
 //! - Reads of world-readable `/proc` files (other processes' command lines) are allowed.
 //! - The private temp dir is shared by all sessions of one daemon.
 

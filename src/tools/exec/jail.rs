@@ -21,17 +21,25 @@
 //!                 └─ one relay per proxy connection (proxy mode)
 //! ```
 //!
-//! - **A** is what the daemon spawned (`Command::spawn`): it joins the command's cgroups,
-//!   creates the namespaces, brings `lo` up, binds the bridge's socket, forks B, closes every
-//!   file descriptor (so `spawn` returns once C has exec'd, and the pipes reach EOF when the
-//!   command's processes are gone) and waits; it exits as C did (the same exit code, or the
-//!   same signal), so the tool result is unchanged.
-//! - **B**, the namespace's init, forks C, closes everything but what it needs, reaps orphans,
+//! - **A** is what the daemon spawned (`Command::spawn`, a fork of the daemon): it joins the
+//!   command's cgroups, creates the namespaces, brings `lo` up, binds the bridge's socket and
+//!   starts B. Once C has exec'd (or could not: A then returns the error, which `spawn`
+//!   reports as before), it closes every file descriptor (so `spawn` returns, and the pipes
+//!   reach EOF when the command's processes are gone) and waits; it exits as C did (the same
+//!   exit code, or the same signal), so the tool result is unchanged.
+//! - **B**, the namespace's init, starts C, closes everything but what it needs, reaps orphans,
 //!   accepts bridge connections (forking one relay each), and when C ends reports C's wait
 //!   status to A through a pipe and exits, which kills the rest of the namespace. B has
 //!   `PR_SET_PDEATHSIG` = SIGKILL: if A is killed (timeout, `/stop`, a dropped call), B dies and
 //!   the namespace with it, even if C left the process group.
-//! - **C** continues into the sandbox ([`crate::tools::sandbox::confine`]) and `exec`.
+//! - **C** applies the sandbox ([`crate::tools::sandbox::confine_now`]) and execs the command,
+//!   searching `PATH` as `execvp` does.
+//!
+//! B and C share A's memory (`clone(CLONE_VM)`; C with vfork semantics, B suspended until C
+//! has exec'd), so a command costs one copy of the daemon's page tables (A), as before the
+//! jail, not three. They run on their own stacks ([`Stacks`]), read only data A prepared,
+//! never read `errno` while another of them may write it (A and B share it), and use raw
+//! system calls, not libc's `fork` (whose handlers would touch A's memory).
 //!
 //! When namespaces cannot be created (`RestrictNamespaces=`, AppArmor's user-namespace
 //! restriction, a container), the runtime fails closed for the network: no fork, and a seccomp
