@@ -57,18 +57,22 @@ pub fn status_json(config: &Config, store: &Store, live: Option<&[SessionStatus]
     })
 }
 
-/// What the exec sandbox enforces on this kernel, and a warning when it cannot.
+/// What the exec sandbox and jail enforce on this kernel, and a warning when they cannot.
 fn sandbox_json(config: &Config) -> Value {
-    let st = crate::tools::sandbox::probe();
+    let st = crate::tools::exec::sandbox_status(&config.tools.exec);
     let mut v = serde_json::to_value(st).unwrap_or(Value::Null);
     v["enabled"] = json!(config.tools.exec.sandbox);
     v["summary"] = json!(st.summary());
-    if !st.fs_enforced {
+    if !config.tools.exec.sandbox {
+        v["warning"] = json!("tools.exec.sandbox = false: commands run unconfined");
+    } else if !st.fs_enforced {
         v["warning"] = json!(
             "Landlock is unavailable on this kernel: exec_shell and spawn run without the filesystem sandbox"
         );
-    } else if !config.tools.exec.sandbox {
-        v["warning"] = json!("tools.exec.sandbox = false: commands run unconfined");
+    } else if st.jail.is_some_and(|j| !j.pid_namespace) {
+        v["warning"] = json!(
+            "commands cannot get their own namespaces here: they have no network at all (seccomp) and processes that leave their process group can outlive them; allow user, network and pid namespaces"
+        );
     }
     v
 }

@@ -388,10 +388,8 @@ pub async fn check(config: &Config) -> Result<Vec<Finding>, CliError> {
         }
         m.shutdown().await;
     }
-    let st = crate::tools::sandbox::probe();
-    out.push(if st.fs_enforced {
-        ok("sandbox", st.summary())
-    } else {
+    let st = crate::tools::exec::sandbox_status(&config.tools.exec);
+    out.push(if !crate::tools::sandbox::probe().fs_enforced {
         warn(
             "sandbox",
             format!(
@@ -399,6 +397,16 @@ pub async fn check(config: &Config) -> Result<Vec<Finding>, CliError> {
                 st.summary()
             ),
         )
+    } else if st.jail.is_some_and(|j| !j.pid_namespace) {
+        warn(
+            "sandbox",
+            format!(
+                "{}: commands cannot get their own namespaces, so they have no network at all and what they start in the background can outlive them; allow user, network and pid namespaces (systemd: RestrictNamespaces=user net pid)",
+                st.summary()
+            ),
+        )
+    } else {
+        ok("sandbox", st.summary())
     });
     out.extend(store_and_bind(config).await);
     Ok(out)

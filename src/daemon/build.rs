@@ -10,6 +10,8 @@ use crate::llm::openai::{OpenAiCompat, OpenAiConfig};
 use crate::llm::retry::{ResilientModel, RetryPolicy};
 use crate::llm::{DynModel, LlmError};
 use crate::mcp::client::McpManager;
+use crate::net::proxy::{EgressProxy, ProxyPolicy};
+use crate::net::ssrf::SsrfPolicy;
 use crate::tools::protected::ProtectedPaths;
 use crate::tools::{exec, fs, message, ratelimit, registry, shell_policy, web, ToolRegistry};
 
@@ -177,6 +179,7 @@ fn exec_runtime(
     config: &Config,
     approver: Option<Arc<dyn shell_policy::Approver>>,
 ) -> std::io::Result<Arc<exec::ExecRuntime>> {
+    let proxy = egress_proxy(config);
     let deps = exec::ExecDeps {
         protected_paths: protected_paths(config).paths(),
         secrets: config
@@ -192,15 +195,42 @@ fn exec_runtime(
             .collect(),
         approver,
         tmp_base: config.tools.tmp_base.clone(),
+        proxy_socket: proxy.as_ref().map(|p| p.path().to_path_buf()),
+        proxy,
     };
     let rt = exec::ExecRuntime::new(config.tools.exec.clone(), deps)?;
     let st = rt.sandbox_status();
     if st.fs_enforced {
-        tracing::debug!(sandbox = %st.summary(), "exec sandbox ready");
+        tracing::info!(sandbox = %st.summary(), "exec sandbox ready");
     } else {
         tracing::warn!(sandbox = %st.summary(), "Landlock is unavailable: exec_shell and spawn run without the filesystem sandbox (policy and environment scrubbing still apply)");
     }
+    if st.jail.is_some_and(|j| !j.pid_namespace) {
+        tracing::warn!(sandbox = %st.summary(), "commands cannot get their own namespaces: no network at all for them (seccomp), and processes that leave their process group can outlive them");
+    }
     Ok(Arc::new(rt))
+}
+
+/// The egress proxy that commands reach in `tools.exec.network = "proxy"` mode, in its own
+/// 0700 directory beneath the temp base; `None` in the other modes, outside a tokio runtime,
+/// or when it cannot start (then commands have no network at all, and the log says why).
+fn egress_proxy(config: &Config) -> Option<Arc<EgressProxy>> {
+    let exec = &config.tools.exec;
+    if exec.network != exec::NetworkMode::Proxy || !exec.sandbox {
+        return None;
+    }
+    tokio::runtime::Handle::try_current().ok()?;
+    let policy = ProxyPolicy {
+        ssrf: SsrfPolicy::new(exec.allow_private.clone()),
+        allow_domains: exec.allow_domains.clone(),
+    };
+    match EgressProxy::start_private(&config.tools.tmp_base, policy) {
+        Ok(p) => Some(Arc::new(p)),
+        Err(e) => {
+            tracing::warn!(error = %e, base = %config.tools.tmp_base.display(), "cannot start the egress proxy for commands: they get no network at all");
+            None
+        }
+    }
 }
 
 /// The registry of the daemon (and of `weft tools`): every built-in tool with the configured

@@ -21,8 +21,9 @@
 //!   allowed one by one, descending towards each protected path and leaving it out. The cost: a
 //!   split directory itself (e.g. `/etc`) cannot be listed and new files cannot be created
 //!   directly in it, only in its allowed subdirectories.
-//! - With `network = false` and Landlock ABI >= 4: no TCP `connect` or `bind` at all (IPv4 and
-//!   IPv6, including 127.0.0.1).
+//! - With `network = "off"` and Landlock ABI >= 4: no TCP `connect` or `bind` at all (IPv4 and
+//!   IPv6, including 127.0.0.1), on top of the command's own network namespace (see
+//!   `tools::exec`'s jail, which also covers network, lifetime and resource limits).
 //! - With Landlock ABI >= 6: the command cannot send signals to processes outside its own
 //!   sandbox (it cannot kill the daemon or another session's command) nor connect to abstract
 //!   UNIX sockets created outside it. Landlock also always forbids `ptrace` of processes outside
@@ -42,8 +43,9 @@
 //!   boot list): commands then still run, with only the scrubbed environment, no-new-privs and
 //!   dropped capabilities; [`probe`] says so, the daemon warns, and `require_sandbox = true`
 //!   refuses to run commands instead.
-//! - With `network = false`: **UDP, ICMP and raw sockets are not restricted** (Landlock only
-//!   covers TCP), so DNS queries and UDP exfiltration remain possible; on ABI < 4 nothing is.
+//! - Landlock itself restricts only TCP (ABI >= 4); UDP, ICMP, DNS and raw sockets are kept
+//!   from the network by the jail's network namespace (or, without namespaces, its seccomp
+//!   filter), not by this module.
 //! - Connecting to UNIX sockets by path (e.g. `/var/run/docker.sock`) is not restricted by the
 //!   Landlock ABIs this sandbox requests (<= 6); only creating socket files is. Do not add paths
 //!   holding privileged sockets to `read_paths`.
@@ -53,8 +55,9 @@
 //!   belongs to its inode, and would open the protected one by its own path too.) Paths are
 //!   resolved when each command starts, so a protected path created later beneath an allowed
 //!   tree is covered from the next command on.
-//! - Resource use (CPU, memory, disk space, processes) is not limited beyond the timeout; a
-//!   process that leaves the process group (`setsid`) survives the group kill.
+//! - Processes, memory and CPU are limited by the jail (cgroups), not here; disk space is not
+//!   limited. A process that leaves the process group (`setsid`) is killed by the jail's pid
+//!   namespace, not by the group kill.
 //! - Reads of world-readable `/proc` files (other processes' command lines) are allowed.
 //! - The private temp dir is shared by all sessions of one daemon.
 
@@ -130,27 +133,155 @@ pub struct SandboxStatus {
     pub landlock_abi: u32,
     /// Filesystem access is restricted (ABI >= 1).
     pub fs_enforced: bool,
-    /// TCP connect/bind is denied (ABI >= 4 and `network = false`; from [`probe`]: supported).
+    /// TCP connect/bind is denied (ABI >= 4 and `network = "off"`; from [`probe`]: supported).
     pub net_enforced: bool,
     /// Signals and abstract UNIX sockets are scoped to the sandbox (ABI >= 6).
     pub scoped: bool,
+    /// The per-command jail: network, lifetime and limits (`None` from [`probe`], which only
+    /// looks at Landlock).
+    pub jail: Option<JailStatus>,
+}
+
+/// What commands' network is, as enforced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NetworkStatus {
+    /// Their own network namespace; HTTP(S) only through the daemon's egress proxy.
+    Proxy,
+    /// Their own network namespace; proxy mode, but the daemon runs no egress proxy: no
+    /// network at all.
+    ProxyUnavailable,
+    /// Their own network namespace: no network at all (`network = "off"`).
+    Off,
+    /// No namespaces available: a seccomp filter refuses every socket family but `AF_UNIX`, so
+    /// no network at all (not even through the proxy).
+    Seccomp,
+    /// The host's network, unrestricted (`network = "direct"`).
+    Direct,
+    /// Neither namespaces nor the seccomp filter are available: the host's network.
+    Unisolated,
+}
+
+/// How one resource of commands is limited.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LimitKind {
+    /// A per-command cgroup v1.
+    CgroupV1,
+    /// A per-command cgroup v2.
+    CgroupV2,
+    /// `RLIMIT_NPROC` in the command's own user namespace (processes only).
+    Rlimit,
+    /// Not limited (configured as 0, or no mechanism available).
+    None,
+}
+
+impl LimitKind {
+    fn describe(self) -> &'static str {
+        match self {
+            Self::CgroupV1 => "cgroup v1",
+            Self::CgroupV2 => "cgroup v2",
+            Self::Rlimit => "RLIMIT_NPROC in its own user namespace",
+            Self::None => "",
+        }
+    }
+}
+
+/// What the per-command jail enforces (see `tools::exec`'s jail): network, lifetime, limits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct JailStatus {
+    /// The network commands have.
+    pub network: NetworkStatus,
+    /// Each command runs in its own pid namespace: nothing it starts outlives it.
+    pub pid_namespace: bool,
+    /// Why namespaces are unavailable (an errno), when they are.
+    pub namespace_errno: i32,
+    /// Configured tasks per command (0: no limit).
+    pub max_processes: u32,
+    /// What enforces `max_processes`.
+    pub processes: LimitKind,
+    /// Configured memory per command in MiB (0: no limit).
+    pub max_memory_mb: u64,
+    /// What enforces `max_memory_mb`.
+    pub memory: LimitKind,
+}
+
+impl JailStatus {
+    /// The jail's part of the status line.
+    pub fn summary(&self) -> String {
+        let why = || {
+            format!(
+                "unshare failed: {}",
+                io::Error::from_raw_os_error(self.namespace_errno)
+            )
+        };
+        let network = match self.network {
+            NetworkStatus::Proxy => {
+                "HTTP(S) through the egress proxy only (own network namespace)".to_string()
+            }
+            NetworkStatus::ProxyUnavailable => {
+                "none (own network namespace; no egress proxy running)".to_string()
+            }
+            NetworkStatus::Off => "none (own network namespace)".to_string(),
+            NetworkStatus::Seccomp => format!("none (no namespaces: seccomp; {})", why()),
+            NetworkStatus::Direct => {
+                "direct (the host's network, unrestricted: tools.exec.network = \"direct\")"
+                    .to_string()
+            }
+            NetworkStatus::Unisolated => format!("NOT isolated (no namespaces: {})", why()),
+        };
+        let lifetime = if self.pid_namespace {
+            "own pid namespace (nothing outlives the command)"
+        } else {
+            "process group only (a process that leaves it can outlive the command)"
+        };
+        let limit = |zero: bool, max: String, kind: LimitKind, missing: &str| {
+            if zero {
+                "not limited (set to 0)".to_string()
+            } else if kind == LimitKind::None {
+                format!("not limited ({missing})")
+            } else {
+                format!("at most {max} ({})", kind.describe())
+            }
+        };
+        format!(
+            "network: {network}; lifetime: {lifetime}; processes: {}; memory: {}",
+            limit(
+                self.max_processes == 0,
+                self.max_processes.to_string(),
+                self.processes,
+                "no pids cgroup and no user namespace"
+            ),
+            limit(
+                self.max_memory_mb == 0,
+                format!("{} MiB", self.max_memory_mb),
+                self.memory,
+                "no memory cgroup"
+            ),
+        )
+    }
 }
 
 impl SandboxStatus {
     /// One line for logs and `weft status`.
     pub fn summary(&self) -> String {
-        if !self.fs_enforced {
-            return format!(
+        let fs = if self.fs_enforced {
+            format!(
+                "exec sandbox enforced (Landlock ABI {}): filesystem yes, TCP blocked {}, signal/socket scoping {}",
+                self.landlock_abi,
+                if self.net_enforced { "yes" } else { "no" },
+                if self.scoped { "yes" } else { "no" },
+            )
+        } else {
+            format!(
                 "exec sandbox NOT enforced (Landlock ABI {}): commands can read and write anything the daemon's user can",
                 self.landlock_abi
-            );
+            )
+        };
+        match &self.jail {
+            Some(j) => format!("{fs}; {}", j.summary()),
+            None => fs,
         }
-        format!(
-            "exec sandbox enforced (Landlock ABI {}): filesystem yes, TCP blocked {}, signal/socket scoping {}",
-            self.landlock_abi,
-            if self.net_enforced { "yes" } else { "no" },
-            if self.scoped { "yes" } else { "no" },
-        )
     }
 }
 
@@ -175,6 +306,7 @@ pub fn probe() -> SandboxStatus {
             fs_enforced: abi >= 1,
             net_enforced: abi >= 4,
             scoped: abi >= 6,
+            jail: None,
         }
     })
 }
@@ -278,6 +410,25 @@ impl SandboxPlan {
             Ok(created.into())
         };
         build().map_err(SandboxError)
+    }
+}
+
+impl SandboxPlan {
+    /// Whether a protected path lies beneath the workspace, the temp dir or a write path. The
+    /// ruleset then allows the entries of that tree one by one, as they are when it is built,
+    /// so it must be rebuilt for each command (files created later would be out of reach).
+    pub fn splits_writable(&self, workspace: &Path, tmp: &Path) -> bool {
+        let roots: Vec<PathBuf> = [workspace.to_path_buf(), tmp.to_path_buf()]
+            .into_iter()
+            .chain(self.write_paths.iter().cloned())
+            .map(|p| canonical(&p))
+            .collect();
+        SYSTEM_PROTECTED
+            .iter()
+            .map(PathBuf::from)
+            .chain(self.protected.iter().cloned())
+            .map(|p| canonical(&p))
+            .any(|p| roots.iter().any(|r| p.starts_with(r)))
     }
 }
 
@@ -505,42 +656,52 @@ const MAX_CAP: libc::c_ulong = 63;
 pub fn confine(cmd: &mut tokio::process::Command, ruleset: Option<RawFd>, drop_caps: bool) {
     let fd = ruleset.unwrap_or(-1);
     // SAFETY: the closure runs in the child forked from a multi-threaded parent, where only
-    // async-signal-safe operations are allowed. It performs raw syscalls only (prctl, capset,
-    // landlock_restrict_self) on plain values captured by copy and on stack structs: no
-    // allocation (io::Error::last_os_error does not allocate), no locks, no panics. `fd` is a
-    // valid ruleset fd in the child because the parent keeps it open until spawn returns; it is
-    // O_CLOEXEC, so the exec'd program does not inherit it.
+    // async-signal-safe operations are allowed: `confine_now` makes raw syscalls only. `fd` is
+    // a valid ruleset fd in the child because the parent keeps it open until spawn returns; it
+    // is O_CLOEXEC, so the exec'd program does not inherit it.
     unsafe {
-        cmd.pre_exec(move || {
-            if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
-                return Err(io::Error::last_os_error());
-            }
-            if drop_caps {
-                // Needs CAP_SETPCAP, held only by privileged daemons: there is nothing to drop
-                // otherwise, so EPERM/EINVAL are fine.
-                for cap in 0..=MAX_CAP {
-                    libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0);
-                }
-                let header = CapHeader {
-                    version: LINUX_CAPABILITY_VERSION_3,
-                    pid: 0,
-                };
-                let data = [CapData {
-                    effective: 0,
-                    permitted: 0,
-                    inheritable: 0,
-                }; 2];
-                if libc::syscall(libc::SYS_capset, std::ptr::from_ref(&header), data.as_ptr()) != 0
-                {
-                    return Err(io::Error::last_os_error());
-                }
-            }
-            if fd >= 0 && libc::syscall(libc::SYS_landlock_restrict_self, fd, 0) != 0 {
-                return Err(io::Error::last_os_error());
-            }
-            Ok(())
-        });
+        cmd.pre_exec(move || confine_now(fd, drop_caps));
     }
+}
+
+/// The child-side half of the sandbox, applied to the calling process now: no-new-privs, empty
+/// capability sets when `drop_caps`, and the Landlock ruleset `ruleset` (negative: none).
+///
+/// # Safety
+/// Async-signal-safe (raw syscalls on plain values and stack structs: no allocation, no locks,
+/// no panics), for use between `fork` and `exec`. `ruleset` must be a Landlock ruleset fd or
+/// negative.
+///
+/// # Errors
+/// A step failed; the caller must not exec the command.
+#[allow(unsafe_code)]
+pub unsafe fn confine_now(ruleset: RawFd, drop_caps: bool) -> io::Result<()> {
+    if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if drop_caps {
+        // Needs CAP_SETPCAP, held only by privileged daemons: there is nothing to drop
+        // otherwise, so EPERM/EINVAL are fine.
+        for cap in 0..=MAX_CAP {
+            libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0);
+        }
+        let header = CapHeader {
+            version: LINUX_CAPABILITY_VERSION_3,
+            pid: 0,
+        };
+        let data = [CapData {
+            effective: 0,
+            permitted: 0,
+            inheritable: 0,
+        }; 2];
+        if libc::syscall(libc::SYS_capset, std::ptr::from_ref(&header), data.as_ptr()) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    if ruleset >= 0 && libc::syscall(libc::SYS_landlock_restrict_self, ruleset, 0) != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -51,6 +51,16 @@ pub(crate) fn control_token(cfg: &Path) -> Option<String> {
     c["token"].as_str().map(str::to_string)
 }
 
+impl Drop for Daemon {
+    /// A test that fails before stopping its gateway does not leave it running.
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
 impl Daemon {
     pub(crate) async fn start(dir: &Path, cfg: &Path, port: u16) -> Self {
         // A file left by a gateway killed with SIGKILL: wait for the new one.

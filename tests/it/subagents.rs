@@ -583,7 +583,8 @@ async fn cancel_all_stops_running_children_and_kills_their_processes() {
             return Some(Reply::ToolCalls(vec![(
                 "x".into(),
                 "exec_shell".into(),
-                json!({"command": format!("echo $$ > {name}.pid; exec sleep 60")}).to_string(),
+                // The host pid (commands have their own pid namespace; /proc is the host's).
+                json!({"command": format!("read p r < /proc/self/stat; echo $p > {name}.pid; exec sleep 60")}).to_string(),
             )]));
         }
         if last_is_tool(req) {

@@ -388,7 +388,7 @@ async fn stop_kills_the_whole_process_group_of_a_running_command() {
     llm.push(calls(&[(
         "s1",
         "exec_shell",
-        r#"{"command":"sleep 300 & echo $! > bg.pid; sleep 300","timeout":300}"#,
+        r#"{"command":"(read p r < /proc/self/stat; echo $p > bg.pid; exec sleep 300) & sleep 300","timeout":300}"#,
     )]));
     let gw = TestGateway::start(config(&llm, dir.path(), json!({}))).await;
     let api = gw.api.clone();

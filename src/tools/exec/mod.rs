@@ -1,8 +1,9 @@
 //! Process tools: `exec_shell` (a `sh -c` command line) and `spawn` (a program with arguments,
 //! at most 5 at once). Both vet the command with the [`CommandGate`] (denylist, allowlist or
 //! human approval: a speed bump), then run it in the workspace directory, in its own process
-//! group, inside the [`sandbox`](super::sandbox) (the boundary), with a scrubbed environment,
-//! stdin closed and stdout/stderr captured up to a cap.
+//! group, inside the [`sandbox`](super::sandbox) (the boundary) and its own jail (network and
+//! pid namespaces, a cgroup with process and memory limits), with a scrubbed environment, stdin
+//! closed and stdout/stderr captured up to a cap.
 //!
 //! Every exit path kills the whole process group with SIGKILL: timeout, cancellation, the
 //! call's future being dropped (the registry's own timeout) and normal exit (background jobs do
@@ -14,7 +15,12 @@
 //! - [`runtime`]: [`ExecRuntime`]: spawning in the sandbox, process groups, timeouts, output
 //!   capture.
 //! - [`tools`]: the `exec_shell` and `spawn` tools over the runtime.
+//! - `jail` (private): the child side of the jail: namespaces, the init and its bridge to the
+//!   egress proxy, the exec, the seccomp fallback, the namespace probe.
+//! - `cgroup` (private): per-command cgroups (v1 or delegated v2), their limits and events.
 
+mod cgroup;
+mod jail;
 pub mod runtime;
 pub mod settings;
 pub mod tools;
@@ -22,10 +28,11 @@ pub mod tools;
 #[cfg(test)]
 mod test_support;
 
-pub use runtime::{ExecDeps, ExecRuntime};
+pub use runtime::{sandbox_status, ExecDeps, ExecRuntime, PROXY_ADDR};
 pub use settings::{
-    ExecFile, ExecSettings, DEFAULT_APPROVAL_TIMEOUT_SECS, DEFAULT_MAX_CONCURRENT_SPAWNS,
-    DEFAULT_MAX_OUTPUT_BYTES, DEFAULT_MAX_TIMEOUT_SECS, DEFAULT_SPAWN_TIMEOUT_SECS,
+    ExecFile, ExecSettings, NetworkMode, NetworkSetting, DEFAULT_APPROVAL_TIMEOUT_SECS,
+    DEFAULT_MAX_CONCURRENT_SPAWNS, DEFAULT_MAX_MEMORY_MB, DEFAULT_MAX_OUTPUT_BYTES,
+    DEFAULT_MAX_PROCESSES, DEFAULT_MAX_TIMEOUT_SECS, DEFAULT_SPAWN_TIMEOUT_SECS,
     DEFAULT_TIMEOUT_SECS,
 };
 pub use tools::{ExecShell, ExecShellArgs, Spawn, SpawnArgs};

@@ -1,9 +1,10 @@
 //! The process runtime shared by `exec_shell` and `spawn` ([`ExecRuntime`]): the command gate,
-//! spawning in the workspace inside the sandbox with a scrubbed environment, the process group
-//! killed on every way out (exit, timeout, cancellation, drop), output captured up to a cap.
+//! spawning in the workspace inside the jail (own network and pid namespaces, cgroup limits)
+//! and the sandbox with a scrubbed environment, the process group killed on every way out
+//! (exit, timeout, cancellation, drop), output captured up to a cap.
 
 use std::ffi::{OsStr, OsString};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -14,8 +15,12 @@ use serde_json::{json, Value};
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::sync::Semaphore;
 
-use super::ExecSettings;
-use crate::tools::sandbox::{self, PrivateTmp, SandboxPlan, SandboxStatus};
+use super::cgroup::{self, Cgroups, CommandCgroup, Events};
+use super::jail::{self, ExecImage, JailSpec, NsSupport, ProxyAddr, Stacks, MAX_CGROUPS};
+use super::{ExecSettings, NetworkMode};
+use crate::tools::sandbox::{
+    self, JailStatus, LimitKind, NetworkStatus, PrivateTmp, SandboxPlan, SandboxStatus,
+};
 use crate::tools::shell_policy::{Approver, CommandGate, ShellPolicy};
 use crate::tools::{ToolContext, ToolError};
 
@@ -24,6 +29,12 @@ use crate::tools::{ToolContext, ToolError};
 const DRAIN_GRACE: Duration = Duration::from_millis(500);
 /// Read buffer for stdout/stderr.
 const READ_CHUNK: usize = 16 * 1024;
+/// The egress proxy as commands see it (the bridge in their network namespace), exported as
+/// `HTTP_PROXY`, `HTTPS_PROXY`, `ALL_PROXY` and their lowercase forms.
+pub const PROXY_ADDR: &str = "127.0.0.1:3128";
+/// `NO_PROXY`: the command's own loopback (its own network namespace: only what the command
+/// itself listens on, never the host's) is reached directly.
+const NO_PROXY: &str = "localhost,127.0.0.1,::1";
 
 /// What the daemon hands the process tools besides their settings.
 #[derive(Clone)]
@@ -40,6 +51,13 @@ pub struct ExecDeps {
     pub approver: Option<Arc<dyn Approver>>,
     /// Where the private temp dir is created (usually `std::env::temp_dir()`).
     pub tmp_base: PathBuf,
+    /// The egress proxy's Unix socket (`crate::net::proxy::EgressProxy`), which commands reach
+    /// through the bridge in their network namespace (`network = "proxy"`). `None`: no proxy;
+    /// commands then have no network at all in proxy mode.
+    pub proxy_socket: Option<PathBuf>,
+    /// The running proxy behind `proxy_socket`, kept alive as long as this runtime (the daemon
+    /// starts one per registry; tests may point `proxy_socket` at their own listener).
+    pub proxy: Option<Arc<crate::net::proxy::EgressProxy>>,
 }
 
 /// State shared by `exec_shell` and `spawn` (one per daemon): settings, the command gate, the
@@ -54,21 +72,195 @@ pub struct ExecRuntime {
     pub(super) env: Vec<(OsString, OsString)>,
     /// Shared by every `spawn` call of every session (seed 000: max 5 concurrent).
     pub(super) spawn_slots: Arc<Semaphore>,
+    /// The per-command jail: what the child sets up, and the runtime's cgroups.
+    jail: Jail,
+    /// Built Landlock rulesets by workspace.
+    rulesets: RulesetCache,
+    /// The egress proxy commands reach (dropped, and stopped, with the runtime).
+    _proxy: Option<Arc<crate::net::proxy::EgressProxy>>,
+}
+
+/// How long a built Landlock ruleset is reused for commands in the same workspace. The
+/// ruleset holds the allowed trees as they were when it was built: entries created since in a
+/// directory that is split around a protected path (e.g. a new file directly in `/etc`) are
+/// reachable once it is rebuilt; protected paths never are.
+const RULESET_TTL: Duration = Duration::from_secs(30);
+/// Workspaces whose ruleset is kept.
+const RULESET_CACHE: usize = 16;
+
+/// Built rulesets by workspace (only those whose writable trees need no splitting: the
+/// workspace and the temp dir are then single rules, exact whatever is created in them).
+#[derive(Default)]
+struct RulesetCache {
+    map: std::sync::Mutex<Vec<(PathBuf, Instant, Arc<OwnedFd>)>>,
+    /// Tests measure the cost of building each time.
+    #[cfg(test)]
+    off: std::sync::atomic::AtomicBool,
+}
+
+impl RulesetCache {
+    fn get(&self, ws: &Path) -> Option<Arc<OwnedFd>> {
+        #[cfg(test)]
+        if self.off.load(std::sync::atomic::Ordering::Relaxed) {
+            return None;
+        }
+        let map = self.map.lock().ok()?;
+        map.iter()
+            .find(|(p, at, _)| p == ws && at.elapsed() < RULESET_TTL)
+            .map(|(_, _, fd)| fd.clone())
+    }
+
+    fn put(&self, ws: PathBuf, fd: Arc<OwnedFd>) {
+        let Ok(mut map) = self.map.lock() else {
+            return;
+        };
+        map.retain(|(p, at, _)| *p != ws && at.elapsed() < RULESET_TTL);
+        if map.len() >= RULESET_CACHE {
+            map.remove(0);
+        }
+        map.push((ws, Instant::now(), fd));
+    }
+}
+
+/// The jail as this runtime applies it.
+struct Jail {
+    /// What every command's child does (the cgroup files are filled in per command).
+    spec: JailSpec,
+    /// Per-command cgroups, when the daemon can create them.
+    cgroups: Option<Arc<Cgroups>>,
+    /// Namespaces (unavailable: `require_sandbox` refuses commands).
+    ns: NsSupport,
+    /// Whether commands get the proxy variables.
+    proxy_env: bool,
+    /// Whether anything has to run in the child (else no `pre_exec` from the jail).
+    active: bool,
+    /// B's and C's stacks (namespaces only).
+    _stacks: Option<Stacks>,
+}
+
+/// What the jail enforces for `settings` with these namespaces, limits and proxy.
+fn jail_status(
+    settings: &ExecSettings,
+    ns: NsSupport,
+    (processes, memory): (LimitKind, LimitKind),
+    proxy: bool,
+) -> JailStatus {
+    let network = match (settings.network, ns.available()) {
+        (NetworkMode::Direct, _) => NetworkStatus::Direct,
+        (NetworkMode::Proxy, true) if proxy => NetworkStatus::Proxy,
+        (NetworkMode::Proxy, true) => NetworkStatus::ProxyUnavailable,
+        (NetworkMode::Off, true) => NetworkStatus::Off,
+        (_, false) if jail::seccomp::SUPPORTED => NetworkStatus::Seccomp,
+        (_, false) => NetworkStatus::Unisolated,
+    };
+    // Without a pids cgroup, RLIMIT_NPROC counts only the command's own processes when it
+    // has its own user namespace (Linux >= 5.14 counts per user namespace).
+    let processes = match processes {
+        LimitKind::None if ns.available() && ns.userns => LimitKind::Rlimit,
+        k => k,
+    };
+    JailStatus {
+        network,
+        pid_namespace: ns.available(),
+        namespace_errno: ns.errno,
+        max_processes: settings.max_processes,
+        processes: if settings.max_processes == 0 {
+            LimitKind::None
+        } else {
+            processes
+        },
+        max_memory_mb: settings.max_memory_mb,
+        memory: if settings.max_memory_mb == 0 {
+            LimitKind::None
+        } else {
+            memory
+        },
+    }
+}
+
+/// What the exec sandbox and jail would enforce for `settings` in this process, without
+/// creating anything (for `weft status` and `weft doctor`; the daemon's own runtime reports the
+/// same through [`ExecRuntime::sandbox_status`]).
+pub fn sandbox_status(settings: &ExecSettings) -> SandboxStatus {
+    let kernel = sandbox::probe();
+    let ns = jail::probe();
+    let limits = cgroup::probe(settings.max_processes, settings.max_memory_mb);
+    SandboxStatus {
+        landlock_abi: kernel.landlock_abi,
+        fs_enforced: settings.sandbox && kernel.fs_enforced,
+        net_enforced: settings.sandbox
+            && settings.network == NetworkMode::Off
+            && kernel.net_enforced,
+        scoped: settings.sandbox && kernel.scoped,
+        jail: Some(jail_status(settings, ns, limits, true)),
+    }
 }
 
 impl ExecRuntime {
-    /// Create the runtime: probes Landlock (once per process) and creates the private temp dir.
+    /// Create the runtime: probes Landlock and namespaces (once per process), creates the
+    /// private temp dir and the runtime's cgroups (when it can).
     ///
     /// # Errors
-    /// The private temp dir cannot be created beneath `deps.tmp_base`.
+    /// The private temp dir cannot be created beneath `deps.tmp_base`, or the proxy socket path
+    /// does not fit a Unix socket address.
     pub fn new(settings: ExecSettings, deps: ExecDeps) -> std::io::Result<Self> {
+        Self::with_jail(settings, deps, jail::probe(), true)
+    }
+
+    /// [`ExecRuntime::new`] with the namespace support given and cgroups on or off (tests force
+    /// the fallbacks).
+    pub(super) fn with_jail(
+        settings: ExecSettings,
+        deps: ExecDeps,
+        ns: NsSupport,
+        cgroups: bool,
+    ) -> std::io::Result<Self> {
         let tmp = PrivateTmp::create_in(&deps.tmp_base)?;
         let kernel = sandbox::probe();
+        let cgroups = if cgroups {
+            Cgroups::setup(settings.max_processes, settings.max_memory_mb).map(Arc::new)
+        } else {
+            None
+        };
+        let limits = cgroups
+            .as_ref()
+            .map_or((LimitKind::None, LimitKind::None), |c| c.kinds());
+        let jail_status = jail_status(&settings, ns, limits, deps.proxy_socket.is_some());
+        let network_ns = matches!(settings.network, NetworkMode::Proxy | NetworkMode::Off);
+        let mut spec = JailSpec::new(ns, network_ns);
+        spec.seccomp = jail_status.network == NetworkStatus::Seccomp;
+        if jail_status.network == NetworkStatus::Proxy {
+            if let Some(p) = &deps.proxy_socket {
+                spec.proxy = Some(ProxyAddr::new(p)?);
+            }
+        }
+        if jail_status.processes == LimitKind::Rlimit {
+            spec.nproc = u64::from(settings.max_processes);
+        }
+        let stacks = if spec.execs() {
+            let s = Stacks::new()?;
+            spec.stacks = Some(s.tops());
+            Some(s)
+        } else {
+            None
+        };
+        spec.confine = settings.sandbox;
+        let jail = Jail {
+            active: spec.ns_flags != 0 || spec.seccomp || cgroups.is_some(),
+            proxy_env: spec.proxy.is_some(),
+            spec,
+            cgroups,
+            ns,
+            _stacks: stacks,
+        };
         let status = SandboxStatus {
             landlock_abi: kernel.landlock_abi,
             fs_enforced: settings.sandbox && kernel.fs_enforced,
-            net_enforced: settings.sandbox && !settings.network && kernel.net_enforced,
+            net_enforced: settings.sandbox
+                && settings.network == NetworkMode::Off
+                && kernel.net_enforced,
             scoped: settings.sandbox && kernel.scoped,
+            jail: Some(jail_status),
         };
         let env = sandbox::scrub_env(
             &deps.env,
@@ -87,14 +279,83 @@ impl ExecRuntime {
                 read_paths: settings.read_paths.clone(),
                 write_paths: settings.write_paths.clone(),
                 protected: deps.protected_paths,
-                network: settings.network,
+                network: settings.network != NetworkMode::Off,
             },
             status,
             tmp,
             env,
             spawn_slots: Arc::new(Semaphore::new(settings.max_concurrent_spawns)),
             settings,
+            jail,
+            rulesets: RulesetCache::default(),
+            _proxy: deps.proxy,
         })
+    }
+
+    /// The command's Landlock ruleset (cached per workspace) and cgroup (an idle one when
+    /// there is one); whatever must be built is built off the async threads.
+    async fn prepare(
+        &self,
+        ws: &Path,
+    ) -> Result<(Option<Arc<OwnedFd>>, Option<CommandCgroup>), ToolError> {
+        let cached = if self.status.fs_enforced {
+            self.rulesets.get(ws)
+        } else {
+            None
+        };
+        let reused = self.jail.cgroups.as_ref().and_then(Cgroups::reuse);
+        let need_ruleset = self.status.fs_enforced && cached.is_none();
+        let need_cgroup = self.jail.cgroups.is_some() && reused.is_none();
+        if !need_ruleset && !need_cgroup {
+            return Ok((cached, reused));
+        }
+        let plan = need_ruleset.then(|| self.plan.clone());
+        let (tmp, root) = (self.tmp.path().to_path_buf(), ws.to_path_buf());
+        let cgroups = if need_cgroup {
+            self.jail.cgroups.clone()
+        } else {
+            None
+        };
+        let (built, made) = tokio::task::spawn_blocking(move || {
+            let built = match plan {
+                Some(plan) => {
+                    let fd = plan.build_ruleset(&root, &tmp).map_err(|e| {
+                        ToolError::ExecutionFailed(format!("could not prepare the sandbox: {e}"))
+                    })?;
+                    fd.map(|fd| (Arc::new(fd), !plan.splits_writable(&root, &tmp)))
+                }
+                None => None,
+            };
+            let made = match cgroups {
+                Some(c) => Some(c.create().map_err(|e| {
+                    ToolError::ExecutionFailed(format!(
+                        "could not create the command's cgroup (its process and memory limits): {e}"
+                    ))
+                })?),
+                None => None,
+            };
+            Ok::<_, ToolError>((built, made))
+        })
+        .await
+        .map_err(|e| ToolError::ExecutionFailed(format!("sandbox setup task failed: {e}")))??;
+        let ruleset = match built {
+            Some((fd, cacheable)) => {
+                if cacheable {
+                    self.rulesets.put(ws.to_path_buf(), fd.clone());
+                }
+                Some(fd)
+            }
+            None => cached,
+        };
+        Ok((ruleset, made.or(reused)))
+    }
+
+    /// Build the ruleset for every command (the behaviour before the cache), for measurements.
+    #[cfg(test)]
+    pub(super) fn disable_ruleset_cache(&self) {
+        self.rulesets
+            .off
+            .store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The longest a call may take: the largest timeout plus an approval wait and cleanup.
@@ -154,35 +415,69 @@ impl ExecRuntime {
                 self.status.summary()
             )));
         }
+        if self.settings.require_sandbox
+            && self.settings.network != NetworkMode::Direct
+            && !self.jail.ns.available()
+        {
+            return Err(ToolError::PermissionDenied(format!(
+                "commands are disabled: tools.exec.require_sandbox is set and commands cannot get their own network and pid namespaces ({}), so they would run with no network at all (seccomp) and processes that leave the process group could outlive them; the operator must allow user, network and pid namespaces (systemd: RestrictNamespaces=user net pid; Ubuntu: kernel.apparmor_restrict_unprivileged_userns=0 or an AppArmor profile for weft; containers: --security-opt seccomp/apparmor) or set require_sandbox = false",
+                self.jail.ns.reason()
+            )));
+        }
         let ws = ctx.workspace.root().to_path_buf();
-        let ruleset = if self.status.fs_enforced {
-            let (plan, tmp, ws) = (self.plan.clone(), self.tmp.path().to_path_buf(), ws.clone());
-            tokio::task::spawn_blocking(move || plan.build_ruleset(&ws, &tmp))
-                .await
-                .map_err(|e| ToolError::ExecutionFailed(format!("sandbox setup task failed: {e}")))?
-                .map_err(|e| {
-                    ToolError::ExecutionFailed(format!("could not prepare the sandbox: {e}"))
-                })?
-        } else {
-            None
+        let (ruleset, cgroup) = self.prepare(&ws).await?;
+        let mut env: Vec<(OsString, OsString)> = self.env.clone();
+        let mut set = |name: &str, value: OsString| {
+            env.retain(|(k, _)| k != name);
+            env.push((name.into(), value));
         };
+        set("HOME", ws.clone().into_os_string());
+        if self.jail.proxy_env {
+            let url = format!("http://{PROXY_ADDR}");
+            for name in ["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"] {
+                set(name, url.clone().into());
+                set(&name.to_ascii_lowercase(), url.clone().into());
+            }
+            set("NO_PROXY", NO_PROXY.into());
+            set("no_proxy", NO_PROXY.into());
+        }
         let mut cmd = tokio::process::Command::new(program);
         cmd.args(args)
             .current_dir(&ws)
             .env_clear()
-            .envs(self.env.iter().map(|(k, v)| (k, v)))
-            .env("HOME", &ws)
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .process_group(0)
             .kill_on_drop(true);
-        if self.settings.sandbox {
-            sandbox::confine(&mut cmd, ruleset.as_ref().map(AsRawFd::as_raw_fd), true);
+        let ruleset_fd = ruleset.as_ref().map(AsRawFd::as_raw_fd);
+        // Kept alive (and unchanged) until spawn returns: the child reads them.
+        let mut image = None;
+        if self.jail.active {
+            let mut spec = self.jail.spec;
+            if let Some(cg) = &cgroup {
+                for (slot, fd) in spec.cgroup_procs.iter_mut().zip(cg.procs_fds()) {
+                    *slot = fd;
+                }
+                spec.cgroups = cg.procs_fds().len().min(MAX_CGROUPS);
+            }
+            if spec.execs() {
+                let mut img =
+                    ExecImage::new(program, args, &env).map_err(|e| spawn_error(program, &e))?;
+                spec.image = Some(img.raw());
+                spec.ruleset = ruleset_fd.unwrap_or(-1);
+                image = Some(img);
+            }
+            jail::install(&mut cmd, spec);
+        }
+        if self.settings.sandbox && !self.jail.spec.execs() {
+            sandbox::confine(&mut cmd, ruleset_fd, true);
         }
         let started = Instant::now();
         let spawned = cmd.spawn();
         drop(ruleset);
+        drop(image);
         let mut child = spawned.map_err(|e| spawn_error(program, &e))?;
         let group = child
             .id()
@@ -217,12 +512,22 @@ impl ExecRuntime {
             }
             ended?
         };
+        let events = cgroup
+            .as_ref()
+            .map(CommandCgroup::events)
+            .unwrap_or_default();
+        if let Some(cg) = cgroup {
+            drop(tokio::task::spawn_blocking(move || cg.finish()));
+        }
         Ok(Finished {
             code: status.code(),
             signal: status.signal(),
             stdout: out,
             stderr: err,
             duration: started.elapsed(),
+            events,
+            max_processes: self.settings.max_processes,
+            max_memory_mb: self.settings.max_memory_mb,
         })
     }
 }
@@ -308,6 +613,9 @@ pub(super) struct Finished {
     stdout: Capture,
     stderr: Capture,
     duration: Duration,
+    events: Events,
+    max_processes: u32,
+    max_memory_mb: u64,
 }
 
 impl Finished {
@@ -330,6 +638,24 @@ impl Finished {
         }
         if self.stderr.truncated {
             m.insert("stderr_truncated".into(), json!(true));
+        }
+        let mut notes = Vec::new();
+        if self.events.oom_kills > 0 {
+            m.insert("oom_killed".into(), json!(true));
+            notes.push(format!(
+                "out of memory: the command used more than its {} MiB (tools.exec.max_memory_mb) and the kernel killed it",
+                self.max_memory_mb
+            ));
+        }
+        if self.events.pids_max > 0 {
+            m.insert("process_limit_reached".into(), json!(true));
+            notes.push(format!(
+                "process limit: the command reached {} processes and threads (tools.exec.max_processes); further forks failed",
+                self.max_processes
+            ));
+        }
+        if !notes.is_empty() {
+            m.insert("note".into(), json!(notes.join("; ")));
         }
         m
     }

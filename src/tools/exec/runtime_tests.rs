@@ -1,6 +1,10 @@
 //! Process runtime tests: the sandbox (canaries, protected paths, private temp dir, no
 //! capabilities, no network), process groups killed on timeout, cancellation and drop, the
 //! scrubbed environment, output caps.
+//!
+//! Commands run in their own pid namespace: `$$` and `$!` are pids of that namespace, while
+//! `/proc` is the host's. A command that must tell the test a pid reads its host pid from
+//! `/proc/self/stat` (in the shell itself, so `self` is that shell).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::{Duration, Instant};
@@ -192,7 +196,7 @@ async fn timeout_kills_the_whole_process_group() {
     let started = Instant::now();
     let e = ExecShell::new(fx.rt.clone())
         .execute(
-            json!({"command": "sleep 300 & echo $! > pid; wait", "timeout": 0.5}),
+            json!({"command": "(read p r < /proc/self/stat; echo $p > pid; exec sleep 300) & wait", "timeout": 0.5}),
             &fx.ctx,
         )
         .await
@@ -214,7 +218,11 @@ async fn timeout_kills_the_whole_process_group() {
 async fn background_grandchild_holding_the_pipes_does_not_hang_the_call() {
     let fx = fixture();
     let started = Instant::now();
-    let v = sh_ok(&fx, "sleep 300 & echo $!").await;
+    let v = sh_ok(
+        &fx,
+        "(read p r < /proc/self/stat; echo $p > pid; exec sleep 300) & until [ -s pid ]; do :; done; cat pid",
+    )
+    .await;
     assert!(started.elapsed() < Duration::from_secs(3), "hung");
     let pid: i32 = v["stdout"].as_str().unwrap().trim().parse().unwrap();
     assert!(
@@ -229,7 +237,7 @@ async fn cancellation_kills_the_group_quickly() {
     let (rt, ctx) = (fx.rt.clone(), fx.ctx.clone());
     let call = tokio::spawn(async move {
         ExecShell::new(rt)
-            .execute(json!({"command": "sleep 300 & echo $! > pid; wait"}), &ctx)
+            .execute(json!({"command": "(read p r < /proc/self/stat; echo $p > pid; exec sleep 300) & wait"}), &ctx)
             .await
     });
     let pid: i32 = wait_for_file(&fx.ws.join("pid"))
@@ -256,7 +264,7 @@ async fn dropping_the_call_kills_the_group() {
     let fx = fixture();
     let tool = ExecShell::new(fx.rt.clone());
     let fut = tool.execute(
-        json!({"command": "sleep 300 & echo $! > pid; wait", "timeout": 300}),
+        json!({"command": "(read p r < /proc/self/stat; echo $p > pid; exec sleep 300) & wait", "timeout": 300}),
         &fx.ctx,
     );
     assert!(tokio::time::timeout(Duration::from_millis(400), fut)
@@ -301,7 +309,11 @@ async fn environment_is_scrubbed() {
     assert!(out.contains("PATH=/usr/local/bin:/usr/bin:/bin\n"), "{out}");
     if landlock_or_skip(&fx) {
         // The daemon's own environment is out of reach through /proc too.
-        let v = sh_ok(&fx, "cat /proc/$PPID/environ | tr '\\0' '\\n'").await;
+        let v = sh_ok(
+            &fx,
+            &format!("cat /proc/{}/environ | tr '\\0' '\\n'", std::process::id()),
+        )
+        .await;
         assert_eq!(v["stdout"], "", "{v}");
     }
 }
@@ -330,9 +342,16 @@ async fn network_false_blocks_tcp_connections() {
     let connect = |port: u16| {
         format!("python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", {port}), timeout=2); print(\"connected\")'")
     };
-    // Control: with network allowed the same command does connect, so the check below
+    // Control: with the host's network the same command does connect, so the check below
     // can tell a blocked connection from a broken test.
-    let open = fixture();
+    let open = fixture_with(
+        ExecSettings {
+            network: NetworkMode::Direct,
+            ..ExecSettings::default()
+        },
+        |_| Vec::new(),
+        None,
+    );
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     listener.set_nonblocking(true).unwrap();
     let port = listener.local_addr().unwrap().port();
@@ -341,7 +360,7 @@ async fn network_false_blocks_tcp_connections() {
     assert!(listener.accept().is_ok());
 
     let settings = ExecSettings {
-        network: false,
+        network: NetworkMode::Off,
         ..ExecSettings::default()
     };
     let fx = fixture_with(settings, |_| Vec::new(), None);
@@ -417,4 +436,147 @@ async fn output_is_capped_per_stream() {
         DEFAULT_MAX_OUTPUT_BYTES
     );
     assert_eq!(v["stdout_truncated"], true);
+}
+
+#[tokio::test]
+async fn without_namespaces_the_seccomp_filter_leaves_no_ip_socket() {
+    use crate::tools::exec::jail::NsSupport;
+    let fx = fixture_jailed(
+        ExecSettings::default(),
+        |_| Vec::new(),
+        None,
+        Some((NsSupport::NONE, true)),
+    );
+    let st = fx.rt.sandbox_status();
+    assert!(
+        st.summary()
+            .contains("network: none (no namespaces: seccomp"),
+        "{}",
+        st.summary()
+    );
+    let v = sh_ok(&fx, "echo runs").await;
+    assert_eq!(v["stdout"], "runs\n");
+    for family in ["AF_INET", "AF_INET6", "AF_PACKET"] {
+        let v = sh_ok(
+            &fx,
+            &format!(
+                "python3 -c 'import socket; socket.socket(socket.{family}, socket.SOCK_DGRAM)'"
+            ),
+        )
+        .await;
+        assert_ne!(v["exit_code"], 0, "{family}: {v}");
+    }
+    let v = sh_ok(
+        &fx,
+        "python3 -c 'import socket; socket.socket(socket.AF_UNIX); print(\"unix\")'",
+    )
+    .await;
+    assert_eq!(v["stdout"], "unix\n", "{v}");
+    // require_sandbox refuses instead, saying why.
+    let strict = fixture_jailed(
+        ExecSettings {
+            require_sandbox: true,
+            ..ExecSettings::default()
+        },
+        |_| Vec::new(),
+        None,
+        Some((NsSupport::NONE, false)),
+    );
+    let e = sh(&strict, "echo no").await.unwrap_err();
+    assert_eq!(e.code(), "PERMISSION_DENIED");
+    assert!(e.to_string().contains("namespaces"), "{e}");
+}
+
+#[test]
+fn the_proxy_address_is_where_the_bridge_listens() {
+    assert_eq!(
+        PROXY_ADDR,
+        format!("127.0.0.1:{}", crate::tools::exec::jail::PROXY_PORT)
+    );
+}
+
+/// Not an outcome test: the cost of the jail (namespaces, init, cgroups) on a trivial command,
+/// against the same runtime without it, interleaved (`cargo test --lib jail_overhead --
+/// --ignored --nocapture`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "timing, run by hand"]
+async fn jail_overhead() {
+    use crate::tools::exec::jail::{probe, NsSupport};
+    let settings = |network, procs, mem| ExecSettings {
+        network,
+        max_processes: procs,
+        max_memory_mb: mem,
+        ..ExecSettings::default()
+    };
+    let variants = [
+        // The code before the jail: no namespaces, no cgroups, a ruleset built per command.
+        (
+            "before",
+            settings(NetworkMode::Direct, 0, 0),
+            NsSupport::NONE,
+            false,
+        ),
+        (
+            "no jail, ruleset cached",
+            settings(NetworkMode::Direct, 0, 0),
+            NsSupport::NONE,
+            false,
+        ),
+        (
+            "pid ns",
+            settings(NetworkMode::Direct, 0, 0),
+            probe(),
+            false,
+        ),
+        (
+            "net+pid ns",
+            settings(NetworkMode::Off, 0, 0),
+            probe(),
+            false,
+        ),
+        (
+            "cgroups",
+            settings(NetworkMode::Direct, 512, 1024),
+            NsSupport::NONE,
+            true,
+        ),
+        (
+            "full jail (defaults)",
+            ExecSettings::default(),
+            probe(),
+            true,
+        ),
+    ];
+    let fxs: Vec<_> = variants
+        .into_iter()
+        .map(|(name, s, ns, cg)| {
+            (
+                name,
+                fixture_jailed(s, |_| Vec::new(), None, Some((ns, cg))),
+            )
+        })
+        .collect();
+    fxs[0].1.rt.disable_ruleset_cache();
+    let mut times = vec![Vec::new(); fxs.len()];
+    for _ in 0..20 {
+        for (i, (_, fx)) in fxs.iter().enumerate() {
+            for _ in 0..10 {
+                let t = Instant::now();
+                let v = sh_ok(fx, "true").await;
+                times[i].push(t.elapsed());
+                assert_eq!(v["exit_code"], 0);
+            }
+        }
+    }
+    for ((name, fx), t) in fxs.iter().zip(&mut times) {
+        t.sort();
+        let mean = t.iter().sum::<Duration>() / u32::try_from(t.len()).unwrap();
+        println!(
+            "exec_shell true, {name}: mean {mean:?} median {:?} p10 {:?} p90 {:?}",
+            t[t.len() / 2],
+            t[t.len() / 10],
+            t[t.len() * 9 / 10]
+        );
+        let _ = fx;
+    }
 }

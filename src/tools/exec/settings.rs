@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::net::ssrf::Cidr;
 use crate::tools::sandbox;
 use crate::tools::shell_policy::{ExecMode, DEFAULT_DENY_PATTERNS};
 use crate::types::SettingError;
@@ -21,6 +22,14 @@ pub const DEFAULT_MAX_OUTPUT_BYTES: usize = 1024 * 1024;
 pub const DEFAULT_APPROVAL_TIMEOUT_SECS: u64 = 120;
 /// `spawn` processes running at once across all sessions (seed 000: 5).
 pub const DEFAULT_MAX_CONCURRENT_SPAWNS: usize = 5;
+/// Tasks (processes and threads) one command may have at once (`tools.exec.max_processes`).
+pub const DEFAULT_MAX_PROCESSES: u32 = 512;
+/// Memory one command may use, in MiB (`tools.exec.max_memory_mb`).
+pub const DEFAULT_MAX_MEMORY_MB: u64 = 1024;
+/// Smallest non-zero `max_processes`: the jail's own two helper processes, a shell and a pipe.
+const MIN_PROCESSES: u64 = 8;
+/// Smallest non-zero `max_memory_mb`: below it not even a shell starts reliably.
+const MIN_MEMORY_MB: u64 = 16;
 /// Upper bound for any configured timeout (1 day): catches unit mistakes.
 const MAX_CONFIG_SECS: u64 = 86_400;
 /// Upper bound for `max_output_bytes` (64 MiB): output is held in memory.
@@ -51,9 +60,25 @@ pub struct ExecFile {
     pub spawn_timeout_secs: Option<u64>,
     /// Largest timeout a call may request, in seconds; larger requests are clamped. (default: 300)
     pub max_timeout_secs: Option<u64>,
-    /// Whether commands may open TCP connections and listen. false denies TCP connect/bind
-    /// (needs Linux >= 6.7; UDP is not restricted). (default: true)
-    pub network: Option<bool>,
+    /// Network of commands: "proxy" (no direct network at all, in their own network namespace;
+    /// HTTP and HTTPS go through the daemon's egress proxy, which applies the same SSRF rules as
+    /// web_fetch, via HTTP_PROXY/HTTPS_PROXY), "off" (no network at all) or "direct" (the host's
+    /// network, unrestricted: opts out of these guarantees). true means "proxy", false "off".
+    /// (default: "proxy")
+    pub network: Option<NetworkSetting>,
+    /// Host names the egress proxy lets commands reach (each also covers its subdomains; a
+    /// leading "*." is accepted). Empty: any public host. (default: none)
+    pub allow_domains: Option<Vec<String>>,
+    /// Private, loopback or link-local networks the egress proxy lets commands reach anyway, as
+    /// addresses or CIDRs (e.g. ["10.1.0.0/16"]). (default: none)
+    pub allow_private: Option<Vec<String>>,
+    /// Tasks (processes plus threads) one command may have at once; further forks fail. 0: no
+    /// limit. Enforced by a cgroup, or RLIMIT_NPROC in the command's own user namespace.
+    /// (default: 512)
+    pub max_processes: Option<u64>,
+    /// Memory one command may use, in MiB; past it the kernel's OOM killer ends it. 0: no limit.
+    /// Needs a memory cgroup the daemon can create. (default: 1024)
+    pub max_memory_mb: Option<u64>,
     /// Whether commands run in the Landlock sandbox (writes only in the workspace and a private
     /// temp dir, reads only in system paths). Turning it off removes the security boundary.
     /// (default: true)
@@ -79,6 +104,40 @@ pub struct ExecFile {
     pub max_concurrent_spawns: Option<u64>,
 }
 
+/// `tools.exec.network` as written: the mode, or the boolean of earlier versions.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema)]
+#[serde(untagged)]
+pub enum NetworkSetting {
+    /// `true` ("proxy") or `false` ("off").
+    Bool(bool),
+    /// "proxy", "off" or "direct".
+    Mode(String),
+}
+
+/// What network commands get.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NetworkMode {
+    /// Their own network namespace with only a loopback interface, on which a bridge to the
+    /// daemon's egress proxy listens (`127.0.0.1:3128`, exported as `HTTP_PROXY` & co.).
+    Proxy,
+    /// Their own network namespace with only a loopback interface: no network at all.
+    Off,
+    /// The host's network, unrestricted (the behaviour before the egress proxy).
+    Direct,
+}
+
+impl NetworkMode {
+    /// The config spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Proxy => "proxy",
+            Self::Off => "off",
+            Self::Direct => "direct",
+        }
+    }
+}
+
 /// Resolved, validated settings of the process tools.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ExecSettings {
@@ -94,8 +153,16 @@ pub struct ExecSettings {
     pub spawn_timeout: Duration,
     /// Largest timeout a call may request.
     pub max_timeout: Duration,
-    /// TCP allowed.
-    pub network: bool,
+    /// Network of commands.
+    pub network: NetworkMode,
+    /// Host names the egress proxy lets commands reach (empty: any public host).
+    pub allow_domains: Vec<String>,
+    /// Non-public networks the egress proxy lets commands reach.
+    pub allow_private: Vec<Cidr>,
+    /// Tasks one command may have at once (0: no limit).
+    pub max_processes: u32,
+    /// Memory one command may use, in MiB (0: no limit).
+    pub max_memory_mb: u64,
     /// Landlock sandbox on.
     pub sandbox: bool,
     /// Refuse to run commands without an enforced filesystem sandbox.
@@ -126,7 +193,11 @@ impl Default for ExecSettings {
             timeout: Duration::from_secs(DEFAULT_TIMEOUT_SECS),
             spawn_timeout: Duration::from_secs(DEFAULT_SPAWN_TIMEOUT_SECS),
             max_timeout: Duration::from_secs(DEFAULT_MAX_TIMEOUT_SECS),
-            network: true,
+            network: NetworkMode::Proxy,
+            allow_domains: Vec::new(),
+            allow_private: Vec::new(),
+            max_processes: DEFAULT_MAX_PROCESSES,
+            max_memory_mb: DEFAULT_MAX_MEMORY_MB,
             sandbox: true,
             require_sandbox: false,
             read_paths: Vec::new(),
@@ -278,7 +349,32 @@ impl ExecFile {
             timeout,
             spawn_timeout,
             max_timeout,
-            network: self.network.unwrap_or(d.network),
+            network: self.network_mode(d.network)?,
+            allow_domains: self.allow_domains()?,
+            allow_private: self.allow_private()?,
+            max_processes: match self.max_processes {
+                None => d.max_processes,
+                Some(0) => 0,
+                Some(n) if (MIN_PROCESSES..=u64::from(u32::MAX)).contains(&n) => {
+                    u32::try_from(n).unwrap_or(u32::MAX)
+                }
+                Some(n) => {
+                    return Err(invalid(format!(
+                        "`max_processes`: expected 0 (no limit) or {MIN_PROCESSES} to {}, got {n}",
+                        u32::MAX
+                    )))
+                }
+            },
+            max_memory_mb: match self.max_memory_mb {
+                None => d.max_memory_mb,
+                Some(n) if n == 0 || (MIN_MEMORY_MB..=(1 << 30)).contains(&n) => n,
+                Some(n) => {
+                    return Err(invalid(format!(
+                        "`max_memory_mb`: expected 0 (no limit) or {MIN_MEMORY_MB} to {}, got {n}",
+                        1u64 << 30
+                    )))
+                }
+            },
             sandbox: self.sandbox.unwrap_or(d.sandbox),
             require_sandbox: self.require_sandbox.unwrap_or(d.require_sandbox),
             read_paths: paths("read_paths", self.read_paths.as_ref())?,
@@ -288,6 +384,60 @@ impl ExecFile {
             max_output_bytes,
             max_concurrent_spawns,
         })
+    }
+}
+
+impl ExecFile {
+    fn network_mode(&self, default: NetworkMode) -> Result<NetworkMode, SettingError> {
+        Ok(match &self.network {
+            None => default,
+            Some(NetworkSetting::Bool(true)) => NetworkMode::Proxy,
+            Some(NetworkSetting::Bool(false)) => NetworkMode::Off,
+            Some(NetworkSetting::Mode(m)) => match m.trim().to_ascii_lowercase().as_str() {
+                "proxy" => NetworkMode::Proxy,
+                "off" | "none" => NetworkMode::Off,
+                "direct" => NetworkMode::Direct,
+                _ => {
+                    return Err(invalid(format!(
+                        "`network`: expected \"proxy\" (the default: HTTP(S) through the egress proxy only), \"off\" (no network) or \"direct\" (the host's network, unrestricted), got {m:?}"
+                    )))
+                }
+            },
+        })
+    }
+
+    fn allow_domains(&self) -> Result<Vec<String>, SettingError> {
+        let mut out = Vec::new();
+        for d in self.allow_domains.iter().flatten() {
+            let name = d.trim().trim_start_matches("*.").trim_end_matches('.');
+            let ok = !name.is_empty()
+                && name.len() <= 253
+                && name.split('.').all(|label| {
+                    !label.is_empty()
+                        && label.len() <= 63
+                        && label
+                            .chars()
+                            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+                });
+            if !ok {
+                return Err(invalid(format!(
+                    "`allow_domains`: expected host names such as \"pypi.org\" or \"*.github.com\" (no scheme, port or path), got {d:?}"
+                )));
+            }
+            out.push(name.to_ascii_lowercase());
+        }
+        Ok(out)
+    }
+
+    fn allow_private(&self) -> Result<Vec<Cidr>, SettingError> {
+        self.allow_private
+            .iter()
+            .flatten()
+            .map(|s| {
+                s.parse::<Cidr>()
+                    .map_err(|e| invalid(format!("`allow_private`: {e}")))
+            })
+            .collect()
     }
 }
 

@@ -18,7 +18,10 @@ fn config_resolves_defaults_and_names_bad_keys() {
     assert_eq!(d.max_output_bytes, 1 << 20);
     assert_eq!(d.max_concurrent_spawns, 5);
     assert_eq!(d.approval_timeout, Duration::from_secs(120));
-    assert!(d.network && d.sandbox && !d.require_sandbox);
+    assert!(d.sandbox && !d.require_sandbox);
+    assert_eq!(d.network, NetworkMode::Proxy);
+    assert_eq!((d.max_processes, d.max_memory_mb), (512, 1024));
+    assert!(d.allow_domains.is_empty() && d.allow_private.is_empty());
     assert_eq!(d.deny_patterns.len(), DEFAULT_DENY_PATTERNS.len());
 
     let f: ExecFile = serde_json::from_value(json!({
@@ -35,7 +38,7 @@ fn config_resolves_defaults_and_names_bad_keys() {
     let s = f.resolve().unwrap();
     assert_eq!(s.mode, ExecMode::Ask);
     assert_eq!(s.deny_patterns, ["foo", "bar *baz"]);
-    assert!(!s.network);
+    assert_eq!(s.network, NetworkMode::Off);
     assert_eq!(s.max_output_bytes, 4096);
 
     assert!(serde_json::from_value::<ExecFile>(json!({"modee": "x"})).is_err());
@@ -62,6 +65,14 @@ fn config_resolves_defaults_and_names_bad_keys() {
             "`max_concurrent_spawns`",
         ),
         (json!({"deny_patterns": [" * "]}), "`deny_patterns`"),
+        (json!({"network": "yes please"}), "`network`"),
+        (json!({"max_processes": 3}), "`max_processes`"),
+        (json!({"max_memory_mb": 1}), "`max_memory_mb`"),
+        (
+            json!({"allow_domains": ["https://pypi.org/"]}),
+            "`allow_domains`",
+        ),
+        (json!({"allow_private": ["10.0.0.0/33"]}), "`allow_private`"),
     ] {
         let e = serde_json::from_value::<ExecFile>(f.clone())
             .unwrap()
@@ -70,6 +81,29 @@ fn config_resolves_defaults_and_names_bad_keys() {
             .to_string();
         assert!(e.contains(key), "{f}: {e}");
     }
+    // The mode by name, the booleans of earlier versions, the limits and the proxy's lists.
+    for (v, mode) in [
+        (json!("proxy"), NetworkMode::Proxy),
+        (json!("off"), NetworkMode::Off),
+        (json!("direct"), NetworkMode::Direct),
+        (json!(true), NetworkMode::Proxy),
+        (json!(false), NetworkMode::Off),
+    ] {
+        let f: ExecFile = serde_json::from_value(json!({ "network": v })).unwrap();
+        assert_eq!(f.resolve().unwrap().network, mode, "{v}");
+    }
+    let f: ExecFile = serde_json::from_value(json!({
+        "max_processes": 0,
+        "max_memory_mb": 0,
+        "allow_domains": ["PyPI.org", "*.github.com"],
+        "allow_private": ["10.1.0.0/16"],
+    }))
+    .unwrap();
+    let s = f.resolve().unwrap();
+    assert_eq!((s.max_processes, s.max_memory_mb), (0, 0));
+    assert_eq!(s.allow_domains, ["pypi.org", "github.com"]);
+    assert_eq!(s.allow_private.len(), 1);
+
     let schema = serde_json::to_value(schemars::schema_for!(ExecFile)).unwrap();
     assert!(schema["properties"]["mode"].is_object());
 }

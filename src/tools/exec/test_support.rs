@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
+use crate::tools::exec::jail::NsSupport;
 use crate::tools::exec::{ExecDeps, ExecRuntime, ExecSettings, ExecShell};
 use crate::tools::shell_policy::Approver;
 use crate::tools::{Tool, ToolContext, ToolError, Workspace};
@@ -47,6 +48,16 @@ pub(super) fn fixture_with(
     protected: impl FnOnce(&Path) -> Vec<PathBuf>,
     approver: Option<Arc<dyn Approver>>,
 ) -> Fx {
+    fixture_jailed(settings, protected, approver, None)
+}
+
+/// `fixture_with`, with the namespace support and cgroups forced when `jail` is given.
+pub(super) fn fixture_jailed(
+    settings: ExecSettings,
+    protected: impl FnOnce(&Path) -> Vec<PathBuf>,
+    approver: Option<Arc<dyn Approver>>,
+    jail: Option<(NsSupport, bool)>,
+) -> Fx {
     let root = tempfile::tempdir().unwrap();
     let outside = tempfile::tempdir().unwrap();
     let ws = root.path().join("ws");
@@ -59,8 +70,13 @@ pub(super) fn fixture_with(
         env: env_source(),
         approver,
         tmp_base: root.path().to_path_buf(),
+        proxy_socket: None,
+        proxy: None,
     };
-    let rt = Arc::new(ExecRuntime::new(settings, deps).unwrap());
+    let rt = Arc::new(match jail {
+        None => ExecRuntime::new(settings, deps).unwrap(),
+        Some((ns, cgroups)) => ExecRuntime::with_jail(settings, deps, ns, cgroups).unwrap(),
+    });
     let ctx = ToolContext {
         workspace: Arc::new(Workspace::open(&ws).unwrap()),
         session: SessionKey::parse("t:1").unwrap(),

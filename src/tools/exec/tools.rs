@@ -11,6 +11,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::ExecRuntime;
+use crate::tools::sandbox::NetworkStatus;
 use crate::tools::shell_policy::ExecMode;
 use crate::tools::{parse_args, schema_of, Effect, Tool, ToolContext, ToolError};
 
@@ -25,10 +26,14 @@ fn check_text(what: &str, s: &str) -> Result<(), ToolError> {
 
 fn describe(rt: &ExecRuntime, intro: &str, default_timeout: Duration, returns: &str) -> String {
     let s = &rt.settings;
-    let net = if rt.status.net_enforced {
-        " Network (TCP) access is disabled."
-    } else {
-        ""
+    let net = match rt.status.jail.map(|j| j.network) {
+        Some(NetworkStatus::Proxy) => {
+            " No direct network: HTTP and HTTPS work through the proxy in $HTTPS_PROXY/$HTTP_PROXY (curl, pip, git, npm use it; raw sockets, UDP, DNS lookups and programs ignoring the proxy variables do not work); private addresses are refused."
+        }
+        Some(NetworkStatus::Direct | NetworkStatus::Unisolated) => "",
+        Some(_) => " No network access.",
+        None if rt.status.net_enforced => " Network (TCP) access is disabled.",
+        None => "",
     };
     let policy = match s.mode {
         ExecMode::Denylist => "Dangerous commands (sudo, rm -rf /, curl | sh, ...) are refused.",
@@ -36,7 +41,7 @@ fn describe(rt: &ExecRuntime, intro: &str, default_timeout: Duration, returns: &
         ExecMode::Ask => "Commands may need a human's approval first.",
     };
     format!(
-        "{intro} Runs in the workspace directory with HOME set to it; writes are only possible inside the workspace and $TMPDIR, and files outside the workspace and system directories cannot be read.{net} {policy} stdin is closed: do not run interactive programs; background processes (`&`) are killed when the call returns. Non-zero exit codes are results, not errors. Timeout default {}s, max {}s; on timeout the whole process group is killed. Returns: {returns}",
+        "{intro} Runs in the workspace directory with HOME set to it; writes are only possible inside the workspace and $TMPDIR, and files outside the workspace and system directories cannot be read.{net} {policy} stdin is closed: do not run interactive programs; background processes (`&`, `setsid`, daemons) are killed when the call returns. Non-zero exit codes are results, not errors. Timeout default {}s, max {}s; on timeout the whole process group is killed. Returns: {returns}",
         default_timeout.as_secs(),
         s.max_timeout.as_secs(),
     )
