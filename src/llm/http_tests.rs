@@ -143,6 +143,7 @@ fn endpoint<'a>(http: &'a reqwest::Client, url: &'a str, timeout: Duration) -> E
         url,
         timeout,
         full_cause: true,
+        scrubber: Box::leak(Box::new(crate::types::scrub::Scrubber::default())),
     }
 }
 
