@@ -11,6 +11,7 @@ mod layering;
 mod mcp;
 mod platforms;
 mod process;
+mod scrubbing;
 mod service;
 mod subagents;
 mod tools;
