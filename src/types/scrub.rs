@@ -60,8 +60,10 @@ const TOKEN_PATTERNS: &[&str] = &[
     r"(?:AKIA|ASIA)[A-Z0-9]{16}",
     r"xox[abposr]-[A-Za-z0-9\-]{10,}",
     r"xapp-[0-9]-[A-Za-z0-9\-]{10,}",
-    // Telegram bot token: <bot id>:<35 chars>.
+    // Telegram bot token: <bot id>:<35 chars>; in API URLs it follows `/bot` (no word
+    // boundary there). A leading `\b` or literal keeps the set's scan fast on digit-heavy text.
     r"\b[0-9]{8,10}:AA[A-Za-z0-9_\-]{33}\b",
+    r"bot[0-9]{8,10}:AA[A-Za-z0-9_\-]{33}\b",
     r"AIza[0-9A-Za-z_\-]{35}",
     r"eyJ[A-Za-z0-9_\-]{10,}\.eyJ[A-Za-z0-9_\-]{10,}\.[A-Za-z0-9_\-]{10,}",
     r"-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*?(?:-----END [A-Z ]*PRIVATE KEY-----|\z)",
@@ -75,13 +77,21 @@ const KEYED_PATTERNS: &[&str] = &[
     r#"(?i)((?:authorization["']?\s*[:=]\s*["']?(?:(?:bearer|basic|token)\s+)?)|(?:bearer|basic|token)\s+)([A-Za-z0-9._~+/=\-]{8,})"#,
 ];
 
-/// Positional patterns of URLs (group 2 redacted), also applied by [`redact_url`].
-const URL_PATTERNS: &[&str] = &[
+/// Positional patterns of URLs (group 2 redacted), also applied by [`redact_url`], each with a
+/// literal every match contains (the pattern runs only on text that holds it: most tool output
+/// has no URL).
+const URL_PATTERNS: &[(&str, &str)] = &[
     // The password of a URL's userinfo: `scheme://user:PASSWORD@host` (the last `@` before the
     // path ends the userinfo: passwords are not always percent-encoded).
-    r#"(?i)(\b[a-z][a-z0-9+.\-]*://[^\s:/?#@"'<>\[\]]*:)([^\s/?#"'<>]+)@"#,
+    (
+        "://",
+        r#"(?i)(\b[a-z][a-z0-9+.\-]*://[^\s:/?#@"'<>\[\]]*:)([^\s/?#"'<>]+)@"#,
+    ),
     // URL query parameters named like a credential, with an optional `x-amz-`-style prefix.
-    r#"(?i)([?&;](?:[a-z0-9]+[_.\-])*(?:api[_\-]?key|apikey|key|token|access[_\-]?token|secret|password|passwd|pwd|sig|signature|auth|credentials?)=)([^&#\s"'<>]+)"#,
+    (
+        "=",
+        r#"(?i)([?&;](?:[a-z0-9]+[_.\-])*(?:api[_\-]?key|apikey|key|token|access[_\-]?token|secret|password|passwd|pwd|sig|signature|auth|credentials?)=)([^&#\s"'<>]+)"#,
+    ),
 ];
 
 /// Redacts secrets from text and JSON values. Cheap to clone.
@@ -105,7 +115,8 @@ struct Patterns {
     tokens: Vec<Regex>,
     any_token: Option<RegexSet>,
     keyed: Vec<Regex>,
-    url: Vec<Regex>,
+    /// [`URL_PATTERNS`], with their literals.
+    url: Vec<(&'static str, Regex)>,
 }
 
 static PATTERNS: LazyLock<Patterns> = LazyLock::new(|| Patterns {
@@ -121,7 +132,7 @@ static PATTERNS: LazyLock<Patterns> = LazyLock::new(|| Patterns {
         .collect(),
     url: URL_PATTERNS
         .iter()
-        .filter_map(|p| Regex::new(p).ok())
+        .filter_map(|(lit, p)| Some((*lit, Regex::new(p).ok()?)))
         .collect(),
 });
 
@@ -205,12 +216,12 @@ impl Scrubber {
                 }
             }
         }
-        for re in p.keyed.iter().chain(&p.url) {
+        for re in &p.keyed {
             if let Some(s) = redact_group(re, &out) {
                 out = Cow::Owned(s);
             }
         }
-        out
+        redact_url_parts(out)
     }
 
     /// Scrub every string (and object key) inside a JSON value in place.
@@ -263,13 +274,19 @@ fn map_strings(v: &mut Value, f: &dyn Fn(&str) -> Cow<'_, str>) {
 /// host, path and the other parameters are kept. For URLs shown in status, doctor, logs and
 /// errors. Works on any text holding URLs.
 pub fn redact_url(url: &str) -> Cow<'_, str> {
-    let mut out = Cow::Borrowed(url);
-    for re in &PATTERNS.url {
-        if let Some(s) = redact_group(re, &out) {
-            out = Cow::Owned(s);
+    redact_url_parts(Cow::Borrowed(url))
+}
+
+/// [`URL_PATTERNS`] applied to `text`.
+fn redact_url_parts(mut text: Cow<'_, str>) -> Cow<'_, str> {
+    for (lit, re) in &PATTERNS.url {
+        if text.contains(lit) {
+            if let Some(s) = redact_group(re, &text) {
+                text = Cow::Owned(s);
+            }
         }
     }
-    out
+    text
 }
 
 /// `text` with group 2 of every match of `re` replaced by [`REDACTED`] (unless it already is);
@@ -326,10 +343,7 @@ fn replace_in_wrapped_blocks(ac: &AhoCorasick, text: &str) -> Option<String> {
     let mut prev_long = false;
     let mut pos = 0;
     while pos < bytes.len() {
-        let nl = bytes[pos..]
-            .iter()
-            .position(|&b| b == b'\n')
-            .map_or(bytes.len(), |i| pos + i);
+        let nl = text[pos..].find('\n').map_or(bytes.len(), |i| pos + i);
         let end = if nl > pos && bytes[nl - 1] == b'\r' {
             nl - 1
         } else {
@@ -458,7 +472,8 @@ fn encoded_forms(v: &[u8]) -> Vec<String> {
     out.push(hex.to_uppercase());
     out.push(hex);
     // Percent-encoding as encoders write it: everything reserved encoded; `/` kept (Python's
-    // `quote`); `!'()*` kept (JavaScript's `encodeURIComponent`); space as `+` (forms).
+    // `quote`); `!'()*` kept (JavaScript's `encodeURIComponent`); space as `+` (forms); every
+    // byte encoded (`od | sed` one-liners, some escapers).
     for safe in [&b""[..], b"/", b"!'()*"] {
         for upper in [true, false] {
             let p = percent_encode(v, safe, upper);
@@ -468,6 +483,9 @@ fn encoded_forms(v: &[u8]) -> Vec<String> {
             out.push(p);
         }
     }
+    let all: String = v.iter().map(|b| format!("%{b:02X}")).collect();
+    out.push(all.to_lowercase());
+    out.push(all);
     // JSON string escaping (a secret with a quote, a backslash or a control character).
     if let Ok(text) = std::str::from_utf8(v) {
         if let Ok(j) = serde_json::to_string(text) {

@@ -8,7 +8,7 @@ fn every_pattern_compiles() {
     for p in TOKEN_PATTERNS
         .iter()
         .chain(KEYED_PATTERNS)
-        .chain(URL_PATTERNS)
+        .chain(URL_PATTERNS.iter().map(|(_, p)| p))
     {
         Regex::new(p).unwrap();
     }
@@ -43,6 +43,11 @@ fn known_credential_formats_are_redacted() {
             "{out}"
         );
     }
+    let url = "GET https://api.telegram.org/bot123456789:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw1/getMe failed";
+    assert_eq!(
+        s.scrub_str(url),
+        "GET https://api.telegram.org/[REDACTED]/getMe failed"
+    );
     let pem = "x\n-----BEGIN RSA PRIVATE KEY-----\nMIIEabc\ndef\n-----END RSA PRIVATE KEY-----\ny";
     let out = s.scrub_str(pem);
     assert!(!out.contains("MIIEabc"), "{out}");
@@ -200,6 +205,8 @@ fn encoded_forms_of_a_configured_secret_are_redacted() {
         "Sup3r%2FSecret%2BValue%3Fx".to_string(),
         "Sup3r%2fSecret%2bValue%3fx".to_string(),
         "Sup3r/Secret%2BValue%3Fx".to_string(),
+        SECRET.bytes().map(|b| format!("%{b:02X}")).collect(),
+        SECRET.bytes().map(|b| format!("%{b:02x}")).collect(),
     ];
     for f in &forms {
         let text = format!("value: <{f}> end");

@@ -34,14 +34,7 @@ pub fn sanitize_content(s: &str) -> String {
 ///
 /// Borrowed when nothing needed changing (the common case: one byte scan).
 pub fn sanitize_output(s: &str) -> Cow<'_, str> {
-    let bytes = s.as_bytes();
-    // Only these bytes can start something to change: C0 controls but \n and \t, DEL, and the
-    // lead bytes of U+0080–U+00BF (0xC2), U+1800–U+1FFF (0xE1), U+2000–U+2FFF (0xE2),
-    // U+F000–U+FFFF (0xEF) and U+C0000–U+FFFFF (0xF3).
-    let Some(first) = bytes.iter().position(|&b| {
-        (b < 0x20 && b != b'\n' && b != b'\t')
-            || matches!(b, 0x7f | 0xc2 | 0xe1 | 0xe2 | 0xef | 0xf3)
-    }) else {
+    let Some(first) = first_special_byte(s.as_bytes()) else {
         return Cow::Borrowed(s);
     };
     // The position is a character boundary: an ASCII byte or a lead byte.
@@ -55,7 +48,17 @@ pub fn sanitize_output(s: &str) -> Cow<'_, str> {
     // string starting there is unterminated without searching again (no quadratic time).
     let mut no_terminator_from = usize::MAX;
     let mut i = first;
-    while let Some(c) = s[i..].chars().next() {
+    loop {
+        // Ordinary text up to the next byte that may need a change, copied in one go.
+        let Some(k) = first_special_byte(&s.as_bytes()[i..]) else {
+            out.push_str(&s[i..]);
+            break;
+        };
+        out.push_str(&s[i..i + k]);
+        i += k;
+        let Some(c) = s[i..].chars().next() else {
+            break;
+        };
         let next = i + c.len_utf8();
         match c {
             '\u{1b}' => match escape_len(s, next, &mut no_terminator_from) {
@@ -83,6 +86,38 @@ pub fn sanitize_output(s: &str) -> Cow<'_, str> {
         i = next;
     }
     Cow::Owned(out)
+}
+
+/// The first byte that can start something [`sanitize_output`] changes: a C0 control but `\n`
+/// and `\t`, DEL, or the lead byte of U+0080–U+00BF (0xC2), U+1800–U+1FFF (0xE1),
+/// U+2000–U+2FFF (0xE2), U+F000–U+FFFF (0xEF) or U+C0000–U+FFFFF (0xF3). Printable ASCII is
+/// skipped eight bytes at a time (this runs on every tool result).
+fn first_special_byte(bytes: &[u8]) -> Option<usize> {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    let special = |b: u8| {
+        (b < 0x20 && b != b'\n' && b != b'\t')
+            || matches!(b, 0x7f | 0xc2 | 0xe1 | 0xe2 | 0xef | 0xf3)
+    };
+    let chunks = bytes.chunks_exact(8);
+    let tail = chunks.remainder();
+    for (n, chunk) in chunks.enumerate() {
+        let Ok(w) = <[u8; 8]>::try_from(chunk) else {
+            continue;
+        };
+        let w = u64::from_le_bytes(w);
+        // Some byte below 0x20, or at or above 0x7F (never a miss; a false alarm only costs
+        // the byte-wise look at this chunk).
+        let low = w.wrapping_sub(ONES * 0x20) & !w & HIGH;
+        let high = (w.wrapping_add(ONES) | w) & HIGH;
+        if low | high != 0 {
+            if let Some(i) = chunk.iter().position(|&b| special(b)) {
+                return Some(n * 8 + i);
+            }
+        }
+    }
+    let base = bytes.len() - tail.len();
+    tail.iter().position(|&b| special(b)).map(|i| base + i)
 }
 
 /// Invisible characters [`sanitize_output`] removes.
@@ -237,6 +272,54 @@ mod tests {
             ("line\u{2028}break", "line\nbreak"),
         ] {
             assert_eq!(sanitize_output(input), expect, "{input:?}");
+        }
+    }
+
+    #[test]
+    fn the_fast_scan_finds_every_special_byte_at_every_position() {
+        for special in [
+            "\u{7}",
+            "\u{1b}",
+            "\u{7f}",
+            "\u{85}",
+            "\u{202e}",
+            "\u{e0041}",
+            "\r",
+        ] {
+            for at in 0..20 {
+                let s = format!("{}{special}{}", "a".repeat(at), "b\n\tc".repeat(3));
+                assert_eq!(
+                    first_special_byte(s.as_bytes()),
+                    Some(at),
+                    "{special:?} at {at}"
+                );
+                assert!(matches!(sanitize_output(&s), Cow::Owned(_)), "{s:?}");
+            }
+        }
+        for at in 0..20 {
+            let s = format!("{}\n\t~ é {}", "x".repeat(at), "y".repeat(at));
+            assert_eq!(first_special_byte(s.as_bytes()), None, "{s:?}");
+        }
+    }
+
+    #[test]
+    fn random_text_comes_out_with_nothing_left_to_change() {
+        let alphabet: Vec<char> = "ab \n\t\r\u{1b}[]\\;P_^X(7M\u{7}\u{0}\u{7f}\u{9c}\u{9b}é—\u{200b}\u{200d}\u{202e}\u{2066}\u{2028}\u{e0041}\u{feff}\u{ad}"
+            .chars()
+            .collect();
+        let mut rng = fastrand::Rng::with_seed(14);
+        for _ in 0..5000 {
+            let len = rng.usize(0..40);
+            let s: String = (0..len)
+                .map(|_| alphabet[rng.usize(..alphabet.len())])
+                .collect();
+            let out = sanitize_output(&s);
+            assert!(!out.chars().any(needs_change), "{s:?} -> {out:?}");
+            // Idempotent: sanitised text is left as it is.
+            assert!(
+                matches!(sanitize_output(&out), Cow::Borrowed(_)),
+                "{s:?} -> {out:?}"
+            );
         }
     }
 
