@@ -20,7 +20,7 @@ pub fn build_model(config: &Config) -> Result<DynModel, LlmError> {
     let mut models: Vec<DynModel> = Vec::new();
     let mut retries = 3;
     // Provider errors echo request headers and URLs: every configured secret is redacted from
-    // them (docs/security.md).
+    // them (docs/tools.md, "Output handling").
     let secrets: Vec<String> = config
         .secrets
         .iter()
