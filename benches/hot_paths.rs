@@ -139,13 +139,33 @@ fn scrub_truncate(c: &mut Criterion) {
             BatchSize::SmallInput,
         );
     });
-    // What the registry does with every result: scrub, truncate, serialise.
+    // What the registry does with every result: sanitise and scrub, truncate, serialise.
     g.bench_function("scrub_truncate_serialise_64k", |b| {
         b.iter_batched(
             || v64.clone(),
             |mut v| {
-                scrubber.scrub_value(&mut v);
+                scrubber.clean_value(&mut v);
                 serde_json::to_string(&truncate_result(v, MAX_TOOL_RESULT_BYTES)).unwrap()
+            },
+            BatchSize::SmallInput,
+        );
+    });
+    // Coloured output (every line has ANSI escapes): the sanitiser rewrites the whole text.
+    let ansi = {
+        let mut v = v64.clone();
+        let text = v["content"]
+            .as_str()
+            .unwrap_or_default()
+            .replace(" INFO ", " \u{1b}[32mINFO\u{1b}[0m ");
+        v["content"] = json!(text);
+        v
+    };
+    g.bench_function("clean_64k_ansi", |b| {
+        b.iter_batched(
+            || ansi.clone(),
+            |mut v| {
+                scrubber.clean_value(&mut v);
+                v
             },
             BatchSize::SmallInput,
         );

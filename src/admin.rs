@@ -30,7 +30,7 @@ pub fn status_json(config: &Config, store: &Store, live: Option<&[SessionStatus]
         },
         "providers": config.providers.iter().map(|p| json!({
             "name": p.name,
-            "base_url": p.base_url,
+            "base_url": crate::types::scrub::redact_url(&p.base_url),
             "model": p.model,
             "api_key": p.api_key.is_some(),
         })).collect::<Vec<_>>(),
@@ -219,7 +219,7 @@ impl clawft_channel_http::Admin for AdminApi {
             "channels": crate::daemon::channel_states(r.channels()).await,
             "providers": self.config.providers.iter().map(|p| json!({
                 "name": p.name,
-                "base_url": p.base_url,
+                "base_url": crate::types::scrub::redact_url(&p.base_url),
                 "model": p.model,
             })).collect::<Vec<_>>(),
             "mcp_servers": mcp_json(r.mcp().as_deref()),

@@ -12,7 +12,8 @@
 //! By layer, from the bottom up; a module imports only from layers below it
 //! (`docs/architecture.md`, checked by `tests/it/layering.rs`).
 //! - [`types`]: leaf types: [`types::SessionKey`], [`types::Secret`], [`types::SettingError`],
-//!   text sanitising. [`metrics`], [`telemetry`], [`notify`]: process-wide facilities.
+//!   text sanitising, credential scrubbing ([`types::scrub::Scrubber`]). [`metrics`],
+//!   [`telemetry`], [`notify`]: process-wide facilities.
 //! - [`llm`]: providers behind [`llm::ChatModel`]. [`net`]: the SSRF guard ([`net::ssrf`]) of
 //!   `web_fetch` and MCP URL servers.
 //! - [`store`]: sled transcripts, inbound journal, outbox.

@@ -160,8 +160,8 @@ async fn providers(config: &Config, client: &reqwest::Client) -> Vec<Finding> {
                 ),
             ));
         }
-        let base = p.base_url.trim_end_matches('/');
-        let mut req = client.get(format!("{base}/models"));
+        let base = crate::types::scrub::redact_url(p.base_url.trim_end_matches('/'));
+        let mut req = client.get(crate::llm::http::join_url(&p.base_url, "/models"));
         if let Some(k) = &p.api_key {
             req = match p.kind {
                 ProviderKind::Anthropic => req
@@ -409,6 +409,19 @@ pub async fn check(config: &Config) -> Result<Vec<Finding>, CliError> {
         ok("sandbox", st.summary())
     });
     out.extend(store_and_bind(config).await);
+    // Findings quote URLs, server answers and transport errors: none may show a secret.
+    let scrubber = crate::types::scrub::Scrubber::new(
+        config
+            .secrets
+            .iter()
+            .map(|s| s.expose().to_string())
+            .collect(),
+    );
+    for f in &mut out {
+        if let std::borrow::Cow::Owned(d) = scrubber.scrub_str(&f.detail) {
+            f.detail = d;
+        }
+    }
     Ok(out)
 }
 

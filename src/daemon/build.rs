@@ -22,25 +22,38 @@ use crate::tools::{exec, fs, message, ratelimit, registry, shell_policy, web, To
 pub fn build_model(config: &Config) -> Result<DynModel, LlmError> {
     let mut models: Vec<DynModel> = Vec::new();
     let mut retries = 3;
+    // Provider errors echo request headers and URLs: every configured secret is redacted from
+    // them (docs/tools.md, "Output handling").
+    let secrets: Vec<String> = config
+        .secrets
+        .iter()
+        .map(|s| s.expose().to_string())
+        .collect();
     for p in &config.providers {
         retries = p.max_retries;
         let m: DynModel = match p.kind {
-            ProviderKind::OpenAi => Arc::new(OpenAiCompat::new(OpenAiConfig {
-                name: p.name.clone(),
-                base_url: p.base_url.clone(),
-                api_key: p.api_key.as_ref().map(|s| s.expose().to_string()),
-                model: p.model.clone(),
-                timeout: p.timeout,
-                extra_headers: p.headers.clone(),
-            })?),
-            ProviderKind::Anthropic => Arc::new(Anthropic::new(AnthropicConfig {
-                name: p.name.clone(),
-                base_url: p.base_url.clone(),
-                api_key: p.api_key.as_ref().map(|s| s.expose().to_string()),
-                model: p.model.clone(),
-                timeout: p.timeout,
-                max_tokens: config.agent.max_tokens.unwrap_or(4096),
-            })?),
+            ProviderKind::OpenAi => Arc::new(
+                OpenAiCompat::new(OpenAiConfig {
+                    name: p.name.clone(),
+                    base_url: p.base_url.clone(),
+                    api_key: p.api_key.as_ref().map(|s| s.expose().to_string()),
+                    model: p.model.clone(),
+                    timeout: p.timeout,
+                    extra_headers: p.headers.clone(),
+                })?
+                .with_secrets(secrets.clone()),
+            ),
+            ProviderKind::Anthropic => Arc::new(
+                Anthropic::new(AnthropicConfig {
+                    name: p.name.clone(),
+                    base_url: p.base_url.clone(),
+                    api_key: p.api_key.as_ref().map(|s| s.expose().to_string()),
+                    model: p.model.clone(),
+                    timeout: p.timeout,
+                    max_tokens: config.agent.max_tokens.unwrap_or(4096),
+                })?
+                .with_secrets(secrets.clone()),
+            ),
         };
         models.push(m);
     }
@@ -56,7 +69,10 @@ pub fn connect_hint(config: &Config) -> Option<String> {
     match &config.provider_source {
         ProviderSource::LocalDefault => Some(format!(
             "No LLM provider is configured and nothing answered at {} (Ollama's default). Set OPENAI_API_KEY (and OPENAI_BASE_URL for another OpenAI-compatible server), ANTHROPIC_API_KEY or OPENROUTER_API_KEY, or add providers.<name> to {}",
-            config.providers.first().map_or("", |p| p.base_url.as_str()),
+            config
+                .providers
+                .first()
+                .map_or(Default::default(), |p| crate::types::scrub::redact_url(&p.base_url)),
             config
                 .path
                 .as_ref()

@@ -8,10 +8,11 @@ use async_trait::async_trait;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
-use super::http::{http_client, Endpoint};
+use super::http::{http_client, join_url, Endpoint};
 use super::{
     ChatModel, ChatRequest, ChatResponse, LlmError, Message, Role, StreamEvent, ToolCall, Usage,
 };
+use crate::types::scrub::Scrubber;
 
 /// API version header value.
 const ANTHROPIC_VERSION: &str = "2023-06-01";
@@ -40,6 +41,9 @@ pub struct Anthropic {
     http: reqwest::Client,
     /// The serialised `tools` array, reused while the tool list is unchanged.
     tools_json: super::openai::ToolsJsonCache,
+    /// Redacts the key (and any configured secret, [`Anthropic::with_secrets`]) from the errors
+    /// this provider returns.
+    scrubber: Scrubber,
 }
 
 impl Anthropic {
@@ -49,18 +53,29 @@ impl Anthropic {
     /// The HTTP client cannot be built.
     pub fn new(cfg: AnthropicConfig) -> Result<Self, LlmError> {
         let http = http_client(&cfg.name, cfg.timeout)?;
-        let base = cfg.base_url.trim_end_matches('/');
-        let url = if base.ends_with("/v1") {
-            format!("{base}/messages")
+        let path = cfg.base_url.split(['?', '#']).next().unwrap_or_default();
+        let url = if path.trim_end_matches('/').ends_with("/v1") {
+            join_url(&cfg.base_url, "/messages")
         } else {
-            format!("{base}/v1/messages")
+            join_url(&cfg.base_url, "/v1/messages")
         };
+        let scrubber = Scrubber::new(cfg.api_key.iter().cloned().collect());
         Ok(Self {
             cfg,
             url,
             http,
             tools_json: super::openai::ToolsJsonCache::default(),
+            scrubber,
         })
+    }
+
+    /// Redact these secrets too (the daemon passes every configured secret) from the errors
+    /// this provider returns, on top of its own key.
+    #[must_use]
+    pub fn with_secrets(mut self, mut secrets: Vec<String>) -> Self {
+        secrets.extend(self.cfg.api_key.iter().cloned());
+        self.scrubber = Scrubber::new(secrets);
+        self
     }
 
     /// [`build_body`] serialised, the tools array from the cache instead of rebuilt.
@@ -89,6 +104,7 @@ impl Anthropic {
             url: &self.url,
             timeout: self.cfg.timeout,
             full_cause: false,
+            scrubber: &self.scrubber,
         }
     }
 
@@ -358,15 +374,21 @@ impl ChatModel for Anthropic {
         req: &ChatRequest,
         stream: Option<&mpsc::Sender<StreamEvent>>,
     ) -> Result<ChatResponse, LlmError> {
-        if let Some(tx) = stream {
-            return self.complete_stream(req, tx).await;
-        }
-        let resp = self.send(self.body(req, false)).await?;
-        let v: Value = resp
-            .json()
-            .await
-            .map_err(|e| self.invalid(format!("not JSON: {e}")))?;
-        parse_message(&v).ok_or_else(|| self.invalid("no content blocks"))
+        let r = match stream {
+            Some(tx) => self.complete_stream(req, tx).await,
+            None => {
+                async {
+                    let resp = self.send(self.body(req, false)).await?;
+                    let v: Value = resp
+                        .json()
+                        .await
+                        .map_err(|e| self.invalid(format!("not JSON: {e}")))?;
+                    parse_message(&v).ok_or_else(|| self.invalid("no content blocks"))
+                }
+                .await
+            }
+        };
+        r.map_err(|e| e.scrubbed(&self.scrubber))
     }
 }
 

@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use crate::types::scrub::Scrubber;
+
 /// Why a completion failed.
 #[derive(Debug, thiserror::Error)]
 pub enum LlmError {
@@ -127,6 +129,65 @@ impl LlmError {
             LlmError::Timeout { .. } => "timeout",
             LlmError::InvalidResponse { .. } => "invalid_response",
             LlmError::Cancelled => "cancelled",
+        }
+    }
+
+    /// This error with the secrets of `s` (the configured values and their encodings, header
+    /// echoes such as `Authorization: Bearer …`, URL passwords and `?key=` parameters) redacted
+    /// from every text it carries: response bodies, URLs and transport details reach users
+    /// (the turn's failure reply), the store and the logs.
+    #[must_use]
+    pub fn scrubbed(self, s: &Scrubber) -> Self {
+        let clean = |t: String| match s.scrub_str(&t) {
+            std::borrow::Cow::Borrowed(_) => t,
+            std::borrow::Cow::Owned(o) => o,
+        };
+        match self {
+            LlmError::Server {
+                provider,
+                status,
+                body,
+                retry_after,
+            } => LlmError::Server {
+                provider,
+                status,
+                body: clean(body),
+                retry_after,
+            },
+            LlmError::Auth {
+                provider,
+                status,
+                body,
+            } => LlmError::Auth {
+                provider,
+                status,
+                body: clean(body),
+            },
+            LlmError::BadRequest {
+                provider,
+                status,
+                body,
+            } => LlmError::BadRequest {
+                provider,
+                status,
+                body: clean(body),
+            },
+            LlmError::Connect {
+                provider,
+                url,
+                detail,
+            } => LlmError::Connect {
+                provider,
+                url: clean(url),
+                detail: clean(detail),
+            },
+            LlmError::InvalidResponse { provider, detail } => LlmError::InvalidResponse {
+                provider,
+                detail: clean(detail),
+            },
+            e @ (LlmError::RateLimited { .. } | LlmError::Timeout { .. } | LlmError::Cancelled) => {
+                e
+            }
         }
     }
 

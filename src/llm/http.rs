@@ -17,6 +17,7 @@ use futures::{Stream, StreamExt};
 
 use super::error::parse_retry_after;
 use super::LlmError;
+use crate::types::scrub::Scrubber;
 
 /// Build the shared HTTP client of a provider (rustls; proxies from the environment stay
 /// enabled: providers may legitimately sit behind one).
@@ -51,6 +52,9 @@ pub(crate) struct Endpoint<'a> {
     /// only reqwest's top-level message (Anthropic). Kept as each provider reported it: the
     /// text reaches users in the turn's failure reply.
     pub full_cause: bool,
+    /// Applied to an error response's body before it is cut to its first bytes (a key echoed
+    /// across the cut would otherwise leave its first characters behind).
+    pub scrubber: &'a Scrubber,
 }
 
 impl<'a> Endpoint<'a> {
@@ -87,7 +91,7 @@ impl<'a> Endpoint<'a> {
         Err(LlmError::from_status(
             self.provider,
             status.as_u16(),
-            &text,
+            &self.scrubber.scrub_str(&text),
             retry_after,
         ))
     }
@@ -130,6 +134,14 @@ impl<'a> Endpoint<'a> {
             endpoint: self,
         }
     }
+}
+
+/// `base` (a provider's `base_url`) with `path` appended to its path, the query and fragment
+/// kept after it: `https://x/v1?key=K` and `/chat/completions` make
+/// `https://x/v1/chat/completions?key=K`.
+pub(crate) fn join_url(base: &str, path: &str) -> String {
+    let (head, tail) = base.split_at(base.find(['?', '#']).unwrap_or(base.len()));
+    format!("{}{path}{tail}", head.trim_end_matches('/'))
 }
 
 /// `e` and its sources, `: `-separated (reqwest's own message omits the cause).

@@ -143,6 +143,7 @@ fn endpoint<'a>(http: &'a reqwest::Client, url: &'a str, timeout: Duration) -> E
         url,
         timeout,
         full_cause: true,
+        scrubber: Box::leak(Box::new(crate::types::scrub::Scrubber::default())),
     }
 }
 
@@ -217,4 +218,52 @@ async fn connection_refused_is_a_connect_error_with_its_cause() {
         full.starts_with(&detail) && full.len() > detail.len(),
         "{full} / {detail}"
     );
+}
+
+#[test]
+fn join_url_keeps_the_query_after_the_path() {
+    for (base, path, want) in [
+        (
+            "https://api.openai.com/v1",
+            "/chat/completions",
+            "https://api.openai.com/v1/chat/completions",
+        ),
+        ("http://h/v1/", "/models", "http://h/v1/models"),
+        (
+            "https://x/v1?key=K&a=b",
+            "/chat/completions",
+            "https://x/v1/chat/completions?key=K&a=b",
+        ),
+        (
+            "https://x/v1/?key=K#f",
+            "/messages",
+            "https://x/v1/messages?key=K#f",
+        ),
+    ] {
+        assert_eq!(join_url(base, path), want, "{base}");
+    }
+}
+
+#[tokio::test]
+async fn an_error_body_is_scrubbed_before_it_is_cut() {
+    const KEY: &str = "my-provider-key-0123456789";
+    // The key straddles the 500-character cut of the stored body.
+    let body = format!("{}{KEY} trailing", "x".repeat(490));
+    let url = serve(move || {
+        axum::response::Response::builder()
+            .status(401)
+            .body(axum::body::Body::from(body.clone()))
+            .unwrap()
+    })
+    .await;
+    let http = http_client("p", Duration::from_secs(5)).unwrap();
+    let scrubber = crate::types::scrub::Scrubber::new(vec![KEY.into()]);
+    let ep = Endpoint {
+        scrubber: &scrubber,
+        ..endpoint(&http, &url, Duration::from_secs(5))
+    };
+    let err = ep.send(ep.post(b"{}".to_vec())).await.unwrap_err();
+    let text = err.to_string();
+    assert!(text.contains("[REDACTED]"), "{text}");
+    assert!(!text.contains("my-prov"), "{text}");
 }

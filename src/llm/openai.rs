@@ -9,11 +9,12 @@ use async_trait::async_trait;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
-use super::http::{http_client, Endpoint};
+use super::http::{http_client, join_url, Endpoint};
 use super::{
     ChatModel, ChatRequest, ChatResponse, LlmError, Message, Role, StreamEvent, ToolCall, ToolSpec,
     Usage,
 };
+use crate::types::scrub::Scrubber;
 
 /// Settings of one OpenAI-compatible provider.
 #[derive(Clone, Debug)]
@@ -40,6 +41,9 @@ pub struct OpenAiCompat {
     /// The serialised `tools` array of the last request and the specs it was made from: the
     /// tool list rarely changes between requests, so it is serialised once, not per request.
     tools_json: ToolsJsonCache,
+    /// Redacts the key (and any configured secret, [`OpenAiCompat::with_secrets`]) from the
+    /// errors this provider returns.
+    scrubber: Scrubber,
 }
 
 /// Serialised tool lists, reused while the specs are equal (compared, not hashed).
@@ -85,13 +89,23 @@ impl OpenAiCompat {
     /// The HTTP client cannot be built.
     pub fn new(cfg: OpenAiConfig) -> Result<Self, LlmError> {
         let http = http_client(&cfg.name, cfg.timeout)?;
-        let url = format!("{}/chat/completions", cfg.base_url.trim_end_matches('/'));
+        let url = join_url(&cfg.base_url, "/chat/completions");
+        let scrubber = Scrubber::new(own_secrets(&cfg, Vec::new()));
         Ok(Self {
             cfg,
             url,
             http,
             tools_json: ToolsJsonCache::default(),
+            scrubber,
         })
+    }
+
+    /// Redact these secrets too (the daemon passes every configured secret) from the errors
+    /// this provider returns, on top of its own key and header values.
+    #[must_use]
+    pub fn with_secrets(mut self, secrets: Vec<String>) -> Self {
+        self.scrubber = Scrubber::new(own_secrets(&self.cfg, secrets));
+        self
     }
 
     /// The request body: the transcript serialised straight from the messages (no JSON tree
@@ -156,6 +170,7 @@ impl OpenAiCompat {
             url: &self.url,
             timeout: self.cfg.timeout,
             full_cause: true,
+            scrubber: &self.scrubber,
         }
     }
 
@@ -426,6 +441,13 @@ impl StreamAcc {
     }
 }
 
+/// The key and the extra header values of `cfg` (headers often carry credentials), plus `more`.
+fn own_secrets(cfg: &OpenAiConfig, mut more: Vec<String>) -> Vec<String> {
+    more.extend(cfg.api_key.iter().cloned());
+    more.extend(cfg.extra_headers.iter().map(|(_, v)| v.clone()));
+    more
+}
+
 #[async_trait]
 impl ChatModel for OpenAiCompat {
     fn name(&self) -> &str {
@@ -437,9 +459,17 @@ impl ChatModel for OpenAiCompat {
         req: &ChatRequest,
         stream: Option<&mpsc::Sender<StreamEvent>>,
     ) -> Result<ChatResponse, LlmError> {
-        if let Some(tx) = stream {
-            return self.complete_stream(req, tx).await;
-        }
+        let r = match stream {
+            Some(tx) => self.complete_stream(req, tx).await,
+            None => self.complete_once(req).await,
+        };
+        r.map_err(|e| e.scrubbed(&self.scrubber))
+    }
+}
+
+impl OpenAiCompat {
+    /// One non-streaming completion.
+    async fn complete_once(&self, req: &ChatRequest) -> Result<ChatResponse, LlmError> {
         let resp = self.send(self.body(req, false)).await?;
         let bytes = resp
             .bytes()

@@ -1,6 +1,8 @@
 //! The [`ToolRegistry`]: name → tool, schemas sorted by name, and `dispatch`, which parses the
 //! model's argument text, applies the policy and the rate limit, runs the tool with a timeout,
-//! scrubs secrets and truncates the result.
+//! sanitises (terminal escapes, controls, invisible characters), scrubs secrets and truncates
+//! the result. This is the one place tool output is made safe: the model, the store, the logs
+//! and the chats all see the same text.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -20,7 +22,7 @@ use crate::llm::ToolSpec;
 /// e.g. `use_skill`'s `allowed_tools`) and serialised once, into the tool message.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ToolOutcome {
-    /// The result or `{"error", "error_code"}`, scrubbed and truncated.
+    /// The result or `{"error", "error_code"}`, sanitised, scrubbed and truncated.
     pub value: Value,
     /// The error, if the call failed.
     pub error: Option<ToolError>,
@@ -328,8 +330,9 @@ impl ToolRegistry {
         );
         match result {
             Ok(mut v) => {
-                // Scrub before truncating: a key cut at the boundary is still caught.
-                self.scrubber.scrub_value(&mut v);
+                // Sanitise and scrub before truncating: a key cut at the boundary is still
+                // caught.
+                self.scrubber.clean_value(&mut v);
                 let v = truncate_result(v, MAX_TOOL_RESULT_BYTES);
                 tracing::debug!("tool succeeded");
                 ToolOutcome {
@@ -340,7 +343,7 @@ impl ToolRegistry {
             Err(e) => {
                 tracing::info!(error_code = e.code(), "tool failed");
                 let mut v = e.to_json();
-                self.scrubber.scrub_value(&mut v);
+                self.scrubber.clean_value(&mut v);
                 ToolOutcome {
                     value: v,
                     error: Some(e),

@@ -231,8 +231,12 @@ async fn run_turn_inner(
                 return out;
             }
             Err(e) => {
-                tracing::warn!(error = %e, kind = e.kind(), "llm call failed");
-                let mut text = format!("The model provider failed: {e}");
+                // The providers scrub their errors; the registry's scrubber (whose secrets follow
+                // config reloads) goes over the text once more before users, the store and the
+                // logs see it.
+                let shown = registry.scrubber().scrub_str(&e.to_string()).into_owned();
+                tracing::warn!(error = %shown, kind = e.kind(), "llm call failed");
+                let mut text = format!("The model provider failed: {shown}");
                 if let (LlmError::Connect { .. }, Some(h)) = (&e, &deps.connect_hint) {
                     text.push_str(". ");
                     text.push_str(h);
@@ -349,6 +353,7 @@ async fn run_turn_inner(
             tools = registry.schemas_for_tools(&exposed).into();
         }
         if let Some(m) = fatal {
+            let m = registry.scrubber().scrub_str(&m).into_owned();
             out.status = TurnStatus::Failed(m.clone());
             out.reply = format!("A tool failed fatally: {m}");
             return out;

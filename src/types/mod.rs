@@ -1,6 +1,8 @@
 //! Leaf types shared by every layer: ids ([`SessionKey`]), [`Secret`], [`SettingError`], text
-//! sanitising. This module imports nothing from the crate (see `docs/architecture.md`, layer 0).
+//! sanitising, credential scrubbing ([`scrub::Scrubber`]). This module imports nothing from the
+//! crate (see `docs/architecture.md`, layer 0).
 
+pub mod scrub;
 pub mod secret;
 pub mod session_key;
 pub mod setting;
@@ -9,4 +11,4 @@ pub mod text;
 pub use secret::Secret;
 pub use session_key::{InvalidSessionKey, SessionKey, MAX_SESSION_KEY_BYTES};
 pub use setting::SettingError;
-pub use text::sanitize_content;
+pub use text::{sanitize_content, sanitize_output};

@@ -14,6 +14,7 @@ mod layering;
 mod mcp;
 mod platforms;
 mod process;
+mod scrubbing;
 mod service;
 mod subagents;
 mod tools;
