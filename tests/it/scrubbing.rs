@@ -452,7 +452,7 @@ impl TracedGateway {
             .stderr(file)
             .spawn()
             .unwrap();
-        let g = Self {
+        let mut g = Self {
             child,
             api: Api::new(&format!("http://127.0.0.1:{port}")),
             log,
@@ -460,7 +460,9 @@ impl TracedGateway {
         let deadline = std::time::Instant::now() + T;
         loop {
             let (s, _) = g.get_raw("/readyz").await;
-            if s == 200 {
+            // Ready, and its control token written (the admin and chat routes need it).
+            if let (200, Some(token)) = (s, crate::process::control_token(cfg)) {
+                g.api = Api::with_token(&format!("http://127.0.0.1:{port}"), Some(&token));
                 return g;
             }
             assert!(
