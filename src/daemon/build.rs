@@ -14,6 +14,7 @@ use crate::net::proxy::{EgressProxy, ProxyPolicy};
 use crate::net::ssrf::SsrfPolicy;
 use crate::tools::protected::ProtectedPaths;
 use crate::tools::{exec, fs, message, ratelimit, registry, shell_policy, web, ToolRegistry};
+use crate::types::scrub::Scrubber;
 
 /// Build the model chain (retries per provider, then failover in order).
 ///
@@ -22,13 +23,19 @@ use crate::tools::{exec, fs, message, ratelimit, registry, shell_policy, web, To
 pub fn build_model(config: &Config) -> Result<DynModel, LlmError> {
     let mut models: Vec<DynModel> = Vec::new();
     let mut retries = 3;
-    // Provider errors echo request headers and URLs: every configured secret is redacted from
-    // them (docs/tools.md, "Output handling").
-    let secrets: Vec<String> = config
+    // Provider errors echo request headers and URLs: every configured secret, and every
+    // provider's key and header values, is redacted from them (docs/tools.md, "Output
+    // handling"). One scrubber, built once, serves every provider.
+    let mut secrets: Vec<String> = config
         .secrets
         .iter()
         .map(|s| s.expose().to_string())
         .collect();
+    for p in &config.providers {
+        secrets.extend(p.api_key.as_ref().map(|k| k.expose().to_string()));
+        secrets.extend(p.headers.iter().map(|(_, v)| v.clone()));
+    }
+    let scrubber = Scrubber::new(secrets);
     for p in &config.providers {
         retries = p.max_retries;
         let m: DynModel = match p.kind {
@@ -41,7 +48,7 @@ pub fn build_model(config: &Config) -> Result<DynModel, LlmError> {
                     timeout: p.timeout,
                     extra_headers: p.headers.clone(),
                 })?
-                .with_secrets(secrets.clone()),
+                .with_scrubber(scrubber.clone()),
             ),
             ProviderKind::Anthropic => Arc::new(
                 Anthropic::new(AnthropicConfig {
@@ -52,7 +59,7 @@ pub fn build_model(config: &Config) -> Result<DynModel, LlmError> {
                     timeout: p.timeout,
                     max_tokens: config.agent.max_tokens.unwrap_or(4096),
                 })?
-                .with_secrets(secrets.clone()),
+                .with_scrubber(scrubber.clone()),
             ),
         };
         models.push(m);

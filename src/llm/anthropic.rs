@@ -69,12 +69,11 @@ impl Anthropic {
         })
     }
 
-    /// Redact these secrets too (the daemon passes every configured secret) from the errors
-    /// this provider returns, on top of its own key.
+    /// Redact with `scrubber` instead (the daemon builds one for every provider, from every
+    /// configured secret and each provider's key, which it must include).
     #[must_use]
-    pub fn with_secrets(mut self, mut secrets: Vec<String>) -> Self {
-        secrets.extend(self.cfg.api_key.iter().cloned());
-        self.scrubber = Scrubber::new(secrets);
+    pub fn with_scrubber(mut self, scrubber: Scrubber) -> Self {
+        self.scrubber = scrubber;
         self
     }
 

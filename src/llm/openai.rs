@@ -90,7 +90,13 @@ impl OpenAiCompat {
     pub fn new(cfg: OpenAiConfig) -> Result<Self, LlmError> {
         let http = http_client(&cfg.name, cfg.timeout)?;
         let url = join_url(&cfg.base_url, "/chat/completions");
-        let scrubber = Scrubber::new(own_secrets(&cfg, Vec::new()));
+        let scrubber = Scrubber::new(
+            cfg.api_key
+                .iter()
+                .cloned()
+                .chain(cfg.extra_headers.iter().map(|(_, v)| v.clone()))
+                .collect(),
+        );
         Ok(Self {
             cfg,
             url,
@@ -100,11 +106,11 @@ impl OpenAiCompat {
         })
     }
 
-    /// Redact these secrets too (the daemon passes every configured secret) from the errors
-    /// this provider returns, on top of its own key and header values.
+    /// Redact with `scrubber` instead (the daemon builds one for every provider, from every
+    /// configured secret and each provider's key and header values, which it must include).
     #[must_use]
-    pub fn with_secrets(mut self, secrets: Vec<String>) -> Self {
-        self.scrubber = Scrubber::new(own_secrets(&self.cfg, secrets));
+    pub fn with_scrubber(mut self, scrubber: Scrubber) -> Self {
+        self.scrubber = scrubber;
         self
     }
 
@@ -442,11 +448,6 @@ impl StreamAcc {
 }
 
 /// The key and the extra header values of `cfg` (headers often carry credentials), plus `more`.
-fn own_secrets(cfg: &OpenAiConfig, mut more: Vec<String>) -> Vec<String> {
-    more.extend(cfg.api_key.iter().cloned());
-    more.extend(cfg.extra_headers.iter().map(|(_, v)| v.clone()));
-    more
-}
 
 #[async_trait]
 impl ChatModel for OpenAiCompat {

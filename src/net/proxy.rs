@@ -103,32 +103,17 @@ impl EgressProxy {
     /// # Errors
     /// The directory or the socket cannot be created.
     pub fn start_private(base: &Path, policy: ProxyPolicy) -> io::Result<Self> {
-        use std::os::unix::fs::DirBuilderExt;
-        let mut last = None;
-        for _ in 0..16 {
-            let dir = base.join(format!(
-                "clawft-egress-{}-{:016x}",
-                std::process::id(),
-                fastrand::u64(..)
-            ));
-            match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
-                Ok(()) => {
-                    return match Self::start_with(&dir.join("egress.sock"), policy, None) {
-                        Ok(mut p) => {
-                            p.dir = Some(dir);
-                            Ok(p)
-                        }
-                        Err(e) => {
-                            let _ = std::fs::remove_dir(&dir);
-                            Err(e)
-                        }
-                    };
-                }
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => last = Some(e),
-                Err(e) => return Err(e),
+        let dir = crate::types::private_dir::create(base, "clawft-egress")?;
+        match Self::start_with(&dir.join("egress.sock"), policy, None) {
+            Ok(mut p) => {
+                p.dir = Some(dir);
+                Ok(p)
+            }
+            Err(e) => {
+                let _ = std::fs::remove_dir(&dir);
+                Err(e)
             }
         }
-        Err(last.unwrap_or_else(|| io::Error::other("no free directory name")))
     }
 
     fn start_with(

@@ -62,11 +62,9 @@
 //! - The private temp dir is shared by all sessions of one daemon.
 
 use std::ffi::OsString;
-use std::fs::DirBuilder;
 use std::io;
 use std::os::fd::{OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::DirBuilderExt;
 use std::path::{Component, Path, PathBuf};
 use std::sync::OnceLock;
 
@@ -545,20 +543,7 @@ impl PrivateTmp {
     /// # Errors
     /// The directory cannot be created.
     pub fn create_in(base: &Path) -> io::Result<Self> {
-        let mut last = None;
-        for _ in 0..16 {
-            let path = base.join(format!(
-                "clawft-exec-{}-{:016x}",
-                std::process::id(),
-                fastrand::u64(..)
-            ));
-            match DirBuilder::new().mode(0o700).create(&path) {
-                Ok(()) => return Ok(Self { path }),
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => last = Some(e),
-                Err(e) => return Err(e),
-            }
-        }
-        Err(last.unwrap_or_else(|| io::Error::other("no free temp dir name")))
+        crate::types::private_dir::create(base, "clawft-exec").map(|path| Self { path })
     }
 
     /// Its path.

@@ -171,3 +171,22 @@ pub fn tool_results(req: &Value) -> Vec<(String, Value)> {
         })
         .collect()
 }
+
+/// Every byte of the files under `dir` (e.g. the sled store, read after the gateway stopped),
+/// as text, so a test can assert that a secret's bytes are absent.
+pub fn bytes_under(dir: &Path) -> String {
+    let mut all = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(p) = stack.pop() {
+        for e in std::fs::read_dir(&p).unwrap() {
+            let e = e.unwrap();
+            if e.file_type().unwrap().is_dir() {
+                stack.push(e.path());
+            } else {
+                all.extend(std::fs::read(e.path()).unwrap());
+            }
+        }
+    }
+    assert!(!all.is_empty(), "nothing under {}", dir.display());
+    String::from_utf8_lossy(&all).into_owned()
+}

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use crate::common::{config, wait_until, TestGateway};
+use crate::common::{bytes_under, config, wait_until, TestGateway};
 use crate::fake_llm::{FakeLlm, Reply};
 
 const T: Duration = Duration::from_secs(30);
@@ -26,24 +26,6 @@ fn big_text(bytes: usize) -> String {
     s
 }
 
-/// Every byte of the store directory (read after the gateway stopped).
-fn store_bytes(dir: &Path) -> String {
-    let mut disk = Vec::new();
-    let mut stack = vec![dir.join("store")];
-    while let Some(p) = stack.pop() {
-        for e in std::fs::read_dir(&p).unwrap() {
-            let e = e.unwrap();
-            if e.file_type().unwrap().is_dir() {
-                stack.push(e.path());
-            } else {
-                disk.extend(std::fs::read(e.path()).unwrap());
-            }
-        }
-    }
-    assert!(!disk.is_empty());
-    String::from_utf8_lossy(&disk).into_owned()
-}
-
 /// The model saw the normal message only, the oversized one never; the store holds none of it.
 fn assert_never_seen(llm: &FakeLlm, dir: &Path) {
     let reqs = llm.requests();
@@ -54,7 +36,7 @@ fn assert_never_seen(llm: &FakeLlm, dir: &Path) {
         "the oversized text reached the model"
     );
     assert!(sent.contains("hello again"));
-    let disk = store_bytes(dir);
+    let disk = bytes_under(&dir.join("store"));
     assert!(
         disk.contains("hello again"),
         "the store is readable in clear"

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use crate::common::{config, config_value, tool_results, Api, TestGateway};
+use crate::common::{bytes_under, config, config_value, tool_results, Api, TestGateway};
 use crate::fake_llm::{FakeLlm, Reply};
 use crate::process::{weft, write_config};
 
@@ -28,24 +28,6 @@ fn calls(v: &[(&str, &str, String)]) -> Reply {
 
 fn exec(cmd: &str) -> String {
     json!({ "command": cmd }).to_string()
-}
-
-/// Every byte of the files under `dir` (the sled store), as text.
-fn bytes_under(dir: &Path) -> String {
-    let mut all = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(p) = stack.pop() {
-        for e in std::fs::read_dir(&p).unwrap() {
-            let e = e.unwrap();
-            if e.file_type().unwrap().is_dir() {
-                stack.push(e.path());
-            } else {
-                all.extend(std::fs::read(e.path()).unwrap());
-            }
-        }
-    }
-    assert!(!all.is_empty(), "nothing under {}", dir.display());
-    String::from_utf8_lossy(&all).into_owned()
 }
 
 fn b64_value(c: u8) -> Option<u32> {

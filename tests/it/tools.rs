@@ -179,21 +179,7 @@ async fn planted_keys_never_reach_the_model_the_store_or_the_channel() {
     let (_, stored) = gw.api.get("/v1/sessions/http:leak").await;
     gw.stop().await;
     // Every byte of the store on disk.
-    let mut disk = Vec::new();
-    let store = dir.path().join("store");
-    let mut stack = vec![store];
-    while let Some(p) = stack.pop() {
-        for e in std::fs::read_dir(&p).unwrap() {
-            let e = e.unwrap();
-            if e.file_type().unwrap().is_dir() {
-                stack.push(e.path());
-            } else {
-                disk.extend(std::fs::read(e.path()).unwrap());
-            }
-        }
-    }
-    assert!(!disk.is_empty());
-    let disk = String::from_utf8_lossy(&disk);
+    let disk = crate::common::bytes_under(&dir.path().join("store"));
     // The transcript is on disk in clear: the check below can see keys if they were stored.
     assert!(disk.contains("github: [REDACTED]"));
     for key in PLANTED {

@@ -185,6 +185,11 @@ pub fn sandbox_status(settings: &ExecSettings) -> SandboxStatus {
     let kernel = sandbox::probe();
     let ns = jail::probe();
     let limits = cgroup::probe(settings.max_processes, settings.max_memory_mb);
+    enforced(settings, kernel, jail_status(settings, ns, limits, true))
+}
+
+/// What is enforced for `settings`, given what the kernel supports and the jail's status.
+fn enforced(settings: &ExecSettings, kernel: SandboxStatus, jail: JailStatus) -> SandboxStatus {
     SandboxStatus {
         landlock_abi: kernel.landlock_abi,
         fs_enforced: settings.sandbox && kernel.fs_enforced,
@@ -192,7 +197,7 @@ pub fn sandbox_status(settings: &ExecSettings) -> SandboxStatus {
             && settings.network == NetworkMode::Off
             && kernel.net_enforced,
         scoped: settings.sandbox && kernel.scoped,
-        jail: Some(jail_status(settings, ns, limits, true)),
+        jail: Some(jail),
     }
 }
 
@@ -253,15 +258,7 @@ impl ExecRuntime {
             ns,
             _stacks: stacks,
         };
-        let status = SandboxStatus {
-            landlock_abi: kernel.landlock_abi,
-            fs_enforced: settings.sandbox && kernel.fs_enforced,
-            net_enforced: settings.sandbox
-                && settings.network == NetworkMode::Off
-                && kernel.net_enforced,
-            scoped: settings.sandbox && kernel.scoped,
-            jail: Some(jail_status),
-        };
+        let status = enforced(&settings, kernel, jail_status);
         let env = sandbox::scrub_env(
             &deps.env,
             &settings.env_passthrough,
