@@ -239,7 +239,8 @@ fn exec_runtime(
 /// or when it cannot start (then commands have no network at all, and the log says why).
 fn egress_proxy(config: &Config) -> Option<Arc<EgressProxy>> {
     let exec = &config.tools.exec;
-    if exec.network != exec::NetworkMode::Proxy || !exec.sandbox {
+    // The jail (network namespace and bridge) applies with or without Landlock (`sandbox`).
+    if exec.network != exec::NetworkMode::Proxy {
         return None;
     }
     tokio::runtime::Handle::try_current().ok()?;

@@ -868,6 +868,10 @@ fn the_daemons_egress_proxy_refuses_private_targets_unless_the_operator_allows_t
         println!("SKIPPED: no egress proxy for commands here: {probe}");
         return;
     }
+    // Without Landlock (`sandbox = false`) commands are still jailed, and still get the proxy.
+    let no_landlock = plain_config(dir.path(), json!({"network": "proxy", "sandbox": false}));
+    let probe = call(&no_landlock, "echo $HTTP_PROXY");
+    assert_eq!(probe["stdout"], "http://127.0.0.1:3128\n", "{probe}");
     let host = match ip {
         std::net::IpAddr::V4(v4) => v4.to_string(),
         std::net::IpAddr::V6(v6) => format!("[{v6}]"),
