@@ -270,11 +270,21 @@ fn parse_message(v: &Value) -> Option<ChatResponse> {
         content,
         tool_calls,
         finish_reason: v["stop_reason"].as_str().map(str::to_string),
-        usage: Usage {
-            input_tokens: v["usage"]["input_tokens"].as_u64().unwrap_or(0),
-            output_tokens: v["usage"]["output_tokens"].as_u64().unwrap_or(0),
-        },
+        usage: anthropic_usage(&v["usage"]),
     })
+}
+
+/// Anthropic reports cache reads and writes beside `input_tokens` (which counts neither):
+/// the prompt is their sum.
+fn anthropic_usage(u: &Value) -> Usage {
+    let n = |k: &str| u[k].as_u64().unwrap_or(0);
+    let cached = n("cache_read_input_tokens");
+    Usage {
+        input_tokens: n("input_tokens") + cached + n("cache_creation_input_tokens"),
+        output_tokens: n("output_tokens"),
+        cached_tokens: cached,
+        estimated: false,
+    }
 }
 
 #[derive(Default)]
@@ -291,8 +301,7 @@ impl Acc {
         self.started = true;
         match v["type"].as_str()? {
             "message_start" => {
-                self.usage.input_tokens =
-                    v["message"]["usage"]["input_tokens"].as_u64().unwrap_or(0);
+                self.usage = anthropic_usage(&v["message"]["usage"]);
                 None
             }
             "content_block_start" => {

@@ -105,7 +105,8 @@ fn stream_events_assemble_text_and_tool_use() {
         r.usage,
         Usage {
             input_tokens: 12,
-            output_tokens: 9
+            output_tokens: 9,
+            ..Usage::default()
         }
     );
     assert_eq!(r.finish_reason.as_deref(), Some("tool_use"));
@@ -179,7 +180,8 @@ async fn streams_over_http_with_frames_split_anywhere() {
         r.usage,
         Usage {
             input_tokens: 3,
-            output_tokens: 1
+            output_tokens: 1,
+            ..Usage::default()
         }
     );
     assert_eq!(rx.try_recv().unwrap(), StreamEvent::TextDelta("Hi".into()));

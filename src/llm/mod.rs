@@ -9,6 +9,7 @@ pub mod error;
 pub(crate) mod http;
 pub mod openai;
 pub mod retry;
+pub mod tokens;
 
 use std::sync::Arc;
 
@@ -127,13 +128,34 @@ pub struct ChatRequest {
     pub temperature: Option<f32>,
 }
 
-/// Token accounting of one response.
+/// Token accounting of one response (or the sum of several).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Usage {
-    /// Prompt tokens.
+    /// Prompt tokens, cached ones included.
     pub input_tokens: u64,
     /// Completion tokens.
     pub output_tokens: u64,
+    /// Of `input_tokens`, how many the provider served from its prompt cache.
+    #[serde(default)]
+    pub cached_tokens: u64,
+    /// Whether any part was estimated ([`tokens::estimate`]) because the provider reported none.
+    #[serde(default)]
+    pub estimated: bool,
+}
+
+impl Usage {
+    /// Add `o` to `self`.
+    pub fn add(&mut self, o: &Usage) {
+        self.input_tokens += o.input_tokens;
+        self.output_tokens += o.output_tokens;
+        self.cached_tokens += o.cached_tokens;
+        self.estimated |= o.estimated;
+    }
+
+    /// Whether nothing was reported.
+    pub fn is_empty(&self) -> bool {
+        self.input_tokens == 0 && self.output_tokens == 0
+    }
 }
 
 /// The model's answer.

@@ -338,6 +338,10 @@ fn usage_of(v: &Value) -> Usage {
     Usage {
         input_tokens: v["prompt_tokens"].as_u64().unwrap_or(0),
         output_tokens: v["completion_tokens"].as_u64().unwrap_or(0),
+        cached_tokens: v["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap_or(0),
+        estimated: false,
     }
 }
 

@@ -1,6 +1,16 @@
 //! An OpenAI-compatible LLM server for tests: real HTTP on 127.0.0.1, scripted replies (text,
-//! tool calls, error statuses, delays, hangs), SSE streaming in OpenAI's chunk format, and a
-//! record of every request body (recorded before answering).
+//! tool calls, error statuses, delays, hangs, empty answers, streams cut mid-answer), SSE
+//! streaming in OpenAI's chunk format, and a record of every request body (recorded before
+//! answering).
+//!
+//! Usage is reported as a real server does: `prompt_tokens` estimated from the request (4 bytes
+//! a token), `completion_tokens` from the answer, and `prompt_tokens_details.cached_tokens` for
+//! the prefix shared with the previous request (as OpenAI's automatic prompt cache would).
+//!
+//! [`FakeLlm::strict`] makes it reject what real providers reject, with their status and error
+//! shape: a prompt over the context window (400 `context_length_exceeded`), a tool result that
+//! answers no call or a call left without a result, tool-call arguments that are not valid JSON,
+//! and duplicate tool-call ids (400 `invalid_request_error`).
 
 use std::collections::{HashSet, VecDeque};
 use std::convert::Infallible;
@@ -33,6 +43,13 @@ pub enum Reply {
     /// A text answer quoting every tool result of the request, as a model repeating what a
     /// tool returned would.
     EchoToolResults,
+    /// A completion with no content and no tool calls (`finish_reason: stop`).
+    #[allow(dead_code)]
+    Empty,
+    /// This text, then the connection drops: streamed, the SSE stops without a finish reason or
+    /// `[DONE]`; not streamed, the JSON body is cut in half.
+    #[allow(dead_code)]
+    Cut(String),
 }
 
 /// Picks the reply from the request itself (for concurrent agents whose calls interleave);
@@ -44,6 +61,28 @@ struct Inner {
     script: VecDeque<Reply>,
     requests: Vec<Value>,
     router: Option<ReplyRouter>,
+    strict: Option<Strict>,
+    /// The serialised prompt of the previous request (for `cached_tokens`).
+    last_prompt: Vec<u8>,
+}
+
+/// What a strict fake rejects.
+#[derive(Clone, Copy, Debug)]
+struct Strict {
+    /// Context window in (estimated) tokens: prompt plus `max_tokens`.
+    window: Option<u64>,
+}
+
+/// Estimated tokens of bytes, the rule weft documents (4 bytes a token, rounded up).
+pub fn est_tokens(bytes: usize) -> u64 {
+    bytes.div_ceil(4) as u64
+}
+
+/// The prompt of a request as the fake sizes it: its messages and tools, serialised.
+fn prompt_bytes(body: &Value) -> Vec<u8> {
+    let mut v = serde_json::to_vec(&body["tools"]).unwrap_or_default();
+    v.extend(serde_json::to_vec(&body["messages"]).unwrap_or_default());
+    v
 }
 
 #[derive(Clone, Default)]
@@ -89,6 +128,13 @@ impl FakeLlm {
         format!("http://{}/v1", self.addr)
     }
 
+    /// Reject what real providers reject (see the module docs); `window` is the context
+    /// window in estimated tokens, if any.
+    #[allow(dead_code)]
+    pub fn strict(&self, window: Option<u64>) {
+        self.shared.inner.lock().unwrap().strict = Some(Strict { window });
+    }
+
     /// Queue a reply.
     pub fn push(&self, r: Reply) {
         self.shared.inner.lock().unwrap().script.push_back(r);
@@ -122,18 +168,85 @@ impl FakeLlm {
     }
 }
 
+/// Why a strict provider refuses `body`: (error code, message), as OpenAI words them.
+pub fn strict_rejection(body: &Value, window: Option<u64>) -> Option<(&'static str, String)> {
+    if let Some(window) = window {
+        let prompt = est_tokens(prompt_bytes(body).len());
+        let max = body["max_tokens"]
+            .as_u64()
+            .or(body["max_completion_tokens"].as_u64())
+            .unwrap_or(0);
+        if prompt + max > window {
+            return Some((
+                "context_length_exceeded",
+                format!("This model's maximum context length is {window} tokens. However, you requested {} tokens ({prompt} in the messages, {max} in the completion). Please reduce the length of the messages or completion.", prompt + max),
+            ));
+        }
+    }
+    if let Err(e) = check_tool_pairing(body) {
+        return Some(("invalid_request_error", format!("Invalid 'messages': {e}")));
+    }
+    let mut ids = HashSet::new();
+    for (i, m) in body["messages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        for (j, c) in m["tool_calls"].as_array().into_iter().flatten().enumerate() {
+            let id = c["id"].as_str().unwrap_or("");
+            if id.is_empty() || !ids.insert(id.to_string()) {
+                return Some((
+                    "invalid_request_error",
+                    format!(
+                        "Invalid 'messages[{i}].tool_calls[{j}].id': duplicate or empty id {id:?}"
+                    ),
+                ));
+            }
+            let args = c["function"]["arguments"].as_str().unwrap_or("");
+            if serde_json::from_str::<serde_json::Map<String, Value>>(args).is_err() {
+                return Some((
+                    "invalid_request_error",
+                    format!("Invalid 'messages[{i}].tool_calls[{j}].function.arguments': not a JSON object"),
+                ));
+            }
+        }
+    }
+    None
+}
+
 async fn handle(State(s): State<Shared>, Json(body): Json<Value>) -> Response<Body> {
-    let reply = {
+    let (reply, usage) = {
         let mut g = s.inner.lock().unwrap();
         g.requests.push(body.clone());
+        let prompt = prompt_bytes(&body);
+        let cached = prompt
+            .iter()
+            .zip(g.last_prompt.iter())
+            .take_while(|(a, b)| a == b)
+            .count();
+        let usage = (est_tokens(prompt.len()), est_tokens(cached) & !63);
+        g.last_prompt = prompt;
+        let rejected = g.strict.and_then(|st| strict_rejection(&body, st.window));
         let routed = g.router.clone().and_then(|r| r(&body));
-        match routed {
-            Some(r) => r,
-            None => g
+        let reply = match (rejected, routed) {
+            (Some((code, msg)), _) => {
+                drop(g);
+                s.changed.notify_waiters();
+                let body = json!({"error": {"message": msg, "type": "invalid_request_error", "param": "messages", "code": code}});
+                return Response::builder()
+                    .status(StatusCode::BAD_REQUEST)
+                    .header(header::CONTENT_TYPE, "application/json")
+                    .body(Body::from(body.to_string()))
+                    .unwrap();
+            }
+            (None, Some(r)) => r,
+            (None, None) => g
                 .script
                 .pop_front()
                 .unwrap_or_else(|| Reply::Text("(no script)".into())),
-        }
+        };
+        (reply, usage)
     };
     s.changed.notify_waiters();
     let stream = body["stream"].as_bool().unwrap_or(false);
@@ -151,10 +264,22 @@ async fn handle(State(s): State<Shared>, Json(body): Json<Value>) -> Response<Bo
         ),
         other => other,
     };
-    answer(reply, stream, &model).await
+    answer(reply, stream, &model, usage).await
 }
 
-async fn answer(mut reply: Reply, stream: bool, model: &str) -> Response<Body> {
+fn usage_json(prompt: u64, cached: u64, completion: &str) -> Value {
+    let completion = est_tokens(completion.len()).max(1);
+    json!({"prompt_tokens": prompt, "completion_tokens": completion,
+           "total_tokens": prompt + completion,
+           "prompt_tokens_details": {"cached_tokens": cached}})
+}
+
+async fn answer(
+    mut reply: Reply,
+    stream: bool,
+    model: &str,
+    (prompt, cached): (u64, u64),
+) -> Response<Body> {
     loop {
         match reply {
             Reply::Delay(d, inner) => {
@@ -165,6 +290,47 @@ async fn answer(mut reply: Reply, stream: bool, model: &str) -> Response<Body> {
                 std::future::pending::<()>().await;
             }
             Reply::EchoToolResults => reply = Reply::Text(String::new()),
+            Reply::Empty => {
+                return if stream {
+                    let mut c = text_chunks("", model);
+                    if let Some(last) = c.last_mut() {
+                        last["usage"] = usage_json(prompt, cached, "");
+                    }
+                    sse(c)
+                } else {
+                    json_response(json!({
+                        "id": "chatcmpl-fake", "object": "chat.completion", "model": model,
+                        "choices": [{"index": 0, "finish_reason": "stop",
+                                     "message": {"role": "assistant", "content": ""}}],
+                        "usage": usage_json(prompt, cached, ""),
+                    }))
+                };
+            }
+            Reply::Cut(t) => {
+                return if stream {
+                    let mut c = text_chunks(&t, model);
+                    // Drop the finish chunk and the usage chunk: the connection ends mid-answer.
+                    c.truncate(c.len().saturating_sub(2));
+                    let frames: Vec<Result<Bytes, std::io::Error>> = c
+                        .into_iter()
+                        .map(|c| Ok(Bytes::from(format!("data: {c}\n\n"))))
+                        .chain(std::iter::once(Err(std::io::Error::other("cut"))))
+                        .collect();
+                    Response::builder()
+                        .header(header::CONTENT_TYPE, "text/event-stream")
+                        .body(Body::from_stream(futures::stream::iter(frames)))
+                        .unwrap()
+                } else {
+                    let full = json!({
+                        "id": "chatcmpl-fake", "object": "chat.completion", "model": model,
+                        "choices": [{"index": 0, "finish_reason": "stop",
+                                     "message": {"role": "assistant", "content": t}}],
+                    })
+                    .to_string();
+                    let half = full.len() / 2;
+                    json_response_raw(full[..half].to_string())
+                };
+            }
             Reply::Status(code, after, text) => {
                 let mut b = Response::builder()
                     .status(StatusCode::from_u16(code).unwrap())
@@ -177,19 +343,27 @@ async fn answer(mut reply: Reply, stream: bool, model: &str) -> Response<Body> {
             }
             Reply::Text(t) => {
                 return if stream {
-                    sse(text_chunks(&t, model))
+                    let mut c = text_chunks(&t, model);
+                    if let Some(last) = c.last_mut() {
+                        last["usage"] = usage_json(prompt, cached, &t);
+                    }
+                    sse(c)
                 } else {
                     json_response(json!({
                         "id": "chatcmpl-fake", "object": "chat.completion", "model": model,
                         "choices": [{"index": 0, "finish_reason": "stop",
                                      "message": {"role": "assistant", "content": t}}],
-                        "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
+                        "usage": usage_json(prompt, cached, &t),
                     }))
                 };
             }
             Reply::ToolCalls(calls) => {
+                let args: String = calls.iter().map(|c| c.2.as_str()).collect();
                 return if stream {
-                    sse(tool_chunks(&calls, model))
+                    let mut c = tool_chunks(&calls, model);
+                    c.push(json!({"id": "chatcmpl-fake", "object": "chat.completion.chunk", "choices": [],
+                                  "usage": usage_json(prompt, cached, &args)}));
+                    sse(c)
                 } else {
                     let tc: Vec<Value> = calls
                         .iter()
@@ -199,12 +373,19 @@ async fn answer(mut reply: Reply, stream: bool, model: &str) -> Response<Body> {
                         "id": "chatcmpl-fake", "object": "chat.completion", "model": model,
                         "choices": [{"index": 0, "finish_reason": "tool_calls",
                                      "message": {"role": "assistant", "content": null, "tool_calls": tc}}],
-                        "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
+                        "usage": usage_json(prompt, cached, &args),
                     }))
                 };
             }
         }
     }
+}
+
+fn json_response_raw(v: String) -> Response<Body> {
+    Response::builder()
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(v))
+        .unwrap()
 }
 
 fn json_response(v: Value) -> Response<Body> {
