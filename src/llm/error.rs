@@ -47,6 +47,29 @@ pub enum LlmError {
         /// First bytes of the response body.
         body: String,
     },
+    /// The prompt does not fit the model's context window (OpenAI `context_length_exceeded`,
+    /// Anthropic `prompt is too long`, a 400/413 saying so). Never retried as is: the caller
+    /// compacts the prompt and tries once more.
+    #[error("{provider}: the conversation is too long for the model's context window (HTTP {status}): {body}")]
+    ContextLength {
+        /// Provider name.
+        provider: String,
+        /// HTTP status.
+        status: u16,
+        /// First bytes of the response body.
+        body: String,
+    },
+    /// The account is out of credit or over its quota (`insufficient_quota`, billing errors).
+    /// Never retried: waiting does not help.
+    #[error("{provider}: the provider account is out of credit or quota (HTTP {status}): {body}")]
+    Quota {
+        /// Provider name.
+        provider: String,
+        /// HTTP status.
+        status: u16,
+        /// First bytes of the response body.
+        body: String,
+    },
     /// Could not connect, or the connection broke.
     #[error("{provider}: cannot reach {url}: {detail}")]
     Connect {
@@ -93,6 +116,8 @@ impl LlmError {
             | LlmError::Timeout { .. } => true,
             LlmError::Auth { .. }
             | LlmError::BadRequest { .. }
+            | LlmError::ContextLength { .. }
+            | LlmError::Quota { .. }
             | LlmError::InvalidResponse { .. }
             | LlmError::Cancelled => false,
         }
@@ -103,6 +128,11 @@ impl LlmError {
         !matches!(self, LlmError::Cancelled)
     }
 
+    /// Whether the prompt was over the model's context window.
+    pub fn is_context_length(&self) -> bool {
+        matches!(self, LlmError::ContextLength { .. })
+    }
+
     /// The delay the server asked for.
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
@@ -111,6 +141,8 @@ impl LlmError {
             }
             LlmError::Auth { .. }
             | LlmError::BadRequest { .. }
+            | LlmError::ContextLength { .. }
+            | LlmError::Quota { .. }
             | LlmError::Connect { .. }
             | LlmError::Timeout { .. }
             | LlmError::InvalidResponse { .. }
@@ -125,6 +157,8 @@ impl LlmError {
             LlmError::Server { .. } => "server",
             LlmError::Auth { .. } => "auth",
             LlmError::BadRequest { .. } => "bad_request",
+            LlmError::ContextLength { .. } => "context_length",
+            LlmError::Quota { .. } => "quota",
             LlmError::Connect { .. } => "connect",
             LlmError::Timeout { .. } => "timeout",
             LlmError::InvalidResponse { .. } => "invalid_response",
@@ -172,6 +206,24 @@ impl LlmError {
                 status,
                 body: clean(body),
             },
+            LlmError::ContextLength {
+                provider,
+                status,
+                body,
+            } => LlmError::ContextLength {
+                provider,
+                status,
+                body: clean(body),
+            },
+            LlmError::Quota {
+                provider,
+                status,
+                body,
+            } => LlmError::Quota {
+                provider,
+                status,
+                body: clean(body),
+            },
             LlmError::Connect {
                 provider,
                 url,
@@ -199,7 +251,22 @@ impl LlmError {
         retry_after: Option<Duration>,
     ) -> Self {
         let provider = provider.to_string();
+        let lower = body.to_ascii_lowercase();
         let body: String = body.chars().take(500).collect();
+        if matches!(status, 400 | 402 | 403 | 429) && is_quota(&lower) {
+            return LlmError::Quota {
+                provider,
+                status,
+                body,
+            };
+        }
+        if matches!(status, 400 | 413 | 422) && is_context_length(&lower) {
+            return LlmError::ContextLength {
+                provider,
+                status,
+                body,
+            };
+        }
         match status {
             429 => LlmError::RateLimited {
                 provider,
@@ -225,6 +292,39 @@ impl LlmError {
     }
 }
 
+/// Whether an error body says the account is out of credit (OpenAI `insufficient_quota`,
+/// Anthropic `credit balance is too low`, OpenRouter 402 `insufficient credits`, billing).
+fn is_quota(lower: &str) -> bool {
+    [
+        "insufficient_quota",
+        "exceeded your current quota",
+        "credit balance is too low",
+        "insufficient credits",
+        "insufficient_credits",
+        "billing",
+        "payment required",
+    ]
+    .iter()
+    .any(|w| lower.contains(w))
+}
+
+/// Whether an error body says the prompt is over the context window (OpenAI
+/// `context_length_exceeded`, Anthropic `prompt is too long`, vLLM / llama.cpp wordings).
+fn is_context_length(lower: &str) -> bool {
+    [
+        "context_length_exceeded",
+        "maximum context length",
+        "prompt is too long",
+        "context length",
+        "context window",
+        "too many tokens",
+        "exceeds the context",
+        "request too large",
+    ]
+    .iter()
+    .any(|w| lower.contains(w))
+}
+
 /// Parse a `Retry-After` header value given in seconds (HTTP dates are ignored).
 pub fn parse_retry_after(value: Option<&str>) -> Option<Duration> {
     let v = value?.trim();
@@ -235,4 +335,30 @@ pub fn parse_retry_after(value: Option<&str>) -> Option<Duration> {
         .ok()
         .filter(|s| s.is_finite() && *s >= 0.0)
         .map(Duration::from_secs_f64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quota_and_context_length_are_told_apart_from_rate_limits_and_bad_requests() {
+        let openai_quota = r#"{"error":{"message":"You exceeded your current quota, please check your plan and billing details.","type":"insufficient_quota","code":"insufficient_quota"}}"#;
+        let e = LlmError::from_status("openai", 429, openai_quota, None);
+        assert_eq!(e.kind(), "quota");
+        assert!(!e.is_retryable());
+        let ctx = r#"{"error":{"message":"This model's maximum context length is 8192 tokens.","code":"context_length_exceeded"}}"#;
+        assert!(LlmError::from_status("openai", 400, ctx, None).is_context_length());
+        let anthropic = r#"{"type":"error","error":{"type":"invalid_request_error","message":"prompt is too long: 210000 tokens > 200000 maximum"}}"#;
+        assert!(LlmError::from_status("anthropic", 400, anthropic, None).is_context_length());
+        assert!(LlmError::from_status("x", 413, "Request too large", None).is_context_length());
+        assert_eq!(
+            LlmError::from_status("openai", 429, "slow down", None).kind(),
+            "rate_limited"
+        );
+        assert_eq!(
+            LlmError::from_status("openai", 400, "unknown model", None).kind(),
+            "bad_request"
+        );
+    }
 }
