@@ -27,6 +27,8 @@ pub fn status_json(config: &Config, store: &Store, live: Option<&[SessionStatus]
         "store": {
             "path": store.path().map(|p| p.display().to_string()),
             "size_bytes": store.size_on_disk(),
+            "health": store.health(),
+            "schema": store.manifest().map(|m| m.schema),
         },
         "providers": config.providers.iter().map(|p| json!({
             "name": p.name,
@@ -213,8 +215,13 @@ impl clawft_channel_http::Admin for AdminApi {
         let Some(r) = self.running.get() else {
             return Err(json!({"status": "starting"}));
         };
-
+        // Not ready while store writes fail: nothing could be journaled or answered.
+        let health = r.store.health();
+        if !health.is_ok() {
+            return Err(json!({"status": "store_degraded", "store": health}));
+        }
         Ok(json!({
+            "store": health,
             "status": "ready",
             "channels": crate::daemon::channel_states(r.channels()).await,
             "providers": self.config.providers.iter().map(|p| json!({
@@ -274,6 +281,19 @@ impl clawft_channel_http::Admin for AdminApi {
                 r.store.size_on_disk() as f64,
             ),
         ];
+        let health = r.store.health();
+        gauges.push(g(
+            "clawft_store_healthy",
+            "1 while store writes work, 0 while they fail (no space left, I/O errors).",
+            vec![],
+            if health.is_ok() { 1.0 } else { 0.0 },
+        ));
+        gauges.push(g(
+            "clawft_store_alert",
+            "1 while a store found damaged at start and moved aside is being reported.",
+            vec![],
+            if health.alert.is_some() { 1.0 } else { 0.0 },
+        ));
         for s in r.mcp().map(|m| m.status()).unwrap_or_default() {
             let state = serde_json::to_value(s.state)
                 .ok()
@@ -326,6 +346,26 @@ impl clawft_channel_http::Admin for AdminApi {
                     .ok_or_else(|| bad_request("no MCP servers are configured"))?;
                 m.restart(name).map_err(bad_request)?;
                 Ok(json!({"restarting": name}))
+            }
+            "store/check" => {
+                let report = crate::store::backup::check(&r.store).map_err(internal)?;
+                serde_json::to_value(report).map_err(internal)
+            }
+            "store/backup" => {
+                let path = body["path"]
+                    .as_str()
+                    .ok_or_else(|| bad_request("`path` (an absolute path) is required"))?;
+                let path = std::path::PathBuf::from(path);
+                if !path.is_absolute() {
+                    return Err(bad_request("`path` must be absolute"));
+                }
+                let store = r.store.clone();
+                let to = path.clone();
+                let n = tokio::task::spawn_blocking(move || crate::store::backup::backup(&store, &to))
+                    .await
+                    .map_err(internal)?
+                    .map_err(internal)?;
+                Ok(json!({"path": path.display().to_string(), "records": n}))
             }
             other => pairing_command(&r.store, other, &body),
         }

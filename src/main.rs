@@ -65,6 +65,7 @@ fn main() -> ExitCode {
             Command::Sessions { action } => cli::sessions::run(&config, action).await,
             Command::Tools { action } => cli::tools::run(&config, action).await,
             Command::Pairing { action } => cli::pairing::run(&config, action).await,
+            Command::Store { action } => cli::store::run(&config, action).await,
             Command::Doctor { json } => cli::doctor::run(&config, json).await,
             Command::Mcp { action } => cli::mcp::run(&config, action).await,
             Command::McpServer => cli::mcp::serve(&config).await,
@@ -80,7 +81,13 @@ fn main() -> ExitCode {
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => fail(&e.to_string()),
+        Err(e) => match e.0.strip_suffix(cli::gateway::STORE_REFUSED_MARK) {
+            Some(msg) => {
+                eprintln!("weft: {msg}");
+                ExitCode::from(cli::gateway::STORE_REFUSED_EXIT)
+            }
+            None => fail(&e.to_string()),
+        },
     }
 }
 

@@ -22,6 +22,14 @@ use crate::notify::Notifier;
 use crate::store::{Store, StoreError};
 use crate::types::Secret;
 
+/// Ends the message of a start refused because of the store (damaged with
+/// `store.on_corruption = "fail"`, or newer): `main` exits with [`STORE_REFUSED_EXIT`] for it,
+/// which the systemd units list in `RestartPreventExitStatus=` so they do not restart-loop.
+pub const STORE_REFUSED_MARK: &str = " [store refused]";
+
+/// Exit code of a start refused because of the store (`EX_CONFIG`).
+pub const STORE_REFUSED_EXIT: u8 = 78;
+
 /// A started gateway: the daemon plus the address its HTTP API listens on.
 pub struct Gateway {
     /// The daemon.
@@ -39,12 +47,25 @@ impl Gateway {
     /// # Errors
     /// Startup failures (store locked, bind refused, workspace), with what to fix.
     pub async fn start(config: Arc<Config>) -> Result<Self, CliError> {
-        let store = match Store::open(&config.store.path, config.store.cache_bytes) {
+        let store = match Store::open_with(
+            &config.store.path,
+            config.store.cache_bytes,
+            config.store.on_corruption,
+        ) {
             Ok(s) => s,
             Err(StoreError::Locked(p)) => {
                 return Err(CliError(format!(
                     "another weft process holds the store at {p}: is a gateway already running? (`weft status` tells)"
                 )))
+            }
+            Err(e @ StoreError::Damaged { .. }) => {
+                return Err(CliError(format!(
+                    "{e}. store.on_corruption = \"fail\": refusing to start. Inspect it with `weft store check`, restore a backup with `weft store restore PATH`, or set store.on_corruption = \"quarantine\" to move it aside and start fresh{}",
+                    STORE_REFUSED_MARK
+                )))
+            }
+            Err(e @ StoreError::Newer { .. }) => {
+                return Err(CliError(format!("{e}{STORE_REFUSED_MARK}")))
             }
             Err(e) => return Err(CliError::msg(e)),
         };

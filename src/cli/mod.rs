@@ -11,6 +11,7 @@ pub mod pairing;
 pub mod service;
 pub mod sessions;
 pub mod status;
+pub mod store;
 pub mod terminal;
 pub mod tools;
 
@@ -84,6 +85,12 @@ pub enum Command {
         chat_id: String,
         /// Message text (Markdown).
         text: String,
+    },
+    /// Check, back up or restore the store.
+    Store {
+        /// What to do.
+        #[command(subcommand)]
+        action: store::StoreAction,
     },
     /// Admit unknown senders who asked with a pairing code.
     Pairing {

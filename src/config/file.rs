@@ -198,6 +198,10 @@ pub struct StoreFile {
     pub path: Option<String>,
     /// sled page cache bound in MiB (default 8).
     pub cache_mb: Option<u64>,
+    /// What the gateway does when it finds the store damaged at start: "quarantine" (default:
+    /// move the damaged files to `<path>.corrupt-<timestamp>`, alert, start fresh) or "fail"
+    /// (refuse to start with one error, exit code 78).
+    pub on_corruption: Option<String>,
 }
 
 /// `sessions`.

@@ -222,6 +222,15 @@ impl Config {
                 .as_deref()
                 .map_or_else(|| home.join("store"), |p| expand(p, env)),
             cache_bytes: raw.store.cache_mb.unwrap_or(8).clamp(1, 4096) * 1024 * 1024,
+            on_corruption: match raw.store.on_corruption.as_deref() {
+                None => crate::store::OnCorruption::default(),
+                Some(v) => crate::store::OnCorruption::parse(v).map_err(|detail| {
+                    ConfigError::Invalid {
+                        key: "store.on_corruption".into(),
+                        detail,
+                    }
+                })?,
+            },
         };
         let sessions = SessionLimits {
             idle: Duration::from_secs(raw.sessions.idle_secs.unwrap_or(600).max(1)),

@@ -137,6 +137,8 @@ pub struct StoreConfig {
     pub path: PathBuf,
     /// Page cache bound in bytes.
     pub cache_bytes: u64,
+    /// `store.on_corruption`.
+    pub on_corruption: crate::store::OnCorruption,
 }
 
 /// Session limits.

@@ -139,47 +139,100 @@ async fn pump(mut rx: mpsc::Receiver<InboundDelivery>, args: IngressArgs) {
         ..
     } = args;
     open.cancelled().await;
-    while let Some(InboundDelivery { event, ack }) = rx.recv().await {
-        let span =
-            tracing::info_span!("inbound", channel = %event.channel, event_id = %event.event_id);
-        let _g = span.enter();
-        let answer = if intake.is_cancelled() {
-            Ack::Rejected("the gateway is shutting down; retry shortly".into())
-        } else {
-            match (
-                access.check(&store, &event, clawft_channel_core::now_ms()),
-                access.session_key(&event),
-            ) {
-                (Err(e), _) => {
-                    tracing::error!(error = %e, "access check failed");
-                    Ack::Rejected(format!("could not check access: {e}"))
-                }
-                (Ok(Verdict::Denied { reply }), _) => refuse_sender(&outbox, &event, reply),
-                (Ok(Verdict::Allowed), Err(e)) => Ack::Rejected(e.to_string()),
-                // After the access check: strangers get no notice, only refusal.
-                (Ok(Verdict::Allowed), Ok(_)) if event.content.len() > max_inbound_bytes => {
-                    refuse_oversized(&outbox, &event, max_inbound_bytes)
-                }
-                (Ok(Verdict::Allowed), Ok(key)) => match store.journal_inbound(&event, &key) {
-                    Ok(JournalOutcome::Duplicate) => {
-                        tracing::info!("duplicate event ignored");
-                        Ack::Duplicate
-                    }
-                    Ok(JournalOutcome::New(entry)) => {
-                        if !inbox.route(entry) {
-                            tracing::error!("bus gone; message stays journaled");
-                        }
-                        Ack::Accepted
-                    }
-                    Err(e) => {
-                        tracing::error!(error = %e, "could not journal inbound message");
-                        Ack::Rejected(format!("could not store the message: {e}"))
-                    }
-                },
+    while let Some(first) = rx.recv().await {
+        // Journal every delivery already waiting, then one flush (shared through the store's
+        // group commit) makes them all durable before any is acknowledged or routed.
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match rx.try_recv() {
+                Ok(d) => batch.push(d),
+                Err(_) => break,
             }
-        };
-        if let Some(ack) = ack {
-            let _ = ack.send(answer);
         }
+        let mut decided = Vec::with_capacity(batch.len());
+        for InboundDelivery { event, ack } in batch {
+            let span = tracing::info_span!("inbound", channel = %event.channel, event_id = %event.event_id);
+            let _g = span.enter();
+            let answer = if intake.is_cancelled() {
+                Decided::Done(Ack::Rejected("the gateway is shutting down; retry shortly".into()))
+            } else {
+                decide(&store, &access, &outbox, &event, max_inbound_bytes)
+            };
+            decided.push((span.clone(), answer, ack));
+        }
+        let journaled = decided.iter().any(|(_, d, _)| !matches!(d, Decided::Done(_)));
+        let flushed = if journaled {
+            store.flush_async().await.map_err(|e| {
+                tracing::error!(error = %e, "could not journal inbound messages");
+                format!("could not store the message: {e}")
+            })
+        } else {
+            Ok(())
+        };
+        for (span, d, ack) in decided {
+            let _g = span.enter();
+            let answer = match (d, &flushed) {
+                (Decided::Done(a), _) => a,
+                (_, Err(e)) => Ack::Rejected(e.clone()),
+                (Decided::Duplicate, Ok(())) => {
+                    tracing::info!("duplicate event ignored");
+                    Ack::Duplicate
+                }
+                (Decided::New(entry), Ok(())) => {
+                    if !inbox.route(*entry) {
+                        tracing::error!("bus gone; message stays journaled");
+                    }
+                    Ack::Accepted
+                }
+            };
+            if let Some(ack) = ack {
+                let _ = ack.send(answer);
+            }
+        }
+    }
+}
+
+/// Most deliveries journaled under one flush.
+const MAX_BATCH: usize = 64;
+
+/// What became of one delivery before the batch's flush.
+enum Decided {
+    /// Answered already (refused, failed).
+    Done(Ack),
+    /// Seen before; acknowledged as a duplicate once the batch is durable.
+    Duplicate,
+    /// Journaled; routed and acknowledged once the batch is durable.
+    New(Box<crate::store::InboxEntry>),
+}
+
+fn decide(
+    store: &Store,
+    access: &Access,
+    outbox: &Outbox,
+    event: &InboundEvent,
+    max_inbound_bytes: usize,
+) -> Decided {
+    match (
+        access.check(store, event, clawft_channel_core::now_ms()),
+        access.session_key(event),
+    ) {
+        (Err(e), _) => {
+            tracing::error!(error = %e, "access check failed");
+            Decided::Done(Ack::Rejected(format!("could not check access: {e}")))
+        }
+        (Ok(Verdict::Denied { reply }), _) => Decided::Done(refuse_sender(outbox, event, reply)),
+        (Ok(Verdict::Allowed), Err(e)) => Decided::Done(Ack::Rejected(e.to_string())),
+        // After the access check: strangers get no notice, only refusal.
+        (Ok(Verdict::Allowed), Ok(_)) if event.content.len() > max_inbound_bytes => {
+            Decided::Done(refuse_oversized(outbox, event, max_inbound_bytes))
+        }
+        (Ok(Verdict::Allowed), Ok(key)) => match store.journal_inbound_unflushed(event, &key) {
+            Ok(JournalOutcome::Duplicate) => Decided::Duplicate,
+            Ok(JournalOutcome::New(entry)) => Decided::New(Box::new(entry)),
+            Err(e) => {
+                tracing::error!(error = %e, "could not journal inbound message");
+                Decided::Done(Ack::Rejected(format!("could not store the message: {e}")))
+            }
+        },
     }
 }

@@ -555,7 +555,8 @@ fn maybe_start(myself: &ActorRef<SessionMsg>, state: &mut SessionState) {
             let tail = &outcome.messages[skip..];
             if let Err(e) = deps
                 .store
-                .finish_turn(&key, Some(&entry), tail, Some(&reply))
+                .finish_turn_async(&key, Some(&entry), tail, Some(&reply))
+                .await
             {
                 tracing::error!(error = %e, "could not record the end of the turn");
             }

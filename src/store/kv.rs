@@ -48,11 +48,23 @@ pub trait Kv: Send + Sync + 'static {
     fn next_id(&self) -> Result<u64, StoreError>;
     /// Bytes used on disk (0 in memory).
     fn size_on_disk(&self) -> u64;
+    /// Close and open the backend again: how a backend that stays failed after an I/O error
+    /// (sled keeps returning the first error forever) comes back. Writes applied and not yet
+    /// flushed are lost. Default: nothing to do.
+    ///
+    /// # Errors
+    /// The backend cannot be opened again yet.
+    fn reopen(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
 }
 
 /// sled-backed [`Kv`].
 pub struct SledKv {
-    db: sled::Db,
+    /// `None` only while [`Kv::reopen`] runs (or after it failed).
+    db: std::sync::RwLock<Option<sled::Db>>,
+    path: std::path::PathBuf,
+    cache_bytes: u64,
 }
 
 /// How long a reopen waits for a lock still held by this process's own closing handle.
@@ -80,7 +92,13 @@ impl SledKv {
                 Err(StoreError::Locked(_)) if ours && std::time::Instant::now() < deadline => {
                     std::thread::sleep(std::time::Duration::from_millis(20));
                 }
-                Ok(db) => return Ok(Self { db }),
+                Ok(db) => {
+                    return Ok(Self {
+                        db: std::sync::RwLock::new(Some(db)),
+                        path: path.to_path_buf(),
+                        cache_bytes,
+                    })
+                }
                 Err(e) => return Err(e),
             }
         }
@@ -122,22 +140,44 @@ impl SledKv {
                         }
                     }
                 }
+                other @ (sled::Error::Corruption { .. }
+                | sled::Error::ReportableBug(_)
+                | sled::Error::Unsupported(_)) => StoreError::Damaged {
+                    path: path.display().to_string(),
+                    detail: other.to_string(),
+                },
                 other => StoreError::Backend(other.to_string()),
             })
+    }
+
+    /// The open database (a cheap handle clone).
+    fn db(&self) -> Result<sled::Db, StoreError> {
+        self.db
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+            .ok_or_else(|| StoreError::Backend("the store is being reopened after an error".into()))
     }
 }
 
 fn be(e: sled::Error) -> StoreError {
-    StoreError::Backend(e.to_string())
+    match e {
+        // Keep the I/O error's kind: it tells "no space left" from other failures.
+        sled::Error::Io(io) => StoreError::Io {
+            path: "sled".into(),
+            source: io,
+        },
+        other => StoreError::Backend(other.to_string()),
+    }
 }
 
 impl Kv for SledKv {
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
-        Ok(self.db.get(key).map_err(be)?.map(|v| v.to_vec()))
+        Ok(self.db()?.get(key).map_err(be)?.map(|v| v.to_vec()))
     }
 
     fn scan_prefix(&self, prefix: &[u8]) -> Result<Pairs, StoreError> {
-        self.db
+        self.db()?
             .scan_prefix(prefix)
             .map(|r| r.map(|(k, v)| (k.to_vec(), v.to_vec())).map_err(be))
             .collect()
@@ -151,19 +191,32 @@ impl Kv for SledKv {
                 Op::Del(k) => batch.remove(k),
             }
         }
-        self.db.apply_batch(batch).map_err(be)
+        self.db()?.apply_batch(batch).map_err(be)
     }
 
     fn flush(&self) -> Result<(), StoreError> {
-        self.db.flush().map(|_| ()).map_err(be)
+        self.db()?.flush().map(|_| ()).map_err(be)
     }
 
     fn next_id(&self) -> Result<u64, StoreError> {
-        self.db.generate_id().map_err(be)
+        self.db()?.generate_id().map_err(be)
     }
 
     fn size_on_disk(&self) -> u64 {
-        self.db.size_on_disk().unwrap_or(0)
+        self.db().ok().and_then(|d| d.size_on_disk().ok()).unwrap_or(0)
+    }
+
+    fn reopen(&self) -> Result<(), StoreError> {
+        let mut slot = self
+            .db
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        drop(slot.take());
+        // `open` waits (bounded) for handles of the old `Db` that sled's threads still hold.
+        let fresh = Self::open(&self.path, self.cache_bytes)?;
+        let db = fresh.db()?;
+        *slot = Some(db);
+        Ok(())
     }
 }
 
@@ -245,7 +298,7 @@ mod tests {
         let first = SledKv::open(&path, 1 << 20).unwrap();
         // What sled's IO threads do after the `Db` is dropped: an internal handle (and with it the
         // lock file) lives on for a moment.
-        let lingering = first.db.clone();
+        let lingering = first.db().unwrap();
         drop(first);
         let release = std::thread::spawn(move || {
             std::thread::sleep(std::time::Duration::from_millis(300));

@@ -3,19 +3,33 @@
 //!
 //! Durability points (the only places that flush): an inbound event is flushed before the
 //! platform is acknowledged; a finished turn (reply in the outbox, journal entry done) is flushed
-//! before the reply is sent. Everything else rides sled's 500 ms background flush.
+//! before the reply is sent. Everything else rides sled's 500 ms background flush. Flushes go
+//! through one flusher thread that coalesces concurrent requests ([`commit`]: group commit).
+//!
+//! Faults ([`integrity`]): values carry a checksum, the store carries a manifest record (schema
+//! version, store id) and a sidecar file outside sled (`clawft-store.json`) with a durable
+//! high-water mark, so a damaged store is detected at open instead of loading part of it; a
+//! failed write degrades the store ([`health`]) until a retry works (ENOSPC recovery).
 
+pub mod backup;
+mod commit;
+pub mod health;
+pub mod integrity;
 pub mod kv;
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use clawft_channel_core::{InboundEvent, OutboundMessage};
 use serde::{Deserialize, Serialize};
 
 use crate::llm::Message;
 use crate::types::SessionKey;
-use kv::{Kv, MemKv, Op, SledKv};
+pub use health::StoreHealth;
+pub use integrity::{OnCorruption, SCHEMA_VERSION};
+use kv::{Kv, MemKv, Op};
 
 /// Why a store operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -42,6 +56,59 @@ pub enum StoreError {
         /// Decoder message.
         detail: String,
     },
+    /// A flush (group commit) failed; `kind` as [`StoreError::kind`] of the backend error.
+    #[error("store flush failed: {detail}")]
+    Flush {
+        /// Kind of the underlying error.
+        kind: &'static str,
+        /// The error.
+        detail: String,
+    },
+    /// The store is damaged (found at open): what was found.
+    #[error("the store at {path} is damaged: {detail}")]
+    Damaged {
+        /// The store directory.
+        path: String,
+        /// What was found.
+        detail: String,
+    },
+    /// The store was written by a newer weft.
+    #[error("the store at {path} was written by a newer weft (schema {schema}, this weft knows up to {known}); upgrade weft or restore a backup (`weft store restore`)", known = SCHEMA_VERSION)]
+    Newer {
+        /// The store directory.
+        path: String,
+        /// Its schema version.
+        schema: u32,
+    },
+}
+
+impl StoreError {
+    /// A short name for metrics and health: `no_space`, `file_too_large`, `io`, `backend`,
+    /// `corrupt`, `damaged`, `newer`, `locked`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Locked(_) => "locked",
+            Self::Io { source, .. } => io_kind(source),
+            Self::Backend(_) => "backend",
+            Self::Corrupt { .. } => "corrupt",
+            Self::Flush { kind, .. } => kind,
+            Self::Damaged { .. } => "damaged",
+            Self::Newer { .. } => "newer",
+        }
+    }
+}
+
+fn io_kind(e: &std::io::Error) -> &'static str {
+    use std::io::ErrorKind;
+    // sled hands back copies of its first I/O error that keep only the kind and the text.
+    let text = e.to_string();
+    match e.kind() {
+        ErrorKind::StorageFull => "no_space",
+        ErrorKind::FileTooLarge => "file_too_large",
+        _ if text.contains("No space left") || text.contains("StorageFull") => "no_space",
+        _ if text.contains("File too large") || text.contains("FileTooLarge") => "file_too_large",
+        _ => "io",
+    }
 }
 
 /// Where an inbound event is in its life.
@@ -134,15 +201,58 @@ fn state_key(ns: &str, key: &str) -> Vec<u8> {
     k
 }
 
+/// First byte of a checksummed value (schema 1): `TAG`, CRC-32 of the payload (little
+/// endian), payload. Never the first byte of JSON or UTF-8 text, so values written by schema 0
+/// (bare JSON, bare text) still decode.
+const TAG: u8 = 0xC1;
+
+/// Printable form of a key.
+pub(crate) fn show_key(key: &[u8]) -> String {
+    String::from_utf8_lossy(key).replace('\0', "/")
+}
+
+/// Wrap `payload` with the tag and its checksum.
+pub(crate) fn seal(payload: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(payload.len() + 5);
+    out.push(TAG);
+    out.extend(crc32fast::hash(payload).to_le_bytes());
+    out.extend(payload);
+    out
+}
+
+/// The payload of a stored value, its checksum verified (untagged values are schema 0).
+pub(crate) fn unseal<'a>(key: &[u8], v: &'a [u8]) -> Result<&'a [u8], StoreError> {
+    if v.first() != Some(&TAG) {
+        return Ok(v);
+    }
+    let corrupt = |detail: String| StoreError::Corrupt {
+        key: show_key(key),
+        detail,
+    };
+    let (Some(crc), Some(payload)) = (v.get(1..5), v.get(5..)) else {
+        return Err(corrupt("value shorter than its checksum".into()));
+    };
+    let want = u32::from_le_bytes([crc[0], crc[1], crc[2], crc[3]]);
+    let got = crc32fast::hash(payload);
+    if want != got {
+        return Err(corrupt(format!(
+            "checksum mismatch (stored {want:08x}, computed {got:08x})"
+        )));
+    }
+    Ok(payload)
+}
+
 fn decode<T: serde::de::DeserializeOwned>(key: &[u8], v: &[u8]) -> Result<T, StoreError> {
-    serde_json::from_slice(v).map_err(|e| StoreError::Corrupt {
-        key: String::from_utf8_lossy(key).replace('\0', "/"),
+    serde_json::from_slice(unseal(key, v)?).map_err(|e| StoreError::Corrupt {
+        key: show_key(key),
         detail: e.to_string(),
     })
 }
 
 fn encode<T: Serialize>(v: &T) -> Result<Vec<u8>, StoreError> {
-    serde_json::to_vec(v).map_err(|e| StoreError::Backend(format!("encode: {e}")))
+    serde_json::to_vec(v)
+        .map(|j| seal(&j))
+        .map_err(|e| StoreError::Backend(format!("encode: {e}")))
 }
 
 /// The session store. Cheap to clone.
@@ -150,25 +260,121 @@ fn encode<T: Serialize>(v: &T) -> Result<Vec<u8>, StoreError> {
 pub struct Store {
     kv: Arc<dyn Kv>,
     path: Option<PathBuf>,
+    core: Arc<Core>,
+    commit: Arc<commit::GroupCommit>,
+}
+
+/// What the flusher thread shares with the store's handles.
+pub(crate) struct Core {
+    kv: Arc<dyn Kv>,
+    pub(crate) health: health::Health,
+    sidecar: Option<integrity::Sidecar>,
+    /// Batches applied (to tell whether the sidecar needs a new record).
+    writes: AtomicU64,
+    recorded: AtomicU64,
+}
+
+/// How often the sidecar's high-water mark is brought up to date while writes happen.
+const RECORD_EVERY: Duration = Duration::from_secs(5);
+/// How often a degraded store retries its backend.
+const RETRY_EVERY: Duration = Duration::from_secs(1);
+
+impl Core {
+    /// Reopen the backend and write a probe; healthy again if it is durable.
+    fn recover(&self) {
+        let probe = || -> Result<(), StoreError> {
+            self.kv.reopen()?;
+            self.kv.apply(vec![Op::Put(
+                b"m\0probe".to_vec(),
+                clawft_channel_core::now_ms().to_be_bytes().to_vec(),
+            )])?;
+            self.kv.flush()
+        };
+        match probe() {
+            Ok(()) => self.health.recovered(),
+            Err(e) => tracing::debug!(error = %e, "store still failing"),
+        }
+    }
+}
+
+impl commit::Housekeeping for Core {
+    fn flush_once(&self) -> Result<(), StoreError> {
+        match self.kv.flush() {
+            Ok(()) => {
+                self.health.recovered();
+                Ok(())
+            }
+            Err(e) => {
+                self.health.failed(e.kind(), &e.to_string(), true);
+                Err(e)
+            }
+        }
+    }
+
+    fn tick(&self) -> Duration {
+        if self.health.is_degraded() {
+            self.recover();
+            return RETRY_EVERY;
+        }
+        if let Some(sc) = &self.sidecar {
+            let w = self.writes.load(Ordering::Relaxed);
+            if w != self.recorded.load(Ordering::Relaxed) {
+                match sc.record(self.kv.as_ref()) {
+                    Ok(()) => self.recorded.store(w, Ordering::Relaxed),
+                    Err(e) => self.health.failed(e.kind(), &e.to_string(), true),
+                }
+            }
+        }
+        RECORD_EVERY
+    }
 }
 
 impl Store {
-    /// Open the sled store at `path`.
+    /// Open the sled store at `path`; a damaged store is refused ([`OnCorruption::Fail`]).
     ///
     /// # Errors
-    /// [`StoreError::Locked`] when a gateway holds it.
+    /// [`StoreError::Locked`] when a gateway holds it; [`StoreError::Damaged`],
+    /// [`StoreError::Newer`].
     pub fn open(path: &Path, cache_bytes: u64) -> Result<Self, StoreError> {
-        Ok(Self {
-            kv: Arc::new(SledKv::open(path, cache_bytes)?),
-            path: Some(path.to_path_buf()),
-        })
+        integrity::open(path, cache_bytes, OnCorruption::Fail)
+    }
+
+    /// Open the sled store at `path`, applying `policy` if it is found damaged.
+    ///
+    /// # Errors
+    /// As [`Store::open`]; [`StoreError::Damaged`] only with [`OnCorruption::Fail`].
+    pub fn open_with(
+        path: &Path,
+        cache_bytes: u64,
+        policy: OnCorruption,
+    ) -> Result<Self, StoreError> {
+        integrity::open(path, cache_bytes, policy)
     }
 
     /// A store in memory (tests).
     pub fn memory() -> Self {
+        Self::with_kv(Arc::new(MemKv::default()))
+    }
+
+    /// A store over any [`Kv`] backend (tests inject faults and count flushes this way).
+    pub fn with_kv(kv: Arc<dyn Kv>) -> Self {
+        Self::assemble(kv, None, None)
+    }
+
+    fn assemble(kv: Arc<dyn Kv>, path: Option<PathBuf>, sidecar: Option<integrity::Sidecar>) -> Self {
+        let core = Arc::new(Core {
+            kv: kv.clone(),
+            health: health::Health::default(),
+            sidecar,
+            writes: AtomicU64::new(0),
+            recorded: AtomicU64::new(0),
+        });
+        let commit = Arc::new(commit::GroupCommit::start(core.clone()));
         Self {
-            kv: Arc::new(MemKv::default()),
-            path: None,
+            kv,
+            path,
+            core,
+            commit,
         }
     }
 
@@ -182,15 +388,40 @@ impl Store {
         self.kv.size_on_disk()
     }
 
+    /// Health: ok or degraded (writes failing), and the quarantine alert if any.
+    pub fn health(&self) -> StoreHealth {
+        self.core.health.snapshot()
+    }
+
+    /// The manifest (schema version, store id, creation time) of a store on disk.
+    pub fn manifest(&self) -> Option<integrity::Manifest> {
+        self.core.sidecar.as_ref().map(integrity::Sidecar::manifest)
+    }
+
+    /// Apply a batch, recording a failure in the health state.
+    fn apply(&self, ops: Vec<Op>) -> Result<(), StoreError> {
+        match self.kv.apply(ops) {
+            Ok(()) => {
+                self.core.writes.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(e) => {
+                self.core.health.failed(e.kind(), &e.to_string(), true);
+                Err(e)
+            }
+        }
+    }
+
     /// A small state value (adapter offsets, pairing) under `ns`/`key`.
     ///
     /// # Errors
     /// Backend failure.
     pub fn state_get(&self, ns: &str, key: &str) -> Result<Option<String>, StoreError> {
-        Ok(self
-            .kv
-            .get(&state_key(ns, key))?
-            .map(|v| String::from_utf8_lossy(&v).into_owned()))
+        let k = state_key(ns, key);
+        self.kv
+            .get(&k)?
+            .map(|v| unseal(&k, &v).map(|p| String::from_utf8_lossy(p).into_owned()))
+            .transpose()
     }
 
     /// Store (`Some`) or delete (`None`) a state value durably (flushed).
@@ -199,11 +430,11 @@ impl Store {
     /// Backend failure.
     pub fn state_put(&self, ns: &str, key: &str, value: Option<&str>) -> Result<(), StoreError> {
         let k = state_key(ns, key);
-        self.kv.apply(vec![match value {
-            Some(v) => Op::Put(k, v.as_bytes().to_vec()),
+        self.apply(vec![match value {
+            Some(v) => Op::Put(k, seal(v.as_bytes())),
             None => Op::Del(k),
         }])?;
-        self.kv.flush()
+        self.flush()
     }
 
     /// Every state value under `ns`, as (key, value).
@@ -217,20 +448,35 @@ impl Store {
             .scan_prefix(&prefix)?
             .into_iter()
             .map(|(k, v)| {
-                (
+                Ok((
                     String::from_utf8_lossy(&k[prefix.len()..]).into_owned(),
-                    String::from_utf8_lossy(&v).into_owned(),
-                )
+                    String::from_utf8_lossy(unseal(&k, &v)?).into_owned(),
+                ))
             })
-            .collect())
+            .collect::<Result<_, StoreError>>()?)
     }
 
-    /// Make every write durable.
+    /// Make every write applied before this call durable. Concurrent callers share one backend
+    /// flush (group commit); this blocks the calling thread: async code uses
+    /// [`Store::flush_async`].
+    ///
+    /// # Errors
+    /// Backend failure (the store is then degraded until a retry works).
+    pub fn flush(&self) -> Result<(), StoreError> {
+        let core = self.core.clone();
+        self.commit
+            .flush(&move || commit::Housekeeping::flush_once(core.as_ref()))
+    }
+
+    /// [`Store::flush`] for async callers: waits without blocking a runtime worker.
     ///
     /// # Errors
     /// Backend failure.
-    pub fn flush(&self) -> Result<(), StoreError> {
-        self.kv.flush()
+    pub async fn flush_async(&self) -> Result<(), StoreError> {
+        let core = self.core.clone();
+        self.commit
+            .flush_async(&move || commit::Housekeeping::flush_once(core.as_ref()))
+            .await
     }
 
     /// Journal an inbound event (deduplicated by channel + platform event id) and flush, so
@@ -241,6 +487,40 @@ impl Store {
     /// # Errors
     /// Backend failure: the adapter must not acknowledge.
     pub fn journal_inbound(
+        &self,
+        ev: &InboundEvent,
+        session: &SessionKey,
+    ) -> Result<JournalOutcome, StoreError> {
+        let out = self.journal_inbound_unflushed(ev, session)?;
+        if matches!(out, JournalOutcome::New(_)) {
+            self.flush()?;
+        }
+        Ok(out)
+    }
+
+    /// [`Store::journal_inbound`] for async callers (the ingress pump): the flush is awaited
+    /// through the group commit instead of blocking the runtime.
+    ///
+    /// # Errors
+    /// Backend failure: the adapter must not acknowledge.
+    pub async fn journal_inbound_async(
+        &self,
+        ev: &InboundEvent,
+        session: &SessionKey,
+    ) -> Result<JournalOutcome, StoreError> {
+        let out = self.journal_inbound_unflushed(ev, session)?;
+        if matches!(out, JournalOutcome::New(_)) {
+            self.flush_async().await?;
+        }
+        Ok(out)
+    }
+
+    /// [`Store::journal_inbound`] without the flush: the caller flushes (once for a batch of
+    /// events, [`Store::flush_async`]) before acknowledging any of them.
+    ///
+    /// # Errors
+    /// Backend failure.
+    pub fn journal_inbound_unflushed(
         &self,
         ev: &InboundEvent,
         session: &SessionKey,
@@ -260,11 +540,10 @@ impl Store {
                 ..ev.clone()
             }),
         };
-        self.kv.apply(vec![
+        self.apply(vec![
             Op::Put(key.clone(), encode(&entry)?),
             Op::Put(queue_key(entry.seq), key),
         ])?;
-        self.kv.flush()?;
         Ok(JournalOutcome::New(entry))
     }
 
@@ -289,7 +568,7 @@ impl Store {
             }
         }
         if !stale.is_empty() {
-            self.kv.apply(stale)?;
+            self.apply(stale)?;
         }
         Ok(out)
     }
@@ -356,7 +635,7 @@ impl Store {
         let mut ops = Vec::new();
         self.append_ops(&entry.session, std::slice::from_ref(user), &mut ops)?;
         self.set_inbox_state(entry, InboxState::Started, &mut ops)?;
-        self.kv.apply(ops)
+        self.apply(ops)
     }
 
     /// Append messages to a transcript (not flushed).
@@ -370,7 +649,7 @@ impl Store {
     ) -> Result<(), StoreError> {
         let mut ops = Vec::new();
         self.append_ops(session, msgs, &mut ops)?;
-        self.kv.apply(ops)
+        self.apply(ops)
     }
 
     /// End a turn atomically: append its last messages, mark its journal entry done and put the
@@ -380,6 +659,33 @@ impl Store {
     /// # Errors
     /// Backend failure.
     pub fn finish_turn(
+        &self,
+        session: &SessionKey,
+        entry: Option<&InboxEntry>,
+        msgs: &[Message],
+        reply: Option<&OutboundMessage>,
+    ) -> Result<(), StoreError> {
+        self.finish_turn_unflushed(session, entry, msgs, reply)?;
+        self.flush()
+    }
+
+    /// [`Store::finish_turn`] for async callers (a session's turn task): the flush is awaited
+    /// through the group commit, shared with every other session finishing at the same time.
+    ///
+    /// # Errors
+    /// Backend failure.
+    pub async fn finish_turn_async(
+        &self,
+        session: &SessionKey,
+        entry: Option<&InboxEntry>,
+        msgs: &[Message],
+        reply: Option<&OutboundMessage>,
+    ) -> Result<(), StoreError> {
+        self.finish_turn_unflushed(session, entry, msgs, reply)?;
+        self.flush_async().await
+    }
+
+    fn finish_turn_unflushed(
         &self,
         session: &SessionKey,
         entry: Option<&InboxEntry>,
@@ -396,8 +702,7 @@ impl Store {
         if let Some(r) = reply {
             ops.push(Op::Put(outbox_key(&r.id), encode(r)?));
         }
-        self.kv.apply(ops)?;
-        self.kv.flush()
+        self.apply(ops)
     }
 
     /// Put a message in the outbox and flush (proactive messages).
@@ -405,9 +710,8 @@ impl Store {
     /// # Errors
     /// Backend failure.
     pub fn enqueue_outbound(&self, msg: &OutboundMessage) -> Result<(), StoreError> {
-        self.kv
-            .apply(vec![Op::Put(outbox_key(&msg.id), encode(msg)?)])?;
-        self.kv.flush()
+        self.apply(vec![Op::Put(outbox_key(&msg.id), encode(msg)?)])?;
+        self.flush()
     }
 
     /// Outbox messages not yet delivered.
@@ -428,7 +732,18 @@ impl Store {
     /// # Errors
     /// Backend failure.
     pub fn outbound_done(&self, id: &str) -> Result<(), StoreError> {
-        self.kv.apply(vec![Op::Del(outbox_key(id))])
+        self.apply(vec![Op::Del(outbox_key(id))])
+    }
+
+    /// Remove a delivered message from the outbox and wait until that removal is durable, so
+    /// a crash can never send it again. The flush is shared (group commit) with every other
+    /// caller waiting at the same time: a send per chat costs a share of one fsync, not one.
+    ///
+    /// # Errors
+    /// Backend failure: the mark may not be durable.
+    pub async fn outbound_done_durable(&self, id: &str) -> Result<(), StoreError> {
+        self.outbound_done(id)?;
+        self.flush_async().await
     }
 
     /// The transcript of a session, in order.
@@ -478,8 +793,16 @@ impl Store {
             .map(|(k, _)| Op::Del(k))
             .collect();
         ops.push(Op::Del(mk));
-        self.kv.apply(ops)?;
-        self.kv.flush()?;
+        let delete = || {
+            self.apply(ops)?;
+            self.flush()
+        };
+        // The sidecar's high-water mark goes down first: a crash after the delete must not
+        // make the smaller store look damaged.
+        match &self.core.sidecar {
+            Some(sc) => sc.lowered(u64::from(existed), delete)?,
+            None => delete()?,
+        }
         Ok(existed)
     }
 }
