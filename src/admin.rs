@@ -361,10 +361,11 @@ impl clawft_channel_http::Admin for AdminApi {
                 }
                 let store = r.store.clone();
                 let to = path.clone();
-                let n = tokio::task::spawn_blocking(move || crate::store::backup::backup(&store, &to))
-                    .await
-                    .map_err(internal)?
-                    .map_err(internal)?;
+                let n =
+                    tokio::task::spawn_blocking(move || crate::store::backup::backup(&store, &to))
+                        .await
+                        .map_err(internal)?
+                        .map_err(internal)?;
                 Ok(json!({"path": path.display().to_string(), "records": n}))
             }
             other => pairing_command(&r.store, other, &body),

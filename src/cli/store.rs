@@ -54,7 +54,8 @@ fn print_check(r: &CheckReport, json: bool) -> Result<(), CliError> {
     } else {
         println!(
             "schema {} store {}",
-            r.schema.map_or_else(|| "0 (none)".into(), |s| s.to_string()),
+            r.schema
+                .map_or_else(|| "0 (none)".into(), |s| s.to_string()),
             r.store_id.as_deref().unwrap_or("-")
         );
         for (k, n) in &r.counts {

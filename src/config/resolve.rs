@@ -224,12 +224,12 @@ impl Config {
             cache_bytes: raw.store.cache_mb.unwrap_or(8).clamp(1, 4096) * 1024 * 1024,
             on_corruption: match raw.store.on_corruption.as_deref() {
                 None => crate::store::OnCorruption::default(),
-                Some(v) => crate::store::OnCorruption::parse(v).map_err(|detail| {
-                    ConfigError::Invalid {
+                Some(v) => {
+                    crate::store::OnCorruption::parse(v).map_err(|detail| ConfigError::Invalid {
                         key: "store.on_corruption".into(),
                         detail,
-                    }
-                })?,
+                    })?
+                }
             },
         };
         let sessions = SessionLimits {

@@ -154,13 +154,17 @@ async fn pump(mut rx: mpsc::Receiver<InboundDelivery>, args: IngressArgs) {
             let span = tracing::info_span!("inbound", channel = %event.channel, event_id = %event.event_id);
             let _g = span.enter();
             let answer = if intake.is_cancelled() {
-                Decided::Done(Ack::Rejected("the gateway is shutting down; retry shortly".into()))
+                Decided::Done(Ack::Rejected(
+                    "the gateway is shutting down; retry shortly".into(),
+                ))
             } else {
                 decide(&store, &access, &outbox, &event, max_inbound_bytes)
             };
             decided.push((span.clone(), answer, ack));
         }
-        let journaled = decided.iter().any(|(_, d, _)| !matches!(d, Decided::Done(_)));
+        let journaled = decided
+            .iter()
+            .any(|(_, d, _)| !matches!(d, Decided::Done(_)));
         let flushed = if journaled {
             store.flush_async().await.map_err(|e| {
                 tracing::error!(error = %e, "could not journal inbound messages");

@@ -109,10 +109,11 @@ pub fn check(store: &Store) -> Result<CheckReport, StoreError> {
 
 fn hex(b: &[u8]) -> String {
     use std::fmt::Write as _;
-    b.iter().fold(String::with_capacity(b.len() * 2), |mut s, x| {
-        let _ = write!(s, "{x:02x}");
-        s
-    })
+    b.iter()
+        .fold(String::with_capacity(b.len() * 2), |mut s, x| {
+            let _ = write!(s, "{x:02x}");
+            s
+        })
 }
 
 fn unhex(s: &str) -> Option<Vec<u8>> {
@@ -266,7 +267,10 @@ pub fn restore(from: &Path, dir: &Path, cache_bytes: u64) -> Result<Option<PathB
         for chunk in records.chunks(1000) {
             let mut ops = Vec::with_capacity(chunk.len());
             for (k, v) in chunk {
-                if let Some(seq) = k.strip_prefix(b"q\0").and_then(|s| <[u8; 8]>::try_from(s).ok()) {
+                if let Some(seq) = k
+                    .strip_prefix(b"q\0")
+                    .and_then(|s| <[u8; 8]>::try_from(s).ok())
+                {
                     max_seq = max_seq.max(u64::from_be_bytes(seq));
                 }
                 ops.push(Op::Put(k.clone(), v.clone()));
@@ -278,6 +282,10 @@ pub fn restore(from: &Path, dir: &Path, cache_bytes: u64) -> Result<Option<PathB
         kv.flush()?;
     }
     // Opening writes the sidecar (and gives a backup without a manifest one).
-    drop(integrity::open(dir, cache_bytes, integrity::OnCorruption::Fail)?);
+    drop(integrity::open(
+        dir,
+        cache_bytes,
+        integrity::OnCorruption::Fail,
+    )?);
     Ok(aside)
 }

@@ -92,7 +92,10 @@ impl GroupCommit {
     ///
     /// # Errors
     /// The flush that would have covered them failed.
-    pub(crate) fn flush(&self, fallback: &dyn Fn() -> Result<(), StoreError>) -> Result<(), StoreError> {
+    pub(crate) fn flush(
+        &self,
+        fallback: &dyn Fn() -> Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
         if self.enqueue(Waiter::Sync(tx)).is_err() {
             return fallback();

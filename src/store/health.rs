@@ -98,7 +98,11 @@ impl Health {
         let g = self.lock();
         let now = clawft_channel_core::now_ms();
         StoreHealth {
-            status: if g.degraded.is_some() { "degraded" } else { "ok" },
+            status: if g.degraded.is_some() {
+                "degraded"
+            } else {
+                "ok"
+            },
             detail: g.degraded.as_ref().map(|(_, d)| d.clone()),
             since_ms: g.degraded.as_ref().map(|(s, _)| *s),
             alert: g

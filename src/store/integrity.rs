@@ -259,12 +259,12 @@ fn read_sidecar(dir: &Path) -> Result<Option<SidecarFile>, StoreError> {
     match std::fs::read(&path) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(io_err(&path)(e)),
-        Ok(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(|e| {
-            StoreError::Damaged {
+        Ok(bytes) => serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| StoreError::Damaged {
                 path: dir.display().to_string(),
                 detail: format!("{SIDECAR} is unreadable ({e})"),
-            }
-        }),
+            }),
     }
 }
 
@@ -382,8 +382,7 @@ fn open_checked(dir: &Path, cache_bytes: u64) -> Result<Store, StoreError> {
                 dir,
                 format!(
                     "{sessions} sessions could be read where {} were recorded on {}",
-                    s.sessions,
-                    s.updated_ms
+                    s.sessions, s.updated_ms
                 ),
             ));
         }

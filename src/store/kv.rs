@@ -203,7 +203,10 @@ impl Kv for SledKv {
     }
 
     fn size_on_disk(&self) -> u64 {
-        self.db().ok().and_then(|d| d.size_on_disk().ok()).unwrap_or(0)
+        self.db()
+            .ok()
+            .and_then(|d| d.size_on_disk().ok())
+            .unwrap_or(0)
     }
 
     fn reopen(&self) -> Result<(), StoreError> {

@@ -361,7 +361,11 @@ impl Store {
         Self::assemble(kv, None, None)
     }
 
-    fn assemble(kv: Arc<dyn Kv>, path: Option<PathBuf>, sidecar: Option<integrity::Sidecar>) -> Self {
+    fn assemble(
+        kv: Arc<dyn Kv>,
+        path: Option<PathBuf>,
+        sidecar: Option<integrity::Sidecar>,
+    ) -> Self {
         let core = Arc::new(Core {
             kv: kv.clone(),
             health: health::Health::default(),

@@ -265,20 +265,23 @@ fn a_store_that_lost_sessions_is_detected_and_quarantined_or_refused() {
     {
         let s = Store::open(&dir, 1 << 20).unwrap();
         assert_eq!(s.sessions().unwrap().len(), 5);
-        let ops: Vec<Op> = s
-            .kv
-            .scan_prefix(b"s\0")
-            .unwrap()
-            .into_iter()
-            .take(2)
-            .map(|(k, _)| Op::Del(k))
-            .collect();
+        let ops: Vec<Op> =
+            s.kv.scan_prefix(b"s\0")
+                .unwrap()
+                .into_iter()
+                .take(2)
+                .map(|(k, _)| Op::Del(k))
+                .collect();
         s.kv.apply(ops).unwrap();
         s.kv.flush().unwrap();
     }
     let e = Store::open(&dir, 1 << 20).err().unwrap();
     assert!(matches!(e, StoreError::Damaged { .. }), "{e}");
-    assert!(e.to_string().contains("3 sessions could be read where 5 were recorded"), "{e}");
+    assert!(
+        e.to_string()
+            .contains("3 sessions could be read where 5 were recorded"),
+        "{e}"
+    );
     let s = Store::open_with(&dir, 1 << 20, OnCorruption::Quarantine).unwrap();
     assert_eq!(s.sessions().unwrap().len(), 0, "a fresh store");
     let alert = s.health().alert.unwrap();
@@ -286,7 +289,11 @@ fn a_store_that_lost_sessions_is_detected_and_quarantined_or_refused() {
     let aside: Vec<_> = std::fs::read_dir(d.path())
         .unwrap()
         .filter_map(Result::ok)
-        .filter(|e| e.file_name().to_string_lossy().starts_with("store.corrupt-"))
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with("store.corrupt-")
+        })
         .collect();
     assert_eq!(aside.len(), 1);
     assert!(aside[0].path().join("db").exists());

@@ -16,5 +16,6 @@ mod platforms;
 mod process;
 mod scrubbing;
 mod service;
+mod store_faults;
 mod subagents;
 mod tools;
