@@ -60,8 +60,7 @@ impl Gateway {
             }
             Err(e @ StoreError::Damaged { .. }) => {
                 return Err(CliError(format!(
-                    "{e}. store.on_corruption = \"fail\": refusing to start. Inspect it with `weft store check`, restore a backup with `weft store restore PATH`, or set store.on_corruption = \"quarantine\" to move it aside and start fresh{}",
-                    STORE_REFUSED_MARK
+                    "{e}. store.on_corruption = \"fail\": refusing to start. Inspect it with `weft store check`, restore a backup with `weft store restore PATH`, or set store.on_corruption = \"quarantine\" to move it aside and start fresh{STORE_REFUSED_MARK}"
                 )))
             }
             Err(e @ StoreError::Newer { .. }) => {

@@ -117,7 +117,7 @@ pub async fn run(config: &Config, action: StoreAction) -> Result<(), CliError> {
                     &json!({"path": path.display().to_string()}),
                 )
                 .await?;
-            println!("{}", v);
+            println!("{v}");
             Ok(())
         }
         (StoreAction::Backup { path }, None) => {

@@ -117,7 +117,7 @@ fn hex(b: &[u8]) -> String {
 }
 
 fn unhex(s: &str) -> Option<Vec<u8>> {
-    if s.len() % 2 != 0 {
+    if !s.len().is_multiple_of(2) {
         return None;
     }
     (0..s.len())
@@ -188,7 +188,7 @@ fn bad(path: &Path, what: &str) -> StoreError {
 }
 
 /// Read and verify a backup: its records.
-fn read_backup(from: &Path) -> Result<Vec<(Vec<u8>, Vec<u8>)>, StoreError> {
+fn read_backup(from: &Path) -> Result<super::kv::Pairs, StoreError> {
     let f = std::fs::File::open(from).map_err(io(from))?;
     let mut lines = std::io::BufReader::new(f).lines();
     let mut crc = crc32fast::Hasher::new();

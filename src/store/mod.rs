@@ -447,8 +447,7 @@ impl Store {
     /// Backend failure.
     pub fn state_scan(&self, ns: &str) -> Result<Vec<(String, String)>, StoreError> {
         let prefix = state_key(ns, "");
-        Ok(self
-            .kv
+        self.kv
             .scan_prefix(&prefix)?
             .into_iter()
             .map(|(k, v)| {
@@ -457,7 +456,7 @@ impl Store {
                     String::from_utf8_lossy(unseal(&k, &v)?).into_owned(),
                 ))
             })
-            .collect::<Result<_, StoreError>>()?)
+            .collect()
     }
 
     /// Make every write applied before this call durable. Concurrent callers share one backend
