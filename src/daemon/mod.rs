@@ -147,6 +147,7 @@ async fn start_channel(
             store: kit.store.clone(),
             stop: stop.clone(),
             tasks: kit.tasks.clone(),
+            max_chats_in_flight: crate::egress::DEFAULT_MAX_CHATS_IN_FLIGHT,
         },
     )
     .await
