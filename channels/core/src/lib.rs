@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 pub mod bounded;
 pub mod draft;
+pub mod draft_journal;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod text;
