@@ -34,8 +34,9 @@ use crate::store::{Store, StoreError};
 const MAX_RETRY_DELAY: Duration = Duration::from_secs(60);
 /// First wait after a failed send.
 const FIRST_RETRY_DELAY: Duration = Duration::from_millis(500);
-/// Default of the number of chats of one channel sending at the same time.
-pub const DEFAULT_MAX_CHATS_IN_FLIGHT: usize = 8;
+/// Default of the number of chats of one channel sending at the same time
+/// (`channels.<x>.max_chats_in_flight`).
+pub const DEFAULT_MAX_CHATS_IN_FLIGHT: usize = crate::config::DEFAULT_MAX_CHATS_IN_FLIGHT;
 /// Best-effort messages (deltas, progress) kept waiting per chat; more are dropped.
 pub const MAX_BEST_EFFORT_PER_CHAT: usize = 256;
 
@@ -354,8 +355,8 @@ async fn send_once(
             tracing::error!(error = %e, "could not clear the outbox entry");
             return Outcome::Done;
         }
-        fault::point("egress.after_mark");
         channel.settled(msg);
+        fault::point("egress.after_mark");
     }
     Outcome::Done
 }

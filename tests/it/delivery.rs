@@ -29,7 +29,7 @@ enum Point {
     BeforeSend,
     /// The platform accepted the reply; its outbox entry is not removed yet.
     AfterSend,
-    /// The outbox removal is on disk.
+    /// The outbox removal is on disk and the adapter dropped what it journaled for a resend.
     AfterMark,
     /// A streamed draft is on screen, the model still answering.
     DuringDraft,
