@@ -421,8 +421,7 @@ pub(super) fn resolve_chat_channels(
                 Some(0) => {
                     return Err(ConfigError::Invalid {
                         key: key("max_chats_in_flight"),
-                        detail: "must be at least 1 (1 sends one chat at a time; default 8)"
-                            .into(),
+                        detail: "must be at least 1 (1 sends one chat at a time; default 8)".into(),
                     })
                 }
                 Some(n) => n,

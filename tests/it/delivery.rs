@@ -62,9 +62,9 @@ fn telegram(tg: &Arc<clawft_channel_telegram::fake::FakeTelegram>) -> Platform {
     let (a, b, url) = (tg.clone(), tg.clone(), tg.api_url());
     Platform {
         name: "telegram",
-        section: Box::new(move |stream| {
-            json!({"token": FakeTelegram::TOKEN, "api_url": url, "allow_from": [111], "stream_edits": stream, "edit_interval_ms": 0})
-        }),
+        section: Box::new(
+            move |stream| json!({"token": FakeTelegram::TOKEN, "api_url": url, "allow_from": [111], "stream_edits": stream, "edit_interval_ms": 0}),
+        ),
         push: Box::new(move || {
             a.push_user_message(111, 111, "are you there?");
         }),
@@ -84,9 +84,9 @@ fn discord(dc: &Arc<clawft_channel_discord::fake::FakeDiscord>) -> Platform {
     let (a, b, url) = (dc.clone(), dc.clone(), dc.base_url());
     Platform {
         name: "discord",
-        section: Box::new(move |stream| {
-            json!({"token": FAKE_TOKEN, "proxy": url, "allow_from": ["111"], "stream_edits": stream, "edit_interval_ms": 0})
-        }),
+        section: Box::new(
+            move |stream| json!({"token": FAKE_TOKEN, "proxy": url, "allow_from": ["111"], "stream_edits": stream, "edit_interval_ms": 0}),
+        ),
         push: Box::new(move || {
             a.push_user_message("500", "111", "are you there?");
         }),
@@ -106,9 +106,9 @@ fn slack(sl: &Arc<clawft_channel_slack::fake::FakeSlack>) -> Platform {
     let (a, b, url) = (sl.clone(), sl.clone(), sl.api_url());
     Platform {
         name: "slack",
-        section: Box::new(move |stream| {
-            json!({"token": BOT_TOKEN, "app_token": APP_TOKEN, "api_url": url, "allow_from": ["U111"], "stream_edits": stream, "edit_interval_ms": 0})
-        }),
+        section: Box::new(
+            move |stream| json!({"token": BOT_TOKEN, "app_token": APP_TOKEN, "api_url": url, "allow_from": ["U111"], "stream_edits": stream, "edit_interval_ms": 0}),
+        ),
         push: Box::new(move || {
             a.push_user_message("D111", "U111", "are you there?");
         }),

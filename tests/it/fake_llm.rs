@@ -316,14 +316,13 @@ async fn answer(
                 }
                 let mut c = text_chunks(&t, model);
                 c.truncate(c.len().saturating_sub(2));
-                let frames = futures::StreamExt::chain(
-                    futures::stream::iter(
-                        c.into_iter().map(|c| {
+                let frames =
+                    futures::StreamExt::chain(
+                        futures::stream::iter(c.into_iter().map(|c| {
                             Ok::<_, std::io::Error>(Bytes::from(format!("data: {c}\n\n")))
-                        }),
-                    ),
-                    futures::stream::pending(),
-                );
+                        })),
+                        futures::stream::pending(),
+                    );
                 return Response::builder()
                     .header(header::CONTENT_TYPE, "text/event-stream")
                     .body(Body::from_stream(frames))
