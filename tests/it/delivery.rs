@@ -213,6 +213,9 @@ async fn cycle(p: &Platform, point: Point) {
             (p.visible)(),
             log_of(dir.path())
         );
+        // Past the answer to the draft's post (the at-least-once window, milliseconds long):
+        // the draft's id is journaled.
+        tokio::time::sleep(Duration::from_millis(500)).await;
         d.kill9();
         llm.push(Reply::Text(ANSWER.into()));
     }
@@ -269,4 +272,52 @@ async fn slack_kill_9_at_every_point_of_the_send_path_shows_one_reply() {
         let sl = Arc::new(clawft_channel_slack::fake::FakeSlack::start().await);
         cycle(&slack(&sl), point).await;
     }
+}
+
+/// The one window Discord closes by itself: the daemon dies after Discord created the reply
+/// but before its answer arrived (nothing journaled). The resend carries the same nonce with
+/// `enforce_nonce`, and Discord answers with the message it already has.
+#[tokio::test]
+async fn discord_kill_9_while_the_answer_to_the_post_is_in_flight_shows_one_reply() {
+    let dc = Arc::new(clawft_channel_discord::fake::FakeDiscord::start().await);
+    let p = discord(&dc);
+    let dir = tempfile::tempdir().unwrap();
+    let llm = FakeLlm::start().await;
+    let port = free_port();
+    let cfg = write_config(
+        dir.path(),
+        &config_value(
+            &llm.base_url(),
+            dir.path(),
+            json!({"channels": {"http": {"bind": format!("127.0.0.1:{port}")}, "discord": (p.section)(false)}}),
+        ),
+    );
+    llm.push(Reply::Text(ANSWER.into()));
+    let d = Daemon::start(dir.path(), &cfg, port).await;
+    dc.hold_answers(true);
+    (p.push)();
+    assert!(
+        wait_until(T, || (p.visible)().iter().any(|t| t.contains(ANSWER))).await,
+        "{}",
+        log_of(dir.path())
+    );
+    d.kill9();
+    dc.hold_answers(false);
+    let d = Daemon::start(dir.path(), &cfg, port).await;
+    // The resend reached Discord (two posts with the same nonce), and the chat shows one reply.
+    assert!(
+        wait_until(T, || dc
+            .requests()
+            .iter()
+            .filter(|r| r.method == "POST" && r.path.ends_with("/channels/500/messages"))
+            .count()
+            >= 2)
+        .await,
+        "no resend: {:?}\n{}",
+        dc.requests(),
+        log_of(dir.path())
+    );
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert_eq!((p.visible)(), [ANSWER], "{}", log_of(dir.path()));
+    assert_eq!(d.term().code(), Some(0), "{}", log_of(dir.path()));
 }
