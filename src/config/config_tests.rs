@@ -334,3 +334,21 @@ fn allow_from_entries_that_cannot_match_a_sender_are_refused_with_how_to_find_th
         assert_eq!(got, want, "{platform}");
     }
 }
+
+#[test]
+fn max_chats_in_flight_defaults_to_8_and_zero_is_refused_with_the_key() {
+    let text = |extra: &str| {
+        format!("[channels.telegram]\ntoken = \"t-123456\"\nallow_from = [1]\n{extra}")
+    };
+    let c = Config::from_str(&text(""), true, &env(&[])).unwrap();
+    assert_eq!(c.chat_channels[0].max_chats_in_flight, 8);
+    let c = Config::from_str(&text("max_chats_in_flight = 2\n"), true, &env(&[])).unwrap();
+    assert_eq!(c.chat_channels[0].max_chats_in_flight, 2);
+    let err = Config::from_str(&text("max_chats_in_flight = 0\n"), true, &env(&[]))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("channels.telegram.max_chats_in_flight") && err.contains("at least 1"),
+        "{err}"
+    );
+}

@@ -167,6 +167,9 @@ pub struct ChatChannelFile {
     pub stream_edits: Option<bool>,
     /// Least time between two edits of a streamed draft, in milliseconds (default 1500).
     pub edit_interval_ms: Option<u64>,
+    /// How many chats may be sending at the same time (default 8, at least 1). Replies of one
+    /// chat are always sent one after the other.
+    pub max_chats_in_flight: Option<usize>,
 }
 
 /// `channels.http`.

@@ -425,6 +425,16 @@ pub(super) fn resolve_chat_channels(
             proxy: f.proxy,
             stream_edits: f.stream_edits.unwrap_or(true),
             edit_interval: Duration::from_millis(f.edit_interval_ms.unwrap_or(1500).max(200)),
+            max_chats_in_flight: match f.max_chats_in_flight {
+                None => DEFAULT_MAX_CHATS_IN_FLIGHT,
+                Some(0) => {
+                    return Err(ConfigError::Invalid {
+                        key: key("max_chats_in_flight"),
+                        detail: "must be at least 1 (1 sends one chat at a time; default 8)".into(),
+                    })
+                }
+                Some(n) => n,
+            },
         });
     }
     Ok(out)

@@ -234,7 +234,12 @@ pub struct ChatChannelConfig {
     pub stream_edits: bool,
     /// Least time between draft edits.
     pub edit_interval: Duration,
+    /// Chats sending at the same time (`channels.<x>.max_chats_in_flight`).
+    pub max_chats_in_flight: usize,
 }
+
+/// Default of `channels.<x>.max_chats_in_flight`: chats of one channel sending at once.
+pub const DEFAULT_MAX_CHATS_IN_FLIGHT: usize = 8;
 
 /// Validated `tools.*` settings.
 #[derive(Clone, Debug)]

@@ -33,6 +33,11 @@ impl StateStore for StoreState {
             .state_put(&self.ns, key, Some(value))
             .map_err(|e| clawft_channel_core::StateError(e.to_string()))
     }
+    fn remove(&self, key: &str) -> Result<(), clawft_channel_core::StateError> {
+        self.store
+            .state_put(&self.ns, key, None)
+            .map_err(|e| clawft_channel_core::StateError(e.to_string()))
+    }
 }
 
 /// Build the enabled chat channels. One that cannot be built is reported and left out; the

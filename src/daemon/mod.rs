@@ -110,6 +110,7 @@ impl Daemon {
                 stop: &self.stop_channels,
                 tasks: &self.tasks,
                 max_inbound_bytes: self.config.max_inbound_bytes,
+                chat_channels: &self.config.chat_channels,
             },
             ch,
             access,
@@ -129,6 +130,8 @@ struct ChannelKit<'a> {
     tasks: &'a TaskTracker,
     /// `channels.max_inbound_bytes` (fixed at start, as the HTTP API's own check).
     max_inbound_bytes: usize,
+    /// The chat channels' settings (`max_chats_in_flight`).
+    chat_channels: &'a [crate::config::ChatChannelConfig],
 }
 
 async fn start_channel(
@@ -147,6 +150,13 @@ async fn start_channel(
             store: kit.store.clone(),
             stop: stop.clone(),
             tasks: kit.tasks.clone(),
+            max_chats_in_flight: kit
+                .chat_channels
+                .iter()
+                .find(|c| c.platform.name() == id)
+                .map_or(crate::egress::DEFAULT_MAX_CHATS_IN_FLIGHT, |c| {
+                    c.max_chats_in_flight
+                }),
         },
     )
     .await
@@ -274,6 +284,7 @@ impl Daemon {
                     stop: &stop_channels,
                     tasks: &tasks,
                     max_inbound_bytes: config.max_inbound_bytes,
+                    chat_channels: &config.chat_channels,
                 },
                 ch,
                 &access,

@@ -1,19 +1,22 @@
-//! ⑧ The way out. [`ChannelActor`]: one per channel, it runs the outbox worker (send in order,
-//! retry retryable errors honouring `retry_after`, remove from the store once delivered), the
-//! typing indicator and the adapter's state. [`Outbox`]: the handle every sender uses (persist,
+//! ⑧ The way out. [`ChannelActor`]: one per channel, it runs the outbox worker
+//! ([`scheduler`]: in order per chat, concurrent and fair across chats, retry retryable errors
+//! honouring `retry_after` for that chat only, remove from the store durably once delivered),
+//! the typing indicator and the adapter's state. [`Outbox`]: the handle every sender uses (persist,
 //! then route through the live [`ChannelTable`]).
 //!
 //! The actor's `handle` only enqueues; all I/O runs in its tasks. The inbound side of a channel
 //! (its `listen` loop and the ingress pump) lives in [`crate::ingress`].
 
 pub mod outbox;
+pub mod scheduler;
 
 pub use outbox::{ChannelEntry, ChannelTable, Outbox};
+pub use scheduler::DEFAULT_MAX_CHATS_IN_FLIGHT;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use clawft_channel_core::{Channel, ChannelError, OutboundMessage};
+use clawft_channel_core::{Channel, OutboundMessage};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
@@ -21,14 +24,10 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
 use crate::store::Store;
+use scheduler::{outbox_worker, Work};
 
 /// Handle to a channel actor.
 pub type ChannelRef = ActorRef<ChannelMsg>;
-
-/// Longest wait between two send attempts of one message.
-const MAX_RETRY_DELAY: Duration = Duration::from_secs(60);
-/// First wait after a failed send.
-const FIRST_RETRY_DELAY: Duration = Duration::from_millis(500);
 
 /// Messages understood by [`ChannelActor`].
 pub enum ChannelMsg {
@@ -63,11 +62,9 @@ pub struct ChannelArgs {
     pub stop: CancellationToken,
     /// Where the actor's tasks are tracked.
     pub tasks: TaskTracker,
-}
-
-enum Work {
-    Send(OutboundMessage),
-    Flush(oneshot::Sender<()>),
+    /// How many chats may be sending at the same time
+    /// ([`DEFAULT_MAX_CHATS_IN_FLIGHT`]; at least 1).
+    pub max_chats_in_flight: usize,
 }
 
 /// State of a channel actor.
@@ -99,6 +96,7 @@ impl Actor for ChannelActor {
                 args.store.clone(),
                 rx,
                 args.stop.clone(),
+                args.max_chats_in_flight,
             )
             .instrument(tracing::info_span!("outbox", channel = %id)),
         );
@@ -154,68 +152,5 @@ impl Actor for ChannelActor {
             }
         }
         Ok(())
-    }
-}
-
-async fn outbox_worker(
-    channel: Arc<dyn Channel>,
-    store: Store,
-    mut rx: mpsc::UnboundedReceiver<Work>,
-    stop: CancellationToken,
-) {
-    loop {
-        let work = tokio::select! {
-            () = stop.cancelled() => return,
-            w = rx.recv() => match w { Some(w) => w, None => return },
-        };
-        match work {
-            Work::Flush(done) => {
-                let _ = done.send(());
-            }
-            Work::Send(msg) => send_one(channel.as_ref(), &store, &msg, &stop).await,
-        }
-    }
-}
-
-async fn send_one(
-    channel: &dyn Channel,
-    store: &Store,
-    msg: &OutboundMessage,
-    stop: &CancellationToken,
-) {
-    let durable = msg.kind.is_durable();
-    let mut delay = FIRST_RETRY_DELAY;
-    let mut attempt: u32 = 0;
-    loop {
-        attempt += 1;
-        let span = tracing::info_span!("send", channel = %msg.channel, chat = %msg.chat, attempt);
-        let r = channel.send(msg).instrument(span).await;
-        match r {
-            Ok(_) => break,
-            Err(ChannelError::Gone(why)) => {
-                tracing::debug!(why, "recipient gone; message dropped");
-                break;
-            }
-            Err(e) if durable && e.is_retryable() => {
-                let wait = e.retry_after().unwrap_or(delay).min(MAX_RETRY_DELAY);
-                tracing::warn!(error = %e, attempt, wait_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX), "send failed; retrying");
-                tokio::select! {
-                    () = stop.cancelled() => return, // stays in the outbox for the next start
-                    () = tokio::time::sleep(wait) => {}
-                }
-                delay = (delay * 2).min(MAX_RETRY_DELAY);
-            }
-            Err(e) => {
-                if durable {
-                    tracing::error!(error = %e, kind = e.kind(), "send failed permanently; message dropped");
-                }
-                break;
-            }
-        }
-    }
-    if durable {
-        if let Err(e) = store.outbound_done(&msg.id) {
-            tracing::error!(error = %e, "could not clear the outbox entry");
-        }
     }
 }

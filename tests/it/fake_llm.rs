@@ -50,6 +50,10 @@ pub enum Reply {
     /// `[DONE]`; not streamed, the JSON body is cut in half.
     #[allow(dead_code)]
     Cut(String),
+    /// Streamed: this text, then the stream stays open without another byte (a model that
+    /// stalls mid-answer). Not streamed: like [`Reply::Hang`].
+    #[allow(dead_code)]
+    Stall(String),
 }
 
 /// Picks the reply from the request itself (for concurrent agents whose calls interleave);
@@ -305,6 +309,24 @@ async fn answer(
                         "usage": usage_json(prompt, cached, ""),
                     }))
                 };
+            }
+            Reply::Stall(t) => {
+                if !stream {
+                    std::future::pending::<()>().await;
+                }
+                let mut c = text_chunks(&t, model);
+                c.truncate(c.len().saturating_sub(2));
+                let frames =
+                    futures::StreamExt::chain(
+                        futures::stream::iter(c.into_iter().map(|c| {
+                            Ok::<_, std::io::Error>(Bytes::from(format!("data: {c}\n\n")))
+                        })),
+                        futures::stream::pending(),
+                    );
+                return Response::builder()
+                    .header(header::CONTENT_TYPE, "text/event-stream")
+                    .body(Body::from_stream(frames))
+                    .unwrap();
             }
             Reply::Cut(t) => {
                 return if stream {

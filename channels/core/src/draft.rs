@@ -19,6 +19,10 @@
 //!
 //! The draft's platform message id is kept explicitly ([`Draft::message_id`],
 //! [`DraftBook::message_id`]).
+//!
+//! With a journal ([`DraftBook::with_journal`], [`crate::draft_journal`]) the draft's id and the
+//! chunks delivered survive a restart: the replayed reply edits the journaled draft and skips
+//! the journaled chunks; [`DraftBook::settled`] forgets them once the reply is never resent.
 
 use std::collections::HashSet;
 use std::fmt;
@@ -29,6 +33,7 @@ use async_trait::async_trait;
 use tokio::time::Instant;
 
 use crate::bounded::BoundedMap;
+use crate::draft_journal::DraftJournal;
 use crate::{ChannelError, ChatId, OutboundMessage, PlatformEventId, SentRef};
 
 /// Which message a reply's deltas and final belong to: the chat and the inbound event replied to.
@@ -169,6 +174,7 @@ struct Book<Id, T> {
 pub struct DraftBook<Id, T> {
     opts: DraftOptions,
     book: Mutex<Book<Id, T>>,
+    journal: Option<DraftJournal>,
 }
 
 impl<Id, T> fmt::Debug for DraftBook<Id, T> {
@@ -185,7 +191,7 @@ fn sent_ref<Id: fmt::Display>(id: Option<&Id>) -> SentRef {
 
 impl<Id, T> DraftBook<Id, T>
 where
-    Id: Clone + fmt::Display + Send + Sync + 'static,
+    Id: Clone + fmt::Display + std::str::FromStr + Send + Sync + 'static,
     T: PartialEq + Send + Sync + 'static,
 {
     /// An empty book.
@@ -198,6 +204,23 @@ where
                 finished: BoundedMap::new(cap),
                 progress: BoundedMap::new(cap),
             }),
+            journal: None,
+        }
+    }
+
+    /// Journal draft ids and delivered chunks in `state`, so a reply resent after a restart
+    /// edits what was posted instead of posting again.
+    #[must_use]
+    pub fn with_journal(mut self, state: std::sync::Arc<dyn crate::StateStore>) -> Self {
+        self.journal = Some(DraftJournal::new(state));
+        self
+    }
+
+    /// `msg` will never be sent again (the daemon's [`crate::Channel::settled`]): forget what
+    /// was journaled for it.
+    pub fn settled(&self, msg: &OutboundMessage) {
+        if let Some(j) = &self.journal {
+            j.settle(msg);
         }
     }
 
@@ -238,8 +261,12 @@ where
             match book.drafts.get(&key) {
                 Some(d) => d.clone(),
                 None => {
-                    let d = Shared::default();
-                    book.drafts.insert(key, d.clone());
+                    // A draft posted before a restart is edited, not posted again.
+                    let d: Shared<Id, T> = Arc::new(tokio::sync::Mutex::new(Draft {
+                        message_id: self.journal.as_ref().and_then(|j| j.draft(&key)),
+                        ..Draft::default()
+                    }));
+                    book.drafts.insert(key.clone(), d.clone());
                     d
                 }
             }
@@ -268,7 +295,13 @@ where
         let r = match d.message_id.clone() {
             // A draft the user deleted keeps its id: the final reply replaces it.
             Some(id) => platform.edit(&id, &preview).await.map(|_| Some(id)),
-            None => platform.post(Slot::Draft, &preview).await,
+            None => {
+                let posted = platform.post(Slot::Draft, &preview).await;
+                if let (Ok(Some(id)), Some(j)) = (&posted, &self.journal) {
+                    j.set_draft(&key, id);
+                }
+                posted
+            }
         };
         match r {
             Ok(id) => {
@@ -310,20 +343,23 @@ where
             Some(d) => Some(d.lock().await),
             None => None,
         };
-        let draft_id = guard
-            .as_ref()
-            .filter(|d| !d.closed)
-            .and_then(|d| d.message_id.clone());
+        let draft_id = match &guard {
+            Some(d) => (!d.closed).then(|| d.message_id.clone()).flatten(),
+            // No draft in memory: one journaled before a restart, if any.
+            None => self
+                .journal
+                .as_ref()
+                .zip(key.as_ref())
+                .and_then(|(j, k)| j.draft(k)),
+        };
         if chunks.is_empty() {
             if let (Some(_), Some(t)) = (&draft_id, platform.empty_final()) {
                 chunks.push(t);
             }
         }
-        let mut delivered = self
-            .lock()
-            .progress
-            .get(&msg.id)
-            .cloned()
+        let remembered = self.lock().progress.get(&msg.id).cloned();
+        let mut delivered = remembered
+            .or_else(|| self.journal.as_ref().and_then(|j| j.chunks(&msg.id)))
             .unwrap_or_default();
         for (i, chunk) in chunks.iter().enumerate().skip(delivered.len()) {
             let id = match (&draft_id, i) {
@@ -334,6 +370,9 @@ where
                 _ => platform.post(Slot::Chunk(i), chunk).await?,
             };
             delivered.push(id);
+            if let Some(j) = &self.journal {
+                j.set_chunks(&msg.id, &delivered);
+            }
             self.lock()
                 .progress
                 .insert(msg.id.clone(), delivered.clone());

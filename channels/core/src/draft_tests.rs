@@ -371,3 +371,88 @@ async fn drafts_are_per_chat_and_reply() {
         ]
     );
 }
+
+// ---- The journal: what survives a restart (a new book over the same state store). ----
+
+fn journaled(state: &std::sync::Arc<crate::MemoryState>) -> DraftBook<u32, String> {
+    book(Duration::ZERO).with_journal(state.clone())
+}
+
+#[tokio::test]
+async fn after_a_restart_the_final_edits_the_journaled_draft_instead_of_posting() {
+    let state = std::sync::Arc::new(crate::MemoryState::default());
+    let p = Fake::default();
+    journaled(&state)
+        .delta(&p, &delta("d1", "Hel"))
+        .await
+        .unwrap();
+    // The process dies; a new one resends the final of the same reply.
+    let b = journaled(&state);
+    b.finish(&p, &fin("f"), chunks(&["Hello"])).await.unwrap();
+    assert_eq!(
+        p.ops(),
+        vec![post(Slot::Draft, "Hel"), edit(100, "Hello")],
+        "one visible message"
+    );
+}
+
+#[tokio::test]
+async fn after_a_restart_the_deltas_of_the_replayed_turn_edit_the_journaled_draft() {
+    let state = std::sync::Arc::new(crate::MemoryState::default());
+    let p = Fake::default();
+    journaled(&state)
+        .delta(&p, &delta("d1", "Hel"))
+        .await
+        .unwrap();
+    let b = journaled(&state);
+    b.delta(&p, &delta("e1", "Again")).await.unwrap();
+    b.finish(&p, &fin("f"), chunks(&["Again!"])).await.unwrap();
+    assert_eq!(
+        p.ops(),
+        vec![
+            post(Slot::Draft, "Hel"),
+            edit(100, "Again"),
+            edit(100, "Again!")
+        ]
+    );
+}
+
+#[tokio::test]
+async fn after_a_restart_journaled_chunks_are_skipped_and_a_delivered_final_sends_nothing() {
+    let state = std::sync::Arc::new(crate::MemoryState::default());
+    let p = Fake::default();
+    journaled(&state)
+        .finish(&p, &fin("f"), chunks(&["A"]))
+        .await
+        .unwrap();
+    // The same final resent after a crash: already delivered, nothing posted.
+    let r = journaled(&state)
+        .finish(&p, &fin("f"), chunks(&["A"]))
+        .await
+        .unwrap();
+    assert_eq!(r.0, "100");
+    assert_eq!(p.ops(), vec![post(Slot::Chunk(0), "A")]);
+    // Chunk B is delivered, C fails, the process dies: the resend posts only C.
+    p.fail.lock().unwrap().push_back(None);
+    p.fail_next(ChannelError::Transient("502".into()));
+    journaled(&state)
+        .finish(&p, &fin("g"), chunks(&["B", "C"]))
+        .await
+        .unwrap_err();
+    let b = journaled(&state);
+    b.finish(&p, &fin("g"), chunks(&["B", "C"])).await.unwrap();
+    assert_eq!(
+        p.ops(),
+        vec![
+            post(Slot::Chunk(0), "A"),
+            post(Slot::Chunk(0), "B"),
+            post(Slot::Chunk(1), "C")
+        ]
+    );
+    // Settled: the entries are gone.
+    b.settled(&fin("g"));
+    b.settled(&fin("f"));
+    use crate::StateStore;
+    assert_eq!(state.get("sent:g"), None);
+    assert_eq!(state.get("sent:f"), None);
+}

@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 pub mod bounded;
 pub mod draft;
+pub mod draft_journal;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod text;
@@ -263,6 +264,13 @@ pub enum ChannelError {
     /// Anything else that is fatal for this adapter.
     #[error("{0}")]
     Fatal(String),
+    /// The platform asked us to slow down on every chat of this bot (Discord's global rate
+    /// limit): the whole channel pauses, not only the chat whose send got the answer.
+    #[error("rate limited for every chat (retry after {retry_after:?})")]
+    RateLimitedGlobal {
+        /// How long the platform asked us to wait, if it said.
+        retry_after: Option<Duration>,
+    },
 }
 
 impl ChannelError {
@@ -270,14 +278,17 @@ impl ChannelError {
     pub fn is_retryable(&self) -> bool {
         matches!(
             self,
-            ChannelError::RateLimited { .. } | ChannelError::Transient(_)
+            ChannelError::RateLimited { .. }
+                | ChannelError::RateLimitedGlobal { .. }
+                | ChannelError::Transient(_)
         )
     }
 
     /// The delay the platform asked for, if any.
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
-            ChannelError::RateLimited { retry_after } => *retry_after,
+            ChannelError::RateLimited { retry_after }
+            | ChannelError::RateLimitedGlobal { retry_after } => *retry_after,
             _ => None,
         }
     }
@@ -286,6 +297,7 @@ impl ChannelError {
     pub fn kind(&self) -> &'static str {
         match self {
             ChannelError::RateLimited { .. } => "rate_limited",
+            ChannelError::RateLimitedGlobal { .. } => "rate_limited_global",
             ChannelError::Transient(_) => "transient",
             ChannelError::Auth(_) => "auth",
             ChannelError::Rejected(_) => "rejected",
@@ -338,6 +350,12 @@ pub trait Channel: Send + Sync + 'static {
     fn state(&self) -> String {
         "running".into()
     }
+
+    /// The daemon is done with durable message `msg` for good: it was delivered (or refused
+    /// permanently) and its removal from the outbox is on disk, so it will never be sent
+    /// again. Adapters drop what they journaled to make a resend of it harmless (the draft's
+    /// message id, the chunks delivered). Best effort.
+    fn settled(&self, _msg: &OutboundMessage) {}
 }
 
 /// Small durable key-value state an adapter keeps across restarts (Telegram's update offset,
@@ -350,6 +368,14 @@ pub trait StateStore: Send + Sync + 'static {
     /// # Errors
     /// The store failed.
     fn put(&self, key: &str, value: &str) -> Result<(), StateError>;
+    /// Remove `key` durably. The default stores an empty value, which readers of journals
+    /// treat as absent.
+    ///
+    /// # Errors
+    /// The store failed.
+    fn remove(&self, key: &str) -> Result<(), StateError> {
+        self.put(key, "")
+    }
 }
 
 /// A [`StateStore`] write that failed (the backing store's own error, as text: adapters only
@@ -375,6 +401,13 @@ impl StateStore for MemoryState {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .insert(key.to_string(), value.to_string());
+        Ok(())
+    }
+    fn remove(&self, key: &str) -> Result<(), StateError> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(key);
         Ok(())
     }
 }

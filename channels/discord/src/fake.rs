@@ -183,6 +183,8 @@ struct St {
     /// Every open connection.
     conns: Vec<mpsc::UnboundedSender<Cmd>>,
     no_heartbeat_ack: bool,
+    /// Posts and edits are applied but never answered (a crash while the answer is in flight).
+    hold_answers: bool,
     connections: usize,
     client_frames: Vec<Value>,
 }
@@ -468,6 +470,19 @@ impl FakeDiscord {
     pub fn set_heartbeat_ack(&self, on: bool) {
         self.shared.lock().no_heartbeat_ack = !on;
     }
+
+    /// While on, message posts and edits are applied (and recorded) but their HTTP answer never
+    /// comes: the client sees a request in flight forever, as when it dies before the answer.
+    pub fn hold_answers(&self, on: bool) {
+        self.shared.lock().hold_answers = on;
+    }
+}
+
+/// Never answer while [`FakeDiscord::hold_answers`] is on.
+async fn held(sh: &Shared) {
+    if sh.lock().hold_answers {
+        std::future::pending::<()>().await;
+    }
 }
 
 fn discord_error(status: StatusCode, code: u32, message: &str) -> Response {
@@ -659,6 +674,7 @@ async fn create_message(
             }
         }
     };
+    held(&sh).await;
     finish(
         &sh,
         json!({"id": mid, "channel_id": id, "content": content, "author": {"id": BOT_ID, "username": BOT_NAME, "bot": true}}),
@@ -704,6 +720,7 @@ async fn edit_message(
             at: Instant::now(),
         });
     }
+    held(&sh).await;
     finish(
         &sh,
         json!({"id": mid, "channel_id": id, "content": content}),

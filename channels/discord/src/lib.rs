@@ -140,6 +140,11 @@ fn nonce(id: &str, i: usize) -> String {
     format!("{h:016x}{i:x}").chars().take(25).collect()
 }
 
+/// The nonce of the streamed draft answering message `reply_to`.
+fn draft_nonce(reply_to: &str) -> String {
+    nonce(&format!("draft:{reply_to}"), 0)
+}
+
 fn is_snowflake(s: &str) -> bool {
     !s.is_empty() && s.len() <= 20 && s.bytes().all(|b| b.is_ascii_digit())
 }
@@ -168,7 +173,8 @@ impl DiscordChannel {
                     edit_interval: cfg.edit_interval,
                     capacity: REMEMBERED,
                     skip_repeated_deltas: false,
-                }),
+                })
+                .with_journal(cfg.state.clone()),
                 cfg,
                 rest,
                 status: Mutex::new("not started".into()),
@@ -290,9 +296,12 @@ impl DraftPlatform for Target<'_> {
     async fn post(&self, slot: Slot, content: &String) -> Result<Option<String>, ChannelError> {
         match slot {
             Slot::Draft => {
+                // The draft's nonce derives from the message it answers: a draft posted again
+                // after a restart (its id not journaled yet) is deduplicated by Discord.
+                let nonce = self.reply_to.map(draft_nonce);
                 let mid = self
                     .ch
-                    .post(&self.channel, content, None, self.reply_to)
+                    .post(&self.channel, content, nonce, self.reply_to)
                     .await?;
                 Ok(Some(mid).filter(|m| !m.is_empty()))
             }
@@ -379,6 +388,10 @@ impl Channel for DiscordChannel {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
+    }
+
+    fn settled(&self, msg: &OutboundMessage) {
+        self.inner.drafts.settled(msg);
     }
 }
 

@@ -169,7 +169,11 @@ impl Rest {
                 if let Some(d) = retry_after {
                     self.block(route, Instant::now() + d, global);
                 }
-                ChannelError::RateLimited { retry_after }
+                if global {
+                    ChannelError::RateLimitedGlobal { retry_after }
+                } else {
+                    ChannelError::RateLimited { retry_after }
+                }
             }
             StatusCode::UNAUTHORIZED => ChannelError::Auth(format!(
                 "Discord refused the bot token (401 {detail}): set a valid bot token in channels.discord.token"

@@ -635,6 +635,7 @@ async fn global_rate_limit_blocks_every_route() {
     });
     let e = ch.typing(&ChatId::new("111"), None).await.unwrap_err();
     assert_eq!(e.retry_after(), Some(Duration::from_millis(300)));
+    assert_eq!(e.kind(), "rate_limited_global", "{e:?}");
     let at = fake.requests().last().unwrap().at;
     ch.send(&msg("g", "222", OutboundKind::Final, "x"))
         .await

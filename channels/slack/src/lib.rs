@@ -203,7 +203,8 @@ impl SlackChannel {
                     capacity: PROGRESS_KEPT,
                     // A retried delta is not appended twice.
                     skip_repeated_deltas: true,
-                }),
+                })
+                .with_journal(cfg.state.clone()),
                 cfg,
                 api,
                 tls,
@@ -367,5 +368,9 @@ impl Channel for SlackChannel {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
+    }
+
+    fn settled(&self, msg: &OutboundMessage) {
+        self.inner.drafts.settled(msg);
     }
 }

@@ -175,10 +175,9 @@ pub struct TelegramChannel {
     api: Api,
     status: Mutex<String>,
     origins: Mutex<BoundedMap<PlatformEventId, Origin>>,
-    /// Streamed drafts and the delivery progress of final replies.
+    /// Streamed drafts and the delivery progress of final replies (journaled in the state
+    /// store, so a resend after a restart edits instead of posting again).
     drafts: DraftBook<i64, Chunk>,
-    /// Sends are made one at a time.
-    sending: tokio::sync::Mutex<()>,
 }
 
 /// The Telegram side of a streamed draft or final reply: where one outbound message goes.
@@ -307,12 +306,12 @@ impl TelegramChannel {
                 edit_interval: cfg.edit_interval,
                 capacity: MAX_REMEMBERED,
                 skip_repeated_deltas: false,
-            }),
+            })
+            .with_journal(cfg.state.clone()),
             cfg,
             api,
             status: Mutex::new("not started".into()),
             origins: Mutex::new(BoundedMap::new(MAX_REMEMBERED)),
-            sending: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -605,7 +604,6 @@ impl Channel for TelegramChannel {
     }
 
     async fn send(&self, msg: &OutboundMessage) -> Result<SentRef, ChannelError> {
-        let _one_at_a_time = self.sending.lock().await;
         match msg.kind {
             OutboundKind::Progress => Ok(SentRef(String::new())),
             OutboundKind::Delta if !self.cfg.stream_edits => Ok(SentRef(String::new())),
@@ -642,6 +640,10 @@ impl Channel for TelegramChannel {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
+    }
+
+    fn settled(&self, msg: &OutboundMessage) {
+        self.drafts.settled(msg);
     }
 }
 
