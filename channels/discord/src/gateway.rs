@@ -43,8 +43,7 @@ const MAX_BACKOFF: Duration = Duration::from_secs(60);
 const STABLE_AFTER: Duration = Duration::from_secs(30);
 /// Shortest and longest wait before reconnecting after op 9 INVALID_SESSION (Discord: "a
 /// random amount of time between 1 and 5 seconds").
-const INVALID_SESSION_WAIT: (Duration, Duration) =
-    (Duration::from_secs(1), Duration::from_secs(5));
+const INVALID_SESSION_WAIT: (Duration, Duration) = (Duration::from_secs(1), Duration::from_secs(5));
 /// Time allowed for the WebSocket handshake and HELLO.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Dispatches buffered while the daemon is slow; beyond, drop the connection and RESUME.

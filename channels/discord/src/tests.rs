@@ -1026,7 +1026,10 @@ async fn reconnect_delays_follow_discord_and_reset_after_a_healthy_connection() 
     let t = tokio::time::Instant::now();
     fake.disconnect();
     let d = next_hello_after(&fake, t).await;
-    assert!(d < step * 2, "{d:?} after a healthy connection (first step {step:?})");
+    assert!(
+        d < step * 2,
+        "{d:?} after a healthy connection (first step {step:?})"
+    );
     wait_until("resumed", || l.ch.state().contains("resumed")).await;
 
     // A Close frame from the server is answered with a Close frame.

@@ -808,7 +808,9 @@ async fn a_rate_limited_draft_pauses_every_post_until_retry_after() {
     h.fake.fail_next(Failure::RateLimited {
         retry_after_secs: 1,
     });
-    let r = h.ch.send(&out(OutboundKind::Delta, "a1", "C1", "one ")).await;
+    let r =
+        h.ch.send(&out(OutboundKind::Delta, "a1", "C1", "one "))
+            .await;
     assert!(matches!(r, Err(ChannelError::RateLimited { .. })), "{r:?}");
     let limited_at = h
         .fake
@@ -820,13 +822,16 @@ async fn a_rate_limited_draft_pauses_every_post_until_retry_after() {
     // Drafts of this reply and of other chats are due meanwhile.
     for i in 0..4 {
         let chat = format!("C{}", i + 2);
-        let _ = h
-            .ch
-            .send(&out(OutboundKind::Delta, &format!("b{i}"), &chat, "two "))
-            .await;
-        let _ = h
-            .ch
-            .send(&out(OutboundKind::Delta, &format!("a{}", i + 2), "C1", "more "))
+        let _ =
+            h.ch.send(&out(OutboundKind::Delta, &format!("b{i}"), &chat, "two "))
+                .await;
+        let _ =
+            h.ch.send(&out(
+                OutboundKind::Delta,
+                &format!("a{}", i + 2),
+                "C1",
+                "more ",
+            ))
             .await;
         tokio::time::sleep(Duration::from_millis(60)).await;
     }
