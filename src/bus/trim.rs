@@ -11,12 +11,13 @@
 pub(crate) fn release_free_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
-        let _ = tokio::task::spawn_blocking(|| {
+        // Not awaited: nobody needs the result, and the bus must not wait for it.
+        drop(tokio::task::spawn_blocking(|| {
             #[allow(unsafe_code)]
             // SAFETY: malloc_trim only walks glibc's own arenas under their locks; it takes no
             // pointer from us and is safe to call from any thread at any time.
             let released = unsafe { libc::malloc_trim(0) };
             tracing::debug!(released, "free heap memory handed back to the OS");
-        });
+        }));
     }
 }
