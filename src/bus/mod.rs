@@ -4,10 +4,20 @@
 //! do not pass through the bus (sessions hold an [`crate::egress::Outbox`]).
 //!
 //! It holds no conversation state and never awaits the LLM.
+//!
+//! **Memory budget.** Beside the idle timeout (`sessions.idle_secs`), at most `max_live`
+//! sessions stay in memory: over it, the least recently routed ones are asked whether they are
+//! idle (the same `IdleCheck` the idle timer sends: no running turn, nothing queued, nothing
+//! routed since) and leave memory if so; a sweep repeats every second while over budget. After
+//! evictions the freed heap is handed back to the OS ([`trim`]).
+
+mod trim;
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
+
+use tokio::time::Instant;
 
 use ractor::{Actor, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use tokio_util::sync::CancellationToken;
@@ -50,6 +60,9 @@ pub enum BusMsg {
         /// Inbound count the session had seen.
         routed: u64,
     },
+    /// From the bus's own timer while over the memory budget or after evictions: ask the
+    /// least recently used sessions to leave, hand freed memory back to the OS.
+    Sweep,
     /// Live sessions (for status, drain and shutdown).
     Sessions {
         /// Answer.
@@ -92,11 +105,19 @@ pub struct BusArgs {
     pub max_queue: usize,
     /// Stream from the provider when the channel can show it.
     pub stream: bool,
+    /// Most sessions in memory (`sessions.max_in_memory`); idle ones over it are evicted.
+    pub max_live: usize,
 }
+
+/// Time between two sweeps while over the memory budget (and after evictions, before the
+/// heap is trimmed): evictions are batched, and a trim runs at most once a second.
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
 
 struct Live {
     actor: SessionRef,
     routed: u64,
+    /// When a message was last routed to it (least recently used leave first).
+    last_used: Instant,
 }
 
 /// State of the bus.
@@ -104,6 +125,10 @@ pub struct BusState {
     args: BusArgs,
     sessions: HashMap<SessionKey, Live>,
     by_id: HashMap<ActorId, SessionKey>,
+    /// A sweep is scheduled.
+    sweep_armed: bool,
+    /// Sessions left memory since the last trim.
+    evicted: bool,
 }
 
 /// The bus actor.
@@ -124,6 +149,8 @@ impl Actor for BusActor {
             args,
             sessions: HashMap::new(),
             by_id: HashMap::new(),
+            sweep_armed: false,
+            evicted: false,
         })
     }
 
@@ -141,7 +168,19 @@ impl Actor for BusActor {
                         state.by_id.remove(&live.actor.get_id());
                         live.actor.stop(Some("idle".into()));
                         tracing::debug!(session = %key, "idle session left memory");
+                        state.evicted = true;
+                        arm_sweep(&myself, state);
                     }
+                }
+            }
+            BusMsg::Sweep => {
+                state.sweep_armed = false;
+                if state.evicted {
+                    state.evicted = false;
+                    trim::release_free_memory();
+                }
+                if ask_lru_to_leave(state) {
+                    arm_sweep(&myself, state);
                 }
             }
             BusMsg::Sessions { reply } => {
@@ -203,10 +242,40 @@ impl Actor for BusActor {
     }
 }
 
+/// Schedule a [`BusMsg::Sweep`] unless one is.
+fn arm_sweep(myself: &ActorRef<BusMsg>, state: &mut BusState) {
+    if !state.sweep_armed {
+        state.sweep_armed = true;
+        myself.send_after(SWEEP_EVERY, || BusMsg::Sweep);
+    }
+}
+
+/// Over the budget: ask the least recently used sessions, as many as are over, to leave if
+/// idle (they answer with [`BusMsg::SessionIdle`]; busy ones ignore it). True while over.
+fn ask_lru_to_leave(state: &BusState) -> bool {
+    let over = state.sessions.len().saturating_sub(state.args.max_live);
+    if over == 0 {
+        return false;
+    }
+    let mut by_age: Vec<(&Instant, &Live)> =
+        state.sessions.values().map(|l| (&l.last_used, l)).collect();
+    if over < by_age.len() {
+        by_age.select_nth_unstable_by_key(over, |(t, _)| **t);
+        by_age.truncate(over);
+    }
+    for (_, live) in by_age {
+        let _ = live.actor.cast(SessionMsg::IdleCheck {
+            routed: live.routed,
+        });
+    }
+    true
+}
+
 async fn route_inbound(myself: &ActorRef<BusMsg>, state: &mut BusState, entry: InboxEntry) {
     let key = entry.session.clone();
     if let Some(live) = state.sessions.get_mut(&key) {
         live.routed += 1;
+        live.last_used = Instant::now();
         if let Err(e) = live.actor.cast(SessionMsg::Inbound(entry)) {
             tracing::error!(session = %key, error = %e, "session unreachable; message stays journaled");
         }
@@ -238,7 +307,17 @@ async fn route_inbound(myself: &ActorRef<BusMsg>, state: &mut BusState, entry: I
             if let Err(e) = actor.cast(SessionMsg::Inbound(entry)) {
                 tracing::error!(session = %key, error = %e, "new session unreachable");
             }
-            state.sessions.insert(key, Live { actor, routed: 1 });
+            state.sessions.insert(
+                key,
+                Live {
+                    actor,
+                    routed: 1,
+                    last_used: Instant::now(),
+                },
+            );
+            if state.sessions.len() > state.args.max_live {
+                arm_sweep(myself, state);
+            }
         }
         Err(e) => {
             tracing::error!(session = %key, error = %e, "could not start session; message stays journaled");

@@ -221,7 +221,7 @@ async fn channels(config: &Config, client: &reqwest::Client) -> Vec<Finding> {
             }
             Platform::Discord => {
                 let base = c
-                    .proxy
+                    .api_base_url
                     .clone()
                     .unwrap_or_else(|| "https://discord.com".into());
                 client

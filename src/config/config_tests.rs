@@ -336,6 +336,81 @@ fn allow_from_entries_that_cannot_match_a_sender_are_refused_with_how_to_find_th
 }
 
 #[test]
+fn discord_api_base_url_and_gateway_url_with_proxy_as_a_deprecated_alias() {
+    let section = |extra: &str| {
+        format!("[channels.discord]\ntoken = \"t-123456\"\nallow_from = [\"42\"]\n{extra}")
+    };
+    let c = Config::from_str(
+        &section("api_base_url = \"http://127.0.0.1:9/\"\ngateway_url = \"ws://127.0.0.1:10\"\n"),
+        true,
+        &env(&[]),
+    )
+    .unwrap();
+    assert_eq!(
+        c.chat_channels[0].api_base_url.as_deref(),
+        Some("http://127.0.0.1:9/")
+    );
+    assert_eq!(
+        c.chat_channels[0].gateway_url.as_deref(),
+        Some("ws://127.0.0.1:10")
+    );
+    // The old name still works (with a warning at load).
+    let c = Config::from_str(
+        &section("proxy = \"http://127.0.0.1:9/\"\n"),
+        true,
+        &env(&[]),
+    )
+    .unwrap();
+    assert_eq!(
+        c.chat_channels[0].api_base_url.as_deref(),
+        Some("http://127.0.0.1:9/")
+    );
+    for (extra, key, needle) in [
+        (
+            "proxy = \"http://a\"\napi_base_url = \"http://b\"\n",
+            "channels.discord.proxy",
+            "old name of `api_base_url`",
+        ),
+        (
+            "gateway_url = \"https://gateway.discord.gg\"\n",
+            "channels.discord.gateway_url",
+            "ws:// or wss://",
+        ),
+        (
+            "api_base_url = \"ftp://x\"\n",
+            "channels.discord.api_base_url",
+            "http:// or https://",
+        ),
+        (
+            "api_url = \"http://x\"\n",
+            "channels.discord.api_url",
+            "api_base_url",
+        ),
+    ] {
+        let err = Config::from_str(&section(extra), true, &env(&[]))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(key) && err.contains(needle), "{extra}: {err}");
+    }
+    let err = Config::from_str(
+        "[channels.telegram]\ntoken = \"1:x\"\nallow_from = [1]\ngateway_url = \"ws://x\"\n",
+        true,
+        &env(&[]),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("channels.telegram.gateway_url"), "{err}");
+}
+
+#[test]
+fn sessions_max_in_memory_defaults_to_256_and_is_at_least_one() {
+    let c = Config::from_str("", true, &env(&[])).unwrap();
+    assert_eq!(c.sessions.max_in_memory, 256);
+    let c = Config::from_str("[sessions]\nmax_in_memory = 0\n", true, &env(&[])).unwrap();
+    assert_eq!(c.sessions.max_in_memory, 1);
+}
+
+#[test]
 fn max_chats_in_flight_defaults_to_8_and_zero_is_refused_with_the_key() {
     let text = |extra: &str| {
         format!("[channels.telegram]\ntoken = \"t-123456\"\nallow_from = [1]\n{extra}")

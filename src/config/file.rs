@@ -161,7 +161,13 @@ pub struct ChatChannelFile {
     pub group_sessions: Option<String>,
     /// Telegram/Slack: API base URL (a local `telegram-bot-api` server, a proxy).
     pub api_url: Option<String>,
-    /// Discord: HTTP proxy in front of Discord's REST API (serenity's `proxy`).
+    /// Discord: base URL replacing `https://discord.com` for every REST call (a relay that
+    /// speaks Discord's API, such as twilight-http-proxy; not an HTTP CONNECT proxy).
+    pub api_base_url: Option<String>,
+    /// Discord: gateway WebSocket URL (`wss://...`), skipping `GET /gateway/bot`.
+    pub gateway_url: Option<String>,
+    /// Deprecated name of `api_base_url` (it never was an HTTP proxy); still read, with a
+    /// warning at load.
     pub proxy: Option<String>,
     /// Stream replies by editing a draft message (default true).
     pub stream_edits: Option<bool>,
@@ -219,6 +225,10 @@ pub struct SessionsFile {
     pub max_queue: Option<usize>,
     /// Seconds running turns get to finish at shutdown before they are cancelled (default 10).
     pub shutdown_grace_secs: Option<u64>,
+    /// Most sessions kept in memory (default 256, at least 1). Over it, the least recently
+    /// used idle sessions leave memory at once (they reload from the store on their next
+    /// message); sessions with a running turn or queued messages are never evicted.
+    pub max_in_memory: Option<usize>,
 }
 
 /// `tools`.

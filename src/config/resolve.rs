@@ -236,6 +236,7 @@ impl Config {
             idle: Duration::from_secs(raw.sessions.idle_secs.unwrap_or(600).max(1)),
             max_queue: raw.sessions.max_queue.unwrap_or(100).max(1),
             shutdown_grace: Duration::from_secs(raw.sessions.shutdown_grace_secs.unwrap_or(10)),
+            max_in_memory: raw.sessions.max_in_memory.unwrap_or(256).max(1),
         };
         let max_inbound_bytes = match raw.channels.max_inbound_bytes {
             None => clawft_channel_core::DEFAULT_MAX_INBOUND_BYTES,
@@ -351,19 +352,50 @@ pub(super) fn resolve_chat_channels(
         if let Some(t) = &app_token {
             secrets.push(t.clone());
         }
-        if f.proxy.is_some() && platform != Platform::Discord {
-            return Err(ConfigError::Invalid {
-                key: key("proxy"),
-                detail: "only the discord channel takes a REST proxy; use api_url".into(),
-            });
+        for (k, v) in [
+            ("proxy", &f.proxy),
+            ("api_base_url", &f.api_base_url),
+            ("gateway_url", &f.gateway_url),
+        ] {
+            if v.is_some() && platform != Platform::Discord {
+                return Err(ConfigError::Invalid {
+                    key: key(k),
+                    detail: format!("only the discord channel takes {k}; {name} takes api_url"),
+                });
+            }
         }
         if f.api_url.is_some() && platform == Platform::Discord {
             return Err(ConfigError::Invalid {
                 key: key("api_url"),
-                detail: "the discord channel takes `proxy` (an HTTP proxy in front of Discord's REST API), not api_url".into(),
+                detail: "the discord channel takes `api_base_url` (the base URL of its REST API) and `gateway_url`, not api_url".into(),
             });
         }
-        for (k, v) in [("api_url", &f.api_url), ("proxy", &f.proxy)] {
+        let api_base_url = match (f.api_base_url, f.proxy) {
+            (Some(_), Some(_)) => {
+                return Err(ConfigError::Invalid {
+                    key: key("proxy"),
+                    detail: "`proxy` is the old name of `api_base_url`: remove it".into(),
+                })
+            }
+            (Some(u), None) => Some(u),
+            (None, Some(u)) => {
+                tracing::warn!(
+                    channel = name,
+                    "channels.{name}.proxy is deprecated: it is the base URL of Discord's REST API, not an HTTP proxy; rename it to api_base_url"
+                );
+                Some(u)
+            }
+            (None, None) => None,
+        };
+        if let Some(u) = &f.gateway_url {
+            if !(u.starts_with("ws://") || u.starts_with("wss://")) {
+                return Err(ConfigError::Invalid {
+                    key: key("gateway_url"),
+                    detail: format!("expected a ws:// or wss:// URL, got `{u}`"),
+                });
+            }
+        }
+        for (k, v) in [("api_url", &f.api_url), ("api_base_url", &api_base_url)] {
             if let Some(u) = v {
                 if !(u.starts_with("http://") || u.starts_with("https://")) {
                     return Err(ConfigError::Invalid {
@@ -422,7 +454,8 @@ pub(super) fn resolve_chat_channels(
             group_all,
             per_user_sessions,
             api_url: f.api_url,
-            proxy: f.proxy,
+            api_base_url,
+            gateway_url: f.gateway_url,
             stream_edits: f.stream_edits.unwrap_or(true),
             edit_interval: Duration::from_millis(f.edit_interval_ms.unwrap_or(1500).max(200)),
             max_chats_in_flight: match f.max_chats_in_flight {

@@ -150,6 +150,8 @@ pub struct SessionLimits {
     pub max_queue: usize,
     /// Grace period for running turns at shutdown.
     pub shutdown_grace: Duration,
+    /// Most sessions in memory before idle ones are evicted early.
+    pub max_in_memory: usize,
 }
 
 /// The validated configuration.
@@ -228,8 +230,10 @@ pub struct ChatChannelConfig {
     pub per_user_sessions: bool,
     /// API base override.
     pub api_url: Option<String>,
-    /// Discord REST proxy.
-    pub proxy: Option<String>,
+    /// Discord REST base URL (`channels.discord.api_base_url`, formerly `proxy`).
+    pub api_base_url: Option<String>,
+    /// Discord gateway WebSocket URL override.
+    pub gateway_url: Option<String>,
     /// Stream by editing a draft.
     pub stream_edits: bool,
     /// Least time between draft edits.

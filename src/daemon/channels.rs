@@ -95,7 +95,8 @@ fn build(
         Platform::Discord => {
             use clawft_channel_discord::{DiscordChannel, DiscordConfig, GroupMode};
             let mut d = DiscordConfig::new(c.token.expose(), state);
-            d.proxy.clone_from(&c.proxy);
+            d.api_base_url.clone_from(&c.api_base_url);
+            d.gateway_url.clone_from(&c.gateway_url);
             d.group_mode = if c.group_all {
                 GroupMode::All
             } else {

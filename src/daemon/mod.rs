@@ -251,6 +251,7 @@ impl Daemon {
                 idle: config.sessions.idle,
                 max_queue: config.sessions.max_queue,
                 stream: config.agent.stream,
+                max_live: config.sessions.max_in_memory,
             },
         )
         .await

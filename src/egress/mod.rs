@@ -8,6 +8,7 @@
 //! (its `listen` loop and the ingress pump) lives in [`crate::ingress`].
 
 pub mod outbox;
+mod typing;
 pub mod scheduler;
 
 pub use outbox::{ChannelEntry, ChannelTable, Outbox};
@@ -72,6 +73,8 @@ pub struct ChannelState {
     outbox: mpsc::UnboundedSender<Work>,
     channel: Arc<dyn Channel>,
     typing_busy: Arc<std::sync::atomic::AtomicBool>,
+    /// Chats whose typing indicator is failing (each failure streak is logged once).
+    typing_failing: typing::Failing,
 }
 
 /// The channel actor.
@@ -104,6 +107,7 @@ impl Actor for ChannelActor {
             outbox: tx,
             channel: args.channel.clone(),
             typing_busy: Arc::default(),
+            typing_failing: typing::Failing::default(),
         })
     }
 
@@ -123,15 +127,14 @@ impl Actor for ChannelActor {
                 if !state.typing_busy.swap(true, Ordering::AcqRel) {
                     let ch = state.channel.clone();
                     let busy = state.typing_busy.clone();
+                    let failing = state.typing_failing.clone();
                     tokio::spawn(async move {
                         let r = tokio::time::timeout(
                             Duration::from_secs(5),
                             ch.typing(&chat, thread.as_ref()),
                         )
                         .await;
-                        if let Ok(Err(e)) = r {
-                            tracing::debug!(error = %e, "typing indicator failed");
-                        }
+                        failing.record(ch.id(), &chat, r);
                         busy.store(false, Ordering::Release);
                     });
                 }

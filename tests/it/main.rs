@@ -13,6 +13,7 @@ mod gateway;
 mod inputs;
 mod layering;
 mod mcp;
+mod platform_limits;
 mod platforms;
 mod process;
 mod scrubbing;

@@ -187,6 +187,10 @@ struct St {
     hold_answers: bool,
     connections: usize,
     client_frames: Vec<Value>,
+    /// When each of `client_frames` arrived.
+    client_frame_times: Vec<Instant>,
+    /// Close frames of the fake that the client answered with a Close frame.
+    closes_answered: usize,
 }
 
 struct Shared {
@@ -293,7 +297,7 @@ impl FakeDiscord {
         }
     }
 
-    /// The REST base URL (set as `DiscordConfig::proxy`), e.g. `http://127.0.0.1:PORT`.
+    /// The REST base URL (set as `DiscordConfig::api_base_url`), e.g. `http://127.0.0.1:PORT`.
     pub fn base_url(&self) -> String {
         format!("http://{}", self.rest_addr)
     }
@@ -306,7 +310,7 @@ impl FakeDiscord {
     /// A config pointing at this fake with [`FAKE_TOKEN`], fast reconnects and short edits.
     pub fn config(&self, state: Arc<dyn StateStore>) -> DiscordConfig {
         let mut c = DiscordConfig::new(FAKE_TOKEN, state);
-        c.proxy = Some(self.base_url());
+        c.api_base_url = Some(self.base_url());
         c.reconnect_backoff = Duration::from_millis(20);
         c.edit_interval = Duration::from_millis(200);
         c
@@ -388,6 +392,22 @@ impl FakeDiscord {
     /// Frames the clients sent on the gateway (IDENTIFY, RESUME, heartbeats), in order.
     pub fn client_frames(&self) -> Vec<Value> {
         self.shared.lock().client_frames.clone()
+    }
+
+    /// Frames the clients sent on the gateway with the time each arrived, in order.
+    pub fn client_frames_at(&self) -> Vec<(Instant, Value)> {
+        let st = self.shared.lock();
+        st.client_frame_times
+            .iter()
+            .copied()
+            .zip(st.client_frames.iter().cloned())
+            .collect()
+    }
+
+    /// How many Close frames of the fake ([`FakeDiscord::close`]) the client answered with a
+    /// Close frame (RFC 6455 §5.5.1) within 2 s.
+    pub fn closes_answered(&self) -> usize {
+        self.shared.lock().closes_answered
     }
 
     /// Gateway connections accepted so far.
@@ -780,6 +800,20 @@ async fn gateway_conn(sh: Arc<Shared>, stream: tokio::net::TcpStream) {
                 }
                 Some(Cmd::Close(code)) => {
                     let _ = ws.close(Some(CloseFrame { code: CloseCode::from(code), reason: "fake close".into() })).await;
+                    // Wait (briefly) for the client's answering Close frame.
+                    let answered = tokio::time::timeout(Duration::from_secs(2), async {
+                        while let Some(Ok(m)) = ws.next().await {
+                            if matches!(m, Message::Close(_)) {
+                                return true;
+                            }
+                        }
+                        false
+                    })
+                    .await
+                    .unwrap_or(false);
+                    if answered {
+                        sh.lock().closes_answered += 1;
+                    }
                     break;
                 }
                 Some(Cmd::Drop) | None => break,
@@ -796,6 +830,7 @@ async fn gateway_conn(sh: Arc<Shared>, stream: tokio::net::TcpStream) {
                 };
                 let mut st = sh.lock();
                 st.client_frames.push(v.clone());
+                st.client_frame_times.push(Instant::now());
                 match v["op"].as_u64() {
                     Some(1) if !st.no_heartbeat_ack => {
                         let _ = tx.send(Cmd::Frame(json!({"op": 11})));

@@ -2,6 +2,13 @@
 //! RESUMED / MESSAGE_CREATE dispatches, RECONNECT (op 7), INVALID_SESSION (op 9), close codes,
 //! and the reconnect loop with backoff.
 //!
+//! When to reconnect: after op 7 RECONNECT at once (RESUME); after op 9 INVALID_SESSION after
+//! a random 1–5 s, as Discord asks (RESUME when `d` is true, else IDENTIFY); after anything
+//! else after the backoff (`reconnect_backoff`, doubling to 60 s). The backoff starts again
+//! from its first step after a healthy connection: one whose session was established (READY
+//! or RESUMED) and whose heartbeat was acknowledged since. A Close frame from Discord is
+//! answered with a Close frame before the connection is dropped (RFC 6455 §5.5.1).
+//!
 //! Dispatches are queued and handed to the daemon one at a time in sequence order; the stored
 //! `seq` moves past an event only after its delivery was acknowledged, so a RESUME (same
 //! process or after a restart) makes Discord replay everything not yet journaled.
@@ -32,8 +39,11 @@ use crate::{GroupMode, Inner};
 pub(crate) const INTENTS: u64 = (1 << 9) | (1 << 12) | (1 << 15);
 /// Longest backoff between reconnect attempts.
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
-/// A connection up at least this long resets the backoff.
+/// A connection up at least this long resets the backoff (even without heartbeat ACKs).
 const STABLE_AFTER: Duration = Duration::from_secs(30);
+/// Shortest and longest wait before reconnecting after op 9 INVALID_SESSION (Discord: "a
+/// random amount of time between 1 and 5 seconds").
+const INVALID_SESSION_WAIT: (Duration, Duration) = (Duration::from_secs(1), Duration::from_secs(5));
 /// Time allowed for the WebSocket handshake and HELLO.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Dispatches buffered while the daemon is slow; beyond, drop the connection and RESUME.
@@ -96,7 +106,12 @@ impl Session {
 enum End {
     Cancelled,
     Fatal(ChannelError),
+    /// Reconnect after the backoff.
     Reconnect(String),
+    /// Op 7: Discord asked for a reconnect; RESUME at once.
+    ReconnectNow(String),
+    /// Op 9: reconnect after a random 1–5 s.
+    InvalidSession(String),
 }
 
 /// Parse a MESSAGE_CREATE payload into an inbound event, or `None` when it is not for us
@@ -199,8 +214,21 @@ pub(crate) async fn run(
     inner.set_status("connecting");
     loop {
         let started = Instant::now();
-        let end = connect_once(&inner, &tx, &cancel, &mut session, &mut gateway).await;
-        let reason = match end {
+        let mut healthy = false;
+        let end = connect_once(
+            &inner,
+            &tx,
+            &cancel,
+            &mut session,
+            &mut gateway,
+            &mut healthy,
+        )
+        .await;
+        if healthy || started.elapsed() >= STABLE_AFTER {
+            backoff = min;
+            attempt = 0;
+        }
+        let (reason, delay) = match end {
             End::Cancelled => {
                 inner.set_status("stopped");
                 return Ok(());
@@ -212,23 +240,27 @@ pub(crate) async fn run(
                 });
                 return Err(e);
             }
-            End::Reconnect(r) => r,
+            End::Reconnect(r) => {
+                let d = backoff;
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+                (r, d)
+            }
+            End::ReconnectNow(r) => (r, Duration::ZERO),
+            End::InvalidSession(r) => {
+                let (lo, hi) = INVALID_SESSION_WAIT;
+                (r, lo + (hi - lo).mul_f64(jitter()))
+            }
         };
-        if started.elapsed() >= STABLE_AFTER {
-            backoff = min;
-            attempt = 0;
-        }
         attempt += 1;
-        tracing::info!(attempt, reason = %reason, "discord: reconnecting");
+        tracing::info!(attempt, reason = %reason, delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX), "discord: reconnecting");
         inner.set_status(format!("reconnecting (attempt {attempt}): {reason}"));
         tokio::select! {
             () = cancel.cancelled() => {
                 inner.set_status("stopped");
                 return Ok(());
             }
-            () = tokio::time::sleep(backoff) => {}
+            () = tokio::time::sleep(delay) => {}
         }
-        backoff = (backoff * 2).min(MAX_BACKOFF);
     }
 }
 
@@ -305,7 +337,14 @@ async fn close_keep(ws: &mut Ws) {
     let _ = tokio::time::timeout(Duration::from_secs(2), ws.close(Some(frame))).await;
 }
 
-/// Pseudo-random fraction in [0, 1) for the first heartbeat's jitter.
+/// Answer a Close frame from Discord with one instead of dropping the TCP connection (RFC 6455
+/// §5.5.1). tungstenite queued the reply when it read the frame but writes it only on the next
+/// read or flush (`close()` would refuse: sending after a received close), so flush it.
+async fn answer_close(ws: &mut Ws) {
+    let _ = tokio::time::timeout(Duration::from_secs(2), ws.flush()).await;
+}
+
+/// Pseudo-random fraction in [0, 1) for the first heartbeat's jitter and the op 9 wait.
 fn jitter() -> f64 {
     let n = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -341,6 +380,7 @@ async fn connect_once(
     cancel: &CancellationToken,
     session: &mut Session,
     gateway: &mut Option<String>,
+    healthy: &mut bool,
 ) -> End {
     let bot = match who_am_i(inner).await {
         Ok(b) => b,
@@ -402,6 +442,8 @@ async fn connect_once(
     }
     let mut last_received: Option<u64> = (session.seq > 0).then_some(session.seq);
     let mut acked = true;
+    // READY or RESUMED arrived on this connection (a heartbeat ACK after it makes it healthy).
+    let mut established = false;
     let mut next_beat =
         Instant::now() + Duration::from_secs_f64(interval.as_secs_f64() * jitter().max(0.05));
     // Dispatches waiting for delivery: (seq, event to deliver).
@@ -479,6 +521,7 @@ async fn connect_once(
                         let (code, reason) = c
                             .map(|c| (u16::from(c.code), c.reason.to_string()))
                             .unwrap_or((1005, String::new()));
+                        answer_close(&mut ws).await;
                         return close_code(inner, code, &reason, session);
                     }
                     Some(Ok(_)) => continue,
@@ -506,10 +549,12 @@ async fn connect_once(
                                 session.save(inner);
                                 let name = d["user"]["username"].as_str().unwrap_or(&bot.name);
                                 inner.set_status(format!("connected as @{name}"));
+                                established = true;
                                 continue;
                             }
                             "RESUMED" => {
                                 inner.set_status(format!("connected as @{} (resumed)", bot.name));
+                                established = true;
                             }
                             _ => {}
                         }
@@ -534,16 +579,21 @@ async fn connect_once(
                     }
                     Some(7) => {
                         close_keep(&mut ws).await;
-                        return End::Reconnect("gateway asked to reconnect".into());
+                        let reason = "gateway asked to reconnect".to_string();
+                        // A server that asks again before the session is up gets the backoff.
+                        return if established { End::ReconnectNow(reason) } else { End::Reconnect(reason) };
                     }
                     Some(9) => {
                         if v["d"].as_bool() != Some(true) {
                             session.clear(inner);
                         }
                         close_keep(&mut ws).await;
-                        return End::Reconnect("gateway invalidated the session".into());
+                        return End::InvalidSession("gateway invalidated the session".into());
                     }
-                    Some(11) => acked = true,
+                    Some(11) => {
+                        acked = true;
+                        *healthy |= established;
+                    }
                     _ => {}
                 }
             }

@@ -49,10 +49,11 @@ pub struct DiscordConfig {
     pub id: ChannelId,
     /// Bot token (`channels.discord.token`). Never printed by `Debug`.
     pub token: String,
-    /// Base URL replacing `https://discord.com` for every REST call (an operator's API proxy,
-    /// or the fake in tests), e.g. `http://127.0.0.1:8080`. The gateway URL still comes from
-    /// `GET /api/v10/gateway/bot` through it.
-    pub proxy: Option<String>,
+    /// Base URL replacing `https://discord.com` for every REST call
+    /// (`channels.discord.api_base_url`: a relay speaking Discord's API, or the fake in
+    /// tests), e.g. `http://127.0.0.1:8080`. Not an HTTP proxy. The gateway URL still comes
+    /// from `GET /api/v10/gateway/bot` through it unless `gateway_url` is set.
+    pub api_base_url: Option<String>,
     /// Gateway WebSocket URL override (skips `GET /gateway/bot`), e.g.
     /// `wss://gateway.discord.gg`.
     pub gateway_url: Option<String>,
@@ -74,7 +75,7 @@ impl DiscordConfig {
         Self {
             id: ChannelId::new("discord"),
             token: token.into(),
-            proxy: None,
+            api_base_url: None,
             gateway_url: None,
             group_mode: GroupMode::Mention,
             stream_edits: true,
@@ -90,7 +91,7 @@ impl fmt::Debug for DiscordConfig {
         f.debug_struct("DiscordConfig")
             .field("id", &self.id)
             .field("token", &"<redacted>")
-            .field("proxy", &self.proxy)
+            .field("api_base_url", &self.api_base_url)
             .field("gateway_url", &self.gateway_url)
             .field("group_mode", &self.group_mode)
             .field("stream_edits", &self.stream_edits)
@@ -153,17 +154,17 @@ impl DiscordChannel {
     /// Build the channel (no network I/O until `listen`/`send`).
     ///
     /// # Errors
-    /// `Auth` for an empty token, `Fatal` for an invalid proxy URL.
+    /// `Auth` for an empty token, `Fatal` for an invalid `api_base_url`.
     pub fn new(cfg: DiscordConfig) -> Result<Self, ChannelError> {
         if cfg.token.trim().is_empty() {
             return Err(ChannelError::Auth(
                 "no Discord bot token: set channels.discord.token".into(),
             ));
         }
-        let base = cfg.proxy.as_deref().unwrap_or(rest::DISCORD_BASE);
+        let base = cfg.api_base_url.as_deref().unwrap_or(rest::DISCORD_BASE);
         if !(base.starts_with("http://") || base.starts_with("https://")) {
             return Err(ChannelError::Fatal(format!(
-                "channels.discord.proxy must be an http:// or https:// URL, got `{base}`"
+                "channels.discord.api_base_url must be an http:// or https:// URL, got `{base}`"
             )));
         }
         let rest = rest::Rest::new(base, cfg.token.trim())?;

@@ -11,7 +11,7 @@ use reqwest::{Method, StatusCode};
 use serde_json::Value;
 use tokio::time::Instant;
 
-/// Discord's public API host; `DiscordConfig::proxy` replaces it.
+/// Discord's public API host; `DiscordConfig::api_base_url` replaces it.
 pub const DISCORD_BASE: &str = "https://discord.com";
 /// Longest wait for a blocked route before failing fast with `RateLimited`.
 const MAX_LOCAL_WAIT: Duration = Duration::from_secs(5);

@@ -70,8 +70,12 @@ impl Listening {
     }
 }
 
-async fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + WAIT;
+async fn wait_until(what: &str, f: impl FnMut() -> bool) {
+    wait_until_for(what, WAIT, f).await;
+}
+
+async fn wait_until_for(what: &str, wait: Duration, mut f: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + wait;
     while !f() {
         assert!(tokio::time::Instant::now() < deadline, "timed out: {what}");
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -374,7 +378,11 @@ async fn reconnects_after_disconnect_and_keeps_receiving() {
 
     // A non-resumable INVALID_SESSION: a new IDENTIFY.
     fake.invalidate_session(false);
-    wait_until("new session", || fake.sessions_created() == 2).await;
+    // Op 9 waits 1-5 s before the IDENTIFY.
+    wait_until_for("new session", Duration::from_secs(8), || {
+        fake.sessions_created() == 2
+    })
+    .await;
     let id = fake.push_user_message("111", "42", "new session");
     assert_eq!(l.next_acked(Ack::Accepted).await.event_id.as_str(), id);
     wait_until("connected", || l.ch.state().starts_with("connected as")).await;
@@ -700,7 +708,7 @@ async fn unreachable_api_is_transient() {
     let addr = l.local_addr().unwrap();
     drop(l);
     let mut cfg = DiscordConfig::new("t", Arc::new(MemoryState::default()));
-    cfg.proxy = Some(format!("http://{addr}"));
+    cfg.api_base_url = Some(format!("http://{addr}"));
     let ch = DiscordChannel::new(cfg).unwrap();
     let e = ch
         .send(&msg("u", "111", OutboundKind::Final, "x"))
@@ -822,13 +830,13 @@ fn config_debug_hides_the_token() {
     assert!(!format!("{ch:?}").contains("super-secret-token"));
     assert_eq!(ch.state(), "not started");
     let bad = DiscordConfig {
-        proxy: Some("ftp://x".into()),
+        api_base_url: Some("ftp://x".into()),
         ..DiscordConfig::new("t", Arc::new(MemoryState::default()))
     };
     assert!(DiscordChannel::new(bad)
         .unwrap_err()
         .to_string()
-        .contains("channels.discord.proxy"));
+        .contains("channels.discord.api_base_url"));
 }
 
 #[test]
@@ -948,5 +956,88 @@ async fn wss_gateway_builds_a_tls_client_without_panicking() {
     wait_until("tls attempt failed", || l.ch.state().contains("attempt 2")).await;
     assert!(!l.task.is_finished());
     assert!(l.ch.state().contains("tls"), "{}", l.ch.state());
+    l.stop().await.unwrap();
+}
+
+/// Time from `since` to the first IDENTIFY (op 2) or RESUME (op 6) sent after it.
+async fn next_hello_after(fake: &FakeDiscord, since: tokio::time::Instant) -> Duration {
+    let mut found = None;
+    wait_until_for("IDENTIFY or RESUME", Duration::from_secs(10), || {
+        found = fake
+            .client_frames_at()
+            .into_iter()
+            .find(|(at, f)| *at > since && (f["op"] == 2 || f["op"] == 6))
+            .map(|(at, _)| at - since);
+        found.is_some()
+    })
+    .await;
+    found.unwrap()
+}
+
+/// Issue 16 finding 7: the reconnect delay accumulated across healthy reconnects (1, 2, 4.4,
+/// 8, then 16 s before an IDENTIFY after op 9) and a server Close frame was not answered.
+/// Now op 7 resumes at once, op 9 waits 1-5 s, the backoff restarts from its first step after
+/// a healthy connection, and a Close frame gets a Close frame back.
+#[tokio::test]
+async fn reconnect_delays_follow_discord_and_reset_after_a_healthy_connection() {
+    let step = Duration::from_millis(200);
+    let fake = FakeDiscord::start().await;
+    let mut cfg = fake.config(Arc::new(MemoryState::default()));
+    cfg.reconnect_backoff = step;
+    let l = listen_with(cfg);
+    wait_until("identified", || fake.sessions_created() == 1).await;
+
+    // Op 9, not resumable: a new IDENTIFY after 1 to 5 s.
+    let t = tokio::time::Instant::now();
+    fake.invalidate_session(false);
+    let d = next_hello_after(&fake, t).await;
+    assert!(
+        d >= Duration::from_millis(950) && d <= Duration::from_millis(5500),
+        "IDENTIFY {d:?} after op 9"
+    );
+    wait_until("new session", || fake.sessions_created() == 2).await;
+
+    // Network failures on connections that never become healthy (no heartbeat ACK): the
+    // backoff grows.
+    fake.set_heartbeat_ack(false);
+    let mut delays = Vec::new();
+    for _ in 0..3 {
+        let t = tokio::time::Instant::now();
+        fake.disconnect();
+        delays.push(next_hello_after(&fake, t).await);
+        wait_until("resumed", || l.ch.state().contains("resumed")).await;
+    }
+    assert!(delays[2] >= step * 3, "backoff did not grow: {delays:?}");
+
+    // Op 7 on an established session: RESUME at once, whatever the backoff.
+    let t = tokio::time::Instant::now();
+    fake.send_reconnect();
+    let d = next_hello_after(&fake, t).await;
+    assert!(d < Duration::from_secs(1), "RESUME {d:?} after op 7");
+    wait_until("resumed", || l.ch.state().contains("resumed")).await;
+
+    // A healthy connection (heartbeat acknowledged): the next failure waits the first step.
+    fake.set_heartbeat_ack(true);
+    let beats = fake.client_frames().iter().filter(|f| f["op"] == 1).count();
+    wait_until("a heartbeat", || {
+        fake.client_frames().iter().filter(|f| f["op"] == 1).count() > beats
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let t = tokio::time::Instant::now();
+    fake.disconnect();
+    let d = next_hello_after(&fake, t).await;
+    assert!(
+        d < step * 2,
+        "{d:?} after a healthy connection (first step {step:?})"
+    );
+    wait_until("resumed", || l.ch.state().contains("resumed")).await;
+
+    // A Close frame from the server is answered with a Close frame.
+    fake.close(4000);
+    wait_until_for("close answered", Duration::from_secs(3), || {
+        fake.closes_answered() == 1
+    })
+    .await;
     l.stop().await.unwrap();
 }

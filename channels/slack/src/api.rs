@@ -3,8 +3,18 @@
 //!
 //! Slack answers most errors with HTTP 200 and `{"ok": false, "error": "..."}`; rate limits are
 //! HTTP 429 with a `Retry-After` header (seconds).
+//!
+//! Slack's rate limits are per method and workspace, so the client keeps one gate per method:
+//! after a 429 (or a `ratelimited` error) no call of that method leaves until the
+//! `Retry-After` passed (1 s when Slack did not say). A call that must be delivered (a final
+//! reply, `auth.test`) waits at the gate; a streamed draft's call is not made at all
+//! ([`Gate::Skip`]): it fails at once with the time left, and the draft shows the text later.
 
+use std::collections::HashMap;
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
+
+use tokio::time::Instant;
 
 use clawft_channel_core::ChannelError;
 use serde_json::Value;
@@ -13,6 +23,19 @@ use serde_json::Value;
 const MAX_RESPONSE_BYTES: usize = 2 * 1024 * 1024;
 /// Longest a single Web API call may take.
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Pause of a method after a rate-limit answer that did not say how long (seconds).
+const DEFAULT_RATE_LIMIT_PAUSE: Duration = Duration::from_secs(1);
+
+/// What a call does while its method is paused by a rate limit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Gate {
+    /// Wait until the pause ends, then call (final replies, everything not streamed).
+    Wait,
+    /// Do not call: fail at once with [`ChannelError::RateLimited`] and the time left
+    /// (streamed drafts: a later edit or the final shows the text).
+    Skip,
+}
 
 /// Which token a call uses: the setting named in `Auth` errors.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -49,6 +72,8 @@ pub(crate) struct WebApi {
     base: String,
     bot_token: String,
     app_token: String,
+    /// Method → when its rate-limit pause ends.
+    paused: Mutex<HashMap<String, Instant>>,
 }
 
 impl WebApi {
@@ -70,11 +95,70 @@ impl WebApi {
             base,
             bot_token: bot_token.to_string(),
             app_token: app_token.to_string(),
+            paused: Mutex::new(HashMap::new()),
         })
     }
 
-    /// Call `method` with a JSON body; the parsed `ok: true` response, or a classified error.
+    /// When the rate-limit pause of `method` ends, if it is paused now.
+    fn paused_until(&self, method: &str) -> Option<Instant> {
+        let mut paused = self.paused.lock().unwrap_or_else(PoisonError::into_inner);
+        let now = Instant::now();
+        paused.retain(|_, until| *until > now);
+        paused.get(method).copied()
+    }
+
+    fn pause(&self, method: &str, wait: Duration) {
+        let until = Instant::now() + wait;
+        let mut paused = self.paused.lock().unwrap_or_else(PoisonError::into_inner);
+        let e = paused.entry(method.to_string()).or_insert(until);
+        *e = (*e).max(until);
+    }
+
+    /// Call `method` when its rate-limit gate allows ([`Gate`]); a rate-limit answer closes
+    /// the gate for every later call of the method.
+    ///
+    /// # Errors
+    /// As [`WebApi::call`]; [`ChannelError::RateLimited`] at once for [`Gate::Skip`] while
+    /// the method is paused.
+    pub(crate) async fn call_gated(
+        &self,
+        method: &str,
+        token: Token,
+        body: &Value,
+        gate: Gate,
+    ) -> Result<Value, ChannelError> {
+        while let Some(until) = self.paused_until(method) {
+            match gate {
+                Gate::Skip => {
+                    return Err(ChannelError::RateLimited {
+                        retry_after: Some(until.saturating_duration_since(Instant::now())),
+                    })
+                }
+                Gate::Wait => tokio::time::sleep_until(until).await,
+            }
+        }
+        let r = self.call_once(method, token, body).await;
+        if let Err(ChannelError::RateLimited { retry_after }) = &r {
+            self.pause(method, retry_after.unwrap_or(DEFAULT_RATE_LIMIT_PAUSE));
+        }
+        r
+    }
+
+    /// Call `method`, waiting at its rate-limit gate if it is paused.
+    ///
+    /// # Errors
+    /// The classified failure.
     pub(crate) async fn call(
+        &self,
+        method: &str,
+        token: Token,
+        body: &Value,
+    ) -> Result<Value, ChannelError> {
+        self.call_gated(method, token, body, Gate::Wait).await
+    }
+
+    /// Call `method` with a JSON body; the parsed `ok: true` response, or a classified error.
+    async fn call_once(
         &self,
         method: &str,
         token: Token,

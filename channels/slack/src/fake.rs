@@ -100,6 +100,8 @@ pub struct Call {
     pub method: String,
     /// The JSON body.
     pub body: Value,
+    /// When the fake received it.
+    pub at: Instant,
 }
 
 enum Cmd {
@@ -526,6 +528,7 @@ async fn web_api(
     st.calls.push(Call {
         method: method.clone(),
         body: body.clone(),
+        at: Instant::now(),
     });
     let chat_method = method.starts_with("chat.");
     if let Some(pos) = st.fail.iter().position(|(m, _, _)| match m {

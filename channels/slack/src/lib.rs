@@ -24,6 +24,9 @@
 //!   commands `/stop`, `/new`, `/status`, `/approve`, `/deny` arrive as `slash_commands`
 //!   envelopes and are delivered as text (in a DM Slack would otherwise refuse `/stop` as an
 //!   unknown command; in channels `@bot /stop` works without them).
+//! - **Rate limits**: one gate per Web API method (Slack's tiers are per method and
+//!   workspace): after a 429 no call of that method is made until its `Retry-After` passed;
+//!   final replies wait at the gate, streamed drafts skip the call (see [`api`]).
 //! - **Typing**: a no-op. Slack offers bots in Socket Mode no typing indicator (the RTM
 //!   `typing` event is gone; `assistant.threads.setStatus` only works in assistant threads).
 
@@ -51,7 +54,7 @@ mod socket;
 #[cfg(test)]
 mod tests;
 
-use api::{Token, WebApi};
+use api::{Gate, Token, WebApi};
 
 /// Longest message we post, in characters (Slack truncates block text at 3,000).
 pub const MAX_MESSAGE_CHARS: usize = 3000;
@@ -218,6 +221,7 @@ impl SlackChannel {
         chat: &str,
         thread: Option<&str>,
         text: &str,
+        gate: Gate,
     ) -> Result<String, ChannelError> {
         let mut body = json!({
             "channel": chat,
@@ -232,7 +236,7 @@ impl SlackChannel {
         let v = self
             .inner
             .api
-            .call("chat.postMessage", Token::Bot, &body)
+            .call_gated("chat.postMessage", Token::Bot, &body, gate)
             .await?;
         Ok(v.get("ts")
             .and_then(Value::as_str)
@@ -240,11 +244,17 @@ impl SlackChannel {
             .to_string())
     }
 
-    async fn update(&self, chat: &str, ts: &str, text: &str) -> Result<(), ChannelError> {
+    async fn update(
+        &self,
+        chat: &str,
+        ts: &str,
+        text: &str,
+        gate: Gate,
+    ) -> Result<(), ChannelError> {
         let body = json!({"channel": chat, "ts": ts, "text": text});
         self.inner
             .api
-            .call("chat.update", Token::Bot, &body)
+            .call_gated("chat.update", Token::Bot, &body, gate)
             .await
             .map(drop)
     }
@@ -254,6 +264,13 @@ impl SlackChannel {
             ch: self,
             chat: msg.chat.as_str(),
             thread: msg.thread.as_ref().map(ThreadId::as_str),
+            // A streamed draft is not worth waiting for: while the method is rate limited
+            // its calls are skipped and the text shows later; a final reply waits.
+            gate: if msg.kind == OutboundKind::Delta {
+                Gate::Skip
+            } else {
+                Gate::Wait
+            },
         }
     }
 }
@@ -263,6 +280,7 @@ struct Target<'a> {
     ch: &'a SlackChannel,
     chat: &'a str,
     thread: Option<&'a str>,
+    gate: Gate,
 }
 
 #[async_trait]
@@ -275,11 +293,14 @@ impl DraftPlatform for Target<'_> {
     }
 
     async fn post(&self, _slot: Slot, text: &String) -> Result<Option<String>, ChannelError> {
-        self.ch.post(self.chat, self.thread, text).await.map(Some)
+        self.ch
+            .post(self.chat, self.thread, text, self.gate)
+            .await
+            .map(Some)
     }
 
     async fn edit(&self, ts: &String, text: &String) -> Result<Edited, ChannelError> {
-        self.ch.update(self.chat, ts, text).await?;
+        self.ch.update(self.chat, ts, text, self.gate).await?;
         Ok(Edited::Done)
     }
 }

@@ -798,3 +798,66 @@ fn chunks_fit_even_when_escaping_multiplies_the_length() {
     }
     assert!(back == hostile, "content changed");
 }
+
+/// Issue 16 finding 7: after Slack answered a streamed draft's `chat.postMessage` with 429
+/// `Retry-After: 1`, other drafts posted at once. Now no `chat.postMessage` leaves until the
+/// second passed (drafts skip, the final waits), and the final reply arrives.
+#[tokio::test]
+async fn a_rate_limited_draft_pauses_every_post_until_retry_after() {
+    let h = start_with(|c| c.edit_interval = Duration::from_millis(50)).await;
+    h.fake.fail_next(Failure::RateLimited {
+        retry_after_secs: 1,
+    });
+    let r =
+        h.ch.send(&out(OutboundKind::Delta, "a1", "C1", "one "))
+            .await;
+    assert!(matches!(r, Err(ChannelError::RateLimited { .. })), "{r:?}");
+    let limited_at = h
+        .fake
+        .calls()
+        .iter()
+        .rfind(|c| c.method == "chat.postMessage")
+        .map(|c| c.at)
+        .unwrap();
+    // Drafts of this reply and of other chats are due meanwhile.
+    for i in 0..4 {
+        let chat = format!("C{}", i + 2);
+        let _ =
+            h.ch.send(&out(OutboundKind::Delta, &format!("b{i}"), &chat, "two "))
+                .await;
+        let _ =
+            h.ch.send(&out(
+                OutboundKind::Delta,
+                &format!("a{}", i + 2),
+                "C1",
+                "more ",
+            ))
+            .await;
+        tokio::time::sleep(Duration::from_millis(60)).await;
+    }
+    h.ch.send(&out(OutboundKind::Final, "final", "C3", "the answer"))
+        .await
+        .unwrap();
+    let calls = h.fake.calls();
+    let posts: Vec<_> = calls
+        .iter()
+        .filter(|c| c.method == "chat.postMessage" && c.at > limited_at)
+        .collect();
+    for p in &posts {
+        let after = p.at.duration_since(limited_at);
+        assert!(
+            after >= Duration::from_millis(950),
+            "chat.postMessage {after:?} after the 429: {:?}",
+            p.body
+        );
+    }
+    assert!(
+        h.fake
+            .sent()
+            .iter()
+            .any(|p| p.chat == "C3" && p.text == "the answer"),
+        "{:?}",
+        h.fake.sent()
+    );
+    h.stop().await;
+}

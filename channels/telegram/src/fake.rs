@@ -148,6 +148,8 @@ struct St {
     poll_generation: u64,
     kicks: u64,
     stall: bool,
+    /// `getUpdates` answers at once, ignoring `timeout` (a misbehaving Bot API server).
+    ignore_timeout: bool,
 }
 
 struct Shared {
@@ -336,6 +338,13 @@ impl FakeTelegram {
     /// polls work again.
     pub fn set_stall(&self, on: bool) {
         self.shared.lock().stall = on;
+        self.shared.changed.notify_waiters();
+    }
+
+    /// While on, `getUpdates` answers at once with what is ready (often nothing), ignoring its
+    /// `timeout`, like a misbehaving Bot API server or proxy.
+    pub fn set_ignore_timeout(&self, on: bool) {
+        self.shared.lock().ignore_timeout = on;
         self.shared.changed.notify_waiters();
     }
 
@@ -749,7 +758,7 @@ async fn get_updates(sh: &Arc<Shared>, params: &Value) -> Response {
                     .take(usize::try_from(limit).unwrap_or(100))
                     .cloned()
                     .collect();
-                if !ready.is_empty() || Instant::now() >= deadline {
+                if !ready.is_empty() || st.ignore_timeout || Instant::now() >= deadline {
                     return ok(Value::Array(ready));
                 }
             }

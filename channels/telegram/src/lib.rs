@@ -12,7 +12,9 @@
 //!   ignored. See [`inbound`] for which messages are delivered.
 //! - **Liveness.** Failed polls are retried with backoff (1 s doubling to 60 s); a poll that
 //!   does not answer within its `timeout` plus a grace (the timeout again, 1 to 10 s) is
-//!   abandoned (watchdog) and retried on a new connection. `state()` tells `connected as @bot`, `reconnecting (attempt N): ...` or
+//!   abandoned (watchdog) and retried on a new connection. A poll that comes back empty is
+//!   followed by the next one no sooner than [`MIN_EMPTY_POLL_INTERVAL`] after it started, so a
+//!   server that ignores `timeout` is not polled in a tight loop. `state()` tells `connected as @bot`, `reconnecting (attempt N): ...` or
 //!   `auth failed: ...`.
 //! - **Outbound.** Markdown is split under Telegram's 4096 UTF-16 limit, each chunk rendered
 //!   to Telegram HTML ([`render`]); a chunk Telegram refuses to parse is resent as plain text.
@@ -55,6 +57,10 @@ pub const MAX_MESSAGE_UTF16: usize = 4096;
 const SPLIT_AT: usize = 4000;
 /// State key of the next `getUpdates` offset.
 pub const OFFSET_KEY: &str = "offset";
+/// Shortest time between the starts of two polls when the first came back empty (1 s): a
+/// server or proxy that answers `getUpdates` at once, ignoring `timeout`, is polled once a
+/// second instead of thousands of times; a message still arrives within about a second.
+pub const MIN_EMPTY_POLL_INTERVAL: Duration = Duration::from_secs(1);
 /// Longest reconnect backoff.
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
 /// Remembered update → message ids (for replying), outbound progress entries and drafts.
@@ -516,6 +522,7 @@ impl Channel for TelegramChannel {
             let failure: String;
             let mut wait = None;
             if let Some(bot) = &me {
+                let started = tokio::time::Instant::now();
                 let polled = tokio::select! {
                     r = self.api.get_updates(offset, self.cfg.poll_timeout) => r,
                     () = cancel.cancelled() => return Ok(()),
@@ -525,6 +532,14 @@ impl Channel for TelegramChannel {
                         if attempt > 0 {
                             attempt = 0;
                             self.set_status(format!("connected as @{}", bot.username));
+                        }
+                        if updates.is_empty() {
+                            // An empty answer before the long-poll timeout: pace the next poll.
+                            tokio::select! {
+                                () = tokio::time::sleep_until(started + MIN_EMPTY_POLL_INTERVAL) => {}
+                                () = cancel.cancelled() => return Ok(()),
+                            }
+                            continue;
                         }
                         let before = offset;
                         let flow = self.process(bot, updates, &mut offset, &tx, &cancel).await;

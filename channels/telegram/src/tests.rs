@@ -668,3 +668,29 @@ fn plan_chunks_fit_and_render() {
         crate::fake::parse_telegram_html(html).unwrap();
     }
 }
+
+/// Issue 16 finding 6: a server that answers `getUpdates` at once, ignoring `timeout`, was
+/// polled thousands of times a second. Empty polls are now paced to one a second, and a
+/// message sent meanwhile still arrives.
+#[tokio::test]
+async fn a_server_ignoring_the_poll_timeout_is_not_polled_in_a_loop() {
+    let fake = FakeTelegram::start().await;
+    fake.set_ignore_timeout(true);
+    let mut h = run(TelegramConfig {
+        poll_timeout: Duration::from_secs(25),
+        ..config(&fake, Arc::new(MemoryState::default()))
+    });
+    fake.wait_calls("getUpdates", 1, WAIT).await;
+    let first = fake.calls("getUpdates").len();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let polls = fake.calls("getUpdates").len() - first;
+    assert!(polls <= 4, "{polls} getUpdates calls in 2 s");
+    fake.push_user_message(7, 7, "still heard");
+    let d = tokio::time::timeout(Duration::from_secs(3), h.rx.recv())
+        .await
+        .expect("the message did not arrive within 3 s")
+        .expect("listener ended");
+    assert_eq!(d.event.content, "still heard");
+    ack(d, Ack::Accepted);
+    h.stop().await;
+}
