@@ -223,6 +223,10 @@ impl Daemon {
             workspace: workspace.clone(),
             connect_hint: connect_hint(config).map(Into::into),
             skills_global: Some(config.home.join("skills")),
+            usage: Arc::new(crate::turn::usage::UsageLedger::load(
+                store.clone(),
+                config.usage.clone(),
+            )?),
         };
         let tasks = TaskTracker::new();
         let turns = CancellationToken::new();

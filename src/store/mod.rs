@@ -6,6 +6,7 @@
 //! before the reply is sent. Everything else rides sled's 500 ms background flush.
 
 pub mod kv;
+pub mod usage;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -386,7 +387,22 @@ impl Store {
         msgs: &[Message],
         reply: Option<&OutboundMessage>,
     ) -> Result<(), StoreError> {
-        let mut ops = Vec::new();
+        self.finish_turn_with(session, entry, msgs, reply, Vec::new())
+    }
+
+    /// [`Store::finish_turn`] with `ops` (the turn's usage counters, [`usage`]) written in the
+    /// same atomic batch, under the same flush.
+    ///
+    /// # Errors
+    /// Backend failure.
+    pub fn finish_turn_with(
+        &self,
+        session: &SessionKey,
+        entry: Option<&InboxEntry>,
+        msgs: &[Message],
+        reply: Option<&OutboundMessage>,
+        mut ops: Vec<Op>,
+    ) -> Result<(), StoreError> {
         if !msgs.is_empty() {
             self.append_ops(session, msgs, &mut ops)?;
         }
