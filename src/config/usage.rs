@@ -214,7 +214,10 @@ mod tests {
     #[test]
     fn longest_prefix_wins_and_vendor_prefix_is_dropped() {
         let c = UsageConfig::default();
-        assert_eq!(c.price("gpt-4o-mini-2024-07-18").map(|p| p.input), Some(0.15));
+        assert_eq!(
+            c.price("gpt-4o-mini-2024-07-18").map(|p| p.input),
+            Some(0.15)
+        );
         assert_eq!(c.price("gpt-4o-2024-08-06").map(|p| p.input), Some(2.5));
         assert_eq!(c.price("openai/gpt-4o").map(|p| p.output), Some(10.0));
         assert_eq!(c.price("llama3.2"), None);

@@ -399,7 +399,12 @@ impl ChatModel for Anthropic {
             }
         };
         r.map(|mut resp| {
-            resp.model = if req.model.is_empty() { &self.cfg.model } else { &req.model }.clone();
+            resp.model = if req.model.is_empty() {
+                &self.cfg.model
+            } else {
+                &req.model
+            }
+            .clone();
             resp
         })
         .map_err(|e| e.scrubbed(&self.scrubber))

@@ -471,7 +471,12 @@ impl ChatModel for OpenAiCompat {
             None => self.complete_once(req).await,
         };
         r.map(|mut resp| {
-            resp.model = if req.model.is_empty() { &self.cfg.model } else { &req.model }.clone();
+            resp.model = if req.model.is_empty() {
+                &self.cfg.model
+            } else {
+                &req.model
+            }
+            .clone();
             resp
         })
         .map_err(|e| e.scrubbed(&self.scrubber))

@@ -180,8 +180,11 @@ mod tests {
     fn records_add_up_per_key_and_scan_from_a_day() {
         let s = Store::memory();
         s.record_usage(&[row("2024-01-31", "a", "m", 10)]).unwrap();
-        s.record_usage(&[row("2024-02-01", "a", "m", 10), row("2024-02-01", "a", "m", 5)])
-            .unwrap();
+        s.record_usage(&[
+            row("2024-02-01", "a", "m", 10),
+            row("2024-02-01", "a", "m", 5),
+        ])
+        .unwrap();
         s.record_usage(&[row("2024-02-01", "a", "m", 7)]).unwrap();
         let rows = s.usage_rows("2024-02-01").unwrap();
         assert_eq!(rows.len(), 1);

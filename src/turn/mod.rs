@@ -260,7 +260,11 @@ async fn run_turn_inner(
         let used = used.unwrap_or_default();
         out.usage.add(&used);
         let provider = deps.model.name();
-        let model = if resp.model.is_empty() { provider } else { &resp.model };
+        let model = if resp.model.is_empty() {
+            provider
+        } else {
+            &resp.model
+        };
         deps.usage.tally(&mut out.by_model, model, &used);
         for (kind, n) in [
             ("input", used.input_tokens),

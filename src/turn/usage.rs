@@ -262,28 +262,89 @@ impl UsageLedger {
         const DAY: &str = "resets at 00:00 UTC";
         const MONTH: &str = "resets on the 1st of the month at 00:00 UTC";
         let usd_checks = [
-            (b.per_session_daily_usd, &s, "budgets.per_session_daily_usd", "This conversation reached its daily budget", DAY),
-            (b.per_user_daily_usd.filter(|_| !user.is_empty()), &u, "budgets.per_user_daily_usd", "You reached your daily budget", DAY),
-            (b.daily_usd, &d, "budgets.daily_usd", "This assistant reached its daily budget", DAY),
-            (b.monthly_usd, &m, "budgets.monthly_usd", "This assistant reached its monthly budget", MONTH),
+            (
+                b.per_session_daily_usd,
+                &s,
+                "budgets.per_session_daily_usd",
+                "This conversation reached its daily budget",
+                DAY,
+            ),
+            (
+                b.per_user_daily_usd.filter(|_| !user.is_empty()),
+                &u,
+                "budgets.per_user_daily_usd",
+                "You reached your daily budget",
+                DAY,
+            ),
+            (
+                b.daily_usd,
+                &d,
+                "budgets.daily_usd",
+                "This assistant reached its daily budget",
+                DAY,
+            ),
+            (
+                b.monthly_usd,
+                &m,
+                "budgets.monthly_usd",
+                "This assistant reached its monthly budget",
+                MONTH,
+            ),
         ];
         let token_checks = [
-            (b.per_session_daily_tokens, &s, "budgets.per_session_daily_tokens", "This conversation reached its daily token budget", DAY),
-            (b.per_user_daily_tokens.filter(|_| !user.is_empty()), &u, "budgets.per_user_daily_tokens", "You reached your daily token budget", DAY),
-            (b.daily_tokens, &d, "budgets.daily_tokens", "This assistant reached its daily token budget", DAY),
-            (b.monthly_tokens, &m, "budgets.monthly_tokens", "This assistant reached its monthly token budget", MONTH),
+            (
+                b.per_session_daily_tokens,
+                &s,
+                "budgets.per_session_daily_tokens",
+                "This conversation reached its daily token budget",
+                DAY,
+            ),
+            (
+                b.per_user_daily_tokens.filter(|_| !user.is_empty()),
+                &u,
+                "budgets.per_user_daily_tokens",
+                "You reached your daily token budget",
+                DAY,
+            ),
+            (
+                b.daily_tokens,
+                &d,
+                "budgets.daily_tokens",
+                "This assistant reached its daily token budget",
+                DAY,
+            ),
+            (
+                b.monthly_tokens,
+                &m,
+                "budgets.monthly_tokens",
+                "This assistant reached its monthly token budget",
+                MONTH,
+            ),
         ];
         let mut refusal = None;
         for (limit, spent, key, what, resets) in usd_checks {
             if let Some(l) = limit.filter(|l| spent.cost_usd >= *l) {
-                refusal = Some((key, format!("{what} ({} of {}, {resets}). The operator can raise {key}.", usd(spent.cost_usd), usd(l))));
+                refusal = Some((
+                    key,
+                    format!(
+                        "{what} ({} of {}, {resets}). The operator can raise {key}.",
+                        usd(spent.cost_usd),
+                        usd(l)
+                    ),
+                ));
                 break;
             }
         }
         if refusal.is_none() {
             for (limit, spent, key, what, resets) in token_checks {
                 if let Some(l) = limit.filter(|l| spent.tokens() >= *l) {
-                    refusal = Some((key, format!("{what} ({} of {l} tokens, {resets}). The operator can raise {key}.", spent.tokens())));
+                    refusal = Some((
+                        key,
+                        format!(
+                            "{what} ({} of {l} tokens, {resets}). The operator can raise {key}.",
+                            spent.tokens()
+                        ),
+                    ));
                     break;
                 }
             }
@@ -303,7 +364,12 @@ impl UsageLedger {
     /// # Errors
     /// The first budget reached.
     pub fn check_running(&self, session: &str, turn: &[CallTally]) -> Result<(), Refusal> {
-        let user = self.state().users_of.get(session).cloned().unwrap_or_default();
+        let user = self
+            .state()
+            .users_of
+            .get(session)
+            .cloned()
+            .unwrap_or_default();
         self.admit(session, &user, turn)
     }
 
@@ -415,16 +481,31 @@ impl UsageLedger {
         );
         let b = &self.config.budgets;
         if let Some(l) = b.daily_usd {
-            out.push_str(&format!(", {} left of the daily budget {}", usd((l - s.today.cost_usd).max(0.0)), usd(l)));
+            out.push_str(&format!(
+                ", {} left of the daily budget {}",
+                usd((l - s.today.cost_usd).max(0.0)),
+                usd(l)
+            ));
         }
         if let Some(l) = b.per_session_daily_usd {
-            out.push_str(&format!(", this conversation {} left of {}", usd((l - s.session.cost_usd).max(0.0)), usd(l)));
+            out.push_str(&format!(
+                ", this conversation {} left of {}",
+                usd((l - s.session.cost_usd).max(0.0)),
+                usd(l)
+            ));
         }
         if let Some(l) = b.monthly_usd {
-            out.push_str(&format!(", {} left of the monthly budget {}", usd((l - s.month.cost_usd).max(0.0)), usd(l)));
+            out.push_str(&format!(
+                ", {} left of the monthly budget {}",
+                usd((l - s.month.cost_usd).max(0.0)),
+                usd(l)
+            ));
         }
         if let Some(l) = b.daily_tokens {
-            out.push_str(&format!(", {} tokens left today", l.saturating_sub(s.today.tokens())));
+            out.push_str(&format!(
+                ", {} tokens left today",
+                l.saturating_sub(s.today.tokens())
+            ));
         }
         out
     }

@@ -99,7 +99,9 @@ fn per_session_per_user_and_token_budgets() {
     l.finish_turn("s1", "alice", &turn, |_| Ok(())).unwrap();
     let r = l.admit("s1", "alice", &[]).unwrap_err();
     assert_eq!(r.budget, "budgets.per_session_daily_usd");
-    assert!(r.text.starts_with("This conversation reached its daily budget"));
+    assert!(r
+        .text
+        .starts_with("This conversation reached its daily budget"));
     assert_eq!(l.admit("s2", "alice", &[]), Ok(()));
     let mut big = Vec::new();
     l.tally(&mut big, "unpriced", &tokens(1_000_000, 0, 0));
