@@ -150,6 +150,8 @@ pub fn month_start(day: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
     use super::*;
 
     fn row(day: &str, session: &str, model: &str, input: u64) -> UsageRow {

@@ -102,7 +102,8 @@ impl State {
 /// Prices, budgets and today's spend. One per daemon, shared by every turn.
 pub struct UsageLedger {
     store: Store,
-    config: UsageConfig,
+    /// Replaced on a config reload.
+    config: std::sync::RwLock<UsageConfig>,
     state: Mutex<State>,
 }
 
@@ -152,18 +153,9 @@ impl UsageLedger {
         }
         Ok(Self {
             store,
-            config,
+            config: std::sync::RwLock::new(config),
             state: Mutex::new(st),
         })
-    }
-
-    /// A ledger with no budgets and the default prices over an in-memory store (tests).
-    pub fn unlimited() -> Self {
-        Self {
-            store: Store::memory(),
-            config: UsageConfig::default(),
-            state: Mutex::new(State::default()),
-        }
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
@@ -182,7 +174,12 @@ impl UsageLedger {
 
     /// US dollars of `u` on `model`; 0 (with a one-time warning) when the model has no price.
     pub fn cost(&self, model: &str, u: &Usage) -> f64 {
-        let Some(p) = self.config.price(model) else {
+        let price = self
+            .config
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .price(model);
+        let Some(p) = price else {
             if !u.is_empty() && self.state().unpriced.insert(model.to_string()) {
                 tracing::warn!(
                     model,
@@ -254,7 +251,7 @@ impl UsageLedger {
             r.add(&pending);
             r
         };
-        let b = &self.config.budgets;
+        let b = self.budgets();
         let s = with(st.sessions.get(session));
         let u = with(st.users.get(user).filter(|_| !user.is_empty()));
         let d = with(Some(&st.today));
@@ -463,8 +460,24 @@ impl UsageLedger {
     }
 
     /// The configured budgets and prices.
-    pub fn config(&self) -> &UsageConfig {
-        &self.config
+    pub fn config(&self) -> UsageConfig {
+        self.config
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn budgets(&self) -> crate::config::usage::Budgets {
+        self.config
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .budgets
+            .clone()
+    }
+
+    /// Use new prices and budgets from now on (config reload).
+    pub fn set_config(&self, c: UsageConfig) {
+        *self.config.write().unwrap_or_else(PoisonError::into_inner) = c;
     }
 
     /// The `/status` lines about usage.
@@ -479,7 +492,7 @@ impl UsageLedger {
             if s.session.estimated_calls > 0 { " (partly estimated)" } else { "" },
             usd(s.today.cost_usd),
         );
-        let b = &self.config.budgets;
+        let b = self.budgets();
         if let Some(l) = b.daily_usd {
             out.push_str(&format!(
                 ", {} left of the daily budget {}",

@@ -1,3 +1,5 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use super::*;
 use crate::config::usage::{resolve_usage, BudgetsFile, PriceFile};
 
@@ -67,12 +69,12 @@ fn a_day_budget_refuses_until_the_next_utc_day_and_the_month_budget_keeps_counti
     let tomorrow = now + DAY_MS;
     let same_month = day_of(now).get(..7) == day_of(tomorrow).get(..7);
     assert_eq!(l.admit_at("s2", "bob", &[], tomorrow), Ok(()));
-    let reloaded = UsageLedger::load_at(store.clone(), l.config().clone(), now).unwrap();
+    let reloaded = UsageLedger::load_at(store.clone(), l.config(), now).unwrap();
     assert_eq!(
         reloaded.admit_at("s3", "", &[], now).unwrap_err().budget,
         "budgets.daily_usd"
     );
-    let next = UsageLedger::load_at(store, l.config().clone(), tomorrow).unwrap();
+    let next = UsageLedger::load_at(store, l.config(), tomorrow).unwrap();
     let mut half = Vec::new();
     next.tally(&mut half, "m", &tokens(500_000, 0, 0));
     let r = next.admit_at("s3", "", &half, tomorrow);

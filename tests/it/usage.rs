@@ -380,6 +380,21 @@ async fn usage_and_budgets_survive_a_restart_and_weft_usage_reads_them() {
         "{body}"
     );
     assert_eq!(llm.requests().len(), 2);
+
+    // The operator raises the budget and reloads (SIGHUP): answered again.
+    let raised = crate::common::merged(output_priced(), json!({"budgets": {"daily_usd": 100.0}}));
+    gateway_config(dir.path(), &llm, port, raised);
+    let pid = rustix::process::Pid::from_child(&d.child);
+    rustix::process::kill_process(pid, rustix::process::Signal::HUP).unwrap();
+    assert!(
+        crate::common::wait_until(std::time::Duration::from_secs(30), || log_of(dir.path())
+            .contains("prices and budgets reloaded"))
+        .await,
+        "{}",
+        log_of(dir.path())
+    );
+    assert_eq!(d.api.chat("c", "4").await.0, 200);
+    assert_eq!(llm.requests().len(), 3);
     assert!(d.term().success());
     let log = log_of(dir.path());
     assert!(
