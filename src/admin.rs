@@ -11,6 +11,7 @@ use crate::bus::{BusMsg, BusRef};
 use crate::config::Config;
 use crate::egress::{ChannelTable, Outbox};
 use crate::session::SessionStatus;
+use crate::store::usage::UsageRow;
 use crate::store::Store;
 use crate::types::SessionKey;
 use clawft_channel_http::AdminError;
@@ -105,12 +106,72 @@ pub fn session_json(store: &Store, key: &str) -> Result<Option<Value>, AdminErro
         return Ok(None);
     };
     let msgs = store.load_transcript(&key).map_err(internal)?;
+    let today = crate::store::usage::day_of(clawft_channel_core::now_ms());
+    let (mut all, mut day) = (UsageRow::default(), UsageRow::default());
+    for r in store.usage_rows("").map_err(internal)? {
+        if r.session == key.as_str() {
+            all.add(&r);
+            if r.day == today {
+                day.add(&r);
+            }
+        }
+    }
     Ok(Some(json!({
         "key": key.as_str(),
         "created_ms": meta.created_ms,
         "updated_ms": meta.updated_ms,
+        "usage": { "today": usage_totals(&day), "total": usage_totals(&all) },
         "messages": msgs,
     })))
+}
+
+fn usage_totals(r: &UsageRow) -> Value {
+    json!({
+        "calls": r.calls,
+        "input_tokens": r.input_tokens,
+        "cached_tokens": r.cached_tokens,
+        "output_tokens": r.output_tokens,
+        "estimated_calls": r.estimated_calls,
+        "cost_usd": r.cost_usd,
+    })
+}
+
+/// Token and spend totals of the last `days` UTC days (today included), one row per `by`
+/// (`day`, `session`, `model` or `user`), with the grand total (`weft usage`).
+///
+/// # Errors
+/// An unknown `by` (bad request) or a store failure.
+pub fn usage_json(store: &Store, by: &str, days: u64) -> Result<Value, AdminError> {
+    let now = clawft_channel_core::now_ms();
+    let back = days.max(1).saturating_sub(1).saturating_mul(86_400_000);
+    let since = crate::store::usage::day_of(now.saturating_sub(back));
+    let mut groups: std::collections::BTreeMap<String, UsageRow> = Default::default();
+    let mut total = UsageRow::default();
+    for r in store.usage_rows(&since).map_err(internal)? {
+        let key = match by {
+            "day" => r.day.clone(),
+            "session" => r.session.clone(),
+            "model" => r.model.clone(),
+            "user" => r.user.clone(),
+            other => {
+                return Err(bad_request(format!(
+                    "unknown grouping `{other}`: use day, session, model or user"
+                )))
+            }
+        };
+        total.add(&r);
+        groups.entry(key).or_default().add(&r);
+    }
+    Ok(json!({
+        "by": by,
+        "since": since,
+        "rows": groups.iter().map(|(k, r)| {
+            let mut v = usage_totals(r);
+            v["key"] = json!(k);
+            v
+        }).collect::<Vec<_>>(),
+        "total": usage_totals(&total),
+    }))
 }
 
 fn internal(e: impl std::fmt::Display) -> AdminError {
@@ -337,6 +398,11 @@ impl clawft_channel_http::Admin for AdminApi {
                 Ok(json!({"status": "queued", "id": id}))
             }
             "mcp/list" => Ok(mcp_json(r.mcp().as_deref())),
+            "usage" => usage_json(
+                &r.store,
+                body["by"].as_str().unwrap_or("day"),
+                body["days"].as_u64().unwrap_or(30),
+            ),
             "mcp/restart" => {
                 let name = body["name"]
                     .as_str()

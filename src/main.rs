@@ -63,6 +63,7 @@ fn main() -> ExitCode {
             Command::Gateway => cli::gateway::run(config, cli::gateway::signals()).await,
             Command::Status => cli::status::run(&config).await,
             Command::Sessions { action } => cli::sessions::run(&config, action).await,
+            Command::Usage { by, days, json } => cli::usage::run(&config, by, days, json).await,
             Command::Tools { action } => cli::tools::run(&config, action).await,
             Command::Pairing { action } => cli::pairing::run(&config, action).await,
             Command::Store { action } => cli::store::run(&config, action).await,

@@ -86,7 +86,15 @@ const HELP: &[(&str, &str)] = &[
     ),
     (
         "clawft_llm_tokens_total",
-        "Tokens used, by provider and direction.",
+        "Tokens used, by provider and kind (input, output, and cached: the part of input served from the provider's prompt cache). Estimated where the provider reported none.",
+    ),
+    (
+        "clawft_llm_cost_microusd_total",
+        "Spend in millionths of a US dollar, by model, from the price table (unpriced models count 0).",
+    ),
+    (
+        "clawft_budget_refusals_total",
+        "Turns refused or stopped because a budget was reached, by budget key.",
     ),
     (
         "clawft_subagents_total",

@@ -14,6 +14,7 @@ pub mod status;
 pub mod store;
 pub mod terminal;
 pub mod tools;
+pub mod usage;
 
 use std::path::PathBuf;
 
@@ -69,6 +70,18 @@ pub enum Command {
         /// What to do.
         #[command(subcommand)]
         action: SessionsAction,
+    },
+    /// Tokens and spend (US dollars, from the price table) per UTC day, session, model or user.
+    Usage {
+        /// How to group the rows.
+        #[arg(long, value_enum, default_value = "day")]
+        by: usage::UsageBy,
+        /// How many UTC days back, today included.
+        #[arg(long, default_value_t = 30)]
+        days: u64,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
     },
     /// Check the setup (config, credentials, providers, channel tokens, MCP servers, store,
     /// sandbox, permissions, HTTP bind): ok / warn / fail with the fix. Exit 1 on a failure.

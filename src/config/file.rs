@@ -28,6 +28,13 @@ pub struct ConfigFile {
     /// Tools.
     #[serde(default)]
     pub tools: ToolsFile,
+    /// Prices of models, USD per million tokens, by model name or prefix (over built-in
+    /// defaults for well-known models).
+    #[serde(default)]
+    pub prices: BTreeMap<String, super::usage::PriceFile>,
+    /// Spending limits: a turn is refused once one is reached.
+    #[serde(default)]
+    pub budgets: super::usage::BudgetsFile,
 }
 
 /// `agents`.

@@ -7,7 +7,7 @@
 //!
 //! Files: [`types`] (the resolved [`Config`] and [`ConfigError`]), [`env`] (the environment
 //! snapshot), [`resolve`] (file + environment → `Config`), [`secrets`] (secrets by indirection),
-//! [`file`] (the raw file shape), [`subagents`] (the subagent limits).
+//! [`file`] (the raw file shape), [`subagents`] (the subagent limits), [`usage`] (prices and budgets).
 
 pub mod env;
 pub mod file;
@@ -15,6 +15,7 @@ pub mod resolve;
 pub mod secrets;
 pub mod subagents;
 pub mod types;
+pub mod usage;
 
 pub use env::*;
 pub use resolve::*;

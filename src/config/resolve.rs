@@ -284,6 +284,7 @@ impl Config {
             secrets,
             notify_socket: env.get("NOTIFY_SOCKET").map(PathBuf::from),
             watchdog: watchdog_interval(env, std::process::id()),
+            usage: super::usage::resolve_usage(&raw.prices, &raw.budgets)?,
         })
     }
 }

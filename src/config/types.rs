@@ -187,6 +187,8 @@ pub struct Config {
     /// How often to send `WATCHDOG=1`: half of `$WATCHDOG_USEC`, when it is set and
     /// `$WATCHDOG_PID` (if set) is this process.
     pub watchdog: Option<Duration>,
+    /// `prices` and `budgets`.
+    pub usage: super::usage::UsageConfig,
 }
 
 /// A chat platform.

@@ -89,6 +89,8 @@ pub struct Daemon {
     supervisor: crate::subagent::SupervisorRef,
     /// The workspace of every session, to refresh its protected paths on reload.
     workspace: Arc<Workspace>,
+    /// Prices and budgets (reloaded on SIGHUP).
+    usage: Arc<crate::turn::usage::UsageLedger>,
     config: Config,
 }
 
@@ -220,6 +222,10 @@ impl Daemon {
             Some(subagents.clone()),
         );
         let tools = crate::tools::registry::ToolsHandle::new(registry);
+        let usage = Arc::new(crate::turn::usage::UsageLedger::load(
+            store.clone(),
+            config.usage.clone(),
+        )?);
         let deps = TurnDeps {
             model,
             tools: tools.clone(),
@@ -233,6 +239,7 @@ impl Daemon {
             workspace: workspace.clone(),
             connect_hint: connect_hint(config).map(Into::into),
             skills_global: Some(config.home.join("skills")),
+            usage: usage.clone(),
         };
         let tasks = TaskTracker::new();
         let turns = CancellationToken::new();
@@ -331,6 +338,7 @@ impl Daemon {
             subagents,
             supervisor,
             workspace,
+            usage,
             config: config.clone(),
         })
     }
@@ -377,6 +385,10 @@ impl Daemon {
                 "MCP servers restarted ({} configured)",
                 new.tools.mcp_servers.len()
             ));
+        }
+        if old.usage != new.usage {
+            self.usage.set_config(new.usage.clone());
+            changes.push("prices and budgets reloaded".into());
         }
         if old.tools.subagents != new.tools.subagents {
             self.subagents.set_settings(new.tools.subagents.clone());

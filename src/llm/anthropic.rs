@@ -271,6 +271,7 @@ fn parse_message(v: &Value) -> Option<ChatResponse> {
         tool_calls,
         finish_reason: v["stop_reason"].as_str().map(str::to_string),
         usage: anthropic_usage(&v["usage"]),
+        model: String::new(),
     })
 }
 
@@ -367,6 +368,7 @@ impl Acc {
                 .collect(),
             finish_reason: self.stop_reason,
             usage: self.usage,
+            model: String::new(),
         }
     }
 }
@@ -396,7 +398,16 @@ impl ChatModel for Anthropic {
                 .await
             }
         };
-        r.map_err(|e| e.scrubbed(&self.scrubber))
+        r.map(|mut resp| {
+            resp.model = if req.model.is_empty() {
+                &self.cfg.model
+            } else {
+                &req.model
+            }
+            .clone();
+            resp
+        })
+        .map_err(|e| e.scrubbed(&self.scrubber))
     }
 }
 

@@ -169,6 +169,9 @@ pub struct ChatResponse {
     pub finish_reason: Option<String>,
     /// Token usage, when reported.
     pub usage: Usage,
+    /// The model that answered (each provider fills in the model it asked for), for pricing
+    /// and `weft usage --by model`. Empty from fakes that do not say.
+    pub model: String,
 }
 
 /// A streamed fragment, sent while a streaming completion runs.

@@ -375,6 +375,7 @@ fn parse_completion(v: &Value) -> Option<ChatResponse> {
         tool_calls,
         finish_reason: choice["finish_reason"].as_str().map(str::to_string),
         usage: usage_of(&v["usage"]),
+        model: String::new(),
     })
 }
 
@@ -447,6 +448,7 @@ impl StreamAcc {
                 .collect(),
             finish_reason: self.finish_reason,
             usage: self.usage,
+            model: String::new(),
         })
     }
 }
@@ -468,7 +470,16 @@ impl ChatModel for OpenAiCompat {
             Some(tx) => self.complete_stream(req, tx).await,
             None => self.complete_once(req).await,
         };
-        r.map_err(|e| e.scrubbed(&self.scrubber))
+        r.map(|mut resp| {
+            resp.model = if req.model.is_empty() {
+                &self.cfg.model
+            } else {
+                &req.model
+            }
+            .clone();
+            resp
+        })
+        .map_err(|e| e.scrubbed(&self.scrubber))
     }
 }
 

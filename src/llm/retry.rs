@@ -191,6 +191,7 @@ mod tests {
             tool_calls: vec![],
             finish_reason: None,
             usage: Usage::default(),
+            model: String::new(),
         }
     }
 

@@ -354,7 +354,7 @@ fn on_inbound(myself: &ActorRef<SessionMsg>, state: &mut SessionState, entry: In
         Some(ChatCommand::Status) => {
             let s = status(state);
             let text = format!(
-                "session {}: {} messages, {}, {} queued",
+                "session {}: {} messages, {}, {} queued\n{}",
                 s.key,
                 s.messages,
                 if s.running {
@@ -362,7 +362,8 @@ fn on_inbound(myself: &ActorRef<SessionMsg>, state: &mut SessionState, entry: In
                 } else {
                     "idle"
                 },
-                s.queued
+                s.queued,
+                state.args.deps.usage.status_text(&s.key)
             );
             answer_now(state, &entry, OutboundKind::Final, text);
         }
@@ -456,6 +457,16 @@ fn maybe_start(myself: &ActorRef<SessionMsg>, state: &mut SessionState) {
     let Some(ev) = entry.event.clone() else {
         return maybe_start(myself, state);
     };
+    let user = budget_user(&ev);
+    let admitted = state
+        .args
+        .deps
+        .usage
+        .admit(state.args.key.as_str(), &user, &[]);
+    if let Err(refusal) = admitted {
+        answer_now(state, &entry, OutboundKind::Error, refusal.text);
+        return maybe_start(myself, state);
+    }
     if entry.state == InboxState::Pending {
         let user = Message::user(ev.content.clone());
         if let Err(e) = state.args.deps.store.begin_turn(&entry, &user) {
@@ -553,11 +564,19 @@ fn maybe_start(myself: &ActorRef<SessionMsg>, state: &mut SessionState) {
             };
             let skip = outcome.messages.len().saturating_sub(outcome.unpersisted);
             let tail = &outcome.messages[skip..];
-            if let Err(e) = deps
-                .store
-                .finish_turn_async(&key, Some(&entry), tail, Some(&reply))
-                .await
-            {
+            let finished = deps
+                .usage
+                .finish_turn(key.as_str(), &user, &outcome.by_model, |ops| {
+                    deps.store
+                        .finish_turn_unflushed(&key, Some(&entry), tail, Some(&reply), ops)
+                });
+            // Durable before the reply is routed: one flush shared with every session
+            // finishing now (group commit).
+            let finished = match finished {
+                Ok(()) => deps.store.flush_async().await,
+                Err(e) => Err(e),
+            };
+            if let Err(e) = finished {
                 tracing::error!(error = %e, "could not record the end of the turn");
             }
             let _ = me.cast(SessionMsg::TurnFinished {
@@ -568,6 +587,16 @@ fn maybe_start(myself: &ActorRef<SessionMsg>, state: &mut SessionState) {
         }
         .instrument(span),
     );
+}
+
+/// Who a turn's spend is counted against for `budgets.per_user_daily_*`: `channel:sender`
+/// (empty for the gateway's own messages, such as subagent results).
+fn budget_user(ev: &clawft_channel_core::InboundEvent) -> String {
+    if ev.sender.as_str() == SYSTEM_SENDER {
+        String::new()
+    } else {
+        format!("{}:{}", ev.channel.as_str(), ev.sender.as_str())
+    }
 }
 
 /// How often the typing indicator is refreshed while a turn runs.

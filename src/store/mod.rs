@@ -16,6 +16,7 @@ mod commit;
 pub mod health;
 pub mod integrity;
 pub mod kv;
+pub mod usage;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -668,7 +669,7 @@ impl Store {
         msgs: &[Message],
         reply: Option<&OutboundMessage>,
     ) -> Result<(), StoreError> {
-        self.finish_turn_unflushed(session, entry, msgs, reply)?;
+        self.finish_turn_unflushed(session, entry, msgs, reply, Vec::new())?;
         self.flush()
     }
 
@@ -684,18 +685,40 @@ impl Store {
         msgs: &[Message],
         reply: Option<&OutboundMessage>,
     ) -> Result<(), StoreError> {
-        self.finish_turn_unflushed(session, entry, msgs, reply)?;
+        self.finish_turn_unflushed(session, entry, msgs, reply, Vec::new())?;
         self.flush_async().await
     }
 
-    fn finish_turn_unflushed(
+    /// [`Store::finish_turn`] with `ops` (the turn's usage counters, [`usage`]) written in the
+    /// same atomic batch, under the same flush.
+    ///
+    /// # Errors
+    /// Backend failure.
+    pub fn finish_turn_with(
         &self,
         session: &SessionKey,
         entry: Option<&InboxEntry>,
         msgs: &[Message],
         reply: Option<&OutboundMessage>,
+        ops: Vec<Op>,
     ) -> Result<(), StoreError> {
-        let mut ops = Vec::new();
+        self.finish_turn_unflushed(session, entry, msgs, reply, ops)?;
+        self.flush()
+    }
+
+    /// The batch of [`Store::finish_turn_with`], applied but not flushed: the caller makes it
+    /// durable with [`Store::flush_async`] before the reply is sent.
+    ///
+    /// # Errors
+    /// Backend failure.
+    pub fn finish_turn_unflushed(
+        &self,
+        session: &SessionKey,
+        entry: Option<&InboxEntry>,
+        msgs: &[Message],
+        reply: Option<&OutboundMessage>,
+        mut ops: Vec<Op>,
+    ) -> Result<(), StoreError> {
         if !msgs.is_empty() {
             self.append_ops(session, msgs, &mut ops)?;
         }

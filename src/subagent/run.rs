@@ -83,6 +83,10 @@ pub(super) async fn run_child(
             if let Err(e) = deps.store.append_messages(key, &o.messages[skip..]) {
                 tracing::error!(error = %e, "could not store the subagent's answer");
             }
+            // Counted against the day's and the month's budgets (its own session key; no user).
+            if let Err(e) = deps.usage.record(key.as_str(), "", &o.by_model) {
+                tracing::error!(error = %e, "could not store the subagent's usage");
+            }
             ChildResult {
                 usage: TaskUsage {
                     input_tokens: o.usage.input_tokens,

@@ -4,6 +4,8 @@
 //! message before running the tools and their results after, so a crash leaves at most orphan
 //! calls that the session repairs on load. It never touches the journal or the outbox.
 
+pub mod usage;
+
 use std::sync::Arc;
 
 use futures::future::join_all;
@@ -39,6 +41,8 @@ pub struct TurnDeps {
     pub connect_hint: Option<Arc<str>>,
     /// The global skills directory (`~/.clawft/skills`); workspace skills are always read.
     pub skills_global: Option<std::path::PathBuf>,
+    /// Prices, budgets and today's spend (checked between LLM calls).
+    pub usage: Arc<usage::UsageLedger>,
 }
 
 /// Progress of a running turn, for streaming channels.
@@ -96,6 +100,8 @@ pub struct TurnOutcome {
     pub tool_calls: u32,
     /// Tokens used.
     pub usage: Usage,
+    /// Tokens and cost per model that answered, for the usage records and budgets.
+    pub by_model: Vec<usage::CallTally>,
 }
 
 impl TurnOutcome {
@@ -109,6 +115,7 @@ impl TurnOutcome {
             llm_calls: 0,
             tool_calls: 0,
             usage: Usage::default(),
+            by_model: Vec::new(),
         }
     }
 }
@@ -222,6 +229,10 @@ async fn run_turn_inner(
         let started = std::time::Instant::now();
         let resp = call_model(deps, &req, events, cancel).await;
         crate::metrics::observe_llm(deps.model.name(), started.elapsed().as_secs_f64());
+        let used = resp
+            .as_ref()
+            .ok()
+            .map(|r| usage::UsageLedger::usage_of(&req, r));
         messages = req.messages;
         let resp = match resp {
             Ok(r) => r,
@@ -246,19 +257,26 @@ async fn run_turn_inner(
                 return out;
             }
         };
-        out.usage.input_tokens += resp.usage.input_tokens;
-        out.usage.output_tokens += resp.usage.output_tokens;
+        let used = used.unwrap_or_default();
+        out.usage.add(&used);
         let provider = deps.model.name();
-        crate::metrics::inc(
-            "clawft_llm_tokens_total",
-            &[("provider", provider), ("kind", "input")],
-            resp.usage.input_tokens,
-        );
-        crate::metrics::inc(
-            "clawft_llm_tokens_total",
-            &[("provider", provider), ("kind", "output")],
-            resp.usage.output_tokens,
-        );
+        let model = if resp.model.is_empty() {
+            provider
+        } else {
+            &resp.model
+        };
+        deps.usage.tally(&mut out.by_model, model, &used);
+        for (kind, n) in [
+            ("input", used.input_tokens),
+            ("output", used.output_tokens),
+            ("cached", used.cached_tokens),
+        ] {
+            crate::metrics::inc(
+                "clawft_llm_tokens_total",
+                &[("provider", provider), ("kind", kind)],
+                n,
+            );
+        }
 
         if resp.tool_calls.is_empty() {
             tracing::debug!(iteration, "tool loop complete");
@@ -361,6 +379,11 @@ async fn run_turn_inner(
         if cancel.is_cancelled() {
             out.status = TurnStatus::Cancelled;
             out.reply = "Stopped: the turn was cancelled.".into();
+            return out;
+        }
+        if let Err(r) = deps.usage.check_running(session.as_str(), &out.by_model) {
+            out.status = TurnStatus::Failed(r.text.clone());
+            out.reply = r.text;
             return out;
         }
     }

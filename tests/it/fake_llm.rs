@@ -54,6 +54,9 @@ pub enum Reply {
     /// stalls mid-answer). Not streamed: like [`Reply::Hang`].
     #[allow(dead_code)]
     Stall(String),
+    /// A final text answer whose response reports no `usage` (as some local servers do).
+    #[allow(dead_code)]
+    NoUsage(String),
 }
 
 /// Picks the reply from the request itself (for concurrent agents whose calls interleave);
@@ -362,6 +365,19 @@ async fn answer(
                 }
                 let body = json!({"error": {"message": text, "type": "fake_error"}});
                 return b.body(Body::from(body.to_string())).unwrap();
+            }
+            Reply::NoUsage(t) => {
+                return if stream {
+                    let mut c = text_chunks(&t, model);
+                    c.pop(); // the usage chunk
+                    sse(c)
+                } else {
+                    json_response(json!({
+                        "id": "chatcmpl-fake", "object": "chat.completion", "model": model,
+                        "choices": [{"index": 0, "finish_reason": "stop",
+                                     "message": {"role": "assistant", "content": t}}],
+                    }))
+                };
             }
             Reply::Text(t) => {
                 return if stream {

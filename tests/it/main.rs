@@ -21,3 +21,4 @@ mod service;
 mod store_faults;
 mod subagents;
 mod tools;
+mod usage;

@@ -1,0 +1,94 @@
+//! `weft usage [--by day|session|model|user] [--days N] [--json]`: tokens and spend from the
+//! store, through the running gateway when one holds it.
+
+use serde_json::{json, Value};
+
+use super::agent::{backend, Backend};
+use super::CliError;
+use crate::config::Config;
+
+/// How `weft usage` groups its rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum UsageBy {
+    /// One row per UTC day.
+    Day,
+    /// One row per session.
+    Session,
+    /// One row per model.
+    Model,
+    /// One row per chat user (`channel:sender`).
+    User,
+}
+
+impl UsageBy {
+    fn as_str(self) -> &'static str {
+        match self {
+            UsageBy::Day => "day",
+            UsageBy::Session => "session",
+            UsageBy::Model => "model",
+            UsageBy::User => "user",
+        }
+    }
+}
+
+/// Print the usage table (or its JSON).
+///
+/// # Errors
+/// Neither a gateway nor the store can be reached.
+pub async fn run(config: &Config, by: UsageBy, days: u64, as_json: bool) -> Result<(), CliError> {
+    let v = match backend(config).await? {
+        Backend::Gateway(c) => {
+            c.post(
+                "/v1/admin/usage",
+                &json!({ "by": by.as_str(), "days": days }),
+            )
+            .await?
+        }
+        Backend::Store(s) => {
+            crate::admin::usage_json(&s, by.as_str(), days).map_err(CliError::msg)?
+        }
+    };
+    if as_json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&v).map_err(CliError::msg)?
+        );
+    } else {
+        print!("{}", table(&v, by.as_str()));
+    }
+    Ok(())
+}
+
+fn line(key: &str, r: &Value) -> String {
+    let n = |k: &str| r[k].as_u64().unwrap_or(0);
+    format!(
+        "{key:<40} {:>7} {:>12} {:>12} {:>12} {:>12.4}{}\n",
+        n("calls"),
+        n("input_tokens"),
+        n("cached_tokens"),
+        n("output_tokens"),
+        r["cost_usd"].as_f64().unwrap_or(0.0),
+        if n("estimated_calls") > 0 { " *" } else { "" }
+    )
+}
+
+fn table(v: &Value, by: &str) -> String {
+    let mut out = format!(
+        "{:<40} {:>7} {:>12} {:>12} {:>12} {:>12}\n",
+        by.to_uppercase(),
+        "CALLS",
+        "INPUT",
+        "CACHED",
+        "OUTPUT",
+        "COST (USD)"
+    );
+    for r in v["rows"].as_array().into_iter().flatten() {
+        out.push_str(&line(r["key"].as_str().unwrap_or(""), r));
+    }
+    out.push_str(&line("total", &v["total"]));
+    out.push_str(&format!(
+        "(UTC days since {}; * = some calls' tokens were estimated, the provider reported none)\n",
+        v["since"].as_str().unwrap_or("?")
+    ));
+    out
+}

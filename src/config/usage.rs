@@ -1,0 +1,269 @@
+//! The price table (`prices`) and the spending limits (`budgets`): raw file shapes, the
+//! resolved [`UsageConfig`], and the built-in prices of well-known models.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::ConfigError;
+
+/// `prices."MODEL"`: USD per million tokens.
+#[derive(Debug, Default, Clone, Deserialize, Serialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PriceFile {
+    /// Prompt tokens not served from the provider's cache.
+    pub input: Option<f64>,
+    /// Prompt tokens served from the cache (default: the input price).
+    pub cached: Option<f64>,
+    /// Completion tokens.
+    pub output: Option<f64>,
+}
+
+/// `budgets`: limits after which turns are refused. Days and months are UTC.
+#[derive(Debug, Default, Clone, Deserialize, Serialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BudgetsFile {
+    /// USD spent per UTC day, all sessions.
+    pub daily_usd: Option<f64>,
+    /// USD spent per UTC calendar month, all sessions.
+    pub monthly_usd: Option<f64>,
+    /// USD spent per UTC day by one session.
+    pub per_session_daily_usd: Option<f64>,
+    /// USD spent per UTC day by one chat user (sender), all their sessions.
+    pub per_user_daily_usd: Option<f64>,
+    /// Tokens (input + output) per UTC day, all sessions.
+    pub daily_tokens: Option<u64>,
+    /// Tokens per UTC calendar month, all sessions.
+    pub monthly_tokens: Option<u64>,
+    /// Tokens per UTC day by one session.
+    pub per_session_daily_tokens: Option<u64>,
+    /// Tokens per UTC day by one chat user.
+    pub per_user_daily_tokens: Option<u64>,
+}
+
+/// A model's prices, USD per million tokens.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Price {
+    /// Uncached prompt tokens.
+    pub input: f64,
+    /// Cached prompt tokens.
+    pub cached: f64,
+    /// Completion tokens.
+    pub output: f64,
+}
+
+/// The resolved budgets (`None`: no limit).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Budgets {
+    /// `budgets.daily_usd`.
+    pub daily_usd: Option<f64>,
+    /// `budgets.monthly_usd`.
+    pub monthly_usd: Option<f64>,
+    /// `budgets.per_session_daily_usd`.
+    pub per_session_daily_usd: Option<f64>,
+    /// `budgets.per_user_daily_usd`.
+    pub per_user_daily_usd: Option<f64>,
+    /// `budgets.daily_tokens`.
+    pub daily_tokens: Option<u64>,
+    /// `budgets.monthly_tokens`.
+    pub monthly_tokens: Option<u64>,
+    /// `budgets.per_session_daily_tokens`.
+    pub per_session_daily_tokens: Option<u64>,
+    /// `budgets.per_user_daily_tokens`.
+    pub per_user_daily_tokens: Option<u64>,
+}
+
+/// Prices and budgets.
+#[derive(Clone, Debug, PartialEq)]
+pub struct UsageConfig {
+    /// Model name or prefix → price; the longest matching prefix wins.
+    pub prices: BTreeMap<String, Price>,
+    /// Limits.
+    pub budgets: Budgets,
+}
+
+impl Default for UsageConfig {
+    fn default() -> Self {
+        Self {
+            prices: default_prices(),
+            budgets: Budgets::default(),
+        }
+    }
+}
+
+impl UsageConfig {
+    /// The price of `model`: an exact entry, else the longest entry that prefixes it (after
+    /// dropping a `vendor/` routing prefix such as OpenRouter's `openai/gpt-4o`).
+    pub fn price(&self, model: &str) -> Option<Price> {
+        let bare = model.rsplit('/').next().unwrap_or(model);
+        for m in [model, bare] {
+            if let Some(p) = self.prices.get(m) {
+                return Some(*p);
+            }
+        }
+        [model, bare]
+            .iter()
+            .flat_map(|m| {
+                self.prices
+                    .iter()
+                    .filter(move |(k, _)| m.starts_with(k.as_str()))
+            })
+            .max_by_key(|(k, _)| k.len())
+            .map(|(_, p)| *p)
+    }
+}
+
+/// Built-in prices (USD per million tokens: input, cached input, output), as the providers'
+/// public price pages listed them on 2025-06-01. `prices` in the config overrides them.
+const DEFAULT_PRICES: &[(&str, f64, f64, f64)] = &[
+    ("gpt-4o", 2.5, 1.25, 10.0),
+    ("gpt-4o-mini", 0.15, 0.075, 0.6),
+    ("gpt-4.1", 2.0, 0.5, 8.0),
+    ("gpt-4.1-mini", 0.4, 0.1, 1.6),
+    ("gpt-4.1-nano", 0.1, 0.025, 0.4),
+    ("o3", 2.0, 0.5, 8.0),
+    ("o3-mini", 1.1, 0.55, 4.4),
+    ("o4-mini", 1.1, 0.275, 4.4),
+    ("claude-opus-4", 15.0, 1.5, 75.0),
+    ("claude-sonnet-4", 3.0, 0.3, 15.0),
+    ("claude-3-7-sonnet", 3.0, 0.3, 15.0),
+    ("claude-3-5-sonnet", 3.0, 0.3, 15.0),
+    ("claude-3-5-haiku", 0.8, 0.08, 4.0),
+    ("claude-haiku-4", 1.0, 0.1, 5.0),
+    ("claude-3-haiku", 0.25, 0.03, 1.25),
+];
+
+fn default_prices() -> BTreeMap<String, Price> {
+    DEFAULT_PRICES
+        .iter()
+        .map(|(m, input, cached, output)| {
+            (
+                (*m).to_string(),
+                Price {
+                    input: *input,
+                    cached: *cached,
+                    output: *output,
+                },
+            )
+        })
+        .collect()
+}
+
+fn check_usd(key: &str, v: Option<f64>) -> Result<Option<f64>, ConfigError> {
+    match v {
+        Some(x) if !x.is_finite() || x < 0.0 => Err(ConfigError::Invalid {
+            key: key.into(),
+            detail: format!("expected a number of US dollars >= 0, got {x}"),
+        }),
+        v => Ok(v),
+    }
+}
+
+/// Resolve `prices` (over the built-in defaults) and `budgets`.
+///
+/// # Errors
+/// A negative or non-finite price or budget, named by its key.
+pub fn resolve_usage(
+    prices: &BTreeMap<String, PriceFile>,
+    budgets: &BudgetsFile,
+) -> Result<UsageConfig, ConfigError> {
+    let mut table = default_prices();
+    for (model, p) in prices {
+        let key = |f: &str| format!("prices.\"{model}\".{f}");
+        let input = check_usd(&key("input"), p.input)?.ok_or_else(|| ConfigError::Invalid {
+            key: key("input"),
+            detail: "the input price (USD per million tokens) is required".into(),
+        })?;
+        let output = check_usd(&key("output"), p.output)?.ok_or_else(|| ConfigError::Invalid {
+            key: key("output"),
+            detail: "the output price (USD per million tokens) is required".into(),
+        })?;
+        let cached = check_usd(&key("cached"), p.cached)?.unwrap_or(input);
+        table.insert(
+            model.clone(),
+            Price {
+                input,
+                cached,
+                output,
+            },
+        );
+    }
+    let b = budgets;
+    Ok(UsageConfig {
+        prices: table,
+        budgets: Budgets {
+            daily_usd: check_usd("budgets.daily_usd", b.daily_usd)?,
+            monthly_usd: check_usd("budgets.monthly_usd", b.monthly_usd)?,
+            per_session_daily_usd: check_usd(
+                "budgets.per_session_daily_usd",
+                b.per_session_daily_usd,
+            )?,
+            per_user_daily_usd: check_usd("budgets.per_user_daily_usd", b.per_user_daily_usd)?,
+            daily_tokens: b.daily_tokens,
+            monthly_tokens: b.monthly_tokens,
+            per_session_daily_tokens: b.per_session_daily_tokens,
+            per_user_daily_tokens: b.per_user_daily_tokens,
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+
+    #[test]
+    fn longest_prefix_wins_and_vendor_prefix_is_dropped() {
+        let c = UsageConfig::default();
+        assert_eq!(
+            c.price("gpt-4o-mini-2024-07-18").map(|p| p.input),
+            Some(0.15)
+        );
+        assert_eq!(c.price("gpt-4o-2024-08-06").map(|p| p.input), Some(2.5));
+        assert_eq!(c.price("openai/gpt-4o").map(|p| p.output), Some(10.0));
+        assert_eq!(c.price("llama3.2"), None);
+    }
+
+    #[test]
+    fn negative_prices_and_budgets_are_refused_with_the_key() {
+        let mut prices = BTreeMap::new();
+        prices.insert(
+            "m".to_string(),
+            PriceFile {
+                input: Some(-1.0),
+                cached: None,
+                output: Some(1.0),
+            },
+        );
+        let e = resolve_usage(&prices, &BudgetsFile::default()).unwrap_err();
+        assert!(e.to_string().contains("prices.\"m\".input"), "{e}");
+        let e = resolve_usage(
+            &BTreeMap::new(),
+            &BudgetsFile {
+                daily_usd: Some(-5.0),
+                ..BudgetsFile::default()
+            },
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("budgets.daily_usd"), "{e}");
+        let mut prices = BTreeMap::new();
+        prices.insert(
+            "m".to_string(),
+            PriceFile {
+                input: Some(1.0),
+                cached: None,
+                output: Some(4.0),
+            },
+        );
+        let c = resolve_usage(&prices, &BudgetsFile::default()).unwrap();
+        assert_eq!(
+            c.price("m"),
+            Some(Price {
+                input: 1.0,
+                cached: 1.0,
+                output: 4.0
+            })
+        );
+    }
+}

@@ -1,0 +1,529 @@
+//! Token accounting and cost budgets: the [`UsageLedger`] prices each LLM call, keeps today's
+//! and this month's spend in memory (loaded from the store at start), refuses a turn once a
+//! budget is reached, and writes each turn's counters in the store batch that ends the turn.
+//!
+//! Days and months are UTC. It never flushes the store: a turn's counters ride the turn's own
+//! flush, and calls recorded outside a turn ([`UsageLedger::record`]) ride the next one.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Mutex, PoisonError};
+
+use crate::config::usage::UsageConfig;
+use crate::llm::{ChatRequest, ChatResponse, Usage};
+use crate::store::kv::Op;
+use crate::store::usage::{day_of, month_start, UsageRow};
+use crate::store::{Store, StoreError};
+
+/// The LLM calls of one turn answered by one model.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct CallTally {
+    /// Model that answered.
+    pub model: String,
+    /// Calls.
+    pub calls: u64,
+    /// Calls whose usage was estimated (the provider reported none).
+    pub estimated_calls: u64,
+    /// Tokens.
+    pub usage: Usage,
+    /// US dollars.
+    pub cost_usd: f64,
+}
+
+/// A turn refused (or stopped) because a budget is reached.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Refusal {
+    /// The budget's config key (`budgets.daily_usd`…), also the metric label.
+    pub budget: &'static str,
+    /// What the user is told.
+    pub text: String,
+}
+
+/// Spend of today as `/status` shows it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct UsageSnapshot {
+    /// This session, today.
+    pub session: UsageRow,
+    /// All sessions, today.
+    pub today: UsageRow,
+    /// All sessions, this month.
+    pub month: UsageRow,
+}
+
+#[derive(Default)]
+struct State {
+    day: String,
+    month_start: String,
+    month: UsageRow,
+    today: UsageRow,
+    sessions: HashMap<String, UsageRow>,
+    users: HashMap<String, UsageRow>,
+    /// The chat user of each session's running turn, for the checks between its LLM calls.
+    users_of: HashMap<String, String>,
+    /// Models already warned about having no price.
+    unpriced: HashSet<String>,
+}
+
+impl State {
+    /// Start a new day (and month) when `now_ms` is past the current one.
+    fn roll(&mut self, now_ms: u64) {
+        let day = day_of(now_ms);
+        if day == self.day {
+            return;
+        }
+        let ms = month_start(&day);
+        if ms != self.month_start {
+            self.month = UsageRow::default();
+            self.month_start = ms;
+        }
+        self.today = UsageRow::default();
+        self.sessions.clear();
+        self.users.clear();
+        self.day = day;
+    }
+
+    fn add(&mut self, r: &UsageRow) {
+        if r.day != self.day {
+            // A turn that began before midnight and ends after is counted on the day it ends:
+            // rows carry that day, so only the month total is touched for older days.
+            if r.day.starts_with(self.month_start.get(..7).unwrap_or("")) {
+                self.month.add(r);
+            }
+            return;
+        }
+        self.month.add(r);
+        self.today.add(r);
+        self.sessions.entry(r.session.clone()).or_default().add(r);
+        if !r.user.is_empty() {
+            self.users.entry(r.user.clone()).or_default().add(r);
+        }
+    }
+}
+
+/// Prices, budgets and today's spend. One per daemon, shared by every turn.
+pub struct UsageLedger {
+    store: Store,
+    /// Replaced on a config reload.
+    config: std::sync::RwLock<UsageConfig>,
+    state: Mutex<State>,
+}
+
+fn usd(x: f64) -> String {
+    if x >= 0.1 || x == 0.0 {
+        format!("US${x:.2}")
+    } else {
+        format!("US${x:.4}")
+    }
+}
+
+fn estimated(req: &ChatRequest, resp: &ChatResponse) -> Usage {
+    let output = crate::llm::tokens::of_text(&resp.content)
+        + resp
+            .tool_calls
+            .iter()
+            .map(|c| {
+                crate::llm::tokens::of_text(&c.name) + crate::llm::tokens::of_text(&c.arguments)
+            })
+            .sum::<u64>();
+    Usage {
+        input_tokens: crate::llm::tokens::of_request(req),
+        output_tokens: output,
+        cached_tokens: 0,
+        estimated: true,
+    }
+}
+
+impl UsageLedger {
+    /// A ledger over `store`, with this month's spend loaded from it.
+    ///
+    /// # Errors
+    /// The store cannot be read.
+    pub fn load(store: Store, config: UsageConfig) -> Result<Self, StoreError> {
+        Self::load_at(store, config, clawft_channel_core::now_ms())
+    }
+
+    /// [`UsageLedger::load`] as of `now_ms` (tests).
+    ///
+    /// # Errors
+    /// The store cannot be read.
+    pub fn load_at(store: Store, config: UsageConfig, now_ms: u64) -> Result<Self, StoreError> {
+        let mut st = State::default();
+        st.roll(now_ms);
+        for r in store.usage_rows(&st.month_start)? {
+            st.add(&r);
+        }
+        Ok(Self {
+            store,
+            config: std::sync::RwLock::new(config),
+            state: Mutex::new(st),
+        })
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The usage of one call: as reported, or estimated ([`crate::llm::tokens`]) when the
+    /// provider reported none.
+    pub fn usage_of(req: &ChatRequest, resp: &ChatResponse) -> Usage {
+        if resp.usage.is_empty() {
+            estimated(req, resp)
+        } else {
+            resp.usage
+        }
+    }
+
+    /// US dollars of `u` on `model`; 0 (with a one-time warning) when the model has no price.
+    pub fn cost(&self, model: &str, u: &Usage) -> f64 {
+        let price = self
+            .config
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .price(model);
+        let Some(p) = price else {
+            if !u.is_empty() && self.state().unpriced.insert(model.to_string()) {
+                tracing::warn!(
+                    model,
+                    "no price for this model: budgets in US dollars cannot count its calls (token budgets still do); set prices.\"{model}\" = {{ input = …, output = … }}"
+                );
+            }
+            return 0.0;
+        };
+        let cached = u.cached_tokens.min(u.input_tokens);
+        let uncached = u.input_tokens - cached;
+        (uncached as f64 * p.input + cached as f64 * p.cached + u.output_tokens as f64 * p.output)
+            / 1_000_000.0
+    }
+
+    /// Add one call to a turn's tallies.
+    pub fn tally(&self, tallies: &mut Vec<CallTally>, model: &str, u: &Usage) {
+        let cost = self.cost(model, u);
+        let i = match tallies.iter().position(|t| t.model == model) {
+            Some(i) => i,
+            None => {
+                tallies.push(CallTally {
+                    model: model.to_string(),
+                    ..CallTally::default()
+                });
+                tallies.len() - 1
+            }
+        };
+        let t = &mut tallies[i];
+        t.calls += 1;
+        t.estimated_calls += u64::from(u.estimated);
+        t.usage.add(u);
+        t.cost_usd += cost;
+    }
+
+    /// Whether a turn of `session` for `user` may go on, given the `turn` tallies it has not
+    /// recorded yet. Remembers `user` as the session's for [`UsageLedger::check_running`].
+    /// A refusal is logged and counted (`clawft_budget_refusals_total`).
+    ///
+    /// # Errors
+    /// The first budget reached.
+    pub fn admit(&self, session: &str, user: &str, turn: &[CallTally]) -> Result<(), Refusal> {
+        self.admit_at(session, user, turn, clawft_channel_core::now_ms())
+    }
+
+    /// [`UsageLedger::admit`] as of `now_ms`.
+    ///
+    /// # Errors
+    /// The first budget reached.
+    pub fn admit_at(
+        &self,
+        session: &str,
+        user: &str,
+        turn: &[CallTally],
+        now_ms: u64,
+    ) -> Result<(), Refusal> {
+        let mut st = self.state();
+        st.roll(now_ms);
+        if !user.is_empty() {
+            st.users_of.insert(session.to_string(), user.to_string());
+        }
+        let mut pending = UsageRow::default();
+        for t in turn {
+            pending.input_tokens += t.usage.input_tokens;
+            pending.output_tokens += t.usage.output_tokens;
+            pending.cost_usd += t.cost_usd;
+        }
+        let with = |r: Option<&UsageRow>| {
+            let mut r = r.cloned().unwrap_or_default();
+            r.add(&pending);
+            r
+        };
+        let b = self.budgets();
+        let s = with(st.sessions.get(session));
+        let u = with(st.users.get(user).filter(|_| !user.is_empty()));
+        let d = with(Some(&st.today));
+        let m = with(Some(&st.month));
+        const DAY: &str = "resets at 00:00 UTC";
+        const MONTH: &str = "resets on the 1st of the month at 00:00 UTC";
+        let usd_checks = [
+            (
+                b.per_session_daily_usd,
+                &s,
+                "budgets.per_session_daily_usd",
+                "This conversation reached its daily budget",
+                DAY,
+            ),
+            (
+                b.per_user_daily_usd.filter(|_| !user.is_empty()),
+                &u,
+                "budgets.per_user_daily_usd",
+                "You reached your daily budget",
+                DAY,
+            ),
+            (
+                b.daily_usd,
+                &d,
+                "budgets.daily_usd",
+                "This assistant reached its daily budget",
+                DAY,
+            ),
+            (
+                b.monthly_usd,
+                &m,
+                "budgets.monthly_usd",
+                "This assistant reached its monthly budget",
+                MONTH,
+            ),
+        ];
+        let token_checks = [
+            (
+                b.per_session_daily_tokens,
+                &s,
+                "budgets.per_session_daily_tokens",
+                "This conversation reached its daily token budget",
+                DAY,
+            ),
+            (
+                b.per_user_daily_tokens.filter(|_| !user.is_empty()),
+                &u,
+                "budgets.per_user_daily_tokens",
+                "You reached your daily token budget",
+                DAY,
+            ),
+            (
+                b.daily_tokens,
+                &d,
+                "budgets.daily_tokens",
+                "This assistant reached its daily token budget",
+                DAY,
+            ),
+            (
+                b.monthly_tokens,
+                &m,
+                "budgets.monthly_tokens",
+                "This assistant reached its monthly token budget",
+                MONTH,
+            ),
+        ];
+        let mut refusal = None;
+        for (limit, spent, key, what, resets) in usd_checks {
+            if let Some(l) = limit.filter(|l| spent.cost_usd >= *l) {
+                refusal = Some((
+                    key,
+                    format!(
+                        "{what} ({} of {}, {resets}). The operator can raise {key}.",
+                        usd(spent.cost_usd),
+                        usd(l)
+                    ),
+                ));
+                break;
+            }
+        }
+        if refusal.is_none() {
+            for (limit, spent, key, what, resets) in token_checks {
+                if let Some(l) = limit.filter(|l| spent.tokens() >= *l) {
+                    refusal = Some((
+                        key,
+                        format!(
+                            "{what} ({} of {l} tokens, {resets}). The operator can raise {key}.",
+                            spent.tokens()
+                        ),
+                    ));
+                    break;
+                }
+            }
+        }
+        drop(st);
+        let Some((budget, text)) = refusal else {
+            return Ok(());
+        };
+        tracing::warn!(budget, session, "budget reached: turn refused");
+        crate::metrics::inc("clawft_budget_refusals_total", &[("budget", budget)], 1);
+        Err(Refusal { budget, text })
+    }
+
+    /// [`UsageLedger::admit`] between the LLM calls of a running turn, for the user its turn
+    /// started with.
+    ///
+    /// # Errors
+    /// The first budget reached.
+    pub fn check_running(&self, session: &str, turn: &[CallTally]) -> Result<(), Refusal> {
+        let user = self
+            .state()
+            .users_of
+            .get(session)
+            .cloned()
+            .unwrap_or_default();
+        self.admit(session, &user, turn)
+    }
+
+    fn rows(&self, session: &str, user: &str, turn: &[CallTally], now_ms: u64) -> Vec<UsageRow> {
+        let day = day_of(now_ms);
+        turn.iter()
+            .map(|t| UsageRow {
+                day: day.clone(),
+                session: session.to_string(),
+                user: user.to_string(),
+                model: t.model.clone(),
+                calls: t.calls,
+                input_tokens: t.usage.input_tokens,
+                output_tokens: t.usage.output_tokens,
+                cached_tokens: t.usage.cached_tokens,
+                estimated_calls: t.estimated_calls,
+                cost_usd: t.cost_usd,
+            })
+            .collect()
+    }
+
+    fn commit(&self, rows: &[UsageRow], now_ms: u64) {
+        let mut st = self.state();
+        st.roll(now_ms);
+        for r in rows {
+            st.add(r);
+        }
+        drop(st);
+        for r in rows {
+            let micro = (r.cost_usd * 1_000_000.0).round();
+            if micro >= 1.0 {
+                crate::metrics::inc(
+                    "clawft_llm_cost_microusd_total",
+                    &[("model", &r.model)],
+                    micro as u64,
+                );
+            }
+        }
+    }
+
+    /// End a turn: `write` gets the store ops of the turn's counters to put in the batch that
+    /// ends the turn; today's totals are then updated (whether or not the write succeeded:
+    /// the money was spent).
+    ///
+    /// # Errors
+    /// What `write` returned.
+    pub fn finish_turn(
+        &self,
+        session: &str,
+        user: &str,
+        turn: &[CallTally],
+        write: impl FnOnce(Vec<Op>) -> Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
+        let now = clawft_channel_core::now_ms();
+        let rows = self.rows(session, user, turn, now);
+        let ops = match self.store.usage_ops(&rows) {
+            Ok(ops) => ops,
+            Err(e) => {
+                tracing::error!(error = %e, "could not read the usage counters; this turn's usage is not stored");
+                Vec::new()
+            }
+        };
+        let r = write(ops);
+        self.commit(&rows, now);
+        self.state().users_of.remove(session);
+        r
+    }
+
+    /// Record calls made outside a turn's own loop (memory flush, summaries, subagents):
+    /// stored now (not flushed) and counted against today's budgets.
+    ///
+    /// # Errors
+    /// The store write failed (the spend is still counted in memory).
+    pub fn record(&self, session: &str, user: &str, turn: &[CallTally]) -> Result<(), StoreError> {
+        let now = clawft_channel_core::now_ms();
+        let rows = self.rows(session, user, turn, now);
+        let r = self.store.record_usage(&rows);
+        self.commit(&rows, now);
+        r
+    }
+
+    /// Today's spend of `session`, of everyone today and this month.
+    pub fn snapshot(&self, session: &str) -> UsageSnapshot {
+        let mut st = self.state();
+        st.roll(clawft_channel_core::now_ms());
+        UsageSnapshot {
+            session: st.sessions.get(session).cloned().unwrap_or_default(),
+            today: st.today.clone(),
+            month: st.month.clone(),
+        }
+    }
+
+    /// The configured budgets and prices.
+    pub fn config(&self) -> UsageConfig {
+        self.config
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn budgets(&self) -> crate::config::usage::Budgets {
+        self.config
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .budgets
+            .clone()
+    }
+
+    /// Use new prices and budgets from now on (config reload).
+    pub fn set_config(&self, c: UsageConfig) {
+        *self.config.write().unwrap_or_else(PoisonError::into_inner) = c;
+    }
+
+    /// The `/status` lines about usage.
+    pub fn status_text(&self, session: &str) -> String {
+        let s = self.snapshot(session);
+        let mut out = format!(
+            "today (UTC): this conversation {} tokens in ({} cached), {} out, {}{}; all conversations {}",
+            s.session.input_tokens,
+            s.session.cached_tokens,
+            s.session.output_tokens,
+            usd(s.session.cost_usd),
+            if s.session.estimated_calls > 0 { " (partly estimated)" } else { "" },
+            usd(s.today.cost_usd),
+        );
+        let b = self.budgets();
+        if let Some(l) = b.daily_usd {
+            out.push_str(&format!(
+                ", {} left of the daily budget {}",
+                usd((l - s.today.cost_usd).max(0.0)),
+                usd(l)
+            ));
+        }
+        if let Some(l) = b.per_session_daily_usd {
+            out.push_str(&format!(
+                ", this conversation {} left of {}",
+                usd((l - s.session.cost_usd).max(0.0)),
+                usd(l)
+            ));
+        }
+        if let Some(l) = b.monthly_usd {
+            out.push_str(&format!(
+                ", {} left of the monthly budget {}",
+                usd((l - s.month.cost_usd).max(0.0)),
+                usd(l)
+            ));
+        }
+        if let Some(l) = b.daily_tokens {
+            out.push_str(&format!(
+                ", {} tokens left today",
+                l.saturating_sub(s.today.tokens())
+            ));
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+#[path = "usage_tests.rs"]
+mod tests;
