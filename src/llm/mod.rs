@@ -6,6 +6,7 @@
 
 pub mod anthropic;
 pub mod error;
+pub mod models;
 pub(crate) mod http;
 pub mod openai;
 pub mod retry;

@@ -6,6 +6,7 @@
 //! before the reply is sent. Everything else rides sled's 500 ms background flush.
 
 pub mod kv;
+pub mod window;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -478,6 +479,7 @@ impl Store {
             .map(|(k, _)| Op::Del(k))
             .collect();
         ops.push(Op::Del(mk));
+        ops.push(Op::Del(window::window_key(session)));
         self.kv.apply(ops)?;
         self.kv.flush()?;
         Ok(existed)

@@ -96,6 +96,12 @@ pub struct TurnOutcome {
     pub tool_calls: u32,
     /// Tokens used.
     pub usage: Usage,
+    /// The provider refused the prompt as over the model's context window: the session
+    /// compacts its prompt window and tries once more.
+    pub context_overflow: bool,
+    /// Of the last LLM call: its prompt as estimated before sending (`llm::tokens`) and as the
+    /// provider reported it (0 when it reported nothing). The session calibrates its estimate.
+    pub last_prompt: (u64, u64),
 }
 
 impl TurnOutcome {
@@ -109,6 +115,8 @@ impl TurnOutcome {
             llm_calls: 0,
             tool_calls: 0,
             usage: Usage::default(),
+            context_overflow: false,
+            last_prompt: (0, 0),
         }
     }
 }
@@ -219,6 +227,7 @@ async fn run_turn_inner(
             temperature: deps.agent.temperature,
         };
         out.llm_calls += 1;
+        out.last_prompt = (crate::llm::tokens::of_request(&req), 0);
         let started = std::time::Instant::now();
         let resp = call_model(deps, &req, events, cancel).await;
         crate::metrics::observe_llm(deps.model.name(), started.elapsed().as_secs_f64());
@@ -241,6 +250,7 @@ async fn run_turn_inner(
                     text.push_str(". ");
                     text.push_str(h);
                 }
+                out.context_overflow = e.is_context_length();
                 out.status = TurnStatus::Failed(text.clone());
                 out.reply = text;
                 return out;
@@ -248,6 +258,12 @@ async fn run_turn_inner(
         };
         out.usage.input_tokens += resp.usage.input_tokens;
         out.usage.output_tokens += resp.usage.output_tokens;
+        out.usage.cached_tokens += resp.usage.cached_tokens;
+        out.last_prompt.1 = if resp.usage.estimated {
+            0
+        } else {
+            resp.usage.input_tokens
+        };
         let provider = deps.model.name();
         crate::metrics::inc(
             "clawft_llm_tokens_total",
@@ -258,6 +274,11 @@ async fn run_turn_inner(
             "clawft_llm_tokens_total",
             &[("provider", provider), ("kind", "output")],
             resp.usage.output_tokens,
+        );
+        crate::metrics::inc(
+            "clawft_llm_tokens_total",
+            &[("provider", provider), ("kind", "cached")],
+            resp.usage.cached_tokens,
         );
 
         if resp.tool_calls.is_empty() {
