@@ -239,6 +239,7 @@ async fn compact(
     state: &mut WindowState,
     msgs: &mut Vec<Message>,
     unstored: usize,
+    force: bool,
     cancel: &CancellationToken,
 ) -> Result<Compacted, NotCompacted> {
     let b = Budget::of(deps, state);
@@ -252,8 +253,16 @@ async fn compact(
     let keep_budget = b.room().saturating_sub(b.summary_cap()) / 2;
     let mut cut = last_user;
     let mut kept = est_messages(state, &msgs[last_user..]);
+    if force {
+        // `/compact`: everything before the last exchange.
+        cut = msgs[..last_user]
+            .iter()
+            .rposition(|m| m.role == Role::User)
+            .unwrap_or(last_user);
+        kept = u64::MAX;
+    }
     for i in (0..last_user).rev() {
-        kept += est_messages(state, std::slice::from_ref(&msgs[i]));
+        kept = kept.saturating_add(est_messages(state, std::slice::from_ref(&msgs[i])));
         if kept > keep_budget {
             break;
         }
@@ -270,7 +279,18 @@ async fn compact(
         .map_err(|e| NotCompacted::Failed(e.to_string()))?
         .saturating_sub((msgs.len() - unstored) as u64);
 
-    let flushed = flush(deps, key, state, &msgs[..last_user], cancel).await;
+    // The flush sees as much of the conversation as fits the window (from a user message on).
+    let mut start = 0;
+    let fits = b
+        .window
+        .saturating_sub(b.reserve + b.overhead + tokens::of_text(FLUSH_PROMPT) + 16);
+    while start < last_user && est_messages(state, &history(state, &msgs[start..last_user])) > fits {
+        start = msgs[start + 1..last_user]
+            .iter()
+            .position(|m| m.role == Role::User)
+            .map_or(last_user, |p| start + 1 + p);
+    }
+    let flushed = flush(deps, key, state, &msgs[start..last_user], cancel).await;
     if cancel.is_cancelled() {
         return Err(NotCompacted::Cancelled);
     }
@@ -473,7 +493,7 @@ pub async fn run_windowed(
     let mut compacted = false;
     let b = Budget::of(deps, &state);
     if est_prompt(deps, &state, &msgs) > b.limit {
-        match compact(deps, key, &mut state, &mut msgs, 0, cancel).await {
+        match compact(deps, key, &mut state, &mut msgs, 0, false, cancel).await {
             Ok(_) => compacted = true,
             Err(e) => tracing::warn!(reason = ?e, "the prompt window could not be compacted"),
         }
@@ -481,10 +501,9 @@ pub async fn run_windowed(
     let mut outcome = run_turn(deps, key, &history(&state, &msgs), events, cancel).await;
     if outcome.context_overflow {
         // The real window is smaller than assumed: below the refused prompt.
-        let refused = outcome.last_prompt.0.max(1);
-        state.learned_window = Some(
-            (refused * 8 / 10).min(state.learned_window.unwrap_or(u64::MAX)),
-        );
+        let refused = state.calibrated(outcome.last_prompt.0.max(1));
+        state.learned_window =
+            Some((refused * 95 / 100).min(state.learned_window.unwrap_or(u64::MAX)));
         tracing::warn!(
             refused_tokens = refused,
             learned_window = state.learned_window,
@@ -493,7 +512,7 @@ pub async fn run_windowed(
         // Tool rounds of the refused turn are stored: they belong to the window.
         msgs.append(&mut outcome.messages);
         let usage = outcome.usage;
-        match compact(deps, key, &mut state, &mut msgs, 0, cancel).await {
+        match compact(deps, key, &mut state, &mut msgs, 0, false, cancel).await {
             Ok(_) => {
                 compacted = true;
                 outcome = run_turn(deps, key, &history(&state, &msgs), events, cancel).await;
@@ -533,7 +552,7 @@ pub async fn compact_now(
 ) -> (TurnOutcome, Option<WindowUpdate>) {
     // Keep the last turn verbatim: compact as if a new message followed it.
     msgs.push(Message::user(String::new()));
-    let r = compact(deps, key, &mut state, &mut msgs, 1, cancel).await;
+    let r = compact(deps, key, &mut state, &mut msgs, 1, true, cancel).await;
     msgs.pop();
     let mut o = TurnOutcome::failed("");
     let (status, reply, changed) = match r {

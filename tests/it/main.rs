@@ -18,3 +18,4 @@ mod scrubbing;
 mod service;
 mod subagents;
 mod tools;
+mod window;
