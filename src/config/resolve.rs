@@ -750,10 +750,11 @@ fn resolve_window(
             })
         }
         Some(w) => w,
-        None => providers.first().map_or(
-            crate::llm::models::DEFAULT_CONTEXT_WINDOW,
-            |p| crate::llm::models::context_window(&p.model),
-        ),
+        None => providers
+            .first()
+            .map_or(crate::llm::models::DEFAULT_CONTEXT_WINDOW, |p| {
+                crate::llm::models::context_window(&p.model)
+            }),
     };
     let threshold = compaction.threshold.unwrap_or(DEFAULT_COMPACTION_THRESHOLD);
     if !(0.2..=0.95).contains(&threshold) {

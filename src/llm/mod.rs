@@ -6,8 +6,8 @@
 
 pub mod anthropic;
 pub mod error;
-pub mod models;
 pub(crate) mod http;
+pub mod models;
 pub mod openai;
 pub mod retry;
 pub mod tokens;

@@ -51,7 +51,11 @@ impl WindowState {
         } else {
             1.0
         };
-        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, clippy::cast_precision_loss)]
+        #[allow(
+            clippy::cast_possible_truncation,
+            clippy::cast_sign_loss,
+            clippy::cast_precision_loss
+        )]
         let v = (est as f64 * f).ceil() as u64;
         v
     }
@@ -147,7 +151,11 @@ impl Budget {
             .max_tokens
             .map_or((window / 8).min(4096), u64::from)
             .min(window / 2);
-        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, clippy::cast_precision_loss)]
+        #[allow(
+            clippy::cast_possible_truncation,
+            clippy::cast_sign_loss,
+            clippy::cast_precision_loss
+        )]
         let at = (window as f64 * s.threshold) as u64;
         let limit = at.saturating_sub(reserve).max(window / 4);
         Self {
@@ -284,7 +292,8 @@ async fn compact(
     let fits = b
         .window
         .saturating_sub(b.reserve + b.overhead + tokens::of_text(FLUSH_PROMPT) + 16);
-    while start < last_user && est_messages(state, &history(state, &msgs[start..last_user])) > fits {
+    while start < last_user && est_messages(state, &history(state, &msgs[start..last_user])) > fits
+    {
         start = msgs[start + 1..last_user]
             .iter()
             .position(|m| m.role == Role::User)
@@ -397,9 +406,8 @@ async fn summarise(
         .saturating_sub(b.reserve.max(cap) + 2 * cap + 256)
         .max(256)
         / 2;
-    let chunk_bytes = usize::try_from(chunk_tokens).unwrap_or(usize::MAX) * tokens::BYTES_PER_TOKEN
-        * 10
-        / 12;
+    let chunk_bytes =
+        usize::try_from(chunk_tokens).unwrap_or(usize::MAX) * tokens::BYTES_PER_TOKEN * 10 / 12;
     let mut summary = state.compaction.summary.clone();
     let mut text = String::new();
     let mut i = 0;

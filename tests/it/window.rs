@@ -188,7 +188,10 @@ async fn a_context_length_error_compacts_and_retries_once() {
     assert_eq!(kind(&reqs[i]), Kind::Chat);
     let after: Vec<Kind> = reqs[i + 1..].iter().map(kind).collect();
     let summary = after.iter().position(|k| *k == Kind::Summary).unwrap();
-    assert!(summary > 0 && after[..summary].iter().all(|k| *k == Kind::Flush), "{after:?}");
+    assert!(
+        summary > 0 && after[..summary].iter().all(|k| *k == Kind::Flush),
+        "{after:?}"
+    );
     let retried = i + 1 + after.iter().position(|k| *k == Kind::Chat).unwrap();
     assert!(size(&reqs[retried]) <= 8192);
     // Once learned, the smaller window holds: refusals stay rare, and compaction does not
@@ -285,7 +288,10 @@ async fn a_restarted_gateway_loads_only_the_window() {
     assert_eq!(s, 200, "{body}");
     let last = llm.requests().last().unwrap().clone();
     let m = messages(&last);
-    assert!(m[1]["content"].as_str().unwrap().contains("SUMMARY-1"), "{last}");
+    assert!(
+        m[1]["content"].as_str().unwrap().contains("SUMMARY-1"),
+        "{last}"
+    );
     let contents: Vec<&str> = m[2..]
         .iter()
         .map(|m| m["content"].as_str().unwrap())
@@ -307,9 +313,8 @@ async fn the_prompt_prefix_is_byte_stable_and_cached() {
         assert_eq!(gw.api.chat("cache", t).await.0, 200);
     }
     let reqs = llm.requests();
-    let prefix = |r: &Value| {
-        serde_json::to_string(&(r["tools"].clone(), messages(r)[0].clone())).unwrap()
-    };
+    let prefix =
+        |r: &Value| serde_json::to_string(&(r["tools"].clone(), messages(r)[0].clone())).unwrap();
     assert_eq!(prefix(&reqs[0]), prefix(&reqs[1]));
     assert_eq!(prefix(&reqs[1]), prefix(&reqs[2]));
     // The provider reported cached prompt tokens, counted in the metrics.
