@@ -904,7 +904,15 @@ async fn conversation(ctx: &mut Ctx) -> Result<(), String> {
                 );
             }
         }
-        ctx.report.add(&format!("conversation_{tag}_compactions"), Some(summaries as f64), "summaries", None, "<=", Some(n), "summary requests of the compactions");
+        ctx.report.add(
+            &format!("conversation_{tag}_compactions"),
+            Some(summaries as f64),
+            "summaries",
+            None,
+            "<=",
+            Some(n),
+            "summary requests of the compactions",
+        );
     }
     Ok(())
 }
