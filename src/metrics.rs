@@ -104,6 +104,10 @@ const HELP: &[(&str, &str)] = &[
         "clawft_channel_restarts_total",
         "Channel listener restarts (reconnects after a failure).",
     ),
+    (
+        "clawft_compactions_total",
+        "Prompt-window compactions (older turns summarised).",
+    ),
 ];
 
 /// A gauge value read at render time.

@@ -43,6 +43,11 @@ struct Rec {
     requests: u64,
     /// Requests that could not be parsed.
     bad: u64,
+    /// When on: the body size of every request whose last message is the user's (the first
+    /// request of each chat turn; memory flushes excluded), in arrival order.
+    turn_bodies: Option<Vec<usize>>,
+    /// Requests without tools (compaction summaries).
+    summaries: u64,
 }
 
 /// The running fake. Its tasks end with the runtime.
@@ -107,6 +112,20 @@ impl FakeLlm {
             .map(|(_, n)| *n)
     }
 
+    /// Start recording the first request of every turn (see `Rec::turn_bodies`), forgetting
+    /// earlier ones; and the summary count.
+    pub fn record_turns(&self) {
+        let mut r = self.rec();
+        r.turn_bodies = Some(Vec::new());
+        r.summaries = 0;
+    }
+
+    /// The recorded first-request sizes and the summary requests since `record_turns`.
+    pub fn turn_bodies(&self) -> (Vec<usize>, u64) {
+        let r = self.rec();
+        (r.turn_bodies.clone().unwrap_or_default(), r.summaries)
+    }
+
     /// (requests, streamed, unparsable).
     pub fn counts(&self) -> (u64, u64, u64) {
         let r = self.rec();
@@ -146,9 +165,22 @@ impl FakeLlm {
             let msgs = req["messages"].as_array().map_or(&[][..], Vec::as_slice);
             let last = msgs.last();
             let after_tool = last.is_some_and(|m| m["role"] == "tool");
+            // A compaction summary: the only request without tools.
+            let summary = req["tools"].as_array().is_none_or(Vec::is_empty);
             {
                 let mut r = self.rec();
                 r.requests += 1;
+                if summary {
+                    r.summaries += 1;
+                }
+                let flush = last
+                    .and_then(|m| m["content"].as_str())
+                    .is_some_and(|c| c.starts_with("[Context maintenance"));
+                if !summary && !flush && last.is_some_and(|m| m["role"] == "user") {
+                    if let Some(t) = r.turn_bodies.as_mut() {
+                        t.push(body.len());
+                    }
+                }
                 if stream {
                     r.streamed += 1;
                 }
@@ -168,11 +200,23 @@ impl FakeLlm {
                 }
             }
             let model = req["model"].as_str().unwrap_or("fake").to_string();
-            if after_tool {
+            if summary {
+                let text = json_text(&model)
+                    .replace(FINAL_TEXT, SUMMARY_TEXT)
+                    .into_bytes();
                 let (ct, bytes) = if stream {
                     ("text/event-stream", sse_text(&model))
                 } else {
-                    ("application/json", json_text(&model))
+                    ("application/json", text)
+                };
+                if write_response(&mut s, "200 OK", ct, &bytes).await.is_err() {
+                    return;
+                }
+            } else if after_tool {
+                let (ct, bytes) = if stream {
+                    ("text/event-stream", sse_text(&model))
+                } else {
+                    ("application/json", json_text(&model).into_bytes())
                 };
                 if write_response(&mut s, "200 OK", ct, &bytes).await.is_err() {
                     return;
@@ -200,7 +244,11 @@ impl FakeLlm {
 
 const USAGE: &str = r#"{"prompt_tokens":10,"completion_tokens":5,"total_tokens":15}"#;
 
-fn json_text(model: &str) -> Vec<u8> {
+/// The answer to a compaction's summary request.
+pub const SUMMARY_TEXT: &str =
+    "- The user sends numbered paragraphs; the assistant reads note.txt (it says hello) for each.";
+
+fn json_text(model: &str) -> String {
     json!({
         "id": "chatcmpl-bench", "object": "chat.completion", "model": model,
         "choices": [{"index": 0, "finish_reason": "stop",
@@ -208,7 +256,6 @@ fn json_text(model: &str) -> Vec<u8> {
         "usage": serde_json::from_str::<Value>(USAGE).unwrap_or(Value::Null),
     })
     .to_string()
-    .into_bytes()
 }
 
 fn json_tool(model: &str, tool: &str, id: &str, args: &str) -> Vec<u8> {

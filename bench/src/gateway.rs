@@ -96,6 +96,15 @@ impl Home {
         Ok(Self { dir, config, port })
     }
 
+    /// Set `agents.defaults.KEY = value` in the written config (before the gateway starts).
+    pub fn set_agent(&self, key: &str, value: Value) -> Result<(), String> {
+        let text = std::fs::read_to_string(&self.config).map_err(|e| format!("config: {e}"))?;
+        let mut cfg: Value = serde_json::from_str(&text).map_err(|e| format!("config: {e}"))?;
+        cfg["agents"]["defaults"][key] = value;
+        let text = serde_json::to_string_pretty(&cfg).map_err(|e| format!("config: {e}"))?;
+        std::fs::write(&self.config, text).map_err(|e| format!("write config: {e}"))
+    }
+
     /// The HTTP API address.
     pub fn addr(&self) -> SocketAddr {
         SocketAddr::from(([127, 0, 0, 1], self.port))

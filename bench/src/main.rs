@@ -36,6 +36,7 @@ const SCENARIOS: &[(&str, &str)] = &[
     ("throughput", "turns/s with 100 sessions in flight"),
     ("burst", "1,000 sessions sent at once: errors, p50/p99; RSS after the settle time"),
     ("idle_sessions", "RSS growth per 1,000 idle sessions"),
+    ("conversation", "one session, 200 messages of 1 KB: prompt bytes and estimated tokens per turn, with an 8k context window and without a bound (informational)"),
 ];
 
 struct Args {
@@ -772,6 +773,7 @@ async fn run(args: Args) -> Result<Report, String> {
             "throughput" => throughput(&mut ctx).await,
             "burst" => burst(&mut ctx).await,
             "idle_sessions" => idle_sessions(&mut ctx).await,
+            "conversation" => conversation(&mut ctx).await,
             other => Err(format!("unknown scenario {other}")),
         };
         if let Err(e) = r {
@@ -839,4 +841,78 @@ fn main() -> ExitCode {
         return ExitCode::from(2);
     }
     ExitCode::SUCCESS
+}
+
+/// One session, `n` messages of ~1 KB, through a gateway whose context window is `window`:
+/// the first request of each turn, in bytes.
+async fn conversation_run(ctx: &mut Ctx, n: u64, window: u64) -> Result<(Vec<usize>, u64), String> {
+    let home = Home::new("conversation", &ctx.llm.base_url(), None)?;
+    home.set_agent("context_window", json!(window))?;
+    let (home, _gw) = ctx.start_gateway(home).await?;
+    let mut c = Client::new(home.addr(), TURN_TIMEOUT);
+    ctx.llm.record_turns();
+    for i in 0..n {
+        let text = format!("m{i:03} {}", "lorem ipsum dolor sit amet ".repeat(37));
+        turn(&mut c, "conversation", &text).await?;
+    }
+    Ok(ctx.llm.turn_bodies())
+}
+
+/// Prompt size per turn over a long conversation, with an 8k window and without a bound (a
+/// window too large to be reached: what every turn sent before the prompt window existed).
+async fn conversation(ctx: &mut Ctx) -> Result<(), String> {
+    let n = ctx.n(50, 200);
+    for (tag, window) in [("8k", 8192u64), ("unbounded", 10_000_000)] {
+        let (sizes, summaries) = conversation_run(ctx, n, window).await?;
+        if sizes.len() as u64 != n {
+            return Err(format!("{} turns recorded, expected {n}", sizes.len()));
+        }
+        let tok = |b: usize| b.div_ceil(4) as f64;
+        let max = sizes.iter().copied().max().unwrap_or(0);
+        let mean = sizes.iter().sum::<usize>() as f64 / sizes.len().max(1) as f64;
+        let note = format!("window {window} tokens; tokens = bytes / 4");
+        for (what, bytes) in [("max", max as f64), ("mean", mean)] {
+            ctx.report.add(
+                &format!("conversation_{tag}_prompt_bytes_{what}"),
+                Some(bytes),
+                "bytes",
+                None,
+                "<=",
+                Some(n),
+                note.clone(),
+            );
+            ctx.report.add(
+                &format!("conversation_{tag}_prompt_tokens_{what}"),
+                Some((bytes / 4.0).ceil()),
+                "tokens",
+                None,
+                "<=",
+                Some(n),
+                "",
+            );
+        }
+        for at in [1usize, 50, 100, 200] {
+            if let Some(b) = sizes.get(at - 1) {
+                ctx.report.add(
+                    &format!("conversation_{tag}_prompt_tokens_turn_{at}"),
+                    Some(tok(*b)),
+                    "tokens",
+                    None,
+                    "<=",
+                    None,
+                    "",
+                );
+            }
+        }
+        ctx.report.add(
+            &format!("conversation_{tag}_compactions"),
+            Some(summaries as f64),
+            "summaries",
+            None,
+            "<=",
+            Some(n),
+            "summary requests of the compactions",
+        );
+    }
+    Ok(())
 }

@@ -427,3 +427,41 @@ fn max_chats_in_flight_defaults_to_8_and_zero_is_refused_with_the_key() {
         "{err}"
     );
 }
+
+#[test]
+fn context_window_comes_from_the_model_table_unless_set_and_bad_values_name_the_key() {
+    let toml = |extra: &str| {
+        format!("[agents.defaults]\nmodel = \"claude-sonnet-4-5\"\n{extra}\n[providers.anthropic]\napi_key = \"k\"\n")
+    };
+    let c = Config::from_str(&toml(""), true, &env(&[])).unwrap();
+    assert_eq!(c.agent.window.context_window, 200_000);
+    assert_eq!(c.agent.window.threshold, DEFAULT_COMPACTION_THRESHOLD);
+    assert_eq!(c.agent.window.summary_model, None);
+    let c = Config::from_str(
+        &toml("context_window = 8192\n[agents.defaults.compaction]\nthreshold = 0.5\nmodel = \"claude-haiku-4-5\""),
+        true,
+        &env(&[]),
+    )
+    .unwrap();
+    assert_eq!(c.agent.window.context_window, 8192);
+    assert_eq!(c.agent.window.threshold, 0.5);
+    assert_eq!(
+        c.agent.window.summary_model.as_deref(),
+        Some("claude-haiku-4-5")
+    );
+    let err = Config::from_str(&toml("context_window = 100"), true, &env(&[]))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("agents.defaults.context_window"), "{err}");
+    let err = Config::from_str(
+        &toml("[agents.defaults.compaction]\nthreshold = 1.5"),
+        true,
+        &env(&[]),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("agents.defaults.compaction.threshold"),
+        "{err}"
+    );
+}

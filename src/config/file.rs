@@ -71,6 +71,23 @@ pub struct AgentDefaultsFile {
     /// This agent's tool policy layer (`profile`, `allow`, `deny`, `also_allow`); the most
     /// specific layer of the policy engine.
     pub tools: Option<crate::tools::policy::PolicyLayerFile>,
+    /// The model's context window in tokens (default: from the built-in table of model
+    /// families, 32768 for a model it does not know).
+    pub context_window: Option<u64>,
+    /// When and how the prompt window is compacted.
+    pub compaction: Option<CompactionFile>,
+}
+
+/// `agents.defaults.compaction`.
+#[derive(Debug, Default, Deserialize, Serialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CompactionFile {
+    /// Fraction of the context window at which older turns are summarised (default 0.75,
+    /// between 0.2 and 0.95).
+    pub threshold: Option<f64>,
+    /// Model that writes the summary (default: the agent's model), e.g. a cheaper one of the
+    /// same provider.
+    pub model: Option<String>,
 }
 
 /// `providers.NAME`.

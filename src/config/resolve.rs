@@ -154,7 +154,9 @@ impl Config {
             .as_deref()
             .map_or_else(|| home.join("workspace"), |w| expand(w, env));
         let tool_timeout = Duration::from_secs(raw.tools.timeout_secs.unwrap_or(120).max(1));
-        let agent = AgentConfig {
+        let window_override = d.context_window;
+        let compaction = d.compaction.take().unwrap_or_default();
+        let mut agent = AgentConfig {
             workspace,
             max_tool_iterations,
             system_prompt: d.system_prompt,
@@ -162,6 +164,7 @@ impl Config {
             temperature: d.temperature,
             stream: d.stream.unwrap_or(true),
             tool_timeout,
+            window: crate::config::types::WindowSettings::default(),
         };
 
         let (providers, provider_source) = resolve_providers(
@@ -173,6 +176,7 @@ impl Config {
             env,
             &mut secrets,
         )?;
+        agent.window = resolve_window(window_override, compaction, &providers)?;
 
         let h = raw.channels.http;
         let bind_text = h.bind.as_deref().unwrap_or(DEFAULT_HTTP_BIND);
@@ -780,4 +784,43 @@ pub(super) fn resolve_providers(
         }
     }
     Ok((out, ProviderSource::Configured))
+}
+
+/// `agents.defaults.context_window` and `agents.defaults.compaction`, with the window of the
+/// first provider's model from the built-in table when not set.
+fn resolve_window(
+    context_window: Option<u64>,
+    compaction: file::CompactionFile,
+    providers: &[ProviderConfig],
+) -> Result<WindowSettings, ConfigError> {
+    let context_window = match context_window {
+        Some(w) if w < 1024 => {
+            return Err(ConfigError::Invalid {
+                key: "agents.defaults.context_window".into(),
+                detail: format!(
+                    "expected the model's context window in tokens (at least 1024), got {w}"
+                ),
+            })
+        }
+        Some(w) => w,
+        None => providers
+            .first()
+            .map_or(crate::llm::models::DEFAULT_CONTEXT_WINDOW, |p| {
+                crate::llm::models::context_window(&p.model)
+            }),
+    };
+    let threshold = compaction.threshold.unwrap_or(DEFAULT_COMPACTION_THRESHOLD);
+    if !(0.2..=0.95).contains(&threshold) {
+        return Err(ConfigError::Invalid {
+            key: "agents.defaults.compaction.threshold".into(),
+            detail: format!(
+                "expected a fraction of the context window between 0.2 and 0.95, got {threshold}"
+            ),
+        });
+    }
+    Ok(WindowSettings {
+        context_window,
+        threshold,
+        summary_model: compaction.model.filter(|m| !m.trim().is_empty()),
+    })
 }

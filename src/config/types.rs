@@ -113,6 +113,33 @@ pub struct AgentConfig {
     pub stream: bool,
     /// Per-call tool timeout.
     pub tool_timeout: Duration,
+    /// The prompt window: context size and compaction.
+    pub window: WindowSettings,
+}
+
+/// Default `agents.defaults.compaction.threshold`.
+pub const DEFAULT_COMPACTION_THRESHOLD: f64 = 0.75;
+
+/// The prompt window of the agent's model (docs/architecture.md, "Prompt window and
+/// compaction").
+#[derive(Clone, Debug, PartialEq)]
+pub struct WindowSettings {
+    /// The model's context window in tokens.
+    pub context_window: u64,
+    /// Compact when the prompt would pass this fraction of the window.
+    pub threshold: f64,
+    /// The model writing summaries (`None`: the agent's model).
+    pub summary_model: Option<String>,
+}
+
+impl Default for WindowSettings {
+    fn default() -> Self {
+        Self {
+            context_window: crate::llm::models::DEFAULT_CONTEXT_WINDOW,
+            threshold: DEFAULT_COMPACTION_THRESHOLD,
+            summary_model: None,
+        }
+    }
 }
 
 /// The local HTTP API channel.

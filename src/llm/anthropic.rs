@@ -185,13 +185,21 @@ pub(crate) fn build_body(cfg: &AnthropicConfig, req: &ChatRequest, stream: bool)
     body
 }
 
-/// The `tools` array in Anthropic's format.
+/// The `tools` array in Anthropic's format. The last tool carries a prompt-cache breakpoint:
+/// the tool list is byte-stable between turns, so it is read from the cache.
 fn tools_value(specs: &[super::ToolSpec]) -> Value {
+    let last = specs.len().saturating_sub(1);
     specs
         .iter()
-        .map(
-            |t| json!({"name": t.name, "description": t.description, "input_schema": t.parameters}),
-        )
+        .enumerate()
+        .map(|(i, t)| {
+            let mut v =
+                json!({"name": t.name, "description": t.description, "input_schema": t.parameters});
+            if i == last {
+                v["cache_control"] = json!({"type": "ephemeral"});
+            }
+            v
+        })
         .collect()
 }
 
@@ -240,7 +248,13 @@ fn build_body_without_tools(cfg: &AnthropicConfig, req: &ChatRequest, stream: bo
         "messages": msgs.into_iter().map(|(role, content)| json!({"role": role, "content": content})).collect::<Vec<_>>(),
     });
     if !system.is_empty() {
-        body["system"] = json!(system.join("\n\n"));
+        // One text block with a prompt-cache breakpoint: tools and system prompt (stable
+        // between turns) are cached together.
+        body["system"] = json!([{
+            "type": "text",
+            "text": system.join("\n\n"),
+            "cache_control": {"type": "ephemeral"},
+        }]);
     }
     if let Some(t) = req.temperature {
         body["temperature"] = json!(t);

@@ -68,7 +68,7 @@ fn body_alternates_roles_and_groups_tool_results() {
         temperature: None,
     };
     let b = build_body(&cfg(), &req, false);
-    assert_eq!(b["system"], "sys");
+    assert_eq!(b["system"][0]["text"], "sys");
     assert_eq!(b["max_tokens"], 1024);
     let msgs = b["messages"].as_array().unwrap();
     let roles: Vec<_> = msgs.iter().map(|m| m["role"].as_str().unwrap()).collect();
@@ -185,4 +185,34 @@ async fn streams_over_http_with_frames_split_anywhere() {
         }
     );
     assert_eq!(rx.try_recv().unwrap(), StreamEvent::TextDelta("Hi".into()));
+}
+
+#[test]
+fn the_stable_prefix_carries_cache_breakpoints() {
+    let tool = |n: &str| crate::llm::ToolSpec {
+        name: n.into(),
+        description: format!("{n} does things"),
+        parameters: json!({"type": "object"}),
+    };
+    let req = |user: &str| ChatRequest {
+        model: String::new(),
+        messages: vec![Message::system("sys"), Message::user(user)],
+        tools: vec![tool("a"), tool("b")].into(),
+        max_tokens: None,
+        temperature: None,
+    };
+    let p = Anthropic::new(cfg()).unwrap();
+    let b: Value = serde_json::from_slice(&p.body(&req("one"), false)).unwrap();
+    let ephemeral = json!({"type": "ephemeral"});
+    assert_eq!(
+        b["system"],
+        json!([{"type": "text", "text": "sys", "cache_control": ephemeral}])
+    );
+    assert_eq!(b["tools"][1]["cache_control"], ephemeral);
+    assert!(b["tools"][0].get("cache_control").is_none());
+    assert!(b["messages"][0].to_string().find("cache_control").is_none());
+    // Two turns share the tools and system bytes exactly.
+    let b2: Value = serde_json::from_slice(&p.body(&req("two"), false)).unwrap();
+    assert_eq!(b["tools"].to_string(), b2["tools"].to_string());
+    assert_eq!(b["system"].to_string(), b2["system"].to_string());
 }

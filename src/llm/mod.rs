@@ -7,6 +7,7 @@
 pub mod anthropic;
 pub mod error;
 pub(crate) mod http;
+pub mod models;
 pub mod openai;
 pub mod retry;
 pub mod tokens;

@@ -13,6 +13,8 @@ pub enum ChatCommand {
     Status,
     /// `/help`: the list of chat commands.
     Help,
+    /// `/compact`: save notes to memory and summarise the older conversation now.
+    Compact,
     /// `/approve ID [once|always]` or `/deny ID`: answer a pending approval.
     Approval {
         /// The approval's id.
@@ -23,7 +25,7 @@ pub enum ChatCommand {
 }
 
 /// What `/help` answers.
-pub const HELP: &str = "Chat commands:\n/new: start a new conversation\n/stop: stop the running turn (and its subagents)\n/status: this session's state\n/approve ID [always]: allow a command the assistant asked to run\n/deny ID: refuse it\n/help: this list\nAnything else goes to the assistant.";
+pub const HELP: &str = "Chat commands:\n/new: start a new conversation\n/stop: stop the running turn (and its subagents)\n/status: this session's state\n/compact: summarise the older conversation now (the model keeps a summary and the last turns; the history stays stored)\n/approve ID [always]: allow a command the assistant asked to run\n/deny ID: refuse it\n/help: this list\nAnything else goes to the assistant.";
 
 impl ChatCommand {
     /// The command `text` is, if it is one (surrounding whitespace ignored). Anything else,
@@ -35,6 +37,7 @@ impl ChatCommand {
             "/new" => return Some(Self::New),
             "/status" => return Some(Self::Status),
             "/help" => return Some(Self::Help),
+            "/compact" => return Some(Self::Compact),
             _ => {}
         }
         let mut words = text.split_whitespace();
@@ -64,6 +67,7 @@ mod tests {
         assert_eq!(ChatCommand::parse("/new"), Some(ChatCommand::New));
         assert_eq!(ChatCommand::parse("/status"), Some(ChatCommand::Status));
         assert_eq!(ChatCommand::parse("/help"), Some(ChatCommand::Help));
+        assert_eq!(ChatCommand::parse("/compact"), Some(ChatCommand::Compact));
         assert_eq!(
             ChatCommand::parse("/approve ab12"),
             Some(ChatCommand::Approval {

@@ -8,6 +8,7 @@
 pub mod command;
 pub mod prompt;
 pub mod transcript;
+pub mod window;
 
 use std::collections::VecDeque;
 use std::panic::AssertUnwindSafe;
@@ -27,7 +28,7 @@ use crate::approval::Approvals;
 use crate::egress::Outbox;
 use crate::llm::{Message, Role};
 use crate::store::{InboxEntry, InboxState};
-use crate::turn::{run_turn, TurnDeps, TurnEvent, TurnOutcome, TurnStatus};
+use crate::turn::{TurnDeps, TurnEvent, TurnOutcome, TurnStatus};
 use crate::types::session_key::SYSTEM_SENDER;
 use crate::types::SessionKey;
 use command::ChatCommand;
@@ -47,6 +48,8 @@ pub enum SessionMsg {
         reply: OutboundMessage,
         /// The turn panicked: reload the transcript from the store.
         reload: bool,
+        /// The prompt window changed (compaction, calibration).
+        window: Option<Box<window::WindowUpdate>>,
     },
     /// Abort the running turn, if any (shutdown after the grace period).
     Cancel,
@@ -137,7 +140,9 @@ struct RunningTurn {
 /// State of a session actor.
 pub struct SessionState {
     args: SessionArgs,
+    /// The prompt window: the messages after the compaction point (the store keeps them all).
     transcript: Vec<Message>,
+    window: window::WindowState,
     queue: VecDeque<InboxEntry>,
     running: Option<RunningTurn>,
     routed: u64,
@@ -183,10 +188,11 @@ impl Actor for SessionActor {
         _myself: ActorRef<Self::Msg>,
         args: SessionArgs,
     ) -> Result<SessionState, ActorProcessingErr> {
-        let transcript = load_repaired(&args)?;
+        let (window, transcript) = load_repaired(&args)?;
         Ok(SessionState {
             args,
             transcript,
+            window,
             queue: VecDeque::new(),
             running: None,
             routed: 0,
@@ -214,7 +220,14 @@ impl Actor for SessionActor {
                 outcome,
                 reply,
                 reload,
+                window,
             } => {
+                if let Some(w) = window {
+                    state.window = w.state;
+                    if let Some(m) = w.messages {
+                        state.transcript = m;
+                    }
+                }
                 on_turn_finished(&myself, state, *outcome, reply, reload);
             }
             SessionMsg::Cancel => {
@@ -264,15 +277,18 @@ impl Actor for SessionActor {
     }
 }
 
-/// The stored transcript, with orphan tool calls repaired (and the repair persisted).
-fn load_repaired(args: &SessionArgs) -> Result<Vec<Message>, crate::store::StoreError> {
-    let mut transcript = args.deps.store.load_transcript(&args.key)?;
+/// The prompt window (the stored transcript after the compaction point), with orphan tool
+/// calls repaired (and the repair persisted).
+fn load_repaired(
+    args: &SessionArgs,
+) -> Result<(window::WindowState, Vec<Message>), crate::store::StoreError> {
+    let (window, mut transcript) = window::load(&args.deps.store, &args.key)?;
     let added = transcript::repair(&mut transcript);
     if !added.is_empty() {
         tracing::warn!(session = %args.key, repaired = added.len(), "repaired tool calls left without a result");
         args.deps.store.append_messages(&args.key, &added)?;
     }
-    Ok(transcript)
+    Ok((window, transcript))
 }
 
 fn status(state: &SessionState) -> SessionStatus {
@@ -296,6 +312,10 @@ fn finish_resets(state: &mut SessionState) {
         }
     };
     state.transcript.clear();
+    state.window = window::WindowState {
+        calibration: state.window.calibration,
+        ..window::WindowState::default()
+    };
     for r in state.resets.drain(..) {
         let _ = r.send(existed);
     }
@@ -367,6 +387,13 @@ fn on_inbound(myself: &ActorRef<SessionMsg>, state: &mut SessionState, entry: In
             );
             answer_now(state, &entry, OutboundKind::Final, text);
         }
+        Some(ChatCommand::Compact) => {
+            // Runs like a turn, in order with the queued messages.
+            if !state.draining {
+                state.queue.push_back(entry);
+                maybe_start(myself, state);
+            }
+        }
         Some(ChatCommand::Help) => {
             answer_now(state, &entry, OutboundKind::Final, command::HELP.into());
         }
@@ -424,7 +451,10 @@ fn on_turn_finished(
     state.running = None;
     if reload {
         match load_repaired(&state.args) {
-            Ok(t) => state.transcript = t,
+            Ok((w, t)) => {
+                state.window = w;
+                state.transcript = t;
+            }
             Err(e) => tracing::error!(error = %e, "could not reload the transcript"),
         }
     } else {
@@ -467,7 +497,16 @@ fn maybe_start(myself: &ActorRef<SessionMsg>, state: &mut SessionState) {
         answer_now(state, &entry, OutboundKind::Error, refusal.text);
         return maybe_start(myself, state);
     }
-    if entry.state == InboxState::Pending {
+    let compact = ChatCommand::parse(&ev.content) == Some(ChatCommand::Compact);
+    if compact {
+        // `/compact`: nothing is appended to the transcript.
+    } else if entry.state == InboxState::Pending {
+        if let Some(text) = window::too_large(&state.args.deps, &state.window, &ev.content) {
+            // Never stored: it could only make every later turn fail.
+            tracing::warn!("message larger than the context window refused");
+            answer_now(state, &entry, OutboundKind::Error, text);
+            return maybe_start(myself, state);
+        }
         let user = Message::user(ev.content.clone());
         if let Err(e) = state.args.deps.store.begin_turn(&entry, &user) {
             tracing::error!(error = %e, "could not record the user message");
@@ -506,6 +545,7 @@ fn maybe_start(myself: &ActorRef<SessionMsg>, state: &mut SessionState) {
     let deps = state.args.deps.clone();
     let key = state.args.key.clone();
     let history = state.transcript.clone();
+    let win = state.window.clone();
     let me = myself.clone();
     let outbox = state.args.hooks.outbox.clone();
     let stream = state.args.stream;
@@ -526,12 +566,19 @@ fn maybe_start(myself: &ActorRef<SessionMsg>, state: &mut SessionState) {
                 ev.clone(),
                 typing_done.clone(),
             ));
-            let run = run_turn(&deps, &key, &history, events_tx.as_ref(), &cancel);
-            let (outcome, reload) = match AssertUnwindSafe(run).catch_unwind().await {
-                Ok(o) => (o, false),
+            let run = async {
+                if compact {
+                    window::compact_now(&deps, &key, win, history, &cancel).await
+                } else {
+                    window::run_windowed(&deps, &key, win, history, events_tx.as_ref(), &cancel)
+                        .await
+                }
+            };
+            let (outcome, window, reload) = match AssertUnwindSafe(run).catch_unwind().await {
+                Ok((o, w)) => (o, w, false),
                 Err(_) => {
                     tracing::error!("turn panicked; the session reloads its transcript");
-                    (TurnOutcome::failed("Internal error: this turn crashed. Your message was received; try again."), true)
+                    (TurnOutcome::failed("Internal error: this turn crashed. Your message was received; try again."), None, true)
                 }
             };
             typing_done.cancel();
@@ -583,6 +630,7 @@ fn maybe_start(myself: &ActorRef<SessionMsg>, state: &mut SessionState) {
                 outcome: Box::new(outcome),
                 reply,
                 reload,
+                window: window.map(Box::new),
             });
         }
         .instrument(span),

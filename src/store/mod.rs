@@ -17,6 +17,7 @@ pub mod health;
 pub mod integrity;
 pub mod kv;
 pub mod usage;
+pub mod window;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -819,6 +820,7 @@ impl Store {
             .map(|(k, _)| Op::Del(k))
             .collect();
         ops.push(Op::Del(mk));
+        ops.push(Op::Del(window::window_key(session)));
         let delete = || {
             self.apply(ops)?;
             self.flush()

@@ -102,6 +102,12 @@ pub struct TurnOutcome {
     pub usage: Usage,
     /// Tokens and cost per model that answered, for the usage records and budgets.
     pub by_model: Vec<usage::CallTally>,
+    /// The provider refused the prompt as over the model's context window: the session
+    /// compacts its prompt window and tries once more.
+    pub context_overflow: bool,
+    /// Of the last LLM call: its prompt as estimated before sending (`llm::tokens`) and as the
+    /// provider reported it (0 when it reported nothing). The session calibrates its estimate.
+    pub last_prompt: (u64, u64),
 }
 
 impl TurnOutcome {
@@ -116,6 +122,8 @@ impl TurnOutcome {
             tool_calls: 0,
             usage: Usage::default(),
             by_model: Vec::new(),
+            context_overflow: false,
+            last_prompt: (0, 0),
         }
     }
 }
@@ -226,6 +234,7 @@ async fn run_turn_inner(
             temperature: deps.agent.temperature,
         };
         out.llm_calls += 1;
+        out.last_prompt = (crate::llm::tokens::of_request(&req), 0);
         let started = std::time::Instant::now();
         let resp = call_model(deps, &req, events, cancel).await;
         crate::metrics::observe_llm(deps.model.name(), started.elapsed().as_secs_f64());
@@ -252,6 +261,7 @@ async fn run_turn_inner(
                     text.push_str(". ");
                     text.push_str(h);
                 }
+                out.context_overflow = e.is_context_length();
                 out.status = TurnStatus::Failed(text.clone());
                 out.reply = text;
                 return out;
@@ -277,6 +287,11 @@ async fn run_turn_inner(
                 n,
             );
         }
+        out.last_prompt.1 = if used.estimated {
+            0
+        } else {
+            used.input_tokens
+        };
 
         if resp.tool_calls.is_empty() {
             tracing::debug!(iteration, "tool loop complete");

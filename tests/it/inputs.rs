@@ -167,7 +167,9 @@ async fn the_inbound_limit_is_configurable_and_checked_at_load() {
     let cfg = config(
         &llm,
         dir.path(),
-        json!({"channels": {"max_inbound_bytes": 300 * 1024}}),
+        // A 200 KB message is ~51k tokens: a model with a window that large.
+        json!({"channels": {"max_inbound_bytes": 300 * 1024},
+               "agents": {"defaults": {"context_window": 1_000_000}}}),
     );
     assert_eq!(cfg.max_inbound_bytes, 300 * 1024);
     let gw = TestGateway::start(cfg).await;

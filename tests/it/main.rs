@@ -22,3 +22,4 @@ mod store_faults;
 mod subagents;
 mod tools;
 mod usage;
+mod window;
