@@ -364,13 +364,8 @@ async fn send_once(
 /// Remove a settled message from the outbox, durably: when this returns the message will not
 /// be sent again after a crash. The one place the egress waits for the disk.
 pub(crate) async fn mark_settled(store: &Store, id: &str) -> Result<(), StoreError> {
-    let (store, id) = (store.clone(), id.to_string());
-    tokio::task::spawn_blocking(move || {
-        store.outbound_done(&id)?;
-        store.flush()
-    })
-    .await
-    .unwrap_or_else(|e| Err(StoreError::Backend(format!("outbox flush task: {e}"))))
+    // One flush shared with every other chat and session finishing now (group commit).
+    store.outbound_done_durable(id).await
 }
 
 /// Named crash points for the `kill -9` tests: with `WEFT_FAULT=<point>` in its environment
