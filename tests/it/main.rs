@@ -6,6 +6,7 @@
 mod access;
 mod common;
 mod control;
+mod conversation;
 mod exec_jail;
 mod fake_llm;
 mod gateway;
