@@ -97,6 +97,10 @@ const HELP: &[(&str, &str)] = &[
         "Turns refused or stopped because a budget was reached, by budget key.",
     ),
     (
+        "clawft_llm_errors_total",
+        "Failed LLM calls (each attempt, retried or not), by provider and kind (auth, quota, rate_limited, server, cut, empty…).",
+    ),
+    (
         "clawft_subagents_total",
         "Subagent tasks, by event (spawned, completed, failed, cancelled).",
     ),

@@ -59,17 +59,38 @@ pub async fn run(config: &Config, message: Option<String>, session: &str) -> Res
 
 struct Printer {
     streamed: bool,
+    /// Print a failed turn's reason (interactive); a one-shot returns it as its error instead,
+    /// so it is printed once, as the command's failure.
+    print_errors: bool,
 }
 
 impl Printer {
-    /// Print one item; returns `Some(ok)` when it ended a reply.
-    fn item(&mut self, item: &StreamItem) -> Option<bool> {
+    fn new(print_errors: bool) -> Self {
+        Self {
+            streamed: false,
+            print_errors,
+        }
+    }
+
+    /// Print one item; returns `Some(Ok(()))` when it ended a reply, `Some(Err(why))` when it
+    /// ended the turn without one.
+    fn item(&mut self, item: &StreamItem) -> Option<Result<(), String>> {
         let mut out = std::io::stdout();
         match item {
             StreamItem::Delta(t) => {
                 self.streamed = true;
                 let _ = write!(out, "{t}");
                 let _ = out.flush();
+                None
+            }
+            StreamItem::Restart => {
+                // The text printed cannot be taken back: end its line and say it is void.
+                if self.streamed {
+                    let _ = writeln!(out);
+                    let _ = out.flush();
+                    eprintln!("  [the answer was cut off; asking again]");
+                }
+                self.streamed = false;
                 None
             }
             StreamItem::Progress(v) => {
@@ -86,15 +107,17 @@ impl Printer {
                     let _ = writeln!(out, "{text}");
                 }
                 self.streamed = false;
-                Some(true)
+                Some(Ok(()))
             }
             StreamItem::Error(text) => {
                 if self.streamed {
                     let _ = writeln!(out);
                 }
-                eprintln!("error: {text}");
+                if self.print_errors {
+                    eprintln!("error: {text}");
+                }
                 self.streamed = false;
-                Some(false)
+                Some(Err(text.clone()))
             }
         }
     }
@@ -102,6 +125,7 @@ impl Printer {
 
 fn to_item(m: &OutboundMessage) -> StreamItem {
     match m.kind {
+        OutboundKind::Delta if m.is_restart() => StreamItem::Restart,
         OutboundKind::Delta => StreamItem::Delta(m.content.clone()),
         OutboundKind::Progress => StreamItem::Progress(m.meta.clone().unwrap_or_default()),
         OutboundKind::Final => StreamItem::Done(m.content.clone()),
@@ -135,17 +159,14 @@ async fn one_shot(
     message: &str,
 ) -> Result<(), CliError> {
     let id = term.submit(session, message).await.map_err(CliError::msg)?;
-    let mut p = Printer { streamed: false };
+    let mut p = Printer::new(false);
     while let Some(m) = out.recv().await {
         if m.in_reply_to.as_ref() != Some(&id) {
             continue;
         }
-        if let Some(ok) = p.item(&to_item(&m)) {
-            return if ok {
-                Ok(())
-            } else {
-                Err(CliError("the turn failed".into()))
-            };
+        if let Some(end) = p.item(&to_item(&m)) {
+            // A failed turn's reason (already scrubbed of secrets) is the command's error.
+            return end.map_err(CliError);
         }
     }
     Err(CliError("the agent stopped before replying".into()))
@@ -174,7 +195,7 @@ async fn interactive_local(
 ) -> Result<(), CliError> {
     eprintln!("{HELP}");
     let mut lines = stdin_lines();
-    let mut p = Printer { streamed: false };
+    let mut p = Printer::new(true);
     let mut waiting: Vec<PlatformEventId> = Vec::new();
     let mut eof = false;
     loop {
@@ -207,18 +228,22 @@ async fn via_gateway(
     message: Option<String>,
     session: &str,
 ) -> Result<(), CliError> {
-    let mut p = Printer { streamed: false };
     if let Some(m) = message {
+        let mut p = Printer::new(false);
         let last = client
             .chat_stream(session, &m, |i| {
                 let _ = p.item(i);
             })
             .await?;
         return match last {
-            StreamItem::Error(_) => Err(CliError("the turn failed".into())),
-            StreamItem::Delta(_) | StreamItem::Progress(_) | StreamItem::Done(_) => Ok(()),
+            StreamItem::Error(why) => Err(CliError(why)),
+            StreamItem::Delta(_)
+            | StreamItem::Restart
+            | StreamItem::Progress(_)
+            | StreamItem::Done(_) => Ok(()),
         };
     }
+    let mut p = Printer::new(true);
     eprintln!("{HELP}");
     let mut lines = stdin_lines();
     let (items_tx, mut items) = mpsc::unbounded_channel::<StreamItem>();

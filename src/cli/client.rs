@@ -31,6 +31,9 @@ pub struct GatewayClient {
 pub enum StreamItem {
     /// Text fragment.
     Delta(String),
+    /// The text streamed so far is withdrawn (the model's answer was cut off and is asked for
+    /// again).
+    Restart,
     /// Tool progress.
     Progress(Value),
     /// The final reply.
@@ -232,6 +235,9 @@ fn parse_event(event: &str, data: &str) -> Option<StreamItem> {
     let v: Value = serde_json::from_str(data).unwrap_or(Value::Null);
     let text = |k: &str| v.get(k).and_then(Value::as_str).unwrap_or("").to_string();
     match event {
+        "delta" if v.get("restart").and_then(Value::as_bool) == Some(true) => {
+            Some(StreamItem::Restart)
+        }
         "delta" => Some(StreamItem::Delta(text("text"))),
         "progress" => Some(StreamItem::Progress(v)),
         "done" => Some(StreamItem::Done(text("reply"))),

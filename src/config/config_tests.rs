@@ -73,6 +73,42 @@ fn iterations_clamped_to_at_least_one() {
 }
 
 #[test]
+fn loop_limits_have_defaults_and_are_validated() {
+    let c = Config::from_str("{}", false, &env(&[])).unwrap();
+    assert_eq!(c.agent.loop_repeat_limit, DEFAULT_LOOP_REPEAT_LIMIT);
+    assert_eq!(
+        c.agent.max_tool_calls_per_turn,
+        DEFAULT_MAX_TOOL_CALLS_PER_TURN
+    );
+    let c = Config::from_str(
+        "[agents.defaults]\nloop_repeat_limit = 5\nmax_tool_calls_per_turn = 40\n",
+        true,
+        &env(&[]),
+    )
+    .unwrap();
+    assert_eq!(
+        (c.agent.loop_repeat_limit, c.agent.max_tool_calls_per_turn),
+        (5, 40)
+    );
+    for (text, key) in [
+        ("loop_repeat_limit = 1", "agents.defaults.loop_repeat_limit"),
+        (
+            "loop_repeat_limit = -3",
+            "agents.defaults.loop_repeat_limit",
+        ),
+        (
+            "max_tool_calls_per_turn = 0",
+            "agents.defaults.max_tool_calls_per_turn",
+        ),
+    ] {
+        let err = Config::from_str(&format!("[agents.defaults]\n{text}\n"), true, &env(&[]))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(key), "{err}");
+    }
+}
+
+#[test]
 fn env_override_beats_file() {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("config.toml");

@@ -54,6 +54,13 @@ pub struct AgentDefaultsFile {
     pub model: Option<String>,
     /// Maximum rounds of tool calls per message (default 20, clamped to >= 1).
     pub max_tool_iterations: Option<i64>,
+    /// The same tool call with the same arguments this many times in a row (or two calls
+    /// alternating) gets a notice that the result will not change; twice as many ends the turn
+    /// (default 3, 2-100).
+    pub loop_repeat_limit: Option<i64>,
+    /// Most tool calls in one turn, every round counted; the turn ends at the limit (default
+    /// 100, 1-10000).
+    pub max_tool_calls_per_turn: Option<i64>,
     /// Root directory of the file tools (default `~/.clawft/workspace`).
     pub workspace: Option<String>,
     /// Name of the provider to use first (default: the first configured, alphabetically).

@@ -141,6 +141,30 @@ impl Config {
             None => DEFAULT_MAX_TOOL_ITERATIONS,
             Some(n) => u32::try_from(n.clamp(1, 10_000)).unwrap_or(DEFAULT_MAX_TOOL_ITERATIONS),
         };
+        let in_range = |key: &str, v: Option<i64>, default: u32, lo: u32, hi: u32| match v {
+            None => Ok(default),
+            Some(n) => u32::try_from(n)
+                .ok()
+                .filter(|n| (lo..=hi).contains(n))
+                .ok_or_else(|| ConfigError::Invalid {
+                    key: format!("agents.defaults.{key}"),
+                    detail: format!("expected a whole number from {lo} to {hi}, got {n}"),
+                }),
+        };
+        let loop_repeat_limit = in_range(
+            "loop_repeat_limit",
+            d.loop_repeat_limit,
+            DEFAULT_LOOP_REPEAT_LIMIT,
+            2,
+            100,
+        )?;
+        let max_tool_calls_per_turn = in_range(
+            "max_tool_calls_per_turn",
+            d.max_tool_calls_per_turn,
+            DEFAULT_MAX_TOOL_CALLS_PER_TURN,
+            1,
+            10_000,
+        )?;
         if let Some(t) = d.temperature {
             if !(0.0..=2.0).contains(&t) {
                 return Err(ConfigError::Invalid {
@@ -165,6 +189,8 @@ impl Config {
             stream: d.stream.unwrap_or(true),
             tool_timeout,
             window: crate::config::types::WindowSettings::default(),
+            loop_repeat_limit,
+            max_tool_calls_per_turn,
         };
 
         let (providers, provider_source) = resolve_providers(

@@ -13,6 +13,11 @@ pub const DEFAULT_HTTP_BIND: &str = "127.0.0.1:18790";
 pub const LOCAL_DEFAULT_BASE_URL: &str = "http://127.0.0.1:11434/v1";
 /// Default `agents.defaults.max_tool_iterations` (seed 000).
 pub const DEFAULT_MAX_TOOL_ITERATIONS: u32 = 20;
+/// Default `agents.defaults.loop_repeat_limit`: the same call this many times in a row gets a
+/// notice; twice as many ends the turn.
+pub const DEFAULT_LOOP_REPEAT_LIMIT: u32 = 3;
+/// Default `agents.defaults.max_tool_calls_per_turn`.
+pub const DEFAULT_MAX_TOOL_CALLS_PER_TURN: u32 = 100;
 
 /// Why the configuration could not be loaded. Every variant names the key and what is expected.
 #[derive(Debug, thiserror::Error)]
@@ -115,6 +120,11 @@ pub struct AgentConfig {
     pub tool_timeout: Duration,
     /// The prompt window: context size and compaction.
     pub window: WindowSettings,
+    /// The same tool call (or two alternating) this many times in a row gets a notice in its
+    /// result; twice as many ends the turn (>= 2).
+    pub loop_repeat_limit: u32,
+    /// Tool calls one turn may make; the turn ends at the limit (>= 1).
+    pub max_tool_calls_per_turn: u32,
 }
 
 /// Default `agents.defaults.compaction.threshold`.

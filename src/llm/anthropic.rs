@@ -159,10 +159,16 @@ impl Anthropic {
                 }
             }
         }
-        if acc.started {
+        // Every complete answer ends with `message_stop` (its `message_delta` carries the stop
+        // reason): a stream that just stops was cut off mid-answer.
+        if acc.stop_reason.is_some() {
             Ok(acc.finish())
         } else {
-            Err(self.invalid("empty stream"))
+            Err(self.endpoint().cut(if acc.started {
+                "the stream ended without message_stop"
+            } else {
+                "the stream ended before its first event"
+            }))
         }
     }
 }
@@ -403,10 +409,18 @@ impl ChatModel for Anthropic {
             None => {
                 async {
                     let resp = self.send(self.body(req, false)).await?;
-                    let v: Value = resp
-                        .json()
+                    let bytes = resp
+                        .bytes()
                         .await
-                        .map_err(|e| self.invalid(format!("not JSON: {e}")))?;
+                        .map_err(|e| self.endpoint().body_error(&e))?;
+                    let v: Value = serde_json::from_slice(&bytes).map_err(|e| {
+                        if e.is_eof() {
+                            self.endpoint()
+                                .cut(format!("the response body ended early ({e})"))
+                        } else {
+                            self.invalid(format!("not JSON: {e}"))
+                        }
+                    })?;
                     parse_message(&v).ok_or_else(|| self.invalid("no content blocks"))
                 }
                 .await

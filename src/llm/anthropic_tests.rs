@@ -216,3 +216,31 @@ fn the_stable_prefix_carries_cache_breakpoints() {
     assert_eq!(b["tools"].to_string(), b2["tools"].to_string());
     assert_eq!(b["system"].to_string(), b2["system"].to_string());
 }
+
+#[tokio::test]
+async fn a_stream_that_stops_before_message_stop_was_cut_off() {
+    let sse = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":3}}}\n\n\
+        event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Hal\"}}\n\n";
+    let app = axum::Router::new().route(
+        "/v1/messages",
+        axum::routing::post(move || async move { sse }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    let mut c = cfg();
+    c.base_url = format!("http://{addr}");
+    let p = Anthropic::new(c).unwrap();
+    let req = ChatRequest {
+        model: String::new(),
+        messages: vec![Message::user("hi")],
+        tools: Vec::new().into(),
+        max_tokens: None,
+        temperature: None,
+    };
+    let (tx, _rx) = mpsc::channel(8);
+    let e = p.complete(&req, Some(&tx)).await.unwrap_err();
+    assert_eq!(e.kind(), "cut", "{e}");
+}

@@ -96,6 +96,24 @@ pub enum LlmError {
         /// What was wrong.
         detail: String,
     },
+    /// The answer stopped before it was complete: the connection broke mid-answer, or a stream
+    /// ended without its end marker (OpenAI `finish_reason` / `[DONE]`, Anthropic
+    /// `message_stop`), or a body was cut short. Not retried by the HTTP layer: the turn retries
+    /// once (the half answer may already be on the user's screen and is withdrawn first).
+    #[error("{provider}: the answer was cut off before it was complete: {detail}")]
+    Cut {
+        /// Provider name.
+        provider: String,
+        /// What was seen.
+        detail: String,
+    },
+    /// A completion with no text and no tool calls. Produced by the turn (which retries once),
+    /// never by a provider: an empty answer is a valid HTTP response.
+    #[error("{provider}: the model returned an empty answer (no text and no tool calls)")]
+    Empty {
+        /// Provider name.
+        provider: String,
+    },
     /// The turn was cancelled while waiting.
     #[error("cancelled")]
     Cancelled,
@@ -119,8 +137,16 @@ impl LlmError {
             | LlmError::ContextLength { .. }
             | LlmError::Quota { .. }
             | LlmError::InvalidResponse { .. }
+            | LlmError::Cut { .. }
+            | LlmError::Empty { .. }
             | LlmError::Cancelled => false,
         }
+    }
+
+    /// Whether the turn asks once more (a cut or empty answer: the next attempt usually
+    /// completes).
+    pub fn is_incomplete_answer(&self) -> bool {
+        matches!(self, LlmError::Cut { .. } | LlmError::Empty { .. })
     }
 
     /// Whether another provider of a fallback list may succeed where this one failed.
@@ -146,6 +172,8 @@ impl LlmError {
             | LlmError::Connect { .. }
             | LlmError::Timeout { .. }
             | LlmError::InvalidResponse { .. }
+            | LlmError::Cut { .. }
+            | LlmError::Empty { .. }
             | LlmError::Cancelled => None,
         }
     }
@@ -162,6 +190,8 @@ impl LlmError {
             LlmError::Connect { .. } => "connect",
             LlmError::Timeout { .. } => "timeout",
             LlmError::InvalidResponse { .. } => "invalid_response",
+            LlmError::Cut { .. } => "cut",
+            LlmError::Empty { .. } => "empty",
             LlmError::Cancelled => "cancelled",
         }
     }
@@ -237,9 +267,14 @@ impl LlmError {
                 provider,
                 detail: clean(detail),
             },
-            e @ (LlmError::RateLimited { .. } | LlmError::Timeout { .. } | LlmError::Cancelled) => {
-                e
-            }
+            LlmError::Cut { provider, detail } => LlmError::Cut {
+                provider,
+                detail: clean(detail),
+            },
+            e @ (LlmError::RateLimited { .. }
+            | LlmError::Timeout { .. }
+            | LlmError::Empty { .. }
+            | LlmError::Cancelled) => e,
         }
     }
 

@@ -116,6 +116,27 @@ impl<'a> Endpoint<'a> {
         }
     }
 
+    /// A failure while reading a response body whose status and headers arrived: the timeout
+    /// elapsed ([`LlmError::Timeout`]), or the answer was cut off mid-way ([`LlmError::Cut`]).
+    pub(crate) fn body_error(&self, e: &reqwest::Error) -> LlmError {
+        if e.is_timeout() {
+            return self.transport_error(e);
+        }
+        self.cut(if self.full_cause {
+            error_chain(e)
+        } else {
+            e.to_string()
+        })
+    }
+
+    /// An [`LlmError::Cut`] of this provider.
+    pub(crate) fn cut(&self, detail: impl Into<String>) -> LlmError {
+        LlmError::Cut {
+            provider: self.provider.to_string(),
+            detail: detail.into(),
+        }
+    }
+
     /// An [`LlmError::InvalidResponse`] of this provider.
     pub(crate) fn invalid(&self, detail: impl Into<String>) -> LlmError {
         LlmError::InvalidResponse {
@@ -169,13 +190,13 @@ where
     /// The next event; `None` at the end of the body. Cancel-safe.
     ///
     /// # Errors
-    /// The connection broke or the timeout elapsed ([`Endpoint::transport_error`]).
+    /// The connection broke mid-answer or the timeout elapsed ([`Endpoint::body_error`]).
     pub(crate) async fn next(&mut self) -> Option<Result<SseEvent, LlmError>> {
         Some(
             self.reader
                 .next()
                 .await?
-                .map_err(|e| self.endpoint.transport_error(&e)),
+                .map_err(|e| self.endpoint.body_error(&e)),
         )
     }
 }

@@ -220,7 +220,16 @@ impl OpenAiCompat {
                 let _ = tx.send(StreamEvent::TextDelta(text)).await;
             }
         }
-        // Some servers end the stream without [DONE].
+        // Some servers end the stream without [DONE], but never without a finish reason: a
+        // stream that just stops was cut off mid-answer (its text and tool arguments are
+        // partial).
+        if acc.finish_reason.is_none() {
+            return Err(self.endpoint().cut(if acc.saw_chunk {
+                "the stream ended without a finish reason or [DONE]"
+            } else {
+                "the stream ended before its first chunk"
+            }));
+        }
         acc.finish(self)
     }
 }
@@ -490,9 +499,16 @@ impl OpenAiCompat {
         let bytes = resp
             .bytes()
             .await
-            .map_err(|e| self.endpoint().transport_error(&e))?;
-        let v: Value =
-            serde_json::from_slice(&bytes).map_err(|e| self.invalid(format!("not JSON: {e}")))?;
+            .map_err(|e| self.endpoint().body_error(&e))?;
+        let v: Value = serde_json::from_slice(&bytes).map_err(|e| {
+            if e.is_eof() {
+                // A body cut short: the answer was cut off, not malformed.
+                self.endpoint()
+                    .cut(format!("the response body ended early ({e})"))
+            } else {
+                self.invalid(format!("not JSON: {e}"))
+            }
+        })?;
         parse_completion(&v).ok_or_else(|| {
             let shown: String = String::from_utf8_lossy(&bytes).chars().take(300).collect();
             self.invalid(format!("no choices[0].message in {shown}"))

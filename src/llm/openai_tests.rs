@@ -144,3 +144,76 @@ fn wire_format_of_tool_round() {
         json!({"role":"tool","tool_call_id":"c1","content":"{\"ok\":1}"})
     );
 }
+
+/// Serve `body` (SSE when `sse`) as every answer of `/v1/chat/completions`; the provider that
+/// talks to it.
+async fn serve(body: &'static str, sse: bool) -> OpenAiCompat {
+    let app = axum::Router::new().route(
+        "/v1/chat/completions",
+        axum::routing::post(move || async move {
+            let ct = if sse {
+                "text/event-stream"
+            } else {
+                "application/json"
+            };
+            ([(axum::http::header::CONTENT_TYPE, ct)], body)
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    OpenAiCompat::new(OpenAiConfig {
+        name: "t".into(),
+        base_url: format!("http://{addr}/v1"),
+        api_key: None,
+        model: "m".into(),
+        timeout: Duration::from_secs(5),
+        extra_headers: vec![],
+    })
+    .unwrap()
+}
+
+fn hi() -> ChatRequest {
+    ChatRequest {
+        model: String::new(),
+        messages: vec![Message::user("hi")],
+        tools: Vec::new().into(),
+        max_tokens: None,
+        temperature: None,
+    }
+}
+
+#[tokio::test]
+async fn a_stream_that_stops_without_a_finish_reason_was_cut_off() {
+    let p = serve(
+        "data: {\"choices\":[{\"delta\":{\"content\":\"Hal\"}}]}\n\n\
+         data: {\"choices\":[{\"delta\":{\"tool_calls\":[{\"index\":0,\"id\":\"c\",\"function\":{\"name\":\"f\",\"arguments\":\"{\\\"pa\"}}]}}]}\n\n",
+        true,
+    )
+    .await;
+    let (tx, _rx) = mpsc::channel(8);
+    let e = p.complete(&hi(), Some(&tx)).await.unwrap_err();
+    assert_eq!(e.kind(), "cut", "{e}");
+    assert!(e.is_incomplete_answer() && !e.is_retryable());
+    // Finished but without [DONE] (some servers): a complete answer.
+    let p = serve(
+        "data: {\"choices\":[{\"delta\":{\"content\":\"Hi\"},\"finish_reason\":\"stop\"}]}\n\n",
+        true,
+    )
+    .await;
+    let r = p.complete(&hi(), Some(&tx)).await.unwrap();
+    assert_eq!(r.content, "Hi");
+}
+
+#[tokio::test]
+async fn a_body_cut_short_was_cut_off_and_a_malformed_one_is_invalid() {
+    let p = serve(r#"{"choices":[{"message":{"content":"half an ans"#, false).await;
+    assert_eq!(p.complete(&hi(), None).await.unwrap_err().kind(), "cut");
+    let p = serve(r#"{"choices": nope}"#, false).await;
+    assert_eq!(
+        p.complete(&hi(), None).await.unwrap_err().kind(),
+        "invalid_response"
+    );
+}

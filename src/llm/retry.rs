@@ -107,6 +107,12 @@ impl ChatModel for ResilientModel {
                 if matches!(err, LlmError::Cancelled) {
                     return Err(err);
                 }
+                // Every failed attempt, retried or not, by the provider that failed.
+                crate::metrics::inc(
+                    "clawft_llm_errors_total",
+                    &[("provider", model.name()), ("kind", err.kind())],
+                    1,
+                );
                 let can_retry = err.is_retryable()
                     && attempt < self.policy.max_attempts.max(1)
                     && !streamed.load(Ordering::Relaxed);

@@ -668,6 +668,11 @@ async fn forward_events(mut rx: mpsc::Receiver<TurnEvent>, outbox: Outbox, entry
     while let Some(ev) = rx.recv().await {
         let (kind, content, meta) = match ev {
             TurnEvent::Delta(t) => (OutboundKind::Delta, t, None),
+            TurnEvent::Restart => (
+                OutboundKind::Delta,
+                String::new(),
+                Some(clawft_channel_core::restart_meta()),
+            ),
             TurnEvent::ToolStarted { tool, call_id } => (
                 OutboundKind::Progress,
                 format!("running {tool}"),

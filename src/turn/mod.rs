@@ -5,6 +5,8 @@
 //! calls that the session repairs on load. It never touches the journal or the outbox.
 
 pub mod usage;
+mod answer;
+pub mod guard;
 
 use std::sync::Arc;
 
@@ -50,6 +52,9 @@ pub struct TurnDeps {
 pub enum TurnEvent {
     /// Text generated so far grew by this fragment.
     Delta(String),
+    /// The text streamed so far is withdrawn: the model's answer was cut off (or empty) and is
+    /// asked for again, whose text follows.
+    Restart,
     /// A tool call started.
     ToolStarted {
         /// Tool name.
@@ -221,6 +226,7 @@ async fn run_turn_inner(
     }
     let registry = deps.tools.current();
     let mut tools: Arc<[crate::llm::ToolSpec]> = registry.schemas_for_tools(&exposed).into();
+    let mut guard = guard::TurnGuard::new(&deps.agent, history);
     let mut messages = Vec::with_capacity(history.len() + 1);
     messages.push(Message::system(&system));
     messages.extend_from_slice(history);
@@ -236,7 +242,7 @@ async fn run_turn_inner(
         out.llm_calls += 1;
         out.last_prompt = (crate::llm::tokens::of_request(&req), 0);
         let started = std::time::Instant::now();
-        let resp = call_model(deps, &req, events, cancel).await;
+        let resp = answer::complete(deps, &req, events, cancel, &mut out.llm_calls).await;
         crate::metrics::observe_llm(deps.model.name(), started.elapsed().as_secs_f64());
         let used = resp
             .as_ref()
@@ -255,12 +261,7 @@ async fn run_turn_inner(
                 // config reloads) goes over the text once more before users, the store and the
                 // logs see it.
                 let shown = registry.scrubber().scrub_str(&e.to_string()).into_owned();
-                tracing::warn!(error = %shown, kind = e.kind(), "llm call failed");
-                let mut text = format!("The model provider failed: {shown}");
-                if let (LlmError::Connect { .. }, Some(h)) = (&e, &deps.connect_hint) {
-                    text.push_str(". ");
-                    text.push_str(h);
-                }
+                let text = answer::failure_reason(&e, &shown, deps.connect_hint.as_deref());
                 out.context_overflow = e.is_context_length();
                 out.status = TurnStatus::Failed(text.clone());
                 out.reply = text;
@@ -302,11 +303,15 @@ async fn run_turn_inner(
             return out;
         }
 
+        // Stored calls must replay: ids made unique, arguments made a JSON object (the call
+        // is then not run), repeats noticed.
+        let mut tool_calls = resp.tool_calls;
+        let admits = guard.admit(&mut tool_calls);
         // Persist the calls before running them: after a crash they are repaired, not lost.
         let assistant = Message {
             role: Role::Assistant,
             content: resp.content,
-            tool_calls: resp.tool_calls,
+            tool_calls,
             tool_call_id: None,
             name: None,
         };
@@ -327,11 +332,14 @@ async fn run_turn_inner(
         messages.push(assistant.clone());
         out.messages.push(assistant);
 
-        let runs = calls.iter().map(|call| {
+        let runs = calls.iter().zip(&admits).map(|(call, admit)| {
             let ctx = &ctx;
             let exposed = exposed.as_slice();
             let registry = &registry;
             async move {
+                if let Some(e) = admit.refused() {
+                    return guard::refused_outcome(e, admit, registry.scrubber());
+                }
                 if let Some(ev) = events {
                     let _ = ev
                         .send(TurnEvent::ToolStarted {
@@ -340,9 +348,12 @@ async fn run_turn_inner(
                         })
                         .await;
                 }
-                let o = registry
+                let mut o = registry
                     .dispatch_with(&call.name, &call.id, &call.arguments, ctx, exposed)
                     .await;
+                if let Some(n) = &admit.notice {
+                    guard::add_notice(&mut o.value, n);
+                }
                 if let Some(ev) = events {
                     let _ = ev
                         .send(TurnEvent::ToolFinished {
@@ -389,6 +400,11 @@ async fn run_turn_inner(
             let m = registry.scrubber().scrub_str(&m).into_owned();
             out.status = TurnStatus::Failed(m.clone());
             out.reply = format!("A tool failed fatally: {m}");
+            return out;
+        }
+        if let Some(why) = guard.stop_reason() {
+            out.status = TurnStatus::Failed(why.to_string());
+            out.reply = why.to_string();
             return out;
         }
         if cancel.is_cancelled() {

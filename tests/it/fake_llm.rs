@@ -339,11 +339,20 @@ async fn answer(
                     let frames: Vec<Result<Bytes, std::io::Error>> = c
                         .into_iter()
                         .map(|c| Ok(Bytes::from(format!("data: {c}\n\n"))))
-                        .chain(std::iter::once(Err(std::io::Error::other("cut"))))
                         .collect();
+                    // The text reaches the client before the connection drops (an error in
+                    // the same poll would abort the response before its headers: a connection
+                    // error, not an answer cut mid-way).
+                    let cut = futures::stream::once(async {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        Err(std::io::Error::other("cut"))
+                    });
                     Response::builder()
                         .header(header::CONTENT_TYPE, "text/event-stream")
-                        .body(Body::from_stream(futures::stream::iter(frames)))
+                        .body(Body::from_stream(futures::StreamExt::chain(
+                            futures::stream::iter(frames),
+                            cut,
+                        )))
                         .unwrap()
                 } else {
                     let full = json!({

@@ -7,6 +7,7 @@ mod access;
 mod common;
 mod control;
 mod delivery;
+mod conversation;
 mod exec_jail;
 mod fake_llm;
 mod gateway;

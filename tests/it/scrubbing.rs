@@ -86,7 +86,7 @@ fn contains(hay: &[u8], needle: &[u8]) -> bool {
 /// Whether `secret` can be read back from `hay`: as it is, percent-decoded, or by decoding any
 /// run of base64 (either alphabet, any alignment, across line breaks, JSON-escaped or not) or
 /// hex. The outcome that matters: not "a function was called", but "the bytes are gone".
-fn recoverable(hay: &str, secret: &str) -> bool {
+pub(crate) fn recoverable(hay: &str, secret: &str) -> bool {
     if hay.contains(secret) {
         return true;
     }

@@ -493,10 +493,12 @@ async fn a_looping_spawning_model_stays_within_limits_and_stop_cancels_the_tree(
         let n = tool_count(req);
         Some(Reply::ToolCalls(vec![spawn(&format!("b{n}"), "TASK bomb")]))
     });
+    // The same spawn every round: the loop breaker (which would end the turn at the 6th) is
+    // set aside, so the spawn limits are what holds.
     let gw = TestGateway::start(config(
         &llm,
         dir.path(),
-        json!({"agents": {"defaults": {"max_tool_iterations": 12}}}),
+        json!({"agents": {"defaults": {"max_tool_iterations": 12, "loop_repeat_limit": 100}}}),
     ))
     .await;
     let (s, body) = gw.api.chat("f", "fork bomb").await;

@@ -16,6 +16,8 @@
 //!   delivered; a final already delivered sends nothing and answers the first message id again.
 //! - Once the final has delivered its first chunk the draft is closed: later deltas for the
 //!   same reply are dropped.
+//! - A restart delta ([`OutboundMessage::is_restart`]) empties the draft's text: the next
+//!   deltas replace what it shows instead of extending it.
 //!
 //! The draft's platform message id is kept explicitly ([`Draft::message_id`],
 //! [`DraftBook::message_id`]).
@@ -275,7 +277,10 @@ where
         if d.closed {
             return Ok(SentRef(String::new()));
         }
-        if !self.opts.skip_repeated_deltas || d.seen.insert(msg.id.clone()) {
+        if msg.is_restart() {
+            // The text so far is withdrawn; the next deltas show the new attempt.
+            d.text.clear();
+        } else if !self.opts.skip_repeated_deltas || d.seen.insert(msg.id.clone()) {
             d.text.push_str(&msg.content);
         }
         let now = Instant::now();

@@ -116,6 +116,27 @@ fn edit(id: u32, t: &str) -> Op {
 }
 
 #[tokio::test]
+async fn a_restart_withdraws_the_text_streamed_so_far() {
+    let p = Fake::default();
+    let b = book(Duration::ZERO);
+    b.delta(&p, &delta("d1", "The answer is fo")).await.unwrap();
+    let mut restart = delta("r", "");
+    restart.meta = Some(crate::restart_meta());
+    assert!(restart.is_restart() && !delta("d", "x").is_restart());
+    b.delta(&p, &restart).await.unwrap();
+    b.delta(&p, &delta("d2", "The answer")).await.unwrap();
+    b.delta(&p, &delta("d3", " is 42.")).await.unwrap();
+    assert_eq!(
+        p.ops(),
+        vec![
+            post(Slot::Draft, "The answer is fo"),
+            edit(100, "The answer"),
+            edit(100, "The answer is 42."),
+        ]
+    );
+}
+
+#[tokio::test]
 async fn deltas_post_a_draft_then_edit_it_and_the_final_takes_it_over() {
     let p = Fake::default();
     let b = book(Duration::ZERO);

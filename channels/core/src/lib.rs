@@ -192,7 +192,25 @@ pub struct OutboundMessage {
     pub meta: Option<serde_json::Value>,
 }
 
+/// The `meta` of a [`OutboundKind::Delta`] that withdraws the text streamed so far for its
+/// reply (the model's answer was cut off and is being asked for again): a draft restarts empty,
+/// a client showing the deltas clears them. Its `content` is empty.
+pub fn restart_meta() -> serde_json::Value {
+    serde_json::json!({ "event": "restart" })
+}
+
 impl OutboundMessage {
+    /// Whether this is a restart delta ([`restart_meta`]).
+    pub fn is_restart(&self) -> bool {
+        self.kind == OutboundKind::Delta
+            && self
+                .meta
+                .as_ref()
+                .and_then(|m| m.get("event"))
+                .and_then(serde_json::Value::as_str)
+                == Some("restart")
+    }
+
     /// A durable message that answers no inbound event (pairing codes, approval questions, the
     /// `message` tool, `weft send`), with a fresh outbox id.
     pub fn proactive(

@@ -620,6 +620,8 @@ async fn chat(
 
 fn sse_event(m: &OutboundMessage) -> Event {
     let (name, data) = match m.kind {
+        // A restart withdraws the deltas received so far (the answer is asked for again).
+        OutboundKind::Delta if m.is_restart() => ("delta", json!({"text": "", "restart": true})),
         OutboundKind::Delta => ("delta", json!({"text": m.content})),
         OutboundKind::Progress => (
             "progress",
