@@ -8,8 +8,8 @@
 //! (its `listen` loop and the ingress pump) lives in [`crate::ingress`].
 
 pub mod outbox;
-mod typing;
 pub mod scheduler;
+mod typing;
 
 pub use outbox::{ChannelEntry, ChannelTable, Outbox};
 pub use scheduler::DEFAULT_MAX_CHATS_IN_FLIGHT;

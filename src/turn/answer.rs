@@ -21,7 +21,8 @@ fn is_empty(r: &ChatResponse) -> bool {
 }
 
 /// Ask the model for `req` (the first attempt counted by the caller in `llm_calls`): an empty or
-/// cut answer is asked for once more (counted here). The usage of a discarded empty answer is
+/// cut answer is asked for once more (counted here). With `empty_ok` (the turn already sent
+/// its words through the `message` tool) an empty answer is the end of the turn. The usage of a discarded empty answer is
 /// added to the one returned.
 ///
 /// # Errors
@@ -33,6 +34,7 @@ pub(super) async fn complete(
     events: Option<&mpsc::Sender<TurnEvent>>,
     cancel: &CancellationToken,
     llm_calls: &mut u32,
+    empty_ok: bool,
 ) -> Result<ChatResponse, LlmError> {
     let mut spent = Usage::default();
     let mut attempt = 0;
@@ -42,7 +44,7 @@ pub(super) async fn complete(
             *llm_calls += 1;
         }
         let e = match call_model(deps, req, events, cancel).await {
-            Ok(mut r) if !is_empty(&r) => {
+            Ok(mut r) if empty_ok || !is_empty(&r) => {
                 r.usage.add(&spent);
                 return Ok(r);
             }

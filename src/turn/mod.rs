@@ -4,9 +4,9 @@
 //! message before running the tools and their results after, so a crash leaves at most orphan
 //! calls that the session repairs on load. It never touches the journal or the outbox.
 
-pub mod usage;
 mod answer;
 pub mod guard;
+pub mod usage;
 
 use std::sync::Arc;
 
@@ -195,6 +195,9 @@ async fn run_turn_inner(
     cancel: &CancellationToken,
 ) -> TurnOutcome {
     let max_iterations = deps.agent.max_tool_iterations.max(1);
+    // A `message` tool call already said what this turn had to say: an empty final answer is
+    // then the model ending the turn, not a failed answer.
+    let mut messaged = false;
     let mut out = TurnOutcome::failed("");
     out.status = TurnStatus::Completed;
     let ctx = ToolContext {
@@ -242,7 +245,7 @@ async fn run_turn_inner(
         out.llm_calls += 1;
         out.last_prompt = (crate::llm::tokens::of_request(&req), 0);
         let started = std::time::Instant::now();
-        let resp = answer::complete(deps, &req, events, cancel, &mut out.llm_calls).await;
+        let resp = answer::complete(deps, &req, events, cancel, &mut out.llm_calls, messaged).await;
         crate::metrics::observe_llm(deps.model.name(), started.elapsed().as_secs_f64());
         let used = resp
             .as_ref()
@@ -288,11 +291,7 @@ async fn run_turn_inner(
                 n,
             );
         }
-        out.last_prompt.1 = if used.estimated {
-            0
-        } else {
-            used.input_tokens
-        };
+        out.last_prompt.1 = if used.estimated { 0 } else { used.input_tokens };
 
         if resp.tool_calls.is_empty() {
             tracing::debug!(iteration, "tool loop complete");
@@ -375,6 +374,7 @@ async fn run_turn_inner(
             if let Some(ToolError::Fatal(m)) = &o.error {
                 fatal = Some(m.clone());
             }
+            messaged |= call.name == "message" && o.error.is_none();
             if call.name == "use_skill" && o.error.is_none() {
                 // The skill's tools become visible (and callable) from the next round on.
                 for g in o.value["allowed_tools"].as_array().into_iter().flatten() {

@@ -6,8 +6,8 @@
 mod access;
 mod common;
 mod control;
-mod delivery;
 mod conversation;
+mod delivery;
 mod exec_jail;
 mod fake_llm;
 mod gateway;
