@@ -28,7 +28,7 @@ pub struct CheckReport {
     pub schema: Option<u32>,
     /// The store's id.
     pub store_id: Option<String>,
-    /// Records per kind (`sessions`, `messages`, `inbox`, `queue`, `outbox`, `state`, `meta`).
+    /// Records per kind (`sessions`, `messages`, `inbox`, `queue`, `outbox`, `state`, `usage`, `window`, `meta`).
     pub counts: BTreeMap<String, u64>,
     /// Each damaged record: key and what is wrong (at most 100 listed).
     pub problems: Vec<String>,
@@ -75,6 +75,14 @@ pub fn check(store: &Store) -> Result<CheckReport, StoreError> {
                         detail: "queue entry does not name an inbox record".into(),
                     })
                 }
+            }
+            Some(b"u\0") => {
+                kind = "usage";
+                decode::<super::usage::UsageRow>(&k, &v).map(drop)
+            }
+            Some(b"w\0") => {
+                kind = "window";
+                decode::<super::window::Compaction>(&k, &v).map(drop)
             }
             Some(b"m\0") => {
                 kind = "meta";
