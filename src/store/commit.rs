@@ -71,6 +71,11 @@ impl GroupCommit {
             .name("store-flush".into())
             .spawn(move || run(&q, hk.as_ref()))
             .ok();
+        if thread.is_none() {
+            // No thread: every caller flushes by itself (the fallback).
+            tracing::warn!("cannot start the store flusher thread; flushes are not coalesced");
+            queue.0.lock().unwrap_or_else(PoisonError::into_inner).stop = true;
+        }
         Self {
             queue,
             thread: Mutex::new(thread),

@@ -101,12 +101,19 @@ impl Sidecar {
 
     /// Record the durable high-water mark: count, flush, then write (so the file never claims
     /// more than is durable).
-    pub(crate) fn record(&self, kv: &dyn Kv) -> Result<(), StoreError> {
-        let mut last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
+    ///
+    /// Returns false when a deletion holds the mark (it waits for the flusher thread, which
+    /// runs this: waiting here would deadlock); the next tick records instead.
+    pub(crate) fn record(&self, kv: &dyn Kv) -> Result<bool, StoreError> {
+        let mut last = match self.last.try_lock() {
+            Ok(g) => g,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return Ok(false),
+        };
         let sessions = kv.scan_prefix(b"s\0")?.len() as u64;
         kv.flush()?;
         if sessions == last.sessions {
-            return Ok(());
+            return Ok(true);
         }
         let next = SidecarFile {
             sessions,
@@ -118,7 +125,7 @@ impl Sidecar {
             source: e,
         })?;
         *last = next;
-        Ok(())
+        Ok(true)
     }
 
     /// Run `delete` (which removes `gone` sessions and flushes) with the mark lowered first, so

@@ -322,7 +322,8 @@ impl commit::Housekeeping for Core {
             let w = self.writes.load(Ordering::Relaxed);
             if w != self.recorded.load(Ordering::Relaxed) {
                 match sc.record(self.kv.as_ref()) {
-                    Ok(()) => self.recorded.store(w, Ordering::Relaxed),
+                    Ok(true) => self.recorded.store(w, Ordering::Relaxed),
+                    Ok(false) => return Duration::from_millis(100),
                     Err(e) => self.health.failed(e.kind(), &e.to_string(), true),
                 }
             }

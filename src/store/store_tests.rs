@@ -390,3 +390,26 @@ fn backup_and_restore_bring_the_sessions_back() {
     std::fs::write(&file, &text[..text.len() / 2]).unwrap();
     assert!(backup::restore(&file, &dir, 1 << 20).is_err());
 }
+
+#[test]
+fn clearing_sessions_while_the_high_water_mark_is_recorded_never_deadlocks() {
+    let d = tempfile::tempdir().unwrap();
+    let s = Store::open(&d.path().join("store"), 1 << 20).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let s2 = s.clone();
+    std::thread::spawn(move || {
+        // Past the flusher's 5 s record tick, with deletions holding the mark most of the time.
+        let until = std::time::Instant::now() + RECORD_EVERY + std::time::Duration::from_secs(1);
+        let mut i = 0u64;
+        while std::time::Instant::now() < until {
+            let key = SessionKey::parse(&format!("http:c{}", i % 4)).unwrap();
+            s2.append_messages(&key, &[Message::user("x")]).unwrap();
+            s2.clear_session(&key).unwrap();
+            i += 1;
+        }
+        let _ = tx.send(i);
+    });
+    let done = rx.recv_timeout(std::time::Duration::from_secs(60));
+    assert!(done.is_ok(), "clear_session and the flusher deadlocked");
+    assert!(s.health().is_ok());
+}
