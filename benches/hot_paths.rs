@@ -376,12 +376,44 @@ fn markdown_render(c: &mut Criterion) {
     g.finish();
 }
 
+/// What token accounting adds to a turn of one LLM call: price it, check the budgets before
+/// and between calls, and write the usage record (read, add, encode, apply; the flush is the
+/// turn's own and not counted here).
+fn usage_accounting(c: &mut Criterion) {
+    let mut g = c.benchmark_group("usage");
+    g.measurement_time(Duration::from_secs(5));
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("store"), 8 << 20).unwrap();
+    let mut config = clawft::config::usage::UsageConfig::default();
+    config.budgets.daily_usd = Some(1e9);
+    config.budgets.per_session_daily_usd = Some(1e9);
+    config.budgets.per_user_daily_usd = Some(1e9);
+    let ledger = clawft::turn::usage::UsageLedger::load(store, config).unwrap();
+    let used = clawft::llm::Usage {
+        input_tokens: 1200,
+        output_tokens: 80,
+        cached_tokens: 1024,
+        estimated: false,
+    };
+    g.bench_function("per_turn_one_call", |b| {
+        b.iter(|| {
+            ledger.admit("http:bench", "http:alice", &[]).unwrap();
+            let mut turn = Vec::new();
+            ledger.tally(&mut turn, "gpt-4o-mini-2024-07-18", black_box(&used));
+            ledger.check_running("http:bench", &turn).unwrap();
+            ledger.record("http:bench", "http:alice", &turn).unwrap();
+        });
+    });
+    g.finish();
+}
+
 criterion_group!(
     benches,
     tool_dispatch,
     scrub_truncate,
     store_append,
     request_building,
-    markdown_render
+    markdown_render,
+    usage_accounting
 );
 criterion_main!(benches);

@@ -346,6 +346,10 @@ impl UsageLedger {
                 }
             }
         }
+        if refusal.is_some() && turn.is_empty() {
+            // Refused before it started: no turn of this session runs for this user.
+            st.users_of.remove(session);
+        }
         drop(st);
         let Some((budget, text)) = refusal else {
             return Ok(());
