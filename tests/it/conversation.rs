@@ -591,3 +591,34 @@ async fn the_reason_reaches_the_chat_with_the_key_scrubbed() {
     assert_eq!(llm.requests().len(), 1);
     gw.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_answer_after_the_message_tool_sent_the_words_ends_the_turn_quietly() {
+    let dir = tempfile::tempdir().unwrap();
+    let (llm, gw) = strict_gateway(
+        dir.path(),
+        json!({"tools": {"message": {"allow": ["http:ops-*"]}}}),
+    )
+    .await;
+    llm.push(Reply::ToolCalls(vec![(
+        "m1".into(),
+        "message".into(),
+        r#"{"channel":"http","chat_id":"ops-room","content":"deploy finished"}"#.into(),
+    )]));
+    // The model has said everything through the tool: its last answer is empty.
+    llm.push(Reply::Empty);
+    let (s, body) = gw.api.chat("me", "tell ops").await;
+    assert_eq!(s, 200, "{body}");
+    assert_eq!(body["reply"], "", "{body}");
+    assert_eq!(llm.requests().len(), 2, "no second ask for an empty answer");
+    let mut v = Value::Null;
+    for _ in 0..100 {
+        v = gw.api.get("/v1/chats/ops-room/messages").await.1;
+        if v["messages"][0].is_object() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(v["messages"][0]["content"], "deploy finished", "{v}");
+    gw.stop().await;
+}
