@@ -177,8 +177,51 @@ impl Budget {
     }
 }
 
-/// Estimated tokens of the system prompt (with the skills section) and the tool list.
+/// How long an overhead estimate is reused: the skills directories are read again after it (a
+/// skill added on disk is counted within this time; a reload of the tools at once).
+const OVERHEAD_TTL: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// One cached overhead estimate: for this tool registry, system prompt and workspace. Weak
+/// references: the cache must not keep a stopped gateway's tools (and through them its store)
+/// alive, and a weak reference keeps the address from being reused while it is cached.
+struct CachedOverhead {
+    registry: std::sync::Weak<crate::tools::registry::ToolRegistry>,
+    system: std::sync::Weak<str>,
+    workspace: std::sync::Weak<crate::tools::Workspace>,
+    at: std::time::Instant,
+    tokens: u64,
+}
+
+/// Estimated tokens of the system prompt (with the skills section) and the tool list. Every
+/// turn asks up to three times, and computing it reads the skills directories and serialises
+/// every tool schema: it is cached per (registry, system prompt, workspace) for
+/// [`OVERHEAD_TTL`].
 fn overhead(deps: &TurnDeps) -> u64 {
+    static CACHE: std::sync::Mutex<Vec<CachedOverhead>> = std::sync::Mutex::new(Vec::new());
+    let registry = deps.tools.current();
+    let now = std::time::Instant::now();
+    let same = |c: &CachedOverhead| {
+        std::ptr::eq(c.registry.as_ptr(), std::sync::Arc::as_ptr(&registry))
+            && std::ptr::addr_eq(
+                c.system.as_ptr(),
+                std::sync::Arc::as_ptr(&deps.system_prompt),
+            )
+            && std::ptr::eq(
+                c.workspace.as_ptr(),
+                std::sync::Arc::as_ptr(&deps.workspace),
+            )
+    };
+    {
+        let cache = CACHE
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(c) = cache
+            .iter()
+            .find(|c| same(c) && now.duration_since(c.at) < OVERHEAD_TTL)
+        {
+            return c.tokens;
+        }
+    }
     let skills = crate::skills::SkillDirs {
         global: deps.skills_global.clone(),
         workspace: deps.workspace.clone(),
@@ -189,8 +232,22 @@ fn overhead(deps: &TurnDeps) -> u64 {
         deps.system_prompt,
         crate::skills::prompt_section(&skills)
     );
-    let tools = deps.tools.current().schemas_for_tools(&[]);
-    tokens::of_message(&Message::system(system)) + tokens::of_tools(&tools)
+    let tools = registry.schemas_for_tools(&[]);
+    let tokens = tokens::of_message(&Message::system(system)) + tokens::of_tools(&tools);
+    let mut cache = CACHE
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    cache.retain(|c| {
+        !same(c) && c.registry.strong_count() > 0 && now.duration_since(c.at) < OVERHEAD_TTL
+    });
+    cache.push(CachedOverhead {
+        registry: std::sync::Arc::downgrade(&registry),
+        system: std::sync::Arc::downgrade(&deps.system_prompt),
+        workspace: std::sync::Arc::downgrade(&deps.workspace),
+        at: now,
+        tokens,
+    });
+    tokens
 }
 
 fn est_messages(state: &WindowState, msgs: &[Message]) -> u64 {
