@@ -409,18 +409,7 @@ impl ChatModel for Anthropic {
             None => {
                 async {
                     let resp = self.send(self.body(req, false)).await?;
-                    let bytes = resp
-                        .bytes()
-                        .await
-                        .map_err(|e| self.endpoint().body_error(&e))?;
-                    let v: Value = serde_json::from_slice(&bytes).map_err(|e| {
-                        if e.is_eof() {
-                            self.endpoint()
-                                .cut(format!("the response body ended early ({e})"))
-                        } else {
-                            self.invalid(format!("not JSON: {e}"))
-                        }
-                    })?;
+                    let (_, v) = self.endpoint().json_body(resp).await?;
                     parse_message(&v).ok_or_else(|| self.invalid("no content blocks"))
                 }
                 .await

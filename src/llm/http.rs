@@ -137,6 +137,23 @@ impl<'a> Endpoint<'a> {
         }
     }
 
+    /// The whole body of a non-streaming `resp` and its JSON: a body that breaks off while
+    /// read, or whose JSON ends early, is a cut answer ([`LlmError::Cut`]), not a malformed one.
+    pub(crate) async fn json_body(
+        &self,
+        resp: reqwest::Response,
+    ) -> Result<(bytes::Bytes, serde_json::Value), LlmError> {
+        let bytes = resp.bytes().await.map_err(|e| self.body_error(&e))?;
+        let v = serde_json::from_slice(&bytes).map_err(|e| {
+            if e.is_eof() {
+                self.cut(format!("the response body ended early ({e})"))
+            } else {
+                self.invalid(format!("not JSON: {e}"))
+            }
+        })?;
+        Ok((bytes, v))
+    }
+
     /// An [`LlmError::InvalidResponse`] of this provider.
     pub(crate) fn invalid(&self, detail: impl Into<String>) -> LlmError {
         LlmError::InvalidResponse {

@@ -496,19 +496,7 @@ impl OpenAiCompat {
     /// One non-streaming completion.
     async fn complete_once(&self, req: &ChatRequest) -> Result<ChatResponse, LlmError> {
         let resp = self.send(self.body(req, false)).await?;
-        let bytes = resp
-            .bytes()
-            .await
-            .map_err(|e| self.endpoint().body_error(&e))?;
-        let v: Value = serde_json::from_slice(&bytes).map_err(|e| {
-            if e.is_eof() {
-                // A body cut short: the answer was cut off, not malformed.
-                self.endpoint()
-                    .cut(format!("the response body ended early ({e})"))
-            } else {
-                self.invalid(format!("not JSON: {e}"))
-            }
-        })?;
+        let (bytes, v) = self.endpoint().json_body(resp).await?;
         parse_completion(&v).ok_or_else(|| {
             let shown: String = String::from_utf8_lossy(&bytes).chars().take(300).collect();
             self.invalid(format!("no choices[0].message in {shown}"))

@@ -254,11 +254,6 @@ fn est_messages(state: &WindowState, msgs: &[Message]) -> u64 {
     state.calibrated(msgs.iter().map(tokens::of_message).sum())
 }
 
-/// Estimated prompt of a turn over this window.
-fn est_prompt(deps: &TurnDeps, state: &WindowState, msgs: &[Message]) -> u64 {
-    Budget::of(deps, state).overhead + est_messages(state, &history(state, msgs))
-}
-
 /// When a message alone cannot fit the model's window: what to tell the user.
 pub fn too_large(deps: &TurnDeps, state: &WindowState, text: &str) -> Option<String> {
     let b = Budget::of(deps, state);
@@ -557,7 +552,7 @@ pub async fn run_windowed(
 ) -> (TurnOutcome, Option<WindowUpdate>) {
     let mut compacted = false;
     let b = Budget::of(deps, &state);
-    if est_prompt(deps, &state, &msgs) > b.limit {
+    if b.overhead + est_messages(&state, &history(&state, &msgs)) > b.limit {
         match compact(deps, key, &mut state, &mut msgs, 0, false, cancel).await {
             Ok(_) => compacted = true,
             Err(e) => tracing::warn!(reason = ?e, "the prompt window could not be compacted"),

@@ -675,22 +675,6 @@ impl Store {
         self.flush()
     }
 
-    /// [`Store::finish_turn`] for async callers (a session's turn task): the flush is awaited
-    /// through the group commit, shared with every other session finishing at the same time.
-    ///
-    /// # Errors
-    /// Backend failure.
-    pub async fn finish_turn_async(
-        &self,
-        session: &SessionKey,
-        entry: Option<&InboxEntry>,
-        msgs: &[Message],
-        reply: Option<&OutboundMessage>,
-    ) -> Result<(), StoreError> {
-        self.finish_turn_unflushed(session, entry, msgs, reply, Vec::new())?;
-        self.flush_async().await
-    }
-
     /// [`Store::finish_turn`] with `ops` (the turn's usage counters, [`usage`]) written in the
     /// same atomic batch, under the same flush.
     ///

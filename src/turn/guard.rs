@@ -43,14 +43,7 @@ pub fn check_arguments(raw: &str) -> Result<(), String> {
         Ok(Value::Object(_)) => Ok(()),
         Ok(other) => Err(format!(
             "the arguments must be a JSON object, not {}",
-            match other {
-                Value::Null => "null",
-                Value::Bool(_) => "a boolean",
-                Value::Number(_) => "a number",
-                Value::String(_) => "a string",
-                Value::Array(_) => "an array",
-                Value::Object(_) => "an object",
-            }
+            crate::types::json_type_name(&other)
         )),
         Err(e) if e.is_eof() => Err(format!(
             "the arguments are not valid JSON: they end before the object is complete ({e}); they were probably cut off"

@@ -13,3 +13,15 @@ pub use secret::Secret;
 pub use session_key::{InvalidSessionKey, SessionKey, MAX_SESSION_KEY_BYTES};
 pub use setting::SettingError;
 pub use text::{sanitize_content, sanitize_output};
+
+/// What kind of JSON value `v` is, as an error message names it ("a string", "an array"...).
+pub fn json_type_name(v: &serde_json::Value) -> &'static str {
+    match v {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "an array",
+        serde_json::Value::Object(_) => "an object",
+    }
+}

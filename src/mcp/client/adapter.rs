@@ -166,7 +166,7 @@ impl Tool for McpTool {
                 return Err(ToolError::InvalidArgs(format!(
                     "arguments for {} must be a JSON object, got {}",
                     self.name,
-                    type_name(&other)
+                    crate::types::json_type_name(&other)
                 )))
             }
         };
@@ -200,17 +200,6 @@ impl Tool for McpTool {
                 chain(&e)
             ))),
         }
-    }
-}
-
-fn type_name(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
     }
 }
 
