@@ -105,6 +105,10 @@ impl Channel for TerminalChannel {
         *self.listener.lock().unwrap_or_else(PoisonError::into_inner) = Some(tx);
         self.ready.notify_waiters();
         cancel.cancelled().await;
+        // Drop the sender with the listener: the ingress pump ends when its last sender is
+        // gone, and shutdown waits for it (a clone kept here stalled every direct `weft agent`
+        // for the 5 s of the task deadline).
+        *self.listener.lock().unwrap_or_else(PoisonError::into_inner) = None;
         Ok(())
     }
 

@@ -10,6 +10,7 @@ mod conversation;
 mod delivery;
 mod exec_jail;
 mod fake_llm;
+mod first_hour;
 mod gateway;
 mod inputs;
 mod layering;
