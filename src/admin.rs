@@ -281,6 +281,17 @@ impl clawft_channel_http::Admin for AdminApi {
         if !health.is_ok() {
             return Err(json!({"status": "store_degraded", "store": health}));
         }
+        // Starting until every MCP server has ended its first connection attempt (connected or
+        // failed): a request before then would wait for their tools (up to
+        // tools.mcp_connect_wait_secs).
+        let connecting = r.mcp().map(|m| m.first_connecting()).unwrap_or_default();
+        if !connecting.is_empty() {
+            return Err(json!({
+                "status": "starting",
+                "mcp_connecting": connecting,
+                "mcp_servers": mcp_json(r.mcp().as_deref()),
+            }));
+        }
         Ok(json!({
             "store": health,
             "status": "ready",

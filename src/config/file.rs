@@ -283,6 +283,9 @@ pub struct ToolsFile {
     /// File, search and memory tools: size and work bounds.
     #[serde(default)]
     pub files: crate::tools::fs::FileToolsFile,
+    /// How long a turn waits for MCP servers still making their first connection attempt, in
+    /// seconds (default 10; 0: never wait). Failed or reconnecting servers are never waited for.
+    pub mcp_connect_wait_secs: Option<u64>,
     /// MCP servers by name: their tools are registered as `NAME__tool`.
     #[serde(default)]
     pub mcp_servers: BTreeMap<String, crate::mcp::config::McpServerFile>,

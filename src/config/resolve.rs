@@ -596,9 +596,22 @@ pub(super) fn resolve_tools(
             ),
         }
     }
+    let mcp_connect_wait = match t.mcp_connect_wait_secs {
+        None => Duration::from_secs(10),
+        Some(s) if s <= MAX_MCP_CONNECT_WAIT_SECS => Duration::from_secs(s),
+        Some(s) => {
+            return Err(ConfigError::Invalid {
+                key: "tools.mcp_connect_wait_secs".into(),
+                detail: format!(
+                    "at most {MAX_MCP_CONNECT_WAIT_SECS} seconds (a turn waits this long for MCP servers still connecting), got {s}; use 0 to never wait"
+                ),
+            })
+        }
+    };
     let exec = t.exec.resolve()?;
     let subagents = t.subagents.resolve()?;
     Ok(ToolsConfig {
+        mcp_connect_wait,
         subagents,
         policy,
         rate_limit,
@@ -616,6 +629,9 @@ pub(super) fn resolve_tools(
         web_search,
     })
 }
+
+/// Upper bound of `tools.mcp_connect_wait_secs`.
+const MAX_MCP_CONNECT_WAIT_SECS: u64 = 300;
 
 pub(super) fn default_model(name: &str, kind: ProviderKind) -> &'static str {
     match (name, kind) {

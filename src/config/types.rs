@@ -308,6 +308,9 @@ pub struct ToolsConfig {
     pub memory_fallback: Option<PathBuf>,
     /// `tools.mcp_servers` that have a command or a url.
     pub mcp_servers: Vec<crate::mcp::config::McpServerSettings>,
+    /// `tools.mcp_connect_wait_secs`: how long a turn waits for servers still on their first
+    /// connection attempt.
+    pub mcp_connect_wait: std::time::Duration,
     /// `tools.web_fetch`.
     pub web_fetch: crate::tools::web::WebFetchSettings,
     /// `tools.web_search`.

@@ -99,6 +99,7 @@ pub fn start_mcp(config: &Config) -> Option<Arc<McpManager>> {
         ssrf: Arc::new(crate::net::ssrf::SsrfPolicy::new(
             config.tools.web_fetch.allow_private.clone(),
         )),
+        first_connect_wait: config.tools.mcp_connect_wait,
         ..crate::mcp::client::McpOptions::default()
     };
     Some(McpManager::start(config.tools.mcp_servers.clone(), options))

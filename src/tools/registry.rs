@@ -49,6 +49,12 @@ pub struct SourcedTool {
 pub trait ToolSource: Send + Sync + 'static {
     /// The tools available now.
     fn tools(&self) -> Vec<SourcedTool>;
+
+    /// Resolves once the tools still being fetched for the first time are known (an MCP
+    /// server's first connection attempt), within the source's own bound. Default: at once.
+    fn first_connect(&self) -> futures::future::BoxFuture<'_, ()> {
+        Box::pin(async {})
+    }
 }
 
 /// The registry in force, replaceable at run time (config reload) while turns run: each turn
@@ -129,6 +135,12 @@ impl ToolRegistry {
         let mut r = self.clone();
         r.policy = Arc::new(self.policy.narrowed(deny));
         r
+    }
+
+    /// Wait until every source has its first list of tools (each within its own bound, e.g.
+    /// `tools.mcp_connect_wait_secs`): a turn calls this before it lists the tools.
+    pub async fn first_connect(&self) {
+        futures::future::join_all(self.sources.iter().map(|s| s.first_connect())).await;
     }
 
     /// Add a dynamic source of tools (MCP).

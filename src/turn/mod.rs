@@ -228,6 +228,13 @@ async fn run_turn_inner(
         }
     }
     let registry = deps.tools.current();
+    // MCP servers still on their first connection attempt: wait for them (bounded by
+    // `tools.mcp_connect_wait_secs`) so the first turn after a start is offered their tools;
+    // `/stop` ends the wait.
+    tokio::select! {
+        () = registry.first_connect() => {}
+        () = cancel.cancelled() => {}
+    }
     let mut tools: Arc<[crate::llm::ToolSpec]> = registry.schemas_for_tools(&exposed).into();
     let mut guard = guard::TurnGuard::new(&deps.agent, history);
     let mut messages = Vec::with_capacity(history.len() + 1);

@@ -163,3 +163,188 @@ async fn a_direct_one_shot_exits_as_soon_as_it_has_answered_and_its_turn_is_stor
         .iter()
         .any(|m| m["content"] == "hello from the model"));
 }
+
+/// The real MCP test server (`npm ci --prefix tests/mcp`).
+fn everything_js() -> String {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/mcp/node_modules/@modelcontextprotocol/server-everything/dist/index.js");
+    assert!(
+        p.exists(),
+        "{} is missing: run `npm ci --prefix tests/mcp`",
+        p.display()
+    );
+    p.to_string_lossy().into_owned()
+}
+
+/// server-everything, started after `delay_s` seconds (a server slow to connect).
+fn everything_after(delay_s: f64) -> Value {
+    json!({
+        "command": "sh",
+        "args": ["-c", format!("sleep {delay_s}; exec node \"$0\" stdio"), everything_js()],
+        "internal_only": false,
+    })
+}
+
+fn tool_names(req: &Value) -> Vec<String> {
+    req["tools"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|t| t["function"]["name"].as_str().unwrap().to_string())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Item 2: the first turn of a direct one-shot is offered the tools of an MCP server that is
+/// still connecting when the turn starts (here it takes a second), and calls one; a broken
+/// server beside it (its command exits at once) delays nothing.
+#[tokio::test]
+async fn mcp_tools_are_there_on_the_first_turn_of_a_one_shot() {
+    let dir = tempfile::tempdir().unwrap();
+    let llm = FakeLlm::start().await;
+    let cfg = agent_config(
+        dir.path(),
+        &llm,
+        json!({"tools": {"mcp_servers": {
+            "everything": everything_after(1.0),
+            "broken": {"command": "sh", "args": ["-c", "exit 3"]},
+        }}}),
+    );
+    llm.push(Reply::ToolCalls(vec![(
+        "m1".into(),
+        "everything__echo".into(),
+        r#"{"message":"hello through MCP"}"#.into(),
+    )]));
+    llm.push(Reply::Text("echoed".into()));
+    let d = dir.path().to_path_buf();
+    let t = tokio::task::spawn_blocking(move || {
+        run_timed(agent(&d, &cfg, &["-m", "echo something"]), None)
+    })
+    .await
+    .unwrap();
+    assert!(t.status.success(), "{}", t.stderr);
+    assert_eq!(t.stdout.trim(), "echoed", "{}", t.stderr);
+    let reqs = llm.requests();
+    assert!(
+        tool_names(&reqs[0]).contains(&"everything__echo".to_string()),
+        "{:?}\n{}",
+        tool_names(&reqs[0]),
+        t.stderr
+    );
+    let r = crate::common::tool_results(&reqs[1]);
+    assert!(
+        r[0].1.to_string().contains("hello through MCP"),
+        "{:?}",
+        r[0].1
+    );
+    assert!(!r[0].1.to_string().contains("unknown tool"), "{:?}", r[0].1);
+    // Waited for the slow server's first attempt (about 1 s), not for the broken one's
+    // reconnects nor the 10 s bound.
+    assert!(t.total < Duration::from_secs(8), "{:?}\n{}", t.total, t.stderr);
+}
+
+/// Item 2: a server whose first connection never ends within `tools.mcp_connect_wait_secs`
+/// holds a turn for that long only; a failed one holds nothing.
+#[tokio::test]
+async fn a_broken_or_hanging_mcp_server_delays_a_one_shot_by_the_bound_at_most() {
+    let dir = tempfile::tempdir().unwrap();
+    let llm = FakeLlm::start().await;
+    let cfg = agent_config(
+        dir.path(),
+        &llm,
+        json!({"tools": {
+            "mcp_connect_wait_secs": 1,
+            "mcp_servers": {
+                // Never answers `initialize` (its init timeout is far longer than the bound).
+                "mute": {"command": "sh", "args": ["-c", "sleep 60"]},
+                "missing": {"command": "/nonexistent/mcp-server"},
+            },
+        }}),
+    );
+    llm.push(Reply::Text("answered anyway".into()));
+    let d = dir.path().to_path_buf();
+    let t = tokio::task::spawn_blocking(move || run_timed(agent(&d, &cfg, &["-m", "hi"]), None))
+        .await
+        .unwrap();
+    assert!(t.status.success(), "{}", t.stderr);
+    assert_eq!(t.stdout.trim(), "answered anyway");
+    assert!(t.total < Duration::from_secs(6), "{:?}\n{}", t.total, t.stderr);
+    assert!(t.stderr.contains("mcp_connect_wait_secs"), "{}", t.stderr);
+}
+
+/// Item 2: `/readyz` says "starting" (503, naming the servers) until every MCP server has
+/// ended its first attempt, then ready; the first request through the gateway is offered the
+/// slow server's tools.
+#[tokio::test]
+async fn readyz_is_starting_until_mcp_servers_have_made_their_first_attempt() {
+    let dir = tempfile::tempdir().unwrap();
+    let llm = FakeLlm::start().await;
+    let port = free_port();
+    let cfg = crate::process::gateway_config(
+        dir.path(),
+        &llm,
+        port,
+        json!({"tools": {"mcp_servers": {
+            "slow": everything_after(1.5),
+            "broken": {"command": "sh", "args": ["-c", "exit 3"]},
+        }}}),
+    );
+    let log = std::fs::File::create(dir.path().join("gateway.log")).unwrap();
+    let mut child = weft(dir.path())
+        .arg("--config")
+        .arg(&cfg)
+        .arg("gateway")
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let base = format!("http://127.0.0.1:{port}");
+    let http = reqwest::Client::new();
+    // The control token is written once the daemon runs, before MCP has connected.
+    let token = loop {
+        if let Some(t) = crate::process::control_token(&cfg) {
+            break t;
+        }
+        assert!(child.try_wait().unwrap().is_none(), "gateway exited");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let ready = || async {
+        let r = http
+            .get(format!("{base}/readyz"))
+            .bearer_auth(&token)
+            .send()
+            .await
+            .unwrap();
+        (r.status().as_u16(), r.json::<Value>().await.unwrap())
+    };
+    let (s, v) = ready().await;
+    assert_eq!(s, 503, "{v}");
+    assert_eq!(v["status"], "starting", "{v}");
+    assert_eq!(v["mcp_connecting"], json!(["slow"]), "{v}");
+    // Anyone sees the status, not the names.
+    let r = http.get(format!("{base}/readyz")).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 503);
+    assert_eq!(r.json::<Value>().await.unwrap(), json!({"status": "starting"}));
+
+    // A request sent now waits for the slow server and is offered its tools.
+    llm.push(Reply::Text("ok".into()));
+    let api = crate::common::Api::with_token(&base, Some(&token));
+    let (s, body) = api.chat("first", "hello").await;
+    assert_eq!(s, 200, "{body}");
+    assert!(tool_names(&llm.requests()[0]).contains(&"slow__echo".to_string()));
+
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (s, v) = ready().await;
+        if s == 200 {
+            assert_eq!(v["status"], "ready");
+            break;
+        }
+        assert!(Instant::now() < deadline, "never ready: {v}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let pid = rustix::process::Pid::from_child(&child);
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+    assert!(child.wait().unwrap().success());
+}

@@ -37,6 +37,12 @@ impl ToolSource for McpManager {
         }
         out
     }
+
+    fn first_connect(&self) -> futures::future::BoxFuture<'_, ()> {
+        Box::pin(async move {
+            self.first_attempts_done().await;
+        })
+    }
 }
 
 /// `[A-Za-z0-9_-]` only, at most [`MAX_TOOL_NAME`] with the prefix (a hash suffix keeps

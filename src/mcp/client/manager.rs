@@ -38,6 +38,9 @@ pub struct McpOptions {
     pub stop_grace: Duration,
     /// The SSRF policy of untrusted URL servers (default: only public addresses).
     pub ssrf: Arc<SsrfPolicy>,
+    /// How long a turn waits for servers still making their first connection attempt
+    /// (`tools.mcp_connect_wait_secs`, default 10 s); never for failed or reconnecting ones.
+    pub first_connect_wait: Duration,
 }
 
 impl Default for McpOptions {
@@ -50,6 +53,7 @@ impl Default for McpOptions {
             max_attempts: 10,
             stop_grace: Duration::from_secs(1),
             ssrf: Arc::new(SsrfPolicy::default()),
+            first_connect_wait: Duration::from_secs(10),
         }
     }
 }
@@ -130,6 +134,9 @@ pub(super) struct SlotInner {
     pub(super) pid: Option<u32>,
     /// The transport of the current (or last) connection: `stdio`, `http` or `sse`.
     pub(super) transport: &'static str,
+    /// The first connection attempt has ended (connected or not); turns and `/readyz` wait
+    /// only for servers where it has not.
+    pub(super) first_done: bool,
 }
 
 /// One configured server.
@@ -248,6 +255,7 @@ impl McpManager {
                     peer: None,
                     pid: None,
                     transport,
+                    first_done: false,
                 }),
                 restart: Notify::new(),
                 changed: tx.clone(),
@@ -326,6 +334,44 @@ impl McpManager {
             timeout,
         )
         .await
+    }
+
+    /// The servers still making their first connection attempt, in configuration order
+    /// (`/readyz` says "starting" while there are any).
+    pub fn first_connecting(&self) -> Vec<String> {
+        self.slots
+            .iter()
+            .filter(|s| !s.lock().first_done)
+            .map(|s| s.name().to_string())
+            .collect()
+    }
+
+    /// Wait, at most [`McpOptions::first_connect_wait`], until every server has ended its first
+    /// connection attempt (connected, failed or reconnecting), so a turn started right after
+    /// the daemon sees the tools of the servers that connect. Returns whether they all did.
+    pub async fn first_attempts_done(&self) -> bool {
+        let mut rx = self.changed.clone();
+        let fut = async {
+            loop {
+                if self.slots.iter().all(|s| s.lock().first_done) {
+                    return;
+                }
+                if rx.changed().await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            }
+        };
+        let done = tokio::time::timeout(self.options.first_connect_wait, fut)
+            .await
+            .is_ok();
+        if !done {
+            tracing::warn!(
+                servers = %self.first_connecting().join(", "),
+                wait_s = self.options.first_connect_wait.as_secs_f64(),
+                "MCP servers still connecting after tools.mcp_connect_wait_secs; this turn goes on without their tools"
+            );
+        }
+        done
     }
 
     /// Close every connection and stop every server process (SIGTERM, then SIGKILL after
@@ -461,6 +507,7 @@ async fn supervise(slot: Arc<Slot>, opts: Arc<McpOptions>, shutdown: Cancellatio
                 tracing::info!(mcp_server = %name, "connected");
                 slot.update(|g| {
                     g.state = McpState::Connected;
+                    g.first_done = true;
                     g.attempt = 0;
                     g.peer = Some(conn.peer.clone());
                     g.pid = conn.child.as_ref().and_then(ChildGuard::pid);
@@ -483,6 +530,7 @@ async fn supervise(slot: Arc<Slot>, opts: Arc<McpOptions>, shutdown: Cancellatio
                 tracing::error!(mcp_server = %name, error = %e, "MCP server failed");
                 slot.update(|g| {
                     g.state = McpState::Failed;
+                    g.first_done = true;
                     g.last_error = Some(e);
                     g.tools.clear();
                     g.pid = None;
@@ -519,6 +567,7 @@ async fn supervise(slot: Arc<Slot>, opts: Arc<McpOptions>, shutdown: Cancellatio
         tracing::warn!(mcp_server = %name, error = %err, attempt, delay_ms = delay.as_millis() as u64, "MCP server down: reconnecting");
         slot.update(|g| {
             g.state = McpState::Reconnecting;
+            g.first_done = true;
             g.attempt = attempt;
             g.last_error = Some(err);
             g.pid = None;
@@ -535,6 +584,7 @@ async fn supervise(slot: Arc<Slot>, opts: Arc<McpOptions>, shutdown: Cancellatio
     slot.update(|g| {
         g.peer = None;
         g.pid = None;
+        g.first_done = true;
         if g.state != McpState::Failed {
             g.state = McpState::Failed;
             g.last_error = Some("shut down".into());
