@@ -281,12 +281,14 @@ async fn route_inbound(myself: &ActorRef<BusMsg>, state: &mut BusState, entry: I
         }
         return;
     }
-    let streaming = state
-        .args
-        .hooks
-        .outbox
-        .channels()
-        .is_streaming(key.channel());
+    // The channel the replies go to (the terminal's session served through the HTTP API
+    // streams as the HTTP API does).
+    let streaming = state.args.hooks.outbox.channels().is_streaming(
+        entry
+            .event
+            .as_ref()
+            .map_or(key.channel(), |e| e.channel.as_str()),
+    );
     let bus = myself.clone();
     let args = SessionArgs {
         key: key.clone(),

@@ -184,7 +184,8 @@ impl GatewayClient {
     ) -> Result<StreamItem, CliError> {
         let resp = self
             .req(reqwest::Method::POST, "/v1/chat/stream")
-            .json(&json!({ "chat_id": chat_id, "content": content, "sender": "cli" }))
+            // The terminal's session (`cli:<chat_id>`), the same one as without a gateway.
+            .json(&json!({ "chat_id": chat_id, "content": content, "channel": "cli" }))
             .send()
             .await
             .map_err(|e| CliError(format!("gateway at {} did not answer: {e}", self.base)))?;

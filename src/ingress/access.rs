@@ -105,6 +105,12 @@ impl Access {
         &self,
         ev: &InboundEvent,
     ) -> Result<crate::types::SessionKey, crate::types::InvalidSessionKey> {
+        // The local CLI through the HTTP API (control token only, checked by the channel):
+        // the terminal's own session, the one `weft agent` uses without a gateway.
+        if ev.channel.as_str() == "http" && ev.sender.as_str() == clawft_channel_http::TERMINAL_SENDER
+        {
+            return crate::types::SessionKey::from_parts(&["cli", ev.chat.as_str()]);
+        }
         if self.per_user.contains(ev.channel.as_str()) {
             crate::types::SessionKey::derive_per_user(ev)
         } else {

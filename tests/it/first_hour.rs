@@ -348,3 +348,92 @@ async fn readyz_is_starting_until_mcp_servers_have_made_their_first_attempt() {
     rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
     assert!(child.wait().unwrap().success());
 }
+
+/// Item 3: the terminal keeps one conversation (`cli:default`) whichever path serves it: a
+/// message answered in-process, then a gateway started and `weft agent -m` through it (the
+/// model sees the first exchange), then the gateway stopped and `weft agent -m` in-process
+/// again (the model sees both). Ordinary API clients cannot write into `cli:*`.
+#[tokio::test]
+async fn the_terminal_keeps_one_conversation_with_or_without_a_gateway() {
+    let dir = tempfile::tempdir().unwrap();
+    let llm = FakeLlm::start().await;
+    let port = free_port();
+    let cfg = crate::process::gateway_config(
+        dir.path(),
+        &llm,
+        port,
+        json!({"channels": {"http": {"token": "operator-token-0123456789"}}}),
+    );
+    let run = |args: &'static [&'static str]| {
+        let d = dir.path().to_path_buf();
+        let c = cfg.clone();
+        tokio::task::spawn_blocking(move || run_timed(agent(&d, &c, args), None))
+    };
+    let saw = |req: &Value, text: &str| messages(req).iter().any(|m| m["content"] == text);
+
+    llm.push(Reply::Text("first answer".into()));
+    let t = run(&["-m", "first question"]).await.unwrap();
+    assert!(t.status.success(), "{}", t.stderr);
+    assert!(t.stderr.contains("store opened directly"), "{}", t.stderr);
+
+    let gw = crate::process::Daemon::start(dir.path(), &cfg, port).await;
+    llm.push(Reply::Text("second answer".into()));
+    let t = run(&["-m", "second question"]).await.unwrap();
+    assert!(t.status.success(), "{}", t.stderr);
+    assert!(t.stderr.contains("using the running gateway"), "{}", t.stderr);
+    assert_eq!(t.stdout.trim(), "second answer");
+    let reqs = llm.requests();
+    assert!(saw(&reqs[1], "first question") && saw(&reqs[1], "first answer"));
+
+    // An ordinary client (the operator's token; a forged sender) cannot write into the
+    // terminal's session.
+    let anon = crate::common::Api::with_token(
+        &format!("http://127.0.0.1:{port}"),
+        Some("operator-token-0123456789"),
+    );
+    for body in [
+        json!({"chat_id": "default", "content": "intruder", "channel": "cli"}),
+        json!({"chat_id": "default", "content": "intruder", "sender": "weft-terminal"}),
+    ] {
+        let r = anon
+            .http
+            .post(format!("{}/v1/chat", anon.base))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        let text = r.text().await.unwrap();
+        assert!(status == 403 || status == 400, "{status} {text}");
+        assert!(text.contains("weft"), "{text}");
+    }
+    let r = gw
+        .api
+        .http
+        .post(format!("{}/v1/chat", gw.api.base))
+        .json(&json!({"chat_id": "default", "content": "intruder", "channel": "telegram"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+    let (_, v) = gw.api.get("/v1/sessions").await;
+    let keys: Vec<&str> = v["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["key"].as_str().unwrap())
+        .collect();
+    assert_eq!(keys, ["cli:default"], "{v}");
+    assert_eq!(gw.term().code(), Some(0));
+
+    llm.push(Reply::Text("third answer".into()));
+    let t = run(&["-m", "third question"]).await.unwrap();
+    assert!(t.status.success(), "{}", t.stderr);
+    assert!(t.stderr.contains("store opened directly"), "{}", t.stderr);
+    let reqs = llm.requests();
+    assert_eq!(reqs.len(), 3);
+    assert!(saw(&reqs[2], "second question") && saw(&reqs[2], "second answer"));
+    assert!(!reqs.iter().any(|r| saw(r, "intruder")));
+    let tr = transcript(dir.path(), "cli:default");
+    assert_eq!(tr.len(), 6, "{tr:?}");
+}

@@ -490,16 +490,16 @@ async fn cli_commands_use_the_running_gateway_instead_of_the_locked_store() {
 
     let out = run(&["sessions", "list"]).await.unwrap();
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(v["sessions"][0]["key"], "http:default");
+    assert_eq!(v["sessions"][0]["key"], "cli:default");
 
-    let out = run(&["sessions", "show", "http:default"]).await.unwrap();
+    let out = run(&["sessions", "show", "cli:default"]).await.unwrap();
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["messages"][1]["content"], "via gateway");
 
-    let out = run(&["sessions", "clear", "http:default"]).await.unwrap();
+    let out = run(&["sessions", "clear", "cli:default"]).await.unwrap();
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["cleared"], true);
-    let out = run(&["sessions", "show", "http:default"]).await.unwrap();
+    let out = run(&["sessions", "show", "cli:default"]).await.unwrap();
     assert!(!out.status.success());
 
     let out = run(&["sessions", "show", "../etc"]).await.unwrap();

@@ -41,6 +41,13 @@ const MAILBOX_PER_CHAT: usize = 100;
 /// Interval of SSE keep-alive comments.
 const SSE_KEEPALIVE: Duration = Duration::from_secs(15);
 
+/// The sender of the messages the local `weft` CLI sends for the terminal's conversation: a
+/// chat request with `"channel": "cli"`, admitted only with the gateway's control token. The
+/// daemon files them under the session `cli:<chat_id>`, the one `weft agent` uses without a
+/// gateway, so the terminal keeps one conversation whichever path serves it. A request that
+/// names this sender itself is refused (400).
+pub const TERMINAL_SENDER: &str = "weft-terminal";
+
 /// Settings of the HTTP channel.
 #[derive(Clone, Debug)]
 pub struct HttpConfig {
@@ -463,6 +470,33 @@ struct ChatReq {
     content: String,
     event_id: Option<String>,
     sender: Option<String>,
+    /// `"channel": "cli"`: the terminal's session (control token only).
+    terminal: bool,
+}
+
+/// Whether the caller presented the gateway's control token (the local `weft` CLI), as
+/// opposed to the operator's token or none.
+fn is_control(inner: &Inner, headers: &header::HeaderMap) -> bool {
+    let Some(control) = inner.cfg.control_token.as_deref().filter(|t| !t.is_empty()) else {
+        return false;
+    };
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .is_some_and(|(_, t)| constant_time_eq(t.trim().as_bytes(), control.as_bytes()))
+}
+
+/// Refuse a request for the terminal's sessions from anyone but the local CLI.
+fn check_terminal(inner: &Inner, headers: &header::HeaderMap, req: &ChatReq) -> Result<(), Refusal> {
+    if req.terminal && !is_control(inner, headers) {
+        return Err(refuse(
+            StatusCode::FORBIDDEN,
+            "`\"channel\": \"cli\"` addresses the terminal's sessions (`cli:*`), which only the local `weft` CLI may write to (with the gateway's control token); drop `channel` to use this API's own sessions (`http:<chat_id>`)",
+        ));
+    }
+    Ok(())
 }
 
 /// The request of `POST /v1/chat[/stream]`; a body over the limit and a `content` over
@@ -500,6 +534,23 @@ fn parse_chat(
     })?;
     let content = s("content")
         .ok_or_else(|| refuse(StatusCode::BAD_REQUEST, "`content` must be a string"))?;
+    let terminal = match v.get("channel") {
+        None | Some(Value::Null) => false,
+        Some(Value::String(c)) if c == "cli" => true,
+        Some(other) => {
+            return Err(refuse(
+                StatusCode::BAD_REQUEST,
+                format!("`channel` may only be \"cli\" (the terminal's sessions, for the local `weft` CLI), got {other}"),
+            ))
+        }
+    };
+    let sender = s("sender").filter(|e| !e.is_empty());
+    if sender.as_deref() == Some(TERMINAL_SENDER) {
+        return Err(refuse(
+            StatusCode::BAD_REQUEST,
+            format!("`sender` \"{TERMINAL_SENDER}\" is reserved for the local `weft` CLI; choose another"),
+        ));
+    }
     if content.len() > max_inbound_bytes {
         return Err(refuse(
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -510,7 +561,8 @@ fn parse_chat(
         chat_id,
         content,
         event_id: s("event_id").filter(|e| !e.is_empty()),
-        sender: s("sender").filter(|e| !e.is_empty()),
+        sender,
+        terminal,
     })
 }
 
@@ -557,7 +609,11 @@ async fn submit(
         channel: inner.id.clone(),
         chat: ChatId::new(req.chat_id),
         thread: None,
-        sender: UserId::new(req.sender.unwrap_or_else(|| "http".into())),
+        sender: UserId::new(if req.terminal {
+            TERMINAL_SENDER.to_string()
+        } else {
+            req.sender.unwrap_or_else(|| "http".into())
+        }),
         event_id: event_id.clone(),
         content: req.content,
         received_at_ms: now_ms(),
@@ -578,9 +634,12 @@ async fn submit(
 
 async fn chat(
     State(inner): State<Arc<Inner>>,
+    headers: header::HeaderMap,
     body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Response {
-    let req = match parse_chat(body, inner.cfg.max_inbound_bytes) {
+    let req = match parse_chat(body, inner.cfg.max_inbound_bytes)
+        .and_then(|r| check_terminal(&inner, &headers, &r).map(|()| r))
+    {
         Ok(r) => r,
         Err((status, v)) => return (status, Json(v)).into_response(),
     };
@@ -641,9 +700,12 @@ fn sse_event(m: &OutboundMessage) -> Event {
 
 async fn chat_stream(
     State(inner): State<Arc<Inner>>,
+    headers: header::HeaderMap,
     body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Response {
-    let submitted = match parse_chat(body, inner.cfg.max_inbound_bytes) {
+    let submitted = match parse_chat(body, inner.cfg.max_inbound_bytes)
+        .and_then(|r| check_terminal(&inner, &headers, &r).map(|()| r))
+    {
         Ok(req) => {
             let (tx, rx) = mpsc::channel::<OutboundMessage>(256);
             submit(&inner, req, Waiter::Stream(tx))
