@@ -2,9 +2,9 @@
 //! gateway's HTTP API.
 
 use std::io::Write;
+use std::time::Duration;
 
 use clawft_channel_core::{OutboundKind, OutboundMessage, PlatformEventId};
-use tokio::io::AsyncBufReadExt;
 use tokio::sync::mpsc;
 
 use super::client::{GatewayClient, StreamItem};
@@ -51,9 +51,58 @@ pub async fn backend(config: &Config) -> Result<Backend, CliError> {
 /// Provider failure (after retries) or infrastructure errors, with a clear message.
 pub async fn run(config: &Config, message: Option<String>, session: &str) -> Result<(), CliError> {
     crate::types::SessionKey::from_parts(&["cli", session]).map_err(CliError::msg)?;
+    // Ctrl-C is ours from here on: it cancels the running turn (as `/stop`) instead of killing
+    // the process with the message journaled but unanswered (replayed silently at the next
+    // start).
+    let mut interrupts = Interrupts::new();
     match backend(config).await? {
-        Backend::Gateway(client) => via_gateway(&client, message, session).await,
-        Backend::Store(store) => in_process(config, store, message, session).await,
+        Backend::Gateway(client) => via_gateway(&client, message, session, &mut interrupts).await,
+        Backend::Store(store) => in_process(config, store, message, session, &mut interrupts).await,
+    }
+}
+
+/// The one-shot's error after Ctrl-C cancelled its turn.
+const CANCELLED: &str =
+    "cancelled (Ctrl-C): the turn was stopped, and the message will not be run again";
+/// How long, after Ctrl-C, the terminal waits for the cancelled turn to end.
+const CANCEL_WAIT: Duration = Duration::from_secs(5);
+/// What the interactive terminal says when Ctrl-C cancels a turn.
+const CANCELLING: &str =
+    "  [Ctrl-C: cancelling the running turn; Ctrl-C again at the prompt exits]";
+
+/// SIGINT (Ctrl-C), caught for the whole command.
+struct Interrupts(Option<tokio::signal::unix::Signal>);
+
+impl Interrupts {
+    fn new() -> Self {
+        use tokio::signal::unix::{signal, SignalKind};
+        Self(signal(SignalKind::interrupt()).ok())
+    }
+
+    /// The next Ctrl-C (never, if the handler could not be installed).
+    async fn next(&mut self) {
+        match &mut self.0 {
+            Some(s) => {
+                if s.recv().await.is_none() {
+                    std::future::pending::<()>().await;
+                }
+            }
+            None => std::future::pending::<()>().await,
+        }
+    }
+
+    /// Whether Ctrl-C was pressed since the last look.
+    fn pending(&mut self) -> bool {
+        use futures::FutureExt;
+        self.next().now_or_never().is_some()
+    }
+}
+
+/// `/stop` for the terminal's session through a gateway.
+async fn stop_via_gateway(client: &GatewayClient, session: &str) {
+    let body = serde_json::json!({ "chat_id": session, "content": "/stop", "channel": "cli" });
+    if let Err(e) = client.post("/v1/chat", &body).await {
+        eprintln!("error: could not cancel the turn: {e}");
     }
 }
 
@@ -138,6 +187,7 @@ async fn in_process(
     store: Store,
     message: Option<String>,
     session: &str,
+    interrupts: &mut Interrupts,
 ) -> Result<(), CliError> {
     let model = build_model(config).map_err(CliError::msg)?;
     let (term, mut out) = TerminalChannel::new();
@@ -145,8 +195,8 @@ async fn in_process(
         .await
         .map_err(CliError::msg)?;
     let result = match message {
-        Some(m) => one_shot(&term, &mut out, session, &m).await,
-        None => interactive_local(&term, &mut out, session).await,
+        Some(m) => one_shot(&term, &mut out, session, &m, interrupts).await,
+        None => interactive_local(&term, &mut out, session, interrupts).await,
     };
     daemon.shutdown().await;
     result
@@ -157,46 +207,91 @@ async fn one_shot(
     out: &mut mpsc::UnboundedReceiver<OutboundMessage>,
     session: &str,
     message: &str,
+    interrupts: &mut Interrupts,
 ) -> Result<(), CliError> {
+    if interrupts.pending() {
+        // Ctrl-C while starting: nothing was sent.
+        return Err(CliError(
+            "cancelled (Ctrl-C) before the message was sent".into(),
+        ));
+    }
     let id = term.submit(session, message).await.map_err(CliError::msg)?;
     let mut p = Printer::new(false);
-    while let Some(m) = out.recv().await {
-        if m.in_reply_to.as_ref() != Some(&id) {
-            continue;
-        }
-        if let Some(end) = p.item(&to_item(&m)) {
-            // A failed turn's reason (already scrubbed of secrets) is the command's error.
-            return end.map_err(CliError);
+    let mut cancelled = false;
+    let deadline = tokio::time::sleep(Duration::MAX);
+    tokio::pin!(deadline);
+    loop {
+        tokio::select! {
+            m = out.recv() => {
+                let Some(m) = m else { break };
+                if m.in_reply_to.as_ref() != Some(&id) {
+                    continue;
+                }
+                if let Some(end) = p.item(&to_item(&m)) {
+                    if cancelled {
+                        return Err(CliError(CANCELLED.into()));
+                    }
+                    // A failed turn's reason (already scrubbed of secrets) is the command's
+                    // error.
+                    return end.map_err(CliError);
+                }
+            }
+            () = interrupts.next(), if !cancelled => {
+                // As `/stop`: the turn ends as cancelled and its journal entry is done, so the
+                // next start does not run it again.
+                cancelled = true;
+                if let Err(e) = term.submit(session, "/stop").await {
+                    eprintln!("error: could not cancel the turn: {e}");
+                }
+                deadline.as_mut().reset(tokio::time::Instant::now() + CANCEL_WAIT);
+            }
+            () = &mut deadline, if cancelled => {
+                return Err(CliError(format!(
+                    "cancelled (Ctrl-C), but the turn did not stop within {}s; it may still be answered at the next start",
+                    CANCEL_WAIT.as_secs()
+                )));
+            }
         }
     }
     Err(CliError("the agent stopped before replying".into()))
 }
 
+/// The lines typed, read on a thread of its own: a read blocked on the terminal must not keep
+/// the process from exiting (a read on Tokio's blocking pool holds the runtime's shutdown until
+/// the next line, so Ctrl-C at the prompt could not exit).
 fn stdin_lines() -> mpsc::Receiver<String> {
     let (tx, rx) = mpsc::channel(16);
-    tokio::spawn(async move {
-        let mut lines = tokio::io::BufReader::new(tokio::io::stdin()).lines();
-        while let Ok(Some(l)) = lines.next_line().await {
-            if tx.send(l).await.is_err() {
-                break;
+    let spawned = std::thread::Builder::new()
+        .name("stdin".into())
+        .spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::stdin().lock().lines() {
+                let Ok(l) = line else { break };
+                if tx.blocking_send(l).is_err() {
+                    break;
+                }
             }
-        }
-    });
+        });
+    if let Err(e) = spawned {
+        eprintln!("error: cannot read the terminal: {e}");
+    }
     rx
 }
 
-const HELP: &str =
-    "Type a message. /stop cancels the running turn, /new starts a new conversation, Ctrl-D exits.";
+const HELP: &str = "Type a message. Ctrl-C (or /stop) cancels the running turn, /new starts a new conversation, Ctrl-C at the prompt or Ctrl-D exits.";
 
 async fn interactive_local(
     term: &TerminalChannel,
     out: &mut mpsc::UnboundedReceiver<OutboundMessage>,
     session: &str,
+    interrupts: &mut Interrupts,
 ) -> Result<(), CliError> {
     eprintln!("{HELP}");
     let mut lines = stdin_lines();
     let mut p = Printer::new(true);
     let mut waiting: Vec<PlatformEventId> = Vec::new();
+    // The `/stop`s sent for Ctrl-C: their own answers are not shown (the cancelled turn's is).
+    let mut stops: Vec<PlatformEventId> = Vec::new();
     let mut eof = false;
     loop {
         if eof && waiting.is_empty() {
@@ -214,8 +309,25 @@ async fn interactive_local(
             }
             m = out.recv() => {
                 let Some(m) = m else { break };
+                if let Some(i) = stops.iter().position(|id| Some(id) == m.in_reply_to.as_ref()) {
+                    if m.kind.is_durable() {
+                        stops.swap_remove(i);
+                    }
+                    continue;
+                }
                 if p.item(&to_item(&m)).is_some() {
                     waiting.retain(|id| Some(id) != m.in_reply_to.as_ref());
+                }
+            }
+            () = interrupts.next() => {
+                if waiting.is_empty() {
+                    // At the prompt: exit.
+                    break;
+                }
+                eprintln!("{CANCELLING}");
+                match term.submit(session, "/stop").await {
+                    Ok(id) => stops.push(id),
+                    Err(e) => eprintln!("error: could not cancel the turn: {e}"),
                 }
             }
         }
@@ -227,14 +339,29 @@ async fn via_gateway(
     client: &GatewayClient,
     message: Option<String>,
     session: &str,
+    interrupts: &mut Interrupts,
 ) -> Result<(), CliError> {
     if let Some(m) = message {
+        if interrupts.pending() {
+            return Err(CliError(
+                "cancelled (Ctrl-C) before the message was sent".into(),
+            ));
+        }
         let mut p = Printer::new(false);
-        let last = client
-            .chat_stream(session, &m, |i| {
-                let _ = p.item(i);
-            })
-            .await?;
+        let stream = client.chat_stream(session, &m, |i| {
+            let _ = p.item(i);
+        });
+        tokio::pin!(stream);
+        let last = tokio::select! {
+            r = &mut stream => r?,
+            () = interrupts.next() => {
+                // As `/stop` in the chat: the gateway ends the turn as cancelled and marks its
+                // journal entry done; wait (bounded) for the stream to say so.
+                stop_via_gateway(client, session).await;
+                let _ = tokio::time::timeout(CANCEL_WAIT, &mut stream).await;
+                return Err(CliError(CANCELLED.into()));
+            }
+        };
         return match last {
             StreamItem::Error(why) => Err(CliError(why)),
             StreamItem::Delta(_)
@@ -273,6 +400,14 @@ async fn via_gateway(
                 if p.item(&i).is_some() {
                     in_flight = in_flight.saturating_sub(1);
                 }
+            }
+            () = interrupts.next() => {
+                if in_flight == 0 {
+                    // At the prompt: exit.
+                    break;
+                }
+                eprintln!("{CANCELLING}");
+                stop_via_gateway(client, session).await;
             }
         }
     }

@@ -107,7 +107,8 @@ impl Access {
     ) -> Result<crate::types::SessionKey, crate::types::InvalidSessionKey> {
         // The local CLI through the HTTP API (control token only, checked by the channel):
         // the terminal's own session, the one `weft agent` uses without a gateway.
-        if ev.channel.as_str() == "http" && ev.sender.as_str() == clawft_channel_http::TERMINAL_SENDER
+        if ev.channel.as_str() == "http"
+            && ev.sender.as_str() == clawft_channel_http::TERMINAL_SENDER
         {
             return crate::types::SessionKey::from_parts(&["cli", ev.chat.as_str()]);
         }

@@ -104,7 +104,11 @@ fn transcript(dir: &Path, key: &str) -> Vec<(String, String)> {
         .into_iter()
         .map(|m| {
             (
-                serde_json::to_value(m.role).unwrap().as_str().unwrap().to_string(),
+                serde_json::to_value(m.role)
+                    .unwrap()
+                    .as_str()
+                    .unwrap()
+                    .to_string(),
                 m.content,
             )
         })
@@ -241,7 +245,12 @@ async fn mcp_tools_are_there_on_the_first_turn_of_a_one_shot() {
     assert!(!r[0].1.to_string().contains("unknown tool"), "{:?}", r[0].1);
     // Waited for the slow server's first attempt (about 1 s), not for the broken one's
     // reconnects nor the 10 s bound.
-    assert!(t.total < Duration::from_secs(8), "{:?}\n{}", t.total, t.stderr);
+    assert!(
+        t.total < Duration::from_secs(8),
+        "{:?}\n{}",
+        t.total,
+        t.stderr
+    );
 }
 
 /// Item 2: a server whose first connection never ends within `tools.mcp_connect_wait_secs`
@@ -269,7 +278,12 @@ async fn a_broken_or_hanging_mcp_server_delays_a_one_shot_by_the_bound_at_most()
         .unwrap();
     assert!(t.status.success(), "{}", t.stderr);
     assert_eq!(t.stdout.trim(), "answered anyway");
-    assert!(t.total < Duration::from_secs(6), "{:?}\n{}", t.total, t.stderr);
+    assert!(
+        t.total < Duration::from_secs(6),
+        "{:?}\n{}",
+        t.total,
+        t.stderr
+    );
     assert!(t.stderr.contains("mcp_connect_wait_secs"), "{}", t.stderr);
 }
 
@@ -325,7 +339,10 @@ async fn readyz_is_starting_until_mcp_servers_have_made_their_first_attempt() {
     // Anyone sees the status, not the names.
     let r = http.get(format!("{base}/readyz")).send().await.unwrap();
     assert_eq!(r.status().as_u16(), 503);
-    assert_eq!(r.json::<Value>().await.unwrap(), json!({"status": "starting"}));
+    assert_eq!(
+        r.json::<Value>().await.unwrap(),
+        json!({"status": "starting"})
+    );
 
     // A request sent now waits for the slow server and is offered its tools.
     llm.push(Reply::Text("ok".into()));
@@ -380,7 +397,11 @@ async fn the_terminal_keeps_one_conversation_with_or_without_a_gateway() {
     llm.push(Reply::Text("second answer".into()));
     let t = run(&["-m", "second question"]).await.unwrap();
     assert!(t.status.success(), "{}", t.stderr);
-    assert!(t.stderr.contains("using the running gateway"), "{}", t.stderr);
+    assert!(
+        t.stderr.contains("using the running gateway"),
+        "{}",
+        t.stderr
+    );
     assert_eq!(t.stdout.trim(), "second answer");
     let reqs = llm.requests();
     assert!(saw(&reqs[1], "first question") && saw(&reqs[1], "first answer"));
@@ -436,4 +457,204 @@ async fn the_terminal_keeps_one_conversation_with_or_without_a_gateway() {
     assert!(!reqs.iter().any(|r| saw(r, "intruder")));
     let tr = transcript(dir.path(), "cli:default");
     assert_eq!(tr.len(), 6, "{tr:?}");
+}
+
+/// Send SIGINT (Ctrl-C) to `child`.
+fn ctrl_c(child: &std::process::Child) {
+    let pid = rustix::process::Pid::from_child(child);
+    rustix::process::kill_process(pid, rustix::process::Signal::INT).unwrap();
+}
+
+/// Wait for `child` to exit (at most `within`), collecting its output.
+fn exit_within(mut child: std::process::Child, within: Duration) -> (ExitStatus, String, String) {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            let mut out = String::new();
+            let mut err = String::new();
+            child
+                .stdout
+                .take()
+                .unwrap()
+                .read_to_string(&mut out)
+                .unwrap();
+            child
+                .stderr
+                .take()
+                .unwrap()
+                .read_to_string(&mut err)
+                .unwrap();
+            return (st, out, err);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let mut err = String::new();
+            let _ = child.wait();
+            child
+                .stderr
+                .take()
+                .unwrap()
+                .read_to_string(&mut err)
+                .unwrap();
+            panic!("still running after {within:?}\n{err}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The last user message of a recorded request.
+fn last_user(req: &Value) -> String {
+    messages(req)
+        .iter()
+        .rev()
+        .find(|m| m["role"] == "user")
+        .and_then(|m| m["content"].as_str())
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// Item 4: Ctrl-C on a direct `weft agent -m` whose model stalls cancels the turn (as `/stop`)
+/// and its journal entry, says so and exits; the next `weft agent -m` answers at once and the
+/// model is never asked the first message again. The transcript keeps the cancelled message
+/// without an answer (as `/stop` leaves it).
+#[tokio::test]
+async fn ctrl_c_cancels_a_one_shot_turn_which_is_never_replayed() {
+    let dir = tempfile::tempdir().unwrap();
+    let llm = FakeLlm::start().await;
+    let cfg = agent_config(dir.path(), &llm, json!({}));
+    llm.push(Reply::Stall("a long answer that never ends".into()));
+    let child = agent(dir.path(), &cfg, &["-m", "first"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    assert_eq!(llm.wait_requests(1, Duration::from_secs(20)).await.len(), 1);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let sent = Instant::now();
+    ctrl_c(&child);
+    let (st, _out, err) =
+        tokio::task::spawn_blocking(move || exit_within(child, Duration::from_secs(10)))
+            .await
+            .unwrap();
+    assert!(!st.success());
+    assert!(err.contains("cancelled (Ctrl-C)"), "{err}");
+    assert!(
+        sent.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        sent.elapsed()
+    );
+
+    llm.push(Reply::Text("second answer".into()));
+    let d = dir.path().to_path_buf();
+    let c = cfg.clone();
+    let t = tokio::task::spawn_blocking(move || run_timed(agent(&d, &c, &["-m", "second"]), None))
+        .await
+        .unwrap();
+    assert!(t.status.success(), "{}", t.stderr);
+    assert_eq!(t.stdout.trim(), "second answer");
+    assert!(t.total < Duration::from_secs(5), "{:?}", t.total);
+    let reqs = llm.requests();
+    assert_eq!(
+        reqs.iter().map(last_user).collect::<Vec<_>>(),
+        ["first", "second"]
+    );
+    let tr = transcript(dir.path(), "cli:default");
+    assert_eq!(
+        tr,
+        [
+            ("user".to_string(), "first".to_string()),
+            ("user".to_string(), "second".to_string()),
+            ("assistant".to_string(), "second answer".to_string()),
+        ]
+    );
+}
+
+/// Item 4: in the interactive terminal, Ctrl-C during a turn cancels it and returns to the
+/// prompt (the next line is answered); Ctrl-C at the idle prompt exits.
+#[tokio::test]
+async fn ctrl_c_in_the_interactive_terminal_cancels_then_exits_at_the_prompt() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let llm = FakeLlm::start().await;
+    let cfg = agent_config(dir.path(), &llm, json!({}));
+    llm.push(Reply::Stall("never ends".into()));
+    llm.push(Reply::Text("second answer".into()));
+    let mut child = agent(dir.path(), &cfg, &[])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"first\n").unwrap();
+    stdin.flush().unwrap();
+    assert_eq!(llm.wait_requests(1, Duration::from_secs(20)).await.len(), 1);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    ctrl_c(&child);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "exited on the first Ctrl-C"
+    );
+    stdin.write_all(b"second\n").unwrap();
+    stdin.flush().unwrap();
+    assert_eq!(llm.wait_requests(2, Duration::from_secs(20)).await.len(), 2);
+    // Let the answer reach the terminal, then Ctrl-C at the idle prompt.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    ctrl_c(&child);
+    let (st, out, err) =
+        tokio::task::spawn_blocking(move || exit_within(child, Duration::from_secs(10)))
+            .await
+            .unwrap();
+    drop(stdin);
+    assert!(st.success(), "{err}");
+    assert!(err.contains("cancelling the running turn"), "{err}");
+    assert!(err.contains("cancelled"), "{err}");
+    assert!(out.contains("second answer"), "{out}\n{err}");
+    assert_eq!(
+        llm.requests().iter().map(last_user).collect::<Vec<_>>(),
+        ["first", "second"]
+    );
+}
+
+/// Item 4 through a running gateway: Ctrl-C on `weft agent -m` cancels the turn in the
+/// gateway (the session is free at once: the next message is answered) and says so.
+#[tokio::test]
+async fn ctrl_c_on_a_one_shot_through_a_gateway_cancels_the_turn_there() {
+    let dir = tempfile::tempdir().unwrap();
+    let llm = FakeLlm::start().await;
+    let port = free_port();
+    let cfg = crate::process::gateway_config(dir.path(), &llm, port, json!({}));
+    let gw = crate::process::Daemon::start(dir.path(), &cfg, port).await;
+    llm.push(Reply::Stall("never ends".into()));
+    let child = agent(dir.path(), &cfg, &["-m", "first"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    assert_eq!(llm.wait_requests(1, Duration::from_secs(20)).await.len(), 1);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    ctrl_c(&child);
+    let (st, _out, err) =
+        tokio::task::spawn_blocking(move || exit_within(child, Duration::from_secs(10)))
+            .await
+            .unwrap();
+    assert!(!st.success());
+    assert!(err.contains("using the running gateway"), "{err}");
+    assert!(err.contains("cancelled (Ctrl-C)"), "{err}");
+
+    llm.push(Reply::Text("second answer".into()));
+    let d = dir.path().to_path_buf();
+    let c = cfg.clone();
+    let t = tokio::task::spawn_blocking(move || run_timed(agent(&d, &c, &["-m", "second"]), None))
+        .await
+        .unwrap();
+    assert!(t.status.success(), "{}", t.stderr);
+    assert_eq!(t.stdout.trim(), "second answer");
+    assert!(t.total < Duration::from_secs(5), "{:?}", t.total);
+    assert_eq!(
+        llm.requests().iter().map(last_user).collect::<Vec<_>>(),
+        ["first", "second"]
+    );
+    assert_eq!(gw.term().code(), Some(0));
 }

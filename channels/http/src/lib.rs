@@ -489,7 +489,11 @@ fn is_control(inner: &Inner, headers: &header::HeaderMap) -> bool {
 }
 
 /// Refuse a request for the terminal's sessions from anyone but the local CLI.
-fn check_terminal(inner: &Inner, headers: &header::HeaderMap, req: &ChatReq) -> Result<(), Refusal> {
+fn check_terminal(
+    inner: &Inner,
+    headers: &header::HeaderMap,
+    req: &ChatReq,
+) -> Result<(), Refusal> {
     if req.terminal && !is_control(inner, headers) {
         return Err(refuse(
             StatusCode::FORBIDDEN,
