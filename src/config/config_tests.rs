@@ -501,3 +501,17 @@ fn context_window_comes_from_the_model_table_unless_set_and_bad_values_name_the_
         "{err}"
     );
 }
+
+#[test]
+fn mcp_connect_wait_has_a_default_and_a_bound_named_in_the_error() {
+    let e = env(&[]);
+    let c = Config::from_str("{}", false, &e).unwrap();
+    assert_eq!(c.tools.mcp_connect_wait, Duration::from_secs(10));
+    let c = Config::from_str(r#"{"tools": {"mcp_connect_wait_secs": 0}}"#, false, &e).unwrap();
+    assert_eq!(c.tools.mcp_connect_wait, Duration::ZERO);
+    let err = Config::from_str(r#"{"tools": {"mcp_connect_wait_secs": 9999}}"#, false, &e)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("tools.mcp_connect_wait_secs"), "{err}");
+    assert!(err.contains("at most 300"), "{err}");
+}
