@@ -228,7 +228,8 @@ async fn one_shot(
                     continue;
                 }
                 if let Some(end) = p.item(&to_item(&m)) {
-                    if cancelled {
+                    // A reply that made it before the cancellation was printed: success.
+                    if cancelled && end.is_err() {
                         return Err(CliError(CANCELLED.into()));
                     }
                     // A failed turn's reason (already scrubbed of secrets) is the command's
@@ -358,8 +359,15 @@ async fn via_gateway(
                 // As `/stop` in the chat: the gateway ends the turn as cancelled and marks its
                 // journal entry done; wait (bounded) for the stream to say so.
                 stop_via_gateway(client, session).await;
-                let _ = tokio::time::timeout(CANCEL_WAIT, &mut stream).await;
-                return Err(CliError(CANCELLED.into()));
+                match tokio::time::timeout(CANCEL_WAIT, &mut stream).await {
+                    // The reply made it before the cancellation (and was printed).
+                    Ok(Ok(StreamItem::Done(_))) => return Ok(()),
+                    Ok(_) => return Err(CliError(CANCELLED.into())),
+                    Err(_) => return Err(CliError(format!(
+                        "cancelled (Ctrl-C), but the gateway did not end the turn within {}s; it may still be answered",
+                        CANCEL_WAIT.as_secs()
+                    ))),
+                }
             }
         };
         return match last {
