@@ -569,52 +569,140 @@ async fn ctrl_c_cancels_a_one_shot_turn_which_is_never_replayed() {
     );
 }
 
-/// Item 4: in the interactive terminal, Ctrl-C during a turn cancels it and returns to the
-/// prompt (the next line is answered); Ctrl-C at the idle prompt exits.
-#[tokio::test]
-async fn ctrl_c_in_the_interactive_terminal_cancels_then_exits_at_the_prompt() {
-    use std::io::Write;
+/// A running `weft` whose stdout and stderr are collected as they come.
+struct Live {
+    child: std::process::Child,
+    out: std::sync::Arc<std::sync::Mutex<String>>,
+    err: std::sync::Arc<std::sync::Mutex<String>>,
+}
+
+impl Live {
+    fn spawn(mut cmd: Command) -> Self {
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let collect = |mut r: Box<dyn Read + Send>| {
+            let buf = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+            let b = buf.clone();
+            std::thread::spawn(move || {
+                let mut chunk = [0u8; 4096];
+                while let Ok(n) = r.read(&mut chunk) {
+                    if n == 0 {
+                        break;
+                    }
+                    b.lock()
+                        .unwrap()
+                        .push_str(&String::from_utf8_lossy(&chunk[..n]));
+                }
+            });
+            buf
+        };
+        let out = collect(Box::new(child.stdout.take().unwrap()));
+        let err = collect(Box::new(child.stderr.take().unwrap()));
+        Self { child, out, err }
+    }
+
+    fn line(&mut self, text: &str) {
+        use std::io::Write;
+        let stdin = self.child.stdin.as_mut().unwrap();
+        stdin.write_all(format!("{text}\n").as_bytes()).unwrap();
+        stdin.flush().unwrap();
+    }
+
+    async fn wait_out(&self, text: &str) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !self.out.lock().unwrap().contains(text) {
+            assert!(
+                Instant::now() < deadline,
+                "no `{text}` on stdout\n{}",
+                self.err.lock().unwrap()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Wait for the exit (at most 10 s): status, stdout, stderr.
+    async fn exit(mut self) -> (ExitStatus, String, String) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let st = loop {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                break st;
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                panic!("still running\n{}", self.err.lock().unwrap());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        // The reader threads end at EOF, right after the exit.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let out = self.out.lock().unwrap().clone();
+        let err = self.err.lock().unwrap().clone();
+        (st, out, err)
+    }
+}
+
+/// In the interactive terminal, Ctrl-C during a turn cancels it and returns to the prompt
+/// (the next line is answered); Ctrl-C at the idle prompt exits with status 0.
+async fn interactive_ctrl_c(with_gateway: bool) {
     let dir = tempfile::tempdir().unwrap();
     let llm = FakeLlm::start().await;
-    let cfg = agent_config(dir.path(), &llm, json!({}));
+    let port = free_port();
+    let cfg = crate::process::gateway_config(dir.path(), &llm, port, json!({}));
+    let gw = if with_gateway {
+        Some(crate::process::Daemon::start(dir.path(), &cfg, port).await)
+    } else {
+        None
+    };
     llm.push(Reply::Stall("never ends".into()));
     llm.push(Reply::Text("second answer".into()));
-    let mut child = agent(dir.path(), &cfg, &[])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stdin = child.stdin.take().unwrap();
-    stdin.write_all(b"first\n").unwrap();
-    stdin.flush().unwrap();
+    let mut live = Live::spawn(agent(dir.path(), &cfg, &[]));
+    live.line("first");
     assert_eq!(llm.wait_requests(1, Duration::from_secs(20)).await.len(), 1);
     tokio::time::sleep(Duration::from_millis(300)).await;
-    ctrl_c(&child);
+    ctrl_c(&live.child);
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(
-        child.try_wait().unwrap().is_none(),
-        "exited on the first Ctrl-C"
+        live.child.try_wait().unwrap().is_none(),
+        "exited on the first Ctrl-C\n{}",
+        live.err.lock().unwrap()
     );
-    stdin.write_all(b"second\n").unwrap();
-    stdin.flush().unwrap();
-    assert_eq!(llm.wait_requests(2, Duration::from_secs(20)).await.len(), 2);
-    // Let the answer reach the terminal, then Ctrl-C at the idle prompt.
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    ctrl_c(&child);
-    let (st, out, err) =
-        tokio::task::spawn_blocking(move || exit_within(child, Duration::from_secs(10)))
-            .await
-            .unwrap();
-    drop(stdin);
+    live.line("second");
+    live.wait_out("second answer").await;
+    // At the idle prompt now: Ctrl-C exits.
+    ctrl_c(&live.child);
+    let (st, out, err) = live.exit().await;
     assert!(st.success(), "{err}");
     assert!(err.contains("cancelling the running turn"), "{err}");
-    assert!(err.contains("cancelled"), "{err}");
+    assert!(err.contains("Stopped: the turn was cancelled."), "{err}");
     assert!(out.contains("second answer"), "{out}\n{err}");
+    assert_eq!(
+        err.contains("using the running gateway"),
+        with_gateway,
+        "{err}"
+    );
     assert_eq!(
         llm.requests().iter().map(last_user).collect::<Vec<_>>(),
         ["first", "second"]
     );
+    if let Some(gw) = gw {
+        assert_eq!(gw.term().code(), Some(0));
+    }
+}
+
+/// Item 4, interactive, in-process.
+#[tokio::test]
+async fn ctrl_c_in_the_interactive_terminal_cancels_then_exits_at_the_prompt() {
+    interactive_ctrl_c(false).await;
+}
+
+/// Item 4, interactive, through a running gateway.
+#[tokio::test]
+async fn ctrl_c_in_the_interactive_terminal_through_a_gateway_cancels_then_exits() {
+    interactive_ctrl_c(true).await;
 }
 
 /// Item 4 through a running gateway: Ctrl-C on `weft agent -m` cancels the turn in the
