@@ -551,6 +551,14 @@ pub async fn run_windowed(
     cancel: &CancellationToken,
 ) -> (TurnOutcome, Option<WindowUpdate>) {
     let mut compacted = false;
+    // MCP servers still on their first connection attempt: wait (bounded, as `run_turn` does)
+    // before the budget is estimated, so their tool schemas are counted in it.
+    let registry = deps.tools.current();
+    tokio::select! {
+        () = registry.first_connect() => {}
+        () = cancel.cancelled() => {}
+    }
+    drop(registry);
     let b = Budget::of(deps, &state);
     if b.overhead + est_messages(&state, &history(&state, &msgs)) > b.limit {
         match compact(deps, key, &mut state, &mut msgs, 0, false, cancel).await {
