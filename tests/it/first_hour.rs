@@ -118,6 +118,7 @@ fn transcript(dir: &Path, key: &str) -> Vec<(String, String)> {
 fn assert_prompt_exit(t: &Timed) {
     assert!(t.status.success(), "{}", t.stderr);
     let after = t.after_reply.expect("no reply on stdout");
+    eprintln!("exited {after:?} after its reply (run: {:?})", t.total);
     assert!(
         after < EXIT_AFTER_REPLY,
         "exited {after:?} after its reply (total {:?})\n{}",
