@@ -232,9 +232,11 @@ pub fn open_workspace(config: &crate::config::Config) -> Result<crate::tools::Wo
 /// The message is empty or only whitespace.
 pub fn non_blank_message(s: &str) -> Result<String, String> {
     if s.trim().is_empty() {
-        Err("the message is empty: give the text to send, e.g. `weft agent -m \"hello\"`, \
+        Err(
+            "the message is empty: give the text to send, e.g. `weft agent -m \"hello\"`, \
              or run `weft agent` without -m for an interactive chat"
-            .to_string())
+                .to_string(),
+        )
     } else {
         Ok(s.to_string())
     }

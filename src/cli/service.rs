@@ -230,9 +230,8 @@ pub fn referenced_env(path: &Path) -> Vec<String> {
                     if k.ends_with("_env") {
                         match v {
                             serde_json::Value::String(s) => out.push(s.clone()),
-                            serde_json::Value::Object(h) => out.extend(
-                                h.values().filter_map(|s| s.as_str().map(str::to_string)),
-                            ),
+                            serde_json::Value::Object(h) => out
+                                .extend(h.values().filter_map(|s| s.as_str().map(str::to_string))),
                             _ => {}
                         }
                     } else {
@@ -379,12 +378,7 @@ fn ask(question: &str) -> bool {
 
 /// Say which credentials the service will see; write the missing ones that this shell has to
 /// the credentials file when asked to. Returns whether the file was written.
-fn credentials(
-    scope: &Scope,
-    needed: &[String],
-    env: &Env,
-    write: bool,
-) -> Result<bool, CliError> {
+fn credentials(scope: &Scope, needed: &[String], env: &Env, write: bool) -> Result<bool, CliError> {
     let file = &scope.env_file;
     let have = read_env_file(file);
     let visible: Vec<&str> = needed
@@ -666,10 +660,7 @@ fn status(scope: &Scope, manager: &Manager) -> Result<u8, CliError> {
                     if scope.system { " --system" } else { "" }
                 );
             }
-            Ok(st
-                .code()
-                .and_then(|c| u8::try_from(c).ok())
-                .unwrap_or(1))
+            Ok(st.code().and_then(|c| u8::try_from(c).ok()).unwrap_or(1))
         }
         None => {
             if installed {

@@ -243,7 +243,10 @@ pub fn skills_list(config: &Config, as_json: bool) -> Result<(), CliError> {
     } else if rows.is_empty() {
         print!("{hint}");
     } else {
-        println!("{:<20} {:<10} {:<40} TOOLS", "SKILL", "SOURCE", "DESCRIPTION");
+        println!(
+            "{:<20} {:<10} {:<40} TOOLS",
+            "SKILL", "SOURCE", "DESCRIPTION"
+        );
         for r in &rows {
             let tools: Vec<&str> = r["allowed_tools"]
                 .as_array()
