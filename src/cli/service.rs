@@ -386,12 +386,9 @@ fn credentials(scope: &Scope, needed: &[String], env: &Env, write: bool) -> Resu
         .filter(|n| have.contains_key(n.as_str()))
         .map(String::as_str)
         .collect();
-    let missing: Vec<&String> = needed
+    let (settable, unset): (Vec<&String>, Vec<&String>) = needed
         .iter()
         .filter(|n| !have.contains_key(n.as_str()))
-        .collect();
-    let (settable, unset): (Vec<&String>, Vec<&String>) = missing
-        .into_iter()
         .partition(|n| env.get(n).is_some_and(|v| !v.is_empty()));
     if needed.is_empty() {
         println!(
