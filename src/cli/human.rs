@@ -73,8 +73,18 @@ pub fn status(v: &Value) -> String {
         store.push(')');
     }
     row("store", store);
-    if !st["health"].is_null() {
-        row("store state", short(&st["health"]));
+    let health = &st["health"];
+    if let Some(status) = health["status"].as_str() {
+        let errors = health["errors"].as_object().filter(|e| !e.is_empty());
+        row(
+            "store state",
+            match errors {
+                Some(e) => format!("{status}: {}", Value::Object(e.clone())),
+                None => status.to_string(),
+            },
+        );
+    } else if !health.is_null() {
+        row("store state", short(health));
     }
     let providers: Vec<String> = v["providers"]
         .as_array()
