@@ -177,6 +177,66 @@ fn service_install_says_which_credentials_the_service_sees_and_writes_them_on_re
     );
 }
 
+/// On a terminal, install asks (default no) before writing the credentials file.
+#[test]
+fn service_install_on_a_terminal_asks_before_writing_the_credentials() {
+    for (answer, written) in [("n\n", false), ("y\n", true)] {
+        let home = tempfile::tempdir().unwrap();
+        let (bin, _) = fake_systemctl(home.path());
+        // `script` runs the command on a pseudo-terminal, fed from our stdin.
+        let line = format!("'{}' service install", env!("CARGO_BIN_EXE_weft"));
+        let mut child = Command::new("script")
+            .args(["-qec", &line, "/dev/null"])
+            .env_clear()
+            .env("HOME", home.path())
+            .env(
+                "PATH",
+                format!(
+                    "{}:{}",
+                    bin.display(),
+                    std::env::var("PATH").unwrap_or_default()
+                ),
+            )
+            .env(
+                "WEFT_TEST_SYSTEMD_PROBE",
+                home.path().join("no-run-systemd-system"),
+            )
+            .env("OPENAI_API_KEY", "sk-tty-secret-7")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("`script` (util-linux) runs the command on a terminal");
+        {
+            use std::io::Write;
+            child
+                .stdin
+                .take()
+                .unwrap()
+                .write_all(answer.as_bytes())
+                .unwrap();
+        }
+        let out = child.wait_with_output().unwrap();
+        let t = text(&out);
+        let env_file = home.path().join(".clawft/service.env");
+        assert!(
+            t.contains(
+                "The service will not see OPENAI_API_KEY (set in this shell only). Write it to"
+            ),
+            "{t}"
+        );
+        assert!(t.contains("[y/N]"), "{t}");
+        assert_eq!(env_file.exists(), written, "{answer:?}: {t}");
+        if written {
+            assert!(std::fs::read_to_string(&env_file)
+                .unwrap()
+                .contains("\nOPENAI_API_KEY=sk-tty-secret-7\n"));
+        } else {
+            assert!(t.contains("--write-credentials"), "{t}");
+        }
+    }
+}
+
 /// The template with the `# key = value` / `# [table]` lines of one example block uncommented
 /// (a block: consecutive comment lines, ended by a bare `#`, a blank or an active line).
 fn example_blocks(template: &str) -> Vec<String> {
@@ -443,6 +503,14 @@ async fn unknown_tool_error_quotes_the_name_and_the_api_answers_404_with_json() 
             "{path}: {body}"
         );
     }
+    let (status, body) = d.api.get("/v1/chat").await;
+    assert_eq!(status, 405);
+    assert!(
+        body["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("GET is not allowed on /v1/chat")),
+        "{body}"
+    );
     assert_eq!(d.term().code(), Some(0));
 }
 

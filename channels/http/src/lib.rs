@@ -282,6 +282,18 @@ async fn not_found(method: axum::http::Method, uri: axum::http::Uri) -> Response
     )
 }
 
+/// A known route with another method: 405 with a JSON body.
+async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> Response {
+    err(
+        StatusCode::METHOD_NOT_ALLOWED,
+        format!(
+            "{method} is not allowed on {} (POST /v1/chat and /v1/chat/stream; GET for status, \
+             sessions and mailboxes; DELETE /v1/sessions/KEY)",
+            uri.path()
+        ),
+    )
+}
+
 fn router(inner: Arc<Inner>) -> Router {
     let chat = Router::new()
         .route("/v1/chat", post(chat))
@@ -301,6 +313,7 @@ fn router(inner: Arc<Inner>) -> Router {
         .merge(chat)
         .merge(admin)
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(body_limit(
             inner.cfg.max_inbound_bytes,
         )))
