@@ -49,6 +49,9 @@ fn size(bytes: u64) -> String {
 /// `weft status` as labelled lines.
 pub fn status(v: &Value) -> String {
     let mut out = String::new();
+    if v["status"] == "starting" {
+        return "the gateway is starting: ask again in a moment\n".to_string();
+    }
     let mut row = |label: &str, text: String| {
         let _ = writeln!(out, "{label:<11} {text}");
     };
@@ -139,6 +142,13 @@ pub fn status(v: &Value) -> String {
             channels.join("; ")
         },
     );
+    if let Some(states) = v["channel_states"].as_object().filter(|m| !m.is_empty()) {
+        let states: Vec<String> = states
+            .iter()
+            .map(|(id, st)| format!("{id} {}", short(st)))
+            .collect();
+        row("  now", states.join("; "));
+    }
     let s = &v["sessions"];
     row(
         "sessions",
@@ -160,7 +170,7 @@ pub fn status(v: &Value) -> String {
     if let Some(w) = t["sandbox"]["warning"].as_str() {
         row("warning", w.to_string());
     }
-    if let Some(m) = v["mcp"].as_array().filter(|m| !m.is_empty()) {
+    if let Some(m) = v["mcp_servers"].as_array().filter(|m| !m.is_empty()) {
         let names: Vec<String> = m
             .iter()
             .map(|s| format!("{} {}", short(&s["name"]), short(&s["state"])))

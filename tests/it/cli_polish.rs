@@ -564,6 +564,20 @@ async fn tools_list_includes_mcp_tools_with_their_server() {
         .unwrap();
     assert_eq!(row["server"], "everything");
     assert_eq!(row["group"], "mcp");
+
+    // `mcp list` as a table: state, tools, and why the failed one failed.
+    let out = run(w(&["mcp", "list"])).await;
+    let t = stdout(&out);
+    assert!(t.starts_with("SERVER"), "{}", text(&out));
+    let line = |name: &str| {
+        t.lines()
+            .find(|l| l.starts_with(&format!("{name} ")))
+            .unwrap_or_else(|| panic!("{t}"))
+            .to_string()
+    };
+    assert!(line("everything").contains("connected"), "{t}");
+    assert!(line("ghost").contains("failed"), "{t}");
+    assert!(line("ghost").contains("/nonexistent/mcp-server"), "{t}");
 }
 
 /// The README's "Quick start with a real provider", command by command, from a fresh HOME
@@ -696,6 +710,8 @@ async fn readme_quick_start_works_from_a_fresh_home() {
     assert!(out.status.success(), "{t}");
     assert!(t.contains("using the running gateway"), "{t}");
     assert!(t.contains("gateway running"), "{t}");
+    assert!(t.contains("http running"), "{t}");
+    assert!(t.contains("1 stored") || t.contains("2 stored"), "{t}");
     assert_eq!(gateway.term(), Some(0));
 }
 
