@@ -409,10 +409,44 @@ async fn status_sessions_mcp_skills_and_usage_print_text_and_json_on_request() {
     let out = run(w(&["skills", "list", "--json"])).await;
     assert_eq!(stdout(&out).trim(), "[]");
 
+    // A skill: listed as a table row.
+    let skill = dir.path().join("ws/skills/weather");
+    std::fs::create_dir_all(&skill).unwrap();
+    std::fs::write(
+        skill.join("SKILL.md"),
+        "---\nname: weather\ndescription: Look up the weather\nallowed_tools: [\"web_fetch\"]\n---\nUse web_fetch.\n",
+    )
+    .unwrap();
+    let out = run(w(&["skills", "list"])).await;
+    let t = stdout(&out);
+    assert!(t.starts_with("SKILL"), "{}", text(&out));
+    let row = t
+        .lines()
+        .find(|l| l.starts_with("weather "))
+        .unwrap_or_else(|| panic!("{t}"));
+    assert!(
+        row.contains("Look up the weather") && row.contains("web_fetch"),
+        "{row}"
+    );
+
     let out = run(w(&["usage"])).await;
     assert!(stdout(&out).contains("COST (USD)"), "{}", text(&out));
     let v: Value = serde_json::from_slice(&run(w(&["usage", "--json"])).await.stdout).unwrap();
     assert_eq!(v["total"]["calls"], 1);
+
+    let out = run(w(&["sessions", "clear", &key])).await;
+    assert_eq!(
+        stdout(&out),
+        "cleared: the transcript is deleted\n",
+        "{}",
+        text(&out)
+    );
+    let out = run(w(&["sessions", "list"])).await;
+    assert!(
+        stdout(&out).starts_with("no stored sessions yet"),
+        "{}",
+        text(&out)
+    );
 
     // No Rust debug text: where the provider came from, the tool profile.
     // (no config file at the default path: the key comes from the environment)
