@@ -710,6 +710,31 @@ mod tests {
     }
 
     #[test]
+    fn credentials_file_round_trips_and_stays_0600() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("service.env");
+        std::fs::write(&p, "# mine\nKEEP=1\nOPENAI_API_KEY=old\n").unwrap();
+        write_env_file(
+            &p,
+            &[
+                ("OPENAI_API_KEY".into(), "sk-new".into()),
+                ("ODD".into(), "a \"b\" \\c $d".into()),
+            ],
+        )
+        .unwrap();
+        let got = read_env_file(&p);
+        assert_eq!(got["KEEP"], "1");
+        assert_eq!(got["OPENAI_API_KEY"], "sk-new");
+        assert_eq!(got["ODD"], "a \"b\" \\c $d");
+        let text = std::fs::read_to_string(&p).unwrap();
+        assert!(text.starts_with("# mine\n"), "{text}");
+        assert_eq!(text.matches("OPENAI_API_KEY=").count(), 1, "{text}");
+        let mode = std::fs::metadata(&p).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+    }
+
+    #[test]
     fn scopes_put_the_unit_where_systemd_looks() {
         let env = Env::from_pairs([("HOME", "/home/u")]);
         assert_eq!(
