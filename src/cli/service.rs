@@ -330,6 +330,13 @@ fn env_line(name: &str, value: &str) -> String {
 fn write_env_file(path: &Path, vars: &[(String, String)]) -> Result<(), CliError> {
     use std::io::Write;
     use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    if let Some((n, _)) = vars.iter().find(|(_, v)| v.contains(['\n', '\r'])) {
+        return Err(CliError(format!(
+            "{n} holds a line break, which an EnvironmentFile= cannot carry: write it to {} \
+             yourself (mode 600), or pass it with a `*_file` setting instead",
+            path.display()
+        )));
+    }
     let old = std::fs::read_to_string(path).unwrap_or_default();
     let mut text = String::new();
     for line in old.lines() {
@@ -732,6 +739,9 @@ mod tests {
         assert_eq!(text.matches("OPENAI_API_KEY=").count(), 1, "{text}");
         let mode = std::fs::metadata(&p).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o600);
+        let err = write_env_file(&p, &[("MULTI".into(), "a\nb".into())]).unwrap_err();
+        assert!(err.0.contains("MULTI holds a line break"), "{err}");
+        assert!(!std::fs::read_to_string(&p).unwrap().contains("MULTI"));
     }
 
     #[test]
