@@ -37,7 +37,7 @@ pub fn status_json(config: &Config, store: &Store, live: Option<&[SessionStatus]
             "model": p.model,
             "api_key": p.api_key.is_some(),
         })).collect::<Vec<_>>(),
-        "provider_source": format!("{:?}", config.provider_source),
+        "provider_source": config.provider_source.to_string(),
         "channels": {
             "http": if config.http.enabled { Value::String(config.http.bind.to_string()) } else { Value::Null },
             "chat": config.chat_channels.iter().map(|c| json!({
@@ -52,7 +52,7 @@ pub fn status_json(config: &Config, store: &Store, live: Option<&[SessionStatus]
             "live": live.map(<[SessionStatus]>::len),
         },
         "tools": {
-            "profile": format!("{:?}", config.tools.policy.profile()).to_lowercase(),
+            "profile": config.tools.policy.profile().as_str(),
             "exec_mode": config.tools.exec.mode.as_str(),
             "sandbox": sandbox_json(config),
         },

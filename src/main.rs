@@ -31,7 +31,7 @@ fn main() -> ExitCode {
     if let Command::Service { action } = cli.command {
         // Needs no valid config: the unit only names the config file.
         return match cli::service::run(cli.config.as_deref(), &env, action) {
-            Ok(()) => ExitCode::SUCCESS,
+            Ok(code) => ExitCode::from(code),
             Err(e) => fail(&e.to_string()),
         };
     }
@@ -61,7 +61,7 @@ fn main() -> ExitCode {
                 cli::agent::run(&config, message, &session).await
             }
             Command::Gateway => cli::gateway::run(config, cli::gateway::signals()).await,
-            Command::Status => cli::status::run(&config).await,
+            Command::Status { json } => cli::status::run(&config, json).await,
             Command::Sessions { action } => cli::sessions::run(&config, action).await,
             Command::Usage { by, days, json } => cli::usage::run(&config, by, days, json).await,
             Command::Tools { action } => cli::tools::run(&config, action).await,
@@ -71,8 +71,8 @@ fn main() -> ExitCode {
             Command::Mcp { action } => cli::mcp::run(&config, action).await,
             Command::McpServer => cli::mcp::serve(&config).await,
             Command::Skills {
-                action: cli::SkillsAction::List,
-            } => cli::tools::skills_list(&config),
+                action: cli::SkillsAction::List { json },
+            } => cli::tools::skills_list(&config, json),
             Command::Send {
                 channel,
                 chat_id,

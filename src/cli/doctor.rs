@@ -369,6 +369,10 @@ pub async fn check(config: &Config) -> Result<Vec<Finding>, CliError> {
         }
     }
     out.extend(workspace_findings(config));
+    out.extend(service_credentials(
+        config,
+        &crate::config::Env::from_process(),
+    ));
     let client = http()?;
     out.extend(providers(config, &client).await);
     out.extend(channels(config, &client).await);
@@ -423,6 +427,54 @@ pub async fn check(config: &Config) -> Result<Vec<Finding>, CliError> {
         }
     }
     Ok(out)
+}
+
+/// When the user service is installed: whether it will see the environment variables the config
+/// needs (a service does not inherit the shell's environment; `weft service install
+/// --write-credentials` writes them to its credentials file).
+pub fn service_credentials(config: &Config, env: &crate::config::Env) -> Vec<Finding> {
+    use super::service::{needed_env, read_env_file, Scope};
+    let scope = Scope::new(false, env);
+    let Some(path) = config.path.as_deref() else {
+        return Vec::new();
+    };
+    if !scope.unit_path.exists() {
+        return Vec::new();
+    }
+    let have = read_env_file(&scope.env_file);
+    let missing: Vec<String> = needed_env(path, env)
+        .into_iter()
+        .filter(|n| !have.contains_key(n))
+        .collect();
+    vec![if missing.is_empty() {
+        ok(
+            "service credentials",
+            format!(
+                "the service ({}) sees what the config needs{}",
+                scope.unit_path.display(),
+                if have.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (from {})", scope.env_file.display())
+                }
+            ),
+        )
+    } else {
+        warn(
+            "service credentials",
+            format!(
+                "the service ({}) will not see {}: it does not inherit this shell's environment{}; run `weft service install --write-credentials` (writes {}, mode 600, read by the unit)",
+                scope.unit_path.display(),
+                missing.join(", "),
+                if missing.iter().any(|n| n.ends_with("_API_KEY")) {
+                    " and without a provider key falls back to a local Ollama"
+                } else {
+                    ""
+                },
+                scope.env_file.display()
+            ),
+        )
+    }]
 }
 
 /// `weft doctor`: print the findings; `Err` (exit 1) when any failed.

@@ -19,13 +19,26 @@ const SETTLE: Duration = Duration::from_secs(20);
 /// # Errors
 /// No gateway for `restart`, or the gateway refused.
 pub async fn run(config: &Config, action: McpAction) -> Result<(), CliError> {
+    let as_json = matches!(action, McpAction::List { json: true });
+    let list = matches!(action, McpAction::List { .. });
+    if list && config.tools.mcp_servers.is_empty() {
+        // Nothing to connect to: say where servers go (stderr with --json, which stays `[]`).
+        let hint = super::human::mcp_hint(config.path.as_deref());
+        if as_json {
+            println!("[]");
+            eprint!("{hint}");
+        } else {
+            print!("{hint}");
+        }
+        return Ok(());
+    }
     let gateway = GatewayClient::detect(config).await?;
     let v = match (action, gateway) {
-        (McpAction::List, Some(c)) => {
+        (McpAction::List { .. }, Some(c)) => {
             eprintln!("(using the running gateway at {})", c.base());
             c.post("/v1/admin/mcp/list", &json!({})).await?
         }
-        (McpAction::List, None) => {
+        (McpAction::List { .. }, None) => {
             eprintln!("(no gateway running: connecting to each server from here)");
             match crate::daemon::start_mcp(config) {
                 None => json!([]),
@@ -48,10 +61,14 @@ pub async fn run(config: &Config, action: McpAction) -> Result<(), CliError> {
             )));
         }
     };
-    println!(
-        "{}",
-        serde_json::to_string_pretty(&v).map_err(CliError::msg)?
-    );
+    if list && !as_json {
+        print!("{}", super::human::mcp(&v, config.path.as_deref()));
+    } else {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&v).map_err(CliError::msg)?
+        );
+    }
     Ok(())
 }
 

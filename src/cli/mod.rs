@@ -5,6 +5,7 @@ pub mod client;
 pub mod control;
 pub mod doctor;
 pub mod gateway;
+pub mod human;
 pub mod mcp;
 pub mod onboard;
 pub mod pairing;
@@ -49,7 +50,7 @@ pub enum Command {
     /// Talk to the agent: one message with -m, or an interactive chat on the terminal.
     Agent {
         /// Send this one message, print the reply and exit.
-        #[arg(short, long)]
+        #[arg(short, long, value_parser = non_blank_message)]
         message: Option<String>,
         /// Conversation to use (default: `default`).
         #[arg(short, long, default_value = "default")]
@@ -63,8 +64,12 @@ pub enum Command {
         #[command(subcommand)]
         action: service::ServiceAction,
     },
-    /// Show configuration, store, providers, channels and sessions.
-    Status,
+    /// Show configuration, store, providers, channels and sessions (text; JSON with --json).
+    Status {
+        /// Print JSON (what the text shows, and more).
+        #[arg(long)]
+        json: bool,
+    },
     /// List, show or clear stored conversations.
     Sessions {
         /// What to do.
@@ -137,7 +142,11 @@ pub enum Command {
 #[derive(Debug, Subcommand)]
 pub enum McpAction {
     /// Each configured server: connecting / connected (tools) / reconnecting / failed.
-    List,
+    List {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Reconnect a server (after it failed), through the running gateway.
     Restart {
         /// Server name (`tools.mcp_servers.NAME`).
@@ -148,8 +157,12 @@ pub enum McpAction {
 /// `weft skills` actions.
 #[derive(Debug, Subcommand)]
 pub enum SkillsAction {
-    /// Name, source, description and exposed tools of every skill.
-    List,
+    /// Name, source, description and exposed tools of every skill (a table; JSON with --json).
+    List {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// `weft pairing` actions.
@@ -172,17 +185,27 @@ pub enum PairingAction {
 /// `weft sessions` actions.
 #[derive(Debug, Subcommand)]
 pub enum SessionsAction {
-    /// List stored sessions.
-    List,
-    /// Print one session's transcript.
+    /// List stored sessions (a table; JSON with --json).
+    List {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print one session's transcript (text; JSON with --json).
     Show {
         /// Session key, e.g. `http:my-chat` or `cli:default`.
         key: String,
+        /// Print JSON (messages as stored, usage).
+        #[arg(long)]
+        json: bool,
     },
     /// Delete one session's transcript.
     Clear {
         /// Session key.
         key: String,
+        /// Print JSON (`{"cleared": true|false}`).
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -200,6 +223,23 @@ pub fn open_workspace(config: &crate::config::Config) -> Result<crate::tools::Wo
                 config.agent.workspace.display()
             ))
         })
+}
+
+/// `-m`/`--message` must have something to send: an empty or blank message is refused by the
+/// argument parser (exit 2), never sent to the model.
+///
+/// # Errors
+/// The message is empty or only whitespace.
+pub fn non_blank_message(s: &str) -> Result<String, String> {
+    if s.trim().is_empty() {
+        Err(
+            "the message is empty: give the text to send, e.g. `weft agent -m \"hello\"`, \
+             or run `weft agent` without -m for an interactive chat"
+                .to_string(),
+        )
+    } else {
+        Ok(s.to_string())
+    }
 }
 
 /// A failure reported to the user with a clear message and a non-zero exit code.

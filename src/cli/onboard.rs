@@ -8,8 +8,8 @@ use crate::config::{clawft_home, Env};
 /// The example config shipped in `config/`, written by onboard.
 pub const EXAMPLE_CONFIG: &str = include_str!("../../config/clawft.example.toml");
 
-/// Write the config (refusing to overwrite without `force`) and the workspace dirs. Returns the
-/// paths written.
+/// Write the config (refusing to overwrite without `force`; with it, the previous file is kept
+/// as `NAME.bak`, replacing an older backup) and the workspace dirs. Returns the paths written.
 ///
 /// # Errors
 /// The config exists (without `force`), or a file cannot be written.
@@ -27,6 +27,20 @@ pub fn run(config_path: Option<&Path>, env: &Env, force: bool) -> Result<Vec<Pat
     let mut written = Vec::new();
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).map_err(|e| CliError(format!("{}: {e}", dir.display())))?;
+    }
+    if path.exists() {
+        let mut bak = path.clone().into_os_string();
+        bak.push(".bak");
+        let bak = PathBuf::from(bak);
+        // A copy keeps the original's 0600 mode; the config is not touched if this fails.
+        std::fs::copy(&path, &bak).map_err(|e| {
+            CliError(format!(
+                "cannot back up {} to {}: {e}; nothing was overwritten",
+                path.display(),
+                bak.display()
+            ))
+        })?;
+        println!("kept the previous config as {}", bak.display());
     }
     std::fs::write(&path, EXAMPLE_CONFIG)
         .map_err(|e| CliError(format!("{}: {e}", path.display())))?;

@@ -5,11 +5,11 @@ use super::CliError;
 use crate::admin::status_json;
 use crate::config::Config;
 
-/// Print the status report as JSON.
+/// Print the status report: labelled lines, or JSON with `as_json`.
 ///
 /// # Errors
 /// Neither a gateway nor the store can be reached.
-pub async fn run(config: &Config) -> Result<(), CliError> {
+pub async fn run(config: &Config, as_json: bool) -> Result<(), CliError> {
     let mut v = match backend(config).await? {
         Backend::Gateway(c) => c.get("/v1/status").await?,
         Backend::Store(store) => {
@@ -21,9 +21,13 @@ pub async fn run(config: &Config) -> Result<(), CliError> {
     if v.get("mode").is_none() {
         v["mode"] = serde_json::json!("gateway");
     }
-    println!(
-        "{}",
-        serde_json::to_string_pretty(&v).map_err(CliError::msg)?
-    );
+    if as_json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&v).map_err(CliError::msg)?
+        );
+    } else {
+        print!("{}", super::human::status(&v));
+    }
     Ok(())
 }

@@ -17,7 +17,8 @@ use crate::types::SessionKey;
 /// `weft tools` actions.
 #[derive(Debug, clap::Subcommand)]
 pub enum ToolsAction {
-    /// List the built-in tools: name, group, parameters, whether the policy allows it.
+    /// List the tools: the built-in ones and those of the configured MCP servers (connected for
+    /// up to 10 s), with group, server, parameters and whether the policy allows each.
     List {
         /// Print JSON instead of a table.
         #[arg(long)]
@@ -38,6 +39,9 @@ pub enum ToolsAction {
         session: String,
     },
 }
+
+/// How long `weft tools list` waits for the MCP servers to connect.
+const MCP_LIST_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Summary of a JSON schema's properties: `path*, offset, limit` (`*` = required).
 fn params_summary(schema: &Value) -> String {
@@ -72,16 +76,37 @@ pub async fn run(config: &Config, action: ToolsAction) -> Result<(), CliError> {
         ToolsAction::List { json } => {
             // `subagents` is listed (it is a built-in tool) though it only runs in the gateway.
             let hub = crate::subagent::SubagentHub::new(config.tools.subagents.clone());
-            let reg = build_registry(config, None, None, Vec::new(), Some(hub));
+            let mcp = crate::daemon::start_mcp(config);
+            let mut sources: Vec<Arc<dyn crate::tools::registry::ToolSource>> = Vec::new();
+            if let Some(m) = &mcp {
+                eprintln!("(connecting to the MCP servers to list their tools)");
+                m.settle(MCP_LIST_WAIT).await;
+                for s in m.status() {
+                    if s.state != crate::mcp::client::McpState::Connected {
+                        eprintln!(
+                            "(MCP server `{}` is {}: its tools are not listed)",
+                            s.name, s
+                        );
+                    }
+                }
+                sources.push(m.clone());
+            }
+            let reg = build_registry(config, None, None, sources, Some(hub));
             let rows: Vec<Value> = reg
                 .all()
                 .into_iter()
                 .map(|s| {
                     let t = &s.tool;
                     let schema = t.parameters();
+                    let server = t
+                        .name()
+                        .split_once("__")
+                        .map(|(s, _)| s)
+                        .filter(|s| config.tools.mcp_servers.iter().any(|m| m.name == *s));
                     json!({
                         "name": t.name(),
                         "group": group_of(t.name()),
+                        "server": server,
                         "allowed": reg.policy().allows(t.name()),
                         "internal": s.internal,
                         "parameters": params_summary(&schema),
@@ -89,18 +114,36 @@ pub async fn run(config: &Config, action: ToolsAction) -> Result<(), CliError> {
                     })
                 })
                 .collect();
+            if let Some(m) = mcp {
+                m.shutdown().await;
+            }
             if json {
                 println!(
                     "{}",
                     serde_json::to_string_pretty(&rows).map_err(CliError::msg)?
                 );
             } else {
-                println!("{:<16} {:<10} {:<8} PARAMETERS", "TOOL", "GROUP", "ALLOWED");
+                let width = rows
+                    .iter()
+                    .filter_map(|r| r["name"].as_str())
+                    .map(str::len)
+                    .max()
+                    .unwrap_or(0)
+                    .max(16);
+                println!(
+                    "{:<width$} {:<14} {:<8} PARAMETERS",
+                    "TOOL", "GROUP", "ALLOWED"
+                );
                 for r in &rows {
+                    let group = match (r["group"].as_str(), r["server"].as_str()) {
+                        (_, Some(server)) => format!("mcp:{server}"),
+                        (Some(g), None) => g.to_string(),
+                        (None, None) => "-".to_string(),
+                    };
                     println!(
-                        "{:<16} {:<10} {:<8} {}",
+                        "{:<width$} {:<14} {:<8} {}",
                         r["name"].as_str().unwrap_or_default(),
-                        r["group"].as_str().unwrap_or("-"),
+                        group,
                         if r["allowed"] == json!(true) {
                             "yes"
                         } else {
@@ -110,8 +153,8 @@ pub async fn run(config: &Config, action: ToolsAction) -> Result<(), CliError> {
                     );
                 }
                 println!(
-                    "\nprofile: {:?}; * = required parameter; `message` is available in sessions only",
-                    reg.policy().profile()
+                    "\nprofile: {}; * = required parameter; `message` is available in sessions only",
+                    reg.policy().profile().as_str()
                 );
             }
             Ok(())
@@ -152,11 +195,12 @@ pub async fn run(config: &Config, action: ToolsAction) -> Result<(), CliError> {
     }
 }
 
-/// `weft skills list`: every skill as JSON.
+/// `weft skills list`: every skill as a table (JSON with `as_json`); where skills go when
+/// there are none.
 ///
 /// # Errors
 /// The workspace cannot be opened.
-pub fn skills_list(config: &Config) -> Result<(), CliError> {
+pub fn skills_list(config: &Config, as_json: bool) -> Result<(), CliError> {
     let ws = super::open_workspace(config)?;
     let dirs = crate::skills::SkillDirs {
         global: Some(config.home.join("skills")),
@@ -174,9 +218,54 @@ pub fn skills_list(config: &Config) -> Result<(), CliError> {
             })
         })
         .collect();
-    println!(
-        "{}",
-        serde_json::to_string_pretty(&rows).map_err(CliError::msg)?
+    let hint = format!(
+        "no skills found. A skill is a directory with a SKILL.md in {} (this workspace) or {} \
+         (every workspace), e.g. {}/weather/SKILL.md:\n\n\
+         ---\n\
+         name: weather\n\
+         description: Look up the weather for a city\n\
+         allowed_tools: [\"web_fetch\"]\n\
+         ---\n\
+         Use web_fetch on https://wttr.in/CITY?format=3 and answer in one line.\n\n\
+         (docs/mcp.md: `internal_only` and skills)\n",
+        config.agent.workspace.join("skills").display(),
+        config.home.join("skills").display(),
+        config.agent.workspace.join("skills").display(),
     );
+    if as_json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&rows).map_err(CliError::msg)?
+        );
+        if rows.is_empty() {
+            eprint!("{hint}");
+        }
+    } else if rows.is_empty() {
+        print!("{hint}");
+    } else {
+        println!(
+            "{:<20} {:<10} {:<40} TOOLS",
+            "SKILL", "SOURCE", "DESCRIPTION"
+        );
+        for r in &rows {
+            let tools: Vec<&str> = r["allowed_tools"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str)
+                .collect();
+            println!(
+                "{:<20} {:<10} {:<40} {}",
+                r["name"].as_str().unwrap_or_default(),
+                r["source"].as_str().unwrap_or_default(),
+                r["description"].as_str().unwrap_or_default(),
+                if tools.is_empty() {
+                    "-".to_string()
+                } else {
+                    tools.join(", ")
+                }
+            );
+        }
+    }
     Ok(())
 }

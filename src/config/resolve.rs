@@ -24,6 +24,10 @@ pub fn default_path(env: &Env) -> PathBuf {
 /// model's context, and the Slack adapter's WebSocket bound is the same.
 const MAX_INBOUND_BYTES_LIMIT: u64 = 4 * 1024 * 1024;
 
+/// The credentials file of the service in `$CLAWFT_HOME` (`weft service install
+/// --write-credentials`; read by the unit through `EnvironmentFile=`).
+pub const SERVICE_ENV_FILE: &str = "service.env";
+
 /// `$CLAWFT_HOME` or `~/.clawft`.
 pub fn clawft_home(env: &Env) -> PathBuf {
     env.get("CLAWFT_HOME")

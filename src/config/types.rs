@@ -80,6 +80,19 @@ pub enum ProviderSource {
     LocalDefault,
 }
 
+impl std::fmt::Display for ProviderSource {
+    /// For people: `config file`, `environment (OPENAI_API_KEY)`, `local default (Ollama)`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ProviderSource::Configured => f.write_str("config file (providers.*)"),
+            ProviderSource::Environment(names) => {
+                write!(f, "environment ({})", names.join(", "))
+            }
+            ProviderSource::LocalDefault => f.write_str("local default (Ollama)"),
+        }
+    }
+}
+
 /// One resolved LLM provider.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ProviderConfig {

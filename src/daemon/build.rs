@@ -165,6 +165,11 @@ pub fn protected_paths(config: &Config) -> ProtectedPaths {
     for name in ["config.toml", "config.json"] {
         all.push(config.home.join(name), ProtectedKind::Config);
     }
+    // The service's credentials file (`weft service install --write-credentials`).
+    all.push(
+        config.home.join(crate::config::SERVICE_ENV_FILE),
+        ProtectedKind::Credentials,
+    );
     let ws = canonical(&config.agent.workspace);
     let mut out = ProtectedPaths::default();
     for p in all.iter() {

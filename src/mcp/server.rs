@@ -223,7 +223,7 @@ impl ToolProvider for CompositeProvider {
         match routed {
             Some((p, tool)) => p.call_tool(tool, args, cancel).await,
             None => ToolCallOutput::error(&ToolError::NotFound(format!(
-                "{name}; tools are named namespace__tool, namespaces: {}",
+                "`{name}`; tools are named namespace__tool, namespaces: {}",
                 self.providers
                     .iter()
                     .map(|p| p.namespace())

@@ -11,7 +11,8 @@ pub enum ChatCommand {
     New,
     /// `/status`: the session's state.
     Status,
-    /// `/help`: the list of chat commands.
+    /// `/help` (and `/start`, what Telegram sends when a user opens the bot): the list of chat
+    /// commands.
     Help,
     /// `/compact`: save notes to memory and summarise the older conversation now.
     Compact,
@@ -36,12 +37,16 @@ impl ChatCommand {
             "/stop" => return Some(Self::Stop),
             "/new" => return Some(Self::New),
             "/status" => return Some(Self::Status),
-            "/help" => return Some(Self::Help),
+            "/help" | "/start" => return Some(Self::Help),
             "/compact" => return Some(Self::Compact),
             _ => {}
         }
         let mut words = text.split_whitespace();
         let cmd = words.next()?;
+        if cmd == "/start" {
+            // Telegram deep links send `/start PAYLOAD`.
+            return Some(Self::Help);
+        }
         let id = words.next()?.to_string();
         let rest = words.next();
         if words.next().is_some() {
@@ -67,6 +72,8 @@ mod tests {
         assert_eq!(ChatCommand::parse("/new"), Some(ChatCommand::New));
         assert_eq!(ChatCommand::parse("/status"), Some(ChatCommand::Status));
         assert_eq!(ChatCommand::parse("/help"), Some(ChatCommand::Help));
+        assert_eq!(ChatCommand::parse("/start"), Some(ChatCommand::Help));
+        assert_eq!(ChatCommand::parse("/start ref-42"), Some(ChatCommand::Help));
         assert_eq!(ChatCommand::parse("/compact"), Some(ChatCommand::Compact));
         assert_eq!(
             ChatCommand::parse("/approve ab12"),

@@ -41,7 +41,7 @@ pub const MAX_TOOL_RESULT_BYTES: usize = 65_536;
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum ToolError {
     /// The tool name is not in the registry.
-    #[error("unknown tool `{0}`")]
+    #[error("unknown tool {0}")]
     NotFound(String),
     /// The arguments do not satisfy the schema (or are not JSON).
     #[error("{0}")]

@@ -70,6 +70,16 @@ pub enum Profile {
 }
 
 impl Profile {
+    /// The name as the config spells it (`full`, `coding`, `messaging`, `minimal`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Profile::Full => "full",
+            Profile::Coding => "coding",
+            Profile::Messaging => "messaging",
+            Profile::Minimal => "minimal",
+        }
+    }
+
     fn includes(self, tool: &str) -> bool {
         let in_groups = |groups: &[&str]| {
             groups

@@ -283,7 +283,7 @@ impl ToolRegistry {
             };
             let (tool, internal) = self.get(name).ok_or_else(|| {
                 ToolError::NotFound(format!(
-                    "{name}; available tools: {}",
+                    "`{name}`; available tools: {}",
                     self.allowed_names().join(", ")
                 ))
             })?;

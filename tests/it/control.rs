@@ -228,7 +228,7 @@ async fn control_json_is_0600_new_at_each_start_and_removed_on_sigterm() {
     // After SIGKILL the file stays, naming a dead process: the CLI opens the store itself.
     d.kill9();
     assert!(path.exists());
-    let (ok, out, err) = run(dir.path(), &cfg, &["status"]).await;
+    let (ok, out, err) = run(dir.path(), &cfg, &["status", "--json"]).await;
     assert!(ok, "{err}");
     assert!(err.contains("store opened directly"), "{err}");
     let v: Value = serde_json::from_str(&out).unwrap();
@@ -376,7 +376,7 @@ async fn a_cli_of_another_store_never_reaches_the_running_gateway() {
     let (_, before) = d.api.get("/v1/sessions").await;
     let (_, transcript_before) = d.api.get("/v1/sessions/http:a-chat").await;
 
-    let (ok, out, err) = run(b.path(), &cfg_b, &["status"]).await;
+    let (ok, out, err) = run(b.path(), &cfg_b, &["status", "--json"]).await;
     assert!(ok, "{err}");
     let v: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["mode"], "direct", "{out}");

@@ -644,7 +644,7 @@ fn without_namespaces_commands_still_run_but_have_no_ip_socket_and_status_says_s
     let out = weft_without_namespaces(dir.path())
         .arg("--config")
         .arg(&cfg)
-        .arg("status")
+        .args(["status", "--json"])
         .output()
         .unwrap();
     let status: Value = serde_json::from_slice(&out.stdout).unwrap();

@@ -159,7 +159,7 @@ async fn weft_mcp_list_reports_states_without_a_gateway() {
         weft(dir.path())
             .arg("--config")
             .arg(&cfg)
-            .args(["mcp", "list"])
+            .args(["mcp", "list", "--json"])
             .output()
             .unwrap()
     })

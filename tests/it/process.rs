@@ -478,7 +478,7 @@ async fn cli_commands_use_the_running_gateway_instead_of_the_locked_store() {
     assert_eq!(stdout.trim(), "via gateway");
     assert!(stderr.contains("using the running gateway"), "{stderr}");
 
-    let out = run(&["status"]).await.unwrap();
+    let out = run(&["status", "--json"]).await.unwrap();
     assert!(
         out.status.success(),
         "{}",
@@ -488,15 +488,19 @@ async fn cli_commands_use_the_running_gateway_instead_of_the_locked_store() {
     assert_eq!(v["mode"], "gateway");
     assert_eq!(v["sessions"]["stored"], 1);
 
-    let out = run(&["sessions", "list"]).await.unwrap();
+    let out = run(&["sessions", "list", "--json"]).await.unwrap();
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["sessions"][0]["key"], "cli:default");
 
-    let out = run(&["sessions", "show", "cli:default"]).await.unwrap();
+    let out = run(&["sessions", "show", "cli:default", "--json"])
+        .await
+        .unwrap();
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["messages"][1]["content"], "via gateway");
 
-    let out = run(&["sessions", "clear", "cli:default"]).await.unwrap();
+    let out = run(&["sessions", "clear", "cli:default", "--json"])
+        .await
+        .unwrap();
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["cleared"], true);
     let out = run(&["sessions", "show", "cli:default"]).await.unwrap();
@@ -507,7 +511,7 @@ async fn cli_commands_use_the_running_gateway_instead_of_the_locked_store() {
 
     assert_eq!(d.term().code(), Some(0));
     // With the gateway gone, the same commands open the store directly.
-    let out = run(&["status"]).await.unwrap();
+    let out = run(&["status", "--json"]).await.unwrap();
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["mode"], "direct");
 }

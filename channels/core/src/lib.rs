@@ -257,12 +257,19 @@ impl Default for Capabilities {
     }
 }
 
+/// ` (retry after 1.5 s)` for a wait the platform named, else nothing.
+fn retry_note(after: Option<Duration>) -> String {
+    after.map_or_else(String::new, |d| {
+        format!(" (retry after {} s)", d.as_secs_f32())
+    })
+}
+
 /// Why a channel operation failed, classified for the retry logic of the outbox.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ChannelError {
     /// The platform asked us to slow down.
-    #[error("rate limited (retry after {retry_after:?})")]
+    #[error("rate limited{}", retry_note(*.retry_after))]
     RateLimited {
         /// How long the platform asked us to wait, if it said.
         retry_after: Option<Duration>,
@@ -284,7 +291,7 @@ pub enum ChannelError {
     Fatal(String),
     /// The platform asked us to slow down on every chat of this bot (Discord's global rate
     /// limit): the whole channel pauses, not only the chat whose send got the answer.
-    #[error("rate limited for every chat (retry after {retry_after:?})")]
+    #[error("rate limited for every chat{}", retry_note(*.retry_after))]
     RateLimitedGlobal {
         /// How long the platform asked us to wait, if it said.
         retry_after: Option<Duration>,
@@ -436,4 +443,19 @@ pub fn now_ms() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod error_text_tests {
+    use super::*;
+
+    #[test]
+    fn rate_limit_errors_read_as_text_not_debug() {
+        let e = ChannelError::RateLimited {
+            retry_after: Some(Duration::from_millis(1500)),
+        };
+        assert_eq!(e.to_string(), "rate limited (retry after 1.5 s)");
+        let e = ChannelError::RateLimitedGlobal { retry_after: None };
+        assert_eq!(e.to_string(), "rate limited for every chat");
+    }
 }

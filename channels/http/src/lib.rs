@@ -276,6 +276,31 @@ fn refuse(status: StatusCode, msg: impl Into<String>) -> Refusal {
     (status, json!({ "error": msg.into() }))
 }
 
+/// An unknown route: 404 with a JSON body naming the routes, like every other error.
+async fn not_found(method: axum::http::Method, uri: axum::http::Uri) -> Response {
+    err(
+        StatusCode::NOT_FOUND,
+        format!(
+            "no route {method} {}: the API has POST /v1/chat, POST /v1/chat/stream, \
+             GET /v1/chats/CHAT_ID/messages, GET /healthz, GET /readyz, GET /v1/status, \
+             GET /v1/sessions, GET|DELETE /v1/sessions/KEY, POST /v1/admin/COMMAND, GET /metrics",
+            uri.path()
+        ),
+    )
+}
+
+/// A known route with another method: 405 with a JSON body.
+async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> Response {
+    err(
+        StatusCode::METHOD_NOT_ALLOWED,
+        format!(
+            "{method} is not allowed on {} (POST /v1/chat and /v1/chat/stream; GET for status, \
+             sessions and mailboxes; DELETE /v1/sessions/KEY)",
+            uri.path()
+        ),
+    )
+}
+
 fn router(inner: Arc<Inner>) -> Router {
     let chat = Router::new()
         .route("/v1/chat", post(chat))
@@ -294,6 +319,8 @@ fn router(inner: Arc<Inner>) -> Router {
         .route("/readyz", get(readyz))
         .merge(chat)
         .merge(admin)
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(body_limit(
             inner.cfg.max_inbound_bytes,
         )))

@@ -12,7 +12,9 @@ use crate::api::Me;
 use crate::GroupMode;
 
 /// Commands passed through in groups even without a mention (the daemon checks the sender).
-const COMMANDS: &[&str] = &["stop", "new", "status", "approve", "deny"];
+const COMMANDS: &[&str] = &[
+    "stop", "new", "status", "approve", "deny", "help", "start", "compact",
+];
 
 #[derive(Debug, Deserialize)]
 struct User {
