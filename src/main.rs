@@ -13,9 +13,15 @@ fn main() -> ExitCode {
     let journald = env.get("JOURNAL_STREAM").is_some();
     let default_level = match cli.command {
         Command::Gateway => "info",
+        // A failed turn's reason is the command's error, printed once (not logged as well).
+        Command::Agent { .. } => "warn,clawft::turn::failure=off",
         _ => "warn",
     };
-    clawft::telemetry::init(cli.log_format, default_level, journald);
+    let ansi = cli.color.colour(
+        env.get("NO_COLOR"),
+        std::io::IsTerminal::is_terminal(&std::io::stderr()),
+    );
+    clawft::telemetry::init(cli.log_format, default_level, journald, ansi);
 
     if let Command::Onboard { force } = cli.command {
         return match cli::onboard::run(cli.config.as_deref(), &env, force) {

@@ -32,6 +32,16 @@ pub struct Cli {
     /// Log format on stderr.
     #[arg(long, global = true, value_enum, default_value = "text")]
     pub log_format: LogFormat,
+    /// Colour in log lines: auto (only when stderr is a terminal and NO_COLOR is unset),
+    /// always or never.
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        default_value = "auto",
+        value_name = "WHEN"
+    )]
+    pub color: crate::telemetry::ColorChoice,
     /// The command.
     #[command(subcommand)]
     pub command: Command,

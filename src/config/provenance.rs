@@ -1,0 +1,229 @@
+//! Where each configuration value came from: a key of the config file, a `CLAWFT_…` override
+//! or another environment variable, a secret file, or the built-in default. Hints and
+//! `weft config show` name it, so a user fixes the value where it is set.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use super::env::Env;
+
+/// The origin of one value.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Origin {
+    /// A key of the config file.
+    File {
+        /// The config file.
+        path: PathBuf,
+        /// Dotted key.
+        key: String,
+    },
+    /// An environment variable.
+    Env {
+        /// Its name.
+        var: String,
+        /// The key that named the variable (`providers.x.api_key_env`), if any.
+        via: Option<String>,
+    },
+    /// A secret read from a file (`*_file`).
+    SecretFile {
+        /// The file read.
+        file: PathBuf,
+        /// The key that named it.
+        via: String,
+    },
+    /// Nothing set it: the built-in default.
+    Default,
+}
+
+impl fmt::Display for Origin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Origin::File { path, key } => write!(f, "{key} in {}", path.display()),
+            Origin::Env { var, via: None } => write!(f, "environment variable {var}"),
+            Origin::Env { var, via: Some(k) } => {
+                write!(f, "environment variable {var} (named by {k})")
+            }
+            Origin::SecretFile { file, via } => {
+                write!(f, "file {} (named by {via})", file.display())
+            }
+            Origin::Default => write!(f, "default"),
+        }
+    }
+}
+
+/// The origins of the loaded configuration's values.
+#[derive(Clone, Debug, Default)]
+pub struct Provenance {
+    file: Option<PathBuf>,
+    /// Leaf keys set in the file (dotted, as written).
+    file_keys: BTreeSet<String>,
+    /// Keys set by `CLAWFT_SECTION__KEY` overrides → the variable.
+    env_keys: BTreeMap<String, String>,
+    /// Values whose origin the loader recorded itself (secrets, providers from the
+    /// environment).
+    explicit: BTreeMap<String, Origin>,
+}
+
+impl Provenance {
+    /// The origins of a load from `file` (if it exists) with these overrides.
+    pub(super) fn new(file: Option<&Path>, env: &Env) -> Self {
+        let file_keys = file.map(file_leaf_keys).unwrap_or_default();
+        Self {
+            file: file.map(Path::to_path_buf),
+            file_keys,
+            env_keys: override_keys(env),
+            explicit: BTreeMap::new(),
+        }
+    }
+
+    /// Record the origin of `key`.
+    pub(super) fn set(&mut self, key: impl Into<String>, origin: Origin) {
+        self.explicit.insert(key.into(), origin);
+    }
+
+    /// The config file, if one was read.
+    pub fn file(&self) -> Option<&Path> {
+        self.file.as_deref()
+    }
+
+    /// Where `key` (dotted, e.g. `providers.openai.api_key`) came from: what the loader
+    /// recorded, else a `CLAWFT_…` override, else the file, else the default. A section key
+    /// (`tools.mcp_servers.x`) is set by the file when any key under it is.
+    pub fn origin(&self, key: &str) -> Origin {
+        if let Some(o) = self.explicit.get(key) {
+            return o.clone();
+        }
+        if let Some(var) = self.env_keys.get(&key.to_lowercase()) {
+            return Origin::Env {
+                var: var.clone(),
+                via: None,
+            };
+        }
+        if let Some(path) = &self.file {
+            let under = format!("{key}.");
+            let in_file = self.file_keys.contains(key)
+                || self
+                    .file_keys
+                    .range(under.clone()..)
+                    .next()
+                    .is_some_and(|k| k.starts_with(&under));
+            if in_file {
+                return Origin::File {
+                    path: path.clone(),
+                    key: key.to_string(),
+                };
+            }
+        }
+        Origin::Default
+    }
+
+    /// The `CLAWFT_…` overrides in effect: (dotted key, variable).
+    pub fn overrides(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.env_keys.iter().map(|(k, v)| (k.as_str(), v.as_str()))
+    }
+
+    /// Every leaf key the file sets.
+    pub fn file_keys(&self) -> impl Iterator<Item = &str> {
+        self.file_keys.iter().map(String::as_str)
+    }
+}
+
+/// The dotted key a `CLAWFT_SECTION__KEY` variable sets (as the `config` crate reads it).
+pub fn override_key(var: &str) -> Option<String> {
+    let rest = var.strip_prefix("CLAWFT_")?;
+    rest.contains("__").then(|| {
+        rest.split("__")
+            .collect::<Vec<_>>()
+            .join(".")
+            .to_lowercase()
+    })
+}
+
+fn override_keys(env: &Env) -> BTreeMap<String, String> {
+    env.0
+        .iter()
+        .filter(|(_, v)| !v.is_empty())
+        .filter_map(|(k, _)| override_key(k).map(|key| (key, k.clone())))
+        .collect()
+}
+
+/// The leaf keys of a config file (empty when it cannot be read: the loader reports that).
+fn file_leaf_keys(path: &Path) -> BTreeSet<String> {
+    let format = match path.extension().and_then(|e| e.to_str()) {
+        Some("toml") => config::FileFormat::Toml,
+        _ => config::FileFormat::Json,
+    };
+    let mut out = BTreeSet::new();
+    if let Ok(map) = config::Config::builder()
+        .add_source(config::File::from(path).format(format))
+        .build()
+        .and_then(|c| c.try_deserialize::<config::Map<String, config::Value>>())
+    {
+        for (k, v) in map {
+            flatten(&k, v, &mut out);
+        }
+    }
+    out
+}
+
+fn flatten(prefix: &str, v: config::Value, out: &mut BTreeSet<String>) {
+    match v.kind {
+        config::ValueKind::Table(t) if !t.is_empty() => {
+            for (k, v) in t {
+                flatten(&format!("{prefix}.{k}"), v, out);
+            }
+        }
+        _ => {
+            out.insert(prefix.to_string());
+        }
+    }
+}
+
+/// What to tell the user when one provider refuses its key or cannot be reached: where the
+/// key and the base URL came from, so the fix goes where the value is set.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProviderHints {
+    /// For a 401/403.
+    pub auth: String,
+    /// For a connection that failed.
+    pub connect: String,
+}
+
+impl super::Config {
+    /// Each provider's [`ProviderHints`], by provider name.
+    pub fn provider_hints(&self) -> BTreeMap<String, ProviderHints> {
+        self.providers
+            .iter()
+            .map(|p| {
+                let name = &p.name;
+                let key = format!("providers.{name}.api_key");
+                let auth = match (&p.api_key, self.provenance.origin(&key)) {
+                    (None, _) => format!(
+                        "No API key is set for provider `{name}`: set {key} (or api_key_env / api_key_file) in {}",
+                        self.path.as_ref().map_or_else(
+                            || "the config file".to_string(),
+                            |p| p.display().to_string()
+                        )
+                    ),
+                    (Some(_), Origin::Default) => {
+                        format!("Check the API key of provider `{name}` ({key})")
+                    }
+                    (Some(_), origin) => format!(
+                        "The API key of provider `{name}` came from {origin}: fix or replace it there"
+                    ),
+                };
+                let url = crate::types::scrub::redact_url(&p.base_url);
+                let connect = match self.provenance.origin(&format!("providers.{name}.base_url")) {
+                    Origin::Default => format!(
+                        "Provider `{name}` uses its default base URL {url}; set providers.{name}.base_url for another server"
+                    ),
+                    origin => format!(
+                        "The base URL of provider `{name}` ({url}) came from {origin}: check that a server answers there"
+                    ),
+                };
+                (name.clone(), ProviderHints { auth, connect })
+            })
+            .collect()
+    }
+}
