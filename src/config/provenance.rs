@@ -227,3 +227,94 @@ impl super::Config {
             .collect()
     }
 }
+
+/// Every leaf value the file and the `CLAWFT_…` overrides set (dotted key → value as text,
+/// secrets included: callers mask them), for `weft config show`.
+pub fn set_values(file: Option<&Path>, env: &Env) -> BTreeMap<String, String> {
+    let mut builder = config::Config::builder();
+    if let Some(path) = file.filter(|p| p.exists()) {
+        let format = match path.extension().and_then(|e| e.to_str()) {
+            Some("toml") => config::FileFormat::Toml,
+            _ => config::FileFormat::Json,
+        };
+        builder = builder.add_source(config::File::from(path).format(format));
+    }
+    let overrides: config::Map<String, String> = env
+        .0
+        .iter()
+        .filter(|(k, _)| k.starts_with("CLAWFT_") && k.contains("__"))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    if !overrides.is_empty() {
+        builder = builder.add_source(
+            config::Environment::with_prefix("CLAWFT")
+                .prefix_separator("_")
+                .separator("__")
+                .try_parsing(true)
+                .source(Some(overrides)),
+        );
+    }
+    let mut out = BTreeMap::new();
+    if let Ok(map) = builder
+        .build()
+        .and_then(|c| c.try_deserialize::<config::Map<String, config::Value>>())
+    {
+        for (k, v) in map {
+            flatten_values(&k, v, &mut out);
+        }
+    }
+    out
+}
+
+fn flatten_values(prefix: &str, v: config::Value, out: &mut BTreeMap<String, String>) {
+    match v.kind {
+        config::ValueKind::Table(t) if !t.is_empty() => {
+            for (k, v) in t {
+                flatten_values(&format!("{prefix}.{k}"), v, out);
+            }
+        }
+        kind => {
+            out.insert(prefix.to_string(), kind.to_string());
+        }
+    }
+}
+
+/// Whether the value of `key` is a secret (never printed): API keys, tokens, passwords,
+/// header and MCP environment values; not the `*_env` / `*_file` names that point at them.
+pub fn is_secret_key(key: &str) -> bool {
+    let last = key.rsplit('.').next().unwrap_or(key);
+    if last.ends_with("_env") || last.ends_with("_file") {
+        return false;
+    }
+    let under = |section: &str| key.split('.').rev().skip(1).any(|s| s == section);
+    last == "token"
+        || last.ends_with("_token")
+        || last.ends_with("_key")
+        || last.contains("secret")
+        || last.contains("password")
+        || under("headers")
+        || under("env")
+}
+
+impl super::ConfigError {
+    /// This error with where its key was set (a `CLAWFT_…` variable or the file), when known.
+    pub(super) fn located(self, provenance: &Provenance) -> Self {
+        use super::ConfigError;
+        let suffix = |key: &str| match provenance.origin(key) {
+            Origin::Default => String::new(),
+            o @ Origin::File { .. } => format!(" (set as {o})"),
+            o => format!(" (set by {o})"),
+        };
+        match self {
+            ConfigError::Invalid { key, detail } => {
+                let detail = format!("{detail}{}", suffix(&key));
+                ConfigError::Invalid { key, detail }
+            }
+            ConfigError::Secret { key, detail } => {
+                let detail = format!("{detail}{}", suffix(&key));
+                ConfigError::Secret { key, detail }
+            }
+            e => e,
+        }
+    }
+}

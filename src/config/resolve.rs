@@ -84,7 +84,9 @@ impl Config {
             .parent()
             .map_or_else(|| clawft_home(env), Path::to_path_buf);
         let provenance = super::provenance::Provenance::new(exists.then_some(path.as_path()), env);
+        let locate = provenance.clone();
         Self::resolve(raw, exists.then_some(path), &config_dir, env, provenance)
+            .map_err(|e| e.located(&locate))
     }
 
     /// Parse configuration text directly (used by tests of the example config).
