@@ -320,11 +320,12 @@ fn fish(name: &str, nodes: &[Node]) -> String {
                 let _ = write!(line, " -s {c}");
             }
             if f.takes_value {
-                line.push_str(" -r");
                 if !f.values.is_empty() {
-                    let _ = write!(line, " -a {}", quote(&f.values.join(" ")));
+                    let _ = write!(line, " -x -a {}", quote(&f.values.join(" ")));
                 } else if f.path {
-                    line.push_str(" -F");
+                    line.push_str(" -r -F");
+                } else {
+                    line.push_str(" -x");
                 }
             }
             let _ = writeln!(s, "{line} -d {}", quote(&f.help));

@@ -209,3 +209,256 @@ async fn no_provider_and_a_refused_connection_fails_at_once_with_one_message() {
     );
     assert!(!err.contains("WARN llm"), "{err}");
 }
+
+#[tokio::test]
+async fn help_pages_show_examples_and_the_environment_variables() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = run(dir.path(), &[], &["--help"]).await;
+    assert!(out.status.success());
+    let help = text(&out.stdout);
+    for var in [
+        "OPENAI_API_KEY",
+        "ANTHROPIC_API_KEY",
+        "RUST_LOG",
+        "CLAWFT_HOME",
+        "NO_COLOR",
+        "CLAWFT_<SECTION>__<KEY>",
+    ] {
+        assert!(help.contains(var), "{var} missing from --help:\n{help}");
+    }
+    assert!(help.contains("Examples:"), "{help}");
+    assert!(help.contains("--color"), "{help}");
+    for cmd in [
+        "agent",
+        "gateway",
+        "sessions",
+        "config",
+        "logs",
+        "completions",
+    ] {
+        let out = run(dir.path(), &[], &[cmd, "--help"]).await;
+        assert!(out.status.success(), "{cmd}");
+        let help = text(&out.stdout);
+        assert!(
+            help.contains("Examples:") && help.contains(&format!("weft {cmd}")),
+            "{cmd} --help has no examples:\n{help}"
+        );
+    }
+}
+
+/// Check a script with the shell's own parser, when that shell is installed (`.ci/run`
+/// installs zsh and fish).
+fn syntax_ok(shell: &str, flag: &str, script: &Path) -> Option<bool> {
+    let out = std::process::Command::new(shell)
+        .arg(flag)
+        .arg(script)
+        .output()
+        .ok()?;
+    assert!(
+        out.status.success(),
+        "{shell} {flag}: {}",
+        text(&out.stderr)
+    );
+    Some(true)
+}
+
+#[tokio::test]
+async fn completion_scripts_parse_and_complete_subcommands_and_flags() {
+    let dir = tempfile::tempdir().unwrap();
+    for (shell, check) in [
+        ("bash", ("bash", "-n")),
+        ("zsh", ("zsh", "-n")),
+        ("fish", ("fish", "--no-execute")),
+    ] {
+        let out = run(dir.path(), &[], &["completions", shell]).await;
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let script = text(&out.stdout);
+        for word in ["sessions", "completions", "config", "--color", "--message"] {
+            assert!(
+                script.contains(word.trim_start_matches('-')),
+                "{shell}: {word} missing"
+            );
+        }
+        assert!(script.contains("always"), "{shell}: --color values missing");
+        let file = dir.path().join(format!("weft.{shell}"));
+        std::fs::write(&file, &script).unwrap();
+        let checked = syntax_ok(check.0, check.1, &file);
+        if shell == "bash" {
+            assert_eq!(checked, Some(true), "bash is needed to check the script");
+        } else if checked.is_none() {
+            eprintln!("{shell} is not installed: its script was not parsed");
+        }
+    }
+    // Bash completes a subcommand, then that subcommand's flags.
+    let file = dir.path().join("weft.bash");
+    let probe = format!(
+        "source {}; COMP_WORDS=(weft sess); COMP_CWORD=1; _weft; echo \"${{COMPREPLY[@]}}\"; \
+         COMP_WORDS=(weft agent --); COMP_CWORD=2; _weft; echo \"${{COMPREPLY[@]}}\"; \
+         COMP_WORDS=(weft --color a); COMP_CWORD=2; _weft; echo \"${{COMPREPLY[@]}}\"",
+        file.display()
+    );
+    let out = std::process::Command::new("bash")
+        .args(["-c", &probe])
+        .output()
+        .unwrap();
+    let lines: Vec<String> = text(&out.stdout).lines().map(str::to_string).collect();
+    assert_eq!(lines[0], "sessions", "{lines:?}");
+    assert!(lines[1].split(' ').any(|w| w == "--message"), "{lines:?}");
+    assert_eq!(lines[2], "auto always", "{lines:?}");
+    let out = run(dir.path(), &[], &["completions", "powershell"]).await;
+    assert!(!out.status.success());
+}
+
+#[tokio::test]
+async fn config_show_names_each_source_and_never_prints_a_secret() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = write_config(
+        dir.path(),
+        &json!({
+            "store": {"path": dir.path().join("store").to_str().unwrap()},
+            "agents": {"defaults": {"workspace": dir.path().join("ws").to_str().unwrap()}},
+            "providers": {"openai": {"api_key_env": "MY_KEY", "model": "gpt-4o"}},
+            "channels": {"http": {"token": "http-token-5b1e77"}},
+            "tools": {"mcp_servers": {"gh": {"command": "gh-mcp", "env": {"GH_TOKEN": "ghp-secret-91ad"}}}},
+        }),
+    );
+    let c = cfg.to_str().unwrap();
+    let out = run(
+        dir.path(),
+        &[
+            ("MY_KEY", "sk-file-named-0c4e2d"),
+            ("CLAWFT_SESSIONS__MAX_QUEUE", "7"),
+        ],
+        &["--config", c, "config", "show"],
+    )
+    .await;
+    let shown = text(&out.stdout);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    for secret in [
+        "sk-file-named-0c4e2d",
+        "http-token-5b1e77",
+        "ghp-secret-91ad",
+    ] {
+        assert!(!shown.contains(secret), "{secret} printed:\n{shown}");
+    }
+    let line = |key: &str| {
+        shown
+            .lines()
+            .find(|l| l.starts_with(&format!("{key} ")))
+            .unwrap_or_else(|| panic!("no {key}:\n{shown}"))
+            .to_string()
+    };
+    assert!(
+        line("providers.openai.api_key").contains("environment variable MY_KEY"),
+        "{shown}"
+    );
+    assert!(line("providers.openai.model").contains(&format!("in {c}")));
+    assert!(line("sessions.max_queue").contains("7"));
+    assert!(line("sessions.max_queue").contains("environment variable CLAWFT_SESSIONS__MAX_QUEUE"));
+    assert!(
+        line("sessions.idle_secs").contains("600")
+            && line("sessions.idle_secs").ends_with("default")
+    );
+    assert!(line("channels.http.token").contains("****"));
+    assert!(
+        line("tools.mcp_servers.gh.env.GH_TOKEN").contains("****"),
+        "{shown}"
+    );
+
+    // No config file, the key from the environment.
+    let out = run(
+        dir.path(),
+        &[("OPENAI_API_KEY", "sk-env-2f8b61")],
+        &["config", "show", "--json"],
+    )
+    .await;
+    let shown = text(&out.stdout);
+    assert!(!shown.contains("sk-env-2f8b61"), "{shown}");
+    let rows: serde_json::Value = serde_json::from_str(&shown).unwrap();
+    let key = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["key"] == "providers.openai.api_key")
+        .unwrap();
+    assert_eq!(key["source"], "environment variable OPENAI_API_KEY");
+}
+
+#[tokio::test]
+async fn config_check_exits_0_or_1_with_the_error_once_naming_key_and_source() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = warning_config(dir.path());
+    let c = cfg.to_str().unwrap();
+    let out = run(dir.path(), &[], &["--config", c, "config", "check"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).starts_with("ok:"),
+        "{}",
+        text(&out.stdout)
+    );
+
+    let out = run(
+        dir.path(),
+        &[("CLAWFT_CHANNELS__HTTP__BIND", "0.0.0.0:1")],
+        &["--config", c, "config", "check"],
+    )
+    .await;
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("channels.http.bind"), "{err}");
+    assert!(
+        err.contains("environment variable CLAWFT_CHANNELS__HTTP__BIND"),
+        "{err}"
+    );
+    assert_eq!(err.matches("channels.http.bind").count(), 1, "{err}");
+    assert!(text(&out.stdout).is_empty());
+
+    // A bad value in the file names the file.
+    let bad = write_config(
+        dir.path(),
+        &json!({"agents": {"defaults": {"temperature": 7.5}}}),
+    );
+    let out = run(
+        dir.path(),
+        &[],
+        &["--config", bad.to_str().unwrap(), "config", "check"],
+    )
+    .await;
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        err.contains(&format!("agents.defaults.temperature in {}", bad.display())),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn logs_without_a_service_or_a_log_file_say_what_to_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = run(dir.path(), &[], &["logs"]).await;
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("no gateway log found"), "{err}");
+    assert!(err.contains("weft service install"), "{err}");
+    assert!(err.contains("weft gateway 2>>"), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+
+    // The log file of a gateway run by hand: the command that follows it.
+    let logs = dir.path().join(".clawft/logs");
+    std::fs::create_dir_all(&logs).unwrap();
+    std::fs::write(logs.join("gateway.log"), "line one\nline two\n").unwrap();
+    let out = run(
+        dir.path(),
+        &[],
+        &["logs", "-f", "-n", "5", "--print-command"],
+    )
+    .await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(
+        text(&out.stdout).trim(),
+        format!("tail -n 5 -f {}", logs.join("gateway.log").display())
+    );
+    let out = run(dir.path(), &[], &["logs", "-n", "1"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "line two\n");
+}
