@@ -38,7 +38,7 @@ struct Flag {
 }
 
 fn first_line(s: Option<&clap::builder::StyledStr>) -> String {
-    s.map(|h| h.to_string())
+    s.map(ToString::to_string)
         .unwrap_or_default()
         .lines()
         .next()

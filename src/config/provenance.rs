@@ -158,7 +158,7 @@ fn file_leaf_keys(path: &Path) -> BTreeSet<String> {
     if let Ok(map) = config::Config::builder()
         .add_source(config::File::from(path).format(format))
         .build()
-        .and_then(|c| c.try_deserialize::<config::Map<String, config::Value>>())
+        .and_then(config::Config::try_deserialize::<config::Map<String, config::Value>>)
     {
         for (k, v) in map {
             flatten(&k, v, &mut out);
@@ -257,7 +257,7 @@ pub fn set_values(file: Option<&Path>, env: &Env) -> BTreeMap<String, String> {
     let mut out = BTreeMap::new();
     if let Ok(map) = builder
         .build()
-        .and_then(|c| c.try_deserialize::<config::Map<String, config::Value>>())
+        .and_then(config::Config::try_deserialize::<config::Map<String, config::Value>>)
     {
         for (k, v) in map {
             flatten_values(&k, v, &mut out);
@@ -316,5 +316,77 @@ impl super::ConfigError {
             }
             e => e,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    #[test]
+    fn secrets_are_recognised_by_key_and_pointers_are_not() {
+        for k in [
+            "providers.openai.api_key",
+            "channels.http.token",
+            "channels.slack.app_token",
+            "tools.web_search.api_key",
+            "providers.x.headers.Authorization",
+            "tools.mcp_servers.gh.env.GH_TOKEN",
+            "tools.mcp_servers.gh.env.ANYTHING",
+        ] {
+            assert!(is_secret_key(k), "{k}");
+        }
+        for k in [
+            "providers.openai.api_key_env",
+            "providers.openai.api_key_file",
+            "channels.http.bind",
+            "tools.mcp_servers.gh.headers_env",
+            "agents.defaults.max_tokens",
+        ] {
+            assert!(!is_secret_key(k), "{k}");
+        }
+        assert_eq!(
+            override_key("CLAWFT_AGENTS__DEFAULTS__MODEL").as_deref(),
+            Some("agents.defaults.model")
+        );
+        assert_eq!(override_key("CLAWFT_HOME"), None);
+    }
+
+    #[test]
+    fn origins_follow_file_environment_and_default() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.json");
+        std::fs::write(
+            &path,
+            r#"{"providers": {"openai": {"api_key_env": "MY_KEY", "base_url": "http://127.0.0.1:9/v1"}},
+                "store": {"path": "/tmp/x"}}"#,
+        )
+        .unwrap();
+        let env = Env::from_pairs([
+            ("HOME", dir.path().to_str().unwrap()),
+            ("MY_KEY", "k"),
+            ("CLAWFT_SESSIONS__MAX_QUEUE", "3"),
+        ]);
+        let c = super::super::Config::load(Some(&path), &env).unwrap();
+        let p = &c.provenance;
+        assert_eq!(
+            p.origin("providers.openai.api_key").to_string(),
+            format!("environment variable MY_KEY (named by providers.openai.api_key_env)")
+        );
+        assert_eq!(
+            p.origin("providers.openai.base_url").to_string(),
+            format!("providers.openai.base_url in {}", path.display())
+        );
+        assert_eq!(
+            p.origin("sessions.max_queue").to_string(),
+            "environment variable CLAWFT_SESSIONS__MAX_QUEUE"
+        );
+        assert_eq!(p.origin("sessions.idle_secs"), Origin::Default);
+        let hints = c.provider_hints();
+        assert!(hints["openai"].auth.contains("MY_KEY"), "{:?}", hints);
+        assert!(hints["openai"]
+            .connect
+            .contains("providers.openai.base_url in"));
     }
 }

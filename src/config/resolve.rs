@@ -714,6 +714,7 @@ pub(super) fn provider(
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 pub(super) fn resolve_providers(
     raw: BTreeMap<String, file::ProviderFile>,
     first: Option<&str>,
