@@ -372,7 +372,7 @@ mod tests {
         let p = &c.provenance;
         assert_eq!(
             p.origin("providers.openai.api_key").to_string(),
-            format!("environment variable MY_KEY (named by providers.openai.api_key_env)")
+            "environment variable MY_KEY (named by providers.openai.api_key_env)"
         );
         assert_eq!(
             p.origin("providers.openai.base_url").to_string(),
@@ -384,7 +384,7 @@ mod tests {
         );
         assert_eq!(p.origin("sessions.idle_secs"), Origin::Default);
         let hints = c.provider_hints();
-        assert!(hints["openai"].auth.contains("MY_KEY"), "{:?}", hints);
+        assert!(hints["openai"].auth.contains("MY_KEY"), "{hints:?}");
         assert!(hints["openai"]
             .connect
             .contains("providers.openai.base_url in"));
