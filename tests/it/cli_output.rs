@@ -95,6 +95,55 @@ async fn color_always_colours_and_never_or_no_color_do_not() {
     );
 }
 
+/// `weft ARGS` with stderr on a terminal (util-linux `script` gives it a pty); `None` when
+/// `script` is not installed.
+async fn on_a_terminal(dir: &Path, env: &[(&str, &str)], args: &str) -> Option<String> {
+    let line = format!("{} {args} >/dev/null", env!("CARGO_BIN_EXE_weft"));
+    let mut c = std::process::Command::new("script");
+    c.args(["-qec", &line, "/dev/null"])
+        .env_clear()
+        .env("HOME", dir)
+        .env("CLAWFT_HOME", dir.join(".clawft"))
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("RUST_LOG", "warn")
+        .stdin(std::process::Stdio::null());
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    let out = tokio::task::spawn_blocking(move || c.output())
+        .await
+        .unwrap()
+        .ok()?;
+    Some(text(&out.stdout))
+}
+
+#[tokio::test]
+async fn on_a_terminal_logs_are_coloured_unless_no_color_is_set() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = warning_config(dir.path());
+    let args = format!("--config {} skills list", cfg.display());
+    let Some(tty) = on_a_terminal(dir.path(), &[], &args).await else {
+        eprintln!("util-linux `script` is not installed: no terminal to test on");
+        return;
+    };
+    assert!(tty.contains("neither `command` nor `url`"), "{tty:?}");
+    assert!(tty.contains(ESC), "no colour on a terminal: {tty:?}");
+    let plain = on_a_terminal(dir.path(), &[("NO_COLOR", "1")], &args)
+        .await
+        .unwrap();
+    assert!(plain.contains("neither `command` nor `url`"), "{plain:?}");
+    assert!(!plain.contains(ESC), "NO_COLOR ignored: {plain:?}");
+    // An empty NO_COLOR counts as unset (no-color.org).
+    let empty = on_a_terminal(dir.path(), &[("NO_COLOR", "")], &args)
+        .await
+        .unwrap();
+    assert!(empty.contains(ESC), "{empty:?}");
+    let never = on_a_terminal(dir.path(), &[], &format!("--color never {args}"))
+        .await
+        .unwrap();
+    assert!(!never.contains(ESC), "{never:?}");
+}
+
 #[tokio::test]
 async fn a_refused_key_from_the_environment_is_blamed_on_the_variable_once() {
     let dir = tempfile::tempdir().unwrap();
