@@ -158,7 +158,7 @@ fn file_leaf_keys(path: &Path) -> BTreeSet<String> {
     if let Ok(map) = config::Config::builder()
         .add_source(config::File::from(path).format(format))
         .build()
-        .and_then(config::Config::try_deserialize::<config::Map<String, config::Value>>)
+        .and_then(|c| c.cache.into_table())
     {
         for (k, v) in map {
             flatten(&k, v, &mut out);
@@ -255,10 +255,7 @@ pub fn set_values(file: Option<&Path>, env: &Env) -> BTreeMap<String, String> {
         );
     }
     let mut out = BTreeMap::new();
-    if let Ok(map) = builder
-        .build()
-        .and_then(config::Config::try_deserialize::<config::Map<String, config::Value>>)
-    {
+    if let Ok(map) = builder.build().and_then(|c| c.cache.into_table()) {
         for (k, v) in map {
             flatten_values(&k, v, &mut out);
         }
