@@ -2,20 +2,25 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
 use clawft::cli::{self, Cli, Command};
 use clawft::config::{Config, Env};
 
 fn main() -> ExitCode {
     clawft::install_crypto_provider();
-    let cli = Cli::parse();
+    let cli = cli::parse();
     let env = Env::from_process();
     let journald = env.get("JOURNAL_STREAM").is_some();
     let default_level = match cli.command {
         Command::Gateway => "info",
+        // A failed turn's reason is the command's error, printed once (not logged as well).
+        Command::Agent { .. } => "warn,clawft::turn::failure=off",
         _ => "warn",
     };
-    clawft::telemetry::init(cli.log_format, default_level, journald);
+    let ansi = cli.color.colour(
+        env.get("NO_COLOR"),
+        std::io::IsTerminal::is_terminal(&std::io::stderr()),
+    );
+    clawft::telemetry::init(cli.log_format, default_level, journald, ansi);
 
     if let Command::Onboard { force } = cli.command {
         return match cli::onboard::run(cli.config.as_deref(), &env, force) {
@@ -23,6 +28,36 @@ fn main() -> ExitCode {
                 for p in paths {
                     println!("wrote {}", p.display());
                 }
+                ExitCode::SUCCESS
+            }
+            Err(e) => fail(&e.to_string()),
+        };
+    }
+    if let Command::Completions { shell } = cli.command {
+        use clap::CommandFactory;
+        let mut cmd = cli::help::decorate(Cli::command());
+        print!("{}", cli::completions::script(shell, &mut cmd));
+        return ExitCode::SUCCESS;
+    }
+    if let Command::Logs {
+        follow,
+        lines,
+        system,
+        print_command,
+    } = cli.command
+    {
+        return match cli::logs::run(&env, follow, lines, system, print_command) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => fail(&e.to_string()),
+        };
+    }
+    if let Command::Config {
+        action: cli::config_cmd::ConfigAction::Check,
+    } = cli.command
+    {
+        return match cli::config_cmd::check(cli.config.as_deref(), &env) {
+            Ok(msg) => {
+                println!("{msg}");
                 ExitCode::SUCCESS
             }
             Err(e) => fail(&e.to_string()),
@@ -57,6 +92,13 @@ fn main() -> ExitCode {
     let result = rt.block_on(async move {
         match cli.command {
             Command::Onboard { .. } | Command::Service { .. } => Ok(()),
+            Command::Completions { .. } | Command::Logs { .. } => Ok(()),
+            Command::Config { action } => match action {
+                cli::config_cmd::ConfigAction::Show { json } => {
+                    cli::config_cmd::show(&config, &env, json)
+                }
+                cli::config_cmd::ConfigAction::Check => Ok(()),
+            },
             Command::Agent { message, session } => {
                 cli::agent::run(&config, message, &session).await
             }

@@ -3,6 +3,10 @@
 //! start with the `sd-daemon(3)` priority prefix (`<3>` error … `<7>` debug), so journald
 //! records each line at its level (`journalctl -p warning` works).
 //!
+//! Colour (ANSI escapes) only where a person reads the lines: [`ColorChoice::Auto`] (the
+//! default) colours when stderr is a terminal and `NO_COLOR` is unset or empty; `--color
+//! always|never` overrides both. Logs sent to a file, a pipe or journald are plain text.
+//!
 //! Span field names used across the crate: `channel`, `chat`, `event_id`, `session`, `turn`,
 //! `tool`, `call_id`, `attempt`. Message bodies are never logged above `debug`.
 
@@ -52,16 +56,45 @@ pub enum LogFormat {
     Json,
 }
 
-/// Install the global subscriber. `journald` drops timestamps.
-pub fn init(format: LogFormat, default_level: &str, journald: bool) {
+/// When log lines carry colour (`--color`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum ColorChoice {
+    /// Colour when stderr is a terminal and `NO_COLOR` is unset or empty.
+    #[default]
+    Auto,
+    /// Always colour, even into a file or a pipe.
+    Always,
+    /// Never colour.
+    Never,
+}
+
+impl ColorChoice {
+    /// Whether to colour, given `NO_COLOR`'s value and whether stderr is a terminal.
+    pub fn colour(self, no_color: Option<&str>, stderr_is_tty: bool) -> bool {
+        match self {
+            ColorChoice::Always => true,
+            ColorChoice::Never => false,
+            ColorChoice::Auto => stderr_is_tty && no_color.is_none_or(str::is_empty),
+        }
+    }
+}
+
+/// Install the global subscriber. `journald` drops timestamps; `ansi` colours the text lines
+/// (see [`ColorChoice::colour`]).
+pub fn init(format: LogFormat, default_level: &str, journald: bool, ansi: bool) {
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(ansi)
         .with_target(false);
     let _ = match (format, journald) {
-        (LogFormat::Json, _) => builder.json().flatten_event(true).try_init(),
+        (LogFormat::Json, _) => builder
+            .with_ansi(false)
+            .json()
+            .flatten_event(true)
+            .try_init(),
         (LogFormat::Text, true) => builder
             .with_ansi(false)
             .fmt_fields(DefaultFields::new())

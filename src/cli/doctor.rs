@@ -148,8 +148,12 @@ pub fn workspace_findings(config: &Config) -> Vec<Finding> {
 
 async fn providers(config: &Config, client: &reqwest::Client) -> Vec<Finding> {
     let mut out = Vec::new();
+    let hints = config.provider_hints();
     for p in &config.providers {
         let check = format!("provider {}", p.name);
+        let hint = |f: fn(&crate::config::provenance::ProviderHints) -> &String| {
+            hints.get(&p.name).map(f).cloned().unwrap_or_default()
+        };
         let local = p.base_url.contains("127.0.0.1") || p.base_url.contains("localhost");
         if p.api_key.is_none() && !local {
             out.push(warn(
@@ -174,9 +178,9 @@ async fn providers(config: &Config, client: &reqwest::Client) -> Vec<Finding> {
             Ok(r) if r.status().as_u16() == 401 || r.status().as_u16() == 403 => fail(
                 &check,
                 format!(
-                    "{base} refused the API key (HTTP {}): check providers.{}.api_key",
+                    "{base} refused the API key (HTTP {}). {}",
                     r.status().as_u16(),
-                    p.name
+                    hint(|h| &h.auth)
                 ),
             ),
             Ok(r) => ok(
@@ -189,7 +193,10 @@ async fn providers(config: &Config, client: &reqwest::Client) -> Vec<Finding> {
             ),
             Err(e) => fail(
                 &check,
-                format!("{base} is unreachable ({e}): is the server running, is base_url right?"),
+                format!(
+                    "{base} is unreachable ({e}): is the server running? {}",
+                    hint(|h| &h.connect)
+                ),
             ),
         });
     }

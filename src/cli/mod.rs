@@ -2,9 +2,13 @@
 
 pub mod agent;
 pub mod client;
+pub mod completions;
+pub mod config_cmd;
 pub mod control;
 pub mod doctor;
 pub mod gateway;
+pub mod help;
+pub mod logs;
 pub mod human;
 pub mod mcp;
 pub mod onboard;
@@ -33,6 +37,16 @@ pub struct Cli {
     /// Log format on stderr.
     #[arg(long, global = true, value_enum, default_value = "text")]
     pub log_format: LogFormat,
+    /// Colour in log lines: auto (only when stderr is a terminal and NO_COLOR is unset),
+    /// always or never.
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        default_value = "auto",
+        value_name = "WHEN"
+    )]
+    pub color: crate::telemetry::ColorChoice,
     /// The command.
     #[command(subcommand)]
     pub command: Command,
@@ -136,6 +150,41 @@ pub enum Command {
         #[command(subcommand)]
         action: tools::ToolsAction,
     },
+    /// Show the effective configuration and where each value came from, or check it.
+    Config {
+        /// What to do.
+        #[command(subcommand)]
+        action: config_cmd::ConfigAction,
+    },
+    /// Show the gateway's log: the service's journal, or ~/.clawft/logs/gateway.log.
+    Logs {
+        /// Keep printing new lines as they come.
+        #[arg(short, long)]
+        follow: bool,
+        /// How many recent lines to show.
+        #[arg(short = 'n', long, default_value_t = 50)]
+        lines: u32,
+        /// The system unit's journal (`weft service install --system`).
+        #[arg(long)]
+        system: bool,
+        /// Print the command that shows the log instead of running it.
+        #[arg(long)]
+        print_command: bool,
+    },
+    /// Print a shell completion script (bash, zsh or fish) on stdout.
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: completions::Shell,
+    },
+}
+
+/// Parse the command line with the help pages' examples and environment variables attached
+/// ([`help::decorate`]); exits with clap's message on a usage error, as `Cli::parse` does.
+pub fn parse() -> Cli {
+    use clap::{CommandFactory, FromArgMatches};
+    let matches = help::decorate(Cli::command()).get_matches();
+    Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
 }
 
 /// `weft mcp` actions.

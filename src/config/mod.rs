@@ -7,10 +7,12 @@
 //!
 //! Files: [`types`] (the resolved [`Config`] and [`ConfigError`]), [`env`] (the environment
 //! snapshot), [`resolve`] (file + environment → `Config`), [`secrets`] (secrets by indirection),
-//! [`file`] (the raw file shape), [`subagents`] (the subagent limits), [`usage`] (prices and budgets).
+//! [`file`] (the raw file shape), [`subagents`] (the subagent limits), [`usage`] (prices and budgets),
+//! [`provenance`] (where each value came from).
 
 pub mod env;
 pub mod file;
+pub mod provenance;
 pub mod resolve;
 pub mod secrets;
 pub mod subagents;

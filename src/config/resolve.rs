@@ -57,11 +57,10 @@ impl Config {
         if explicit && !exists {
             return Err(ConfigError::Missing(path));
         }
-        let mut builder = config::Config::builder();
-        if exists {
-            let format = match path.extension().and_then(|e| e.to_str()) {
-                Some("toml") => config::FileFormat::Toml,
-                Some("json") | None => config::FileFormat::Json,
+        let format = if exists {
+            match path.extension().and_then(|e| e.to_str()) {
+                Some("toml") => Some(config::FileFormat::Toml),
+                Some("json") | None => Some(config::FileFormat::Json),
                 Some(other) => {
                     return Err(ConfigError::Invalid {
                         key: "--config".into(),
@@ -70,44 +69,28 @@ impl Config {
                         ),
                     })
                 }
-            };
-            builder = builder.add_source(config::File::from(path.as_path()).format(format));
-        }
+            }
+        } else {
+            None
+        };
         let overrides: config::Map<String, String> = env
             .0
             .iter()
             .filter(|(k, _)| k.starts_with("CLAWFT_") && k.contains("__"))
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
-        if !overrides.is_empty() {
-            builder = builder.add_source(
-                config::Environment::with_prefix("CLAWFT")
-                    .prefix_separator("_")
-                    .separator("__")
-                    .try_parsing(true)
-                    .source(Some(overrides)),
-            );
-        }
-        let source_name = if exists {
-            path.display().to_string()
-        } else {
-            "defaults".to_string()
+        let file_source = format.map(|f| (path.as_path(), f));
+        let raw = match read_raw(file_source, &overrides) {
+            Ok(raw) => raw,
+            Err(e) => return Err(parse_error(&e, file_source, &overrides)),
         };
-        let raw = builder
-            .build()
-            .map_err(|e| ConfigError::Parse {
-                source_name: source_name.clone(),
-                detail: e.to_string(),
-            })?
-            .try_deserialize::<ConfigFile>()
-            .map_err(|e| ConfigError::Parse {
-                source_name,
-                detail: e.to_string(),
-            })?;
         let config_dir = path
             .parent()
             .map_or_else(|| clawft_home(env), Path::to_path_buf);
-        Self::resolve(raw, exists.then_some(path), &config_dir, env)
+        let provenance = super::provenance::Provenance::new(exists.then_some(path.as_path()), env);
+        let locate = provenance.clone();
+        Self::resolve(raw, exists.then_some(path), &config_dir, env, provenance)
+            .map_err(|e| e.located(&locate))
     }
 
     /// Parse configuration text directly (used by tests of the example config).
@@ -128,7 +111,13 @@ impl Config {
                 source_name: "text".into(),
                 detail: e.to_string(),
             })?;
-        Self::resolve(raw, None, &clawft_home(env), env)
+        Self::resolve(
+            raw,
+            None,
+            &clawft_home(env),
+            env,
+            super::provenance::Provenance::default(),
+        )
     }
 
     fn resolve(
@@ -136,6 +125,7 @@ impl Config {
         path: Option<PathBuf>,
         config_dir: &Path,
         env: &Env,
+        mut provenance: super::provenance::Provenance,
     ) -> Result<Config, ConfigError> {
         let home = clawft_home(env);
         let mut secrets = Vec::new();
@@ -205,6 +195,7 @@ impl Config {
             config_dir,
             env,
             &mut secrets,
+            &mut provenance,
         )?;
         agent.window = resolve_window(window_override, compaction, &providers)?;
 
@@ -319,7 +310,69 @@ impl Config {
             notify_socket: env.get("NOTIFY_SOCKET").map(PathBuf::from),
             watchdog: watchdog_interval(env, std::process::id()),
             usage: super::usage::resolve_usage(&raw.prices, &raw.budgets)?,
+            provenance,
         })
+    }
+}
+
+/// The file (if any) and the `CLAWFT_…` overrides, merged and deserialised.
+fn read_raw(
+    file: Option<(&Path, config::FileFormat)>,
+    overrides: &config::Map<String, String>,
+) -> Result<ConfigFile, config::ConfigError> {
+    let mut builder = config::Config::builder();
+    if let Some((path, format)) = file {
+        builder = builder.add_source(config::File::from(path).format(format));
+    }
+    if !overrides.is_empty() {
+        builder = builder.add_source(
+            config::Environment::with_prefix("CLAWFT")
+                .prefix_separator("_")
+                .separator("__")
+                .try_parsing(true)
+                .source(Some(overrides.clone())),
+        );
+    }
+    builder.build()?.try_deserialize::<ConfigFile>()
+}
+
+/// A parse error blamed on where the bad value is: the `CLAWFT_…` variable that sets the key
+/// the error names, the overrides when the file alone is fine, else the file.
+fn parse_error(
+    e: &config::ConfigError,
+    file: Option<(&Path, config::FileFormat)>,
+    overrides: &config::Map<String, String>,
+) -> ConfigError {
+    let file_name = file.map_or_else(|| "defaults".to_string(), |(p, _)| p.display().to_string());
+    let detail = e.to_string();
+    if overrides.is_empty() {
+        return ConfigError::Parse {
+            source_name: file_name,
+            detail,
+        };
+    }
+    if let config::ConfigError::Type { key: Some(key), .. } = e {
+        let key = key.to_lowercase();
+        if let Some(var) = overrides
+            .keys()
+            .find(|v| super::provenance::override_key(v).as_deref() == Some(key.as_str()))
+        {
+            return ConfigError::Parse {
+                source_name: format!("environment variable {var}"),
+                detail,
+            };
+        }
+    }
+    if read_raw(file, &config::Map::new()).is_ok() {
+        let vars: Vec<&str> = overrides.keys().map(String::as_str).collect();
+        return ConfigError::Parse {
+            source_name: format!("the environment overrides ({})", vars.join(", ")),
+            detail,
+        };
+    }
+    ConfigError::Parse {
+        source_name: file_name,
+        detail,
     }
 }
 
@@ -681,6 +734,7 @@ pub(super) fn provider(
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 pub(super) fn resolve_providers(
     raw: BTreeMap<String, file::ProviderFile>,
     first: Option<&str>,
@@ -689,7 +743,9 @@ pub(super) fn resolve_providers(
     config_dir: &Path,
     env: &Env,
     secrets: &mut Vec<Secret>,
+    provenance: &mut super::provenance::Provenance,
 ) -> Result<(Vec<ProviderConfig>, ProviderSource), ConfigError> {
+    use super::provenance::Origin;
     if raw.is_empty() {
         let mut found = Vec::new();
         let mut out = Vec::new();
@@ -719,6 +775,14 @@ pub(super) fn resolve_providers(
                 secrets.push(secret.clone());
                 found.push(key_var.to_string());
                 let base = base_var.and_then(|b| env.get(b)).map(str::to_string);
+                let var = |v: &str| Origin::Env {
+                    var: v.to_string(),
+                    via: None,
+                };
+                provenance.set(format!("providers.{name}.api_key"), var(key_var));
+                if let (Some(b), Some(_)) = (base_var, &base) {
+                    provenance.set(format!("providers.{name}.base_url"), var(b));
+                }
                 out.push(provider(
                     name,
                     kind,
@@ -735,6 +799,15 @@ pub(super) fn resolve_providers(
             return Ok((out, ProviderSource::Environment(found)));
         }
         let base = env.get("OPENAI_BASE_URL").map(str::to_string);
+        if base.is_some() {
+            provenance.set(
+                "providers.local.base_url",
+                Origin::Env {
+                    var: "OPENAI_BASE_URL".into(),
+                    via: None,
+                },
+            );
+        }
         return Ok((
             vec![provider(
                 "local",
@@ -772,6 +845,7 @@ pub(super) fn resolve_providers(
                 });
             }
         }
+        let env_name = p.api_key_env.clone();
         let api_key = resolve_secret(
             &format!("{key}.api_key"),
             p.api_key,
@@ -780,6 +854,15 @@ pub(super) fn resolve_providers(
             config_dir,
             env,
         )?;
+        if api_key.is_some() {
+            let origin = secret_origin(
+                &format!("{key}.api_key"),
+                env_name.as_deref(),
+                api_key.as_ref(),
+                provenance,
+            );
+            provenance.set(format!("{key}.api_key"), origin);
+        }
         if let Some(s) = &api_key {
             secrets.push(s.clone());
         }

@@ -59,3 +59,31 @@ pub(super) fn resolve_secret(
     }
     Ok(None)
 }
+
+/// Where the secret of `key` resolved by [`resolve_secret`] came from, given which of its
+/// forms was set (`env_name`: the `*_env` variable) and the secret read.
+pub(super) fn secret_origin(
+    key: &str,
+    env_name: Option<&str>,
+    secret: Option<&crate::types::Secret>,
+    provenance: &super::provenance::Provenance,
+) -> super::provenance::Origin {
+    use super::provenance::Origin;
+    if let Some(file) = secret.and_then(crate::types::Secret::file) {
+        return Origin::SecretFile {
+            file: file.to_path_buf(),
+            via: format!("{key}_file"),
+        };
+    }
+    if let Some(var) = env_name {
+        let via = match provenance.origin(&format!("{key}_env")) {
+            Origin::Env { var: v, .. } => format!("{key}_env set by {v}"),
+            _ => format!("{key}_env"),
+        };
+        return Origin::Env {
+            var: var.to_string(),
+            via: Some(via),
+        };
+    }
+    provenance.origin(key)
+}

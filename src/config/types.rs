@@ -239,6 +239,8 @@ pub struct Config {
     pub watchdog: Option<Duration>,
     /// `prices` and `budgets`.
     pub usage: super::usage::UsageConfig,
+    /// Where the values came from (file key, environment variable, default).
+    pub provenance: super::provenance::Provenance,
 }
 
 /// A chat platform.

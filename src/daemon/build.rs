@@ -66,6 +66,7 @@ pub fn build_model(config: &Config) -> Result<DynModel, LlmError> {
     }
     let policy = RetryPolicy {
         max_attempts: retries.saturating_add(1),
+        fail_fast_refused: config.provider_source == ProviderSource::LocalDefault,
         ..RetryPolicy::default()
     };
     Ok(Arc::new(ResilientModel::new(models, policy)))
@@ -75,7 +76,7 @@ pub fn build_model(config: &Config) -> Result<DynModel, LlmError> {
 pub fn connect_hint(config: &Config) -> Option<String> {
     match &config.provider_source {
         ProviderSource::LocalDefault => Some(format!(
-            "No LLM provider is configured and nothing answered at {} (Ollama's default). Set OPENAI_API_KEY (and OPENAI_BASE_URL for another OpenAI-compatible server), ANTHROPIC_API_KEY or OPENROUTER_API_KEY, or add providers.<name> to {}",
+            "No LLM provider is configured and nothing answered at {} (Ollama's default, used when nothing else is configured). Set OPENAI_API_KEY (and OPENAI_BASE_URL for another OpenAI-compatible server), ANTHROPIC_API_KEY or OPENROUTER_API_KEY, or add providers.<name> to {}",
             config
                 .providers
                 .first()
@@ -83,7 +84,7 @@ pub fn connect_hint(config: &Config) -> Option<String> {
             config
                 .path
                 .as_ref()
-                .map_or_else(|| "~/.clawft/config.json".to_string(), |p| p.display().to_string())
+                .map_or_else(|| config.home.join("config.toml").display().to_string(), |p| p.display().to_string())
         )),
         ProviderSource::Environment(_) | ProviderSource::Configured => None,
     }

@@ -238,6 +238,7 @@ impl Daemon {
             .into(),
             workspace: workspace.clone(),
             connect_hint: connect_hint(config).map(Into::into),
+            provider_hints: Arc::new(config.provider_hints()),
             skills_global: Some(config.home.join("skills")),
             usage: usage.clone(),
         };

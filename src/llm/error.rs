@@ -28,7 +28,7 @@ pub enum LlmError {
         retry_after: Option<Duration>,
     },
     /// 401/403: the key is missing, wrong or lacks permission. Never retried.
-    #[error("{provider}: authentication failed (HTTP {status}): {body}. Check the API key configured for this provider (providers.<name>.api_key / api_key_env / api_key_file)")]
+    #[error("{provider}: authentication failed (HTTP {status}): {body}")]
     Auth {
         /// Provider name.
         provider: String,
@@ -79,6 +79,9 @@ pub enum LlmError {
         url: String,
         /// What the transport said.
         detail: String,
+        /// Nothing listens there (connection refused): a server that is not running, not a
+        /// passing failure.
+        refused: bool,
     },
     /// No answer within the configured timeout.
     #[error("{provider}: no response within {0:?}", .timeout)]
@@ -152,6 +155,11 @@ impl LlmError {
     /// Whether another provider of a fallback list may succeed where this one failed.
     pub fn allows_failover(&self) -> bool {
         !matches!(self, LlmError::Cancelled)
+    }
+
+    /// Whether the connection was refused (nothing listens at the provider's address).
+    pub fn is_refused(&self) -> bool {
+        matches!(self, LlmError::Connect { refused: true, .. })
     }
 
     /// Whether the prompt was over the model's context window.
@@ -258,10 +266,12 @@ impl LlmError {
                 provider,
                 url,
                 detail,
+                refused,
             } => LlmError::Connect {
                 provider,
                 url: clean(url),
                 detail: clean(detail),
+                refused,
             },
             LlmError::InvalidResponse { provider, detail } => LlmError::InvalidResponse {
                 provider,

@@ -112,6 +112,7 @@ impl<'a> Endpoint<'a> {
                 } else {
                     e.to_string()
                 },
+                refused: is_refused(e),
             }
         }
     }
@@ -183,6 +184,20 @@ pub(crate) fn join_url(base: &str, path: &str) -> String {
 }
 
 /// `e` and its sources, `: `-separated (reqwest's own message omits the cause).
+/// Whether an I/O error in `e`'s source chain is a refused connection.
+fn is_refused(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(e);
+    while let Some(c) = cur {
+        if c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::ConnectionRefused)
+        {
+            return true;
+        }
+        cur = c.source();
+    }
+    false
+}
+
 fn error_chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
     let mut cur = e.source();

@@ -19,6 +19,9 @@ pub struct RetryPolicy {
     pub base_delay: Duration,
     /// Longest backoff, and the longest `Retry-After` honoured (beyond it, fail over).
     pub max_delay: Duration,
+    /// A refused connection is not retried (the local default: nothing runs there, and the
+    /// user is told at once what to configure).
+    pub fail_fast_refused: bool,
 }
 
 impl Default for RetryPolicy {
@@ -27,6 +30,7 @@ impl Default for RetryPolicy {
             max_attempts: 4,
             base_delay: Duration::from_millis(500),
             max_delay: Duration::from_secs(30),
+            fail_fast_refused: false,
         }
     }
 }
@@ -114,6 +118,7 @@ impl ChatModel for ResilientModel {
                     1,
                 );
                 let can_retry = err.is_retryable()
+                    && !(self.policy.fail_fast_refused && err.is_refused())
                     && attempt < self.policy.max_attempts.max(1)
                     && !streamed.load(Ordering::Relaxed);
                 let wait = match err.retry_after() {
@@ -127,7 +132,13 @@ impl ChatModel for ResilientModel {
                         tokio::time::sleep(wait).await;
                     }
                     _ => {
-                        tracing::warn!(provider = model.name(), attempt, error = %err, "llm provider failed");
+                        // With one provider the turn reports the failure (once); with a
+                        // fallback list this line says which provider failed over.
+                        if self.models.len() > 1 {
+                            tracing::warn!(provider = model.name(), attempt, error = %err, "llm provider failed");
+                        } else {
+                            tracing::debug!(provider = model.name(), attempt, error = %err, "llm provider failed");
+                        }
                         if streamed.load(Ordering::Relaxed) {
                             return Err(err);
                         }

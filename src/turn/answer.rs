@@ -72,11 +72,37 @@ pub(super) async fn complete(
     }
 }
 
+/// What to add to the failure `e`: for a connection failure the local default's hint (what to
+/// configure) or where the provider's base URL came from; for a refused key, where the key
+/// came from.
+pub(super) fn hint_for(e: &LlmError, deps: &super::TurnDeps) -> Option<String> {
+    match e {
+        LlmError::Connect { provider, .. } => deps
+            .connect_hint
+            .as_deref()
+            .map(str::to_string)
+            .or_else(|| deps.provider_hints.get(provider).map(|h| h.connect.clone())),
+        LlmError::Auth { provider, .. } => {
+            deps.provider_hints.get(provider).map(|h| h.auth.clone())
+        }
+        _ => None,
+    }
+}
+
 /// What the user reads when the turn has no answer because of `e` (`shown`: its text, already
 /// scrubbed of secrets), and how loudly it is logged: a problem only the operator can fix
 /// (key, quota) is an error, a passing one a warning.
 pub(super) fn failure_reason(e: &LlmError, shown: &str, connect_hint: Option<&str>) -> String {
-    let mut text = match e {
+    let mut text = match (e, connect_hint) {
+        // Nothing listens there: say what to do first, then what the transport said.
+        (LlmError::Connect { refused: true, .. }, Some(h)) => format!("{h} ({shown})"),
+        _ => String::new(),
+    };
+    if !text.is_empty() {
+        tracing::warn!(target: "clawft::turn::failure", error = %shown, kind = e.kind(), "llm call failed");
+        return text;
+    }
+    text = match e {
         LlmError::Auth { .. } => format!(
             "The model provider refused the API key, so I cannot answer until it is fixed: {shown}"
         ),
@@ -103,15 +129,19 @@ pub(super) fn failure_reason(e: &LlmError, shown: &str, connect_hint: Option<&st
         }
         LlmError::Cancelled => "Stopped: the turn was cancelled.".to_string(),
     };
-    if let (LlmError::Connect { .. }, Some(h)) = (e, connect_hint) {
+    if let (LlmError::Connect { .. } | LlmError::Auth { .. }, Some(h)) = (e, connect_hint) {
         text.push_str(". ");
         text.push_str(h);
     }
+    // The `clawft::turn::failure` target: `weft agent` turns it off by default (the reason is
+    // printed as the command's error, once).
     match e {
         LlmError::Auth { .. } | LlmError::Quota { .. } => {
-            tracing::error!(error = %shown, kind = e.kind(), "llm call failed; an operator must act");
+            tracing::error!(target: "clawft::turn::failure", error = %shown, kind = e.kind(), "llm call failed; an operator must act");
         }
-        _ => tracing::warn!(error = %shown, kind = e.kind(), "llm call failed"),
+        _ => {
+            tracing::warn!(target: "clawft::turn::failure", error = %shown, kind = e.kind(), "llm call failed")
+        }
     }
     text
 }
@@ -137,6 +167,7 @@ mod tests {
             provider: "p".into(),
             url: "http://x".into(),
             detail: "refused".into(),
+            refused: false,
         };
         assert!(
             failure_reason(&connect, &connect.to_string(), Some("set OPENAI_API_KEY"))

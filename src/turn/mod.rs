@@ -41,6 +41,10 @@ pub struct TurnDeps {
     pub system_prompt: Arc<str>,
     /// Extra hint appended to provider connection errors (what to configure).
     pub connect_hint: Option<Arc<str>>,
+    /// Per provider: where its key and base URL came from, told with an auth or connection
+    /// failure.
+    pub provider_hints:
+        Arc<std::collections::BTreeMap<String, crate::config::provenance::ProviderHints>>,
     /// The global skills directory (`~/.clawft/skills`); workspace skills are always read.
     pub skills_global: Option<std::path::PathBuf>,
     /// Prices, budgets and today's spend (checked between LLM calls).
@@ -271,7 +275,8 @@ async fn run_turn_inner(
                 // config reloads) goes over the text once more before users, the store and the
                 // logs see it.
                 let shown = registry.scrubber().scrub_str(&e.to_string()).into_owned();
-                let text = answer::failure_reason(&e, &shown, deps.connect_hint.as_deref());
+                let hint = answer::hint_for(&e, deps);
+                let text = answer::failure_reason(&e, &shown, hint.as_deref());
                 out.context_overflow = e.is_context_length();
                 out.status = TurnStatus::Failed(text.clone());
                 out.reply = text;

@@ -1,0 +1,247 @@
+//! `weft config show [--json]` (the effective configuration, each value with where it came
+//! from, secrets masked) and `weft config check` (load and validate; the error once, naming
+//! the key and where it was set).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use clap::Subcommand;
+
+use super::CliError;
+use crate::config::provenance::{is_secret_key, set_values, Origin};
+use crate::config::{Config, Env, ProviderSource};
+
+/// `weft config` actions.
+#[derive(Debug, Subcommand)]
+pub enum ConfigAction {
+    /// The effective configuration: each value and its source (a key of the file, an
+    /// environment variable, or the default). Secrets are masked.
+    Show {
+        /// Print JSON: `[{"key", "value", "source"}]`.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Load and validate the configuration: exit 0 when it is valid, else 1 with the error.
+    Check,
+}
+
+/// What a secret shows instead of its value.
+const MASKED: &str = "******** (set)";
+
+/// One line of `weft config show`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Row {
+    /// Dotted key.
+    pub key: String,
+    /// The value (masked for secrets).
+    pub value: String,
+    /// Where it came from.
+    pub source: String,
+}
+
+fn secs(d: std::time::Duration) -> String {
+    d.as_secs().to_string()
+}
+
+/// The rows of `weft config show`: the resolved values (defaults included), then every other
+/// key the file or the environment sets.
+pub fn rows(config: &Config, set: &BTreeMap<String, String>) -> Vec<Row> {
+    let p = &config.provenance;
+    let mut out: Vec<Row> = Vec::new();
+    let mut push = |key: String, value: String, origin: Origin| {
+        out.push(Row {
+            key,
+            value,
+            source: origin.to_string(),
+        });
+    };
+    let order: Vec<&str> = config.providers.iter().map(|p| p.name.as_str()).collect();
+    let order_source = match &config.provider_source {
+        ProviderSource::Environment(vars) => Origin::Env {
+            var: vars.join(", "),
+            via: None,
+        },
+        ProviderSource::LocalDefault => Origin::Default,
+        ProviderSource::Configured => p.origin("agents.defaults.provider"),
+    };
+    push(
+        "agents.defaults.provider".into(),
+        order.join(", "),
+        order_source,
+    );
+    for pr in &config.providers {
+        let k = |s: &str| format!("providers.{}.{s}", pr.name);
+        push(
+            k("base_url"),
+            crate::types::scrub::redact_url(&pr.base_url).into_owned(),
+            p.origin(&k("base_url")),
+        );
+        let model_origin = match p.origin("agents.defaults.model") {
+            Origin::Default => p.origin(&k("model")),
+            o => o,
+        };
+        push(k("model"), pr.model.clone(), model_origin);
+        match &pr.api_key {
+            Some(_) => push(k("api_key"), MASKED.into(), p.origin(&k("api_key"))),
+            None => push(k("api_key"), "(none)".into(), Origin::Default),
+        }
+        push(
+            k("timeout_secs"),
+            secs(pr.timeout),
+            p.origin(&k("timeout_secs")),
+        );
+        push(
+            k("max_retries"),
+            pr.max_retries.to_string(),
+            p.origin(&k("max_retries")),
+        );
+    }
+    let a = &config.agent;
+    let d = |s: &str| format!("agents.defaults.{s}");
+    push(
+        d("workspace"),
+        a.workspace.display().to_string(),
+        p.origin(&d("workspace")),
+    );
+    push(
+        d("max_tool_iterations"),
+        a.max_tool_iterations.to_string(),
+        p.origin(&d("max_tool_iterations")),
+    );
+    push(d("stream"), a.stream.to_string(), p.origin(&d("stream")));
+    push(
+        d("context_window"),
+        a.window.context_window.to_string(),
+        p.origin(&d("context_window")),
+    );
+    let h = &config.http;
+    push(
+        "channels.http.enabled".into(),
+        h.enabled.to_string(),
+        p.origin("channels.http.enabled"),
+    );
+    push(
+        "channels.http.bind".into(),
+        h.bind.to_string(),
+        p.origin("channels.http.bind"),
+    );
+    push(
+        "channels.http.token".into(),
+        if h.token.is_some() { MASKED } else { "(none)" }.into(),
+        p.origin("channels.http.token"),
+    );
+    push(
+        "channels.http.reply_timeout_secs".into(),
+        secs(h.reply_timeout),
+        p.origin("channels.http.reply_timeout_secs"),
+    );
+    push(
+        "store.path".into(),
+        config.store.path.display().to_string(),
+        p.origin("store.path"),
+    );
+    push(
+        "store.cache_mb".into(),
+        (config.store.cache_bytes / (1024 * 1024)).to_string(),
+        p.origin("store.cache_mb"),
+    );
+    let s = &config.sessions;
+    for (k, v) in [
+        ("idle_secs", secs(s.idle)),
+        ("max_queue", s.max_queue.to_string()),
+        ("shutdown_grace_secs", secs(s.shutdown_grace)),
+        ("max_in_memory", s.max_in_memory.to_string()),
+    ] {
+        let key = format!("sessions.{k}");
+        let o = p.origin(&key);
+        push(key, v, o);
+    }
+    for c in &config.chat_channels {
+        let k = |s: &str| format!("channels.{}.{s}", c.platform.name());
+        push(k("token"), MASKED.into(), p.origin(&k("token")));
+        let allow: Vec<&str> = c.allow_from.iter().map(String::as_str).collect();
+        push(
+            k("allow_from"),
+            allow.join(", "),
+            p.origin(&k("allow_from")),
+        );
+    }
+    // Everything else the file or the environment sets, as written.
+    let shown: std::collections::BTreeSet<String> = out.iter().map(|r| r.key.clone()).collect();
+    for (key, value) in set {
+        if shown.contains(key) {
+            continue;
+        }
+        let value = if is_secret_key(key) {
+            MASKED.to_string()
+        } else {
+            value.clone()
+        };
+        out.push(Row {
+            key: key.clone(),
+            value,
+            source: p.origin(key).to_string(),
+        });
+    }
+    out
+}
+
+/// Run `weft config show`.
+///
+/// # Errors
+/// The JSON cannot be printed.
+pub fn show(config: &Config, env: &Env, json: bool) -> Result<(), CliError> {
+    let set = set_values(config.path.as_deref(), env);
+    let rows = rows(config, &set);
+    if json {
+        let v: Vec<serde_json::Value> = rows
+            .iter()
+            .map(|r| serde_json::json!({"key": r.key, "value": r.value, "source": r.source}))
+            .collect();
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&v).map_err(CliError::msg)?
+        );
+        return Ok(());
+    }
+    println!(
+        "config file: {}",
+        config.path.as_deref().map_or_else(
+            || "none (defaults and the environment)".to_string(),
+            |p: &Path| p.display().to_string()
+        )
+    );
+    let kw = rows.iter().map(|r| r.key.len()).max().unwrap_or(0);
+    let vw = rows
+        .iter()
+        .map(|r| r.value.chars().count())
+        .max()
+        .unwrap_or(0)
+        .min(48);
+    for r in &rows {
+        println!("{:<kw$}  {:<vw$}  {}", r.key, r.value, r.source);
+    }
+    Ok(())
+}
+
+/// Run `weft config check`: load and validate.
+///
+/// # Errors
+/// The configuration does not load: the error names the key and where it was set.
+pub fn check(path: Option<&Path>, env: &Env) -> Result<String, CliError> {
+    let config = Config::load(path, env).map_err(CliError::msg)?;
+    let providers: Vec<&str> = config.providers.iter().map(|p| p.name.as_str()).collect();
+    Ok(format!(
+        "ok: {} is valid (providers: {}; channels: {})",
+        config.path.as_deref().map_or_else(
+            || "the default configuration (no config file)".to_string(),
+            |p| p.display().to_string()
+        ),
+        providers.join(", "),
+        std::iter::once("http")
+            .filter(|_| config.http.enabled)
+            .chain(config.chat_channels.iter().map(|c| c.platform.name()))
+            .collect::<Vec<_>>()
+            .join(", ")
+    ))
+}
