@@ -384,11 +384,35 @@ pub async fn check(config: &Config) -> Result<Vec<Finding>, CliError> {
     out.extend(providers(config, &client).await);
     out.extend(channels(config, &client).await);
     if let Some(m) = crate::daemon::start_mcp(config) {
+        let skills = super::open_workspace(config)
+            .map(|ws| {
+                crate::skills::SkillDirs {
+                    global: Some(config.home.join("skills")),
+                    workspace: std::sync::Arc::new(ws),
+                }
+                .load()
+            })
+            .unwrap_or_default();
         m.settle(Duration::from_secs(15)).await;
         for s in m.status() {
             let check = format!("mcp {}", s.name);
             let line = s.to_string();
-            out.push(if line.starts_with("connected") {
+            let hidden = config
+                .tools
+                .mcp_servers
+                .iter()
+                .find(|c| c.name == s.name)
+                .is_some_and(|c| c.internal_only);
+            out.push(if line.starts_with("connected") && hidden && !skill_exposes(&skills, &s.name) {
+                // The first-hour surprise: the server works, but the model never sees its tools.
+                warn(
+                    check,
+                    format!(
+                        "{line}, but its tools are hidden from the model: internal_only is true (the default) and no skill's allowed_tools names them; set tools.mcp_servers.{0}.internal_only = false, or add a skill with allowed_tools: [\"{0}__*\"]",
+                        s.name
+                    ),
+                )
+            } else if line.starts_with("connected") {
                 ok(check, line)
             } else {
                 fail(
@@ -575,4 +599,15 @@ mod tests {
         assert_eq!(f.len(), 1);
         assert_eq!(f[0].level, "ok", "{}", f[0].detail);
     }
+}
+
+/// Whether some skill's `allowed_tools` matches a tool of MCP server `server` (`server__…`).
+fn skill_exposes(skills: &[crate::skills::Skill], server: &str) -> bool {
+    let probe = format!("{server}__");
+    skills.iter().flat_map(|s| &s.allowed_tools).any(|g| {
+        g.strip_suffix('*').map_or_else(
+            || g.starts_with(&probe),
+            |prefix| probe.starts_with(prefix) || prefix.starts_with(&probe),
+        )
+    })
 }

@@ -144,16 +144,16 @@ pub async fn run(config: &Config, action: ToolsAction) -> Result<(), CliError> {
                         "{:<width$} {:<14} {:<8} {}",
                         r["name"].as_str().unwrap_or_default(),
                         group,
-                        if r["allowed"] == json!(true) {
-                            "yes"
-                        } else {
-                            "no"
+                        match (r["allowed"] == json!(true), r["internal"] == json!(true)) {
+                            (true, true) => "skill",
+                            (true, false) => "yes",
+                            (false, _) => "no",
                         },
                         r["parameters"].as_str().unwrap_or_default()
                     );
                 }
                 println!(
-                    "\nprofile: {}; * = required parameter; `message` is available in sessions only",
+                    "\nprofile: {}; * = required parameter; `message` is available in sessions only; skill = an internal_only MCP server's tool, offered only while a skill that names it is active",
                     reg.policy().profile().as_str()
                 );
             }

@@ -614,6 +614,67 @@ async fn tools_list_includes_mcp_tools_with_their_server() {
     assert!(line("ghost").contains("/nonexistent/mcp-server"), "{t}");
 }
 
+/// A connected MCP server whose tools the model never sees (`internal_only`, the default, and
+/// no skill names them) is the first-hour surprise: `doctor` warns and says what to change,
+/// `tools list` marks its tools as offered through a skill only; a skill that names them ends
+/// the warning.
+#[tokio::test]
+async fn doctor_warns_when_a_connected_mcp_server_is_hidden_from_the_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/mcp/node_modules/@modelcontextprotocol/server-everything/dist/index.js");
+    assert!(server.exists(), "run `npm ci --prefix tests/mcp`");
+    let cfg = write_config(
+        dir.path(),
+        &config_value(
+            "http://127.0.0.1:9/v1",
+            dir.path(),
+            json!({"tools": {"mcp_servers": {
+                "everything": {"command": "node", "args": [server.to_str().unwrap(), "stdio"]},
+            }}}),
+        ),
+    );
+    let w = |args: &[&str]| {
+        let mut c = weft(dir.path());
+        c.arg("--config").arg(&cfg).args(args);
+        c
+    };
+    let mcp_line = |out: &std::process::Output| {
+        stdout(out)
+            .lines()
+            .find(|l| l.contains("mcp everything"))
+            .unwrap_or_else(|| panic!("{}", text(out)))
+            .to_string()
+    };
+    let out = run(w(&["doctor"])).await;
+    let line = mcp_line(&out);
+    assert!(line.starts_with("warn"), "{line}");
+    assert!(line.contains("hidden from the model"), "{line}");
+    assert!(
+        line.contains("tools.mcp_servers.everything.internal_only = false"),
+        "{line}"
+    );
+
+    let out = run(w(&["tools", "list"])).await;
+    let echo = stdout(&out)
+        .lines()
+        .find(|l| l.starts_with("everything__echo "))
+        .unwrap_or_else(|| panic!("{}", text(&out)))
+        .to_string();
+    assert!(echo.contains(" skill "), "{echo}");
+
+    let skill = dir.path().join("ws/skills/echoer");
+    std::fs::create_dir_all(&skill).unwrap();
+    std::fs::write(
+        skill.join("SKILL.md"),
+        "---\nname: echoer\ndescription: Echo things\nallowed_tools: [\"everything__*\"]\n---\nUse everything__echo.\n",
+    )
+    .unwrap();
+    let out = run(w(&["doctor"])).await;
+    let line = mcp_line(&out);
+    assert!(line.starts_with("ok"), "{line}");
+}
+
 /// The README's "Quick start with a real provider", command by command, from a fresh HOME
 /// (CLAWFT_HOME unset), with the fake LLM standing in for OpenAI through OPENAI_BASE_URL. The
 /// one change: the gateway's port (CLAWFT_CHANNELS__HTTP__BIND), so tests running in parallel
