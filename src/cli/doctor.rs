@@ -535,6 +535,17 @@ pub async fn run(config: &Config, as_json: bool) -> Result<(), CliError> {
     Ok(())
 }
 
+/// Whether some skill's `allowed_tools` matches a tool of MCP server `server` (`server__…`).
+fn skill_exposes(skills: &[crate::skills::Skill], server: &str) -> bool {
+    let probe = format!("{server}__");
+    skills.iter().flat_map(|s| &s.allowed_tools).any(|g| {
+        g.strip_suffix('*').map_or_else(
+            || g.starts_with(&probe),
+            |prefix| probe.starts_with(prefix) || prefix.starts_with(&probe),
+        )
+    })
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -599,15 +610,4 @@ mod tests {
         assert_eq!(f.len(), 1);
         assert_eq!(f[0].level, "ok", "{}", f[0].detail);
     }
-}
-
-/// Whether some skill's `allowed_tools` matches a tool of MCP server `server` (`server__…`).
-fn skill_exposes(skills: &[crate::skills::Skill], server: &str) -> bool {
-    let probe = format!("{server}__");
-    skills.iter().flat_map(|s| &s.allowed_tools).any(|g| {
-        g.strip_suffix('*').map_or_else(
-            || g.starts_with(&probe),
-            |prefix| probe.starts_with(prefix) || prefix.starts_with(&probe),
-        )
-    })
 }

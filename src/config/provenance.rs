@@ -231,31 +231,14 @@ impl super::Config {
 /// Every leaf value the file and the `CLAWFT_…` overrides set (dotted key → value as text,
 /// secrets included: callers mask them), for `weft config show`.
 pub fn set_values(file: Option<&Path>, env: &Env) -> BTreeMap<String, String> {
-    let mut builder = config::Config::builder();
-    if let Some(path) = file.filter(|p| p.exists()) {
-        let format = match path.extension().and_then(|e| e.to_str()) {
-            Some("toml") => config::FileFormat::Toml,
-            _ => config::FileFormat::Json,
-        };
-        builder = builder.add_source(config::File::from(path).format(format));
-    }
-    let overrides: config::Map<String, String> = env
-        .0
-        .iter()
-        .filter(|(k, _)| k.starts_with("CLAWFT_") && k.contains("__"))
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
-    if !overrides.is_empty() {
-        builder = builder.add_source(
-            config::Environment::with_prefix("CLAWFT")
-                .prefix_separator("_")
-                .separator("__")
-                .try_parsing(true)
-                .source(Some(overrides)),
-        );
-    }
+    let format = |path: &Path| match path.extension().and_then(|e| e.to_str()) {
+        Some("toml") => config::FileFormat::Toml,
+        _ => config::FileFormat::Json,
+    };
+    let file = file.filter(|p| p.exists()).map(|p| (p, format(p)));
+    let merged = super::resolve::merged(file, &super::resolve::env_overrides(env));
     let mut out = BTreeMap::new();
-    if let Ok(map) = builder.build().and_then(|c| c.cache.into_table()) {
+    if let Ok(map) = merged.and_then(|c| c.cache.into_table()) {
         for (k, v) in map {
             flatten_values(&k, v, &mut out);
         }

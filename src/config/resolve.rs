@@ -73,12 +73,7 @@ impl Config {
         } else {
             None
         };
-        let overrides: config::Map<String, String> = env
-            .0
-            .iter()
-            .filter(|(k, _)| k.starts_with("CLAWFT_") && k.contains("__"))
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
+        let overrides = env_overrides(env);
         let file_source = format.map(|f| (path.as_path(), f));
         let raw = match read_raw(file_source, &overrides) {
             Ok(raw) => raw,
@@ -315,11 +310,28 @@ impl Config {
     }
 }
 
+/// The `CLAWFT_<SECTION>__<KEY>` variables of `env` (the config overrides).
+pub(super) fn env_overrides(env: &Env) -> config::Map<String, String> {
+    env.0
+        .iter()
+        .filter(|(k, _)| k.starts_with("CLAWFT_") && k.contains("__"))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
 /// The file (if any) and the `CLAWFT_…` overrides, merged and deserialised.
 fn read_raw(
     file: Option<(&Path, config::FileFormat)>,
     overrides: &config::Map<String, String>,
 ) -> Result<ConfigFile, config::ConfigError> {
+    merged(file, overrides)?.try_deserialize::<ConfigFile>()
+}
+
+/// The file (if any) and the `CLAWFT_…` overrides, merged as untyped values.
+pub(super) fn merged(
+    file: Option<(&Path, config::FileFormat)>,
+    overrides: &config::Map<String, String>,
+) -> Result<config::Config, config::ConfigError> {
     let mut builder = config::Config::builder();
     if let Some((path, format)) = file {
         builder = builder.add_source(config::File::from(path).format(format));
@@ -333,7 +345,7 @@ fn read_raw(
                 .source(Some(overrides.clone())),
         );
     }
-    builder.build()?.try_deserialize::<ConfigFile>()
+    builder.build()
 }
 
 /// A parse error blamed on where the bad value is: the `CLAWFT_…` variable that sets the key

@@ -10,7 +10,7 @@ use std::process::{Command, Output};
 
 use serde_json::{json, Value};
 
-use crate::common::config_value;
+use crate::common::{config_value, everything_js};
 use crate::fake_llm::{FakeLlm, Reply};
 use crate::process::{free_port, gateway_config, weft, write_config, Daemon};
 
@@ -551,20 +551,14 @@ async fn unknown_tool_error_quotes_the_name_and_the_api_answers_404_with_json() 
 #[tokio::test]
 async fn tools_list_includes_mcp_tools_with_their_server() {
     let dir = tempfile::tempdir().unwrap();
-    let server = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/mcp/node_modules/@modelcontextprotocol/server-everything/dist/index.js");
-    assert!(
-        server.exists(),
-        "run `npm ci --prefix tests/mcp`: {}",
-        server.display()
-    );
+    let server = everything_js();
     let cfg = write_config(
         dir.path(),
         &config_value(
             "http://127.0.0.1:9/v1",
             dir.path(),
             json!({"tools": {"mcp_servers": {
-                "everything": {"command": "node", "args": [server.to_str().unwrap(), "stdio"], "internal_only": false},
+                "everything": {"command": "node", "args": [server.as_str(), "stdio"], "internal_only": false},
                 "ghost": {"command": "/nonexistent/mcp-server"},
             }}}),
         ),
@@ -621,16 +615,14 @@ async fn tools_list_includes_mcp_tools_with_their_server() {
 #[tokio::test]
 async fn doctor_warns_when_a_connected_mcp_server_is_hidden_from_the_model() {
     let dir = tempfile::tempdir().unwrap();
-    let server = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/mcp/node_modules/@modelcontextprotocol/server-everything/dist/index.js");
-    assert!(server.exists(), "run `npm ci --prefix tests/mcp`");
+    let server = everything_js();
     let cfg = write_config(
         dir.path(),
         &config_value(
             "http://127.0.0.1:9/v1",
             dir.path(),
             json!({"tools": {"mcp_servers": {
-                "everything": {"command": "node", "args": [server.to_str().unwrap(), "stdio"]},
+                "everything": {"command": "node", "args": [server.as_str(), "stdio"]},
             }}}),
         ),
     );

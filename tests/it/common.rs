@@ -190,3 +190,27 @@ pub fn bytes_under(dir: &Path) -> String {
     assert!(!all.is_empty(), "nothing under {}", dir.display());
     String::from_utf8_lossy(&all).into_owned()
 }
+
+/// The names of the tools a recorded LLM request offered.
+pub fn tool_names(req: &Value) -> Vec<String> {
+    req["tools"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|t| t["function"]["name"].as_str().unwrap().to_string())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The real MCP test server, server-everything (`npm ci --prefix tests/mcp`).
+pub fn everything_js() -> String {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/mcp/node_modules/@modelcontextprotocol/server-everything/dist/index.js");
+    assert!(
+        p.exists(),
+        "{} is missing: run `npm ci --prefix tests/mcp`",
+        p.display()
+    );
+    p.to_string_lossy().into_owned()
+}

@@ -11,7 +11,7 @@ use clawft::store::Store;
 use clawft::types::SessionKey;
 use serde_json::{json, Value};
 
-use crate::common::{config_value, messages};
+use crate::common::{config_value, everything_js, messages, tool_names};
 use crate::fake_llm::{FakeLlm, Reply};
 use crate::process::{free_port, weft, write_config};
 
@@ -169,18 +169,6 @@ async fn a_direct_one_shot_exits_as_soon_as_it_has_answered_and_its_turn_is_stor
         .any(|m| m["content"] == "hello from the model"));
 }
 
-/// The real MCP test server (`npm ci --prefix tests/mcp`).
-fn everything_js() -> String {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/mcp/node_modules/@modelcontextprotocol/server-everything/dist/index.js");
-    assert!(
-        p.exists(),
-        "{} is missing: run `npm ci --prefix tests/mcp`",
-        p.display()
-    );
-    p.to_string_lossy().into_owned()
-}
-
 /// server-everything, started after `delay_s` seconds (a server slow to connect).
 fn everything_after(delay_s: f64) -> Value {
     json!({
@@ -188,17 +176,6 @@ fn everything_after(delay_s: f64) -> Value {
         "args": ["-c", format!("sleep {delay_s}; exec node \"$0\" stdio"), everything_js()],
         "internal_only": false,
     })
-}
-
-fn tool_names(req: &Value) -> Vec<String> {
-    req["tools"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .map(|t| t["function"]["name"].as_str().unwrap().to_string())
-                .collect()
-        })
-        .unwrap_or_default()
 }
 
 /// Item 2: the first turn of a direct one-shot is offered the tools of an MCP server that is

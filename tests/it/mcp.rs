@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::common::{config, tool_results, Api, TestGateway};
+use crate::common::{config, tool_names, tool_results, Api, TestGateway};
 use crate::fake_llm::{FakeLlm, Reply};
 use crate::process::{weft, write_config};
 
@@ -29,17 +29,6 @@ fn everything(internal_only: bool) -> Value {
         "args": [npm("node_modules/@modelcontextprotocol/server-everything/dist/index.js"), "stdio"],
         "internal_only": internal_only,
     })
-}
-
-fn names(req: &Value) -> Vec<String> {
-    req["tools"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .map(|t| t["function"]["name"].as_str().unwrap().to_string())
-                .collect()
-        })
-        .unwrap_or_default()
 }
 
 /// Wait until the (only) MCP server reports `connected` in `/v1/status`.
@@ -78,7 +67,7 @@ async fn the_model_calls_a_real_mcp_server_tool_through_the_gateway() {
     let (s, body) = gw.api.chat("mcp", "echo something").await;
     assert_eq!(s, 200, "{body}");
     let reqs = llm.requests();
-    assert!(names(&reqs[0]).contains(&"everything__echo".to_string()));
+    assert!(tool_names(&reqs[0]).contains(&"everything__echo".to_string()));
     let r = tool_results(&reqs[1]);
     assert!(
         r[0].1.to_string().contains("hello from the model"),
@@ -115,7 +104,9 @@ async fn internal_only_tools_are_hidden_until_a_skill_exposes_them() {
     llm.push(Reply::Text("no".into()));
     gw.api.chat("a", "try it").await;
     let reqs = llm.requests();
-    assert!(!names(&reqs[0]).iter().any(|n| n.starts_with("hidden__")));
+    assert!(!tool_names(&reqs[0])
+        .iter()
+        .any(|n| n.starts_with("hidden__")));
     assert_eq!(
         tool_results(&reqs[1])[0].1["error_code"],
         "PERMISSION_DENIED"
@@ -134,8 +125,8 @@ async fn internal_only_tools_are_hidden_until_a_skill_exposes_them() {
     llm.push(Reply::Text("done".into()));
     gw.api.chat("b", "use the skill").await;
     let reqs = llm.requests();
-    assert!(!names(&reqs[2]).contains(&"hidden__echo".to_string()));
-    assert!(names(&reqs[3]).contains(&"hidden__echo".to_string()));
+    assert!(!tool_names(&reqs[2]).contains(&"hidden__echo".to_string()));
+    assert!(tool_names(&reqs[3]).contains(&"hidden__echo".to_string()));
     let r = tool_results(&reqs[4]);
     assert!(r.last().unwrap().1.to_string().contains("exposed"), "{r:?}");
     gw.stop().await;

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::common::{config, tool_results, TestGateway};
+use crate::common::{config, tool_names, tool_results, TestGateway};
 use crate::fake_llm::{FakeLlm, Reply};
 
 fn calls(v: &[(&str, &str, &str)]) -> Reply {
@@ -14,17 +14,6 @@ fn calls(v: &[(&str, &str, &str)]) -> Reply {
             .map(|(id, name, args)| (id.to_string(), name.to_string(), args.to_string()))
             .collect(),
     )
-}
-
-fn tool_names(req: &Value) -> Vec<String> {
-    req["tools"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .map(|t| t["function"]["name"].as_str().unwrap().to_string())
-                .collect()
-        })
-        .unwrap_or_default()
 }
 
 #[tokio::test]
