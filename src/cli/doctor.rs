@@ -191,13 +191,18 @@ async fn providers(config: &Config, client: &reqwest::Client) -> Vec<Finding> {
                     p.model
                 ),
             ),
-            Err(e) => fail(
-                &check,
-                format!(
-                    "{base} is unreachable ({e}): is the server running? {}",
-                    hint(|h| &h.connect)
+            // No provider configured: the fix is a key, not a base URL (the same words as
+            // `weft agent`'s).
+            Err(e) => match crate::daemon::connect_hint(config) {
+                Some(h) => fail(&check, format!("{h} ({e})")),
+                None => fail(
+                    &check,
+                    format!(
+                        "{base} is unreachable ({e}): is the server running? {}",
+                        hint(|h| &h.connect)
+                    ),
                 ),
-            ),
+            },
         });
     }
     out

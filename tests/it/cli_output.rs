@@ -257,6 +257,23 @@ async fn no_provider_and_a_refused_connection_fails_at_once_with_one_message() {
         "the failure is printed more than once:\n{err}"
     );
     assert!(!err.contains("WARN llm"), "{err}");
+
+    // `doctor` gives the same fix (a key), not "set providers.local.base_url".
+    let out = run(
+        dir.path(),
+        &[("OPENAI_BASE_URL", &base), ("RUST_LOG", "")],
+        &["--config", cfg.to_str().unwrap(), "doctor"],
+    )
+    .await;
+    let stdout = text(&out.stdout);
+    let line = stdout
+        .lines()
+        .find(|l| l.contains("provider local"))
+        .unwrap_or_else(|| panic!("{stdout}"));
+    assert!(line.starts_with("fail"), "{line}");
+    assert!(line.contains("No LLM provider is configured"), "{line}");
+    assert!(line.contains("OPENAI_API_KEY"), "{line}");
+    assert!(!line.contains("providers.local.base_url"), "{line}");
 }
 
 #[tokio::test]
