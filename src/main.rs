@@ -8,6 +8,9 @@ use clawft::config::{Config, Env};
 fn main() -> ExitCode {
     clawft::install_crypto_provider();
     let cli = cli::parse();
+    if cli.command.prints_only() {
+        cli::end_on_closed_stdout();
+    }
     let env = Env::from_process();
     let journald = env.get("JOURNAL_STREAM").is_some();
     let default_level = match cli.command {

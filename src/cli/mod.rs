@@ -291,6 +291,37 @@ pub fn non_blank_message(s: &str) -> Result<String, String> {
     }
 }
 
+impl Command {
+    /// Whether the command only prints (it writes to no child process and no socket of its
+    /// own): such a command piped into `head` should end quietly when the pipe closes, as
+    /// `cat` does, instead of panicking on "failed printing to stdout: Broken pipe".
+    pub fn prints_only(&self) -> bool {
+        matches!(
+            self,
+            Command::Config { .. }
+                | Command::Completions { .. }
+                | Command::Status { .. }
+                | Command::Sessions { .. }
+                | Command::Usage { .. }
+                | Command::Skills { .. }
+                | Command::Logs { .. }
+        )
+    }
+}
+
+/// Let a closed stdout end the process (the default `SIGPIPE` action) instead of an error on
+/// every write, which `println!` turns into a panic. Rust starts programs with `SIGPIPE`
+/// ignored, which the daemon needs (a child's closed pipe must not kill it): call this only
+/// for [`Command::prints_only`] commands.
+pub fn end_on_closed_stdout() {
+    #[allow(unsafe_code)]
+    // SAFETY: called at start-up before any thread is spawned; `signal` with `SIG_DFL` installs
+    // no handler of ours, only restores the kernel's default action for SIGPIPE.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 /// A failure reported to the user with a clear message and a non-zero exit code.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]

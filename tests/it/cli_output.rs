@@ -528,3 +528,33 @@ async fn logs_without_a_service_or_a_log_file_say_what_to_run() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(text(&out.stdout), "line two\n");
 }
+
+/// `weft config show | head -1` (and the other print-only commands): the closed pipe ends the
+/// process quietly, as it ends `cat`; no panic, no backtrace on the terminal.
+#[tokio::test]
+async fn a_closed_stdout_pipe_ends_a_listing_quietly() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = write_config(
+        dir.path(),
+        &json!({
+            "store": {"path": dir.path().join("store").to_str().unwrap()},
+            "agents": {"defaults": {"workspace": dir.path().join("ws").to_str().unwrap()}},
+        }),
+    );
+    for args in [&["config", "show"][..], &["completions", "bash"][..]] {
+        // A pipe whose reading end is already closed (what `head -1` leaves behind).
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let out = weft(dir.path())
+            .arg("--config")
+            .arg(&cfg)
+            .args(args)
+            .stdout(writer)
+            .stderr(std::process::Stdio::piped())
+            .output()
+            .unwrap();
+        let err = text(&out.stderr);
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+        assert!(!err.contains("Broken pipe"), "{args:?}: {err}");
+    }
+}
