@@ -326,6 +326,7 @@ pub fn assemble(base: &str, files: &[(&str, String)], suffix: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
 
     fn ws() -> (tempfile::TempDir, Arc<Workspace>) {
