@@ -370,6 +370,10 @@ mod tests {
         std::fs::write(root.join("SOUL.md"), "cheerful!").unwrap();
         let c = p.current();
         assert!(c.contains("cheerful!") && !c.contains("calm"), "{c}");
+        // Rewritten with the same text (a new inode and mtime): re-read, same Arc.
+        std::fs::write(root.join("SOUL.tmp"), "cheerful!").unwrap();
+        std::fs::rename(root.join("SOUL.tmp"), root.join("SOUL.md")).unwrap();
+        assert!(Arc::ptr_eq(&c, &p.current()));
         std::fs::remove_file(root.join("SOUL.md")).unwrap();
         assert_eq!(&*p.current(), "B");
     }
