@@ -226,16 +226,18 @@ impl Daemon {
             store.clone(),
             config.usage.clone(),
         )?);
+        let context = Arc::new(crate::turn::context::ContextPrompt::new(
+            &crate::session::prompt::system_prompt(None, workspace.root()),
+            config.agent.system_prompt.as_deref(),
+            workspace.clone(),
+        ));
         let deps = TurnDeps {
             model,
             tools: tools.clone(),
             store: store.clone(),
             agent: Arc::new(config.agent.clone()),
-            system_prompt: crate::session::prompt::system_prompt(
-                config.agent.system_prompt.as_deref(),
-                workspace.root(),
-            )
-            .into(),
+            system_prompt: context.current(),
+            context,
             workspace: workspace.clone(),
             connect_hint: connect_hint(config).map(Into::into),
             provider_hints: Arc::new(config.provider_hints()),

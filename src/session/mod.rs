@@ -542,7 +542,8 @@ fn maybe_start(myself: &ActorRef<SessionMsg>, state: &mut SessionState) {
     state.running = Some(RunningTurn {
         cancel: cancel.clone(),
     });
-    let deps = state.args.deps.clone();
+    // The system prompt as of this turn: one stat per context file, a read only on a change.
+    let deps = state.args.deps.for_turn();
     let key = state.args.key.clone();
     let history = state.transcript.clone();
     let win = state.window.clone();

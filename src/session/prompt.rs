@@ -1,4 +1,5 @@
-//! The system prompt: built once per daemon (stable text keeps provider prompt caches warm).
+//! The built-in base text of the system prompt; the workspace's context files follow it
+//! (`turn::context`).
 
 use std::path::Path;
 

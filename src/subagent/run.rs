@@ -30,22 +30,24 @@ pub(super) fn child_deps(base: &TurnDeps, s: &SubagentSettings, depth: u32) -> T
     let mut agent = (*base.agent).clone();
     agent.max_tool_iterations = s.max_iterations;
     let leaf = depth >= s.max_spawn_depth;
-    let prompt = format!(
-        "{}\n\nYou are a subagent (depth {depth}) doing one task delegated by another agent. \
+    // The parent's base text and AGENTS.md/TOOLS.md only (`turn::context::SUBAGENT_FILES`).
+    let suffix = format!(
+        "\n\nYou are a subagent (depth {depth}) doing one task delegated by another agent. \
          Work on it with your tools and finish with a final answer that states the result: \
          that answer is passed back to the agent that delegated the task. Nobody reads your \
          intermediate messages and you cannot ask the user questions.{}",
-        base.system_prompt,
         if leaf {
             " You cannot start subagents yourself."
         } else {
             ""
         }
     );
+    let context = base.context.for_subagent(&suffix);
     TurnDeps {
         tools: crate::tools::registry::ToolsHandle::new(registry),
         agent: Arc::new(agent),
-        system_prompt: prompt.into(),
+        system_prompt: context.current(),
+        context: Arc::new(context),
         ..base.clone()
     }
 }

@@ -5,6 +5,7 @@
 //! calls that the session repairs on load. It never touches the journal or the outbox.
 
 mod answer;
+pub mod context;
 pub mod guard;
 pub mod usage;
 
@@ -37,8 +38,10 @@ pub struct TurnDeps {
     pub agent: Arc<AgentConfig>,
     /// The workspace handle.
     pub workspace: Arc<Workspace>,
-    /// The system prompt.
+    /// The system prompt (as of this turn: see [`TurnDeps::for_turn`]).
     pub system_prompt: Arc<str>,
+    /// Where the system prompt comes from: the base text and the workspace's context files.
+    pub context: Arc<context::ContextPrompt>,
     /// Extra hint appended to provider connection errors (what to configure).
     pub connect_hint: Option<Arc<str>>,
     /// Per provider: where its key and base URL came from, told with an auth or connection
@@ -49,6 +52,18 @@ pub struct TurnDeps {
     pub skills_global: Option<std::path::PathBuf>,
     /// Prices, budgets and today's spend (checked between LLM calls).
     pub usage: Arc<usage::UsageLedger>,
+}
+
+impl TurnDeps {
+    /// These dependencies with the system prompt as of now (context files re-read if one
+    /// changed; otherwise the same `Arc`). Asked once per turn.
+    #[must_use]
+    pub fn for_turn(&self) -> Self {
+        Self {
+            system_prompt: self.context.current(),
+            ..self.clone()
+        }
+    }
 }
 
 /// Progress of a running turn, for streaming channels.

@@ -7,6 +7,7 @@ mod access;
 mod cli_output;
 mod cli_polish;
 mod common;
+mod context_files;
 mod control;
 mod conversation;
 mod delivery;
