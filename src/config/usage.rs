@@ -20,7 +20,7 @@ pub struct PriceFile {
 }
 
 /// `budgets`: limits after which turns are refused. Days and months are UTC.
-#[derive(Debug, Default, Clone, Deserialize, Serialize, schemars::JsonSchema)]
+#[derive(Debug, Default, Clone, PartialEq, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct BudgetsFile {
     /// USD spent per UTC day, all sessions.
@@ -52,26 +52,8 @@ pub struct Price {
     pub output: f64,
 }
 
-/// The resolved budgets (`None`: no limit).
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Budgets {
-    /// `budgets.daily_usd`.
-    pub daily_usd: Option<f64>,
-    /// `budgets.monthly_usd`.
-    pub monthly_usd: Option<f64>,
-    /// `budgets.per_session_daily_usd`.
-    pub per_session_daily_usd: Option<f64>,
-    /// `budgets.per_user_daily_usd`.
-    pub per_user_daily_usd: Option<f64>,
-    /// `budgets.daily_tokens`.
-    pub daily_tokens: Option<u64>,
-    /// `budgets.monthly_tokens`.
-    pub monthly_tokens: Option<u64>,
-    /// `budgets.per_session_daily_tokens`.
-    pub per_session_daily_tokens: Option<u64>,
-    /// `budgets.per_user_daily_tokens`.
-    pub per_user_daily_tokens: Option<u64>,
-}
+/// The resolved budgets (`None`: no limit): the file's, with the USD limits checked.
+pub type Budgets = BudgetsFile;
 
 /// Prices and budgets.
 #[derive(Clone, Debug, PartialEq)]
@@ -188,22 +170,20 @@ pub fn resolve_usage(
             },
         );
     }
-    let b = budgets;
+    for (key, usd) in [
+        ("budgets.daily_usd", budgets.daily_usd),
+        ("budgets.monthly_usd", budgets.monthly_usd),
+        (
+            "budgets.per_session_daily_usd",
+            budgets.per_session_daily_usd,
+        ),
+        ("budgets.per_user_daily_usd", budgets.per_user_daily_usd),
+    ] {
+        check_usd(key, usd)?;
+    }
     Ok(UsageConfig {
         prices: table,
-        budgets: Budgets {
-            daily_usd: check_usd("budgets.daily_usd", b.daily_usd)?,
-            monthly_usd: check_usd("budgets.monthly_usd", b.monthly_usd)?,
-            per_session_daily_usd: check_usd(
-                "budgets.per_session_daily_usd",
-                b.per_session_daily_usd,
-            )?,
-            per_user_daily_usd: check_usd("budgets.per_user_daily_usd", b.per_user_daily_usd)?,
-            daily_tokens: b.daily_tokens,
-            monthly_tokens: b.monthly_tokens,
-            per_session_daily_tokens: b.per_session_daily_tokens,
-            per_user_daily_tokens: b.per_user_daily_tokens,
-        },
+        budgets: budgets.clone(),
     })
 }
 

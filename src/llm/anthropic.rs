@@ -415,16 +415,8 @@ impl ChatModel for Anthropic {
                 .await
             }
         };
-        r.map(|mut resp| {
-            resp.model = if req.model.is_empty() {
-                &self.cfg.model
-            } else {
-                &req.model
-            }
-            .clone();
-            resp
-        })
-        .map_err(|e| e.scrubbed(&self.scrubber))
+        r.map(|resp| resp.answered_by(&req.model, &self.cfg.model))
+            .map_err(|e| e.scrubbed(&self.scrubber))
     }
 }
 

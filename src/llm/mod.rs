@@ -175,6 +175,20 @@ pub struct ChatResponse {
     pub model: String,
 }
 
+impl ChatResponse {
+    /// This response named after the model asked for: the request's, else the provider's
+    /// configured default.
+    pub(crate) fn answered_by(mut self, requested: &str, configured: &str) -> Self {
+        self.model = if requested.is_empty() {
+            configured
+        } else {
+            requested
+        }
+        .to_string();
+        self
+    }
+}
+
 /// A streamed fragment, sent while a streaming completion runs.
 #[derive(Clone, Debug, PartialEq)]
 pub enum StreamEvent {

@@ -479,16 +479,8 @@ impl ChatModel for OpenAiCompat {
             Some(tx) => self.complete_stream(req, tx).await,
             None => self.complete_once(req).await,
         };
-        r.map(|mut resp| {
-            resp.model = if req.model.is_empty() {
-                &self.cfg.model
-            } else {
-                &req.model
-            }
-            .clone();
-            resp
-        })
-        .map_err(|e| e.scrubbed(&self.scrubber))
+        r.map(|resp| resp.answered_by(&req.model, &self.cfg.model))
+            .map_err(|e| e.scrubbed(&self.scrubber))
     }
 }
 

@@ -99,6 +99,21 @@ impl Sidecar {
         std::fs::rename(&tmp, path)
     }
 
+    /// Write `sessions` as the mark (durably: temp file, fsync, rename), then remember it.
+    fn write_mark(&self, last: &mut SidecarFile, sessions: u64) -> Result<(), StoreError> {
+        let next = SidecarFile {
+            sessions,
+            updated_ms: clawft_channel_core::now_ms(),
+            ..last.clone()
+        };
+        Self::write_file(&self.path, &next).map_err(|e| StoreError::Io {
+            path: self.path.display().to_string(),
+            source: e,
+        })?;
+        *last = next;
+        Ok(())
+    }
+
     /// Record the durable high-water mark: count, flush, then write (so the file never claims
     /// more than is durable).
     ///
@@ -115,16 +130,7 @@ impl Sidecar {
         if sessions == last.sessions {
             return Ok(true);
         }
-        let next = SidecarFile {
-            sessions,
-            updated_ms: clawft_channel_core::now_ms(),
-            ..last.clone()
-        };
-        Self::write_file(&self.path, &next).map_err(|e| StoreError::Io {
-            path: self.path.display().to_string(),
-            source: e,
-        })?;
-        *last = next;
+        self.write_mark(&mut last, sessions)?;
         Ok(true)
     }
 
@@ -137,16 +143,8 @@ impl Sidecar {
     ) -> Result<T, StoreError> {
         let mut last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
         if gone > 0 && last.sessions > 0 {
-            let next = SidecarFile {
-                sessions: last.sessions.saturating_sub(gone),
-                updated_ms: clawft_channel_core::now_ms(),
-                ..last.clone()
-            };
-            Self::write_file(&self.path, &next).map_err(|e| StoreError::Io {
-                path: self.path.display().to_string(),
-                source: e,
-            })?;
-            *last = next;
+            let sessions = last.sessions.saturating_sub(gone);
+            self.write_mark(&mut last, sessions)?;
         }
         delete()
     }
