@@ -18,7 +18,8 @@
 //!   `web_fetch` and MCP URL servers.
 //! - [`store`]: sled transcripts, inbound journal, outbox.
 //! - [`tools`]: [`tools::Tool`], [`tools::ToolRegistry`], built-in tools.
-//! - [`skills`]: `SKILL.md` skills. [`mcp`]: MCP client and server.
+//! - [`skills`]: `SKILL.md` skills. [`mcp`]: MCP client and server. [`memory`]: memory
+//!   documents, their search index and the memory tools.
 //! - [`config`]: file + environment → validated [`config::Config`]; the only env reader.
 //!   [`approval`]: approvals asked of the user in their chat (exec `ask` mode).
 //! - [`egress`]: channel actors (outbox workers), the [`egress::Outbox`] handle and the live
@@ -40,6 +41,7 @@ pub mod egress;
 pub mod ingress;
 pub mod llm;
 pub mod mcp;
+pub mod memory;
 pub mod metrics;
 pub mod net;
 pub mod notify;

@@ -21,6 +21,7 @@ const LAYERS: &[(&str, u32)] = &[
     ("tools", 3),
     ("skills", 4),
     ("mcp", 4),
+    ("memory", 4),
     // 5: configuration (aggregates the domain modules' settings types) and approvals.
     ("config", 5),
     ("approval", 5),

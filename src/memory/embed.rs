@@ -1,0 +1,1 @@
+//! Optional dense retrieval through an OpenAI-compatible `/embeddings` endpoint.

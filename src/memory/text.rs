@@ -1,0 +1,1 @@
+//! Text analysis for memory search: terms and chunks.
