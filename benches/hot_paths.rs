@@ -49,7 +49,7 @@ fn registry(dir: &Path) -> ToolRegistry {
     std::fs::create_dir_all(dir.join("ws")).unwrap();
     let config = config(dir);
     let hub = clawft::subagent::SubagentHub::new(config.tools.subagents.clone());
-    clawft::daemon::build_registry(&config, None, None, Vec::new(), Some(hub))
+    clawft::daemon::build_registry(&config, None, None, Vec::new(), Some(hub), None)
 }
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -71,6 +71,7 @@ fn tool_dispatch(c: &mut Criterion) {
         workspace: Arc::new(Workspace::open(&dir.path().join("ws")).unwrap()),
         session: SessionKey::parse("http:bench").unwrap(),
         cancel: CancellationToken::new(),
+        user_dir: None,
     };
     let rt = runtime();
     let mut g = c.benchmark_group("tool_dispatch");

@@ -115,6 +115,7 @@ fn main() -> ExitCode {
             Command::Doctor { json } => cli::doctor::run(&config, json).await,
             Command::Mcp { action } => cli::mcp::run(&config, action).await,
             Command::McpServer => cli::mcp::serve(&config).await,
+            Command::Memory { action } => cli::memory::run(&config, action).await,
             Command::Skills {
                 action: cli::SkillsAction::List { json },
             } => cli::tools::skills_list(&config, json),

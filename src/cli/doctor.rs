@@ -93,7 +93,9 @@ pub fn workspace_findings(config: &Config) -> Vec<Finding> {
         crate::daemon::protected_paths(config)
             .iter()
             .map(|p| (canonical(&p.path), p.kind))
-            .filter(|(c, _)| c.starts_with(&ws) && c.exists())
+            .filter(|(c, k)| {
+                c.starts_with(&ws) && c.exists() && *k != ProtectedKind::UserMemory
+            })
             .collect();
     inside.sort_by_key(|(c, _)| c.components().count());
     let mut seen: Vec<std::path::PathBuf> = Vec::new();

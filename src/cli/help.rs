@@ -86,6 +86,10 @@ const EXAMPLES: &[(&str, &str)] = &[
     ),
     ("skills", "Examples:\n  weft skills list"),
     (
+        "memory",
+        "Examples:\n  weft memory search dentist appointment\n  weft memory search --user telegram:42 allergies\n  weft memory reindex",
+    ),
+    (
         "config",
         "Examples:\n  weft config check\n  weft config show\n  CLAWFT_AGENTS__DEFAULTS__MODEL=gpt-4o weft config show",
     ),

@@ -157,6 +157,25 @@ pub fn status(v: &Value) -> String {
             None => format!("{} stored", short(&s["stored"])),
         },
     );
+    let m = &v["memory"];
+    if m.is_object() {
+        row(
+            "memory",
+            format!(
+                "scope {}, {} documents ({} chunks) in {} index(es), {} on disk{}",
+                short(&m["scope"]),
+                m["documents"].as_u64().unwrap_or(0),
+                m["chunks"].as_u64().unwrap_or(0),
+                m["indexes"].as_u64().unwrap_or(0),
+                size(m["index_bytes"].as_u64().unwrap_or(0)),
+                if m["search_transcripts"] == Value::Bool(true) {
+                    ", past conversations searched"
+                } else {
+                    ""
+                }
+            ),
+        );
+    }
     let t = &v["tools"];
     row(
         "tools",

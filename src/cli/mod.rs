@@ -11,6 +11,7 @@ pub mod help;
 pub mod human;
 pub mod logs;
 pub mod mcp;
+pub mod memory;
 pub mod onboard;
 pub mod pairing;
 pub mod service;
@@ -143,6 +144,12 @@ pub enum Command {
         /// What to do.
         #[command(subcommand)]
         action: SkillsAction,
+    },
+    /// Search the memory documents as the agent does, or rebuild their index.
+    Memory {
+        /// What to do.
+        #[command(subcommand)]
+        action: memory::MemoryAction,
     },
     /// List the built-in tools, or run one tool call with the configured policy.
     Tools {
@@ -304,6 +311,7 @@ impl Command {
                 | Command::Sessions { .. }
                 | Command::Usage { .. }
                 | Command::Skills { .. }
+                | Command::Memory { .. }
                 | Command::Logs { .. }
         )
     }

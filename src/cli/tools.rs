@@ -91,7 +91,7 @@ pub async fn run(config: &Config, action: ToolsAction) -> Result<(), CliError> {
                 }
                 sources.push(m.clone());
             }
-            let reg = build_registry(config, None, None, sources, Some(hub));
+            let reg = build_registry(config, None, None, sources, Some(hub), None);
             let rows: Vec<Value> = reg
                 .all()
                 .into_iter()
@@ -170,12 +170,13 @@ pub async fn run(config: &Config, action: ToolsAction) -> Result<(), CliError> {
                 config.agent.workspace = w;
             }
             let session = SessionKey::parse(&session).map_err(CliError::msg)?;
-            let reg = build_registry(&config, None, None, Vec::new(), None);
+            let reg = build_registry(&config, None, None, Vec::new(), None, None);
             let ws = super::open_workspace(&config)?;
             let ctx = ToolContext {
                 workspace: Arc::new(ws),
                 session,
                 cancel: CancellationToken::new(),
+                user_dir: None,
             };
             // Ctrl-C cancels the call like `/stop` would (child processes are killed).
             let cancel = ctx.cancel.clone();

@@ -35,6 +35,9 @@ pub struct ConfigFile {
     /// Spending limits: a turn is refused once one is reached.
     #[serde(default)]
     pub budgets: super::usage::BudgetsFile,
+    /// Memory: per-user or shared, and what `memory_search` covers.
+    #[serde(default)]
+    pub memory: crate::memory::settings::MemoryFile,
 }
 
 /// `agents`.

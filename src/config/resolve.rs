@@ -305,6 +305,7 @@ impl Config {
             notify_socket: env.get("NOTIFY_SOCKET").map(PathBuf::from),
             watchdog: watchdog_interval(env, std::process::id()),
             usage: super::usage::resolve_usage(&raw.prices, &raw.budgets)?,
+            memory: raw.memory.resolve()?,
             provenance,
         })
     }

@@ -241,6 +241,8 @@ pub struct Config {
     pub usage: super::usage::UsageConfig,
     /// Where the values came from (file key, environment variable, default).
     pub provenance: super::provenance::Provenance,
+    /// `memory`.
+    pub memory: crate::memory::settings::MemorySettings,
 }
 
 /// A chat platform.

@@ -166,6 +166,14 @@ pub fn protected_paths(config: &Config) -> ProtectedPaths {
     for name in ["config.toml", "config.json"] {
         all.push(config.home.join(name), ProtectedKind::Config);
     }
+    // Each chat user's memory (`memory.scope = "user"`): only the memory tools, each user
+    // their own directory, ever open it.
+    if config.memory.scope == crate::memory::settings::Scope::User {
+        all.push(
+            config.agent.workspace.join(crate::memory::scope::USERS_DIR),
+            ProtectedKind::UserMemory,
+        );
+    }
     // The service's credentials file (`weft service install --write-credentials`).
     all.push(
         config.home.join(crate::config::SERVICE_ENV_FILE),
@@ -264,6 +272,22 @@ fn egress_proxy(config: &Config) -> Option<Arc<EgressProxy>> {
     }
 }
 
+/// The memory search service of `config` (snapshots beneath the state directory; past
+/// conversations from `store` when `memory.search_transcripts`).
+pub fn memory_service(
+    config: &Config,
+    store: Option<crate::store::Store>,
+) -> Arc<crate::memory::service::MemoryService> {
+    Arc::new(
+        crate::memory::service::MemoryService::new(
+            Some(config.home.clone()),
+            config.memory.clone(),
+            store,
+        )
+        .with_max_file_bytes(config.tools.files.memory_max_bytes),
+    )
+}
+
 /// The registry of the daemon (and of `weft tools`): every built-in tool with the configured
 /// policy, rate limit, timeout and secret scrubbing. `sink` is where the `message` tool sends;
 /// without one the tool is not registered.
@@ -273,6 +297,7 @@ pub fn build_registry(
     approver: Option<Arc<dyn shell_policy::Approver>>,
     sources: Vec<Arc<dyn registry::ToolSource>>,
     subagents: Option<Arc<crate::subagent::SubagentHub>>,
+    memory: Option<Arc<crate::memory::service::MemoryService>>,
 ) -> ToolRegistry {
     let mut reg = ToolRegistry::new()
         .with_secrets(
@@ -296,6 +321,11 @@ pub fn build_registry(
     for t in fs::file_tools(&config.tools.files, config.tools.memory_fallback.clone()) {
         reg.register(t);
     }
+    let memory = memory.unwrap_or_else(|| memory_service(config, None));
+    reg.register(Arc::new(crate::memory::tools::MemorySearch::new(
+        memory.clone(),
+    )));
+    reg.register(Arc::new(crate::memory::tools::MemoryGet::new(memory)));
     match exec_runtime(config, approver) {
         Ok(rt) => {
             reg.register(Arc::new(exec::ExecShell::new(rt.clone())));

@@ -86,6 +86,8 @@ pub struct Daemon {
     tools: Arc<crate::tools::registry::ToolsHandle>,
     approvals: Arc<crate::approval::Approvals>,
     subagents: Arc<crate::subagent::SubagentHub>,
+    /// The memory search service (its indexes survive a tools reload).
+    memory: Arc<crate::memory::service::MemoryService>,
     supervisor: crate::subagent::SupervisorRef,
     /// The workspace of every session, to refresh its protected paths on reload.
     workspace: Arc<Workspace>,
@@ -211,6 +213,7 @@ impl Daemon {
             Arc::new(outbox.clone()) as Arc<dyn MessageSink>
         ));
         let mcp = start_mcp(config);
+        let memory = crate::daemon::build::memory_service(config, Some(store.clone()));
         let subagents = crate::subagent::SubagentHub::new(config.tools.subagents.clone());
         let registry = build_registry(
             config,
@@ -220,6 +223,7 @@ impl Daemon {
                 .map(|m| m.clone() as Arc<dyn crate::tools::registry::ToolSource>)
                 .collect(),
             Some(subagents.clone()),
+            Some(memory.clone()),
         );
         let tools = crate::tools::registry::ToolsHandle::new(registry);
         let usage = Arc::new(crate::turn::usage::UsageLedger::load(
@@ -243,6 +247,8 @@ impl Daemon {
             provider_hints: Arc::new(config.provider_hints()),
             skills_global: Some(config.home.join("skills")),
             usage: usage.clone(),
+            memory_scope: config.memory.scope,
+            user_dir: None,
         };
         let tasks = TaskTracker::new();
         let turns = CancellationToken::new();
@@ -339,6 +345,7 @@ impl Daemon {
             tools,
             approvals,
             subagents,
+            memory,
             supervisor,
             workspace,
             usage,
@@ -407,6 +414,7 @@ impl Daemon {
                     .map(|m| m as Arc<dyn crate::tools::registry::ToolSource>)
                     .collect(),
                 Some(self.subagents.clone()),
+                Some(self.memory.clone()),
             );
             self.tools.replace(registry);
             changes.push("tools: policy, limits and tool settings reloaded".into());

@@ -148,6 +148,7 @@ impl ToolProvider for BuiltinProvider {
             workspace: self.workspace.clone(),
             session: self.session.clone(),
             cancel,
+            user_dir: None,
         };
         let n = self
             .calls

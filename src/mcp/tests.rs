@@ -70,6 +70,7 @@ fn ctx(dir: &Path) -> ToolContext {
         workspace: Arc::new(Workspace::open(dir).unwrap()),
         session: SessionKey::parse("t:1").unwrap(),
         cancel: CancellationToken::new(),
+        user_dir: None,
     }
 }
 

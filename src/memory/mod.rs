@@ -14,4 +14,8 @@
 
 pub mod embed;
 pub mod index;
+pub mod scope;
+pub mod service;
+pub mod settings;
 pub mod text;
+pub mod tools;

@@ -543,7 +543,7 @@ fn maybe_start(myself: &ActorRef<SessionMsg>, state: &mut SessionState) {
         cancel: cancel.clone(),
     });
     // The system prompt as of this turn: one stat per context file, a read only on a change.
-    let deps = state.args.deps.for_turn();
+    let deps = state.args.deps.for_turn_by(memory_user(&ev));
     let key = state.args.key.clone();
     let history = state.transcript.clone();
     let win = state.window.clone();
@@ -636,6 +636,13 @@ fn maybe_start(myself: &ActorRef<SessionMsg>, state: &mut SessionState) {
         }
         .instrument(span),
     );
+}
+
+/// The chat user whose memory a turn uses under `memory.scope = "user"`: `None` for the
+/// terminal (`cli`, the operator's) and the gateway's own messages, which use the agent's.
+fn memory_user(ev: &clawft_channel_core::InboundEvent) -> Option<(&str, &str)> {
+    (ev.sender.as_str() != SYSTEM_SENDER && ev.channel.as_str() != "cli")
+        .then(|| (ev.channel.as_str(), ev.sender.as_str()))
 }
 
 /// Who a turn's spend is counted against for `budgets.per_user_daily_*`: `channel:sender`

@@ -31,6 +31,8 @@ pub const ALWAYS_DENIED: &[&str] = &[
     "session_status",
     "cron",
     "sessions_send",
+    "memory_search",
+    "memory_get",
     "message",
 ];
 /// Tools denied at the deepest level (besides `subagents` spawn/run, refused by the

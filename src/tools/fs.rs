@@ -554,6 +554,9 @@ impl Tool for WriteFile {
             }
             let mode = existing.map_or(0o644, |e| e.mode);
             write_atomic(&dir, &name, a.content.as_bytes(), mode, existing, rel)?;
+            if super::memory::is_memory_path(rel) {
+                super::memory::touched();
+            }
             let bytes = a.content.len();
             let mut v = json!({
                 "message": format!("Successfully wrote {bytes} bytes to {rel}"),
@@ -742,6 +745,9 @@ impl Tool for EditFile {
                 )));
             }
             write_atomic(&dir, &name, new.as_bytes(), existing.mode, Some(existing), rel)?;
+            if super::memory::is_memory_path(rel) {
+                super::memory::touched();
+            }
             Ok(json!({
                 "message": format!("Successfully edited {rel} ({replacements} replacement{})", if replacements == 1 { "" } else { "s" }),
                 "replacements": replacements,
@@ -767,6 +773,7 @@ mod tests {
             workspace: Arc::new(Workspace::open(dir).unwrap()),
             session: SessionKey::parse("t:1").unwrap(),
             cancel: CancellationToken::new(),
+            user_dir: None,
         }
     }
 

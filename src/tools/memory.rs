@@ -2,10 +2,17 @@
 //! workspace (opened through the workspace handle with the kernel check, written atomically).
 //! A legacy fallback file (`~/.nanobot/workspace/memory/MEMORY.md`, chosen by the operator) is
 //! only ever read, and only when the primary file does not exist.
+//!
+//! Under `memory.scope = "user"` a chat user's turn carries their directory
+//! ([`ToolContext::user_dir`], `users/<channel>-<id>`): `memory_write` writes there, and
+//! `memory_read` reads there first, then the agent's file (shared knowledge), then the legacy
+//! file. The user's directory is opened as a workspace of its own ([`Workspace::open_sub`]),
+//! so nothing reaches another user's.
 
 use std::io::Read;
 use std::path::PathBuf;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use rustix::fs::{Mode, OFlags};
@@ -15,13 +22,82 @@ use serde_json::{json, Value};
 
 use super::fs::{blocking, DEFAULT_MEMORY_MAX_BYTES};
 use super::workspace::{check_replaceable, write_atomic};
-use super::{parse_args, schema_of, Effect, Tool, ToolContext, ToolError};
+use super::{parse_args, schema_of, Effect, Tool, ToolContext, ToolError, Workspace};
 
 /// The memory file, relative to the workspace.
 pub const MEMORY_FILE: &str = "memory/MEMORY.md";
 
 /// Serialises read-modify-write appends in this process (sessions may share a workspace).
 static WRITE_LOCK: Mutex<()> = Mutex::new(());
+
+/// Bumped by every write to a memory document through a tool, so the search index knows to
+/// look at the files again before its next search.
+static GENERATION: AtomicU64 = AtomicU64::new(0);
+
+/// How many memory writes this process has made (see [`GENERATION`]).
+pub fn generation() -> u64 {
+    GENERATION.load(Ordering::Acquire)
+}
+
+/// Note a write to a memory document.
+pub fn touched() {
+    GENERATION.fetch_add(1, Ordering::AcqRel);
+}
+
+/// Whether `rel` (workspace-relative, as written by the model) names a memory document:
+/// `MEMORY.md` or a file under `memory/`.
+pub fn is_memory_path(rel: &str) -> bool {
+    let rel = rel.trim_start_matches("./");
+    rel == "MEMORY.md" || rel.starts_with("memory/")
+}
+
+/// The workspace a memory tool works in: the chat user's own directory (made when `create`),
+/// or the agent's workspace. `Ok(None)`: the user has no directory yet.
+///
+/// # Errors
+/// As [`Workspace::open_sub`].
+pub fn scope_workspace(
+    ctx: &ToolContext,
+    create: bool,
+) -> Result<Option<Arc<Workspace>>, ToolError> {
+    match &ctx.user_dir {
+        None => Ok(Some(ctx.workspace.clone())),
+        Some(dir) => match ctx.workspace.open_sub(dir, create) {
+            Ok(ws) => Ok(Some(Arc::new(ws))),
+            Err(ToolError::FileNotFound(_)) if !create => Ok(None),
+            Err(e) => Err(e),
+        },
+    }
+}
+
+/// A document path `memory_write` may write (relative to the memory's root): `MEMORY.md`,
+/// `USER.md` or a Markdown file under `memory/`, without `.`/`..` components.
+///
+/// # Errors
+/// `InvalidPath` saying what is allowed.
+pub fn document_path(file: &str) -> Result<String, ToolError> {
+    let f = file.trim().trim_start_matches("./");
+    let bad = || {
+        ToolError::InvalidPath(format!(
+            "file `{file}` is not a memory document: use `memory/MEMORY.md` (the default), a note under `memory/` such as `memory/2026-11-23.md`, `MEMORY.md` or `USER.md`"
+        ))
+    };
+    if f.is_empty()
+        || f.starts_with('/')
+        || f.contains('\0')
+        || f.split('/').any(|c| c.is_empty() || c == "." || c == "..")
+    {
+        return Err(bad());
+    }
+    let ok = f == "MEMORY.md"
+        || f == "USER.md"
+        || (f.starts_with("memory/") && f.ends_with(".md") && f.len() > "memory/.md".len());
+    if ok {
+        Ok(f.to_string())
+    } else {
+        Err(bad())
+    }
+}
 
 /// Read at most `max` bytes from `r`; whether more was there.
 fn read_up_to(r: impl Read, max: u64, what: &str) -> Result<(String, bool), ToolError> {
@@ -82,14 +158,28 @@ impl Tool for MemoryRead {
     async fn execute(&self, args: Value, ctx: &ToolContext) -> Result<Value, ToolError> {
         let a: MemoryReadArgs = parse_args(self.name(), args)?;
         let ws = ctx.workspace.clone();
+        let ctx = ctx.clone();
         let fallback = self.fallback.clone();
         let max = self.max_bytes;
         blocking(move || {
-            let primary = ws.open_beneath(
-                MEMORY_FILE,
-                OFlags::RDONLY | OFlags::NONBLOCK,
-                Mode::empty(),
-            );
+            // The user's own file first; without one, the agent's.
+            let mut primary = Err(ToolError::FileNotFound(MEMORY_FILE.into()));
+            if ctx.user_dir.is_some() {
+                if let Some(own) = scope_workspace(&ctx, false)? {
+                    primary = own.open_beneath(
+                        MEMORY_FILE,
+                        OFlags::RDONLY | OFlags::NONBLOCK,
+                        Mode::empty(),
+                    );
+                }
+            }
+            if matches!(primary, Err(ToolError::FileNotFound(_))) {
+                primary = ws.open_beneath(
+                    MEMORY_FILE,
+                    OFlags::RDONLY | OFlags::NONBLOCK,
+                    Mode::empty(),
+                );
+            }
             let read = match primary {
                 Ok(fd) => {
                     let file = std::fs::File::from(fd);
@@ -191,6 +281,10 @@ pub struct MemoryWriteArgs {
     /// `append` or `overwrite` (default: append).
     #[serde(default)]
     pub mode: MemoryMode,
+    /// The document (default `memory/MEMORY.md`): a note under `memory/` such as today's
+    /// `memory/2026-11-23.md`, or `USER.md` (who the user is).
+    #[serde(default)]
+    pub file: Option<String>,
 }
 
 /// `memory_write`: append to or replace the long-term memory file.
@@ -225,7 +319,7 @@ impl Tool for MemoryWrite {
         "memory_write"
     }
     fn description(&self) -> &str {
-        "Save long-term notes to the memory file (memory/MEMORY.md): append (default; separated by a blank line) or overwrite the whole file. Returns: {message, path}"
+        "Save long-term notes to memory: append (default; separated by a blank line) or overwrite. file: memory/MEMORY.md (default, durable facts), a dated note such as memory/2026-11-23.md, or USER.md (who the user is). Notes are found later with memory_search. Returns: {message, path}"
     }
     fn parameters(&self) -> Value {
         schema_of::<MemoryWriteArgs>()
@@ -240,12 +334,18 @@ impl Tool for MemoryWrite {
                 "content is empty: nothing to append".into(),
             ));
         }
-        let ws = ctx.workspace.clone();
+        let file = match a.file.as_deref() {
+            None => MEMORY_FILE.to_string(),
+            Some(f) => document_path(f)?,
+        };
+        let ctx = ctx.clone();
         let max = self.max_bytes;
         blocking(move || {
             let _guard = WRITE_LOCK.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            let (dir, name) = ws.open_parent(MEMORY_FILE, true)?;
-            let existing = check_replaceable(&ws, &dir, &name, MEMORY_FILE)?;
+            let ws = scope_workspace(&ctx, true)?
+                .ok_or_else(|| ToolError::ExecutionFailed("no memory directory".into()))?;
+            let (dir, name) = ws.open_parent(&file, true)?;
+            let existing = check_replaceable(&ws, &dir, &name, &file)?;
             let (data, mode_name) = match (a.mode, existing) {
                 (MemoryMode::Append, Some(_)) => {
                     let fd = rustix::fs::openat(
@@ -254,8 +354,8 @@ impl Tool for MemoryWrite {
                         OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
                         Mode::empty(),
                     )
-                    .map_err(|e| super::workspace::map_errno(MEMORY_FILE, e))?;
-                    let (old, cut) = read_up_to(std::fs::File::from(fd), max, MEMORY_FILE)?;
+                    .map_err(|e| super::workspace::map_errno(&file, e))?;
+                    let (old, cut) = read_up_to(std::fs::File::from(fd), max, &file)?;
                     if cut {
                         return Err(ToolError::InvalidArgs(format!(
                             "the memory file is already larger than {max} bytes; condense it with mode=overwrite"
@@ -280,10 +380,11 @@ impl Tool for MemoryWrite {
                 )));
             }
             let mode = existing.map_or(0o644, |e| e.mode);
-            write_atomic(&dir, &name, data.as_bytes(), mode, existing, MEMORY_FILE)?;
+            write_atomic(&dir, &name, data.as_bytes(), mode, existing, &file)?;
+            touched();
             Ok(json!({
                 "message": format!("Successfully wrote {} bytes to memory (mode: {mode_name})", a.content.len()),
-                "path": ws.root().join(MEMORY_FILE).display().to_string(),
+                "path": ws.root().join(&file).display().to_string(),
             }))
         })
         .await

@@ -168,6 +168,7 @@ mod tests {
             workspace: Arc::new(Workspace::open(d.path()).unwrap()),
             session: SessionKey::parse("telegram:42:7").unwrap(),
             cancel: CancellationToken::new(),
+            user_dir: None,
         };
         let sink = Arc::new(Sink::default());
         let t = MessageTool::new(sink.clone(), vec!["http:ops-*".into()]);

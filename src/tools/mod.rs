@@ -126,6 +126,9 @@ pub struct ToolContext {
     pub session: SessionKey,
     /// Fires on `/stop` or shutdown: tools must stop and kill their children.
     pub cancel: CancellationToken,
+    /// The chat user's own memory directory (`users/<channel>-<user>`) under
+    /// `memory.scope = "user"`; `None` for the agent's shared memory.
+    pub user_dir: Option<Arc<str>>,
 }
 
 /// A tool the model can call.

@@ -35,6 +35,9 @@ pub enum ProtectedKind {
     Store,
     /// The state directory (`~/.clawft` or `$CLAWFT_HOME`).
     State,
+    /// `users/` in the workspace under `memory.scope = "user"`: each chat user's private
+    /// memory and `USER.md`, reached only through the memory tools, each user their own.
+    UserMemory,
 }
 
 impl ProtectedKind {
@@ -45,6 +48,7 @@ impl ProtectedKind {
             ProtectedKind::Credentials => "credentials",
             ProtectedKind::Store => "store",
             ProtectedKind::State => "state directory",
+            ProtectedKind::UserMemory => "per-user memory",
         }
     }
 }
@@ -376,6 +380,11 @@ fn fd_path(fd: BorrowedFd<'_>, rel: &str) -> Result<PathBuf, ToolError> {
 
 /// The refusal the model sees.
 fn refusal(rel: &str, kind: ProtectedKind) -> ToolError {
+    if kind == ProtectedKind::UserMemory {
+        return ToolError::PermissionDenied(format!(
+            "`{rel}` is in `users/`, where each chat user's private memory lives; file tools never open it. Use memory_read, memory_write, memory_search and memory_get, which see the current user's own memory"
+        ));
+    }
     ToolError::PermissionDenied(format!(
         "`{rel}` is the daemon's {} (or inside it); file tools never read, write or list the daemon's config, credentials, store or state directory",
         kind.describe()

@@ -48,6 +48,7 @@ impl Home {
             workspace: Arc::new(Workspace::open(&ws).unwrap().with_protected(&p)),
             session: SessionKey::parse("t:1").unwrap(),
             cancel: CancellationToken::new(),
+            user_dir: None,
         };
         let tools = file_tools(&FileToolsSettings::default(), None);
         Self {

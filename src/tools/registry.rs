@@ -408,6 +408,7 @@ mod tests {
                 workspace: Arc::new(Workspace::open(d.path()).unwrap()),
                 session: SessionKey::parse("t:1").unwrap(),
                 cancel: CancellationToken::new(),
+                user_dir: None,
             },
             d,
         )

@@ -24,6 +24,8 @@ pub struct Workspace {
     dir: OwnedFd,
     /// The daemon's own files, refused to every open; replaced when a reload changes them.
     guard: RwLock<Arc<Guard>>,
+    /// The list the guard was made from (for [`Self::open_sub`]).
+    paths: RwLock<ProtectedPaths>,
 }
 
 impl Workspace {
@@ -42,6 +44,65 @@ impl Workspace {
             root: root.to_path_buf(),
             dir,
             guard: RwLock::new(Arc::new(Guard::default())),
+            paths: RwLock::new(ProtectedPaths::default()),
+        })
+    }
+
+    /// A workspace rooted at the directory `rel` beneath this one (made when missing and
+    /// `create`), with the
+    /// same protected paths except those that hold it: a chat user's memory directory
+    /// (`users/<id>`) is refused to the generic file tools (`ProtectedKind::UserMemory` holds
+    /// `users/`) and opened as its own workspace by the memory tools, so every open in it stays
+    /// beneath it and still away from the daemon's files.
+    ///
+    /// # Errors
+    /// As [`Self::open_parent`] for `rel/x`; the directory found is checked against the
+    /// daemon's other protected paths.
+    pub fn open_sub(&self, rel: &str, create: bool) -> Result<Self, ToolError> {
+        let rel = rel.trim_matches('/');
+        if rel.is_empty() || rel.split('/').any(|c| c.is_empty() || c == "." || c == "..") {
+            return Err(ToolError::InvalidPath(format!(
+                "invalid directory {rel:?}"
+            )));
+        }
+        let paths = self
+            .paths
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let root = self.root.join(rel);
+        let guard = Guard::new(&paths, &root);
+        let dir_flags = OFlags::RDONLY | OFlags::DIRECTORY;
+        let fd = match self.open_raw(rel, dir_flags, Mode::empty()) {
+            Ok(fd) => fd,
+            Err(Errno::NOENT) if create => {
+                let mut cur = self
+                    .open_raw(".", dir_flags, Mode::empty())
+                    .map_err(|e| map_errno(".", e))?;
+                let mut prefix = String::new();
+                for comp in rel.split('/') {
+                    if !prefix.is_empty() {
+                        prefix.push('/');
+                    }
+                    prefix.push_str(comp);
+                    match rustix::fs::mkdirat(&cur, comp, Mode::from_raw_mode(0o700)) {
+                        Ok(()) | Err(Errno::EXIST) => {}
+                        Err(e) => return Err(map_errno(&prefix, e)),
+                    }
+                    cur = self
+                        .open_raw(&prefix, dir_flags, Mode::empty())
+                        .map_err(|e| map_errno(&prefix, e))?;
+                }
+                cur
+            }
+            Err(e) => return Err(map_errno(rel, e)),
+        };
+        guard.check_fd(fd.as_fd(), rel)?;
+        Ok(Self {
+            root,
+            dir: fd,
+            guard: RwLock::new(Arc::new(guard)),
+            paths: RwLock::new(paths),
         })
     }
 
@@ -56,6 +117,7 @@ impl Workspace {
     pub fn set_protected(&self, paths: &ProtectedPaths) {
         let guard = Arc::new(Guard::new(paths, &self.root));
         *self.guard.write().unwrap_or_else(PoisonError::into_inner) = guard;
+        *self.paths.write().unwrap_or_else(PoisonError::into_inner) = paths.clone();
     }
 
     /// The protected-path checks in force.
@@ -422,6 +484,7 @@ pub(crate) mod testutil {
                 workspace: Arc::new(Workspace::open(&ws).unwrap()),
                 session: SessionKey::parse("t:1").unwrap(),
                 cancel: CancellationToken::new(),
+                user_dir: None,
             };
             let mut f = Self {
                 tmp,

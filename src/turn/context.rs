@@ -161,7 +161,7 @@ impl ContextPrompt {
         }
         let mut parts = Vec::new();
         for (name, path) in files.iter().zip(&paths) {
-            let text = match read_capped(&self.workspace, path) {
+            let text = match read_context_file(&self.workspace, path) {
                 Ok(Some(t)) => {
                     state.warned.remove(path);
                     t
@@ -238,6 +238,21 @@ impl ContextPrompt {
             mtime: (st.st_mtime as i64, st.st_mtime_nsec as i64),
             ctime: (st.st_ctime as i64, st.st_ctime_nsec as i64),
         })
+    }
+}
+
+/// [`read_capped`] of a workspace file, or of a chat user's file (`users/<id>/USER.md`)
+/// through that user's own directory handle: `users/` is refused to every other open.
+fn read_context_file(ws: &Workspace, rel: &str) -> Result<Option<String>, String> {
+    match rel.rsplit_once('/') {
+        Some((dir, name)) if dir.starts_with(crate::memory::scope::USERS_DIR) => {
+            match ws.open_sub(dir, false) {
+                Ok(sub) => read_capped(&sub, name),
+                Err(crate::tools::ToolError::FileNotFound(_)) => Ok(None),
+                Err(e) => Err(e.to_string()),
+            }
+        }
+        _ => read_capped(ws, rel),
     }
 }
 

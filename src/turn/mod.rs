@@ -52,6 +52,10 @@ pub struct TurnDeps {
     pub skills_global: Option<std::path::PathBuf>,
     /// Prices, budgets and today's spend (checked between LLM calls).
     pub usage: Arc<usage::UsageLedger>,
+    /// `memory.scope`: whether chat users get their own memory.
+    pub memory_scope: crate::memory::settings::Scope,
+    /// This turn's chat user's memory directory (see [`TurnDeps::for_turn_by`]).
+    pub user_dir: Option<Arc<str>>,
 }
 
 impl TurnDeps {
@@ -59,8 +63,24 @@ impl TurnDeps {
     /// changed; otherwise the same `Arc`). Asked once per turn.
     #[must_use]
     pub fn for_turn(&self) -> Self {
+        self.for_turn_by(None)
+    }
+
+    /// [`Self::for_turn`] for a message from `user` (`(channel, sender id)`): under
+    /// `memory.scope = "user"` the turn gets that user's memory directory
+    /// (`users/<channel>-<sender>`) and their `USER.md`. `None` (the terminal, the control
+    /// token, the gateway's own messages) keeps the agent's memory.
+    #[must_use]
+    pub fn for_turn_by(&self, user: Option<(&str, &str)>) -> Self {
+        let user_dir: Option<Arc<str>> = match (self.memory_scope, user) {
+            (crate::memory::settings::Scope::User, Some((channel, sender))) => {
+                Some(crate::memory::scope::user_dir(channel, sender).into())
+            }
+            _ => None,
+        };
         Self {
-            system_prompt: self.context.current(),
+            system_prompt: self.context.current_for(user_dir.as_deref()),
+            user_dir,
             ..self.clone()
         }
     }
@@ -223,6 +243,7 @@ async fn run_turn_inner(
         workspace: deps.workspace.clone(),
         session: session.clone(),
         cancel: cancel.clone(),
+        user_dir: deps.user_dir.clone(),
     };
     // Skills: listed in the system prompt; `/NAME` activates one for this turn.
     let skill_dirs = crate::skills::SkillDirs {

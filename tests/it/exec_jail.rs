@@ -51,6 +51,7 @@ fn fixture_with(settings: ExecSettings, proxy_socket: Option<PathBuf>) -> Fx {
         workspace: Arc::new(Workspace::open(&ws).unwrap()),
         session: SessionKey::parse("t:1").unwrap(),
         cancel: CancellationToken::new(),
+        user_dir: None,
     };
     Fx {
         _root: root,

@@ -81,6 +81,7 @@ pub(super) fn fixture_jailed(
         workspace: Arc::new(Workspace::open(&ws).unwrap()),
         session: SessionKey::parse("t:1").unwrap(),
         cancel: CancellationToken::new(),
+        user_dir: None,
     };
     Fx {
         root,

@@ -22,6 +22,7 @@ pub(super) fn ctx() -> Ctx {
         workspace: Arc::new(Workspace::open(dir.path()).unwrap()),
         session: SessionKey::parse("t:1").unwrap(),
         cancel: CancellationToken::new(),
+        user_dir: None,
     };
     Ctx { _dir: dir, ctx }
 }

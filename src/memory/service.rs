@@ -1,0 +1,972 @@
+//! The memory search service: one keyword index per memory root (the agent's workspace, and
+//! each chat user's `users/<id>` directory), loaded on first use from its snapshot, brought up
+//! to date by a reconcile walk that re-indexes only the files whose stamp changed, and saved
+//! back off the hot path.
+//!
+//! Freshness: a search re-walks a root (one `stat` per document) when the last walk is older
+//! than [`RECHECK_AFTER`] or a memory tool wrote since; it waits for that walk at most
+//! [`BUILD_WAIT`] and otherwise answers from what is indexed, flagged `indexing`. Nothing here
+//! runs unless a memory search is made: an agent that never searches pays no memory and no I/O.
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::time::{Duration, Instant};
+
+use rustix::fs::{AtFlags, FileType, Mode, OFlags};
+use serde::Serialize;
+use tokio::sync::watch;
+
+use super::index::{Hit, Index, IndexStats, Stamp};
+use super::settings::MemorySettings;
+use crate::store::Store;
+use crate::tools::memory::{generation, scope_workspace};
+use crate::tools::{ToolContext, ToolError, Workspace};
+use crate::types::SessionKey;
+
+/// A root is walked again before a search when its last walk is older than this.
+pub const RECHECK_AFTER: Duration = Duration::from_secs(10);
+/// Longest a search waits for a walk (the first build of a large corpus) before answering
+/// from what is indexed so far.
+pub const BUILD_WAIT: Duration = Duration::from_secs(3);
+/// A changed index is saved this long after the change (changes in between share the write).
+const SAVE_DELAY: Duration = Duration::from_secs(2);
+/// Most memory documents indexed per root.
+pub const MAX_FILES: usize = 50_000;
+/// Deepest directory level under `memory/` walked.
+const MAX_DEPTH: usize = 8;
+/// Longest snippet returned per hit (bytes).
+const SNIPPET_BYTES: usize = 320;
+/// The pseudo-directory of past conversations in results (`sessions/<key>`).
+pub const TRANSCRIPTS: &str = "sessions/";
+
+/// One result of [`MemoryService::search`].
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct SearchHit {
+    /// Workspace-relative path (`memory/MEMORY.md`, `users/telegram-42/memory/x.md`,
+    /// `sessions/<key>` for a past conversation): what `memory_get` takes.
+    pub path: String,
+    /// First line of the match.
+    pub start_line: u32,
+    /// Last line (inclusive).
+    pub end_line: u32,
+    /// Relevance, higher is better (rounded to 3 decimals).
+    pub score: f32,
+    /// The matching text, cut to about 300 bytes around the first query word.
+    pub snippet: String,
+}
+
+/// What a search found.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct SearchOutcome {
+    /// Best first.
+    pub results: Vec<SearchHit>,
+    /// The index was still being built: results may be missing.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub indexing: bool,
+}
+
+/// Figures of the indexes for `weft status` and `weft memory`.
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct MemoryStats {
+    /// `user` or `agent`.
+    pub scope: &'static str,
+    /// Whether past conversations are searched.
+    pub search_transcripts: bool,
+    /// Indexes (the agent's, one per user, past conversations).
+    pub indexes: usize,
+    /// Documents indexed.
+    pub documents: usize,
+    /// Chunks indexed.
+    pub chunks: usize,
+    /// Snapshot bytes on disk.
+    pub index_bytes: u64,
+    /// When an index was last saved (ms since the epoch).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub updated_ms: Option<u64>,
+}
+
+#[derive(Default)]
+struct RootState {
+    loaded: bool,
+    running: bool,
+    last: Option<Instant>,
+    seen_gen: u64,
+    save_pending: bool,
+}
+
+/// One indexed root.
+struct Root {
+    /// Its name in the index directory: `agent`, `user-<dir>` or `sessions-…`.
+    name: String,
+    /// The agent workspace it belongs to.
+    ws: Arc<Workspace>,
+    /// Where its snapshot is saved (`None`: kept in memory only).
+    dir: Option<PathBuf>,
+    /// What it indexes.
+    kind: RootKind,
+    index: RwLock<Index>,
+    state: Mutex<RootState>,
+    /// Completed walks (waited on by searches).
+    done: watch::Sender<u64>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum RootKind {
+    /// Memory documents of the workspace (`None`) or of a user directory.
+    Files(Option<String>),
+    /// Past conversations whose key starts with this prefix (`""`: all).
+    Transcripts(String),
+}
+
+/// The memory search service (every workspace it is asked about: each has its own indexes).
+pub struct MemoryService {
+    /// The state directory the snapshots go beneath (`None`: in memory only).
+    home: Option<PathBuf>,
+    settings: MemorySettings,
+    store: Option<Store>,
+    max_file_bytes: u64,
+    roots: Mutex<BTreeMap<String, Arc<Root>>>,
+}
+
+impl std::fmt::Debug for MemoryService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryService")
+            .field("home", &self.home)
+            .finish_non_exhaustive()
+    }
+}
+
+impl MemoryService {
+    /// The service keeping snapshots beneath the state directory `home` (see
+    /// [`Self::index_dir_for`]; `None`: in memory only), reading past conversations from `store`
+    /// when `settings.search_transcripts`.
+    pub fn new(home: Option<PathBuf>, settings: MemorySettings, store: Option<Store>) -> Self {
+        Self {
+            home,
+            settings,
+            store,
+            max_file_bytes: crate::tools::fs::DEFAULT_MEMORY_MAX_BYTES,
+            roots: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// Index at most `max` bytes of each document (the memory tools' limit).
+    #[must_use]
+    pub fn with_max_file_bytes(mut self, max: u64) -> Self {
+        self.max_file_bytes = max;
+        self
+    }
+
+    /// The settings in force.
+    pub fn settings(&self) -> &MemorySettings {
+        &self.settings
+    }
+
+    /// Where the snapshots of `workspace` live beneath the state directory `home`:
+    /// `memory-index/<hash of the workspace path>`.
+    pub fn index_dir_for(home: &Path, workspace: &Path) -> PathBuf {
+        let ws = crate::tools::protected::canonical(workspace);
+        let h = fnv1a(ws.as_os_str().as_encoded_bytes());
+        home.join("memory-index").join(format!("{h:016x}"))
+    }
+
+    fn root(&self, ws: &Arc<Workspace>, kind: RootKind) -> Arc<Root> {
+        let name = match &kind {
+            RootKind::Files(None) => "agent".to_string(),
+            RootKind::Files(Some(dir)) => format!("user-{}", dir.rsplit('/').next().unwrap_or(dir)),
+            RootKind::Transcripts(p) if p.is_empty() => "sessions".to_string(),
+            RootKind::Transcripts(p) => format!("sessions-{:016x}", fnv1a(p.as_bytes())),
+        };
+        let key = format!("{}\0{name}", ws.root().display());
+        let mut roots = self.roots.lock().unwrap_or_else(PoisonError::into_inner);
+        roots
+            .entry(key)
+            .or_insert_with(|| {
+                Arc::new(Root {
+                    dir: self
+                        .home
+                        .as_ref()
+                        .map(|h| Self::index_dir_for(h, ws.root())),
+                    ws: ws.clone(),
+                    name,
+                    kind,
+                    index: RwLock::new(Index::new()),
+                    state: Mutex::new(RootState::default()),
+                    done: watch::channel(0).0,
+                })
+            })
+            .clone()
+    }
+
+    /// The roots a caller searches: the agent's documents, the user's own (when they have a
+    /// directory), their past conversations (when enabled).
+    fn roots_for(&self, ctx: &ToolContext) -> Vec<Arc<Root>> {
+        let ws = &ctx.workspace;
+        let mut out = vec![self.root(ws, RootKind::Files(None))];
+        if let Some(dir) = &ctx.user_dir {
+            let exists = rustix::fs::statat(ws.dir_fd(), &**dir, AtFlags::empty())
+                .is_ok_and(|st| FileType::from_raw_mode(st.st_mode) == FileType::Directory);
+            if exists {
+                out.push(self.root(ws, RootKind::Files(Some(dir.to_string()))));
+            }
+        }
+        if self.settings.search_transcripts && self.store.is_some() {
+            out.push(self.root(ws, RootKind::Transcripts(transcript_prefix(ctx))));
+        }
+        out
+    }
+
+    /// Search the memory `ctx` may see for `query`.
+    ///
+    /// # Errors
+    /// When a root cannot be read at all.
+    pub async fn search(
+        self: &Arc<Self>,
+        ctx: &ToolContext,
+        query: &str,
+        max: usize,
+        path_prefix: Option<&str>,
+    ) -> Result<SearchOutcome, ToolError> {
+        let roots = self.roots_for(ctx);
+        let mut indexing = false;
+        for r in &roots {
+            indexing |= !self.fresh(r).await;
+        }
+        let me = self.clone();
+        let query = query.to_string();
+        let prefix = path_prefix.map(str::to_string);
+        let results = tokio::task::spawn_blocking(move || {
+            me.search_blocking(&roots, &query, max, prefix.as_deref())
+        })
+        .await
+        .map_err(|e| ToolError::ExecutionFailed(format!("memory search failed: {e}")))??;
+        Ok(SearchOutcome { results, indexing })
+    }
+
+    fn search_blocking(
+        &self,
+        roots: &[Arc<Root>],
+        query: &str,
+        max: usize,
+        prefix: Option<&str>,
+    ) -> Result<Vec<SearchHit>, ToolError> {
+        let mut all: Vec<(Arc<Root>, Hit)> = Vec::new();
+        for r in roots {
+            let idx = r.index.read().unwrap_or_else(PoisonError::into_inner);
+            for h in idx.search(query, max, prefix) {
+                all.push((r.clone(), h));
+            }
+        }
+        all.sort_by(|a, b| {
+            b.1.score
+                .total_cmp(&a.1.score)
+                .then_with(|| a.1.path.cmp(&b.1.path))
+                .then_with(|| a.1.start_line.cmp(&b.1.start_line))
+        });
+        all.truncate(max);
+        let words = query_words(query);
+        let mut out = Vec::with_capacity(all.len());
+        // One read per document, however many of its chunks matched.
+        let mut texts: BTreeMap<String, Option<String>> = BTreeMap::new();
+        for (root, h) in all {
+            let path = display_path(&root.kind, &h.path);
+            let text = match texts.get(&path) {
+                Some(t) => t.clone(),
+                None => {
+                    let t = self.document_text(&root, &h.path).ok();
+                    texts.insert(path.clone(), t.clone());
+                    t
+                }
+            };
+            let Some(text) = text else { continue };
+            out.push(SearchHit {
+                snippet: snippet(&text, h.start_line, h.end_line, &words),
+                path,
+                start_line: h.start_line,
+                end_line: h.end_line,
+                score: (h.score * 1000.0).round() / 1000.0,
+            });
+        }
+        Ok(out)
+    }
+
+    /// The text of a document of `kind` (root-relative `path`), as indexed.
+    fn document_text(&self, root: &Root, path: &str) -> Result<String, ToolError> {
+        match &root.kind {
+            RootKind::Files(_) => {
+                let ws = files_workspace(root)?;
+                read_document(&ws, path, self.max_file_bytes)
+            }
+            RootKind::Transcripts(_) => {
+                let key = path.strip_prefix(TRANSCRIPTS).unwrap_or(path);
+                self.transcript_text(key)
+            }
+        }
+    }
+
+    fn transcript_text(&self, key: &str) -> Result<String, ToolError> {
+        let store = self
+            .store
+            .as_ref()
+            .ok_or_else(|| ToolError::FileNotFound(format!("{TRANSCRIPTS}{key}")))?;
+        let key = SessionKey::parse(key)
+            .map_err(|e| ToolError::InvalidPath(format!("{TRANSCRIPTS}{key}: {e}")))?;
+        let msgs = store
+            .load_transcript(&key)
+            .map_err(|e| ToolError::ExecutionFailed(format!("reading the conversation: {e}")))?;
+        Ok(render_transcript(&msgs))
+    }
+
+    /// Bring `root` up to date if due; whether it is (false: still building after
+    /// [`BUILD_WAIT`]).
+    async fn fresh(self: &Arc<Self>, root: &Arc<Root>) -> bool {
+        let gen = generation();
+        let mut rx = root.done.subscribe();
+        let before = *rx.borrow_and_update();
+        let start = {
+            let mut st = root.state.lock().unwrap_or_else(PoisonError::into_inner);
+            let due = !st.loaded
+                || st.seen_gen != gen
+                || st.last.is_none_or(|t| t.elapsed() >= RECHECK_AFTER);
+            if !due {
+                return true;
+            }
+            if st.running {
+                false
+            } else {
+                st.running = true;
+                st.seen_gen = gen;
+                true
+            }
+        };
+        if start {
+            let me = self.clone();
+            let r = root.clone();
+            tokio::task::spawn_blocking(move || {
+                let changed = match me.reconcile(&r) {
+                    Ok(n) => n,
+                    Err(e) => {
+                        tracing::warn!(index = %r.name, error = %e, "memory index not brought up to date");
+                        0
+                    }
+                };
+                {
+                    let mut st = r.state.lock().unwrap_or_else(PoisonError::into_inner);
+                    st.running = false;
+                    st.loaded = true;
+                    st.last = Some(Instant::now());
+                }
+                r.done.send_modify(|g| *g += 1);
+                if changed > 0 {
+                    me.schedule_save(&r);
+                }
+            });
+        }
+        let done = tokio::time::timeout(BUILD_WAIT, rx.wait_for(|g| *g > before))
+            .await
+            .is_ok();
+        done
+    }
+
+    /// Load the snapshot if not yet loaded, then re-index what changed; how many documents
+    /// changed.
+    fn reconcile(&self, root: &Root) -> Result<usize, ToolError> {
+        let loaded = root
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .loaded;
+        if !loaded {
+            if let Some(idx) = self.load_snapshot(root) {
+                *root.index.write().unwrap_or_else(PoisonError::into_inner) = idx;
+            }
+        }
+        match &root.kind {
+            RootKind::Files(_) => {
+                let ws = match files_workspace(root) {
+                    Ok(ws) => ws,
+                    Err(ToolError::FileNotFound(_)) => {
+                        let mut idx = root.index.write().unwrap_or_else(PoisonError::into_inner);
+                        let gone = idx.documents().len();
+                        *idx = Index::new();
+                        return Ok(gone);
+                    }
+                    Err(e) => return Err(e),
+                };
+                reconcile_files(&ws, &root.index, self.max_file_bytes)
+            }
+            RootKind::Transcripts(prefix) => self.reconcile_transcripts(root, prefix),
+        }
+    }
+
+    fn reconcile_transcripts(&self, root: &Root, prefix: &str) -> Result<usize, ToolError> {
+        let Some(store) = &self.store else {
+            return Ok(0);
+        };
+        let metas = store
+            .sessions()
+            .map_err(|e| ToolError::ExecutionFailed(format!("listing conversations: {e}")))?;
+        let wanted: BTreeMap<String, Stamp> = metas
+            .iter()
+            .filter(|m| in_scope(m.key.as_str(), prefix))
+            .map(|m| {
+                (
+                    format!("{TRANSCRIPTS}{}", m.key.as_str()),
+                    Stamp {
+                        size: m.next_seq,
+                        mtime_ns: i64::try_from(m.updated_ms).unwrap_or(i64::MAX),
+                        ino: 0,
+                    },
+                )
+            })
+            .collect();
+        let mut changed = 0;
+        let stale: Vec<Arc<str>> = {
+            let idx = root.index.read().unwrap_or_else(PoisonError::into_inner);
+            idx.documents()
+                .into_iter()
+                .filter(|(p, _)| !wanted.contains_key(&**p))
+                .map(|(p, _)| p)
+                .collect()
+        };
+        if !stale.is_empty() {
+            let mut idx = root.index.write().unwrap_or_else(PoisonError::into_inner);
+            for p in &stale {
+                idx.remove(p);
+            }
+            changed += stale.len();
+        }
+        for (path, stamp) in wanted {
+            let known = root
+                .index
+                .read()
+                .unwrap_or_else(PoisonError::into_inner)
+                .stamp(&path);
+            if known == Some(stamp) {
+                continue;
+            }
+            let key = path.strip_prefix(TRANSCRIPTS).unwrap_or(&path);
+            let Ok(text) = self.transcript_text(key) else {
+                continue;
+            };
+            root.index
+                .write()
+                .unwrap_or_else(PoisonError::into_inner)
+                .upsert(&path, stamp, &text);
+            changed += 1;
+        }
+        Ok(changed)
+    }
+
+    fn load_snapshot(&self, root: &Root) -> Option<Index> {
+        let path = snapshot_path(root)?;
+        let bytes = match std::fs::read(&path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "memory index unreadable; rebuilding it from the files");
+                return None;
+            }
+        };
+        match Index::decode(&bytes) {
+            Ok(idx) => Some(idx),
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "memory index snapshot is damaged; rebuilding it from the files");
+                let _ = std::fs::remove_file(&path);
+                None
+            }
+        }
+    }
+
+    fn schedule_save(self: &Arc<Self>, root: &Arc<Root>) {
+        if root.dir.is_none() {
+            return;
+        }
+        {
+            let mut st = root.state.lock().unwrap_or_else(PoisonError::into_inner);
+            if st.save_pending {
+                return;
+            }
+            st.save_pending = true;
+        }
+        let me = self.clone();
+        let r = root.clone();
+        let save = move || {
+            r.state
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .save_pending = false;
+            if let Err(e) = me.save(&r) {
+                tracing::warn!(index = %r.name, error = %e, "could not save the memory index (it is rebuilt from the files when needed)");
+            }
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(h) => {
+                h.spawn(async move {
+                    tokio::time::sleep(SAVE_DELAY).await;
+                    let _ = tokio::task::spawn_blocking(save).await;
+                });
+            }
+            Err(_) => save(),
+        }
+    }
+
+    fn save(&self, root: &Root) -> std::io::Result<()> {
+        let Some(path) = snapshot_path(root) else {
+            return Ok(());
+        };
+        let (bytes, stats) = {
+            let idx = root.index.read().unwrap_or_else(PoisonError::into_inner);
+            (idx.encode(), idx.stats())
+        };
+        let dir = path.parent().unwrap_or(Path::new("."));
+        std::fs::create_dir_all(dir)?;
+        write_replace(&path, &bytes)?;
+        record_summary(dir, &root.name, &stats, bytes.len() as u64)
+    }
+}
+
+fn snapshot_path(root: &Root) -> Option<PathBuf> {
+    root.dir.as_ref().map(|d| d.join(format!("{}.idx", root.name)))
+}
+
+/// The workspace a files root walks: the agent's, or a user's directory in it.
+fn files_workspace(root: &Root) -> Result<Arc<Workspace>, ToolError> {
+    match &root.kind {
+        RootKind::Files(Some(d)) => Ok(Arc::new(root.ws.open_sub(d, false)?)),
+        _ => Ok(root.ws.clone()),
+    }
+}
+
+impl MemoryService {
+
+}
+
+/// `summary.json` beside the snapshots: per index, its figures (read by `weft status`
+/// without loading any index).
+fn record_summary(dir: &Path, name: &str, stats: &IndexStats, bytes: u64) -> std::io::Result<()> {
+    let _lock = SUMMARY_LOCK.lock().unwrap_or_else(PoisonError::into_inner);
+    let path = dir.join("summary.json");
+    let mut all: BTreeMap<String, serde_json::Value> = std::fs::read(&path)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default();
+    all.insert(
+        name.to_string(),
+        serde_json::json!({
+            "documents": stats.docs,
+            "chunks": stats.chunks,
+            "terms": stats.terms,
+            "bytes": bytes,
+            "updated_ms": now_ms(),
+        }),
+    );
+    let text = serde_json::to_vec_pretty(&all).map_err(std::io::Error::other)?;
+    write_replace(&path, &text)
+}
+
+impl MemoryService {
+    /// Rebuild every index of this workspace from its files: the agent's, every user's under
+    /// `users/`, and past conversations when enabled. Saved at once. Returns the figures.
+    ///
+    /// # Errors
+    /// When a root cannot be walked or a snapshot cannot be written.
+    pub fn reindex_all(&self, ws: &Arc<Workspace>) -> Result<MemoryStats, ToolError> {
+        let mut kinds = vec![RootKind::Files(None)];
+        // `users/` is refused to the generic opens: list it through a sub-workspace.
+        if let Ok(users) = ws.open_sub(super::scope::USERS_DIR, false) {
+            for name in list_dirs(&users) {
+                kinds.push(RootKind::Files(Some(format!(
+                    "{}/{name}",
+                    super::scope::USERS_DIR
+                ))));
+            }
+        }
+        if self.settings.search_transcripts && self.store.is_some() {
+            kinds.push(RootKind::Transcripts(String::new()));
+        }
+        for kind in kinds {
+            let root = self.root(ws, kind);
+            *root.index.write().unwrap_or_else(PoisonError::into_inner) = Index::new();
+            root.state
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .loaded = true;
+            self.reconcile(&root)?;
+            root.state.lock().unwrap_or_else(PoisonError::into_inner).last =
+                Some(Instant::now());
+            self.save(&root)
+                .map_err(|e| ToolError::ExecutionFailed(format!("saving the index: {e}")))?;
+        }
+        Ok(self.stats(ws.root()))
+    }
+
+    /// The figures of the saved indexes of the workspace at `ws` (from `summary.json`; no
+    /// index is loaded).
+    pub fn stats(&self, ws: &Path) -> MemoryStats {
+        let mut s = MemoryStats {
+            scope: self.settings.scope.as_str(),
+            search_transcripts: self.settings.search_transcripts,
+            ..MemoryStats::default()
+        };
+        let Some(dir) = self.home.as_ref().map(|h| Self::index_dir_for(h, ws)) else {
+            let roots = self.roots.lock().unwrap_or_else(PoisonError::into_inner);
+            for r in roots.values() {
+                let st = r.index.read().unwrap_or_else(PoisonError::into_inner).stats();
+                s.indexes += 1;
+                s.documents += st.docs;
+                s.chunks += st.chunks;
+            }
+            return s;
+        };
+        let all: BTreeMap<String, serde_json::Value> = std::fs::read(dir.join("summary.json"))
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or_default();
+        for v in all.values() {
+            let n = |k: &str| v.get(k).and_then(serde_json::Value::as_u64).unwrap_or(0);
+            s.indexes += 1;
+            s.documents += usize::try_from(n("documents")).unwrap_or(0);
+            s.chunks += usize::try_from(n("chunks")).unwrap_or(0);
+            s.index_bytes += n("bytes");
+            s.updated_ms = s.updated_ms.max(Some(n("updated_ms")));
+        }
+        s
+    }
+
+    /// Read a memory document (or a past conversation) `ctx` may see: `path` as
+    /// [`SearchHit::path`] shows it. Returns the root-relative text.
+    ///
+    /// # Errors
+    /// `PermissionDenied` for another user's directory; `InvalidPath` for a path that is not a
+    /// memory document; the open's errors (escapes, symlinks out, protected paths).
+    pub fn read(&self, ctx: &ToolContext, path: &str) -> Result<String, ToolError> {
+        let p = path.trim().trim_start_matches("./");
+        if let Some(key) = p.strip_prefix(TRANSCRIPTS) {
+            if !(self.settings.search_transcripts && self.store.is_some()) {
+                return Err(ToolError::PermissionDenied(
+                    "past conversations are not searchable here (memory.search_transcripts = false)".into(),
+                ));
+            }
+            if !in_scope(key, &transcript_prefix(ctx)) {
+                return Err(ToolError::PermissionDenied(format!(
+                    "`{p}` is another conversation than this chat's"
+                )));
+            }
+            return self.transcript_text(key);
+        }
+        let users = format!("{}/", super::scope::USERS_DIR);
+        if p.starts_with(&users) {
+            let own = ctx
+                .user_dir
+                .as_deref()
+                .map(|d| format!("{}/", d.trim_end_matches('/')));
+            let Some(rel) = own.as_deref().and_then(|o| p.strip_prefix(o)) else {
+                return Err(ToolError::PermissionDenied(format!(
+                    "`{p}` is another user's memory"
+                )));
+            };
+            check_document(rel, path)?;
+            let ws = scope_workspace(ctx, false)?
+                .ok_or_else(|| ToolError::FileNotFound(format!("{p}: no such memory document")))?;
+            return read_document(&ws, rel, self.max_file_bytes);
+        }
+        check_document(p, path)?;
+        read_document(&ctx.workspace, p, self.max_file_bytes)
+    }
+}
+
+static SUMMARY_LOCK: Mutex<()> = Mutex::new(());
+
+/// Whether `rel` (root-relative) names a memory document `memory_get` serves.
+fn check_document(rel: &str, shown: &str) -> Result<(), ToolError> {
+    if rel == "MEMORY.md" || rel == "USER.md" || rel.starts_with("memory/") {
+        Ok(())
+    } else {
+        Err(ToolError::InvalidPath(format!(
+            "`{shown}` is not a memory document (MEMORY.md, USER.md, memory/…); use read_file for other files"
+        )))
+    }
+}
+
+/// Sessions whose past conversations `ctx` may search: under a user's scope, this chat's
+/// (the key's channel and chat, every thread); otherwise all of them.
+fn transcript_prefix(ctx: &ToolContext) -> String {
+    if ctx.user_dir.is_none() {
+        return String::new();
+    }
+    let key = ctx.session.as_str();
+    let mut parts = key.splitn(3, ':');
+    match (parts.next(), parts.next()) {
+        (Some(c), Some(chat)) => format!("{c}:{chat}"),
+        _ => key.to_string(),
+    }
+}
+
+/// Whether the session `key` is within `prefix` (`""`: all; `channel:chat`: that chat and
+/// its threads).
+fn in_scope(key: &str, prefix: &str) -> bool {
+    prefix.is_empty()
+        || key == prefix
+        || key
+            .strip_prefix(prefix)
+            .is_some_and(|rest| rest.starts_with(':'))
+}
+
+/// The path shown for a root-relative `path` of `kind`.
+fn display_path(kind: &RootKind, path: &str) -> String {
+    match kind {
+        RootKind::Files(Some(dir)) => format!("{dir}/{path}"),
+        RootKind::Files(None) | RootKind::Transcripts(_) => path.to_string(),
+    }
+}
+
+/// A conversation as text: one paragraph per user or assistant message (`user: …`,
+/// `assistant: …`), tool traffic left out. The line numbers of search results refer to it.
+pub fn render_transcript(msgs: &[crate::llm::Message]) -> String {
+    use crate::llm::Role;
+    let mut out = String::new();
+    for m in msgs {
+        let who = match m.role {
+            Role::User => "user",
+            Role::Assistant => "assistant",
+            _ => continue,
+        };
+        let text = m.content.trim();
+        if text.is_empty() {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str("\n\n");
+        }
+        out.push_str(who);
+        out.push_str(": ");
+        out.push_str(text);
+    }
+    out
+}
+
+/// The documents of a root: `MEMORY.md` and every `*.md` under `memory/` (no symlinks, at most
+/// [`MAX_FILES`], [`MAX_DEPTH`] levels), with their stamps.
+pub fn list_documents(ws: &Workspace) -> Vec<(String, Stamp)> {
+    let mut out = Vec::new();
+    if let Some(st) = stamp_at(ws.dir_fd(), "MEMORY.md") {
+        out.push(("MEMORY.md".to_string(), st));
+    }
+    walk(ws, "memory", 0, &mut out);
+    out
+}
+
+fn walk(ws: &Workspace, rel: &str, depth: usize, out: &mut Vec<(String, Stamp)>) {
+    if depth > MAX_DEPTH || out.len() >= MAX_FILES {
+        return;
+    }
+    let Ok(fd) = ws.open_beneath(
+        rel,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW,
+        Mode::empty(),
+    ) else {
+        return;
+    };
+    let Ok(dir) = rustix::fs::Dir::read_from(&fd) else {
+        return;
+    };
+    let mut subdirs = Vec::new();
+    for entry in dir.flatten() {
+        let Ok(name) = entry.file_name().to_str() else {
+            continue;
+        };
+        if name == "." || name == ".." || name.starts_with('.') {
+            continue;
+        }
+        match entry.file_type() {
+            FileType::Directory => subdirs.push(name.to_string()),
+            FileType::RegularFile | FileType::Unknown if name.ends_with(".md") => {
+                if let Some(st) = stamp_at(rustix::fd::AsFd::as_fd(&fd), name) {
+                    out.push((format!("{rel}/{name}"), st));
+                    if out.len() >= MAX_FILES {
+                        return;
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    subdirs.sort();
+    for d in subdirs {
+        walk(ws, &format!("{rel}/{d}"), depth + 1, out);
+    }
+}
+
+/// The stamp of a regular file `name` in `dir` (not following a symlink).
+fn stamp_at(dir: rustix::fd::BorrowedFd<'_>, name: &str) -> Option<Stamp> {
+    let st = rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW).ok()?;
+    if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
+        return None;
+    }
+    #[allow(clippy::useless_conversion, clippy::unnecessary_cast)]
+    Some(Stamp {
+        size: st.st_size as u64,
+        mtime_ns: (st.st_mtime as i64)
+            .saturating_mul(1_000_000_000)
+            .saturating_add(st.st_mtime_nsec as i64),
+        ino: st.st_ino as u64,
+    })
+}
+
+/// Re-index the documents of `ws` whose stamp changed and forget the removed ones; how many
+/// changed. Files are read before the index is locked, so searches wait only for the updates.
+fn reconcile_files(
+    ws: &Workspace,
+    index: &RwLock<Index>,
+    max_bytes: u64,
+) -> Result<usize, ToolError> {
+    let docs = list_documents(ws);
+    let (gone, changed): (Vec<Arc<str>>, Vec<(String, Stamp)>) = {
+        let idx = index.read().unwrap_or_else(PoisonError::into_inner);
+        let names: std::collections::HashSet<&str> = docs.iter().map(|(p, _)| p.as_str()).collect();
+        let gone = idx
+            .documents()
+            .into_iter()
+            .filter(|(p, _)| !names.contains(&**p))
+            .map(|(p, _)| p)
+            .collect();
+        let changed = docs
+            .iter()
+            .filter(|(p, st)| idx.stamp(p) != Some(*st))
+            .cloned()
+            .collect();
+        (gone, changed)
+    };
+    let n = gone.len() + changed.len();
+    if !gone.is_empty() {
+        let mut idx = index.write().unwrap_or_else(PoisonError::into_inner);
+        for p in &gone {
+            idx.remove(p);
+        }
+    }
+    // In batches, so a first build of a large corpus does not hold the lock throughout.
+    for batch in changed.chunks(256) {
+        let texts: Vec<(&str, Stamp, String)> = batch
+            .iter()
+            .filter_map(|(p, st)| {
+                read_document(ws, p, max_bytes)
+                    .ok()
+                    .map(|t| (p.as_str(), *st, t))
+            })
+            .collect();
+        let mut idx = index.write().unwrap_or_else(PoisonError::into_inner);
+        for (p, st, t) in texts {
+            idx.upsert(p, st, &t);
+        }
+    }
+    Ok(n)
+}
+
+/// A memory document's text (at most `max` bytes, lossy UTF-8), opened beneath `ws` with the
+/// kernel check and the protected-path guard.
+fn read_document(ws: &Workspace, rel: &str, max: u64) -> Result<String, ToolError> {
+    let fd = ws.open_beneath(rel, OFlags::RDONLY | OFlags::NONBLOCK, Mode::empty())?;
+    let f = std::fs::File::from(fd);
+    let meta = f
+        .metadata()
+        .map_err(|e| ToolError::ExecutionFailed(format!("{rel}: {e}")))?;
+    if !meta.is_file() {
+        return Err(ToolError::InvalidPath(format!("`{rel}` is not a regular file")));
+    }
+    let mut buf = Vec::new();
+    f.take(max)
+        .read_to_end(&mut buf)
+        .map_err(|e| ToolError::ExecutionFailed(format!("reading {rel}: {e}")))?;
+    Ok(String::from_utf8_lossy(&buf).into_owned())
+}
+
+/// The subdirectory names of a directory workspace (not following symlinks).
+fn list_dirs(ws: &Workspace) -> Vec<String> {
+    let Ok(fd) = ws.open_beneath(".", OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty()) else {
+        return Vec::new();
+    };
+    let Ok(dir) = rustix::fs::Dir::read_from(&fd) else {
+        return Vec::new();
+    };
+    let mut out: Vec<String> = dir
+        .flatten()
+        .filter(|e| e.file_type() == FileType::Directory)
+        .filter_map(|e| e.file_name().to_str().ok().map(str::to_string))
+        .filter(|n| n != "." && n != "..")
+        .collect();
+    out.sort();
+    out
+}
+
+/// Lower-cased words of a query (for placing snippets).
+fn query_words(q: &str) -> Vec<String> {
+    q.split(|c: char| !c.is_alphanumeric())
+        .filter(|w| !w.is_empty())
+        .map(str::to_lowercase)
+        .collect()
+}
+
+/// Lines `start..=end` of `text`, cut to [`SNIPPET_BYTES`] around the first query word found.
+fn snippet(text: &str, start: u32, end: u32, words: &[String]) -> String {
+    let lines: Vec<&str> = text
+        .lines()
+        .skip(start.saturating_sub(1) as usize)
+        .take((end.saturating_sub(start) + 1) as usize)
+        .collect();
+    let joined = lines.join("\n");
+    let trimmed = joined.trim();
+    if trimmed.len() <= SNIPPET_BYTES {
+        return trimmed.to_string();
+    }
+    let lower = trimmed.to_lowercase();
+    let at = words
+        .iter()
+        .filter_map(|w| lower.find(w.as_str()))
+        .min()
+        .unwrap_or(0);
+    // `lower` may differ in length from `trimmed` for a few scripts: clamp and align.
+    let mut from = at.saturating_sub(SNIPPET_BYTES / 3).min(trimmed.len());
+    while !trimmed.is_char_boundary(from) {
+        from -= 1;
+    }
+    let mut to = (from + SNIPPET_BYTES).min(trimmed.len());
+    while !trimmed.is_char_boundary(to) {
+        to -= 1;
+    }
+    format!(
+        "{}{}{}",
+        if from > 0 { "…" } else { "" },
+        &trimmed[from..to],
+        if to < trimmed.len() { "…" } else { "" }
+    )
+}
+
+/// Write `bytes` to `path` through a temporary file and a rename.
+fn write_replace(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_data()?;
+    }
+    std::fs::rename(&tmp, path)
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+fn fnv1a(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
