@@ -18,6 +18,7 @@ mod gateway;
 mod inputs;
 mod layering;
 mod mcp;
+mod memory;
 mod platform_limits;
 mod platforms;
 mod process;
