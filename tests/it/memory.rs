@@ -439,3 +439,53 @@ fn weft_memory_ranks_the_exact_phrase_first_reindexes_and_status_counts_the_docu
     assert_eq!(code, 1, "{err}");
     assert!(err.contains("CHANNEL:USER_ID"), "{err}");
 }
+
+#[tokio::test]
+async fn past_conversations_are_searched_when_enabled_and_only_this_chats() {
+    let dir = tempfile::tempdir().unwrap();
+    let llm = FakeLlm::start().await;
+    let gw = TestGateway::start(config(
+        &llm,
+        dir.path(),
+        json!({ "memory": { "search_transcripts": true } }),
+    ))
+    .await;
+    llm.push(Reply::Text("Nice, a folding bike!".into()));
+    let (status, _) = chat_as(&gw.api, "alice-1", "alice", "My bike is a green Brompton.").await;
+    assert_eq!(status, 200);
+    llm.push(Reply::Text("ok".into()));
+    assert_eq!(chat_as(&gw.api, "bob-1", "bob", "I ride a Brompton too, a red one.").await.0, 200);
+
+    let r = turn(
+        &llm,
+        &gw.api,
+        "alice-1",
+        "alice",
+        vec![call("s", "memory_search", json!({ "query": "brompton" }))],
+    )
+    .await;
+    let hits = result(&r, "s")["results"].as_array().unwrap().clone();
+    assert_eq!(hits.len(), 1, "{r:?}");
+    assert_eq!(hits[0]["path"], "sessions/http:alice-1");
+    assert!(
+        hits[0]["snippet"].as_str().unwrap().contains("green Brompton"),
+        "{r:?}"
+    );
+    // Bob's chat sees his own conversation only, and cannot read Alice's.
+    let r = turn(
+        &llm,
+        &gw.api,
+        "bob-1",
+        "bob",
+        vec![
+            call("s", "memory_search", json!({ "query": "brompton green" })),
+            call("g", "memory_get", json!({ "path": "sessions/http:alice-1" })),
+        ],
+    )
+    .await;
+    let all = serde_json::to_string(&r).unwrap();
+    assert!(!all.contains("green Brompton"), "{all}");
+    assert_eq!(result(&r, "s")["results"][0]["path"], "sessions/http:bob-1", "{all}");
+    assert_eq!(result(&r, "g")["error_code"], "PERMISSION_DENIED", "{all}");
+    gw.stop().await;
+}
