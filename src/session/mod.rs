@@ -497,11 +497,14 @@ fn maybe_start(myself: &ActorRef<SessionMsg>, state: &mut SessionState) {
         answer_now(state, &entry, OutboundKind::Error, refusal.text);
         return maybe_start(myself, state);
     }
+    // The system prompt as of this turn (this user's files): one stat per context file, a read
+    // only on a change.
+    let deps = state.args.deps.for_turn_by(memory_user(&ev));
     let compact = ChatCommand::parse(&ev.content) == Some(ChatCommand::Compact);
     if compact {
         // `/compact`: nothing is appended to the transcript.
     } else if entry.state == InboxState::Pending {
-        if let Some(text) = window::too_large(&state.args.deps, &state.window, &ev.content) {
+        if let Some(text) = window::too_large(&deps, &state.window, &ev.content) {
             // Never stored: it could only make every later turn fail.
             tracing::warn!("message larger than the context window refused");
             answer_now(state, &entry, OutboundKind::Error, text);
@@ -542,8 +545,6 @@ fn maybe_start(myself: &ActorRef<SessionMsg>, state: &mut SessionState) {
     state.running = Some(RunningTurn {
         cancel: cancel.clone(),
     });
-    // The system prompt as of this turn: one stat per context file, a read only on a change.
-    let deps = state.args.deps.for_turn_by(memory_user(&ev));
     let key = state.args.key.clone();
     let history = state.transcript.clone();
     let win = state.window.clone();

@@ -247,3 +247,26 @@ fn onboard_writes_the_templates_and_never_overwrites_an_edited_one() {
         "a deleted BOOTSTRAP.md came back: the first run would start again"
     );
 }
+
+#[tokio::test]
+async fn the_size_check_of_a_new_message_counts_context_files_written_after_the_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = ws(dir.path());
+    let llm = FakeLlm::start().await;
+    let gw = TestGateway::start(config(
+        &llm,
+        dir.path(),
+        json!({ "agents": { "defaults": { "context_window": 8192 } } }),
+    ))
+    .await;
+    // ~5,000 tokens of persona, written while the gateway runs.
+    std::fs::write(ws.join("SOUL.md"), "Be thorough. ".repeat(1500)).unwrap();
+    // ~2,500 tokens: fits the window without the file, not with it.
+    let (status, body) = gw.api.chat("c1", &"word ".repeat(2000)).await;
+    assert!(
+        body.to_string().contains("context window"),
+        "{status} {body}"
+    );
+    assert!(llm.requests().is_empty(), "the model was called");
+    gw.stop().await;
+}
