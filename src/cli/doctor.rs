@@ -93,9 +93,7 @@ pub fn workspace_findings(config: &Config) -> Vec<Finding> {
         crate::daemon::protected_paths(config)
             .iter()
             .map(|p| (canonical(&p.path), p.kind))
-            .filter(|(c, k)| {
-                c.starts_with(&ws) && c.exists() && *k != ProtectedKind::UserMemory
-            })
+            .filter(|(c, k)| c.starts_with(&ws) && c.exists() && *k != ProtectedKind::UserMemory)
             .collect();
     inside.sort_by_key(|(c, _)| c.components().count());
     let mut seen: Vec<std::path::PathBuf> = Vec::new();

@@ -529,7 +529,9 @@ impl MemoryService {
 }
 
 fn snapshot_path(root: &Root) -> Option<PathBuf> {
-    root.dir.as_ref().map(|d| d.join(format!("{}.idx", root.name)))
+    root.dir
+        .as_ref()
+        .map(|d| d.join(format!("{}.idx", root.name)))
 }
 
 /// The workspace a files root walks: the agent's, or a user's directory in it.
@@ -540,9 +542,7 @@ fn files_workspace(root: &Root) -> Result<Arc<Workspace>, ToolError> {
     }
 }
 
-impl MemoryService {
-
-}
+impl MemoryService {}
 
 /// `summary.json` beside the snapshots: per index, its figures (read by `weft status`
 /// without loading any index).
@@ -595,8 +595,10 @@ impl MemoryService {
                 .unwrap_or_else(PoisonError::into_inner)
                 .loaded = true;
             self.reconcile(&root)?;
-            root.state.lock().unwrap_or_else(PoisonError::into_inner).last =
-                Some(Instant::now());
+            root.state
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .last = Some(Instant::now());
             self.save(&root)
                 .map_err(|e| ToolError::ExecutionFailed(format!("saving the index: {e}")))?;
         }
@@ -614,7 +616,11 @@ impl MemoryService {
         let Some(dir) = self.home.as_ref().map(|h| Self::index_dir_for(h, ws)) else {
             let roots = self.roots.lock().unwrap_or_else(PoisonError::into_inner);
             for r in roots.values() {
-                let st = r.index.read().unwrap_or_else(PoisonError::into_inner).stats();
+                let st = r
+                    .index
+                    .read()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .stats();
                 s.indexes += 1;
                 s.documents += st.docs;
                 s.chunks += st.chunks;
@@ -874,7 +880,9 @@ fn read_document(ws: &Workspace, rel: &str, max: u64) -> Result<String, ToolErro
         .metadata()
         .map_err(|e| ToolError::ExecutionFailed(format!("{rel}: {e}")))?;
     if !meta.is_file() {
-        return Err(ToolError::InvalidPath(format!("`{rel}` is not a regular file")));
+        return Err(ToolError::InvalidPath(format!(
+            "`{rel}` is not a regular file"
+        )));
     }
     let mut buf = Vec::new();
     f.take(max)
@@ -969,4 +977,117 @@ fn fnv1a(bytes: &[u8]) -> u64 {
         h = h.wrapping_mul(0x0100_0000_01b3);
     }
     h
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+    use crate::memory::settings::Scope;
+
+    fn ctx(ws: &Path, user_dir: Option<&str>) -> ToolContext {
+        ToolContext {
+            workspace: Arc::new(Workspace::open(ws).unwrap()),
+            session: SessionKey::parse("telegram:42").unwrap(),
+            cancel: tokio_util::sync::CancellationToken::new(),
+            user_dir: user_dir.map(Arc::from),
+        }
+    }
+
+    fn service(home: &Path) -> Arc<MemoryService> {
+        Arc::new(MemoryService::new(
+            Some(home.to_path_buf()),
+            MemorySettings {
+                scope: Scope::Agent,
+                search_transcripts: false,
+            },
+            None,
+        ))
+    }
+
+    #[tokio::test]
+    async fn a_changed_file_is_reindexed_alone_and_a_removed_one_leaves_the_index() {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = dir.path().join("ws");
+        std::fs::create_dir_all(ws.join("memory/notes")).unwrap();
+        for i in 0..50 {
+            std::fs::write(
+                ws.join(format!("memory/notes/{i}.md")),
+                format!("note {i} about topic{i}\n"),
+            )
+            .unwrap();
+        }
+        let svc = service(dir.path());
+        let c = ctx(&ws, None);
+        let root = svc.root(&c.workspace, RootKind::Files(None));
+        assert_eq!(
+            svc.reconcile(&root).unwrap(),
+            50,
+            "the first build reads all"
+        );
+        assert_eq!(
+            svc.reconcile(&root).unwrap(),
+            0,
+            "nothing changed, nothing read"
+        );
+        std::fs::write(ws.join("memory/notes/7.md"), "note 7 now about zebras\n").unwrap();
+        std::fs::remove_file(ws.join("memory/notes/8.md")).unwrap();
+        assert_eq!(svc.reconcile(&root).unwrap(), 2, "one changed, one removed");
+        let out = svc.search(&c, "zebras", 5, None).await.unwrap();
+        assert_eq!(out.results[0].path, "memory/notes/7.md");
+        assert!(svc
+            .search(&c, "topic7", 5, None)
+            .await
+            .unwrap()
+            .results
+            .is_empty());
+        assert!(svc
+            .search(&c, "topic8", 5, None)
+            .await
+            .unwrap()
+            .results
+            .is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_damaged_snapshot_is_rebuilt_from_the_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = dir.path().join("ws");
+        std::fs::create_dir_all(ws.join("memory")).unwrap();
+        std::fs::write(
+            ws.join("memory/MEMORY.md"),
+            "The wifi password hint is the cat's name.\n",
+        )
+        .unwrap();
+        let c = ctx(&ws, None);
+        let svc = service(dir.path());
+        let stats = svc.reindex_all(&c.workspace).unwrap();
+        assert_eq!(stats.documents, 1);
+        let snap = MemoryService::index_dir_for(dir.path(), &ws).join("agent.idx");
+        assert!(snap.exists());
+        std::fs::write(&snap, b"garbage, not an index").unwrap();
+        // A new process: loads (and refuses) the snapshot, rebuilds from the files.
+        let svc = service(dir.path());
+        let out = svc.search(&c, "wifi", 5, None).await.unwrap();
+        assert_eq!(out.results.len(), 1, "{out:?}");
+        assert!(!out.indexing);
+    }
+
+    #[tokio::test]
+    async fn a_snapshot_spares_the_rebuild_after_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = dir.path().join("ws");
+        std::fs::create_dir_all(ws.join("memory")).unwrap();
+        std::fs::write(ws.join("memory/a.md"), "alpha\n").unwrap();
+        std::fs::write(ws.join("memory/b.md"), "beta\n").unwrap();
+        let c = ctx(&ws, None);
+        service(dir.path()).reindex_all(&c.workspace).unwrap();
+        let svc = service(dir.path());
+        let root = svc.root(&c.workspace, RootKind::Files(None));
+        assert_eq!(svc.reconcile(&root).unwrap(), 0, "loaded, nothing re-read");
+        assert_eq!(
+            svc.search(&c, "beta", 5, None).await.unwrap().results.len(),
+            1
+        );
+    }
 }

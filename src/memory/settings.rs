@@ -4,7 +4,9 @@
 use serde::{Deserialize, Serialize};
 
 /// Whose memory a chat user works with.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Scope {
     /// Each chat user has their own `USER.md` and memory documents under

@@ -71,7 +71,10 @@ impl Tool for MemorySearch {
                 query.len()
             )));
         }
-        let max = a.max_results.unwrap_or(DEFAULT_RESULTS).clamp(1, MAX_RESULTS);
+        let max = a
+            .max_results
+            .unwrap_or(DEFAULT_RESULTS)
+            .clamp(1, MAX_RESULTS);
         let prefix = a
             .path_prefix
             .as_deref()
@@ -83,7 +86,9 @@ impl Tool for MemorySearch {
             v["indexing"] = json!(true);
             v["message"] = json!("the memory index is still being built; results may be incomplete, try again shortly");
         } else if out.results.is_empty() {
-            v["message"] = json!("no memory matches; try other words, or memory_read for the whole memory file");
+            v["message"] = json!(
+                "no memory matches; try other words, or memory_read for the whole memory file"
+            );
         }
         Ok(v)
     }

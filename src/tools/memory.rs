@@ -603,4 +603,72 @@ mod tests {
             .unwrap_err();
         assert_eq!(e.code(), "INVALID_ARGS");
     }
+
+    #[test]
+    fn write_targets_are_memory_documents_only() {
+        for ok in [
+            "memory/MEMORY.md",
+            "memory/2026-11-23.md",
+            "./memory/a/b.md",
+            "USER.md",
+            "MEMORY.md",
+        ] {
+            assert!(document_path(ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "",
+            "notes.md",
+            "memory/../SOUL.md",
+            "../x.md",
+            "/etc/x.md",
+            "memory/x.txt",
+            "memory/.md",
+            "memory//x.md",
+            "SOUL.md",
+            "users/x/memory/a.md",
+        ] {
+            assert!(
+                matches!(document_path(bad), Err(ToolError::InvalidPath(_))),
+                "{bad}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_users_reads_fall_back_to_the_agents_file_and_writes_stay_in_their_directory() {
+        let fx = Fixture::new();
+        fx.put(MEMORY_FILE, "shared: the office closes at 6");
+        let mut ctx = fx.ctx.clone();
+        ctx.user_dir = Some(Arc::from("users/telegram-7"));
+        let v = MemoryRead::new(None)
+            .execute(json!({}), &ctx)
+            .await
+            .unwrap();
+        assert_eq!(v["content"], "shared: the office closes at 6");
+        MemoryWrite::new()
+            .execute(
+                json!({"content": "likes green tea", "file": "memory/2026-01-02.md"}),
+                &ctx,
+            )
+            .await
+            .unwrap();
+        MemoryWrite::new()
+            .execute(json!({"content": "mine"}), &ctx)
+            .await
+            .unwrap();
+        assert_eq!(
+            std::fs::read_to_string(fx.ws.join("users/telegram-7/memory/2026-01-02.md")).unwrap(),
+            "likes green tea"
+        );
+        let v = MemoryRead::new(None)
+            .execute(json!({}), &ctx)
+            .await
+            .unwrap();
+        assert_eq!(v["content"], "mine");
+        assert_eq!(
+            primary(&fx),
+            "shared: the office closes at 6",
+            "the agent's file untouched"
+        );
+    }
 }

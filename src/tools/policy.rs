@@ -39,7 +39,10 @@ pub const GROUPS: &[(&str, &[&str])] = &[
     ),
     ("runtime", &["exec_shell", "spawn"]),
     ("web", &["web_search", "web_fetch"]),
-    ("memory", &["memory_read", "memory_write", "memory_search", "memory_get"]),
+    (
+        "memory",
+        &["memory_read", "memory_write", "memory_search", "memory_get"],
+    ),
     ("messaging", &["message"]),
     ("sessions", &["subagents", "use_skill"]),
 ];

@@ -60,10 +60,12 @@ impl Workspace {
     /// daemon's other protected paths.
     pub fn open_sub(&self, rel: &str, create: bool) -> Result<Self, ToolError> {
         let rel = rel.trim_matches('/');
-        if rel.is_empty() || rel.split('/').any(|c| c.is_empty() || c == "." || c == "..") {
-            return Err(ToolError::InvalidPath(format!(
-                "invalid directory {rel:?}"
-            )));
+        if rel.is_empty()
+            || rel
+                .split('/')
+                .any(|c| c.is_empty() || c == "." || c == "..")
+        {
+            return Err(ToolError::InvalidPath(format!("invalid directory {rel:?}")));
         }
         let paths = self
             .paths

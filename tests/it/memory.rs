@@ -104,7 +104,11 @@ async fn a_fact_is_found_from_a_new_session_and_after_a_restart_but_never_by_ano
         "alice-2",
         "alice",
         vec![
-            call("s", "memory_search", json!({ "query": "when is the dentist" })),
+            call(
+                "s",
+                "memory_search",
+                json!({ "query": "when is the dentist" }),
+            ),
             call("c", "memory_search", json!({ "query": "Café" })),
         ],
     )
@@ -174,7 +178,11 @@ async fn a_fact_is_found_from_a_new_session_and_after_a_restart_but_never_by_ano
         &gw.api,
         "alice-3",
         "alice",
-        vec![call("s", "memory_search", json!({ "query": "okafor friday" }))],
+        vec![call(
+            "s",
+            "memory_search",
+            json!({ "query": "okafor friday" }),
+        )],
     )
     .await;
     assert_eq!(
@@ -240,7 +248,11 @@ async fn memory_get_reads_slices_and_refuses_hostile_paths() {
     std::fs::create_dir_all(ws.join("users/http-bob/memory")).unwrap();
     let notes: String = (1..=30).map(|i| format!("line {i}\n")).collect();
     std::fs::write(ws.join("memory/notes.md"), &notes).unwrap();
-    std::fs::write(ws.join("users/http-bob/memory/MEMORY.md"), "bob's secret plan\n").unwrap();
+    std::fs::write(
+        ws.join("users/http-bob/memory/MEMORY.md"),
+        "bob's secret plan\n",
+    )
+    .unwrap();
     std::fs::write(dir.path().join("outside.md"), "CANARY outside\n").unwrap();
     std::os::unix::fs::symlink(dir.path().join("outside.md"), ws.join("memory/out.md")).unwrap();
     std::os::unix::fs::symlink(
@@ -263,8 +275,16 @@ async fn memory_get_reads_slices_and_refuses_hostile_paths() {
                 json!({ "path": "memory/notes.md", "from_line": 10, "lines": 3 }),
             ),
             call("up", "memory_get", json!({ "path": "../outside.md" })),
-            call("up2", "memory_get", json!({ "path": "memory/../../outside.md" })),
-            call("abs", "memory_get", json!({ "path": dir.path().join("outside.md") })),
+            call(
+                "up2",
+                "memory_get",
+                json!({ "path": "memory/../../outside.md" }),
+            ),
+            call(
+                "abs",
+                "memory_get",
+                json!({ "path": dir.path().join("outside.md") }),
+            ),
             call("sym", "memory_get", json!({ "path": "memory/out.md" })),
             call("sym2", "memory_get", json!({ "path": "memory/bob.md" })),
             call(
@@ -285,7 +305,9 @@ async fn memory_get_reads_slices_and_refuses_hostile_paths() {
     assert_eq!(ok["content"], "line 10\nline 11\nline 12", "{ok}");
     assert_eq!(ok["total_lines"], 30);
     assert_eq!(ok["to_line"], 12);
-    for id in ["up", "up2", "abs", "sym", "sym2", "other", "other2", "plain"] {
+    for id in [
+        "up", "up2", "abs", "sym", "sym2", "other", "other2", "plain",
+    ] {
         let v = result(&r, id);
         assert!(v["error_code"].is_string(), "{id} was not refused: {v}");
     }
@@ -335,7 +357,10 @@ async fn the_memory_group_holds_the_four_tools_and_subagents_never_get_search_or
     let child = tool_names(&reqs[1]);
     assert!(child.contains(&"read_file".to_string()), "{child:?}");
     for t in ["memory_search", "memory_get", "memory_write"] {
-        assert!(!child.contains(&t.to_string()), "{t} offered to a subagent: {child:?}");
+        assert!(
+            !child.contains(&t.to_string()),
+            "{t} offered to a subagent: {child:?}"
+        );
     }
     gw.stop().await;
 }
@@ -386,9 +411,16 @@ fn weft_memory_ranks_the_exact_phrase_first_reindexes_and_status_counts_the_docu
     )
     .unwrap();
     std::fs::write(ws.join("memory/whales.md"), "whale whale whale\n").unwrap();
-    std::fs::write(ws.join("MEMORY.md"), "Root memory file: nothing about it.\n").unwrap();
+    std::fs::write(
+        ws.join("MEMORY.md"),
+        "Root memory file: nothing about it.\n",
+    )
+    .unwrap();
 
-    let (code, out, err) = weft(home, &["memory", "search", "blue whale migration", "--json"]);
+    let (code, out, err) = weft(
+        home,
+        &["memory", "search", "blue whale migration", "--json"],
+    );
     assert_eq!(code, 0, "{out}{err}");
     let v: Value = serde_json::from_str(&out).unwrap();
     let results = v["results"].as_array().unwrap();
@@ -407,7 +439,10 @@ fn weft_memory_ranks_the_exact_phrase_first_reindexes_and_status_counts_the_docu
     assert_eq!(v["memory"]["scope"], "user", "{v:#}");
     let (code, out, _) = weft(home, &["status"]);
     assert_eq!(code, 0);
-    assert!(out.contains("memory") && out.contains("4 documents"), "{out}");
+    assert!(
+        out.contains("memory") && out.contains("4 documents"),
+        "{out}"
+    );
 
     let (code, out, err) = weft(home, &["memory", "search", "harbour"]);
     assert_eq!(code, 0, "{out}{err}");
@@ -423,7 +458,14 @@ fn weft_memory_ranks_the_exact_phrase_first_reindexes_and_status_counts_the_docu
     .unwrap();
     let (code, out, err) = weft(
         home,
-        &["memory", "search", "--user", "telegram:42", "harbour", "--json"],
+        &[
+            "memory",
+            "search",
+            "--user",
+            "telegram:42",
+            "harbour",
+            "--json",
+        ],
     );
     assert_eq!(code, 0, "{out}{err}");
     let v: Value = serde_json::from_str(&out).unwrap();
@@ -433,7 +475,10 @@ fn weft_memory_ranks_the_exact_phrase_first_reindexes_and_status_counts_the_docu
         .iter()
         .map(|h| h["path"].as_str().unwrap())
         .collect();
-    assert!(paths.contains(&"users/telegram-42/memory/MEMORY.md"), "{paths:?}");
+    assert!(
+        paths.contains(&"users/telegram-42/memory/MEMORY.md"),
+        "{paths:?}"
+    );
     assert!(paths.contains(&"memory/MEMORY.md"), "{paths:?}");
     let (code, _, err) = weft(home, &["memory", "search", "--user", "nocolon", "x"]);
     assert_eq!(code, 1, "{err}");
@@ -454,7 +499,12 @@ async fn past_conversations_are_searched_when_enabled_and_only_this_chats() {
     let (status, _) = chat_as(&gw.api, "alice-1", "alice", "My bike is a green Brompton.").await;
     assert_eq!(status, 200);
     llm.push(Reply::Text("ok".into()));
-    assert_eq!(chat_as(&gw.api, "bob-1", "bob", "I ride a Brompton too, a red one.").await.0, 200);
+    assert_eq!(
+        chat_as(&gw.api, "bob-1", "bob", "I ride a Brompton too, a red one.")
+            .await
+            .0,
+        200
+    );
 
     let r = turn(
         &llm,
@@ -468,7 +518,10 @@ async fn past_conversations_are_searched_when_enabled_and_only_this_chats() {
     assert_eq!(hits.len(), 1, "{r:?}");
     assert_eq!(hits[0]["path"], "sessions/http:alice-1");
     assert!(
-        hits[0]["snippet"].as_str().unwrap().contains("green Brompton"),
+        hits[0]["snippet"]
+            .as_str()
+            .unwrap()
+            .contains("green Brompton"),
         "{r:?}"
     );
     // Bob's chat sees his own conversation only, and cannot read Alice's.
@@ -479,13 +532,21 @@ async fn past_conversations_are_searched_when_enabled_and_only_this_chats() {
         "bob",
         vec![
             call("s", "memory_search", json!({ "query": "brompton green" })),
-            call("g", "memory_get", json!({ "path": "sessions/http:alice-1" })),
+            call(
+                "g",
+                "memory_get",
+                json!({ "path": "sessions/http:alice-1" }),
+            ),
         ],
     )
     .await;
     let all = serde_json::to_string(&r).unwrap();
     assert!(!all.contains("green Brompton"), "{all}");
-    assert_eq!(result(&r, "s")["results"][0]["path"], "sessions/http:bob-1", "{all}");
+    assert_eq!(
+        result(&r, "s")["results"][0]["path"],
+        "sessions/http:bob-1",
+        "{all}"
+    );
     assert_eq!(result(&r, "g")["error_code"], "PERMISSION_DENIED", "{all}");
     gw.stop().await;
 }
