@@ -272,7 +272,10 @@ pub enum SessionsAction {
 /// The directory cannot be created or opened.
 pub fn open_workspace(config: &crate::config::Config) -> Result<crate::tools::Workspace, CliError> {
     crate::tools::Workspace::open(&config.agent.workspace)
-        .map(|ws| ws.with_protected(&crate::daemon::protected_paths(config)))
+        .map(|ws| {
+            ws.with_protected(&crate::daemon::protected_paths(config))
+                .with_users_dir(crate::daemon::build::users_dir(config))
+        })
         .map_err(|e| {
             CliError(format!(
                 "cannot open the workspace {}: {e}",

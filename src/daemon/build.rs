@@ -166,14 +166,9 @@ pub fn protected_paths(config: &Config) -> ProtectedPaths {
     for name in ["config.toml", "config.json"] {
         all.push(config.home.join(name), ProtectedKind::Config);
     }
-    // Each chat user's memory (`memory.scope = "user"`): only the memory tools, each user
-    // their own directory, ever open it.
-    if config.memory.scope == crate::memory::settings::Scope::User {
-        all.push(
-            config.agent.workspace.join(crate::memory::scope::USERS_DIR),
-            ProtectedKind::UserMemory,
-        );
-    }
+    // Each chat user's memory: only the memory tools, each user their own directory, ever
+    // open it.
+    all.push(users_dir(config), ProtectedKind::UserMemory);
     // The service's credentials file (`weft service install --write-credentials`).
     all.push(
         config.home.join(crate::config::SERVICE_ENV_FILE),
@@ -270,6 +265,13 @@ fn egress_proxy(config: &Config) -> Option<Arc<EgressProxy>> {
             None
         }
     }
+}
+
+/// Where chat users' own memory lives (`memory.scope = "user"`): `~/.clawft/users`, outside
+/// the workspace, so the exec sandbox (which can only leave paths out of a tree by splitting
+/// the directories above them) keeps the workspace whole.
+pub fn users_dir(config: &Config) -> std::path::PathBuf {
+    config.home.join(crate::memory::scope::USERS_DIR)
 }
 
 /// The memory search service of `config` (snapshots beneath the state directory; past

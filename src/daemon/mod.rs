@@ -206,7 +206,8 @@ impl Daemon {
                 path: config.agent.workspace.display().to_string(),
                 source: e,
             })?
-            .with_protected(&protected_paths(config));
+            .with_protected(&protected_paths(config))
+            .with_users_dir(build::users_dir(config));
         let workspace = Arc::new(workspace);
         let outbox = Outbox::new(store.clone(), ChannelTable::default());
         let approvals = Arc::new(crate::approval::Approvals::new(

@@ -1,13 +1,11 @@
 //! Where a chat user's own memory lives: `users/<channel>-<user>` beneath the workspace.
 
-/// The directory holding every chat user's memory (refused to the generic file tools under
-/// `memory.scope = "user"`).
-pub const USERS_DIR: &str = "users";
+pub use crate::tools::memory::{user_name, USERS_DIR};
 
 /// Longest user directory name kept (bytes, before the hash suffix).
 const MAX_NAME: usize = 80;
 
-/// The directory of `sender` on `channel`, relative to the workspace:
+/// The memory directory of `sender` on `channel`, as the model sees it:
 /// `users/<channel>-<sender>`. Bytes other than ASCII letters, digits, `.`, `_` and `-` become
 /// `_`, a leading `.` too; a name that had to change (or was cut at 80 bytes) gets the FNV-1a
 /// hash of the original appended, so two ids never share a directory.
@@ -61,5 +59,6 @@ mod tests {
         assert!(long.len() < 100, "{long}");
         assert_ne!(long, user_dir("http", &"x".repeat(501)));
         assert!(!user_dir(".", "x")[USERS_DIR.len() + 1..].starts_with('.'));
+        assert_eq!(user_name("users/telegram-42"), "telegram-42");
     }
 }

@@ -206,8 +206,9 @@ impl MemoryService {
         let ws = &ctx.workspace;
         let mut out = vec![self.root(ws, RootKind::Files(None))];
         if let Some(dir) = &ctx.user_dir {
-            let exists = rustix::fs::statat(ws.dir_fd(), &**dir, AtFlags::empty())
-                .is_ok_and(|st| FileType::from_raw_mode(st.st_mode) == FileType::Directory);
+            let exists = ws
+                .users_dir()
+                .is_some_and(|u| u.join(super::scope::user_name(dir)).is_dir());
             if exists {
                 out.push(self.root(ws, RootKind::Files(Some(dir.to_string()))));
             }
@@ -537,7 +538,9 @@ fn snapshot_path(root: &Root) -> Option<PathBuf> {
 /// The workspace a files root walks: the agent's, or a user's directory in it.
 fn files_workspace(root: &Root) -> Result<Arc<Workspace>, ToolError> {
     match &root.kind {
-        RootKind::Files(Some(d)) => Ok(Arc::new(root.ws.open_sub(d, false)?)),
+        RootKind::Files(Some(d)) => Ok(Arc::new(
+            root.ws.open_user(super::scope::user_name(d), false)?,
+        )),
         _ => Ok(root.ws.clone()),
     }
 }
@@ -575,14 +578,11 @@ impl MemoryService {
     /// When a root cannot be walked or a snapshot cannot be written.
     pub fn reindex_all(&self, ws: &Arc<Workspace>) -> Result<MemoryStats, ToolError> {
         let mut kinds = vec![RootKind::Files(None)];
-        // `users/` is refused to the generic opens: list it through a sub-workspace.
-        if let Ok(users) = ws.open_sub(super::scope::USERS_DIR, false) {
-            for name in list_dirs(&users) {
-                kinds.push(RootKind::Files(Some(format!(
-                    "{}/{name}",
-                    super::scope::USERS_DIR
-                ))));
-            }
+        for name in ws.users_dir().map(list_dirs).unwrap_or_default() {
+            kinds.push(RootKind::Files(Some(format!(
+                "{}/{name}",
+                super::scope::USERS_DIR
+            ))));
         }
         if self.settings.search_transcripts && self.store.is_some() {
             kinds.push(RootKind::Transcripts(String::new()));
@@ -891,19 +891,14 @@ fn read_document(ws: &Workspace, rel: &str, max: u64) -> Result<String, ToolErro
     Ok(String::from_utf8_lossy(&buf).into_owned())
 }
 
-/// The subdirectory names of a directory workspace (not following symlinks).
-fn list_dirs(ws: &Workspace) -> Vec<String> {
-    let Ok(fd) = ws.open_beneath(".", OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty()) else {
-        return Vec::new();
-    };
-    let Ok(dir) = rustix::fs::Dir::read_from(&fd) else {
-        return Vec::new();
-    };
-    let mut out: Vec<String> = dir
+/// The names of the real directories (not symlinks) in `dir`, sorted.
+fn list_dirs(dir: &Path) -> Vec<String> {
+    let mut out: Vec<String> = std::fs::read_dir(dir)
+        .into_iter()
         .flatten()
-        .filter(|e| e.file_type() == FileType::Directory)
-        .filter_map(|e| e.file_name().to_str().ok().map(str::to_string))
-        .filter(|n| n != "." && n != "..")
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .filter_map(|e| e.file_name().to_str().map(str::to_string))
         .collect();
     out.sort();
     out

@@ -9,9 +9,9 @@ use serde::{Deserialize, Serialize};
 )]
 #[serde(rename_all = "lowercase")]
 pub enum Scope {
-    /// Each chat user has their own `USER.md` and memory documents under
-    /// `users/<channel>-<user>/`, read with a fallback to the agent's files; `users/` is closed
-    /// to the generic file tools and to commands. The terminal, the control token and the
+    /// Each chat user has their own `USER.md` and memory documents in
+    /// `~/.clawft/users/<channel>-<user>/`, read with a fallback to the agent's files, closed to
+    /// the generic file tools and to commands. The terminal, the control token and the
     /// gateway's own messages use the agent's memory.
     #[default]
     User,

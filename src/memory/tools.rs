@@ -24,12 +24,11 @@ const MAX_QUERY_BYTES: usize = 1024;
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct MemorySearchArgs {
-    /// Words to look for (any order; exact phrases rank first).
+    /// Words to look for.
     pub query: String,
-    /// How many results (default 8, at most 50).
+    /// Default 8, at most 50.
     pub max_results: Option<usize>,
-    /// Only documents whose path (relative to the memory root) starts with this, e.g.
-    /// `memory/2026-11` for November's daily notes.
+    /// Only paths starting with this, e.g. `memory/2026-11`.
     pub path_prefix: Option<String>,
 }
 
@@ -51,7 +50,7 @@ impl Tool for MemorySearch {
         "memory_search"
     }
     fn description(&self) -> &str {
-        "Search long-term memory (MEMORY.md, daily notes under memory/, and past conversations when enabled) for facts, decisions and preferences saved earlier. Ranked full-text search: stemming, case and accents ignored, exact phrases first. Returns: {results: [{path, start_line, end_line, score, snippet}], indexing?}; read more with memory_get"
+        "Search saved memory (MEMORY.md, memory/ notes) for facts saved earlier; best first. Returns: {results: [{path, start_line, end_line, score, snippet}]}"
     }
     fn parameters(&self) -> Value {
         schema_of::<MemorySearchArgs>()
@@ -98,12 +97,11 @@ impl Tool for MemorySearch {
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct MemoryGetArgs {
-    /// A memory document as `memory_search` names it (`memory/MEMORY.md`,
-    /// `memory/2026-11-23.md`, ...).
+    /// As `memory_search` names it.
     pub path: String,
-    /// First line to return (1-based, default 1).
+    /// 1-based, default 1.
     pub from_line: Option<usize>,
-    /// How many lines (default 200).
+    /// Default 200.
     pub lines: Option<usize>,
 }
 
@@ -125,7 +123,7 @@ impl Tool for MemoryGet {
         "memory_get"
     }
     fn description(&self) -> &str {
-        "Read a memory document found by memory_search (path as given there), whole or lines from_line.. (lines, default 200). Returns: {path, from_line, to_line, total_lines, content}"
+        "Read a memory document (a path from memory_search), or `lines` lines from `from_line`. Returns: {path, from_line, to_line, total_lines, content}"
     }
     fn parameters(&self) -> Value {
         schema_of::<MemoryGetArgs>()

@@ -6,8 +6,8 @@
 //! Under `memory.scope = "user"` a chat user's turn carries their directory
 //! ([`ToolContext::user_dir`], `users/<channel>-<id>`): `memory_write` writes there, and
 //! `memory_read` reads there first, then the agent's file (shared knowledge), then the legacy
-//! file. The user's directory is opened as a workspace of its own ([`Workspace::open_sub`]),
-//! so nothing reaches another user's.
+//! file. The user's directory (`~/.clawft/users/<name>`, outside the workspace) is opened as a
+//! workspace of its own ([`Workspace::open_user`]), so nothing reaches another user's.
 
 use std::io::Read;
 use std::path::PathBuf;
@@ -44,6 +44,19 @@ pub fn touched() {
     GENERATION.fetch_add(1, Ordering::AcqRel);
 }
 
+/// How a chat user's memory is named in paths the model sees (`users/<name>/MEMORY.md`); on
+/// disk it is `~/.clawft/users/<name>`, outside the workspace.
+pub const USERS_DIR: &str = "users";
+
+/// The directory name of a `users/<name>` path (`memory::scope::user_dir`'s result).
+pub fn user_name(user_dir: &str) -> &str {
+    user_dir
+        .strip_prefix(USERS_DIR)
+        .and_then(|r| r.strip_prefix('/'))
+        .unwrap_or(user_dir)
+        .trim_end_matches('/')
+}
+
 /// Whether `rel` (workspace-relative, as written by the model) names a memory document:
 /// `MEMORY.md` or a file under `memory/`.
 pub fn is_memory_path(rel: &str) -> bool {
@@ -55,14 +68,14 @@ pub fn is_memory_path(rel: &str) -> bool {
 /// or the agent's workspace. `Ok(None)`: the user has no directory yet.
 ///
 /// # Errors
-/// As [`Workspace::open_sub`].
+/// As [`Workspace::open_user`].
 pub fn scope_workspace(
     ctx: &ToolContext,
     create: bool,
 ) -> Result<Option<Arc<Workspace>>, ToolError> {
     match &ctx.user_dir {
         None => Ok(Some(ctx.workspace.clone())),
-        Some(dir) => match ctx.workspace.open_sub(dir, create) {
+        Some(dir) => match ctx.workspace.open_user(user_name(dir), create) {
             Ok(ws) => Ok(Some(Arc::new(ws))),
             Err(ToolError::FileNotFound(_)) if !create => Ok(None),
             Err(e) => Err(e),
@@ -281,8 +294,7 @@ pub struct MemoryWriteArgs {
     /// `append` or `overwrite` (default: append).
     #[serde(default)]
     pub mode: MemoryMode,
-    /// The document (default `memory/MEMORY.md`): a note under `memory/` such as today's
-    /// `memory/2026-11-23.md`, or `USER.md` (who the user is).
+    /// `memory/MEMORY.md` (default), a dated note `memory/YYYY-MM-DD.md`, or `USER.md`.
     #[serde(default)]
     pub file: Option<String>,
 }
@@ -319,7 +331,7 @@ impl Tool for MemoryWrite {
         "memory_write"
     }
     fn description(&self) -> &str {
-        "Save long-term notes to memory: append (default; separated by a blank line) or overwrite. file: memory/MEMORY.md (default, durable facts), a dated note such as memory/2026-11-23.md, or USER.md (who the user is). Notes are found later with memory_search. Returns: {message, path}"
+        "Save long-term notes to memory: append (default) or overwrite. Returns: {message, path}"
     }
     fn parameters(&self) -> Value {
         schema_of::<MemoryWriteArgs>()
@@ -638,7 +650,13 @@ mod tests {
     async fn a_users_reads_fall_back_to_the_agents_file_and_writes_stay_in_their_directory() {
         let fx = Fixture::new();
         fx.put(MEMORY_FILE, "shared: the office closes at 6");
+        let users = tempfile::tempdir().unwrap();
         let mut ctx = fx.ctx.clone();
+        ctx.workspace = Arc::new(
+            Workspace::open(&fx.ws)
+                .unwrap()
+                .with_users_dir(users.path().join("users")),
+        );
         ctx.user_dir = Some(Arc::from("users/telegram-7"));
         let v = MemoryRead::new(None)
             .execute(json!({}), &ctx)
@@ -657,7 +675,8 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(
-            std::fs::read_to_string(fx.ws.join("users/telegram-7/memory/2026-01-02.md")).unwrap(),
+            std::fs::read_to_string(users.path().join("users/telegram-7/memory/2026-01-02.md"))
+                .unwrap(),
             "likes green tea"
         );
         let v = MemoryRead::new(None)

@@ -35,8 +35,8 @@ pub enum ProtectedKind {
     Store,
     /// The state directory (`~/.clawft` or `$CLAWFT_HOME`).
     State,
-    /// `users/` in the workspace under `memory.scope = "user"`: each chat user's private
-    /// memory and `USER.md`, reached only through the memory tools, each user their own.
+    /// `~/.clawft/users`: each chat user's private memory and `USER.md` (`memory.scope =
+    /// "user"`), reached only through the memory tools, each user their own.
     UserMemory,
 }
 
@@ -382,7 +382,7 @@ fn fd_path(fd: BorrowedFd<'_>, rel: &str) -> Result<PathBuf, ToolError> {
 fn refusal(rel: &str, kind: ProtectedKind) -> ToolError {
     if kind == ProtectedKind::UserMemory {
         return ToolError::PermissionDenied(format!(
-            "`{rel}` is in `users/`, where each chat user's private memory lives; file tools never open it. Use memory_read, memory_write, memory_search and memory_get, which see the current user's own memory"
+            "`{rel}` is a chat user's private memory; file tools never open it. Use memory_read, memory_write, memory_search and memory_get, which see the current user's own memory"
         ));
     }
     ToolError::PermissionDenied(format!(

@@ -24,8 +24,10 @@ pub struct Workspace {
     dir: OwnedFd,
     /// The daemon's own files, refused to every open; replaced when a reload changes them.
     guard: RwLock<Arc<Guard>>,
-    /// The list the guard was made from (for [`Self::open_sub`]).
+    /// The list the guard was made from (for [`Self::open_user`]).
     paths: RwLock<ProtectedPaths>,
+    /// The chat users' own memory directories (see [`Self::open_user`]).
+    users: Option<PathBuf>,
 }
 
 impl Workspace {
@@ -45,66 +47,89 @@ impl Workspace {
             dir,
             guard: RwLock::new(Arc::new(Guard::default())),
             paths: RwLock::new(ProtectedPaths::default()),
+            users: None,
         })
     }
 
-    /// A workspace rooted at the directory `rel` beneath this one (made when missing and
-    /// `create`), with the
-    /// same protected paths except those that hold it: a chat user's memory directory
-    /// (`users/<id>`) is refused to the generic file tools (`ProtectedKind::UserMemory` holds
-    /// `users/`) and opened as its own workspace by the memory tools, so every open in it stays
-    /// beneath it and still away from the daemon's files.
+    /// With `dir` as the directory of the chat users' own memory (`~/.clawft/users`, outside
+    /// the workspace: see [`Self::open_user`]).
+    #[must_use]
+    pub fn with_users_dir(mut self, dir: PathBuf) -> Self {
+        self.users = Some(dir);
+        self
+    }
+
+    /// The directory of the chat users' own memory, if this workspace has one.
+    pub fn users_dir(&self) -> Option<&Path> {
+        self.users.as_deref()
+    }
+
+    /// The chat user `name`'s own memory directory (`<users dir>/<name>`, made with mode 0700
+    /// when missing and `create`) as a workspace of its own: every open in it stays beneath it
+    /// (`openat2`), and the daemon's protected paths are still refused. It lies outside the
+    /// agent's workspace, which the file tools and the exec sandbox never leave, and the users
+    /// directory is itself a protected path: only the memory tools reach it, each user their
+    /// own directory.
     ///
     /// # Errors
-    /// As [`Self::open_parent`] for `rel/x`; the directory found is checked against the
-    /// daemon's other protected paths.
-    pub fn open_sub(&self, rel: &str, create: bool) -> Result<Self, ToolError> {
-        let rel = rel.trim_matches('/');
-        if rel.is_empty()
-            || rel
-                .split('/')
-                .any(|c| c.is_empty() || c == "." || c == "..")
-        {
-            return Err(ToolError::InvalidPath(format!("invalid directory {rel:?}")));
+    /// `InvalidPath` for a name that is not one path component; `FileNotFound` when it does not
+    /// exist (without `create`); `ExecutionFailed` when this workspace has no users directory.
+    pub fn open_user(&self, name: &str, create: bool) -> Result<Self, ToolError> {
+        if name.is_empty() || name == "." || name == ".." || name.contains(['/', '\0']) {
+            return Err(ToolError::InvalidPath(format!(
+                "invalid user directory {name:?}"
+            )));
         }
+        let Some(users) = &self.users else {
+            return Err(ToolError::ExecutionFailed(
+                "per-user memory is not available here (no users directory)".into(),
+            ));
+        };
+        if create {
+            std::fs::create_dir_all(users).map_err(|e| {
+                ToolError::ExecutionFailed(format!("cannot make {}: {e}", users.display()))
+            })?;
+        }
+        let dir_flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
+        let base = rustix::fs::open(users, dir_flags, Mode::empty()).map_err(|e| {
+            if e == Errno::NOENT {
+                ToolError::FileNotFound(format!("users/{name}: no such directory"))
+            } else {
+                map_errno("users", e)
+            }
+        })?;
+        let how = ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS | ResolveFlags::NO_SYMLINKS;
+        let open = || rustix::fs::openat2(&base, name, dir_flags, Mode::empty(), how);
+        let fd = match open() {
+            Ok(fd) => fd,
+            Err(Errno::NOENT) if create => {
+                match rustix::fs::mkdirat(&base, name, Mode::from_raw_mode(0o700)) {
+                    Ok(()) | Err(Errno::EXIST) => {}
+                    Err(e) => return Err(map_errno(name, e)),
+                }
+                open().map_err(|e| map_errno(name, e))?
+            }
+            Err(Errno::NOENT) => {
+                return Err(ToolError::FileNotFound(format!(
+                    "users/{name}: no such directory"
+                )))
+            }
+            Err(e) => return Err(map_errno(name, e)),
+        };
         let paths = self
             .paths
             .read()
             .unwrap_or_else(PoisonError::into_inner)
             .clone();
-        let root = self.root.join(rel);
+        let root = users.join(name);
         let guard = Guard::new(&paths, &root);
-        let dir_flags = OFlags::RDONLY | OFlags::DIRECTORY;
-        let fd = match self.open_raw(rel, dir_flags, Mode::empty()) {
-            Ok(fd) => fd,
-            Err(Errno::NOENT) if create => {
-                let mut cur = self
-                    .open_raw(".", dir_flags, Mode::empty())
-                    .map_err(|e| map_errno(".", e))?;
-                let mut prefix = String::new();
-                for comp in rel.split('/') {
-                    if !prefix.is_empty() {
-                        prefix.push('/');
-                    }
-                    prefix.push_str(comp);
-                    match rustix::fs::mkdirat(&cur, comp, Mode::from_raw_mode(0o700)) {
-                        Ok(()) | Err(Errno::EXIST) => {}
-                        Err(e) => return Err(map_errno(&prefix, e)),
-                    }
-                    cur = self
-                        .open_raw(&prefix, dir_flags, Mode::empty())
-                        .map_err(|e| map_errno(&prefix, e))?;
-                }
-                cur
-            }
-            Err(e) => return Err(map_errno(rel, e)),
-        };
-        guard.check_fd(fd.as_fd(), rel)?;
+        guard.check_fd(fd.as_fd(), name)?;
         Ok(Self {
             root,
             dir: fd,
             guard: RwLock::new(Arc::new(guard)),
             paths: RwLock::new(paths),
+            users: None,
         })
     }
 

@@ -228,9 +228,16 @@ impl ContextPrompt {
     }
 
     /// One `statat` beneath the workspace directory (following a symlink: its target's change
-    /// is then seen; a target outside is refused when read).
+    /// is then seen; a target outside is refused when read), or one `stat` in the users
+    /// directory for a user's file.
     fn stamp(&self, rel: &str) -> Option<Stamp> {
-        let st = rustix::fs::statat(self.workspace.dir_fd(), rel, AtFlags::empty()).ok()?;
+        let st = match user_file(rel) {
+            Some((name, file)) => {
+                let users = self.workspace.users_dir()?;
+                rustix::fs::stat(users.join(name).join(file)).ok()?
+            }
+            None => rustix::fs::statat(self.workspace.dir_fd(), rel, AtFlags::empty()).ok()?,
+        };
         #[allow(clippy::useless_conversion, clippy::unnecessary_cast)]
         Some(Stamp {
             ino: st.st_ino as u64,
@@ -241,19 +248,25 @@ impl ContextPrompt {
     }
 }
 
-/// [`read_capped`] of a workspace file, or of a chat user's file (`users/<id>/USER.md`)
-/// through that user's own directory handle: `users/` is refused to every other open.
+/// [`read_capped`] of a workspace file, or of a chat user's file (`users/<name>/USER.md`,
+/// in the users directory outside the workspace) through that user's own directory handle.
 fn read_context_file(ws: &Workspace, rel: &str) -> Result<Option<String>, String> {
-    match rel.rsplit_once('/') {
-        Some((dir, name)) if dir.starts_with(crate::memory::scope::USERS_DIR) => {
-            match ws.open_sub(dir, false) {
-                Ok(sub) => read_capped(&sub, name),
-                Err(crate::tools::ToolError::FileNotFound(_)) => Ok(None),
-                Err(e) => Err(e.to_string()),
-            }
-        }
-        _ => read_capped(ws, rel),
+    match user_file(rel) {
+        Some((name, file)) => match ws.open_user(name, false) {
+            Ok(sub) => read_capped(&sub, file),
+            Err(crate::tools::ToolError::FileNotFound(_)) => Ok(None),
+            Err(e) => Err(e.to_string()),
+        },
+        None => read_capped(ws, rel),
     }
+}
+
+/// `users/<name>/<file>` split into the user's directory name and the file.
+fn user_file(rel: &str) -> Option<(&str, &str)> {
+    let rest = rel
+        .strip_prefix(crate::tools::memory::USERS_DIR)?
+        .strip_prefix('/')?;
+    rest.split_once('/')
 }
 
 /// A file's text, capped at [`FILE_CAP`] with the marker; `None` when it does not exist or
@@ -346,7 +359,11 @@ mod tests {
 
     fn ws() -> (tempfile::TempDir, Arc<Workspace>) {
         let d = tempfile::tempdir().unwrap();
-        let w = Arc::new(Workspace::open(&d.path().join("ws")).unwrap());
+        let w = Arc::new(
+            Workspace::open(&d.path().join("ws"))
+                .unwrap()
+                .with_users_dir(d.path().join("users")),
+        );
         (d, w)
     }
 
@@ -444,8 +461,8 @@ mod tests {
         std::fs::write(d.path().join("outside.md"), "SECRET").unwrap();
         std::os::unix::fs::symlink(d.path().join("outside.md"), root.join("SOUL.md")).unwrap();
         std::fs::write(root.join("USER.md"), "workspace user").unwrap();
-        std::fs::create_dir_all(root.join("users/tg-1")).unwrap();
-        std::fs::write(root.join("users/tg-1/USER.md"), "alice").unwrap();
+        std::fs::create_dir_all(d.path().join("users/tg-1")).unwrap();
+        std::fs::write(d.path().join("users/tg-1/USER.md"), "alice").unwrap();
         let p = ContextPrompt::new("B", None, w);
         let s = p.current();
         assert!(!s.contains("SECRET") && s.contains("workspace user"), "{s}");

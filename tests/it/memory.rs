@@ -145,14 +145,19 @@ async fn a_fact_is_found_from_a_new_session_and_after_a_restart_but_never_by_ano
                 json!({ "path": "users/http-alice/memory/MEMORY.md" }),
             ),
             call("l", "list_directory", json!({ "path": "users" })),
-            call("q", "grep", json!({ "pattern": "Okafor", "path": "." })),
+            call(
+                "q",
+                "grep",
+                json!({ "pattern": "Okafor", "directory": "." }),
+            ),
         ],
     )
     .await;
     assert_eq!(result(&r, "s")["results"], json!([]), "{r:?}");
     assert_eq!(result(&r, "g")["error_code"], "PERMISSION_DENIED", "{r:?}");
-    assert_eq!(result(&r, "f")["error_code"], "PERMISSION_DENIED", "{r:?}");
-    assert_eq!(result(&r, "l")["error_code"], "PERMISSION_DENIED", "{r:?}");
+    // `users/` is not in the workspace: the file tools cannot name it.
+    assert!(result(&r, "f")["error_code"].is_string(), "{r:?}");
+    assert!(result(&r, "l")["error_code"].is_string(), "{r:?}");
     let all = serde_json::to_string(&r).unwrap();
     assert!(!all.contains("every second Friday"), "{all}");
     assert!(!all.contains("oat milk"), "{all}");
@@ -198,10 +203,12 @@ async fn each_user_gets_their_own_user_md_with_the_agents_as_fallback_and_comman
 ) {
     let dir = tempfile::tempdir().unwrap();
     let ws = dir.path().join("ws");
-    std::fs::create_dir_all(ws.join("users/http-alice")).unwrap();
+    let users = dir.path().join(".clawft/users");
+    std::fs::create_dir_all(users.join("http-alice")).unwrap();
+    std::fs::create_dir_all(&ws).unwrap();
     std::fs::write(ws.join("USER.md"), "A member of the book club.\n").unwrap();
     std::fs::write(
-        ws.join("users/http-alice/USER.md"),
+        users.join("http-alice/USER.md"),
         "Alice: vegetarian, prefers tea.\n",
     )
     .unwrap();
@@ -230,7 +237,7 @@ async fn each_user_gets_their_own_user_md_with_the_agents_as_fallback_and_comman
             vec![call(
                 "x",
                 "exec_shell",
-                json!({ "command": "cat users/http-alice/USER.md; ls users" }),
+                json!({ "command": format!("cat {}/http-alice/USER.md; ls {}", users.display(), users.display()) }),
             )],
         )
         .await;
@@ -245,19 +252,27 @@ async fn memory_get_reads_slices_and_refuses_hostile_paths() {
     let dir = tempfile::tempdir().unwrap();
     let ws = dir.path().join("ws");
     std::fs::create_dir_all(ws.join("memory")).unwrap();
-    std::fs::create_dir_all(ws.join("users/http-bob/memory")).unwrap();
+    let users = dir.path().join(".clawft/users");
+    std::fs::create_dir_all(users.join("http-bob/memory")).unwrap();
     let notes: String = (1..=30).map(|i| format!("line {i}\n")).collect();
     std::fs::write(ws.join("memory/notes.md"), &notes).unwrap();
     std::fs::write(
-        ws.join("users/http-bob/memory/MEMORY.md"),
+        users.join("http-bob/memory/MEMORY.md"),
         "bob's secret plan\n",
     )
     .unwrap();
     std::fs::write(dir.path().join("outside.md"), "CANARY outside\n").unwrap();
     std::os::unix::fs::symlink(dir.path().join("outside.md"), ws.join("memory/out.md")).unwrap();
     std::os::unix::fs::symlink(
-        ws.join("users/http-bob/memory/MEMORY.md"),
+        users.join("http-bob/memory/MEMORY.md"),
         ws.join("memory/bob.md"),
+    )
+    .unwrap();
+    // Alice's own directory, with a symlink planted towards Bob's.
+    std::fs::create_dir_all(users.join("http-alice/memory")).unwrap();
+    std::os::unix::fs::symlink(
+        users.join("http-bob/memory/MEMORY.md"),
+        users.join("http-alice/memory/bob.md"),
     )
     .unwrap();
     std::fs::write(ws.join("plain.txt"), "not memory\n").unwrap();
@@ -298,6 +313,11 @@ async fn memory_get_reads_slices_and_refuses_hostile_paths() {
                 json!({ "path": "users/http-alice/../http-bob/memory/MEMORY.md" }),
             ),
             call("plain", "memory_get", json!({ "path": "plain.txt" })),
+            call(
+                "own-sym",
+                "memory_get",
+                json!({ "path": "users/http-alice/memory/bob.md" }),
+            ),
         ],
     )
     .await;
@@ -306,7 +326,7 @@ async fn memory_get_reads_slices_and_refuses_hostile_paths() {
     assert_eq!(ok["total_lines"], 30);
     assert_eq!(ok["to_line"], 12);
     for id in [
-        "up", "up2", "abs", "sym", "sym2", "other", "other2", "plain",
+        "up", "up2", "abs", "sym", "sym2", "other", "other2", "plain", "own-sym",
     ] {
         let v = result(&r, id);
         assert!(v["error_code"].is_string(), "{id} was not refused: {v}");
@@ -450,9 +470,9 @@ fn weft_memory_ranks_the_exact_phrase_first_reindexes_and_status_counts_the_docu
     assert!(out.contains("near the harbour"), "{out}");
 
     // A user-scoped search sees the user's own notes as well as the agent's.
-    std::fs::create_dir_all(ws.join("users/telegram-42/memory")).unwrap();
+    std::fs::create_dir_all(home.join(".clawft/users/telegram-42/memory")).unwrap();
     std::fs::write(
-        ws.join("users/telegram-42/memory/MEMORY.md"),
+        home.join(".clawft/users/telegram-42/memory/MEMORY.md"),
         "Harbour cafe opens at 7.\n",
     )
     .unwrap();

@@ -81,7 +81,12 @@ fn window_config(llm: &FakeLlm, dir: &std::path::Path, window: u64) -> clawft::c
     config(
         llm,
         dir,
-        json!({"agents": {"defaults": {"context_window": window, "stream": false}}}),
+        // Hundreds of messages a second: the per-session tool rate limit, which the memory
+        // flushes count against, is not what these tests are about.
+        json!({
+            "agents": {"defaults": {"context_window": window, "stream": false}},
+            "tools": {"rate_limit": {"per_minute": 0}},
+        }),
     )
 }
 
@@ -198,7 +203,9 @@ async fn a_context_length_error_compacts_and_retries_once() {
     // run on every turn.
     assert!(refused.len() <= 2, "refused {} times", refused.len());
     let summaries = reqs.iter().filter(|r| kind(r) == Kind::Summary).count();
-    assert!(summaries <= 12, "{summaries} summary calls for 40 messages");
+    // Every request carries the tool schemas (~3.5k of these 8k tokens with the memory tools),
+    // so a compaction every few messages is expected; one per message is not.
+    assert!(summaries <= 16, "{summaries} summary calls for 40 messages");
     assert_eq!(stored_user_messages(&gw, "http:retry").await.len(), 40);
     gw.stop().await;
 }
