@@ -18,6 +18,7 @@ mod gateway;
 mod inputs;
 mod layering;
 mod mcp;
+mod memory_embed;
 mod platform_limits;
 mod platforms;
 mod process;
