@@ -1290,6 +1290,20 @@ mod tests {
     }
 
     #[test]
+    fn a_key_echoed_by_the_provider_is_scrubbed() {
+        let key = "sk-live-0123456789abcdef";
+        let e = Embedder::new(&settings(), Some(Secret::new(key))).unwrap();
+        let body = format!(r#"{{"error":{{"message":"Incorrect API key provided: {key}."}}}}"#);
+        let err = e.status_error(401, body.as_bytes(), None);
+        let shown = format!("{err} {err:?}");
+        assert!(!shown.contains(key), "{shown}");
+        assert!(shown.contains("Incorrect API key provided"), "{shown}");
+        assert!(shown.contains("`OPENAI_API_KEY`"), "{shown}");
+        let err = e.status_error(500, body.as_bytes(), None);
+        assert!(!format!("{err} {err:?}").contains(key));
+    }
+
+    #[test]
     fn provider_messages_are_picked_and_cut() {
         assert_eq!(
             provider_message(r#"{"error":{"message":"bad key","type":"invalid_request_error"}}"#),
