@@ -39,6 +39,10 @@ const MAX_TIMEOUT_SECS: u64 = 300;
 /// Response bytes allowed per input (256 KiB: 16,384 numbers of ~16 characters) plus a fixed
 /// 64 KiB; a bigger body is refused while it is read instead of being buffered whole.
 const RESPONSE_BYTES_PER_INPUT: usize = 256 * 1024;
+/// Bytes of one input sent (8 KiB, cut at a character boundary): at most ~2k tokens of English
+/// and ~4k of CJK, under every common model's input limit (OpenAI's is 8,191 tokens), so one
+/// huge paragraph cannot fail its whole batch with a 400; its first 8 KiB carry its meaning.
+pub const MAX_INPUT_BYTES: usize = 8 * 1024;
 /// Most redirect hops followed (to the same host).
 const MAX_REDIRECTS: usize = 3;
 /// Characters of a provider's error message kept in an [`EmbedError`].
@@ -345,7 +349,8 @@ impl Embedder {
 
     /// One request (retried once on a 429), its answer checked and put in input order.
     async fn embed_batch(&self, inputs: &[String]) -> Result<Vec<Vec<f32>>, EmbedError> {
-        let mut body = serde_json::json!({ "model": self.model, "input": inputs });
+        let input: Vec<&str> = inputs.iter().map(|s| cut(s, MAX_INPUT_BYTES)).collect();
+        let mut body = serde_json::json!({ "model": self.model, "input": input });
         if let Some(d) = self.dimensions {
             body["dimensions"] = d.into();
         }
@@ -518,6 +523,18 @@ impl Embedder {
             message,
         }
     }
+}
+
+/// The longest prefix of `s` of at most `max` bytes that ends on a character boundary.
+fn cut(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
 }
 
 /// The human part of an error body: OpenAI's `error.message`, a bare `error` or `message` or
@@ -1301,6 +1318,20 @@ mod tests {
         assert!(shown.contains("`OPENAI_API_KEY`"), "{shown}");
         let err = e.status_error(500, body.as_bytes(), None);
         assert!(!format!("{err} {err:?}").contains(key));
+    }
+
+    #[test]
+    fn inputs_are_cut_at_a_character_boundary_and_the_client_is_shareable() {
+        assert_eq!(cut("abc", 8), "abc");
+        assert_eq!(cut("héllo", 2), "h");
+        assert_eq!(cut("héllo", 3), "hé");
+        fn shareable<T: Send + Sync>() {}
+        shareable::<Embedder>();
+        shareable::<Vectors>();
+        fn send<T: Send>(_: &T) {}
+        let e = Embedder::new(&settings(), None).unwrap();
+        let inputs = vec!["x".to_string()];
+        send(&e.embed(&inputs));
     }
 
     #[test]

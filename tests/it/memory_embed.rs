@@ -18,7 +18,9 @@ use axum::http::{header, HeaderMap, Response, StatusCode};
 use axum::routing::post;
 use axum::Router;
 use bytes::Bytes;
-use clawft::memory::embed::{chunk_hash, fuse, EmbedError, Embedder, EmbeddingSettings, Vectors};
+use clawft::memory::embed::{
+    chunk_hash, fuse, EmbedError, Embedder, EmbeddingSettings, Vectors, MAX_INPUT_BYTES,
+};
 use clawft::types::Secret;
 use serde_json::{json, Value};
 
@@ -326,6 +328,14 @@ async fn inputs_are_sent_in_batches_and_dimensions_asked_for() {
     for (text, v) in inputs.iter().zip(&out) {
         assert_close(v, &fake_vector(text, 16));
     }
+
+    // A huge chunk is sent cut to its first 8 KiB (at a character boundary), not refused.
+    let huge = "é".repeat(10_000);
+    let out = embedder(&s).embed(&[huge.clone()]).await.unwrap();
+    assert_eq!(out.len(), 1);
+    let sent = &fake.inputs()[3][0];
+    assert_eq!(sent.len(), MAX_INPUT_BYTES);
+    assert!(huge.starts_with(sent.as_str()));
 }
 
 #[tokio::test]
