@@ -331,7 +331,10 @@ async fn inputs_are_sent_in_batches_and_dimensions_asked_for() {
 
     // A huge chunk is sent cut to its first 8 KiB (at a character boundary), not refused.
     let huge = "é".repeat(10_000);
-    let out = embedder(&s).embed(&[huge.clone()]).await.unwrap();
+    let out = embedder(&s)
+        .embed(std::slice::from_ref(&huge))
+        .await
+        .unwrap();
     assert_eq!(out.len(), 1);
     let sent = &fake.inputs()[3][0];
     assert_eq!(sent.len(), MAX_INPUT_BYTES);
