@@ -563,12 +563,13 @@ fn provider_message(text: &str) -> String {
 /// (an `http` to `https` upgrade allowed, never the reverse); otherwise stop and return the 3xx
 /// answer, which [`Embedder::embed`] reports.
 fn same_host_redirects(attempt: reqwest::redirect::Attempt<'_>) -> reqwest::redirect::Action {
-    let Some(first) = attempt.previous().first() else {
+    let (Some(first), Some(last)) = (attempt.previous().first(), attempt.previous().last()) else {
         return attempt.stop();
     };
     let next = attempt.url();
     let same_host = first.host_str() == next.host_str();
-    let secure_enough = next.scheme() == first.scheme() || next.scheme() == "https";
+    // Against the hop before: an upgrade to https is never undone by a later hop.
+    let secure_enough = next.scheme() == last.scheme() || next.scheme() == "https";
     if attempt.previous().len() > MAX_REDIRECTS || !same_host || !secure_enough {
         attempt.stop()
     } else {
