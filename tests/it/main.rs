@@ -19,6 +19,7 @@ mod inputs;
 mod layering;
 mod mcp;
 mod memory;
+mod memory_embed;
 mod platform_limits;
 mod platforms;
 mod process;
