@@ -289,6 +289,20 @@ impl Config {
             env,
             &mut secrets,
         )?;
+        let mut memory = raw.memory.resolve()?;
+        if let Some(e) = &memory.embeddings {
+            memory.embeddings_key = resolve_secret(
+                "memory.embeddings.api_key",
+                None,
+                e.api_key_env.clone(),
+                None,
+                config_dir,
+                env,
+            )?;
+            if let Some(k) = &memory.embeddings_key {
+                secrets.push(k.clone());
+            }
+        }
         Ok(Config {
             path,
             home,
@@ -305,7 +319,7 @@ impl Config {
             notify_socket: env.get("NOTIFY_SOCKET").map(PathBuf::from),
             watchdog: watchdog_interval(env, std::process::id()),
             usage: super::usage::resolve_usage(&raw.prices, &raw.budgets)?,
-            memory: raw.memory.resolve()?,
+            memory,
             provenance,
         })
     }

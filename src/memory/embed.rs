@@ -723,6 +723,19 @@ impl Vectors {
         }
     }
 
+    /// Keep only the vectors of the paths `keep` accepts (the documents still indexed).
+    pub fn retain_paths(&mut self, mut keep: impl FnMut(&str) -> bool) {
+        let mut dropped = 0;
+        self.files.retain(|p, es| {
+            let k = keep(p);
+            if !k {
+                dropped += es.len();
+            }
+            k
+        });
+        self.len -= dropped;
+    }
+
     /// Drop every vector of `path` (the file is gone).
     pub fn remove_path(&mut self, path: &str) {
         if let Some(es) = self.files.remove(path) {

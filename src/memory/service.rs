@@ -18,6 +18,7 @@ use rustix::fs::{AtFlags, FileType, Mode, OFlags};
 use serde::Serialize;
 use tokio::sync::watch;
 
+use super::embed::{chunk_hash, fuse, Embedder, Vectors};
 use super::index::{Hit, Index, IndexStats, Stamp};
 use super::settings::MemorySettings;
 use crate::store::Store;
@@ -36,6 +37,10 @@ const SAVE_DELAY: Duration = Duration::from_secs(2);
 pub const MAX_FILES: usize = 50_000;
 /// Deepest directory level under `memory/` walked.
 const MAX_DEPTH: usize = 8;
+/// Longest a search waits for the query's embedding before ranking by keywords alone.
+const QUERY_EMBED_WAIT: Duration = Duration::from_secs(2);
+/// Chunks sent per embedding pass request group (the client batches further).
+const EMBED_GROUP: usize = 256;
 /// Longest snippet returned per hit (bytes).
 const SNIPPET_BYTES: usize = 320;
 /// The pseudo-directory of past conversations in results (`sessions/<key>`).
@@ -51,8 +56,9 @@ pub struct SearchHit {
     pub start_line: u32,
     /// Last line (inclusive).
     pub end_line: u32,
-    /// Relevance, higher is better (rounded to 3 decimals).
-    pub score: f32,
+    /// Relevance, higher is better (rounded to 4 decimals): BM25, or in hybrid mode the fused
+    /// reciprocal-rank score.
+    pub score: f64,
     /// The matching text, cut to about 300 bytes around the first query word.
     pub snippet: String,
 }
@@ -65,6 +71,8 @@ pub struct SearchOutcome {
     /// The index was still being built: results may be missing.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub indexing: bool,
+    /// `keyword` (BM25 alone) or `hybrid` (fused with the embeddings' ranking).
+    pub mode: &'static str,
 }
 
 /// Figures of the indexes for `weft status` and `weft memory`.
@@ -110,6 +118,10 @@ struct Root {
     state: Mutex<RootState>,
     /// Completed walks (waited on by searches).
     done: watch::Sender<u64>,
+    /// Dense vectors of its chunks (hybrid search), loaded with the first embedding pass.
+    vectors: RwLock<Option<Vectors>>,
+    /// An embedding pass is running.
+    embedding: Mutex<bool>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -128,6 +140,10 @@ pub struct MemoryService {
     store: Option<Store>,
     max_file_bytes: u64,
     roots: Mutex<BTreeMap<String, Arc<Root>>>,
+    /// The embeddings client (hybrid search), when `memory.embeddings` is set.
+    embedder: Option<Arc<Embedder>>,
+    /// Why embedding stopped for good (a refused key, a bad answer): searches are keyword-only.
+    embed_broken: Mutex<Option<String>>,
 }
 
 impl std::fmt::Debug for MemoryService {
@@ -143,12 +159,23 @@ impl MemoryService {
     /// [`Self::index_dir_for`]; `None`: in memory only), reading past conversations from `store`
     /// when `settings.search_transcripts`.
     pub fn new(home: Option<PathBuf>, settings: MemorySettings, store: Option<Store>) -> Self {
+        let embedder = settings.embeddings.as_ref().and_then(|e| {
+            match Embedder::new(e, settings.embeddings_key.clone()) {
+                Ok(em) => Some(Arc::new(em)),
+                Err(err) => {
+                    tracing::warn!(error = %err, "memory search without embeddings");
+                    None
+                }
+            }
+        });
         Self {
             home,
             settings,
             store,
             max_file_bytes: crate::tools::fs::DEFAULT_MEMORY_MAX_BYTES,
             roots: Mutex::new(BTreeMap::new()),
+            embedder,
+            embed_broken: Mutex::new(None),
         }
     }
 
@@ -195,6 +222,8 @@ impl MemoryService {
                     index: RwLock::new(Index::new()),
                     state: Mutex::new(RootState::default()),
                     done: watch::channel(0).0,
+                    vectors: RwLock::new(None),
+                    embedding: Mutex::new(false),
                 })
             })
             .clone()
@@ -235,30 +264,76 @@ impl MemoryService {
         for r in &roots {
             indexing |= !self.fresh(r).await;
         }
+        let qvec = self.query_vector(&roots, query).await;
+        let hybrid = qvec.is_some();
         let me = self.clone();
         let query = query.to_string();
         let prefix = path_prefix.map(str::to_string);
         let results = tokio::task::spawn_blocking(move || {
-            me.search_blocking(&roots, &query, max, prefix.as_deref())
+            me.search_blocking(&roots, &query, qvec.as_deref(), max, prefix.as_deref())
         })
         .await
         .map_err(|e| ToolError::ExecutionFailed(format!("memory search failed: {e}")))??;
-        Ok(SearchOutcome { results, indexing })
+        Ok(SearchOutcome {
+            results,
+            indexing,
+            mode: if hybrid { "hybrid" } else { "keyword" },
+        })
+    }
+
+    /// The query's vector, when hybrid search is on and some root has vectors; `None` (keyword
+    /// search alone) when the endpoint fails or takes longer than [`QUERY_EMBED_WAIT`].
+    async fn query_vector(&self, roots: &[Arc<Root>], query: &str) -> Option<Vec<f32>> {
+        let embedder = self.embedder.as_ref()?;
+        let any = roots.iter().any(|r| {
+            r.vectors
+                .read()
+                .unwrap_or_else(PoisonError::into_inner)
+                .as_ref()
+                .is_some_and(|v| !v.is_empty())
+        });
+        if !any {
+            return None;
+        }
+        let q = [query.to_string()];
+        match tokio::time::timeout(QUERY_EMBED_WAIT, embedder.embed(&q)).await {
+            Ok(Ok(mut v)) => v.pop(),
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "query not embedded; keyword search only");
+                None
+            }
+            Err(_) => {
+                tracing::warn!("query embedding timed out; keyword search only");
+                None
+            }
+        }
     }
 
     fn search_blocking(
         &self,
         roots: &[Arc<Root>],
         query: &str,
+        qvec: Option<&[f32]>,
         max: usize,
         prefix: Option<&str>,
     ) -> Result<Vec<SearchHit>, ToolError> {
         let mut all: Vec<(Arc<Root>, Hit)> = Vec::new();
         for r in roots {
-            let idx = r.index.read().unwrap_or_else(PoisonError::into_inner);
-            for h in idx.search(query, max, prefix) {
-                all.push((r.clone(), h));
-            }
+            let keyword = r
+                .index
+                .read()
+                .unwrap_or_else(PoisonError::into_inner)
+                .search(query, max.saturating_mul(2), prefix);
+            let hits = match (
+                qvec,
+                &*r.vectors.read().unwrap_or_else(PoisonError::into_inner),
+            ) {
+                (Some(q), Some(v)) if !v.is_empty() => {
+                    fuse(&keyword, &v.search(q, max.saturating_mul(2), prefix), max)
+                }
+                _ => keyword,
+            };
+            all.extend(hits.into_iter().map(|h| (r.clone(), h)));
         }
         all.sort_by(|a, b| {
             b.1.score
@@ -287,7 +362,7 @@ impl MemoryService {
                 path,
                 start_line: h.start_line,
                 end_line: h.end_line,
-                score: (h.score * 1000.0).round() / 1000.0,
+                score: (f64::from(h.score) * 10_000.0).round() / 10_000.0,
             });
         }
         Ok(out)
@@ -362,6 +437,14 @@ impl MemoryService {
                 r.done.send_modify(|g| *g += 1);
                 if changed > 0 {
                     me.schedule_save(&r);
+                }
+                let first = r
+                    .vectors
+                    .read()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .is_none();
+                if changed > 0 || first {
+                    me.schedule_embedding(&r);
                 }
             });
         }
@@ -527,6 +610,181 @@ impl MemoryService {
         write_replace(&path, &bytes)?;
         record_summary(dir, &root.name, &stats, bytes.len() as u64)
     }
+}
+
+impl MemoryService {
+    /// Start an embedding pass over `root` in the background (when hybrid search is on and
+    /// none is running).
+    fn schedule_embedding(self: &Arc<Self>, root: &Arc<Root>) {
+        if self.embedder.is_none()
+            || self
+                .embed_broken
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .is_some()
+        {
+            return;
+        }
+        {
+            let mut running = root
+                .embedding
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if *running {
+                return;
+            }
+            *running = true;
+        }
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            *root
+                .embedding
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) = false;
+            return;
+        };
+        let me = self.clone();
+        let r = root.clone();
+        handle.spawn(async move {
+            if let Err(e) = me.embed_pass(&r).await {
+                tracing::warn!(index = %r.name, error = %e, "memory embeddings not brought up to date");
+            }
+            *r.embedding.lock().unwrap_or_else(PoisonError::into_inner) = false;
+        });
+    }
+
+    /// Embed the chunks of `root` that have no vector yet (and drop the vectors of chunks that
+    /// are gone), then save the vectors. Runs off the turns; a search meanwhile uses what is
+    /// there.
+    async fn embed_pass(self: &Arc<Self>, root: &Arc<Root>) -> Result<(), String> {
+        let Some(embedder) = self.embedder.clone() else {
+            return Ok(());
+        };
+        let me = self.clone();
+        let r = root.clone();
+        let model = embedder.model().to_string();
+        // The chunks without a vector, read from the documents as indexed.
+        let missing = tokio::task::spawn_blocking(move || me.chunks_to_embed(&r, &model))
+            .await
+            .map_err(|e| e.to_string())?;
+        for group in missing.chunks(EMBED_GROUP) {
+            let texts: Vec<String> = group.iter().map(|c| c.text.clone()).collect();
+            let vecs = match embedder.embed(&texts).await {
+                Ok(v) => v,
+                Err(e) => {
+                    if !e.is_retryable() {
+                        *self
+                            .embed_broken
+                            .lock()
+                            .unwrap_or_else(PoisonError::into_inner) = Some(e.to_string());
+                    }
+                    return Err(e.to_string());
+                }
+            };
+            let mut guard = root.vectors.write().unwrap_or_else(PoisonError::into_inner);
+            for (c, v) in group.iter().zip(vecs) {
+                let store = guard.get_or_insert_with(|| Vectors::new(embedder.model(), v.len()));
+                store.insert(&c.path, c.start_line, c.end_line, c.hash, v)?;
+            }
+        }
+        let r = root.clone();
+        tokio::task::spawn_blocking(move || save_vectors(&r))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())
+    }
+
+    /// Load `root`'s saved vectors (if not yet loaded, and made with `model`), drop those of
+    /// documents and chunks no longer indexed, and list the chunks still without one.
+    fn chunks_to_embed(&self, root: &Root, model: &str) -> Vec<PendingChunk> {
+        {
+            let mut v = root.vectors.write().unwrap_or_else(PoisonError::into_inner);
+            if v.is_none() {
+                *v = load_vectors(root).filter(|x| x.model() == model);
+            }
+        }
+        let docs = root
+            .index
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .documents();
+        let mut pending = Vec::new();
+        let mut vectors = root.vectors.write().unwrap_or_else(PoisonError::into_inner);
+        if let Some(v) = vectors.as_mut() {
+            let live: std::collections::HashSet<&str> = docs.iter().map(|(p, _)| &**p).collect();
+            v.retain_paths(|p| live.contains(p));
+        }
+        for (path, _) in &docs {
+            let Ok(text) = self.document_text(root, path) else {
+                continue;
+            };
+            let mut keep = Vec::new();
+            for span in super::text::chunks(&text) {
+                let chunk = text.get(span.bytes.clone()).unwrap_or("").trim();
+                if chunk.is_empty() {
+                    continue;
+                }
+                let hash = chunk_hash(chunk);
+                keep.push((span.start_line, hash));
+                if !vectors
+                    .as_ref()
+                    .is_some_and(|v| v.get(path, span.start_line, hash))
+                {
+                    pending.push(PendingChunk {
+                        path: path.to_string(),
+                        start_line: span.start_line,
+                        end_line: span.end_line,
+                        hash,
+                        text: chunk.to_string(),
+                    });
+                }
+            }
+            if let Some(v) = vectors.as_mut() {
+                v.retain_path(path, &keep);
+            }
+        }
+        pending
+    }
+}
+
+/// A chunk waiting for its vector.
+struct PendingChunk {
+    path: String,
+    start_line: u32,
+    end_line: u32,
+    hash: u64,
+    text: String,
+}
+
+fn vectors_path(root: &Root) -> Option<PathBuf> {
+    root.dir
+        .as_ref()
+        .map(|d| d.join(format!("{}.vec", root.name)))
+}
+
+fn load_vectors(root: &Root) -> Option<Vectors> {
+    let path = vectors_path(root)?;
+    let bytes = std::fs::read(&path).ok()?;
+    match Vectors::decode(&bytes) {
+        Ok(v) => Some(v),
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "memory vectors damaged; embedding again");
+            None
+        }
+    }
+}
+
+fn save_vectors(root: &Root) -> std::io::Result<()> {
+    let Some(path) = vectors_path(root) else {
+        return Ok(());
+    };
+    let bytes = match &*root.vectors.read().unwrap_or_else(PoisonError::into_inner) {
+        Some(v) => v.encode(),
+        None => return Ok(()),
+    };
+    if let Some(d) = path.parent() {
+        std::fs::create_dir_all(d)?;
+    }
+    write_replace(&path, &bytes)
 }
 
 fn snapshot_path(root: &Root) -> Option<PathBuf> {
@@ -994,7 +1252,7 @@ mod tests {
             Some(home.to_path_buf()),
             MemorySettings {
                 scope: Scope::Agent,
-                search_transcripts: false,
+                ..MemorySettings::default()
             },
             None,
         ))

@@ -37,6 +37,8 @@ pub struct MemoryFile {
     pub scope: Option<Scope>,
     /// Let `memory_search` also search the user's own past conversations (default false).
     pub search_transcripts: Option<bool>,
+    /// An OpenAI-compatible `/embeddings` endpoint: hybrid (keyword + vector) search.
+    pub embeddings: Option<super::embed::EmbeddingSettings>,
 }
 
 /// The checked `memory` settings.
@@ -46,6 +48,10 @@ pub struct MemorySettings {
     pub scope: Scope,
     /// Whether `memory_search` also searches the caller's past conversations.
     pub search_transcripts: bool,
+    /// The embeddings endpoint, when hybrid search is on.
+    pub embeddings: Option<super::embed::EmbeddingSettings>,
+    /// Its API key (from `memory.embeddings.api_key_env`, read by the config layer).
+    pub embeddings_key: Option<crate::types::Secret>,
 }
 
 impl MemoryFile {
@@ -54,9 +60,15 @@ impl MemoryFile {
     /// # Errors
     /// A value out of range, naming its key.
     pub fn resolve(&self) -> Result<MemorySettings, crate::types::SettingError> {
+        if let Some(e) = &self.embeddings {
+            e.check()
+                .map_err(|d| crate::types::SettingError::new("memory.embeddings", d))?;
+        }
         Ok(MemorySettings {
             scope: self.scope.unwrap_or_default(),
             search_transcripts: self.search_transcripts.unwrap_or(false),
+            embeddings: self.embeddings.clone(),
+            embeddings_key: None,
         })
     }
 }

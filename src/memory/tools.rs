@@ -50,7 +50,7 @@ impl Tool for MemorySearch {
         "memory_search"
     }
     fn description(&self) -> &str {
-        "Search saved memory (MEMORY.md, memory/ notes) for facts saved earlier; best first. Returns: {results: [{path, start_line, end_line, score, snippet}]}"
+        "Search saved memory (MEMORY.md, memory/ notes) for facts saved earlier; best first. Returns: {results: [{path, start_line, end_line, score, snippet}], mode}"
     }
     fn parameters(&self) -> Value {
         schema_of::<MemorySearchArgs>()
@@ -80,7 +80,7 @@ impl Tool for MemorySearch {
             .map(|p| p.trim().trim_start_matches("./"))
             .filter(|p| !p.is_empty());
         let out = self.service.search(ctx, query, max, prefix).await?;
-        let mut v = json!({ "results": out.results });
+        let mut v = json!({ "results": out.results, "mode": out.mode });
         if out.indexing {
             v["indexing"] = json!(true);
             v["message"] = json!("the memory index is still being built; results may be incomplete, try again shortly");

@@ -623,3 +623,83 @@ async fn a_query_finds_by_meaning_what_keywords_miss_and_edits_embed_only_new_ch
     store.remove_path("memory/2026-11-20.md");
     assert_eq!(store.len(), 2);
 }
+
+/// Through a gateway: `memory.embeddings` set, notes are embedded in the background after the
+/// first search indexes them, and the next search finds by meaning what keywords miss (mode
+/// `hybrid`); the key never reaches the model.
+#[tokio::test]
+async fn a_gateway_with_embeddings_finds_by_meaning_after_its_background_pass() {
+    use crate::common::{config_value, tool_results, TestGateway};
+    use crate::fake_llm::{FakeLlm, Reply};
+    let fake = FakeEmbeddings::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    std::fs::create_dir_all(ws.join("memory")).unwrap();
+    std::fs::write(
+        ws.join("memory/MEMORY.md"),
+        "# People\n\nLuigi is our car mechanic, on Elm Street.\n\n# Food\n\nThe bakery sells rye bread on Saturdays.\n",
+    )
+    .unwrap();
+    let llm = FakeLlm::start().await;
+    let v = config_value(
+        &llm.base_url(),
+        dir.path(),
+        json!({ "memory": { "scope": "agent", "embeddings": {
+            "base_url": fake.base_url(), "model": "text-embedding-3-small", "api_key_env": KEY_ENV,
+        } } }),
+    );
+    let env = clawft::config::Env::from_pairs([
+        ("HOME", dir.path().to_str().unwrap()),
+        ("CLAWFT_HOME", dir.path().join(".clawft").to_str().unwrap()),
+        (KEY_ENV, KEY),
+    ]);
+    let cfg = clawft::config::Config::from_str(&v.to_string(), false, &env).unwrap();
+    let gw = TestGateway::start(cfg).await;
+    let search = |id: &str| {
+        Reply::ToolCalls(vec![(
+            id.to_string(),
+            "memory_search".to_string(),
+            json!({ "query": "automobile repair" }).to_string(),
+        )])
+    };
+    // First search: keyword only (nothing embedded yet), and it starts the embedding pass.
+    llm.push(search("s1"));
+    llm.push(Reply::Text("done".into()));
+    assert_eq!(gw.api.chat("c", "go").await.0, 200);
+    let r = tool_results(&llm.requests()[1]);
+    assert_eq!(r[0].1["mode"], "keyword", "{r:?}");
+    assert_eq!(r[0].1["results"], json!([]), "{r:?}");
+    let vec_file = |d: &std::path::Path| {
+        std::fs::read_dir(d.join(".clawft/memory-index"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|e| e.path().join("agent.vec").exists())
+    };
+    assert!(
+        crate::common::wait_until(Duration::from_secs(10), || vec_file(dir.path())).await,
+        "no vectors saved; embedding requests: {:?}",
+        fake.inputs()
+    );
+    // The chunks went to the endpoint with the key; the next search is hybrid.
+    assert!(fake
+        .requests()
+        .iter()
+        .all(|(_, auth)| auth.as_deref() == Some(&format!("Bearer {KEY}"))));
+    llm.push(search("s2"));
+    llm.push(Reply::Text("done".into()));
+    assert_eq!(gw.api.chat("c", "again").await.0, 200);
+    let reqs = llm.requests();
+    let r = tool_results(&reqs[3]);
+    let last = &r.last().unwrap().1;
+    assert_eq!(last["mode"], "hybrid", "{r:?}");
+    let first = &last["results"][0];
+    assert_eq!(first["path"], "memory/MEMORY.md", "{r:?}");
+    assert!(
+        first["snippet"].as_str().unwrap().contains("Luigi"),
+        "{r:?}"
+    );
+    let all = serde_json::to_string(&reqs).unwrap();
+    assert!(!all.contains(KEY), "the key reached the model");
+    gw.stop().await;
+}
