@@ -39,6 +39,8 @@ pub const MAX_FILES: usize = 50_000;
 const MAX_DEPTH: usize = 8;
 /// Longest a search waits for the query's embedding before ranking by keywords alone.
 const QUERY_EMBED_WAIT: Duration = Duration::from_secs(2);
+/// A failed embedding pass is tried again this long after, at the next search.
+const EMBED_RETRY: Duration = Duration::from_secs(60);
 /// Chunks sent per embedding pass request group (the client batches further).
 const EMBED_GROUP: usize = 256;
 /// Longest snippet returned per hit (bytes).
@@ -73,6 +75,9 @@ pub struct SearchOutcome {
     pub indexing: bool,
     /// `keyword` (BM25 alone) or `hybrid` (fused with the embeddings' ranking).
     pub mode: &'static str,
+    /// Why a search with embeddings configured ranked by keywords alone.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
 }
 
 /// Figures of the indexes for `weft status` and `weft memory`.
@@ -122,6 +127,8 @@ struct Root {
     vectors: RwLock<Option<Vectors>>,
     /// An embedding pass is running.
     embedding: Mutex<bool>,
+    /// A pass stopped on a passing failure (rate limit, timeout, 5xx): run again after this.
+    embed_retry: Mutex<Option<Instant>>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -224,6 +231,7 @@ impl MemoryService {
                     done: watch::channel(0).0,
                     vectors: RwLock::new(None),
                     embedding: Mutex::new(false),
+                    embed_retry: Mutex::new(None),
                 })
             })
             .clone()
@@ -264,7 +272,10 @@ impl MemoryService {
         for r in &roots {
             indexing |= !self.fresh(r).await;
         }
-        let qvec = self.query_vector(&roots, query).await;
+        let (qvec, note) = match self.query_vector(&roots, query).await {
+            Ok(v) => (v, None),
+            Err(why) => (None, Some(why)),
+        };
         let hybrid = qvec.is_some();
         let me = self.clone();
         let query = query.to_string();
@@ -278,13 +289,28 @@ impl MemoryService {
             results,
             indexing,
             mode: if hybrid { "hybrid" } else { "keyword" },
+            note,
         })
     }
 
-    /// The query's vector, when hybrid search is on and some root has vectors; `None` (keyword
-    /// search alone) when the endpoint fails or takes longer than [`QUERY_EMBED_WAIT`].
-    async fn query_vector(&self, roots: &[Arc<Root>], query: &str) -> Option<Vec<f32>> {
-        let embedder = self.embedder.as_ref()?;
+    /// The query's vector, when hybrid search is on and some root has vectors (`Ok(None)`
+    /// otherwise); `Err(why)` (keyword search alone) when embedding is broken, the endpoint
+    /// fails or takes longer than [`QUERY_EMBED_WAIT`].
+    async fn query_vector(
+        &self,
+        roots: &[Arc<Root>],
+        query: &str,
+    ) -> Result<Option<Vec<f32>>, String> {
+        let Some(embedder) = self.embedder.as_ref() else {
+            return Ok(None);
+        };
+        if let Some(why) = &*self
+            .embed_broken
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+        {
+            return Err(format!("embeddings stopped ({why}); keyword ranking only"));
+        }
         let any = roots.iter().any(|r| {
             r.vectors
                 .read()
@@ -293,18 +319,21 @@ impl MemoryService {
                 .is_some_and(|v| !v.is_empty())
         });
         if !any {
-            return None;
+            return Ok(None);
         }
         let q = [query.to_string()];
         match tokio::time::timeout(QUERY_EMBED_WAIT, embedder.embed(&q)).await {
-            Ok(Ok(mut v)) => v.pop(),
+            Ok(Ok(mut v)) => Ok(v.pop()),
             Ok(Err(e)) => {
                 tracing::warn!(error = %e, "query not embedded; keyword search only");
-                None
+                Err(format!(
+                    "the query could not be embedded ({}); keyword ranking only",
+                    e.kind()
+                ))
             }
             Err(_) => {
                 tracing::warn!("query embedding timed out; keyword search only");
-                None
+                Err("the embeddings endpoint did not answer in 2 s; keyword ranking only".into())
             }
         }
     }
@@ -443,7 +472,12 @@ impl MemoryService {
                     .read()
                     .unwrap_or_else(PoisonError::into_inner)
                     .is_none();
-                if changed > 0 || first {
+                let retry = r
+                    .embed_retry
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .is_some_and(|t| Instant::now() >= t);
+                if changed > 0 || first || retry {
                     me.schedule_embedding(&r);
                 }
             });
@@ -645,9 +679,14 @@ impl MemoryService {
         let me = self.clone();
         let r = root.clone();
         handle.spawn(async move {
-            if let Err(e) = me.embed_pass(&r).await {
-                tracing::warn!(index = %r.name, error = %e, "memory embeddings not brought up to date");
-            }
+            let retry = match me.embed_pass(&r).await {
+                Ok(()) => None,
+                Err(e) => {
+                    tracing::warn!(index = %r.name, error = %e, "memory embeddings not brought up to date");
+                    Some(Instant::now() + EMBED_RETRY)
+                }
+            };
+            *r.embed_retry.lock().unwrap_or_else(PoisonError::into_inner) = retry;
             *r.embedding.lock().unwrap_or_else(PoisonError::into_inner) = false;
         });
     }

@@ -81,6 +81,9 @@ impl Tool for MemorySearch {
             .filter(|p| !p.is_empty());
         let out = self.service.search(ctx, query, max, prefix).await?;
         let mut v = json!({ "results": out.results, "mode": out.mode });
+        if let Some(n) = &out.note {
+            v["note"] = json!(n);
+        }
         if out.indexing {
             v["indexing"] = json!(true);
             v["message"] = json!("the memory index is still being built; results may be incomplete, try again shortly");

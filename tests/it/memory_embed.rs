@@ -699,6 +699,31 @@ async fn a_gateway_with_embeddings_finds_by_meaning_after_its_background_pass() 
         first["snippet"].as_str().unwrap().contains("Luigi"),
         "{r:?}"
     );
+    // The endpoint failing at search time: keyword ranking, said so, still answered.
+    fake.push(Next::Status(500));
+    fake.push(Next::Status(500));
+    llm.push(Reply::ToolCalls(vec![(
+        "s3".into(),
+        "memory_search".into(),
+        json!({ "query": "rye bread" }).to_string(),
+    )]));
+    llm.push(Reply::Text("done".into()));
+    assert_eq!(gw.api.chat("c", "bread?").await.0, 200);
+    let reqs = llm.requests();
+    let r = tool_results(reqs.last().unwrap());
+    let last = &r.last().unwrap().1;
+    assert_eq!(last["mode"], "keyword", "{r:?}");
+    assert!(
+        last["note"]
+            .as_str()
+            .unwrap()
+            .contains("keyword ranking only"),
+        "{r:?}"
+    );
+    assert!(last["results"][0]["snippet"]
+        .as_str()
+        .unwrap()
+        .contains("rye bread"));
     let all = serde_json::to_string(&reqs).unwrap();
     assert!(!all.contains(KEY), "the key reached the model");
     gw.stop().await;
