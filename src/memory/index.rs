@@ -1110,7 +1110,7 @@ mod tests {
         }
         // Garbage and another version.
         assert!(Index::decode(b"hello").is_err());
-        let mut other = bytes.clone();
+        let mut other = bytes;
         other[8] = 2;
         let err = Index::decode(&other).err().unwrap_or_default();
         assert!(err.contains("version 2"), "{err}");
