@@ -1,7 +1,8 @@
 //! Criterion benches of the gateway's hot paths (issue 8): tool dispatch through the registry,
 //! scrubbing + truncation of a 64 KiB tool result, transcript append to the store (per message
 //! with batched flushes, per turn with a flush per turn), LLM request building, and Markdown
-//! rendering and splitting. `cargo bench --bench hot_paths` (see docs/performance.md).
+//! rendering and splitting, memory search over 10,000 notes (issue 18).
+//! `cargo bench --bench hot_paths` (see docs/performance.md).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -408,6 +409,122 @@ fn usage_accounting(c: &mut Criterion) {
     g.finish();
 }
 
+/// A deterministic synthetic memory corpus: `notes` notes of ~300–600 bytes, words drawn from
+/// a Zipf-distributed vocabulary of 5,000 made-up words (syllable compounds, so stemming and
+/// folding do real work), a heading now and then, and three rare words in a few notes each.
+fn memory_corpus(notes: usize) -> Vec<(String, String)> {
+    const SYLLABLES: [&str; 24] = [
+        "ka", "lo", "mi", "ne", "sa", "tu", "ri", "po", "ve", "da", "fen", "gar", "hol", "jin",
+        "mor", "pal", "quin", "rust", "sel", "tor", "ung", "vix", "wel", "zor",
+    ];
+    const SUFFIXES: [&str; 6] = ["", "s", "ing", "ed", "er", "ly"];
+    let mut rng = fastrand::Rng::with_seed(18);
+    let vocabulary: Vec<String> = (0..5000)
+        .map(|i| {
+            let mut w = String::new();
+            let mut n = i + 24;
+            while n > 0 {
+                w.push_str(SYLLABLES[n % 24]);
+                n /= 24;
+            }
+            w
+        })
+        .collect();
+    // Zipf (s = 1): cumulative weights 1/rank.
+    let mut cumulative = Vec::with_capacity(vocabulary.len());
+    let mut total = 0f64;
+    for rank in 1..=vocabulary.len() {
+        total += 1.0 / rank as f64;
+        cumulative.push(total);
+    }
+    let rare = ["quetzalcoatl", "zanzibar", "xylophonist"];
+    (0..notes)
+        .map(|i| {
+            let target = rng.usize(300..600);
+            let mut text = String::new();
+            if i % 4 == 0 {
+                text.push_str("# Notes of the day\n\n");
+            }
+            let mut line = 0;
+            while text.len() < target {
+                let x = rng.f64() * total;
+                let rank = cumulative
+                    .partition_point(|&c| c < x)
+                    .min(vocabulary.len() - 1);
+                text.push_str(&vocabulary[rank]);
+                text.push_str(SUFFIXES[rng.usize(0..SUFFIXES.len())]);
+                line += 1;
+                text.push_str(match (line % 12, rng.u8(0..20)) {
+                    (0, 0..=4) => ".\n\n",
+                    (0, _) => "\n",
+                    (_, 0) => ", ",
+                    _ => " ",
+                });
+            }
+            if i % 3000 == 7 {
+                text.push_str(&format!(" {}", rare[(i / 3000) % rare.len()]));
+            }
+            (
+                format!("memory/2026-{:02}-{:02}-{i}.md", i % 12 + 1, i % 28 + 1),
+                text,
+            )
+        })
+        .collect()
+}
+
+/// Memory search (issue 18) over 10,000 notes: a typical three-word query and a rare word.
+fn memory_search_10k(c: &mut Criterion) {
+    use clawft::memory::index::{Index, Stamp};
+    let corpus = memory_corpus(10_000);
+    let started = Instant::now();
+    let mut index = Index::new();
+    for (i, (path, text)) in corpus.iter().enumerate() {
+        let stamp = Stamp {
+            size: text.len() as u64,
+            mtime_ns: i as i64,
+            ino: i as u64,
+        };
+        index.upsert(path, stamp, text);
+    }
+    let built = started.elapsed();
+    let started = Instant::now();
+    let snapshot = index.encode();
+    let encoded = started.elapsed();
+    let started = Instant::now();
+    let decoded = Index::decode(&snapshot).unwrap();
+    let decode_time = started.elapsed();
+    let corpus_bytes: usize = corpus.iter().map(|(_, t)| t.len()).sum();
+    eprintln!(
+        "memory_search_10k: corpus {corpus_bytes} bytes, build {built:?}, snapshot {} bytes \
+         (encode {encoded:?}, decode {decode_time:?}), stats {:?}, decoded stats {:?}",
+        snapshot.len(),
+        index.stats(),
+        decoded.stats()
+    );
+    // Mid-frequency words (ranks ~40, ~150, ~600 of the vocabulary) as a user would type them.
+    let typical = "quinmi riposing kamilo";
+    let rare = "quetzalcoatl";
+    eprintln!(
+        "memory_search_10k: {:?} -> {} hits, {:?} -> {} hits",
+        typical,
+        index.search(typical, usize::MAX, None).len(),
+        rare,
+        index.search(rare, usize::MAX, None).len()
+    );
+    let mut g = c.benchmark_group("memory_search_10k");
+    g.bench_function("three_words_top10", |b| {
+        b.iter(|| index.search(black_box(typical), 10, None));
+    });
+    g.bench_function("rare_word_top10", |b| {
+        b.iter(|| index.search(black_box(rare), 10, None));
+    });
+    g.bench_function("upsert_one_note", |b| {
+        let (path, text) = &corpus[1234];
+        b.iter(|| index.upsert(black_box(path), Stamp::default(), black_box(text)));
+    });
+    g.finish();
+}
+
 criterion_group!(
     benches,
     tool_dispatch,
@@ -415,6 +532,7 @@ criterion_group!(
     store_append,
     request_building,
     markdown_render,
-    usage_accounting
+    usage_accounting,
+    memory_search_10k
 );
 criterion_main!(benches);

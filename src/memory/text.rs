@@ -358,7 +358,7 @@ mod tests {
     fn paragraphs_merge_until_the_byte_limit() {
         // Ten paragraphs of 300 bytes: three fit in 1,000 bytes (with their blank lines).
         let para = "w".repeat(300);
-        let text = vec![para.as_str(); 10].join("\n\n");
+        let text = [para.as_str(); 10].join("\n\n");
         let got = chunks(&text);
         assert_eq!(got.len(), 4, "{got:?}");
         assert_eq!(got[0], span(1, 5, 0..904));
