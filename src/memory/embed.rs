@@ -21,6 +21,7 @@ use serde::{Deserialize, Serialize};
 use super::index::Hit;
 use crate::llm::error::parse_retry_after;
 use crate::llm::http::join_url;
+use crate::tools::truncate::floor_char as cut;
 use crate::types::scrub::{redact_url, Scrubber};
 use crate::types::Secret;
 
@@ -525,18 +526,6 @@ impl Embedder {
     }
 }
 
-/// The longest prefix of `s` of at most `max` bytes that ends on a character boundary.
-fn cut(s: &str, max: usize) -> &str {
-    if s.len() <= max {
-        return s;
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    &s[..end]
-}
-
 /// The human part of an error body: OpenAI's `error.message`, a bare `error` or `message` or
 /// `detail` string, else the text itself; cut to [`MAX_MESSAGE_CHARS`].
 fn provider_message(text: &str) -> String {
@@ -580,10 +569,17 @@ fn same_host_redirects(attempt: reqwest::redirect::Attempt<'_>) -> reqwest::redi
 /// 64-bit FNV-1a of `text`'s UTF-8 bytes: stable across runs, platforms and versions (it keys
 /// the vectors kept on disk).
 pub fn chunk_hash(text: &str) -> u64 {
+    fnv1a(text.as_bytes())
+}
+
+/// 64-bit FNV-1a of `bytes` (the memory module's one stable hash: chunk keys, user
+/// directory suffixes, index directory names).
+pub fn fnv1a(bytes: &[u8]) -> u64 {
     const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
     const PRIME: u64 = 0x0000_0100_0000_01b3;
-    text.bytes()
-        .fold(OFFSET, |h, b| (h ^ u64::from(b)).wrapping_mul(PRIME))
+    bytes
+        .iter()
+        .fold(OFFSET, |h, b| (h ^ u64::from(*b)).wrapping_mul(PRIME))
 }
 
 /// One embedded chunk.

@@ -1,5 +1,6 @@
 //! Where a chat user's own memory lives: `users/<channel>-<user>` beneath the workspace.
 
+use super::embed::fnv1a;
 pub use crate::tools::memory::{user_name, USERS_DIR};
 
 /// Longest user directory name kept (bytes, before the hash suffix).
@@ -30,15 +31,6 @@ pub fn user_dir(channel: &str, sender: &str) -> String {
         name.push_str(&format!("-{:08x}", fnv1a(raw.as_bytes()) as u32));
     }
     format!("{USERS_DIR}/{name}")
-}
-
-fn fnv1a(bytes: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in bytes {
-        h ^= u64::from(*b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    h
 }
 
 #[cfg(test)]

@@ -18,6 +18,7 @@ use rustix::fs::{AtFlags, FileType, Mode, OFlags};
 use serde::Serialize;
 use tokio::sync::watch;
 
+use super::embed::fnv1a;
 use super::embed::{chunk_hash, fuse, Embedder, Vectors};
 use super::index::{Hit, Index, IndexStats, Stamp};
 use super::settings::MemorySettings;
@@ -1260,15 +1261,6 @@ fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
-
-fn fnv1a(bytes: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in bytes {
-        h ^= u64::from(*b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    h
 }
 
 #[cfg(test)]

@@ -14,6 +14,7 @@ use serde_json::{json, Value};
 use super::chain;
 use super::manager::{McpManager, McpState, Slot};
 use crate::tools::registry::{SourcedTool, ToolSource};
+use crate::tools::truncate::floor_char as cut;
 use crate::tools::{Effect, Tool, ToolContext, ToolError};
 
 /// Longest tool name handed to the model (OpenAI and Anthropic accept 64).
@@ -71,17 +72,6 @@ fn exposed_name(server: &str, tool: &str) -> String {
     let suffix = format!("_{h:08x}");
     let keep = MAX_TOOL_NAME - suffix.len();
     format!("{}{suffix}", &full[..keep])
-}
-
-fn cut(s: &str, max: usize) -> &str {
-    if s.len() <= max {
-        return s;
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    &s[..end]
 }
 
 pub(super) fn make_tools(slot: &Arc<Slot>, list: Vec<rmcp::model::Tool>) -> Vec<Arc<McpTool>> {
