@@ -462,7 +462,10 @@ fn decode_bom(buf: Vec<u8>) -> Vec<u8> {
 
 /// The line holding byte `at` of `buf`, its terminator included.
 fn line_at_offset(buf: &[u8], at: usize) -> std::ops::Range<usize> {
-    let start = buf[..at].iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+    let start = buf[..at]
+        .iter()
+        .rposition(|&b| b == b'\n')
+        .map_or(0, |i| i + 1);
     let end = buf[at..]
         .iter()
         .position(|&b| b == b'\n')
@@ -496,7 +499,10 @@ fn search_lines(
         if !confirmed && !matcher.is_match(text.strip_suffix(b"\n").unwrap_or(text))? {
             continue;
         }
-        line_no += buf[counted..line.start].iter().filter(|&&b| b == b'\n').count() as u64;
+        line_no += buf[counted..line.start]
+            .iter()
+            .filter(|&&b| b == b'\n')
+            .count() as u64;
         counted = line.start;
         if sink.keep.contains(&(sink.first + sink.count)) {
             sink.lines.push((line_no, line));
