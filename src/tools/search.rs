@@ -1,5 +1,7 @@
 //! Search tools: `glob` (file names) and `grep` (file contents), built on the ripgrep crates
-//! (`ignore` walker, `globset`, `grep-regex`, `grep-searcher`).
+//! (`ignore` walker, `globset`, `grep-regex`). The line search is ours ([`search_lines`], the
+//! loop `grep-searcher` runs for a slice): that crate links `encoding_rs` and its tables
+//! (~140 KB of the binary) for encodings grep never asks for.
 //!
 //! Containment: the search directory is checked beneath the workspace by the kernel
 //! (`openat2` RESOLVE_BENEATH); the walk never follows symlinks; every reported file is
@@ -13,8 +15,8 @@ use std::path::{Path, PathBuf};
 
 use async_trait::async_trait;
 use globset::{GlobBuilder, GlobMatcher};
+use grep_matcher::{LineMatchKind, Matcher};
 use grep_regex::{RegexMatcher, RegexMatcherBuilder};
-use grep_searcher::{BinaryDetection, SearcherBuilder, Sink, SinkMatch};
 use ignore::gitignore::{Gitignore, GitignoreBuilder};
 use ignore::{Match, WalkBuilder};
 use rustix::fs::{Mode, OFlags};
@@ -419,8 +421,8 @@ impl Grep {
 }
 
 /// Counts matching lines and keeps the byte ranges of those whose result index (`first` +
-/// position in this file) falls in `keep`, so memory stays bounded by the page; notices binary
-/// data. With `stop_at_first`, stops at the first match.
+/// position in this file) falls in `keep`, so memory stays bounded by the page. With
+/// `stop_at_first`, stops at the first match.
 #[derive(Default)]
 struct Collect {
     first: usize,
@@ -428,33 +430,89 @@ struct Collect {
     stop_at_first: bool,
     count: usize,
     lines: Vec<(u64, std::ops::Range<usize>)>,
-    binary: bool,
 }
 
-impl Sink for Collect {
-    type Error = std::io::Error;
+/// A file holding a NUL byte in its first 64 KiB is binary and skipped (what `grep-searcher`
+/// checked when searching a slice).
+const BINARY_WINDOW: usize = 64 * 1024;
 
-    fn matched(
-        &mut self,
-        _s: &grep_searcher::Searcher,
-        m: &SinkMatch<'_>,
-    ) -> Result<bool, Self::Error> {
-        if self.keep.contains(&(self.first + self.count)) {
-            self.lines
-                .push((m.line_number().unwrap_or(0), m.bytes_range_in_buffer()));
+/// The text to search: a UTF-16 file (by its byte-order mark) decoded to UTF-8, a UTF-8 mark
+/// dropped, anything else as it is (`grep-searcher`'s BOM sniffing, which this replaces).
+fn decode_bom(buf: Vec<u8>) -> Vec<u8> {
+    let utf16 = |body: &[u8], unit: fn([u8; 2]) -> u16| -> Vec<u8> {
+        let units = body.chunks_exact(2).map(|c| unit([c[0], c[1]]));
+        let mut text: String = char::decode_utf16(units)
+            .map(|c| c.unwrap_or(char::REPLACEMENT_CHARACTER))
+            .collect();
+        if body.len() % 2 == 1 {
+            text.push(char::REPLACEMENT_CHARACTER);
         }
-        self.count += 1;
-        Ok(!self.stop_at_first)
+        text.into_bytes()
+    };
+    if let Some(body) = buf.strip_prefix(b"\xEF\xBB\xBF") {
+        body.to_vec()
+    } else if let Some(body) = buf.strip_prefix(b"\xFF\xFE") {
+        utf16(body, u16::from_le_bytes)
+    } else if let Some(body) = buf.strip_prefix(b"\xFE\xFF") {
+        utf16(body, u16::from_be_bytes)
+    } else {
+        buf
     }
+}
 
-    fn binary_data(
-        &mut self,
-        _s: &grep_searcher::Searcher,
-        _off: u64,
-    ) -> Result<bool, Self::Error> {
-        self.binary = true;
-        Ok(false)
+/// The line holding byte `at` of `buf`, its terminator included.
+fn line_at_offset(buf: &[u8], at: usize) -> std::ops::Range<usize> {
+    let start = buf[..at]
+        .iter()
+        .rposition(|&b| b == b'\n')
+        .map_or(0, |i| i + 1);
+    let end = buf[at..]
+        .iter()
+        .position(|&b| b == b'\n')
+        .map_or(buf.len(), |i| at + i + 1);
+    start..end
+}
+
+/// Every line of `buf` that `matcher` matches, into `sink`, with its 1-based number: the
+/// line-by-line search of `grep-searcher` (a candidate line found in the rest of the buffer,
+/// confirmed by the matcher on that line alone, its terminator stripped, so `^` and `$` are
+/// the line's). The matcher's line terminator is `\n`, so no match spans lines.
+fn search_lines(
+    matcher: &RegexMatcher,
+    buf: &[u8],
+    sink: &mut Collect,
+) -> Result<(), grep_matcher::NoError> {
+    let (mut pos, mut line_no, mut counted) = (0usize, 1u64, 0usize);
+    while pos < buf.len() {
+        let (at, confirmed) = match matcher.find_candidate_line(&buf[pos..])? {
+            None => break,
+            Some(LineMatchKind::Confirmed(i)) => (pos + i, true),
+            Some(LineMatchKind::Candidate(i)) => (pos + i, false),
+        };
+        let line = line_at_offset(buf, at);
+        if line.start == buf.len() {
+            // An empty match after the last terminator: not a line.
+            break;
+        }
+        pos = line.end;
+        let text = &buf[line.clone()];
+        if !confirmed && !matcher.is_match(text.strip_suffix(b"\n").unwrap_or(text))? {
+            continue;
+        }
+        line_no += buf[counted..line.start]
+            .iter()
+            .filter(|&&b| b == b'\n')
+            .count() as u64;
+        counted = line.start;
+        if sink.keep.contains(&(sink.first + sink.count)) {
+            sink.lines.push((line_no, line));
+        }
+        sink.count += 1;
+        if sink.stop_at_first {
+            break;
+        }
     }
+    Ok(())
 }
 
 /// A line for the result: lossy UTF-8 without its terminator, cut at `max` characters.
@@ -516,10 +574,6 @@ impl Tool for Grep {
         blocking(move || {
             let dir = search_dir(&ws, a.directory.as_deref())?;
             let (root, walk) = walker(&ws, &dir, types);
-            let mut searcher = SearcherBuilder::new()
-                .line_number(true)
-                .binary_detection(BinaryDetection::quit(0))
-                .build();
             let limit = a.head_limit.unwrap_or(MAX_RESULTS).min(MAX_RESULTS);
             let window = a.offset..a.offset.saturating_add(limit);
             let mut entries = 0usize; // results (lines, files or file counts) seen
@@ -573,6 +627,10 @@ impl Tool for Grep {
                 if buf[..buf.len().min(BINARY_SNIFF_BYTES)].contains(&0) {
                     continue;
                 }
+                let buf = decode_bom(buf);
+                if buf[..buf.len().min(BINARY_WINDOW)].contains(&0) {
+                    continue;
+                }
                 let mut sink = Collect {
                     first: entries,
                     keep: if a.output_mode == OutputMode::Content {
@@ -583,7 +641,7 @@ impl Tool for Grep {
                     stop_at_first: a.output_mode == OutputMode::FilesWithMatches,
                     ..Collect::default()
                 };
-                if searcher.search_slice(&matcher, &buf, &mut sink).is_err() || sink.binary {
+                if search_lines(&matcher, &buf, &mut sink).is_err() {
                     continue;
                 }
                 if sink.count == 0 {

@@ -509,3 +509,53 @@ async fn grep_pages_a_file_with_many_matches() {
     let v = glob(&fx, json!({"pattern": "./*.txt"})).await.unwrap();
     assert_eq!(v["matches"], json!(["many.txt"]));
 }
+
+#[tokio::test]
+async fn grep_lines_anchors_and_byte_order_marks() {
+    // The line search that replaced grep-searcher: `^` is each line's, line numbers count
+    // every line (CRLF ones too), a UTF-8 mark is dropped and UTF-16 is decoded. (`$` is the
+    // buffer's end, as it was with grep-searcher: the matcher is not built multi-line.)
+    // UTF-16 of ASCII text holds NUL bytes and is skipped as binary, as before.
+    let fx = Fixture::new();
+    fx.put("a.txt", "alpha\nbeta alpha\n\nalpha beta\nalpha");
+    let v = grep(&fx, json!({"pattern": "^alpha"})).await.unwrap();
+    let lines: Vec<_> = v["matches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["line"].clone())
+        .collect();
+    assert_eq!(lines, [json!(1), json!(4), json!(5)], "{v}");
+
+    let fx = Fixture::new();
+    std::fs::write(
+        fx.ws.join("bom8.txt"),
+        b"\xEF\xBB\xBFneedle first\nsecond\n",
+    )
+    .unwrap();
+    let mut le = vec![0xFF, 0xFE];
+    let mut be = vec![0xFE, 0xFF];
+    for u in "\u{4e2d}\u{6587}\u{4e2d}".encode_utf16() {
+        le.extend(u.to_le_bytes());
+        be.extend(u.to_be_bytes());
+    }
+    std::fs::write(fx.ws.join("le.txt"), &le).unwrap();
+    std::fs::write(fx.ws.join("be.txt"), &be).unwrap();
+    let v = grep(&fx, json!({"pattern": "^(needle|\u{4e2d})"}))
+        .await
+        .unwrap();
+    assert_eq!(
+        v["matches"],
+        json!([
+            {"file": "be.txt", "line": 1, "content": "\u{4e2d}\u{6587}\u{4e2d}"},
+            {"file": "bom8.txt", "line": 1, "content": "needle first"},
+            {"file": "le.txt", "line": 1, "content": "\u{4e2d}\u{6587}\u{4e2d}"},
+        ]),
+        "{v}"
+    );
+
+    let fx = Fixture::new();
+    std::fs::write(fx.ws.join("crlf.txt"), b"one\r\ntwo\r\n").unwrap();
+    let v = grep(&fx, json!({"pattern": "two"})).await.unwrap();
+    assert_eq!(v["matches"][0]["line"], json!(2));
+}

@@ -26,7 +26,7 @@
 //! can use it.
 
 use std::borrow::Cow;
-use std::sync::{Arc, LazyLock};
+use std::sync::{Arc, LazyLock, OnceLock};
 
 use aho_corasick::{AhoCorasick, AhoCorasickKind, MatchKind};
 use regex::{Regex, RegexSet};
@@ -77,19 +77,20 @@ const KEYED_PATTERNS: &[&str] = &[
     r#"(?i)((?:authorization["']?\s*[:=]\s*["']?(?:(?:bearer|basic|token)\s+)?)|(?:bearer|basic|token)\s+)([A-Za-z0-9._~+/=\-]{8,})"#,
 ];
 
-/// Positional patterns of URLs (group 2 redacted), also applied by [`redact_url`], each with a
-/// literal every match contains (the pattern runs only on text that holds it: most tool output
-/// has no URL).
-const URL_PATTERNS: &[(&str, &str)] = &[
+/// Positional patterns of URLs (group 2 redacted), also applied by [`redact_url`], each with
+/// the literals every match contains (the pattern is compiled and run only on text that holds
+/// them all: most tool output has no URL, and an ordinary base URL, checked by the provider
+/// hints at start, has neither userinfo nor query).
+const URL_PATTERNS: &[(&[&str], &str)] = &[
     // The password of a URL's userinfo: `scheme://user:PASSWORD@host` (the last `@` before the
     // path ends the userinfo: passwords are not always percent-encoded).
     (
-        "://",
+        &["://", "@"],
         r#"(?i)(\b[a-z][a-z0-9+.\-]*://[^\s:/?#@"'<>\[\]]*:)([^\s/?#"'<>]+)@"#,
     ),
     // URL query parameters named like a credential, with an optional `x-amz-`-style prefix.
     (
-        "=",
+        &["="],
         r#"(?i)([?&;](?:[a-z0-9]+[_.\-])*(?:api[_\-]?key|apikey|key|token|access[_\-]?token|secret|password|passwd|pwd|sig|signature|auth|credentials?)=)([^&#\s"'<>]+)"#,
     ),
 ];
@@ -103,38 +104,42 @@ pub struct Scrubber {
 struct Inner {
     /// The configured values, longest first.
     values: Vec<String>,
-    /// The values and their encoded forms, matched in one pass (longest match wins).
-    exact: Option<AhoCorasick>,
-    /// How many strings `exact` matches.
-    needles: usize,
+    /// The values and their encoded forms, sorted and deduplicated.
+    needles: Vec<String>,
+    /// `needles` matched in one pass (longest match wins), built when the first text is
+    /// scrubbed: a daemon makes several scrubbers at start (providers, registry) and building
+    /// each automaton there cost start-up time (docs/performance.md).
+    exact: OnceLock<Option<AhoCorasick>>,
 }
 
 /// The compiled credential patterns: the same for every scrubber, so compiled once per process
-/// and only when the first text is scrubbed (not at start).
-struct Patterns {
+/// and only when the first text is scrubbed (not at start). Each group is compiled on its own:
+/// [`redact_url`], used at start for the provider hints, needs only the URL patterns, and only
+/// those whose literals the text holds.
+struct TokenPatterns {
     tokens: Vec<Regex>,
     any_token: Option<RegexSet>,
-    keyed: Vec<Regex>,
-    /// [`URL_PATTERNS`], with their literals.
-    url: Vec<(&'static str, Regex)>,
 }
 
-static PATTERNS: LazyLock<Patterns> = LazyLock::new(|| Patterns {
-    // The patterns are constants checked by a test; a failure here would only disable them.
+// The patterns are constants checked by a test; a failure here would only disable them.
+static TOKENS: LazyLock<TokenPatterns> = LazyLock::new(|| TokenPatterns {
     tokens: TOKEN_PATTERNS
         .iter()
         .filter_map(|p| Regex::new(p).ok())
         .collect(),
     any_token: RegexSet::new(TOKEN_PATTERNS).ok(),
-    keyed: KEYED_PATTERNS
+});
+
+static KEYED: LazyLock<Vec<Regex>> = LazyLock::new(|| {
+    KEYED_PATTERNS
         .iter()
         .filter_map(|p| Regex::new(p).ok())
-        .collect(),
-    url: URL_PATTERNS
-        .iter()
-        .filter_map(|(lit, p)| Some((*lit, Regex::new(p).ok()?)))
-        .collect(),
+        .collect()
 });
+
+/// [`URL_PATTERNS`], each compiled on the first text holding its literals.
+static URL: [OnceLock<Option<Regex>>; URL_PATTERNS.len()] =
+    [const { OnceLock::new() }; URL_PATTERNS.len()];
 
 impl Default for Scrubber {
     fn default() -> Self {
@@ -146,7 +151,7 @@ impl std::fmt::Debug for Scrubber {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Scrubber")
             .field("secret_values", &self.inner.values.len())
-            .field("exact_forms", &self.inner.needles)
+            .field("exact_forms", &self.inner.needles.len())
             .field(
                 "patterns",
                 &(TOKEN_PATTERNS.len() + KEYED_PATTERNS.len() + URL_PATTERNS.len()),
@@ -173,27 +178,35 @@ impl Scrubber {
         }
         needles.sort();
         needles.dedup();
-        let exact = if needles.is_empty() {
-            None
-        } else {
-            // Building fails only for absurd sizes; the values are still scrubbed by the
-            // patterns then, and the test of this module builds one.
-            // A contiguous NFA: built in microseconds (a DFA of every encoded form took
-            // milliseconds at each start, once per provider and registry) and fast enough for
-            // tool results.
-            AhoCorasick::builder()
-                .match_kind(MatchKind::LeftmostLongest)
-                .kind(Some(AhoCorasickKind::ContiguousNFA))
-                .build(&needles)
-                .ok()
-        };
         Self {
             inner: Arc::new(Inner {
                 values,
-                exact,
-                needles: needles.len(),
+                needles,
+                exact: OnceLock::new(),
             }),
         }
+    }
+
+    /// The automaton of the values and their encoded forms (`None` without values), built on
+    /// first use.
+    fn exact(&self) -> Option<&AhoCorasick> {
+        self.inner
+            .exact
+            .get_or_init(|| {
+                if self.inner.needles.is_empty() {
+                    return None;
+                }
+                // Building fails only for absurd sizes; the values are still scrubbed by the
+                // patterns then, and the test of this module builds one.
+                // A contiguous NFA: built in microseconds (a DFA of every encoded form took
+                // milliseconds) and fast enough for tool results.
+                AhoCorasick::builder()
+                    .match_kind(MatchKind::LeftmostLongest)
+                    .kind(Some(AhoCorasickKind::ContiguousNFA))
+                    .build(&self.inner.needles)
+                    .ok()
+            })
+            .as_ref()
     }
 
     /// The configured secret values (for other layers, e.g. the exec environment filter).
@@ -204,7 +217,7 @@ impl Scrubber {
     /// `text` with every secret replaced by `[REDACTED]`.
     pub fn scrub_str<'a>(&self, text: &'a str) -> Cow<'a, str> {
         let mut out: Cow<'a, str> = Cow::Borrowed(text);
-        if let Some(ac) = &self.inner.exact {
+        if let Some(ac) = self.exact() {
             if let Some(s) = replace_exact(ac, &out) {
                 out = Cow::Owned(s);
             }
@@ -212,7 +225,7 @@ impl Scrubber {
                 out = Cow::Owned(s);
             }
         }
-        let p = &*PATTERNS;
+        let p = &*TOKENS;
         if p.any_token.as_ref().is_some_and(|s| s.is_match(&out)) {
             for re in &p.tokens {
                 if let Cow::Owned(s) = re.replace_all(&out, REDACTED) {
@@ -220,7 +233,7 @@ impl Scrubber {
                 }
             }
         }
-        for re in &p.keyed {
+        for re in KEYED.iter() {
             if let Some(s) = redact_group(re, &out) {
                 out = Cow::Owned(s);
             }
@@ -283,8 +296,11 @@ pub fn redact_url(url: &str) -> Cow<'_, str> {
 
 /// [`URL_PATTERNS`] applied to `text`.
 fn redact_url_parts(mut text: Cow<'_, str>) -> Cow<'_, str> {
-    for (lit, re) in &PATTERNS.url {
-        if text.contains(lit) {
+    for ((lits, pattern), re) in URL_PATTERNS.iter().zip(&URL) {
+        if !lits.iter().all(|l| text.contains(l)) {
+            continue;
+        }
+        if let Some(re) = re.get_or_init(|| Regex::new(pattern).ok()) {
             if let Some(s) = redact_group(re, &text) {
                 text = Cow::Owned(s);
             }

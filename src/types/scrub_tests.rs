@@ -13,8 +13,42 @@ fn every_pattern_compiles() {
         Regex::new(p).unwrap();
     }
     assert!(RegexSet::new(TOKEN_PATTERNS).is_ok());
-    assert_eq!(PATTERNS.keyed.len(), KEYED_PATTERNS.len());
-    assert_eq!(PATTERNS.url.len(), URL_PATTERNS.len());
+    assert_eq!(TOKENS.tokens.len(), TOKEN_PATTERNS.len());
+    assert_eq!(KEYED.len(), KEYED_PATTERNS.len());
+    // Every match of a URL pattern holds its literals (they gate the pattern).
+    for ((lits, pattern), input) in URL_PATTERNS.iter().zip([
+        "redis://:hunter22@cache:6379/0",
+        "https://x/v1?key=SECRETVALUE",
+    ]) {
+        let m = Regex::new(pattern).unwrap().find(input).unwrap();
+        assert!(lits.iter().all(|l| m.as_str().contains(l)), "{pattern}");
+    }
+}
+
+#[test]
+fn a_new_scrubber_builds_its_automaton_on_first_use() {
+    // The daemon makes several scrubbers at start; none may pay for its automaton there.
+    let s = Scrubber::new(vec!["plainvalue99".into()]);
+    assert!(s.inner.exact.get().is_none());
+    let copy = s.clone();
+    assert_eq!(copy.scrub_str("x plainvalue99 y"), "x [REDACTED] y");
+    assert!(s.inner.exact.get().is_some_and(Option::is_some));
+    assert!(Scrubber::default().exact().is_none());
+}
+
+#[test]
+fn a_plain_base_url_needs_no_url_pattern() {
+    // What `redact_url` does for the provider hints at start: no literal of a URL pattern
+    // in an ordinary base URL, so nothing is compiled or run for it.
+    for url in ["https://api.openai.com/v1", "http://localhost:11434/v1"] {
+        assert!(
+            URL_PATTERNS
+                .iter()
+                .all(|(lits, _)| !lits.iter().all(|l| url.contains(l))),
+            "{url}"
+        );
+        assert_eq!(redact_url(url), url);
+    }
 }
 
 #[test]
@@ -294,7 +328,7 @@ fn a_secret_encoded_across_wrapped_lines_is_caught() {
 fn short_secrets_do_not_redact_everything() {
     // Six bytes: the value and its offset-0 encodings only; nothing shorter than 8 characters.
     let s = Scrubber::new(vec!["abc123".into()]);
-    assert!(s.inner.needles > 1);
+    assert!(s.inner.needles.len() > 1);
     let text = "YWJj is not it, nor is 616263 alone; abc12 neither";
     assert_eq!(s.scrub_str(text), text);
     assert_eq!(s.scrub_str("YWJjMTIz"), "[REDACTED]");
