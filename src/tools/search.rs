@@ -544,8 +544,13 @@ impl Tool for Grep {
     }
     async fn execute(&self, args: Value, ctx: &ToolContext) -> Result<Value, ToolError> {
         let a: GrepArgs = parse_args(self.name(), args)?;
+        // Multi-line mode only gives `^` and `$` their per-line meaning (as in grep and
+        // ripgrep; `crlf`: also before a `\r\n`); a match still never spans lines (the line
+        // terminator is excluded).
         let matcher: RegexMatcher = RegexMatcherBuilder::new()
             .case_insensitive(a.case_insensitive)
+            .multi_line(true)
+            .crlf(true)
             .line_terminator(Some(b'\n'))
             .build(&a.pattern)
             .map_err(|e| ToolError::InvalidArgs(format!("invalid regex `{}`: {e}", a.pattern)))?;

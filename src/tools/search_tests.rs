@@ -513,9 +513,8 @@ async fn grep_pages_a_file_with_many_matches() {
 #[tokio::test]
 async fn grep_lines_anchors_and_byte_order_marks() {
     // The line search that replaced grep-searcher: `^` is each line's, line numbers count
-    // every line (CRLF ones too), a UTF-8 mark is dropped and UTF-16 is decoded. (`$` is the
-    // buffer's end, as it was with grep-searcher: the matcher is not built multi-line.)
-    // UTF-16 of ASCII text holds NUL bytes and is skipped as binary, as before.
+    // every line (CRLF ones too), a UTF-8 mark is dropped and UTF-16 is decoded. UTF-16 of
+    // ASCII text holds NUL bytes and is skipped as binary, as before.
     let fx = Fixture::new();
     fx.put("a.txt", "alpha\nbeta alpha\n\nalpha beta\nalpha");
     let v = grep(&fx, json!({"pattern": "^alpha"})).await.unwrap();
@@ -526,6 +525,23 @@ async fn grep_lines_anchors_and_byte_order_marks() {
         .map(|m| m["line"].clone())
         .collect();
     assert_eq!(lines, [json!(1), json!(4), json!(5)], "{v}");
+    // `$` is each line's end too, and `^$` finds the empty line (as with grep and ripgrep).
+    let lines = |v: &Value| -> Vec<Value> {
+        v["matches"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["line"].clone())
+            .collect()
+    };
+    let v = grep(&fx, json!({"pattern": "alpha$"})).await.unwrap();
+    assert_eq!(lines(&v), [json!(1), json!(2), json!(5)], "{v}");
+    let v = grep(&fx, json!({"pattern": "^$"})).await.unwrap();
+    assert_eq!(lines(&v), [json!(3)], "{v}");
+    let fx = Fixture::new();
+    fx.put("crlf.txt", "one end\r\ntwo\r\nthree end\r\n");
+    let v = grep(&fx, json!({"pattern": "end$"})).await.unwrap();
+    assert_eq!(lines(&v), [json!(1), json!(3)], "{v}");
 
     let fx = Fixture::new();
     std::fs::write(
