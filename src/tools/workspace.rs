@@ -86,9 +86,14 @@ impl Workspace {
             ));
         };
         if create {
-            std::fs::create_dir_all(users).map_err(|e| {
-                ToolError::ExecutionFailed(format!("cannot make {}: {e}", users.display()))
-            })?;
+            use std::os::unix::fs::DirBuilderExt;
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(users)
+                .map_err(|e| {
+                    ToolError::ExecutionFailed(format!("cannot make {}: {e}", users.display()))
+                })?;
         }
         let dir_flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
         let base = rustix::fs::open(users, dir_flags, Mode::empty()).map_err(|e| {
