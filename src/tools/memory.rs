@@ -684,6 +684,15 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(v["content"], "mine");
+        // Only the daemon's user can list the users or enter one's directory.
+        use std::os::unix::fs::PermissionsExt;
+        for d in ["users", "users/telegram-7"] {
+            let mode = std::fs::metadata(users.path().join(d))
+                .unwrap()
+                .permissions()
+                .mode();
+            assert_eq!(mode & 0o777, 0o700, "{d}");
+        }
         assert_eq!(
             primary(&fx),
             "shared: the office closes at 6",
