@@ -326,3 +326,23 @@ fn latest_walks_back_from_until_and_keeps_the_most_recent() {
         ]
     );
 }
+
+/// Sydney springs forward on 2026-10-04 (02:00 AEST → 03:00 AEDT): the daily 02:30 job runs at
+/// 03:00 AEDT (16:00 UTC the day before), as in Berlin.
+#[test]
+fn daily_0230_in_sydney_runs_at_0300_on_its_spring_forward_day() {
+    let c = cron("30 2 * * *", "Australia/Sydney").compile().unwrap();
+    assert_eq!(
+        c.next_after(utc(2026, 10, 2, 17, 0, 0)),
+        Some(utc(2026, 10, 3, 16, 0, 0))
+    );
+    // And in April (03:00 AEDT → 02:00 AEST, 2026-04-05) once, at the first pass.
+    assert_eq!(
+        c.next_after(utc(2026, 4, 4, 12, 0, 0)),
+        Some(utc(2026, 4, 4, 15, 30, 0))
+    );
+    assert_eq!(
+        c.next_after(utc(2026, 4, 4, 15, 30, 0)),
+        Some(utc(2026, 4, 5, 16, 30, 0))
+    );
+}

@@ -482,6 +482,30 @@ mod tests {
             .contains("not a TZif"));
     }
 
+    /// Slim zone files (`zic -b slim`, the default of tzdata's own build, Alpine and Arch) list
+    /// no transition after 2007: later offsets come from the footer rule alone. Every day from
+    /// 1990 to 2037 the slim and the fat (Debian) Berlin and Sydney give the same offsets.
+    #[test]
+    fn slim_zone_files_agree_with_fat_ones() {
+        let slim_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/scheduler/testdata/slim");
+        for name in ["Europe/Berlin", "Australia/Sydney"] {
+            let slim = Zone::load_from(&slim_dir, name).unwrap();
+            let fat = Zone::load(name).unwrap();
+            assert!(slim.rule.is_some(), "{name}");
+            let mut t = ts(1990, 1, 1, 0, 30);
+            while t < ts(2037, 12, 31, 0, 0) {
+                for probe in [t, t + 3600, t + 7200] {
+                    assert_eq!(
+                        slim.offset_at(probe),
+                        fat.offset_at(probe),
+                        "{name} at {probe}"
+                    );
+                }
+                t += 86_400;
+            }
+        }
+    }
+
     #[test]
     fn local_times_resolve_to_zero_one_or_two_instants() {
         let berlin = Zone::load("Europe/Berlin").unwrap();
