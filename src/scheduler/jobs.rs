@@ -565,12 +565,20 @@ impl JobStore {
     /// recorded, so a crash before that finds them due again (with the same run ids).
     ///
     /// # Errors
-    /// A store failure or a corrupt record; a job whose schedule no longer compiles (its
-    /// zone removed from the system) is skipped with a warning.
+    /// A store failure. A record that does not decode, or whose schedule no longer compiles
+    /// (its zone removed from the system), is skipped with a warning.
     pub fn due(&self, now: DateTime<Utc>) -> Result<Vec<Due>, JobError> {
         let _g = self.guard();
         let mut out = Vec::new();
-        for mut job in self.list()? {
+        for (key, text) in self.store.state_scan(JOBS_NS)? {
+            // One undecodable record (written by a newer weft, say) must not stop every job.
+            let mut job: Job = match serde_json::from_str(&text) {
+                Ok(job) => job,
+                Err(e) => {
+                    tracing::warn!(job = %key, error = %e, "scheduled job record undecodable; skipped");
+                    continue;
+                }
+            };
             if !job.enabled || job.next_run.is_none_or(|t| t > now) {
                 continue;
             }

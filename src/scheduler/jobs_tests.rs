@@ -560,3 +560,21 @@ fn jobs_survive_in_a_shared_memory_store() {
     let store = Store::memory();
     persist_round_trip(|| store.clone());
 }
+
+#[test]
+fn an_undecodable_record_does_not_stop_the_other_jobs() {
+    let js = jobs();
+    let a = js.add(hourly("a", "1"), t0()).unwrap();
+    js.store
+        .state_put(JOBS_NS, "0000-broken", Some("{\"id\":1}"))
+        .unwrap();
+    let due = js.due(utc(2026, 11, 20, 10, 0)).unwrap();
+    assert_eq!(due.len(), 1);
+    assert_eq!(due[0].job.id, a.id);
+    // Listing names the broken record.
+    assert!(js
+        .list()
+        .unwrap_err()
+        .to_string()
+        .contains("sched.jobs/0000-broken"));
+}
