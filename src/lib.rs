@@ -23,7 +23,8 @@
 //! - [`config`]: file + environment → validated [`config::Config`]; the only env reader.
 //!   [`approval`]: approvals asked of the user in their chat (exec `ask` mode).
 //! - [`egress`]: channel actors (outbox workers), the [`egress::Outbox`] handle and the live
-//!   [`egress::ChannelTable`]. [`turn`]: the tool-call loop.
+//!   [`egress::ChannelTable`]. [`turn`]: the tool-call loop. [`scheduler`]: schedules, catch-up
+//!   and the jobs in the store (the core the daemon's scheduler stands on; no timer in it).
 //! - [`session`]: one actor per conversation. [`bus`]: routes inbound messages to sessions.
 //! - [`ingress`]: listeners, the ingress pump, access rules and pairing. [`subagent`]: the
 //!   subagent supervisor and the `subagents` tool.
@@ -45,6 +46,7 @@ pub mod memory;
 pub mod metrics;
 pub mod net;
 pub mod notify;
+pub mod scheduler;
 pub mod session;
 pub mod skills;
 pub mod store;

@@ -444,6 +444,27 @@ impl Store {
         self.flush()
     }
 
+    /// Store (`Some`) or delete (`None`) several state values, each `(ns, key, value)`, in one
+    /// atomic batch, flushed: after a crash either all of them are there or none (the
+    /// scheduler writes a job and its run record together).
+    ///
+    /// # Errors
+    /// Backend failure.
+    pub fn state_put_many(&self, writes: &[(&str, &str, Option<&str>)]) -> Result<(), StoreError> {
+        let ops = writes
+            .iter()
+            .map(|(ns, key, value)| {
+                let k = state_key(ns, key);
+                match value {
+                    Some(v) => Op::Put(k, seal(v.as_bytes())),
+                    None => Op::Del(k),
+                }
+            })
+            .collect();
+        self.apply(ops)?;
+        self.flush()
+    }
+
     /// Every state value under `ns`, as (key, value).
     ///
     /// # Errors

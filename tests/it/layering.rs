@@ -28,6 +28,7 @@ const LAYERS: &[(&str, u32)] = &[
     // 6-9: the turn and the actors, talking through narrow handles.
     ("egress", 6),
     ("turn", 6),
+    ("scheduler", 6),
     ("session", 7),
     ("bus", 8),
     ("ingress", 9),
