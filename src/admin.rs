@@ -56,7 +56,7 @@ pub fn status_json(config: &Config, store: &Store, live: Option<&[SessionStatus]
             "exec_mode": config.tools.exec.mode.as_str(),
             "sandbox": sandbox_json(config),
         },
-        "memory": crate::daemon::build::memory_service(config, None).stats(&config.agent.workspace),
+        "memory": crate::memory::service::saved_stats(&config.home, &config.memory, &config.agent.workspace),
         "pid": std::process::id(),
     })
 }

@@ -282,7 +282,7 @@ pub fn memory_service(
 ) -> Arc<crate::memory::service::MemoryService> {
     Arc::new(
         crate::memory::service::MemoryService::new(
-            Some(config.home.clone()),
+            config.home.clone(),
             config.memory.clone(),
             store,
         )

@@ -9,7 +9,6 @@
 //! runs unless a memory search is made: an agent that never searches pays no memory and no I/O.
 
 use std::collections::BTreeMap;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant};
@@ -23,7 +22,7 @@ use super::embed::{chunk_hash, fuse, Embedder, Vectors};
 use super::index::{Hit, Index, IndexStats, Stamp};
 use super::settings::MemorySettings;
 use crate::store::Store;
-use crate::tools::memory::{generation, scope_workspace};
+use crate::tools::memory::{generation, read_up_to, scope_workspace};
 use crate::tools::{ToolContext, ToolError, Workspace};
 use crate::types::SessionKey;
 
@@ -116,8 +115,8 @@ struct Root {
     name: String,
     /// The agent workspace it belongs to.
     ws: Arc<Workspace>,
-    /// Where its snapshot is saved (`None`: kept in memory only).
-    dir: Option<PathBuf>,
+    /// Where its snapshot and vectors are saved.
+    dir: PathBuf,
     /// What it indexes.
     kind: RootKind,
     index: RwLock<Index>,
@@ -142,8 +141,8 @@ enum RootKind {
 
 /// The memory search service (every workspace it is asked about: each has its own indexes).
 pub struct MemoryService {
-    /// The state directory the snapshots go beneath (`None`: in memory only).
-    home: Option<PathBuf>,
+    /// The state directory the snapshots go beneath.
+    home: PathBuf,
     settings: MemorySettings,
     store: Option<Store>,
     max_file_bytes: u64,
@@ -164,9 +163,9 @@ impl std::fmt::Debug for MemoryService {
 
 impl MemoryService {
     /// The service keeping snapshots beneath the state directory `home` (see
-    /// [`Self::index_dir_for`]; `None`: in memory only), reading past conversations from `store`
+    /// [`Self::index_dir_for`]), reading past conversations from `store`
     /// when `settings.search_transcripts`.
-    pub fn new(home: Option<PathBuf>, settings: MemorySettings, store: Option<Store>) -> Self {
+    pub fn new(home: PathBuf, settings: MemorySettings, store: Option<Store>) -> Self {
         let embedder = settings.embeddings.as_ref().and_then(|e| {
             match Embedder::new(e, settings.embeddings_key.clone()) {
                 Ok(em) => Some(Arc::new(em)),
@@ -220,10 +219,7 @@ impl MemoryService {
             .entry(key)
             .or_insert_with(|| {
                 Arc::new(Root {
-                    dir: self
-                        .home
-                        .as_ref()
-                        .map(|h| Self::index_dir_for(h, ws.root())),
+                    dir: Self::index_dir_for(&self.home, ws.root()),
                     ws: ws.clone(),
                     name,
                     kind,
@@ -580,7 +576,7 @@ impl MemoryService {
     }
 
     fn load_snapshot(&self, root: &Root) -> Option<Index> {
-        let path = snapshot_path(root)?;
+        let path = snapshot_path(root);
         let bytes = match std::fs::read(&path) {
             Ok(b) => b,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
@@ -600,9 +596,6 @@ impl MemoryService {
     }
 
     fn schedule_save(self: &Arc<Self>, root: &Arc<Root>) {
-        if root.dir.is_none() {
-            return;
-        }
         {
             let mut st = root.state.lock().unwrap_or_else(PoisonError::into_inner);
             if st.save_pending {
@@ -633,17 +626,14 @@ impl MemoryService {
     }
 
     fn save(&self, root: &Root) -> std::io::Result<()> {
-        let Some(path) = snapshot_path(root) else {
-            return Ok(());
-        };
+        let path = snapshot_path(root);
         let (bytes, stats) = {
             let idx = root.index.read().unwrap_or_else(PoisonError::into_inner);
             (idx.encode(), idx.stats())
         };
-        let dir = path.parent().unwrap_or(Path::new("."));
-        std::fs::create_dir_all(dir)?;
+        std::fs::create_dir_all(&root.dir)?;
         write_replace(&path, &bytes)?;
-        record_summary(dir, &root.name, &stats, bytes.len() as u64)
+        record_summary(&root.dir, &root.name, &stats, bytes.len() as u64)
     }
 }
 
@@ -795,14 +785,12 @@ struct PendingChunk {
     text: String,
 }
 
-fn vectors_path(root: &Root) -> Option<PathBuf> {
-    root.dir
-        .as_ref()
-        .map(|d| d.join(format!("{}.vec", root.name)))
+fn vectors_path(root: &Root) -> PathBuf {
+    root.dir.join(format!("{}.vec", root.name))
 }
 
 fn load_vectors(root: &Root) -> Option<Vectors> {
-    let path = vectors_path(root)?;
+    let path = vectors_path(root);
     let bytes = std::fs::read(&path).ok()?;
     match Vectors::decode(&bytes) {
         Ok(v) => Some(v),
@@ -814,23 +802,17 @@ fn load_vectors(root: &Root) -> Option<Vectors> {
 }
 
 fn save_vectors(root: &Root) -> std::io::Result<()> {
-    let Some(path) = vectors_path(root) else {
-        return Ok(());
-    };
+    let path = vectors_path(root);
     let bytes = match &*root.vectors.read().unwrap_or_else(PoisonError::into_inner) {
         Some(v) => v.encode(),
         None => return Ok(()),
     };
-    if let Some(d) = path.parent() {
-        std::fs::create_dir_all(d)?;
-    }
+    std::fs::create_dir_all(&root.dir)?;
     write_replace(&path, &bytes)
 }
 
-fn snapshot_path(root: &Root) -> Option<PathBuf> {
-    root.dir
-        .as_ref()
-        .map(|d| d.join(format!("{}.idx", root.name)))
+fn snapshot_path(root: &Root) -> PathBuf {
+    root.dir.join(format!("{}.idx", root.name))
 }
 
 /// The workspace a files root walks: the agent's, or a user's directory in it.
@@ -844,6 +826,30 @@ fn files_workspace(root: &Root) -> Result<Arc<Workspace>, ToolError> {
 }
 
 impl MemoryService {}
+
+/// The figures of the saved indexes of the workspace at `ws` beneath the state directory
+/// `home` (from `summary.json`: no index is loaded and no service is needed).
+pub fn saved_stats(home: &Path, settings: &MemorySettings, ws: &Path) -> MemoryStats {
+    let mut s = MemoryStats {
+        scope: settings.scope.as_str(),
+        search_transcripts: settings.search_transcripts,
+        ..MemoryStats::default()
+    };
+    let dir = MemoryService::index_dir_for(home, ws);
+    let all: BTreeMap<String, serde_json::Value> = std::fs::read(dir.join("summary.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default();
+    for v in all.values() {
+        let n = |k: &str| v.get(k).and_then(serde_json::Value::as_u64).unwrap_or(0);
+        s.indexes += 1;
+        s.documents += usize::try_from(n("documents")).unwrap_or(0);
+        s.chunks += usize::try_from(n("chunks")).unwrap_or(0);
+        s.index_bytes += n("bytes");
+        s.updated_ms = s.updated_ms.max(Some(n("updated_ms")));
+    }
+    s
+}
 
 /// `summary.json` beside the snapshots: per index, its figures (read by `weft status`
 /// without loading any index).
@@ -903,41 +909,9 @@ impl MemoryService {
         Ok(self.stats(ws.root()))
     }
 
-    /// The figures of the saved indexes of the workspace at `ws` (from `summary.json`; no
-    /// index is loaded).
+    /// The figures of the saved indexes of the workspace at `ws` ([`saved_stats`]).
     pub fn stats(&self, ws: &Path) -> MemoryStats {
-        let mut s = MemoryStats {
-            scope: self.settings.scope.as_str(),
-            search_transcripts: self.settings.search_transcripts,
-            ..MemoryStats::default()
-        };
-        let Some(dir) = self.home.as_ref().map(|h| Self::index_dir_for(h, ws)) else {
-            let roots = self.roots.lock().unwrap_or_else(PoisonError::into_inner);
-            for r in roots.values() {
-                let st = r
-                    .index
-                    .read()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .stats();
-                s.indexes += 1;
-                s.documents += st.docs;
-                s.chunks += st.chunks;
-            }
-            return s;
-        };
-        let all: BTreeMap<String, serde_json::Value> = std::fs::read(dir.join("summary.json"))
-            .ok()
-            .and_then(|b| serde_json::from_slice(&b).ok())
-            .unwrap_or_default();
-        for v in all.values() {
-            let n = |k: &str| v.get(k).and_then(serde_json::Value::as_u64).unwrap_or(0);
-            s.indexes += 1;
-            s.documents += usize::try_from(n("documents")).unwrap_or(0);
-            s.chunks += usize::try_from(n("chunks")).unwrap_or(0);
-            s.index_bytes += n("bytes");
-            s.updated_ms = s.updated_ms.max(Some(n("updated_ms")));
-        }
-        s
+        saved_stats(&self.home, &self.settings, ws)
     }
 
     /// Read a memory document (or a past conversation) `ctx` may see: `path` as
@@ -986,7 +960,7 @@ static SUMMARY_LOCK: Mutex<()> = Mutex::new(());
 
 /// Whether `rel` (root-relative) names a memory document `memory_get` serves.
 fn check_document(rel: &str, shown: &str) -> Result<(), ToolError> {
-    if rel == "MEMORY.md" || rel == "USER.md" || rel.starts_with("memory/") {
+    if rel == "USER.md" || crate::tools::memory::is_memory_path(rel) {
         Ok(())
     } else {
         Err(ToolError::InvalidPath(format!(
@@ -1182,11 +1156,7 @@ fn read_document(ws: &Workspace, rel: &str, max: u64) -> Result<String, ToolErro
             "`{rel}` is not a regular file"
         )));
     }
-    let mut buf = Vec::new();
-    f.take(max)
-        .read_to_end(&mut buf)
-        .map_err(|e| ToolError::ExecutionFailed(format!("reading {rel}: {e}")))?;
-    Ok(String::from_utf8_lossy(&buf).into_owned())
+    read_up_to(f, max, rel).map(|(text, _)| text)
 }
 
 /// The names of the real directories (not symlinks) in `dir`, sorted.
@@ -1280,7 +1250,7 @@ mod tests {
 
     fn service(home: &Path) -> Arc<MemoryService> {
         Arc::new(MemoryService::new(
-            Some(home.to_path_buf()),
+            home.to_path_buf(),
             MemorySettings {
                 scope: Scope::Agent,
                 ..MemorySettings::default()

@@ -113,7 +113,7 @@ pub fn document_path(file: &str) -> Result<String, ToolError> {
 }
 
 /// Read at most `max` bytes from `r`; whether more was there.
-fn read_up_to(r: impl Read, max: u64, what: &str) -> Result<(String, bool), ToolError> {
+pub(crate) fn read_up_to(r: impl Read, max: u64, what: &str) -> Result<(String, bool), ToolError> {
     let mut buf = Vec::new();
     r.take(max.saturating_add(1))
         .read_to_end(&mut buf)

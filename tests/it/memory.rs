@@ -387,14 +387,9 @@ async fn the_memory_group_holds_the_four_tools_and_subagents_never_get_search_or
 
 /// `weft` with `args` against the config in `dir`: (exit code, stdout, stderr).
 fn weft(dir: &Path, args: &[&str]) -> (i32, String, String) {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_weft"))
+    let out = crate::process::weft(dir)
         .args(args)
-        .env_clear()
-        .env("HOME", dir)
-        .env("CLAWFT_HOME", dir.join(".clawft"))
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
         .env("NO_COLOR", "1")
-        .stdin(std::process::Stdio::null())
         .output()
         .unwrap();
     (
