@@ -73,6 +73,7 @@ fn tool_dispatch(c: &mut Criterion) {
         session: SessionKey::parse("http:bench").unwrap(),
         cancel: CancellationToken::new(),
         user_dir: None,
+        sender: None,
     };
     let rt = runtime();
     let mut g = c.benchmark_group("tool_dispatch");

@@ -78,6 +78,7 @@ pub async fn run(config: &Config, action: MemoryAction) -> Result<(), CliError> 
                 session,
                 cancel: CancellationToken::new(),
                 user_dir,
+                sender: None,
             };
             let out = service
                 .search(&ctx, &query.join(" "), max.clamp(1, 50), prefix.as_deref())

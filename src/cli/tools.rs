@@ -177,6 +177,7 @@ pub async fn run(config: &Config, action: ToolsAction) -> Result<(), CliError> {
                 session,
                 cancel: CancellationToken::new(),
                 user_dir: None,
+                sender: None,
             };
             // Ctrl-C cancels the call like `/stop` would (child processes are killed).
             let cancel = ctx.cancel.clone();

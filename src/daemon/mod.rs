@@ -250,6 +250,8 @@ impl Daemon {
             usage: usage.clone(),
             memory_scope: config.memory.scope,
             user_dir: None,
+            sender: None,
+            request_model: None,
         };
         let tasks = TaskTracker::new();
         let turns = CancellationToken::new();

@@ -226,6 +226,17 @@ fn decide(
         }
         (Ok(Verdict::Denied { reply }), _) => Decided::Done(refuse_sender(outbox, event, reply)),
         (Ok(Verdict::Allowed), Err(e)) => Decided::Done(Ack::Rejected(e.to_string())),
+        // The gateway's own event ids (scheduled runs, heartbeats, subagent results): a client
+        // choosing one could pre-empt a scheduled run or pass for the gateway.
+        (Ok(Verdict::Allowed), Ok(_))
+            if crate::types::session_key::is_reserved_event_id(event.event_id.as_str()) =>
+        {
+            tracing::info!("event id in the gateway's own namespace refused");
+            Decided::Done(Ack::Rejected(format!(
+                "event ids starting with {} are reserved for the gateway",
+                crate::types::session_key::GATEWAY_EVENT_PREFIXES.join(", ")
+            )))
+        }
         // After the access check: strangers get no notice, only refusal.
         (Ok(Verdict::Allowed), Ok(_)) if event.content.len() > max_inbound_bytes => {
             Decided::Done(refuse_oversized(outbox, event, max_inbound_bytes))

@@ -149,6 +149,7 @@ impl ToolProvider for BuiltinProvider {
             session: self.session.clone(),
             cancel,
             user_dir: None,
+            sender: None,
         };
         let n = self
             .calls

@@ -71,6 +71,7 @@ fn ctx(dir: &Path) -> ToolContext {
         session: SessionKey::parse("t:1").unwrap(),
         cancel: CancellationToken::new(),
         user_dir: None,
+        sender: None,
     }
 }
 

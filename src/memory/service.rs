@@ -1245,6 +1245,7 @@ mod tests {
             session: SessionKey::parse("telegram:42").unwrap(),
             cancel: tokio_util::sync::CancellationToken::new(),
             user_dir: user_dir.map(Arc::from),
+            sender: None,
         }
     }
 

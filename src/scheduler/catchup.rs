@@ -63,6 +63,11 @@ impl RunId {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// The job id part (before the `@`).
+    pub fn job(&self) -> &str {
+        self.0.split_once('@').map_or(&self.0, |(j, _)| j)
+    }
 }
 
 impl std::fmt::Display for RunId {
@@ -86,6 +91,27 @@ pub struct Run {
 }
 
 impl Run {
+    /// The run a run id stands for (its job id, occurrence and whether it was manual), read
+    /// back from the id alone: a run finished after a restart is recorded with it. `late` is
+    /// not in the id and comes back false. `None` for text that is not a run id.
+    pub fn from_id(id: &str) -> Option<Self> {
+        let (rest, manual) = match id.strip_suffix(MANUAL_SUFFIX) {
+            Some(r) => (r, true),
+            None => (id, false),
+        };
+        let (job, at) = rest.split_once('@')?;
+        if job.is_empty() {
+            return None;
+        }
+        let scheduled = DateTime::parse_from_rfc3339(at).ok()?.with_timezone(&Utc);
+        Some(Self {
+            id: RunId(id.to_string()),
+            scheduled,
+            late: false,
+            manual,
+        })
+    }
+
     /// A run of `job` started by hand at `now`.
     pub fn manual(job: &str, now: DateTime<Utc>) -> Self {
         let at = now.with_nanosecond(0).unwrap_or(now);

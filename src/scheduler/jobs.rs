@@ -52,7 +52,8 @@ pub struct Payload {
 }
 
 /// The chat a run answers in.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct Target {
     /// Channel instance id (`telegram:main`).
     pub channel: String,
@@ -123,6 +124,9 @@ pub struct Job {
     pub target: Target,
     /// The session that owns it (manages it, is told when it is paused).
     pub owner: SessionKey,
+    /// Who asked for it: the sender id on the owner's channel (`None`: the operator).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created_by: Option<String>,
     /// False while paused.
     pub enabled: bool,
     /// Why it is paused (`by request`, or the failures that paused it).
@@ -165,6 +169,9 @@ pub struct NewJob {
     pub target: Target,
     /// Owner session.
     pub owner: SessionKey,
+    /// The chat user who asked for it (their sender id on the owner's channel): runs in the
+    /// owner's chat are theirs (their memory, their budget). `None`: the operator, the terminal.
+    pub created_by: Option<String>,
 }
 
 /// Changes to a job; `None` keeps the field.
@@ -405,6 +412,7 @@ impl JobStore {
             payload: new.payload,
             target: new.target,
             owner: new.owner,
+            created_by: new.created_by,
             enabled: true,
             paused_reason: None,
             created: now,

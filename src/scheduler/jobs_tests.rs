@@ -35,6 +35,7 @@ fn hourly(name: &str, chat: &str) -> NewJob {
             thread: None,
         },
         owner: owner(chat),
+        created_by: None,
     }
 }
 

@@ -8,11 +8,14 @@
 pub mod catchup;
 pub mod cron;
 pub mod jobs;
+pub mod runtime;
 pub mod schedule;
 pub mod settings;
+pub mod tool;
 pub mod tz;
 
 pub use catchup::{CatchUp, Plan, Run, RunId};
 pub use jobs::{Deliver, Job, JobError, JobPatch, JobStore, NewJob, Outcome, Payload, Target};
 pub use schedule::{Compiled, Schedule, ScheduleError};
-pub use settings::{SchedulerFile, SchedulerSettings};
+pub use runtime::Scheduler;
+pub use settings::{HeartbeatFile, HeartbeatSettings, SchedulerFile, SchedulerSettings};

@@ -176,10 +176,14 @@ fn transcript_prefix(s: &SessionKey) -> Vec<u8> {
 }
 
 fn inbox_key(ev: &InboundEvent) -> Vec<u8> {
+    inbox_key_of(ev.channel.as_str(), ev.event_id.as_str())
+}
+
+fn inbox_key_of(channel: &str, event_id: &str) -> Vec<u8> {
     let mut k = b"i\0".to_vec();
-    k.extend(ev.channel.as_str().as_bytes());
+    k.extend(channel.as_bytes());
     k.push(SEP);
-    k.extend(ev.event_id.as_str().as_bytes());
+    k.extend(event_id.as_bytes());
     k
 }
 
@@ -572,6 +576,23 @@ impl Store {
             Op::Put(queue_key(entry.seq), key),
         ])?;
         Ok(JournalOutcome::New(entry))
+    }
+
+    /// The journal entry of the event `event_id` on `channel`, if it was journaled (a
+    /// scheduled run found again after a restart: still pending, or done).
+    ///
+    /// # Errors
+    /// Backend failure or a corrupt record.
+    pub fn journaled(
+        &self,
+        channel: &str,
+        event_id: &str,
+    ) -> Result<Option<InboxEntry>, StoreError> {
+        let key = inbox_key_of(channel, event_id);
+        match self.kv.get(&key)? {
+            Some(v) => decode(&key, &v).map(Some),
+            None => Ok(None),
+        }
     }
 
     /// Journaled events not yet answered, in journal order.

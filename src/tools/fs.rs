@@ -774,6 +774,7 @@ mod tests {
             session: SessionKey::parse("t:1").unwrap(),
             cancel: CancellationToken::new(),
             user_dir: None,
+            sender: None,
         }
     }
 

@@ -169,6 +169,7 @@ mod tests {
             session: SessionKey::parse("telegram:42:7").unwrap(),
             cancel: CancellationToken::new(),
             user_dir: None,
+            sender: None,
         };
         let sink = Arc::new(Sink::default());
         let t = MessageTool::new(sink.clone(), vec!["http:ops-*".into()]);

@@ -129,6 +129,9 @@ pub struct ToolContext {
     /// The chat user's own memory directory (`users/<channel>-<user>`) under
     /// `memory.scope = "user"`; `None` for the agent's shared memory.
     pub user_dir: Option<Arc<str>>,
+    /// The chat user whose message this turn answers (their sender id on the session's
+    /// channel); `None` for the terminal, the operator and the gateway's own messages.
+    pub sender: Option<Arc<str>>,
 }
 
 /// A tool the model can call.

@@ -49,6 +49,7 @@ impl Home {
             session: SessionKey::parse("t:1").unwrap(),
             cancel: CancellationToken::new(),
             user_dir: None,
+            sender: None,
         };
         let tools = file_tools(&FileToolsSettings::default(), None);
         Self {

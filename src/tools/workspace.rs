@@ -517,6 +517,7 @@ pub(crate) mod testutil {
                 session: SessionKey::parse("t:1").unwrap(),
                 cancel: CancellationToken::new(),
                 user_dir: None,
+                sender: None,
             };
             let mut f = Self {
                 tmp,

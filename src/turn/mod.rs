@@ -56,6 +56,11 @@ pub struct TurnDeps {
     pub memory_scope: crate::memory::settings::Scope,
     /// This turn's chat user's memory directory (see [`TurnDeps::for_turn_by`]).
     pub user_dir: Option<Arc<str>>,
+    /// This turn's chat user (sender id), given to the tools ([`ToolContext::sender`]).
+    pub sender: Option<Arc<str>>,
+    /// The model asked of the provider for this turn (`heartbeat.model`); `None`: the
+    /// provider's configured model.
+    pub request_model: Option<Arc<str>>,
 }
 
 impl TurnDeps {
@@ -81,6 +86,7 @@ impl TurnDeps {
         Self {
             system_prompt: self.context.current_for(user_dir.as_deref()),
             user_dir,
+            sender: user.map(|(_, sender)| sender.into()),
             ..self.clone()
         }
     }
@@ -244,6 +250,7 @@ async fn run_turn_inner(
         session: session.clone(),
         cancel: cancel.clone(),
         user_dir: deps.user_dir.clone(),
+        sender: deps.sender.clone(),
     };
     // Skills: listed in the system prompt; `/NAME` activates one for this turn.
     let skill_dirs = crate::skills::SkillDirs {
@@ -283,7 +290,11 @@ async fn run_turn_inner(
 
     for iteration in 0..max_iterations {
         let req = ChatRequest {
-            model: String::new(),
+            model: deps
+                .request_model
+                .as_deref()
+                .map(str::to_string)
+                .unwrap_or_default(),
             messages: std::mem::take(&mut messages),
             tools: tools.clone(),
             max_tokens: deps.agent.max_tokens,

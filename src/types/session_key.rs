@@ -149,6 +149,25 @@ pub const SUBAGENT_KEY_PREFIX: &str = "subagent";
 /// their replies answer the chat, not an event.
 pub const SYSTEM_SENDER: &str = "clawft-subagents";
 
+/// Event-id prefixes of the inbound events the gateway journals for itself: subagent results,
+/// scheduled runs (a turn, or a text delivered as it is), heartbeats. Ingress refuses them from
+/// channels, so only the gateway makes them.
+pub const GATEWAY_EVENT_PREFIXES: &[&str] = &["subagents:", "cron:", "cron-text:", "heartbeat:"];
+
+/// Whether `event_id` is in the gateway's own namespace ([`GATEWAY_EVENT_PREFIXES`]).
+pub fn is_reserved_event_id(event_id: &str) -> bool {
+    GATEWAY_EVENT_PREFIXES
+        .iter()
+        .any(|p| event_id.starts_with(p))
+}
+
+/// Whether `ev` was made by the gateway itself (subagent results, a scheduled run, a
+/// heartbeat): its reply answers the chat, not an event, it streams nothing and it is never a
+/// chat command.
+pub fn is_gateway_event(ev: &InboundEvent) -> bool {
+    ev.sender.as_str() == SYSTEM_SENDER || is_reserved_event_id(ev.event_id.as_str())
+}
+
 /// `subagent:<id>`.
 pub fn subagent_key(id: &str) -> Option<SessionKey> {
     SessionKey::from_parts(&[SUBAGENT_KEY_PREFIX, id]).ok()

@@ -52,6 +52,7 @@ fn fixture_with(settings: ExecSettings, proxy_socket: Option<PathBuf>) -> Fx {
         session: SessionKey::parse("t:1").unwrap(),
         cancel: CancellationToken::new(),
         user_dir: None,
+        sender: None,
     };
     Fx {
         _root: root,

@@ -82,6 +82,7 @@ pub(super) fn fixture_jailed(
         session: SessionKey::parse("t:1").unwrap(),
         cancel: CancellationToken::new(),
         user_dir: None,
+        sender: None,
     };
     Fx {
         root,

@@ -23,6 +23,7 @@ pub(super) fn ctx() -> Ctx {
         session: SessionKey::parse("t:1").unwrap(),
         cancel: CancellationToken::new(),
         user_dir: None,
+        sender: None,
     };
     Ctx { _dir: dir, ctx }
 }
