@@ -50,7 +50,16 @@ fn registry(dir: &Path) -> ToolRegistry {
     std::fs::create_dir_all(dir.join("ws")).unwrap();
     let config = config(dir);
     let hub = clawft::subagent::SubagentHub::new(config.tools.subagents.clone());
-    clawft::daemon::build_registry(&config, None, None, Vec::new(), Some(hub), None)
+    clawft::daemon::build_registry(
+        &config,
+        None,
+        None,
+        Vec::new(),
+        clawft::daemon::build::RegistryParts {
+            subagents: Some(hub),
+            ..Default::default()
+        },
+    )
 }
 
 fn runtime() -> tokio::runtime::Runtime {

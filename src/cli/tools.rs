@@ -91,7 +91,16 @@ pub async fn run(config: &Config, action: ToolsAction) -> Result<(), CliError> {
                 }
                 sources.push(m.clone());
             }
-            let reg = build_registry(config, None, None, sources, Some(hub), None);
+            let reg = build_registry(
+                config,
+                None,
+                None,
+                sources,
+                crate::daemon::build::RegistryParts {
+                    subagents: Some(hub),
+                    ..Default::default()
+                },
+            );
             let rows: Vec<Value> = reg
                 .all()
                 .into_iter()
@@ -170,7 +179,7 @@ pub async fn run(config: &Config, action: ToolsAction) -> Result<(), CliError> {
                 config.agent.workspace = w;
             }
             let session = SessionKey::parse(&session).map_err(CliError::msg)?;
-            let reg = build_registry(&config, None, None, Vec::new(), None, None);
+            let reg = build_registry(&config, None, None, Vec::new(), Default::default());
             let ws = super::open_workspace(&config)?;
             let ctx = ToolContext {
                 workspace: Arc::new(ws),

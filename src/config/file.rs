@@ -38,6 +38,12 @@ pub struct ConfigFile {
     /// Memory: per-user or shared, and what `memory_search` covers.
     #[serde(default)]
     pub memory: crate::memory::settings::MemoryFile,
+    /// Scheduled jobs (the `cron` tool, `weft cron`): limits.
+    #[serde(default)]
+    pub scheduler: crate::scheduler::SchedulerFile,
+    /// The periodic heartbeat turn driven by `HEARTBEAT.md` (off by default).
+    #[serde(default)]
+    pub heartbeat: crate::scheduler::HeartbeatFile,
 }
 
 /// `agents`.

@@ -320,6 +320,8 @@ impl Config {
             watchdog: watchdog_interval(env, std::process::id()),
             usage: super::usage::resolve_usage(&raw.prices, &raw.budgets)?,
             memory,
+            scheduler: raw.scheduler.resolve()?,
+            heartbeat: raw.heartbeat.resolve()?,
             provenance,
         })
     }

@@ -243,6 +243,10 @@ pub struct Config {
     pub provenance: super::provenance::Provenance,
     /// `memory`.
     pub memory: crate::memory::settings::MemorySettings,
+    /// `scheduler`: the limits of scheduled jobs.
+    pub scheduler: crate::scheduler::SchedulerSettings,
+    /// `heartbeat`: `None` when off.
+    pub heartbeat: Option<crate::scheduler::HeartbeatSettings>,
 }
 
 /// A chat platform.

@@ -290,6 +290,18 @@ pub fn memory_service(
     )
 }
 
+/// The daemon's own services some tools work through; a tool whose service is absent is not
+/// registered (`weft tools` lists without them), except memory search, which builds its own.
+#[derive(Default)]
+pub struct RegistryParts {
+    /// The subagent hub (`subagents`).
+    pub subagents: Option<Arc<crate::subagent::SubagentHub>>,
+    /// The memory search service (`memory_search`, `memory_get`).
+    pub memory: Option<Arc<crate::memory::service::MemoryService>>,
+    /// The scheduler (`cron`).
+    pub scheduler: Option<Arc<crate::scheduler::Scheduler>>,
+}
+
 /// The registry of the daemon (and of `weft tools`): every built-in tool with the configured
 /// policy, rate limit, timeout and secret scrubbing. `sink` is where the `message` tool sends;
 /// without one the tool is not registered.
@@ -298,9 +310,13 @@ pub fn build_registry(
     sink: Option<Arc<dyn message::MessageSink>>,
     approver: Option<Arc<dyn shell_policy::Approver>>,
     sources: Vec<Arc<dyn registry::ToolSource>>,
-    subagents: Option<Arc<crate::subagent::SubagentHub>>,
-    memory: Option<Arc<crate::memory::service::MemoryService>>,
+    parts: RegistryParts,
 ) -> ToolRegistry {
+    let RegistryParts {
+        subagents,
+        memory,
+        scheduler,
+    } = parts;
     let mut reg = ToolRegistry::new()
         .with_secrets(
             config
@@ -348,6 +364,9 @@ pub fn build_registry(
     ))));
     if let Some(hub) = subagents {
         reg.register(Arc::new(crate::subagent::tool::SubagentsTool::new(hub)));
+    }
+    if let Some(s) = scheduler {
+        reg.register(Arc::new(crate::scheduler::tool::CronTool::new(s)));
     }
     if let Some(sink) = sink {
         reg.register(Arc::new(message::MessageTool::new(

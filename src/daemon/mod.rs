@@ -88,6 +88,8 @@ pub struct Daemon {
     subagents: Arc<crate::subagent::SubagentHub>,
     /// The memory search service (its indexes survive a tools reload).
     memory: Arc<crate::memory::service::MemoryService>,
+    /// Scheduled jobs and the heartbeat.
+    scheduler: Arc<crate::scheduler::Scheduler>,
     supervisor: crate::subagent::SupervisorRef,
     /// The workspace of every session, to refresh its protected paths on reload.
     workspace: Arc<Workspace>,
@@ -216,6 +218,14 @@ impl Daemon {
         let mcp = start_mcp(config);
         let memory = crate::daemon::build::memory_service(config, Some(store.clone()));
         let subagents = crate::subagent::SubagentHub::new(config.tools.subagents.clone());
+        let scheduler = crate::scheduler::Scheduler::new(
+            store.clone(),
+            config.scheduler,
+            Some(Arc::new(outbox.clone()) as Arc<dyn MessageSink>),
+            config.tools.message_allow.clone(),
+            config.heartbeat.clone(),
+            workspace.clone(),
+        );
         let registry = build_registry(
             config,
             Some(Arc::new(outbox.clone()) as Arc<dyn MessageSink>),
@@ -223,8 +233,11 @@ impl Daemon {
             mcp.iter()
                 .map(|m| m.clone() as Arc<dyn crate::tools::registry::ToolSource>)
                 .collect(),
-            Some(subagents.clone()),
-            Some(memory.clone()),
+            build::RegistryParts {
+                subagents: Some(subagents.clone()),
+                memory: Some(memory.clone()),
+                scheduler: Some(scheduler.clone()),
+            },
         );
         let tools = crate::tools::registry::ToolsHandle::new(registry);
         let usage = Arc::new(crate::turn::usage::UsageLedger::load(
@@ -264,6 +277,7 @@ impl Daemon {
                     outbox: outbox.clone(),
                     approvals: Some(approvals.clone()),
                     subagents: Some(subagents.clone() as Arc<dyn crate::session::SubagentTree>),
+                    scheduler: Some(scheduler.clone()),
                 },
                 tasks: tasks.clone(),
                 shutdown: turns.clone(),
@@ -332,6 +346,12 @@ impl Daemon {
             inbox.route(e);
         }
         open.cancel();
+        // After the replay: a run journaled before a crash is found again as a duplicate and
+        // waits for its replayed turn instead of starting twice.
+        let route_inbox = inbox.clone();
+        scheduler.attach(Arc::new(move |e| route_inbox.route(e)));
+        tasks.spawn(scheduler.clone().run(intake.clone()));
+        tasks.spawn(scheduler.clone().run_heartbeat(intake.clone()));
 
         Ok(Self {
             bus,
@@ -349,11 +369,17 @@ impl Daemon {
             approvals,
             subagents,
             memory,
+            scheduler,
             supervisor,
             workspace,
             usage,
             config: config.clone(),
         })
+    }
+
+    /// The scheduler (for the admin API and `weft status`).
+    pub fn scheduler(&self) -> &Arc<crate::scheduler::Scheduler> {
+        &self.scheduler
     }
 
     /// The bus (for the admin API and tools).
@@ -416,8 +442,11 @@ impl Daemon {
                     .into_iter()
                     .map(|m| m as Arc<dyn crate::tools::registry::ToolSource>)
                     .collect(),
-                Some(self.subagents.clone()),
-                Some(self.memory.clone()),
+                build::RegistryParts {
+                    subagents: Some(self.subagents.clone()),
+                    memory: Some(self.memory.clone()),
+                    scheduler: Some(self.scheduler.clone()),
+                },
             );
             self.tools.replace(registry);
             changes.push("tools: policy, limits and tool settings reloaded".into());

@@ -29,7 +29,9 @@ use crate::egress::Outbox;
 use crate::llm::{Message, Role};
 use crate::store::{InboxEntry, InboxState};
 use crate::turn::{TurnDeps, TurnEvent, TurnOutcome, TurnStatus};
-use crate::types::session_key::SYSTEM_SENDER;
+use crate::scheduler::jobs::Outcome as RunOutcome;
+use crate::scheduler::runtime::{heartbeat_reply, HEARTBEAT_PREFIX, TEXT_PREFIX};
+use crate::types::session_key::{is_gateway_event, SYSTEM_SENDER};
 use crate::types::SessionKey;
 use command::ChatCommand;
 
@@ -44,8 +46,8 @@ pub enum SessionMsg {
     TurnFinished {
         /// The outcome.
         outcome: Box<TurnOutcome>,
-        /// The reply put in the outbox.
-        reply: OutboundMessage,
+        /// The reply put in the outbox (none: a heartbeat with nothing to report).
+        reply: Option<OutboundMessage>,
         /// The turn panicked: reload the transcript from the store.
         reload: bool,
         /// The prompt window changed (compaction, calibration).
@@ -105,6 +107,8 @@ pub struct SessionHooks {
     pub approvals: Option<Arc<Approvals>>,
     /// The subagents (`/stop` and `/new` cancel a session's subagents).
     pub subagents: Option<Arc<dyn SubagentTree>>,
+    /// The scheduler: told how each scheduled run and heartbeat ended.
+    pub scheduler: Option<Arc<crate::scheduler::Scheduler>>,
 }
 
 /// Told when a session has been idle for its idle time: `(key, routed count)`. The bus evicts
@@ -159,9 +163,9 @@ pub struct SessionActor;
 
 fn reply_to(entry: &InboxEntry, kind: OutboundKind, content: String) -> Option<OutboundMessage> {
     let ev = entry.event.as_ref()?;
-    // A turn woken by the gateway itself (subagent results) answers the chat, not an event;
-    // its streaming deltas and progress go nowhere.
-    let system = ev.sender.as_str() == SYSTEM_SENDER;
+    // A turn woken by the gateway itself (subagent results, a scheduled run, a heartbeat)
+    // answers the chat, not an event; its streaming deltas and progress go nowhere.
+    let system = is_gateway_event(ev);
     if system && !kind.is_durable() {
         return None;
     }
@@ -321,6 +325,28 @@ fn finish_resets(state: &mut SessionState) {
     }
 }
 
+/// Tell the scheduler how the gateway's own event `ev` ended (a scheduled run, a heartbeat);
+/// nothing for a chat user's message.
+fn tell_scheduler(
+    hooks: &SessionHooks,
+    ev: &clawft_channel_core::InboundEvent,
+    outcome: RunOutcome,
+    detail: Option<String>,
+) {
+    if let (true, Some(s)) = (is_gateway_event(ev), &hooks.scheduler) {
+        s.finished(ev, outcome, detail);
+    }
+}
+
+/// [`answer_now`] with an error that ends the entry without a turn (a budget, an oversized
+/// message, a store failure): a scheduled run it ends has failed.
+fn refuse(state: &SessionState, entry: &InboxEntry, text: String) {
+    if let Some(ev) = &entry.event {
+        tell_scheduler(&state.args.hooks, ev, RunOutcome::Failed, Some(text.clone()));
+    }
+    answer_now(state, entry, OutboundKind::Error, text);
+}
+
 /// Answer a command or a refusal at once: the entry is done and the reply is in the outbox.
 fn answer_now(state: &SessionState, entry: &InboxEntry, kind: OutboundKind, text: String) {
     if let Some(reply) = reply_to(entry, kind, text) {
@@ -333,10 +359,27 @@ fn answer_now(state: &SessionState, entry: &InboxEntry, kind: OutboundKind, text
 }
 
 fn on_inbound(myself: &ActorRef<SessionMsg>, state: &mut SessionState, entry: InboxEntry) {
+    // The gateway's own messages are never chat commands (a reminder may start with `/`).
     let command = entry
         .event
         .as_ref()
+        .filter(|e| !is_gateway_event(e))
         .and_then(|e| ChatCommand::parse(&e.content));
+    if let Some(ev) = entry
+        .event
+        .as_ref()
+        .filter(|e| e.event_id.as_str().starts_with(TEXT_PREFIX))
+    {
+        // A scheduled text: delivered as it is, in order with the chat's other answers, through
+        // the same exactly-once path (the entry is done in the batch that queues the reply).
+        if state.draining {
+            return;
+        }
+        let text = ev.content.clone();
+        tell_scheduler(&state.args.hooks, ev, RunOutcome::Ok, None);
+        answer_now(state, &entry, OutboundKind::Final, text);
+        return;
+    }
     match command {
         Some(ChatCommand::Stop) => {
             if let Some(h) = &state.args.hooks.subagents {
@@ -416,10 +459,9 @@ fn on_inbound(myself: &ActorRef<SessionMsg>, state: &mut SessionState, entry: In
                 return;
             }
             if state.queue.len() >= state.args.max_queue {
-                answer_now(
+                refuse(
                     state,
                     &entry,
-                    OutboundKind::Error,
                     format!(
                         "Too many messages are waiting ({}); this one was not processed. Send it again when the current work is done.",
                         state.queue.len()
@@ -437,7 +479,7 @@ fn on_turn_finished(
     myself: &ActorRef<SessionMsg>,
     state: &mut SessionState,
     outcome: TurnOutcome,
-    reply: OutboundMessage,
+    reply: Option<OutboundMessage>,
     reload: bool,
 ) {
     tracing::info!(
@@ -460,7 +502,9 @@ fn on_turn_finished(
     } else {
         state.transcript.extend(outcome.messages);
     }
-    state.args.hooks.outbox.route(reply);
+    if let Some(reply) = reply {
+        state.args.hooks.outbox.route(reply);
+    }
     finish_resets(state);
     if state.draining {
         for d in state.drains.drain(..) {
@@ -494,12 +538,24 @@ fn maybe_start(myself: &ActorRef<SessionMsg>, state: &mut SessionState) {
         .usage
         .admit(state.args.key.as_str(), &user, &[]);
     if let Err(refusal) = admitted {
-        answer_now(state, &entry, OutboundKind::Error, refusal.text);
+        refuse(state, &entry, refusal.text);
         return maybe_start(myself, state);
     }
     // The system prompt as of this turn (this user's files): one stat per context file, a read
     // only on a change.
-    let deps = state.args.deps.for_turn_by(memory_user(&ev));
+    let mut deps = state.args.deps.for_turn_by(memory_user(&ev));
+    let heartbeat = ev.event_id.as_str().starts_with(HEARTBEAT_PREFIX);
+    if heartbeat {
+        // `heartbeat.model`: a cheaper model for the periodic check.
+        deps.request_model = state
+            .args
+            .hooks
+            .scheduler
+            .as_ref()
+            .and_then(|s| s.heartbeat())
+            .and_then(|h| h.model.as_deref())
+            .map(Into::into);
+    }
     let compact = ChatCommand::parse(&ev.content) == Some(ChatCommand::Compact);
     if compact {
         // `/compact`: nothing is appended to the transcript.
@@ -507,16 +563,15 @@ fn maybe_start(myself: &ActorRef<SessionMsg>, state: &mut SessionState) {
         if let Some(text) = window::too_large(&deps, &state.window, &ev.content) {
             // Never stored: it could only make every later turn fail.
             tracing::warn!("message larger than the context window refused");
-            answer_now(state, &entry, OutboundKind::Error, text);
+            refuse(state, &entry, text);
             return maybe_start(myself, state);
         }
         let user = Message::user(ev.content.clone());
         if let Err(e) = state.args.deps.store.begin_turn(&entry, &user) {
             tracing::error!(error = %e, "could not record the user message");
-            answer_now(
+            refuse(
                 state,
                 &entry,
-                OutboundKind::Error,
                 "Internal error: could not save your message.".into(),
             );
             return maybe_start(myself, state);
@@ -535,6 +590,7 @@ fn maybe_start(myself: &ActorRef<SessionMsg>, state: &mut SessionState) {
             .last()
             .map(|m| m.content.clone())
             .unwrap_or_default();
+        tell_scheduler(&state.args.hooks, &ev, RunOutcome::Ok, None);
         answer_now(state, &entry, OutboundKind::Final, text);
         return maybe_start(myself, state);
     } else {
@@ -550,6 +606,7 @@ fn maybe_start(myself: &ActorRef<SessionMsg>, state: &mut SessionState) {
     let win = state.window.clone();
     let me = myself.clone();
     let outbox = state.args.hooks.outbox.clone();
+    let hooks = state.args.hooks.clone();
     let stream = state.args.stream;
     let span = tracing::Span::current();
     state.args.tasks.spawn(
@@ -563,9 +620,10 @@ fn maybe_start(myself: &ActorRef<SessionMsg>, state: &mut SessionState) {
             };
             // The typing indicator, refreshed while the turn runs (platforms expire it ~5 s).
             let typing_done = CancellationToken::new();
+            let ev_done = ev.clone();
             let typing = tokio::spawn(typing_ticker(
                 outbox.clone(),
-                ev.clone(),
+                ev,
                 typing_done.clone(),
             ));
             let run = async {
@@ -608,16 +666,25 @@ fn maybe_start(myself: &ActorRef<SessionMsg>, state: &mut SessionState) {
                     OutboundKind::Error
                 }
             };
-            let Some(reply) = reply_to(&entry, kind, outcome.reply.clone()) else {
-                return;
+            // A heartbeat with nothing to report is answered (the entry is done) but not sent.
+            let text = if heartbeat && kind == OutboundKind::Final {
+                heartbeat_reply(&outcome.reply)
+            } else {
+                Some(outcome.reply.clone())
             };
+            if text.is_none() {
+                if let Some(s) = &hooks.scheduler {
+                    s.heartbeat_quiet();
+                }
+            }
+            let reply = text.and_then(|t| reply_to(&entry, kind, t));
             let skip = outcome.messages.len().saturating_sub(outcome.unpersisted);
             let tail = &outcome.messages[skip..];
             let finished = deps
                 .usage
                 .finish_turn(key.as_str(), &user, &outcome.by_model, |ops| {
                     deps.store
-                        .finish_turn_unflushed(&key, Some(&entry), tail, Some(&reply), ops)
+                        .finish_turn_unflushed(&key, Some(&entry), tail, reply.as_ref(), ops)
                 });
             // Durable before the reply is routed: one flush shared with every session
             // finishing now (group commit).
@@ -628,6 +695,16 @@ fn maybe_start(myself: &ActorRef<SessionMsg>, state: &mut SessionState) {
             if let Err(e) = finished {
                 tracing::error!(error = %e, "could not record the end of the turn");
             }
+            let (run, detail) = match &outcome.status {
+                TurnStatus::Completed => (RunOutcome::Ok, None),
+                TurnStatus::Cancelled => (RunOutcome::Cancelled, None),
+                TurnStatus::IterationLimit => (
+                    RunOutcome::Failed,
+                    Some("stopped at the tool-call iteration limit".to_string()),
+                ),
+                TurnStatus::Failed(e) => (RunOutcome::Failed, Some(e.clone())),
+            };
+            tell_scheduler(&hooks, &ev_done, run, detail);
             let _ = me.cast(SessionMsg::TurnFinished {
                 outcome: Box::new(outcome),
                 reply,

@@ -22,13 +22,13 @@ const LAYERS: &[(&str, u32)] = &[
     ("skills", 4),
     ("mcp", 4),
     ("memory", 4),
+    ("scheduler", 4),
     // 5: configuration (aggregates the domain modules' settings types) and approvals.
     ("config", 5),
     ("approval", 5),
     // 6-9: the turn and the actors, talking through narrow handles.
     ("egress", 6),
     ("turn", 6),
-    ("scheduler", 6),
     ("session", 7),
     ("bus", 8),
     ("ingress", 9),
