@@ -2,6 +2,9 @@
 //! status report that `weft status` prints whether it reads the store directly or asks a
 //! running gateway.
 
+pub mod cron;
+pub mod ops;
+
 use std::sync::{Arc, OnceLock};
 
 use async_trait::async_trait;
@@ -57,6 +60,13 @@ pub fn status_json(config: &Config, store: &Store, live: Option<&[SessionStatus]
             "sandbox": sandbox_json(config),
         },
         "memory": crate::memory::service::saved_stats(&config.home, &config.memory, &config.agent.workspace),
+        "scheduler": cron::scheduler_json(
+            &crate::scheduler::JobStore::new(store.clone(), config.scheduler)
+                .list()
+                .unwrap_or_default(),
+            config.heartbeat.as_ref(),
+            None,
+        ),
         "pid": std::process::id(),
     })
 }
@@ -193,6 +203,7 @@ struct Running {
     store: Store,
     outbox: Outbox,
     mcp: crate::daemon::McpSlot,
+    scheduler: Arc<crate::scheduler::Scheduler>,
 }
 
 impl Running {
@@ -225,12 +236,20 @@ impl AdminApi {
     }
 
     /// Connect it to the running daemon.
-    pub fn attach(&self, bus: BusRef, store: Store, outbox: Outbox, mcp: crate::daemon::McpSlot) {
+    pub fn attach(
+        &self,
+        bus: BusRef,
+        store: Store,
+        outbox: Outbox,
+        mcp: crate::daemon::McpSlot,
+        scheduler: Arc<crate::scheduler::Scheduler>,
+    ) {
         let _ = self.running.set(Running {
             bus,
             store,
             outbox,
             mcp,
+            scheduler,
         });
     }
 }
@@ -245,6 +264,11 @@ impl clawft_channel_http::Admin for AdminApi {
                 v["mode"] = json!("gateway");
                 v["channel_states"] = crate::daemon::channel_states(r.channels()).await;
                 v["mcp_servers"] = mcp_json(r.mcp().as_deref());
+                v["scheduler"] = cron::scheduler_json(
+                    &r.scheduler.jobs().list().unwrap_or_default(),
+                    r.scheduler.heartbeat(),
+                    Some(&r.scheduler),
+                );
                 v
             }
             None => json!({"status": "starting"}),
@@ -382,6 +406,11 @@ impl clawft_channel_http::Admin for AdminApi {
                 if state == "connected" { 1.0 } else { 0.0 },
             ));
         }
+        gauges.extend(cron::gauges(
+            &r.scheduler.jobs().list().unwrap_or_default(),
+            r.scheduler.counts(),
+            chrono::Utc::now(),
+        ));
         crate::metrics::render(&gauges)
     }
 
@@ -446,7 +475,10 @@ impl clawft_channel_http::Admin for AdminApi {
                         .map_err(internal)?;
                 Ok(json!({"path": path.display().to_string(), "records": n}))
             }
-            other => pairing_command(&r.store, other, &body),
+            other => match other.strip_prefix("cron/") {
+                Some(c) => cron::command(&r.scheduler, &r.channels().names(), c, &body),
+                None => pairing_command(&r.store, other, &body),
+            },
         }
     }
 }

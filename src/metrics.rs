@@ -112,6 +112,15 @@ const HELP: &[(&str, &str)] = &[
         "clawft_compactions_total",
         "Prompt-window compactions (older turns summarised).",
     ),
+    (
+        "clawft_scheduler_runs_total",
+        "Scheduled job runs finished, by outcome (ok, failed, cancelled).",
+    ),
+    ("clawft_heartbeats_total", "Heartbeat turns started."),
+    (
+        "clawft_heartbeats_quiet_total",
+        "Heartbeat replies not delivered (HEARTBEAT_OK: nothing to report).",
+    ),
 ];
 
 /// A gauge value read at render time.
@@ -165,8 +174,16 @@ pub fn render(gauges: &[Gauge]) -> String {
         if gauge.name != last {
             let _ = writeln!(
                 out,
-                "# HELP {} {}\n# TYPE {} gauge",
-                gauge.name, gauge.help, gauge.name
+                "# HELP {} {}\n# TYPE {} {}",
+                gauge.name,
+                gauge.help,
+                gauge.name,
+                // A `_total` value read from elsewhere (the scheduler's counts) is a counter.
+                if gauge.name.ends_with("_total") {
+                    "counter"
+                } else {
+                    "gauge"
+                }
             );
             last = gauge.name;
         }

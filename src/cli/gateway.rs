@@ -39,6 +39,8 @@ pub struct Gateway {
     /// This run's control token (when the HTTP API is enabled) and the store holding its
     /// `control.json`.
     control: Option<(Secret, std::path::PathBuf)>,
+    /// Reloads asked by the `gateway` tool; [`run`] applies them as SIGHUP.
+    reloads: Option<tokio::sync::mpsc::Receiver<crate::admin::ops::ReloadRequest>>,
 }
 
 impl Gateway {
@@ -116,7 +118,17 @@ impl Gateway {
             daemon.store().clone(),
             daemon.outbox().clone(),
             daemon.mcp_slot(),
+            daemon.scheduler().clone(),
         );
+        // The `gateway` tool's controls: the status through the admin API, reloads through
+        // the main loop of `run` (the SIGHUP path).
+        let (reload_tx, reloads) = tokio::sync::mpsc::channel(4);
+        let _ = daemon
+            .gateway_slot()
+            .set(Arc::new(crate::admin::ops::GatewayOps::new(
+                admin.clone(),
+                reload_tx,
+            )));
         let control = match (token, http_addr) {
             (Some(token), Some(addr)) => {
                 let store = config.store.path.clone();
@@ -145,6 +157,7 @@ impl Gateway {
             daemon,
             http_addr,
             control,
+            reloads: Some(reloads),
         })
     }
 
@@ -181,17 +194,29 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         }))
     });
     let mut hup = hangups();
+    let mut hup_open = true;
+    let mut asked = gateway
+        .reloads
+        .take()
+        .unwrap_or_else(|| tokio::sync::mpsc::channel(1).1);
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
             () = &mut shutdown => break,
-            got = hup.recv() => {
-                if got.is_none() {
-                    // No SIGHUP stream on this platform: only wait for shutdown.
-                    (&mut shutdown).await;
-                    break;
+            got = hup.recv(), if hup_open => {
+                match got {
+                    // No SIGHUP stream on this platform: only reloads the `gateway` tool asks.
+                    None => hup_open = false,
+                    Some(()) => {
+                        tracing::info!("SIGHUP received: reloading the configuration");
+                        let _ = reload(&mut gateway, path.as_deref(), &notifier).await;
+                    }
                 }
-                reload(&mut gateway, path.as_deref(), &notifier).await;
+            }
+            Some(answer) = asked.recv() => {
+                tracing::info!("the gateway tool asked for a reload of the configuration");
+                let result = reload(&mut gateway, path.as_deref(), &notifier).await;
+                let _ = answer.send(result);
             }
         }
     }
@@ -225,14 +250,19 @@ fn hangups() -> tokio::sync::mpsc::Receiver<()> {
     rx
 }
 
-/// Reload the configuration file on SIGHUP: a config that does not load is rejected with the
-/// reason and the running one stays in force; otherwise what changed is applied and logged.
-async fn reload(gateway: &mut Gateway, path: Option<&std::path::Path>, notifier: &Notifier) {
-    tracing::info!("SIGHUP received: reloading the configuration");
+/// Reload the configuration file (SIGHUP, or the `gateway` tool): a config that does not load
+/// is rejected with the reason and the running one stays in force; otherwise what changed is
+/// applied and logged. Returns the changes, or why the new config was rejected.
+async fn reload(
+    gateway: &mut Gateway,
+    path: Option<&std::path::Path>,
+    notifier: &Notifier,
+) -> Result<Vec<String>, String> {
     match Config::load(path, &crate::config::Env::from_process()) {
         Err(e) => {
             tracing::error!(error = %e, "new configuration rejected; the running one stays in force");
             notifier.status(&format!("config reload rejected: {e}"));
+            Err(e.to_string())
         }
         Ok(mut new) => {
             // The control token stays a secret of the reloaded tools.
@@ -243,6 +273,7 @@ async fn reload(gateway: &mut Gateway, path: Option<&std::path::Path>, notifier:
                 tracing::info!(change = %c, "configuration reloaded");
             }
             notifier.status(&summary(gateway).await);
+            Ok(changes)
         }
     }
 }

@@ -300,6 +300,8 @@ pub struct RegistryParts {
     pub memory: Option<Arc<crate::memory::service::MemoryService>>,
     /// The scheduler (`cron`).
     pub scheduler: Option<Arc<crate::scheduler::Scheduler>>,
+    /// The running gateway's controls (`gateway`; opt-in, see `tools::policy::OPT_IN`).
+    pub gateway: Option<crate::tools::gateway::GatewaySlot>,
 }
 
 /// The registry of the daemon (and of `weft tools`): every built-in tool with the configured
@@ -316,6 +318,7 @@ pub fn build_registry(
         subagents,
         memory,
         scheduler,
+        gateway,
     } = parts;
     let mut reg = ToolRegistry::new()
         .with_secrets(
@@ -367,6 +370,9 @@ pub fn build_registry(
     }
     if let Some(s) = scheduler {
         reg.register(Arc::new(crate::scheduler::tool::CronTool::new(s)));
+    }
+    if let Some(slot) = gateway {
+        reg.register(Arc::new(crate::tools::gateway::GatewayTool::new(slot)));
     }
     if let Some(sink) = sink {
         reg.register(Arc::new(message::MessageTool::new(

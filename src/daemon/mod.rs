@@ -90,6 +90,8 @@ pub struct Daemon {
     memory: Arc<crate::memory::service::MemoryService>,
     /// Scheduled jobs and the heartbeat.
     scheduler: Arc<crate::scheduler::Scheduler>,
+    /// The `gateway` tool's controls, filled in by `weft gateway` (kept across reloads).
+    gateway: crate::tools::gateway::GatewaySlot,
     supervisor: crate::subagent::SupervisorRef,
     /// The workspace of every session, to refresh its protected paths on reload.
     workspace: Arc<Workspace>,
@@ -226,6 +228,7 @@ impl Daemon {
             config.heartbeat.clone(),
             workspace.clone(),
         );
+        let gateway = crate::tools::gateway::GatewaySlot::default();
         let registry = build_registry(
             config,
             Some(Arc::new(outbox.clone()) as Arc<dyn MessageSink>),
@@ -237,6 +240,7 @@ impl Daemon {
                 subagents: Some(subagents.clone()),
                 memory: Some(memory.clone()),
                 scheduler: Some(scheduler.clone()),
+                gateway: Some(gateway.clone()),
             },
         );
         let tools = crate::tools::registry::ToolsHandle::new(registry);
@@ -370,6 +374,7 @@ impl Daemon {
             subagents,
             memory,
             scheduler,
+            gateway,
             supervisor,
             workspace,
             usage,
@@ -380,6 +385,11 @@ impl Daemon {
     /// The scheduler (for the admin API and `weft status`).
     pub fn scheduler(&self) -> &Arc<crate::scheduler::Scheduler> {
         &self.scheduler
+    }
+
+    /// The slot of the `gateway` tool's controls: `weft gateway` fills it once it runs.
+    pub fn gateway_slot(&self) -> &crate::tools::gateway::GatewaySlot {
+        &self.gateway
     }
 
     /// The bus (for the admin API and tools).
@@ -446,6 +456,7 @@ impl Daemon {
                     subagents: Some(self.subagents.clone()),
                     memory: Some(self.memory.clone()),
                     scheduler: Some(self.scheduler.clone()),
+                    gateway: Some(self.gateway.clone()),
                 },
             );
             self.tools.replace(registry);

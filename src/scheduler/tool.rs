@@ -56,7 +56,8 @@ fn when(t: Option<chrono::DateTime<Utc>>) -> Value {
     })
 }
 
-fn run_json(r: &RunRecord) -> Value {
+/// A recorded run as the tool, `weft cron runs` and the admin API show it.
+pub fn run_json(r: &RunRecord) -> Value {
     json!({
         "run_id": r.run_id.as_str(),
         "scheduled": when(Some(r.scheduled)),

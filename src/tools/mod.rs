@@ -6,6 +6,7 @@
 
 pub mod exec;
 pub mod fs;
+pub mod gateway;
 pub mod html;
 pub mod memory;
 pub mod message;

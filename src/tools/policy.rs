@@ -11,9 +11,14 @@
 //! 3. or any layer's `also_allow` matches it (additive),
 //! 4. and no layer's `deny` matches it: **deny always wins**.
 //!
+//! **Opt-in tools** ([`OPT_IN`]: `gateway`) are denied by default, whatever the profile and the
+//! `allow` lists say: one is allowed only when some layer's `also_allow` names it (its exact name,
+//! or `group:automation`; a wildcard such as `*` does not count), and a `deny` still wins.
+//!
 //! Patterns are tool names, `*`/`?` wildcards (`github__*`), or groups: `group:fs`,
 //! `group:runtime`, `group:web`, `group:memory`, `group:messaging`, `group:sessions`,
-//! `group:mcp` (every MCP tool) and `group:mcp:NAME` (one server's tools).
+//! `group:automation` (`cron`, `gateway`), `group:mcp` (every MCP tool) and `group:mcp:NAME`
+//! (one server's tools).
 //!
 //! The registry shows the model only allowed tools, and a call to a registered but disallowed
 //! tool is answered `PERMISSION_DENIED` without running it.
@@ -45,7 +50,20 @@ pub const GROUPS: &[(&str, &[&str])] = &[
     ),
     ("messaging", &["message"]),
     ("sessions", &["subagents", "use_skill"]),
+    ("automation", &["cron", "gateway"]),
 ];
+
+/// Tools denied unless a layer's `also_allow` names them (by name or `group:automation`):
+/// `gateway` reads the gateway's status and reloads its configuration, an operator's power.
+pub const OPT_IN: &[&str] = &["gateway"];
+
+/// Whether `p` opts `tool` in: its exact name (no wildcard) or a group that lists it.
+fn opts_in(p: &Pattern, tool: &str) -> bool {
+    match p {
+        Pattern::Name(n) => n == tool,
+        Pattern::Group(_) => p.matches(tool),
+    }
+}
 
 /// The group a tool belongs to (`mcp` for `server__tool` names), for listings.
 pub fn group_of(tool: &str) -> Option<&'static str> {
@@ -62,7 +80,8 @@ pub fn group_of(tool: &str) -> Option<&'static str> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Profile {
-    /// Every registered tool.
+    /// Every registered tool but the opt-in ones ([`OPT_IN`]: `gateway`); `cron` is included
+    /// (it manages the session's own jobs only).
     Full,
     /// Files, runtime, memory, sessions, web.
     Coding,
@@ -334,6 +353,13 @@ impl ToolPolicy {
 
     /// Whether the model may see and call `tool`.
     pub fn allows(&self, tool: &str) -> bool {
+        if OPT_IN.contains(&tool) {
+            return self
+                .layers()
+                .any(|l| l.also_allow.iter().any(|p| opts_in(p, tool)))
+                && !self.layers().any(|l| any(&l.deny, tool))
+                && !self.narrowed.iter().any(|d| any(d, tool));
+        }
         let mut ok = self.profile().includes(tool)
             && self
                 .layers()
@@ -460,6 +486,29 @@ mod tests {
         assert!(e.contains("group:fs"), "{e}");
         assert!(Pattern::parse("group:mcp:github").is_ok());
         assert!(Pattern::parse(" ").is_err());
+    }
+
+    #[test]
+    fn gateway_is_opt_in_by_name_or_group_and_deny_still_wins() {
+        // Denied under every profile and every allow list, even `*`.
+        let mut p = ToolPolicy::allow_all();
+        assert!(!p.allows("gateway") && p.allows("cron"));
+        p.global = layer(r#"{"allow": ["*"], "also_allow": ["*", "gate*"]}"#);
+        assert!(!p.allows("gateway"), "a wildcard opted gateway in");
+        // Named in any layer's also_allow: allowed.
+        p.agent = layer(r#"{"also_allow": ["gateway"]}"#);
+        assert!(p.allows("gateway"));
+        p.agent = PolicyLayer::default();
+        p.provider = Some(layer(r#"{"also_allow": ["group:automation"]}"#));
+        assert!(p.allows("gateway"));
+        // Deny wins, and so does a narrowing (subagents).
+        p.global = layer(r#"{"deny": ["group:automation"]}"#);
+        assert!(!p.allows("gateway") && !p.allows("cron"));
+        p.global = PolicyLayer::default();
+        assert!(p.allows("gateway"));
+        let n = p.narrowed(vec![Pattern::Name("gateway".into())]);
+        assert!(!n.allows("gateway"));
+        assert_eq!(group_of("cron"), Some("automation"));
     }
 
     #[test]
