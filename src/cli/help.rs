@@ -73,6 +73,10 @@ const EXAMPLES: &[(&str, &str)] = &[
         "Examples:\n  weft store check\n  weft store backup /var/backups/clawft-store.jsonl",
     ),
     (
+        "cron",
+        "Examples:\n  weft cron list\n  weft cron add --name digest --cron \"0 8 * * 1-5\" --tz Europe/Berlin \\\n      --message \"summarise my inbox\" --channel telegram --chat 123456789\n  weft cron add --name stretch --every 2h --text --message \"stand up and stretch\" \\\n      --channel http --chat me\n  weft cron pause 0192f0c4-...\n  weft cron runs 0192f0c4-...",
+    ),
+    (
         "pairing",
         "Examples:\n  weft pairing list\n  weft pairing approve 4F7K2Q",
     ),

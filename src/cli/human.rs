@@ -176,6 +176,45 @@ pub fn status(v: &Value) -> String {
             ),
         );
     }
+    let sc = &v["scheduler"];
+    if sc.is_object() {
+        let j = &sc["jobs"];
+        let mut text = format!(
+            "{} jobs ({} enabled, {} paused)",
+            j["total"].as_u64().unwrap_or(0),
+            j["enabled"].as_u64().unwrap_or(0),
+            j["paused"].as_u64().unwrap_or(0)
+        );
+        if let Some(n) = sc["next_runs"].as_array().and_then(|n| n.first()) {
+            let _ = write!(
+                text,
+                "; next: {} at {}",
+                short(&n["name"]),
+                short(&n["next_run"])
+            );
+        }
+        if let Some(r) = sc["running"].as_array().filter(|r| !r.is_empty()) {
+            let _ = write!(text, "; {} running", r.len());
+        }
+        let hb = &sc["heartbeat"];
+        if hb["enabled"] == Value::Bool(true) {
+            let secs = hb["every_secs"].as_u64().unwrap_or(0);
+            let _ = write!(
+                text,
+                "; heartbeat every {} to {}:{}",
+                if secs % 60 == 0 {
+                    format!("{}m", secs / 60)
+                } else {
+                    format!("{secs}s")
+                },
+                short(&hb["target"]["channel"]),
+                short(&hb["target"]["chat_id"])
+            );
+        } else {
+            text.push_str("; heartbeat off");
+        }
+        row("scheduler", text);
+    }
     let t = &v["tools"];
     row(
         "tools",

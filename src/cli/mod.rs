@@ -5,6 +5,7 @@ pub mod client;
 pub mod completions;
 pub mod config_cmd;
 pub mod control;
+pub mod cron;
 pub mod doctor;
 pub mod gateway;
 pub mod help;
@@ -124,6 +125,13 @@ pub enum Command {
         /// What to do.
         #[command(subcommand)]
         action: store::StoreAction,
+    },
+    /// Scheduled jobs: list, add, remove, run, pause, resume, runs (through the running
+    /// gateway).
+    Cron {
+        /// What to do.
+        #[command(subcommand)]
+        action: cron::CronAction,
     },
     /// Admit unknown senders who asked with a pairing code.
     Pairing {
