@@ -49,7 +49,9 @@ fn id(body: &Value) -> Result<&str, AdminError> {
     body["id"]
         .as_str()
         .filter(|s| !s.is_empty())
-        .ok_or_else(|| AdminError::BadRequest("`id` (a job id, as `cron/list` shows) is required".into()))
+        .ok_or_else(|| {
+            AdminError::BadRequest("`id` (a job id, as `cron/list` shows) is required".into())
+        })
 }
 
 fn when(t: Option<DateTime<Utc>>) -> Value {
@@ -228,7 +230,12 @@ pub fn gauges(jobs: &[Job], counts: RunCounts, now: DateTime<Utc>) -> Vec<Gauge>
             value: (jobs.len() - enabled) as f64,
         },
     ];
-    if let Some(next) = jobs.iter().filter(|j| j.enabled).filter_map(|j| j.next_run).min() {
+    if let Some(next) = jobs
+        .iter()
+        .filter(|j| j.enabled)
+        .filter_map(|j| j.next_run)
+        .min()
+    {
         #[allow(clippy::cast_precision_loss)]
         out.push(Gauge {
             name: "clawft_scheduler_next_run_seconds",

@@ -10,6 +10,7 @@ mod common;
 mod context_files;
 mod control;
 mod conversation;
+mod cron_ops;
 mod delivery;
 mod exec_jail;
 mod fake_llm;
