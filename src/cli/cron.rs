@@ -275,9 +275,9 @@ fn schedule_text(v: &Value) -> String {
         Some("every") => {
             let secs = v["seconds"].as_u64().unwrap_or(0);
             match secs {
-                n if n % 86_400 == 0 => format!("every {}d", n / 86_400),
-                n if n % 3_600 == 0 => format!("every {}h", n / 3_600),
-                n if n % 60 == 0 => format!("every {}m", n / 60),
+                n if n.is_multiple_of(86_400) => format!("every {}d", n / 86_400),
+                n if n.is_multiple_of(3_600) => format!("every {}h", n / 3_600),
+                n if n.is_multiple_of(60) => format!("every {}m", n / 60),
                 n => format!("every {n}s"),
             }
         }

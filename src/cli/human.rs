@@ -202,7 +202,7 @@ pub fn status(v: &Value) -> String {
             let _ = write!(
                 text,
                 "; heartbeat every {} to {}:{}",
-                if secs % 60 == 0 {
+                if secs.is_multiple_of(60) {
                     format!("{}m", secs / 60)
                 } else {
                     format!("{secs}s")
