@@ -1,6 +1,7 @@
-//! The admin side of the local HTTP API (`/v1/status`, `/v1/sessions`, `/readyz`), and the
-//! status report that `weft status` prints whether it reads the store directly or asks a
-//! running gateway.
+//! The admin side of the local HTTP API (`/v1/status`, `/v1/sessions`, `/readyz`, the
+//! `/v1/admin/*` commands, among them the scheduler's `cron/*` in [`cron`]), the status report
+//! that `weft status` prints whether it reads the store directly or asks a running gateway, and
+//! the `gateway` tool's controls ([`ops`]).
 
 pub mod cron;
 pub mod ops;
