@@ -62,7 +62,7 @@ pub struct AddArgs {
     #[arg(long)]
     pub name: String,
     /// Once, at this time: RFC 3339 with its offset (`2026-12-01T09:00:00+01:00`).
-    #[arg(long, value_name = "TIME")]
+    #[arg(long, value_name = "TIME", value_parser = parse_at)]
     pub at: Option<String>,
     /// Every interval: seconds, or with a unit (`90s`, `30m`, `2h`, `1d`).
     #[arg(long, value_name = "INTERVAL", value_parser = parse_interval)]
@@ -137,6 +137,18 @@ pub fn parse_interval(s: &str) -> Result<u64, String> {
         .and_then(|n| n.checked_mul(mult))
         .ok_or_else(|| {
             format!("`{s}` is not an interval: give seconds (`3600`) or a number with s, m, h or d (`30m`, `2h`)")
+        })
+}
+
+/// `--at`: RFC 3339 with an offset.
+///
+/// # Errors
+/// Not such a time.
+pub fn parse_at(s: &str) -> Result<String, String> {
+    DateTime::parse_from_rfc3339(s.trim())
+        .map(|_| s.trim().to_string())
+        .map_err(|e| {
+            format!("`{s}` is not an RFC 3339 time with its offset ({e}), e.g. `2026-12-01T09:00:00+01:00`")
         })
 }
 
@@ -379,6 +391,13 @@ mod tests {
             let e = parse_interval(bad).unwrap_err();
             assert!(e.contains("30m"), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn at_needs_an_offset() {
+        assert!(parse_at("2026-12-01T09:00:00+01:00").is_ok());
+        let e = parse_at("2026-12-01 09:00").unwrap_err();
+        assert!(e.contains("+01:00"), "{e}");
     }
 
     #[test]
