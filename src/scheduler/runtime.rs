@@ -553,7 +553,7 @@ impl Scheduler {
             sender: UserId::new(SYSTEM_SENDER),
             event_id: PlatformEventId::new(format!(
                 "{HEARTBEAT_PREFIX}{}",
-                now.to_rfc3339_opts(SecondsFormat::Millis, true)
+                uuid::Uuid::now_v7()
             )),
             content: format!(
                 "[Heartbeat at {}: a periodic check, not a message from the user. Follow the instructions of HEARTBEAT.md below. If nothing needs the user's attention, reply with exactly {HEARTBEAT_OK} and nothing else; otherwise reply with what they should know.]\n{text}",
