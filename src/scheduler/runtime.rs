@@ -201,7 +201,10 @@ impl Scheduler {
 
     /// Run counts since the start.
     pub fn counts(&self) -> RunCounts {
-        *self.counts.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        *self
+            .counts
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// The jobs with a run going now, and their run ids.
@@ -320,7 +323,9 @@ impl Scheduler {
     fn event_of(job: &Job, run: &Run) -> InboundEvent {
         let scheduled = run.scheduled.to_rfc3339_opts(SecondsFormat::Secs, true);
         let late = if run.late {
-            format!(", due at {scheduled} and running late because the gateway was not running then")
+            format!(
+                ", due at {scheduled} and running late because the gateway was not running then"
+            )
         } else {
             String::new()
         };
@@ -388,8 +393,8 @@ impl Scheduler {
                 if run.late {
                     let mut c = self.lock_counts();
                     c.late += 1;
-                    c.late_seconds += u64::try_from((Utc::now() - run.scheduled).num_seconds())
-                        .unwrap_or(0);
+                    c.late_seconds +=
+                        u64::try_from((Utc::now() - run.scheduled).num_seconds()).unwrap_or(0);
                 }
                 if !route(entry) {
                     tracing::warn!(job = %job.id, "bus gone; the run stays journaled for the next start");
@@ -471,7 +476,9 @@ impl Scheduler {
             Err(JobError::NotFound { .. }) => {
                 tracing::info!(job = %job_id, "scheduled run finished after its job was removed");
             }
-            Err(e) => tracing::error!(job = %job_id, error = %e, "could not record a scheduled run"),
+            Err(e) => {
+                tracing::error!(job = %job_id, error = %e, "could not record a scheduled run")
+            }
         }
         self.changed();
     }
@@ -535,7 +542,9 @@ impl Scheduler {
             }
         };
         if !heartbeat_has_content(&text) {
-            tracing::debug!("HEARTBEAT.md has nothing to do: heartbeat skipped without a model call");
+            tracing::debug!(
+                "HEARTBEAT.md has nothing to do: heartbeat skipped without a model call"
+            );
             return false;
         }
         if self.heartbeat_running.swap(true, Ordering::AcqRel) {

@@ -83,7 +83,11 @@ fn a_due_run_is_journaled_once_and_recorded_once_across_restarts() {
     let ev = entry.event.clone().unwrap();
     assert_eq!(entry.session.as_str(), "telegram:42");
     assert_eq!(ev.sender.as_str(), "42", "the asking user's run");
-    assert!(ev.content.contains("inbox: check the inbox"), "{}", ev.content);
+    assert!(
+        ev.content.contains("inbox: check the inbox"),
+        "{}",
+        ev.content
+    );
     // While it runs, the same occurrence is not started again.
     s.tick(at);
     assert_eq!(ids(&routed).len(), 1);
@@ -193,7 +197,14 @@ fn three_failures_pause_the_job() {
         .unwrap();
     for h in 1..=3 {
         s.tick(t0() + chrono::TimeDelta::hours(h) + chrono::TimeDelta::seconds(1));
-        let ev = routed.lock().unwrap().last().unwrap().event.clone().unwrap();
+        let ev = routed
+            .lock()
+            .unwrap()
+            .last()
+            .unwrap()
+            .event
+            .clone()
+            .unwrap();
         s.finished(&ev, Outcome::Failed, Some("provider down".into()));
     }
     let j = s.jobs().get(&job.id, None).unwrap();
@@ -223,11 +234,18 @@ async fn an_empty_heartbeat_file_starts_no_turn_in_an_hour() {
     let store = Store::open(&dir.path().join("store"), 1 << 20).unwrap();
     let (s, routed) = scheduler(&store, dir.path(), Some(heartbeat_settings()));
     let file = dir.path().join("ws").join(HEARTBEAT_FILE);
-    std::fs::write(&file, "# Heartbeat\n\n<!-- add what to check,\n one per line -->\n\n").unwrap();
+    std::fs::write(
+        &file,
+        "# Heartbeat\n\n<!-- add what to check,\n one per line -->\n\n",
+    )
+    .unwrap();
     let stop = CancellationToken::new();
     let task = tokio::spawn(s.clone().run_heartbeat(stop.clone()));
     tokio::time::sleep(Duration::from_secs(3600 + 1)).await;
-    assert!(ids(&routed).is_empty(), "an empty HEARTBEAT.md started a turn");
+    assert!(
+        ids(&routed).is_empty(),
+        "an empty HEARTBEAT.md started a turn"
+    );
     assert_eq!(s.counts().heartbeats, 0);
 
     // With something to do: one turn per interval, never two at once.
@@ -259,7 +277,11 @@ fn heartbeat_outside_active_hours_starts_nothing() {
         tz: "UTC".into(),
     });
     let (s, routed) = scheduler(&store, dir.path(), Some(hb));
-    std::fs::write(dir.path().join("ws").join(HEARTBEAT_FILE), "check the disk\n").unwrap();
+    std::fs::write(
+        dir.path().join("ws").join(HEARTBEAT_FILE),
+        "check the disk\n",
+    )
+    .unwrap();
     assert!(!s.beat(Utc.with_ymd_and_hms(2026, 1, 5, 23, 0, 0).unwrap()));
     assert!(ids(&routed).is_empty());
     assert!(s.beat(Utc.with_ymd_and_hms(2026, 1, 5, 9, 0, 0).unwrap()));
@@ -270,7 +292,9 @@ fn heartbeat_outside_active_hours_starts_nothing() {
 fn heartbeat_content_and_replies() {
     assert!(!heartbeat_has_content(""));
     assert!(!heartbeat_has_content("# Title\n\n## Sub\n   \n"));
-    assert!(!heartbeat_has_content("<!-- nothing -->\n# x\n<!--\n- a\n-->"));
+    assert!(!heartbeat_has_content(
+        "<!-- nothing -->\n# x\n<!--\n- a\n-->"
+    ));
     assert!(heartbeat_has_content("# x\n- check mail"));
     assert!(heartbeat_has_content("<!-- c --> check mail"));
     assert_eq!(heartbeat_reply("HEARTBEAT_OK"), None);

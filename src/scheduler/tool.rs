@@ -122,9 +122,12 @@ impl CronTool {
     }
 
     fn id(a: &CronArgs) -> Result<&str, ToolError> {
-        a.id.as_deref()
-            .filter(|s| !s.is_empty())
-            .ok_or_else(|| ToolError::InvalidArgs(format!("`id` is required for `{}`; `list` shows the ids", a.action)))
+        a.id.as_deref().filter(|s| !s.is_empty()).ok_or_else(|| {
+            ToolError::InvalidArgs(format!(
+                "`id` is required for `{}`; `list` shows the ids",
+                a.action
+            ))
+        })
     }
 }
 
@@ -267,7 +270,9 @@ impl Tool for CronTool {
             "runs" => {
                 let id = Self::id(&a)?;
                 let runs = jobs.runs(id, owner).map_err(job_error)?;
-                Ok(json!({"id": id, "runs": runs.iter().rev().take(20).map(run_json).collect::<Vec<_>>()}))
+                Ok(
+                    json!({"id": id, "runs": runs.iter().rev().take(20).map(run_json).collect::<Vec<_>>()}),
+                )
             }
             other => Err(ToolError::InvalidArgs(format!(
                 "unknown action `{other}`; one of add, list, update, remove, run, runs"
