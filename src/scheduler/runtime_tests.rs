@@ -78,7 +78,7 @@ fn a_due_run_is_journaled_once_and_recorded_once_across_restarts() {
     let at = due + chrono::TimeDelta::seconds(5);
     s.tick(at);
     let run_event = format!("cron:{}@2026-01-05T09:00:00Z", job.id);
-    assert_eq!(ids(&routed), [run_event.clone()]);
+    assert_eq!(ids(&routed), [run_event]);
     let entry = routed.lock().unwrap()[0].clone();
     let ev = entry.event.clone().unwrap();
     assert_eq!(entry.session.as_str(), "telegram:42");
