@@ -303,6 +303,20 @@ async fn heartbeat_ok_is_not_delivered_and_a_finding_is_delivered_once() {
         shown(&tg)
     );
     assert!(wait_until(T, || beats.load(std::sync::atomic::Ordering::SeqCst) >= 4).await);
+    // The heartbeat's tokens are counted like any turn's, under its own session.
+    let usage = clawft::admin::usage_json(gw.gateway.daemon.store(), "session", 1).unwrap();
+    let row = usage["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["key"] == format!("telegram:{CHAT}:-:heartbeat"))
+        .cloned()
+        .unwrap_or_else(|| panic!("{usage}"));
+    assert!(row.to_string().contains("tokens"), "{row}");
+    assert!(
+        usage["total"]["input_tokens"].as_u64().unwrap_or(0) > 0,
+        "{usage}"
+    );
     gw.stop().await;
     let texts = shown(&tg);
     assert_eq!(
