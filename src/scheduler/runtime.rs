@@ -592,25 +592,11 @@ impl Scheduler {
     /// `HEARTBEAT.md`, opened beneath the workspace (no symlink out of it), at most
     /// [`HEARTBEAT_MAX_BYTES`]; `None` when it does not exist.
     fn read_heartbeat_file(&self) -> Result<Option<String>, String> {
-        use std::io::Read;
-        let fd = match self.workspace.open_beneath(
-            HEARTBEAT_FILE,
-            rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::NONBLOCK,
-            rustix::fs::Mode::empty(),
-        ) {
-            Ok(fd) => fd,
-            Err(crate::tools::ToolError::FileNotFound(_)) => return Ok(None),
-            Err(e) => return Err(e.to_string()),
-        };
-        let f = std::fs::File::from(fd);
-        if !f.metadata().is_ok_and(|m| m.is_file()) {
-            return Err("HEARTBEAT.md is not a regular file".into());
-        }
-        let mut buf = Vec::new();
-        f.take(HEARTBEAT_MAX_BYTES as u64)
-            .read_to_end(&mut buf)
-            .map_err(|e| e.to_string())?;
-        Ok(Some(String::from_utf8_lossy(&buf).into_owned()))
+        Ok(self
+            .workspace
+            .read_beneath(HEARTBEAT_FILE, HEARTBEAT_MAX_BYTES as u64)
+            .map_err(|e| e.to_string())?
+            .map(|b| String::from_utf8_lossy(&b).into_owned()))
     }
 
     /// Count a heartbeat reply that was not delivered.
