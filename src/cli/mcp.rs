@@ -78,7 +78,13 @@ pub async fn run(config: &Config, action: McpAction) -> Result<(), CliError> {
 /// # Errors
 /// The workspace cannot be opened, or the transport failed.
 pub async fn serve(config: &Config) -> Result<(), CliError> {
-    let registry = Arc::new(build_registry(config, None, None, Vec::new(), Default::default()));
+    let registry = Arc::new(build_registry(
+        config,
+        None,
+        None,
+        Vec::new(),
+        Default::default(),
+    ));
     let ws = super::open_workspace(config)?;
     let provider = BuiltinProvider::new(registry, Arc::new(ws)).map_err(CliError::msg)?;
     serve_stdio(Arc::new(provider)).await.map_err(CliError::msg)

@@ -16,6 +16,6 @@ pub mod tz;
 
 pub use catchup::{CatchUp, Plan, Run, RunId};
 pub use jobs::{Deliver, Job, JobError, JobPatch, JobStore, NewJob, Outcome, Payload, Target};
-pub use schedule::{Compiled, Schedule, ScheduleError};
 pub use runtime::Scheduler;
+pub use schedule::{Compiled, Schedule, ScheduleError};
 pub use settings::{HeartbeatFile, HeartbeatSettings, SchedulerFile, SchedulerSettings};

@@ -201,7 +201,10 @@ impl Scheduler {
 
     /// Run counts since the start.
     pub fn counts(&self) -> RunCounts {
-        *self.counts.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        *self
+            .counts
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// The jobs with a run going now, and their run ids.
@@ -320,7 +323,9 @@ impl Scheduler {
     fn event_of(job: &Job, run: &Run) -> InboundEvent {
         let scheduled = run.scheduled.to_rfc3339_opts(SecondsFormat::Secs, true);
         let late = if run.late {
-            format!(", due at {scheduled} and running late because the gateway was not running then")
+            format!(
+                ", due at {scheduled} and running late because the gateway was not running then"
+            )
         } else {
             String::new()
         };
@@ -388,8 +393,8 @@ impl Scheduler {
                 if run.late {
                     let mut c = self.lock_counts();
                     c.late += 1;
-                    c.late_seconds += u64::try_from((Utc::now() - run.scheduled).num_seconds())
-                        .unwrap_or(0);
+                    c.late_seconds +=
+                        u64::try_from((Utc::now() - run.scheduled).num_seconds()).unwrap_or(0);
                 }
                 if !route(entry) {
                     tracing::warn!(job = %job.id, "bus gone; the run stays journaled for the next start");
@@ -471,7 +476,9 @@ impl Scheduler {
             Err(JobError::NotFound { .. }) => {
                 tracing::info!(job = %job_id, "scheduled run finished after its job was removed");
             }
-            Err(e) => tracing::error!(job = %job_id, error = %e, "could not record a scheduled run"),
+            Err(e) => {
+                tracing::error!(job = %job_id, error = %e, "could not record a scheduled run")
+            }
         }
         self.changed();
     }
@@ -535,7 +542,9 @@ impl Scheduler {
             }
         };
         if !heartbeat_has_content(&text) {
-            tracing::debug!("HEARTBEAT.md has nothing to do: heartbeat skipped without a model call");
+            tracing::debug!(
+                "HEARTBEAT.md has nothing to do: heartbeat skipped without a model call"
+            );
             return false;
         }
         if self.heartbeat_running.swap(true, Ordering::AcqRel) {
@@ -553,7 +562,7 @@ impl Scheduler {
             sender: UserId::new(SYSTEM_SENDER),
             event_id: PlatformEventId::new(format!(
                 "{HEARTBEAT_PREFIX}{}",
-                now.to_rfc3339_opts(SecondsFormat::Millis, true)
+                uuid::Uuid::now_v7()
             )),
             content: format!(
                 "[Heartbeat at {}: a periodic check, not a message from the user. Follow the instructions of HEARTBEAT.md below. If nothing needs the user's attention, reply with exactly {HEARTBEAT_OK} and nothing else; otherwise reply with what they should know.]\n{text}",
@@ -583,25 +592,11 @@ impl Scheduler {
     /// `HEARTBEAT.md`, opened beneath the workspace (no symlink out of it), at most
     /// [`HEARTBEAT_MAX_BYTES`]; `None` when it does not exist.
     fn read_heartbeat_file(&self) -> Result<Option<String>, String> {
-        use std::io::Read;
-        let fd = match self.workspace.open_beneath(
-            HEARTBEAT_FILE,
-            rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::NONBLOCK,
-            rustix::fs::Mode::empty(),
-        ) {
-            Ok(fd) => fd,
-            Err(crate::tools::ToolError::FileNotFound(_)) => return Ok(None),
-            Err(e) => return Err(e.to_string()),
-        };
-        let f = std::fs::File::from(fd);
-        if !f.metadata().is_ok_and(|m| m.is_file()) {
-            return Err("HEARTBEAT.md is not a regular file".into());
-        }
-        let mut buf = Vec::new();
-        f.take(HEARTBEAT_MAX_BYTES as u64)
-            .read_to_end(&mut buf)
-            .map_err(|e| e.to_string())?;
-        Ok(Some(String::from_utf8_lossy(&buf).into_owned()))
+        Ok(self
+            .workspace
+            .read_beneath(HEARTBEAT_FILE, HEARTBEAT_MAX_BYTES as u64)
+            .map_err(|e| e.to_string())?
+            .map(|b| String::from_utf8_lossy(&b).into_owned()))
     }
 
     /// Count a heartbeat reply that was not delivered.

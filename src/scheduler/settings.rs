@@ -177,7 +177,8 @@ fn parse_every(text: &str) -> Option<std::time::Duration> {
             _ => return None,
         };
     }
-    num.is_empty().then_some(std::time::Duration::from_secs(total))
+    num.is_empty()
+        .then_some(std::time::Duration::from_secs(total))
 }
 
 fn parse_hhmm(key: &str, text: &str) -> Result<u32, crate::types::SettingError> {
@@ -203,22 +204,19 @@ impl HeartbeatFile {
     pub fn resolve(&self) -> Result<Option<HeartbeatSettings>, crate::types::SettingError> {
         let every = match &self.every {
             None => DEFAULT_HEARTBEAT_EVERY,
-            Some(t) => parse_every(t)
-                .filter(|d| !d.is_zero())
-                .ok_or_else(|| {
-                    crate::types::SettingError::new(
-                        "heartbeat.every",
-                        format!("`{t}` is not a duration; write e.g. \"30m\", \"1h\" or \"90s\""),
-                    )
-                })?,
+            Some(t) => parse_every(t).filter(|d| !d.is_zero()).ok_or_else(|| {
+                crate::types::SettingError::new(
+                    "heartbeat.every",
+                    format!("`{t}` is not a duration; write e.g. \"30m\", \"1h\" or \"90s\""),
+                )
+            })?,
         };
         let active_hours = match &self.active_hours {
             None => None,
             Some(a) => {
                 let tz = a.tz.clone().unwrap_or_else(|| "UTC".into());
-                super::tz::Zone::load(&tz).map_err(|e| {
-                    crate::types::SettingError::new("heartbeat.active_hours.tz", e)
-                })?;
+                super::tz::Zone::load(&tz)
+                    .map_err(|e| crate::types::SettingError::new("heartbeat.active_hours.tz", e))?;
                 let h = ActiveHours {
                     start: parse_hhmm("heartbeat.active_hours.start", &a.start)?,
                     end: parse_hhmm("heartbeat.active_hours.end", &a.end)?,

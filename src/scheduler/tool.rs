@@ -123,9 +123,12 @@ impl CronTool {
     }
 
     fn id(a: &CronArgs) -> Result<&str, ToolError> {
-        a.id.as_deref()
-            .filter(|s| !s.is_empty())
-            .ok_or_else(|| ToolError::InvalidArgs(format!("`id` is required for `{}`; `list` shows the ids", a.action)))
+        a.id.as_deref().filter(|s| !s.is_empty()).ok_or_else(|| {
+            ToolError::InvalidArgs(format!(
+                "`id` is required for `{}`; `list` shows the ids",
+                a.action
+            ))
+        })
     }
 }
 
@@ -135,37 +138,37 @@ impl Tool for CronTool {
         "cron"
     }
     fn description(&self) -> &str {
-        "Schedule work for later or on a schedule, in this chat: reminders (deliver \"text\": the message is sent as it is) or tasks (deliver \"turn\": you get the message then and answer it). Actions: add (name, schedule, message, deliver?, catch_up?, target?), list, update (id and fields to change; enabled false/true pauses/resumes), remove (id), run (id: run now), runs (id: history). Schedules: {\"kind\":\"at\",\"at\":\"2026-12-01T09:00:00+01:00\"}, {\"kind\":\"every\",\"seconds\":3600}, {\"kind\":\"cron\",\"expr\":\"0 9 * * 1-5\",\"tz\":\"Europe/Berlin\"}. Times need the user's offset or zone. Returns: the job(s) with id and next_run."
+        "Schedule work in this chat: a reminder (deliver text: sent as is) or a task (deliver turn: you get the message then). Actions: add, list, update (enabled false/true pauses/resumes), remove, run (now), runs (history). Times need the user's offset or tz."
     }
     fn parameters(&self) -> Value {
         json!({
             "type": "object",
             "properties": {
-                "action": {"type": "string", "enum": ["add", "list", "update", "remove", "run", "runs"]},
-                "id": {"type": "string", "description": "Job id (update, remove, run, runs)."},
-                "name": {"type": "string", "description": "Short name (add, update)."},
+                "action": {"enum": ["add", "list", "update", "remove", "run", "runs"]},
+                "id": {"type": "string"},
+                "name": {"type": "string"},
                 "schedule": {
                     "type": "object",
-                    "description": "When: {kind:at, at: RFC 3339 with offset} | {kind:every, seconds} | {kind:cron, expr: 5 or 6 fields, tz: IANA zone}.",
+                    "description": "{kind:at,at:RFC3339+offset} | {kind:every,seconds} | {kind:cron,expr,tz}",
                     "properties": {
-                        "kind": {"type": "string", "enum": ["at", "every", "cron"]},
+                        "kind": {"enum": ["at", "every", "cron"]},
                         "at": {"type": "string"},
-                        "seconds": {"type": "integer", "minimum": 1},
+                        "seconds": {"type": "integer"},
                         "expr": {"type": "string"},
                         "tz": {"type": "string"}
                     },
                     "required": ["kind"]
                 },
-                "message": {"type": "string", "description": "The reminder text, or the task you will be given on each run."},
-                "deliver": {"type": "string", "enum": ["turn", "text"], "description": "turn (default): run it as a task; text: send the message as it is."},
+                "message": {"type": "string"},
+                "deliver": {"enum": ["turn", "text"]},
                 "target": {
                     "type": "object",
-                    "description": "Another chat (only those the operator allows); default: this chat.",
+                    "description": "another chat (if allowed); default this one",
                     "properties": {"channel": {"type": "string"}, "chat_id": {"type": "string"}, "thread": {"type": "string"}},
                     "required": ["channel", "chat_id"]
                 },
-                "catch_up": {"type": "string", "enum": ["once", "all", "skip"], "description": "Runs missed while the gateway was down: once (default: one late run), all, skip."},
-                "enabled": {"type": "boolean", "description": "update: false pauses, true resumes."}
+                "catch_up": {"enum": ["once", "all", "skip"]},
+                "enabled": {"type": "boolean"}
             },
             "required": ["action"]
         })
@@ -268,7 +271,9 @@ impl Tool for CronTool {
             "runs" => {
                 let id = Self::id(&a)?;
                 let runs = jobs.runs(id, owner).map_err(job_error)?;
-                Ok(json!({"id": id, "runs": runs.iter().rev().take(20).map(run_json).collect::<Vec<_>>()}))
+                Ok(
+                    json!({"id": id, "runs": runs.iter().rev().take(20).map(run_json).collect::<Vec<_>>()}),
+                )
             }
             other => Err(ToolError::InvalidArgs(format!(
                 "unknown action `{other}`; one of add, list, update, remove, run, runs"

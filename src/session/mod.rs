@@ -27,10 +27,10 @@ use tracing::Instrument;
 use crate::approval::Approvals;
 use crate::egress::Outbox;
 use crate::llm::{Message, Role};
-use crate::store::{InboxEntry, InboxState};
-use crate::turn::{TurnDeps, TurnEvent, TurnOutcome, TurnStatus};
 use crate::scheduler::jobs::Outcome as RunOutcome;
 use crate::scheduler::runtime::{heartbeat_reply, HEARTBEAT_PREFIX, TEXT_PREFIX};
+use crate::store::{InboxEntry, InboxState};
+use crate::turn::{TurnDeps, TurnEvent, TurnOutcome, TurnStatus};
 use crate::types::session_key::{is_gateway_event, SYSTEM_SENDER};
 use crate::types::SessionKey;
 use command::ChatCommand;
@@ -342,7 +342,12 @@ fn tell_scheduler(
 /// message, a store failure): a scheduled run it ends has failed.
 fn refuse(state: &SessionState, entry: &InboxEntry, text: String) {
     if let Some(ev) = &entry.event {
-        tell_scheduler(&state.args.hooks, ev, RunOutcome::Failed, Some(text.clone()));
+        tell_scheduler(
+            &state.args.hooks,
+            ev,
+            RunOutcome::Failed,
+            Some(text.clone()),
+        );
     }
     answer_now(state, entry, OutboundKind::Error, text);
 }

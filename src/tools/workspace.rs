@@ -183,6 +183,32 @@ impl Workspace {
         self.guard().check_fd(fd.as_fd(), rel)?;
         Ok(fd)
     }
+
+    /// The first `max` bytes of the regular file `rel`, opened with [`Self::open_beneath`]
+    /// (no symlink out, no protected path, no blocking on a FIFO); `None` when it does not
+    /// exist. For the files the gateway reads itself (context files, `HEARTBEAT.md`).
+    ///
+    /// # Errors
+    /// As [`Self::open_beneath`]; `ExecutionFailed` for a non-regular file or a read error.
+    pub fn read_beneath(&self, rel: &str, max: u64) -> Result<Option<Vec<u8>>, ToolError> {
+        use std::io::Read;
+        let fd = match self.open_beneath(rel, OFlags::RDONLY | OFlags::NONBLOCK, Mode::empty()) {
+            Ok(fd) => fd,
+            Err(ToolError::FileNotFound(_)) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let f = std::fs::File::from(fd);
+        if !f.metadata().is_ok_and(|m| m.is_file()) {
+            return Err(ToolError::ExecutionFailed(format!(
+                "{rel} is not a regular file"
+            )));
+        }
+        let mut buf = Vec::new();
+        f.take(max)
+            .read_to_end(&mut buf)
+            .map_err(|e| ToolError::ExecutionFailed(format!("{rel}: {e}")))?;
+        Ok(Some(buf))
+    }
 }
 
 /// Most tries to pick an unused temporary name for an atomic write.

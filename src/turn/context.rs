@@ -20,10 +20,9 @@
 //! handle (`openat2` RESOLVE_BENEATH): a context file that is a symlink leading out of the
 //! workspace, or a protected path, is left out with one warning.
 
-use std::io::Read;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use rustix::fs::{AtFlags, Mode, OFlags};
+use rustix::fs::AtFlags;
 
 use crate::tools::Workspace;
 
@@ -272,19 +271,12 @@ fn user_file(rel: &str) -> Option<(&str, &str)> {
 /// A file's text, capped at [`FILE_CAP`] with the marker; `None` when it does not exist or
 /// is empty. Non-UTF-8 bytes are replaced (lossy).
 fn read_capped(ws: &Workspace, rel: &str) -> Result<Option<String>, String> {
-    let fd = match ws.open_beneath(rel, OFlags::RDONLY | OFlags::NONBLOCK, Mode::empty()) {
-        Ok(fd) => fd,
-        Err(crate::tools::ToolError::FileNotFound(_)) => return Ok(None),
-        Err(e) => return Err(e.to_string()),
+    let Some(buf) = ws
+        .read_beneath(rel, FILE_CAP as u64 + 4)
+        .map_err(|e| e.to_string())?
+    else {
+        return Ok(None);
     };
-    let f = std::fs::File::from(fd);
-    if !f.metadata().is_ok_and(|m| m.is_file()) {
-        return Err("not a regular file".into());
-    }
-    let mut buf = Vec::new();
-    f.take(FILE_CAP as u64 + 4)
-        .read_to_end(&mut buf)
-        .map_err(|e| e.to_string())?;
     let mut text = String::from_utf8_lossy(&buf).into_owned();
     let name = rel.rsplit('/').next().unwrap_or(rel);
     if text.len() > FILE_CAP || buf.len() > FILE_CAP {

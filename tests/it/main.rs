@@ -24,6 +24,7 @@ mod memory_embed;
 mod platform_limits;
 mod platforms;
 mod process;
+mod scheduler;
 mod scrubbing;
 mod service;
 mod store_faults;
