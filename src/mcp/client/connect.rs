@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use rmcp::model::{ClientCapabilities, ClientConfig, Implementation, ProtocolVersion};
 use rmcp::service::{NotificationContext, Peer, RoleClient};
+use rmcp::transport::async_rw::AsyncRwTransport;
 use rmcp::ClientHandler;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
@@ -15,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 use super::adapter::make_tools;
 use super::chain;
 use super::manager::{McpOptions, Slot};
+use super::transport::ClientTransport;
 use crate::mcp::child::{self, ChildGuard};
 use crate::mcp::config::McpTransport;
 use crate::mcp::{http, sse};
@@ -92,7 +94,11 @@ pub(super) async fn connect(slot: &Arc<Slot>, opts: &McpOptions) -> Result<Conn,
             slot.update(|g| g.pid = guard.pid());
             let r = tokio::time::timeout(
                 init,
-                rmcp::service::serve_client_with_ct(handler, (out, inp), ct.clone()),
+                rmcp::service::serve_client_with_ct(
+                    handler,
+                    ClientTransport::new(AsyncRwTransport::new_client(out, inp)),
+                    ct.clone(),
+                ),
             )
             .await;
             match r {
@@ -142,7 +148,11 @@ pub(super) async fn connect(slot: &Arc<Slot>, opts: &McpOptions) -> Result<Conn,
             let transport = http::transport(url, client.clone(), headers.clone());
             let r = tokio::time::timeout(
                 init,
-                rmcp::service::serve_client_with_ct(handler.clone(), transport, ct.clone()),
+                rmcp::service::serve_client_with_ct(
+                    handler.clone(),
+                    ClientTransport::new(transport),
+                    ct.clone(),
+                ),
             )
             .await;
             match r {
@@ -167,7 +177,12 @@ pub(super) async fn connect(slot: &Arc<Slot>, opts: &McpOptions) -> Result<Conn,
                     let legacy = async {
                         let t = sse::SseTransport::connect(client, url, headers).await?;
                         Ok::<_, LegacyError>(
-                            rmcp::service::serve_client_with_ct(handler, t, ct.clone()).await?,
+                            rmcp::service::serve_client_with_ct(
+                                handler,
+                                ClientTransport::new(t),
+                                ct.clone(),
+                            )
+                            .await?,
                         )
                     };
                     match tokio::time::timeout(left, legacy).await {

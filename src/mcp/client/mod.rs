@@ -12,6 +12,7 @@
 //!   transport a URL server falls back to.
 //! - [`adapter`]: the servers' tools as [`Tool`]s ([`McpTool`]) and the manager as a
 //!   [`ToolSource`].
+//! - [`transport`]: the one transport type the three kinds of connection are served through.
 //!
 //! [`Tool`]: crate::tools::Tool
 //! [`ToolSource`]: crate::tools::registry::ToolSource
@@ -19,6 +20,7 @@
 mod adapter;
 mod connect;
 mod manager;
+mod transport;
 
 pub use adapter::McpTool;
 pub use manager::{McpManager, McpOptions, McpServerStatus, McpState};

@@ -47,19 +47,10 @@ pub struct Histogram {
 impl Default for Histogram {
     #[allow(unsafe_code)]
     fn default() -> Histogram {
-        #[cfg(not(feature = "miri_optimizations"))]
-        {
-            let mut vals = Vec::with_capacity(BUCKETS);
-            vals.resize_with(BUCKETS, Default::default);
-
-            Histogram {
-                vals,
-                sum: AtomicUsize::new(0),
-                count: AtomicUsize::new(0),
-            }
-        }
-
-        #[cfg(feature = "miri_optimizations")]
+        // clawft patch: always the zeroed allocation below (upstream only used it under
+        // `miri_optimizations`). `vec![0; N]` is one `calloc` (untouched zero pages) at every
+        // opt-level; `resize_with` became that only at opt-level 2/3 and otherwise wrote all
+        // 512 KiB of each of the ~40 histograms at open.
         {
             // Avoid calling Vec::resize_with with a large length because its
             // internals cause stacked borrows tracking information to add an
