@@ -338,15 +338,22 @@ where
     }
 }
 
-/// Resolves on SIGINT or SIGTERM.
-pub async fn signals() {
+/// Resolves on SIGINT or SIGTERM. The handlers are installed when this is called, not when the
+/// future is first polled: `weft gateway` calls it before starting, so a SIGTERM during the
+/// start (systemd stopping a unit that is still starting) is a clean shutdown once started,
+/// never the default action that kills the process mid-write.
+pub fn signals() -> impl Future<Output = ()> {
     #[cfg(unix)]
-    {
+    let streams = {
         use tokio::signal::unix::{signal, SignalKind};
-        match (
+        (
             signal(SignalKind::terminate()),
             signal(SignalKind::interrupt()),
-        ) {
+        )
+    };
+    async move {
+        #[cfg(unix)]
+        match streams {
             (Ok(mut term), Ok(mut int)) => {
                 tokio::select! {
                     _ = term.recv() => tracing::info!("SIGTERM received"),
@@ -357,10 +364,10 @@ pub async fn signals() {
                 let _ = tokio::signal::ctrl_c().await;
             }
         }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
 }
 

@@ -263,3 +263,39 @@ fn service_install_with_systemctl_reloads_and_enables_the_user_unit() {
          --user disable --now clawft.service\n--user daemon-reload\n"
     );
 }
+
+/// systemd may stop a unit while it is still starting: a SIGTERM as soon as the store is open
+/// (mid-start, before "ready") ends in a clean shutdown with status 0, not in the default action
+/// of the signal.
+#[test]
+fn sigterm_during_start_is_a_clean_shutdown() {
+    for _ in 0..3 {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = write_config(
+            dir.path(),
+            &config_value("http://127.0.0.1:9/v1", dir.path(), json!({})),
+        );
+        let child = weft(dir.path())
+            .arg("--config")
+            .arg(&cfg)
+            .arg("gateway")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !dir.path().join("store").exists() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let pid = rustix::process::Pid::from_child(&child);
+        rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{:?}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
