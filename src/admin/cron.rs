@@ -8,51 +8,16 @@
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use clawft_channel_http::AdminError;
-use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::metrics::Gauge;
 use crate::scheduler::runtime::{RunCounts, RunError};
-use crate::scheduler::tool::{job_json, run_json};
-use crate::scheduler::{
-    CatchUp, Deliver, HeartbeatSettings, Job, JobError, NewJob, Payload, Schedule, Scheduler,
-    Target,
-};
-use crate::types::SessionKey;
+use crate::scheduler::tool::{running_json, Caller};
+use crate::scheduler::{HeartbeatSettings, Job, Scheduler};
+use crate::tools::ToolError;
 
 /// How many upcoming runs the status report lists.
 const NEXT_RUNS: usize = 5;
-
-/// The body of `cron/add`: the `cron` tool's `add` fields, with the target required.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct AddBody {
-    name: String,
-    schedule: Schedule,
-    message: String,
-    #[serde(default)]
-    deliver: Option<Deliver>,
-    #[serde(default)]
-    catch_up: Option<CatchUp>,
-    target: Target,
-}
-
-fn job_error(e: JobError) -> AdminError {
-    if e.is_refusal() {
-        AdminError::BadRequest(e.to_string())
-    } else {
-        AdminError::Internal(e.to_string())
-    }
-}
-
-fn id(body: &Value) -> Result<&str, AdminError> {
-    body["id"]
-        .as_str()
-        .filter(|s| !s.is_empty())
-        .ok_or_else(|| {
-            AdminError::BadRequest("`id` (a job id, as `cron/list` shows) is required".into())
-        })
-}
 
 fn when(t: Option<DateTime<Utc>>) -> Value {
     t.map_or(Value::Null, |t| {
@@ -60,120 +25,37 @@ fn when(t: Option<DateTime<Utc>>) -> Value {
     })
 }
 
-/// The session that owns a job the operator adds for `target`: the target chat's own.
+/// Run `cron/<name>` on `scheduler` as the operator (`scheduler::tool::apply`, the `cron`
+/// tool's implementation, with every job in reach); `channels` are the running channels (a
+/// new job's target must be one of them).
 ///
 /// # Errors
-/// A channel, chat or thread that cannot be part of a session key (empty, or with `:`).
-pub fn owner_of(target: &Target) -> Result<SessionKey, AdminError> {
-    let mut parts = vec![target.channel.as_str(), target.chat_id.as_str()];
-    if let Some(t) = target.thread.as_deref() {
-        parts.push(t);
-    }
-    SessionKey::from_parts(&parts).map_err(|e| {
-        AdminError::BadRequest(format!(
-            "target: {e}; give a channel id and a chat id (and a thread) without `:`"
-        ))
-    })
-}
-
-/// Run `cron/<name>` on `scheduler`; `channels` are the running channels (a job's target must
-/// be one of them).
-///
-/// # Errors
-/// A refusal (bad or missing field, unknown job, a limit) as 400, a store failure as 500.
+/// A refusal (bad or missing field, unknown job, a limit, a busy job) as 400, the scheduler not
+/// running as 503, a store failure as 500.
 pub fn command(
     scheduler: &Scheduler,
     channels: &[String],
     name: &str,
     body: &Value,
 ) -> Result<Value, AdminError> {
-    let jobs = scheduler.jobs();
-    let now = Utc::now();
-    match name {
-        "list" => {
-            let list = jobs.list().map_err(job_error)?;
-            Ok(json!({
-                "jobs": list.iter().map(job_json).collect::<Vec<_>>(),
-                "running": running_json(scheduler),
-            }))
+    let mut args = match body {
+        Value::Object(m) => Value::Object(m.clone()),
+        Value::Null => json!({}),
+        _ => {
+            return Err(AdminError::BadRequest(format!(
+                "cron/{name}: the body must be a JSON object"
+            )))
         }
-        "add" => {
-            let a: AddBody = serde_json::from_value(body.clone())
-                .map_err(|e| AdminError::BadRequest(format!("cron/add: {e}")))?;
-            if !channels.contains(&a.target.channel) {
-                return Err(AdminError::BadRequest(format!(
-                    "target.channel: no channel `{}` is running; running channels: {}",
-                    a.target.channel,
-                    channels.join(", ")
-                )));
-            }
-            let owner = owner_of(&a.target)?;
-            let job = jobs
-                .add(
-                    NewJob {
-                        name: a.name,
-                        schedule: a.schedule,
-                        catch_up: a.catch_up.unwrap_or_default(),
-                        payload: Payload {
-                            message: crate::types::sanitize_content(&a.message),
-                            deliver: a.deliver.unwrap_or_default(),
-                        },
-                        target: a.target,
-                        owner,
-                        created_by: None,
-                    },
-                    now,
-                )
-                .map_err(job_error)?;
-            scheduler.changed();
-            Ok(json!({"status": "added", "job": job_json(&job)}))
-        }
-        "remove" => {
-            let job = jobs.remove(id(body)?, None).map_err(job_error)?;
-            scheduler.changed();
-            Ok(json!({"status": "removed", "id": job.id, "name": job.name}))
-        }
-        "pause" => {
-            let job = jobs.pause(id(body)?, None).map_err(job_error)?;
-            scheduler.changed();
-            Ok(json!({"status": "paused", "job": job_json(&job)}))
-        }
-        "resume" => {
-            let job = jobs.resume(id(body)?, None, now).map_err(job_error)?;
-            scheduler.changed();
-            Ok(json!({"status": "resumed", "job": job_json(&job)}))
-        }
-        "run" => match scheduler.run_now(id(body)?, None) {
-            Ok(run) => Ok(json!({
-                "status": "started",
-                "run_id": run.id.as_str(),
-                "note": "the run is queued in its chat and answers there after the current turn",
-            })),
-            Err(RunError::Job(e)) => Err(job_error(e)),
-            Err(e @ RunError::Busy(_)) => Err(AdminError::BadRequest(e.to_string())),
-            Err(e @ RunError::NotRunning) => Err(AdminError::Unavailable(e.to_string())),
-        },
-        "runs" => {
-            let id = id(body)?;
-            let runs = jobs.runs(id, None).map_err(job_error)?;
-            Ok(json!({
-                "id": id,
-                "runs": runs.iter().rev().map(run_json).collect::<Vec<_>>(),
-            }))
-        }
-        other => Err(AdminError::BadRequest(format!(
-            "unknown admin command `cron/{other}`: one of cron/list, cron/add, cron/remove, cron/run, cron/pause, cron/resume, cron/runs"
-        ))),
-    }
-}
-
-fn running_json(scheduler: &Scheduler) -> Value {
-    let mut running = scheduler.running();
-    running.sort();
-    running
-        .iter()
-        .map(|(job, run)| json!({"id": job, "run_id": run}))
-        .collect()
+    };
+    args["action"] = json!(name);
+    crate::scheduler::tool::apply(scheduler, args, Caller::Operator { channels }).map_err(|e| match e {
+        ToolError::InvalidArgs(m) if m.starts_with("unknown action") => AdminError::BadRequest(format!(
+            "unknown admin command `cron/{name}`: one of cron/list, cron/add, cron/remove, cron/run, cron/pause, cron/resume, cron/runs, cron/update"
+        )),
+        ToolError::ExecutionFailed(m) if m == RunError::NotRunning.to_string() => AdminError::Unavailable(m),
+        ToolError::ExecutionFailed(m) | ToolError::Fatal(m) => AdminError::Internal(m),
+        other => AdminError::BadRequest(other.to_string()),
+    })
 }
 
 /// The `scheduler` object of the status report: job counts, the next runs, the heartbeat and,

@@ -14,6 +14,7 @@ use super::jobs::{Deliver, Job, JobError, JobPatch, NewJob, Payload, RunRecord, 
 use super::runtime::{RunError, Scheduler};
 use super::schedule::Schedule;
 use crate::tools::{parse_args, Effect, Tool, ToolContext, ToolError};
+use crate::types::SessionKey;
 
 /// Arguments of `cron`; which fields an action reads is in [`CronTool::parameters`].
 #[derive(Debug, Deserialize)]
@@ -37,6 +38,16 @@ struct TargetArg {
     chat_id: String,
     thread: Option<String>,
 }
+
+/// The JSON Schema of the tool's arguments.
+const PARAMETERS: &str = r#"{"type":"object","properties":{
+"action":{"enum":["add","list","update","remove","run","runs"]},
+"id":{"type":"string"},"name":{"type":"string"},
+"schedule":{"type":"object","description":"{kind:at,at:RFC3339+offset} | {kind:every,seconds} | {kind:cron,expr,tz}","properties":{"kind":{"enum":["at","every","cron"]},"at":{"type":"string"},"seconds":{"type":"integer"},"expr":{"type":"string"},"tz":{"type":"string"}},"required":["kind"]},
+"message":{"type":"string"},"deliver":{"enum":["turn","text"]},
+"target":{"type":"object","description":"another chat (if allowed); default this one","properties":{"channel":{"type":"string"},"chat_id":{"type":"string"},"thread":{"type":"string"}},"required":["channel","chat_id"]},
+"catch_up":{"enum":["once","all","skip"]},"enabled":{"type":"boolean"}},
+"required":["action"]}"#;
 
 /// The `cron` tool.
 pub struct CronTool {
@@ -88,48 +99,251 @@ pub fn job_json(j: &Job) -> Value {
 }
 
 fn job_error(e: JobError) -> ToolError {
+    // `ToolError::NotFound` means an unknown tool; an unknown job id is a bad argument.
     if e.is_refusal() {
-        match e {
-            JobError::NotFound { .. } => ToolError::NotFound(e.to_string()),
-            other => ToolError::InvalidArgs(other.to_string()),
-        }
+        ToolError::InvalidArgs(e.to_string())
     } else {
         ToolError::ExecutionFailed(e.to_string())
     }
 }
 
-impl CronTool {
-    fn target(&self, ctx: &ToolContext, t: Option<TargetArg>) -> Result<Target, ToolError> {
-        let (c, chat, thread) = ctx.session.route();
-        let target = match t {
-            None => Target {
+/// The runs going now: `[{id, run_id}]`, by job id.
+pub fn running_json(scheduler: &Scheduler) -> Value {
+    let mut running = scheduler.running();
+    running.sort();
+    running
+        .iter()
+        .map(|(job, run)| json!({"id": job, "run_id": run}))
+        .collect()
+}
+
+/// Who manages jobs: a session through the `cron` tool, or the operator (`weft cron`, the
+/// admin API's `cron/*`).
+#[derive(Clone, Copy, Debug)]
+pub enum Caller<'a> {
+    /// A session: its own jobs only; targets its own chat or a chat `tools.message.allow`
+    /// lists; a job it adds is its sender's.
+    Session {
+        /// The session.
+        session: &'a SessionKey,
+        /// Its chat user (sender id), if any.
+        sender: Option<&'a str>,
+    },
+    /// The operator: every job. A job it adds needs a target on a running channel and is owned
+    /// by the target chat's session (that chat sees and manages it with the `cron` tool).
+    Operator {
+        /// The channels running now.
+        channels: &'a [String],
+    },
+}
+
+impl Caller<'_> {
+    fn owner(&self) -> Option<&SessionKey> {
+        match self {
+            Caller::Session { session, .. } => Some(session),
+            Caller::Operator { .. } => None,
+        }
+    }
+}
+
+/// The session of the chat `target` names (`channel:chat[:thread]`).
+fn session_of(target: &Target) -> Result<SessionKey, ToolError> {
+    let mut parts = vec![target.channel.as_str(), target.chat_id.as_str()];
+    if let Some(t) = target.thread.as_deref() {
+        parts.push(t);
+    }
+    SessionKey::from_parts(&parts).map_err(|e| {
+        ToolError::InvalidArgs(format!(
+            "target: {e}; give a channel id and a chat id (and a thread) without `:`"
+        ))
+    })
+}
+
+/// The target of a new or changed job, checked against what `caller` may reach.
+fn target(
+    scheduler: &Scheduler,
+    caller: Caller<'_>,
+    t: Option<TargetArg>,
+) -> Result<Target, ToolError> {
+    let given = t.map(|t| Target {
+        channel: t.channel,
+        chat_id: t.chat_id,
+        thread: t.thread,
+    });
+    match caller {
+        Caller::Session { session, .. } => {
+            let (c, chat, thread) = session.route();
+            let target = given.unwrap_or_else(|| Target {
                 channel: c.to_string(),
                 chat_id: chat.to_string(),
                 thread: thread.map(str::to_string),
-            },
-            Some(t) => Target {
-                channel: t.channel,
-                chat_id: t.chat_id,
-                thread: t.thread,
-            },
-        };
-        if !self.scheduler.may_target(Some(&ctx.session), &target) {
-            return Err(ToolError::PermissionDenied(format!(
-                "this session may schedule only for its own chat; {}:{} is not in tools.message.allow (the operator's list of other chats)",
-                target.channel, target.chat_id
-            )));
+            });
+            if !scheduler.may_target(Some(session), &target) {
+                return Err(ToolError::PermissionDenied(format!(
+                    "this session may schedule only for its own chat; {}:{} is not in tools.message.allow (the operator's list of other chats)",
+                    target.channel, target.chat_id
+                )));
+            }
+            Ok(target)
         }
-        Ok(target)
+        Caller::Operator { channels } => {
+            let target = given.ok_or_else(|| {
+                ToolError::InvalidArgs("`target` ({channel, chat_id, thread?}) is required".into())
+            })?;
+            if !channels.contains(&target.channel) {
+                return Err(ToolError::InvalidArgs(format!(
+                    "target.channel: no channel `{}` is running; running channels: {}",
+                    target.channel,
+                    channels.join(", ")
+                )));
+            }
+            session_of(&target)?;
+            Ok(target)
+        }
     }
+}
 
-    fn id(a: &CronArgs) -> Result<&str, ToolError> {
-        a.id.as_deref().filter(|s| !s.is_empty()).ok_or_else(|| {
-            ToolError::InvalidArgs(format!(
-                "`id` is required for `{}`; `list` shows the ids",
-                a.action
-            ))
-        })
-    }
+fn id(a: &CronArgs) -> Result<&str, ToolError> {
+    a.id.as_deref().filter(|s| !s.is_empty()).ok_or_else(|| {
+        ToolError::InvalidArgs(format!(
+            "`id` is required for `{}`; `list` shows the ids",
+            a.action
+        ))
+    })
+}
+
+/// Run one `cron` action for `caller`: the `cron` tool's and the operator's one implementation.
+/// Besides the tool's actions (`add`, `list`, `update`, `remove`, `run`, `runs`), `pause` and
+/// `resume` take an `id`.
+///
+/// # Errors
+/// `INVALID_ARGS` (a field, a limit, a busy job), `NOT_FOUND` (not a job of the caller),
+/// `PERMISSION_DENIED` (a target the session may not reach), `EXECUTION_FAILED` (the store).
+pub fn apply(scheduler: &Scheduler, args: Value, caller: Caller<'_>) -> Result<Value, ToolError> {
+    let a: CronArgs = parse_args("cron", args)?;
+    let owner = caller.owner();
+    let jobs = scheduler.jobs();
+    let now = Utc::now();
+    let out = match a.action.as_str() {
+        "add" => {
+            let (Some(name), Some(schedule), Some(message)) =
+                (a.name.clone(), a.schedule.clone(), a.message.clone())
+            else {
+                return Err(ToolError::InvalidArgs(
+                    "`add` needs `name`, `schedule` and `message`".into(),
+                ));
+            };
+            let target = target(scheduler, caller, a.target)?;
+            let (owner, created_by) = match caller {
+                Caller::Session { session, sender } => {
+                    (session.clone(), sender.map(str::to_string))
+                }
+                Caller::Operator { .. } => (session_of(&target)?, None),
+            };
+            let job = jobs
+                .add(
+                    NewJob {
+                        name,
+                        schedule,
+                        catch_up: a.catch_up.unwrap_or_default(),
+                        payload: Payload {
+                            message: crate::types::sanitize_content(&message),
+                            deliver: a.deliver.unwrap_or_default(),
+                        },
+                        target,
+                        owner,
+                        created_by,
+                    },
+                    now,
+                )
+                .map_err(job_error)?;
+            json!({"status": "added", "job": job_json(&job)})
+        }
+        "list" => {
+            let list = match owner {
+                Some(o) => jobs.list_by_owner(o),
+                None => jobs.list(),
+            }
+            .map_err(job_error)?;
+            return Ok(json!({
+                "jobs": list.iter().map(job_json).collect::<Vec<_>>(),
+                "running": running_json(scheduler),
+            }));
+        }
+        "update" => {
+            let id = id(&a)?.to_string();
+            let target = match a.target {
+                Some(t) => Some(target(scheduler, caller, Some(t))?),
+                None => None,
+            };
+            let payload = if a.message.is_some() || a.deliver.is_some() {
+                let old = jobs.get(&id, owner).map_err(job_error)?.payload;
+                Some(Payload {
+                    message: a
+                        .message
+                        .as_deref()
+                        .map_or(old.message, crate::types::sanitize_content),
+                    deliver: a.deliver.unwrap_or(old.deliver),
+                })
+            } else {
+                None
+            };
+            let patch = JobPatch {
+                name: a.name.clone(),
+                schedule: a.schedule.clone(),
+                catch_up: a.catch_up,
+                payload,
+                target,
+            };
+            let mut job = jobs.update(&id, owner, patch, now).map_err(job_error)?;
+            match a.enabled {
+                Some(false) => job = jobs.pause(&id, owner).map_err(job_error)?,
+                Some(true) => job = jobs.resume(&id, owner, now).map_err(job_error)?,
+                None => {}
+            }
+            json!({"status": "updated", "job": job_json(&job)})
+        }
+        "pause" => {
+            let job = jobs.pause(id(&a)?, owner).map_err(job_error)?;
+            json!({"status": "paused", "job": job_json(&job)})
+        }
+        "resume" => {
+            let job = jobs.resume(id(&a)?, owner, now).map_err(job_error)?;
+            json!({"status": "resumed", "job": job_json(&job)})
+        }
+        "remove" => {
+            let job = jobs.remove(id(&a)?, owner).map_err(job_error)?;
+            json!({"status": "removed", "id": job.id, "name": job.name})
+        }
+        "run" => {
+            return match scheduler.run_now(id(&a)?, owner) {
+                Ok(run) => Ok(json!({
+                    "status": "started",
+                    "run_id": run.id.as_str(),
+                    "note": "the run is queued in its chat and answers there after the current turn"
+                })),
+                Err(RunError::Job(e)) => Err(job_error(e)),
+                Err(e @ RunError::Busy(_)) => Err(ToolError::InvalidArgs(e.to_string())),
+                Err(e) => Err(ToolError::ExecutionFailed(e.to_string())),
+            };
+        }
+        "runs" => {
+            let id = id(&a)?;
+            let runs = jobs.runs(id, owner).map_err(job_error)?;
+            // A session sees the last 20 (they go into the model's context); the operator all.
+            let shown = if owner.is_some() { 20 } else { usize::MAX };
+            return Ok(
+                json!({"id": id, "runs": runs.iter().rev().take(shown).map(run_json).collect::<Vec<_>>()}),
+            );
+        }
+        other => {
+            return Err(ToolError::InvalidArgs(format!(
+            "unknown action `{other}`; one of add, list, update, remove, run, runs, pause, resume"
+        )))
+        }
+    };
+    scheduler.changed();
+    Ok(out)
 }
 
 #[async_trait]
@@ -141,143 +355,20 @@ impl Tool for CronTool {
         "Schedule work in this chat: a reminder (deliver text: sent as is) or a task (deliver turn: you get the message then). Actions: add, list, update (enabled false/true pauses/resumes), remove, run (now), runs (history). Times need the user's offset or tz."
     }
     fn parameters(&self) -> Value {
-        json!({
-            "type": "object",
-            "properties": {
-                "action": {"enum": ["add", "list", "update", "remove", "run", "runs"]},
-                "id": {"type": "string"},
-                "name": {"type": "string"},
-                "schedule": {
-                    "type": "object",
-                    "description": "{kind:at,at:RFC3339+offset} | {kind:every,seconds} | {kind:cron,expr,tz}",
-                    "properties": {
-                        "kind": {"enum": ["at", "every", "cron"]},
-                        "at": {"type": "string"},
-                        "seconds": {"type": "integer"},
-                        "expr": {"type": "string"},
-                        "tz": {"type": "string"}
-                    },
-                    "required": ["kind"]
-                },
-                "message": {"type": "string"},
-                "deliver": {"enum": ["turn", "text"]},
-                "target": {
-                    "type": "object",
-                    "description": "another chat (if allowed); default this one",
-                    "properties": {"channel": {"type": "string"}, "chat_id": {"type": "string"}, "thread": {"type": "string"}},
-                    "required": ["channel", "chat_id"]
-                },
-                "catch_up": {"enum": ["once", "all", "skip"]},
-                "enabled": {"type": "boolean"}
-            },
-            "required": ["action"]
-        })
+        // Parsed from text: a `json!` literal of this size is ~9 KB of code.
+        serde_json::from_str(PARAMETERS).unwrap_or_default()
     }
     fn effect(&self) -> Effect {
         Effect::Writes
     }
     async fn execute(&self, args: Value, ctx: &ToolContext) -> Result<Value, ToolError> {
-        let a: CronArgs = parse_args(self.name(), args)?;
-        let owner = Some(&ctx.session);
-        let jobs = self.scheduler.jobs();
-        let now = Utc::now();
-        match a.action.as_str() {
-            "add" => {
-                let (Some(name), Some(schedule), Some(message)) =
-                    (a.name.clone(), a.schedule.clone(), a.message.clone())
-                else {
-                    return Err(ToolError::InvalidArgs(
-                        "`add` needs `name`, `schedule` and `message`".into(),
-                    ));
-                };
-                let target = self.target(ctx, a.target)?;
-                let job = jobs
-                    .add(
-                        NewJob {
-                            name,
-                            schedule,
-                            catch_up: a.catch_up.unwrap_or_default(),
-                            payload: Payload {
-                                message: crate::types::sanitize_content(&message),
-                                deliver: a.deliver.unwrap_or_default(),
-                            },
-                            target,
-                            owner: ctx.session.clone(),
-                            created_by: ctx.sender.as_deref().map(str::to_string),
-                        },
-                        now,
-                    )
-                    .map_err(job_error)?;
-                self.scheduler.changed();
-                Ok(json!({"status": "added", "job": job_json(&job)}))
-            }
-            "list" => {
-                let list = jobs.list_by_owner(&ctx.session).map_err(job_error)?;
-                Ok(json!({"jobs": list.iter().map(job_json).collect::<Vec<_>>()}))
-            }
-            "update" => {
-                let id = Self::id(&a)?.to_string();
-                let id = id.as_str();
-                let target = match a.target {
-                    Some(t) => Some(self.target(ctx, Some(t))?),
-                    None => None,
-                };
-                let payload = if a.message.is_some() || a.deliver.is_some() {
-                    let old = jobs.get(id, owner).map_err(job_error)?.payload;
-                    Some(Payload {
-                        message: a
-                            .message
-                            .as_deref()
-                            .map_or(old.message, crate::types::sanitize_content),
-                        deliver: a.deliver.unwrap_or(old.deliver),
-                    })
-                } else {
-                    None
-                };
-                let patch = JobPatch {
-                    name: a.name.clone(),
-                    schedule: a.schedule.clone(),
-                    catch_up: a.catch_up,
-                    payload,
-                    target,
-                };
-                let mut job = jobs.update(id, owner, patch, now).map_err(job_error)?;
-                match a.enabled {
-                    Some(false) => job = jobs.pause(id, owner).map_err(job_error)?,
-                    Some(true) => job = jobs.resume(id, owner, now).map_err(job_error)?,
-                    None => {}
-                }
-                self.scheduler.changed();
-                Ok(json!({"status": "updated", "job": job_json(&job)}))
-            }
-            "remove" => {
-                let id = Self::id(&a)?;
-                let job = jobs.remove(id, owner).map_err(job_error)?;
-                self.scheduler.changed();
-                Ok(json!({"status": "removed", "id": job.id, "name": job.name}))
-            }
-            "run" => {
-                let id = Self::id(&a)?;
-                match self.scheduler.run_now(id, owner) {
-                    Ok(run) => Ok(json!({
-                        "status": "started",
-                        "run_id": run.id.as_str(),
-                        "note": "the run is queued in its chat and answers there after the current turn"
-                    })),
-                    Err(RunError::Job(e)) => Err(job_error(e)),
-                    Err(e) => Err(ToolError::ExecutionFailed(e.to_string())),
-                }
-            }
-            "runs" => {
-                let id = Self::id(&a)?;
-                let runs = jobs.runs(id, owner).map_err(job_error)?;
-                Ok(
-                    json!({"id": id, "runs": runs.iter().rev().take(20).map(run_json).collect::<Vec<_>>()}),
-                )
-            }
-            other => Err(ToolError::InvalidArgs(format!(
-                "unknown action `{other}`; one of add, list, update, remove, run, runs"
-            ))),
-        }
+        apply(
+            &self.scheduler,
+            args,
+            Caller::Session {
+                session: &ctx.session,
+                sender: ctx.sender.as_deref(),
+            },
+        )
     }
 }
