@@ -186,11 +186,42 @@ fn a_manual_run_does_not_overlap_a_running_one() {
     assert_eq!(j.next_run, job.next_run);
 }
 
+/// Records what the scheduler sends on its own (the pause notice).
+#[derive(Default)]
+struct Sent(Mutex<Vec<clawft_channel_core::OutboundMessage>>);
+
+impl MessageSink for Sent {
+    fn channels(&self) -> Vec<String> {
+        vec!["telegram".into()]
+    }
+    fn send(
+        &self,
+        msg: clawft_channel_core::OutboundMessage,
+    ) -> Result<(), crate::store::StoreError> {
+        self.0.lock().unwrap().push(msg);
+        Ok(())
+    }
+}
+
 #[test]
-fn three_failures_pause_the_job() {
+fn three_failures_pause_the_job_and_tell_its_chat() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(&dir.path().join("store"), 1 << 20).unwrap();
-    let (s, routed) = scheduler(&store, dir.path(), None);
+    let sent = Arc::new(Sent::default());
+    let s = Scheduler::new(
+        store.clone(),
+        SchedulerSettings::default(),
+        Some(sent.clone() as Arc<dyn MessageSink>),
+        Vec::new(),
+        None,
+        Arc::new(Workspace::open(&dir.path().join("ws")).unwrap()),
+    );
+    let routed: Routed = Arc::default();
+    let r = routed.clone();
+    s.attach(Arc::new(move |e| {
+        r.lock().unwrap().push(e);
+        true
+    }));
     let job = s
         .jobs()
         .add(hourly("inbox", CatchUp::Once, Deliver::Turn), t0())
@@ -213,6 +244,12 @@ fn three_failures_pause_the_job() {
     // Paused: no more runs.
     s.tick(t0() + chrono::TimeDelta::hours(4) + chrono::TimeDelta::seconds(1));
     assert_eq!(ids(&routed).len(), 3);
+    // The owner's chat was told once, with the error and how to resume.
+    let notes = sent.0.lock().unwrap().clone();
+    assert_eq!(notes.len(), 1, "{notes:?}");
+    assert_eq!(notes[0].chat.as_str(), "42");
+    assert!(notes[0].content.contains("paused after 3 failed runs"));
+    assert!(notes[0].content.contains("provider down"));
 }
 
 fn heartbeat_settings() -> HeartbeatSettings {

@@ -438,3 +438,50 @@ async fn stop_in_the_chat_cancels_a_running_scheduled_turn_and_a_text_job_needs_
     );
     gw.stop().await;
 }
+
+/// A session schedules for its own chat only, unless the operator's `tools.message.allow`
+/// lists the other chat; it never sees or changes another session's jobs.
+#[tokio::test]
+async fn a_session_targets_other_chats_only_when_the_operator_allows_and_sees_only_its_jobs() {
+    let dir = tempfile::tempdir().unwrap();
+    let llm = FakeLlm::start().await;
+    let add = |chat: &str| {
+        Reply::ToolCalls(vec![(
+            "c1".into(),
+            "cron".into(),
+            json!({"action": "add", "name": "x", "schedule": {"kind": "every", "seconds": 3600},
+                   "message": "hi", "target": {"channel": "http", "chat_id": chat}})
+            .to_string(),
+        )])
+    };
+    llm.push(add("elsewhere"));
+    llm.push(Reply::Text("denied".into()));
+    llm.push(add("team"));
+    llm.push(Reply::Text("added".into()));
+    llm.push(Reply::ToolCalls(vec![(
+        "c2".into(),
+        "cron".into(),
+        json!({"action": "list"}).to_string(),
+    )]));
+    llm.push(Reply::Text("listed".into()));
+    let gw = TestGateway::start(config(
+        &llm,
+        dir.path(),
+        json!({"tools": {"message": {"allow": ["http:team"]}}}),
+    ))
+    .await;
+    gw.api.chat("me", "remind elsewhere").await;
+    gw.api.chat("me", "remind the team").await;
+    gw.api.chat("other", "what is scheduled?").await;
+    let reqs = llm.requests();
+    let result = |i: usize| tool_results(&reqs[i]).pop().unwrap().1.to_string();
+    assert!(result(1).contains("PERMISSION_DENIED"), "{}", result(1));
+    assert!(result(3).contains("\"added\""), "{}", result(3));
+    // The job is `http:me`'s: the chat `other` lists nothing.
+    assert!(result(5).contains("\"jobs\":[]"), "{}", result(5));
+    let jobs = gw.gateway.daemon.scheduler().jobs().list().unwrap();
+    assert_eq!(jobs.len(), 1);
+    assert_eq!(jobs[0].owner.as_str(), "http:me");
+    assert_eq!(jobs[0].target.chat_id, "team");
+    gw.stop().await;
+}
