@@ -209,7 +209,7 @@ fn three_failures_pause_the_job_and_tell_its_chat() {
     let store = Store::open(&dir.path().join("store"), 1 << 20).unwrap();
     let sent = Arc::new(Sent::default());
     let s = Scheduler::new(
-        store.clone(),
+        store,
         SchedulerSettings::default(),
         Some(sent.clone() as Arc<dyn MessageSink>),
         Vec::new(),
