@@ -122,21 +122,11 @@ impl CatchUpArg {
 /// # Errors
 /// Not a positive whole number with an optional unit.
 pub fn parse_interval(s: &str) -> Result<u64, String> {
-    let s = s.trim();
-    let (num, mult) = match s.char_indices().last() {
-        Some((i, 's')) => (&s[..i], 1),
-        Some((i, 'm')) => (&s[..i], 60),
-        Some((i, 'h')) => (&s[..i], 3_600),
-        Some((i, 'd')) => (&s[..i], 86_400),
-        _ => (s, 1),
-    };
-    num.trim()
-        .parse::<u64>()
-        .ok()
+    crate::scheduler::settings::parse_every(s)
+        .map(|d| d.as_secs())
         .filter(|n| *n > 0)
-        .and_then(|n| n.checked_mul(mult))
         .ok_or_else(|| {
-            format!("`{s}` is not an interval: give seconds (`3600`) or a number with s, m, h or d (`30m`, `2h`)")
+            format!("`{}` is not an interval: give seconds (`3600`) or a number with s, m, h or d (`30m`, `2h`)", s.trim())
         })
 }
 

@@ -156,8 +156,9 @@ impl ActiveHours {
     }
 }
 
-/// `"30m"`, `"1h"`, `"90s"`, `"2h30m"` or plain seconds.
-fn parse_every(text: &str) -> Option<std::time::Duration> {
+/// `"30m"`, `"1h"`, `"90s"`, `"1d"`, `"2h30m"` or plain seconds (`heartbeat.every`,
+/// `weft cron add --every`); `None` when it does not parse.
+pub fn parse_every(text: &str) -> Option<std::time::Duration> {
     let text = text.trim();
     if let Ok(n) = text.parse::<u64>() {
         return Some(std::time::Duration::from_secs(n));
@@ -171,6 +172,7 @@ fn parse_every(text: &str) -> Option<std::time::Duration> {
         let n: u64 = num.parse().ok()?;
         num.clear();
         total += n * match c {
+            'd' => 86_400,
             'h' => 3600,
             'm' => 60,
             's' => 1,

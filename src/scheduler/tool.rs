@@ -26,17 +26,9 @@ struct CronArgs {
     schedule: Option<Schedule>,
     message: Option<String>,
     deliver: Option<Deliver>,
-    target: Option<TargetArg>,
+    target: Option<Target>,
     catch_up: Option<CatchUp>,
     enabled: Option<bool>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct TargetArg {
-    channel: String,
-    chat_id: String,
-    thread: Option<String>,
 }
 
 /// The JSON Schema of the tool's arguments.
@@ -163,13 +155,8 @@ fn session_of(target: &Target) -> Result<SessionKey, ToolError> {
 fn target(
     scheduler: &Scheduler,
     caller: Caller<'_>,
-    t: Option<TargetArg>,
+    given: Option<Target>,
 ) -> Result<Target, ToolError> {
-    let given = t.map(|t| Target {
-        channel: t.channel,
-        chat_id: t.chat_id,
-        thread: t.thread,
-    });
     match caller {
         Caller::Session { session, .. } => {
             let (c, chat, thread) = session.route();

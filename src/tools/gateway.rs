@@ -54,13 +54,10 @@ impl Tool for GatewayTool {
         "Read the gateway's status (version, uptime, channels, sessions, scheduled jobs, store health) or reload its configuration file (as SIGHUP does) after the operator edited it. Actions: status, reload. Returns: the status, or the changes the reload applied."
     }
     fn parameters(&self) -> Value {
-        json!({
-            "type": "object",
-            "properties": {
-                "action": {"type": "string", "enum": ["status", "reload"]}
-            },
-            "required": ["action"]
-        })
+        serde_json::from_str(
+            r#"{"type":"object","properties":{"action":{"type":"string","enum":["status","reload"]}},"required":["action"]}"#,
+        )
+        .unwrap_or_default()
     }
     fn effect(&self) -> Effect {
         Effect::Writes
