@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use chrono::{SecondsFormat, Utc};
+use chrono::Utc;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -53,41 +53,48 @@ impl CronTool {
     }
 }
 
-fn when(t: Option<chrono::DateTime<Utc>>) -> Value {
-    t.map_or(Value::Null, |t| {
-        json!(t.to_rfc3339_opts(SecondsFormat::Secs, true))
-    })
+/// A recorded run as the tool, `weft cron runs` and the admin API show it: its stored form.
+pub fn run_json(r: &RunRecord) -> Value {
+    serde_json::to_value(r).unwrap_or(Value::Null)
 }
 
-/// A recorded run as the tool, `weft cron runs` and the admin API show it.
-pub fn run_json(r: &RunRecord) -> Value {
-    json!({
-        "run_id": r.run_id.as_str(),
-        "scheduled": when(Some(r.scheduled)),
-        "finished": when(Some(r.finished)),
-        "outcome": r.outcome.as_str(),
-        "late": r.late,
-        "detail": r.detail,
-    })
+/// A job as shown (derived, so it shares the serialisers of the stored records; a `json!` of
+/// the same fields is several KB of code).
+#[derive(serde::Serialize)]
+struct JobView<'a> {
+    id: &'a str,
+    name: &'a str,
+    schedule: &'a Schedule,
+    catch_up: CatchUp,
+    message: &'a str,
+    deliver: Deliver,
+    target: &'a Target,
+    owner: &'a str,
+    enabled: bool,
+    paused_reason: Option<&'a str>,
+    next_run: Option<chrono::DateTime<Utc>>,
+    last_run: Option<&'a RunRecord>,
+    consecutive_failures: u32,
 }
 
 /// A job as the tool, `weft cron` and the admin API show it.
 pub fn job_json(j: &Job) -> Value {
-    json!({
-        "id": j.id,
-        "name": j.name,
-        "schedule": j.schedule,
-        "catch_up": j.catch_up,
-        "message": j.payload.message,
-        "deliver": j.payload.deliver,
-        "target": j.target,
-        "owner": j.owner.as_str(),
-        "enabled": j.enabled,
-        "paused_reason": j.paused_reason,
-        "next_run": when(j.next_run.filter(|_| j.enabled)),
-        "last_run": j.last_run.as_ref().map(run_json),
-        "consecutive_failures": j.consecutive_failures,
+    serde_json::to_value(JobView {
+        id: &j.id,
+        name: &j.name,
+        schedule: &j.schedule,
+        catch_up: j.catch_up,
+        message: &j.payload.message,
+        deliver: j.payload.deliver,
+        target: &j.target,
+        owner: j.owner.as_str(),
+        enabled: j.enabled,
+        paused_reason: j.paused_reason.as_deref(),
+        next_run: j.next_run.filter(|_| j.enabled),
+        last_run: j.last_run.as_ref(),
+        consecutive_failures: j.consecutive_failures,
     })
+    .unwrap_or(Value::Null)
 }
 
 fn job_error(e: JobError) -> ToolError {
