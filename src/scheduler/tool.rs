@@ -349,8 +349,12 @@ impl Tool for CronTool {
         "Schedule work in this chat: a reminder (deliver text: sent as is) or a task (deliver turn: you get the message then). Actions: add, list, update (enabled false/true pauses/resumes), remove, run (now), runs (history). Times need the user's offset or tz."
     }
     fn parameters(&self) -> Value {
-        // Parsed from text: a `json!` literal of this size is ~9 KB of code.
-        serde_json::from_str(PARAMETERS).unwrap_or_default()
+        // Parsed from text once (a `json!` literal of this size is ~9 KB of code); asked for at
+        // every request, like `schema_of`'s cache.
+        static SCHEMA: std::sync::OnceLock<Value> = std::sync::OnceLock::new();
+        SCHEMA
+            .get_or_init(|| serde_json::from_str(PARAMETERS).unwrap_or_default())
+            .clone()
     }
     fn effect(&self) -> Effect {
         Effect::Writes
