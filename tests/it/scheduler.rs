@@ -80,8 +80,15 @@ fn scheduled_requests(llm: &FakeLlm) -> Vec<String> {
         .collect()
 }
 
-#[tokio::test]
-async fn an_at_job_three_seconds_ahead_is_delivered_once_and_restarts_never_double_it() {
+/// A state directory, the fake LLM and Telegram, and the config file of a `weft` process using
+/// them (HTTP API on a free port).
+async fn process_setup() -> (
+    tempfile::TempDir,
+    FakeLlm,
+    Arc<FakeTelegram>,
+    std::path::PathBuf,
+    u16,
+) {
     let dir = tempfile::tempdir().unwrap();
     let llm = FakeLlm::start().await;
     let tg = Arc::new(FakeTelegram::start().await);
@@ -94,6 +101,12 @@ async fn an_at_job_three_seconds_ahead_is_delivered_once_and_restarts_never_doub
             json!({"channels": {"http": {"bind": format!("127.0.0.1:{port}")}, "telegram": telegram_section(&tg)}}),
         ),
     );
+    (dir, llm, tg, cfg, port)
+}
+
+#[tokio::test]
+async fn an_at_job_three_seconds_ahead_is_delivered_once_and_restarts_never_double_it() {
+    let (dir, llm, tg, cfg, port) = process_setup().await;
     scheduling_model(&llm, || {
         vec![(
             "c1".into(),
@@ -156,18 +169,7 @@ async fn an_at_job_three_seconds_ahead_is_delivered_once_and_restarts_never_doub
 /// after the restart, `skip` none, and further restarts add nothing.
 #[tokio::test]
 async fn a_job_due_during_a_kill_9_downtime_runs_once_with_once_and_never_with_skip() {
-    let dir = tempfile::tempdir().unwrap();
-    let llm = FakeLlm::start().await;
-    let tg = Arc::new(FakeTelegram::start().await);
-    let port = free_port();
-    let cfg = write_config(
-        dir.path(),
-        &config_value(
-            &llm.base_url(),
-            dir.path(),
-            json!({"channels": {"http": {"bind": format!("127.0.0.1:{port}")}, "telegram": telegram_section(&tg)}}),
-        ),
-    );
+    let (dir, llm, tg, cfg, port) = process_setup().await;
     scheduling_model(&llm, || {
         let at = in_secs(3);
         vec![
