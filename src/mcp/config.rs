@@ -108,6 +108,12 @@ pub struct McpServerFile {
     /// Skip the SSRF guard for `url` (allow private, loopback and link-local addresses, and
     /// proxies): only for servers you run yourself (default: false).
     pub trusted: Option<bool>,
+    /// Only the server's tools whose name (as the server names it) matches one of these globs
+    /// (`*`, `?`) are taken (default: all).
+    pub tool_allow: Option<Vec<String>>,
+    /// The server's tools whose name matches one of these globs are never taken, whatever
+    /// `tool_allow` says (default: none).
+    pub tool_deny: Option<Vec<String>>,
 }
 
 /// How to reach a server.
@@ -175,6 +181,10 @@ pub struct McpServerSettings {
     pub init_timeout: Duration,
     /// Values read through `headers_env` (to scrub from results).
     secrets: Vec<crate::types::Secret>,
+    /// `tool_allow`: the server's tool names taken (globs); `None`: all.
+    pub tool_allow: Option<Vec<String>>,
+    /// `tool_deny`: the server's tool names never taken (globs); wins over `tool_allow`.
+    pub tool_deny: Vec<String>,
 }
 
 impl McpServerSettings {
@@ -192,6 +202,8 @@ impl McpServerSettings {
             call_timeout: Duration::from_secs(DEFAULT_CALL_TIMEOUT_SECS),
             init_timeout: Duration::from_secs(DEFAULT_INIT_TIMEOUT_SECS),
             secrets: Vec::new(),
+            tool_allow: None,
+            tool_deny: Vec::new(),
         }
     }
 
@@ -208,7 +220,16 @@ impl McpServerSettings {
             call_timeout: Duration::from_secs(DEFAULT_CALL_TIMEOUT_SECS),
             init_timeout: Duration::from_secs(DEFAULT_INIT_TIMEOUT_SECS),
             secrets: Vec::new(),
+            tool_allow: None,
+            tool_deny: Vec::new(),
         }
+    }
+
+    /// Whether the server's tool `name` (its own name, without the prefix) is granted:
+    /// matched by `tool_allow` when set, and by no `tool_deny` (deny wins).
+    pub fn grants(&self, name: &str) -> bool {
+        let m = |p: &String| crate::tools::policy::wildcard(p.as_bytes(), name.as_bytes());
+        self.tool_allow.as_ref().is_none_or(|a| a.iter().any(m)) && !self.tool_deny.iter().any(m)
     }
 
     /// Secret values this server's settings hold (header values from `headers_env`): add them
@@ -242,6 +263,22 @@ impl McpServerSettings {
             McpTransport::Http { url, .. } => redacted_url(url),
         }
     }
+}
+
+/// A `tool_allow`/`tool_deny` list: each glob non-empty.
+fn globs(
+    key: &str,
+    field: &str,
+    list: Option<&[String]>,
+) -> Result<Option<Vec<String>>, SettingError> {
+    let Some(list) = list else { return Ok(None) };
+    if let Some(i) = list.iter().position(|g| g.trim().is_empty()) {
+        return Err(SettingError::new(
+            format!("{key}.{field}[{i}]"),
+            "an empty pattern; give a tool name or a glob such as \"*write*\"",
+        ));
+    }
+    Ok(Some(list.iter().map(|g| g.trim().to_string()).collect()))
 }
 
 /// `scheme://host:port/path`, without user info, query or fragment.
@@ -456,6 +493,8 @@ impl McpServerFile {
             call_timeout,
             init_timeout,
             secrets,
+            tool_allow: globs(&key, "tool_allow", self.tool_allow.as_deref())?,
+            tool_deny: globs(&key, "tool_deny", self.tool_deny.as_deref())?.unwrap_or_default(),
         }))
     }
 }
@@ -464,6 +503,24 @@ impl McpServerFile {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
+
+    #[test]
+    fn tool_allow_and_deny_are_globs_and_deny_wins() {
+        let f: McpServerFile = serde_json::from_value(serde_json::json!({
+            "command": "node", "tool_allow": ["read_*", "write_file"], "tool_deny": ["*write*"]
+        }))
+        .unwrap();
+        let s = f.resolve("fs", &env).unwrap().unwrap();
+        assert!(s.grants("read_text_file"));
+        assert!(!s.grants("write_file"), "deny wins over allow");
+        assert!(!s.grants("list_directory"), "not in tool_allow");
+        let bad: McpServerFile = serde_json::from_value(
+            serde_json::json!({"command": "node", "tool_deny": ["*write*", " "]}),
+        )
+        .unwrap();
+        let e = bad.resolve("fs", &env).unwrap_err();
+        assert_eq!(e.key, "tools.mcp_servers.fs.tool_deny[1]");
+    }
 
     fn env(k: &str) -> Option<String> {
         match k {

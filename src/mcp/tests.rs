@@ -267,6 +267,63 @@ async fn stdio_filesystem_is_confined_to_its_directory() {
     m.shutdown().await;
 }
 
+/// `tool_allow`/`tool_deny` (seed 004 §7): the real filesystem server with
+/// `tool_deny = ["*write*"]` never offers a writing tool, and `tool_allow` narrows to what it
+/// names; deny wins over allow.
+#[tokio::test]
+async fn tool_deny_and_tool_allow_filter_a_servers_tools() {
+    let home = tempfile::tempdir().unwrap();
+    let allowed = tempfile::tempdir().unwrap();
+    let entry = module("@modelcontextprotocol/server-filesystem/dist/index.js");
+    let dir = allowed.path().canonicalize().unwrap();
+    let dir = dir.to_string_lossy().into_owned();
+    let names = |m: &McpManager| -> Vec<String> {
+        m.tools()
+            .into_iter()
+            .map(|t| t.tool.name().to_string())
+            .collect()
+    };
+    let server = |allow: Option<Vec<&str>>, deny: Vec<&str>| {
+        let mut s = McpServerSettings::stdio("fs", "node", &[&entry, &dir], child_env(home.path()));
+        s.tool_allow = allow.map(|a| a.into_iter().map(str::to_string).collect());
+        s.tool_deny = deny.into_iter().map(str::to_string).collect();
+        s
+    };
+    // Unfiltered, the server offers writing tools.
+    let m = McpManager::start(vec![server(None, vec![])], fast());
+    wait_state(&m, "fs", McpState::Connected).await;
+    let all = names(&m);
+    assert!(all.iter().any(|n| n.contains("write")), "{all:?}");
+    m.shutdown().await;
+
+    let m = McpManager::start(vec![server(None, vec!["*write*"])], fast());
+    wait_state(&m, "fs", McpState::Connected).await;
+    let left = names(&m);
+    assert!(!left.is_empty());
+    assert!(!left.iter().any(|n| n.contains("write")), "{left:?}");
+    assert!(left.contains(&"fs__read_text_file".to_string()), "{left:?}");
+    // The registry never reaches a denied tool either.
+    let reg = ToolRegistry::new().with_source(m.clone() as Arc<dyn ToolSource>);
+    assert!(!reg.names().iter().any(|n| n.contains("write")));
+    m.shutdown().await;
+
+    let m = McpManager::start(
+        vec![server(Some(vec!["read_*", "list_*"]), vec!["read_media*"])],
+        fast(),
+    );
+    wait_state(&m, "fs", McpState::Connected).await;
+    let left = names(&m);
+    assert!(!left.is_empty());
+    assert!(
+        left.iter().all(
+            |n| (n.starts_with("fs__read_") || n.starts_with("fs__list_"))
+                && !n.starts_with("fs__read_media")
+        ),
+        "{left:?}"
+    );
+    m.shutdown().await;
+}
+
 /// Spawn the 127.0.0.1-only streamable HTTP server-everything; returns it and its port.
 async fn http_everything() -> (tokio::process::Child, u16) {
     node_server("http-everything.mjs", 0).await

@@ -82,6 +82,11 @@ pub(super) fn make_tools(slot: &Arc<Slot>, list: Vec<rmcp::model::Tool>) -> Vec<
             tracing::warn!(mcp_server = %slot.name(), "more than {MAX_TOOLS_PER_SERVER} tools: the rest are ignored");
             break;
         }
+        if !slot.settings.grants(&t.name) {
+            // `tool_allow`/`tool_deny`: never offered, never callable.
+            tracing::debug!(mcp_server = %slot.name(), tool = %t.name, "tool not granted by tool_allow/tool_deny");
+            continue;
+        }
         let name = exposed_name(slot.name(), &t.name);
         if !seen.insert(name.clone()) {
             tracing::warn!(mcp_server = %slot.name(), tool = %t.name, "tool name clashes after sanitising: skipped");
