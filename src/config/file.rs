@@ -307,6 +307,10 @@ pub struct ToolsFile {
     /// `subagents`: limits of the subagent supervisor.
     #[serde(default)]
     pub subagents: crate::config::subagents::SubagentsFile,
+    /// Custom tools: `tools.custom.NAME = { description, parameters, command, timeout_secs }`,
+    /// shell templates run in the exec sandbox (docs/tools.md#custom-tools).
+    #[serde(default)]
+    pub custom: BTreeMap<String, crate::tools::exec::custom::CustomToolFile>,
 }
 
 /// `tools.rate_limit`.

@@ -696,7 +696,9 @@ pub(super) fn resolve_tools(
     };
     let exec = t.exec.resolve()?;
     let subagents = t.subagents.resolve()?;
+    let custom = crate::tools::exec::custom::resolve_all(&t.custom)?;
     Ok(ToolsConfig {
+        custom,
         mcp_connect_wait,
         subagents,
         policy,

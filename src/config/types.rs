@@ -338,4 +338,6 @@ pub struct ToolsConfig {
     pub web_search: crate::tools::web::WebSearchSettings,
     /// `tools.subagents`.
     pub subagents: super::subagents::SubagentSettings,
+    /// `tools.custom`: the checked custom tools.
+    pub custom: Vec<crate::tools::exec::custom::CustomToolSettings>,
 }

@@ -349,6 +349,12 @@ pub fn build_registry(
     reg.register(Arc::new(crate::memory::tools::MemoryGet::new(memory)));
     match exec_runtime(config, approver) {
         Ok(rt) => {
+            for c in &config.tools.custom {
+                reg.register(Arc::new(exec::custom::CustomTool::new(
+                    c.clone(),
+                    rt.clone(),
+                )));
+            }
             reg.register(Arc::new(exec::ExecShell::new(rt.clone())));
             reg.register(Arc::new(exec::Spawn::new(rt)));
         }

@@ -416,6 +416,7 @@ impl Daemon {
             || old.tools.web_fetch != new.tools.web_fetch
             || old.tools.web_search != new.tools.web_search
             || old.tools.subagents != new.tools.subagents
+            || old.tools.custom != new.tools.custom
             || old.secrets != new.secrets;
         if mcp_changed {
             let old_mcp = self

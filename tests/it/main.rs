@@ -11,6 +11,7 @@ mod context_files;
 mod control;
 mod conversation;
 mod cron_ops;
+mod custom_tools;
 mod delivery;
 mod exec_jail;
 mod fake_llm;

@@ -20,6 +20,7 @@
 //! - `cgroup` (private): per-command cgroups (v1 or delegated v2), their limits and events.
 
 mod cgroup;
+pub mod custom;
 mod jail;
 pub mod runtime;
 pub mod settings;
