@@ -696,7 +696,34 @@ pub(super) fn resolve_tools(
     };
     let exec = t.exec.resolve()?;
     let subagents = t.subagents.resolve()?;
-    let custom = crate::tools::exec::custom::resolve_all(&t.custom)?;
+    let mut custom = crate::tools::exec::custom::resolve_all(&t.custom)?;
+    for c in &mut custom {
+        let Some(vars) = t.custom.get(&c.name).and_then(|f| f.env.clone()) else {
+            continue;
+        };
+        for (k, v) in vars {
+            let key = format!("tools.custom.{}.env.{k}", c.name);
+            let base = |n: &str| format!("tools.custom.{}.env.{n}", c.name);
+            let (name, value) = if let Some(n) = k.strip_suffix("_env") {
+                let s =
+                    super::secrets::resolve_secret(&base(n), None, Some(v), None, config_dir, env)?;
+                (n, s)
+            } else if let Some(n) = k.strip_suffix("_file") {
+                let s =
+                    super::secrets::resolve_secret(&base(n), None, None, Some(v), config_dir, env)?;
+                (n, s)
+            } else {
+                crate::tools::exec::custom::check_env_name(&key, &k)?;
+                c.env.push((k.clone(), v));
+                continue;
+            };
+            crate::tools::exec::custom::check_env_name(&key, name)?;
+            if let Some(secret) = value {
+                c.env.push((name.to_string(), secret.expose().to_string()));
+                secrets.push(secret);
+            }
+        }
+    }
     Ok(ToolsConfig {
         custom,
         mcp_connect_wait,

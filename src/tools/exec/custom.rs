@@ -40,6 +40,10 @@ pub struct CustomToolFile {
     pub command: String,
     /// Deadline in seconds (default 30, at most 300).
     pub timeout_secs: Option<u64>,
+    /// Extra environment of the command: `VAR = "value"`, `VAR_env = "DAEMON_VARIABLE"` (read
+    /// from the daemon's environment) or `VAR_file = "/run/secrets/x"` (read from a file); the
+    /// last two are secrets, scrubbed from every result (default: none).
+    pub env: Option<BTreeMap<String, String>>,
 }
 
 /// A checked custom tool.
@@ -57,6 +61,53 @@ pub struct CustomToolSettings {
     order: Vec<String>,
     /// Deadline.
     pub timeout: Duration,
+    /// Extra environment (values resolved by the config layer).
+    pub env: Vec<(String, String)>,
+}
+
+/// Variables a custom tool's `env` may not set: they change which code runs.
+const DISALLOWED_ENV: &[&str] = &[
+    "PATH",
+    "HOME",
+    "SHELL",
+    "ENV",
+    "BASH_ENV",
+    "IFS",
+    "NODE_OPTIONS",
+    "PYTHONPATH",
+    "PYTHONSTARTUP",
+    "PERL5OPT",
+    "RUBYOPT",
+];
+
+/// Check an environment variable name of `tools.custom.NAME.env` (without its `_env`/`_file`
+/// suffix).
+///
+/// # Errors
+/// Not a name (`[A-Za-z_][A-Za-z0-9_]*`), or one that changes which code runs.
+pub fn check_env_name(key: &str, name: &str) -> Result<(), SettingError> {
+    let ok = name
+        .chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if !ok {
+        return Err(SettingError::new(
+            key,
+            format!("`{name}` is not an environment variable name"),
+        ));
+    }
+    let upper = name.to_ascii_uppercase();
+    if DISALLOWED_ENV.contains(&upper.as_str())
+        || upper.starts_with("LD_")
+        || upper.starts_with("DYLD_")
+    {
+        return Err(SettingError::new(
+            key,
+            format!("`{name}` changes which code the command runs and cannot be set"),
+        ));
+    }
+    Ok(())
 }
 
 /// Names the built-in tools use: a custom tool may not shadow one.
@@ -164,6 +215,7 @@ impl CustomToolFile {
             script,
             order,
             timeout,
+            env: Vec::new(),
         })
     }
 }
@@ -312,7 +364,13 @@ impl Tool for CustomTool {
         argv.extend(words.into_iter().map(OsString::from));
         let done = self
             .rt
-            .run(ctx, OsStr::new("sh"), &argv, self.settings.timeout)
+            .run_with_env(
+                ctx,
+                OsStr::new("sh"),
+                &argv,
+                self.settings.timeout,
+                &self.settings.env,
+            )
             .await?;
         Ok(Value::Object(done.to_json()))
     }
@@ -347,6 +405,7 @@ mod tests {
             })),
             command: command.into(),
             timeout_secs: None,
+            env: None,
         }
     }
 

@@ -406,6 +406,19 @@ impl ExecRuntime {
         args: &[OsString],
         timeout: Duration,
     ) -> Result<Finished, ToolError> {
+        self.run_with_env(ctx, program, args, timeout, &[]).await
+    }
+
+    /// [`Self::run`] with `extra` variables set in the command's environment (a custom tool's
+    /// `env`), after the inherited ones and before the sandbox's own (`HOME`, the proxy).
+    pub(super) async fn run_with_env(
+        &self,
+        ctx: &ToolContext,
+        program: &OsStr,
+        args: &[OsString],
+        timeout: Duration,
+        extra: &[(String, String)],
+    ) -> Result<Finished, ToolError> {
         if self.settings.require_sandbox && !self.status.fs_enforced {
             return Err(ToolError::PermissionDenied(format!(
                 "commands are disabled: the exec sandbox is required but not enforced ({}); the operator must enable Landlock or set require_sandbox = false",
@@ -428,6 +441,9 @@ impl ExecRuntime {
             env.retain(|(k, _)| k != name);
             env.push((name.into(), value));
         };
+        for (k, v) in extra {
+            set(k, v.into());
+        }
         set("HOME", ws.clone().into_os_string());
         if self.jail.proxy_env {
             let url = format!("http://{PROXY_ADDR}");
