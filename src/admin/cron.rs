@@ -12,7 +12,7 @@ use serde_json::{json, Value};
 
 use crate::metrics::Gauge;
 use crate::scheduler::runtime::{RunCounts, RunError};
-use crate::scheduler::tool::{running_json, Caller};
+use crate::scheduler::tool::{running_json, Caller, ACTIONS};
 use crate::scheduler::{HeartbeatSettings, Job, Scheduler};
 use crate::tools::ToolError;
 
@@ -47,14 +47,21 @@ pub fn command(
             )))
         }
     };
+    if !ACTIONS.contains(&name) {
+        return Err(AdminError::BadRequest(format!(
+            "unknown admin command `cron/{name}`: one of cron/{}",
+            ACTIONS.join(", cron/")
+        )));
+    }
+    if name == "run" && !scheduler.is_running() {
+        return Err(AdminError::Unavailable(RunError::NotRunning.to_string()));
+    }
     args["action"] = json!(name);
-    crate::scheduler::tool::apply(scheduler, args, Caller::Operator { channels }).map_err(|e| match e {
-        ToolError::InvalidArgs(m) if m.starts_with("unknown action") => AdminError::BadRequest(format!(
-            "unknown admin command `cron/{name}`: one of cron/list, cron/add, cron/remove, cron/run, cron/pause, cron/resume, cron/runs, cron/update"
-        )),
-        ToolError::ExecutionFailed(m) if m == RunError::NotRunning.to_string() => AdminError::Unavailable(m),
-        ToolError::ExecutionFailed(m) | ToolError::Fatal(m) => AdminError::Internal(m),
-        other => AdminError::BadRequest(other.to_string()),
+    crate::scheduler::tool::apply(scheduler, args, Caller::Operator { channels }).map_err(|e| {
+        match e {
+            ToolError::ExecutionFailed(m) | ToolError::Fatal(m) => AdminError::Internal(m),
+            other => AdminError::BadRequest(other.to_string()),
+        }
     })
 }
 

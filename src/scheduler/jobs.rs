@@ -64,6 +64,20 @@ pub struct Target {
     pub thread: Option<String>,
 }
 
+impl Target {
+    /// The session key of this chat: `channel:chat[:thread]`.
+    ///
+    /// # Errors
+    /// A component that is empty or holds `:`.
+    pub fn session_key(&self) -> Result<SessionKey, crate::types::session_key::InvalidSessionKey> {
+        let mut parts = vec![self.channel.as_str(), self.chat_id.as_str()];
+        if let Some(t) = self.thread.as_deref() {
+            parts.push(t);
+        }
+        SessionKey::from_parts(&parts)
+    }
+}
+
 /// How a run ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

@@ -189,6 +189,11 @@ impl Scheduler {
         let _ = self.route.set(route);
     }
 
+    /// Whether it has the bus (runs can start).
+    pub fn is_running(&self) -> bool {
+        self.route.get().is_some()
+    }
+
     /// The job table.
     pub fn jobs(&self) -> &JobStore {
         &self.jobs
@@ -226,10 +231,7 @@ impl Scheduler {
         {
             return true;
         }
-        let route = format!("{}:{}", target.channel, target.chat_id);
-        self.allow
-            .iter()
-            .any(|p| crate::tools::policy::wildcard(p.as_bytes(), route.as_bytes()))
+        crate::tools::message::route_listed(&self.allow, &target.channel, &target.chat_id)
     }
 
     /// Tell the timer that jobs changed (added, updated, resumed).
@@ -313,11 +315,7 @@ impl Scheduler {
         if c == t.channel && chat == t.chat_id && t.thread.as_deref() == thread {
             return Some(job.owner.clone());
         }
-        let mut parts = vec![t.channel.as_str(), t.chat_id.as_str()];
-        if let Some(th) = &t.thread {
-            parts.push(th);
-        }
-        SessionKey::from_parts(&parts).ok()
+        t.session_key().ok()
     }
 
     fn event_of(job: &Job, run: &Run) -> InboundEvent {

@@ -116,6 +116,11 @@ pub fn running_json(scheduler: &Scheduler) -> Value {
         .collect()
 }
 
+/// The actions [`apply`] knows.
+pub const ACTIONS: &[&str] = &[
+    "add", "list", "update", "remove", "run", "runs", "pause", "resume",
+];
+
 /// Who manages jobs: a session through the `cron` tool, or the operator (`weft cron`, the
 /// admin API's `cron/*`).
 #[derive(Clone, Copy, Debug)]
@@ -147,11 +152,7 @@ impl Caller<'_> {
 
 /// The session of the chat `target` names (`channel:chat[:thread]`).
 fn session_of(target: &Target) -> Result<SessionKey, ToolError> {
-    let mut parts = vec![target.channel.as_str(), target.chat_id.as_str()];
-    if let Some(t) = target.thread.as_deref() {
-        parts.push(t);
-    }
-    SessionKey::from_parts(&parts).map_err(|e| {
+    target.session_key().map_err(|e| {
         ToolError::InvalidArgs(format!(
             "target: {e}; give a channel id and a chat id (and a thread) without `:`"
         ))
@@ -332,8 +333,9 @@ pub fn apply(scheduler: &Scheduler, args: Value, caller: Caller<'_>) -> Result<V
         }
         other => {
             return Err(ToolError::InvalidArgs(format!(
-            "unknown action `{other}`; one of add, list, update, remove, run, runs, pause, resume"
-        )))
+                "unknown action `{other}`; one of {}",
+                ACTIONS.join(", ")
+            )))
         }
     };
     scheduler.changed();

@@ -58,14 +58,19 @@ impl MessageTool {
     }
 
     fn allowed(&self, ctx: &ToolContext, channel: &str, chat: &str) -> bool {
-        let route = format!("{channel}:{chat}");
         let (own_channel, own_chat, _) = ctx.session.route();
-        (own_channel == channel && own_chat == chat)
-            || self
-                .allow
-                .iter()
-                .any(|p| wildcard(p.as_bytes(), route.as_bytes()))
+        (own_channel == channel && own_chat == chat) || route_listed(&self.allow, channel, chat)
     }
+}
+
+/// Whether `tools.message.allow` (`allow`, patterns over `channel:chat_id`) lists the chat: the
+/// one rule for reaching a chat other than the session's own (the `message` tool, scheduled
+/// jobs).
+pub fn route_listed(allow: &[String], channel: &str, chat: &str) -> bool {
+    let route = format!("{channel}:{chat}");
+    allow
+        .iter()
+        .any(|p| wildcard(p.as_bytes(), route.as_bytes()))
 }
 
 #[async_trait]

@@ -110,29 +110,11 @@ pub fn check_env_name(key: &str, name: &str) -> Result<(), SettingError> {
     Ok(())
 }
 
-/// Names the built-in tools use: a custom tool may not shadow one.
-const RESERVED: &[&str] = &[
-    "read_file",
-    "write_file",
-    "edit_file",
-    "list_directory",
-    "glob",
-    "grep",
-    "exec_shell",
-    "spawn",
-    "process",
-    "web_search",
-    "web_fetch",
-    "memory_read",
-    "memory_write",
-    "memory_search",
-    "memory_get",
-    "message",
-    "subagents",
-    "use_skill",
-    "cron",
-    "gateway",
-];
+/// Whether `name` is a built-in tool's (every built-in is in a policy group), or `process`,
+/// seed 004's runtime tool still to come: a custom tool may not shadow one.
+fn is_builtin(name: &str) -> bool {
+    crate::tools::policy::group_of(name).is_some() || name == "process"
+}
 
 impl CustomToolFile {
     /// Check `tools.custom.NAME`.
@@ -153,7 +135,7 @@ impl CustomToolFile {
                 "a tool name is 1–64 of A–Z, a–z, 0–9, `_` and `-`, without `__` (MCP tools use it)",
             ));
         }
-        if RESERVED.contains(&name) {
+        if is_builtin(name) {
             return Err(SettingError::new(
                 key,
                 format!("`{name}` is a built-in tool; choose another name"),
@@ -269,12 +251,12 @@ fn words(s: &CustomToolSettings, args: &Value) -> Result<Vec<String>, ToolError>
             ))
         }
     };
+    let no_props = Map::new();
     let props = s
         .parameters
         .get("properties")
         .and_then(Value::as_object)
-        .cloned()
-        .unwrap_or_default();
+        .unwrap_or(&no_props);
     if let Some(k) = given.keys().find(|k| !props.contains_key(*k)) {
         return Err(ToolError::InvalidArgs(format!(
             "unknown argument `{k}`; the tool takes: {}",
