@@ -1,5 +1,5 @@
-//! [`SessionKey`]: one conversation, `channel:chat[:thread]`, with its one storage encoding, and
-//! the keys the gateway makes for itself (subagents).
+//! [`SessionKey`]: one conversation, `[@agent:]channel:chat[:thread]`, with its one storage
+//! encoding, and the keys the gateway makes for itself (subagents).
 
 use std::fmt;
 
@@ -85,9 +85,46 @@ impl SessionKey {
         self.0.as_bytes().to_vec()
     }
 
-    /// The channel component.
+    /// The channel component (after the agent's, if any).
     pub fn channel(&self) -> &str {
-        self.0.split(':').next().unwrap_or("")
+        self.without_agent().split(':').next().unwrap_or("")
+    }
+
+    /// The agent serving this conversation: the `@NAME` first component, or
+    /// [`DEFAULT_AGENT`] for keys without one (every key made before agents existed).
+    pub fn agent(&self) -> &str {
+        self.0
+            .strip_prefix('@')
+            .and_then(|r| r.split(':').next())
+            .filter(|a| !a.is_empty())
+            .unwrap_or(DEFAULT_AGENT)
+    }
+
+    /// The key without its agent component (`@work:telegram:42` → `telegram:42`).
+    pub fn without_agent(&self) -> &str {
+        match self.0.strip_prefix('@') {
+            Some(r) => r.split_once(':').map_or("", |(_, rest)| rest),
+            None => &self.0,
+        }
+    }
+
+    /// This conversation served by `agent`: `@agent:` before the key, or the key alone for
+    /// [`DEFAULT_AGENT`] (so the default agent's conversations keep the keys they had).
+    ///
+    /// # Errors
+    /// An agent name that is empty or holds `:` or `@`, or a key grown over 256 bytes.
+    pub fn with_agent(&self, agent: &str) -> Result<Self, InvalidSessionKey> {
+        let bare = self.without_agent();
+        if agent == DEFAULT_AGENT {
+            return Self::parse(bare);
+        }
+        if agent.is_empty() || agent.contains([':', '@']) {
+            return Err(invalid(
+                agent,
+                "an agent name is empty or contains `:` or `@`",
+            ));
+        }
+        Self::parse(&format!("@{agent}:{bare}"))
     }
 
     /// The key of `ev` when the channel isolates users: one session per sender inside each
@@ -104,7 +141,7 @@ impl SessionKey {
 
     /// Where replies for this session go: (channel, chat, thread).
     pub fn route(&self) -> (&str, &str, Option<&str>) {
-        let p: Vec<&str> = self.0.split(':').collect();
+        let p: Vec<&str> = self.without_agent().split(':').collect();
         match p.as_slice() {
             [c, chat] => (c, chat, None),
             [c, chat, t] => (c, chat, Some(t)),
@@ -141,6 +178,9 @@ impl From<SessionKey> for String {
         k.0
     }
 }
+
+/// The agent of keys without an `@NAME` component: the one `agents.defaults` configures.
+pub const DEFAULT_AGENT: &str = "main";
 
 /// Session keys of subagents are `subagent:<task id>`.
 pub const SUBAGENT_KEY_PREFIX: &str = "subagent";
@@ -180,6 +220,10 @@ pub fn subagent_task_id(key: &SessionKey) -> Option<&str> {
 
 /// [`subagent_task_id`] for a key kept as a string (a record's `parent`).
 pub fn subagent_task_id_in(key: &str) -> Option<&str> {
+    let key = match key.strip_prefix('@') {
+        Some(r) => r.split_once(':').map_or("", |(_, rest)| rest),
+        None => key,
+    };
     key.strip_prefix(SUBAGENT_KEY_PREFIX)
         .and_then(|r| r.strip_prefix(':'))
 }
@@ -199,6 +243,27 @@ mod tests {
             k("telegram:-100:7:u42").route(),
             ("telegram", "-100", Some("7"))
         );
+    }
+
+    #[test]
+    fn the_agent_is_a_leading_component_and_the_default_agent_has_none() {
+        let k = |s: &str| SessionKey::parse(s).unwrap();
+        let plain = k("telegram:42");
+        assert_eq!(plain.agent(), DEFAULT_AGENT);
+        let work = plain.with_agent("work").unwrap();
+        assert_eq!(work.as_str(), "@work:telegram:42");
+        assert_eq!(work.agent(), "work");
+        assert_eq!(work.channel(), "telegram");
+        assert_eq!(work.route(), ("telegram", "42", None));
+        assert_eq!(work.without_agent(), "telegram:42");
+        assert_eq!(work.with_agent(DEFAULT_AGENT).unwrap(), plain);
+        assert_eq!(
+            k("@w:telegram:-100:7:u42").route(),
+            ("telegram", "-100", Some("7"))
+        );
+        assert!(plain.with_agent("a:b").is_err());
+        assert_eq!(subagent_task_id_in("@w:subagent:t1"), Some("t1"));
+        assert_eq!(subagent_task_id_in("subagent:t1"), Some("t1"));
     }
 
     #[test]
