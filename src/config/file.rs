@@ -44,19 +44,46 @@ pub struct ConfigFile {
     /// The periodic heartbeat turn driven by `HEARTBEAT.md` (off by default).
     #[serde(default)]
     pub heartbeat: crate::scheduler::HeartbeatFile,
+    /// Which agent serves a message: `[[bindings]]` with `agent` and any of `channel`,
+    /// `account`, `chat`, `user`, `thread`; the most specific match wins, the default agent
+    /// (`main`) when none matches.
+    #[serde(default)]
+    pub bindings: Vec<BindingFile>,
 }
 
-/// `agents`.
+/// `agents`: `defaults` (the default agent, `main`, and what every other agent inherits) and
+/// `agents.NAME` for more agents.
 #[derive(Debug, Default, Deserialize, Serialize, schemars::JsonSchema)]
-#[serde(deny_unknown_fields)]
 pub struct AgentsFile {
     /// `agents.defaults`.
     #[serde(default)]
     pub defaults: AgentDefaultsFile,
+    /// `agents.NAME`: another agent; any `agents.defaults` key, over the defaults.
+    #[serde(flatten)]
+    pub named: BTreeMap<String, AgentDefaultsFile>,
 }
 
-/// `agents.defaults`.
-#[derive(Debug, Default, Deserialize, Serialize, schemars::JsonSchema)]
+/// One `[[bindings]]` entry.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BindingFile {
+    /// The agent serving the messages it matches (`main` or a name of `agents.NAME`).
+    pub agent: String,
+    /// Channel: `telegram`, `discord`, `slack`, `http`, `cli`.
+    pub channel: Option<String>,
+    /// Bot account of the channel (`default` for the channel's own token, or a name of
+    /// `channels.<platform>.accounts`).
+    pub account: Option<String>,
+    /// Chat, guild channel or Slack channel id.
+    pub chat: Option<IdFile>,
+    /// Sender's platform user id.
+    pub user: Option<IdFile>,
+    /// Thread or topic id.
+    pub thread: Option<IdFile>,
+}
+
+/// `agents.defaults` and `agents.NAME`.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AgentDefaultsFile {
     /// Model name sent to the provider (overrides each provider's default model).
@@ -92,10 +119,14 @@ pub struct AgentDefaultsFile {
     pub context_window: Option<u64>,
     /// When and how the prompt window is compacted.
     pub compaction: Option<CompactionFile>,
+    /// Models a chat may switch to with `/model NAME` (the agent's own model always can).
+    pub models: Option<Vec<String>>,
+    /// MCP servers (names of `tools.mcp_servers`) whose tools this agent gets (default: all).
+    pub mcp_servers: Option<Vec<String>>,
 }
 
 /// `agents.defaults.compaction`.
-#[derive(Debug, Default, Deserialize, Serialize, schemars::JsonSchema)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CompactionFile {
     /// Fraction of the context window at which older turns are summarised (default 0.75,
@@ -107,7 +138,7 @@ pub struct CompactionFile {
 }
 
 /// `providers.NAME`.
-#[derive(Debug, Default, Deserialize, Serialize, schemars::JsonSchema)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ProviderFile {
     /// `openai` (any OpenAI-compatible server) or `anthropic`. Default from the name

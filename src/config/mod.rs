@@ -10,6 +10,7 @@
 //! [`file`] (the raw file shape), [`subagents`] (the subagent limits), [`usage`] (prices and budgets),
 //! [`provenance`] (where each value came from).
 
+pub mod agents;
 pub mod env;
 pub mod file;
 pub mod provenance;

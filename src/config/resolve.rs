@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::file::{self, ConfigFile};
+use crate::types::session_key::DEFAULT_AGENT;
 use crate::types::Secret;
 
 /// Where the config file is looked for when `--config` is not given.
@@ -124,75 +125,80 @@ impl Config {
     ) -> Result<Config, ConfigError> {
         let home = clawft_home(env);
         let mut secrets = Vec::new();
-        let mut d = raw.agents.defaults;
-        let agent_tools = d.tools.take();
-        let max_tool_iterations = match d.max_tool_iterations {
-            None => DEFAULT_MAX_TOOL_ITERATIONS,
-            Some(n) => u32::try_from(n.clamp(1, 10_000)).unwrap_or(DEFAULT_MAX_TOOL_ITERATIONS),
-        };
-        let in_range = |key: &str, v: Option<i64>, default: u32, lo: u32, hi: u32| match v {
-            None => Ok(default),
-            Some(n) => u32::try_from(n)
-                .ok()
-                .filter(|n| (lo..=hi).contains(n))
-                .ok_or_else(|| ConfigError::Invalid {
-                    key: format!("agents.defaults.{key}"),
-                    detail: format!("expected a whole number from {lo} to {hi}, got {n}"),
-                }),
-        };
-        let loop_repeat_limit = in_range(
-            "loop_repeat_limit",
-            d.loop_repeat_limit,
-            DEFAULT_LOOP_REPEAT_LIMIT,
-            2,
-            100,
-        )?;
-        let max_tool_calls_per_turn = in_range(
-            "max_tool_calls_per_turn",
-            d.max_tool_calls_per_turn,
-            DEFAULT_MAX_TOOL_CALLS_PER_TURN,
-            1,
-            10_000,
-        )?;
-        if let Some(t) = d.temperature {
-            if !(0.0..=2.0).contains(&t) {
-                return Err(ConfigError::Invalid {
-                    key: "agents.defaults.temperature".into(),
-                    detail: format!("expected a number between 0 and 2, got {t}"),
-                });
-            }
-        }
-        let workspace = d
-            .workspace
-            .as_deref()
-            .map_or_else(|| home.join("workspace"), |w| expand(w, env));
         let tool_timeout = Duration::from_secs(raw.tools.timeout_secs.unwrap_or(120).max(1));
-        let window_override = d.context_window;
-        let compaction = d.compaction.take().unwrap_or_default();
-        let mut agent = AgentConfig {
-            workspace,
-            max_tool_iterations,
-            system_prompt: d.system_prompt,
-            max_tokens: d.max_tokens,
-            temperature: d.temperature,
-            stream: d.stream.unwrap_or(true),
-            tool_timeout,
-            window: crate::config::types::WindowSettings::default(),
-            loop_repeat_limit,
-            max_tool_calls_per_turn,
+        let super::file::AgentsFile {
+            defaults,
+            named: mut named_files,
+        } = raw.agents;
+        let main_file = match named_files.remove(DEFAULT_AGENT) {
+            Some(over) => super::agents::merge_agent(&defaults, DEFAULT_AGENT, &over)?,
+            None => defaults.clone(),
         };
-
-        let (providers, provider_source) = resolve_providers(
+        let mcp_names: Vec<String> = raw.tools.mcp_servers.keys().cloned().collect();
+        let raw_providers = raw.providers.clone();
+        let ResolvedAgent {
+            agent,
+            providers,
+            source: provider_source,
+            tools: agent_tools,
+        } = resolve_agent(
+            main_file,
             raw.providers,
-            d.provider.as_deref(),
-            d.fallback.as_deref(),
-            d.model.as_deref(),
-            config_dir,
-            env,
+            &mcp_names,
+            &AgentEnv {
+                home: &home,
+                default_workspace: "workspace".into(),
+                tool_timeout,
+                config_dir,
+                env,
+            },
             &mut secrets,
             &mut provenance,
         )?;
-        agent.window = resolve_window(window_override, compaction, &providers)?;
+        let mut agents = Vec::new();
+        for (name, over) in &named_files {
+            super::agents::check_agent_name(name)?;
+            let rename = |e| super::agents::rename_error(e, name);
+            // Not inherited: each agent has its own workspace (its memory and context files)
+            // unless it names one.
+            let base = super::file::AgentDefaultsFile {
+                workspace: None,
+                ..defaults.clone()
+            };
+            let merged = super::agents::merge_agent(&base, name, over)?;
+            let r = resolve_agent(
+                merged,
+                raw_providers.clone(),
+                &mcp_names,
+                &AgentEnv {
+                    home: &home,
+                    default_workspace: format!("workspace-{name}"),
+                    tool_timeout,
+                    config_dir,
+                    env,
+                },
+                &mut Vec::new(),
+                &mut super::provenance::Provenance::default(),
+            )
+            .map_err(rename)?;
+            let layer = r
+                .tools
+                .as_ref()
+                .map(|a| a.resolve(&format!("agents.{name}.tools")))
+                .transpose()?
+                .unwrap_or_default();
+            let policy = raw
+                .tools
+                .policy
+                .resolve(r.providers.first().map(|p| p.name.as_str()), &layer)?;
+            agents.push(super::agents::NamedAgent {
+                name: name.clone(),
+                agent: r.agent,
+                providers: r.providers,
+                policy,
+            });
+        }
+        let bindings = super::agents::Bindings::resolve(raw.bindings, &named_files)?;
 
         let h = raw.channels.http;
         let bind_text = h.bind.as_deref().unwrap_or(DEFAULT_HTTP_BIND);
@@ -306,7 +312,10 @@ impl Config {
         Ok(Config {
             path,
             home,
+            agent_name: DEFAULT_AGENT.to_string(),
             agent,
+            agents,
+            bindings,
             providers,
             provider_source,
             http,
@@ -325,6 +334,147 @@ impl Config {
             provenance,
         })
     }
+}
+
+/// What resolving an agent needs beside its section.
+struct AgentEnv<'a> {
+    home: &'a Path,
+    /// The workspace's directory beneath `home` when the section sets none.
+    default_workspace: String,
+    tool_timeout: Duration,
+    config_dir: &'a Path,
+    env: &'a Env,
+}
+
+/// One agent resolved: behaviour, providers, and its raw tool policy layer.
+struct ResolvedAgent {
+    agent: AgentConfig,
+    providers: Vec<ProviderConfig>,
+    source: ProviderSource,
+    tools: Option<crate::tools::policy::PolicyLayerFile>,
+}
+
+/// An agent section (`agents.defaults`, or `agents.NAME` over it): its behaviour, its
+/// providers in fallback order, the models `/model` may choose, and its MCP grants (servers
+/// left out become denied `group:mcp:NAME` patterns of its tool layer).
+fn resolve_agent(
+    d: super::file::AgentDefaultsFile,
+    raw_providers: BTreeMap<String, file::ProviderFile>,
+    mcp_names: &[String],
+    e: &AgentEnv<'_>,
+    secrets: &mut Vec<Secret>,
+    provenance: &mut super::provenance::Provenance,
+) -> Result<ResolvedAgent, ConfigError> {
+    let mut d = d;
+    let mut agent_tools = d.tools.take();
+    let max_tool_iterations = match d.max_tool_iterations {
+        None => DEFAULT_MAX_TOOL_ITERATIONS,
+        Some(n) => u32::try_from(n.clamp(1, 10_000)).unwrap_or(DEFAULT_MAX_TOOL_ITERATIONS),
+    };
+    let in_range = |key: &str, v: Option<i64>, default: u32, lo: u32, hi: u32| match v {
+        None => Ok(default),
+        Some(n) => u32::try_from(n)
+            .ok()
+            .filter(|n| (lo..=hi).contains(n))
+            .ok_or_else(|| ConfigError::Invalid {
+                key: format!("agents.defaults.{key}"),
+                detail: format!("expected a whole number from {lo} to {hi}, got {n}"),
+            }),
+    };
+    let loop_repeat_limit = in_range(
+        "loop_repeat_limit",
+        d.loop_repeat_limit,
+        DEFAULT_LOOP_REPEAT_LIMIT,
+        2,
+        100,
+    )?;
+    let max_tool_calls_per_turn = in_range(
+        "max_tool_calls_per_turn",
+        d.max_tool_calls_per_turn,
+        DEFAULT_MAX_TOOL_CALLS_PER_TURN,
+        1,
+        10_000,
+    )?;
+    if let Some(t) = d.temperature {
+        if !(0.0..=2.0).contains(&t) {
+            return Err(ConfigError::Invalid {
+                key: "agents.defaults.temperature".into(),
+                detail: format!("expected a number between 0 and 2, got {t}"),
+            });
+        }
+    }
+    let workspace = d
+        .workspace
+        .as_deref()
+        .map_or_else(|| e.home.join(&e.default_workspace), |w| expand(w, e.env));
+    let window_override = d.context_window;
+    let compaction = d.compaction.take().unwrap_or_default();
+    let mut agent = AgentConfig {
+        workspace,
+        max_tool_iterations,
+        system_prompt: d.system_prompt,
+        max_tokens: d.max_tokens,
+        temperature: d.temperature,
+        stream: d.stream.unwrap_or(true),
+        tool_timeout: e.tool_timeout,
+        window: crate::config::types::WindowSettings::default(),
+        loop_repeat_limit,
+        max_tool_calls_per_turn,
+        models: Vec::new(),
+    };
+
+    let (providers, source) = resolve_providers(
+        raw_providers,
+        d.provider.as_deref(),
+        d.fallback.as_deref(),
+        d.model.as_deref(),
+        e.config_dir,
+        e.env,
+        secrets,
+        provenance,
+    )?;
+    agent.window = resolve_window(window_override, compaction, &providers)?;
+    agent.models = agent_models(&providers, d.models.unwrap_or_default());
+    if let Some(granted) = d.mcp_servers {
+        for g in &granted {
+            if !mcp_names.contains(g) {
+                return Err(ConfigError::Invalid {
+                    key: "agents.defaults.mcp_servers".into(),
+                    detail: format!(
+                        "no MCP server named `{g}`; configured: {}",
+                        mcp_names.join(", ")
+                    ),
+                });
+            }
+        }
+        let layer = agent_tools.get_or_insert_with(Default::default);
+        let deny = layer.deny.get_or_insert_with(Vec::new);
+        for n in mcp_names.iter().filter(|n| !granted.contains(n)) {
+            deny.push(format!("group:mcp:{n}"));
+        }
+    }
+    Ok(ResolvedAgent {
+        agent,
+        providers,
+        source,
+        tools: agent_tools,
+    })
+}
+
+/// The models `/model` may choose: the primary provider's model, then `models` (deduplicated).
+fn agent_models(providers: &[ProviderConfig], extra: Vec<String>) -> Vec<String> {
+    let mut out: Vec<String> = providers
+        .first()
+        .map(|p| p.model.clone())
+        .into_iter()
+        .collect();
+    for m in extra {
+        let m = m.trim().to_string();
+        if !m.is_empty() && !out.contains(&m) {
+            out.push(m);
+        }
+    }
+    out
 }
 
 /// The `CLAWFT_<SECTION>__<KEY>` variables of `env` (the config overrides).

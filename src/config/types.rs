@@ -138,6 +138,8 @@ pub struct AgentConfig {
     pub loop_repeat_limit: u32,
     /// Tool calls one turn may make; the turn ends at the limit (>= 1).
     pub max_tool_calls_per_turn: u32,
+    /// Models `/model NAME` may switch a chat to (`models`; the agent's own model first).
+    pub models: Vec<String>,
 }
 
 /// Default `agents.defaults.compaction.threshold`.
@@ -211,8 +213,15 @@ pub struct Config {
     pub path: Option<PathBuf>,
     /// `~/.clawft`.
     pub home: PathBuf,
-    /// Agent behaviour.
+    /// The agent this configuration is for: `main` (`agents.defaults`), or a name of
+    /// `agents.NAME` in a view made by [`Config::for_agent`].
+    pub agent_name: String,
+    /// Agent behaviour (of [`Config::agent_name`]).
     pub agent: AgentConfig,
+    /// The other agents (`agents.NAME`), by name.
+    pub agents: Vec<super::agents::NamedAgent>,
+    /// `[[bindings]]`: which agent serves a message.
+    pub bindings: super::agents::Bindings,
     /// Providers in fallback order (never empty).
     pub providers: Vec<ProviderConfig>,
     /// Where the providers came from.
@@ -247,6 +256,30 @@ pub struct Config {
     pub scheduler: crate::scheduler::SchedulerSettings,
     /// `heartbeat`: `None` when off.
     pub heartbeat: Option<crate::scheduler::HeartbeatSettings>,
+}
+
+impl Config {
+    /// This configuration as seen by agent `name`: its behaviour, providers and tool policy in
+    /// place of the default agent's; everything else shared. `None` for an unknown name.
+    pub fn for_agent(&self, name: &str) -> Option<Config> {
+        if name == self.agent_name {
+            return Some(self.clone());
+        }
+        let a = self.agents.iter().find(|a| a.name == name)?;
+        let mut c = self.clone();
+        c.agent_name = a.name.clone();
+        c.agent = a.agent.clone();
+        c.providers = a.providers.clone();
+        c.tools.policy = a.policy.clone();
+        Some(c)
+    }
+
+    /// The names of every agent, the default one (`main`) first.
+    pub fn agent_names(&self) -> Vec<&str> {
+        std::iter::once(crate::types::session_key::DEFAULT_AGENT)
+            .chain(self.agents.iter().map(|a| a.name.as_str()))
+            .collect()
+    }
 }
 
 /// A chat platform.

@@ -1,0 +1,422 @@
+//! Several agents in one gateway: `agents.NAME` over `agents.defaults` ([`merge_agent`]), and
+//! the `[[bindings]]` that choose which agent serves a message ([`Bindings`]).
+
+use std::collections::BTreeMap;
+
+use super::file::{AgentDefaultsFile, BindingFile};
+use super::types::{AgentConfig, ConfigError, ProviderConfig};
+use crate::types::session_key::DEFAULT_AGENT;
+
+/// Longest agent name.
+const MAX_AGENT_NAME: usize = 32;
+
+/// Check an agent name: 1-32 of `a-z`, `0-9`, `_`, `-`.
+///
+/// # Errors
+/// [`ConfigError::Invalid`] naming `agents.NAME`.
+pub fn check_agent_name(name: &str) -> Result<(), ConfigError> {
+    let ok = !name.is_empty()
+        && name.len() <= MAX_AGENT_NAME
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-');
+    if ok {
+        Ok(())
+    } else {
+        Err(ConfigError::Invalid {
+            key: format!("agents.{name}"),
+            detail: "an agent name is 1 to 32 of a-z, 0-9, `_` and `-` (it is part of session keys and metric labels)".into(),
+        })
+    }
+}
+
+/// `agents.NAME` over `agents.defaults`: every key the agent sets replaces the default's; the
+/// tables (`tools`, `compaction`) are merged key by key.
+///
+/// # Errors
+/// A merged section that is no longer valid (cannot happen for two valid sections).
+pub fn merge_agent(
+    defaults: &AgentDefaultsFile,
+    name: &str,
+    over: &AgentDefaultsFile,
+) -> Result<AgentDefaultsFile, ConfigError> {
+    let invalid = |e: serde_json::Error| ConfigError::Invalid {
+        key: format!("agents.{name}"),
+        detail: e.to_string(),
+    };
+    let mut base = serde_json::to_value(defaults).map_err(invalid)?;
+    let top = serde_json::to_value(over).map_err(invalid)?;
+    overlay(&mut base, top);
+    serde_json::from_value(base).map_err(invalid)
+}
+
+fn overlay(base: &mut serde_json::Value, over: serde_json::Value) {
+    match (base, over) {
+        (serde_json::Value::Object(b), serde_json::Value::Object(o)) => {
+            for (k, v) in o {
+                if v.is_null() {
+                    continue;
+                }
+                match b.get_mut(&k) {
+                    Some(slot) if slot.is_object() && v.is_object() => overlay(slot, v),
+                    _ => {
+                        b.insert(k, v);
+                    }
+                }
+            }
+        }
+        (b, o) => *b = o,
+    }
+}
+
+/// Rename the key of an error found while resolving `agents.NAME` (the resolvers name
+/// `agents.defaults.*`).
+pub fn rename_error(e: ConfigError, name: &str) -> ConfigError {
+    let fix = |k: String| match k.strip_prefix("agents.defaults") {
+        Some(rest) => format!("agents.{name}{rest}"),
+        None => k,
+    };
+    match e {
+        ConfigError::Invalid { key, detail } => ConfigError::Invalid {
+            key: fix(key),
+            detail,
+        },
+        ConfigError::Secret { key, detail } => ConfigError::Secret {
+            key: fix(key),
+            detail,
+        },
+        other => other,
+    }
+}
+
+/// One agent beside the default one (`agents.NAME`), resolved.
+#[derive(Clone, Debug)]
+pub struct NamedAgent {
+    /// `NAME`.
+    pub name: String,
+    /// Its behaviour (workspace, prompt, limits, models).
+    pub agent: AgentConfig,
+    /// Its providers in fallback order.
+    pub providers: Vec<ProviderConfig>,
+    /// Its tool policy (its `tools` layer over `tools.policy`, for its primary provider).
+    pub policy: crate::tools::policy::ToolPolicy,
+}
+
+/// One `[[bindings]]` entry, checked.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Binding {
+    /// The agent it selects.
+    pub agent: String,
+    /// `channel`.
+    pub channel: Option<String>,
+    /// `account`.
+    pub account: Option<String>,
+    /// `chat`.
+    pub chat: Option<String>,
+    /// `user`.
+    pub user: Option<String>,
+    /// `thread`.
+    pub thread: Option<String>,
+    /// Its position in the file (1-based), for messages.
+    pub index: usize,
+}
+
+/// What a message offers to the bindings.
+#[derive(Clone, Copy, Debug)]
+pub struct Route<'a> {
+    /// The channel id of the message (`telegram`, or `telegram.work` for a second bot).
+    pub channel_id: &'a str,
+    /// Chat id.
+    pub chat: &'a str,
+    /// Sender id.
+    pub user: &'a str,
+    /// Thread id.
+    pub thread: Option<&'a str>,
+}
+
+/// The channel and the bot account of a channel id: `telegram.work` → (`telegram`, `work`),
+/// `telegram` → (`telegram`, `default`).
+pub fn channel_and_account(id: &str) -> (&str, &str) {
+    id.split_once('.').unwrap_or((id, "default"))
+}
+
+impl Binding {
+    fn fields(&self) -> [Option<&str>; 5] {
+        [
+            self.channel.as_deref(),
+            self.account.as_deref(),
+            self.chat.as_deref(),
+            self.user.as_deref(),
+            self.thread.as_deref(),
+        ]
+    }
+
+    /// How many keys it sets: the more, the more specific.
+    pub fn specificity(&self) -> usize {
+        self.fields().iter().flatten().count()
+    }
+
+    /// Whether `r` matches every key it sets.
+    pub fn matches(&self, r: &Route<'_>) -> bool {
+        let (channel, account) = channel_and_account(r.channel_id);
+        let got = [
+            Some(channel),
+            Some(account),
+            Some(r.chat),
+            Some(r.user),
+            r.thread,
+        ];
+        self.fields()
+            .iter()
+            .zip(got)
+            .all(|(want, got)| want.is_none_or(|w| Some(w) == got))
+    }
+
+    /// Whether one message could match both (no key both set to different values).
+    fn overlaps(&self, other: &Binding) -> bool {
+        self.fields()
+            .iter()
+            .zip(other.fields())
+            .all(|(a, b)| match (a, b) {
+                (Some(a), Some(b)) => *a == b,
+                _ => true,
+            })
+    }
+
+    /// `[[bindings]] #N (agent = "work", channel = "telegram", chat = "42")`.
+    pub fn describe(&self) -> String {
+        let mut parts = vec![format!("agent = \"{}\"", self.agent)];
+        for (k, v) in ["channel", "account", "chat", "user", "thread"]
+            .iter()
+            .zip(self.fields())
+        {
+            if let Some(v) = v {
+                parts.push(format!("{k} = \"{v}\""));
+            }
+        }
+        format!("[[bindings]] #{} ({})", self.index, parts.join(", "))
+    }
+}
+
+/// The bindings, most specific first.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Bindings(Vec<Binding>);
+
+impl Bindings {
+    /// Check `[[bindings]]` against the agents that exist (`main` and `named`).
+    ///
+    /// # Errors
+    /// An unknown agent, a binding without any key, or two bindings one message could match
+    /// with the same number of keys (naming both).
+    pub fn resolve(
+        files: Vec<BindingFile>,
+        named: &BTreeMap<String, AgentDefaultsFile>,
+    ) -> Result<Self, ConfigError> {
+        let mut out: Vec<Binding> = Vec::new();
+        for (i, f) in files.into_iter().enumerate() {
+            let key = format!("bindings[{i}]");
+            if f.agent != DEFAULT_AGENT && !named.contains_key(&f.agent) {
+                let mut known = vec![DEFAULT_AGENT.to_string()];
+                known.extend(named.keys().cloned());
+                return Err(ConfigError::Invalid {
+                    key: format!("{key}.agent"),
+                    detail: format!(
+                        "no agent named `{}`; agents: {} (add [agents.{}])",
+                        f.agent,
+                        known.join(", "),
+                        f.agent
+                    ),
+                });
+            }
+            let text = |v: Option<super::file::IdFile>| v.map(|v| v.to_string());
+            let b = Binding {
+                agent: f.agent,
+                channel: f.channel.map(|c| c.trim().to_string()),
+                account: f.account.map(|c| c.trim().to_string()),
+                chat: text(f.chat),
+                user: text(f.user),
+                thread: text(f.thread),
+                index: i + 1,
+            };
+            if b.specificity() == 0 {
+                return Err(ConfigError::Invalid {
+                    key,
+                    detail: "a binding needs at least one of channel, account, chat, user, thread (the default agent `main` serves what no binding matches)".into(),
+                });
+            }
+            if b.fields().iter().flatten().any(|v| v.is_empty()) {
+                return Err(ConfigError::Invalid {
+                    key,
+                    detail: "a binding's keys cannot be empty".into(),
+                });
+            }
+            if let Some(o) = out
+                .iter()
+                .find(|o| o.specificity() == b.specificity() && o.overlaps(&b))
+            {
+                return Err(ConfigError::Invalid {
+                    key,
+                    detail: format!(
+                        "{} and {} can both match the same message with the same number of keys, so which agent serves it would be ambiguous: add a key to the more specific one, or remove one",
+                        o.describe(),
+                        b.describe()
+                    ),
+                });
+            }
+            out.push(b);
+        }
+        out.sort_by_key(|b| std::cmp::Reverse(b.specificity()));
+        Ok(Self(out))
+    }
+
+    /// The agent serving `r`: the most specific matching binding's, or `main`.
+    pub fn agent_for(&self, r: &Route<'_>) -> &str {
+        self.0
+            .iter()
+            .find(|b| b.matches(r))
+            .map_or(DEFAULT_AGENT, |b| b.agent.as_str())
+    }
+
+    /// The bindings, most specific first.
+    pub fn iter(&self) -> impl Iterator<Item = &Binding> {
+        self.0.iter()
+    }
+
+    /// No bindings.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    fn files(text: &str) -> Vec<BindingFile> {
+        #[derive(serde::Deserialize)]
+        struct F {
+            bindings: Vec<BindingFile>,
+        }
+        config::Config::builder()
+            .add_source(config::File::from_str(text, config::FileFormat::Toml))
+            .build()
+            .unwrap()
+            .try_deserialize::<F>()
+            .unwrap()
+            .bindings
+    }
+
+    fn named(names: &[&str]) -> BTreeMap<String, AgentDefaultsFile> {
+        names
+            .iter()
+            .map(|n| ((*n).to_string(), AgentDefaultsFile::default()))
+            .collect()
+    }
+
+    fn route<'a>(ch: &'a str, chat: &'a str, user: &'a str) -> Route<'a> {
+        Route {
+            channel_id: ch,
+            chat,
+            user,
+            thread: None,
+        }
+    }
+
+    #[test]
+    fn the_most_specific_binding_wins_and_nothing_matching_is_main() {
+        let b = Bindings::resolve(
+            files(
+                r#"
+[[bindings]]
+agent = "family"
+channel = "telegram"
+[[bindings]]
+agent = "work"
+channel = "telegram"
+chat = -100
+[[bindings]]
+agent = "bot2"
+account = "work"
+"#,
+            ),
+            &named(&["family", "work", "bot2"]),
+        );
+        // `channel = telegram` and `account = work` tie on telegram.work: refused.
+        let e = b.unwrap_err().to_string();
+        assert!(e.contains("#1") && e.contains("#3"), "{e}");
+
+        let b = Bindings::resolve(
+            files(
+                r#"
+[[bindings]]
+agent = "family"
+channel = "telegram"
+[[bindings]]
+agent = "work"
+channel = "telegram"
+chat = -100
+[[bindings]]
+agent = "bot2"
+channel = "telegram"
+account = "work"
+chat = "5"
+"#,
+            ),
+            &named(&["family", "work", "bot2"]),
+        )
+        .unwrap();
+        assert_eq!(b.agent_for(&route("telegram", "-100", "7")), "work");
+        assert_eq!(b.agent_for(&route("telegram", "5", "7")), "family");
+        assert_eq!(b.agent_for(&route("telegram.work", "5", "7")), "bot2");
+        assert_eq!(b.agent_for(&route("telegram.work", "-100", "7")), "work");
+        assert_eq!(b.agent_for(&route("slack", "C1", "U1")), "main");
+    }
+
+    #[test]
+    fn bindings_to_unknown_agents_or_without_keys_are_refused() {
+        let e = Bindings::resolve(
+            files("[[bindings]]\nagent = \"nope\"\nchannel = \"telegram\"\n"),
+            &named(&["work"]),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("bindings[0].agent") && e.contains("main, work"),
+            "{e}"
+        );
+        let e = Bindings::resolve(files("[[bindings]]\nagent = \"work\"\n"), &named(&["work"]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("at least one"), "{e}");
+    }
+
+    #[test]
+    fn an_agent_inherits_every_default_it_does_not_set() {
+        let d: AgentDefaultsFile = serde_json::from_str(
+            r#"{"model": "m1", "system_prompt": "base", "tools": {"deny": ["exec_shell"]}, "compaction": {"threshold": 0.5}}"#,
+        )
+        .unwrap();
+        let w: AgentDefaultsFile =
+            serde_json::from_str(r#"{"model": "m2", "compaction": {"model": "cheap"}}"#).unwrap();
+        let m = merge_agent(&d, "work", &w).unwrap();
+        assert_eq!(m.model.as_deref(), Some("m2"));
+        assert_eq!(m.system_prompt.as_deref(), Some("base"));
+        assert_eq!(m.tools.unwrap().deny, Some(vec!["exec_shell".to_string()]));
+        let c = m.compaction.unwrap();
+        assert_eq!(
+            (c.threshold, c.model.as_deref()),
+            (Some(0.5), Some("cheap"))
+        );
+    }
+
+    #[test]
+    fn agent_names_are_checked() {
+        for ok in ["work", "a", "family-bot_2"] {
+            assert!(check_agent_name(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", "Work", "a:b", "a@b", "a.b", &"x".repeat(33)] {
+            assert!(check_agent_name(bad).is_err(), "{bad:?}");
+        }
+    }
+}
