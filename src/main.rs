@@ -102,9 +102,15 @@ fn main() -> ExitCode {
                 }
                 cli::config_cmd::ConfigAction::Check => Ok(()),
             },
-            Command::Agent { message, session } => {
-                cli::agent::run(&config, message, &session).await
-            }
+            Command::Agent {
+                message,
+                session,
+                agent,
+            } => match cli::agents::terminal_session(&config, &session, agent.as_deref()) {
+                Ok(session) => cli::agent::run(&config, message, &session).await,
+                Err(e) => Err(e),
+            },
+            Command::Agents { action } => cli::agents::run(&config, action),
             Command::Gateway => cli::gateway::run(config, cli::gateway::signals()).await,
             Command::Status { json } => cli::status::run(&config, json).await,
             Command::Sessions { action } => cli::sessions::run(&config, action).await,

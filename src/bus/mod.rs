@@ -25,7 +25,6 @@ use tokio_util::task::TaskTracker;
 
 use crate::session::{SessionActor, SessionArgs, SessionHooks, SessionMsg, SessionRef};
 use crate::store::{InboxEntry, StoreError};
-use crate::turn::TurnDeps;
 use crate::types::SessionKey;
 
 /// Handle to the bus.
@@ -90,8 +89,8 @@ pub enum ClearError {
 
 /// Arguments of the bus.
 pub struct BusArgs {
-    /// Shared by every session.
-    pub deps: TurnDeps,
+    /// Every agent's turn dependencies (a session gets its agent's).
+    pub agents: crate::turn::Agents,
     /// What sessions use beside their turns (outbox, approvals, subagent tree); the outbox's
     /// channel table also says whether a channel streams.
     pub hooks: SessionHooks,
@@ -205,7 +204,8 @@ impl Actor for BusActor {
                     let _ = reply.send(
                         state
                             .args
-                            .deps
+                            .agents
+                            .main()
                             .store
                             .clear_session(&key)
                             .map_err(ClearError::from),
@@ -292,7 +292,7 @@ async fn route_inbound(myself: &ActorRef<BusMsg>, state: &mut BusState, entry: I
     let bus = myself.clone();
     let args = SessionArgs {
         key: key.clone(),
-        deps: state.args.deps.clone(),
+        deps: state.args.agents.for_key(&key).clone(),
         hooks: state.args.hooks.clone(),
         on_idle: Arc::new(move |key, routed| {
             let _ = bus.cast(BusMsg::SessionIdle { key, routed });

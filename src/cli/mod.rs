@@ -1,6 +1,7 @@
 //! The `weft` command line: one file per subcommand.
 
 pub mod agent;
+pub mod agents;
 pub mod client;
 pub mod completions;
 pub mod config_cmd;
@@ -71,6 +72,15 @@ pub enum Command {
         /// Conversation to use (default: `default`).
         #[arg(short, long, default_value = "default")]
         session: String,
+        /// The agent to talk to (`main`, or a name of `agents.NAME`; `weft agents list`).
+        #[arg(long)]
+        agent: Option<String>,
+    },
+    /// The agents of this configuration and the bindings that choose them.
+    Agents {
+        /// What to do.
+        #[command(subcommand)]
+        action: agents::AgentsAction,
     },
     /// Run the daemon: all enabled channels and the HTTP API, until SIGINT/SIGTERM.
     Gateway,
@@ -320,6 +330,7 @@ impl Command {
                 | Command::Completions { .. }
                 | Command::Status { .. }
                 | Command::Sessions { .. }
+                | Command::Agents { .. }
                 | Command::Usage { .. }
                 | Command::Skills { .. }
                 | Command::Memory { .. }

@@ -90,7 +90,7 @@ pub fn rename_error(e: ConfigError, name: &str) -> ConfigError {
 }
 
 /// One agent beside the default one (`agents.NAME`), resolved.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct NamedAgent {
     /// `NAME`.
     pub name: String,

@@ -132,6 +132,7 @@ pub fn access_rules(config: &Config) -> crate::ingress::access::Access {
             .filter(|c| c.per_user_sessions)
             .map(|c| c.platform.name().to_string()),
     )
+    .with_bindings(config.bindings.clone())
 }
 
 /// The daemon's own paths, which no tool may touch wherever the workspace is: the config
@@ -168,7 +169,9 @@ pub fn protected_paths(config: &Config) -> ProtectedPaths {
     }
     // Each chat user's memory: only the memory tools, each user their own directory, ever
     // open it.
-    all.push(users_dir(config), ProtectedKind::UserMemory);
+    for name in config.agent_names() {
+        all.push(users_dir_of(config, name), ProtectedKind::UserMemory);
+    }
     // The service's credentials file (`weft service install --write-credentials`).
     all.push(
         config.home.join(crate::config::SERVICE_ENV_FILE),
@@ -271,7 +274,21 @@ fn egress_proxy(config: &Config) -> Option<Arc<EgressProxy>> {
 /// the workspace, so the exec sandbox (which can only leave paths out of a tree by splitting
 /// the directories above them) keeps the workspace whole.
 pub fn users_dir(config: &Config) -> std::path::PathBuf {
-    config.home.join(crate::memory::scope::USERS_DIR)
+    users_dir_of(config, &config.agent_name)
+}
+
+/// [`users_dir`] of agent `name`: the default agent's `~/.clawft/users`, another agent's
+/// `~/.clawft/agents/NAME/users` (each agent its own memory of each user).
+pub fn users_dir_of(config: &Config, name: &str) -> std::path::PathBuf {
+    if name == crate::types::session_key::DEFAULT_AGENT {
+        config.home.join(crate::memory::scope::USERS_DIR)
+    } else {
+        config
+            .home
+            .join("agents")
+            .join(name)
+            .join(crate::memory::scope::USERS_DIR)
+    }
 }
 
 /// The memory search service of `config` (snapshots beneath the state directory; past

@@ -84,6 +84,8 @@ pub struct Daemon {
     grace: Duration,
     mcp: McpSlot,
     tools: Arc<crate::tools::registry::ToolsHandle>,
+    /// The other agents' tools and workspaces (`agents.NAME`), reloaded with the default's.
+    others: Vec<(String, AgentRuntime)>,
     approvals: Arc<crate::approval::Approvals>,
     subagents: Arc<crate::subagent::SubagentHub>,
     /// The memory search service (its indexes survive a tools reload).
@@ -194,6 +196,91 @@ async fn start_channel(
     Ok(())
 }
 
+/// The daemon's services every agent shares.
+struct Shared {
+    store: Store,
+    outbox: Outbox,
+    approvals: Arc<crate::approval::Approvals>,
+    mcp: Option<Arc<McpManager>>,
+    memory: Arc<crate::memory::service::MemoryService>,
+    subagents: Arc<crate::subagent::SubagentHub>,
+    scheduler: Arc<crate::scheduler::Scheduler>,
+    gateway: crate::tools::gateway::GatewaySlot,
+    usage: Arc<crate::turn::usage::UsageLedger>,
+}
+
+impl Shared {
+    /// The registry of the agent `config` is for, over the shared services.
+    fn registry(&self, config: &Config, mcp: Option<Arc<McpManager>>) -> crate::tools::ToolRegistry {
+        build_registry(
+            config,
+            Some(Arc::new(self.outbox.clone()) as Arc<dyn MessageSink>),
+            Some(self.approvals.clone() as Arc<dyn crate::tools::shell_policy::Approver>),
+            mcp.into_iter()
+                .map(|m| m as Arc<dyn crate::tools::registry::ToolSource>)
+                .collect(),
+            build::RegistryParts {
+                subagents: Some(self.subagents.clone()),
+                memory: Some(self.memory.clone()),
+                scheduler: Some(self.scheduler.clone()),
+                gateway: Some(self.gateway.clone()),
+            },
+        )
+    }
+}
+
+/// One agent's own parts: its workspace and its tools (replaced on a reload).
+struct AgentRuntime {
+    workspace: Arc<Workspace>,
+    tools: Arc<crate::tools::registry::ToolsHandle>,
+}
+
+/// The workspace of the agent `config` is for, with the paths no tool may touch.
+fn open_workspace(config: &Config) -> Result<Arc<Workspace>, DaemonError> {
+    let ws = Workspace::open(&config.agent.workspace)
+        .map_err(|e| DaemonError::Workspace {
+            path: config.agent.workspace.display().to_string(),
+            source: e,
+        })?
+        .with_protected(&protected_paths(config))
+        .with_users_dir(build::users_dir(config));
+    Ok(Arc::new(ws))
+}
+
+impl AgentRuntime {
+    fn start(config: &Config, workspace: Arc<Workspace>, shared: &Shared) -> Self {
+        let tools =
+            crate::tools::registry::ToolsHandle::new(shared.registry(config, shared.mcp.clone()));
+        Self { workspace, tools }
+    }
+
+    /// The turn dependencies of the agent `config` is for.
+    fn deps(&self, config: &Config, model: DynModel, shared: &Shared) -> TurnDeps {
+        let context = Arc::new(crate::turn::context::ContextPrompt::new(
+            &crate::session::prompt::system_prompt(None, self.workspace.root()),
+            config.agent.system_prompt.as_deref(),
+            self.workspace.clone(),
+        ));
+        TurnDeps {
+            model,
+            tools: self.tools.clone(),
+            store: shared.store.clone(),
+            agent: Arc::new(config.agent.clone()),
+            system_prompt: context.current(),
+            context,
+            workspace: self.workspace.clone(),
+            connect_hint: connect_hint(config).map(Into::into),
+            provider_hints: Arc::new(config.provider_hints()),
+            skills_global: Some(config.home.join("skills")),
+            usage: shared.usage.clone(),
+            memory_scope: config.memory.scope,
+            user_dir: None,
+            sender: None,
+            request_model: None,
+        }
+    }
+}
+
 impl Daemon {
     /// Start the actor tree over `store` with `model` and `channels`.
     ///
@@ -205,14 +292,7 @@ impl Daemon {
         model: DynModel,
         channels: Vec<Arc<dyn Channel>>,
     ) -> Result<Self, DaemonError> {
-        let workspace = Workspace::open(&config.agent.workspace)
-            .map_err(|e| DaemonError::Workspace {
-                path: config.agent.workspace.display().to_string(),
-                source: e,
-            })?
-            .with_protected(&protected_paths(config))
-            .with_users_dir(build::users_dir(config));
-        let workspace = Arc::new(workspace);
+        let workspace = open_workspace(config)?;
         let outbox = Outbox::new(store.clone(), ChannelTable::default());
         let approvals = Arc::new(crate::approval::Approvals::new(
             Arc::new(outbox.clone()) as Arc<dyn MessageSink>
@@ -229,54 +309,44 @@ impl Daemon {
             workspace.clone(),
         );
         let gateway = crate::tools::gateway::GatewaySlot::default();
-        let registry = build_registry(
-            config,
-            Some(Arc::new(outbox.clone()) as Arc<dyn MessageSink>),
-            Some(approvals.clone() as Arc<dyn crate::tools::shell_policy::Approver>),
-            mcp.iter()
-                .map(|m| m.clone() as Arc<dyn crate::tools::registry::ToolSource>)
-                .collect(),
-            build::RegistryParts {
-                subagents: Some(subagents.clone()),
-                memory: Some(memory.clone()),
-                scheduler: Some(scheduler.clone()),
-                gateway: Some(gateway.clone()),
-            },
-        );
-        let tools = crate::tools::registry::ToolsHandle::new(registry);
         let usage = Arc::new(crate::turn::usage::UsageLedger::load(
             store.clone(),
             config.usage.clone(),
         )?);
-        let context = Arc::new(crate::turn::context::ContextPrompt::new(
-            &crate::session::prompt::system_prompt(None, workspace.root()),
-            config.agent.system_prompt.as_deref(),
-            workspace.clone(),
-        ));
-        let deps = TurnDeps {
-            model,
-            tools: tools.clone(),
+        let shared = Shared {
             store: store.clone(),
-            agent: Arc::new(config.agent.clone()),
-            system_prompt: context.current(),
-            context,
-            workspace: workspace.clone(),
-            connect_hint: connect_hint(config).map(Into::into),
-            provider_hints: Arc::new(config.provider_hints()),
-            skills_global: Some(config.home.join("skills")),
+            outbox: outbox.clone(),
+            approvals: approvals.clone(),
+            mcp: mcp.clone(),
+            memory: memory.clone(),
+            subagents: subagents.clone(),
+            scheduler: scheduler.clone(),
+            gateway: gateway.clone(),
             usage: usage.clone(),
-            memory_scope: config.memory.scope,
-            user_dir: None,
-            sender: None,
-            request_model: None,
         };
+        let main = AgentRuntime::start(config, workspace.clone(), &shared);
+        let deps = main.deps(config, model, &shared);
+        let mut named = std::collections::BTreeMap::new();
+        let mut others = Vec::new();
+        for a in &config.agents {
+            let Some(view) = config.for_agent(&a.name) else {
+                continue;
+            };
+            let rt = AgentRuntime::start(&view, open_workspace(&view)?, &shared);
+            let d = rt.deps(&view, build_model(&view)?, &shared);
+            tracing::info!(agent = %a.name, workspace = %view.agent.workspace.display(), model = %view.providers.first().map_or("", |p| p.model.as_str()), "agent ready");
+            named.insert(a.name.clone(), d);
+            others.push((a.name.clone(), rt));
+        }
+        let agents = crate::turn::Agents::new(deps, named);
+        let tools = main.tools.clone();
         let tasks = TaskTracker::new();
         let turns = CancellationToken::new();
         let (bus, _) = Actor::spawn(
             None,
             BusActor,
             BusArgs {
-                deps: deps.clone(),
+                agents: agents.clone(),
                 hooks: SessionHooks {
                     outbox: outbox.clone(),
                     approvals: Some(approvals.clone()),
@@ -299,7 +369,7 @@ impl Daemon {
         // their announcements, which the replay below then routes.
         let supervisor = crate::subagent::start(crate::subagent::SupervisorArgs {
             hub: subagents.clone(),
-            deps,
+            agents,
             inbox: inbox.clone(),
             tasks: tasks.clone(),
             root_cancel: turns.child_token(),
@@ -370,6 +440,7 @@ impl Daemon {
             grace: config.sessions.shutdown_grace,
             mcp: Arc::new(std::sync::RwLock::new(mcp)),
             tools,
+            others,
             approvals,
             subagents,
             memory,
@@ -445,22 +516,24 @@ impl Daemon {
             changes.push("subagent limits reloaded (running subagents keep theirs)".into());
         }
         if tools_changed {
-            let registry = build_registry(
-                &new,
-                Some(Arc::new(self.outbox.clone()) as Arc<dyn MessageSink>),
-                Some(self.approvals.clone() as Arc<dyn crate::tools::shell_policy::Approver>),
-                self.mcp()
-                    .into_iter()
-                    .map(|m| m as Arc<dyn crate::tools::registry::ToolSource>)
-                    .collect(),
-                build::RegistryParts {
-                    subagents: Some(self.subagents.clone()),
-                    memory: Some(self.memory.clone()),
-                    scheduler: Some(self.scheduler.clone()),
-                    gateway: Some(self.gateway.clone()),
-                },
-            );
-            self.tools.replace(registry);
+            let shared = Shared {
+                store: self.store.clone(),
+                outbox: self.outbox.clone(),
+                approvals: self.approvals.clone(),
+                mcp: self.mcp(),
+                memory: self.memory.clone(),
+                subagents: self.subagents.clone(),
+                scheduler: self.scheduler.clone(),
+                gateway: self.gateway.clone(),
+                usage: self.usage.clone(),
+            };
+            self.tools.replace(shared.registry(&new, self.mcp()));
+            for (name, rt) in &self.others {
+                // An agent removed from the new file keeps its tools until the restart.
+                if let Some(view) = new.for_agent(name) {
+                    rt.tools.replace(shared.registry(&view, self.mcp()));
+                }
+            }
             changes.push("tools: policy, limits and tool settings reloaded".into());
         }
         let channel_changes = self.reload_channels(&new).await;
@@ -473,7 +546,11 @@ impl Daemon {
                 old.max_inbound_bytes != new.max_inbound_bytes,
             ),
             ("store", old.store != new.store),
-            ("agents", old.agent != new.agent),
+            (
+                "agents",
+                old.agent != new.agent || old.agents != new.agents,
+            ),
+            ("bindings", old.bindings != new.bindings),
             ("sessions", old.sessions != new.sessions),
         ] {
             if changed {
@@ -486,8 +563,13 @@ impl Daemon {
         kept.secrets = new.secrets;
         kept.chat_channels = new.chat_channels;
         self.config = kept;
-        // Secret files may have changed; the store and the workspace did not (restart).
+        // Secret files may have changed; the store and the workspaces did not (restart).
         self.workspace.set_protected(&protected_paths(&self.config));
+        for (name, rt) in &self.others {
+            if let Some(view) = self.config.for_agent(name) {
+                rt.workspace.set_protected(&protected_paths(&view));
+            }
+        }
         if changes.is_empty() {
             changes.push("nothing changed".into());
         }

@@ -65,11 +65,20 @@ pub struct Pending {
     pub created_ms: u64,
 }
 
+/// The terminal's chat id and the agent it names: `SESSION@AGENT` (`weft agent --agent`).
+pub fn terminal_chat(chat: &str) -> (&str, Option<&str>) {
+    match chat.rsplit_once('@') {
+        Some((c, a)) if !c.is_empty() && !a.is_empty() => (c, Some(a)),
+        _ => (chat, None),
+    }
+}
+
 /// Access rules of every channel, with the store for pairing.
 #[derive(Clone, Debug, Default)]
 pub struct Access {
     rules: HashMap<String, AccessRule>,
     per_user: std::collections::HashSet<String>,
+    bindings: crate::config::agents::Bindings,
 }
 
 fn code() -> String {
@@ -88,7 +97,14 @@ impl Access {
         Self {
             rules,
             per_user: std::collections::HashSet::new(),
+            bindings: crate::config::agents::Bindings::default(),
         }
+    }
+
+    /// Which agent serves which messages (`[[bindings]]`).
+    pub fn with_bindings(mut self, bindings: crate::config::agents::Bindings) -> Self {
+        self.bindings = bindings;
+        self
     }
 
     /// Channels whose chats hold one session per sender (`group_sessions = "user"`).
@@ -97,7 +113,8 @@ impl Access {
         self
     }
 
-    /// The session `ev` belongs to.
+    /// The session `ev` belongs to: its conversation (chat, thread, and sender where the
+    /// channel isolates users), served by the agent the bindings choose.
     ///
     /// # Errors
     /// An id that cannot form a session key.
@@ -105,18 +122,34 @@ impl Access {
         &self,
         ev: &InboundEvent,
     ) -> Result<crate::types::SessionKey, crate::types::InvalidSessionKey> {
-        // The local CLI through the HTTP API (control token only, checked by the channel):
-        // the terminal's own session, the one `weft agent` uses without a gateway.
-        if ev.channel.as_str() == "http"
-            && ev.sender.as_str() == clawft_channel_http::TERMINAL_SENDER
-        {
-            return crate::types::SessionKey::from_parts(&["cli", ev.chat.as_str()]);
+        use crate::types::SessionKey;
+        // The terminal (in process, or the local CLI through the HTTP API with the control
+        // token, checked by the channel): its own session, the one `weft agent` uses without
+        // a gateway. `weft agent --agent NAME` names the agent as `SESSION@NAME`.
+        let terminal = ev.channel.as_str() == "cli"
+            || (ev.channel.as_str() == "http"
+                && ev.sender.as_str() == clawft_channel_http::TERMINAL_SENDER);
+        if terminal {
+            let (chat, agent) = terminal_chat(ev.chat.as_str());
+            let key = SessionKey::from_parts(&["cli", chat])?;
+            let agent = agent.unwrap_or_else(|| self.agent_for(ev, "cli"));
+            return key.with_agent(agent);
         }
-        if self.per_user.contains(ev.channel.as_str()) {
-            crate::types::SessionKey::derive_per_user(ev)
+        let key = if self.per_user.contains(ev.channel.as_str()) {
+            SessionKey::derive_per_user(ev)?
         } else {
-            crate::types::SessionKey::derive(ev)
-        }
+            SessionKey::derive(ev)?
+        };
+        key.with_agent(self.agent_for(ev, ev.channel.as_str()))
+    }
+
+    fn agent_for(&self, ev: &InboundEvent, channel_id: &str) -> &str {
+        self.bindings.agent_for(&crate::config::agents::Route {
+            channel_id,
+            chat: ev.chat.as_str(),
+            user: ev.sender.as_str(),
+            thread: ev.thread.as_ref().map(|t| t.as_str()),
+        })
     }
 
     /// The rule of `channel`.

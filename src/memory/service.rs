@@ -969,25 +969,35 @@ fn check_document(rel: &str, shown: &str) -> Result<(), ToolError> {
     }
 }
 
-/// Sessions whose past conversations `ctx` may search: under a user's scope, this chat's
-/// (the key's channel and chat, every thread); otherwise all of them.
+/// Sessions whose past conversations `ctx` may search: its agent's (`@NAME:` keys for another
+/// agent, keys without one for the default agent); under a user's scope, of those only this
+/// chat's (the key's channel and chat, every thread).
 fn transcript_prefix(ctx: &ToolContext) -> String {
+    let agent = match ctx.session.agent() {
+        crate::types::session_key::DEFAULT_AGENT => String::new(),
+        a => format!("@{a}:"),
+    };
     if ctx.user_dir.is_none() {
-        return String::new();
+        return agent;
     }
-    let key = ctx.session.as_str();
+    let key = ctx.session.without_agent();
     let mut parts = key.splitn(3, ':');
     match (parts.next(), parts.next()) {
-        (Some(c), Some(chat)) => format!("{c}:{chat}"),
-        _ => key.to_string(),
+        (Some(c), Some(chat)) => format!("{agent}{c}:{chat}"),
+        _ => format!("{agent}{key}"),
     }
 }
 
-/// Whether the session `key` is within `prefix` (`""`: all; `channel:chat`: that chat and
-/// its threads).
+/// Whether the session `key` is within `prefix` (`""`: every session of the default agent;
+/// `@NAME:`: every session of agent NAME; otherwise that chat and its threads).
 fn in_scope(key: &str, prefix: &str) -> bool {
-    prefix.is_empty()
-        || key == prefix
+    if prefix.is_empty() {
+        return !key.starts_with('@');
+    }
+    if prefix.ends_with(':') {
+        return key.starts_with(prefix);
+    }
+    key == prefix
         || key
             .strip_prefix(prefix)
             .is_some_and(|rest| rest.starts_with(':'))

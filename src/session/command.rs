@@ -16,6 +16,8 @@ pub enum ChatCommand {
     Help,
     /// `/compact`: save notes to memory and summarise the older conversation now.
     Compact,
+    /// `/model` (which model, and which the agent allows) or `/model NAME` (switch this chat).
+    Model(Option<String>),
     /// `/approve ID [once|always]` or `/deny ID`: answer a pending approval.
     Approval {
         /// The approval's id.
@@ -26,7 +28,7 @@ pub enum ChatCommand {
 }
 
 /// What `/help` answers.
-pub const HELP: &str = "Chat commands:\n/new: start a new conversation\n/stop: stop the running turn (and its subagents)\n/status: this session's state\n/compact: summarise the older conversation now (the model keeps a summary and the last turns; the history stays stored)\n/approve ID [always]: allow a command the assistant asked to run\n/deny ID: refuse it\n/help: this list\nAnything else goes to the assistant.";
+pub const HELP: &str = "Chat commands:\n/new: start a new conversation\n/stop: stop the running turn (and its subagents)\n/status: this session's state\n/compact: summarise the older conversation now (the model keeps a summary and the last turns; the history stays stored)\n/model [NAME]: the model of this chat, or switch to another the assistant allows\n/approve ID [always]: allow a command the assistant asked to run\n/deny ID: refuse it\n/help: this list\nAnything else goes to the assistant.";
 
 impl ChatCommand {
     /// The command `text` is, if it is one (surrounding whitespace ignored). Anything else,
@@ -46,6 +48,10 @@ impl ChatCommand {
         if cmd == "/start" {
             // Telegram deep links send `/start PAYLOAD`.
             return Some(Self::Help);
+        }
+        if cmd == "/model" {
+            let name = words.next().map(str::to_string);
+            return words.next().is_none().then_some(Self::Model(name));
         }
         let id = words.next()?.to_string();
         let rest = words.next();
@@ -75,6 +81,12 @@ mod tests {
         assert_eq!(ChatCommand::parse("/start"), Some(ChatCommand::Help));
         assert_eq!(ChatCommand::parse("/start ref-42"), Some(ChatCommand::Help));
         assert_eq!(ChatCommand::parse("/compact"), Some(ChatCommand::Compact));
+        assert_eq!(ChatCommand::parse("/model"), Some(ChatCommand::Model(None)));
+        assert_eq!(
+            ChatCommand::parse("/model gpt-4o"),
+            Some(ChatCommand::Model(Some("gpt-4o".into())))
+        );
+        assert_eq!(ChatCommand::parse("/model a b"), None);
         assert_eq!(
             ChatCommand::parse("/approve ab12"),
             Some(ChatCommand::Approval {

@@ -156,6 +156,59 @@ pub struct SessionState {
     /// The pending idle timer; replaced (and the old one aborted) each time the session idles,
     /// so a busy session holds one timer task, not one per turn.
     idle_timer: Option<tokio::task::JoinHandle<Result<(), ractor::MessagingErr<SessionMsg>>>>,
+    /// The model `/model NAME` chose for this chat (stored, so it outlives a restart); `None`:
+    /// the agent's.
+    model: Option<String>,
+}
+
+/// Store namespace of the models chats chose with `/model`, by session key.
+const MODEL_NS: &str = "session.model";
+
+/// The model this chat's turns ask for: its `/model` choice, or the agent's.
+fn current_model(state: &SessionState) -> &str {
+    state
+        .model
+        .as_deref()
+        .or_else(|| state.args.deps.agent.models.first().map(String::as_str))
+        .unwrap_or("?")
+}
+
+/// `/model` (show) or `/model NAME` (switch this chat, stored).
+fn switch_model(state: &mut SessionState, name: Option<String>) -> (OutboundKind, String) {
+    let allowed = state.args.deps.agent.models.join(", ");
+    let Some(name) = name else {
+        return (
+            OutboundKind::Final,
+            format!(
+                "This chat uses {}. Models of this assistant: {allowed}. Switch with /model NAME.",
+                current_model(state)
+            ),
+        );
+    };
+    if !state.args.deps.agent.models.contains(&name) {
+        return (
+            OutboundKind::Error,
+            format!("`{name}` is not a model of this assistant. Choose one of: {allowed} (the operator lists them in agents.<name>.models)."),
+        );
+    }
+    let default = state.args.deps.agent.models.first() == Some(&name);
+    let stored = if default { None } else { Some(name.as_str()) };
+    if let Err(e) = state
+        .args
+        .deps
+        .store
+        .state_put(MODEL_NS, state.args.key.as_str(), stored)
+    {
+        return (
+            OutboundKind::Error,
+            format!("The model could not be saved: {e}"),
+        );
+    }
+    state.model = stored.map(str::to_string);
+    (
+        OutboundKind::Final,
+        format!("This chat now uses {name}."),
+    )
 }
 
 /// The session actor (stateless struct; state in [`SessionState`]).
@@ -193,7 +246,16 @@ impl Actor for SessionActor {
         args: SessionArgs,
     ) -> Result<SessionState, ActorProcessingErr> {
         let (window, transcript) = load_repaired(&args)?;
+        // A choice the agent no longer allows (its `models` changed) is dropped.
+        let model = args
+            .deps
+            .store
+            .state_get(MODEL_NS, args.key.as_str())
+            .ok()
+            .flatten()
+            .filter(|m| args.deps.agent.models.contains(m));
         Ok(SessionState {
+            model,
             args,
             transcript,
             window,
@@ -213,7 +275,7 @@ impl Actor for SessionActor {
         msg: SessionMsg,
         state: &mut SessionState,
     ) -> Result<(), ActorProcessingErr> {
-        let span = tracing::info_span!("session", session = %state.args.key);
+        let span = tracing::info_span!("session", session = %state.args.key, agent = state.args.key.agent());
         let _g = span.enter();
         match msg {
             SessionMsg::Inbound(entry) => {
@@ -422,8 +484,10 @@ fn on_inbound(myself: &ActorRef<SessionMsg>, state: &mut SessionState, entry: In
         Some(ChatCommand::Status) => {
             let s = status(state);
             let text = format!(
-                "session {}: {} messages, {}, {} queued\n{}",
+                "session {} (agent {}, model {}): {} messages, {}, {} queued\n{}",
                 s.key,
+                state.args.key.agent(),
+                current_model(state),
                 s.messages,
                 if s.running {
                     "a turn is running"
@@ -444,6 +508,10 @@ fn on_inbound(myself: &ActorRef<SessionMsg>, state: &mut SessionState, entry: In
         }
         Some(ChatCommand::Help) => {
             answer_now(state, &entry, OutboundKind::Final, command::HELP.into());
+        }
+        Some(ChatCommand::Model(name)) => {
+            let (kind, text) = switch_model(state, name);
+            answer_now(state, &entry, kind, text);
         }
         Some(ChatCommand::Approval { id, decision }) => {
             let (kind, text) = match &state.args.hooks.approvals {
@@ -560,6 +628,11 @@ fn maybe_start(myself: &ActorRef<SessionMsg>, state: &mut SessionState) {
             .and_then(|s| s.heartbeat())
             .and_then(|h| h.model.as_deref())
             .map(Into::into);
+    }
+    if !heartbeat {
+        if let Some(m) = &state.model {
+            deps.request_model = Some(m.as_str().into());
+        }
     }
     let compact = ChatCommand::parse(&ev.content) == Some(ChatCommand::Compact);
     if compact {

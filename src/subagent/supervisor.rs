@@ -13,7 +13,7 @@ use crate::config::subagents::SubagentSettings;
 
 use crate::bus::Inbox;
 use crate::store::Store;
-use crate::turn::{TurnDeps, TurnStatus};
+use crate::turn::TurnStatus;
 use crate::types::session_key::{
     subagent_key as session_key_of, subagent_task_id as task_id_of,
     subagent_task_id_in as task_id_in,
@@ -150,8 +150,9 @@ impl crate::session::SubagentTree for SubagentHub {
 
 /// Arguments of the supervisor.
 pub struct SupervisorArgs {
-    /// The chat sessions' turn dependencies (store, model, tools, workspace).
-    pub deps: TurnDeps,
+    /// Every agent's turn dependencies (store, model, tools, workspace): a child gets its
+    /// parent's agent's, narrowed.
+    pub agents: crate::turn::Agents,
     /// The limits in force (changed by a reload).
     pub hub: Arc<SubagentHub>,
     /// Where announcements are routed once journaled.
@@ -316,7 +317,7 @@ impl Actor for SupervisorActor {
 
 /// Load the records; fail what a restart interrupted; journal what was never announced.
 pub(super) fn recover(state: &mut SupervisorState) -> Result<(), crate::store::StoreError> {
-    let store = state.args.deps.store.clone();
+    let store = state.args.agents.main().store.clone();
     for (id, v) in store.state_scan(NS_TASKS)? {
         match serde_json::from_str::<TaskRecord>(&v) {
             Ok(mut r) => {
@@ -494,14 +495,17 @@ pub(super) fn spawn(
         usage: TaskUsage::default(),
         announced: false,
     };
-    let store = &state.args.deps.store;
+    let store = &state.args.agents.main().store;
     persist(store, &record);
-    let key = session_key_of(&id).ok_or("invalid task id")?;
+    // The child is its parent's agent's: its key says so, for its own children.
+    let key = session_key_of(&id)
+        .and_then(|k| k.with_agent(req.caller.agent()).ok())
+        .ok_or("invalid task id")?;
     let parent_cancel = task_id_of(&req.caller)
         .and_then(|pid| state.running.get(pid))
         .map_or_else(|| state.args.root_cancel.clone(), |p| p.cancel.clone());
     let cancel = parent_cancel.child_token();
-    let deps = child_deps(&state.args.deps, &s, depth);
+    let deps = child_deps(state.args.agents.for_key(&req.caller), &s, depth);
     let timeout = req.timeout.map_or(s.run_timeout, |t| t.min(s.run_timeout));
     let me = myself.clone();
     let token = cancel.clone();
@@ -603,7 +607,7 @@ pub(super) fn finished(
         r.result = Some(result.reply);
     }
     r.announced = !tell;
-    persist(&state.args.deps.store, &r);
+    persist(&state.args.agents.main().store, &r);
     crate::metrics::inc(
         "clawft_subagents_total",
         &[(
@@ -728,7 +732,7 @@ pub(super) fn sweep(state: &mut SupervisorState) {
     let now = now_ms();
     let archive_ms =
         u64::try_from(state.args.hub.settings().archive_after.as_millis()).unwrap_or(u64::MAX);
-    let store = state.args.deps.store.clone();
+    let store = state.args.agents.main().store.clone();
     let mut gone = Vec::new();
     for r in state.records.values_mut() {
         match sweep_action(r, now, archive_ms) {

@@ -92,6 +92,59 @@ impl TurnDeps {
     }
 }
 
+/// Every agent's dependencies; a session's are chosen by the agent of its key
+/// ([`SessionKey::agent`]).
+#[derive(Clone)]
+pub struct Agents {
+    main: TurnDeps,
+    named: Arc<std::collections::BTreeMap<String, TurnDeps>>,
+}
+
+impl Agents {
+    /// One agent, the default one.
+    pub fn single(main: TurnDeps) -> Self {
+        Self::new(main, std::collections::BTreeMap::new())
+    }
+
+    /// The default agent and the others by name.
+    pub fn new(main: TurnDeps, named: std::collections::BTreeMap<String, TurnDeps>) -> Self {
+        Self {
+            main,
+            named: Arc::new(named),
+        }
+    }
+
+    /// The default agent's.
+    pub fn main(&self) -> &TurnDeps {
+        &self.main
+    }
+
+    /// Agent `name`'s (`main` included).
+    pub fn get(&self, name: &str) -> Option<&TurnDeps> {
+        if name == crate::types::session_key::DEFAULT_AGENT {
+            return Some(&self.main);
+        }
+        self.named.get(name)
+    }
+
+    /// The dependencies of the session `key`. A key of an agent no longer configured (its
+    /// messages journaled before a reconfiguration) is served by the default agent, so nothing
+    /// journaled is left unanswered.
+    pub fn for_key(&self, key: &SessionKey) -> &TurnDeps {
+        let agent = key.agent();
+        self.get(agent).unwrap_or_else(|| {
+            tracing::warn!(session = %key, agent, "no agent of this name is configured: the default agent answers");
+            &self.main
+        })
+    }
+
+    /// Every agent: `(name, deps)`, the default one first.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &TurnDeps)> {
+        std::iter::once((crate::types::session_key::DEFAULT_AGENT, &self.main))
+            .chain(self.named.iter().map(|(k, v)| (k.as_str(), v)))
+    }
+}
+
 /// Progress of a running turn, for streaming channels.
 #[derive(Clone, Debug, PartialEq)]
 pub enum TurnEvent {
