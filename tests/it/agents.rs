@@ -1,0 +1,223 @@
+//! Several agents in one gateway (issue 20): bindings choose the agent by chat; each agent
+//! answers with its own system prompt, model, tools and memory; `/model` switches a chat's
+//! model among those its agent allows; the store keeps each agent's sessions apart.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use clawft_channel_telegram::fake::FakeTelegram;
+use serde_json::{json, Value};
+
+use crate::common::{config, messages, tool_names, tool_results, wait_until, TestGateway};
+use crate::fake_llm::{FakeLlm, Reply};
+
+const T: Duration = Duration::from_secs(30);
+const FAMILY_CHAT: i64 = 111;
+const WORK_CHAT: i64 = 222;
+const OTHER_CHAT: i64 = 333;
+
+fn system_of(req: &Value) -> String {
+    messages(req)
+        .first()
+        .and_then(|m| m["content"].as_str())
+        .unwrap_or_default()
+        .to_string()
+}
+
+fn shown(tg: &FakeTelegram, chat: i64) -> Vec<String> {
+    tg.sent()
+        .into_iter()
+        .filter(|m| m.chat == chat)
+        .map(|m| m.visible)
+        .collect()
+}
+
+/// The model: asked a question, it reads its memory; given the memory, it answers with the
+/// agent its system prompt names, the model it was asked as, and what its memory holds.
+fn model(llm: &FakeLlm) {
+    llm.route(|req| {
+        let results = tool_results(req);
+        if results.is_empty() {
+            return Some(Reply::ToolCalls(vec![(
+                "m1".into(),
+                "memory_read".into(),
+                "{}".into(),
+            )]));
+        }
+        let system = system_of(req);
+        let who = ["FAMILY", "WORK", "MAIN"]
+            .into_iter()
+            .find(|w| system.contains(&format!("You are {w}.")))
+            .unwrap_or("nobody");
+        let memory = results
+            .iter()
+            .map(|(_, v)| v.to_string())
+            .collect::<String>();
+        let mem = ["family-notes", "work-notes", "main-notes"]
+            .into_iter()
+            .find(|m| memory.contains(m))
+            .unwrap_or("no-notes");
+        Some(Reply::Text(format!(
+            "{who} {} {mem}",
+            req["model"].as_str().unwrap_or("?")
+        )))
+    });
+}
+
+fn workspace(dir: &std::path::Path, name: &str, notes: &str) -> String {
+    let ws = dir.join(name);
+    std::fs::create_dir_all(ws.join("memory")).unwrap();
+    std::fs::write(ws.join("memory/MEMORY.md"), format!("# Notes\n\n{notes}\n")).unwrap();
+    ws.to_str().unwrap().to_string()
+}
+
+#[tokio::test]
+async fn two_agents_bound_to_two_chats_answer_with_their_own_prompt_model_tools_and_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let llm = FakeLlm::start().await;
+    model(&llm);
+    let tg = Arc::new(FakeTelegram::start().await);
+    let main_ws = workspace(dir.path(), "ws", "main-notes");
+    let family_ws = workspace(dir.path(), "ws-family", "family-notes");
+    let work_ws = workspace(dir.path(), "ws-work", "work-notes");
+    let cfg = config(
+        &llm,
+        dir.path(),
+        json!({
+            "agents": {
+                "defaults": {"workspace": main_ws, "system_prompt": "You are MAIN."},
+                "family": {"workspace": family_ws, "system_prompt": "You are FAMILY.", "model": "family-model", "tools": {"deny": ["exec_shell"]}},
+                "work": {"workspace": work_ws, "system_prompt": "You are WORK.", "model": "work-model", "models": ["work-big"]},
+            },
+            "bindings": [
+                {"agent": "family", "channel": "telegram", "chat": FAMILY_CHAT},
+                {"agent": "work", "channel": "telegram", "chat": WORK_CHAT},
+            ],
+            "channels": {"telegram": {"token": FakeTelegram::TOKEN, "api_url": tg.api_url(),
+                "allow_from": [FAMILY_CHAT, WORK_CHAT, OTHER_CHAT], "stream_edits": false}},
+        }),
+    );
+    let gw = TestGateway::start(cfg).await;
+    for chat in [FAMILY_CHAT, WORK_CHAT, OTHER_CHAT] {
+        tg.push_user_message(chat, chat, "who are you?");
+    }
+    let expect = [
+        (FAMILY_CHAT, "FAMILY family-model family-notes"),
+        (WORK_CHAT, "WORK work-model work-notes"),
+        (OTHER_CHAT, "MAIN fake-model main-notes"),
+    ];
+    for (chat, text) in expect {
+        assert!(
+            wait_until(T, || shown(&tg, chat).iter().any(|t| t == text)).await,
+            "chat {chat}: {:?}",
+            shown(&tg, chat)
+        );
+    }
+    // Each agent's own tools: the family agent is never offered exec_shell, the others are.
+    let reqs = llm.requests();
+    for r in &reqs {
+        let offered = tool_names(r).contains(&"exec_shell".to_string());
+        let family = system_of(r).contains("You are FAMILY.");
+        assert_eq!(offered, !family, "{}", system_of(r));
+    }
+    // The store keeps the agents' conversations apart: the key names the agent.
+    let store = gw.gateway.daemon.store().clone();
+    let keys: Vec<String> = store
+        .sessions()
+        .unwrap()
+        .into_iter()
+        .map(|s| s.key.to_string())
+        .collect();
+    for k in [
+        format!("@family:telegram:{FAMILY_CHAT}"),
+        format!("@work:telegram:{WORK_CHAT}"),
+        format!("telegram:{OTHER_CHAT}"),
+    ] {
+        assert!(keys.contains(&k), "{k} not in {keys:?}");
+    }
+
+    // `/model`: the work chat switches to a model its agent allows, and only to one.
+    tg.push_user_message(WORK_CHAT, WORK_CHAT, "/model gpt-5-turbo");
+    tg.push_user_message(WORK_CHAT, WORK_CHAT, "/model work-big");
+    assert!(
+        wait_until(T, || shown(&tg, WORK_CHAT)
+            .iter()
+            .any(|t| t == "This chat now uses work-big."))
+        .await,
+        "{:?}",
+        shown(&tg, WORK_CHAT)
+    );
+    assert!(
+        shown(&tg, WORK_CHAT)
+            .iter()
+            .any(|t| t.contains("gpt-5-turbo") && t.contains("is not a model of this assistant")),
+        "{:?}",
+        shown(&tg, WORK_CHAT)
+    );
+    tg.push_user_message(WORK_CHAT, WORK_CHAT, "again?");
+    assert!(
+        wait_until(T, || shown(&tg, WORK_CHAT)
+            .iter()
+            .any(|t| t == "WORK work-big work-notes"))
+        .await,
+        "{:?}",
+        shown(&tg, WORK_CHAT)
+    );
+    tg.push_user_message(WORK_CHAT, WORK_CHAT, "/status");
+    assert!(
+        wait_until(T, || shown(&tg, WORK_CHAT)
+            .iter()
+            .any(|t| t.contains("(agent work, model work-big)")))
+        .await,
+        "{:?}",
+        shown(&tg, WORK_CHAT)
+    );
+    // The family chat's model did not change.
+    tg.push_user_message(FAMILY_CHAT, FAMILY_CHAT, "and you?");
+    assert!(
+        wait_until(T, || shown(&tg, FAMILY_CHAT)
+            .iter()
+            .filter(|t| *t == "FAMILY family-model family-notes")
+            .count()
+            == 2)
+        .await,
+        "{:?}",
+        shown(&tg, FAMILY_CHAT)
+    );
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn bindings_that_tie_and_unknown_agents_are_config_errors_naming_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = crate::common::test_env(dir.path());
+    let text = r#"
+[agents.work]
+system_prompt = "w"
+[[bindings]]
+agent = "work"
+chat = "1"
+[[bindings]]
+agent = "main"
+user = "7"
+"#;
+    let e = clawft::config::Config::from_str(text, true, &env)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("[[bindings]] #1") && e.contains("[[bindings]] #2") && e.contains("ambiguous"),
+        "{e}"
+    );
+    let e = clawft::config::Config::from_str(
+        "[[bindings]]\nagent = \"wrok\"\nchannel = \"telegram\"\n",
+        true,
+        &env,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("no agent named `wrok`"), "{e}");
+    let e = clawft::config::Config::from_str("[agents.Work]\nmodel = \"x\"\n", true, &env)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("agents.Work"), "{e}");
+}
