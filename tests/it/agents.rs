@@ -221,3 +221,82 @@ user = "7"
         .to_string();
     assert!(e.contains("agents.Work"), "{e}");
 }
+
+#[tokio::test]
+async fn weft_agents_list_and_weft_agent_with_an_agent_in_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let llm = FakeLlm::start().await;
+    llm.route(|req| {
+        Some(Reply::Text(format!(
+            "[{}] {}",
+            req["model"].as_str().unwrap_or("?"),
+            system_of(req).lines().next().unwrap_or_default()
+        )))
+    });
+    let cfg = crate::process::write_config(
+        dir.path(),
+        &crate::common::config_value(
+            &llm.base_url(),
+            dir.path(),
+            json!({
+                "agents": {
+                    "work": {"system_prompt": "You are WORK.", "model": "work-model"},
+                },
+                "bindings": [{"agent": "work", "channel": "telegram", "chat": "42"}],
+                "channels": {"http": {"enabled": false}},
+            }),
+        ),
+    );
+    let run = |args: &[&str]| {
+        let out = crate::process::weft(dir.path())
+            .arg("--config")
+            .arg(&cfg)
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    let (ok, out, err) = run(&["agents", "list"]);
+    assert!(ok, "{err}");
+    assert!(out.contains("main (default"), "{out}");
+    assert!(out.contains("work\n"), "{out}");
+    assert!(out.contains("work-model"), "{out}");
+    assert!(
+        out.contains(r#"[[bindings]] #1 (agent = "work", channel = "telegram", chat = "42")"#),
+        "{out}"
+    );
+    // The work agent's own workspace, made beneath the state directory.
+    assert!(out.contains("workspace-work"), "{out}");
+
+    let (ok, out, err) = tokio::task::spawn_blocking(move || {
+        let out = crate::process::weft(dir.path())
+            .arg("--config")
+            .arg(&cfg)
+            .args(["agent", "--agent", "work", "-m", "hello"])
+            .output()
+            .unwrap();
+        let r = (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        );
+        let bad = crate::process::weft(dir.path())
+            .arg("--config")
+            .arg(&cfg)
+            .args(["agent", "--agent", "nope", "-m", "hello"])
+            .output()
+            .unwrap();
+        assert!(!bad.status.success());
+        let e = String::from_utf8_lossy(&bad.stderr).to_string();
+        assert!(e.contains("no agent named `nope`; agents: main, work"), "{e}");
+        r
+    })
+    .await
+    .unwrap();
+    assert!(ok, "{err}");
+    assert!(out.contains("[work-model] You are WORK."), "{out}\n{err}");
+}
