@@ -79,7 +79,7 @@ fn label_text(l: &[(String, String)]) -> String {
 
 /// Help text of each counter.
 const HELP: &[(&str, &str)] = &[
-    ("clawft_turns_total", "Turns finished, by status."),
+    ("clawft_turns_total", "Turns finished, by agent and status."),
     (
         "clawft_tool_calls_total",
         "Tool calls, by tool and outcome (ok or the error code).",

@@ -727,15 +727,18 @@ fn maybe_start(myself: &ActorRef<SessionMsg>, state: &mut SessionState) {
             }
             crate::metrics::inc(
                 "clawft_turns_total",
-                &[(
-                    "status",
-                    match outcome.status {
-                        TurnStatus::Completed => "completed",
-                        TurnStatus::IterationLimit => "iteration_limit",
-                        TurnStatus::Cancelled => "cancelled",
-                        TurnStatus::Failed(_) => "failed",
-                    },
-                )],
+                &[
+                    ("agent", key.agent()),
+                    (
+                        "status",
+                        match outcome.status {
+                            TurnStatus::Completed => "completed",
+                            TurnStatus::IterationLimit => "iteration_limit",
+                            TurnStatus::Cancelled => "cancelled",
+                            TurnStatus::Failed(_) => "failed",
+                        },
+                    ),
+                ],
                 1,
             );
             let kind = match outcome.status {

@@ -172,6 +172,25 @@ async fn two_agents_bound_to_two_chats_answer_with_their_own_prompt_model_tools_
         "{:?}",
         shown(&tg, WORK_CHAT)
     );
+    // `/metrics` counts each agent's turns.
+    let text = gw
+        .api
+        .http
+        .get(format!("{}/metrics", gw.api.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for agent in ["family", "work", "main"] {
+        assert!(
+            text.contains(&format!(
+                "clawft_turns_total{{agent=\"{agent}\",status=\"completed\"}}"
+            )),
+            "{agent}: {text}"
+        );
+    }
     // The family chat's model did not change.
     tg.push_user_message(FAMILY_CHAT, FAMILY_CHAT, "and you?");
     assert!(
