@@ -607,7 +607,9 @@ impl Daemon {
                 changes.push(format!("channel {name} stopped"));
             }
         }
-        let access = Arc::new(access_rules(new));
+        // Agents and bindings change at the next restart: a restarted channel keeps routing
+        // to the agents that run.
+        let access = Arc::new(access_rules(new).with_bindings(self.config.bindings.clone()));
         for c in &new.chat_channels {
             let name = c.platform.name();
             if old.get(name) == fresh.get(name) {
