@@ -211,7 +211,11 @@ struct Shared {
 
 impl Shared {
     /// The registry of the agent `config` is for, over the shared services.
-    fn registry(&self, config: &Config, mcp: Option<Arc<McpManager>>) -> crate::tools::ToolRegistry {
+    fn registry(
+        &self,
+        config: &Config,
+        mcp: Option<Arc<McpManager>>,
+    ) -> crate::tools::ToolRegistry {
         build_registry(
             config,
             Some(Arc::new(self.outbox.clone()) as Arc<dyn MessageSink>),
@@ -546,10 +550,7 @@ impl Daemon {
                 old.max_inbound_bytes != new.max_inbound_bytes,
             ),
             ("store", old.store != new.store),
-            (
-                "agents",
-                old.agent != new.agent || old.agents != new.agents,
-            ),
+            ("agents", old.agent != new.agent || old.agents != new.agents),
             ("bindings", old.bindings != new.bindings),
             ("sessions", old.sessions != new.sessions),
         ] {

@@ -308,14 +308,16 @@ impl Scheduler {
     }
 
     /// The session a run of `job` answers in: the owner's own when the target is its chat (so
-    /// a per-user session stays per-user), else the target chat's.
+    /// a per-user session stays per-user), else the target chat's, served by the owner's agent.
     fn session_of(job: &Job) -> Option<SessionKey> {
         let (c, chat, thread) = job.owner.route();
         let t = &job.target;
         if c == t.channel && chat == t.chat_id && t.thread.as_deref() == thread {
             return Some(job.owner.clone());
         }
-        t.session_key().ok()
+        t.session_key()
+            .and_then(|k| k.with_agent(job.owner.agent()))
+            .ok()
     }
 
     fn event_of(job: &Job, run: &Run) -> InboundEvent {

@@ -344,3 +344,26 @@ fn heartbeat_content_and_replies() {
     let long = format!("HEARTBEAT_OK {}", "x".repeat(400));
     assert_eq!(heartbeat_reply(&long), Some("x".repeat(400)));
 }
+
+#[test]
+fn a_job_of_another_agent_runs_in_that_agents_sessions() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("store"), 1 << 20).unwrap();
+    let (s, routed) = scheduler(&store, dir.path(), None);
+    let mut own = hourly("own", CatchUp::Once, Deliver::Turn);
+    own.owner = SessionKey::parse("@work:telegram:42").unwrap();
+    let mut other = hourly("other", CatchUp::Once, Deliver::Turn);
+    other.owner = SessionKey::parse("@work:telegram:42").unwrap();
+    other.target.chat_id = "43".into();
+    s.jobs().add(own, t0()).unwrap();
+    s.jobs().add(other, t0()).unwrap();
+    s.tick(t0() + chrono::TimeDelta::hours(1) + chrono::TimeDelta::seconds(5));
+    let mut sessions: Vec<String> = routed
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|e| e.session.to_string())
+        .collect();
+    sessions.sort();
+    assert_eq!(sessions, ["@work:telegram:42", "@work:telegram:43"]);
+}

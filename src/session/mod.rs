@@ -205,10 +205,7 @@ fn switch_model(state: &mut SessionState, name: Option<String>) -> (OutboundKind
         );
     }
     state.model = stored.map(str::to_string);
-    (
-        OutboundKind::Final,
-        format!("This chat now uses {name}."),
-    )
+    (OutboundKind::Final, format!("This chat now uses {name}."))
 }
 
 /// The session actor (stateless struct; state in [`SessionState`]).

@@ -311,7 +311,10 @@ async fn weft_agents_list_and_weft_agent_with_an_agent_in_process() {
             .unwrap();
         assert!(!bad.status.success());
         let e = String::from_utf8_lossy(&bad.stderr).to_string();
-        assert!(e.contains("no agent named `nope`; agents: main, work"), "{e}");
+        assert!(
+            e.contains("no agent named `nope`; agents: main, work"),
+            "{e}"
+        );
         r
     })
     .await
