@@ -123,6 +123,11 @@ pub struct AgentDefaultsFile {
     pub models: Option<Vec<String>>,
     /// MCP servers (names of `tools.mcp_servers`) whose tools this agent gets (default: all).
     pub mcp_servers: Option<Vec<String>>,
+    /// This agent's own spending limits (its conversations and subagents together).
+    pub budgets: Option<super::usage::AgentBudgetsFile>,
+    /// This agent's subagent limits, over `tools.subagents` (`max_concurrent` stays the
+    /// gateway's).
+    pub subagents: Option<super::subagents::SubagentsFile>,
 }
 
 /// `agents.defaults.compaction`.

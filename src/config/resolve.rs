@@ -130,14 +130,16 @@ impl Config {
             defaults,
             named: mut named_files,
         } = raw.agents;
-        let main_file = match named_files.remove(DEFAULT_AGENT) {
+        let mut main_file = match named_files.remove(DEFAULT_AGENT) {
             Some(over) => super::agents::merge_agent(&defaults, DEFAULT_AGENT, &over)?,
             None => defaults.clone(),
         };
+        let mut agent_budgets = BTreeMap::new();
+        let (main_subagents, main_budgets) = (main_file.subagents.take(), main_file.budgets.take());
         let mcp_names: Vec<String> = raw.tools.mcp_servers.keys().cloned().collect();
         let raw_providers = raw.providers.clone();
         let ResolvedAgent {
-            agent,
+            mut agent,
             providers,
             source: provider_source,
             tools: agent_tools,
@@ -155,6 +157,11 @@ impl Config {
             &mut secrets,
             &mut provenance,
         )?;
+        agent.subagents = agent_subagents(&raw.tools.subagents, main_subagents, "agents.defaults")?;
+        if let Some(b) = main_budgets.filter(|b| !b.is_empty()) {
+            b.check("agents.defaults.budgets")?;
+            agent_budgets.insert(DEFAULT_AGENT.to_string(), b);
+        }
         let mut agents = Vec::new();
         for (name, over) in &named_files {
             super::agents::check_agent_name(name)?;
@@ -165,8 +172,13 @@ impl Config {
                 workspace: None,
                 ..defaults.clone()
             };
-            let merged = super::agents::merge_agent(&base, name, over)?;
-            let r = resolve_agent(
+            let mut merged = super::agents::merge_agent(&base, name, over)?;
+            let (sub, budgets) = (merged.subagents.take(), merged.budgets.take());
+            if let Some(b) = budgets.filter(|b| !b.is_empty()) {
+                b.check(&format!("agents.{name}.budgets"))?;
+                agent_budgets.insert(name.clone(), b);
+            }
+            let mut r = resolve_agent(
                 merged,
                 raw_providers.clone(),
                 &mcp_names,
@@ -181,6 +193,8 @@ impl Config {
                 &mut super::provenance::Provenance::default(),
             )
             .map_err(rename)?;
+            r.agent.subagents =
+                agent_subagents(&raw.tools.subagents, sub, &format!("agents.{name}"))?;
             let layer = r
                 .tools
                 .as_ref()
@@ -327,7 +341,10 @@ impl Config {
             secrets,
             notify_socket: env.get("NOTIFY_SOCKET").map(PathBuf::from),
             watchdog: watchdog_interval(env, std::process::id()),
-            usage: super::usage::resolve_usage(&raw.prices, &raw.budgets)?,
+            usage: super::usage::UsageConfig {
+                agents: agent_budgets,
+                ..super::usage::resolve_usage(&raw.prices, &raw.budgets)?
+            },
             memory,
             scheduler: raw.scheduler.resolve()?,
             heartbeat: raw.heartbeat.resolve()?,
@@ -421,6 +438,7 @@ fn resolve_agent(
         loop_repeat_limit,
         max_tool_calls_per_turn,
         models: Vec::new(),
+        subagents: None,
     };
 
     let (providers, source) = resolve_providers(
@@ -459,6 +477,39 @@ fn resolve_agent(
         source,
         tools: agent_tools,
     })
+}
+
+/// An agent's own subagent limits: its `subagents` over `tools.subagents`, key by key; `None`
+/// when it sets none.
+fn agent_subagents(
+    global: &super::subagents::SubagentsFile,
+    own: Option<super::subagents::SubagentsFile>,
+    key: &str,
+) -> Result<Option<super::subagents::SubagentSettings>, ConfigError> {
+    let Some(own) = own else {
+        return Ok(None);
+    };
+    let invalid = |e: serde_json::Error| ConfigError::Invalid {
+        key: format!("{key}.subagents"),
+        detail: e.to_string(),
+    };
+    let mut base = serde_json::to_value(global).map_err(invalid)?;
+    let top = serde_json::to_value(own).map_err(invalid)?;
+    if let (Some(b), serde_json::Value::Object(t)) = (base.as_object_mut(), top) {
+        for (k, v) in t.into_iter().filter(|(_, v)| !v.is_null()) {
+            b.insert(k, v);
+        }
+    }
+    let merged: super::subagents::SubagentsFile = serde_json::from_value(base).map_err(invalid)?;
+    merged
+        .resolve()
+        .map(Some)
+        .map_err(|e| ConfigError::Invalid {
+            key: e
+                .key
+                .replacen("tools.subagents", &format!("{key}.subagents"), 1),
+            detail: e.detail,
+        })
 }
 
 /// The models `/model` may choose: the primary provider's model, then `models` (deduplicated).

@@ -50,7 +50,7 @@ impl Default for SubagentSettings {
 }
 
 /// `tools.subagents` as written in the config file.
-#[derive(Debug, Default, Deserialize, Serialize, schemars::JsonSchema)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SubagentsFile {
     /// Subagents running at once across all sessions (default 8, 1-256).

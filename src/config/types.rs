@@ -140,6 +140,9 @@ pub struct AgentConfig {
     pub max_tool_calls_per_turn: u32,
     /// Models `/model NAME` may switch a chat to (`models`; the agent's own model first).
     pub models: Vec<String>,
+    /// This agent's subagent limits when it sets its own (`subagents`); `None`: the
+    /// gateway's (`tools.subagents`).
+    pub subagents: Option<super::subagents::SubagentSettings>,
 }
 
 /// Default `agents.defaults.compaction.threshold`.

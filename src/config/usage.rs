@@ -41,6 +41,47 @@ pub struct BudgetsFile {
     pub per_user_daily_tokens: Option<u64>,
 }
 
+/// `agents.NAME.budgets` (and `agents.defaults.budgets`, each agent's own): limits of one
+/// agent's spend, all its conversations and subagents together. Days and months are UTC.
+#[derive(Debug, Default, Clone, PartialEq, Deserialize, Serialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AgentBudgetsFile {
+    /// USD this agent may spend per UTC day.
+    pub daily_usd: Option<f64>,
+    /// USD this agent may spend per UTC calendar month.
+    pub monthly_usd: Option<f64>,
+    /// Tokens (input + output) this agent may use per UTC day.
+    pub daily_tokens: Option<u64>,
+    /// Tokens this agent may use per UTC calendar month.
+    pub monthly_tokens: Option<u64>,
+}
+
+impl AgentBudgetsFile {
+    /// Whether no limit is set.
+    pub fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
+
+    /// Check the limits (a negative one is refused), naming `key`.
+    ///
+    /// # Errors
+    /// A negative USD limit.
+    pub fn check(&self, key: &str) -> Result<(), ConfigError> {
+        for (k, v) in [
+            ("daily_usd", self.daily_usd),
+            ("monthly_usd", self.monthly_usd),
+        ] {
+            if v.is_some_and(|v| !(v >= 0.0)) {
+                return Err(ConfigError::Invalid {
+                    key: format!("{key}.{k}"),
+                    detail: "expected a number of US dollars, 0 or more".into(),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
 /// A model's prices, USD per million tokens.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Price {
@@ -62,6 +103,8 @@ pub struct UsageConfig {
     pub prices: BTreeMap<String, Price>,
     /// Limits.
     pub budgets: Budgets,
+    /// Each agent's own limits, by agent name (only agents that set some).
+    pub agents: BTreeMap<String, AgentBudgetsFile>,
 }
 
 impl Default for UsageConfig {
@@ -69,6 +112,7 @@ impl Default for UsageConfig {
         Self {
             prices: default_prices(),
             budgets: Budgets::default(),
+            agents: BTreeMap::new(),
         }
     }
 }
@@ -184,6 +228,7 @@ pub fn resolve_usage(
     Ok(UsageConfig {
         prices: table,
         budgets: budgets.clone(),
+        agents: BTreeMap::new(),
     })
 }
 

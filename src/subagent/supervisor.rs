@@ -413,7 +413,14 @@ pub(super) fn spawn(
     state: &mut SupervisorState,
     req: SpawnRequest,
 ) -> Result<Spawned, String> {
-    let s = state.args.hub.settings();
+    let mut s = state.args.hub.settings();
+    // The caller's agent's own limits (`agents.NAME.subagents`); how many run at once stays
+    // the gateway's.
+    if let Some(own) = &state.args.agents.for_key(&req.caller).agent.subagents {
+        let max_concurrent = s.max_concurrent;
+        s = own.clone();
+        s.max_concurrent = max_concurrent;
+    }
     if state.shutting_down {
         return Err("the gateway is shutting down; no new subagents start".into());
     }

@@ -13,6 +13,7 @@ use crate::llm::{ChatRequest, ChatResponse, Usage};
 use crate::store::kv::Op;
 use crate::store::usage::{day_of, month_start, UsageRow};
 use crate::store::{Store, StoreError};
+use crate::types::session_key::agent_of;
 
 /// The LLM calls of one turn answered by one model.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -57,6 +58,9 @@ struct State {
     today: UsageRow,
     sessions: HashMap<String, UsageRow>,
     users: HashMap<String, UsageRow>,
+    /// Today's and this month's spend of each agent.
+    agents_today: HashMap<String, UsageRow>,
+    agents_month: HashMap<String, UsageRow>,
     /// The chat user of each session's running turn, for the checks between its LLM calls.
     users_of: HashMap<String, String>,
     /// Models already warned about having no price.
@@ -73,11 +77,13 @@ impl State {
         let ms = month_start(&day);
         if ms != self.month_start {
             self.month = UsageRow::default();
+            self.agents_month.clear();
             self.month_start = ms;
         }
         self.today = UsageRow::default();
         self.sessions.clear();
         self.users.clear();
+        self.agents_today.clear();
         self.day = day;
     }
 
@@ -87,15 +93,29 @@ impl State {
             // rows carry that day, so only the month total is touched for older days.
             if r.day.starts_with(self.month_start.get(..7).unwrap_or("")) {
                 self.month.add(r);
+                self.agent_month(&r.session).add(r);
             }
             return;
         }
         self.month.add(r);
+        self.agent_month(&r.session).add(r);
         self.today.add(r);
+        self.agents_today
+            .entry(agent_of(&r.session).to_string())
+            .or_default()
+            .add(r);
         self.sessions.entry(r.session.clone()).or_default().add(r);
         if !r.user.is_empty() {
             self.users.entry(r.user.clone()).or_default().add(r);
         }
+    }
+}
+
+impl State {
+    fn agent_month(&mut self, session: &str) -> &mut UsageRow {
+        self.agents_month
+            .entry(agent_of(session).to_string())
+            .or_default()
     }
 }
 
@@ -224,6 +244,74 @@ impl UsageLedger {
         self.admit_at(session, user, turn, clawft_channel_core::now_ms())
     }
 
+    /// The first of `session`'s agent's own budgets (`agents.NAME.budgets`) reached, with
+    /// `with` adding the running turn's spend.
+    fn agent_refusal(
+        &self,
+        st: &State,
+        session: &str,
+        with: &dyn Fn(Option<&UsageRow>) -> UsageRow,
+    ) -> Option<(&'static str, String)> {
+        let agent = agent_of(session);
+        let b = self
+            .config
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .agents
+            .get(agent)
+            .cloned()?;
+        let day = with(st.agents_today.get(agent));
+        let month = with(st.agents_month.get(agent));
+        let checks = [
+            (
+                b.daily_usd,
+                b.daily_tokens,
+                &day,
+                "daily",
+                "resets at 00:00 UTC",
+            ),
+            (
+                b.monthly_usd,
+                b.monthly_tokens,
+                &month,
+                "monthly",
+                "resets on the 1st of the month at 00:00 UTC",
+            ),
+        ];
+        for (usd_limit, tokens, spent, period, resets) in checks {
+            if let Some(l) = usd_limit.filter(|l| spent.cost_usd >= *l) {
+                let label = if period == "daily" {
+                    "agents.budgets.daily_usd"
+                } else {
+                    "agents.budgets.monthly_usd"
+                };
+                return Some((
+                    label,
+                    format!(
+                        "This assistant reached its {period} budget ({} of {}, {resets}). The operator can raise agents.{agent}.budgets.{period}_usd.",
+                        usd(spent.cost_usd),
+                        usd(l)
+                    ),
+                ));
+            }
+            if let Some(l) = tokens.filter(|l| spent.tokens() >= *l) {
+                let label = if period == "daily" {
+                    "agents.budgets.daily_tokens"
+                } else {
+                    "agents.budgets.monthly_tokens"
+                };
+                return Some((
+                    label,
+                    format!(
+                        "This assistant reached its {period} token budget ({} of {l} tokens, {resets}). The operator can raise agents.{agent}.budgets.{period}_tokens.",
+                        spent.tokens()
+                    ),
+                ));
+            }
+        }
+        None
+    }
+
     /// [`UsageLedger::admit`] as of `now_ms`.
     ///
     /// # Errors
@@ -345,6 +433,9 @@ impl UsageLedger {
                     break;
                 }
             }
+        }
+        if refusal.is_none() {
+            refusal = self.agent_refusal(&st, session, &with);
         }
         if refusal.is_some() && turn.is_empty() {
             // Refused before it started: no turn of this session runs for this user.

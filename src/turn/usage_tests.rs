@@ -113,3 +113,36 @@ fn per_session_per_user_and_token_budgets() {
     assert!(r.text.contains("1500000 of 1500000 tokens"), "{}", r.text);
     assert_eq!(l.admit("s3", "bob", &[]), Ok(()));
 }
+
+#[test]
+fn an_agents_own_budget_refuses_its_conversations_only_and_survives_a_reload() {
+    let store = Store::memory();
+    let mut cfg = config(BudgetsFile::default());
+    cfg.agents.insert(
+        "work".into(),
+        crate::config::usage::AgentBudgetsFile {
+            daily_tokens: Some(1000),
+            ..Default::default()
+        },
+    );
+    let l = UsageLedger::load(store.clone(), cfg.clone()).unwrap();
+    let mut turn = Vec::new();
+    l.tally(&mut turn, "m", &tokens(1500, 0, 0));
+    let key = crate::types::SessionKey::parse("@work:telegram:1").unwrap();
+    l.finish_turn(key.as_str(), "alice", &turn, |ops| {
+        store.finish_turn_with(&key, None, &[], None, ops)
+    })
+    .unwrap();
+    // Another conversation of the same agent is refused; the default agent's is not.
+    let r = l.admit("@work:telegram:2", "bob", &[]).unwrap_err();
+    assert_eq!(r.budget, "agents.budgets.daily_tokens");
+    assert!(
+        r.text.contains("agents.work.budgets.daily_tokens"),
+        "{}",
+        r.text
+    );
+    assert_eq!(l.admit("telegram:2", "bob", &[]), Ok(()));
+    // A restart counts the same from the store.
+    let again = UsageLedger::load(store, cfg).unwrap();
+    assert!(again.admit("@work:slack:C1", "", &[]).is_err());
+}

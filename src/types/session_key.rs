@@ -93,11 +93,7 @@ impl SessionKey {
     /// The agent serving this conversation: the `@NAME` first component, or
     /// [`DEFAULT_AGENT`] for keys without one (every key made before agents existed).
     pub fn agent(&self) -> &str {
-        self.0
-            .strip_prefix('@')
-            .and_then(|r| r.split(':').next())
-            .filter(|a| !a.is_empty())
-            .unwrap_or(DEFAULT_AGENT)
+        agent_of(&self.0)
     }
 
     /// The key without its agent component (`@work:telegram:42` → `telegram:42`).
@@ -181,6 +177,14 @@ impl From<SessionKey> for String {
 
 /// The agent of keys without an `@NAME` component: the one `agents.defaults` configures.
 pub const DEFAULT_AGENT: &str = "main";
+
+/// [`SessionKey::agent`] of a key kept as a string (a usage record's session).
+pub fn agent_of(key: &str) -> &str {
+    key.strip_prefix('@')
+        .and_then(|r| r.split(':').next())
+        .filter(|a| !a.is_empty())
+        .unwrap_or(DEFAULT_AGENT)
+}
 
 /// Session keys of subagents are `subagent:<task id>`.
 pub const SUBAGENT_KEY_PREFIX: &str = "subagent";

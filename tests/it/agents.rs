@@ -322,3 +322,72 @@ async fn weft_agents_list_and_weft_agent_with_an_agent_in_process() {
     assert!(ok, "{err}");
     assert!(out.contains("[work-model] You are WORK."), "{out}\n{err}");
 }
+
+#[tokio::test]
+async fn an_agents_own_subagent_limits_and_budget_apply_to_it_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let llm = FakeLlm::start().await;
+    llm.route(|req| {
+        let system = system_of(req);
+        let results = tool_results(req);
+        // The subagent itself answers at once, and so does the tight agent.
+        if !system.contains("You are ") {
+            return Some(Reply::Text("child done".into()));
+        }
+        if system.contains("You are TIGHT.") {
+            return Some(Reply::Text("tight ok".into()));
+        }
+        if results.is_empty() {
+            return Some(Reply::ToolCalls(vec![(
+                "s1".into(),
+                "subagents".into(),
+                json!({"action": "spawn", "task": "look around", "label": "look"}).to_string(),
+            )]));
+        }
+        Some(Reply::Text(format!(
+            "spawn: {}",
+            if results[0].1.to_string().contains("disabled") {
+                "refused"
+            } else {
+                "started"
+            }
+        )))
+    });
+    let cfg = config(
+        &llm,
+        dir.path(),
+        json!({
+            "agents": {
+                "defaults": {"system_prompt": "You are MAIN."},
+                "work": {"system_prompt": "You are WORK.", "subagents": {"max_spawn_depth": 0}},
+                "tight": {"system_prompt": "You are TIGHT.", "budgets": {"daily_tokens": 1}},
+            },
+            "bindings": [
+                {"agent": "work", "channel": "http", "chat": "w-chat"},
+                {"agent": "tight", "channel": "http", "chat": "t-chat"},
+            ],
+        }),
+    );
+    let gw = TestGateway::start(cfg).await;
+    let (_, main) = gw.api.chat("m-chat", "spawn one").await;
+    assert_eq!(main["reply"], "spawn: started", "{main}");
+    let (_, work) = gw.api.chat("w-chat", "spawn one").await;
+    assert_eq!(work["reply"], "spawn: refused", "{work}");
+    // The tight agent's own budget (1 token a day) is spent by its first turn: its next turn
+    // is refused…
+    let (_, first) = gw.api.chat("t-chat", "hello").await;
+    assert_eq!(first["reply"], "tight ok", "{first}");
+    let (_, again) = gw.api.chat("t-chat", "and again").await;
+    assert!(
+        again
+            .to_string()
+            .contains("agents.tight.budgets.daily_tokens"),
+        "{again}"
+    );
+    let (_, work) = gw.api.chat("w-chat", "spawn again").await;
+    assert!(work["reply"].is_string(), "{work}");
+    // …and the default agent still answers.
+    let (_, main) = gw.api.chat("m-chat", "spawn another").await;
+    assert_eq!(main["reply"], "spawn: started", "{main}");
+    gw.stop().await;
+}
