@@ -515,3 +515,66 @@ fn mcp_connect_wait_has_a_default_and_a_bound_named_in_the_error() {
     assert!(err.contains("tools.mcp_connect_wait_secs"), "{err}");
     assert!(err.contains("at most 300"), "{err}");
 }
+
+#[test]
+fn an_agent_inherits_the_defaults_takes_its_own_provider_and_mcp_servers() {
+    let text = r#"
+[agents.defaults]
+model = "m-default"
+system_prompt = "base"
+max_tool_iterations = 7
+tools = { deny = ["spawn"] }
+
+[agents.work]
+provider = "b"
+mcp_servers = ["github"]
+tools = { also_allow = ["gateway"] }
+
+[providers.a]
+base_url = "http://127.0.0.1:1/v1"
+[providers.b]
+base_url = "http://127.0.0.1:2/v1"
+model = "m-b"
+
+[tools.mcp_servers.github]
+command = "gh-mcp"
+[tools.mcp_servers.files]
+command = "fs-mcp"
+"#;
+    let c = Config::from_str(text, true, &env(&[])).unwrap();
+    assert_eq!(c.agent_names(), ["main", "work"]);
+    let w = c.for_agent("work").unwrap();
+    assert_eq!(w.agent_name, "work");
+    assert_eq!(w.agent.system_prompt.as_deref(), Some("base"));
+    assert_eq!(w.agent.max_tool_iterations, 7);
+    // The model of agents.defaults applies to every provider, the agent's provider first.
+    assert_eq!(w.providers[0].name, "b");
+    assert_eq!(w.providers[0].model, "m-default");
+    assert_eq!(c.providers[0].name, "a");
+    // Its own workspace, not the default's.
+    assert_eq!(w.agent.workspace, PathBuf::from("/home/u/.clawft/workspace-work"));
+    assert_eq!(c.agent.workspace, PathBuf::from("/home/u/.clawft/workspace"));
+    // Its tool layer: the defaults' deny merged with its also_allow; only its MCP server.
+    assert!(!w.tools.policy.allows("spawn"));
+    assert!(w.tools.policy.allows("gateway"));
+    assert!(!c.tools.policy.allows("gateway"));
+    assert!(w.tools.policy.allows("github__create_issue"));
+    assert!(!w.tools.policy.allows("files__read"));
+    assert!(c.tools.policy.allows("files__read"));
+
+    let e = Config::from_str(
+        "[agents.work]\nmcp_servers = [\"nope\"]\n[tools.mcp_servers.github]\ncommand = \"x\"\n",
+        true,
+        &env(&[]),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("agents.work.mcp_servers") && e.contains("no MCP server named `nope`"),
+        "{e}"
+    );
+    let e = Config::from_str("[agents.work]\ntemperature = 5.0\n", true, &env(&[]))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("agents.work.temperature"), "{e}");
+}
