@@ -71,7 +71,7 @@ impl AgentBudgetsFile {
             ("daily_usd", self.daily_usd),
             ("monthly_usd", self.monthly_usd),
         ] {
-            if v.is_some_and(|v| !(v >= 0.0)) {
+            if v.is_some_and(|v| v.is_nan() || v < 0.0) {
                 return Err(ConfigError::Invalid {
                     key: format!("{key}.{k}"),
                     detail: "expected a number of US dollars, 0 or more".into(),
