@@ -92,6 +92,8 @@ pub struct Daemon {
     scheduler: Arc<crate::scheduler::Scheduler>,
     /// The `gateway` tool's controls, filled in by `weft gateway` (kept across reloads).
     gateway: crate::tools::gateway::GatewaySlot,
+    /// Background processes of every session (`process`; kept across reloads).
+    processes: Arc<crate::tools::exec::process::ProcessTable>,
     supervisor: crate::subagent::SupervisorRef,
     /// The workspace of every session, to refresh its protected paths on reload.
     workspace: Arc<Workspace>,
@@ -229,6 +231,7 @@ impl Daemon {
             workspace.clone(),
         );
         let gateway = crate::tools::gateway::GatewaySlot::default();
+        let processes = crate::tools::exec::process::ProcessTable::new();
         let registry = build_registry(
             config,
             Some(Arc::new(outbox.clone()) as Arc<dyn MessageSink>),
@@ -241,6 +244,7 @@ impl Daemon {
                 memory: Some(memory.clone()),
                 scheduler: Some(scheduler.clone()),
                 gateway: Some(gateway.clone()),
+                processes: Some(processes.clone()),
             },
         );
         let tools = crate::tools::registry::ToolsHandle::new(registry);
@@ -282,6 +286,7 @@ impl Daemon {
                     approvals: Some(approvals.clone()),
                     subagents: Some(subagents.clone() as Arc<dyn crate::session::SubagentTree>),
                     scheduler: Some(scheduler.clone()),
+                    processes: Some(processes.clone()),
                 },
                 tasks: tasks.clone(),
                 shutdown: turns.clone(),
@@ -375,6 +380,7 @@ impl Daemon {
             memory,
             scheduler,
             gateway,
+            processes,
             supervisor,
             workspace,
             usage,
@@ -458,6 +464,7 @@ impl Daemon {
                     memory: Some(self.memory.clone()),
                     scheduler: Some(self.scheduler.clone()),
                     gateway: Some(self.gateway.clone()),
+                    processes: Some(self.processes.clone()),
                 },
             );
             self.tools.replace(registry);
@@ -644,6 +651,8 @@ impl Daemon {
             );
         }
         self.turns.cancel();
+        // Turns are over: no new background process can start; kill and reap the rest.
+        self.processes.shutdown().await;
         self.stop_channels.cancel();
         // Wait for the actors to stop, not only ask them: their states hold store handles, and
         // the store's lock is released only when the last one is dropped (a gateway started
