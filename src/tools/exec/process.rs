@@ -96,7 +96,7 @@ impl Ring {
     }
 }
 
-/// `b` without a UTF-8 sequence cut at its end (all of it when that would leave nothing).
+/// The length of `b` without a UTF-8 sequence cut at its end.
 fn complete_prefix(b: &[u8]) -> usize {
     for back in 1..=3.min(b.len()) {
         let c = b[b.len() - back];
@@ -109,7 +109,7 @@ fn complete_prefix(b: &[u8]) -> usize {
             0xC0.. => 2,
             _ => 1,
         };
-        if need > back && back < b.len() {
+        if need > back {
             return b.len() - back;
         }
         break;
@@ -615,7 +615,12 @@ fn poll(p: &Proc, cap: usize) -> Value {
     let head = if dropped > 0 { cut_head(&bytes) } else { 0 };
     let mut end = bytes.len();
     if more || s.exit.is_none() {
-        end = head + complete_prefix(&bytes[head..]);
+        // The rest of a cut character comes with the next poll (unless `max_bytes` is smaller
+        // than one character: then it is returned, replaced).
+        let whole = complete_prefix(&bytes[head..]);
+        if whole > 0 || !more {
+            end = head + whole;
+        }
     }
     s.cursor = from + end as u64;
     let mut m = p.summary(&s);
@@ -650,6 +655,9 @@ fn log(p: &Proc, lines: usize, cap: usize) -> Value {
         }
     }
     let mut tail = &bytes[start..];
+    if start == 0 && s.out.start > 0 {
+        tail = &tail[cut_head(tail)..];
+    }
     let mut cut = start > 0 || s.out.start > 0;
     if tail.len() > cap {
         tail = &tail[tail.len() - cap..];

@@ -341,3 +341,21 @@ async fn background_commands_run_in_the_exec_sandbox() {
     assert!(matches!(e, ToolError::PermissionDenied(_)), "{e}");
     table.shutdown().await;
 }
+
+#[test]
+fn characters_are_not_cut_between_reads() {
+    let s = "aé€😀".as_bytes();
+    assert_eq!(complete_prefix(s), s.len());
+    for cut in 1..4 {
+        let b = &"😀".as_bytes()[..cut];
+        assert_eq!(complete_prefix(b), 0, "{cut}");
+        let mut v = b"ab".to_vec();
+        v.extend_from_slice(b);
+        assert_eq!(complete_prefix(&v), 2, "{cut}");
+    }
+    assert_eq!(cut_head(&"😀".as_bytes()[1..]), 3);
+    assert_eq!(cut_head(b"abc"), 0);
+    let mut r = Ring::new(4);
+    r.push(b"abcdef");
+    assert_eq!((r.start, r.end(), r.from(0)), (2, 6, b"cdef".to_vec()));
+}
