@@ -543,13 +543,12 @@ struct ProcessArgs {
 
 /// The JSON Schema of the tool's arguments.
 const PARAMETERS: &str = r#"{"type":"object","properties":{
-"action":{"enum":["start","list","poll","log","write","kill"],"description":"start: run `command` in the background; list: this chat's processes; poll: output since the last poll; log: the last `lines` lines of output; write: send `data` to stdin; kill: stop it (or forget a finished one)"},
-"command":{"type":"string","description":"start: shell command line (sh -c), run in the workspace"},
-"id":{"type":"string","description":"poll, log, write, kill: the id `start` returned"},
-"data":{"type":"string","description":"write: text sent to stdin as is (add \n for a line)"},
-"eof":{"type":"boolean","description":"write: close stdin after `data` (default false)"},
-"lines":{"type":"integer","minimum":1,"description":"log: lines from the end (default 50)"},
-"max_bytes":{"type":"integer","minimum":1,"description":"poll, log: most bytes returned (default 16384, max 61440)"}},
+"action":{"enum":["start","list","poll","log","write","kill"]},
+"command":{"type":"string","description":"start: sh -c command line"},
+"id":{"type":"string"},"data":{"type":"string","description":"write: to stdin"},
+"eof":{"type":"boolean","description":"write: close stdin"},
+"lines":{"type":"integer","description":"log: default 50"},
+"max_bytes":{"type":"integer","description":"poll, log: default 16384"}},
 "required":["action"]}"#;
 
 /// The `process` tool over the exec runtime and the daemon's process table.
@@ -565,7 +564,7 @@ impl ProcessTool {
     pub fn new(rt: Arc<ExecRuntime>, table: Arc<ProcessTable>) -> Self {
         let s = &rt.settings;
         let description = format!(
-            "Manage running processes: start a long-running shell command in the background (a server, a watcher, a long build) and check on it later. Actions: start {{command}} -> {{id, pid, status}}; list -> {{processes: [{{id, pid, command, status, exit_code?, unread_bytes}}]}}; poll {{id}} -> new output since the last poll plus status/exit_code; log {{id, lines?}} -> the last lines; write {{id, data, eof?}} -> to its stdin; kill {{id}}. Same sandbox, network rules and command checks as exec_shell (runs in the workspace, HOME set to it). stdout and stderr are merged; the last {} KiB are kept. At most {} run at once in this chat; one nobody polled or wrote for {} s is killed, and all are killed by /new and when the gateway stops.",
+            "Run a long-running shell command in the background (server, watcher, build) and manage it: start -> {{id, pid}}; list; poll -> output since the last poll and status/exit_code; log -> last lines; write -> stdin; kill. Same sandbox and rules as exec_shell; stdout+stderr merged, last {} KiB kept. At most {} running per chat; killed after {} s without poll/log/write, by /new and at shutdown.",
             RING_BYTES / 1024,
             s.max_background_processes,
             s.background_idle.as_secs(),
