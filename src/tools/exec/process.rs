@@ -440,6 +440,10 @@ impl ProcessTable {
                     "the gateway is shutting down: no new background processes".into(),
                 ));
             }
+            if ctx.cancel.is_cancelled() {
+                // `/new` or `/stop` while it was starting: it would outlive what asked for it.
+                return Err(ToolError::Cancelled);
+            }
             let procs = map.entry(ctx.session.clone()).or_default();
             if procs.iter().filter(|p| p.running()).count() >= cap {
                 // Dropping `watched` kills the group.

@@ -339,6 +339,19 @@ async fn background_commands_run_in_the_exec_sandbox() {
         .await
         .unwrap_err();
     assert!(matches!(e, ToolError::PermissionDenied(_)), "{e}");
+    // A call cancelled (`/stop`, `/new`) while starting leaves nothing running.
+    let mut cancelled = fx.ctx.clone();
+    cancelled.cancel = tokio_util::sync::CancellationToken::new();
+    cancelled.cancel.cancel();
+    let e = t
+        .execute(
+            json!({"action": "start", "command": "sleep 100"}),
+            &cancelled,
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(e, ToolError::Cancelled), "{e}");
+    assert_eq!(table.running(), 1, "only the first one runs");
     table.shutdown().await;
 }
 
