@@ -319,6 +319,8 @@ pub struct RegistryParts {
     pub scheduler: Option<Arc<crate::scheduler::Scheduler>>,
     /// The running gateway's controls (`gateway`; opt-in, see `tools::policy::OPT_IN`).
     pub gateway: Option<crate::tools::gateway::GatewaySlot>,
+    /// The background processes of every session (`process`).
+    pub processes: Option<Arc<exec::process::ProcessTable>>,
 }
 
 /// The registry of the daemon (and of `weft tools`): every built-in tool with the configured
@@ -336,6 +338,7 @@ pub fn build_registry(
         memory,
         scheduler,
         gateway,
+        processes,
     } = parts;
     let mut reg = ToolRegistry::new()
         .with_secrets(
@@ -373,6 +376,9 @@ pub fn build_registry(
                 )));
             }
             reg.register(Arc::new(exec::ExecShell::new(rt.clone())));
+            if let Some(table) = processes {
+                reg.register(Arc::new(exec::process::ProcessTool::new(rt.clone(), table)));
+            }
             reg.register(Arc::new(exec::Spawn::new(rt)));
         }
         Err(e) => tracing::error!(error = %e, "exec_shell and spawn are unavailable"),

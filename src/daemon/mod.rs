@@ -94,6 +94,8 @@ pub struct Daemon {
     scheduler: Arc<crate::scheduler::Scheduler>,
     /// The `gateway` tool's controls, filled in by `weft gateway` (kept across reloads).
     gateway: crate::tools::gateway::GatewaySlot,
+    /// Background processes of every session (`process`; kept across reloads).
+    processes: Arc<crate::tools::exec::process::ProcessTable>,
     supervisor: crate::subagent::SupervisorRef,
     /// The workspace of every session, to refresh its protected paths on reload.
     workspace: Arc<Workspace>,
@@ -207,6 +209,7 @@ struct Shared {
     scheduler: Arc<crate::scheduler::Scheduler>,
     gateway: crate::tools::gateway::GatewaySlot,
     usage: Arc<crate::turn::usage::UsageLedger>,
+    processes: Arc<crate::tools::exec::process::ProcessTable>,
 }
 
 impl Shared {
@@ -228,6 +231,7 @@ impl Shared {
                 memory: Some(self.memory.clone()),
                 scheduler: Some(self.scheduler.clone()),
                 gateway: Some(self.gateway.clone()),
+                processes: Some(self.processes.clone()),
             },
         )
     }
@@ -313,6 +317,7 @@ impl Daemon {
             workspace.clone(),
         );
         let gateway = crate::tools::gateway::GatewaySlot::default();
+        let processes = crate::tools::exec::process::ProcessTable::new();
         let usage = Arc::new(crate::turn::usage::UsageLedger::load(
             store.clone(),
             config.usage.clone(),
@@ -327,6 +332,7 @@ impl Daemon {
             scheduler: scheduler.clone(),
             gateway: gateway.clone(),
             usage: usage.clone(),
+            processes: processes.clone(),
         };
         let main = AgentRuntime::start(config, workspace.clone(), &shared);
         let deps = main.deps(config, model, &shared);
@@ -356,6 +362,7 @@ impl Daemon {
                     approvals: Some(approvals.clone()),
                     subagents: Some(subagents.clone() as Arc<dyn crate::session::SubagentTree>),
                     scheduler: Some(scheduler.clone()),
+                    processes: Some(processes.clone()),
                 },
                 tasks: tasks.clone(),
                 shutdown: turns.clone(),
@@ -450,6 +457,7 @@ impl Daemon {
             memory,
             scheduler,
             gateway,
+            processes,
             supervisor,
             workspace,
             usage,
@@ -530,6 +538,7 @@ impl Daemon {
                 scheduler: self.scheduler.clone(),
                 gateway: self.gateway.clone(),
                 usage: self.usage.clone(),
+                processes: self.processes.clone(),
             };
             self.tools.replace(shared.registry(&new, self.mcp()));
             for (name, rt) in &self.others {
@@ -729,6 +738,8 @@ impl Daemon {
             );
         }
         self.turns.cancel();
+        // Turns are over: no new background process can start; kill and reap the rest.
+        self.processes.shutdown().await;
         self.stop_channels.cancel();
         // Wait for the actors to stop, not only ask them: their states hold store handles, and
         // the store's lock is released only when the last one is dropped (a gateway started

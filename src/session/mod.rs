@@ -109,6 +109,8 @@ pub struct SessionHooks {
     pub subagents: Option<Arc<dyn SubagentTree>>,
     /// The scheduler: told how each scheduled run and heartbeat ended.
     pub scheduler: Option<Arc<crate::scheduler::Scheduler>>,
+    /// Background processes (`process`): `/new` kills the session's.
+    pub processes: Option<Arc<crate::tools::exec::process::ProcessTable>>,
 }
 
 /// Told when a session has been idle for its idle time: `(key, routed count)`. The bus evicts
@@ -461,6 +463,9 @@ fn on_inbound(myself: &ActorRef<SessionMsg>, state: &mut SessionState, entry: In
         Some(ChatCommand::New) => {
             if let Some(h) = &state.args.hooks.subagents {
                 h.cancel_session(&state.args.key);
+            }
+            if let Some(p) = &state.args.hooks.processes {
+                p.kill_session(&state.args.key);
             }
             if let Some(r) = &state.running {
                 r.cancel.cancel();

@@ -42,7 +42,7 @@ pub const GROUPS: &[(&str, &[&str])] = &[
             "grep",
         ],
     ),
-    ("runtime", &["exec_shell", "spawn"]),
+    ("runtime", &["exec_shell", "spawn", "process"]),
     ("web", &["web_search", "web_fetch"]),
     (
         "memory",

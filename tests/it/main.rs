@@ -26,6 +26,7 @@ mod memory_embed;
 mod platform_limits;
 mod platforms;
 mod process;
+mod process_tool;
 mod scheduler;
 mod scrubbing;
 mod service;

@@ -15,6 +15,8 @@
 //! - [`runtime`]: [`ExecRuntime`]: spawning in the sandbox, process groups, timeouts, output
 //!   capture.
 //! - [`tools`]: the `exec_shell` and `spawn` tools over the runtime.
+//! - [`process`]: the `process` tool (background commands, same spawn path) and the daemon's
+//!   [`process::ProcessTable`].
 //! - `jail` (private): the child side of the jail: namespaces, the init and its bridge to the
 //!   egress proxy, the exec, the seccomp fallback, the namespace probe.
 //! - `cgroup` (private): per-command cgroups (v1 or delegated v2), their limits and events.
@@ -22,6 +24,7 @@
 mod cgroup;
 pub mod custom;
 mod jail;
+pub mod process;
 pub mod runtime;
 pub mod settings;
 pub mod tools;
@@ -32,8 +35,8 @@ mod test_support;
 pub use runtime::{sandbox_status, ExecDeps, ExecRuntime, PROXY_ADDR};
 pub use settings::{
     ExecFile, ExecSettings, NetworkMode, NetworkSetting, DEFAULT_APPROVAL_TIMEOUT_SECS,
-    DEFAULT_MAX_CONCURRENT_SPAWNS, DEFAULT_MAX_MEMORY_MB, DEFAULT_MAX_OUTPUT_BYTES,
-    DEFAULT_MAX_PROCESSES, DEFAULT_MAX_TIMEOUT_SECS, DEFAULT_SPAWN_TIMEOUT_SECS,
-    DEFAULT_TIMEOUT_SECS,
+    DEFAULT_BACKGROUND_IDLE_SECS, DEFAULT_MAX_BACKGROUND_PROCESSES, DEFAULT_MAX_CONCURRENT_SPAWNS,
+    DEFAULT_MAX_MEMORY_MB, DEFAULT_MAX_OUTPUT_BYTES, DEFAULT_MAX_PROCESSES,
+    DEFAULT_MAX_TIMEOUT_SECS, DEFAULT_SPAWN_TIMEOUT_SECS, DEFAULT_TIMEOUT_SECS,
 };
 pub use tools::{ExecShell, ExecShellArgs, Spawn, SpawnArgs};

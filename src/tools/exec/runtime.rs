@@ -419,84 +419,14 @@ impl ExecRuntime {
         timeout: Duration,
         extra: &[(String, String)],
     ) -> Result<Finished, ToolError> {
-        if self.settings.require_sandbox && !self.status.fs_enforced {
-            return Err(ToolError::PermissionDenied(format!(
-                "commands are disabled: the exec sandbox is required but not enforced ({}); the operator must enable Landlock or set require_sandbox = false",
-                self.status.summary()
-            )));
-        }
-        if self.settings.require_sandbox
-            && self.settings.network != NetworkMode::Direct
-            && !self.jail.ns.available()
-        {
-            return Err(ToolError::PermissionDenied(format!(
-                "commands are disabled: tools.exec.require_sandbox is set and commands cannot get their own network and pid namespaces ({}), so they would run with no network at all (seccomp) and processes that leave the process group could outlive them; the operator must allow user, network and pid namespaces (systemd: RestrictNamespaces=user net pid; Ubuntu: kernel.apparmor_restrict_unprivileged_userns=0 or an AppArmor profile for weft; containers: --security-opt seccomp/apparmor) or set require_sandbox = false",
-                self.jail.ns.reason()
-            )));
-        }
-        let ws = ctx.workspace.root().to_path_buf();
-        let (ruleset, cgroup) = self.prepare(&ws).await?;
-        let mut env: Vec<(OsString, OsString)> = self.env.clone();
-        let mut set = |name: &str, value: OsString| {
-            env.retain(|(k, _)| k != name);
-            env.push((name.into(), value));
-        };
-        for (k, v) in extra {
-            set(k, v.into());
-        }
-        set("HOME", ws.clone().into_os_string());
-        if self.jail.proxy_env {
-            let url = format!("http://{PROXY_ADDR}");
-            for name in ["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"] {
-                set(name, url.clone().into());
-                set(&name.to_ascii_lowercase(), url.clone().into());
-            }
-            set("NO_PROXY", NO_PROXY.into());
-            set("no_proxy", NO_PROXY.into());
-        }
-        let mut cmd = tokio::process::Command::new(program);
-        cmd.args(args)
-            .current_dir(&ws)
-            .env_clear()
-            .envs(env.iter().map(|(k, v)| (k, v)))
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .process_group(0)
-            .kill_on_drop(true);
-        let ruleset_fd = ruleset.as_ref().map(AsRawFd::as_raw_fd);
-        // Kept alive (and unchanged) until spawn returns: the child reads them.
-        let mut image = None;
-        if self.jail.active {
-            let mut spec = self.jail.spec;
-            if let Some(cg) = &cgroup {
-                for (slot, fd) in spec.cgroup_procs.iter_mut().zip(cg.procs_fds()) {
-                    *slot = fd;
-                }
-                spec.cgroups = cg.procs_fds().len().min(MAX_CGROUPS);
-            }
-            if spec.execs() {
-                let mut img =
-                    ExecImage::new(program, args, &env).map_err(|e| spawn_error(program, &e))?;
-                spec.image = Some(img.raw());
-                spec.ruleset = ruleset_fd.unwrap_or(-1);
-                image = Some(img);
-            }
-            jail::install(&mut cmd, spec);
-        }
-        if self.settings.sandbox && !self.jail.spec.execs() {
-            sandbox::confine(&mut cmd, ruleset_fd, true);
-        }
-        let started = Instant::now();
-        let spawned = cmd.spawn();
-        drop(ruleset);
-        drop(image);
-        let mut child = spawned.map_err(|e| spawn_error(program, &e))?;
-        let group = child
-            .id()
-            .and_then(|id| i32::try_from(id).ok())
-            .and_then(rustix::process::Pid::from_raw)
-            .map(GroupKiller);
+        let Spawned {
+            mut child,
+            group,
+            cgroup,
+            started,
+        } = self
+            .spawn_sandboxed(ctx, program, args, extra, Stdio::null())
+            .await?;
         let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
         let cap = self.settings.max_output_bytes;
         let (mut out, mut err) = (Capture::new(cap), Capture::new(cap));
@@ -543,6 +473,116 @@ impl ExecRuntime {
             max_memory_mb: self.settings.max_memory_mb,
         })
     }
+
+    /// Start `program args` in the sandbox, the jail and its own process group, exactly as
+    /// every command is started (the one spawn path of `exec_shell`, `spawn`, custom tools and
+    /// `process`), with `stdin` as given and stdout/stderr piped. The caller owns what comes
+    /// back: dropping it kills the process group.
+    pub(super) async fn spawn_sandboxed(
+        &self,
+        ctx: &ToolContext,
+        program: &OsStr,
+        args: &[OsString],
+        extra: &[(String, String)],
+        stdin: Stdio,
+    ) -> Result<Spawned, ToolError> {
+        if self.settings.require_sandbox && !self.status.fs_enforced {
+            return Err(ToolError::PermissionDenied(format!(
+                "commands are disabled: the exec sandbox is required but not enforced ({}); the operator must enable Landlock or set require_sandbox = false",
+                self.status.summary()
+            )));
+        }
+        if self.settings.require_sandbox
+            && self.settings.network != NetworkMode::Direct
+            && !self.jail.ns.available()
+        {
+            return Err(ToolError::PermissionDenied(format!(
+                "commands are disabled: tools.exec.require_sandbox is set and commands cannot get their own network and pid namespaces ({}), so they would run with no network at all (seccomp) and processes that leave the process group could outlive them; the operator must allow user, network and pid namespaces (systemd: RestrictNamespaces=user net pid; Ubuntu: kernel.apparmor_restrict_unprivileged_userns=0 or an AppArmor profile for weft; containers: --security-opt seccomp/apparmor) or set require_sandbox = false",
+                self.jail.ns.reason()
+            )));
+        }
+        let ws = ctx.workspace.root().to_path_buf();
+        let (ruleset, cgroup) = self.prepare(&ws).await?;
+        let mut env: Vec<(OsString, OsString)> = self.env.clone();
+        let mut set = |name: &str, value: OsString| {
+            env.retain(|(k, _)| k != name);
+            env.push((name.into(), value));
+        };
+        for (k, v) in extra {
+            set(k, v.into());
+        }
+        set("HOME", ws.clone().into_os_string());
+        if self.jail.proxy_env {
+            let url = format!("http://{PROXY_ADDR}");
+            for name in ["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"] {
+                set(name, url.clone().into());
+                set(&name.to_ascii_lowercase(), url.clone().into());
+            }
+            set("NO_PROXY", NO_PROXY.into());
+            set("no_proxy", NO_PROXY.into());
+        }
+        let mut cmd = tokio::process::Command::new(program);
+        cmd.args(args)
+            .current_dir(&ws)
+            .env_clear()
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .stdin(stdin)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .kill_on_drop(true);
+        let ruleset_fd = ruleset.as_ref().map(AsRawFd::as_raw_fd);
+        // Kept alive (and unchanged) until spawn returns: the child reads them.
+        let mut image = None;
+        if self.jail.active {
+            let mut spec = self.jail.spec;
+            if let Some(cg) = &cgroup {
+                for (slot, fd) in spec.cgroup_procs.iter_mut().zip(cg.procs_fds()) {
+                    *slot = fd;
+                }
+                spec.cgroups = cg.procs_fds().len().min(MAX_CGROUPS);
+            }
+            if spec.execs() {
+                let mut img =
+                    ExecImage::new(program, args, &env).map_err(|e| spawn_error(program, &e))?;
+                spec.image = Some(img.raw());
+                spec.ruleset = ruleset_fd.unwrap_or(-1);
+                image = Some(img);
+            }
+            jail::install(&mut cmd, spec);
+        }
+        if self.settings.sandbox && !self.jail.spec.execs() {
+            sandbox::confine(&mut cmd, ruleset_fd, true);
+        }
+        let started = Instant::now();
+        let spawned = cmd.spawn();
+        drop(ruleset);
+        drop(image);
+        let child = spawned.map_err(|e| spawn_error(program, &e))?;
+        let group = child
+            .id()
+            .and_then(|id| i32::try_from(id).ok())
+            .and_then(rustix::process::Pid::from_raw)
+            .map(GroupKiller);
+        Ok(Spawned {
+            child,
+            group,
+            cgroup,
+            started,
+        })
+    }
+}
+
+/// A command just started by [`ExecRuntime::spawn_sandboxed`].
+pub(super) struct Spawned {
+    /// The spawned process (the jail's A when the jail is active), leader of its group.
+    pub(super) child: tokio::process::Child,
+    /// Kills the group when dropped.
+    pub(super) group: Option<GroupKiller>,
+    /// The command's cgroup (read its events, then `finish` it off the async threads).
+    pub(super) cgroup: Option<CommandCgroup>,
+    /// When it was started.
+    pub(super) started: Instant,
 }
 
 fn spawn_error(program: &OsStr, e: &std::io::Error) -> ToolError {
@@ -562,7 +602,7 @@ fn spawn_error(program: &OsStr, e: &std::io::Error) -> ToolError {
 }
 
 /// Kills a process group with SIGKILL when dropped.
-struct GroupKiller(rustix::process::Pid);
+pub(super) struct GroupKiller(rustix::process::Pid);
 
 impl Drop for GroupKiller {
     fn drop(&mut self) {

@@ -22,6 +22,10 @@ pub const DEFAULT_MAX_OUTPUT_BYTES: usize = 1024 * 1024;
 pub const DEFAULT_APPROVAL_TIMEOUT_SECS: u64 = 120;
 /// `spawn` processes running at once across all sessions (seed 000: 5).
 pub const DEFAULT_MAX_CONCURRENT_SPAWNS: usize = 5;
+/// `process` background commands one session may have running at once.
+pub const DEFAULT_MAX_BACKGROUND_PROCESSES: usize = 4;
+/// A background command nobody polled, read or wrote for this long is killed (30 min).
+pub const DEFAULT_BACKGROUND_IDLE_SECS: u64 = 1800;
 /// Tasks (processes and threads) one command may have at once (`tools.exec.max_processes`).
 pub const DEFAULT_MAX_PROCESSES: u32 = 512;
 /// Memory one command may use, in MiB (`tools.exec.max_memory_mb`).
@@ -102,6 +106,12 @@ pub struct ExecFile {
     pub max_output_bytes: Option<u64>,
     /// `spawn` processes that may run at once across all sessions. (default: 5)
     pub max_concurrent_spawns: Option<u64>,
+    /// Background commands (the `process` tool) one session may have running at once;
+    /// starting one more is refused. (default: 4)
+    pub max_background_processes: Option<u64>,
+    /// Seconds after which a background command nobody polled, read or wrote is killed (a
+    /// finished one is forgotten). (default: 1800)
+    pub background_idle_secs: Option<u64>,
 }
 
 /// `tools.exec.network` as written: the mode, or the boolean of earlier versions.
@@ -179,6 +189,10 @@ pub struct ExecSettings {
     pub max_output_bytes: usize,
     /// `spawn` concurrency.
     pub max_concurrent_spawns: usize,
+    /// Background commands one session may have running at once (`process`).
+    pub max_background_processes: usize,
+    /// A background command unused for this long is killed (`process`).
+    pub background_idle: Duration,
 }
 
 impl Default for ExecSettings {
@@ -206,6 +220,8 @@ impl Default for ExecSettings {
             approval_timeout: Duration::from_secs(DEFAULT_APPROVAL_TIMEOUT_SECS),
             max_output_bytes: DEFAULT_MAX_OUTPUT_BYTES,
             max_concurrent_spawns: DEFAULT_MAX_CONCURRENT_SPAWNS,
+            max_background_processes: DEFAULT_MAX_BACKGROUND_PROCESSES,
+            background_idle: Duration::from_secs(DEFAULT_BACKGROUND_IDLE_SECS),
         }
     }
 }
@@ -324,6 +340,20 @@ impl ExecFile {
                 )))
             }
         };
+        let max_background_processes = match self.max_background_processes {
+            None => d.max_background_processes,
+            Some(n @ 1..=64) => usize::try_from(n).unwrap_or(DEFAULT_MAX_BACKGROUND_PROCESSES),
+            Some(n) => {
+                return Err(invalid(format!(
+                    "`max_background_processes`: expected 1 to 64 (background commands per session; deny the `process` tool to turn them off), got {n}"
+                )))
+            }
+        };
+        let background_idle = secs(
+            "background_idle_secs",
+            self.background_idle_secs,
+            DEFAULT_BACKGROUND_IDLE_SECS,
+        )?;
         let env_passthrough = self.env_passthrough.clone().unwrap_or_default();
         for name in &env_passthrough {
             if name.is_empty() || name.contains(['=', '\0']) {
@@ -383,6 +413,8 @@ impl ExecFile {
             approval_timeout,
             max_output_bytes,
             max_concurrent_spawns,
+            max_background_processes,
+            background_idle,
         })
     }
 }

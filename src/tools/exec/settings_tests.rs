@@ -107,3 +107,36 @@ fn config_resolves_defaults_and_names_bad_keys() {
     let schema = serde_json::to_value(schemars::schema_for!(ExecFile)).unwrap();
     assert!(schema["properties"]["mode"].is_object());
 }
+
+#[test]
+fn background_process_limits_default_resolve_and_refuse_bad_values() {
+    let d = ExecFile::default().resolve().unwrap();
+    assert_eq!(d.max_background_processes, DEFAULT_MAX_BACKGROUND_PROCESSES);
+    assert_eq!(d.background_idle, Duration::from_secs(1800));
+    let f: ExecFile =
+        serde_json::from_value(json!({"max_background_processes": 2, "background_idle_secs": 60}))
+            .unwrap();
+    let s = f.resolve().unwrap();
+    assert_eq!(
+        (s.max_background_processes, s.background_idle),
+        (2, Duration::from_secs(60))
+    );
+    for (f, key) in [
+        (
+            json!({"max_background_processes": 0}),
+            "`max_background_processes`: expected 1 to 64",
+        ),
+        (
+            json!({"max_background_processes": 65}),
+            "`max_background_processes`",
+        ),
+        (json!({"background_idle_secs": 0}), "`background_idle_secs`"),
+    ] {
+        let e = serde_json::from_value::<ExecFile>(f.clone())
+            .unwrap()
+            .resolve()
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(key) && e.contains("tools.exec"), "{f}: {e}");
+    }
+}
