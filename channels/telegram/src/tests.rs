@@ -727,7 +727,11 @@ async fn one_fake_server_serves_two_bots_each_with_its_own_updates_and_messages(
         fake.pending_updates().is_empty() && work.pending_updates().is_empty()
     })
     .await;
-    assert!(work_h.ch.state().contains("@work_bot"), "{}", work_h.ch.state());
+    assert!(
+        work_h.ch.state().contains("@work_bot"),
+        "{}",
+        work_h.ch.state()
+    );
     // Each bot posts into its own log.
     work_h
         .ch

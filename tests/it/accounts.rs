@@ -1,0 +1,203 @@
+//! Several bots of one platform in one gateway (`channels.telegram.accounts.NAME`): each bot
+//! answers its own users with its own token, keeps its own sessions, update offset and
+//! pairings, against one fake Bot API serving both tokens.
+
+use std::time::Duration;
+
+use clawft_channel_telegram::fake::FakeTelegram;
+use serde_json::{json, Value};
+
+use crate::common::{config, messages, wait_until, TestGateway};
+use crate::fake_llm::{FakeLlm, Reply};
+
+const T: Duration = Duration::from_secs(30);
+const WORK_TOKEN: &str = "777:WORK-fake_token-abcdefghijklmnopqrs";
+
+/// The model answers `answer: <the user's last message>`.
+fn echo_model(llm: &FakeLlm) {
+    llm.route(|req| {
+        let last = messages(req).last().cloned().unwrap_or_default();
+        let text = last["content"].as_str().unwrap_or("").to_string();
+        Some(Reply::Text(format!("answer: {text}")))
+    });
+}
+
+fn shown(tg: &FakeTelegram) -> Vec<String> {
+    tg.sent().into_iter().map(|m| m.visible).collect()
+}
+
+/// The `offset` of the `n`-th `getUpdates` of `tg` (0-based), once it was made.
+async fn offset_of_poll(tg: &FakeTelegram, n: usize) -> Value {
+    let polls = tg.wait_calls("getUpdates", n + 1, T).await;
+    assert!(polls.len() > n, "poll {n} never came: {polls:?}");
+    polls[n]["offset"].clone()
+}
+
+fn two_bots(tg: &FakeTelegram, extra: Value) -> Value {
+    let mut telegram = json!({
+        "token": FakeTelegram::TOKEN, "api_url": tg.api_url(), "allow_from": [111],
+        "stream_edits": false,
+        "accounts": {"work": {"token": WORK_TOKEN}},
+    });
+    crate::common::merge(&mut telegram, extra);
+    json!({"channels": {"telegram": telegram}})
+}
+
+#[tokio::test]
+async fn two_telegram_bots_answer_their_own_users_keep_their_sessions_and_offsets_across_a_restart()
+{
+    let tg = FakeTelegram::start().await;
+    let work = tg.add_bot(WORK_TOKEN, 7777, "work_bot");
+    let dir = tempfile::tempdir().unwrap();
+    let llm = FakeLlm::start().await;
+    echo_model(&llm);
+    let cfg = || config(&llm, dir.path(), two_bots(&tg, json!({})));
+    let gw = TestGateway::start(cfg()).await;
+
+    // The main bot gets two messages first, so the bots' update ids (and offsets) differ.
+    tg.push_user_message(111, 111, "main one");
+    assert!(
+        wait_until(T, || shown(&tg).len() == 1).await,
+        "{:?}",
+        tg.sent()
+    );
+    tg.push_user_message(111, 111, "main two");
+    // The same user, the same chat id, the same update id as the main bot's first: the
+    // work bot's own conversation, not a duplicate of the main bot's.
+    work.push_user_message(111, 111, "work one");
+    assert!(
+        wait_until(T, || shown(&tg).len() == 2 && shown(&work).len() == 1).await,
+        "main {:?} work {:?}",
+        tg.sent(),
+        work.sent()
+    );
+    assert_eq!(shown(&tg), ["answer: main one", "answer: main two"]);
+    assert_eq!(shown(&work), ["answer: work one"]);
+
+    // Two sessions, one per bot; the default bot keeps the channel id `telegram`.
+    let (_, sessions) = gw.api.get("/v1/sessions").await;
+    let mut keys: Vec<String> = sessions["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["key"].as_str().unwrap().to_string())
+        .filter(|k| k.starts_with("telegram"))
+        .collect();
+    keys.sort();
+    assert_eq!(keys, ["telegram.work:111", "telegram:111"], "{sessions}");
+    let (_, work_session) = gw.api.get("/v1/sessions/telegram.work:111").await;
+    assert_eq!(
+        work_session["messages"].as_array().map(Vec::len),
+        Some(2),
+        "{work_session}"
+    );
+    // Status lists both bots by channel id.
+    let (_, st) = gw.api.get("/v1/status").await;
+    for id in ["telegram", "telegram.work"] {
+        let state = st["channel_states"][id].as_str().unwrap_or_default();
+        assert!(state.contains("connected"), "{id}: {st}");
+    }
+    assert!(
+        st["channel_states"]["telegram.work"]
+            .as_str()
+            .unwrap()
+            .contains("@work_bot"),
+        "{st}"
+    );
+    // Both updates are confirmed at their own bot.
+    assert!(
+        wait_until(T, || tg.pending_updates().is_empty()
+            && work.pending_updates().is_empty())
+        .await
+    );
+    gw.stop().await;
+
+    // A restart: each bot resumes from its own offset, nothing is answered twice.
+    let (main_polls, work_polls) = (tg.calls("getUpdates").len(), work.calls("getUpdates").len());
+    let asked = llm.requests().len();
+    let gw = TestGateway::start(cfg()).await;
+    assert_eq!(offset_of_poll(&tg, main_polls).await, json!(100_002));
+    assert_eq!(offset_of_poll(&work, work_polls).await, json!(100_001));
+    tg.push_user_message(111, 111, "main three");
+    work.push_user_message(111, 111, "work two");
+    assert!(
+        wait_until(T, || shown(&tg).len() == 3 && shown(&work).len() == 2).await,
+        "main {:?} work {:?}",
+        tg.sent(),
+        work.sent()
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        shown(&tg),
+        ["answer: main one", "answer: main two", "answer: main three"]
+    );
+    assert_eq!(shown(&work), ["answer: work one", "answer: work two"]);
+    assert_eq!(llm.requests().len(), asked + 2, "an update was replayed");
+    // The work bot's conversation went on in its own session.
+    let last = llm.requests().last().cloned().unwrap();
+    let texts: Vec<String> = messages(&last)
+        .iter()
+        .skip(1)
+        .map(|m| m["content"].as_str().unwrap_or("").to_string())
+        .collect();
+    if texts.last().map(String::as_str) == Some("work two") {
+        assert_eq!(texts, ["work one", "answer: work one", "work two"]);
+    }
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn a_sender_paired_with_one_bot_is_a_stranger_to_the_other() {
+    let tg = FakeTelegram::start().await;
+    let work = tg.add_bot(WORK_TOKEN, 7777, "work_bot");
+    let dir = tempfile::tempdir().unwrap();
+    let llm = FakeLlm::start().await;
+    echo_model(&llm);
+    let gw = TestGateway::start(config(
+        &llm,
+        dir.path(),
+        two_bots(&tg, json!({"pairing": true})),
+    ))
+    .await;
+    // 222 asks the work bot: a pairing code, from the work bot.
+    work.push_user_message(222, 222, "let me in");
+    assert!(wait_until(T, || shown(&work).len() == 1).await);
+    let code = shown(&work)[0]
+        .split("pairing approve ")
+        .nth(1)
+        .unwrap()
+        .split(|c: char| !c.is_ascii_alphanumeric())
+        .next()
+        .unwrap()
+        .to_string();
+    assert!(shown(&tg).is_empty(), "{:?}", tg.sent());
+    let v = clawft::admin::pairing_command(
+        gw.gateway.daemon.store(),
+        "pairing/approve",
+        &json!({ "code": code }),
+    )
+    .unwrap();
+    assert_eq!(v["approved"], "telegram.work:222");
+    work.push_user_message(222, 222, "hello work");
+    assert!(
+        wait_until(T, || shown(&work).len() == 2).await,
+        "{:?}",
+        work.sent()
+    );
+    assert_eq!(shown(&work)[1], "answer: hello work");
+    // The main bot does not know 222: a code of its own, and the model is not asked.
+    tg.push_user_message(222, 222, "hello main");
+    assert!(wait_until(T, || shown(&tg).len() == 1).await);
+    assert!(shown(&tg)[0].contains("pairing code"), "{:?}", shown(&tg));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(llm.requests().len(), 1);
+    // 111 is allowed on both (allow_from is inherited).
+    work.push_user_message(111, 111, "me too");
+    assert!(
+        wait_until(T, || shown(&work).len() == 3).await,
+        "{:?}",
+        work.sent()
+    );
+    assert_eq!(shown(&work)[2], "answer: me too");
+    gw.stop().await;
+}
