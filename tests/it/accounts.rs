@@ -201,3 +201,75 @@ async fn a_sender_paired_with_one_bot_is_a_stranger_to_the_other() {
     assert_eq!(shown(&work)[2], "answer: me too");
     gw.stop().await;
 }
+
+#[tokio::test]
+async fn a_reload_starts_restarts_and_stops_one_account_and_leaves_the_other_running() {
+    let tg = FakeTelegram::start().await;
+    let work = tg.add_bot(WORK_TOKEN, 7777, "work_bot");
+    let dir = tempfile::tempdir().unwrap();
+    let llm = FakeLlm::start().await;
+    echo_model(&llm);
+    let main_only = json!({"channels": {"telegram": {
+        "token": FakeTelegram::TOKEN, "api_url": tg.api_url(), "allow_from": [111], "stream_edits": false,
+    }}});
+    let mut gw = TestGateway::start(config(&llm, dir.path(), main_only.clone())).await;
+    let changes = |c: Vec<String>| c.join("; ");
+    // Add the work bot.
+    let c = changes(
+        gw.gateway
+            .daemon
+            .reload(config(&llm, dir.path(), two_bots(&tg, json!({}))))
+            .await,
+    );
+    assert!(c.contains("channel telegram.work started"), "{c}");
+    assert!(!c.contains("channel telegram "), "{c}");
+    work.push_user_message(111, 111, "work one");
+    assert!(
+        wait_until(T, || shown(&work).len() == 1).await,
+        "{:?}",
+        work.sent()
+    );
+    // Change only the work bot's settings: only it restarts.
+    let c = changes(
+        gw.gateway
+            .daemon
+            .reload(config(
+                &llm,
+                dir.path(),
+                two_bots(
+                    &tg,
+                    json!({"accounts": {"work": {"allow_from": [111, 222]}}}),
+                ),
+            ))
+            .await,
+    );
+    assert!(
+        c.contains("channel telegram.work restarted with its new settings"),
+        "{c}"
+    );
+    assert!(!c.contains("channel telegram "), "{c}");
+    work.push_user_message(222, 222, "work two");
+    assert!(
+        wait_until(T, || shown(&work).len() == 2).await,
+        "{:?}",
+        work.sent()
+    );
+    assert_eq!(shown(&work)[1], "answer: work two");
+    // Remove it: it stops, the main bot still answers.
+    let c = changes(
+        gw.gateway
+            .daemon
+            .reload(config(&llm, dir.path(), main_only))
+            .await,
+    );
+    assert!(c.contains("channel telegram.work stopped"), "{c}");
+    tg.push_user_message(111, 111, "main one");
+    assert!(
+        wait_until(T, || shown(&tg).len() == 1).await,
+        "{:?}",
+        tg.sent()
+    );
+    let (_, st) = gw.api.get("/v1/status").await;
+    assert!(st["channel_states"]["telegram.work"].is_null(), "{st}");
+    gw.stop().await;
+}
