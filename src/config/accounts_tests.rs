@@ -264,7 +264,10 @@ app_token = "xapp-2"
         Some("http://127.0.0.1:8")
     );
     let t2 = &c.chat_channels[3];
-    assert_eq!(t2.app_token.as_ref().map(|t| t.expose()), Some("xapp-2"));
+    assert_eq!(
+        t2.app_token.as_ref().map(crate::types::Secret::expose),
+        Some("xapp-2")
+    );
     assert_eq!(t2.api_url.as_deref(), Some("http://127.0.0.1:7/api/"));
 }
 
