@@ -273,3 +273,47 @@ async fn a_reload_starts_restarts_and_stops_one_account_and_leaves_the_other_run
     assert!(st["channel_states"]["telegram.work"].is_null(), "{st}");
     gw.stop().await;
 }
+
+#[tokio::test]
+async fn a_refused_token_of_one_account_names_its_key_and_the_other_bot_keeps_answering() {
+    let tg = FakeTelegram::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let llm = FakeLlm::start().await;
+    echo_model(&llm);
+    // No bot of the fake has this token: Telegram answers 401.
+    let gw = TestGateway::start(config(
+        &llm,
+        dir.path(),
+        two_bots(
+            &tg,
+            json!({"accounts": {"work": {"token": "999:REVOKED-token-abcdefghijklmnop"}}}),
+        ),
+    ))
+    .await;
+    let mut state = String::new();
+    for _ in 0..200 {
+        let (_, st) = gw.api.get("/v1/status").await;
+        state = st["channel_states"]["telegram.work"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        if state.contains("auth") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(state.contains("auth failed"), "{state}");
+    assert!(
+        state.contains("channels.telegram.accounts.work.token"),
+        "{state}"
+    );
+    assert!(!state.contains("REVOKED"), "the token leaked: {state}");
+    tg.push_user_message(111, 111, "still there?");
+    assert!(
+        wait_until(T, || shown(&tg).len() == 1).await,
+        "{:?}",
+        tg.sent()
+    );
+    assert_eq!(shown(&tg), ["answer: still there?"]);
+    gw.stop().await;
+}
