@@ -199,6 +199,29 @@ async fn a_sender_paired_with_one_bot_is_a_stranger_to_the_other() {
         work.sent()
     );
     assert_eq!(shown(&work)[2], "answer: me too");
+    // `weft send` (the admin API) reaches a bot by its channel id.
+    let main_sent = tg.sent().len();
+    let r = gw
+        .api
+        .http
+        .post(format!("{}/v1/admin/send", gw.api.base))
+        .json(
+            &json!({"channel": "telegram.work", "chat_id": "555", "content": "from the operator"}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    assert!(
+        wait_until(T, || work
+            .sent()
+            .iter()
+            .any(|m| m.chat == 555 && m.visible == "from the operator"))
+        .await,
+        "{:?}",
+        work.sent()
+    );
+    assert_eq!(tg.sent().len(), main_sent, "{:?}", tg.sent());
     gw.stop().await;
 }
 
