@@ -45,7 +45,7 @@ pub fn status_json(config: &Config, store: &Store, live: Option<&[SessionStatus]
         "channels": {
             "http": if config.http.enabled { Value::String(config.http.bind.to_string()) } else { Value::Null },
             "chat": config.chat_channels.iter().map(|c| json!({
-                "channel": c.platform.name(),
+                "channel": c.id(),
                 "allow_from": c.allow_from.len(),
                 "pairing": c.pairing,
                 "group_mode": if c.group_all { "all" } else { "mention" },

@@ -157,7 +157,7 @@ pub fn rows(config: &Config, set: &BTreeMap<String, String>) -> Vec<Row> {
         push(key, v, o);
     }
     for c in &config.chat_channels {
-        let k = |s: &str| format!("channels.{}.{s}", c.platform.name());
+        let k = |s: &str| c.config_key(s);
         push(k("token"), MASKED.into(), p.origin(&k("token")));
         let allow: Vec<&str> = c.allow_from.iter().map(String::as_str).collect();
         push(
@@ -238,9 +238,14 @@ pub fn check(path: Option<&Path>, env: &Env) -> Result<String, CliError> {
             |p| p.display().to_string()
         ),
         providers.join(", "),
-        std::iter::once("http")
+        std::iter::once("http".to_string())
             .filter(|_| config.http.enabled)
-            .chain(config.chat_channels.iter().map(|c| c.platform.name()))
+            .chain(
+                config
+                    .chat_channels
+                    .iter()
+                    .map(crate::config::ChatChannelConfig::id)
+            )
             .collect::<Vec<_>>()
             .join(", ")
     ))

@@ -212,11 +212,14 @@ async fn channels(config: &Config, client: &reqwest::Client) -> Vec<Finding> {
     let mut out = Vec::new();
     for c in &config.chat_channels {
         let name = c.platform.name();
-        let check = format!("channel {name}");
+        let check = format!("channel {}", c.id());
         if c.allow_from.is_empty() && !c.pairing {
             out.push(warn(
                 &check,
-                format!("channels.{name}.allow_from is empty and pairing is off: nobody can talk to the bot"),
+                format!(
+                    "{} is empty and pairing is off: nobody can talk to the bot",
+                    c.config_key("allow_from")
+                ),
             ));
         }
         let token = c.token.expose();
@@ -274,12 +277,13 @@ async fn channels(config: &Config, client: &reqwest::Client) -> Vec<Finding> {
                     fail(
                         &check,
                         format!(
-                            "the {name} API refused the token (HTTP {status}{}): set channels.{name}.token (token_env / token_file)",
+                            "the {name} API refused the token (HTTP {status}{}): set {} (token_env / token_file)",
                             body["error"]
                                 .as_str()
                                 .or_else(|| body["description"].as_str())
                                 .map(|e| format!(", {e}"))
-                                .unwrap_or_default()
+                                .unwrap_or_default(),
+                            c.config_key("token")
                         ),
                     )
                 }

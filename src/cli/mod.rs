@@ -123,7 +123,8 @@ pub enum Command {
     },
     /// Send a message to a chat through the running gateway (for scripts and cron jobs).
     Send {
-        /// Channel id: telegram, discord, slack, http.
+        /// Channel id: telegram, discord, slack, http, or `<platform>.NAME` for bot account NAME
+        /// (e.g. telegram.work).
         channel: String,
         /// Chat id on that channel.
         chat_id: String,

@@ -134,12 +134,6 @@ pub struct Route<'a> {
     pub thread: Option<&'a str>,
 }
 
-/// The channel and the bot account of a channel id: `telegram.work` → (`telegram`, `work`),
-/// `telegram` → (`telegram`, `default`).
-pub fn channel_and_account(id: &str) -> (&str, &str) {
-    id.split_once('.').unwrap_or((id, "default"))
-}
-
 impl Binding {
     fn fields(&self) -> [Option<&str>; 5] {
         [
@@ -158,7 +152,7 @@ impl Binding {
 
     /// Whether `r` matches every key it sets.
     pub fn matches(&self, r: &Route<'_>) -> bool {
-        let (channel, account) = channel_and_account(r.channel_id);
+        let (channel, account) = super::types::split_channel_id(r.channel_id);
         let got = [
             Some(channel),
             Some(account),

@@ -552,8 +552,14 @@ command = "fs-mcp"
     assert_eq!(w.providers[0].model, "m-default");
     assert_eq!(c.providers[0].name, "a");
     // Its own workspace, not the default's.
-    assert_eq!(w.agent.workspace, PathBuf::from("/home/u/.clawft/workspace-work"));
-    assert_eq!(c.agent.workspace, PathBuf::from("/home/u/.clawft/workspace"));
+    assert_eq!(
+        w.agent.workspace,
+        PathBuf::from("/home/u/.clawft/workspace-work")
+    );
+    assert_eq!(
+        c.agent.workspace,
+        PathBuf::from("/home/u/.clawft/workspace")
+    );
     // Its tool layer: the defaults' deny merged with its also_allow; only its MCP server.
     assert!(!w.tools.policy.allows("spawn"));
     assert!(w.tools.policy.allows("gateway"));

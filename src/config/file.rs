@@ -205,8 +205,9 @@ impl std::fmt::Display for IdFile {
     }
 }
 
-/// `channels.telegram`, `channels.discord`, `channels.slack`.
-#[derive(Debug, Default, Deserialize, Serialize, schemars::JsonSchema)]
+/// `channels.telegram`, `channels.discord`, `channels.slack`, and each of their
+/// `accounts.NAME`.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ChatChannelFile {
     /// Run this channel (default true when the section is present).
@@ -252,6 +253,13 @@ pub struct ChatChannelFile {
     /// How many chats may be sending at the same time (default 8, at least 1). Replies of one
     /// chat are always sent one after the other.
     pub max_chats_in_flight: Option<usize>,
+    /// More bots of this platform in the same gateway, by account name (`a-z`, `0-9`, `_`,
+    /// `-`; at most 32): each takes the keys of this section and its own token, and inherits
+    /// every other key it does not set from this section. Account NAME is the channel
+    /// `<platform>.NAME`; this section, when it has a token, is the account `default` (channel
+    /// `<platform>`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub accounts: BTreeMap<String, ChatChannelFile>,
 }
 
 /// `channels.http`.

@@ -27,3 +27,7 @@ pub use types::*;
 #[cfg(test)]
 #[path = "config_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "accounts_tests.rs"]
+mod accounts_tests;

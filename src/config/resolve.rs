@@ -632,16 +632,163 @@ pub(super) fn resolve_chat_channels(
         (Platform::Discord, discord),
         (Platform::Slack, slack),
     ] {
-        let Some(f) = f else { continue };
+        let Some(mut f) = f else { continue };
         if !f.enabled.unwrap_or(true) {
             continue;
         }
+        let accounts = std::mem::take(&mut f.accounts);
+        let mut bots: Vec<ChatChannelConfig> = Vec::new();
+        // The section itself is the account `default` when it has a token (or nothing else
+        // could run: then its missing token is the error).
+        if f.token.is_some()
+            || f.token_env.is_some()
+            || f.token_file.is_some()
+            || accounts.is_empty()
+        {
+            bots.push(resolve_account(
+                platform,
+                None,
+                f.clone(),
+                config_dir,
+                env,
+                secrets,
+            )?);
+        }
+        for (name, acc) in accounts {
+            let key = channel_key(platform, None, &format!("accounts.{name}"));
+            check_account_name(&name).map_err(|detail| ConfigError::Invalid {
+                key: key.clone(),
+                detail,
+            })?;
+            if !acc.accounts.is_empty() {
+                return Err(ConfigError::Invalid {
+                    key: format!("{key}.accounts"),
+                    detail: format!(
+                        "accounts do not nest: put every bot directly under channels.{}.accounts",
+                        platform.name()
+                    ),
+                });
+            }
+            if !acc.enabled.unwrap_or(true) {
+                continue;
+            }
+            let merged = inherit(acc, &f);
+            bots.push(resolve_account(
+                platform,
+                Some(&name),
+                merged,
+                config_dir,
+                env,
+                secrets,
+            )?);
+        }
+        check_distinct_tokens(&bots)?;
+        out.extend(bots);
+    }
+    Ok(out)
+}
+
+/// Whether `name` can name a bot account: it becomes part of the channel id
+/// (`telegram.NAME`), of session keys and of store keys.
+fn check_account_name(name: &str) -> Result<(), String> {
+    let ok = (1..=32).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-');
+    if name == DEFAULT_ACCOUNT {
+        return Err("`default` is the name of the platform's own section (its token and settings directly under channels.<platform>): give this account another name".into());
+    }
+    if ok {
+        return Ok(());
+    }
+    Err(format!(
+        "{name:?} is not an account name: use 1 to 32 of a-z, 0-9, `_` and `-` (it becomes part of the channel id, e.g. telegram.work)"
+    ))
+}
+
+/// Account `acc` with every key it does not set taken from its platform's section `top`,
+/// except the tokens: each account is its own bot.
+fn inherit(acc: file::ChatChannelFile, top: &file::ChatChannelFile) -> file::ChatChannelFile {
+    let t = top.clone();
+    file::ChatChannelFile {
+        enabled: acc.enabled,
+        token: acc.token,
+        token_env: acc.token_env,
+        token_file: acc.token_file,
+        app_token: acc.app_token,
+        app_token_env: acc.app_token_env,
+        app_token_file: acc.app_token_file,
+        allow_from: acc.allow_from.or(t.allow_from),
+        pairing: acc.pairing.or(t.pairing),
+        group_mode: acc.group_mode.or(t.group_mode),
+        group_sessions: acc.group_sessions.or(t.group_sessions),
+        api_url: acc.api_url.or(t.api_url),
+        // `proxy` is the old name of `api_base_url`: an account setting either replaces both.
+        api_base_url: acc.api_base_url.clone().or(if acc.proxy.is_some() {
+            None
+        } else {
+            t.api_base_url
+        }),
+        proxy: acc.proxy.clone().or(if acc.api_base_url.is_some() {
+            None
+        } else {
+            t.proxy
+        }),
+        gateway_url: acc.gateway_url.or(t.gateway_url),
+        stream_edits: acc.stream_edits.or(t.stream_edits),
+        edit_interval_ms: acc.edit_interval_ms.or(t.edit_interval_ms),
+        max_chats_in_flight: acc.max_chats_in_flight.or(t.max_chats_in_flight),
+        accounts: BTreeMap::new(),
+    }
+}
+
+/// Two accounts of one platform with the same bot token (or Slack app token) would be one bot
+/// run twice: Telegram hands each update to one poller only, Slack splits the events between
+/// the connections.
+fn check_distinct_tokens(bots: &[ChatChannelConfig]) -> Result<(), ConfigError> {
+    for (i, b) in bots.iter().enumerate() {
+        for a in &bots[..i] {
+            let same_app = matches!((&a.app_token, &b.app_token), (Some(x), Some(y)) if x.expose() == y.expose());
+            let what = if a.token.expose() == b.token.expose() {
+                "token"
+            } else if same_app {
+                "app_token"
+            } else {
+                continue;
+            };
+            return Err(ConfigError::Invalid {
+                key: b.config_key(what),
+                detail: format!(
+                    "`{}` and `{}` are the same {what}: each account is its own bot and needs its own token (remove one of them, or give it its bot's token)",
+                    a.config_key(what),
+                    b.config_key(what)
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// One bot account: `channels.<platform>` (`account` `None`) or
+/// `channels.<platform>.accounts.<account>` with its inherited keys already filled in.
+fn resolve_account(
+    platform: Platform,
+    account: Option<&str>,
+    f: file::ChatChannelFile,
+    config_dir: &Path,
+    env: &Env,
+    secrets: &mut Vec<Secret>,
+) -> Result<ChatChannelConfig, ConfigError> {
+    {
         let name = platform.name();
-        let key = |k: &str| format!("channels.{name}.{k}");
+        let key = |k: &str| channel_key(platform, account, k);
         let token = resolve_secret(&key("token"), f.token, f.token_env, f.token_file, config_dir, env)?
             .ok_or_else(|| ConfigError::Invalid {
                 key: key("token"),
-                detail: format!("the {name} channel is enabled but has no bot token: set token_env or token_file (or enabled = false)"),
+                detail: match account {
+                    None => format!("the {name} channel is enabled but has no bot token: set token_env or token_file (or enabled = false), or give each bot a section channels.{name}.accounts.NAME with its token"),
+                    Some(a) => format!("the {name} account {a} has no bot token: each account is its own bot and needs its own token (token_env or token_file; it is not inherited from channels.{name}), or set enabled = false"),
+                },
             })?;
         secrets.push(token.clone());
         let app_token = resolve_secret(
@@ -758,13 +905,16 @@ pub(super) fn resolve_chat_channels(
         }
         let pairing = f.pairing.unwrap_or(false);
         if allow_from.is_empty() && !pairing {
+            let k = key("allow_from");
             tracing::warn!(
                 channel = name,
-                "channels.{name}.allow_from is empty and pairing is off: nobody can talk to this bot"
+                account = account.unwrap_or(DEFAULT_ACCOUNT),
+                "{k} is empty and pairing is off: nobody can talk to this bot"
             );
         }
-        out.push(ChatChannelConfig {
+        Ok(ChatChannelConfig {
             platform,
+            account: account.map(str::to_string),
             token,
             app_token,
             allow_from,
@@ -786,9 +936,8 @@ pub(super) fn resolve_chat_channels(
                 }
                 Some(n) => n,
             },
-        });
+        })
     }
-    Ok(out)
 }
 
 /// Whether `id` can ever match a sender on `platform` (ingress compares the platform's user

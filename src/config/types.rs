@@ -307,11 +307,35 @@ impl Platform {
     }
 }
 
-/// A validated `channels.<platform>` section.
+/// The account name of a platform's own section (`channels.<platform>`), whose channel id is
+/// the bare platform name.
+pub const DEFAULT_ACCOUNT: &str = "default";
+
+/// A channel id split into its platform (or channel) and its bot account: `telegram.work` →
+/// (`telegram`, `work`), `telegram` → (`telegram`, `default`), `http` → (`http`, `default`).
+pub fn split_channel_id(id: &str) -> (&str, &str) {
+    id.split_once('.').unwrap_or((id, DEFAULT_ACCOUNT))
+}
+
+/// The dotted config key of setting `key` of a bot account: `channels.<platform>.<key>` for
+/// the default account, `channels.<platform>.accounts.<account>.<key>` for the others.
+pub fn channel_key(platform: Platform, account: Option<&str>, key: &str) -> String {
+    let p = platform.name();
+    match account {
+        None => format!("channels.{p}.{key}"),
+        Some(a) => format!("channels.{p}.accounts.{a}.{key}"),
+    }
+}
+
+/// A validated bot account: `channels.<platform>` (the account `default`) or
+/// `channels.<platform>.accounts.<NAME>` with the keys it inherits filled in.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ChatChannelConfig {
     /// Which platform.
     pub platform: Platform,
+    /// The bot account: `None` for the platform's own section (the account `default`),
+    /// `Some(NAME)` for `channels.<platform>.accounts.NAME`.
+    pub account: Option<String>,
     /// Bot token.
     pub token: Secret,
     /// Slack's app-level token.
@@ -336,6 +360,24 @@ pub struct ChatChannelConfig {
     pub edit_interval: Duration,
     /// Chats sending at the same time (`channels.<x>.max_chats_in_flight`).
     pub max_chats_in_flight: usize,
+}
+
+impl ChatChannelConfig {
+    /// The channel id: `<platform>` for the default account (so sessions, the journal and
+    /// adapter offsets of a gateway from before accounts stay valid), `<platform>.<NAME>`
+    /// for account NAME. Session keys, the outbox, access rules, pairing and the adapter's
+    /// stored state all use it.
+    pub fn id(&self) -> String {
+        match &self.account {
+            None => self.platform.name().to_string(),
+            Some(a) => format!("{}.{a}", self.platform.name()),
+        }
+    }
+
+    /// The dotted config key of this account's setting `key` (for messages to the operator).
+    pub fn config_key(&self, key: &str) -> String {
+        channel_key(self.platform, self.account.as_deref(), key)
+    }
 }
 
 /// Default of `channels.<x>.max_chats_in_flight`: chats of one channel sending at once.

@@ -116,7 +116,7 @@ pub fn access_rules(config: &Config) -> crate::ingress::access::Access {
             .iter()
             .map(|c| {
                 (
-                    c.platform.name().to_string(),
+                    c.id(),
                     AccessRule::Restricted {
                         allow_from: c.allow_from.clone(),
                         pairing: c.pairing,
@@ -130,7 +130,7 @@ pub fn access_rules(config: &Config) -> crate::ingress::access::Access {
             .chat_channels
             .iter()
             .filter(|c| c.per_user_sessions)
-            .map(|c| c.platform.name().to_string()),
+            .map(crate::config::ChatChannelConfig::id),
     )
     .with_bindings(config.bindings.clone())
 }

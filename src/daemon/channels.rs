@@ -55,11 +55,11 @@ pub fn chat_channel(
     c: &crate::config::ChatChannelConfig,
     store: &Store,
 ) -> Option<Arc<dyn Channel>> {
-    let state: Arc<dyn StateStore> = Arc::new(StoreState::new(store.clone(), c.platform.name()));
+    let state: Arc<dyn StateStore> = Arc::new(StoreState::new(store.clone(), &c.id()));
     match build(c, state) {
         Ok(ch) => Some(ch),
         Err(e) => {
-            tracing::error!(channel = c.platform.name(), error = %e, "channel not started");
+            tracing::error!(channel = %c.id(), error = %e, "channel not started");
             None
         }
     }
@@ -87,6 +87,7 @@ fn build(
             t.stream_edits = c.stream_edits;
             t.edit_interval = c.edit_interval;
             t.state = state;
+            t.id = clawft_channel_core::ChannelId::new(c.id());
             Ok(Arc::new(
                 TelegramChannel::new(t).map_err(|e| e.to_string())?,
             ))
@@ -104,6 +105,7 @@ fn build(
             };
             d.stream_edits = c.stream_edits;
             d.edit_interval = c.edit_interval;
+            d.id = clawft_channel_core::ChannelId::new(c.id());
             Ok(Arc::new(DiscordChannel::new(d).map_err(|e| e.to_string())?))
         }
         #[cfg(feature = "slack")]
@@ -124,6 +126,7 @@ fn build(
                 stream_edits: c.stream_edits,
                 edit_interval: c.edit_interval,
                 state,
+                id: clawft_channel_core::ChannelId::new(c.id()),
                 ..SlackConfig::default()
             };
             if let Some(u) = &c.api_url {

@@ -165,7 +165,7 @@ async fn start_channel(
             max_chats_in_flight: kit
                 .chat_channels
                 .iter()
-                .find(|c| c.platform.name() == id)
+                .find(|c| c.id() == id)
                 .map_or(crate::egress::DEFAULT_MAX_CHATS_IN_FLIGHT, |c| {
                     c.max_chats_in_flight
                 }),
@@ -591,22 +591,19 @@ impl Daemon {
     async fn reload_channels(&mut self, new: &Config) -> Vec<String> {
         use crate::config::ChatChannelConfig;
         // Compared by value (tokens included: `Secret` compares its value).
-        let old: std::collections::HashMap<&str, &ChatChannelConfig> = self
+        let old: std::collections::HashMap<String, &ChatChannelConfig> = self
             .config
             .chat_channels
             .iter()
-            .map(|c| (c.platform.name(), c))
+            .map(|c| (c.id(), c))
             .collect();
-        let fresh: std::collections::HashMap<&str, &ChatChannelConfig> = new
-            .chat_channels
-            .iter()
-            .map(|c| (c.platform.name(), c))
-            .collect();
+        let fresh: std::collections::HashMap<String, &ChatChannelConfig> =
+            new.chat_channels.iter().map(|c| (c.id(), c)).collect();
         let mut changes = Vec::new();
         let stale: Vec<String> = old
             .iter()
             .filter(|(n, f)| fresh.get(*n) != Some(*f))
-            .map(|(n, _)| (*n).to_string())
+            .map(|(n, _)| n.clone())
             .collect();
         for name in &stale {
             if let Some(e) = self.outbox.channels().remove(name) {
@@ -621,7 +618,8 @@ impl Daemon {
         // to the agents that run.
         let access = Arc::new(access_rules(new).with_bindings(self.config.bindings.clone()));
         for c in &new.chat_channels {
-            let name = c.platform.name();
+            let name = c.id();
+            let name = name.as_str();
             if old.get(name) == fresh.get(name) {
                 continue;
             }

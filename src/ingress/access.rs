@@ -148,7 +148,10 @@ impl Access {
             channel_id,
             chat: ev.chat.as_str(),
             user: ev.sender.as_str(),
-            thread: ev.thread.as_ref().map(clawft_channel_core::ThreadId::as_str),
+            thread: ev
+                .thread
+                .as_ref()
+                .map(clawft_channel_core::ThreadId::as_str),
         })
     }
 

@@ -314,6 +314,7 @@ fn onboard_force_keeps_a_backup_and_every_template_example_loads_when_uncommente
         // Variables the examples name (`*_env`) are set, as a user following them would.
         let out = weft(dir.path())
             .env("TELEGRAM_BOT_TOKEN", "123:abc")
+            .env("TELEGRAM_WORK_BOT_TOKEN", "456:def")
             .env("DISCORD_BOT_TOKEN", "discord-token")
             .env("SLACK_BOT_TOKEN", "xoxb-1")
             .env("SLACK_APP_TOKEN", "xapp-1")

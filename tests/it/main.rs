@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod access;
+mod accounts;
 mod agents;
 mod cli_output;
 mod cli_polish;

@@ -27,6 +27,11 @@
 //! entities", a dropped connection), [`FakeTelegram::set_stall`] (polls hang: a dead
 //! connection), [`FakeTelegram::disconnect`] (drop every poll in flight). Everything is
 //! recorded: [`FakeTelegram::requests`], [`FakeTelegram::sent`], [`FakeTelegram::actions`].
+//!
+//! Several bots: [`FakeTelegram::add_bot`] serves another token on the same server, as
+//! Telegram does, each bot with its own updates, messages, log and failures (a request is
+//! routed by the token in `/bot<TOKEN>/method`; one with a token no bot has is answered 401
+//! and recorded with the first bot's requests).
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
@@ -156,25 +161,53 @@ struct Shared {
     st: Mutex<St>,
     changed: Notify,
     token: String,
+    /// This bot's user id and username (`getMe`, the sender of its messages).
+    bot_id: i64,
+    username: String,
 }
 
 impl Shared {
+    fn new(token: &str, bot_id: i64, username: &str) -> Arc<Self> {
+        Arc::new(Shared {
+            st: Mutex::new(St {
+                next_update: 100_000,
+                next_message: 1,
+                ..St::default()
+            }),
+            changed: Notify::new(),
+            token: token.to_string(),
+            bot_id,
+            username: username.to_string(),
+        })
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, St> {
         self.st.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
-/// The fake Bot API server. Stops when dropped.
+/// The bots one server answers for, by token; the first is the one of [`FakeTelegram::start`].
+struct Bots {
+    first: Arc<Shared>,
+    by_token: Mutex<HashMap<String, Arc<Shared>>>,
+}
+
+/// The server task: stops when the last handle of one of its bots is dropped.
+struct Server(tokio::task::JoinHandle<()>);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// The fake Bot API server, seen as one of its bots. Stops when it and every other bot of the
+/// server ([`FakeTelegram::add_bot`]) are dropped.
 pub struct FakeTelegram {
     addr: SocketAddr,
     shared: Arc<Shared>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for FakeTelegram {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
+    bots: Arc<Bots>,
+    _server: Arc<Server>,
 }
 
 impl FakeTelegram {
@@ -195,22 +228,46 @@ impl FakeTelegram {
             .await
             .expect("bind 127.0.0.1");
         let addr = listener.local_addr().expect("local addr");
-        let shared = Arc::new(Shared {
-            st: Mutex::new(St {
-                next_update: 100_000,
-                next_message: 1,
-                ..St::default()
-            }),
-            changed: Notify::new(),
-            token: Self::TOKEN.to_string(),
+        let shared = Shared::new(Self::TOKEN, Self::BOT_ID, Self::BOT_USERNAME);
+        let bots = Arc::new(Bots {
+            first: shared.clone(),
+            by_token: Mutex::new(HashMap::from([(Self::TOKEN.to_string(), shared.clone())])),
         });
         let app = Router::new()
             .route("/{bot}/{method}", any(handle))
-            .with_state(shared.clone());
+            .with_state(bots.clone());
         let task = tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
         });
-        Self { addr, shared, task }
+        Self {
+            addr,
+            shared,
+            bots,
+            _server: Arc::new(Server(task)),
+        }
+    }
+
+    /// Another bot served by the same server (the same `api_url`): `token` is its token, and
+    /// it has its own user id, username, updates, messages, recorded requests and scripted
+    /// failures. Replaces a bot of the same token.
+    pub fn add_bot(&self, token: &str, bot_id: i64, username: &str) -> FakeTelegram {
+        let shared = Shared::new(token, bot_id, username);
+        self.bots
+            .by_token
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(token.to_string(), shared.clone());
+        FakeTelegram {
+            addr: self.addr,
+            shared,
+            bots: self.bots.clone(),
+            _server: self._server.clone(),
+        }
+    }
+
+    /// This bot's token.
+    pub fn token(&self) -> &str {
+        &self.shared.token
     }
 
     /// The base URL to configure as `api_url`.
@@ -247,7 +304,7 @@ impl FakeTelegram {
         if let Some(r) = m.reply_to {
             let by_bot = st.messages.get(&(m.chat, r)).is_some_and(|(_, _, b)| *b);
             let from = if by_bot {
-                json!({"id": Self::BOT_ID, "is_bot": true, "first_name": "Clawft", "username": Self::BOT_USERNAME})
+                json!({"id": self.shared.bot_id, "is_bot": true, "first_name": "Clawft", "username": self.shared.username})
             } else {
                 json!({"id": m.user, "is_bot": false, "first_name": "User"})
             };
@@ -638,13 +695,21 @@ fn params_of(query: HashMap<String, String>, body: &Bytes) -> Value {
 }
 
 async fn handle(
-    State(sh): State<Arc<Shared>>,
+    State(bots): State<Arc<Bots>>,
     Path((bot, method)): Path<(String, String)>,
     Query(query): Query<HashMap<String, String>>,
     body: Bytes,
 ) -> Response {
     let params = params_of(query, &body);
-    let authorized = bot.strip_prefix("bot") == Some(sh.token.as_str());
+    let known = bot.strip_prefix("bot").and_then(|t| {
+        bots.by_token
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(t)
+            .cloned()
+    });
+    let authorized = known.is_some();
+    let sh = known.unwrap_or_else(|| bots.first.clone());
     let failure = {
         let mut st = sh.lock();
         st.requests.push(Recorded {
@@ -673,8 +738,8 @@ async fn handle(
     }
     match method.as_str() {
         "getMe" => ok(json!({
-            "id": FakeTelegram::BOT_ID, "is_bot": true, "first_name": "Clawft",
-            "username": FakeTelegram::BOT_USERNAME, "can_join_groups": true,
+            "id": sh.bot_id, "is_bot": true, "first_name": "Clawft",
+            "username": sh.username, "can_join_groups": true,
             "can_read_all_group_messages": false, "supports_inline_queries": false,
             "can_connect_to_business": false, "has_main_web_app": false
         })),
@@ -849,7 +914,7 @@ fn send_or_edit(sh: &Arc<Shared>, method: &str, params: &Value) -> Response {
     let mut msg = json!({
         "message_id": message_id, "date": 1_700_000_000,
         "chat": chat_json(chat, thread.is_some()),
-        "from": {"id": FakeTelegram::BOT_ID, "is_bot": true, "first_name": "Clawft", "username": FakeTelegram::BOT_USERNAME},
+        "from": {"id": sh.bot_id, "is_bot": true, "first_name": "Clawft", "username": sh.username},
         "text": visible,
     });
     if let Some(t) = thread {

@@ -326,7 +326,18 @@ impl TelegramChannel {
     }
 
     fn classify(&self, e: &CallError) -> ChannelError {
-        e.classify(self.api.token())
+        match e.classify(self.api.token()) {
+            // A second bot (channel id `telegram.NAME`) has its token under
+            // `channels.telegram.accounts.NAME`: name the key the operator has to fix.
+            ChannelError::Auth(m) => match self.cfg.id.as_str().split_once('.') {
+                Some((_, account)) => ChannelError::Auth(m.replace(
+                    "channels.telegram.token",
+                    &format!("channels.telegram.accounts.{account}.token"),
+                )),
+                None => ChannelError::Auth(m),
+            },
+            other => other,
+        }
     }
 
     fn save_offset(&self, offset: Option<i64>) {

@@ -694,3 +694,55 @@ async fn a_server_ignoring_the_poll_timeout_is_not_polled_in_a_loop() {
     ack(d, Ack::Accepted);
     h.stop().await;
 }
+
+#[tokio::test]
+async fn one_fake_server_serves_two_bots_each_with_its_own_updates_and_messages() {
+    const WORK: &str = "777:WORK-fake_token-abcdefghijklmnopqrs";
+    let fake = FakeTelegram::start().await;
+    let work = fake.add_bot(WORK, 7777, "work_bot");
+    assert_eq!(work.api_url(), fake.api_url());
+    let (s1, s2) = (
+        Arc::new(MemoryState::default()),
+        Arc::new(MemoryState::default()),
+    );
+    let mut main_h = run(config(&fake, s1.clone()));
+    let mut work_cfg = config(&work, s2.clone());
+    work_cfg.token = WORK.into();
+    work_cfg.id = clawft_channel_core::ChannelId::new("telegram.work");
+    let mut work_h = run(work_cfg);
+    fake.push_user_message(1001, 1001, "to main");
+    work.push_user_message(1001, 1001, "to work");
+    let (a, b) = (main_h.next().await, work_h.next().await);
+    assert_eq!(
+        (a.event.content.as_str(), a.event.channel.as_str()),
+        ("to main", "telegram")
+    );
+    assert_eq!(
+        (b.event.content.as_str(), b.event.channel.as_str()),
+        ("to work", "telegram.work")
+    );
+    ack(a, Ack::Accepted);
+    ack(b, Ack::Accepted);
+    eventually("both confirmed", || {
+        fake.pending_updates().is_empty() && work.pending_updates().is_empty()
+    })
+    .await;
+    assert!(
+        work_h.ch.state().contains("@work_bot"),
+        "{}",
+        work_h.ch.state()
+    );
+    // Each bot posts into its own log.
+    work_h
+        .ch
+        .send(&reply("1001", OutboundKind::Final, "o1", "from work"))
+        .await
+        .unwrap();
+    assert_eq!(work.sent().len(), 1);
+    assert!(fake.sent().is_empty(), "{:?}", fake.sent());
+    // Polls of two bots do not conflict (409 is per bot).
+    main_h.none_within(Duration::from_millis(300)).await;
+    assert!(fake.requests().iter().all(|r| r.authorized));
+    main_h.stop().await;
+    work_h.stop().await;
+}
