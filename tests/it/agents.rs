@@ -173,16 +173,7 @@ async fn two_agents_bound_to_two_chats_answer_with_their_own_prompt_model_tools_
         shown(&tg, WORK_CHAT)
     );
     // `/metrics` counts each agent's turns.
-    let text = gw
-        .api
-        .http
-        .get(format!("{}/metrics", gw.api.base))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = gw.api.text("/metrics").await;
     for agent in ["family", "work", "main"] {
         assert!(
             text.contains(&format!(

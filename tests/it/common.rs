@@ -126,6 +126,18 @@ impl Api {
         (status, r.json().await.unwrap_or(Value::Null))
     }
 
+    /// GET `path` as text (`/metrics`).
+    pub async fn text(&self, path: &str) -> String {
+        self.http
+            .get(format!("{}{path}", self.base))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+
     pub async fn get(&self, path: &str) -> (u16, Value) {
         let r = self
             .http

@@ -93,16 +93,7 @@ async fn damaged_store_is_quarantined(damage: fn(&Path), what: &str) {
     );
     let (_, status) = d.api.get("/v1/status").await;
     assert!(status["store"]["health"]["alert"].is_string(), "{status}");
-    let metrics = d
-        .api
-        .http
-        .get(format!("{}/metrics", d.api.base))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = d.api.text("/metrics").await;
     assert!(metrics.contains("clawft_store_alert 1"), "{metrics}");
     assert!(metrics.contains("clawft_store_healthy 1"), "{metrics}");
     let (_, v) = d.api.get("/v1/sessions").await;
