@@ -584,3 +584,32 @@ command = "fs-mcp"
         .to_string();
     assert!(e.contains("agents.work.temperature"), "{e}");
 }
+
+#[test]
+fn group_custom_names_every_custom_tool_in_every_layer() {
+    let text = r#"
+[tools.policy]
+deny = ["group:custom"]
+[agents.ops]
+tools = { also_allow = ["group:custom"] }
+[tools.custom.dig]
+description = "DNS"
+command = "dig {{name}}"
+parameters = { type = "object", properties = { name = { type = "string" } }, required = ["name"] }
+[tools.subagents]
+deny = ["group:custom"]
+"#;
+    let c = Config::from_str(text, true, &env(&[])).unwrap();
+    assert!(!c.tools.policy.allows("dig"));
+    assert!(c.tools.policy.allows("read_file"));
+    // A deny wins over also_allow: the ops agent still cannot, as documented for every group.
+    assert!(!c.for_agent("ops").unwrap().tools.policy.allows("dig"));
+    assert!(c.tools.subagents.deny.iter().any(|p| p.matches("dig")));
+    let c = Config::from_str(
+        &text.replace("deny = [\"group:custom\"]\n[agents", "[agents"),
+        true,
+        &env(&[]),
+    )
+    .unwrap();
+    assert!(c.tools.policy.allows("dig"));
+}

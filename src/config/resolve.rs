@@ -301,7 +301,7 @@ impl Config {
             env,
             &mut secrets,
         )?;
-        let tools = resolve_tools(
+        let mut tools = resolve_tools(
             raw.tools,
             agent_tools.as_ref(),
             providers.first().map(|p| p.name.as_str()),
@@ -309,6 +309,18 @@ impl Config {
             env,
             &mut secrets,
         )?;
+        let custom: Vec<String> = tools.custom.iter().map(|c| c.name.clone()).collect();
+        tools.policy.expand_custom(&custom);
+        crate::tools::policy::expand_custom_in(&mut tools.subagents.deny, &custom);
+        for a in &mut agents {
+            a.policy.expand_custom(&custom);
+            if let Some(s) = &mut a.agent.subagents {
+                crate::tools::policy::expand_custom_in(&mut s.deny, &custom);
+            }
+        }
+        if let Some(s) = &mut agent.subagents {
+            crate::tools::policy::expand_custom_in(&mut s.deny, &custom);
+        }
         let mut memory = raw.memory.resolve()?;
         if let Some(e) = &memory.embeddings {
             memory.embeddings_key = resolve_secret(

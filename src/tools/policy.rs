@@ -17,8 +17,9 @@
 //!
 //! Patterns are tool names, `*`/`?` wildcards (`github__*`), or groups: `group:fs`,
 //! `group:runtime`, `group:web`, `group:memory`, `group:messaging`, `group:sessions`,
-//! `group:automation` (`cron`, `gateway`), `group:mcp` (every MCP tool) and `group:mcp:NAME`
-//! (one server's tools).
+//! `group:automation` (`cron`, `gateway`), `group:custom` (the `tools.custom` tools, expanded
+//! to their names once the configuration is read), `group:mcp` (every MCP tool) and
+//! `group:mcp:NAME` (one server's tools).
 //!
 //! The registry shows the model only allowed tools, and a call to a registered but disallowed
 //! tool is answered `PERMISSION_DENIED` without running it.
@@ -52,6 +53,10 @@ pub const GROUPS: &[(&str, &[&str])] = &[
     ("sessions", &["subagents", "use_skill"]),
     ("automation", &["cron", "gateway"]),
 ];
+
+/// The group of the custom tools (`tools.custom.NAME`): its members are known once the
+/// configuration is read, so [`ToolPolicy::expand_custom`] replaces it by their names.
+pub const CUSTOM_GROUP: &str = "custom";
 
 /// Tools denied unless a layer's `also_allow` names them (by name or `group:automation`):
 /// `gateway` reads the gateway's status and reloads its configuration, an operator's power.
@@ -154,6 +159,7 @@ impl Pattern {
         }
         if let Some(g) = s.strip_prefix("group:") {
             let known = g == "mcp"
+                || g == CUSTOM_GROUP
                 || g.strip_prefix("mcp:").is_some_and(|n| !n.is_empty())
                 || GROUPS.iter().any(|(name, _)| *name == g);
             if !known {
@@ -161,7 +167,7 @@ impl Pattern {
                 return Err(PatternError::UnknownGroup {
                     pattern: s.to_string(),
                     expected: format!(
-                        "group:{}, group:mcp, group:mcp:SERVER",
+                        "group:{}, group:custom, group:mcp, group:mcp:SERVER",
                         names.join(", group:")
                     ),
                 });
@@ -330,7 +336,36 @@ pub struct ToolPolicy {
     pub narrowed: Vec<Vec<Pattern>>,
 }
 
+/// Replace `group:custom` in `list` by the custom tools' `names`.
+pub fn expand_custom_in(list: &mut Vec<Pattern>, names: &[String]) {
+    let is_custom = |p: &Pattern| matches!(p, Pattern::Group(g) if g == CUSTOM_GROUP);
+    if list.iter().any(is_custom) {
+        list.retain(|p| !is_custom(p));
+        list.extend(names.iter().map(|n| Pattern::Name(n.clone())));
+    }
+}
+
+impl PolicyLayer {
+    fn expand_custom(&mut self, names: &[String]) {
+        if let Some(a) = &mut self.allow {
+            expand_custom_in(a, names);
+        }
+        expand_custom_in(&mut self.deny, names);
+        expand_custom_in(&mut self.also_allow, names);
+    }
+}
+
 impl ToolPolicy {
+    /// Replace `group:custom` in every layer by the names of the custom tools (exact names:
+    /// a custom tool named with a `*` is matched literally).
+    pub fn expand_custom(&mut self, names: &[String]) {
+        self.global.expand_custom(names);
+        if let Some(p) = &mut self.provider {
+            p.expand_custom(names);
+        }
+        self.agent.expand_custom(names);
+    }
+
     /// Everything allowed (the `full` profile, no lists).
     pub fn allow_all() -> Self {
         Self::default()
