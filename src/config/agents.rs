@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 
 use super::file::{AgentDefaultsFile, BindingFile};
+use super::subagents::SubagentsFile;
 use super::types::{AgentConfig, ConfigError, ProviderConfig};
 use crate::types::session_key::DEFAULT_AGENT;
 
@@ -30,43 +31,50 @@ pub fn check_agent_name(name: &str) -> Result<(), ConfigError> {
     }
 }
 
-/// `agents.NAME` over `agents.defaults`: every key the agent sets replaces the default's; the
-/// tables (`tools`, `compaction`) are merged key by key.
-///
-/// # Errors
-/// A merged section that is no longer valid (cannot happen for two valid sections).
-pub fn merge_agent(
-    defaults: &AgentDefaultsFile,
-    name: &str,
-    over: &AgentDefaultsFile,
-) -> Result<AgentDefaultsFile, ConfigError> {
-    let invalid = |e: serde_json::Error| ConfigError::Invalid {
-        key: format!("agents.{name}"),
-        detail: e.to_string(),
+/// `over`'s keys over `base`'s: `over.key.or(base.key)` for each listed key.
+macro_rules! overlay {
+    ($base:expr, $over:expr; $($f:ident),+ $(,)?) => {
+        $( $base.$f = $over.$f.or($base.$f.take()); )+
     };
-    let mut base = serde_json::to_value(defaults).map_err(invalid)?;
-    let top = serde_json::to_value(over).map_err(invalid)?;
-    overlay(&mut base, top);
-    serde_json::from_value(base).map_err(invalid)
 }
 
-fn overlay(base: &mut serde_json::Value, over: serde_json::Value) {
+/// Two optional tables merged key by key with `merge`.
+fn table<T>(base: Option<T>, over: Option<T>, merge: impl Fn(&mut T, T)) -> Option<T> {
     match (base, over) {
-        (serde_json::Value::Object(b), serde_json::Value::Object(o)) => {
-            for (k, v) in o {
-                if v.is_null() {
-                    continue;
-                }
-                match b.get_mut(&k) {
-                    Some(slot) if slot.is_object() && v.is_object() => overlay(slot, v),
-                    _ => {
-                        b.insert(k, v);
-                    }
-                }
-            }
+        (Some(mut b), Some(o)) => {
+            merge(&mut b, o);
+            Some(b)
         }
-        (b, o) => *b = o,
+        (b, o) => o.or(b),
     }
+}
+
+/// `tools.subagents` keys of `over` over `base`'s.
+pub fn merge_subagents(base: &mut SubagentsFile, over: SubagentsFile) {
+    overlay!(base, over; max_concurrent, max_spawn_depth, max_children_per_agent,
+        max_spawns_per_hour, max_iterations, run_timeout_secs, archive_after_minutes,
+        announce_debounce_ms, allow_memory_write, deny);
+}
+
+/// `agents.NAME` over `agents.defaults`: every key the agent sets replaces the default's; the
+/// tables (`tools`, `compaction`, `budgets`, `subagents`) are merged key by key.
+pub fn merge_agent(defaults: &AgentDefaultsFile, over: AgentDefaultsFile) -> AgentDefaultsFile {
+    let mut b = defaults.clone();
+    let o = over;
+    overlay!(b, o; model, max_tool_iterations, loop_repeat_limit, max_tool_calls_per_turn,
+        workspace, provider, fallback, system_prompt, max_tokens, temperature, stream,
+        context_window, models, mcp_servers);
+    b.tools = table(b.tools.take(), o.tools, |b, o| {
+        overlay!(b, o; profile, allow, deny, also_allow);
+    });
+    b.compaction = table(b.compaction.take(), o.compaction, |b, o| {
+        overlay!(b, o; threshold, model);
+    });
+    b.budgets = table(b.budgets.take(), o.budgets, |b, o| {
+        overlay!(b, o; daily_usd, monthly_usd, daily_tokens, monthly_tokens);
+    });
+    b.subagents = table(b.subagents.take(), o.subagents, merge_subagents);
+    b
 }
 
 /// Rename the key of an error found while resolving `agents.NAME` (the resolvers name
@@ -393,7 +401,7 @@ chat = "5"
         .unwrap();
         let w: AgentDefaultsFile =
             serde_json::from_str(r#"{"model": "m2", "compaction": {"model": "cheap"}}"#).unwrap();
-        let m = merge_agent(&d, "work", &w).unwrap();
+        let m = merge_agent(&d, w);
         assert_eq!(m.model.as_deref(), Some("m2"));
         assert_eq!(m.system_prompt.as_deref(), Some("base"));
         assert_eq!(m.tools.unwrap().deny, Some(vec!["exec_shell".to_string()]));

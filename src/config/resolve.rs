@@ -131,7 +131,7 @@ impl Config {
             named: mut named_files,
         } = raw.agents;
         let mut main_file = match named_files.remove(DEFAULT_AGENT) {
-            Some(over) => super::agents::merge_agent(&defaults, DEFAULT_AGENT, &over)?,
+            Some(over) => super::agents::merge_agent(&defaults, over),
             None => defaults.clone(),
         };
         let mut agent_budgets = BTreeMap::new();
@@ -163,7 +163,8 @@ impl Config {
             agent_budgets.insert(DEFAULT_AGENT.to_string(), b);
         }
         let mut agents = Vec::new();
-        for (name, over) in &named_files {
+        for (name, over) in named_files.clone() {
+            let name = &name;
             super::agents::check_agent_name(name)?;
             let rename = |e| super::agents::rename_error(e, name);
             // Not inherited: each agent has its own workspace (its memory and context files)
@@ -172,7 +173,7 @@ impl Config {
                 workspace: None,
                 ..defaults.clone()
             };
-            let mut merged = super::agents::merge_agent(&base, name, over)?;
+            let mut merged = super::agents::merge_agent(&base, over);
             let (sub, budgets) = (merged.subagents.take(), merged.budgets.take());
             if let Some(b) = budgets.filter(|b| !b.is_empty()) {
                 b.check(&format!("agents.{name}.budgets"))?;
@@ -501,18 +502,8 @@ fn agent_subagents(
     let Some(own) = own else {
         return Ok(None);
     };
-    let invalid = |e: serde_json::Error| ConfigError::Invalid {
-        key: format!("{key}.subagents"),
-        detail: e.to_string(),
-    };
-    let mut base = serde_json::to_value(global).map_err(invalid)?;
-    let top = serde_json::to_value(own).map_err(invalid)?;
-    if let (Some(b), serde_json::Value::Object(t)) = (base.as_object_mut(), top) {
-        for (k, v) in t.into_iter().filter(|(_, v)| !v.is_null()) {
-            b.insert(k, v);
-        }
-    }
-    let merged: super::subagents::SubagentsFile = serde_json::from_value(base).map_err(invalid)?;
+    let mut merged = global.clone();
+    super::agents::merge_subagents(&mut merged, own);
     merged
         .resolve()
         .map(Some)
