@@ -9,9 +9,11 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Default, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ConfigFile {
-    /// Agent behaviour.
+    /// Agents: `agents.defaults` (the default agent, `main`, and what every other agent
+    /// inherits) and `agents.NAME` for more agents (any `agents.defaults` key, over the
+    /// defaults). A map rather than a struct with a flattened rest: one code path less.
     #[serde(default)]
-    pub agents: AgentsFile,
+    pub agents: BTreeMap<String, AgentDefaultsFile>,
     /// LLM providers by name (`openai`, `anthropic`, `openrouter`, `ollama`, or any name with
     /// `kind` set).
     #[serde(default)]
@@ -49,18 +51,6 @@ pub struct ConfigFile {
     /// (`main`) when none matches.
     #[serde(default)]
     pub bindings: Vec<BindingFile>,
-}
-
-/// `agents`: `defaults` (the default agent, `main`, and what every other agent inherits) and
-/// `agents.NAME` for more agents.
-#[derive(Debug, Default, Deserialize, Serialize, schemars::JsonSchema)]
-pub struct AgentsFile {
-    /// `agents.defaults`.
-    #[serde(default)]
-    pub defaults: AgentDefaultsFile,
-    /// `agents.NAME`: another agent; any `agents.defaults` key, over the defaults.
-    #[serde(flatten)]
-    pub named: BTreeMap<String, AgentDefaultsFile>,
 }
 
 /// One `[[bindings]]` entry.

@@ -126,10 +126,8 @@ impl Config {
         let home = clawft_home(env);
         let mut secrets = Vec::new();
         let tool_timeout = Duration::from_secs(raw.tools.timeout_secs.unwrap_or(120).max(1));
-        let super::file::AgentsFile {
-            defaults,
-            named: mut named_files,
-        } = raw.agents;
+        let mut named_files = raw.agents;
+        let defaults = named_files.remove("defaults").unwrap_or_default();
         let mut main_file = match named_files.remove(DEFAULT_AGENT) {
             Some(over) => super::agents::merge_agent(&defaults, over),
             None => defaults.clone(),
