@@ -101,6 +101,11 @@ impl Gateway {
                     reply_timeout: config.http.reply_timeout,
                     channel_id: "http".into(),
                     max_inbound_bytes: config.max_inbound_bytes,
+                    agents: config
+                        .agent_names()
+                        .into_iter()
+                        .map(str::to_string)
+                        .collect(),
                 },
                 Arc::new(admin.clone()),
             )

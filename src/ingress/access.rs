@@ -135,6 +135,15 @@ impl Access {
             let agent = agent.unwrap_or_else(|| self.agent_for(ev, "cli"));
             return key.with_agent(agent);
         }
+        // `POST /v1/chat/completions` (only callers holding the API's token reach it): chat
+        // `SESSION@AGENT` with the agent its `model` named, filed under `http:SESSION`, the
+        // session `/v1/chat` uses for that chat id, served by that agent.
+        if ev.channel.as_str() == "http" && ev.sender.as_str() == clawft_channel_http::OPENAI_SENDER
+        {
+            let (chat, agent) = terminal_chat(ev.chat.as_str());
+            let key = SessionKey::from_parts(&["http", chat])?;
+            return key.with_agent(agent.unwrap_or(crate::types::session_key::DEFAULT_AGENT));
+        }
         let key = if self.per_user.contains(ev.channel.as_str()) {
             SessionKey::derive_per_user(ev)?
         } else {

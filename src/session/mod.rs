@@ -760,7 +760,14 @@ fn maybe_start(myself: &ActorRef<SessionMsg>, state: &mut SessionState) {
                     s.heartbeat_quiet();
                 }
             }
-            let reply = text.and_then(|t| reply_to(&entry, kind, t));
+            let reply = text.and_then(|t| reply_to(&entry, kind, t)).map(|mut r| {
+                // The turn's tokens, for clients that report them (the OpenAI-compatible API).
+                r.meta = Some(serde_json::json!({"usage": {
+                    "prompt_tokens": outcome.usage.input_tokens,
+                    "completion_tokens": outcome.usage.output_tokens,
+                }}));
+                r
+            });
             let skip = outcome.messages.len().saturating_sub(outcome.unpersisted);
             let tail = &outcome.messages[skip..];
             let finished = deps

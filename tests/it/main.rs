@@ -24,6 +24,7 @@ mod layering;
 mod mcp;
 mod memory;
 mod memory_embed;
+mod openai_api;
 mod platform_limits;
 mod platforms;
 mod process;

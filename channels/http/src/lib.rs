@@ -1,6 +1,7 @@
 //! The local HTTP API channel (axum): `POST /v1/chat` returns the final reply, `POST
 //! /v1/chat/stream` streams it as SSE, `GET /healthz` / `/readyz`, and the admin routes
-//! (`/v1/status`, `/v1/sessions`, `/v1/admin/*`, `/metrics`) served through the [`Admin`] trait.
+//! (`/v1/status`, `/v1/sessions`, `/v1/admin/*`, `/metrics`) served through the [`Admin`] trait,
+//! and the OpenAI-compatible `POST /v1/chat/completions` and `GET /v1/models` ([`openai`]).
 //!
 //! Deny by default, on every bind, loopback included: the admin routes need a bearer token (the
 //! gateway's control token, or the operator's `channels.http.token`); the chat routes need one
@@ -32,6 +33,9 @@ use clawft_channel_core::{
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
+
+pub mod openai;
+pub use openai::OPENAI_SENDER;
 
 /// Largest accepted request body (1 MiB), or more when `max_inbound_bytes` needs it (see
 /// [`body_limit`]).
@@ -69,6 +73,9 @@ pub struct HttpConfig {
     /// `channels.max_inbound_bytes`: a `content` longer than this is refused with 413 and
     /// [`clawft_channel_core::oversized_notice`], as the daemon refuses it on every channel.
     pub max_inbound_bytes: usize,
+    /// The agents `POST /v1/chat/completions` may name as `agent:<name>` (listed by `GET
+    /// /v1/models`); `main` (model `weft`) is always there.
+    pub agents: Vec<String>,
 }
 
 /// The request body bound for messages of up to `max_inbound_bytes`: JSON escaping can make
@@ -282,7 +289,7 @@ async fn not_found(method: axum::http::Method, uri: axum::http::Uri) -> Response
         StatusCode::NOT_FOUND,
         format!(
             "no route {method} {}: the API has POST /v1/chat, POST /v1/chat/stream, \
-             GET /v1/chats/CHAT_ID/messages, GET /healthz, GET /readyz, GET /v1/status, \
+             GET /v1/chats/CHAT_ID/messages, POST /v1/chat/completions, GET /v1/models, GET /healthz, GET /readyz, GET /v1/status, \
              GET /v1/sessions, GET|DELETE /v1/sessions/KEY, POST /v1/admin/COMMAND, GET /metrics",
             uri.path()
         ),
@@ -306,6 +313,8 @@ fn router(inner: Arc<Inner>) -> Router {
         .route("/v1/chat", post(chat))
         .route("/v1/chat/stream", post(chat_stream))
         .route("/v1/chats/{chat_id}/messages", get(mailbox))
+        .route("/v1/chat/completions", post(openai::completions))
+        .route("/v1/models", get(openai::models))
         .route_layer(middleware::from_fn_with_state(inner.clone(), auth_chat));
     let admin = Router::new()
         .route("/v1/status", get(status))
@@ -580,6 +589,12 @@ fn parse_chat(
         return Err(refuse(
             StatusCode::BAD_REQUEST,
             format!("`sender` \"{TERMINAL_SENDER}\" is reserved for the local `weft` CLI; choose another"),
+        ));
+    }
+    if sender.as_deref() == Some(OPENAI_SENDER) {
+        return Err(refuse(
+            StatusCode::BAD_REQUEST,
+            format!("`sender` \"{OPENAI_SENDER}\" is reserved for POST /v1/chat/completions; choose another"),
         ));
     }
     if content.len() > max_inbound_bytes {

@@ -65,6 +65,7 @@ fn loopback(token: Option<&str>, timeout: Duration) -> HttpConfig {
         reply_timeout: timeout,
         channel_id: "http".into(),
         max_inbound_bytes: clawft_channel_core::DEFAULT_MAX_INBOUND_BYTES,
+        agents: vec!["main".into(), "work".into()],
     }
 }
 
@@ -436,6 +437,7 @@ async fn non_loopback_bind_needs_a_token_and_refuses_tokenless_chat() {
         reply_timeout: Duration::from_secs(1),
         channel_id: "http".into(),
         max_inbound_bytes: clawft_channel_core::DEFAULT_MAX_INBOUND_BYTES,
+        agents: Vec::new(),
     };
     let e = HttpChannel::bind(cfg(None, false), Arc::new(FakeAdmin))
         .await
@@ -569,4 +571,103 @@ async fn cancel_stops_listen_and_answers_waiting_requests() {
         .unwrap()
         .unwrap()
         .unwrap();
+}
+
+#[tokio::test]
+async fn openai_completion_is_one_event_for_session_at_agent_and_openai_shaped() {
+    let h = start(None, Mode::Reply, Duration::from_secs(5)).await;
+    let (s, v) = h
+        .post(
+            "/v1/chat/completions",
+            json!({"model": "agent:work", "user": "alice",
+                   "messages": [{"role": "user", "content": "old"}, {"role": "user", "content": "hi"}]}),
+            Some(CONTROL),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["object"], "chat.completion");
+    assert_eq!(v["model"], "agent:work");
+    assert!(v["id"].as_str().unwrap().starts_with("chatcmpl-"));
+    // The fake daemon echoes the event's content: only the last user message was sent.
+    assert_eq!(v["choices"][0]["message"]["content"], "echo: hi");
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    assert_eq!(v["usage"]["total_tokens"], 0);
+    // A failed turn: 502 with an OpenAI error, and no SDK retry.
+    let r = h
+        .http
+        .post(format!("{}/v1/chat/completions", h.base))
+        .bearer_auth(CONTROL)
+        .json(&json!({"model": "weft", "messages": [{"role": "user", "content": "fail"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 502);
+    assert_eq!(r.headers()["x-should-retry"], "false");
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "turn_failed");
+    // Without a token: refused like every chat route.
+    let (s, _) = h
+        .post(
+            "/v1/chat/completions",
+            json!({"model": "weft", "messages": [{"role": "user", "content": "hi"}]}),
+            None,
+        )
+        .await;
+    assert_eq!(s, 401);
+    // `/v1/chat` cannot pose as this route to pick an agent.
+    let (s, v) = h
+        .post(
+            "/v1/chat",
+            json!({"chat_id": "x@work", "content": "hi", "sender": OPENAI_SENDER}),
+            Some(CONTROL),
+        )
+        .await;
+    assert_eq!(s, 400, "{v}");
+    let (s, v) = h.get("/v1/models").await;
+    assert_eq!(s, 200);
+    assert_eq!(v["object"], "list");
+    assert_eq!(v["data"][2]["id"], "agent:work");
+    assert_eq!(v["data"][2]["owned_by"], "weft");
+    assert_eq!(h.ch.pending_waiters(), 0);
+}
+
+#[tokio::test]
+async fn openai_stream_sends_chunks_then_done() {
+    let h = start(None, Mode::Stream, Duration::from_secs(5)).await;
+    let body = h
+        .http
+        .post(format!("{}/v1/chat/completions", h.base))
+        .bearer_auth(CONTROL)
+        .json(
+            &json!({"model": "weft", "stream": true, "stream_options": {"include_usage": true},
+                      "messages": [{"role": "user", "content": "hi"}]}),
+        )
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let data: Vec<&str> = body
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .collect();
+    assert_eq!(data.last(), Some(&"[DONE]"), "{body}");
+    let chunks: Vec<Value> = data[..data.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    assert!(chunks
+        .iter()
+        .all(|c| c["object"] == "chat.completion.chunk"));
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    let text: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(text, "hello");
+    let n = chunks.len();
+    assert_eq!(chunks[n - 2]["choices"][0]["finish_reason"], "stop");
+    assert_eq!(chunks[n - 1]["choices"], json!([]));
+    assert_eq!(chunks[n - 1]["usage"]["total_tokens"], 0);
 }
