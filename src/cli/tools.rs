@@ -98,6 +98,10 @@ pub async fn run(config: &Config, action: ToolsAction) -> Result<(), CliError> {
                 sources,
                 crate::daemon::build::RegistryParts {
                     subagents: Some(hub),
+                    // Listed (built-ins of the `sessions` group); they read the gateway's store.
+                    sessions: Some(crate::session::tools::SessionDirectory::new(
+                        crate::store::Store::memory(),
+                    )),
                     ..Default::default()
                 },
             );

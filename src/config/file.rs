@@ -345,6 +345,9 @@ pub struct ToolsFile {
     /// shell templates run in the exec sandbox (docs/tools.md#custom-tools).
     #[serde(default)]
     pub custom: BTreeMap<String, crate::tools::exec::custom::CustomToolFile>,
+    /// The session tools: which sessions they see (`visibility`) and agent-to-agent access.
+    #[serde(default)]
+    pub sessions: crate::tools::sessions::SessionsFile,
 }
 
 /// `tools.rate_limit`.

@@ -1047,6 +1047,7 @@ pub(super) fn resolve_tools(
     };
     let exec = t.exec.resolve()?;
     let subagents = t.subagents.resolve()?;
+    let sessions = t.sessions.resolve()?;
     let mut custom = crate::tools::exec::custom::resolve_all(&t.custom)?;
     for c in &mut custom {
         let Some(vars) = t.custom.get(&c.name).and_then(|f| f.env.clone()) else {
@@ -1076,6 +1077,7 @@ pub(super) fn resolve_tools(
         }
     }
     Ok(ToolsConfig {
+        sessions,
         custom,
         mcp_connect_wait,
         subagents,

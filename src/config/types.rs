@@ -418,4 +418,6 @@ pub struct ToolsConfig {
     pub subagents: super::subagents::SubagentSettings,
     /// `tools.custom`: the checked custom tools.
     pub custom: Vec<crate::tools::exec::custom::CustomToolSettings>,
+    /// `tools.sessions`: the session tools' visibility.
+    pub sessions: crate::tools::sessions::SessionsSettings,
 }

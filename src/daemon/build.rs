@@ -321,6 +321,8 @@ pub struct RegistryParts {
     pub gateway: Option<crate::tools::gateway::GatewaySlot>,
     /// The background processes of every session (`process`).
     pub processes: Option<Arc<exec::process::ProcessTable>>,
+    /// The sessions the session tools read and send to (`sessions_*`, `session_status`).
+    pub sessions: Option<Arc<crate::session::tools::SessionDirectory>>,
 }
 
 /// The registry of the daemon (and of `weft tools`): every built-in tool with the configured
@@ -339,6 +341,7 @@ pub fn build_registry(
         scheduler,
         gateway,
         processes,
+        sessions,
     } = parts;
     let mut reg = ToolRegistry::new()
         .with_secrets(
@@ -402,6 +405,16 @@ pub fn build_registry(
     }
     if let Some(slot) = gateway {
         reg.register(Arc::new(crate::tools::gateway::GatewayTool::new(slot)));
+    }
+    if let Some(dir) = sessions {
+        let model = config
+            .providers
+            .first()
+            .map(|p| p.model.clone())
+            .unwrap_or_default();
+        for t in crate::session::tools::session_tools(dir, config.tools.sessions.clone(), model) {
+            reg.register(t);
+        }
     }
     if let Some(sink) = sink {
         reg.register(Arc::new(message::MessageTool::new(

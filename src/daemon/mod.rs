@@ -96,6 +96,8 @@ pub struct Daemon {
     gateway: crate::tools::gateway::GatewaySlot,
     /// Background processes of every session (`process`; kept across reloads).
     processes: Arc<crate::tools::exec::process::ProcessTable>,
+    /// What the session tools read and send to (outlives registry rebuilds).
+    sessions: Arc<crate::session::tools::SessionDirectory>,
     supervisor: crate::subagent::SupervisorRef,
     /// The workspace of every session, to refresh its protected paths on reload.
     workspace: Arc<Workspace>,
@@ -210,6 +212,8 @@ struct Shared {
     gateway: crate::tools::gateway::GatewaySlot,
     usage: Arc<crate::turn::usage::UsageLedger>,
     processes: Arc<crate::tools::exec::process::ProcessTable>,
+    /// What the session tools read and send to.
+    sessions: Arc<crate::session::tools::SessionDirectory>,
 }
 
 impl Shared {
@@ -232,6 +236,7 @@ impl Shared {
                 scheduler: Some(self.scheduler.clone()),
                 gateway: Some(self.gateway.clone()),
                 processes: Some(self.processes.clone()),
+                sessions: Some(self.sessions.clone()),
             },
         )
     }
@@ -322,6 +327,8 @@ impl Daemon {
             store.clone(),
             config.usage.clone(),
         )?);
+        let sessions = crate::session::tools::SessionDirectory::new(store.clone());
+        sessions.set_usage(usage.clone());
         let shared = Shared {
             store: store.clone(),
             outbox: outbox.clone(),
@@ -333,6 +340,7 @@ impl Daemon {
             gateway: gateway.clone(),
             usage: usage.clone(),
             processes: processes.clone(),
+            sessions: sessions.clone(),
         };
         let main = AgentRuntime::start(config, workspace.clone(), &shared);
         let deps = main.deps(config, model, &shared);
@@ -435,6 +443,8 @@ impl Daemon {
         // waits for its replayed turn instead of starting twice.
         let route_inbox = inbox.clone();
         scheduler.attach(Arc::new(move |e| route_inbox.route(e)));
+        let route_inbox = inbox.clone();
+        sessions.attach(Arc::new(move |e| route_inbox.route(e)));
         tasks.spawn(scheduler.clone().run(intake.clone()));
         tasks.spawn(scheduler.clone().run_heartbeat(intake.clone()));
 
@@ -458,6 +468,7 @@ impl Daemon {
             scheduler,
             gateway,
             processes,
+            sessions,
             supervisor,
             workspace,
             usage,
@@ -500,6 +511,7 @@ impl Daemon {
             || old.tools.web_search != new.tools.web_search
             || old.tools.subagents != new.tools.subagents
             || old.tools.custom != new.tools.custom
+            || old.tools.sessions != new.tools.sessions
             || old.secrets != new.secrets;
         if mcp_changed {
             let old_mcp = self
@@ -539,6 +551,7 @@ impl Daemon {
                 gateway: self.gateway.clone(),
                 usage: self.usage.clone(),
                 processes: self.processes.clone(),
+                sessions: self.sessions.clone(),
             };
             self.tools.replace(shared.registry(&new, self.mcp()));
             for (name, rt) in &self.others {

@@ -7,6 +7,7 @@
 
 pub mod command;
 pub mod prompt;
+pub mod tools;
 pub mod transcript;
 pub mod window;
 

@@ -199,6 +199,16 @@ fn outbox_key(id: &str) -> Vec<u8> {
     k
 }
 
+/// State namespace of the chat users who spoke in each session.
+const NS_PARTICIPANTS: &str = "session-users";
+/// Between the session key and the user in a participant key (a session key holds no control
+/// characters).
+const PARTICIPANT_SEP: char = '\u{1f}';
+
+fn participant_key(session: &SessionKey, who: &str) -> String {
+    format!("{session}{PARTICIPANT_SEP}{who}")
+}
+
 fn state_key(ns: &str, key: &str) -> Vec<u8> {
     let mut k = b"k\0".to_vec();
     k.extend(ns.as_bytes());
@@ -683,7 +693,42 @@ impl Store {
         let mut ops = Vec::new();
         self.append_ops(&entry.session, std::slice::from_ref(user), &mut ops)?;
         self.set_inbox_state(entry, InboxState::Started, &mut ops)?;
+        // Who spoke here (the session tools' `visibility = "user"`), with the time, in the same
+        // batch: a chat user's message, not the gateway's own.
+        if let Some(ev) = entry
+            .event
+            .as_ref()
+            .filter(|e| !crate::types::session_key::is_gateway_event(e))
+        {
+            let who = format!("{}:{}", ev.channel.as_str(), ev.sender.as_str());
+            let k = state_key(NS_PARTICIPANTS, &participant_key(&entry.session, &who));
+            let now = clawft_channel_core::now_ms().to_string();
+            ops.push(Op::Put(k, seal(now.as_bytes())));
+        }
         self.apply(ops)
+    }
+
+    /// The chat users (`channel:sender`) who have spoken in each session, with the time of
+    /// their last message (ms), as recorded by [`Store::begin_turn`].
+    ///
+    /// # Errors
+    /// Backend failure.
+    pub fn session_participants(
+        &self,
+    ) -> Result<std::collections::HashMap<SessionKey, Vec<(String, u64)>>, StoreError> {
+        let mut out: std::collections::HashMap<SessionKey, Vec<(String, u64)>> =
+            std::collections::HashMap::new();
+        for (k, v) in self.state_scan(NS_PARTICIPANTS)? {
+            let Some((session, who)) = k.split_once(PARTICIPANT_SEP) else {
+                continue;
+            };
+            if let Ok(session) = SessionKey::parse(session) {
+                out.entry(session)
+                    .or_default()
+                    .push((who.to_string(), v.parse().unwrap_or(0)));
+            }
+        }
+        Ok(out)
     }
 
     /// Append messages to a transcript (not flushed).

@@ -37,7 +37,12 @@ pub const ALWAYS_DENIED: &[&str] = &[
 ];
 /// Tools denied at the deepest level (besides `subagents` spawn/run, refused by the
 /// supervisor).
-pub const LEAF_DENIED: &[&str] = &["spawn", "sessions_spawn"];
+pub const LEAF_DENIED: &[&str] = &[
+    "spawn",
+    "sessions_spawn",
+    "sessions_list",
+    "sessions_history",
+];
 
 /// Lifecycle state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

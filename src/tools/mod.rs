@@ -17,6 +17,7 @@ pub mod registry;
 pub mod sandbox;
 pub mod scrub;
 pub mod search;
+pub mod sessions;
 pub mod shell_policy;
 pub mod truncate;
 pub mod web;

@@ -50,7 +50,17 @@ pub const GROUPS: &[(&str, &[&str])] = &[
         &["memory_read", "memory_write", "memory_search", "memory_get"],
     ),
     ("messaging", &["message"]),
-    ("sessions", &["subagents", "use_skill"]),
+    (
+        "sessions",
+        &[
+            "sessions_list",
+            "sessions_history",
+            "sessions_send",
+            "session_status",
+            "subagents",
+            "use_skill",
+        ],
+    ),
     ("automation", &["cron", "gateway"]),
 ];
 
@@ -81,6 +91,14 @@ pub fn group_of(tool: &str) -> Option<&'static str> {
         .map(|(g, _)| *g)
 }
 
+/// The session tools of the `messaging` profile (seed 004's table).
+const MESSAGING_SESSION_TOOLS: &[&str] = &[
+    "sessions_list",
+    "sessions_history",
+    "sessions_send",
+    "session_status",
+];
+
 /// A named starting set of tools.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
@@ -90,9 +108,10 @@ pub enum Profile {
     Full,
     /// Files, runtime, memory, sessions, web.
     Coding,
-    /// Messaging and sessions only.
+    /// Messaging and the session tools (seed 004: `group:messaging`, `sessions_list`,
+    /// `sessions_history`, `sessions_send`, `session_status`; not `subagents` or `use_skill`).
     Messaging,
-    /// No tools.
+    /// `session_status` only (seed 004).
     Minimal,
 }
 
@@ -116,8 +135,10 @@ impl Profile {
         match self {
             Profile::Full => true,
             Profile::Coding => in_groups(&["fs", "runtime", "memory", "sessions", "web"]),
-            Profile::Messaging => in_groups(&["messaging", "sessions"]),
-            Profile::Minimal => false,
+            Profile::Messaging => {
+                in_groups(&["messaging"]) || MESSAGING_SESSION_TOOLS.contains(&tool)
+            }
+            Profile::Minimal => tool == "session_status",
         }
     }
 }
@@ -438,6 +459,12 @@ mod tests {
         "memory_read",
         "memory_write",
         "message",
+        "sessions_list",
+        "sessions_history",
+        "sessions_send",
+        "session_status",
+        "subagents",
+        "use_skill",
         "github__create_issue",
         "fs__read",
     ];
@@ -469,10 +496,22 @@ mod tests {
         let a = allowed(&p);
         assert!(a.contains(&"exec_shell") && a.contains(&"grep") && a.contains(&"web_fetch"));
         assert!(!a.contains(&"message") && !a.contains(&"github__create_issue"));
+        assert!(a.contains(&"sessions_send") && a.contains(&"subagents"));
+        // Seed 004's table: messaging is the messaging group and four session tools, minimal
+        // is session_status alone.
         p.global.profile = Some(Profile::Messaging);
-        assert_eq!(allowed(&p), ["message"]);
+        assert_eq!(
+            allowed(&p),
+            [
+                "message",
+                "sessions_list",
+                "sessions_history",
+                "sessions_send",
+                "session_status"
+            ]
+        );
         p.global.profile = Some(Profile::Minimal);
-        assert!(allowed(&p).is_empty());
+        assert_eq!(allowed(&p), ["session_status"]);
         // The agent layer's profile is the most specific.
         p.agent.profile = Some(Profile::Full);
         assert_eq!(allowed(&p).len(), ALL.len());

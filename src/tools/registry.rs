@@ -35,6 +35,18 @@ impl ToolOutcome {
     }
 }
 
+tokio::task_local! {
+    /// The id of the tool call being run (set by [`ToolRegistry::dispatch_with`] around the
+    /// tool's `execute`).
+    static CALL_ID: Arc<str>;
+}
+
+/// The id of the tool call this code runs in (the model's call id), if run by the registry:
+/// lets a tool make its effect idempotent per call (`sessions_send`).
+pub fn current_call_id() -> Option<Arc<str>> {
+    CALL_ID.try_with(Arc::clone).ok()
+}
+
 /// A tool from a dynamic source, and whether it is internal (hidden unless a skill exposes it).
 #[derive(Clone)]
 pub struct SourcedTool {
@@ -308,7 +320,7 @@ impl ToolRegistry {
                     )));
                 }
             }
-            let run = tool.execute(args, ctx);
+            let run = CALL_ID.scope(Arc::from(call_id), tool.execute(args, ctx));
             tokio::select! {
                 biased;
                 () = ctx.cancel.cancelled() => Err(ToolError::Cancelled),

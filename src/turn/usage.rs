@@ -554,6 +554,13 @@ impl UsageLedger {
         }
     }
 
+    /// Today's spend of the chat user `user` (`channel:sender`) over all their sessions.
+    pub fn user_today(&self, user: &str) -> UsageRow {
+        let mut st = self.state();
+        st.roll(clawft_channel_core::now_ms());
+        st.users.get(user).cloned().unwrap_or_default()
+    }
+
     /// The configured budgets and prices.
     pub fn config(&self) -> UsageConfig {
         self.config

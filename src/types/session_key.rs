@@ -194,9 +194,15 @@ pub const SUBAGENT_KEY_PREFIX: &str = "subagent";
 pub const SYSTEM_SENDER: &str = "clawft-subagents";
 
 /// Event-id prefixes of the inbound events the gateway journals for itself: subagent results,
-/// scheduled runs (a turn, or a text delivered as it is), heartbeats. Ingress refuses them from
-/// channels, so only the gateway makes them.
-pub const GATEWAY_EVENT_PREFIXES: &[&str] = &["subagents:", "cron:", "cron-text:", "heartbeat:"];
+/// scheduled runs (a turn, or a text delivered as it is), heartbeats, messages one session hands
+/// another (`sessions_send`). Ingress refuses them from channels, so only the gateway makes them.
+pub const GATEWAY_EVENT_PREFIXES: &[&str] = &[
+    "subagents:",
+    "cron:",
+    "cron-text:",
+    "heartbeat:",
+    "sessions:",
+];
 
 /// Whether `event_id` is in the gateway's own namespace ([`GATEWAY_EVENT_PREFIXES`]).
 pub fn is_reserved_event_id(event_id: &str) -> bool {
