@@ -21,7 +21,7 @@ use serde_json::{json, Value};
 use crate::llm::Role;
 use crate::store::{InboxEntry, InboxState, JournalOutcome, Store};
 use crate::tools::message::MAX_MESSAGE_BYTES;
-use crate::tools::registry::current_call_id;
+use crate::tools::registry::{current_call_id, current_turn_event};
 use crate::tools::sessions::{may_see, send_event_id, SessionsSettings, Viewer, Visibility};
 use crate::tools::{parse_args, schema_of, Effect, Tool, ToolContext, ToolError};
 use crate::turn::usage::UsageLedger;
@@ -359,7 +359,7 @@ impl Tool for SessionsSend {
         "sessions_send"
     }
     fn description(&self) -> &str {
-        "Hand a message to another conversation this conversation may see (sessions_list): it arrives there as an incoming message from this session, and that conversation's assistant answers it in its own chat (not here). Delivered once per call. Returns: {status: sent|duplicate, session_key}"
+        "Hand a message to another conversation this conversation may see (sessions_list): it arrives there as an incoming message from this session, and that conversation's assistant answers it in its own chat (not here). The same message to the same session is delivered once per turn. Returns: {status: sent|duplicate, session_key}"
     }
     fn parameters(&self) -> Value {
         schema_of::<SendArgs>()
@@ -391,9 +391,14 @@ impl Tool for SessionsSend {
             ));
         }
         let target = s.target(ctx, &a.session_key)?;
-        let call =
-            current_call_id().map_or_else(|| uuid::Uuid::now_v7().to_string(), |c| c.to_string());
-        let event_id = send_event_id(&ctx.session, &call, &target, &message);
+        // What a repeat must share to be recognised: the message this turn answers (the same
+        // when the turn resumes after a crash, whatever call ids the model makes up then), else
+        // the tool call (outside a turn: `weft tools call`).
+        let origin = current_turn_event()
+            .map(|e| format!("turn:{e}"))
+            .or_else(|| current_call_id().map(|c| format!("call:{c}")))
+            .unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
+        let event_id = send_event_id(&ctx.session, &origin, &target, &message);
         let (channel, chat, thread) = target.route();
         let ev = InboundEvent {
             channel: ChannelId::new(channel),
@@ -430,7 +435,7 @@ impl Tool for SessionsSend {
             "note": if status == "sent" {
                 "queued as an incoming message there; its reply goes to that chat"
             } else {
-                "this call was already delivered; it is not sent again"
+                "this message was already handed to that session in this turn; it is not sent again"
             },
         }))
     }
@@ -668,16 +673,42 @@ mod tests {
             .await;
         assert_eq!(a.value["status"], "sent", "{:?}", a.value);
         assert_eq!(b.value["status"], "duplicate", "{:?}", b.value);
+        // In a turn, the same message to the same session is one delivery whatever the call
+        // ids (a resumed turn's model makes up new ones); another message is another.
+        let in_turn = |id: &'static str, msg: &'static str| {
+            let reg = &reg;
+            let alice = &alice;
+            crate::tools::registry::in_turn("100001".into(), async move {
+                let args = json!({"session_key": "telegram:-5", "message": msg});
+                reg.dispatch("sessions_send", id, &args.to_string(), alice)
+                    .await
+            })
+        };
+        assert_eq!(in_turn("c1", "hand-off").await.value["status"], "sent");
+        assert_eq!(
+            in_turn("c1_2", "hand-off").await.value["status"],
+            "duplicate"
+        );
+        assert_eq!(in_turn("c3", "another").await.value["status"], "sent");
         let routed = routed.lock().unwrap();
         let via_call: Vec<_> = routed
             .iter()
             .filter(|e| {
                 e.event
                     .as_ref()
-                    .is_some_and(|ev| ev.event_id.as_str().contains("#call-9#"))
+                    .is_some_and(|ev| ev.event_id.as_str().contains("#call:call-9#"))
             })
             .collect();
         assert_eq!(via_call.len(), 1);
+        let turns = routed
+            .iter()
+            .filter(|e| {
+                e.event
+                    .as_ref()
+                    .is_some_and(|ev| ev.event_id.as_str().contains("#turn:100001#"))
+            })
+            .count();
+        assert_eq!(turns, 2);
         let ev = via_call[0].event.as_ref().unwrap();
         assert_eq!(via_call[0].session.as_str(), "telegram:-5");
         assert!(

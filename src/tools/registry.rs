@@ -47,6 +47,28 @@ pub fn current_call_id() -> Option<Arc<str>> {
     CALL_ID.try_with(Arc::clone).ok()
 }
 
+tokio::task_local! {
+    /// The event id of the inbound message the running turn answers (set by the session
+    /// around its turn task).
+    static TURN_EVENT: Arc<str>;
+}
+
+/// Run `fut` (a turn) as the answer to the inbound event `event_id`: its tools see it through
+/// [`current_turn_event`].
+pub fn in_turn<F: std::future::Future>(
+    event_id: Arc<str>,
+    fut: F,
+) -> impl std::future::Future<Output = F::Output> {
+    TURN_EVENT.scope(event_id, fut)
+}
+
+/// The event id of the inbound message the running turn answers; the same when the turn is
+/// resumed after a restart, so a tool can make its effect idempotent per turn
+/// (`sessions_send`).
+pub fn current_turn_event() -> Option<Arc<str>> {
+    TURN_EVENT.try_with(Arc::clone).ok()
+}
+
 /// A tool from a dynamic source, and whether it is internal (hidden unless a skill exposes it).
 #[derive(Clone)]
 pub struct SourcedTool {

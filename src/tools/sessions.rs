@@ -26,7 +26,7 @@ use crate::types::{SessionKey, SettingError};
 /// refuses it from channels, `types::session_key::GATEWAY_EVENT_PREFIXES`).
 pub const SEND_PREFIX: &str = "sessions:";
 
-/// Longest tool call id kept in an event id (bytes); longer ids are cut.
+/// Longest origin (turn event or call id) kept in an event id (bytes); longer ones are cut.
 const MAX_CALL_ID_BYTES: usize = 128;
 
 /// Which sessions a turn may see.
@@ -252,16 +252,18 @@ pub fn agent_to_agent(settings: &SessionsSettings, from: &str, to: &str) -> Resu
     Ok(())
 }
 
-/// The event id of a `sessions_send` call: the calling session and the tool call id, plus a
-/// digest of the target and the message, so a call replayed with the same id delivers once and
-/// a provider that reuses call ids across turns (`call_0`…) still delivers distinct messages.
+/// The event id of a `sessions_send` hand-off: the calling session, `origin` (the turn it
+/// answers, `turn:<event id>`, or outside a turn the tool call, `call:<id>`) and a digest of the
+/// target and the message. A turn resumed after a crash answers the same event, so a model
+/// repeating the hand-off then (under a new call id: the gateway renames reused ones) is
+/// recognised by the journal and delivers nothing more.
 pub fn send_event_id(
     from: &SessionKey,
-    call_id: &str,
+    origin: &str,
     target: &SessionKey,
     message: &str,
 ) -> String {
-    let mut call: String = call_id
+    let mut call: String = origin
         .chars()
         .map(|c| if c.is_control() { '?' } else { c })
         .collect();

@@ -32,6 +32,7 @@ mod process_tool;
 mod scheduler;
 mod scrubbing;
 mod service;
+mod session_tools;
 mod store_faults;
 mod subagents;
 mod tools;
