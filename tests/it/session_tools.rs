@@ -294,8 +294,7 @@ async fn sessions_send_lands_once_in_the_other_session_and_survives_kill_9() {
     let last = llm
         .requests()
         .into_iter()
-        .filter(|r| last_user(r).starts_with(HANDOFF))
-        .next_back()
+        .rfind(|r| last_user(r).starts_with(HANDOFF))
         .unwrap();
     let copies = messages(&last)
         .iter()
