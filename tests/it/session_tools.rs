@@ -88,6 +88,9 @@ async fn alice_reads_bob(visibility: Option<&str>) -> (Value, Value) {
     let gw = TestGateway::start(config(&llm, dir.path(), extra)).await;
     tg.push_user_message(BOB, BOB, "my pin is in the blue drawer");
     assert!(wait_until(T, || !shown(&tg, BOB).is_empty()).await);
+    // A configured secret (the provider's key) pasted into the chat.
+    tg.push_user_message(BOB, BOB, "the key is sk-test-secret-123456");
+    assert!(wait_until(T, || shown(&tg, BOB).len() == 2).await);
     tg.push_user_message(ALICE, ALICE, "hi");
     assert!(wait_until(T, || !shown(&tg, ALICE).is_empty()).await);
     tg.push_user_message(ALICE, ALICE, "what did bob say?");
@@ -142,10 +145,13 @@ async fn another_users_history_is_refused_by_default_and_shared_with_visibility_
         texts,
         [
             "my pin is in the blue drawer",
-            "ack: my pin is in the blue drawer"
+            "ack: my pin is in the blue drawer",
+            "the key is [REDACTED]",
+            "ack: the key is [REDACTED]"
         ],
-        "{history}"
+        "read and scrubbed: {history}"
     );
+    assert!(!history.to_string().contains("sk-test-secret"), "{history}");
     let mut k = keys(&list);
     k.sort();
     assert_eq!(k, [format!("telegram:{ALICE}"), format!("telegram:{BOB}")]);
