@@ -165,13 +165,13 @@ impl Shared {
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct ListArgs {
-    /// Most sessions to return, most recently active first (default 20, at most 100).
+    /// Max sessions (default 20, max 100).
     limit: Option<usize>,
-    /// Only sessions active in the last N minutes.
+    /// Only those active in the last N minutes.
     active_minutes: Option<u64>,
-    /// Only sessions on this channel (`telegram`, `slack`, …).
+    /// Only this channel.
     channel: Option<String>,
-    /// Only sessions of this agent (another agent's need tools.sessions.agent_to_agent).
+    /// Only this agent.
     agent: Option<String>,
 }
 
@@ -183,7 +183,7 @@ impl Tool for SessionsList {
         "sessions_list"
     }
     fn description(&self) -> &str {
-        "List the conversations (sessions) this conversation may see, most recently active first: by default only the current user's own. Returns: {sessions: [{session_key, agent, channel, chat_id, thread, current, messages, last_activity}], count, more, visibility}"
+        "List the conversations this one may see (by default the current user's own), latest activity first. Returns: {sessions: [{session_key, channel, chat_id, current, messages, last_activity}], more}"
     }
     fn parameters(&self) -> Value {
         schema_of::<ListArgs>()
@@ -255,13 +255,13 @@ impl Tool for SessionsList {
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct HistoryArgs {
-    /// The session, as sessions_list shows it (`telegram:123`).
+    /// From sessions_list.
     session_key: String,
-    /// Most messages to return, the latest first taken (default 20, at most 50).
+    /// Max messages (default 20, max 50).
     limit: Option<usize>,
-    /// Only messages before this index (the `next_before` of the previous page).
+    /// The page before this index (next_before).
     before: Option<u64>,
-    /// Also show tool results (shortened); by default only the calls' names.
+    /// Include tool results.
     include_tools: Option<bool>,
 }
 
@@ -273,7 +273,7 @@ impl Tool for SessionsHistory {
         "sessions_history"
     }
     fn description(&self) -> &str {
-        "Read the transcript of a conversation this conversation may see (sessions_list), a page at a time, latest messages first taken: user and assistant texts, tool calls by name. Returns: {session_key, messages: [{index, role, text, tools}], next_before, total}"
+        "Read a visible conversation's transcript (sessions_list), latest page first. Returns: {messages: [{index, role, text, tools}], next_before, total}"
     }
     fn parameters(&self) -> Value {
         schema_of::<HistoryArgs>()
@@ -345,9 +345,9 @@ impl Tool for SessionsHistory {
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct SendArgs {
-    /// The session to hand the message to, as sessions_list shows it.
+    /// From sessions_list.
     session_key: String,
-    /// The message (Markdown); that session's assistant answers it in its own chat.
+    /// The message.
     message: String,
 }
 
@@ -359,7 +359,7 @@ impl Tool for SessionsSend {
         "sessions_send"
     }
     fn description(&self) -> &str {
-        "Hand a message to another conversation this conversation may see (sessions_list): it arrives there as an incoming message from this session, and that conversation's assistant answers it in its own chat (not here). The same message to the same session is delivered once per turn. Returns: {status: sent|duplicate, session_key}"
+        "Hand a message to another visible conversation (sessions_list) as an incoming message; its assistant replies in that chat, not here. Returns: {status: sent|duplicate}"
     }
     fn parameters(&self) -> Value {
         schema_of::<SendArgs>()
@@ -463,7 +463,7 @@ impl Tool for SessionStatus {
         "session_status"
     }
     fn description(&self) -> &str {
-        "The current conversation's status: agent, model, messages, tokens and cost today, what is left of the budgets that apply, messages queued. Returns: {session_key, agent, model, messages, last_activity, usage, budgets_left, queue}"
+        "This conversation's agent, model, tokens and cost today, budgets left and queue."
     }
     fn parameters(&self) -> Value {
         schema_of::<StatusArgs>()
