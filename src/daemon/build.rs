@@ -408,9 +408,11 @@ pub fn build_registry(
     }
     if let Some(dir) = sessions {
         let model = config
-            .providers
+            .agent
+            .models
             .first()
-            .map(|p| p.model.clone())
+            .cloned()
+            .or_else(|| config.providers.first().map(|p| p.model.clone()))
             .unwrap_or_default();
         for t in crate::session::tools::session_tools(dir, config.tools.sessions.clone(), model) {
             reg.register(t);

@@ -69,7 +69,7 @@ impl SessionDirectory {
     }
 }
 
-/// The four tools over `dir`, with the visibility `settings` and the provider's `model`.
+/// The four tools over `dir`, with the visibility `settings` and the agent's default `model`.
 pub fn session_tools(
     dir: Arc<SessionDirectory>,
     settings: SessionsSettings,
@@ -476,6 +476,13 @@ impl Tool for SessionStatus {
         let s = &self.0;
         let key = &ctx.session;
         let meta = s.dir.store.session_meta(key).map_err(store_err)?;
+        // `/model NAME` chose one for this chat, else the agent's.
+        let model = s
+            .dir
+            .store
+            .state_get(super::MODEL_NS, key.as_str())
+            .map_err(store_err)?
+            .unwrap_or_else(|| s.model.clone());
         let (mut pending, mut running) = (0u64, 0u64);
         for e in s.dir.store.pending_inbound().map_err(store_err)? {
             if &e.session == key {
@@ -544,7 +551,7 @@ impl Tool for SessionStatus {
         Ok(json!({
             "session_key": key.as_str(),
             "agent": key.agent(),
-            "model": s.model,
+            "model": model,
             "messages": meta.as_ref().map_or(0, |m| m.next_seq),
             "last_activity": meta.as_ref().map_or(Value::Null, |m| time_of(m.updated_ms)),
             "usage": usage,
