@@ -5,8 +5,9 @@
 //! exactly one turn in Bob's, answered once in Bob's chat, across a `kill -9` of the real `weft`
 //! process while that turn runs, and a replay of the same call is not delivered again.
 //!
-//! The lead's agents (`agents.<name>`) had not landed when this was written: the hand-off is
-//! between two sessions of the default agent, with `visibility = "agent"`.
+//! Across agents: a binding gives Bob's chat to the agent `work`; Alice's (agent `main`) may
+//! hand it a message only with `visibility = "all"` and both agents in
+//! `tools.sessions.agent_to_agent.allow`, and the `work` agent answers it.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -319,4 +320,97 @@ async fn sessions_send_lands_once_in_the_other_session_and_survives_kill_9() {
     assert_eq!(shown(&tg, BOB), ["ack: hello", reply]);
     assert_eq!(handoffs(&llm), 2);
     assert_eq!(d.term().code(), Some(0), "{}", log_of(dir.path()));
+}
+
+/// Alice's conversation (agent `main`) hands a message to Bob's, which a binding gives to the
+/// agent `work` (key `@work:telegram:222`). Returns the tool's result and what Bob's chat shows.
+async fn main_to_work(sessions: Value) -> (Value, Vec<String>, FakeLlm) {
+    let dir = tempfile::tempdir().unwrap();
+    let llm = FakeLlm::start().await;
+    let tg = Arc::new(FakeTelegram::start().await);
+    llm.route(|req| {
+        let user = last_user(req);
+        let model = req["model"].as_str().unwrap_or("?").to_string();
+        Some(if user.starts_with(HANDOFF) {
+            Reply::Text(format!("{model} took the hand-off"))
+        } else if user == "hand this to work" && !has_tool_results(req) {
+            Reply::ToolCalls(vec![(
+                "w1".into(),
+                "sessions_send".into(),
+                json!({"session_key": format!("@work:telegram:{BOB}"), "message": "book the meeting room"})
+                    .to_string(),
+            )])
+        } else if user == "hand this to work" {
+            Reply::Text("done".into())
+        } else {
+            Reply::Text(format!("{model}: ack"))
+        })
+    });
+    let gw = TestGateway::start(config(
+        &llm,
+        dir.path(),
+        json!({
+            "agents": {"work": {"system_prompt": "You are WORK.", "model": "work-model"}},
+            "bindings": [{"agent": "work", "channel": "telegram", "chat": BOB}],
+            "channels": {"telegram": telegram_section(&tg)},
+            "tools": {"sessions": sessions},
+        }),
+    ))
+    .await;
+    tg.push_user_message(BOB, BOB, "hello");
+    assert!(wait_until(T, || shown(&tg, BOB) == ["work-model: ack"]).await);
+    tg.push_user_message(ALICE, ALICE, "hand this to work");
+    assert!(
+        wait_until(T, || shown(&tg, ALICE).iter().any(|t| t == "done")).await,
+        "{:?}",
+        shown(&tg, ALICE)
+    );
+    let result = result_of(&llm, "w1").unwrap();
+    if result["status"] == "sent" {
+        assert!(wait_until(T, || shown(&tg, BOB).len() == 2).await);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let bob = shown(&tg, BOB);
+    gw.stop().await;
+    (result, bob, llm)
+}
+
+#[tokio::test]
+async fn another_agents_session_needs_visibility_all_and_agent_to_agent_on_both_sides() {
+    let (r, bob, _) = main_to_work(json!({"visibility": "agent"})).await;
+    assert_eq!(r["error_code"], "PERMISSION_DENIED", "{r}");
+    let why = r["error"].as_str().unwrap();
+    assert!(why.contains("tools.sessions.visibility = \"all\""), "{why}");
+    assert_eq!(bob, ["work-model: ack"]);
+
+    let (r, bob, _) = main_to_work(
+        json!({"visibility": "all", "agent_to_agent": {"enabled": true, "allow": ["work"]}}),
+    )
+    .await;
+    assert_eq!(r["error_code"], "PERMISSION_DENIED", "{r}");
+    assert!(r["error"].as_str().unwrap().contains("`main`"), "{r}");
+    assert_eq!(bob, ["work-model: ack"]);
+
+    let (r, bob, llm) = main_to_work(
+        json!({"visibility": "all", "agent_to_agent": {"enabled": true, "allow": ["main", "work"]}}),
+    )
+    .await;
+    assert_eq!(r["status"], "sent", "{r}");
+    // The work agent answered it (its model and prompt), once, in Bob's chat.
+    assert_eq!(bob, ["work-model: ack", "work-model took the hand-off"]);
+    let handoff = llm
+        .requests()
+        .into_iter()
+        .find(|q| last_user(q).starts_with(HANDOFF))
+        .unwrap();
+    assert!(
+        last_user(&handoff).contains("(agent main)"),
+        "{}",
+        last_user(&handoff)
+    );
+    let system = messages(&handoff)[0]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(system.contains("You are WORK."), "{system}");
 }
