@@ -164,7 +164,7 @@ async fn another_users_history_is_refused_by_default_and_shared_with_visibility_
 /// resumes and its model repeats the hand-off (the gateway gives the reused call id a fresh
 /// one), which is answered `duplicate` and delivers nothing more.
 #[tokio::test]
-async fn sessions_send_lands_once_in_the_other_session_and_survives_kill_9() {
+async fn sessions_send_from_agent_main_lands_once_in_agent_works_session_and_survives_kill_9() {
     let dir = tempfile::tempdir().unwrap();
     let llm = FakeLlm::start().await;
     let tg = Arc::new(FakeTelegram::start().await);
@@ -176,7 +176,11 @@ async fn sessions_send_lands_once_in_the_other_session_and_survives_kill_9() {
             dir.path(),
             json!({
                 "channels": {"http": {"bind": format!("127.0.0.1:{port}")}, "telegram": telegram_section(&tg)},
-                "tools": {"sessions": {"visibility": "agent"}},
+                // Agent A (`main`, Alice's chat) hands off to agent B (`work`, Bob's chat).
+                "agents": {"work": {"system_prompt": "You are WORK."}},
+                "bindings": [{"agent": "work", "channel": "telegram", "chat": BOB}],
+                "tools": {"sessions": {"visibility": "all",
+                    "agent_to_agent": {"enabled": true, "allow": ["main", "work"]}}},
             }),
         ),
     );
@@ -185,7 +189,7 @@ async fn sessions_send_lands_once_in_the_other_session_and_survives_kill_9() {
     let send = (
         "send-1".to_string(),
         "sessions_send".to_string(),
-        json!({"session_key": format!("telegram:{BOB}"), "message": "please call the plumber"})
+        json!({"session_key": format!("@work:telegram:{BOB}"), "message": "please call the plumber"})
             .to_string(),
     );
     {
@@ -255,6 +259,12 @@ async fn sessions_send_lands_once_in_the_other_session_and_survives_kill_9() {
             && text.ends_with("please call the plumber"),
         "{text}"
     );
+    // It reached agent B: the work agent's prompt.
+    let system = messages(&req)[0]["content"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    assert!(system.contains("You are WORK."), "{system}");
     // Past sled's background flush of the tool round, then the crash.
     tokio::time::sleep(Duration::from_millis(1200)).await;
     d.kill9();
