@@ -4,6 +4,7 @@
 //! the `gateway` tool's controls ([`ops`]).
 
 pub mod cron;
+pub mod hooks;
 pub mod ops;
 
 use std::sync::{Arc, OnceLock};
@@ -296,6 +297,29 @@ impl clawft_channel_http::Admin for AdminApi {
         )
         .map_err(internal)?
         .map_err(internal)
+    }
+
+    async fn hook(
+        &self,
+        name: &str,
+        headers: &axum::http::HeaderMap,
+        body: axum::body::Bytes,
+    ) -> (axum::http::StatusCode, Value) {
+        let Some(hook) = self.config.hooks.iter().find(|h| h.name == name) else {
+            return (
+                axum::http::StatusCode::NOT_FOUND,
+                json!({"error": format!("no webhook `{name}` is configured (hooks.{name} in the configuration)")}),
+            );
+        };
+        let Some(r) = self.running.get() else {
+            return (
+                axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                json!({"error": "starting"}),
+            );
+        };
+        let inbox = crate::bus::Inbox::new(r.bus.clone());
+        let now = chrono::Utc::now().timestamp();
+        hooks::handle(hook, &r.store, |e| inbox.route(e), headers, &body, now)
     }
 
     async fn ready(&self) -> Result<Value, Value> {

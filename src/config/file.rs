@@ -51,6 +51,9 @@ pub struct ConfigFile {
     /// (`main`) when none matches.
     #[serde(default)]
     pub bindings: Vec<BindingFile>,
+    /// Signed inbound webhooks: `hooks.NAME` serves `POST /v1/hooks/NAME` (docs/webhooks.md).
+    #[serde(default)]
+    pub hooks: BTreeMap<String, super::hooks::HookFile>,
 }
 
 /// One `[[bindings]]` entry.

@@ -13,6 +13,7 @@
 pub mod agents;
 pub mod env;
 pub mod file;
+pub mod hooks;
 pub mod provenance;
 pub mod resolve;
 pub mod secrets;

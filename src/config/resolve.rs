@@ -212,6 +212,12 @@ impl Config {
             });
         }
         let bindings = super::agents::Bindings::resolve(raw.bindings, &named_files)?;
+        let hooks = {
+            let names: Vec<&str> = std::iter::once(DEFAULT_AGENT)
+                .chain(agents.iter().map(|a| a.name.as_str()))
+                .collect();
+            super::hooks::resolve(raw.hooks, &names, config_dir, env, &mut secrets)?
+        };
 
         let h = raw.channels.http;
         let bind_text = h.bind.as_deref().unwrap_or(DEFAULT_HTTP_BIND);
@@ -341,6 +347,7 @@ impl Config {
             agent,
             agents,
             bindings,
+            hooks,
             providers,
             provider_source,
             http,

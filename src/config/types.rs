@@ -225,6 +225,8 @@ pub struct Config {
     pub agents: Vec<super::agents::NamedAgent>,
     /// `[[bindings]]`: which agent serves a message.
     pub bindings: super::agents::Bindings,
+    /// `hooks.NAME`: signed inbound webhooks.
+    pub hooks: Vec<super::hooks::HookConfig>,
     /// Providers in fallback order (never empty).
     pub providers: Vec<ProviderConfig>,
     /// Where the providers came from.

@@ -202,6 +202,7 @@ pub const GATEWAY_EVENT_PREFIXES: &[&str] = &[
     "cron-text:",
     "heartbeat:",
     "sessions:",
+    "hook:",
 ];
 
 /// Whether `event_id` is in the gateway's own namespace ([`GATEWAY_EVENT_PREFIXES`]).

@@ -162,6 +162,20 @@ pub trait Admin: Send + Sync + 'static {
     async fn metrics(&self) -> String {
         String::new()
     }
+    /// `POST /v1/hooks/{name}`: a signed inbound webhook. No bearer token: the daemon checks the
+    /// hook's own signature over the raw body. Answers its status and JSON body; 404 for a
+    /// hook that is not configured.
+    async fn hook(
+        &self,
+        name: &str,
+        _headers: &header::HeaderMap,
+        _body: axum::body::Bytes,
+    ) -> (StatusCode, Value) {
+        (
+            StatusCode::NOT_FOUND,
+            json!({ "error": format!("no webhook `{name}` is configured (hooks.{name} in the configuration)") }),
+        )
+    }
 }
 
 enum Waiter {
@@ -289,7 +303,7 @@ async fn not_found(method: axum::http::Method, uri: axum::http::Uri) -> Response
         StatusCode::NOT_FOUND,
         format!(
             "no route {method} {}: the API has POST /v1/chat, POST /v1/chat/stream, \
-             GET /v1/chats/CHAT_ID/messages, POST /v1/chat/completions, GET /v1/models, GET /healthz, GET /readyz, GET /v1/status, \
+             GET /v1/chats/CHAT_ID/messages, POST /v1/chat/completions, GET /v1/models, GET /healthz, GET /readyz, POST /v1/hooks/NAME, GET /v1/status, \
              GET /v1/sessions, GET|DELETE /v1/sessions/KEY, POST /v1/admin/COMMAND, GET /metrics",
             uri.path()
         ),
@@ -326,6 +340,8 @@ fn router(inner: Arc<Inner>) -> Router {
     Router::new()
         .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
         .route("/readyz", get(readyz))
+        // Signed webhooks: authenticated by their signature, not a bearer token.
+        .route("/v1/hooks/{name}", post(hook))
         .merge(chat)
         .merge(admin)
         .fallback(not_found)
@@ -463,6 +479,16 @@ async fn clear_session(State(inner): State<Arc<Inner>>, Path(key): Path<String>)
         Ok(b) => Json(json!({ "cleared": b })).into_response(),
         Err(e) => err(e.status(), e.to_string()),
     }
+}
+
+async fn hook(
+    State(inner): State<Arc<Inner>>,
+    Path(name): Path<String>,
+    headers: header::HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    let (status, v) = inner.admin.hook(&name, &headers, body).await;
+    (status, Json(v)).into_response()
 }
 
 async fn metrics(State(inner): State<Arc<Inner>>) -> Response {
