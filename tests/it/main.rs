@@ -37,4 +37,5 @@ mod store_faults;
 mod subagents;
 mod tools;
 mod usage;
+mod webhooks;
 mod window;
