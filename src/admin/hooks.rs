@@ -59,7 +59,7 @@ fn valid_delivery(d: &str) -> bool {
 }
 
 fn hex_decode(s: &str) -> Option<Vec<u8>> {
-    if s.len() % 2 != 0 {
+    if !s.len().is_multiple_of(2) {
         return None;
     }
     (0..s.len())
@@ -233,6 +233,7 @@ pub fn handle(
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
 
     fn headers(ts: &str, delivery: &str, sig: &str) -> HeaderMap {

@@ -136,3 +136,20 @@ pub(super) fn resolve(
     }
     Ok(out)
 }
+
+/// What a reload compares: every setting of every hook, the secret included.
+pub fn fingerprint(hooks: &[HookConfig]) -> Vec<(&str, &str, &str, &str, &str, usize)> {
+    hooks
+        .iter()
+        .map(|h| {
+            (
+                h.name.as_str(),
+                h.secret.expose(),
+                h.agent.as_str(),
+                h.session.as_str(),
+                h.template.as_str(),
+                h.max_body_bytes,
+            )
+        })
+        .collect()
+}

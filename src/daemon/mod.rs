@@ -575,6 +575,11 @@ impl Daemon {
             ("agents", old.agent != new.agent || old.agents != new.agents),
             ("bindings", old.bindings != new.bindings),
             ("sessions", old.sessions != new.sessions),
+            (
+                "hooks",
+                crate::config::hooks::fingerprint(&old.hooks)
+                    != crate::config::hooks::fingerprint(&new.hooks),
+            ),
         ] {
             if changed {
                 changes.push(format!("{what} changed: takes effect at the next restart"));

@@ -195,7 +195,7 @@ pub const SYSTEM_SENDER: &str = "clawft-subagents";
 
 /// Event-id prefixes of the inbound events the gateway journals for itself: subagent results,
 /// scheduled runs (a turn, or a text delivered as it is), heartbeats, messages one session hands
-/// another (`sessions_send`). Ingress refuses them from channels, so only the gateway makes them.
+/// another (`sessions_send`), signed webhook deliveries (`hook:NAME:DELIVERY`). Ingress refuses them from channels, so only the gateway makes them.
 pub const GATEWAY_EVENT_PREFIXES: &[&str] = &[
     "subagents:",
     "cron:",
