@@ -98,10 +98,7 @@ impl SessionKey {
 
     /// The key without its agent component (`@work:telegram:42` → `telegram:42`).
     pub fn without_agent(&self) -> &str {
-        match self.0.strip_prefix('@') {
-            Some(r) => r.split_once(':').map_or("", |(_, rest)| rest),
-            None => &self.0,
-        }
+        without_agent(&self.0)
     }
 
     /// This conversation served by `agent`: `@agent:` before the key, or the key alone for
@@ -178,6 +175,14 @@ impl From<SessionKey> for String {
 /// The agent of keys without an `@NAME` component: the one `agents.defaults` configures.
 pub const DEFAULT_AGENT: &str = "main";
 
+/// [`SessionKey::without_agent`] of a key kept as a string.
+pub fn without_agent(key: &str) -> &str {
+    match key.strip_prefix('@') {
+        Some(r) => r.split_once(':').map_or("", |(_, rest)| rest),
+        None => key,
+    }
+}
+
 /// [`SessionKey::agent`] of a key kept as a string (a usage record's session).
 pub fn agent_of(key: &str) -> &str {
     key.strip_prefix('@')
@@ -231,11 +236,8 @@ pub fn subagent_task_id(key: &SessionKey) -> Option<&str> {
 
 /// [`subagent_task_id`] for a key kept as a string (a record's `parent`).
 pub fn subagent_task_id_in(key: &str) -> Option<&str> {
-    let key = match key.strip_prefix('@') {
-        Some(r) => r.split_once(':').map_or("", |(_, rest)| rest),
-        None => key,
-    };
-    key.strip_prefix(SUBAGENT_KEY_PREFIX)
+    without_agent(key)
+        .strip_prefix(SUBAGENT_KEY_PREFIX)
         .and_then(|r| r.strip_prefix(':'))
 }
 

@@ -6,31 +6,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clawft_channel_telegram::fake::FakeTelegram;
-use serde_json::{json, Value};
+use serde_json::json;
 
-use crate::common::{config, messages, tool_names, tool_results, wait_until, TestGateway};
+use crate::common::{
+    config, shown_in, system_of, tool_names, tool_results, wait_until, TestGateway,
+};
 use crate::fake_llm::{FakeLlm, Reply};
 
 const T: Duration = Duration::from_secs(30);
 const FAMILY_CHAT: i64 = 111;
 const WORK_CHAT: i64 = 222;
 const OTHER_CHAT: i64 = 333;
-
-fn system_of(req: &Value) -> String {
-    messages(req)
-        .first()
-        .and_then(|m| m["content"].as_str())
-        .unwrap_or_default()
-        .to_string()
-}
-
-fn shown(tg: &FakeTelegram, chat: i64) -> Vec<String> {
-    tg.sent()
-        .into_iter()
-        .filter(|m| m.chat == chat)
-        .map(|m| m.visible)
-        .collect()
-}
 
 /// The model: asked a question, it reads its memory; given the memory, it answers with the
 /// agent its system prompt names, the model it was asked as, and what its memory holds.
@@ -108,9 +94,9 @@ async fn two_agents_bound_to_two_chats_answer_with_their_own_prompt_model_tools_
     ];
     for (chat, text) in expect {
         assert!(
-            wait_until(T, || shown(&tg, chat).iter().any(|t| t == text)).await,
+            wait_until(T, || shown_in(&tg, chat).iter().any(|t| t == text)).await,
             "chat {chat}: {:?}",
-            shown(&tg, chat)
+            shown_in(&tg, chat)
         );
     }
     // Each agent's own tools: the family agent is never offered exec_shell, the others are.
@@ -140,37 +126,37 @@ async fn two_agents_bound_to_two_chats_answer_with_their_own_prompt_model_tools_
     tg.push_user_message(WORK_CHAT, WORK_CHAT, "/model gpt-5-turbo");
     tg.push_user_message(WORK_CHAT, WORK_CHAT, "/model work-big");
     assert!(
-        wait_until(T, || shown(&tg, WORK_CHAT)
+        wait_until(T, || shown_in(&tg, WORK_CHAT)
             .iter()
             .any(|t| t == "This chat now uses work-big."))
         .await,
         "{:?}",
-        shown(&tg, WORK_CHAT)
+        shown_in(&tg, WORK_CHAT)
     );
     assert!(
-        shown(&tg, WORK_CHAT)
+        shown_in(&tg, WORK_CHAT)
             .iter()
             .any(|t| t.contains("gpt-5-turbo") && t.contains("is not a model of this assistant")),
         "{:?}",
-        shown(&tg, WORK_CHAT)
+        shown_in(&tg, WORK_CHAT)
     );
     tg.push_user_message(WORK_CHAT, WORK_CHAT, "again?");
     assert!(
-        wait_until(T, || shown(&tg, WORK_CHAT)
+        wait_until(T, || shown_in(&tg, WORK_CHAT)
             .iter()
             .any(|t| t == "WORK work-big work-notes"))
         .await,
         "{:?}",
-        shown(&tg, WORK_CHAT)
+        shown_in(&tg, WORK_CHAT)
     );
     tg.push_user_message(WORK_CHAT, WORK_CHAT, "/status");
     assert!(
-        wait_until(T, || shown(&tg, WORK_CHAT)
+        wait_until(T, || shown_in(&tg, WORK_CHAT)
             .iter()
             .any(|t| t.contains("(agent work, model work-big)")))
         .await,
         "{:?}",
-        shown(&tg, WORK_CHAT)
+        shown_in(&tg, WORK_CHAT)
     );
     // `/metrics` counts each agent's turns.
     let text = gw.api.text("/metrics").await;
@@ -185,14 +171,14 @@ async fn two_agents_bound_to_two_chats_answer_with_their_own_prompt_model_tools_
     // The family chat's model did not change.
     tg.push_user_message(FAMILY_CHAT, FAMILY_CHAT, "and you?");
     assert!(
-        wait_until(T, || shown(&tg, FAMILY_CHAT)
+        wait_until(T, || shown_in(&tg, FAMILY_CHAT)
             .iter()
             .filter(|t| *t == "FAMILY family-model family-notes")
             .count()
             == 2)
         .await,
         "{:?}",
-        shown(&tg, FAMILY_CHAT)
+        shown_in(&tg, FAMILY_CHAT)
     );
     gw.stop().await;
 }

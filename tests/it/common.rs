@@ -165,6 +165,40 @@ pub async fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool 
 }
 
 /// The `messages` of a recorded LLM request.
+/// The last user message of a recorded request ("" without one).
+pub fn last_user(req: &Value) -> String {
+    messages(req)
+        .iter()
+        .rev()
+        .find(|m| m["role"] == "user")
+        .and_then(|m| m["content"].as_str())
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// Whether a recorded request ends with tool results (the model is asked again after tools).
+pub fn has_tool_results(req: &Value) -> bool {
+    messages(req).last().is_some_and(|m| m["role"] == "tool")
+}
+
+/// The system prompt of a recorded request ("" without one).
+pub fn system_of(req: &Value) -> String {
+    messages(req)
+        .first()
+        .and_then(|m| m["content"].as_str())
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// The texts the fake Telegram chat `chat` shows, in order.
+pub fn shown_in(tg: &clawft_channel_telegram::fake::FakeTelegram, chat: i64) -> Vec<String> {
+    tg.sent()
+        .into_iter()
+        .filter(|m| m.chat == chat)
+        .map(|m| m.visible)
+        .collect()
+}
+
 pub fn messages(req: &Value) -> Vec<Value> {
     req["messages"].as_array().cloned().unwrap_or_default()
 }

@@ -11,7 +11,7 @@ use clawft::store::Store;
 use clawft::types::SessionKey;
 use serde_json::{json, Value};
 
-use crate::common::{config_value, everything_js, messages, tool_names};
+use crate::common::{config_value, everything_js, last_user, messages, tool_names};
 use crate::fake_llm::{FakeLlm, Reply};
 use crate::process::{free_port, weft, write_config};
 
@@ -478,17 +478,6 @@ fn exit_within(mut child: std::process::Child, within: Duration) -> (ExitStatus,
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-}
-
-/// The last user message of a recorded request.
-fn last_user(req: &Value) -> String {
-    messages(req)
-        .iter()
-        .rev()
-        .find(|m| m["role"] == "user")
-        .and_then(|m| m["content"].as_str())
-        .unwrap_or_default()
-        .to_string()
 }
 
 /// Item 4: Ctrl-C on a direct `weft agent -m` whose model stalls cancels the turn (as `/stop`)

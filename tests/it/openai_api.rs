@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use serde_json::{json, Value};
 
-use crate::common::{config, messages, tool_results, TestGateway};
+use crate::common::{config, system_of, tool_results, TestGateway};
 use crate::fake_llm::{FakeLlm, Reply};
 
 /// The Python with the `openai` SDK: `$CLAWFT_TEST_PYTHON`, else `.venv-test/bin/python` at
@@ -84,14 +84,6 @@ except openai.NotFoundError as e:
 
 print(json.dumps(out))
 "#;
-
-fn system_of(req: &Value) -> String {
-    messages(req)
-        .first()
-        .and_then(|m| m["content"].as_str())
-        .unwrap_or_default()
-        .to_string()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn openai_sdk_chats_streams_lists_models_and_gets_404_for_unknown_model() {

@@ -10,7 +10,9 @@ use chrono::{SecondsFormat, Utc};
 use clawft_channel_telegram::fake::FakeTelegram;
 use serde_json::{json, Value};
 
-use crate::common::{config, config_value, messages, tool_results, wait_until, TestGateway};
+use crate::common::{
+    config, config_value, has_tool_results, last_user, tool_results, wait_until, TestGateway,
+};
 use crate::fake_llm::{FakeLlm, Reply};
 use crate::process::{free_port, log_of, write_config, Daemon};
 
@@ -23,26 +25,7 @@ fn telegram_section(tg: &FakeTelegram) -> Value {
 
 /// The texts the Telegram chat shows, in order.
 fn shown(tg: &FakeTelegram) -> Vec<String> {
-    tg.sent()
-        .into_iter()
-        .filter(|m| m.chat == CHAT)
-        .map(|m| m.visible)
-        .collect()
-}
-
-/// The last user message of a request.
-fn last_user(req: &Value) -> String {
-    messages(req)
-        .iter()
-        .rev()
-        .find(|m| m["role"] == "user")
-        .and_then(|m| m["content"].as_str())
-        .unwrap_or_default()
-        .to_string()
-}
-
-fn has_tool_results(req: &Value) -> bool {
-    messages(req).last().is_some_and(|m| m["role"] == "tool")
+    crate::common::shown_in(tg, CHAT)
 }
 
 /// RFC 3339 with a +01:00 offset, `secs` from now (the offset a Berlin user would give).

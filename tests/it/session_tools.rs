@@ -16,7 +16,10 @@ use std::time::Duration;
 use clawft_channel_telegram::fake::FakeTelegram;
 use serde_json::{json, Value};
 
-use crate::common::{config, config_value, messages, tool_results, wait_until, TestGateway};
+use crate::common::{
+    config, config_value, has_tool_results, last_user, messages, shown_in, tool_results,
+    wait_until, TestGateway,
+};
 use crate::fake_llm::{FakeLlm, Reply};
 use crate::process::{free_port, log_of, write_config, Daemon};
 
@@ -27,29 +30,6 @@ const HANDOFF: &str = "[Message from session";
 
 fn telegram_section(tg: &FakeTelegram) -> Value {
     json!({"token": FakeTelegram::TOKEN, "api_url": tg.api_url(), "allow_from": [ALICE, BOB], "stream_edits": false})
-}
-
-/// The texts chat `chat` shows, in order.
-fn shown(tg: &FakeTelegram, chat: i64) -> Vec<String> {
-    tg.sent()
-        .into_iter()
-        .filter(|m| m.chat == chat)
-        .map(|m| m.visible)
-        .collect()
-}
-
-fn last_user(req: &Value) -> String {
-    messages(req)
-        .iter()
-        .rev()
-        .find(|m| m["role"] == "user")
-        .and_then(|m| m["content"].as_str())
-        .unwrap_or_default()
-        .to_string()
-}
-
-fn has_tool_results(req: &Value) -> bool {
-    messages(req).last().is_some_and(|m| m["role"] == "tool")
 }
 
 /// The result of the tool call `id` in any recorded request.
@@ -88,17 +68,17 @@ async fn alice_reads_bob(visibility: Option<&str>) -> (Value, Value) {
     }
     let gw = TestGateway::start(config(&llm, dir.path(), extra)).await;
     tg.push_user_message(BOB, BOB, "my pin is in the blue drawer");
-    assert!(wait_until(T, || !shown(&tg, BOB).is_empty()).await);
+    assert!(wait_until(T, || !shown_in(&tg, BOB).is_empty()).await);
     // A configured secret (the provider's key) pasted into the chat.
     tg.push_user_message(BOB, BOB, "the key is sk-test-secret-123456");
-    assert!(wait_until(T, || shown(&tg, BOB).len() == 2).await);
+    assert!(wait_until(T, || shown_in(&tg, BOB).len() == 2).await);
     tg.push_user_message(ALICE, ALICE, "hi");
-    assert!(wait_until(T, || !shown(&tg, ALICE).is_empty()).await);
+    assert!(wait_until(T, || !shown_in(&tg, ALICE).is_empty()).await);
     tg.push_user_message(ALICE, ALICE, "what did bob say?");
     assert!(
-        wait_until(T, || shown(&tg, ALICE).iter().any(|t| t == "done")).await,
+        wait_until(T, || shown_in(&tg, ALICE).iter().any(|t| t == "done")).await,
         "{:?}",
-        shown(&tg, ALICE)
+        shown_in(&tg, ALICE)
     );
     let history = result_of(&llm, "h1").unwrap();
     let list = result_of(&llm, "l1").unwrap();
@@ -222,9 +202,9 @@ async fn sessions_send_from_agent_main_lands_once_in_agent_works_session_and_sur
     let d = Daemon::start(dir.path(), &cfg, port).await;
     tg.push_user_message(BOB, BOB, "hello");
     assert!(
-        wait_until(T, || shown(&tg, BOB) == ["ack: hello"]).await,
+        wait_until(T, || shown_in(&tg, BOB) == ["ack: hello"]).await,
         "{:?}\n{}",
-        shown(&tg, BOB),
+        shown_in(&tg, BOB),
         log_of(dir.path())
     );
     tg.push_user_message(ALICE, ALICE, "tell bob to call the plumber");
@@ -268,23 +248,27 @@ async fn sessions_send_from_agent_main_lands_once_in_agent_works_session_and_sur
     // Past sled's background flush of the tool round, then the crash.
     tokio::time::sleep(Duration::from_millis(1200)).await;
     d.kill9();
-    assert!(shown(&tg, BOB) == ["ack: hello"], "{:?}", shown(&tg, BOB));
+    assert!(
+        shown_in(&tg, BOB) == ["ack: hello"],
+        "{:?}",
+        shown_in(&tg, BOB)
+    );
 
     restarted.store(true, Ordering::SeqCst);
     let d = Daemon::start(dir.path(), &cfg, port).await;
     let reply = "Bob's assistant: I will call the plumber.";
     assert!(
-        wait_until(T, || shown(&tg, BOB).iter().any(|t| t == reply)
-            && shown(&tg, ALICE).iter().any(|t| t == "Sent to Bob."))
+        wait_until(T, || shown_in(&tg, BOB).iter().any(|t| t == reply)
+            && shown_in(&tg, ALICE).iter().any(|t| t == "Sent to Bob."))
         .await,
         "bob: {:?} alice: {:?}\n{}",
-        shown(&tg, BOB),
-        shown(&tg, ALICE),
+        shown_in(&tg, BOB),
+        shown_in(&tg, ALICE),
         log_of(dir.path())
     );
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert_eq!(
-        shown(&tg, BOB),
+        shown_in(&tg, BOB),
         ["ack: hello", reply],
         "one turn, one reply in Bob's chat; results {:?}\n{}",
         llm.requests()
@@ -327,7 +311,7 @@ async fn sessions_send_from_agent_main_lands_once_in_agent_works_session_and_sur
     d.kill9();
     let d = Daemon::start(dir.path(), &cfg, port).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!(shown(&tg, BOB), ["ack: hello", reply]);
+    assert_eq!(shown_in(&tg, BOB), ["ack: hello", reply]);
     assert_eq!(handoffs(&llm), 2);
     assert_eq!(d.term().code(), Some(0), "{}", log_of(dir.path()));
 }
@@ -368,19 +352,19 @@ async fn main_to_work(sessions: Value) -> (Value, Vec<String>, FakeLlm) {
     ))
     .await;
     tg.push_user_message(BOB, BOB, "hello");
-    assert!(wait_until(T, || shown(&tg, BOB) == ["work-model: ack"]).await);
+    assert!(wait_until(T, || shown_in(&tg, BOB) == ["work-model: ack"]).await);
     tg.push_user_message(ALICE, ALICE, "hand this to work");
     assert!(
-        wait_until(T, || shown(&tg, ALICE).iter().any(|t| t == "done")).await,
+        wait_until(T, || shown_in(&tg, ALICE).iter().any(|t| t == "done")).await,
         "{:?}",
-        shown(&tg, ALICE)
+        shown_in(&tg, ALICE)
     );
     let result = result_of(&llm, "w1").unwrap();
     if result["status"] == "sent" {
-        assert!(wait_until(T, || shown(&tg, BOB).len() == 2).await);
+        assert!(wait_until(T, || shown_in(&tg, BOB).len() == 2).await);
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let bob = shown(&tg, BOB);
+    let bob = shown_in(&tg, BOB);
     gw.stop().await;
     (result, bob, llm)
 }
