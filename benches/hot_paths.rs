@@ -194,6 +194,7 @@ fn event(i: u64) -> InboundEvent {
         event_id: PlatformEventId::new(format!("ev-{i}")),
         content: "what does note.txt say?".into(),
         received_at_ms: now_ms(),
+        attachments: Vec::new(),
     }
 }
 
@@ -230,6 +231,7 @@ fn store_turn(store: &Store, key: &SessionKey, i: u64) {
         kind: OutboundKind::Final,
         content: "Done: the note says hello.".into(),
         meta: None,
+        attachments: Vec::new(),
     };
     store
         .finish_turn(

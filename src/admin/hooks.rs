@@ -207,6 +207,7 @@ pub fn handle(
         event_id: PlatformEventId::new(event_id.clone()),
         content: render(hook, &delivery, body),
         received_at_ms: clawft_channel_core::now_ms(),
+        attachments: Vec::new(),
     };
     match store.journal_inbound(&ev, &key) {
         Ok(JournalOutcome::New(entry)) => {

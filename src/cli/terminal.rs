@@ -71,6 +71,7 @@ impl TerminalChannel {
             event_id: event_id.clone(),
             content: text.to_string(),
             received_at_ms: now_ms(),
+            attachments: Vec::new(),
         });
         tx.send(delivery)
             .await
@@ -94,6 +95,7 @@ impl Channel for TerminalChannel {
             streaming: true,
             progress: true,
             max_message_bytes: usize::MAX,
+            max_upload_bytes: 0,
         }
     }
 

@@ -102,6 +102,7 @@ fn msg(chat: &str, kind: OutboundKind, text: &str) -> OutboundMessage {
         kind,
         content: text.into(),
         meta: None,
+        attachments: Vec::new(),
     }
 }
 

@@ -310,6 +310,7 @@ mod tests {
             event_id: PlatformEventId::new("e1"),
             content: "hi".into(),
             received_at_ms: 0,
+            attachments: Vec::new(),
         }
     }
 

@@ -360,6 +360,7 @@ impl Scheduler {
             event_id: PlatformEventId::new(format!("{prefix}{}", run.id)),
             content,
             received_at_ms: clawft_channel_core::now_ms(),
+            attachments: Vec::new(),
         }
     }
 
@@ -569,6 +570,7 @@ impl Scheduler {
                 now.to_rfc3339_opts(SecondsFormat::Secs, true)
             ),
             received_at_ms: clawft_channel_core::now_ms(),
+            attachments: Vec::new(),
         };
         match self.store.journal_inbound(&ev, &session) {
             Ok(JournalOutcome::New(entry)) => {

@@ -231,6 +231,7 @@ fn reply_to(entry: &InboxEntry, kind: OutboundKind, content: String) -> Option<O
         kind,
         content,
         meta: None,
+        attachments: Vec::new(),
     })
 }
 

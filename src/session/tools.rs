@@ -412,6 +412,7 @@ impl Tool for SessionsSend {
                 ctx.session.agent()
             ),
             received_at_ms: clawft_channel_core::now_ms(),
+            attachments: Vec::new(),
         };
         let outcome = s
             .dir
@@ -593,6 +594,7 @@ mod tests {
             event_id: PlatformEventId::new(id),
             content: text.into(),
             received_at_ms: 1,
+            attachments: Vec::new(),
         };
         let JournalOutcome::New(entry) = store.journal_inbound(&ev, &key).unwrap() else {
             panic!("dup")

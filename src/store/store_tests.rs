@@ -13,6 +13,7 @@ fn ev(id: &str) -> InboundEvent {
         event_id: PlatformEventId::new(id),
         content: format!("hello {id}"),
         received_at_ms: 1,
+        attachments: Vec::new(),
     }
 }
 
@@ -56,6 +57,7 @@ fn journal_dedupes_and_recovers_in_order() {
             kind: OutboundKind::Final,
             content: "hi".into(),
             meta: None,
+            attachments: Vec::new(),
         };
         s.finish_turn(&key, Some(&a), &[Message::assistant("hi")], Some(&reply))
             .unwrap();

@@ -110,6 +110,7 @@ pub(super) fn journal_batch(
         event_id: PlatformEventId::new(format!("subagents:{batch_id}")),
         content: batch.content.clone(),
         received_at_ms: now_ms(),
+        attachments: Vec::new(),
     };
     let outcome = store.journal_inbound(&ev, &session)?;
     for id in &batch.ids {

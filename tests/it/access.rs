@@ -26,6 +26,7 @@ fn event(user: &str, id: &str, text: &str) -> InboundEvent {
         event_id: PlatformEventId::new(id),
         content: text.into(),
         received_at_ms: now_ms(),
+        attachments: Vec::new(),
     }
 }
 

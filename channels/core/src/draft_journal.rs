@@ -11,7 +11,10 @@
 //!   far (JSON array, `null` where the platform did not say), written after each chunk. A
 //!   resend skips them; a final whose chunks were all delivered sends nothing.
 //!
-//! Both are removed when the daemon reports the reply settled ([`Channel::settled`]: its
+//! - `files:<outbound id>` → how many of that reply's attachments were delivered, written
+//!   after each upload. A resend uploads only the others.
+//!
+//! All are removed when the daemon reports the reply settled ([`Channel::settled`]: its
 //! removal from the outbox is on disk, so it is never resent), so the journal holds only the
 //! replies in flight.
 //!
@@ -42,6 +45,10 @@ fn draft_key(key: &DraftKey) -> String {
 
 fn sent_key(outbound: &str) -> String {
     format!("sent:{outbound}")
+}
+
+fn files_key(outbound: &str) -> String {
+    format!("files:{outbound}")
 }
 
 impl DraftJournal {
@@ -92,9 +99,21 @@ impl DraftJournal {
         }
     }
 
+    /// How many of the attachments of final `outbound` were delivered (in order).
+    pub fn files_sent(&self, outbound: &str) -> usize {
+        self.get(&files_key(outbound))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// Journal that the first `n` attachments of final `outbound` were delivered.
+    pub fn set_files_sent(&self, outbound: &str, n: usize) {
+        self.put(&files_key(outbound), &n.to_string());
+    }
+
     /// `msg` will never be sent again: forget its entries.
     pub fn settle(&self, msg: &OutboundMessage) {
-        let mut keys = vec![sent_key(&msg.id)];
+        let mut keys = vec![sent_key(&msg.id), files_key(&msg.id)];
         if let Some(k) = DraftKey::of(msg) {
             keys.push(draft_key(&k));
         }

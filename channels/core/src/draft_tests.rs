@@ -85,6 +85,7 @@ fn msg(kind: OutboundKind, id: &str, content: &str) -> OutboundMessage {
         kind,
         content: content.into(),
         meta: None,
+        attachments: Vec::new(),
     }
 }
 

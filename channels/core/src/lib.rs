@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 pub mod bounded;
 pub mod draft;
 pub mod draft_journal;
+pub mod media;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod text;
@@ -84,6 +85,10 @@ pub struct InboundEvent {
     pub content: String,
     /// Milliseconds since the Unix epoch when the adapter received it.
     pub received_at_ms: u64,
+    /// Files attached to the message (photos, voice notes, documents), downloaded by the
+    /// daemon when the turn starts. A message may be only attachments (`content` empty).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub attachments: Vec<media::MediaRef>,
 }
 
 /// Default of the one inbound size limit of every channel (`channels.max_inbound_bytes`):
@@ -190,6 +195,10 @@ pub struct OutboundMessage {
     /// Structured extra data (tool progress details), if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub meta: Option<serde_json::Value>,
+    /// Files to send after the text (durable kinds only), in order. A retry of the same
+    /// `id` must not resend the files already delivered.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub attachments: Vec<media::OutboundFile>,
 }
 
 /// The `meta` of a [`OutboundKind::Delta`] that withdraws the text streamed so far for its
@@ -228,6 +237,7 @@ impl OutboundMessage {
             kind: OutboundKind::Final,
             content,
             meta: None,
+            attachments: Vec::new(),
         }
     }
 }
@@ -245,6 +255,8 @@ pub struct Capabilities {
     pub progress: bool,
     /// Longest message the platform accepts, in bytes of UTF-8.
     pub max_message_bytes: usize,
+    /// Largest file it uploads, in bytes (0: it sends no files).
+    pub max_upload_bytes: u64,
 }
 
 impl Default for Capabilities {
@@ -253,6 +265,7 @@ impl Default for Capabilities {
             streaming: false,
             progress: false,
             max_message_bytes: 4000,
+            max_upload_bytes: 0,
         }
     }
 }
@@ -369,6 +382,21 @@ pub trait Channel: Send + Sync + 'static {
     /// Ignored by the caller except for logging.
     async fn typing(&self, _chat: &ChatId, _thread: Option<&ThreadId>) -> Result<(), ChannelError> {
         Ok(())
+    }
+
+    /// How to download an attachment this adapter reported (Telegram asks `getFile`; Discord
+    /// and Slack name the URL in the payload). Only the platform's own file hosts get its
+    /// credentials; [`media::MediaRequest::trusted`] only for the configured API origin.
+    ///
+    /// # Errors
+    /// The platform refused (file gone, too big for its bot API) or the adapter has no files.
+    async fn media_request(
+        &self,
+        _media: &media::MediaRef,
+    ) -> Result<media::MediaRequest, ChannelError> {
+        Err(ChannelError::Rejected(
+            "this channel does not download files".into(),
+        ))
     }
 
     /// A one-line state for `weft status` (e.g. `connected as @bot`, `reconnecting: ...`).

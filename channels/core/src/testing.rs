@@ -38,6 +38,7 @@ impl FakeChannel {
                 streaming: false,
                 progress: false,
                 max_message_bytes: 4096,
+                max_upload_bytes: 0,
             },
             inner: Arc::new(Mutex::new(Inner::default())),
             changed: Arc::new(Notify::new()),

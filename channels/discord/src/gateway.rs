@@ -173,6 +173,7 @@ pub fn parse_message(
         event_id: PlatformEventId::new(id),
         content,
         received_at_ms: now_ms(),
+        attachments: Vec::new(),
     })
 }
 

@@ -339,6 +339,7 @@ impl Channel for DiscordChannel {
             progress: false,
             // 2000 characters of at most 4 bytes.
             max_message_bytes: render::LIMIT * 4,
+            max_upload_bytes: 0,
         }
     }
 

@@ -92,6 +92,7 @@ fn msg(id: &str, chat: &str, kind: OutboundKind, content: &str) -> OutboundMessa
         kind,
         content: content.into(),
         meta: None,
+        attachments: Vec::new(),
     }
 }
 

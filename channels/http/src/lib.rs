@@ -689,6 +689,7 @@ async fn submit(
         event_id: event_id.clone(),
         content: req.content,
         received_at_ms: now_ms(),
+        attachments: Vec::new(),
     });
     tx.send(delivery)
         .await
@@ -849,6 +850,7 @@ impl Channel for HttpChannel {
             streaming: true,
             progress: true,
             max_message_bytes: MAX_BODY_BYTES,
+            max_upload_bytes: 0,
         }
     }
 

@@ -94,6 +94,7 @@ async fn start_with(cfg: HttpConfig, mode: Mode) -> Harness {
                 kind,
                 content: content.to_string(),
                 meta: None,
+                attachments: Vec::new(),
             };
             match mode {
                 Mode::Duplicate => {
@@ -259,6 +260,7 @@ async fn reply_timeout_is_504_and_leaks_no_waiter() {
         kind: OutboundKind::Final,
         content: "late".into(),
         meta: None,
+        attachments: Vec::new(),
     };
     assert!(matches!(h.ch.send(&late).await, Err(ChannelError::Gone(_))));
 }
@@ -535,6 +537,7 @@ async fn proactive_messages_wait_in_the_mailbox() {
         kind: OutboundKind::Final,
         content: "ping".into(),
         meta: None,
+        attachments: Vec::new(),
     };
     h.ch.send(&m).await.unwrap();
     let (_, v) = h.get("/v1/chats/room/messages").await;

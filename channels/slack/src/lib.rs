@@ -351,6 +351,7 @@ impl Channel for SlackChannel {
             streaming: self.inner.cfg.stream_edits,
             progress: false,
             max_message_bytes: MAX_MESSAGE_CHARS * 4,
+            max_upload_bytes: 0,
         }
     }
 

@@ -87,6 +87,7 @@ fn out(kind: OutboundKind, id: &str, chat: &str, content: &str) -> OutboundMessa
         kind,
         content: content.into(),
         meta: None,
+        attachments: Vec::new(),
     }
 }
 

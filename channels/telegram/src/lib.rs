@@ -393,6 +393,7 @@ impl TelegramChannel {
                 event_id,
                 content: incoming.text,
                 received_at_ms: now_ms(),
+                attachments: Vec::new(),
             });
             tokio::select! {
                 r = tx.send(delivery) => if r.is_err() { return Flow::Stop },
@@ -513,6 +514,7 @@ impl Channel for TelegramChannel {
             streaming: self.cfg.stream_edits,
             progress: false,
             max_message_bytes: MAX_MESSAGE_UTF16,
+            max_upload_bytes: 0,
         }
     }
 

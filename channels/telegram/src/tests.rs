@@ -85,6 +85,7 @@ fn reply(chat: &str, kind: OutboundKind, id: &str, content: &str) -> OutboundMes
         kind,
         content: content.into(),
         meta: None,
+        attachments: Vec::new(),
     }
 }
 
