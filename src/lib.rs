@@ -19,7 +19,8 @@
 //! - [`store`]: sled transcripts, inbound journal, outbox.
 //! - [`tools`]: [`tools::Tool`], [`tools::ToolRegistry`], built-in tools.
 //! - [`skills`]: `SKILL.md` skills. [`mcp`]: MCP client and server. [`memory`]: memory
-//!   documents, their search index and the memory tools.
+//!   documents, their search index and the memory tools. [`media`]: chat attachments
+//!   downloaded into the workspace, sniffed and transcribed.
 //! - [`config`]: file + environment → validated [`config::Config`]; the only env reader.
 //!   [`approval`]: approvals asked of the user in their chat (exec `ask` mode).
 //! - [`egress`]: channel actors (outbox workers), the [`egress::Outbox`] handle and the live
@@ -42,6 +43,7 @@ pub mod egress;
 pub mod ingress;
 pub mod llm;
 pub mod mcp;
+pub mod media;
 pub mod memory;
 pub mod metrics;
 pub mod net;

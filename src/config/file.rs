@@ -54,6 +54,10 @@ pub struct ConfigFile {
     /// Signed inbound webhooks: `hooks.NAME` serves `POST /v1/hooks/NAME` (docs/webhooks.md).
     #[serde(default)]
     pub hooks: BTreeMap<String, super::hooks::HookFile>,
+    /// Files that arrive with chat messages: size caps and voice transcription
+    /// (docs/media.md).
+    #[serde(default)]
+    pub media: super::media::MediaFile,
 }
 
 /// One `[[bindings]]` entry.
@@ -121,6 +125,9 @@ pub struct AgentDefaultsFile {
     /// This agent's subagent limits, over `tools.subagents` (`max_concurrent` stays the
     /// gateway's).
     pub subagents: Option<super::subagents::SubagentsFile>,
+    /// Whether images that arrive in chats are shown to the model: `auto` (default: when the
+    /// model is known to take images), `on`, `off`.
+    pub vision: Option<String>,
 }
 
 /// `agents.defaults.compaction`.

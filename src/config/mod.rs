@@ -14,6 +14,7 @@ pub mod agents;
 pub mod env;
 pub mod file;
 pub mod hooks;
+pub mod media;
 pub mod provenance;
 pub mod resolve;
 pub mod secrets;

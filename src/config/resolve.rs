@@ -218,6 +218,7 @@ impl Config {
                 .collect();
             super::hooks::resolve(raw.hooks, &names, config_dir, env, &mut secrets)?
         };
+        let media = super::media::resolve(raw.media, config_dir, env, &mut secrets)?;
 
         let h = raw.channels.http;
         let bind_text = h.bind.as_deref().unwrap_or(DEFAULT_HTTP_BIND);
@@ -348,6 +349,7 @@ impl Config {
             agents,
             bindings,
             hooks,
+            media,
             providers,
             provider_source,
             http,
@@ -457,6 +459,18 @@ fn resolve_agent(
         max_tool_calls_per_turn,
         models: Vec::new(),
         subagents: None,
+        vision: match d.vision.as_deref().map(str::trim) {
+            None | Some("auto") => crate::config::types::Vision::Auto,
+            Some("on") => crate::config::types::Vision::On,
+            Some("off") => crate::config::types::Vision::Off,
+            Some(other) => {
+                return Err(ConfigError::Invalid {
+                    key: "agents.defaults.vision".into(),
+                    detail: format!("expected \"auto\", \"on\" or \"off\", got \"{other}\""),
+                })
+            }
+        },
+        model_sees_images: false,
     };
 
     let (providers, source) = resolve_providers(
@@ -470,6 +484,9 @@ fn resolve_agent(
         provenance,
     )?;
     agent.window = resolve_window(window_override, compaction, &providers)?;
+    agent.model_sees_images = providers
+        .first()
+        .is_some_and(|p| crate::llm::models::supports_vision(&p.model));
     agent.models = agent_models(&providers, d.models.unwrap_or_default());
     if let Some(granted) = d.mcp_servers {
         for g in &granted {

@@ -143,6 +143,34 @@ pub struct AgentConfig {
     /// This agent's subagent limits when it sets its own (`subagents`); `None`: the
     /// gateway's (`tools.subagents`).
     pub subagents: Option<super::subagents::SubagentSettings>,
+    /// `vision`: whether images from chats are shown to the model.
+    pub vision: Vision,
+    /// Whether the agent's own model takes images (the model table), for `vision = "auto"`.
+    pub model_sees_images: bool,
+}
+
+/// `agents.*.vision`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Vision {
+    /// When the model is known to take images.
+    #[default]
+    Auto,
+    /// Always (the operator knows the model can).
+    On,
+    /// Never: the model is only told where the image is.
+    Off,
+}
+
+impl AgentConfig {
+    /// Whether images are shown to the model this turn, which may ask `model` (a `/model`
+    /// choice) instead of the agent's own.
+    pub fn shows_images(&self, model: Option<&str>) -> bool {
+        match self.vision {
+            Vision::On => true,
+            Vision::Off => false,
+            Vision::Auto => model.map_or(self.model_sees_images, crate::llm::models::supports_vision),
+        }
+    }
 }
 
 /// Default `agents.defaults.compaction.threshold`.
@@ -227,6 +255,8 @@ pub struct Config {
     pub bindings: super::agents::Bindings,
     /// `hooks.NAME`: signed inbound webhooks.
     pub hooks: Vec<super::hooks::HookConfig>,
+    /// `media.*`: attachment caps and transcription.
+    pub media: crate::media::MediaSettings,
     /// Providers in fallback order (never empty).
     pub providers: Vec<ProviderConfig>,
     /// Where the providers came from.

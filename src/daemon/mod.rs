@@ -155,6 +155,7 @@ async fn start_channel(
 ) -> Result<(), DaemonError> {
     let id = ch.id().to_string();
     let streaming = ch.capabilities().streaming;
+    let adapter = ch.clone();
     let stop = kit.stop.child_token();
     let (actor, _) = Actor::spawn(
         None,
@@ -195,6 +196,7 @@ async fn start_channel(
             actor,
             streaming,
             stop,
+            adapter,
         },
     );
     Ok(())
@@ -329,6 +331,10 @@ impl Daemon {
         )?);
         let sessions = crate::session::tools::SessionDirectory::new(store.clone());
         sessions.set_usage(usage.clone());
+        let media = Arc::new(
+            crate::media::Media::new(config.media.clone())
+                .map_err(|e| DaemonError::Spawn(e.to_string()))?,
+        );
         let shared = Shared {
             store: store.clone(),
             outbox: outbox.clone(),
@@ -371,6 +377,7 @@ impl Daemon {
                     subagents: Some(subagents.clone() as Arc<dyn crate::session::SubagentTree>),
                     scheduler: Some(scheduler.clone()),
                     processes: Some(processes.clone()),
+                    media: Some(media.clone()),
                 },
                 tasks: tasks.clone(),
                 shutdown: turns.clone(),

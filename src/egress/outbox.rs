@@ -22,6 +22,8 @@ pub struct ChannelEntry {
     pub streaming: bool,
     /// Stops its listener and outbox (a child of the daemon's channel token).
     pub stop: CancellationToken,
+    /// The adapter itself (sessions ask it where an attachment is).
+    pub adapter: std::sync::Arc<dyn clawft_channel_core::Channel>,
 }
 
 /// The channels running now, by id: the one table the daemon, the outbox, the `message` tool

@@ -219,7 +219,20 @@ fn build_body_without_tools(cfg: &AnthropicConfig, req: &ChatRequest, stream: bo
                 system.push(m.content.clone());
                 continue;
             }
-            Role::User => ("user", text_blocks(m)),
+            Role::User => {
+                // Images first (Anthropic's advice), then the text.
+                let mut b: Vec<Value> = m
+                    .images
+                    .iter()
+                    .filter_map(|i| {
+                        i.data.as_ref().map(|d| {
+                            json!({"type": "image", "source": {"type": "base64", "media_type": i.mime, "data": d.as_ref()}})
+                        })
+                    })
+                    .collect();
+                b.extend(text_blocks(m));
+                ("user", b)
+            }
             Role::Assistant => {
                 let mut b = text_blocks(m);
                 for c in &m.tool_calls {

@@ -62,6 +62,33 @@ pub struct Message {
     /// For `Role::Tool`: the tool's name (Anthropic and some OpenAI-compatible servers want it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+    /// For `Role::User`: images that came with the message (files in the workspace). Sent to
+    /// the model as image parts only once their bytes are loaded ([`ImagePart::data`]), which
+    /// the turn does for the message it answers when the model can see.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub images: Vec<ImagePart>,
+}
+
+/// An image attached to a user message.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ImagePart {
+    /// Its path in the agent's workspace (`inbox/2026-11-24/…jpg`).
+    pub path: String,
+    /// Its media type, sniffed from the bytes (`image/jpeg`, `image/png`, `image/gif`,
+    /// `image/webp`).
+    pub mime: String,
+    /// The bytes, base64, for this request only: never stored.
+    #[serde(skip)]
+    pub data: Option<std::sync::Arc<str>>,
+}
+
+impl ImagePart {
+    /// `data:<mime>;base64,<data>` when loaded.
+    pub fn data_url(&self) -> Option<String> {
+        self.data
+            .as_ref()
+            .map(|d| format!("data:{};base64,{d}", self.mime))
+    }
 }
 
 impl Message {
@@ -84,6 +111,7 @@ impl Message {
             tool_calls: Vec::new(),
             tool_call_id: None,
             name: None,
+            images: Vec::new(),
         }
     }
     /// A tool result answering `call_id`.
@@ -98,6 +126,7 @@ impl Message {
             tool_calls: Vec::new(),
             tool_call_id: Some(call_id.into()),
             name: Some(name.into()),
+            images: Vec::new(),
         }
     }
 }

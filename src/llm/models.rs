@@ -70,9 +70,63 @@ pub fn context_window(model: &str) -> u64 {
     known_context_window(model).unwrap_or(DEFAULT_CONTEXT_WINDOW)
 }
 
+/// Fragments of model names that take images (`agents.*.vision = "auto"`): the first match
+/// in this list decides, so the text-only exceptions come first.
+const VISION: &[(&str, bool)] = &[
+    ("gpt-3.5", false),
+    ("o1-mini", false),
+    ("o3-mini", false),
+    ("gpt-4-32k", false),
+    ("gpt-4-0", false),
+    ("gpt-4o", true),
+    ("gpt-4.1", true),
+    ("gpt-4-turbo", true),
+    ("gpt-5", true),
+    ("o1", true),
+    ("o3", true),
+    ("o4", true),
+    ("claude-2", false),
+    ("claude-instant", false),
+    ("claude", true),
+    ("gemini", true),
+    ("gemma3", true),
+    ("gemma-3", true),
+    ("llava", true),
+    ("bakllava", true),
+    ("vision", true),
+    ("-vl", true),
+    ("pixtral", true),
+    ("llama-4", true),
+    ("llama4", true),
+    ("grok-4", true),
+    ("minicpm-v", true),
+    ("moondream", true),
+];
+
+/// Whether `model` takes images, from the table (unknown models: no).
+pub fn supports_vision(model: &str) -> bool {
+    let m = model.to_ascii_lowercase();
+    let name = m.rsplit('/').next().unwrap_or(&m);
+    VISION
+        .iter()
+        .find(|(frag, _)| name.contains(frag))
+        .is_some_and(|(_, v)| *v)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn vision_follows_the_model_family() {
+        assert!(supports_vision("gpt-4o-mini"));
+        assert!(supports_vision("anthropic/claude-sonnet-4-5"));
+        assert!(supports_vision("qwen2.5-vl:7b"));
+        assert!(!supports_vision("gpt-3.5-turbo"));
+        assert!(!supports_vision("o3-mini"));
+        assert!(!supports_vision("llama3.1:8b"));
+        assert!(!supports_vision("fake-model"));
+    }
 
     #[test]
     fn well_known_families_and_a_conservative_default() {

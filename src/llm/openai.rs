@@ -266,6 +266,18 @@ impl serde::Serialize for WireMessage<'_> {
         let m = self.0;
         let mut map = s.serialize_map(None)?;
         match m.role {
+            Role::User if m.images.iter().any(|i| i.data.is_some()) => {
+                // Text then images, as content parts (`image_url` with a data URL).
+                let mut parts = Vec::with_capacity(m.images.len() + 1);
+                if !m.content.is_empty() {
+                    parts.push(json!({"type": "text", "text": m.content}));
+                }
+                for url in m.images.iter().filter_map(super::ImagePart::data_url) {
+                    parts.push(json!({"type": "image_url", "image_url": {"url": url}}));
+                }
+                map.serialize_entry("content", &parts)?;
+                map.serialize_entry("role", "user")?;
+            }
             Role::System | Role::User => {
                 map.serialize_entry("content", &m.content)?;
                 map.serialize_entry(
@@ -315,6 +327,16 @@ impl serde::Serialize for WireMessage<'_> {
 fn wire_message(m: &Message) -> Value {
     match m.role {
         Role::System => json!({"role": "system", "content": m.content}),
+        Role::User if m.images.iter().any(|i| i.data.is_some()) => {
+            let mut parts = Vec::new();
+            if !m.content.is_empty() {
+                parts.push(json!({"type": "text", "text": m.content}));
+            }
+            for url in m.images.iter().filter_map(super::ImagePart::data_url) {
+                parts.push(json!({"type": "image_url", "image_url": {"url": url}}));
+            }
+            json!({"role": "user", "content": parts})
+        }
         Role::User => json!({"role": "user", "content": m.content}),
         Role::Assistant => {
             let mut v = json!({"role": "assistant"});

@@ -72,6 +72,14 @@ pub enum SessionMsg {
         /// Answer.
         reply: RpcReplyPort<SessionStatus>,
     },
+    /// Sent by this session's own download task: the attachments of `entry` are in the
+    /// workspace; its turn can start.
+    Prepared {
+        /// The entry, to run next.
+        entry: InboxEntry,
+        /// The message the model gets.
+        prepared: Box<crate::media::Prepared>,
+    },
     /// Sent by the session's own idle timer.
     IdleCheck {
         /// `routed` count when the timer was set.
@@ -112,6 +120,8 @@ pub struct SessionHooks {
     pub scheduler: Option<Arc<crate::scheduler::Scheduler>>,
     /// Background processes (`process`): `/new` kills the session's.
     pub processes: Option<Arc<crate::tools::exec::process::ProcessTable>>,
+    /// Attachments: downloaded into the workspace before the turn starts.
+    pub media: Option<Arc<crate::media::Media>>,
 }
 
 /// Told when a session has been idle for its idle time: `(key, routed count)`. The bus evicts
@@ -162,6 +172,8 @@ pub struct SessionState {
     /// The model `/model NAME` chose for this chat (stored, so it outlives a restart); `None`:
     /// the agent's.
     model: Option<String>,
+    /// The attachments of the next entry, fetched (event id, message).
+    prepared: Option<(String, crate::media::Prepared)>,
 }
 
 /// Store namespace of the models chats chose with `/model`, by session key.
@@ -266,6 +278,7 @@ impl Actor for SessionActor {
             resets: Vec::new(),
             drains: Vec::new(),
             draining: false,
+            prepared: None,
             idle_timer: None,
         })
     }
@@ -319,6 +332,9 @@ impl Actor for SessionActor {
             }
             SessionMsg::Status { reply } => {
                 let _ = reply.send(status(state));
+            }
+            SessionMsg::Prepared { entry, prepared } => {
+                on_prepared(&myself, state, entry, *prepared);
             }
             SessionMsg::IdleCheck { routed } => {
                 if routed == state.routed && state.running.is_none() && state.queue.is_empty() {
@@ -592,6 +608,79 @@ fn on_turn_finished(
     maybe_start(myself, state);
 }
 
+/// The attachments of `entry` are fetched: run its turn next, unless `/stop`, `/new` or a
+/// shutdown came meanwhile.
+fn on_prepared(
+    myself: &ActorRef<SessionMsg>,
+    state: &mut SessionState,
+    entry: InboxEntry,
+    prepared: crate::media::Prepared,
+) {
+    let cancelled = state
+        .running
+        .take()
+        .is_some_and(|r| r.cancel.is_cancelled());
+    if state.draining {
+        // Still pending in the journal: fetched again (or found in the inbox) after the restart.
+        for d in state.drains.drain(..) {
+            let _ = d.send(());
+        }
+        return;
+    }
+    if cancelled {
+        answer_now(
+            state,
+            &entry,
+            OutboundKind::Final,
+            "Stopped: the turn was cancelled.".into(),
+        );
+        finish_resets(state);
+        return maybe_start(myself, state);
+    }
+    if let Some(id) = entry.event.as_ref().map(|e| e.event_id.as_str().to_string()) {
+        state.prepared = Some((id, prepared));
+    }
+    state.queue.push_front(entry);
+    maybe_start(myself, state);
+}
+
+/// Fetch the attachments of `entry` in a task of the session; [`SessionMsg::Prepared`] brings
+/// the message back. The session counts as busy meanwhile (`/stop` ends the download).
+fn start_prepare(
+    myself: &ActorRef<SessionMsg>,
+    state: &mut SessionState,
+    entry: InboxEntry,
+    media: Arc<crate::media::Media>,
+) {
+    let Some(ev) = entry.event.clone() else {
+        return;
+    };
+    let cancel = state.args.shutdown.child_token();
+    state.running = Some(RunningTurn {
+        cancel: cancel.clone(),
+    });
+    let adapter = state
+        .args
+        .hooks
+        .outbox
+        .channels()
+        .get(ev.channel.as_str())
+        .map(|c| c.adapter);
+    let ws = state.args.deps.workspace.clone();
+    let me = myself.clone();
+    let span = tracing::Span::current();
+    state.args.tasks.spawn(
+        async move {
+            let prepared = media.prepare(&ws, &ev, adapter, &cancel).await;
+            let _ = me.cast(SessionMsg::Prepared {
+                entry,
+                prepared: Box::new(prepared),
+            });
+        }
+        .instrument(span),
+    );
+}
+
 fn maybe_start(myself: &ActorRef<SessionMsg>, state: &mut SessionState) {
     if state.running.is_some() || state.draining {
         return;
@@ -642,13 +731,28 @@ fn maybe_start(myself: &ActorRef<SessionMsg>, state: &mut SessionState) {
     if compact {
         // `/compact`: nothing is appended to the transcript.
     } else if entry.state == InboxState::Pending {
-        if let Some(text) = window::too_large(&deps, &state.window, &ev.content) {
+        let prepared = state
+            .prepared
+            .take()
+            .filter(|(id, _)| id == ev.event_id.as_str())
+            .map(|(_, p)| p);
+        if prepared.is_none() && !ev.attachments.is_empty() {
+            if let Some(media) = state.args.hooks.media.clone() {
+                return start_prepare(myself, state, entry, media);
+            }
+        }
+        let (content, images) = match prepared {
+            Some(p) => (p.text, p.images),
+            None => (ev.content.clone(), Vec::new()),
+        };
+        if let Some(text) = window::too_large(&deps, &state.window, &content) {
             // Never stored: it could only make every later turn fail.
             tracing::warn!("message larger than the context window refused");
             refuse(state, &entry, text);
             return maybe_start(myself, state);
         }
-        let user = Message::user(ev.content.clone());
+        let mut user = Message::user(content);
+        user.images = images;
         if let Err(e) = state.args.deps.store.begin_turn(&entry, &user) {
             tracing::error!(error = %e, "could not record the user message");
             refuse(

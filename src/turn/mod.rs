@@ -340,6 +340,12 @@ async fn run_turn_inner(
     let mut messages = Vec::with_capacity(history.len() + 1);
     messages.push(Message::system(&system));
     messages.extend_from_slice(history);
+    if deps
+        .agent
+        .shows_images(deps.request_model.as_deref())
+    {
+        crate::media::load_images(&deps.workspace, &mut messages);
+    }
 
     for iteration in 0..max_iterations {
         let req = ChatRequest {
@@ -425,6 +431,7 @@ async fn run_turn_inner(
             tool_calls,
             tool_call_id: None,
             name: None,
+            images: Vec::new(),
         };
         if let Err(e) = deps
             .store
