@@ -308,7 +308,8 @@ impl Daemon {
         channels: Vec<Arc<dyn Channel>>,
     ) -> Result<Self, DaemonError> {
         let workspace = open_workspace(config)?;
-        let outbox = Outbox::new(store.clone(), ChannelTable::default());
+        let outbox = Outbox::new(store.clone(), ChannelTable::default())
+            .with_files(config.home.join("outbox-files"));
         let approvals = Arc::new(crate::approval::Approvals::new(
             Arc::new(outbox.clone()) as Arc<dyn MessageSink>
         ));

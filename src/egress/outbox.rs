@@ -81,12 +81,55 @@ impl ChannelTable {
 pub struct Outbox {
     store: Store,
     channels: ChannelTable,
+    /// Where the files of queued messages are copied (`~/.clawft/outbox-files/<id>/`).
+    files: Option<std::path::PathBuf>,
+}
+
+/// Remove the copies of `msg`'s attachments (it is settled: never sent again). Only files in
+/// a directory named after the message are touched, which is where [`Outbox::stage`] puts
+/// them.
+pub fn remove_staged(msg: &OutboundMessage) {
+    for f in &msg.attachments {
+        let p = std::path::Path::new(&f.path);
+        if let Some(dir) = p.parent().filter(|d| d.file_name().is_some_and(|n| *n == *msg.id)) {
+            let _ = std::fs::remove_file(p);
+            let _ = std::fs::remove_dir(dir);
+        }
+    }
 }
 
 impl Outbox {
     /// An outbox over `store` routing to the channels of `channels`.
     pub fn new(store: Store, channels: ChannelTable) -> Self {
-        Self { store, channels }
+        Self {
+            store,
+            channels,
+            files: None,
+        }
+    }
+
+    /// This outbox with attachments copied under `dir` when queued.
+    #[must_use]
+    pub fn with_files(mut self, dir: std::path::PathBuf) -> Self {
+        self.files = Some(dir);
+        self
+    }
+
+    /// Copy `bytes` as attachment `name` of message `id`; returns the copy's path.
+    ///
+    /// # Errors
+    /// No files directory, or the write failed.
+    pub fn stage(&self, id: &str, name: &str, bytes: &[u8]) -> Result<String, String> {
+        let Some(root) = &self.files else {
+            return Err("this gateway sends no files".into());
+        };
+        let dir = root.join(id);
+        std::fs::create_dir_all(&dir).map_err(|e| format!("cannot stage {name}: {e}"))?;
+        let path = dir.join(name);
+        std::fs::write(&path, bytes).map_err(|e| format!("cannot stage {name}: {e}"))?;
+        path.to_str()
+            .map(str::to_string)
+            .ok_or_else(|| "the files directory is not UTF-8".into())
     }
 
     /// The live channel table.
@@ -149,5 +192,9 @@ impl crate::tools::message::MessageSink for Outbox {
 
     fn send(&self, msg: OutboundMessage) -> Result<(), StoreError> {
         Outbox::send(self, msg)
+    }
+
+    fn stage(&self, id: &str, name: &str, bytes: &[u8]) -> Result<String, String> {
+        Outbox::stage(self, id, name, bytes)
     }
 }

@@ -356,6 +356,7 @@ async fn send_once(
             return Outcome::Done;
         }
         channel.settled(msg);
+        super::outbox::remove_staged(msg);
         fault::point("egress.after_mark");
     }
     Outcome::Done

@@ -8,7 +8,7 @@
 //! Everything here is idempotent per event: a turn resumed after a crash finds the files (and
 //! transcripts) it already wrote instead of fetching them again.
 
-pub mod sniff;
+pub use crate::types::sniff;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -118,29 +118,7 @@ pub fn human_size(n: u64) -> String {
     }
 }
 
-/// A file name safe in a path: letters, digits, `.`, `-`, `_` (others become `_`), no leading
-/// dot, at most 80 bytes, never empty.
-pub fn safe_name(name: &str) -> String {
-    let cleaned: String = name
-        .rsplit(['/', '\\'])
-        .next()
-        .unwrap_or("")
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_') {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    let trimmed = cleaned.trim_start_matches('.');
-    let mut out: String = trimmed.chars().take(80).collect();
-    if out.is_empty() {
-        out.push_str("file");
-    }
-    out
-}
+pub use crate::types::sniff::safe_file_name as safe_name;
 
 /// The UTC date of `ms` since the epoch, `YYYY-MM-DD`.
 fn date_of(ms: u64) -> String {

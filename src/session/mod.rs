@@ -875,6 +875,9 @@ fn maybe_start(myself: &ActorRef<SessionMsg>, state: &mut SessionState) {
                     "prompt_tokens": outcome.usage.input_tokens,
                     "completion_tokens": outcome.usage.output_tokens,
                 }}));
+                if r.kind == OutboundKind::Final {
+                    attach_media_lines(&outbox, &deps.workspace, &mut r);
+                }
                 r
             });
             let skip = outcome.messages.len().saturating_sub(outcome.unpersisted);
@@ -913,6 +916,36 @@ fn maybe_start(myself: &ActorRef<SessionMsg>, state: &mut SessionState) {
         }
         .instrument(span),
     );
+}
+
+/// `MEDIA: path` lines of a final reply become its attachments (copied out of the workspace
+/// now, so the reply sends these bytes even after a crash); a file that cannot be attached is
+/// named in the text instead.
+fn attach_media_lines(outbox: &Outbox, ws: &crate::tools::Workspace, reply: &mut OutboundMessage) {
+    let (text, paths) = crate::tools::message::media_lines(&reply.content);
+    if paths.is_empty() {
+        return;
+    }
+    let mut text = text;
+    let limit = crate::tools::message::MAX_ATTACHMENTS;
+    for (p, r) in paths.iter().zip(crate::tools::message::attach_each(
+        outbox,
+        ws,
+        &reply.id,
+        &paths[..paths.len().min(limit)],
+    )) {
+        match r {
+            Ok(f) => reply.attachments.push(f),
+            Err(e) => {
+                tracing::warn!(path = %p, error = %e, "reply attachment refused");
+                text.push_str(&format!("\n\n(Could not attach {p}: {e})"));
+            }
+        }
+    }
+    for p in paths.iter().skip(limit) {
+        text.push_str(&format!("\n\n(Not attached, over {limit} files: {p})"));
+    }
+    reply.content = text;
 }
 
 /// The chat user whose memory a turn uses under `memory.scope = "user"`: `None` for the

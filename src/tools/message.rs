@@ -30,6 +30,116 @@ pub trait MessageSink: Send + Sync + 'static {
     /// # Errors
     /// The store could not queue it.
     fn send(&self, msg: OutboundMessage) -> Result<(), crate::store::StoreError>;
+    /// Copy `bytes` as attachment `name` of outbound message `id` (kept until the message is
+    /// settled); returns the copy's absolute path.
+    ///
+    /// # Errors
+    /// The sink takes no files, or the copy failed.
+    fn stage(&self, _id: &str, _name: &str, _bytes: &[u8]) -> Result<String, String> {
+        Err("this gateway sends no files".into())
+    }
+}
+
+/// Most files one message carries.
+pub const MAX_ATTACHMENTS: usize = 10;
+/// Largest file a message carries (the platform's own limit may be lower: it then gets a note
+/// instead of the file).
+pub const MAX_ATTACHMENT_BYTES: u64 = 50 * 1024 * 1024;
+
+/// Read the workspace files `paths` (contained like every file tool) and stage them as the
+/// attachments of outbound message `id` through `sink`.
+///
+/// # Errors
+/// Too many files, a path that is missing, outside the workspace, protected or too large, or
+/// the copy failed: the message is then not sent.
+pub fn attach(
+    sink: &dyn MessageSink,
+    ws: &super::Workspace,
+    id: &str,
+    paths: &[String],
+) -> Result<Vec<clawft_channel_core::media::OutboundFile>, ToolError> {
+    if paths.len() > MAX_ATTACHMENTS {
+        return Err(ToolError::InvalidArgs(format!(
+            "{} attachments; one message carries at most {MAX_ATTACHMENTS}",
+            paths.len()
+        )));
+    }
+    attach_each(sink, ws, id, paths).into_iter().collect()
+}
+
+/// [`attach`] file by file: each path's file or why it cannot be sent.
+pub fn attach_each(
+    sink: &dyn MessageSink,
+    ws: &super::Workspace,
+    id: &str,
+    paths: &[String],
+) -> Vec<Result<clawft_channel_core::media::OutboundFile, ToolError>> {
+    paths
+        .iter()
+        .enumerate()
+        .map(|(i, p)| attach_one(sink, ws, id, i, p))
+        .collect()
+}
+
+fn attach_one(
+    sink: &dyn MessageSink,
+    ws: &super::Workspace,
+    id: &str,
+    i: usize,
+    p: &str,
+) -> Result<clawft_channel_core::media::OutboundFile, ToolError> {
+    use clawft_channel_core::media::{MediaKind, OutboundFile};
+    {
+        let rel = p.trim().trim_start_matches("./");
+        let bytes = ws
+            .read_beneath(rel, MAX_ATTACHMENT_BYTES + 1)?
+            .ok_or_else(|| ToolError::FileNotFound(format!("{rel}: no such file in the workspace")))?;
+        if bytes.len() as u64 > MAX_ATTACHMENT_BYTES {
+            return Err(ToolError::InvalidArgs(format!(
+                "{rel} is over {} MB, the largest file a message carries",
+                MAX_ATTACHMENT_BYTES / (1024 * 1024)
+            )));
+        }
+        let mime = crate::types::sniff::sniff(&bytes).unwrap_or("application/octet-stream");
+        let name = rel.rsplit('/').next().unwrap_or(rel).to_string();
+        let kind = MediaKind::of_mime(mime);
+        let kind = if kind == MediaKind::Audio && mime == "audio/ogg" {
+            MediaKind::Voice
+        } else {
+            kind
+        };
+        // Two files of the same name go out under their position.
+        let staged = format!("{}-{}", i + 1, crate::types::sniff::safe_file_name(&name));
+        let path = sink
+            .stage(id, &staged, &bytes)
+            .map_err(ToolError::ExecutionFailed)?;
+        Ok(OutboundFile {
+            path,
+            name,
+            kind,
+            mime: mime.to_string(),
+            size: bytes.len() as u64,
+        })
+    }
+}
+
+/// Split `MEDIA: path` lines (files to attach to a final reply) off `text`: the text without
+/// them, and the paths (backticks and quotes around a path are dropped).
+pub fn media_lines(text: &str) -> (String, Vec<String>) {
+    let mut paths = Vec::new();
+    let mut kept = Vec::new();
+    for line in text.lines() {
+        match line.trim().strip_prefix("MEDIA:") {
+            Some(p) if !p.trim().is_empty() => {
+                paths.push(p.trim().trim_matches(['`', '"', '\'']).to_string());
+            }
+            _ => kept.push(line),
+        }
+    }
+    if paths.is_empty() {
+        return (text.to_string(), paths);
+    }
+    (kept.join("\n").trim_end().to_string(), paths)
 }
 
 /// Arguments of `message`.
@@ -40,8 +150,12 @@ pub struct MessageArgs {
     pub channel: String,
     /// Target chat or conversation id on that channel.
     pub chat_id: String,
-    /// Message text (Markdown).
+    /// Message text (Markdown). May be empty when attachments are given.
+    #[serde(default)]
     pub content: String,
+    /// Workspace files to send with it (`reports/week.pdf`), at most 10, each up to 50 MB.
+    #[serde(default)]
+    pub attachments: Vec<String>,
 }
 
 /// The `message` tool.
@@ -79,7 +193,7 @@ impl Tool for MessageTool {
         "message"
     }
     fn description(&self) -> &str {
-        "Send a message to a chat on a channel (the current chat, or chats allowed by tools.message.allow). Confirms that the message was queued for delivery, not that it was read. Returns: {status, channel, chat_id, content_length}"
+        "Send a message, optionally with workspace files as attachments, to a chat on a channel (the current chat, or chats allowed by tools.message.allow). Confirms that the message was queued for delivery, not that it was read. To attach files to your reply instead, put lines `MEDIA: path` in it. Returns: {status, channel, chat_id, content_length, attachments}"
     }
     fn parameters(&self) -> Value {
         schema_of::<MessageArgs>()
@@ -90,8 +204,10 @@ impl Tool for MessageTool {
     async fn execute(&self, args: Value, ctx: &ToolContext) -> Result<Value, ToolError> {
         let a: MessageArgs = parse_args(self.name(), args)?;
         let content = sanitize_content(&a.content);
-        if content.trim().is_empty() {
-            return Err(ToolError::InvalidArgs("content is empty".into()));
+        if content.trim().is_empty() && a.attachments.is_empty() {
+            return Err(ToolError::InvalidArgs(
+                "content is empty and there are no attachments".into(),
+            ));
         }
         if content.len() > MAX_MESSAGE_BYTES {
             return Err(ToolError::InvalidArgs(format!(
@@ -124,12 +240,14 @@ impl Tool for MessageTool {
             _ => None,
         };
         let len = content.chars().count();
-        let msg = clawft_channel_core::OutboundMessage::proactive(
+        let mut msg = clawft_channel_core::OutboundMessage::proactive(
             ChannelId::new(&a.channel),
             ChatId::new(&a.chat_id),
             thread,
             content,
         );
+        msg.attachments = attach(self.sink.as_ref(), &ctx.workspace, &msg.id, &a.attachments)?;
+        let files = msg.attachments.len();
         self.sink
             .send(msg)
             .map_err(|e| ToolError::ExecutionFailed(format!("could not queue the message: {e}")))?;
@@ -138,6 +256,7 @@ impl Tool for MessageTool {
             "channel": a.channel,
             "chat_id": a.chat_id,
             "content_length": len,
+            "attachments": files,
         }))
     }
 }

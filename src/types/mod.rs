@@ -7,6 +7,7 @@ pub mod scrub;
 pub mod secret;
 pub mod session_key;
 pub mod setting;
+pub mod sniff;
 pub mod text;
 
 pub use secret::Secret;

@@ -90,6 +90,29 @@ pub fn extension(mime: &str) -> &'static str {
     }
 }
 
+/// A file name safe in a path: letters, digits, `.`, `-`, `_` (others become `_`), no
+/// directory part, no leading dot, at most 80 characters, never empty.
+pub fn safe_file_name(name: &str) -> String {
+    let cleaned: String = name
+        .rsplit(['/', '\\'])
+        .next()
+        .unwrap_or("")
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    let mut out: String = cleaned.trim_start_matches('.').chars().take(80).collect();
+    if out.is_empty() {
+        out.push_str("file");
+    }
+    out
+}
+
 /// Whether models take images of this type (OpenAI and Anthropic both: JPEG, PNG, GIF, WebP).
 pub fn is_model_image(mime: &str) -> bool {
     matches!(mime, "image/jpeg" | "image/png" | "image/gif" | "image/webp")
