@@ -8,7 +8,9 @@ use serde::{Deserialize, Serialize};
 use super::env::Env;
 use super::secrets::resolve_secret;
 use super::types::ConfigError;
-use crate::media::{MediaSettings, TranscriptionSettings, DEFAULT_MAX_FILE_MB, DEFAULT_MAX_MESSAGE_MB};
+use crate::media::{
+    MediaSettings, TranscriptionSettings, DEFAULT_MAX_FILE_MB, DEFAULT_MAX_MESSAGE_MB,
+};
 use crate::types::Secret;
 
 /// `[media]` as written.

@@ -168,7 +168,9 @@ impl AgentConfig {
         match self.vision {
             Vision::On => true,
             Vision::Off => false,
-            Vision::Auto => model.map_or(self.model_sees_images, crate::llm::models::supports_vision),
+            Vision::Auto => {
+                model.map_or(self.model_sees_images, crate::llm::models::supports_vision)
+            }
         }
     }
 }

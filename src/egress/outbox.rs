@@ -91,7 +91,10 @@ pub struct Outbox {
 pub fn remove_staged(msg: &OutboundMessage) {
     for f in &msg.attachments {
         let p = std::path::Path::new(&f.path);
-        if let Some(dir) = p.parent().filter(|d| d.file_name().is_some_and(|n| *n == *msg.id)) {
+        if let Some(dir) = p
+            .parent()
+            .filter(|d| d.file_name().is_some_and(|n| *n == *msg.id))
+        {
             let _ = std::fs::remove_file(p);
             let _ = std::fs::remove_dir(dir);
         }

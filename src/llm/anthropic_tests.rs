@@ -244,3 +244,27 @@ async fn a_stream_that_stops_before_message_stop_was_cut_off() {
     let e = p.complete(&req, Some(&tx)).await.unwrap_err();
     assert_eq!(e.kind(), "cut", "{e}");
 }
+
+#[test]
+fn a_loaded_image_is_a_base64_image_block_before_the_text() {
+    let mut m = Message::user("what is this?");
+    m.images.push(crate::llm::ImagePart {
+        path: "inbox/x.png".into(),
+        mime: "image/png".into(),
+        data: Some("QUJD".into()),
+    });
+    let req = ChatRequest {
+        model: String::new(),
+        messages: vec![Message::system("sys"), m],
+        tools: Vec::new().into(),
+        max_tokens: None,
+        temperature: None,
+    };
+    let b = build_body(&cfg(), &req, false);
+    let blocks = b["messages"][0]["content"].as_array().unwrap();
+    assert_eq!(
+        blocks[0],
+        json!({"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "QUJD"}})
+    );
+    assert_eq!(blocks[1], json!({"type": "text", "text": "what is this?"}));
+}

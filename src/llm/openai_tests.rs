@@ -217,3 +217,33 @@ async fn a_body_cut_short_was_cut_off_and_a_malformed_one_is_invalid() {
         "invalid_response"
     );
 }
+
+fn with_image(loaded: bool) -> Message {
+    let mut m = Message::user("what is this?");
+    m.images.push(crate::llm::ImagePart {
+        path: "inbox/2026-11-24/1-photo.jpg".into(),
+        mime: "image/jpeg".into(),
+        data: loaded.then(|| "QUJD".into()),
+    });
+    m
+}
+
+#[test]
+fn a_loaded_image_is_an_image_url_part_and_an_unloaded_one_is_plain_text() {
+    let sent = |m: &Message| serde_json::to_value(WireMessage(m)).unwrap();
+    let v = sent(&with_image(true));
+    assert_eq!(v, wire_message(&with_image(true)));
+    assert_eq!(
+        v["content"][0],
+        json!({"type": "text", "text": "what is this?"})
+    );
+    assert_eq!(
+        v["content"][1],
+        json!({"type": "image_url", "image_url": {"url": "data:image/jpeg;base64,QUJD"}})
+    );
+    // Stored messages carry the path only; without the bytes the wire form is text.
+    assert_eq!(sent(&with_image(false))["content"], "what is this?");
+    let stored = serde_json::to_value(with_image(true)).unwrap();
+    assert!(!stored.to_string().contains("QUJD"), "{stored}");
+    assert_eq!(stored["images"][0]["path"], "inbox/2026-11-24/1-photo.jpg");
+}

@@ -317,7 +317,13 @@ impl Media {
         let mut images = Vec::new();
         let only_speech = body.is_empty()
             && saved.len() == 1
-            && matches!(&saved[0].1, Saved::File { transcript: Some(_), .. });
+            && matches!(
+                &saved[0].1,
+                Saved::File {
+                    transcript: Some(_),
+                    ..
+                }
+            );
         for (kind, s) in saved {
             match s {
                 Saved::File {
@@ -332,10 +338,8 @@ impl Media {
                     } else {
                         kind.describe()
                     };
-                    let mut line = format!(
-                        "[Attached {what}: {rel} ({mime}, {})",
-                        human_size(size)
-                    );
+                    let mut line =
+                        format!("[Attached {what}: {rel} ({mime}, {})", human_size(size));
                     if sniff::is_model_image(mime) {
                         if size <= MAX_MODEL_IMAGE_BYTES {
                             images.push(ImagePart {
@@ -458,10 +462,7 @@ impl Media {
             form = form.text("language", l);
         }
         let (ct, body) = form.file("file", name, mime, bytes).finish();
-        let url = format!(
-            "{}/audio/transcriptions",
-            t.base_url.trim_end_matches('/')
-        );
+        let url = format!("{}/audio/transcriptions", t.base_url.trim_end_matches('/'));
         let mut rb = self
             .direct
             .post(url)
@@ -492,9 +493,7 @@ impl Media {
             v.get("text")
                 .and_then(serde_json::Value::as_str)
                 .map(str::to_string)
-                .ok_or_else(|| {
-                    MediaError::Failed("the transcription answer has no `text`".into())
-                })
+                .ok_or_else(|| MediaError::Failed("the transcription answer has no `text`".into()))
         };
         tokio::time::timeout(TRANSFER_TIMEOUT, call)
             .await
@@ -546,9 +545,9 @@ async fn read_capped(mut resp: reqwest::Response, limit: u64) -> Result<Vec<u8>,
 fn with_extension(base: &str, mime: &str) -> String {
     let ext = sniff::extension(mime);
     let file = base.rsplit('/').next().unwrap_or(base);
-    let has = file
-        .rsplit_once('.')
-        .is_some_and(|(_, e)| e.eq_ignore_ascii_case(ext) || (ext == "jpg" && e.eq_ignore_ascii_case("jpeg")));
+    let has = file.rsplit_once('.').is_some_and(|(_, e)| {
+        e.eq_ignore_ascii_case(ext) || (ext == "jpg" && e.eq_ignore_ascii_case("jpeg"))
+    });
     if has {
         base.to_string()
     } else {
@@ -563,9 +562,11 @@ fn find_saved(ws: &Workspace, base: &str) -> Option<(Vec<u8>, String)> {
     for e in entries.flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
         let hit = name == stem
-            || name
-                .strip_prefix(stem)
-                .is_some_and(|rest| rest.starts_with('.') && !rest.ends_with(".txt") && rest[1..].chars().all(|c| c.is_ascii_alphanumeric()));
+            || name.strip_prefix(stem).is_some_and(|rest| {
+                rest.starts_with('.')
+                    && !rest.ends_with(".txt")
+                    && rest[1..].chars().all(|c| c.is_ascii_alphanumeric())
+            });
         if hit {
             let rel = format!("{dir}/{name}");
             if let Ok(Some(b)) = ws.read_beneath(&rel, u64::MAX) {
@@ -595,10 +596,23 @@ mod tests {
         assert_eq!(safe_name(""), "file");
         assert_eq!(date_of(0), "1970-01-01");
         assert_eq!(date_of(1_795_000_000_000), "2026-11-18");
-        assert_eq!(with_extension("inbox/d/1-photo", "image/jpeg"), "inbox/d/1-photo.jpg");
-        assert_eq!(with_extension("inbox/d/1-a.JPEG", "image/jpeg"), "inbox/d/1-a.JPEG");
-        assert_eq!(with_extension("inbox/d/1-a.jpg", "image/png"), "inbox/d/1-a.jpg.png");
+        assert_eq!(
+            with_extension("inbox/d/1-photo", "image/jpeg"),
+            "inbox/d/1-photo.jpg"
+        );
+        assert_eq!(
+            with_extension("inbox/d/1-a.JPEG", "image/jpeg"),
+            "inbox/d/1-a.JPEG"
+        );
+        assert_eq!(
+            with_extension("inbox/d/1-a.jpg", "image/png"),
+            "inbox/d/1-a.jpg.png"
+        );
         assert_eq!(human_size(1536), "2 KB");
         assert_eq!(human_size(25 * 1024 * 1024), "25.0 MB");
     }
 }
+
+#[cfg(test)]
+#[path = "media_tests.rs"]
+mod media_tests;

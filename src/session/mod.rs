@@ -637,7 +637,11 @@ fn on_prepared(
         finish_resets(state);
         return maybe_start(myself, state);
     }
-    if let Some(id) = entry.event.as_ref().map(|e| e.event_id.as_str().to_string()) {
+    if let Some(id) = entry
+        .event
+        .as_ref()
+        .map(|e| e.event_id.as_str().to_string())
+    {
         state.prepared = Some((id, prepared));
     }
     state.queue.push_front(entry);

@@ -93,7 +93,9 @@ fn attach_one(
         let rel = p.trim().trim_start_matches("./");
         let bytes = ws
             .read_beneath(rel, MAX_ATTACHMENT_BYTES + 1)?
-            .ok_or_else(|| ToolError::FileNotFound(format!("{rel}: no such file in the workspace")))?;
+            .ok_or_else(|| {
+                ToolError::FileNotFound(format!("{rel}: no such file in the workspace"))
+            })?;
         if bytes.len() as u64 > MAX_ATTACHMENT_BYTES {
             return Err(ToolError::InvalidArgs(format!(
                 "{rel} is over {} MB, the largest file a message carries",

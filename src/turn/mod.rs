@@ -340,10 +340,7 @@ async fn run_turn_inner(
     let mut messages = Vec::with_capacity(history.len() + 1);
     messages.push(Message::system(&system));
     messages.extend_from_slice(history);
-    if deps
-        .agent
-        .shows_images(deps.request_model.as_deref())
-    {
+    if deps.agent.shows_images(deps.request_model.as_deref()) {
         crate::media::load_images(&deps.workspace, &mut messages);
     }
 

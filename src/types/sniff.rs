@@ -115,7 +115,10 @@ pub fn safe_file_name(name: &str) -> String {
 
 /// Whether models take images of this type (OpenAI and Anthropic both: JPEG, PNG, GIF, WebP).
 pub fn is_model_image(mime: &str) -> bool {
-    matches!(mime, "image/jpeg" | "image/png" | "image/gif" | "image/webp")
+    matches!(
+        mime,
+        "image/jpeg" | "image/png" | "image/gif" | "image/webp"
+    )
 }
 
 #[cfg(test)]
