@@ -359,4 +359,83 @@ mod tests {
         assert_eq!(e.code(), "INVALID_ARGS");
         assert!(e.to_string().contains("telegram, http"), "{e}");
     }
+
+    /// A sink that stages into a directory, like the daemon's outbox.
+    struct Staging(Sink, std::path::PathBuf);
+    impl MessageSink for Staging {
+        fn channels(&self) -> Vec<String> {
+            self.0.channels()
+        }
+        fn send(&self, msg: OutboundMessage) -> Result<(), crate::store::StoreError> {
+            self.0.send(msg)
+        }
+        fn stage(&self, id: &str, name: &str, bytes: &[u8]) -> Result<String, String> {
+            let dir = self.1.join(id);
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(dir.join(name), bytes).unwrap();
+            Ok(dir.join(name).to_string_lossy().into_owned())
+        }
+    }
+
+    #[tokio::test]
+    async fn attachments_are_workspace_files_copied_with_their_sniffed_type_and_nothing_outside() {
+        let d = tempfile::tempdir().unwrap();
+        let ws = d.path().join("ws");
+        std::fs::create_dir_all(ws.join("reports")).unwrap();
+        std::fs::write(ws.join("reports/week.pdf"), b"%PDF-1.7 numbers").unwrap();
+        std::fs::write(d.path().join("secret.txt"), b"canary").unwrap();
+        std::os::unix::fs::symlink(d.path().join("secret.txt"), ws.join("link.txt")).unwrap();
+        let ctx = ToolContext {
+            workspace: Arc::new(Workspace::open(&ws).unwrap()),
+            session: SessionKey::parse("telegram:42").unwrap(),
+            cancel: CancellationToken::new(),
+            user_dir: None,
+            sender: None,
+        };
+        let sink = Arc::new(Staging(Sink::default(), d.path().join("staged")));
+        let t = MessageTool::new(sink.clone(), Vec::new());
+        let v = t
+            .execute(
+                json!({"channel": "telegram", "chat_id": "42", "attachments": ["reports/week.pdf"]}),
+                &ctx,
+            )
+            .await
+            .unwrap();
+        assert_eq!(v["attachments"], 1);
+        // Editing the workspace file afterwards does not change what is sent.
+        std::fs::write(ws.join("reports/week.pdf"), b"changed").unwrap();
+        let sent = sink.0 .0.lock().unwrap().clone();
+        let f = &sent[0].attachments[0];
+        assert_eq!(f.name, "week.pdf");
+        assert_eq!(f.mime, "application/pdf");
+        assert!(f.path.contains(&sent[0].id), "{}", f.path);
+        assert_eq!(std::fs::read(&f.path).unwrap(), b"%PDF-1.7 numbers");
+        assert!(sent[0].content.is_empty());
+        for bad in ["../secret.txt", "/etc/passwd", "link.txt", "missing.pdf"] {
+            let e = t
+                .execute(
+                    json!({"channel": "telegram", "chat_id": "42", "content": "x", "attachments": [bad]}),
+                    &ctx,
+                )
+                .await
+                .unwrap_err();
+            assert!(!e.to_string().contains("canary"), "{bad}: {e}");
+        }
+        assert_eq!(
+            sink.0 .0.lock().unwrap().len(),
+            1,
+            "nothing else was queued"
+        );
+    }
+
+    #[test]
+    fn media_lines_are_split_off_the_reply() {
+        let (text, paths) =
+            media_lines("Here is the chart.\nMEDIA: out/chart.png\n  MEDIA: `a b.pdf`\nbye");
+        assert_eq!(text, "Here is the chart.\nbye");
+        assert_eq!(paths, ["out/chart.png", "a b.pdf"]);
+        let (text, paths) = media_lines("no files: MEDIA: inline is text");
+        assert_eq!(text, "no files: MEDIA: inline is text");
+        assert!(paths.is_empty());
+    }
 }
