@@ -22,14 +22,17 @@ use super::*;
 const JPEG: &[u8] = b"\xFF\xD8\xFF\xE0\x00\x10JFIF\x00 a tiny jpeg";
 const OGG: &[u8] = b"OggS\x00\x02 opus voice";
 
+/// What the transcription endpoint received: (model, file bytes).
+type Calls = Arc<Mutex<Vec<(String, Vec<u8>)>>>;
+
 /// The platform's file host, and what the transcription endpoint received.
 struct Host {
     base: String,
-    transcribed: Arc<Mutex<Vec<(String, Vec<u8>)>>>,
+    transcribed: Calls,
 }
 
 async fn host() -> Host {
-    let transcribed: Arc<Mutex<Vec<(String, Vec<u8>)>>> = Arc::default();
+    let transcribed: Calls = Arc::default();
     let t = transcribed.clone();
     let app = axum::Router::new()
         .route("/files/photo", get(|| async { JPEG.to_vec() }))
@@ -231,7 +234,7 @@ async fn a_url_off_the_platform_origin_pointing_at_private_addresses_is_refused_
     assert!(
         !d.path().join("inbox").exists()
             || std::fs::read_dir(d.path().join("inbox/2026-11-18"))
-                .map(|r| r.count())
+                .map(Iterator::count)
                 .unwrap_or(0)
                 == 0
     );
@@ -274,7 +277,7 @@ async fn files_over_the_caps_are_named_not_downloaded() {
     assert!(p.text.contains("[Not downloaded: big.bin"), "{}", p.text);
     assert!(
         std::fs::read_dir(d.path().join("inbox/2026-11-18"))
-            .map(|r| r.count())
+            .map(Iterator::count)
             .unwrap_or(0)
             == 0
     );

@@ -140,6 +140,9 @@ pub struct InboxEntry {
 
 /// Result of journaling an inbound event.
 #[derive(Debug)]
+// `New` is the common case and is moved once, into the session; boxing it would cost an
+// allocation per message to save stack space in the rare `Duplicate`.
+#[allow(clippy::large_enum_variant)]
 pub enum JournalOutcome {
     /// New: journaled and flushed.
     New(InboxEntry),
