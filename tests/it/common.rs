@@ -171,9 +171,16 @@ pub fn last_user(req: &Value) -> String {
         .iter()
         .rev()
         .find(|m| m["role"] == "user")
-        .and_then(|m| m["content"].as_str())
+        .map(|m| match m["content"].as_array() {
+            // Content parts (images): the text parts.
+            Some(parts) => parts
+                .iter()
+                .filter_map(|p| p["text"].as_str())
+                .collect::<Vec<_>>()
+                .join("\n"),
+            None => m["content"].as_str().unwrap_or_default().to_string(),
+        })
         .unwrap_or_default()
-        .to_string()
 }
 
 /// Whether a recorded request ends with tool results (the model is asked again after tools).

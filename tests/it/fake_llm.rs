@@ -193,6 +193,9 @@ pub fn strict_rejection(body: &Value, window: Option<u64>) -> Option<(&'static s
     if let Err(e) = check_tool_pairing(body) {
         return Some(("invalid_request_error", format!("Invalid 'messages': {e}")));
     }
+    if let Err(e) = check_content_parts(body) {
+        return Some(("invalid_request_error", e));
+    }
     let mut ids = HashSet::new();
     for (i, m) in body["messages"]
         .as_array()
@@ -520,6 +523,45 @@ fn sse(chunks: Vec<Value>) -> Response<Body> {
 
 /// Every `tool` message answers an earlier assistant tool call, and every assistant tool call
 /// has exactly one result before the next non-tool message (or the end).
+/// Content parts as OpenAI checks them: only user messages may carry `image_url` parts; each
+/// is a `data:` URL of a PNG, JPEG, GIF or WebP whose base64 decodes to bytes of that type
+/// ("You uploaded an unsupported image" otherwise).
+pub fn check_content_parts(req: &Value) -> Result<(), String> {
+    use base64::Engine as _;
+    for (i, m) in req["messages"].as_array().into_iter().flatten().enumerate() {
+        let Some(parts) = m["content"].as_array() else {
+            continue;
+        };
+        for (j, p) in parts.iter().enumerate() {
+            let at = format!("Invalid 'messages[{i}].content[{j}]'");
+            match p["type"].as_str() {
+                Some("text") if p["text"].is_string() => {}
+                Some("image_url") if m["role"] == "user" => {
+                    let url = p["image_url"]["url"].as_str().unwrap_or("");
+                    let Some((head, data)) = url.strip_prefix("data:").and_then(|u| u.split_once(";base64,")) else {
+                        return Err(format!("{at}: expected a data URL"));
+                    };
+                    let bytes = base64::engine::general_purpose::STANDARD
+                        .decode(data)
+                        .map_err(|_| format!("{at}: invalid base64"))?;
+                    let ok = match head {
+                        "image/png" => bytes.starts_with(b"\x89PNG"),
+                        "image/jpeg" => bytes.starts_with(b"\xFF\xD8\xFF"),
+                        "image/gif" => bytes.starts_with(b"GIF8"),
+                        "image/webp" => bytes.get(8..12) == Some(b"WEBP"),
+                        _ => false,
+                    };
+                    if !ok {
+                        return Err(format!("{at}: You uploaded an unsupported image. Please make sure your image is valid."));
+                    }
+                }
+                other => return Err(format!("{at}: unexpected part type {other:?} for role {}", m["role"])),
+            }
+        }
+    }
+    Ok(())
+}
+
 pub fn check_tool_pairing(req: &Value) -> Result<(), String> {
     let msgs = req["messages"].as_array().ok_or("no messages")?;
     let mut open: Vec<String> = Vec::new();
