@@ -155,7 +155,7 @@ async fn start_channel(
 ) -> Result<(), DaemonError> {
     let id = ch.id().to_string();
     let streaming = ch.capabilities().streaming;
-    let adapter = ch.clone();
+    let adapter = Arc::downgrade(&ch);
     let stop = kit.stop.child_token();
     let (actor, _) = Actor::spawn(
         None,

@@ -22,8 +22,10 @@ pub struct ChannelEntry {
     pub streaming: bool,
     /// Stops its listener and outbox (a child of the daemon's channel token).
     pub stop: CancellationToken,
-    /// The adapter itself (sessions ask it where an attachment is).
-    pub adapter: std::sync::Arc<dyn clawft_channel_core::Channel>,
+    /// The adapter itself (sessions ask it where an attachment is). Weak: adapters may hold
+    /// handles that hold this table (the HTTP API holds the outbox), and a cycle would keep
+    /// the store open after shutdown. The channel's actor and listener hold it strongly.
+    pub adapter: std::sync::Weak<dyn clawft_channel_core::Channel>,
 }
 
 /// The channels running now, by id: the one table the daemon, the outbox, the `message` tool

@@ -669,7 +669,7 @@ fn start_prepare(
         .outbox
         .channels()
         .get(ev.channel.as_str())
-        .map(|c| c.adapter);
+        .and_then(|c| c.adapter.upgrade());
     let ws = state.args.deps.workspace.clone();
     let me = myself.clone();
     let span = tracing::Span::current();

@@ -538,7 +538,10 @@ pub fn check_content_parts(req: &Value) -> Result<(), String> {
                 Some("text") if p["text"].is_string() => {}
                 Some("image_url") if m["role"] == "user" => {
                     let url = p["image_url"]["url"].as_str().unwrap_or("");
-                    let Some((head, data)) = url.strip_prefix("data:").and_then(|u| u.split_once(";base64,")) else {
+                    let Some((head, data)) = url
+                        .strip_prefix("data:")
+                        .and_then(|u| u.split_once(";base64,"))
+                    else {
                         return Err(format!("{at}: expected a data URL"));
                     };
                     let bytes = base64::engine::general_purpose::STANDARD
@@ -555,7 +558,12 @@ pub fn check_content_parts(req: &Value) -> Result<(), String> {
                         return Err(format!("{at}: You uploaded an unsupported image. Please make sure your image is valid."));
                     }
                 }
-                other => return Err(format!("{at}: unexpected part type {other:?} for role {}", m["role"])),
+                other => {
+                    return Err(format!(
+                        "{at}: unexpected part type {other:?} for role {}",
+                        m["role"]
+                    ))
+                }
             }
         }
     }
