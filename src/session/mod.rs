@@ -926,6 +926,15 @@ fn maybe_start(myself: &ActorRef<SessionMsg>, state: &mut SessionState) {
 /// now, so the reply sends these bytes even after a crash); a file that cannot be attached is
 /// named in the text instead.
 fn attach_media_lines(outbox: &Outbox, ws: &crate::tools::Workspace, reply: &mut OutboundMessage) {
+    // A channel that sends no files (the HTTP API, the terminal) shows the lines as written.
+    let uploads = outbox
+        .channels()
+        .get(reply.channel.as_str())
+        .and_then(|c| c.adapter.upgrade())
+        .is_some_and(|a| a.capabilities().max_upload_bytes > 0);
+    if !uploads {
+        return;
+    }
     let (text, paths) = crate::tools::message::media_lines(&reply.content);
     if paths.is_empty() {
         return;
