@@ -613,3 +613,57 @@ deny = ["group:custom"]
     .unwrap();
     assert!(c.tools.policy.allows("dig"));
 }
+
+#[test]
+fn media_and_vision_settings_resolve_and_bad_values_name_the_key() {
+    let toml = |agent: &str, media: &str| {
+        format!("[agents.defaults]\nmodel = \"llama3.1\"\n{agent}\n[providers.openai]\napi_key = \"k\"\n{media}\n")
+    };
+    let c = Config::from_str(&toml("", ""), true, &env(&[])).unwrap();
+    assert_eq!(c.media.max_file_bytes, 20 * 1024 * 1024);
+    assert_eq!(c.media.max_message_bytes, 50 * 1024 * 1024);
+    assert!(c.media.transcription.is_none());
+    // `auto`: the model table (llama3.1 sees nothing; a /model choice of gpt-4o does).
+    assert!(!c.agent.shows_images(None));
+    assert!(c.agent.shows_images(Some("gpt-4o-mini")));
+    let c = Config::from_str(&toml("vision = \"on\"", ""), true, &env(&[])).unwrap();
+    assert!(c.agent.shows_images(None));
+    let c = Config::from_str(
+        &toml(
+            "",
+            "[media]\nmax_file_mb = 5\n[media.transcription]\nbase_url = \"http://127.0.0.1:8080/v1/\"\nmodel = \"whisper-1\"\napi_key_env = \"WHISPER_KEY\"",
+        ),
+        true,
+        &env(&[("WHISPER_KEY", "wk-secret-1234")]),
+    )
+    .unwrap();
+    assert_eq!(c.media.max_file_bytes, 5 * 1024 * 1024);
+    let t = c.media.transcription.as_ref().unwrap();
+    assert_eq!(t.base_url, "http://127.0.0.1:8080/v1");
+    assert_eq!(t.api_key.as_ref().unwrap().expose(), "wk-secret-1234");
+    assert!(
+        c.secrets.iter().any(|s| s.expose() == "wk-secret-1234"),
+        "the key is scrubbed"
+    );
+    for (agent, media, key) in [
+        ("vision = \"maybe\"", "", "agents.defaults.vision"),
+        ("", "[media]\nmax_file_mb = 0", "media.max_file_mb"),
+        ("", "[media]\nmax_file_mb = 60", "media.max_message_mb"),
+        (
+            "",
+            "[media.transcription]\nbase_url = \"ftp://x\"\nmodel = \"w\"",
+            "media.transcription.base_url",
+        ),
+        (
+            "",
+            "[media.transcription]\nbase_url = \"http://x\"\nmodel = \" \"",
+            "media.transcription.model",
+        ),
+        ("", "[media]\nmax_size = 3", "max_size"),
+    ] {
+        let err = Config::from_str(&toml(agent, media), true, &env(&[]))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(key), "{key}: {err}");
+    }
+}

@@ -583,6 +583,7 @@ impl Daemon {
             ("agents", old.agent != new.agent || old.agents != new.agents),
             ("bindings", old.bindings != new.bindings),
             ("sessions", old.sessions != new.sessions),
+            ("media", old.media != new.media),
             (
                 "hooks",
                 crate::config::hooks::fingerprint(&old.hooks)

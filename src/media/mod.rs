@@ -34,7 +34,7 @@ pub const MAX_MODEL_IMAGE_BYTES: u64 = 5 * 1024 * 1024;
 const TRANSFER_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// `media.transcription`: where voice notes and audio are transcribed.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct TranscriptionSettings {
     /// Base URL of an OpenAI-compatible API (`https://api.openai.com/v1`, a local
     /// whisper.cpp server); `/audio/transcriptions` is appended.
@@ -48,7 +48,7 @@ pub struct TranscriptionSettings {
 }
 
 /// `media.*`, resolved.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct MediaSettings {
     /// Largest file downloaded, in bytes.
     pub max_file_bytes: u64,
