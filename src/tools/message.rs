@@ -152,10 +152,10 @@ pub struct MessageArgs {
     pub channel: String,
     /// Target chat or conversation id on that channel.
     pub chat_id: String,
-    /// Message text (Markdown). May be empty when attachments are given.
+    /// Message text (Markdown).
     #[serde(default)]
     pub content: String,
-    /// Workspace files to send with it (`reports/week.pdf`), at most 10, each up to 50 MB.
+    /// Workspace files to attach (at most 10, 50 MB each).
     #[serde(default)]
     pub attachments: Vec<String>,
 }
@@ -195,7 +195,7 @@ impl Tool for MessageTool {
         "message"
     }
     fn description(&self) -> &str {
-        "Send a message, optionally with workspace files as attachments, to a chat on a channel (the current chat, or chats allowed by tools.message.allow). Confirms that the message was queued for delivery, not that it was read. To attach files to your reply instead, put lines `MEDIA: path` in it. Returns: {status, channel, chat_id, content_length, attachments}"
+        "Send a message, optionally with workspace files attached, to a chat on a channel (the current chat, or chats allowed by tools.message.allow). Confirms it was queued, not read. (To attach files to your reply, add lines `MEDIA: path`.) Returns: {status, channel, chat_id, content_length, attachments}"
     }
     fn parameters(&self) -> Value {
         schema_of::<MessageArgs>()
