@@ -14,7 +14,8 @@
 //!
 //! Files (`files` on a `file_share` message, or on its `app_mention` twin) become
 //! [`MediaRef`]s: `id`, `name`, `mimetype`, `size`, the URL `url_private_download` (else
-//! `url_private`); a `slack_audio` clip is a voice note, the others follow their media type. A
+//! `url_private`); a `slack_audio` clip is a voice note, the others follow their media type.
+//! Deleted (`mode: tombstone`) and external files (Google Drive links...) are left out. A
 //! message with files and no text is delivered with empty content (in channels the mention rules
 //! above still apply: the text must mention the bot, or the message must be a reply in its thread).
 //!
@@ -168,6 +169,15 @@ fn files_of(ev: &Value) -> Vec<MediaRef> {
     files
         .iter()
         .filter_map(|f| {
+            // A deleted file (`tombstone`) has nothing to fetch; an external one (Google
+            // Drive...) is a link to another service, already in the text.
+            let mode = str_of(f, "mode");
+            if mode.as_deref() == Some("tombstone") || mode.as_deref() == Some("external") {
+                return None;
+            }
+            if f.get("is_external").and_then(Value::as_bool) == Some(true) {
+                return None;
+            }
             let id = str_of(f, "id")?;
             let mime = str_of(f, "mimetype");
             let kind = if str_of(f, "subtype").as_deref() == Some("slack_audio") {
@@ -418,7 +428,9 @@ mod tests {
             {"id":"F1","name":"cat.png","mimetype":"image/png","size":12,"url_private":"https://files.slack.com/files-pri/T1-F1/cat.png","url_private_download":"https://files.slack.com/files-pri/T1-F1/download/cat.png"},
             {"id":"F2","name":"audio_message.webm","mimetype":"audio/webm","subtype":"slack_audio","size":3,"duration_ms":2500,"url_private":"https://files.slack.com/files-pri/T1-F2/a.webm"},
             {"id":"F3","file_access":"check_file_info"},
-            {"name":"no id"}
+            {"name":"no id"},
+            {"id":"F4","mode":"tombstone"},
+            {"id":"F5","mode":"external","is_external":true,"url_private":"https://docs.example/x"}
         ]});
         let i = from_event(&payload("EvF", ev), &me(), GroupMode::Mention).unwrap();
         assert_eq!(i.content, "");

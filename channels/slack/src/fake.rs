@@ -217,6 +217,7 @@ struct St {
     upload_fail: VecDeque<(usize, Failure)>,
     hold_uploads: bool,
     held: usize,
+    upload_base: Option<String>,
 }
 
 /// An upload started with `files.getUploadURLExternal`.
@@ -296,6 +297,7 @@ impl FakeSlack {
                 upload_fail: VecDeque::new(),
                 hold_uploads: false,
                 held: 0,
+                upload_base: None,
             }),
             changed: Notify::new(),
             ws_addr,
@@ -629,6 +631,12 @@ impl FakeSlack {
         self.shared.bump();
     }
 
+    /// Make `files.getUploadURLExternal` name upload URLs under `base` (e.g.
+    /// `https://evil.example`) instead of the fake's own origin; `None` restores it.
+    pub fn set_upload_url_base(&self, base: Option<&str>) {
+        self.shared.lock().upload_base = base.map(str::to_string);
+    }
+
     /// Upload requests being held now ([`hold_uploads`](Self::hold_uploads)).
     pub fn held_uploads(&self) -> usize {
         self.shared.lock().held
@@ -896,7 +904,11 @@ async fn web_api(
                     completed: false,
                 },
             );
-            let url = format!("http://{}/upload/v1/{ticket}", sh.api_addr);
+            let base = st
+                .upload_base
+                .clone()
+                .unwrap_or_else(|| format!("http://{}", sh.api_addr));
+            let url = format!("{base}/upload/v1/{ticket}");
             Json(json!({"ok": true, "upload_url": url, "file_id": file_id})).into_response()
         }
         "files.completeUploadExternal" => {

@@ -19,7 +19,8 @@
 //!   `chat.update` at most once per `edit_interval`; the `Final` edits it into its first chunk.
 //! - **Slack app setup**: enable Socket Mode; an app-level token with `connections:write`
 //!   (`app_token`); bot scopes `chat:write`, `app_mentions:read`, `im:history`,
-//!   `channels:history`, `groups:history`, `mpim:history` (`token`); bot events `app_mention`,
+//!   `channels:history`, `groups:history`, `mpim:history`, `files:read` (download what users
+//!   attach), `files:write` (send files) (`token`); bot events `app_mention`,
 //!   `message.im`, `message.channels`, `message.groups`, `message.mpim`. Optional slash
 //!   commands `/stop`, `/new`, `/status`, `/approve`, `/deny` arrive as `slash_commands`
 //!   envelopes and are delivered as text (in a DM Slack would otherwise refuse `/stop` as an

@@ -417,6 +417,31 @@ async fn a_held_upload_is_not_recorded_and_the_resend_uploads_it_once() {
     h.stop().await;
 }
 
+#[tokio::test]
+async fn an_upload_url_off_slack_is_refused_without_sending_the_bytes() {
+    let h = start().await;
+    let msg = with_files(
+        out(OutboundKind::Final, "o-evil", "D1", ""),
+        vec![attach("secret.txt", "text/plain", b"do not leak")],
+    );
+    for base in [
+        "https://evil.example",
+        "http://files.slack.com",
+        "https://files.slack.com.evil.example",
+    ] {
+        h.fake.set_upload_url_base(Some(base));
+        let err = h.ch.send(&msg).await.unwrap_err();
+        assert!(matches!(err, ChannelError::Rejected(_)), "{base}: {err:?}");
+        assert!(err.to_string().contains("secret.txt"), "{err}");
+    }
+    assert!(h.fake.uploads().is_empty());
+    // Back on the fake's origin (the configured api_url's), the same message goes out.
+    h.fake.set_upload_url_base(None);
+    h.ch.send(&msg).await.unwrap();
+    assert_eq!(h.fake.uploads()[0].bytes, b"do not leak");
+    h.stop().await;
+}
+
 /// The fake refuses what Slack refuses, so the adapter's calls are checked against it.
 #[tokio::test]
 async fn the_fake_upload_api_is_as_strict_as_slack() {
