@@ -355,6 +355,16 @@ async fn a_file_over_the_upload_limit_becomes_a_note_and_is_not_uploaded() {
         .calls()
         .iter()
         .any(|c| c.method == "files.getUploadURLExternal" && c.body["filename"] == "big.csv"));
+    // An empty file: Slack refuses a zero length, so it is a note too.
+    let msg = with_files(
+        out(OutboundKind::Final, "o-empty", "D1", ""),
+        vec![attach("empty.log", "text/plain", b"")],
+    );
+    h.ch.send(&msg).await.unwrap();
+    let last = h.fake.sent().pop().unwrap();
+    assert_eq!(last.method, "chat.postMessage");
+    assert!(last.text.contains("empty.log is empty"), "{}", last.text);
+    assert_eq!(h.fake.uploads().len(), 1);
     h.stop().await;
 
     // The default limit is ours (uploads are held in memory), under Slack's 1 GB.
