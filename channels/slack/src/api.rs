@@ -1,5 +1,7 @@
 //! The Slack Web API over reqwest: `auth.test`, `apps.connections.open`, `chat.postMessage`,
-//! `chat.update`, with Slack's error conventions mapped onto [`ChannelError`].
+//! `chat.update`, `files.info` and the three calls of a file upload
+//! (`files.getUploadURLExternal`, the POST of the bytes, `files.completeUploadExternal`), with
+//! Slack's error conventions mapped onto [`ChannelError`].
 //!
 //! Slack answers most errors with HTTP 200 and `{"ok": false, "error": "..."}`; rate limits are
 //! HTTP 429 with a `Retry-After` header (seconds).
@@ -66,6 +68,16 @@ pub(crate) struct Identity {
     pub team: String,
 }
 
+/// The body of a Web API call: JSON (most methods), or form fields (methods that refuse JSON,
+/// like `files.getUploadURLExternal`, which answers a JSON body with `invalid_arguments`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Body<'a> {
+    /// `application/json`.
+    Json(&'a Value),
+    /// `application/x-www-form-urlencoded`.
+    Form(&'a [(&'a str, &'a str)]),
+}
+
 /// A Web API client holding both tokens.
 pub(crate) struct WebApi {
     http: reqwest::Client,
@@ -127,6 +139,20 @@ impl WebApi {
         body: &Value,
         gate: Gate,
     ) -> Result<Value, ChannelError> {
+        self.call_body(method, token, Body::Json(body), gate).await
+    }
+
+    /// [`WebApi::call_gated`] with a JSON or form body.
+    ///
+    /// # Errors
+    /// As [`WebApi::call_gated`].
+    pub(crate) async fn call_body(
+        &self,
+        method: &str,
+        token: Token,
+        body: Body<'_>,
+        gate: Gate,
+    ) -> Result<Value, ChannelError> {
         while let Some(until) = self.paused_until(method) {
             match gate {
                 Gate::Skip => {
@@ -157,55 +183,37 @@ impl WebApi {
         self.call_gated(method, token, body, Gate::Wait).await
     }
 
-    /// Call `method` with a JSON body; the parsed `ok: true` response, or a classified error.
+    /// Call `method`; the parsed `ok: true` response, or a classified error.
     async fn call_once(
         &self,
         method: &str,
         token: Token,
-        body: &Value,
+        body: Body<'_>,
     ) -> Result<Value, ChannelError> {
         let secret = match token {
             Token::Bot => &self.bot_token,
             Token::App => &self.app_token,
         };
         let url = format!("{}{method}", self.base);
-        let resp = self
-            .http
-            .post(&url)
-            .bearer_auth(secret)
-            .json(body)
+        let req = self.http.post(&url).bearer_auth(secret);
+        let req = match body {
+            Body::Json(v) => req.json(v),
+            Body::Form(fields) => req.form(fields),
+        };
+        let resp = req
             .send()
             .await
             .map_err(|e| ChannelError::Transient(format!("{method}: {}", without_url(&e))))?;
         let status = resp.status();
-        if status.as_u16() == 429 {
-            let retry_after = resp
-                .headers()
-                .get(reqwest::header::RETRY_AFTER)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.trim().parse::<u64>().ok())
-                .map(Duration::from_secs);
-            return Err(ChannelError::RateLimited { retry_after });
-        }
-        let bytes = read_capped(resp)
-            .await
-            .map_err(|e| ChannelError::Transient(format!("{method}: {e}")))?;
-        if status.is_server_error() {
-            return Err(ChannelError::Transient(format!(
-                "{method}: HTTP {status} from Slack"
-            )));
-        }
-        if status.as_u16() == 401 || status.as_u16() == 403 {
-            return Err(ChannelError::Auth(format!(
-                "{method}: HTTP {status}: check {}",
-                token.setting()
-            )));
-        }
-        if !status.is_success() {
-            return Err(ChannelError::Rejected(format!(
-                "{method}: HTTP {status} from Slack"
-            )));
-        }
+        let retry_after = retry_after_of(&resp);
+        let bytes = if status.as_u16() == 429 {
+            Vec::new()
+        } else {
+            read_capped(resp)
+                .await
+                .map_err(|e| ChannelError::Transient(format!("{method}: {e}")))?
+        };
+        http_status(method, status.as_u16(), retry_after, token)?;
         let v: Value = serde_json::from_slice(&bytes).map_err(|e| {
             ChannelError::Transient(format!("{method}: unparseable response from Slack: {e}"))
         })?;
@@ -217,6 +225,95 @@ impl WebApi {
             .and_then(Value::as_str)
             .unwrap_or("unknown_error");
         Err(classify(method, token, error))
+    }
+
+    /// `files.info` with the bot token: where file `id` can be downloaded (for file objects
+    /// an event delivered without their URLs, `file_access: check_file_info`).
+    pub(crate) async fn file_url(&self, id: &str) -> Result<String, ChannelError> {
+        let v = self
+            .call_body(
+                "files.info",
+                Token::Bot,
+                Body::Form(&[("file", id)]),
+                Gate::Wait,
+            )
+            .await?;
+        let file = v.get("file").unwrap_or(&Value::Null);
+        ["url_private_download", "url_private"]
+            .iter()
+            .find_map(|k| {
+                file.get(*k)
+                    .and_then(Value::as_str)
+                    .filter(|s| !s.is_empty())
+            })
+            .map(str::to_string)
+            .ok_or_else(|| ChannelError::Rejected(format!("files.info: file {id} has no URL")))
+    }
+
+    /// `files.getUploadURLExternal` (form fields, as Slack wants): the upload URL and the
+    /// file id.
+    pub(crate) async fn upload_url(
+        &self,
+        name: &str,
+        length: u64,
+    ) -> Result<(String, String), ChannelError> {
+        let length = length.to_string();
+        let v = self
+            .call_body(
+                "files.getUploadURLExternal",
+                Token::Bot,
+                Body::Form(&[("filename", name), ("length", &length)]),
+                Gate::Wait,
+            )
+            .await?;
+        let s = |k: &str| {
+            v.get(k)
+                .and_then(Value::as_str)
+                .filter(|s| !s.is_empty())
+                .map(str::to_string)
+        };
+        match (s("upload_url"), s("file_id")) {
+            (Some(url), Some(id)) => Ok((url, id)),
+            _ => Err(ChannelError::Transient(
+                "files.getUploadURLExternal returned no upload_url or file_id".into(),
+            )),
+        }
+    }
+
+    /// POST the bytes of a file to the `upload_url` Slack gave (already checked to be on
+    /// Slack's file host or the configured API origin, so the bot token may go with it), as
+    /// `multipart/form-data`.
+    pub(crate) async fn upload_bytes(
+        &self,
+        upload_url: &str,
+        name: &str,
+        mime: &str,
+        bytes: &[u8],
+    ) -> Result<(), ChannelError> {
+        const WHAT: &str = "file upload";
+        let (content_type, body) = clawft_channel_core::media::Multipart::new()
+            .file("filename", name, mime, bytes)
+            .finish();
+        // A 100 MB file over a slow uplink: 60 s plus one second per 256 KiB.
+        let timeout = Duration::from_secs(60 + (bytes.len() as u64 >> 18));
+        let resp = self
+            .http
+            .post(upload_url)
+            .bearer_auth(&self.bot_token)
+            .header(reqwest::header::CONTENT_TYPE, content_type)
+            .body(body)
+            .timeout(timeout)
+            .send()
+            .await
+            .map_err(|e| ChannelError::Transient(format!("{WHAT}: {}", without_url(&e))))?;
+        let status = resp.status().as_u16();
+        let retry_after = retry_after_of(&resp);
+        if status != 429 {
+            read_capped(resp)
+                .await
+                .map_err(|e| ChannelError::Transient(format!("{WHAT}: {e}")))?;
+        }
+        http_status(WHAT, status, retry_after, Token::Bot)
     }
 
     /// `auth.test` with the bot token.
@@ -255,6 +352,39 @@ impl WebApi {
     }
 }
 
+/// The `Retry-After` of a response, in seconds.
+fn retry_after_of(resp: &reqwest::Response) -> Option<Duration> {
+    resp.headers()
+        .get(reqwest::header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map(Duration::from_secs)
+}
+
+/// Classify an HTTP status: 429 → rate limited, 5xx → transient, 401/403 → auth, other
+/// non-2xx → rejected.
+fn http_status(
+    what: &str,
+    status: u16,
+    retry_after: Option<Duration>,
+    token: Token,
+) -> Result<(), ChannelError> {
+    match status {
+        429 => Err(ChannelError::RateLimited { retry_after }),
+        500..=599 => Err(ChannelError::Transient(format!(
+            "{what}: HTTP {status} from Slack"
+        ))),
+        401 | 403 => Err(ChannelError::Auth(format!(
+            "{what}: HTTP {status}: check {}",
+            token.setting()
+        ))),
+        200..=299 => Ok(()),
+        _ => Err(ChannelError::Rejected(format!(
+            "{what}: HTTP {status} from Slack"
+        ))),
+    }
+}
+
 /// Map Slack's `error` string.
 fn classify(method: &str, token: Token, error: &str) -> ChannelError {
     match error {
@@ -270,6 +400,12 @@ fn classify(method: &str, token: Token, error: &str) -> ChannelError {
             let hint = match (token, error) {
                 (Token::App, _) => {
                     "set channels.slack.app_token to an app-level token (xapp-...) with the connections:write scope, and enable Socket Mode"
+                }
+                (Token::Bot, "missing_scope") if method.starts_with("files.info") => {
+                    "give the bot token (channels.slack.token) the files:read scope and reinstall the app"
+                }
+                (Token::Bot, "missing_scope") if method.starts_with("files.") => {
+                    "give the bot token (channels.slack.token) the files:write scope and reinstall the app"
                 }
                 (Token::Bot, "missing_scope") => {
                     "give the bot token (channels.slack.token) the chat:write scope and reinstall the app"

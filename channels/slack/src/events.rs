@@ -10,13 +10,21 @@
 //!   `message` twin is delivered).
 //! - Ignored: anything with `bot_id` (other bots and ourselves), the bot's own user id, message
 //!   subtypes other than `file_share` and `thread_broadcast` (edits, deletes, joins...),
-//!   empty texts.
+//!   messages with neither text nor files.
+//!
+//! Files (`files` on a `file_share` message, or on its `app_mention` twin) become
+//! [`MediaRef`]s: `id`, `name`, `mimetype`, `size`, the URL `url_private_download` (else
+//! `url_private`); a `slack_audio` clip is a voice note, the others follow their media type.
+//! Deleted (`mode: tombstone`) and external files (Google Drive links...) are left out. A
+//! message with files and no text is delivered with empty content (in channels the mention rules
+//! above still apply: the text must mention the bot, or the message must be a reply in its thread).
 //!
 //! `chat` is the channel id, `thread` the `thread_ts` when the message is inside a thread
 //! (replies go to that thread); a top-level channel message has no thread, so the reply goes to
 //! the channel and the whole channel is one conversation. `sender` is the user id, `event_id`
 //! the Events API `event_id` (identical across Slack's retries of one event).
 
+use clawft_channel_core::media::{MediaKind, MediaRef};
 use serde_json::Value;
 
 use crate::api::Identity;
@@ -85,6 +93,7 @@ pub(crate) struct Incoming {
     pub sender: String,
     pub event_id: String,
     pub content: String,
+    pub attachments: Vec<MediaRef>,
 }
 
 /// What an `events_api` payload becomes: a delivery, or the reason it is ignored.
@@ -138,7 +147,8 @@ pub(crate) fn from_event(
         return Err("not addressed to the bot");
     }
     let content = clean_text(&text, &me.user_id);
-    if content.is_empty() {
+    let attachments = files_of(ev);
+    if content.is_empty() && attachments.is_empty() {
         return Err("empty text");
     }
     Ok(Incoming {
@@ -147,7 +157,47 @@ pub(crate) fn from_event(
         sender,
         event_id,
         content,
+        attachments,
     })
+}
+
+/// The `files` of a message event as [`MediaRef`]s (entries without an id are skipped).
+fn files_of(ev: &Value) -> Vec<MediaRef> {
+    let Some(files) = ev.get("files").and_then(Value::as_array) else {
+        return Vec::new();
+    };
+    files
+        .iter()
+        .filter_map(|f| {
+            // A deleted file (`tombstone`) has nothing to fetch; an external one (Google
+            // Drive...) is a link to another service, already in the text.
+            let mode = str_of(f, "mode");
+            if mode.as_deref() == Some("tombstone") || mode.as_deref() == Some("external") {
+                return None;
+            }
+            if f.get("is_external").and_then(Value::as_bool) == Some(true) {
+                return None;
+            }
+            let id = str_of(f, "id")?;
+            let mime = str_of(f, "mimetype");
+            let kind = if str_of(f, "subtype").as_deref() == Some("slack_audio") {
+                MediaKind::Voice
+            } else {
+                mime.as_deref()
+                    .map_or(MediaKind::Document, MediaKind::of_mime)
+            };
+            let mut m = MediaRef::new(kind, id);
+            m.name = str_of(f, "name").or_else(|| str_of(f, "title"));
+            m.mime = mime;
+            m.size = f.get("size").and_then(Value::as_u64);
+            m.url = str_of(f, "url_private_download").or_else(|| str_of(f, "url_private"));
+            m.duration_secs = f
+                .get("duration_ms")
+                .and_then(Value::as_u64)
+                .map(|ms| u32::try_from(ms.div_ceil(1000)).unwrap_or(u32::MAX));
+            Some(m)
+        })
+        .collect()
 }
 
 /// What a `slash_commands` payload becomes (`/stop`, `/new`... registered as slash commands).
@@ -164,6 +214,7 @@ pub(crate) fn from_slash_command(payload: &Value) -> Result<Incoming, &'static s
         sender,
         event_id: format!("slash-{trigger}"),
         content: content.trim().to_string(),
+        attachments: Vec::new(),
     })
 }
 
@@ -278,7 +329,8 @@ mod tests {
                 thread: None,
                 sender: "U1".into(),
                 event_id: "Ev1".into(),
-                content: "hi <b> &".into()
+                content: "hi <b> &".into(),
+                attachments: Vec::new(),
             }
         );
         let p = payload(
@@ -367,5 +419,65 @@ mod tests {
             (i.content.as_str(), i.event_id.as_str()),
             ("/stop", "slash-t1")
         );
+    }
+
+    #[test]
+    fn files_become_attachments_and_a_file_only_message_is_delivered() {
+        let ev = json!({"type":"message","subtype":"file_share","channel_type":"im","channel":"D1","user":"U1","text":"","ts":"3.3",
+        "files":[
+            {"id":"F1","name":"cat.png","mimetype":"image/png","size":12,"url_private":"https://files.slack.com/files-pri/T1-F1/cat.png","url_private_download":"https://files.slack.com/files-pri/T1-F1/download/cat.png"},
+            {"id":"F2","name":"audio_message.webm","mimetype":"audio/webm","subtype":"slack_audio","size":3,"duration_ms":2500,"url_private":"https://files.slack.com/files-pri/T1-F2/a.webm"},
+            {"id":"F3","file_access":"check_file_info"},
+            {"name":"no id"},
+            {"id":"F4","mode":"tombstone"},
+            {"id":"F5","mode":"external","is_external":true,"url_private":"https://docs.example/x"}
+        ]});
+        let i = from_event(&payload("EvF", ev), &me(), GroupMode::Mention).unwrap();
+        assert_eq!(i.content, "");
+        assert_eq!(i.attachments.len(), 3);
+        let a = &i.attachments[0];
+        assert_eq!(
+            (
+                a.kind,
+                a.id.as_str(),
+                a.name.as_deref(),
+                a.mime.as_deref(),
+                a.size
+            ),
+            (
+                MediaKind::Image,
+                "F1",
+                Some("cat.png"),
+                Some("image/png"),
+                Some(12)
+            )
+        );
+        assert_eq!(
+            a.url.as_deref(),
+            Some("https://files.slack.com/files-pri/T1-F1/download/cat.png")
+        );
+        let v = &i.attachments[1];
+        assert_eq!((v.kind, v.duration_secs), (MediaKind::Voice, Some(3)));
+        assert_eq!(
+            v.url.as_deref(),
+            Some("https://files.slack.com/files-pri/T1-F2/a.webm")
+        );
+        let c = &i.attachments[2];
+        assert_eq!((c.kind, c.url.as_deref()), (MediaKind::Document, None));
+        // In a channel a file without a mention is not for the bot; with one it is.
+        let ev = json!({"type":"message","subtype":"file_share","channel_type":"channel","channel":"C1","user":"U1","text":"","ts":"4.4",
+            "files":[{"id":"F1","name":"x.pdf","mimetype":"application/pdf"}]});
+        assert!(from_event(&payload("EvC", ev), &me(), GroupMode::Mention).is_err());
+        let ev = json!({"type":"app_mention","channel":"C1","user":"U1","text":"<@UBOT> look","ts":"4.5",
+            "files":[{"id":"F1","name":"x.pdf","mimetype":"application/pdf"}]});
+        let i = from_event(&payload("EvM", ev), &me(), GroupMode::Mention).unwrap();
+        assert_eq!((i.content.as_str(), i.attachments.len()), ("look", 1));
+        // Edits and bot files stay ignored.
+        let ev = json!({"type":"message","subtype":"message_changed","channel_type":"im","channel":"D1","user":"U1","ts":"5.5",
+            "files":[{"id":"F1"}]});
+        assert!(from_event(&payload("EvE", ev), &me(), GroupMode::Mention).is_err());
+        let ev = json!({"type":"message","subtype":"file_share","bot_id":"B9","channel_type":"im","channel":"D1","user":"U9","ts":"5.6",
+            "files":[{"id":"F1"}]});
+        assert!(from_event(&payload("EvB", ev), &me(), GroupMode::Mention).is_err());
     }
 }

@@ -12,10 +12,19 @@
 //! let posted = fake.wait_posted(1, Duration::from_secs(2)).await;
 //! ```
 //!
+//! Files: [`push_files`](FakeSlack::push_files) posts a user's message with files hosted by the
+//! fake (`url_private(_download)` on its own origin, served only with the bot token as a bearer
+//! header; without it, like Slack, an HTML login page with status 200);
+//! [`push_crafted_file`](FakeSlack::push_crafted_file) names any URL. The bot uploads with
+//! `files.getUploadURLExternal` (form fields only, like Slack), a POST of the bytes to the upload
+//! URL and `files.completeUploadExternal`; each completed file is in
+//! [`uploads`](FakeSlack::uploads) and shows in the chat as one [`Posted`] with method
+//! `files.completeUploadExternal` and the file's title as text.
+//!
 //! Channel ids starting with `D` are DMs (`channel_type` `im`), `C` public channels, `G`
 //! private channels. The bot is user [`BOT_USER_ID`] (`<@UBOT>` mentions it), bot [`BOT_ID`].
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -23,7 +32,7 @@ use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
+use axum::routing::{get, post};
 use axum::{Json, Router};
 use futures::{SinkExt, StreamExt};
 use serde_json::{json, Value};
@@ -82,6 +91,71 @@ pub enum Failure {
     Garbage,
 }
 
+/// A file a user attaches to a message pushed with [`FakeSlack::push_files`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NewFile {
+    /// File name (`name`).
+    pub name: String,
+    /// Media type (`mimetype`).
+    pub mime: String,
+    /// The bytes the fake serves.
+    pub bytes: Vec<u8>,
+    /// A Slack audio clip recorded in the app (`subtype: slack_audio`).
+    pub voice: bool,
+}
+
+impl NewFile {
+    /// A file (photo, document...).
+    pub fn new(name: &str, mime: &str, bytes: impl Into<Vec<u8>>) -> Self {
+        Self {
+            name: name.into(),
+            mime: mime.into(),
+            bytes: bytes.into(),
+            voice: false,
+        }
+    }
+
+    /// An audio clip recorded in Slack (`subtype: slack_audio`).
+    pub fn voice(name: &str, mime: &str, bytes: impl Into<Vec<u8>>) -> Self {
+        Self {
+            voice: true,
+            ..Self::new(name, mime, bytes)
+        }
+    }
+}
+
+/// A file the bot uploaded and shared (`files.completeUploadExternal` succeeded).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Upload {
+    /// Always `files.completeUploadExternal` (the call that shared it).
+    pub method: String,
+    /// The channel it was shared in (`channel_id`; empty: not shared, the file stays private).
+    pub chat: String,
+    /// `thread_ts`, if shared in a thread.
+    pub thread: Option<String>,
+    /// The file id `files.getUploadURLExternal` gave.
+    pub file_id: String,
+    /// `filename` given to `files.getUploadURLExternal`.
+    pub name: String,
+    /// `title` given to `files.completeUploadExternal`, if any.
+    pub title: Option<String>,
+    /// The `Content-Type` of the uploaded part (or of the request, for raw bytes).
+    pub content_type: Option<String>,
+    /// The bytes received at the upload URL.
+    pub bytes: Vec<u8>,
+    /// The `ts` of the file's message in the chat.
+    pub ts: String,
+}
+
+/// A GET of a hosted file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Download {
+    /// The file id.
+    pub file_id: String,
+    /// Whether it carried the bot token (and so got the bytes, not the login page).
+    pub authorized: bool,
+}
+
 /// An envelope the fake sent over the WebSocket.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Envelope {
@@ -134,12 +208,34 @@ struct St {
     tickets: HashSet<String>,
     conn: Option<(u64, mpsc::UnboundedSender<Cmd>)>,
     retry_delay: Duration,
+    /// Files users attached, by id.
+    hosted: HashMap<String, NewFile>,
+    downloads: Vec<Download>,
+    /// Uploads started with `files.getUploadURLExternal`, by file id.
+    slots: HashMap<String, Slot>,
+    uploads: Vec<Upload>,
+    upload_fail: VecDeque<(usize, Failure)>,
+    hold_uploads: bool,
+    held: usize,
+    upload_base: Option<String>,
+}
+
+/// An upload started with `files.getUploadURLExternal`.
+struct Slot {
+    ticket: String,
+    name: String,
+    length: u64,
+    /// The bytes and content type received at the upload URL.
+    data: Option<(Vec<u8>, Option<String>)>,
+    completed: bool,
 }
 
 struct Shared {
     st: Mutex<St>,
     changed: Notify,
     ws_addr: std::net::SocketAddr,
+    api_addr: std::net::SocketAddr,
+    stop: CancellationToken,
 }
 
 impl Shared {
@@ -194,13 +290,25 @@ impl FakeSlack {
                 tickets: HashSet::new(),
                 conn: None,
                 retry_delay: Duration::from_millis(300),
+                hosted: HashMap::new(),
+                downloads: Vec::new(),
+                slots: HashMap::new(),
+                uploads: Vec::new(),
+                upload_fail: VecDeque::new(),
+                hold_uploads: false,
+                held: 0,
+                upload_base: None,
             }),
             changed: Notify::new(),
             ws_addr,
+            api_addr,
+            stop: CancellationToken::new(),
         });
-        let stop = CancellationToken::new();
+        let stop = shared.stop.clone();
         let app = Router::new()
             .route("/api/{method}", post(web_api))
+            .route("/files-pri/{team_file}/{*rest}", get(download))
+            .route("/upload/v1/{ticket}", post(upload))
             .with_state(shared.clone());
         let s = stop.clone();
         tokio::spawn(async move {
@@ -294,6 +402,88 @@ impl FakeSlack {
         user: &str,
         text: &str,
     ) -> (String, String) {
+        self.push_message_with(chat, thread, user, text, Vec::new())
+    }
+
+    /// A user's message with files, as Slack sends it (`subtype: file_share`, a `files`
+    /// array; the `app_mention` twin of a mention in a channel carries them too). The fake
+    /// hosts each file at its `url_private` and `url_private_download` on its own origin.
+    /// Returns the delivered event id, like [`push_user_message`](Self::push_user_message).
+    pub fn push_files(&self, chat: &str, user: &str, text: &str, files: Vec<NewFile>) -> String {
+        self.push_files_in(chat, None, user, text, files).1
+    }
+
+    /// [`push_files`](Self::push_files) inside the thread `thread_ts` started by
+    /// `parent_user`; returns `(message event id, delivered event id)`.
+    pub fn push_files_in(
+        &self,
+        chat: &str,
+        thread: Option<(&str, &str)>,
+        user: &str,
+        text: &str,
+        files: Vec<NewFile>,
+    ) -> (String, String) {
+        let objects = files
+            .into_iter()
+            .map(|f| {
+                let id = self.next("F");
+                let base = format!("http://{}/files-pri/T1-{id}", self.api_addr);
+                let name = f.name.clone();
+                let mut o = json!({
+                    "id": id,
+                    "created": 1_700_000_000,
+                    "timestamp": 1_700_000_000,
+                    "name": name,
+                    "title": name,
+                    "mimetype": f.mime,
+                    "filetype": name.rsplit_once('.').map_or("binary", |(_, e)| e),
+                    "user": user,
+                    "size": f.bytes.len(),
+                    "mode": "hosted",
+                    "is_external": false,
+                    "is_public": false,
+                    "url_private": format!("{base}/{name}"),
+                    "url_private_download": format!("{base}/download/{name}"),
+                    "permalink": format!("https://fake.slack.com/files/{user}/{id}/{name}"),
+                });
+                if f.voice {
+                    o["subtype"] = json!("slack_audio");
+                    o["duration_ms"] = json!(1000);
+                }
+                self.shared.lock().hosted.insert(id, f);
+                o
+            })
+            .collect();
+        self.push_message_with(chat, thread, user, text, objects)
+    }
+
+    /// A user's message whose one file names `url` (any string) as its `url_private` and
+    /// `url_private_download`: for the daemon's tests of where it downloads from. The fake
+    /// does not host it. Returns the delivered event id.
+    pub fn push_crafted_file(&self, chat: &str, user: &str, text: &str, url: &str) -> String {
+        let id = self.next("F");
+        let file = json!({
+            "id": id,
+            "name": "crafted.bin",
+            "title": "crafted.bin",
+            "mimetype": "application/octet-stream",
+            "filetype": "binary",
+            "size": 16,
+            "mode": "hosted",
+            "url_private": url,
+            "url_private_download": url,
+        });
+        self.push_message_with(chat, None, user, text, vec![file]).1
+    }
+
+    fn push_message_with(
+        &self,
+        chat: &str,
+        thread: Option<(&str, &str)>,
+        user: &str,
+        text: &str,
+        files: Vec<Value>,
+    ) -> (String, String) {
         let ts = self.ts();
         let channel_type = match chat.chars().next() {
             Some('D') => "im",
@@ -310,6 +500,12 @@ impl FakeSlack {
             "event_ts": ts,
             "team": "T1",
         });
+        if !files.is_empty() {
+            ev["subtype"] = json!("file_share");
+            ev["upload"] = json!(false);
+            ev["display_as_bot"] = json!(false);
+            ev["files"] = Value::Array(files);
+        }
         if let Some((thread_ts, parent)) = thread {
             ev["thread_ts"] = json!(thread_ts);
             ev["parent_user_id"] = json!(parent);
@@ -320,6 +516,7 @@ impl FakeSlack {
             m["type"] = json!("app_mention");
             if let Some(o) = m.as_object_mut() {
                 o.remove("channel_type");
+                o.remove("subtype");
             }
             let mention_id = self.push_event(m);
             return (msg_id, mention_id);
@@ -394,6 +591,62 @@ impl FakeSlack {
             .lock()
             .fail
             .push_back((Some(method.to_string()), 0, f));
+    }
+
+    /// Every file the bot uploaded and shared, in order (one per completed file).
+    pub fn uploads(&self) -> Vec<Upload> {
+        self.shared.lock().uploads.clone()
+    }
+
+    /// Wait until `n` files were uploaded and shared (or `timeout`); returns them all.
+    pub async fn wait_uploads(&self, n: usize, timeout: Duration) -> Vec<Upload> {
+        self.wait(timeout, |s| {
+            (s.uploads.len() >= n).then(|| s.uploads.clone())
+        })
+        .await
+        .unwrap_or_else(|| self.uploads())
+    }
+
+    /// Every GET of a hosted file, in order.
+    pub fn downloads(&self) -> Vec<Download> {
+        self.shared.lock().downloads.clone()
+    }
+
+    /// Fail the next POST of bytes to an upload URL (`RateLimited` → 429 with `Retry-After`,
+    /// `ServerError` → 500, the others as for the Web API).
+    pub fn fail_upload(&self, f: Failure) {
+        self.fail_upload_after(0, f);
+    }
+
+    /// Let `ok` more POSTs of bytes to upload URLs succeed, then fail one.
+    pub fn fail_upload_after(&self, ok: usize, f: Failure) {
+        self.shared.lock().upload_fail.push_back((ok, f));
+    }
+
+    /// While on, a POST of bytes to an upload URL is read but never answered and not
+    /// recorded (as if the bot died mid-upload). Switched off, the held requests are answered
+    /// 500 and still not recorded.
+    pub fn hold_uploads(&self, hold: bool) {
+        self.shared.lock().hold_uploads = hold;
+        self.shared.bump();
+    }
+
+    /// Make `files.getUploadURLExternal` name upload URLs under `base` (e.g.
+    /// `https://evil.example`) instead of the fake's own origin; `None` restores it.
+    pub fn set_upload_url_base(&self, base: Option<&str>) {
+        self.shared.lock().upload_base = base.map(str::to_string);
+    }
+
+    /// Upload requests being held now ([`hold_uploads`](Self::hold_uploads)).
+    pub fn held_uploads(&self) -> usize {
+        self.shared.lock().held
+    }
+
+    /// Wait until `n` upload requests are being held (or `timeout`); returns how many are.
+    pub async fn wait_held_uploads(&self, n: usize, timeout: Duration) -> usize {
+        self.wait(timeout, |s| (s.held >= n).then_some(s.held))
+            .await
+            .unwrap_or_else(|| self.held_uploads())
     }
 
     /// Make the bot token invalid (`invalid_auth`) or valid again.
@@ -516,8 +769,17 @@ async fn web_api(
         .and_then(|v| v.strip_prefix("Bearer "))
         .unwrap_or("")
         .to_string();
+    let form = headers
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/x-www-form-urlencoded"));
     let body: Value = if body.is_empty() {
         json!({})
+    } else if form {
+        match parse_form(&body) {
+            Some(v) => v,
+            None => return slack_error("invalid_form_data"),
+        }
     } else {
         match serde_json::from_slice(&body) {
             Ok(v) => v,
@@ -600,8 +862,251 @@ async fn web_api(
             Json(json!({"ok": true, "channel": chat, "ts": ts, "message": {"text": text, "user": BOT_USER_ID, "bot_id": BOT_ID}}))
                 .into_response()
         }
+        "files.info" => {
+            let Some(f) = s("file").and_then(|id| st.hosted.get(&id).map(|f| (id, f.clone())))
+            else {
+                return slack_error("file_not_found");
+            };
+            let (id, f) = f;
+            let base = format!("http://{}/files-pri/T1-{id}", sh.api_addr);
+            Json(json!({"ok": true, "file": {
+                "id": id, "name": f.name, "title": f.name, "mimetype": f.mime, "size": f.bytes.len(),
+                "url_private": format!("{base}/{}", f.name),
+                "url_private_download": format!("{base}/download/{}", f.name),
+            }}))
+            .into_response()
+        }
+        "files.getUploadURLExternal" => {
+            // Slack reads this method's arguments from form fields or the query only: a JSON
+            // body gets `invalid_arguments` ("missing required field").
+            if !form {
+                return slack_error("invalid_arguments");
+            }
+            let Some(name) = s("filename").filter(|n| !n.trim().is_empty()) else {
+                return slack_error("invalid_arguments");
+            };
+            let Some(length) = s("length").and_then(|l| l.trim().parse::<u64>().ok()) else {
+                return slack_error("invalid_arguments");
+            };
+            if length == 0 {
+                return slack_error("missing_argument");
+            }
+            st.seq += 1;
+            let file_id = format!("FU{:06}", st.seq);
+            let ticket = format!("up{:06}x", st.seq);
+            st.slots.insert(
+                file_id.clone(),
+                Slot {
+                    ticket: ticket.clone(),
+                    name,
+                    length,
+                    data: None,
+                    completed: false,
+                },
+            );
+            let base = st
+                .upload_base
+                .clone()
+                .unwrap_or_else(|| format!("http://{}", sh.api_addr));
+            let url = format!("{base}/upload/v1/{ticket}");
+            Json(json!({"ok": true, "upload_url": url, "file_id": file_id})).into_response()
+        }
+        "files.completeUploadExternal" => {
+            // `files` is a JSON array (a JSON string of one in a form body).
+            let files = match body.get("files") {
+                Some(Value::Array(a)) => a.clone(),
+                Some(Value::String(t)) => match serde_json::from_str::<Value>(t) {
+                    Ok(Value::Array(a)) => a,
+                    _ => return slack_error("invalid_arguments"),
+                },
+                _ => return slack_error("invalid_arguments"),
+            };
+            let mut done = Vec::new();
+            for f in &files {
+                let Some(id) = f.get("id").and_then(Value::as_str) else {
+                    return slack_error("invalid_arguments");
+                };
+                // Unknown, already completed, or never uploaded.
+                let Some(slot) = st.slots.get(id).filter(|sl| !sl.completed) else {
+                    return slack_error("file_not_found");
+                };
+                let Some((bytes, _)) = &slot.data else {
+                    return slack_error("file_not_found");
+                };
+                if bytes.len() as u64 != slot.length {
+                    // Slack does not document this case; the fake refuses the file.
+                    return slack_error("file_upload_size_mismatch");
+                }
+                let title = f.get("title").and_then(Value::as_str).map(str::to_string);
+                done.push((id.to_string(), title));
+            }
+            if done.is_empty() {
+                return slack_error("invalid_arguments");
+            }
+            let chat = s("channel_id").unwrap_or_default();
+            let thread = s("thread_ts");
+            let mut answer = Vec::new();
+            for (id, title) in done {
+                st.seq += 1;
+                let ts = format!("1700000001.{:06}", st.seq);
+                let Some(slot) = st.slots.get_mut(&id) else {
+                    continue;
+                };
+                slot.completed = true;
+                let (bytes, content_type) = slot.data.clone().unwrap_or_default();
+                let name = slot.name.clone();
+                answer.push(json!({"id": id, "title": title.clone().unwrap_or_else(|| name.clone())}));
+                if !chat.is_empty() {
+                    st.posted.push(Posted {
+                        method: method.clone(),
+                        chat: chat.clone(),
+                        thread: thread.clone(),
+                        ts: ts.clone(),
+                        text: title.clone().unwrap_or_else(|| name.clone()),
+                    });
+                }
+                st.uploads.push(Upload {
+                    method: method.clone(),
+                    chat: chat.clone(),
+                    thread: thread.clone(),
+                    file_id: id,
+                    name,
+                    title,
+                    content_type,
+                    bytes,
+                    ts,
+                });
+            }
+            drop(st);
+            sh.bump();
+            Json(json!({"ok": true, "files": answer})).into_response()
+        }
         _ => slack_error("unknown_method"),
     }
+}
+
+/// A form body as a JSON object of strings (`None` when it is not one).
+fn parse_form(body: &[u8]) -> Option<Value> {
+    let text = std::str::from_utf8(body).ok()?;
+    let url = reqwest::Url::parse(&format!("http://form.invalid/?{text}")).ok()?;
+    let map: serde_json::Map<String, Value> = url
+        .query_pairs()
+        .map(|(k, v)| (k.into_owned(), Value::String(v.into_owned())))
+        .collect();
+    Some(Value::Object(map))
+}
+
+/// GET of a hosted file (`/files-pri/T1-<id>/<name>` or `.../download/<name>`): the bytes with
+/// the bot token as a bearer header, else Slack's HTML login page with status 200.
+async fn download(
+    State(sh): State<Arc<Shared>>,
+    Path((team_file, _rest)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> Response {
+    let id = team_file
+        .split_once('-')
+        .map_or(team_file.as_str(), |(_, id)| id)
+        .to_string();
+    let authorized = {
+        let st = sh.lock();
+        st.bot_valid
+            && headers
+                .get("authorization")
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(|v| v == format!("Bearer {BOT_TOKEN}"))
+    };
+    let file = {
+        let mut st = sh.lock();
+        st.downloads.push(Download {
+            file_id: id.clone(),
+            authorized,
+        });
+        st.hosted.get(&id).cloned()
+    };
+    sh.bump();
+    let Some(file) = file else {
+        return (StatusCode::NOT_FOUND, "file not found").into_response();
+    };
+    if !authorized {
+        return (
+            StatusCode::OK,
+            [("content-type", "text/html; charset=utf-8")],
+            "<!DOCTYPE html><html><head><title>Slack</title></head><body>Sign in to your workspace</body></html>",
+        )
+            .into_response();
+    }
+    (StatusCode::OK, [("content-type", file.mime)], file.bytes).into_response()
+}
+
+/// POST of a file's bytes to the URL `files.getUploadURLExternal` gave: multipart (the file
+/// part) or raw bytes. Answers `OK - <bytes>` like Slack.
+async fn upload(
+    State(sh): State<Arc<Shared>>,
+    Path(ticket): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let hold = {
+        let mut st = sh.lock();
+        if !st.slots.values().any(|sl| sl.ticket == ticket) {
+            return (StatusCode::NOT_FOUND, "upload URL not found").into_response();
+        }
+        if let Some(front) = st.upload_fail.front_mut() {
+            if front.0 > 0 {
+                front.0 -= 1;
+            } else if let Some((_, f)) = st.upload_fail.pop_front() {
+                return failure(f);
+            }
+        }
+        if st.hold_uploads {
+            st.held += 1;
+        }
+        st.hold_uploads
+    };
+    if hold {
+        sh.bump();
+        loop {
+            let notified = sh.changed.notified();
+            if !sh.lock().hold_uploads {
+                break;
+            }
+            tokio::select! {
+                () = notified => {}
+                () = sh.stop.cancelled() => break,
+            }
+        }
+        sh.lock().held -= 1;
+        sh.bump();
+        return (StatusCode::INTERNAL_SERVER_ERROR, "upload interrupted").into_response();
+    }
+    let content_type = headers
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let data = match &content_type {
+        Some(ct) if ct.starts_with("multipart/form-data") => {
+            let Some(parts) = clawft_channel_core::media::parse_multipart(ct, &body) else {
+                return (StatusCode::BAD_REQUEST, "malformed multipart body").into_response();
+            };
+            let mut files = parts.into_iter().filter(|p| p.file_name.is_some());
+            match (files.next(), files.next()) {
+                (Some(p), None) => (p.data, p.content_type),
+                _ => {
+                    return (StatusCode::BAD_REQUEST, "expected exactly one file part")
+                        .into_response()
+                }
+            }
+        }
+        _ => (body.to_vec(), content_type),
+    };
+    let n = data.0.len();
+    let mut st = sh.lock();
+    if let Some(slot) = st.slots.values_mut().find(|sl| sl.ticket == ticket) {
+        slot.data = Some(data);
+    }
+    drop(st);
+    sh.bump();
+    (StatusCode::OK, format!("OK - {n}")).into_response()
 }
 
 async fn accept_loop(listener: TcpListener, sh: Arc<Shared>, stop: CancellationToken) {

@@ -19,7 +19,8 @@
 //!   `chat.update` at most once per `edit_interval`; the `Final` edits it into its first chunk.
 //! - **Slack app setup**: enable Socket Mode; an app-level token with `connections:write`
 //!   (`app_token`); bot scopes `chat:write`, `app_mentions:read`, `im:history`,
-//!   `channels:history`, `groups:history`, `mpim:history` (`token`); bot events `app_mention`,
+//!   `channels:history`, `groups:history`, `mpim:history`, `files:read` (download what users
+//!   attach), `files:write` (send files) (`token`); bot events `app_mention`,
 //!   `message.im`, `message.channels`, `message.groups`, `message.mpim`. Optional slash
 //!   commands `/stop`, `/new`, `/status`, `/approve`, `/deny` arrive as `slash_commands`
 //!   envelopes and are delivered as text (in a DM Slack would otherwise refuse `/stop` as an
@@ -27,6 +28,19 @@
 //! - **Rate limits**: one gate per Web API method (Slack's tiers are per method and
 //!   workspace): after a 429 no call of that method is made until its `Retry-After` passed;
 //!   final replies wait at the gate, streamed drafts skip the call (see [`api`]).
+//! - **Files in**: the `files` of a message become the event's attachments ([`events`]);
+//!   [`Channel::media_request`] names their `url_private_download` with the bot token as a
+//!   bearer header, but only for `https://files.slack.com/` or the configured `api_url`'s
+//!   origin (any other URL a payload names gets no credentials and is fetched through the
+//!   daemon's SSRF guard). A file the event named without a URL is looked up with `files.info`.
+//! - **Files out**: after the text, each attachment of a final reply is uploaded with
+//!   `files.getUploadURLExternal` (form fields `filename`, `length`), a POST of the bytes to the
+//!   upload URL (accepted only on `https://files.slack.com/` or the configured API origin), and
+//!   `files.completeUploadExternal` into the chat and thread; the count delivered is journaled
+//!   after each, so a retry uploads only the rest. A file over
+//!   [`SlackConfig::max_upload_bytes`] (100 MiB: uploads are held in memory; Slack's own limit
+//!   is 1 GB) is replaced by a short note. Scopes `files:write` (and `files:read` for
+//!   `files.info`).
 //! - **Typing**: a no-op. Slack offers bots in Socket Mode no typing indicator (the RTM
 //!   `typing` event is gone; `assistant.threads.setStatus` only works in assistant threads).
 
@@ -36,6 +50,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use clawft_channel_core::draft::{DraftBook, DraftOptions, DraftPlatform, Edited, Slot};
+use clawft_channel_core::draft_journal::DraftJournal;
+use clawft_channel_core::media::{MediaRef, MediaRequest, OutboundFile};
 use clawft_channel_core::text::{split_markdown, Measure};
 use clawft_channel_core::{
     Capabilities, Channel, ChannelError, ChannelId, ChatId, InboundDelivery, MemoryState,
@@ -49,6 +65,8 @@ mod api;
 mod events;
 #[cfg(any(test, feature = "testing"))]
 pub mod fake;
+#[cfg(test)]
+mod media_tests;
 pub mod render;
 mod socket;
 #[cfg(test)]
@@ -61,6 +79,11 @@ pub const MAX_MESSAGE_CHARS: usize = 3000;
 /// Markdown characters per chunk before rendering (rendering adds escapes; a chunk that
 /// still renders too long is split again).
 const SPLIT_CHARS: usize = 2800;
+/// Largest file we upload (the whole file is read into memory for the upload; Slack's own
+/// limit is 1 GB).
+pub const MAX_UPLOAD_BYTES: u64 = 100 * 1024 * 1024;
+/// Slack's file host: the only host besides the configured API origin that gets the bot token.
+const FILE_HOST: &str = "files.slack.com";
 /// Outbound messages whose progress is remembered (for retries of the same id), drafts and
 /// finished replies (each).
 const PROGRESS_KEPT: usize = 512;
@@ -97,6 +120,9 @@ pub struct SlackConfig {
     pub ping_interval: Duration,
     /// Reconnect when nothing (frame or pong) arrived for this long (default 30 s).
     pub watchdog_timeout: Duration,
+    /// Largest attachment uploaded, in bytes (default [`MAX_UPLOAD_BYTES`]); a bigger one is
+    /// replaced by a note in the chat.
+    pub max_upload_bytes: u64,
 }
 
 impl Default for SlackConfig {
@@ -114,6 +140,7 @@ impl Default for SlackConfig {
             backoff_max: Duration::from_secs(60),
             ping_interval: Duration::from_secs(10),
             watchdog_timeout: Duration::from_secs(30),
+            max_upload_bytes: MAX_UPLOAD_BYTES,
         }
     }
 }
@@ -139,6 +166,7 @@ impl fmt::Debug for SlackConfig {
             .field("backoff_max", &self.backoff_max)
             .field("ping_interval", &self.ping_interval)
             .field("watchdog_timeout", &self.watchdog_timeout)
+            .field("max_upload_bytes", &self.max_upload_bytes)
             .finish_non_exhaustive()
     }
 }
@@ -150,6 +178,11 @@ pub(crate) struct Inner {
     pub(crate) status: Mutex<String>,
     /// Streamed drafts and the delivery progress of final replies.
     drafts: DraftBook<String, String>,
+    /// How many attachments of each final reply were delivered (`files:<id>`).
+    journal: DraftJournal,
+    /// The origin of `api_url` (the fakes' 127.0.0.1 in tests): trusted for downloads and
+    /// uploads.
+    api_origin: reqwest::Url,
 }
 
 impl Inner {
@@ -201,6 +234,8 @@ impl SlackChannel {
         let tls = socket::tls_config()?;
         Ok(Self {
             inner: Arc::new(Inner {
+                journal: DraftJournal::new(cfg.state.clone()),
+                api_origin: url,
                 drafts: DraftBook::new(DraftOptions {
                     edit_interval: cfg.edit_interval,
                     capacity: PROGRESS_KEPT,
@@ -259,6 +294,86 @@ impl SlackChannel {
             .map(drop)
     }
 
+    /// Whether `url` is on the configured API origin (trusted: fetched directly), and whether
+    /// it may get the bot token (that origin, or `https://files.slack.com`).
+    fn url_trust(&self, url: &str) -> (bool, bool) {
+        let Ok(u) = reqwest::Url::parse(url) else {
+            return (false, false);
+        };
+        let on_api = u.origin() == self.inner.api_origin.origin();
+        let file_host = u.scheme() == "https"
+            && u.host_str() == Some(FILE_HOST)
+            && u.port_or_known_default() == Some(443);
+        (on_api, on_api || file_host)
+    }
+
+    /// Upload the attachments of final `msg` not yet delivered, in order, journaling the count
+    /// after each; a file over the limit becomes a note.
+    async fn send_files(&self, msg: &OutboundMessage) -> Result<(), ChannelError> {
+        let journal = &self.inner.journal;
+        let done = journal.files_sent(&msg.id);
+        let thread = msg.thread.as_ref().map(ThreadId::as_str);
+        for (i, f) in msg.attachments.iter().enumerate().skip(done) {
+            self.send_file(msg.chat.as_str(), thread, f).await?;
+            journal.set_files_sent(&msg.id, i + 1);
+        }
+        Ok(())
+    }
+
+    async fn send_file(
+        &self,
+        chat: &str,
+        thread: Option<&str>,
+        f: &OutboundFile,
+    ) -> Result<(), ChannelError> {
+        let limit = self.inner.cfg.max_upload_bytes;
+        if f.size > limit {
+            return self
+                .note(chat, thread, &too_big_note(&f.name, f.size, limit))
+                .await;
+        }
+        let bytes = clawft_channel_core::media::read_file(f).await?;
+        let size = bytes.len() as u64;
+        if size > limit {
+            return self
+                .note(chat, thread, &too_big_note(&f.name, size, limit))
+                .await;
+        }
+        if size == 0 {
+            // Slack refuses a zero length (`missing_argument`).
+            let note = format!("{} is empty, so it was not sent.", f.name);
+            return self.note(chat, thread, &note).await;
+        }
+        let api = &self.inner.api;
+        let (upload_url, file_id) = api.upload_url(&f.name, size).await?;
+        if !self.url_trust(&upload_url).1 {
+            return Err(ChannelError::Rejected(format!(
+                "files.getUploadURLExternal returned an upload URL that is neither on https://{FILE_HOST}/ nor on channels.slack.api_url's origin; {} was not sent",
+                f.name
+            )));
+        }
+        api.upload_bytes(&upload_url, &f.name, &f.mime, &bytes)
+            .await?;
+        let mut body = json!({
+            "files": [{"id": file_id, "title": f.name}],
+            "channel_id": chat,
+        });
+        if let Some(t) = thread {
+            body["thread_ts"] = Value::String(t.to_string());
+        }
+        api.call("files.completeUploadExternal", Token::Bot, &body)
+            .await
+            .map(drop)
+    }
+
+    /// Post a short plain note (a file that was not sent) in the message's thread.
+    async fn note(&self, chat: &str, thread: Option<&str>, text: &str) -> Result<(), ChannelError> {
+        for c in chunks(text) {
+            self.post(chat, thread, &c, Gate::Wait).await?;
+        }
+        Ok(())
+    }
+
     fn target<'a>(&'a self, msg: &'a OutboundMessage) -> Target<'a> {
         Target {
             ch: self,
@@ -302,6 +417,26 @@ impl DraftPlatform for Target<'_> {
     async fn edit(&self, ts: &String, text: &String) -> Result<Edited, ChannelError> {
         self.ch.update(self.chat, ts, text, self.gate).await?;
         Ok(Edited::Done)
+    }
+}
+
+/// The note posted instead of a file over the upload limit.
+fn too_big_note(name: &str, size: u64, limit: u64) -> String {
+    format!(
+        "{name} ({}) is over the {} limit for files sent to Slack, so it was not sent.",
+        human_size(size),
+        human_size(limit)
+    )
+}
+
+/// `150 MB`, `12 KB` (binary units, rounded up).
+fn human_size(bytes: u64) -> String {
+    const KB: u64 = 1024;
+    const MB: u64 = 1024 * 1024;
+    if bytes >= MB {
+        format!("{} MB", bytes.div_ceil(MB))
+    } else {
+        format!("{} KB", bytes.div_ceil(KB))
     }
 }
 
@@ -351,7 +486,7 @@ impl Channel for SlackChannel {
             streaming: self.inner.cfg.stream_edits,
             progress: false,
             max_message_bytes: MAX_MESSAGE_CHARS * 4,
-            max_upload_bytes: 0,
+            max_upload_bytes: self.inner.cfg.max_upload_bytes,
         }
     }
 
@@ -371,12 +506,37 @@ impl Channel for SlackChannel {
             OutboundKind::Delta => self.inner.drafts.delta(&self.target(msg), msg).await,
             OutboundKind::Final | OutboundKind::Error => {
                 let chunks = chunks(&msg.content);
-                self.inner
+                let sent = self
+                    .inner
                     .drafts
                     .finish(&self.target(msg), msg, chunks)
-                    .await
+                    .await?;
+                self.send_files(msg).await?;
+                Ok(sent)
             }
         }
+    }
+
+    async fn media_request(&self, media: &MediaRef) -> Result<MediaRequest, ChannelError> {
+        let url = match &media.url {
+            Some(u) => u.clone(),
+            // `file_access: check_file_info`: the event named the file without its URLs.
+            None => self.inner.api.file_url(&media.id).await?,
+        };
+        let (trusted, credentials) = self.url_trust(&url);
+        let headers = if credentials {
+            vec![(
+                "Authorization".to_string(),
+                format!("Bearer {}", self.inner.cfg.token),
+            )]
+        } else {
+            Vec::new()
+        };
+        Ok(MediaRequest {
+            url,
+            headers,
+            trusted,
+        })
     }
 
     /// A no-op: Slack has no typing indicator for bots in Socket Mode.

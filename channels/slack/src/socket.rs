@@ -285,6 +285,6 @@ fn to_event(channel: &ChannelId, inc: Incoming) -> InboundEvent {
         event_id: PlatformEventId::new(inc.event_id),
         content: inc.content,
         received_at_ms: now_ms(),
-        attachments: Vec::new(),
+        attachments: inc.attachments,
     }
 }

@@ -15,17 +15,18 @@ use tokio_util::sync::CancellationToken;
 use crate::fake::{Failure, FakeSlack, Posted, BOT_ID, BOT_USER_ID};
 use crate::{GroupMode, SlackChannel, SlackConfig, MAX_MESSAGE_CHARS};
 
-const WAIT: Duration = Duration::from_secs(3);
+pub(crate) const WAIT: Duration = Duration::from_secs(3);
 
-struct H {
-    fake: FakeSlack,
-    ch: Arc<SlackChannel>,
-    rx: mpsc::Receiver<InboundDelivery>,
+/// A channel listening to a fake Slack (shared with `media_tests`).
+pub(crate) struct H {
+    pub(crate) fake: FakeSlack,
+    pub(crate) ch: Arc<SlackChannel>,
+    pub(crate) rx: mpsc::Receiver<InboundDelivery>,
     cancel: CancellationToken,
     task: tokio::task::JoinHandle<Result<(), ChannelError>>,
 }
 
-async fn start_with(f: impl FnOnce(&mut SlackConfig)) -> H {
+pub(crate) async fn start_with(f: impl FnOnce(&mut SlackConfig)) -> H {
     let fake = FakeSlack::start().await;
     let mut cfg = fake.config();
     f(&mut cfg);
@@ -56,11 +57,11 @@ async fn wait_state(ch: &SlackChannel, prefix: &str) {
     }
 }
 
-async fn start() -> H {
+pub(crate) async fn start() -> H {
     start_with(|_| {}).await
 }
 
-async fn next(rx: &mut mpsc::Receiver<InboundDelivery>) -> InboundDelivery {
+pub(crate) async fn next(rx: &mut mpsc::Receiver<InboundDelivery>) -> InboundDelivery {
     tokio::time::timeout(WAIT, rx.recv())
         .await
         .expect("no delivery in time")
@@ -71,13 +72,13 @@ fn ack(d: InboundDelivery, a: Ack) {
     d.ack.unwrap().send(a).unwrap();
 }
 
-async fn nothing_within(rx: &mut mpsc::Receiver<InboundDelivery>, ms: u64) {
+pub(crate) async fn nothing_within(rx: &mut mpsc::Receiver<InboundDelivery>, ms: u64) {
     if let Ok(Some(d)) = tokio::time::timeout(Duration::from_millis(ms), rx.recv()).await {
         panic!("unexpected delivery {:?}", d.event);
     }
 }
 
-fn out(kind: OutboundKind, id: &str, chat: &str, content: &str) -> OutboundMessage {
+pub(crate) fn out(kind: OutboundKind, id: &str, chat: &str, content: &str) -> OutboundMessage {
     OutboundMessage {
         id: id.into(),
         channel: ChannelId::new("slack"),
@@ -92,7 +93,7 @@ fn out(kind: OutboundKind, id: &str, chat: &str, content: &str) -> OutboundMessa
 }
 
 impl H {
-    async fn stop(self) {
+    pub(crate) async fn stop(self) {
         self.cancel.cancel();
         let r = tokio::time::timeout(WAIT, self.task)
             .await
