@@ -18,6 +18,17 @@ const MAX_LOCAL_WAIT: Duration = Duration::from_secs(5);
 /// Per-request timeout.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Per-request timeout of a file upload (10 MiB over a slow uplink: about 80 s at 1 Mbit/s).
+const UPLOAD_TIMEOUT: Duration = Duration::from_secs(180);
+
+/// The body of a REST call.
+pub(crate) enum Body<'a> {
+    None,
+    Json(&'a Value),
+    /// `multipart/form-data`: the `Content-Type` (with its boundary) and the bytes.
+    Multipart(String, Vec<u8>),
+}
+
 pub(crate) struct Rest {
     http: reqwest::Client,
     /// `{base}/api/v10`.
@@ -91,6 +102,19 @@ impl Rest {
         path: &str,
         body: Option<&Value>,
     ) -> Result<Value, ChannelError> {
+        self.call_with(method, route, path, body.map_or(Body::None, Body::Json))
+            .await
+    }
+
+    /// [`Rest::call`] with any [`Body`] (a `multipart/form-data` upload gets
+    /// [`UPLOAD_TIMEOUT`] instead of the usual per-request timeout).
+    pub(crate) async fn call_with(
+        &self,
+        method: Method,
+        route: &str,
+        path: &str,
+        body: Body<'_>,
+    ) -> Result<Value, ChannelError> {
         if let Some(until) = self.blocked_until(route) {
             let now = Instant::now();
             if until > now {
@@ -107,8 +131,15 @@ impl Rest {
             .http
             .request(method, format!("{}{path}", self.api))
             .header(reqwest::header::AUTHORIZATION, &self.auth);
-        if let Some(b) = body {
-            req = req.json(b);
+        match body {
+            Body::None => {}
+            Body::Json(b) => req = req.json(b),
+            Body::Multipart(content_type, bytes) => {
+                req = req
+                    .header(reqwest::header::CONTENT_TYPE, content_type)
+                    .timeout(UPLOAD_TIMEOUT)
+                    .body(bytes);
+            }
         }
         let resp = req.send().await.map_err(|e| {
             ChannelError::Transient(format!("Discord API unreachable: {}", without_url(&e)))
