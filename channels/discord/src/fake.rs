@@ -17,6 +17,18 @@
 //! next `/channels/...` request, [`FakeDiscord::exhaust_bucket`] makes the next one report an
 //! empty rate-limit bucket.
 //!
+//! Files: users' messages may carry attachments ([`FakeDiscord::push_user_files`],
+//! [`FakeDiscord::push_voice_message`], [`FakeDiscord::push_crafted_attachment`] with any URL),
+//! served by the CDN route `GET /attachments/{channel}/{id}/{name}?ex=&is=&hm=` on the REST
+//! origin (no token needed; a URL whose signature does not match is 404, like Discord's CDN).
+//! A `multipart/form-data` `POST /channels/{id}/messages` (`payload_json` + `files[n]`) is an
+//! upload, checked like Discord does (no content and no file: 400 code 50006; a file over
+//! 10 MiB: 413 code 40005; `attachments[].id` without its `files[id]` part or an unreadable
+//! body: 400 code 50035; invalid `payload_json`: 400 code 50109), deduplicated by `nonce` +
+//! `enforce_nonce`, shown as one `Post` in [`FakeDiscord::sent`] per message and one
+//! [`FakeUpload`] per file in [`FakeDiscord::uploads`]; `fail_next`, `hold_answers` and
+//! [`FakeDiscord::hold_uploads`] apply to it.
+//!
 //! Gateway: HELLO (heartbeat interval from [`FakeOptions`]), IDENTIFY → READY (`session_id`,
 //! `resume_gateway_url`, user), heartbeat → ACK (unless [`FakeDiscord::set_heartbeat_ack`]
 //! turned it off), MESSAGE_CREATE dispatches with increasing `s` (logged per session), RESUME →

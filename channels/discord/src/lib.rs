@@ -304,7 +304,7 @@ impl DiscordChannel {
         &self,
         channel: &str,
         file: &OutboundFile,
-        bytes: &[u8],
+        bytes: Vec<u8>,
         nonce: String,
     ) -> Result<String, ChannelError> {
         let payload = json!({
@@ -320,8 +320,10 @@ impl DiscordChannel {
         };
         let (content_type, body) = Multipart::new()
             .text("payload_json", &payload.to_string())
-            .file("files[0]", &file.name, mime, bytes)
+            .file("files[0]", &file.name, mime, &bytes)
             .finish();
+        // Only the body is held while it is on the wire.
+        drop(bytes);
         let v = self
             .inner
             .rest
@@ -366,7 +368,7 @@ impl DiscordChannel {
                     self.post(channel, &too_big_note(file, len), Some(nonce), None)
                         .await?
                 } else {
-                    self.upload(channel, file, &bytes, nonce).await?
+                    self.upload(channel, file, bytes, nonce).await?
                 }
             };
             journal.set_files_sent(&msg.id, i + 1);
