@@ -277,6 +277,8 @@ struct St {
     uploads: Vec<FakeUpload>,
     /// Multipart uploads are read but never answered nor recorded.
     hold_uploads: bool,
+    /// Largest file accepted (default [`FAKE_MAX_UPLOAD_BYTES`]).
+    max_upload: Option<usize>,
 }
 
 struct Shared {
@@ -585,6 +587,12 @@ impl FakeDiscord {
         self.shared.lock().hold_uploads = on;
     }
 
+    /// Refuse files over `bytes` with 413 code 40005 (default 10 MiB; a chat whose limit is
+    /// lower than the adapter's).
+    pub fn set_max_upload_bytes(&self, bytes: usize) {
+        self.shared.lock().max_upload = Some(bytes);
+    }
+
     /// Every REST request, in order.
     pub fn requests(&self) -> Vec<FakeRequest> {
         self.shared.lock().requests.clone()
@@ -816,7 +824,8 @@ async fn create_message_multipart(
             "Invalid Form Body: content: Must be 2000 or fewer in length.",
         );
     }
-    if files.iter().any(|f| f.data.len() > FAKE_MAX_UPLOAD_BYTES) {
+    let max = sh.lock().max_upload.unwrap_or(FAKE_MAX_UPLOAD_BYTES);
+    if files.iter().any(|f| f.data.len() > max) {
         return discord_error(
             StatusCode::PAYLOAD_TOO_LARGE,
             40005,

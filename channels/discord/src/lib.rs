@@ -165,8 +165,9 @@ fn megabytes(bytes: u64) -> String {
     format!("{} MB", s.strip_suffix(".0").unwrap_or(&s))
 }
 
-/// What the chat shows instead of a file over the upload limit.
-fn too_big_note(file: &OutboundFile, size: u64) -> String {
+/// What the chat shows instead of a file over the upload limit (`limit`: ours; `None`: the one
+/// Discord answered 413 for).
+fn too_big_note(file: &OutboundFile, size: u64, limit: Option<u64>) -> String {
     let name: String = file
         .name
         .chars()
@@ -182,11 +183,17 @@ fn too_big_note(file: &OutboundFile, size: u64) -> String {
         }
         escaped.push(c);
     }
-    format!(
-        "{escaped} ({}) is over Discord's {} limit for bots, so it was not sent.",
-        megabytes(size),
-        megabytes(MAX_UPLOAD_BYTES)
-    )
+    match limit {
+        Some(limit) => format!(
+            "{escaped} ({}) is over Discord's {} limit for bots, so it was not sent.",
+            megabytes(size),
+            megabytes(limit)
+        ),
+        None => format!(
+            "{escaped} ({}) is over Discord's upload limit for this chat, so it was not sent.",
+            megabytes(size)
+        ),
+    }
 }
 
 fn is_snowflake(s: &str) -> bool {
@@ -358,17 +365,29 @@ impl DiscordChannel {
         {
             let nonce = nonce(&format!("file:{}", msg.id), i);
             let mid = if file.size > MAX_UPLOAD_BYTES {
-                self.post(channel, &too_big_note(file, file.size), Some(nonce), None)
-                    .await?
+                self.post(
+                    channel,
+                    &too_big_note(file, file.size, Some(MAX_UPLOAD_BYTES)),
+                    Some(nonce),
+                    None,
+                )
+                .await?
             } else {
                 let bytes = media::read_file(file).await?;
                 let len = u64::try_from(bytes.len()).unwrap_or(u64::MAX);
                 if len > MAX_UPLOAD_BYTES {
                     // It grew after it was queued.
-                    self.post(channel, &too_big_note(file, len), Some(nonce), None)
-                        .await?
+                    let note = too_big_note(file, len, Some(MAX_UPLOAD_BYTES));
+                    self.post(channel, &note, Some(nonce), None).await?
                 } else {
-                    self.upload(channel, file, bytes, nonce).await?
+                    match self.upload(channel, file, bytes, nonce.clone()).await {
+                        // A chat whose limit is lower than ours: a note as well.
+                        Err(e) if rest::is_too_large(&e) => {
+                            let note = too_big_note(file, len, None);
+                            self.post(channel, &note, Some(nonce), None).await?
+                        }
+                        r => r?,
+                    }
                 }
             };
             journal.set_files_sent(&msg.id, i + 1);

@@ -459,6 +459,28 @@ async fn a_file_over_the_upload_limit_becomes_a_note() {
 }
 
 #[tokio::test]
+async fn a_file_discord_refuses_as_too_large_becomes_a_note_and_the_next_goes_on() {
+    let fake = FakeDiscord::start().await;
+    let state = Arc::new(MemoryState::default());
+    let ch = sender(&fake, state.clone());
+    fake.set_max_upload_bytes(1024);
+    let dir = Scratch::new();
+    let files = vec![
+        dir.file("big.bin", "application/octet-stream", &[7u8; 3000]),
+        dir.file("cat.png", "image/png", PNG),
+    ];
+    ch.send(&out("o8", "", files)).await.unwrap();
+    assert_eq!(
+        text_posts(&fake),
+        ["big.bin (0.1 MB) is over Discord's upload limit for this chat, so it was not sent."]
+    );
+    let ups = fake.uploads();
+    assert_eq!(ups.len(), 1);
+    assert_eq!(ups[0].file_name, "cat.png");
+    assert_eq!(state.get("files:o8").as_deref(), Some("2"));
+}
+
+#[tokio::test]
 async fn an_attachment_only_final_posts_no_text() {
     let fake = FakeDiscord::start().await;
     let ch = sender(&fake, Arc::new(MemoryState::default()));

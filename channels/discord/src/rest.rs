@@ -21,6 +21,15 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// Per-request timeout of a file upload (10 MiB over a slow uplink: about 80 s at 1 Mbit/s).
 const UPLOAD_TIMEOUT: Duration = Duration::from_secs(180);
 
+/// How a 413 answer starts ([`is_too_large`]).
+const TOO_LARGE: &str = "Discord API 413";
+
+/// Whether `e` is Discord's 413 (`Request entity too large`, code 40005): the upload is over
+/// the limit of that chat.
+pub(crate) fn is_too_large(e: &ChannelError) -> bool {
+    matches!(e, ChannelError::Rejected(m) if m.starts_with(TOO_LARGE))
+}
+
 /// The body of a REST call.
 pub(crate) enum Body<'a> {
     None,
@@ -211,6 +220,9 @@ impl Rest {
             )),
             s if s.is_server_error() => {
                 ChannelError::Transient(format!("Discord API error {}: {detail}", s.as_u16()))
+            }
+            StatusCode::PAYLOAD_TOO_LARGE => {
+                ChannelError::Rejected(format!("{TOO_LARGE}: {detail}"))
             }
             s => ChannelError::Rejected(format!("Discord API {}: {detail}", s.as_u16())),
         })
