@@ -17,6 +17,18 @@
 //! next `/channels/...` request, [`FakeDiscord::exhaust_bucket`] makes the next one report an
 //! empty rate-limit bucket.
 //!
+//! Files: users' messages may carry attachments ([`FakeDiscord::push_user_files`],
+//! [`FakeDiscord::push_voice_message`], [`FakeDiscord::push_crafted_attachment`] with any URL),
+//! served by the CDN route `GET /attachments/{channel}/{id}/{name}?ex=&is=&hm=` on the REST
+//! origin (no token needed; a URL whose signature does not match is 404, like Discord's CDN).
+//! A `multipart/form-data` `POST /channels/{id}/messages` (`payload_json` + `files[n]`) is an
+//! upload, checked like Discord does (no content and no file: 400 code 50006; a file over
+//! 10 MiB: 413 code 40005; `attachments[].id` without its `files[id]` part or an unreadable
+//! body: 400 code 50035; invalid `payload_json`: 400 code 50109), deduplicated by `nonce` +
+//! `enforce_nonce`, shown as one `Post` in [`FakeDiscord::sent`] per message and one
+//! [`FakeUpload`] per file in [`FakeDiscord::uploads`]; `fail_next`, `hold_answers` and
+//! [`FakeDiscord::hold_uploads`] apply to it.
+//!
 //! Gateway: HELLO (heartbeat interval from [`FakeOptions`]), IDENTIFY → READY (`session_id`,
 //! `resume_gateway_url`, user), heartbeat → ACK (unless [`FakeDiscord::set_heartbeat_ack`]
 //! turned it off), MESSAGE_CREATE dispatches with increasing `s` (logged per session), RESUME →
@@ -149,6 +161,74 @@ pub struct FakeMessage {
     pub bot: bool,
     /// Id of the message this replies to (its author is looked up among the bot's messages).
     pub reply_to: Option<String>,
+    /// Files attached (served by the fake's CDN route unless given a crafted `url`).
+    pub attachments: Vec<FakeAttachment>,
+    /// Message flags (`1 << 13`: a voice message).
+    pub flags: u64,
+}
+
+/// A file attached to a message a user sends (see [`FakeDiscord::push_user_files`]).
+#[derive(Clone, Debug, Default)]
+pub struct FakeAttachment {
+    /// File name.
+    pub filename: String,
+    /// Declared media type (`content_type`), if any.
+    pub content_type: Option<String>,
+    /// The bytes the CDN serves (`size` is their length).
+    pub bytes: Vec<u8>,
+    /// `duration_secs` (voice messages).
+    pub duration_secs: Option<f64>,
+    /// A crafted `url` (and `proxy_url`) put in the payload instead of the fake's signed CDN
+    /// URL; nothing is served for it.
+    pub url: Option<String>,
+}
+
+impl FakeAttachment {
+    /// A file with a name, a declared media type and its bytes.
+    pub fn new(filename: &str, content_type: &str, bytes: impl Into<Vec<u8>>) -> Self {
+        Self {
+            filename: filename.into(),
+            content_type: Some(content_type.into()),
+            bytes: bytes.into(),
+            ..Self::default()
+        }
+    }
+}
+
+/// One file the bot uploaded (a `files[n]` part of a multipart message creation), in order.
+#[derive(Clone, Debug)]
+pub struct FakeUpload {
+    /// Channel id.
+    pub chat: String,
+    /// Id of the message that carries it.
+    pub message_id: String,
+    /// The part's field name (`files[0]`).
+    pub field: String,
+    /// The part's file name (`attachments[].filename` of `payload_json` when it names one).
+    pub file_name: String,
+    /// The part's `Content-Type`.
+    pub content_type: Option<String>,
+    /// The bytes.
+    pub bytes: Vec<u8>,
+    /// The message's `content` (caption), empty when none.
+    pub text: String,
+    /// The `nonce` of `payload_json`, if any.
+    pub nonce: Option<String>,
+    /// `payload_json` (`Null` when the request had none).
+    pub payload: Value,
+    /// When the fake received it.
+    pub at: Instant,
+}
+
+/// A request to the fake's CDN route (`GET /attachments/...`).
+#[derive(Clone, Debug)]
+pub struct FakeCdnRequest {
+    /// Path and query.
+    pub url: String,
+    /// The `Authorization` header, if one was sent (Discord's CDN needs none).
+    pub auth: Option<String>,
+    /// The status answered.
+    pub status: u16,
 }
 
 enum Cmd {
@@ -191,6 +271,14 @@ struct St {
     client_frame_times: Vec<Instant>,
     /// Close frames of the fake that the client answered with a Close frame.
     closes_answered: usize,
+    /// Files the CDN serves: path (`/attachments/{channel}/{id}/{name}`) → (type, bytes).
+    cdn: HashMap<String, (String, Vec<u8>)>,
+    cdn_requests: Vec<FakeCdnRequest>,
+    uploads: Vec<FakeUpload>,
+    /// Multipart uploads are read but never answered nor recorded.
+    hold_uploads: bool,
+    /// Largest file accepted (default [`FAKE_MAX_UPLOAD_BYTES`]).
+    max_upload: Option<usize>,
 }
 
 struct Shared {
@@ -278,7 +366,9 @@ impl FakeDiscord {
             .route("/api/v10/channels/{id}/messages", post(create_message))
             .route("/api/v10/channels/{id}/messages/{mid}", patch(edit_message))
             .route("/api/v10/channels/{id}/typing", post(typing))
+            .route("/attachments/{channel}/{id}/{name}", get(cdn_file))
             .fallback(fallback)
+            .layer(axum::extract::DefaultBodyLimit::max(UPLOAD_BODY_LIMIT))
             .with_state(shared.clone());
         let t1 = tokio::spawn(async move {
             let _ = axum::serve(rest, app).await;
@@ -326,10 +416,100 @@ impl FakeDiscord {
         })
     }
 
-    /// Any message (guild, bot author, reply); returns its id.
+    /// A user's DM with files (`text` may be empty: an attachment-only message); returns the
+    /// message id. Each file is served at the signed CDN URL its attachment names.
+    pub fn push_user_files(
+        &self,
+        chat: &str,
+        user: &str,
+        text: &str,
+        files: Vec<FakeAttachment>,
+    ) -> String {
+        self.push_message(FakeMessage {
+            chat: chat.into(),
+            user: user.into(),
+            text: text.into(),
+            attachments: files,
+            ..FakeMessage::default()
+        })
+    }
+
+    /// A user's voice message in DM `chat` (flag `IS_VOICE_MESSAGE`, one `audio/ogg`
+    /// attachment `voice-message.ogg` with `duration_secs`); returns the message id.
+    pub fn push_voice_message(
+        &self,
+        chat: &str,
+        user: &str,
+        ogg: impl Into<Vec<u8>>,
+        duration_secs: f64,
+    ) -> String {
+        self.push_message(FakeMessage {
+            chat: chat.into(),
+            user: user.into(),
+            attachments: vec![FakeAttachment {
+                duration_secs: Some(duration_secs),
+                ..FakeAttachment::new("voice-message.ogg", "audio/ogg", ogg)
+            }],
+            flags: VOICE_MESSAGE_FLAG,
+            ..FakeMessage::default()
+        })
+    }
+
+    /// A user's DM whose one attachment names `url` (any string) as its `url` and
+    /// `proxy_url`; returns the message id. For SSRF tests: nothing is served for it.
+    pub fn push_crafted_attachment(&self, chat: &str, user: &str, text: &str, url: &str) -> String {
+        self.push_user_files(
+            chat,
+            user,
+            text,
+            vec![FakeAttachment {
+                url: Some(url.into()),
+                ..FakeAttachment::new("crafted.bin", "application/octet-stream", vec![0u8; 16])
+            }],
+        )
+    }
+
+    /// Any message (guild, bot author, reply, files); returns its id.
     pub fn push_message(&self, m: FakeMessage) -> String {
+        let base = self.base_url();
         let mut st = self.shared.lock();
         let id = st.snowflake();
+        let attachments: Vec<Value> = m
+            .attachments
+            .iter()
+            .map(|a| {
+                let aid = st.snowflake();
+                let url = a.url.clone().unwrap_or_else(|| {
+                    let path = format!("/attachments/{}/{aid}/{}", m.chat, a.filename);
+                    let url = format!("{base}{}", signed(&path));
+                    st.cdn.insert(
+                        path,
+                        (
+                            a.content_type
+                                .clone()
+                                .unwrap_or_else(|| "application/octet-stream".into()),
+                            a.bytes.clone(),
+                        ),
+                    );
+                    url
+                });
+                let mut v = json!({
+                    "id": aid,
+                    "filename": a.filename,
+                    "size": a.bytes.len(),
+                    "url": url,
+                    "proxy_url": url,
+                });
+                if let Some(ct) = &a.content_type {
+                    v["content_type"] = json!(ct);
+                }
+                if let Some(d) = a.duration_secs {
+                    v["duration_secs"] = json!(d);
+                    v["waveform"] = json!("AAAA");
+                }
+                v
+            })
+            .collect();
         let mut d = json!({
             "id": id,
             "type": if m.reply_to.is_some() { 19 } else { 0 },
@@ -337,6 +517,8 @@ impl FakeDiscord {
             "content": m.text,
             "author": {"id": m.user, "username": format!("user{}", m.user), "bot": m.bot},
             "mentions": [],
+            "attachments": attachments,
+            "flags": m.flags,
             "timestamp": "2025-01-01T00:00:00.000000+00:00",
         });
         if let Some(g) = &m.guild {
@@ -379,9 +561,36 @@ impl FakeDiscord {
         }
     }
 
-    /// Messages the bot posted or edited, in order.
+    /// Messages the bot posted or edited, in order (a message carrying an upload is one
+    /// `Post` whose `text` is its caption, often empty; its files are in
+    /// [`FakeDiscord::uploads`]).
     pub fn sent(&self) -> Vec<SentMessage> {
         self.shared.lock().sent.clone()
+    }
+
+    /// Files the bot uploaded, one entry per file, in order (a message deduplicated by its
+    /// nonce adds none).
+    pub fn uploads(&self) -> Vec<FakeUpload> {
+        self.shared.lock().uploads.clone()
+    }
+
+    /// Requests to the CDN route, in order.
+    pub fn cdn_requests(&self) -> Vec<FakeCdnRequest> {
+        self.shared.lock().cdn_requests.clone()
+    }
+
+    /// While on, a multipart message creation (an upload) is read, checked (token, scripted
+    /// failure) and then never answered nor applied: no message, nothing in
+    /// [`FakeDiscord::sent`] or [`FakeDiscord::uploads`] (as when the process dies
+    /// mid-upload). Held requests stay unanswered after it is switched off.
+    pub fn hold_uploads(&self, on: bool) {
+        self.shared.lock().hold_uploads = on;
+    }
+
+    /// Refuse files over `bytes` with 413 code 40005 (default 10 MiB; a chat whose limit is
+    /// lower than the adapter's).
+    pub fn set_max_upload_bytes(&self, bytes: usize) {
+        self.shared.lock().max_upload = Some(bytes);
     }
 
     /// Every REST request, in order.
@@ -496,6 +705,232 @@ impl FakeDiscord {
     pub fn hold_answers(&self, on: bool) {
         self.shared.lock().hold_answers = on;
     }
+}
+
+/// Message flag `IS_VOICE_MESSAGE`.
+const VOICE_MESSAGE_FLAG: u64 = 1 << 13;
+/// Largest file Discord takes from a bot without boosts (413 above).
+pub const FAKE_MAX_UPLOAD_BYTES: usize = 10 * 1024 * 1024;
+/// Largest request body the fake reads (bigger ones get axum's plain 413).
+const UPLOAD_BODY_LIMIT: usize = 64 * 1024 * 1024;
+/// The fake CDN's signing secret.
+const CDN_SECRET: &str = "fake-cdn-secret";
+
+fn fnv(s: &str) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in s.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+/// `path?ex=..&is=..&hm=..`: signed like Discord's CDN URLs (`hm` over the path and `ex`).
+fn signed(path: &str) -> String {
+    let ex = "7fffffff";
+    let hm = fnv(&format!("{CDN_SECRET}{path}{ex}"));
+    format!("{path}?ex={ex}&is=67000000&hm={hm:016x}&")
+}
+
+async fn cdn_file(
+    State(sh): State<Arc<Shared>>,
+    Path((channel, id, name)): Path<(String, String, String)>,
+    uri: axum::http::Uri,
+    headers: HeaderMap,
+) -> Response {
+    let path = format!("/attachments/{channel}/{id}/{name}");
+    let q = |k: &str| {
+        uri.query().unwrap_or("").split('&').find_map(|kv| {
+            kv.split_once('=')
+                .filter(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
+        })
+    };
+    let good = match (q("ex"), q("hm")) {
+        (Some(ex), Some(hm)) => hm == format!("{:016x}", fnv(&format!("{CDN_SECRET}{path}{ex}"))),
+        _ => false,
+    };
+    let mut st = sh.lock();
+    let file = st.cdn.get(&path).filter(|_| good).cloned();
+    st.cdn_requests.push(FakeCdnRequest {
+        url: uri.to_string(),
+        auth: headers
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string),
+        status: if file.is_some() { 200 } else { 404 },
+    });
+    match file {
+        Some((ct, bytes)) => {
+            let mut r = bytes.into_response();
+            if let Ok(v) = HeaderValue::from_str(&ct) {
+                r.headers_mut().insert("content-type", v);
+            }
+            r
+        }
+        // What Discord's CDN answers for an unsigned, expired or unknown attachment URL.
+        None => (
+            StatusCode::NOT_FOUND,
+            "This content is no longer available.",
+        )
+            .into_response(),
+    }
+}
+
+/// A multipart message creation: `payload_json` and `files[n]`, checked like Discord does.
+#[allow(clippy::too_many_lines)]
+async fn create_message_multipart(
+    sh: Arc<Shared>,
+    id: String,
+    headers: HeaderMap,
+    content_type: &str,
+    body: &[u8],
+) -> Response {
+    let path = format!("/api/v10/channels/{id}/messages");
+    let parts = clawft_channel_core::media::parse_multipart(content_type, body);
+    let payload_bytes: Vec<u8> = parts
+        .as_ref()
+        .and_then(|ps| ps.iter().find(|p| p.name == "payload_json"))
+        .map(|p| p.data.clone())
+        .unwrap_or_default();
+    let (payload, malformed) = match begin(&sh, &Method::POST, &path, &headers, &payload_bytes) {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let Some(parts) = parts else {
+        return discord_error(
+            StatusCode::BAD_REQUEST,
+            50035,
+            "Invalid Form Body: the multipart/form-data body cannot be read.",
+        );
+    };
+    if sh.lock().hold_uploads {
+        std::future::pending::<()>().await;
+    }
+    let files: Vec<&clawft_channel_core::media::Part> =
+        parts.iter().filter(|p| p.file_name.is_some()).collect();
+    let content = payload["content"].as_str().unwrap_or("").to_string();
+    if content.is_empty() && files.is_empty() {
+        return discord_error(
+            StatusCode::BAD_REQUEST,
+            50006,
+            "Cannot send an empty message",
+        );
+    }
+    if content.chars().count() > 2000 {
+        return discord_error(
+            StatusCode::BAD_REQUEST,
+            50035,
+            "Invalid Form Body: content: Must be 2000 or fewer in length.",
+        );
+    }
+    let max = sh.lock().max_upload.unwrap_or(FAKE_MAX_UPLOAD_BYTES);
+    if files.iter().any(|f| f.data.len() > max) {
+        return discord_error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            40005,
+            "Request entity too large",
+        );
+    }
+    // Every `attachments[].id` must name a `files[id]` part.
+    let listed: Vec<(String, Option<String>)> = payload["attachments"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|x| {
+                    let n = match &x["id"] {
+                        Value::String(s) => s.clone(),
+                        v => v.to_string(),
+                    };
+                    (n, x["filename"].as_str().map(str::to_string))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    for (n, _) in &listed {
+        if !files.iter().any(|f| f.name == format!("files[{n}]")) {
+            return discord_error(
+                StatusCode::BAD_REQUEST,
+                50035,
+                &format!("Invalid Form Body: attachments: no file part files[{n}]"),
+            );
+        }
+    }
+    let base = format!(
+        "http://{}",
+        headers
+            .get("host")
+            .and_then(|h| h.to_str().ok())
+            .unwrap_or("127.0.0.1")
+    );
+    let (mid, attachments) = {
+        let mut st = sh.lock();
+        let nonce = payload["nonce"]
+            .as_str()
+            .filter(|_| payload["enforce_nonce"] == true)
+            .map(str::to_string);
+        let existing = nonce
+            .as_ref()
+            .and_then(|n| st.nonces.get(&(id.clone(), n.clone())).cloned());
+        match existing {
+            Some(mid) => (mid, Vec::new()),
+            None => {
+                let mid = st.snowflake();
+                if let Some(n) = &nonce {
+                    st.nonces.insert((id.clone(), n.clone()), mid.clone());
+                }
+                st.messages
+                    .insert(mid.clone(), (id.clone(), BOT_ID.to_string()));
+                st.sent.push(SentMessage {
+                    op: SentOp::Post,
+                    chat: id.clone(),
+                    thread: None,
+                    message_id: mid.clone(),
+                    text: content.clone(),
+                    body: payload.clone(),
+                    at: Instant::now(),
+                });
+                let mut attachments = Vec::new();
+                for f in &files {
+                    let n = f.name.trim_start_matches("files[").trim_end_matches(']');
+                    let name = listed
+                        .iter()
+                        .find(|(i, _)| i == n)
+                        .and_then(|(_, name)| name.clone())
+                        .or_else(|| f.file_name.clone())
+                        .unwrap_or_default();
+                    let aid = st.snowflake();
+                    let path = format!("/attachments/{id}/{aid}/{name}");
+                    let ct = f
+                        .content_type
+                        .clone()
+                        .unwrap_or_else(|| "application/octet-stream".into());
+                    st.cdn.insert(path.clone(), (ct.clone(), f.data.clone()));
+                    let url = format!("{base}{}", signed(&path));
+                    attachments.push(json!({"id": aid, "filename": name, "size": f.data.len(), "content_type": ct, "url": url, "proxy_url": url}));
+                    st.uploads.push(FakeUpload {
+                        chat: id.clone(),
+                        message_id: mid.clone(),
+                        field: f.name.clone(),
+                        file_name: name,
+                        content_type: f.content_type.clone(),
+                        bytes: f.data.clone(),
+                        text: content.clone(),
+                        nonce: nonce.clone(),
+                        payload: payload.clone(),
+                        at: Instant::now(),
+                    });
+                }
+                (mid, attachments)
+            }
+        }
+    };
+    held(&sh).await;
+    finish(
+        &sh,
+        json!({"id": mid, "channel_id": id, "content": content, "attachments": attachments, "author": {"id": BOT_ID, "username": BOT_NAME, "bot": true}}),
+        malformed,
+    )
 }
 
 /// Never answer while [`FakeDiscord::hold_answers`] is on.
@@ -648,6 +1083,14 @@ async fn create_message(
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Response {
+    let ct = headers
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string();
+    if ct.to_ascii_lowercase().starts_with("multipart/form-data") {
+        return create_message_multipart(sh, id, headers, &ct, &body).await;
+    }
     let path = format!("/api/v10/channels/{id}/messages");
     let (b, malformed) = match begin(&sh, &Method::POST, &path, &headers, &body) {
         Ok(b) => b,

@@ -19,6 +19,7 @@ use std::pin::Pin;
 use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
+use clawft_channel_core::media::{MediaKind, MediaRef};
 use clawft_channel_core::{
     now_ms, Ack, ChannelError, ChannelId, ChatId, InboundDelivery, InboundEvent, PlatformEventId,
     UserId,
@@ -162,7 +163,8 @@ pub fn parse_message(
         content
     };
     let content = normalise_command(content.trim());
-    if content.is_empty() {
+    let attachments = attachments_of(d);
+    if content.is_empty() && attachments.is_empty() {
         return None;
     }
     Some(InboundEvent {
@@ -173,8 +175,56 @@ pub fn parse_message(
         event_id: PlatformEventId::new(id),
         content,
         received_at_ms: now_ms(),
-        attachments: Vec::new(),
+        attachments,
     })
+}
+
+/// Message flag of a voice message (its one attachment is the recording).
+const IS_VOICE_MESSAGE: u64 = 1 << 13;
+
+/// The files of a MESSAGE_CREATE (`attachments`), as the payload declares them. The signed
+/// CDN `url` is kept (it expires after about a day and carries no bot credential).
+fn attachments_of(d: &Value) -> Vec<MediaRef> {
+    let voice = d
+        .get("flags")
+        .and_then(Value::as_u64)
+        .is_some_and(|f| f & IS_VOICE_MESSAGE != 0);
+    let Some(list) = d.get("attachments").and_then(Value::as_array) else {
+        return Vec::new();
+    };
+    let s = |v: &Value, k: &str| {
+        v.get(k)
+            .and_then(Value::as_str)
+            .filter(|x| !x.is_empty())
+            .map(str::to_string)
+    };
+    list.iter()
+        .filter_map(|a| {
+            // Snowflakes are strings; tolerate a number.
+            let id = s(a, "id")
+                .or_else(|| a.get("id").and_then(Value::as_u64).map(|n| n.to_string()))?;
+            let mime = s(a, "content_type");
+            let kind = if voice {
+                MediaKind::Voice
+            } else {
+                mime.as_deref()
+                    .map_or(MediaKind::Document, MediaKind::of_mime)
+            };
+            Some(MediaRef {
+                kind,
+                id,
+                name: s(a, "filename"),
+                mime,
+                size: a.get("size").and_then(Value::as_u64),
+                url: s(a, "url"),
+                duration_secs: a
+                    .get("duration_secs")
+                    .and_then(Value::as_f64)
+                    .filter(|x| x.is_finite() && *x >= 0.0)
+                    .map(|x| x.round().min(f64::from(u32::MAX)) as u32),
+            })
+        })
+        .collect()
 }
 
 /// `/stop@botname rest` → `/stop rest`; anything else unchanged.

@@ -18,6 +18,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use clawft_channel_core::draft::{DraftBook, DraftOptions, DraftPlatform, Edited, Slot};
+use clawft_channel_core::draft_journal::DraftJournal;
+use clawft_channel_core::media::{self, MediaRef, MediaRequest, Multipart, OutboundFile};
 use clawft_channel_core::{
     Capabilities, Channel, ChannelError, ChannelId, ChatId, InboundDelivery, OutboundKind,
     OutboundMessage, PlatformEventId, SentRef, StateStore, ThreadId,
@@ -38,6 +40,10 @@ pub use gateway::{parse_message, BotUser};
 /// Streaming drafts, finished replies and outbound progress entries remembered (each): a late
 /// retry is not resent, a turn whose final never came is evicted.
 const REMEMBERED: usize = 1024;
+
+/// Largest file the bot uploads: Discord's limit for bots in servers without boosts (10 MiB).
+/// A bigger attachment is replaced by a short note in the chat.
+pub const MAX_UPLOAD_BYTES: u64 = 10 * 1024 * 1024;
 
 /// Which group messages are delivered (DMs always are).
 pub use clawft_channel_core::GroupMode;
@@ -107,6 +113,10 @@ pub(crate) struct Inner {
     status: Mutex<String>,
     /// Streamed drafts and the delivery progress of final replies.
     drafts: DraftBook<String, String>,
+    /// How many attachments of each final reply were delivered (`files:<id>`).
+    files: DraftJournal,
+    /// The origin of the configured REST base: attachment URLs on it are fetched directly.
+    api_origin: reqwest::Url,
     bot: Mutex<Option<BotUser>>,
 }
 
@@ -146,6 +156,46 @@ fn draft_nonce(reply_to: &str) -> String {
     nonce(&format!("draft:{reply_to}"), 0)
 }
 
+/// `12.3 MB` (MiB, as Discord counts), rounded up to a tenth, `.0` dropped: a file just over
+/// the limit reads `10.1 MB`, never `10 MB`.
+fn megabytes(bytes: u64) -> String {
+    #[allow(clippy::cast_precision_loss)]
+    let tenths = (bytes as f64 / (1024.0 * 1024.0) * 10.0).ceil();
+    let s = format!("{:.1}", tenths / 10.0);
+    format!("{} MB", s.strip_suffix(".0").unwrap_or(&s))
+}
+
+/// What the chat shows instead of a file over the upload limit (`limit`: ours; `None`: the one
+/// Discord answered 413 for).
+fn too_big_note(file: &OutboundFile, size: u64, limit: Option<u64>) -> String {
+    let name: String = file
+        .name
+        .chars()
+        .take(200)
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    // The name shown literally: no Markdown in it takes effect.
+    let mut escaped = String::with_capacity(name.len());
+    for (i, c) in name.chars().enumerate() {
+        let at_start = i == 0 && matches!(c, '#' | '-' | '>');
+        if at_start || matches!(c, '\\' | '*' | '_' | '~' | '`' | '|') {
+            escaped.push('\\');
+        }
+        escaped.push(c);
+    }
+    match limit {
+        Some(limit) => format!(
+            "{escaped} ({}) is over Discord's {} limit for bots, so it was not sent.",
+            megabytes(size),
+            megabytes(limit)
+        ),
+        None => format!(
+            "{escaped} ({}) is over Discord's upload limit for this chat, so it was not sent.",
+            megabytes(size)
+        ),
+    }
+}
+
 fn is_snowflake(s: &str) -> bool {
     !s.is_empty() && s.len() <= 20 && s.bytes().all(|b| b.is_ascii_digit())
 }
@@ -167,6 +217,11 @@ impl DiscordChannel {
                 "channels.discord.api_base_url must be an http:// or https:// URL, got `{base}`"
             )));
         }
+        let api_origin = reqwest::Url::parse(base).map_err(|e| {
+            ChannelError::Fatal(format!(
+                "channels.discord.api_base_url `{base}` is not a valid URL: {e}"
+            ))
+        })?;
         let rest = rest::Rest::new(base, cfg.token.trim())?;
         Ok(Self {
             inner: Arc::new(Inner {
@@ -176,6 +231,8 @@ impl DiscordChannel {
                     skip_repeated_deltas: false,
                 })
                 .with_journal(cfg.state.clone()),
+                files: DraftJournal::new(cfg.state.clone()),
+                api_origin,
                 cfg,
                 rest,
                 status: Mutex::new("not started".into()),
@@ -246,6 +303,99 @@ impl DiscordChannel {
             )
             .await
             .map(drop)
+    }
+
+    /// Upload one file as its own message (`payload_json` + `files[0]`), deduplicated by a
+    /// nonce derived from the outbound id and the file's index. Answers the message id.
+    async fn upload(
+        &self,
+        channel: &str,
+        file: &OutboundFile,
+        bytes: Vec<u8>,
+        nonce: String,
+    ) -> Result<String, ChannelError> {
+        let payload = json!({
+            "nonce": nonce,
+            "enforce_nonce": true,
+            "allowed_mentions": { "parse": [] },
+            "attachments": [{ "id": 0, "filename": file.name }],
+        });
+        let mime = if file.mime.is_empty() {
+            "application/octet-stream"
+        } else {
+            file.mime.as_str()
+        };
+        let (content_type, body) = Multipart::new()
+            .text("payload_json", &payload.to_string())
+            .file("files[0]", &file.name, mime, &bytes)
+            .finish();
+        // Only the body is held while it is on the wire.
+        drop(bytes);
+        let v = self
+            .inner
+            .rest
+            .call_with(
+                Method::POST,
+                &format!("POST /channels/{channel}/messages"),
+                &format!("/channels/{channel}/messages"),
+                rest::Body::Multipart(content_type, body),
+            )
+            .await?;
+        Ok(v.get("id")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string())
+    }
+
+    /// Send the attachments of durable `msg` after its text, in order, skipping those an
+    /// earlier attempt delivered (journaled after each one). A file over
+    /// [`MAX_UPLOAD_BYTES`] is replaced by a note. Answers the first message posted, if any.
+    async fn send_files(
+        &self,
+        channel: &str,
+        msg: &OutboundMessage,
+    ) -> Result<Option<String>, ChannelError> {
+        let journal = &self.inner.files;
+        let mut first = None;
+        for (i, file) in msg
+            .attachments
+            .iter()
+            .enumerate()
+            .skip(journal.files_sent(&msg.id))
+        {
+            let nonce = nonce(&format!("file:{}", msg.id), i);
+            let mid = if file.size > MAX_UPLOAD_BYTES {
+                self.post(
+                    channel,
+                    &too_big_note(file, file.size, Some(MAX_UPLOAD_BYTES)),
+                    Some(nonce),
+                    None,
+                )
+                .await?
+            } else {
+                let bytes = media::read_file(file).await?;
+                let len = u64::try_from(bytes.len()).unwrap_or(u64::MAX);
+                if len > MAX_UPLOAD_BYTES {
+                    // It grew after it was queued.
+                    let note = too_big_note(file, len, Some(MAX_UPLOAD_BYTES));
+                    self.post(channel, &note, Some(nonce), None).await?
+                } else {
+                    match self.upload(channel, file, bytes, nonce.clone()).await {
+                        // A chat whose limit is lower than ours: a note as well.
+                        Err(e) if rest::is_too_large(&e) => {
+                            let note = too_big_note(file, len, None);
+                            self.post(channel, &note, Some(nonce), None).await?
+                        }
+                        r => r?,
+                    }
+                }
+            };
+            journal.set_files_sent(&msg.id, i + 1);
+            if first.is_none() && !mid.is_empty() {
+                first = Some(mid);
+            }
+        }
+        Ok(first)
     }
 
     fn target_of<'a>(&'a self, msg: &'a OutboundMessage) -> Result<Target<'a>, ChannelError> {
@@ -339,7 +489,7 @@ impl Channel for DiscordChannel {
             progress: false,
             // 2000 characters of at most 4 bytes.
             max_message_bytes: render::LIMIT * 4,
-            max_upload_bytes: 0,
+            max_upload_bytes: MAX_UPLOAD_BYTES,
         }
     }
 
@@ -365,7 +515,15 @@ impl Channel for DiscordChannel {
             OutboundKind::Final | OutboundKind::Error => {
                 let target = self.target_of(msg)?;
                 let chunks = render::render_chunks(&msg.content);
-                self.inner.drafts.finish(&target, msg, chunks).await
+                let sent = self.inner.drafts.finish(&target, msg, chunks).await?;
+                if msg.attachments.is_empty() {
+                    return Ok(sent);
+                }
+                let first_file = self.send_files(&target.channel, msg).await?;
+                Ok(match first_file {
+                    Some(mid) if sent.0.is_empty() => SentRef(mid),
+                    _ => sent,
+                })
             }
         }
     }
@@ -384,6 +542,27 @@ impl Channel for DiscordChannel {
             .map(drop)
     }
 
+    /// The attachment's CDN `url` as the payload gave it, without credentials (Discord's CDN
+    /// URLs are signed). Trusted only when it is on the configured API origin (the fake in
+    /// tests); `cdn.discordapp.com` goes through the daemon's SSRF guard.
+    async fn media_request(&self, m: &MediaRef) -> Result<MediaRequest, ChannelError> {
+        let url = m.url.as_deref().unwrap_or_default();
+        let parsed = reqwest::Url::parse(url)
+            .ok()
+            .filter(|u| matches!(u.scheme(), "http" | "https") && u.host().is_some());
+        let Some(parsed) = parsed else {
+            return Err(ChannelError::Rejected(format!(
+                "Discord attachment {} has no http(s) URL to download it from",
+                m.id
+            )));
+        };
+        Ok(MediaRequest {
+            url: url.to_string(),
+            headers: Vec::new(),
+            trusted: parsed.origin() == self.inner.api_origin.origin(),
+        })
+    }
+
     fn state(&self) -> String {
         self.inner
             .status
@@ -399,3 +578,6 @@ impl Channel for DiscordChannel {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod media_tests;

@@ -18,6 +18,26 @@ const MAX_LOCAL_WAIT: Duration = Duration::from_secs(5);
 /// Per-request timeout.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Per-request timeout of a file upload (10 MiB over a slow uplink: about 80 s at 1 Mbit/s).
+const UPLOAD_TIMEOUT: Duration = Duration::from_secs(180);
+
+/// How a 413 answer starts ([`is_too_large`]).
+const TOO_LARGE: &str = "Discord API 413";
+
+/// Whether `e` is Discord's 413 (`Request entity too large`, code 40005): the upload is over
+/// the limit of that chat.
+pub(crate) fn is_too_large(e: &ChannelError) -> bool {
+    matches!(e, ChannelError::Rejected(m) if m.starts_with(TOO_LARGE))
+}
+
+/// The body of a REST call.
+pub(crate) enum Body<'a> {
+    None,
+    Json(&'a Value),
+    /// `multipart/form-data`: the `Content-Type` (with its boundary) and the bytes.
+    Multipart(String, Vec<u8>),
+}
+
 pub(crate) struct Rest {
     http: reqwest::Client,
     /// `{base}/api/v10`.
@@ -91,6 +111,19 @@ impl Rest {
         path: &str,
         body: Option<&Value>,
     ) -> Result<Value, ChannelError> {
+        self.call_with(method, route, path, body.map_or(Body::None, Body::Json))
+            .await
+    }
+
+    /// [`Rest::call`] with any [`Body`] (a `multipart/form-data` upload gets
+    /// [`UPLOAD_TIMEOUT`] instead of the usual per-request timeout).
+    pub(crate) async fn call_with(
+        &self,
+        method: Method,
+        route: &str,
+        path: &str,
+        body: Body<'_>,
+    ) -> Result<Value, ChannelError> {
         if let Some(until) = self.blocked_until(route) {
             let now = Instant::now();
             if until > now {
@@ -107,8 +140,15 @@ impl Rest {
             .http
             .request(method, format!("{}{path}", self.api))
             .header(reqwest::header::AUTHORIZATION, &self.auth);
-        if let Some(b) = body {
-            req = req.json(b);
+        match body {
+            Body::None => {}
+            Body::Json(b) => req = req.json(b),
+            Body::Multipart(content_type, bytes) => {
+                req = req
+                    .header(reqwest::header::CONTENT_TYPE, content_type)
+                    .timeout(UPLOAD_TIMEOUT)
+                    .body(bytes);
+            }
         }
         let resp = req.send().await.map_err(|e| {
             ChannelError::Transient(format!("Discord API unreachable: {}", without_url(&e)))
@@ -180,6 +220,9 @@ impl Rest {
             )),
             s if s.is_server_error() => {
                 ChannelError::Transient(format!("Discord API error {}: {detail}", s.as_u16()))
+            }
+            StatusCode::PAYLOAD_TOO_LARGE => {
+                ChannelError::Rejected(format!("{TOO_LARGE}: {detail}"))
             }
             s => ChannelError::Rejected(format!("Discord API {}: {detail}", s.as_u16())),
         })
