@@ -3,8 +3,12 @@
 //! Only `message` updates are fetched (`allowed_updates = ["message"]`): edited messages,
 //! channel posts, reactions and member changes are neither fetched nor delivered; an edit of a
 //! message already answered would otherwise start a second turn. Text comes from `text` or,
-//! for media, `caption`; a message with neither (sticker, photo without caption) is skipped.
+//! for media, `caption`. A photo, voice note, audio, video, video note or document is
+//! reported as an attachment ([`MediaRef`]) and delivered even without a caption (in groups it
+//! still has to be addressed to the bot); a message with neither text nor such a file (a
+//! sticker, a location) is skipped.
 
+use clawft_channel_core::media::{MediaKind, MediaRef};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -60,6 +64,102 @@ struct Message {
     caption_entities: Vec<Entity>,
     #[serde(default)]
     reply_to_message: Option<Box<ReplyTo>>,
+    #[serde(default)]
+    photo: Vec<PhotoSize>,
+    #[serde(default)]
+    voice: Option<File>,
+    #[serde(default)]
+    audio: Option<File>,
+    #[serde(default)]
+    video: Option<File>,
+    #[serde(default)]
+    video_note: Option<File>,
+    #[serde(default)]
+    document: Option<File>,
+}
+
+/// One size of a photo (Telegram sends several, from a thumbnail up).
+#[derive(Debug, Deserialize)]
+struct PhotoSize {
+    file_id: String,
+    #[serde(default)]
+    width: u32,
+    #[serde(default)]
+    height: u32,
+    #[serde(default)]
+    file_size: Option<u64>,
+}
+
+/// The fields the file objects (`Voice`, `Audio`, `Video`, `VideoNote`, `Document`) share.
+#[derive(Debug, Deserialize)]
+struct File {
+    file_id: String,
+    #[serde(default)]
+    file_name: Option<String>,
+    #[serde(default)]
+    mime_type: Option<String>,
+    #[serde(default)]
+    file_size: Option<u64>,
+    #[serde(default)]
+    duration: Option<u32>,
+}
+
+/// Longest side of the photo size picked for the model (larger ones cost tokens for nothing).
+const PHOTO_MAX_SIDE: u32 = 2048;
+/// The Bot API serves files up to 20 MB (`getFile`).
+pub(crate) const DOWNLOAD_LIMIT: u64 = 20 * 1024 * 1024;
+
+/// The photo size to download: the largest whose longer side is at most 2048 px and which the
+/// Bot API serves (≤ 20 MB), else the smallest.
+fn pick_photo(sizes: &[PhotoSize]) -> Option<&PhotoSize> {
+    let area = |p: &PhotoSize| u64::from(p.width) * u64::from(p.height);
+    sizes
+        .iter()
+        .filter(|p| {
+            p.width.max(p.height) <= PHOTO_MAX_SIDE
+                && p.file_size.is_none_or(|s| s <= DOWNLOAD_LIMIT)
+        })
+        .max_by_key(|p| area(p))
+        .or_else(|| sizes.iter().min_by_key(|p| area(p)))
+}
+
+fn file_ref(kind: MediaKind, f: &File) -> MediaRef {
+    MediaRef {
+        kind,
+        id: f.file_id.clone(),
+        name: f.file_name.clone(),
+        mime: f.mime_type.clone(),
+        size: f.file_size,
+        url: None,
+        duration_secs: f.duration,
+    }
+}
+
+/// The files of a message (Telegram puts at most one in a message; an album is several
+/// messages).
+fn attachments_of(msg: &Message) -> Vec<MediaRef> {
+    let mut out = Vec::new();
+    if let Some(p) = pick_photo(&msg.photo) {
+        out.push(MediaRef {
+            mime: Some("image/jpeg".into()),
+            size: p.file_size,
+            ..MediaRef::new(MediaKind::Image, p.file_id.clone())
+        });
+    }
+    let files = [
+        (MediaKind::Voice, &msg.voice),
+        (MediaKind::Audio, &msg.audio),
+        (MediaKind::Video, &msg.video),
+        (MediaKind::Video, &msg.video_note),
+        // An image sent "as a file" stays a document: the sender chose not to compress it.
+        (MediaKind::Document, &msg.document),
+    ];
+    for (kind, f) in files {
+        if let Some(f) = f {
+            out.push(file_ref(kind, f));
+        }
+    }
+    out
 }
 
 #[derive(Debug, Deserialize)]
@@ -78,6 +178,7 @@ pub(crate) struct Incoming {
     pub message_id: i64,
     pub group: bool,
     pub text: String,
+    pub attachments: Vec<MediaRef>,
 }
 
 /// What to do with one update.
@@ -119,9 +220,11 @@ pub(crate) fn decide(update: &Value, me: &Me, mode: GroupMode) -> Decision {
         "group" | "supergroup" => true,
         _ => return Decision::Skip("not a private or group chat"),
     };
+    let attachments = attachments_of(&msg);
     let (text, entities) = match (&msg.text, &msg.caption) {
         (Some(t), _) => (t.as_str(), &msg.entities),
         (None, Some(c)) => (c.as_str(), &msg.caption_entities),
+        (None, None) if !attachments.is_empty() => ("", &msg.caption_entities),
         (None, None) => return Decision::Skip("no text"),
     };
     // UTF-16 copies only when there are entities to look up (a mention, a command).
@@ -180,7 +283,7 @@ pub(crate) fn decide(update: &Value, me: &Me, mode: GroupMode) -> Decision {
     } else {
         cut(&units, &mut cuts)
     };
-    if text.is_empty() {
+    if text.is_empty() && attachments.is_empty() {
         return Decision::Skip("empty after removing the mention");
     }
     Decision::Deliver(Incoming {
@@ -190,6 +293,7 @@ pub(crate) fn decide(update: &Value, me: &Me, mode: GroupMode) -> Decision {
         message_id: msg.message_id,
         group,
         text,
+        attachments,
     })
 }
 
@@ -270,7 +374,8 @@ mod tests {
                 sender: 9,
                 message_id: 3,
                 group: false,
-                text: "hello 😀".into()
+                text: "hello 😀".into(),
+                attachments: Vec::new(),
             })
         );
     }
