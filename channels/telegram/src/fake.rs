@@ -56,8 +56,8 @@ use axum::extract::{DefaultBodyLimit, Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get};
-use clawft_channel_core::media::parse_multipart;
 use axum::Router;
+use clawft_channel_core::media::parse_multipart;
 use serde_json::{json, Value};
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -1293,7 +1293,10 @@ fn media_json(st: &mut St, m: &FakeMedia) -> (&'static str, Value) {
         FakeMediaKind::Voice => {
             let (id, unique) = store_file(st, "voice", ".oga", m.bytes.clone());
             let mime = m.mime.clone().unwrap_or_else(|| "audio/ogg".into());
-            ("voice", json!({"file_id": id, "file_unique_id": unique, "duration": m.duration, "mime_type": mime, "file_size": size}))
+            (
+                "voice",
+                json!({"file_id": id, "file_unique_id": unique, "duration": m.duration, "mime_type": mime, "file_size": size}),
+            )
         }
         FakeMediaKind::Audio => {
             let ext = extension(name);
@@ -1317,7 +1320,10 @@ fn media_json(st: &mut St, m: &FakeMedia) -> (&'static str, Value) {
         }
         FakeMediaKind::VideoNote => {
             let (id, unique) = store_file(st, "video_notes", ".mp4", m.bytes.clone());
-            ("video_note", json!({"file_id": id, "file_unique_id": unique, "length": w.min(h), "duration": m.duration, "file_size": size}))
+            (
+                "video_note",
+                json!({"file_id": id, "file_unique_id": unique, "length": w.min(h), "duration": m.duration, "file_size": size}),
+            )
         }
         FakeMediaKind::Document => {
             let (id, unique) = store_file(st, "documents", &extension(name), m.bytes.clone());
@@ -1433,7 +1439,10 @@ fn receive_upload(
         .get("caption")
         .and_then(Value::as_str)
         .map(str::to_string);
-    if caption.as_ref().is_some_and(|c| c.encode_utf16().count() > 1024) {
+    if caption
+        .as_ref()
+        .is_some_and(|c| c.encode_utf16().count() > 1024)
+    {
         return api_error(400, "Bad Request: message caption is too long");
     }
     let thread = params.get("message_thread_id").and_then(as_i64);
@@ -1450,15 +1459,15 @@ fn receive_upload(
         }
         _ => match params.get(field) {
             None => {
-                return api_error(400, &format!("Bad Request: there is no {field} in the request"))
+                return api_error(
+                    400,
+                    &format!("Bad Request: there is no {field} in the request"),
+                )
             }
             Some(v) => match v.as_str().and_then(|id| st.files.get(id)) {
                 Some(f) => (None, None, f.bytes.clone()),
                 None => {
-                    return api_error(
-                        400,
-                        "Bad Request: wrong file identifier/HTTP URL specified",
-                    )
+                    return api_error(400, "Bad Request: wrong file identifier/HTTP URL specified")
                 }
             },
         },
@@ -1483,7 +1492,12 @@ fn receive_upload(
         _ => "documents",
     };
     let size = bytes.len();
-    let (file_id, unique) = store_file(&mut st, dir, &extension(file_name.as_deref()), bytes.clone());
+    let (file_id, unique) = store_file(
+        &mut st,
+        dir,
+        &extension(file_name.as_deref()),
+        bytes.clone(),
+    );
     let message_id = st.next_message;
     st.next_message += 1;
     let shown = caption.clone().unwrap_or_default();

@@ -514,6 +514,116 @@ mod tests {
         ));
     }
 
+    /// The text and its entities moved to `caption` and `caption_entities`.
+    fn as_caption(m: &mut Value) {
+        let msg = m["message"].as_object_mut().unwrap();
+        let text = msg.remove("text").unwrap();
+        let entities = msg.remove("entities").unwrap();
+        msg.insert("caption".into(), text);
+        msg.insert("caption_entities".into(), entities);
+    }
+
+    fn attachments(d: Decision) -> Vec<MediaRef> {
+        match d {
+            Decision::Deliver(i) => i.attachments,
+            Decision::Skip(why) => panic!("skipped: {why}"),
+        }
+    }
+
+    #[test]
+    fn the_photo_size_is_the_largest_within_2048_px_and_20_mb() {
+        let photo = |sizes: Value| {
+            let mut m = group_msg(
+                "@clawbot look",
+                json!([{"type": "mention", "offset": 0, "length": 8}]),
+            );
+            as_caption(&mut m);
+            m["message"]["photo"] = sizes;
+            let a = attachments(decide(&m, &me(), GroupMode::Mention));
+            assert_eq!(a.len(), 1);
+            assert_eq!(a[0].kind, MediaKind::Image);
+            assert_eq!(a[0].mime.as_deref(), Some("image/jpeg"));
+            a[0].id.clone()
+        };
+        let big = 21 * 1024 * 1024;
+        assert_eq!(
+            photo(json!([
+                {"file_id": "s", "width": 90, "height": 60, "file_size": 1000},
+                {"file_id": "m", "width": 1280, "height": 853, "file_size": 90000},
+                {"file_id": "l", "width": 2048, "height": 1365},
+                {"file_id": "xl", "width": 2560, "height": 1706, "file_size": 400000},
+            ])),
+            "l"
+        );
+        assert_eq!(
+            photo(json!([
+                {"file_id": "m", "width": 1280, "height": 853, "file_size": 90000},
+                {"file_id": "l", "width": 2000, "height": 1500, "file_size": big},
+            ])),
+            "m"
+        );
+        // None fits: the smallest.
+        assert_eq!(
+            photo(json!([
+                {"file_id": "xl", "width": 4000, "height": 3000},
+                {"file_id": "xxl", "width": 8000, "height": 6000},
+            ])),
+            "xl"
+        );
+    }
+
+    #[test]
+    fn files_without_text_are_delivered_only_when_addressed() {
+        let mut m = upd(json!({
+            "message_id": 3, "date": 0,
+            "chat": {"id": 9, "type": "private"},
+            "from": {"id": 9, "is_bot": false, "first_name": "U"},
+            "document": {"file_id": "D1", "file_unique_id": "u", "file_name": "a.png",
+                         "mime_type": "image/png", "file_size": 12},
+        }));
+        let a = attachments(decide(&m, &me(), GroupMode::Mention));
+        assert_eq!(
+            a,
+            vec![MediaRef {
+                name: Some("a.png".into()),
+                mime: Some("image/png".into()),
+                size: Some(12),
+                ..MediaRef::new(MediaKind::Document, "D1")
+            }]
+        );
+        m["message"]["chat"] = json!({"id": -100, "type": "supergroup"});
+        assert!(matches!(
+            decide(&m, &me(), GroupMode::Mention),
+            Decision::Skip(_)
+        ));
+        m["message"]["reply_to_message"] = json!({"message_id": 4, "date": 0, "from": {"id": 42, "is_bot": true, "first_name": "B"}});
+        assert_eq!(attachments(decide(&m, &me(), GroupMode::Mention)).len(), 1);
+        // A caption that is only the mention: delivered with empty text.
+        let mut m = group_msg(
+            "@clawbot",
+            json!([{"type": "mention", "offset": 0, "length": 8}]),
+        );
+        as_caption(&mut m);
+        m["message"]["voice"] =
+            json!({"file_id": "V", "file_unique_id": "v", "duration": 4, "mime_type": "audio/ogg"});
+        match decide(&m, &me(), GroupMode::Mention) {
+            Decision::Deliver(i) => {
+                assert_eq!(i.text, "");
+                assert_eq!(i.attachments[0].kind, MediaKind::Voice);
+                assert_eq!(i.attachments[0].duration_secs, Some(4));
+            }
+            d => panic!("{d:?}"),
+        }
+        // A sticker (no file we report) is still skipped.
+        let mut m = group_msg("x", json!([]));
+        m["message"].as_object_mut().unwrap().remove("text");
+        m["message"]["sticker"] = json!({"file_id": "S"});
+        assert!(matches!(
+            decide(&m, &me(), GroupMode::All),
+            Decision::Skip(_)
+        ));
+    }
+
     #[test]
     fn forum_topic_sets_the_thread() {
         let mut m = group_msg(

@@ -703,4 +703,6 @@ impl Channel for TelegramChannel {
 }
 
 #[cfg(test)]
+mod media_tests;
+#[cfg(test)]
 mod tests;

@@ -13,12 +13,14 @@
 
 use std::time::Duration;
 
-use clawft_channel_core::media::{read_file, MediaKind, MediaRef, MediaRequest, Multipart, OutboundFile};
+use clawft_channel_core::media::{
+    read_file, MediaKind, MediaRef, MediaRequest, Multipart, OutboundFile,
+};
 use clawft_channel_core::{ChannelError, OutboundMessage};
 use serde_json::Value;
 
 use crate::api::{CallError, GetFile};
-use crate::{Chunk, TelegramChannel, Target};
+use crate::{Chunk, Target, TelegramChannel};
 
 /// `sendPhoto` takes photos up to 10 MB; bigger ones go as documents.
 pub const PHOTO_UPLOAD_LIMIT: u64 = 10 * 1024 * 1024;
@@ -101,7 +103,10 @@ impl TelegramChannel {
     /// Where to download `media`: `getFile`, then the Bot API's file URL (with the token, on
     /// the configured origin). A reference that names its own URL (Telegram payloads never
     /// do) gets it back without credentials, trusted only on the configured origin.
-    pub(super) async fn file_request(&self, media: &MediaRef) -> Result<MediaRequest, ChannelError> {
+    pub(super) async fn file_request(
+        &self,
+        media: &MediaRef,
+    ) -> Result<MediaRequest, ChannelError> {
         if let Some(raw) = &media.url {
             let url = reqwest::Url::parse(raw).map_err(|e| {
                 ChannelError::Rejected(format!("the attachment's URL is not a URL: {e}"))
@@ -173,8 +178,12 @@ impl TelegramChannel {
                 None
             };
             let id = if file.size > limit {
-                self.note(target, reply_to, &too_big_note(&file.name, file.size, limit))
-                    .await?
+                self.note(
+                    target,
+                    reply_to,
+                    &too_big_note(&file.name, file.size, limit),
+                )
+                .await?
             } else {
                 let bytes = read_file(file).await?;
                 let len = u64::try_from(bytes.len()).unwrap_or(u64::MAX);
@@ -231,9 +240,7 @@ impl TelegramChannel {
             let params = serde_json::json!({"message_id": r, "allow_sending_without_reply": true});
             form = form.text("reply_parameters", &params.to_string());
         }
-        let (content_type, body) = form
-            .file(field, &file.name, &file.mime, bytes)
-            .finish();
+        let (content_type, body) = form.file(field, &file.name, &file.mime, bytes).finish();
         let sent = self
             .api
             .upload(method, content_type, body, upload_deadline(len))
