@@ -395,3 +395,28 @@ async fn an_attachment_only_final_posts_no_text_and_picks_methods_by_type() {
     // The reply's reference is the first file's message.
     assert_eq!(sent.0, msgs[0].message_id.to_string());
 }
+
+#[tokio::test]
+async fn in_groups_a_file_only_reply_quotes_the_users_message() {
+    let fake = FakeTelegram::start().await;
+    let ch = Arc::new(TelegramChannel::new(config(&fake)).unwrap());
+    fake.push_user_message(-100, 9, "@clawft_test_bot draw it");
+    let ev = receive(&ch, 1).await;
+    // The fake numbers messages from 1: the user's is the first.
+    let asked = 1;
+    let mut msg = final_msg(
+        "-100",
+        "out-6",
+        "",
+        vec![
+            attachment("a.png", MediaKind::Image, "image/png", PNG),
+            attachment("b.png", MediaKind::Image, "image/png", PNG),
+        ],
+    );
+    msg.in_reply_to = Some(ev[0].event_id.clone());
+    ch.send(&msg).await.unwrap();
+    let up = fake.uploads();
+    assert_eq!(up.len(), 2);
+    assert_eq!(up[0].reply_to, Some(asked));
+    assert_eq!(up[1].reply_to, None);
+}
