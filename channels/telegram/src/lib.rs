@@ -24,7 +24,7 @@
 //! - **Files.** Photos, voice notes, audio, videos and documents arrive as attachments (the
 //!   caption is the text); `media_request` resolves them with `getFile`. A final reply's
 //!   attachments are uploaded after its text, one `send*` per file, journaled so a retry
-//!   uploads only the rest; a file over the upload limit becomes a note. See [`media`].
+//!   uploads only the rest; a file over the upload limit becomes a note.
 //! - **Replies.** In groups the first chunk replies to the user's message (the adapter keeps a
 //!   bounded map from the last 1024 update ids to their message ids); in private chats it does
 //!   not quote. Replies go to the same forum topic (`message_thread_id`).
