@@ -86,6 +86,11 @@ pub(crate) fn too_big_note(name: &str, size: u64, limit: u64) -> String {
     )
 }
 
+/// The note posted in place of a file Telegram refused.
+pub(crate) fn refused_note(name: &str, why: &str) -> String {
+    format!("{name} could not be sent: Telegram refused it ({why}).")
+}
+
 /// How long one upload of `len` bytes may take: a minute plus a second per 256 KiB (a slow
 /// uplink of a small machine).
 fn upload_deadline(len: u64) -> Duration {
@@ -191,13 +196,32 @@ impl TelegramChannel {
                     self.note(target, reply_to, &too_big_note(&file.name, len, limit))
                         .await?
                 } else {
-                    match self.upload(target, reply_to, file, &bytes).await {
+                    let (method, field) = upload_method(file, len);
+                    let mut r = self
+                        .upload(target, reply_to, file, &bytes, method, field)
+                        .await;
+                    if method == "sendPhoto" && r.as_ref().is_err_and(|e| self.refused(e)) {
+                        // Photos Telegram will not process (extreme proportions, odd
+                        // encodings) still go, as a file.
+                        r = self
+                            .upload(target, reply_to, file, &bytes, "sendDocument", "document")
+                            .await;
+                    }
+                    match r {
                         Ok(id) => id,
                         Err(CallError::TooLarge) => {
                             self.note(target, reply_to, &too_big_note(&file.name, len, limit))
                                 .await?
                         }
-                        Err(e) => return Err(self.classify(&e)),
+                        // One file Telegram refuses does not cost the others: a note says
+                        // so (if the chat itself refuses, the note fails the same way).
+                        Err(e) => match self.classify(&e) {
+                            ChannelError::Rejected(why) => {
+                                self.note(target, reply_to, &refused_note(&file.name, &why))
+                                    .await?
+                            }
+                            other => return Err(other),
+                        },
                     }
                 }
             };
@@ -223,15 +247,20 @@ impl TelegramChannel {
             .await
     }
 
+    fn refused(&self, e: &CallError) -> bool {
+        matches!(self.classify(e), ChannelError::Rejected(_))
+    }
+
     async fn upload(
         &self,
         target: &Target<'_>,
         reply_to: Option<i64>,
         file: &OutboundFile,
         bytes: &[u8],
+        method: &str,
+        field: &str,
     ) -> Result<i64, CallError> {
         let len = u64::try_from(bytes.len()).unwrap_or(u64::MAX);
-        let (method, field) = upload_method(file, len);
         let mut form = Multipart::new().text("chat_id", &chat_field(&target.chat));
         if let Some(t) = target.thread {
             form = form.text("message_thread_id", &t.to_string());

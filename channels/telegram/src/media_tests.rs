@@ -420,3 +420,50 @@ async fn in_groups_a_file_only_reply_quotes_the_users_message() {
     assert_eq!(up[0].reply_to, Some(asked));
     assert_eq!(up[1].reply_to, None);
 }
+
+#[tokio::test]
+async fn a_refused_photo_goes_as_a_file_and_a_refused_file_becomes_a_note() {
+    let fake = FakeTelegram::start().await;
+    let ch = TelegramChannel::new(config(&fake)).unwrap();
+    // Claimed PNG, but not an image Telegram can process.
+    let broken = b"\x89PNG but broken";
+    fake.fail_next(
+        "sendDocument",
+        Failure::BadRequest("Bad Request: wrong file type".into()),
+    );
+    let files = vec![
+        attachment(
+            "bad.exe",
+            MediaKind::Document,
+            "application/x-msdownload",
+            b"MZ",
+        ),
+        attachment("odd.png", MediaKind::Image, "image/png", broken),
+        attachment("fine.txt", MediaKind::Document, "text/plain", b"fine"),
+    ];
+    ch.send(&final_msg("42", "out-7", "", files)).await.unwrap();
+    let up = fake.uploads();
+    let got: Vec<(String, String)> = up
+        .iter()
+        .map(|u| (u.method.clone(), u.file_name.clone().unwrap()))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("sendDocument".to_string(), "odd.png".to_string()),
+            ("sendDocument".to_string(), "fine.txt".to_string()),
+        ]
+    );
+    assert_eq!(up[0].bytes, broken);
+    let notes: Vec<String> = fake
+        .sent()
+        .into_iter()
+        .filter(|m| m.method == "sendMessage")
+        .map(|m| m.visible)
+        .collect();
+    assert_eq!(
+        notes,
+        ["bad.exe could not be sent: Telegram refused it (Bad Request: wrong file type)."]
+    );
+    assert_eq!(fake.calls("sendPhoto").len(), 1);
+}
