@@ -82,7 +82,7 @@ pub enum Failure {
 /// A message the bot posted or edited.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SentMessage {
-    /// `sendMessage` or `editMessageText`.
+    /// `sendMessage` or `editMessageText`, or the `send*` method of an uploaded file.
     pub method: String,
     /// Chat id.
     pub chat: i64,
@@ -613,7 +613,9 @@ impl FakeTelegram {
             .collect()
     }
 
-    /// Messages the bot posted or edited, in order.
+    /// Messages the bot posted or edited, in order: what the chat shows. An uploaded file is
+    /// one entry too (`method` = `sendDocument`, ..., text = its caption, usually empty); filter
+    /// on `method == "sendMessage"` for the texts.
     pub fn sent(&self) -> Vec<SentMessage> {
         self.shared.lock().sent.clone()
     }
