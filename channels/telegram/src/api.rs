@@ -13,7 +13,7 @@ use clawft_channel_core::ChannelError;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use teloxide_core::requests::{JsonRequest, Payload};
-use teloxide_core::types::ResponseParameters;
+use teloxide_core::types::{ChatId, Seconds};
 use teloxide_core::{ApiError, Bot, RequestError};
 
 /// Timeout of every call but `getUpdates`.
@@ -111,16 +111,28 @@ impl Payload for GetFile {
     const NAME: &'static str = "getFile";
 }
 
-/// The envelope of a Bot API answer, for the calls made outside teloxide (uploads).
+/// The envelope of a Bot API answer, for the calls made outside teloxide (uploads). Plain
+/// strings and numbers: teloxide's `ApiError` parser is large, and the classification reads
+/// the description anyway.
 #[derive(Deserialize)]
 struct Answer {
     ok: bool,
     #[serde(default)]
     result: Option<Value>,
     #[serde(default)]
-    description: Option<ApiError>,
+    error_code: Option<u16>,
     #[serde(default)]
-    parameters: Option<ResponseParameters>,
+    description: Option<String>,
+    #[serde(default)]
+    parameters: Option<Parameters>,
+}
+
+#[derive(Deserialize)]
+struct Parameters {
+    #[serde(default)]
+    retry_after: Option<u32>,
+    #[serde(default)]
+    migrate_to_chat_id: Option<i64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -145,12 +157,21 @@ fn parse_answer(text: &str) -> Result<Value, CallError> {
     if a.ok {
         return Ok(a.result.unwrap_or(Value::Null));
     }
-    Err(CallError::Request(match (a.parameters, a.description) {
-        (Some(ResponseParameters::RetryAfter(s)), _) => RequestError::RetryAfter(s),
-        (Some(ResponseParameters::MigrateToChatId(c)), _) => RequestError::MigrateToChatId(c),
-        (None, Some(e)) => RequestError::Api(e),
-        (None, None) => RequestError::Api(ApiError::Unknown("error without a description".into())),
-    }))
+    let params = a.parameters.unwrap_or(Parameters {
+        retry_after: None,
+        migrate_to_chat_id: None,
+    });
+    Err(CallError::Request(
+        match (params.retry_after, params.migrate_to_chat_id, a.error_code) {
+            (Some(s), _, _) => RequestError::RetryAfter(Seconds::from_seconds(s)),
+            (None, Some(c), _) => RequestError::MigrateToChatId(ChatId(c)),
+            (None, None, Some(401)) => RequestError::Api(ApiError::InvalidToken),
+            (None, None, _) => RequestError::Api(ApiError::Unknown(
+                a.description
+                    .unwrap_or_else(|| "error without a description".into()),
+            )),
+        },
+    ))
 }
 
 /// Who the bot is (from `getMe`).

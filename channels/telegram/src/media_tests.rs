@@ -467,3 +467,21 @@ async fn a_refused_photo_goes_as_a_file_and_a_refused_file_becomes_a_note() {
     );
     assert_eq!(fake.calls("sendPhoto").len(), 1);
 }
+
+#[tokio::test]
+async fn a_revoked_token_during_an_upload_is_an_auth_error() {
+    let fake = FakeTelegram::start().await;
+    let ch = TelegramChannel::new(config(&fake)).unwrap();
+    fake.fail_next("sendDocument", Failure::Unauthorized);
+    let files = vec![attachment("a.txt", MediaKind::Document, "text/plain", b"a")];
+    let err = ch
+        .send(&final_msg("42", "out-8", "", files))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, ChannelError::Auth(m) if m.contains("channels.telegram.token")),
+        "{err:?}"
+    );
+    assert!(fake.uploads().is_empty());
+    assert!(fake.sent().is_empty(), "no note for a refused token");
+}
