@@ -13,6 +13,7 @@ use clawft_channel_core::ChannelError;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use teloxide_core::requests::{JsonRequest, Payload};
+use teloxide_core::types::{ChatId, Seconds};
 use teloxide_core::{ApiError, Bot, RequestError};
 
 /// Timeout of every call but `getUpdates`.
@@ -101,6 +102,40 @@ impl Payload for SendChatAction {
 }
 
 #[derive(Debug, Serialize)]
+pub(crate) struct GetFile {
+    pub file_id: String,
+}
+
+impl Payload for GetFile {
+    type Output = Value;
+    const NAME: &'static str = "getFile";
+}
+
+/// The envelope of a Bot API answer, for the calls made outside teloxide (uploads). Plain
+/// strings and numbers: teloxide's `ApiError` parser is large, and the classification reads
+/// the description anyway.
+#[derive(Deserialize)]
+struct Answer {
+    ok: bool,
+    #[serde(default)]
+    result: Option<Value>,
+    #[serde(default)]
+    error_code: Option<u16>,
+    #[serde(default)]
+    description: Option<String>,
+    #[serde(default)]
+    parameters: Option<Parameters>,
+}
+
+#[derive(Deserialize)]
+struct Parameters {
+    #[serde(default)]
+    retry_after: Option<u32>,
+    #[serde(default)]
+    migrate_to_chat_id: Option<i64>,
+}
+
+#[derive(Debug, Serialize)]
 pub(crate) struct DeleteWebhook {
     pub drop_pending_updates: bool,
 }
@@ -108,6 +143,35 @@ pub(crate) struct DeleteWebhook {
 impl Payload for DeleteWebhook {
     type Output = Value;
     const NAME: &'static str = "deleteWebhook";
+}
+
+/// A Bot API answer's `result`, or its error as teloxide would report it.
+fn parse_answer(text: &str) -> Result<Value, CallError> {
+    let invalid = |source: serde_json::Error| {
+        CallError::Request(RequestError::InvalidJson {
+            source: std::sync::Arc::new(source),
+            raw: text.chars().take(500).collect::<String>().into_boxed_str(),
+        })
+    };
+    let a: Answer = serde_json::from_str(text).map_err(invalid)?;
+    if a.ok {
+        return Ok(a.result.unwrap_or(Value::Null));
+    }
+    let params = a.parameters.unwrap_or(Parameters {
+        retry_after: None,
+        migrate_to_chat_id: None,
+    });
+    Err(CallError::Request(
+        match (params.retry_after, params.migrate_to_chat_id, a.error_code) {
+            (Some(s), _, _) => RequestError::RetryAfter(Seconds::from_seconds(s)),
+            (None, Some(c), _) => RequestError::MigrateToChatId(ChatId(c)),
+            (None, None, Some(401)) => RequestError::Api(ApiError::InvalidToken),
+            (None, None, _) => RequestError::Api(ApiError::Unknown(
+                a.description
+                    .unwrap_or_else(|| "error without a description".into()),
+            )),
+        },
+    ))
 }
 
 /// Who the bot is (from `getMe`).
@@ -123,6 +187,8 @@ pub(crate) enum CallError {
     Request(RequestError),
     /// No answer within the call's deadline.
     Timeout(Duration),
+    /// HTTP 413: the upload is over the server's limit.
+    TooLarge,
 }
 
 impl CallError {
@@ -181,6 +247,9 @@ impl CallError {
         let e = match self {
             CallError::Timeout(d) => {
                 ChannelError::Transient(format!("no answer from Telegram within {}s", d.as_secs()))
+            }
+            CallError::TooLarge => {
+                ChannelError::Rejected("Telegram refused the upload as too large (413)".into())
             }
             CallError::Request(RequestError::RetryAfter(s)) => ChannelError::RateLimited {
                 retry_after: Some(s.duration()),
@@ -272,6 +341,80 @@ impl Api {
 
     pub fn token(&self) -> &str {
         self.bot.token()
+    }
+
+    /// Whether `url` is on the configured API origin (scheme, host and port).
+    pub fn same_origin(&self, url: &reqwest::Url) -> bool {
+        let api = self.bot.api_url();
+        api.scheme() == url.scheme()
+            && api.host_str().map(str::to_ascii_lowercase)
+                == url.host_str().map(str::to_ascii_lowercase)
+            && api.port_or_known_default() == url.port_or_known_default()
+    }
+
+    /// `{api_url}/file/bot{token}/{file_path}`: where the Bot API serves a file `getFile`
+    /// described. `None` for a path that is not a plain relative one (a local server in
+    /// `--local` mode answers absolute paths on its own disk).
+    pub fn file_url(&self, file_path: &str) -> Option<reqwest::Url> {
+        let segments: Vec<&str> = file_path.split('/').collect();
+        if segments
+            .iter()
+            .any(|s| s.is_empty() || *s == "." || *s == "..")
+        {
+            return None;
+        }
+        let mut url = self.bot.api_url();
+        {
+            let mut path = url.path_segments_mut().ok()?;
+            path.pop_if_empty()
+                .push("file")
+                .push(&format!("bot{}", self.bot.token()));
+            for s in segments {
+                path.push(s);
+            }
+        }
+        Some(url)
+    }
+
+    /// Upload a `multipart/form-data` body to `method` (`sendDocument`, ...): the answer's
+    /// `result`, or the error classified like teloxide's (`retry_after` → 429, description →
+    /// [`ApiError`]).
+    pub async fn upload(
+        &self,
+        method: &str,
+        content_type: String,
+        body: Vec<u8>,
+        deadline: Duration,
+    ) -> Result<Value, CallError> {
+        let mut url = self.bot.api_url();
+        if let Ok(mut path) = url.path_segments_mut() {
+            path.pop_if_empty()
+                .push(&format!("bot{}", self.bot.token()))
+                .push(method);
+        }
+        let req = self
+            .bot
+            .client()
+            .post(url)
+            .header(reqwest::header::CONTENT_TYPE, content_type)
+            .body(body)
+            .send();
+        // The URL holds the token: never in the error.
+        let net = |e: reqwest::Error| {
+            CallError::Request(RequestError::Network(std::sync::Arc::new(e.without_url())))
+        };
+        let work = async {
+            let resp = req.await.map_err(net)?;
+            if resp.status() == reqwest::StatusCode::PAYLOAD_TOO_LARGE {
+                return Err(CallError::TooLarge);
+            }
+            let text = resp.text().await.map_err(net)?;
+            parse_answer(&text)
+        };
+        match tokio::time::timeout(deadline, work).await {
+            Ok(r) => r,
+            Err(_) => Err(CallError::Timeout(deadline)),
+        }
     }
 
     pub async fn call<P>(&self, payload: P, deadline: Duration) -> Result<P::Output, CallError>

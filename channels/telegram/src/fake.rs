@@ -22,6 +22,19 @@
 //!   not found".
 //! - A wrong token gets 401 `{"ok":false,"error_code":401,"description":"Unauthorized"}`.
 //! - `sendChatAction`, `getFile`, `deleteWebhook`, `getMe` answer as Telegram does.
+//! - Files: users send photos, voice notes, audio, videos, video notes and documents
+//!   ([`FakeTelegram::push_media`], [`FakeTelegram::push_photo`], ...). `getFile` answers
+//!   `{file_id, file_unique_id, file_size, file_path}` (400 "invalid file_id" for an unknown
+//!   id, 400 "file is too big" over 20 MB), and `GET /file/bot<TOKEN>/<file_path>` serves the
+//!   bytes (404 for a wrong token or path). `sendPhoto`, `sendVoice`, `sendAudio`, `sendVideo`,
+//!   `sendVideoNote` and `sendDocument` take `multipart/form-data` uploads (or the `file_id` of
+//!   a file the bot knows), refuse malformed ones as Telegram does (no `chat_id`, no file,
+//!   empty file, a photo that is not a JPEG/PNG/WebP or is over 10 MB, a caption over 1024
+//!   characters; 413 over the upload limit, 50 MB unless [`FakeTelegram::set_upload_limit`]),
+//!   answer a `Message` with its `photo`/`voice`/`audio`/`video`/`video_note`/`document`, and
+//!   are recorded in [`FakeTelegram::uploads`] and, as one message each (text = the caption),
+//!   in [`FakeTelegram::sent`]. [`FakeTelegram::hold_uploads`] makes uploads hang unanswered
+//!   and unrecorded, as if the bot died mid-upload.
 //!
 //! Scripting: [`FakeTelegram::fail_next`] (429 with `retry_after`, 5xx, 401, 400, "can't parse
 //! entities", a dropped connection), [`FakeTelegram::set_stall`] (polls hang: a dead
@@ -39,11 +52,12 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
-use axum::extract::{Path, Query, State};
-use axum::http::StatusCode;
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::any;
+use axum::routing::{any, get};
 use axum::Router;
+use clawft_channel_core::media::parse_multipart;
 use serde_json::{json, Value};
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -68,7 +82,7 @@ pub enum Failure {
 /// A message the bot posted or edited.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SentMessage {
-    /// `sendMessage` or `editMessageText`.
+    /// `sendMessage` or `editMessageText`, or the `send*` method of an uploaded file.
     pub method: String,
     /// Chat id.
     pub chat: i64,
@@ -139,6 +153,130 @@ impl FakeMessage {
     }
 }
 
+/// The message field a user's file comes in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FakeMediaKind {
+    /// `photo`: an array of sizes (a thumbnail, a 1280 px one for big photos, the full one).
+    Photo,
+    /// `voice` (default type `audio/ogg`).
+    Voice,
+    /// `audio` (default type `audio/mpeg`).
+    Audio,
+    /// `video` (default type `video/mp4`).
+    Video,
+    /// `video_note` (round video; Telegram gives no name or type).
+    VideoNote,
+    /// `document`.
+    Document,
+}
+
+/// A user message with a file, for [`FakeTelegram::push_media`].
+#[derive(Clone, Debug)]
+pub struct FakeMedia {
+    /// Chat id: positive for a private chat, negative for a (super)group.
+    pub chat: i64,
+    /// Sender's user id.
+    pub user: i64,
+    /// Which field the file comes in.
+    pub kind: FakeMediaKind,
+    /// The file's bytes (served by `/file/bot<TOKEN>/<file_path>`).
+    pub bytes: Vec<u8>,
+    /// `file_name` (audio, video, document).
+    pub file_name: Option<String>,
+    /// `mime_type` (voice, audio, video, document); defaults per kind when `None`.
+    pub mime: Option<String>,
+    /// Caption (with entities for `@mentions` and a leading `/command`, as Telegram adds).
+    pub caption: Option<String>,
+    /// `duration` in seconds (voice, audio, video, video note).
+    pub duration: u32,
+    /// Width and height of a photo or video (default 1280 x 960).
+    pub size_px: (u32, u32),
+    /// Forum topic.
+    pub topic: Option<i64>,
+    /// Id of the message this replies to.
+    pub reply_to: Option<i64>,
+}
+
+impl FakeMedia {
+    /// A file of `kind` from `user` in `chat`, without caption.
+    pub fn new(chat: i64, user: i64, kind: FakeMediaKind, bytes: impl Into<Vec<u8>>) -> Self {
+        Self {
+            chat,
+            user,
+            kind,
+            bytes: bytes.into(),
+            file_name: None,
+            mime: None,
+            caption: None,
+            duration: 3,
+            size_px: (1280, 960),
+            topic: None,
+            reply_to: None,
+        }
+    }
+
+    /// With this caption.
+    #[must_use]
+    pub fn caption(mut self, caption: &str) -> Self {
+        self.caption = Some(caption.to_string());
+        self
+    }
+
+    /// With this file name.
+    #[must_use]
+    pub fn name(mut self, name: &str) -> Self {
+        self.file_name = Some(name.to_string());
+        self
+    }
+
+    /// With this media type.
+    #[must_use]
+    pub fn mime(mut self, mime: &str) -> Self {
+        self.mime = Some(mime.to_string());
+        self
+    }
+}
+
+/// A file the fake holds (sent by a user or uploaded by the bot).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredFile {
+    /// `file_id`.
+    pub file_id: String,
+    /// `file_unique_id`.
+    pub file_unique_id: String,
+    /// `file_path` (`photos/file_3.jpg`), served under `/file/bot<TOKEN>/`.
+    pub file_path: String,
+    /// The bytes.
+    pub bytes: Vec<u8>,
+}
+
+/// One file the bot uploaded (a `send*` call Telegram accepted).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Upload {
+    /// `sendPhoto`, `sendVoice`, `sendAudio`, `sendVideo`, `sendVideoNote` or `sendDocument`.
+    pub method: String,
+    /// Chat id.
+    pub chat: i64,
+    /// `message_thread_id` given.
+    pub thread: Option<i64>,
+    /// The message's id (also in [`FakeTelegram::sent`]).
+    pub message_id: i64,
+    /// The file part's field (`photo`, `document`, ...).
+    pub field: String,
+    /// The file part's `filename`.
+    pub file_name: Option<String>,
+    /// The file part's `Content-Type`.
+    pub content_type: Option<String>,
+    /// The bytes.
+    pub bytes: Vec<u8>,
+    /// `caption` given.
+    pub caption: Option<String>,
+    /// `reply_parameters.message_id` given.
+    pub reply_to: Option<i64>,
+    /// The `file_id` the fake gave it (`getFile` knows it).
+    pub file_id: String,
+}
+
 #[derive(Default)]
 struct St {
     next_update: i64,
@@ -155,6 +293,16 @@ struct St {
     stall: bool,
     /// `getUpdates` answers at once, ignoring `timeout` (a misbehaving Bot API server).
     ignore_timeout: bool,
+    /// file_id → the file (sent by users or uploaded by the bot).
+    files: HashMap<String, StoredFile>,
+    next_file: u64,
+    uploads: Vec<Upload>,
+    /// Uploads hang unanswered and unrecorded.
+    hold_uploads: bool,
+    /// Largest upload body (413 over it); `None`: 50 MB.
+    upload_limit: Option<u64>,
+    /// `file_path`s downloaded through `/file/bot<TOKEN>/...`.
+    downloads: Vec<String>,
 }
 
 struct Shared {
@@ -235,6 +383,9 @@ impl FakeTelegram {
         });
         let app = Router::new()
             .route("/{bot}/{method}", any(handle))
+            .route("/file/{bot}/{*path}", get(download))
+            // Uploads are up to 50 MB (and more, to answer 413 like Telegram).
+            .layer(DefaultBodyLimit::disable())
             .with_state(bots.clone());
         let task = tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
@@ -340,6 +491,118 @@ impl FakeTelegram {
         id
     }
 
+    /// A user message with a file (see [`FakeMedia`]); returns its event id (the
+    /// `update_id`). The file's `file_id` is in the delivered attachment (and in
+    /// [`FakeTelegram::files`]).
+    pub fn push_media(&self, m: FakeMedia) -> String {
+        let mut st = self.shared.lock();
+        let message_id = st.next_message;
+        st.next_message += 1;
+        let mut msg = json!({
+            "message_id": message_id,
+            "date": 1_700_000_000,
+            "chat": chat_json(m.chat, m.topic.is_some()),
+            "from": {"id": m.user, "is_bot": false, "first_name": "User", "username": format!("user{}", m.user)},
+        });
+        if let Some(c) = &m.caption {
+            msg["caption"] = json!(c);
+            let entities = entities_of(c);
+            if !entities.is_empty() {
+                msg["caption_entities"] = Value::Array(entities);
+            }
+        }
+        if let Some(t) = m.topic {
+            msg["message_thread_id"] = json!(t);
+            msg["is_topic_message"] = json!(true);
+        }
+        if let Some(r) = m.reply_to {
+            let by_bot = st.messages.get(&(m.chat, r)).is_some_and(|(_, _, b)| *b);
+            let from = if by_bot {
+                json!({"id": self.shared.bot_id, "is_bot": true, "first_name": "Clawft", "username": self.shared.username})
+            } else {
+                json!({"id": m.user, "is_bot": false, "first_name": "User"})
+            };
+            msg["reply_to_message"] = json!({
+                "message_id": r, "date": 1_700_000_000,
+                "chat": chat_json(m.chat, m.topic.is_some()), "from": from, "text": "..."
+            });
+        }
+        let (field, value) = media_json(&mut st, &m);
+        msg[field] = value;
+        st.messages.insert(
+            (m.chat, message_id),
+            (m.caption.clone().unwrap_or_default(), None, false),
+        );
+        drop(st);
+        self.push_update(json!({ "message": msg })).to_string()
+    }
+
+    /// A photo (JPEG bytes) with an optional caption; returns the event id.
+    pub fn push_photo(&self, chat: i64, user: i64, bytes: &[u8], caption: Option<&str>) -> String {
+        let mut m = FakeMedia::new(chat, user, FakeMediaKind::Photo, bytes);
+        m.caption = caption.map(str::to_string);
+        self.push_media(m)
+    }
+
+    /// A voice note (OGG/Opus bytes) of `duration` seconds, without caption; returns the event
+    /// id.
+    pub fn push_voice(&self, chat: i64, user: i64, bytes: &[u8], duration: u32) -> String {
+        let mut m = FakeMedia::new(chat, user, FakeMediaKind::Voice, bytes);
+        m.duration = duration;
+        self.push_media(m)
+    }
+
+    /// A document with its file name, type and an optional caption; returns the event id.
+    pub fn push_document(
+        &self,
+        chat: i64,
+        user: i64,
+        bytes: &[u8],
+        name: &str,
+        mime: &str,
+        caption: Option<&str>,
+    ) -> String {
+        let mut m = FakeMedia::new(chat, user, FakeMediaKind::Document, bytes)
+            .name(name)
+            .mime(mime);
+        m.caption = caption.map(str::to_string);
+        self.push_media(m)
+    }
+
+    /// Every file the fake holds (users' and the bot's uploads), by `file_id`.
+    pub fn files(&self) -> HashMap<String, StoredFile> {
+        self.shared.lock().files.clone()
+    }
+
+    /// Files the bot uploaded (accepted `send*` calls), in order.
+    pub fn uploads(&self) -> Vec<Upload> {
+        self.shared.lock().uploads.clone()
+    }
+
+    /// Wait until at least `n` files were uploaded, or `timeout` passes.
+    pub async fn wait_uploads(&self, n: usize, timeout: Duration) -> Vec<Upload> {
+        self.wait(timeout, |st| st.uploads.len() >= n).await;
+        self.uploads()
+    }
+
+    /// The `file_path`s downloaded with the right token, in order.
+    pub fn downloads(&self) -> Vec<String> {
+        self.shared.lock().downloads.clone()
+    }
+
+    /// While on, an upload (`send*` with a file) is read but never answered nor recorded as an
+    /// upload, as if the bot died mid-upload; switching it off drops the held connections.
+    pub fn hold_uploads(&self, on: bool) {
+        self.shared.lock().hold_uploads = on;
+        self.shared.changed.notify_waiters();
+    }
+
+    /// The largest upload request body accepted (default 50 MB); a bigger one is answered 413
+    /// `Request Entity Too Large`, as Telegram does.
+    pub fn set_upload_limit(&self, bytes: u64) {
+        self.shared.lock().upload_limit = Some(bytes);
+    }
+
     /// Updates not yet confirmed by an `offset`.
     pub fn pending_updates(&self) -> Vec<i64> {
         self.shared
@@ -350,7 +613,9 @@ impl FakeTelegram {
             .collect()
     }
 
-    /// Messages the bot posted or edited, in order.
+    /// Messages the bot posted or edited, in order: what the chat shows. An uploaded file is
+    /// one entry too (`method` = `sendDocument`, ..., text = its caption, usually empty); filter
+    /// on `method == "sendMessage"` for the texts.
     pub fn sent(&self) -> Vec<SentMessage> {
         self.shared.lock().sent.clone()
     }
@@ -698,9 +963,23 @@ async fn handle(
     State(bots): State<Arc<Bots>>,
     Path((bot, method)): Path<(String, String)>,
     Query(query): Query<HashMap<String, String>>,
+    headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let params = params_of(query, &body);
+    let content_type = headers
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string();
+    let form = content_type
+        .to_ascii_lowercase()
+        .starts_with("multipart/form-data")
+        .then(|| parse_multipart(&content_type, &body));
+    let params = match &form {
+        Some(Some(parts)) => form_params(parts),
+        _ => params_of(query, &body),
+    };
+    let upload = upload_field(&method).is_some();
     let known = bot.strip_prefix("bot").and_then(|t| {
         bots.by_token
             .lock()
@@ -710,16 +989,18 @@ async fn handle(
     });
     let authorized = known.is_some();
     let sh = known.unwrap_or_else(|| bots.first.clone());
-    let failure = {
+    let (held, failure) = {
         let mut st = sh.lock();
         st.requests.push(Recorded {
             method: method.clone(),
             authorized,
             params: params.clone(),
         });
+        let held = upload && authorized && st.hold_uploads;
         let html = params.get("parse_mode").is_some();
         let queue = st.failures.entry(method.clone()).or_default();
-        match queue.front_mut() {
+        let failure = match queue.front_mut() {
+            _ if held => None,
             Some((_, Failure::CantParseEntities)) if !html => None,
             Some((skip, _)) if *skip > 0 => {
                 *skip -= 1;
@@ -727,11 +1008,22 @@ async fn handle(
             }
             Some(_) => queue.pop_front().map(|(_, f)| f),
             None => None,
-        }
+        };
+        (held, failure)
     };
     sh.changed.notify_waiters();
     if !authorized {
         return api_error(401, "Unauthorized");
+    }
+    if held {
+        // As if the bot died mid-upload: never answered, never shown in the chat.
+        loop {
+            let notified = sh.changed.notified();
+            if !sh.lock().hold_uploads {
+                return dropped();
+            }
+            notified.await;
+        }
     }
     if let Some(f) = failure {
         return failure_response(f);
@@ -762,12 +1054,11 @@ async fn handle(
             sh.changed.notify_waiters();
             ok(json!(true))
         }
-        "getFile" => match params.get("file_id").and_then(Value::as_str) {
-            Some(id) => ok(json!({
-                "file_id": id, "file_unique_id": format!("u{id}"), "file_size": 0,
-                "file_path": format!("documents/{id}")
-            })),
-            None => api_error(400, "Bad Request: file_id is empty"),
+        "getFile" => get_file(&sh, &params),
+        m if upload => match form {
+            Some(None) => api_error(400, "Bad Request: can't parse multipart/form-data"),
+            Some(Some(parts)) => receive_upload(&sh, m, &params, &parts, body.len()),
+            None => receive_upload(&sh, m, &params, &[], body.len()),
         },
         "deleteWebhook" | "setMyCommands" => ok(json!(true)),
         _ => api_error(404, "Not Found: method not found"),
@@ -917,6 +1208,362 @@ fn send_or_edit(sh: &Arc<Shared>, method: &str, params: &Value) -> Response {
         "from": {"id": sh.bot_id, "is_bot": true, "first_name": "Clawft", "username": sh.username},
         "text": visible,
     });
+    if let Some(t) = thread {
+        msg["message_thread_id"] = json!(t);
+        msg["is_topic_message"] = json!(true);
+    }
+    ok(msg)
+}
+
+/// Telegram's upload limit for bots.
+const UPLOAD_LIMIT: u64 = 50 * 1024 * 1024;
+/// `getFile` serves files up to 20 MB.
+const DOWNLOAD_LIMIT: usize = 20 * 1024 * 1024;
+/// `sendPhoto` takes photos up to 10 MB.
+const PHOTO_LIMIT: usize = 10 * 1024 * 1024;
+
+/// The file field of an upload method.
+fn upload_field(method: &str) -> Option<&'static str> {
+    Some(match method {
+        "sendPhoto" => "photo",
+        "sendVoice" => "voice",
+        "sendAudio" => "audio",
+        "sendVideo" => "video",
+        "sendVideoNote" => "video_note",
+        "sendDocument" => "document",
+        _ => return None,
+    })
+}
+
+fn extension(name: Option<&str>) -> String {
+    name.and_then(|n| n.rsplit_once('.'))
+        .map(|(_, e)| e)
+        .filter(|e| !e.is_empty() && e.len() <= 8 && e.chars().all(|c| c.is_ascii_alphanumeric()))
+        .map_or_else(String::new, |e| format!(".{e}"))
+}
+
+/// Store a file; returns its `file_id` and `file_unique_id`.
+fn store_file(st: &mut St, dir: &str, ext: &str, bytes: Vec<u8>) -> (String, String) {
+    st.next_file += 1;
+    let n = st.next_file;
+    let file_id = format!("AgAD{n:04}fake-file-id");
+    let unique = format!("AQAD{n:04}");
+    st.files.insert(
+        file_id.clone(),
+        StoredFile {
+            file_id: file_id.clone(),
+            file_unique_id: unique.clone(),
+            file_path: format!("{dir}/file_{n}{ext}"),
+            bytes,
+        },
+    );
+    (file_id, unique)
+}
+
+/// The message field and its value for a user's file, storing the file (and a photo's smaller
+/// sizes).
+fn media_json(st: &mut St, m: &FakeMedia) -> (&'static str, Value) {
+    let size = m.bytes.len();
+    let name = m.file_name.as_deref();
+    let (w, h) = m.size_px;
+    match m.kind {
+        FakeMediaKind::Photo => {
+            let mut sizes = Vec::new();
+            let long = w.max(h).max(1);
+            let scaled = |side: u32| {
+                (
+                    (u64::from(w) * u64::from(side) / u64::from(long)).max(1),
+                    (u64::from(h) * u64::from(side) / u64::from(long)).max(1),
+                )
+            };
+            // Smaller sizes Telegram makes: distinct bytes (still JPEG) so tests see which
+            // one was fetched.
+            for side in [90u32, 1280] {
+                if side < long {
+                    let mut bytes = vec![0xFF, 0xD8, 0xFF];
+                    bytes.extend_from_slice(format!(" {side}px").as_bytes());
+                    let len = bytes.len();
+                    let (id, unique) = store_file(st, "photos", ".jpg", bytes);
+                    let (sw, sh) = scaled(side);
+                    sizes.push(json!({"file_id": id, "file_unique_id": unique, "width": sw, "height": sh, "file_size": len}));
+                }
+            }
+            let (id, unique) = store_file(st, "photos", ".jpg", m.bytes.clone());
+            sizes.push(json!({"file_id": id, "file_unique_id": unique, "width": w, "height": h, "file_size": size}));
+            ("photo", Value::Array(sizes))
+        }
+        FakeMediaKind::Voice => {
+            let (id, unique) = store_file(st, "voice", ".oga", m.bytes.clone());
+            let mime = m.mime.clone().unwrap_or_else(|| "audio/ogg".into());
+            (
+                "voice",
+                json!({"file_id": id, "file_unique_id": unique, "duration": m.duration, "mime_type": mime, "file_size": size}),
+            )
+        }
+        FakeMediaKind::Audio => {
+            let ext = extension(name);
+            let ext = if ext.is_empty() { ".mp3".into() } else { ext };
+            let (id, unique) = store_file(st, "music", &ext, m.bytes.clone());
+            let mime = m.mime.clone().unwrap_or_else(|| "audio/mpeg".into());
+            let mut v = json!({"file_id": id, "file_unique_id": unique, "duration": m.duration, "mime_type": mime, "file_size": size});
+            if let Some(n) = name {
+                v["file_name"] = json!(n);
+            }
+            ("audio", v)
+        }
+        FakeMediaKind::Video => {
+            let (id, unique) = store_file(st, "videos", ".mp4", m.bytes.clone());
+            let mime = m.mime.clone().unwrap_or_else(|| "video/mp4".into());
+            let mut v = json!({"file_id": id, "file_unique_id": unique, "width": w, "height": h, "duration": m.duration, "mime_type": mime, "file_size": size});
+            if let Some(n) = name {
+                v["file_name"] = json!(n);
+            }
+            ("video", v)
+        }
+        FakeMediaKind::VideoNote => {
+            let (id, unique) = store_file(st, "video_notes", ".mp4", m.bytes.clone());
+            (
+                "video_note",
+                json!({"file_id": id, "file_unique_id": unique, "length": w.min(h), "duration": m.duration, "file_size": size}),
+            )
+        }
+        FakeMediaKind::Document => {
+            let (id, unique) = store_file(st, "documents", &extension(name), m.bytes.clone());
+            let mut v = json!({"file_id": id, "file_unique_id": unique, "file_size": size});
+            if let Some(n) = name {
+                v["file_name"] = json!(n);
+            }
+            if let Some(t) = &m.mime {
+                v["mime_type"] = json!(t);
+            }
+            ("document", v)
+        }
+    }
+}
+
+fn get_file(sh: &Arc<Shared>, params: &Value) -> Response {
+    let Some(id) = params.get("file_id").and_then(Value::as_str) else {
+        return api_error(400, "Bad Request: file_id is empty");
+    };
+    let st = sh.lock();
+    let Some(f) = st.files.get(id) else {
+        return api_error(400, "Bad Request: invalid file_id");
+    };
+    if f.bytes.len() > DOWNLOAD_LIMIT {
+        return api_error(400, "Bad Request: file is too big");
+    }
+    ok(json!({
+        "file_id": f.file_id, "file_unique_id": f.file_unique_id,
+        "file_size": f.bytes.len(), "file_path": f.file_path
+    }))
+}
+
+/// `GET /file/bot<TOKEN>/<file_path>`: the bytes, or 404 as Telegram answers a wrong token or
+/// path.
+async fn download(
+    State(bots): State<Arc<Bots>>,
+    Path((bot, path)): Path<(String, String)>,
+) -> Response {
+    let known = bot.strip_prefix("bot").and_then(|t| {
+        bots.by_token
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(t)
+            .cloned()
+    });
+    let Some(sh) = known else {
+        return api_error(404, "Not Found");
+    };
+    let mut st = sh.lock();
+    let Some(bytes) = st
+        .files
+        .values()
+        .find(|f| f.file_path == path)
+        .map(|f| f.bytes.clone())
+    else {
+        return api_error(404, "Not Found");
+    };
+    st.downloads.push(path);
+    drop(st);
+    sh.changed.notify_waiters();
+    (
+        [(axum::http::header::CONTENT_TYPE, "application/octet-stream")],
+        bytes,
+    )
+        .into_response()
+}
+
+/// The text fields of a form as parameters (JSON values parsed), file fields as
+/// `{"file_name", "size"}`.
+fn form_params(parts: &[clawft_channel_core::media::Part]) -> Value {
+    let mut m = serde_json::Map::new();
+    for p in parts {
+        let v = match &p.file_name {
+            Some(n) => json!({"file_name": n, "size": p.data.len()}),
+            None => {
+                let text = String::from_utf8_lossy(&p.data).into_owned();
+                serde_json::from_str(&text).unwrap_or(Value::String(text))
+            }
+        };
+        m.insert(p.name.clone(), v);
+    }
+    Value::Object(m)
+}
+
+fn is_photo(bytes: &[u8]) -> bool {
+    bytes.starts_with(&[0xFF, 0xD8, 0xFF])
+        || bytes.starts_with(b"\x89PNG\r\n\x1a\n")
+        || (bytes.len() >= 12 && bytes.starts_with(b"RIFF") && &bytes[8..12] == b"WEBP")
+}
+
+/// A `send*` upload: validated like Telegram, recorded, answered with the `Message`.
+fn receive_upload(
+    sh: &Arc<Shared>,
+    method: &str,
+    params: &Value,
+    parts: &[clawft_channel_core::media::Part],
+    body_len: usize,
+) -> Response {
+    let Some(field) = upload_field(method) else {
+        return api_error(404, "Not Found: method not found");
+    };
+    let limit = sh.lock().upload_limit.unwrap_or(UPLOAD_LIMIT);
+    if u64::try_from(body_len).unwrap_or(u64::MAX) > limit {
+        return api_error(413, "Request Entity Too Large");
+    }
+    let Some(chat_param) = params.get("chat_id") else {
+        return api_error(400, "Bad Request: chat_id is empty");
+    };
+    let Some(chat) = as_i64(chat_param) else {
+        return api_error(400, "Bad Request: chat not found");
+    };
+    let caption = params
+        .get("caption")
+        .and_then(Value::as_str)
+        .map(str::to_string);
+    if caption
+        .as_ref()
+        .is_some_and(|c| c.encode_utf16().count() > 1024)
+    {
+        return api_error(400, "Bad Request: message caption is too long");
+    }
+    let thread = params.get("message_thread_id").and_then(as_i64);
+    let reply_to = params
+        .get("reply_parameters")
+        .and_then(|r| r.get("message_id"))
+        .or_else(|| params.get("reply_to_message_id"))
+        .and_then(as_i64);
+    let mut st = sh.lock();
+    // The file: a part with a file name, else a text value naming a file the bot knows.
+    let (file_name, content_type, bytes) = match parts.iter().find(|p| p.name == field) {
+        Some(p) if p.file_name.is_some() => {
+            (p.file_name.clone(), p.content_type.clone(), p.data.clone())
+        }
+        _ => match params.get(field) {
+            None => {
+                return api_error(
+                    400,
+                    &format!("Bad Request: there is no {field} in the request"),
+                )
+            }
+            Some(v) => match v.as_str().and_then(|id| st.files.get(id)) {
+                Some(f) => (None, None, f.bytes.clone()),
+                None => {
+                    return api_error(400, "Bad Request: wrong file identifier/HTTP URL specified")
+                }
+            },
+        },
+    };
+    if bytes.is_empty() {
+        return api_error(400, "Bad Request: file must be non-empty");
+    }
+    if method == "sendPhoto" {
+        if !is_photo(&bytes) {
+            return api_error(400, "Bad Request: IMAGE_PROCESS_FAILED");
+        }
+        if bytes.len() > PHOTO_LIMIT {
+            return api_error(400, "Bad Request: PHOTO_SAVE_FILE_INVALID");
+        }
+    }
+    let dir = match field {
+        "photo" => "photos",
+        "voice" => "voice",
+        "audio" => "music",
+        "video" => "videos",
+        "video_note" => "video_notes",
+        _ => "documents",
+    };
+    let size = bytes.len();
+    let (file_id, unique) = store_file(
+        &mut st,
+        dir,
+        &extension(file_name.as_deref()),
+        bytes.clone(),
+    );
+    let message_id = st.next_message;
+    st.next_message += 1;
+    let shown = caption.clone().unwrap_or_default();
+    st.messages
+        .insert((chat, message_id), (shown.clone(), None, true));
+    st.sent.push(SentMessage {
+        method: method.to_string(),
+        chat,
+        thread,
+        message_id,
+        text: shown.clone(),
+        visible: shown,
+        parse_mode: None,
+        reply_to,
+    });
+    st.uploads.push(Upload {
+        method: method.to_string(),
+        chat,
+        thread,
+        message_id,
+        field: field.to_string(),
+        file_name: file_name.clone(),
+        content_type: content_type.clone(),
+        bytes,
+        caption: caption.clone(),
+        reply_to,
+        file_id: file_id.clone(),
+    });
+    drop(st);
+    sh.changed.notify_waiters();
+    let mut file = json!({"file_id": file_id, "file_unique_id": unique, "file_size": size});
+    let value = match field {
+        "photo" => {
+            file["width"] = json!(800);
+            file["height"] = json!(600);
+            json!([file])
+        }
+        "video_note" => {
+            file["length"] = json!(240);
+            file["duration"] = json!(1);
+            file
+        }
+        _ => {
+            if let Some(n) = &file_name {
+                file["file_name"] = json!(n);
+            }
+            if let Some(t) = &content_type {
+                file["mime_type"] = json!(t);
+            }
+            if matches!(field, "voice" | "audio" | "video") {
+                file["duration"] = json!(1);
+            }
+            file
+        }
+    };
+    let mut msg = json!({
+        "message_id": message_id, "date": 1_700_000_000,
+        "chat": chat_json(chat, thread.is_some()),
+        "from": {"id": sh.bot_id, "is_bot": true, "first_name": "Clawft", "username": sh.username},
+    });
+    msg[field] = value;
+    if let Some(c) = caption {
+        msg["caption"] = json!(c);
+    }
     if let Some(t) = thread {
         msg["message_thread_id"] = json!(t);
         msg["is_topic_message"] = json!(true);

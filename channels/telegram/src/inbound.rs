@@ -3,8 +3,12 @@
 //! Only `message` updates are fetched (`allowed_updates = ["message"]`): edited messages,
 //! channel posts, reactions and member changes are neither fetched nor delivered; an edit of a
 //! message already answered would otherwise start a second turn. Text comes from `text` or,
-//! for media, `caption`; a message with neither (sticker, photo without caption) is skipped.
+//! for media, `caption`. A photo, voice note, audio, video, video note or document is
+//! reported as an attachment ([`MediaRef`]) and delivered even without a caption (in groups it
+//! still has to be addressed to the bot); a message with neither text nor such a file (a
+//! sticker, a location) is skipped.
 
+use clawft_channel_core::media::{MediaKind, MediaRef};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -60,6 +64,102 @@ struct Message {
     caption_entities: Vec<Entity>,
     #[serde(default)]
     reply_to_message: Option<Box<ReplyTo>>,
+    #[serde(default)]
+    photo: Vec<PhotoSize>,
+    #[serde(default)]
+    voice: Option<File>,
+    #[serde(default)]
+    audio: Option<File>,
+    #[serde(default)]
+    video: Option<File>,
+    #[serde(default)]
+    video_note: Option<File>,
+    #[serde(default)]
+    document: Option<File>,
+}
+
+/// One size of a photo (Telegram sends several, from a thumbnail up).
+#[derive(Debug, Deserialize)]
+struct PhotoSize {
+    file_id: String,
+    #[serde(default)]
+    width: u32,
+    #[serde(default)]
+    height: u32,
+    #[serde(default)]
+    file_size: Option<u64>,
+}
+
+/// The fields the file objects (`Voice`, `Audio`, `Video`, `VideoNote`, `Document`) share.
+#[derive(Debug, Deserialize)]
+struct File {
+    file_id: String,
+    #[serde(default)]
+    file_name: Option<String>,
+    #[serde(default)]
+    mime_type: Option<String>,
+    #[serde(default)]
+    file_size: Option<u64>,
+    #[serde(default)]
+    duration: Option<u32>,
+}
+
+/// Longest side of the photo size picked for the model (larger ones cost tokens for nothing).
+const PHOTO_MAX_SIDE: u32 = 2048;
+/// The Bot API serves files up to 20 MB (`getFile`).
+pub(crate) const DOWNLOAD_LIMIT: u64 = 20 * 1024 * 1024;
+
+/// The photo size to download: the largest whose longer side is at most 2048 px and which the
+/// Bot API serves (≤ 20 MB), else the smallest.
+fn pick_photo(sizes: &[PhotoSize]) -> Option<&PhotoSize> {
+    let area = |p: &PhotoSize| u64::from(p.width) * u64::from(p.height);
+    sizes
+        .iter()
+        .filter(|p| {
+            p.width.max(p.height) <= PHOTO_MAX_SIDE
+                && p.file_size.is_none_or(|s| s <= DOWNLOAD_LIMIT)
+        })
+        .max_by_key(|p| area(p))
+        .or_else(|| sizes.iter().min_by_key(|p| area(p)))
+}
+
+fn file_ref(kind: MediaKind, f: &File) -> MediaRef {
+    MediaRef {
+        kind,
+        id: f.file_id.clone(),
+        name: f.file_name.clone(),
+        mime: f.mime_type.clone(),
+        size: f.file_size,
+        url: None,
+        duration_secs: f.duration,
+    }
+}
+
+/// The files of a message (Telegram puts at most one in a message; an album is several
+/// messages).
+fn attachments_of(msg: &Message) -> Vec<MediaRef> {
+    let mut out = Vec::new();
+    if let Some(p) = pick_photo(&msg.photo) {
+        out.push(MediaRef {
+            mime: Some("image/jpeg".into()),
+            size: p.file_size,
+            ..MediaRef::new(MediaKind::Image, p.file_id.clone())
+        });
+    }
+    let files = [
+        (MediaKind::Voice, &msg.voice),
+        (MediaKind::Audio, &msg.audio),
+        (MediaKind::Video, &msg.video),
+        (MediaKind::Video, &msg.video_note),
+        // An image sent "as a file" stays a document: the sender chose not to compress it.
+        (MediaKind::Document, &msg.document),
+    ];
+    for (kind, f) in files {
+        if let Some(f) = f {
+            out.push(file_ref(kind, f));
+        }
+    }
+    out
 }
 
 #[derive(Debug, Deserialize)]
@@ -78,6 +178,7 @@ pub(crate) struct Incoming {
     pub message_id: i64,
     pub group: bool,
     pub text: String,
+    pub attachments: Vec<MediaRef>,
 }
 
 /// What to do with one update.
@@ -119,9 +220,11 @@ pub(crate) fn decide(update: &Value, me: &Me, mode: GroupMode) -> Decision {
         "group" | "supergroup" => true,
         _ => return Decision::Skip("not a private or group chat"),
     };
+    let attachments = attachments_of(&msg);
     let (text, entities) = match (&msg.text, &msg.caption) {
         (Some(t), _) => (t.as_str(), &msg.entities),
         (None, Some(c)) => (c.as_str(), &msg.caption_entities),
+        (None, None) if !attachments.is_empty() => ("", &msg.caption_entities),
         (None, None) => return Decision::Skip("no text"),
     };
     // UTF-16 copies only when there are entities to look up (a mention, a command).
@@ -180,7 +283,7 @@ pub(crate) fn decide(update: &Value, me: &Me, mode: GroupMode) -> Decision {
     } else {
         cut(&units, &mut cuts)
     };
-    if text.is_empty() {
+    if text.is_empty() && attachments.is_empty() {
         return Decision::Skip("empty after removing the mention");
     }
     Decision::Deliver(Incoming {
@@ -190,6 +293,7 @@ pub(crate) fn decide(update: &Value, me: &Me, mode: GroupMode) -> Decision {
         message_id: msg.message_id,
         group,
         text,
+        attachments,
     })
 }
 
@@ -270,7 +374,8 @@ mod tests {
                 sender: 9,
                 message_id: 3,
                 group: false,
-                text: "hello 😀".into()
+                text: "hello 😀".into(),
+                attachments: Vec::new(),
             })
         );
     }
@@ -405,6 +510,116 @@ mod tests {
         );
         assert!(matches!(
             decide(&m, &me(), GroupMode::Mention),
+            Decision::Skip(_)
+        ));
+    }
+
+    /// The text and its entities moved to `caption` and `caption_entities`.
+    fn as_caption(m: &mut Value) {
+        let msg = m["message"].as_object_mut().unwrap();
+        let text = msg.remove("text").unwrap();
+        let entities = msg.remove("entities").unwrap();
+        msg.insert("caption".into(), text);
+        msg.insert("caption_entities".into(), entities);
+    }
+
+    fn attachments(d: Decision) -> Vec<MediaRef> {
+        match d {
+            Decision::Deliver(i) => i.attachments,
+            Decision::Skip(why) => panic!("skipped: {why}"),
+        }
+    }
+
+    #[test]
+    fn the_photo_size_is_the_largest_within_2048_px_and_20_mb() {
+        let photo = |sizes: Value| {
+            let mut m = group_msg(
+                "@clawbot look",
+                json!([{"type": "mention", "offset": 0, "length": 8}]),
+            );
+            as_caption(&mut m);
+            m["message"]["photo"] = sizes;
+            let a = attachments(decide(&m, &me(), GroupMode::Mention));
+            assert_eq!(a.len(), 1);
+            assert_eq!(a[0].kind, MediaKind::Image);
+            assert_eq!(a[0].mime.as_deref(), Some("image/jpeg"));
+            a[0].id.clone()
+        };
+        let big = 21 * 1024 * 1024;
+        assert_eq!(
+            photo(json!([
+                {"file_id": "s", "width": 90, "height": 60, "file_size": 1000},
+                {"file_id": "m", "width": 1280, "height": 853, "file_size": 90000},
+                {"file_id": "l", "width": 2048, "height": 1365},
+                {"file_id": "xl", "width": 2560, "height": 1706, "file_size": 400000},
+            ])),
+            "l"
+        );
+        assert_eq!(
+            photo(json!([
+                {"file_id": "m", "width": 1280, "height": 853, "file_size": 90000},
+                {"file_id": "l", "width": 2000, "height": 1500, "file_size": big},
+            ])),
+            "m"
+        );
+        // None fits: the smallest.
+        assert_eq!(
+            photo(json!([
+                {"file_id": "xl", "width": 4000, "height": 3000},
+                {"file_id": "xxl", "width": 8000, "height": 6000},
+            ])),
+            "xl"
+        );
+    }
+
+    #[test]
+    fn files_without_text_are_delivered_only_when_addressed() {
+        let mut m = upd(json!({
+            "message_id": 3, "date": 0,
+            "chat": {"id": 9, "type": "private"},
+            "from": {"id": 9, "is_bot": false, "first_name": "U"},
+            "document": {"file_id": "D1", "file_unique_id": "u", "file_name": "a.png",
+                         "mime_type": "image/png", "file_size": 12},
+        }));
+        let a = attachments(decide(&m, &me(), GroupMode::Mention));
+        assert_eq!(
+            a,
+            vec![MediaRef {
+                name: Some("a.png".into()),
+                mime: Some("image/png".into()),
+                size: Some(12),
+                ..MediaRef::new(MediaKind::Document, "D1")
+            }]
+        );
+        m["message"]["chat"] = json!({"id": -100, "type": "supergroup"});
+        assert!(matches!(
+            decide(&m, &me(), GroupMode::Mention),
+            Decision::Skip(_)
+        ));
+        m["message"]["reply_to_message"] = json!({"message_id": 4, "date": 0, "from": {"id": 42, "is_bot": true, "first_name": "B"}});
+        assert_eq!(attachments(decide(&m, &me(), GroupMode::Mention)).len(), 1);
+        // A caption that is only the mention: delivered with empty text.
+        let mut m = group_msg(
+            "@clawbot",
+            json!([{"type": "mention", "offset": 0, "length": 8}]),
+        );
+        as_caption(&mut m);
+        m["message"]["voice"] =
+            json!({"file_id": "V", "file_unique_id": "v", "duration": 4, "mime_type": "audio/ogg"});
+        match decide(&m, &me(), GroupMode::Mention) {
+            Decision::Deliver(i) => {
+                assert_eq!(i.text, "");
+                assert_eq!(i.attachments[0].kind, MediaKind::Voice);
+                assert_eq!(i.attachments[0].duration_secs, Some(4));
+            }
+            d => panic!("{d:?}"),
+        }
+        // A sticker (no file we report) is still skipped.
+        let mut m = group_msg("x", json!([]));
+        m["message"].as_object_mut().unwrap().remove("text");
+        m["message"]["sticker"] = json!({"file_id": "S"});
+        assert!(matches!(
+            decide(&m, &me(), GroupMode::All),
             Decision::Skip(_)
         ));
     }

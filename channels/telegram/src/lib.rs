@@ -21,6 +21,10 @@
 //!   Progress per outbound id makes a retried `send` skip chunks already delivered. With
 //!   `stream_edits`, deltas build one draft message edited at most once per `edit_interval`,
 //!   and the final reply edits the draft into its first chunk.
+//! - **Files.** Photos, voice notes, audio, videos and documents arrive as attachments (the
+//!   caption is the text); `media_request` resolves them with `getFile`. A final reply's
+//!   attachments are uploaded after its text, one `send*` per file, journaled so a retry
+//!   uploads only the rest; a file over the upload limit becomes a note.
 //! - **Replies.** In groups the first chunk replies to the user's message (the adapter keeps a
 //!   bounded map from the last 1024 update ids to their message ids); in private chats it does
 //!   not quote. Replies go to the same forum topic (`message_thread_id`).
@@ -32,6 +36,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use clawft_channel_core::bounded::BoundedMap;
 use clawft_channel_core::draft::{DraftBook, DraftOptions, DraftPlatform, Edited, Slot};
+use clawft_channel_core::draft_journal::DraftJournal;
+use clawft_channel_core::media::{MediaRef, MediaRequest};
 use clawft_channel_core::text::{split_markdown, Measure};
 use clawft_channel_core::{
     now_ms, Ack, Capabilities, Channel, ChannelError, ChannelId, ChatId, InboundDelivery,
@@ -44,6 +50,7 @@ use tokio_util::sync::CancellationToken;
 
 mod api;
 pub mod inbound;
+mod media;
 pub mod render;
 
 #[cfg(any(test, feature = "testing"))]
@@ -63,6 +70,8 @@ pub const OFFSET_KEY: &str = "offset";
 pub const MIN_EMPTY_POLL_INTERVAL: Duration = Duration::from_secs(1);
 /// Longest reconnect backoff.
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
+/// Telegram's upload limit for bots (50 MB).
+pub const MAX_UPLOAD_BYTES: u64 = 50 * 1024 * 1024;
 /// Remembered update → message ids (for replying), outbound progress entries and drafts.
 const MAX_REMEMBERED: usize = 1024;
 
@@ -90,6 +99,10 @@ pub struct TelegramConfig {
     pub poll_timeout: Duration,
     /// Where the `getUpdates` offset is kept across restarts.
     pub state: Arc<dyn StateStore>,
+    /// Largest file uploaded (default [`MAX_UPLOAD_BYTES`], Telegram's 50 MB for bots; a local
+    /// `telegram-bot-api` server takes up to 2000 MB). A bigger attachment is replaced by a
+    /// short note in the chat.
+    pub max_upload_bytes: u64,
 }
 
 impl TelegramConfig {
@@ -113,6 +126,7 @@ impl Default for TelegramConfig {
             edit_interval: Duration::from_millis(1500),
             poll_timeout: Duration::from_secs(25),
             state: Arc::new(MemoryState::default()),
+            max_upload_bytes: MAX_UPLOAD_BYTES,
         }
     }
 }
@@ -127,6 +141,7 @@ impl fmt::Debug for TelegramConfig {
             .field("stream_edits", &self.stream_edits)
             .field("edit_interval", &self.edit_interval)
             .field("poll_timeout", &self.poll_timeout)
+            .field("max_upload_bytes", &self.max_upload_bytes)
             .finish_non_exhaustive()
     }
 }
@@ -184,6 +199,8 @@ pub struct TelegramChannel {
     /// Streamed drafts and the delivery progress of final replies (journaled in the state
     /// store, so a resend after a restart edits instead of posting again).
     drafts: DraftBook<i64, Chunk>,
+    /// How many attachments of each final reply were uploaded (same state store).
+    journal: DraftJournal,
 }
 
 /// The Telegram side of a streamed draft or final reply: where one outbound message goes.
@@ -314,6 +331,7 @@ impl TelegramChannel {
                 skip_repeated_deltas: false,
             })
             .with_journal(cfg.state.clone()),
+            journal: DraftJournal::new(cfg.state.clone()),
             cfg,
             api,
             status: Mutex::new("not started".into()),
@@ -393,7 +411,7 @@ impl TelegramChannel {
                 event_id,
                 content: incoming.text,
                 received_at_ms: now_ms(),
-                attachments: Vec::new(),
+                attachments: incoming.attachments,
             });
             tokio::select! {
                 r = tx.send(delivery) => if r.is_err() { return Flow::Stop },
@@ -514,7 +532,7 @@ impl Channel for TelegramChannel {
             streaming: self.cfg.stream_edits,
             progress: false,
             max_message_bytes: MAX_MESSAGE_UTF16,
-            max_upload_bytes: 0,
+            max_upload_bytes: self.cfg.max_upload_bytes,
         }
     }
 
@@ -645,7 +663,16 @@ impl Channel for TelegramChannel {
             OutboundKind::Final | OutboundKind::Error => {
                 let target = self.target(msg)?;
                 let chunks = plan_chunks(&msg.content);
-                self.drafts.finish(&target, msg, chunks).await
+                let sent = self.drafts.finish(&target, msg, chunks).await?;
+                if msg.attachments.is_empty() {
+                    return Ok(sent);
+                }
+                let first_file = self.send_files(&target, msg, sent.0.is_empty()).await?;
+                Ok(if sent.0.is_empty() {
+                    first_file.map_or(sent, |id| SentRef(id.to_string()))
+                } else {
+                    sent
+                })
             }
         }
     }
@@ -663,6 +690,10 @@ impl Channel for TelegramChannel {
             .map_err(|e| self.classify(&e))
     }
 
+    async fn media_request(&self, media: &MediaRef) -> Result<MediaRequest, ChannelError> {
+        self.file_request(media).await
+    }
+
     fn state(&self) -> String {
         self.status
             .lock()
@@ -675,5 +706,7 @@ impl Channel for TelegramChannel {
     }
 }
 
+#[cfg(test)]
+mod media_tests;
 #[cfg(test)]
 mod tests;
