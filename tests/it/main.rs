@@ -22,6 +22,7 @@ mod gateway;
 mod inputs;
 mod layering;
 mod mcp;
+mod media;
 mod memory;
 mod memory_embed;
 mod openai_api;
