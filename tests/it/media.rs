@@ -90,11 +90,16 @@ async fn a_telegram_photo_reaches_the_model_as_an_image_part_for_its_turn_and_is
     let parts = user["content"].as_array().expect("content parts").clone();
     assert_eq!(parts[0]["type"], "text");
     let text = parts[0]["text"].as_str().unwrap();
-    assert!(text.starts_with("what is this?\n\n[Attached image: inbox/"), "{text}");
+    assert!(
+        text.starts_with("what is this?\n\n[Attached image: inbox/"),
+        "{text}"
+    );
     let url = parts[1]["image_url"]["url"].as_str().unwrap();
     let data = url.strip_prefix("data:image/jpeg;base64,").unwrap();
     assert_eq!(
-        base64::engine::general_purpose::STANDARD.decode(data).unwrap(),
+        base64::engine::general_purpose::STANDARD
+            .decode(data)
+            .unwrap(),
         JPEG
     );
     let files = inbox(&dir.path().join("ws"));
@@ -108,7 +113,9 @@ async fn a_telegram_photo_reaches_the_model_as_an_image_part_for_its_turn_and_is
     assert!(wait_until(T, || shown_in(&tg, 111).iter().any(|t| t == "Still a cat.")).await);
     let req = &llm.requests()[1];
     assert!(
-        messages(req).iter().all(|m| m["content"].is_string() || m["content"].is_null()),
+        messages(req)
+            .iter()
+            .all(|m| m["content"].is_string() || m["content"].is_null()),
         "{req}"
     );
     assert!(req.to_string().contains("[Attached image: inbox/"), "{req}");
@@ -251,7 +258,11 @@ async fn crafted_attachment_urls_to_loopback_and_metadata_are_refused_with_no_co
         assert!(text.contains("refused"), "{text}");
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(connections.load(Ordering::SeqCst), 0, "the listener was reached");
+    assert_eq!(
+        connections.load(Ordering::SeqCst),
+        0,
+        "the listener was reached"
+    );
     assert!(inbox(&dir.path().join("ws")).is_empty());
     gw.stop().await;
 }
@@ -269,7 +280,14 @@ async fn an_oversized_file_is_not_downloaded_and_the_user_is_told() {
     ))
     .await;
     let big = vec![b'z'; 1536 * 1024];
-    tg.push_document(111, 111, &big, "dump.zip", "application/zip", Some("keep this"));
+    tg.push_document(
+        111,
+        111,
+        &big,
+        "dump.zip",
+        "application/zip",
+        Some("keep this"),
+    );
     assert!(
         wait_until(T, || shown_in(&tg, 111).len() == 1).await,
         "{:?}",
@@ -293,7 +311,9 @@ fn file_sending_model(llm: &FakeLlm, channel: &str, chat: &str) {
         "message".into(),
         args.to_string(),
     )]));
-    llm.push(Reply::Text("Sent. Here is the chart too.\nMEDIA: charts/week.png".into()));
+    llm.push(Reply::Text(
+        "Sent. Here is the chart too.\nMEDIA: charts/week.png".into(),
+    ));
 }
 
 fn workspace_with_files(dir: &std::path::Path) {
@@ -336,7 +356,11 @@ async fn files_sent_back_arrive_once_on_each_platform() {
                     .into_iter()
                     .map(|u| (u.file_name, u.bytes))
                     .collect(),
-                _ => sl.uploads().into_iter().map(|u| (u.name, u.bytes)).collect(),
+                _ => sl
+                    .uploads()
+                    .into_iter()
+                    .map(|u| (u.name, u.bytes))
+                    .collect(),
             }
         };
         match platform {
@@ -357,7 +381,12 @@ async fn files_sent_back_arrive_once_on_each_platform() {
         );
         tokio::time::sleep(Duration::from_millis(800)).await;
         let got = uploads();
-        assert_eq!(got.len(), 2, "{platform}: {:?}", got.iter().map(|u| &u.0).collect::<Vec<_>>());
+        assert_eq!(
+            got.len(),
+            2,
+            "{platform}: {:?}",
+            got.iter().map(|u| &u.0).collect::<Vec<_>>()
+        );
         assert_eq!(got[0].0, "report.pdf", "{platform}");
         assert_eq!(got[0].1, PDF, "{platform}");
         assert_eq!(got[1].0, "week.png", "{platform}");
@@ -453,7 +482,10 @@ async fn kill_9_in_the_middle_of_an_upload_still_delivers_the_file_once_on_each_
             log_of(dir.path())
         );
         tokio::time::sleep(Duration::from_millis(700)).await;
-        assert!(uploads().is_empty(), "{platform}: the held upload was recorded");
+        assert!(
+            uploads().is_empty(),
+            "{platform}: the held upload was recorded"
+        );
         d.kill9();
         hold(false);
         let d = Daemon::start(dir.path(), &cfg, port).await;
