@@ -432,6 +432,13 @@ impl Daemon {
         if !outbound.is_empty() {
             tracing::info!(count = outbound.len(), "resending undelivered replies");
         }
+        let swept = outbox.sweep_staged(&outbound);
+        if swept > 0 {
+            tracing::info!(
+                count = swept,
+                "removed attachment copies of messages never queued"
+            );
+        }
         for m in outbound {
             outbox.route(m);
         }

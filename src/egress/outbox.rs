@@ -120,6 +120,30 @@ impl Outbox {
         self
     }
 
+    /// Remove the attachment copies of messages that are not in the outbox any more: copies
+    /// made for a message whose outbox entry was never written (a crash between the two, a
+    /// `message` call refused after copying). Called at start, before anything is queued;
+    /// `pending` are the ids still in the outbox. Returns how many were removed.
+    pub fn sweep_staged(&self, pending: &[OutboundMessage]) -> usize {
+        let Some(root) = &self.files else {
+            return 0;
+        };
+        let Ok(entries) = std::fs::read_dir(root) else {
+            return 0;
+        };
+        let mut removed = 0;
+        for e in entries.flatten() {
+            let name = e.file_name();
+            if pending.iter().any(|m| *m.id == *name) {
+                continue;
+            }
+            if std::fs::remove_dir_all(e.path()).is_ok() {
+                removed += 1;
+            }
+        }
+        removed
+    }
+
     /// Copy `bytes` as attachment `name` of message `id`; returns the copy's path.
     ///
     /// # Errors
@@ -201,5 +225,45 @@ impl crate::tools::message::MessageSink for Outbox {
 
     fn stage(&self, id: &str, name: &str, bytes: &[u8]) -> Result<String, String> {
         Outbox::stage(self, id, name, bytes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn copies_live_until_settled_and_orphans_are_swept_at_start() {
+        let d = tempfile::tempdir().unwrap();
+        let store = Store::open(&d.path().join("store"), 1 << 20).unwrap();
+        let files = d.path().join("outbox-files");
+        let outbox = Outbox::new(store.clone(), ChannelTable::default()).with_files(files.clone());
+        let mut queued = OutboundMessage::proactive(
+            ChannelId::new("telegram"),
+            ChatId::new("1"),
+            None,
+            String::new(),
+        );
+        let path = outbox.stage(&queued.id, "1-a.pdf", b"%PDF").unwrap();
+        queued
+            .attachments
+            .push(clawft_channel_core::media::OutboundFile {
+                path: path.clone(),
+                name: "a.pdf".into(),
+                kind: clawft_channel_core::media::MediaKind::Document,
+                mime: "application/pdf".into(),
+                size: 4,
+            });
+        store.enqueue_outbound(&queued).unwrap();
+        // Copied for a message that was never queued (a crash between the two).
+        outbox.stage("orphan-id", "1-b.png", b"png").unwrap();
+        let pending = store.pending_outbound().unwrap();
+        assert_eq!(outbox.sweep_staged(&pending), 1);
+        assert!(!files.join("orphan-id").exists());
+        assert_eq!(std::fs::read(&path).unwrap(), b"%PDF");
+        // Settled: its copy and directory go.
+        remove_staged(&queued);
+        assert!(!files.join(&queued.id).exists());
     }
 }
