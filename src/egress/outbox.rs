@@ -226,6 +226,13 @@ impl crate::tools::message::MessageSink for Outbox {
     fn stage(&self, id: &str, name: &str, bytes: &[u8]) -> Result<String, String> {
         Outbox::stage(self, id, name, bytes)
     }
+
+    fn sends_files(&self, id: &str) -> bool {
+        self.channels
+            .get(id)
+            .and_then(|c| c.adapter.upgrade())
+            .is_some_and(|a| a.capabilities().max_upload_bytes > 0)
+    }
 }
 
 #[cfg(test)]

@@ -38,6 +38,10 @@ pub trait MessageSink: Send + Sync + 'static {
     fn stage(&self, _id: &str, _name: &str, _bytes: &[u8]) -> Result<String, String> {
         Err("this gateway sends no files".into())
     }
+    /// Whether channel `id` uploads files (the HTTP API and the terminal carry text only).
+    fn sends_files(&self, _id: &str) -> bool {
+        true
+    }
 }
 
 /// Most files one message carries.
@@ -236,6 +240,12 @@ impl Tool for MessageTool {
                 channels.join(", ")
             )));
         }
+        if !a.attachments.is_empty() && !self.sink.sends_files(&a.channel) {
+            return Err(ToolError::InvalidArgs(format!(
+                "channel `{}` carries text only, not files; send the text, or name the file's path in it",
+                a.channel
+            )));
+        }
         // A message to the session's own chat stays in its thread.
         let thread = match ctx.session.route() {
             (c, chat, Some(t)) if c == a.channel && chat == a.chat_id => Some(ThreadId::new(t)),
@@ -280,6 +290,9 @@ mod tests {
     impl MessageSink for Sink {
         fn channels(&self) -> Vec<String> {
             vec!["telegram".into(), "http".into()]
+        }
+        fn sends_files(&self, id: &str) -> bool {
+            id != "http"
         }
         fn send(&self, msg: OutboundMessage) -> Result<(), crate::store::StoreError> {
             self.0.lock().unwrap().push(msg);
@@ -369,6 +382,9 @@ mod tests {
         fn send(&self, msg: OutboundMessage) -> Result<(), crate::store::StoreError> {
             self.0.send(msg)
         }
+        fn sends_files(&self, id: &str) -> bool {
+            self.0.sends_files(id)
+        }
         fn stage(&self, id: &str, name: &str, bytes: &[u8]) -> Result<String, String> {
             let dir = self.1.join(id);
             std::fs::create_dir_all(&dir).unwrap();
@@ -421,6 +437,20 @@ mod tests {
                 .unwrap_err();
             assert!(!e.to_string().contains("canary"), "{bad}: {e}");
         }
+        // A channel that carries text only refuses files instead of dropping them.
+        let ctx_http = ToolContext {
+            session: SessionKey::parse("http:42").unwrap(),
+            ..ctx
+        };
+        let e = t
+            .execute(
+                json!({"channel": "http", "chat_id": "42", "attachments": ["reports/week.pdf"]}),
+                &ctx_http,
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), "INVALID_ARGS");
+        assert!(e.to_string().contains("text only"), "{e}");
         assert_eq!(
             sink.0 .0.lock().unwrap().len(),
             1,
