@@ -323,20 +323,101 @@ fn workspace_with_files(dir: &std::path::Path) {
     std::fs::write(ws.join("charts/week.png"), PNG).unwrap();
 }
 
+/// One platform's fake, seen the same way by the outbound tests.
+enum Fake {
+    Telegram(FakeTelegram),
+    Discord(clawft_channel_discord::fake::FakeDiscord),
+    Slack(clawft_channel_slack::fake::FakeSlack),
+}
+
+impl Fake {
+    async fn start(name: &str) -> Self {
+        match name {
+            "telegram" => Fake::Telegram(FakeTelegram::start().await),
+            "discord" => Fake::Discord(clawft_channel_discord::fake::FakeDiscord::start().await),
+            _ => Fake::Slack(clawft_channel_slack::fake::FakeSlack::start().await),
+        }
+    }
+
+    fn name(&self) -> &'static str {
+        match self {
+            Fake::Telegram(_) => "telegram",
+            Fake::Discord(_) => "discord",
+            Fake::Slack(_) => "slack",
+        }
+    }
+
+    /// The config section and the user's chat id.
+    fn section(&self) -> (Value, &'static str) {
+        match self {
+            Fake::Telegram(f) => (telegram(f), "111"),
+            Fake::Discord(f) => (discord(f), "500"),
+            Fake::Slack(f) => (slack(f), "D111"),
+        }
+    }
+
+    /// The user writes `text` in their chat.
+    fn push(&self, text: &str) {
+        match self {
+            Fake::Telegram(f) => {
+                f.push_user_message(111, 111, text);
+            }
+            Fake::Discord(f) => {
+                f.push_user_message("500", "111", text);
+            }
+            Fake::Slack(f) => {
+                f.push_user_message("D111", "U111", text);
+            }
+        }
+    }
+
+    /// Every uploaded file: (name, bytes).
+    fn uploads(&self) -> Vec<(String, Vec<u8>)> {
+        match self {
+            Fake::Telegram(f) => f
+                .uploads()
+                .into_iter()
+                .map(|u| (u.file_name.unwrap_or_default(), u.bytes))
+                .collect(),
+            Fake::Discord(f) => f
+                .uploads()
+                .into_iter()
+                .map(|u| (u.file_name, u.bytes))
+                .collect(),
+            Fake::Slack(f) => f.uploads().into_iter().map(|u| (u.name, u.bytes)).collect(),
+        }
+    }
+
+    /// The text messages the chat shows that contain `needle`.
+    fn texts(&self, needle: &str) -> Vec<String> {
+        let all: Vec<String> = match self {
+            Fake::Telegram(f) => shown_in(f, 111),
+            Fake::Discord(f) => f.sent().into_iter().map(|m| m.text).collect(),
+            Fake::Slack(f) => f.sent().into_iter().map(|m| m.text).collect(),
+        };
+        all.into_iter().filter(|t| t.contains(needle)).collect()
+    }
+
+    fn hold_uploads(&self, on: bool) {
+        match self {
+            Fake::Telegram(f) => f.hold_uploads(on),
+            Fake::Discord(f) => f.hold_uploads(on),
+            Fake::Slack(f) => f.hold_uploads(on),
+        }
+    }
+}
+
+const PLATFORMS: [&str; 3] = ["telegram", "discord", "slack"];
+
 #[tokio::test]
 async fn files_sent_back_arrive_once_on_each_platform() {
-    let tg = FakeTelegram::start().await;
-    let dc = clawft_channel_discord::fake::FakeDiscord::start().await;
-    let sl = clawft_channel_slack::fake::FakeSlack::start().await;
-    for platform in ["telegram", "discord", "slack"] {
+    for name in PLATFORMS {
+        let fake = Fake::start(name).await;
+        let platform = fake.name();
         let dir = tempfile::tempdir().unwrap();
         workspace_with_files(dir.path());
         let llm = FakeLlm::start().await;
-        let (section, chat) = match platform {
-            "telegram" => (telegram(&tg), "111"),
-            "discord" => (discord(&dc), "500"),
-            _ => (slack(&sl), "D111"),
-        };
+        let (section, chat) = fake.section();
         file_sending_model(&llm, platform, chat);
         let gw = TestGateway::start(config(
             &llm,
@@ -344,49 +425,16 @@ async fn files_sent_back_arrive_once_on_each_platform() {
             json!({"channels": {platform: section}}),
         ))
         .await;
-        let uploads = || -> Vec<(String, Vec<u8>)> {
-            match platform {
-                "telegram" => tg
-                    .uploads()
-                    .into_iter()
-                    .map(|u| (u.file_name.unwrap_or_default(), u.bytes))
-                    .collect(),
-                "discord" => dc
-                    .uploads()
-                    .into_iter()
-                    .map(|u| (u.file_name, u.bytes))
-                    .collect(),
-                _ => sl
-                    .uploads()
-                    .into_iter()
-                    .map(|u| (u.name, u.bytes))
-                    .collect(),
-            }
-        };
-        match platform {
-            "telegram" => {
-                tg.push_user_message(111, 111, "send me the report");
-            }
-            "discord" => {
-                dc.push_user_message("500", "111", "send me the report");
-            }
-            _ => {
-                sl.push_user_message("D111", "U111", "send me the report");
-            }
-        }
+        fake.push("send me the report");
+        let names = || fake.uploads().into_iter().map(|u| u.0).collect::<Vec<_>>();
         assert!(
-            wait_until(T, || uploads().len() >= 2).await,
+            wait_until(T, || fake.uploads().len() >= 2).await,
             "{platform}: {:?}",
-            uploads().iter().map(|u| &u.0).collect::<Vec<_>>()
+            names()
         );
         tokio::time::sleep(Duration::from_millis(800)).await;
-        let got = uploads();
-        assert_eq!(
-            got.len(),
-            2,
-            "{platform}: {:?}",
-            got.iter().map(|u| &u.0).collect::<Vec<_>>()
-        );
+        let got = fake.uploads();
+        assert_eq!(got.len(), 2, "{platform}: {:?}", names());
         assert_eq!(got[0].0, "report.pdf", "{platform}");
         assert_eq!(got[0].1, PDF, "{platform}");
         assert_eq!(got[1].0, "week.png", "{platform}");
@@ -408,95 +456,53 @@ async fn files_sent_back_arrive_once_on_each_platform() {
 /// chat shows the reply's text once and the file once.
 #[tokio::test]
 async fn kill_9_in_the_middle_of_an_upload_still_delivers_the_file_once_on_each_platform() {
-    for platform in ["telegram", "discord", "slack"] {
-        let tg = FakeTelegram::start().await;
-        let dc = clawft_channel_discord::fake::FakeDiscord::start().await;
-        let sl = clawft_channel_slack::fake::FakeSlack::start().await;
+    for name in PLATFORMS {
+        let fake = Fake::start(name).await;
+        let platform = fake.name();
         let dir = tempfile::tempdir().unwrap();
         workspace_with_files(dir.path());
         let llm = FakeLlm::start().await;
         llm.push(Reply::Text("Your chart.\nMEDIA: charts/week.png".into()));
         let port = free_port();
-        let section = match platform {
-            "telegram" => telegram(&tg),
-            "discord" => discord(&dc),
-            _ => slack(&sl),
-        };
         let cfg = write_config(
             dir.path(),
             &config_value(
                 &llm.base_url(),
                 dir.path(),
-                json!({"channels": {"http": {"bind": format!("127.0.0.1:{port}")}, platform: section}}),
+                json!({"channels": {"http": {"bind": format!("127.0.0.1:{port}")}, platform: fake.section().0}}),
             ),
         );
-        let hold = |on: bool| match platform {
-            "telegram" => tg.hold_uploads(on),
-            "discord" => dc.hold_uploads(on),
-            _ => sl.hold_uploads(on),
-        };
-        let texts = || -> Vec<String> {
-            match platform {
-                "telegram" => shown_in(&tg, 111)
-                    .into_iter()
-                    .filter(|t| t.contains("Your chart"))
-                    .collect(),
-                "discord" => dc
-                    .sent()
-                    .into_iter()
-                    .filter(|m| m.text.contains("Your chart"))
-                    .map(|m| m.text)
-                    .collect(),
-                _ => sl
-                    .sent()
-                    .into_iter()
-                    .filter(|m| m.text.contains("Your chart"))
-                    .map(|m| m.text)
-                    .collect(),
-            }
-        };
-        let uploads = || -> Vec<Vec<u8>> {
-            match platform {
-                "telegram" => tg.uploads().into_iter().map(|u| u.bytes).collect(),
-                "discord" => dc.uploads().into_iter().map(|u| u.bytes).collect(),
-                _ => sl.uploads().into_iter().map(|u| u.bytes).collect(),
-            }
-        };
-        hold(true);
+        fake.hold_uploads(true);
         let d = Daemon::start(dir.path(), &cfg, port).await;
-        match platform {
-            "telegram" => {
-                tg.push_user_message(111, 111, "chart please");
-            }
-            "discord" => {
-                dc.push_user_message("500", "111", "chart please");
-            }
-            _ => {
-                sl.push_user_message("D111", "U111", "chart please");
-            }
-        }
+        fake.push("chart please");
         // The text goes first; then the upload starts and hangs.
         assert!(
-            wait_until(T, || !texts().is_empty()).await,
+            wait_until(T, || !fake.texts("Your chart").is_empty()).await,
             "{platform}: no text\n{}",
             log_of(dir.path())
         );
         tokio::time::sleep(Duration::from_millis(700)).await;
         assert!(
-            uploads().is_empty(),
+            fake.uploads().is_empty(),
             "{platform}: the held upload was recorded"
         );
         d.kill9();
-        hold(false);
+        fake.hold_uploads(false);
         let d = Daemon::start(dir.path(), &cfg, port).await;
         assert!(
-            wait_until(T, || !uploads().is_empty()).await,
+            wait_until(T, || !fake.uploads().is_empty()).await,
             "{platform}: no upload after the restart\n{}",
             log_of(dir.path())
         );
         tokio::time::sleep(Duration::from_millis(1500)).await;
-        assert_eq!(uploads(), vec![PNG.to_vec()], "{platform}");
-        assert_eq!(texts().len(), 1, "{platform}: {:?}", texts());
+        let bytes: Vec<Vec<u8>> = fake.uploads().into_iter().map(|u| u.1).collect();
+        assert_eq!(bytes, vec![PNG.to_vec()], "{platform}");
+        assert_eq!(
+            fake.texts("Your chart").len(),
+            1,
+            "{platform}: {:?}",
+            fake.texts("Your chart")
+        );
         assert_eq!(d.term().code(), Some(0), "{}", log_of(dir.path()));
     }
 }
