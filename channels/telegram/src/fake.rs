@@ -448,22 +448,7 @@ impl FakeTelegram {
         if !entities.is_empty() {
             msg["entities"] = Value::Array(entities);
         }
-        if let Some(t) = m.topic {
-            msg["message_thread_id"] = json!(t);
-            msg["is_topic_message"] = json!(true);
-        }
-        if let Some(r) = m.reply_to {
-            let by_bot = st.messages.get(&(m.chat, r)).is_some_and(|(_, _, b)| *b);
-            let from = if by_bot {
-                json!({"id": self.shared.bot_id, "is_bot": true, "first_name": "Clawft", "username": self.shared.username})
-            } else {
-                json!({"id": m.user, "is_bot": false, "first_name": "User"})
-            };
-            msg["reply_to_message"] = json!({
-                "message_id": r, "date": 1_700_000_000,
-                "chat": chat_json(m.chat, m.topic.is_some()), "from": from, "text": "..."
-            });
-        }
+        self.topic_and_reply(&st, &mut msg, m.chat, m.user, m.topic, m.reply_to);
         st.messages
             .insert((m.chat, message_id), (m.text, None, false));
         drop(st);
@@ -491,6 +476,35 @@ impl FakeTelegram {
         id
     }
 
+    /// `message_thread_id` for a topic, and `reply_to_message` (by the bot when the replied-to
+    /// message is one the bot sent), as Telegram sets them.
+    fn topic_and_reply(
+        &self,
+        st: &St,
+        msg: &mut Value,
+        chat: i64,
+        user: i64,
+        topic: Option<i64>,
+        reply_to: Option<i64>,
+    ) {
+        if let Some(t) = topic {
+            msg["message_thread_id"] = json!(t);
+            msg["is_topic_message"] = json!(true);
+        }
+        if let Some(r) = reply_to {
+            let by_bot = st.messages.get(&(chat, r)).is_some_and(|(_, _, b)| *b);
+            let from = if by_bot {
+                json!({"id": self.shared.bot_id, "is_bot": true, "first_name": "Clawft", "username": self.shared.username})
+            } else {
+                json!({"id": user, "is_bot": false, "first_name": "User"})
+            };
+            msg["reply_to_message"] = json!({
+                "message_id": r, "date": 1_700_000_000,
+                "chat": chat_json(chat, topic.is_some()), "from": from, "text": "..."
+            });
+        }
+    }
+
     /// A user message with a file (see [`FakeMedia`]); returns its event id (the
     /// `update_id`). The file's `file_id` is in the delivered attachment (and in
     /// [`FakeTelegram::files`]).
@@ -511,22 +525,7 @@ impl FakeTelegram {
                 msg["caption_entities"] = Value::Array(entities);
             }
         }
-        if let Some(t) = m.topic {
-            msg["message_thread_id"] = json!(t);
-            msg["is_topic_message"] = json!(true);
-        }
-        if let Some(r) = m.reply_to {
-            let by_bot = st.messages.get(&(m.chat, r)).is_some_and(|(_, _, b)| *b);
-            let from = if by_bot {
-                json!({"id": self.shared.bot_id, "is_bot": true, "first_name": "Clawft", "username": self.shared.username})
-            } else {
-                json!({"id": m.user, "is_bot": false, "first_name": "User"})
-            };
-            msg["reply_to_message"] = json!({
-                "message_id": r, "date": 1_700_000_000,
-                "chat": chat_json(m.chat, m.topic.is_some()), "from": from, "text": "..."
-            });
-        }
+        self.topic_and_reply(&st, &mut msg, m.chat, m.user, m.topic, m.reply_to);
         let (field, value) = media_json(&mut st, &m);
         msg[field] = value;
         st.messages.insert(
