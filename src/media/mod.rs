@@ -8,7 +8,8 @@
 //! Everything here is idempotent per event: a turn resumed after a crash finds the files (and
 //! transcripts) it already wrote instead of fetching them again.
 
-pub use crate::types::sniff;
+use crate::types::sniff;
+use crate::types::sniff::safe_file_name;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -72,8 +73,8 @@ impl Default for MediaSettings {
 #[derive(Debug, thiserror::Error)]
 pub enum MediaError {
     /// Over a cap.
-    #[error("{0}")]
-    TooLarge(String),
+    #[error("over the size limit")]
+    TooLarge,
     /// Refused by the SSRF guard (or an unusable URL).
     #[error("refused: {0}")]
     Refused(String),
@@ -117,8 +118,6 @@ pub fn human_size(n: u64) -> String {
         format!("{} KB", n.div_ceil(1024))
     }
 }
-
-pub use crate::types::sniff::safe_file_name as safe_name;
 
 /// The UTC date of `ms` since the epoch, `YYYY-MM-DD`.
 fn date_of(ms: u64) -> String {
@@ -188,7 +187,7 @@ impl Media {
         cancel: &CancellationToken,
     ) -> Prepared {
         let date = date_of(ev.received_at_ms);
-        let id = safe_name(ev.event_id.as_str());
+        let id = safe_file_name(ev.event_id.as_str());
         let many = ev.attachments.len() > 1;
         let mut budget = self.settings.max_message_bytes;
         let mut saved = Vec::with_capacity(ev.attachments.len());
@@ -198,7 +197,7 @@ impl Media {
                 .clone()
                 .unwrap_or_else(|| m.kind.describe().to_string());
             let stem = match &m.name {
-                Some(n) => safe_name(n),
+                Some(n) => safe_file_name(n),
                 None => m.kind.describe().replace(' ', "_"),
             };
             let base = if many {
@@ -242,8 +241,11 @@ impl Media {
             }
         };
         // A file saved by an earlier attempt of this turn (any extension).
-        let (bytes, rel) = match find_saved(ws, base) {
-            Some((b, rel)) => (b, rel),
+        let (bytes, rel, mime) = match find_saved(ws, base) {
+            Some((b, rel)) => {
+                let mime = sniff::sniff(&b).unwrap_or("application/octet-stream");
+                (b, rel, mime)
+            }
             None => {
                 if let Some(size) = m.size.filter(|s| *s > limit) {
                     return Saved::Skipped(over(size));
@@ -259,8 +261,7 @@ impl Media {
                 };
                 let bytes = match self.download(&req, limit).await {
                     Ok(b) => b,
-                    Err(MediaError::TooLarge(got)) => {
-                        let _ = got;
+                    Err(MediaError::TooLarge) => {
                         return Saved::Skipped(over(limit.saturating_add(1)));
                     }
                     Err(e) => {
@@ -273,12 +274,11 @@ impl Media {
                 if let Err(e) = write_file(ws, &rel, &bytes) {
                     return Saved::Skipped(format!("{shown} could not be saved: {e}"));
                 }
-                (bytes, rel)
+                (bytes, rel, mime)
             }
         };
         let size = bytes.len() as u64;
         *budget = budget.saturating_sub(size);
-        let mime = sniff::sniff(&bytes).unwrap_or("application/octet-stream");
         let (mut transcript, mut transcript_error) = (None, None);
         let speech = m.kind.is_audio() || mime.starts_with("audio/");
         if speech {
@@ -437,7 +437,7 @@ impl Media {
                 )));
             }
             if resp.content_length().is_some_and(|n| n > limit) {
-                return Err(MediaError::TooLarge(String::new()));
+                return Err(MediaError::TooLarge);
             }
             read_capped(resp, limit).await
         };
@@ -534,7 +534,7 @@ async fn read_capped(mut resp: reqwest::Response, limit: u64) -> Result<Vec<u8>,
         .map_err(|e| MediaError::Failed(e.without_url().to_string()))?
     {
         if (out.len() + chunk.len()) as u64 > limit {
-            return Err(MediaError::TooLarge(String::new()));
+            return Err(MediaError::TooLarge);
         }
         out.extend_from_slice(&chunk);
     }
@@ -590,10 +590,13 @@ mod tests {
 
     #[test]
     fn names_are_made_safe_and_dates_are_utc() {
-        assert_eq!(safe_name("../../etc/passwd"), "passwd");
-        assert_eq!(safe_name(".bashrc"), "bashrc");
-        assert_eq!(safe_name("my report (final).pdf"), "my_report__final_.pdf");
-        assert_eq!(safe_name(""), "file");
+        assert_eq!(safe_file_name("../../etc/passwd"), "passwd");
+        assert_eq!(safe_file_name(".bashrc"), "bashrc");
+        assert_eq!(
+            safe_file_name("my report (final).pdf"),
+            "my_report__final_.pdf"
+        );
+        assert_eq!(safe_file_name(""), "file");
         assert_eq!(date_of(0), "1970-01-01");
         assert_eq!(date_of(1_795_000_000_000), "2026-11-18");
         assert_eq!(

@@ -93,40 +93,36 @@ fn attach_one(
     p: &str,
 ) -> Result<clawft_channel_core::media::OutboundFile, ToolError> {
     use clawft_channel_core::media::{MediaKind, OutboundFile};
-    {
-        let rel = p.trim().trim_start_matches("./");
-        let bytes = ws
-            .read_beneath(rel, MAX_ATTACHMENT_BYTES + 1)?
-            .ok_or_else(|| {
-                ToolError::FileNotFound(format!("{rel}: no such file in the workspace"))
-            })?;
-        if bytes.len() as u64 > MAX_ATTACHMENT_BYTES {
-            return Err(ToolError::InvalidArgs(format!(
-                "{rel} is over {} MB, the largest file a message carries",
-                MAX_ATTACHMENT_BYTES / (1024 * 1024)
-            )));
-        }
-        let mime = crate::types::sniff::sniff(&bytes).unwrap_or("application/octet-stream");
-        let name = rel.rsplit('/').next().unwrap_or(rel).to_string();
-        let kind = MediaKind::of_mime(mime);
-        let kind = if kind == MediaKind::Audio && mime == "audio/ogg" {
-            MediaKind::Voice
-        } else {
-            kind
-        };
-        // Two files of the same name go out under their position.
-        let staged = format!("{}-{}", i + 1, crate::types::sniff::safe_file_name(&name));
-        let path = sink
-            .stage(id, &staged, &bytes)
-            .map_err(ToolError::ExecutionFailed)?;
-        Ok(OutboundFile {
-            path,
-            name,
-            kind,
-            mime: mime.to_string(),
-            size: bytes.len() as u64,
-        })
+    let rel = p.trim().trim_start_matches("./");
+    let bytes = ws
+        .read_beneath(rel, MAX_ATTACHMENT_BYTES + 1)?
+        .ok_or_else(|| ToolError::FileNotFound(format!("{rel}: no such file in the workspace")))?;
+    if bytes.len() as u64 > MAX_ATTACHMENT_BYTES {
+        return Err(ToolError::InvalidArgs(format!(
+            "{rel} is over {} MB, the largest file a message carries",
+            MAX_ATTACHMENT_BYTES / (1024 * 1024)
+        )));
     }
+    let mime = crate::types::sniff::sniff(&bytes).unwrap_or("application/octet-stream");
+    let name = rel.rsplit('/').next().unwrap_or(rel).to_string();
+    let kind = MediaKind::of_mime(mime);
+    let kind = if kind == MediaKind::Audio && mime == "audio/ogg" {
+        MediaKind::Voice
+    } else {
+        kind
+    };
+    // Two files of the same name go out under their position.
+    let staged = format!("{}-{}", i + 1, crate::types::sniff::safe_file_name(&name));
+    let path = sink
+        .stage(id, &staged, &bytes)
+        .map_err(ToolError::ExecutionFailed)?;
+    Ok(OutboundFile {
+        path,
+        name,
+        kind,
+        mime: mime.to_string(),
+        size: bytes.len() as u64,
+    })
 }
 
 /// Split `MEDIA: path` lines (files to attach to a final reply) off `text`: the text without
