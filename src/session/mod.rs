@@ -927,12 +927,7 @@ fn maybe_start(myself: &ActorRef<SessionMsg>, state: &mut SessionState) {
 /// named in the text instead.
 fn attach_media_lines(outbox: &Outbox, ws: &crate::tools::Workspace, reply: &mut OutboundMessage) {
     // A channel that sends no files (the HTTP API, the terminal) shows the lines as written.
-    let uploads = outbox
-        .channels()
-        .get(reply.channel.as_str())
-        .and_then(|c| c.adapter.upgrade())
-        .is_some_and(|a| a.capabilities().max_upload_bytes > 0);
-    if !uploads {
+    if !crate::tools::message::MessageSink::sends_files(outbox, reply.channel.as_str()) {
         return;
     }
     let (text, paths) = crate::tools::message::media_lines(&reply.content);
