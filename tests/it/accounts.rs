@@ -7,20 +7,11 @@ use std::time::Duration;
 use clawft_channel_telegram::fake::FakeTelegram;
 use serde_json::{json, Value};
 
-use crate::common::{config, messages, wait_until, TestGateway};
+use crate::common::{config, echo_model, messages, wait_until, TestGateway};
 use crate::fake_llm::{FakeLlm, Reply};
 
 const T: Duration = Duration::from_secs(30);
 const WORK_TOKEN: &str = "777:WORK-fake_token-abcdefghijklmnopqrs";
-
-/// The model answers `answer: <the user's last message>`.
-fn echo_model(llm: &FakeLlm) {
-    llm.route(|req| {
-        let last = messages(req).last().cloned().unwrap_or_default();
-        let text = last["content"].as_str().unwrap_or("").to_string();
-        Some(Reply::Text(format!("answer: {text}")))
-    });
-}
 
 fn shown(tg: &FakeTelegram) -> Vec<String> {
     tg.sent().into_iter().map(|m| m.visible).collect()

@@ -166,6 +166,16 @@ pub async fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool 
 
 /// The `messages` of a recorded LLM request.
 /// The last user message of a recorded request ("" without one).
+/// The model answers `answer: <the text of the user's last message>`.
+pub fn echo_model(llm: &crate::fake_llm::FakeLlm) {
+    llm.route(|req| {
+        Some(crate::fake_llm::Reply::Text(format!(
+            "answer: {}",
+            last_user(req)
+        )))
+    });
+}
+
 pub fn last_user(req: &Value) -> String {
     messages(req)
         .iter()

@@ -16,7 +16,9 @@ use clawft_channel_core::media::parse_multipart;
 use clawft_channel_telegram::fake::FakeTelegram;
 use serde_json::{json, Value};
 
-use crate::common::{config, config_value, last_user, messages, shown_in, wait_until, TestGateway};
+use crate::common::{
+    config, config_value, echo_model, last_user, messages, shown_in, wait_until, TestGateway,
+};
 use crate::fake_llm::{FakeLlm, Reply};
 use crate::process::{free_port, log_of, write_config, Daemon};
 
@@ -37,11 +39,6 @@ fn discord(dc: &clawft_channel_discord::fake::FakeDiscord) -> Value {
 fn slack(sl: &clawft_channel_slack::fake::FakeSlack) -> Value {
     use clawft_channel_slack::fake::{APP_TOKEN, BOT_TOKEN};
     json!({"token": BOT_TOKEN, "app_token": APP_TOKEN, "api_url": sl.api_url(), "allow_from": ["U111"], "stream_edits": false})
-}
-
-/// The model answers `answer: <the text of the user's last message>`.
-fn echo_model(llm: &FakeLlm) {
-    llm.route(|req| Some(Reply::Text(format!("answer: {}", last_user(req)))));
 }
 
 /// The files under `ws/inbox/<date>/`, with their bytes.
