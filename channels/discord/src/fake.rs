@@ -810,19 +810,8 @@ async fn create_message_multipart(
     let files: Vec<&clawft_channel_core::media::Part> =
         parts.iter().filter(|p| p.file_name.is_some()).collect();
     let content = payload["content"].as_str().unwrap_or("").to_string();
-    if content.is_empty() && files.is_empty() {
-        return discord_error(
-            StatusCode::BAD_REQUEST,
-            50006,
-            "Cannot send an empty message",
-        );
-    }
-    if content.chars().count() > 2000 {
-        return discord_error(
-            StatusCode::BAD_REQUEST,
-            50035,
-            "Invalid Form Body: content: Must be 2000 or fewer in length.",
-        );
+    if let Some(refused) = refuse_content(&content, !files.is_empty()) {
+        return refused;
     }
     let max = sh.lock().max_upload.unwrap_or(FAKE_MAX_UPLOAD_BYTES);
     if files.iter().any(|f| f.data.len() > max) {
@@ -938,6 +927,26 @@ async fn held(sh: &Shared) {
     if sh.lock().hold_answers {
         std::future::pending::<()>().await;
     }
+}
+
+/// Discord's answer to a message's `content` it refuses: empty without files (50006), over
+/// 2000 characters (50035).
+fn refuse_content(content: &str, has_files: bool) -> Option<Response> {
+    if content.is_empty() && !has_files {
+        return Some(discord_error(
+            StatusCode::BAD_REQUEST,
+            50006,
+            "Cannot send an empty message",
+        ));
+    }
+    if content.chars().count() > 2000 {
+        return Some(discord_error(
+            StatusCode::BAD_REQUEST,
+            50035,
+            "Invalid Form Body: content: Must be 2000 or fewer in length.",
+        ));
+    }
+    None
 }
 
 fn discord_error(status: StatusCode, code: u32, message: &str) -> Response {
@@ -1097,19 +1106,8 @@ async fn create_message(
         Err(r) => return r,
     };
     let content = b["content"].as_str().unwrap_or("").to_string();
-    if content.is_empty() {
-        return discord_error(
-            StatusCode::BAD_REQUEST,
-            50006,
-            "Cannot send an empty message",
-        );
-    }
-    if content.chars().count() > 2000 {
-        return discord_error(
-            StatusCode::BAD_REQUEST,
-            50035,
-            "Invalid Form Body: content: Must be 2000 or fewer in length.",
-        );
+    if let Some(refused) = refuse_content(&content, false) {
+        return refused;
     }
     let mid = {
         let mut st = sh.lock();
