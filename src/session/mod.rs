@@ -926,6 +926,10 @@ fn maybe_start(myself: &ActorRef<SessionMsg>, state: &mut SessionState) {
 /// now, so the reply sends these bytes even after a crash); a file that cannot be attached is
 /// named in the text instead.
 fn attach_media_lines(outbox: &Outbox, ws: &crate::tools::Workspace, reply: &mut OutboundMessage) {
+    // Most replies name no file: no channel lookup, no copy of the text.
+    if !reply.content.contains("MEDIA:") {
+        return;
+    }
     // A channel that sends no files (the HTTP API, the terminal) shows the lines as written.
     if !crate::tools::message::MessageSink::sends_files(outbox, reply.channel.as_str()) {
         return;
