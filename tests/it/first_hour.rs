@@ -638,7 +638,9 @@ async fn interactive_ctrl_c(with_gateway: bool) {
         live.err.lock().unwrap()
     );
     live.line("second");
-    live.wait_out("second answer").await;
+    // The streamed text shows before the turn ends; the newline after it is printed when the
+    // reply is done, and only then is the terminal back at the prompt.
+    live.wait_out("second answer\n").await;
     // At the idle prompt now: Ctrl-C exits.
     ctrl_c(&live.child);
     let (st, out, err) = live.exit().await;
