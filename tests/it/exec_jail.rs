@@ -445,13 +445,22 @@ async fn a_fork_bomb_stays_under_max_processes_and_nothing_of_it_survives() {
     let started = Instant::now();
     let r = run(&fx, &python_bomb(&marker), 4.0).await;
     let took = started.elapsed();
-    assert_eq!(r.unwrap_err(), ToolError::Timeout(4));
-    assert!(took < Duration::from_secs(8), "{took:?}");
+    // Every failure below says what was seen: a flake of this test is only ever seen in CI.
+    let seen = || {
+        format!(
+            "took {took:?}, {} bomb processes now, {}",
+            count_named(&marker),
+            fx.rt.sandbox_status().summary()
+        )
+    };
+    assert_eq!(r, Err(ToolError::Timeout(4)), "{}", seen());
+    // The timeout holds: the call returns once the group is killed, not when the bomb ends.
+    assert!(took < Duration::from_secs(10), "{}", seen());
     // Nothing of the bomb is left (its namespace dies with its init, which the timeout kills;
     // 500 dying processes may take a while on a loaded machine).
     let returned = Instant::now();
     let gone = {
-        let end = Instant::now() + Duration::from_secs(10);
+        let end = Instant::now() + Duration::from_secs(20);
         loop {
             if count_named(&marker) == 0 {
                 println!(
@@ -468,14 +477,23 @@ async fn a_fork_bomb_stays_under_max_processes_and_nothing_of_it_survives() {
     };
     stop.store(1, Ordering::SeqCst);
     let peak = sampler.join().unwrap();
-    assert!(gone, "{} bomb processes survived", count_named(&marker));
+    assert!(gone, "bomb processes survived: {}", seen());
     println!("bomb: peak {peak} processes");
-    assert!(peak <= 64, "the bomb reached {peak} processes");
-    assert!(peak >= 32, "the bomb never got going ({peak} processes)");
+    assert!(peak <= 64, "the bomb reached {peak} processes: {}", seen());
+    assert!(
+        peak >= 32,
+        "the bomb never got going ({peak} processes): {}",
+        seen()
+    );
 
-    // A bomb that ends by itself: the result says the limit was hit.
+    // A command that forks until the kernel refuses, then ends by itself: the result says the
+    // limit was hit. (Deterministic: it ends only after a refused fork, whatever the load.)
     if kind == LimitKind::CgroupV1 || kind == LimitKind::CgroupV2 {
-        let v = sh(&fx, "bash -c 'b(){ b|b& };b; sleep 1'").await;
+        let v = sh(
+            &fx,
+            "exec python3 -c 'import os, time\nn = 0\nwhile True:\n  try: pid = os.fork()\n  except OSError: break\n  if pid == 0: time.sleep(60); os._exit(0)\n  n += 1\nprint(n)'",
+        )
+        .await;
         assert_eq!(v["process_limit_reached"], true, "{v}");
         assert!(
             v["note"]
@@ -484,6 +502,8 @@ async fn a_fork_bomb_stays_under_max_processes_and_nothing_of_it_survives() {
                 .contains("tools.exec.max_processes"),
             "{v}"
         );
+        let forked: u32 = v["stdout"].as_str().unwrap().trim().parse().unwrap();
+        assert!((32..64).contains(&forked), "{v}");
     }
 }
 
