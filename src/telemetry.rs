@@ -13,10 +13,12 @@
 use std::fmt;
 
 use tracing::{Event, Level, Subscriber};
+use tracing_subscriber::filter::Targets;
 use tracing_subscriber::fmt::format::{DefaultFields, Format, Writer};
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
+use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::registry::LookupSpan;
-use tracing_subscriber::EnvFilter;
+use tracing_subscriber::util::SubscriberInitExt as _;
 
 /// The syslog priority journald reads from a `<N>` line prefix.
 pub fn journald_priority(level: &Level) -> u8 {
@@ -82,10 +84,9 @@ impl ColorChoice {
 /// Install the global subscriber. `journald` drops timestamps; `ansi` colours the text lines
 /// (see [`ColorChoice::colour`]).
 pub fn init(format: LogFormat, default_level: &str, journald: bool, ansi: bool) {
-    let filter =
-        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level));
+    let filter = filter(std::env::var("RUST_LOG").ok().as_deref(), default_level);
     let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+        .with_max_level(tracing::level_filters::LevelFilter::TRACE)
         .with_writer(std::io::stderr)
         .with_ansi(ansi)
         .with_target(false);
@@ -94,6 +95,8 @@ pub fn init(format: LogFormat, default_level: &str, journald: bool, ansi: bool) 
             .with_ansi(false)
             .json()
             .flatten_event(true)
+            .finish()
+            .with(filter)
             .try_init(),
         (LogFormat::Text, true) => builder
             .with_ansi(false)
@@ -104,7 +107,47 @@ pub fn init(format: LogFormat, default_level: &str, journald: bool, ansi: bool) 
                     .with_target(false)
                     .with_ansi(false),
             ))
+            .finish()
+            .with(filter)
             .try_init(),
-        (LogFormat::Text, false) => builder.try_init(),
+        (LogFormat::Text, false) => builder.finish().with(filter).try_init(),
     };
+}
+
+/// The log filter: `RUST_LOG` when it is set and parses (`warn`, `info,clawft=debug`,
+/// `sled=off`: a default level and `target=level` directives), else `default_level`. Span and
+/// field filters (`[span{field=x}]`) and regular expressions are not supported: a plain target
+/// filter needs no regex engine in the binary and costs less per event.
+pub fn filter(rust_log: Option<&str>, default_level: &str) -> Targets {
+    rust_log
+        .filter(|s| !s.trim().is_empty())
+        .and_then(|s| s.parse::<Targets>().ok())
+        .or_else(|| default_level.parse::<Targets>().ok())
+        .unwrap_or_else(|| Targets::new().with_default(tracing::Level::WARN))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::filter;
+    use tracing::Level;
+
+    #[test]
+    fn rust_log_sets_a_default_level_and_per_target_levels_and_falls_back_when_unusable() {
+        let f = filter(Some("warn,clawft::session=debug,sled=off"), "info");
+        assert!(f.would_enable("clawft::session::actor", &Level::DEBUG));
+        assert!(!f.would_enable("clawft::session::actor", &Level::TRACE));
+        assert!(!f.would_enable("clawft::turn", &Level::INFO));
+        assert!(f.would_enable("clawft::turn", &Level::WARN));
+        assert!(!f.would_enable("sled::pagecache", &Level::ERROR));
+
+        // Unset, empty or unparsable: the command's default level.
+        for unusable in [None, Some(""), Some("  "), Some("clawft=loud")] {
+            let f = filter(unusable, "info");
+            assert!(f.would_enable("clawft::turn", &Level::INFO), "{unusable:?}");
+            assert!(
+                !f.would_enable("clawft::turn", &Level::DEBUG),
+                "{unusable:?}"
+            );
+        }
+    }
 }
