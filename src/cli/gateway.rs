@@ -49,6 +49,7 @@ impl Gateway {
     /// # Errors
     /// Startup failures (store locked, bind refused, workspace), with what to fix.
     pub async fn start(config: Arc<Config>) -> Result<Self, CliError> {
+        crate::tools::exec::prewarm();
         let store = match Store::open_with(
             &config.store.path,
             config.store.cache_bytes,

@@ -32,7 +32,7 @@ pub mod tools;
 #[cfg(test)]
 mod test_support;
 
-pub use runtime::{sandbox_status, ExecDeps, ExecRuntime, PROXY_ADDR};
+pub use runtime::{prewarm, sandbox_status, ExecDeps, ExecRuntime, PROXY_ADDR};
 pub use settings::{
     ExecFile, ExecSettings, NetworkMode, NetworkSetting, DEFAULT_APPROVAL_TIMEOUT_SECS,
     DEFAULT_BACKGROUND_IDLE_SECS, DEFAULT_MAX_BACKGROUND_PROCESSES, DEFAULT_MAX_CONCURRENT_SPAWNS,
