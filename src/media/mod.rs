@@ -241,7 +241,7 @@ impl Media {
             }
         };
         // A file saved by an earlier attempt of this turn (any extension).
-        let (bytes, rel, mime) = match find_saved(ws, base) {
+        let (bytes, rel, mime) = match find_saved(ws, base, limit) {
             Some((b, rel)) => {
                 let mime = sniff::sniff(&b).unwrap_or("application/octet-stream");
                 (b, rel, mime)
@@ -555,8 +555,10 @@ fn with_extension(base: &str, mime: &str) -> String {
     }
 }
 
-/// A file an earlier attempt saved at `base` (with or without an added extension).
-fn find_saved(ws: &Workspace, base: &str) -> Option<(Vec<u8>, String)> {
+/// A file an earlier attempt saved at `base` (with or without an added extension), read only
+/// when it is within `limit` bytes: the agent may have replaced it since, and a larger file is
+/// not this attachment (it is downloaded again, and replaced).
+fn find_saved(ws: &Workspace, base: &str, limit: u64) -> Option<(Vec<u8>, String)> {
     let (dir, stem) = base.rsplit_once('/')?;
     let entries = std::fs::read_dir(ws.root().join(dir)).ok()?;
     for e in entries.flatten() {
@@ -569,8 +571,9 @@ fn find_saved(ws: &Workspace, base: &str) -> Option<(Vec<u8>, String)> {
             });
         if hit {
             let rel = format!("{dir}/{name}");
-            if let Ok(Some(b)) = ws.read_beneath(&rel, u64::MAX) {
-                return Some((b, rel));
+            match ws.read_beneath(&rel, limit.saturating_add(1)) {
+                Ok(Some(b)) if b.len() as u64 <= limit => return Some((b, rel)),
+                _ => {}
             }
         }
     }
@@ -587,6 +590,20 @@ fn write_file(ws: &Workspace, rel: &str, bytes: &[u8]) -> Result<(), crate::tool
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn a_saved_file_is_found_with_its_extension_only_within_the_limit() {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = Workspace::open(dir.path()).unwrap();
+        std::fs::create_dir_all(dir.path().join("inbox/d")).unwrap();
+        std::fs::write(dir.path().join("inbox/d/1-photo.jpg"), vec![7u8; 2048]).unwrap();
+        std::fs::write(dir.path().join("inbox/d/1-photo.jpg.txt"), "a transcript").unwrap();
+        let (bytes, rel) = find_saved(&ws, "inbox/d/1-photo", 2048).unwrap();
+        assert_eq!((bytes.len(), rel.as_str()), (2048, "inbox/d/1-photo.jpg"));
+        // Replaced by something larger than the attachment may be: not this attachment.
+        assert!(find_saved(&ws, "inbox/d/1-photo", 2047).is_none());
+        assert!(find_saved(&ws, "inbox/d/2-other", u64::MAX).is_none());
+    }
 
     #[test]
     fn names_are_made_safe_and_dates_are_utc() {
