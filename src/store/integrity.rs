@@ -394,13 +394,21 @@ fn open_checked(dir: &Path, cache_bytes: u64) -> Result<Store, StoreError> {
     }
     let manifest = migrate(kv.as_ref(), manifest)?;
     kv.flush()?;
-    let content = SidecarFile {
-        manifest,
-        sessions,
-        updated_ms: clawft_channel_core::now_ms(),
-    };
     let path = dir.join(SIDECAR);
-    Sidecar::write_file(&path, &content).map_err(io_err(&path))?;
+    // The file already says this (a restart with no session added): it stays as it is, with
+    // the time the count was recorded, and the start saves a write and an fsync.
+    let content = match sidecar {
+        Some(s) if s.manifest == manifest && s.sessions == sessions => s,
+        _ => {
+            let content = SidecarFile {
+                manifest,
+                sessions,
+                updated_ms: clawft_channel_core::now_ms(),
+            };
+            Sidecar::write_file(&path, &content).map_err(io_err(&path))?;
+            content
+        }
+    };
     let sidecar = Sidecar {
         path,
         last: Mutex::new(content),

@@ -415,3 +415,35 @@ fn clearing_sessions_while_the_high_water_mark_is_recorded_never_deadlocks() {
     assert!(done.is_ok(), "clear_session and the flusher deadlocked");
     assert!(s.health().is_ok());
 }
+
+#[test]
+fn a_restart_with_nothing_new_leaves_the_sidecar_as_it_is_and_a_new_session_raises_it() {
+    use std::os::unix::fs::MetadataExt as _;
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path().join("store");
+    five_sessions(&dir);
+    let sc = dir.join(integrity::SIDECAR);
+    let sidecar = |sc: &std::path::Path| {
+        let v: serde_json::Value = serde_json::from_slice(&std::fs::read(sc).unwrap()).unwrap();
+        (
+            v["sessions"].as_u64().unwrap(),
+            std::fs::metadata(sc).unwrap().ino(),
+        )
+    };
+    drop(Store::open(&dir, 1 << 20).unwrap());
+    let before = sidecar(&sc);
+    let text = std::fs::read(&sc).unwrap();
+    drop(Store::open(&dir, 1 << 20).unwrap());
+    // Not rewritten: the same file (inode), the same bytes (its `updated_ms` too).
+    assert_eq!(sidecar(&sc), before);
+    assert_eq!(std::fs::read(&sc).unwrap(), text);
+    assert_eq!(before.0, 5);
+
+    let s = Store::open(&dir, 1 << 20).unwrap();
+    let key = SessionKey::parse("http:c6").unwrap();
+    s.append_messages(&key, &[Message::user("six")]).unwrap();
+    s.flush().unwrap();
+    drop(s);
+    drop(Store::open(&dir, 1 << 20).unwrap());
+    assert_eq!(sidecar(&sc).0, 6);
+}
