@@ -12,6 +12,7 @@
 
 use std::fmt;
 
+use tracing::level_filters::LevelFilter;
 use tracing::{Event, Level, Subscriber};
 use tracing_subscriber::filter::Targets;
 use tracing_subscriber::fmt::format::{DefaultFields, Format, Writer};
@@ -85,8 +86,9 @@ impl ColorChoice {
 /// (see [`ColorChoice::colour`]).
 pub fn init(format: LogFormat, default_level: &str, journald: bool, ansi: bool) {
     let filter = filter(std::env::var("RUST_LOG").ok().as_deref(), default_level);
+    let max = max_level(&filter);
     let builder = tracing_subscriber::fmt()
-        .with_max_level(tracing::level_filters::LevelFilter::TRACE)
+        .with_max_level(max)
         .with_writer(std::io::stderr)
         .with_ansi(ansi)
         .with_target(false);
@@ -112,6 +114,26 @@ pub fn init(format: LogFormat, default_level: &str, journald: bool, ansi: bool) 
             .try_init(),
         (LogFormat::Text, false) => builder.finish().with(filter).try_init(),
     };
+    // The `log` records of the dependencies (sled) stop at the same level, before they are
+    // built: installing the subscriber let them all through to the filter.
+    log::set_max_level(match max {
+        LevelFilter::OFF => log::LevelFilter::Off,
+        LevelFilter::ERROR => log::LevelFilter::Error,
+        LevelFilter::WARN => log::LevelFilter::Warn,
+        LevelFilter::INFO => log::LevelFilter::Info,
+        LevelFilter::DEBUG => log::LevelFilter::Debug,
+        _ => log::LevelFilter::Trace,
+    });
+}
+
+/// The most verbose level any directive of `filter` lets through.
+pub fn max_level(filter: &Targets) -> LevelFilter {
+    filter
+        .iter()
+        .map(|(_, level)| level)
+        .chain(filter.default_level())
+        .max()
+        .unwrap_or(LevelFilter::OFF)
 }
 
 /// The log filter: `RUST_LOG` when it is set and parses (`warn`, `info,clawft=debug`,
@@ -129,6 +151,7 @@ pub fn filter(rust_log: Option<&str>, default_level: &str) -> Targets {
 #[cfg(test)]
 mod tests {
     use super::filter;
+    use tracing::level_filters::LevelFilter;
     use tracing::Level;
 
     #[test]
@@ -139,6 +162,16 @@ mod tests {
         assert!(!f.would_enable("clawft::turn", &Level::INFO));
         assert!(f.would_enable("clawft::turn", &Level::WARN));
         assert!(!f.would_enable("sled::pagecache", &Level::ERROR));
+
+        assert_eq!(super::max_level(&f), LevelFilter::DEBUG);
+        assert_eq!(
+            super::max_level(&filter(Some("off"), "info")),
+            LevelFilter::OFF
+        );
+        assert_eq!(
+            super::max_level(&filter(None, "warn,clawft::turn::failure=off")),
+            LevelFilter::WARN
+        );
 
         // Unset, empty or unparsable: the command's default level.
         for unusable in [None, Some(""), Some("  "), Some("clawft=loud")] {

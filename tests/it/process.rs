@@ -1378,3 +1378,36 @@ async fn subagents_interrupted_by_kill_9_or_shutdown_are_failed_and_their_parent
     assert_eq!(woken(&llm).len(), 2, "announced more than once");
     assert_eq!(d.term().code(), Some(0), "{}", log_of(dir.path()));
 }
+
+#[test]
+fn rust_log_target_directives_select_the_dependencies_log_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = write_config(
+        dir.path(),
+        &json!({
+            "agents": {"defaults": {"workspace": dir.path().join("ws").to_str().unwrap()}},
+            "store": {"path": dir.path().join("store").to_str().unwrap()},
+        }),
+    );
+    // sled logs through the `log` crate; "load_snapshot" is one of its debug records at open.
+    let sled_debug_lines = |rust_log: &str| {
+        let out = weft(dir.path())
+            .env("RUST_LOG", rust_log)
+            .arg("--config")
+            .arg(&cfg)
+            .args(["store", "check"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stderr)
+            .lines()
+            .filter(|l| l.contains("load_snapshot"))
+            .count()
+    };
+    assert!(sled_debug_lines("warn,sled=debug") > 0);
+    assert_eq!(sled_debug_lines("debug,sled=info"), 0);
+    assert_eq!(sled_debug_lines("warn,clawft=debug"), 0);
+    assert_eq!(sled_debug_lines("info"), 0);
+    // Unparsable: the command's default level (warn), not everything.
+    assert_eq!(sled_debug_lines("sled=chatty"), 0);
+}
