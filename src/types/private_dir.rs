@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 
 /// Create `<base>/<prefix>-<pid>-<random>` with mode 0700 (a name that exists already is
 /// skipped, up to 16 tries) and return its path; the caller removes it. The first call of a
-/// process for a `(base, prefix)` also removes such directories left by dead processes
-/// ([`sweep_stale`]).
+/// process for a `(base, prefix)` also starts the removal of such directories left by dead
+/// processes ([`sweep_stale`], on a thread of its own).
 ///
 /// # Errors
 /// The directory cannot be created.
@@ -80,9 +80,22 @@ fn sweep_once(base: &Path, prefix: &str) {
         }
         done.push(key);
     }
-    let n = sweep_stale(base, prefix);
-    if n > 0 {
-        tracing::info!(base = %base.display(), prefix, removed = n, "removed directories left by processes that are gone");
+    // On a thread of its own: listing a busy /tmp is a fraction of a millisecond that the
+    // gateway's start need not wait for (the directories of dead processes harm no one
+    // meanwhile, and this process's own are never swept).
+    let (base, prefix) = (base.to_path_buf(), prefix.to_string());
+    let sweep = move || {
+        let n = sweep_stale(&base, &prefix);
+        if n > 0 {
+            tracing::info!(base = %base.display(), prefix, removed = n, "removed directories left by processes that are gone");
+        }
+    };
+    if std::thread::Builder::new()
+        .name("sweep-stale".into())
+        .spawn(sweep.clone())
+        .is_err()
+    {
+        sweep();
     }
 }
 
