@@ -317,7 +317,6 @@ fn advance_snapshot(
                 let shred_len = config.segment_size
                     - usize::try_from(segment_progress).unwrap()
                     - 1;
-                let shred_zone = vec![MessageKind::Corrupted.into(); shred_len];
                 let shred_base =
                     offset + LogOffset::try_from(segment_progress).unwrap();
                 // clawft patch 4: a tail that starts at or past the end of the file holds no
@@ -338,6 +337,8 @@ fn advance_snapshot(
                         shred_base,
                         shred_base + shred_len as LogOffset
                     );
+                    let shred_zone =
+                        vec![MessageKind::Corrupted.into(); shred_len];
                     pwrite_all(&config.file, &shred_zone, shred_base)?;
                     config.file.sync_all()?;
                 }
