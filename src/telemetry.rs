@@ -14,6 +14,7 @@ use std::fmt;
 
 use tracing::level_filters::LevelFilter;
 use tracing::{Event, Level, Subscriber};
+use tracing_log::AsLog as _;
 use tracing_subscriber::filter::Targets;
 use tracing_subscriber::fmt::format::{DefaultFields, Format, Writer};
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
@@ -116,14 +117,7 @@ pub fn init(format: LogFormat, default_level: &str, journald: bool, ansi: bool) 
     };
     // The `log` records of the dependencies (sled) stop at the same level, before they are
     // built: installing the subscriber let them all through to the filter.
-    log::set_max_level(match max {
-        LevelFilter::OFF => log::LevelFilter::Off,
-        LevelFilter::ERROR => log::LevelFilter::Error,
-        LevelFilter::WARN => log::LevelFilter::Warn,
-        LevelFilter::INFO => log::LevelFilter::Info,
-        LevelFilter::DEBUG => log::LevelFilter::Debug,
-        _ => log::LevelFilter::Trace,
-    });
+    log::set_max_level(max.as_log());
 }
 
 /// The most verbose level any directive of `filter` lets through.
