@@ -151,6 +151,21 @@ impl Api {
 }
 
 /// Poll `f` until it is true or `timeout` passes.
+/// A listener on 127.0.0.1 that only counts the connections it accepts (a canary: a guard
+/// that works leaves it at 0); its address.
+pub async fn counting_listener() -> (std::net::SocketAddr, Arc<std::sync::atomic::AtomicUsize>) {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let n = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let c = n.clone();
+    tokio::spawn(async move {
+        while l.accept().await.is_ok() {
+            c.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    });
+    (addr, n)
+}
+
 pub async fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
     let deadline = tokio::time::Instant::now() + timeout;
     loop {

@@ -6,7 +6,7 @@
 //! lines) arrive once on each platform, also when the real `weft` is killed with SIGKILL in
 //! the middle of the upload.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -17,7 +17,8 @@ use clawft_channel_telegram::fake::FakeTelegram;
 use serde_json::{json, Value};
 
 use crate::common::{
-    config, config_value, echo_model, last_user, messages, shown_in, wait_until, TestGateway,
+    config, config_value, counting_listener, echo_model, last_user, messages, shown_in, wait_until,
+    TestGateway,
 };
 use crate::fake_llm::{FakeLlm, Reply};
 use crate::process::{free_port, log_of, write_config, Daemon};
@@ -211,25 +212,12 @@ async fn a_voice_note_is_transcribed_and_its_text_is_the_message_the_model_gets_
     gw.stop().await;
 }
 
-/// A listener that only counts the connections it gets.
-async fn counting_listener() -> (String, Arc<AtomicUsize>) {
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/internal/admin", l.local_addr().unwrap());
-    let n = Arc::new(AtomicUsize::new(0));
-    let c = n.clone();
-    tokio::spawn(async move {
-        while let Ok((_s, _)) = l.accept().await {
-            c.fetch_add(1, Ordering::SeqCst);
-        }
-    });
-    (url, n)
-}
-
 #[tokio::test]
 async fn crafted_attachment_urls_to_loopback_and_metadata_are_refused_with_no_connection() {
     let dc = clawft_channel_discord::fake::FakeDiscord::start().await;
     let sl = clawft_channel_slack::fake::FakeSlack::start().await;
-    let (url, connections) = counting_listener().await;
+    let (addr, connections) = counting_listener().await;
+    let url = format!("http://{addr}/internal/admin");
     let dir = tempfile::tempdir().unwrap();
     let llm = FakeLlm::start().await;
     echo_model(&llm);

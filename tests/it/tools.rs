@@ -183,18 +183,10 @@ async fn planted_keys_never_reach_the_model_the_store_or_the_channel() {
 
 #[tokio::test]
 async fn web_fetch_from_the_model_never_dials_loopback() {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::Arc;
+    use std::sync::atomic::Ordering;
     // A canary on 127.0.0.1 counting every connection it accepts.
-    let canary = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = canary.local_addr().unwrap().port();
-    let hits = Arc::new(AtomicUsize::new(0));
-    let h = hits.clone();
-    let accept = tokio::spawn(async move {
-        while canary.accept().await.is_ok() {
-            h.fetch_add(1, Ordering::SeqCst);
-        }
-    });
+    let (canary, hits) = crate::common::counting_listener().await;
+    let port = canary.port();
     let dir = tempfile::tempdir().unwrap();
     let llm = FakeLlm::start().await;
     let urls = [
@@ -230,7 +222,6 @@ async fn web_fetch_from_the_model_never_dials_loopback() {
     gw.stop().await;
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(hits.load(Ordering::SeqCst), 0, "the canary was dialled");
-    accept.abort();
 }
 
 #[tokio::test]
