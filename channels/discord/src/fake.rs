@@ -299,6 +299,32 @@ impl St {
         (1_100_000_000_000_000_000u64 + self.next_id).to_string()
     }
 
+    /// Post the bot's message `content` (request `payload`) in `chat`, unless its enforced
+    /// nonce was seen in that channel: the message id, and whether it is new.
+    fn post(&mut self, chat: &str, payload: &Value, content: &str) -> (String, bool) {
+        let nonce = enforced_nonce(payload);
+        if let Some(mid) = nonce.and_then(|n| self.nonces.get(&(chat.to_string(), n.to_string()))) {
+            return (mid.clone(), false);
+        }
+        let mid = self.snowflake();
+        if let Some(n) = nonce {
+            self.nonces
+                .insert((chat.to_string(), n.to_string()), mid.clone());
+        }
+        self.messages
+            .insert(mid.clone(), (chat.to_string(), BOT_ID.to_string()));
+        self.sent.push(SentMessage {
+            op: SentOp::Post,
+            chat: chat.to_string(),
+            thread: None,
+            message_id: mid.clone(),
+            text: content.to_string(),
+            body: payload.clone(),
+            at: Instant::now(),
+        });
+        (mid, true)
+    }
+
     /// Dispatch an event: logged in the session (for RESUME) and sent when a client is live.
     fn dispatch(&mut self, t: &str, d: Value) {
         let Some(s) = self.session.as_mut() else {
@@ -854,31 +880,10 @@ async fn create_message_multipart(
     );
     let (mid, attachments) = {
         let mut st = sh.lock();
-        let nonce = payload["nonce"]
-            .as_str()
-            .filter(|_| payload["enforce_nonce"] == true)
-            .map(str::to_string);
-        let existing = nonce
-            .as_ref()
-            .and_then(|n| st.nonces.get(&(id.clone(), n.clone())).cloned());
-        match existing {
-            Some(mid) => (mid, Vec::new()),
-            None => {
-                let mid = st.snowflake();
-                if let Some(n) = &nonce {
-                    st.nonces.insert((id.clone(), n.clone()), mid.clone());
-                }
-                st.messages
-                    .insert(mid.clone(), (id.clone(), BOT_ID.to_string()));
-                st.sent.push(SentMessage {
-                    op: SentOp::Post,
-                    chat: id.clone(),
-                    thread: None,
-                    message_id: mid.clone(),
-                    text: content.clone(),
-                    body: payload.clone(),
-                    at: Instant::now(),
-                });
+        let nonce = enforced_nonce(&payload).map(str::to_string);
+        match st.post(&id, &payload, &content) {
+            (mid, false) => (mid, Vec::new()),
+            (mid, true) => {
                 let mut attachments = Vec::new();
                 for f in &files {
                     let n = f.name.trim_start_matches("files[").trim_end_matches(']');
@@ -927,6 +932,13 @@ async fn held(sh: &Shared) {
     if sh.lock().hold_answers {
         std::future::pending::<()>().await;
     }
+}
+
+/// The request's `nonce` when it asks Discord to enforce it (`enforce_nonce: true`).
+fn enforced_nonce(payload: &Value) -> Option<&str> {
+    payload["nonce"]
+        .as_str()
+        .filter(|_| payload["enforce_nonce"] == true)
 }
 
 /// Discord's answer to a message's `content` it refuses: empty without files (50006), over
@@ -1109,32 +1121,7 @@ async fn create_message(
     if let Some(refused) = refuse_content(&content, false) {
         return refused;
     }
-    let mid = {
-        let mut st = sh.lock();
-        let nonce = b["nonce"].as_str().filter(|_| b["enforce_nonce"] == true);
-        let existing = nonce.and_then(|n| st.nonces.get(&(id.clone(), n.to_string())).cloned());
-        match existing {
-            Some(mid) => mid,
-            None => {
-                let mid = st.snowflake();
-                if let Some(n) = nonce {
-                    st.nonces.insert((id.clone(), n.to_string()), mid.clone());
-                }
-                st.messages
-                    .insert(mid.clone(), (id.clone(), BOT_ID.to_string()));
-                st.sent.push(SentMessage {
-                    op: SentOp::Post,
-                    chat: id.clone(),
-                    thread: None,
-                    message_id: mid.clone(),
-                    text: content.clone(),
-                    body: b.clone(),
-                    at: Instant::now(),
-                });
-                mid
-            }
-        }
-    };
+    let (mid, _) = sh.lock().post(&id, &b, &content);
     held(&sh).await;
     finish(
         &sh,
