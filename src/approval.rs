@@ -22,16 +22,8 @@ use crate::types::SessionKey;
 #[error("No pending approval `{0}` in this chat (it may have timed out).")]
 pub struct NotPending(pub String);
 
-/// The user's answer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Decision {
-    /// Run this once.
-    Once,
-    /// Run it and do not ask again for the same command in this session.
-    Always,
-    /// Do not run it.
-    Deny,
-}
+/// The user's answer (the chat commands' type).
+pub use clawft_channel_core::command::Decision;
 
 struct Pending {
     session: SessionKey,

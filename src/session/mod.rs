@@ -5,10 +5,12 @@
 //! It never awaits the LLM or a tool in `handle`: turns run in tracked tasks that report back
 //! with [`SessionMsg::TurnFinished`].
 
-pub mod command;
+mod handlers;
+mod prepare;
 pub mod prompt;
 pub mod tools;
 pub mod transcript;
+mod turn_task;
 pub mod window;
 
 use std::collections::VecDeque;
@@ -34,7 +36,9 @@ use crate::store::{InboxEntry, InboxState};
 use crate::turn::{TurnDeps, TurnEvent, TurnOutcome, TurnStatus};
 use crate::types::session_key::{is_gateway_event, SYSTEM_SENDER};
 use crate::types::SessionKey;
-use command::ChatCommand;
+use clawft_channel_core::command::{self, ChatCommand};
+use handlers::{on_inbound, MODEL_NS};
+use prepare::{on_prepared, start_prepare};
 
 /// Handle to a session actor.
 pub type SessionRef = ActorRef<SessionMsg>;
@@ -150,6 +154,13 @@ pub struct SessionArgs {
     pub max_queue: usize,
 }
 
+/// A journaled entry waiting for its turn, with what its text was parsed as when it arrived.
+struct Queued {
+    entry: InboxEntry,
+    /// `/compact`: summarise instead of answering (parsed once, on arrival).
+    compact: bool,
+}
+
 struct RunningTurn {
     cancel: CancellationToken,
 }
@@ -160,7 +171,7 @@ pub struct SessionState {
     /// The prompt window: the messages after the compaction point (the store keeps them all).
     transcript: Vec<Message>,
     window: window::WindowState,
-    queue: VecDeque<InboxEntry>,
+    queue: VecDeque<Queued>,
     running: Option<RunningTurn>,
     routed: u64,
     resets: Vec<RpcReplyPort<bool>>,
@@ -174,53 +185,6 @@ pub struct SessionState {
     model: Option<String>,
     /// The attachments of the next entry, fetched (event id, message).
     prepared: Option<(String, crate::media::Prepared)>,
-}
-
-/// Store namespace of the models chats chose with `/model`, by session key.
-const MODEL_NS: &str = "session.model";
-
-/// The model this chat's turns ask for: its `/model` choice, or the agent's.
-fn current_model(state: &SessionState) -> &str {
-    state
-        .model
-        .as_deref()
-        .or_else(|| state.args.deps.agent.models.first().map(String::as_str))
-        .unwrap_or("?")
-}
-
-/// `/model` (show) or `/model NAME` (switch this chat, stored).
-fn switch_model(state: &mut SessionState, name: Option<String>) -> (OutboundKind, String) {
-    let allowed = state.args.deps.agent.models.join(", ");
-    let Some(name) = name else {
-        return (
-            OutboundKind::Final,
-            format!(
-                "This chat uses {}. Models of this assistant: {allowed}. Switch with /model NAME.",
-                current_model(state)
-            ),
-        );
-    };
-    if !state.args.deps.agent.models.contains(&name) {
-        return (
-            OutboundKind::Error,
-            format!("`{name}` is not a model of this assistant. Choose one of: {allowed} (the operator lists them in agents.<name>.models)."),
-        );
-    }
-    let default = state.args.deps.agent.models.first() == Some(&name);
-    let stored = if default { None } else { Some(name.as_str()) };
-    if let Err(e) = state
-        .args
-        .deps
-        .store
-        .state_put(MODEL_NS, state.args.key.as_str(), stored)
-    {
-        return (
-            OutboundKind::Error,
-            format!("The model could not be saved: {e}"),
-        );
-    }
-    state.model = stored.map(str::to_string);
-    (OutboundKind::Final, format!("This chat now uses {name}."))
 }
 
 /// The session actor (stateless struct; state in [`SessionState`]).
@@ -442,132 +406,6 @@ fn answer_now(state: &SessionState, entry: &InboxEntry, kind: OutboundKind, text
     }
 }
 
-fn on_inbound(myself: &ActorRef<SessionMsg>, state: &mut SessionState, entry: InboxEntry) {
-    // The gateway's own messages are never chat commands (a reminder may start with `/`).
-    let command = entry
-        .event
-        .as_ref()
-        .filter(|e| !is_gateway_event(e))
-        .and_then(|e| ChatCommand::parse(&e.content));
-    if let Some(ev) = entry
-        .event
-        .as_ref()
-        .filter(|e| e.event_id.as_str().starts_with(TEXT_PREFIX))
-    {
-        // A scheduled text: delivered as it is, in order with the chat's other answers, through
-        // the same exactly-once path (the entry is done in the batch that queues the reply).
-        if state.draining {
-            return;
-        }
-        let text = ev.content.clone();
-        tell_scheduler(&state.args.hooks, ev, RunOutcome::Ok, None);
-        answer_now(state, &entry, OutboundKind::Final, text);
-        return;
-    }
-    match command {
-        Some(ChatCommand::Stop) => {
-            if let Some(h) = &state.args.hooks.subagents {
-                h.cancel_session(&state.args.key);
-            }
-            let text = match &state.running {
-                Some(r) => {
-                    r.cancel.cancel();
-                    "Stopping the running turn.".to_string()
-                }
-                None => "Nothing is running.".to_string(),
-            };
-            answer_now(state, &entry, OutboundKind::Final, text);
-        }
-        Some(ChatCommand::New) => {
-            if let Some(h) = &state.args.hooks.subagents {
-                h.cancel_session(&state.args.key);
-            }
-            if let Some(p) = &state.args.hooks.processes {
-                p.kill_session(&state.args.key);
-            }
-            if let Some(r) = &state.running {
-                r.cancel.cancel();
-            }
-            // Clear once the running turn (if any) has finished writing.
-            let (tx, _rx) = tokio::sync::oneshot::channel();
-            state.resets.push(RpcReplyPort::from(tx));
-            if state.running.is_none() {
-                finish_resets(state);
-            }
-            answer_now(
-                state,
-                &entry,
-                OutboundKind::Final,
-                "Started a new conversation.".into(),
-            );
-        }
-        Some(ChatCommand::Status) => {
-            let s = status(state);
-            let text = format!(
-                "session {} (agent {}, model {}): {} messages, {}, {} queued\n{}",
-                s.key,
-                state.args.key.agent(),
-                current_model(state),
-                s.messages,
-                if s.running {
-                    "a turn is running"
-                } else {
-                    "idle"
-                },
-                s.queued,
-                state.args.deps.usage.status_text(&s.key)
-            );
-            answer_now(state, &entry, OutboundKind::Final, text);
-        }
-        Some(ChatCommand::Compact) => {
-            // Runs like a turn, in order with the queued messages.
-            if !state.draining {
-                state.queue.push_back(entry);
-                maybe_start(myself, state);
-            }
-        }
-        Some(ChatCommand::Help) => {
-            answer_now(state, &entry, OutboundKind::Final, command::HELP.into());
-        }
-        Some(ChatCommand::Model(name)) => {
-            let (kind, text) = switch_model(state, name);
-            answer_now(state, &entry, kind, text);
-        }
-        Some(ChatCommand::Approval { id, decision }) => {
-            let (kind, text) = match &state.args.hooks.approvals {
-                Some(a) => match a.answer(&state.args.key, &id, decision) {
-                    Ok(t) => (OutboundKind::Final, t),
-                    Err(e) => (OutboundKind::Error, e.to_string()),
-                },
-                None => (
-                    OutboundKind::Error,
-                    "Nothing here asks for approvals.".to_string(),
-                ),
-            };
-            answer_now(state, &entry, kind, text);
-        }
-        None => {
-            if state.draining {
-                // Left pending in the journal: processed after the restart.
-                return;
-            }
-            if state.queue.len() >= state.args.max_queue {
-                refuse(
-                    state,
-                    &entry,
-                    format!(
-                        "Too many messages are waiting ({}); this one was not processed. Send it again when the current work is done.",
-                        state.queue.len()
-                    ),
-                );
-                return;
-            }
-            state.queue.push_back(entry);
-            maybe_start(myself, state);
-        }
-    }
-}
-
 fn on_turn_finished(
     myself: &ActorRef<SessionMsg>,
     state: &mut SessionState,
@@ -608,88 +446,11 @@ fn on_turn_finished(
     maybe_start(myself, state);
 }
 
-/// The attachments of `entry` are fetched: run its turn next, unless `/stop`, `/new` or a
-/// shutdown came meanwhile.
-fn on_prepared(
-    myself: &ActorRef<SessionMsg>,
-    state: &mut SessionState,
-    entry: InboxEntry,
-    prepared: crate::media::Prepared,
-) {
-    let cancelled = state
-        .running
-        .take()
-        .is_some_and(|r| r.cancel.is_cancelled());
-    if state.draining {
-        // Still pending in the journal: fetched again (or found in the inbox) after the restart.
-        for d in state.drains.drain(..) {
-            let _ = d.send(());
-        }
-        return;
-    }
-    if cancelled {
-        answer_now(
-            state,
-            &entry,
-            OutboundKind::Final,
-            "Stopped: the turn was cancelled.".into(),
-        );
-        finish_resets(state);
-        return maybe_start(myself, state);
-    }
-    if let Some(id) = entry
-        .event
-        .as_ref()
-        .map(|e| e.event_id.as_str().to_string())
-    {
-        state.prepared = Some((id, prepared));
-    }
-    state.queue.push_front(entry);
-    maybe_start(myself, state);
-}
-
-/// Fetch the attachments of `entry` in a task of the session; [`SessionMsg::Prepared`] brings
-/// the message back. The session counts as busy meanwhile (`/stop` ends the download).
-fn start_prepare(
-    myself: &ActorRef<SessionMsg>,
-    state: &mut SessionState,
-    entry: InboxEntry,
-    media: Arc<crate::media::Media>,
-) {
-    let Some(ev) = entry.event.clone() else {
-        return;
-    };
-    let cancel = state.args.shutdown.child_token();
-    state.running = Some(RunningTurn {
-        cancel: cancel.clone(),
-    });
-    let adapter = state
-        .args
-        .hooks
-        .outbox
-        .channels()
-        .get(ev.channel.as_str())
-        .and_then(|c| c.adapter.upgrade());
-    let ws = state.args.deps.workspace.clone();
-    let me = myself.clone();
-    let span = tracing::Span::current();
-    state.args.tasks.spawn(
-        async move {
-            let prepared = media.prepare(&ws, &ev, adapter, &cancel).await;
-            let _ = me.cast(SessionMsg::Prepared {
-                entry,
-                prepared: Box::new(prepared),
-            });
-        }
-        .instrument(span),
-    );
-}
-
 fn maybe_start(myself: &ActorRef<SessionMsg>, state: &mut SessionState) {
     if state.running.is_some() || state.draining {
         return;
     }
-    let Some(entry) = state.queue.pop_front() else {
+    let Some(Queued { entry, compact }) = state.queue.pop_front() else {
         // Idle: leave memory after the idle period unless something arrives.
         let routed = state.routed;
         let timer = myself.send_after(state.args.idle, move || SessionMsg::IdleCheck { routed });
@@ -731,7 +492,6 @@ fn maybe_start(myself: &ActorRef<SessionMsg>, state: &mut SessionState) {
             deps.request_model = Some(m.as_str().into());
         }
     }
-    let compact = ChatCommand::parse(&ev.content) == Some(ChatCommand::Compact);
     if compact {
         // `/compact`: nothing is appended to the transcript.
     } else if entry.state == InboxState::Pending {
@@ -787,177 +547,18 @@ fn maybe_start(myself: &ActorRef<SessionMsg>, state: &mut SessionState) {
         tracing::info!(event_id = %ev.event_id, "resuming a turn interrupted by a restart");
     }
 
-    let cancel = state.args.shutdown.child_token();
-    state.running = Some(RunningTurn {
-        cancel: cancel.clone(),
-    });
-    let key = state.args.key.clone();
-    let history = state.transcript.clone();
-    let win = state.window.clone();
-    let me = myself.clone();
-    let outbox = state.args.hooks.outbox.clone();
-    let hooks = state.args.hooks.clone();
-    let stream = state.args.stream;
-    let span = tracing::Span::current();
-    state.args.tasks.spawn(
-        async move {
-            let (events_tx, forwarder) = if stream {
-                let (tx, rx) = mpsc::channel(256);
-                let f = tokio::spawn(forward_events(rx, outbox.clone(), entry.clone()));
-                (Some(tx), Some(f))
-            } else {
-                (None, None)
-            };
-            // The typing indicator, refreshed while the turn runs (platforms expire it ~5 s).
-            let typing_done = CancellationToken::new();
-            let ev_done = ev.clone();
-            let turn_event: Arc<str> = ev.event_id.as_str().into();
-            let typing = tokio::spawn(typing_ticker(
-                outbox.clone(),
-                ev,
-                typing_done.clone(),
-            ));
-            let run = async {
-                if compact {
-                    window::compact_now(&deps, &key, win, history, &cancel).await
-                } else {
-                    window::run_windowed(&deps, &key, win, history, events_tx.as_ref(), &cancel)
-                        .await
-                }
-            };
-            // Tools see which message this turn answers (sessions_send's idempotency).
-            let run = crate::tools::registry::in_turn(turn_event, run);
-            let (outcome, window, reload) = match AssertUnwindSafe(run).catch_unwind().await {
-                Ok((o, w)) => (o, w, false),
-                Err(_) => {
-                    tracing::error!("turn panicked; the session reloads its transcript");
-                    (TurnOutcome::failed("Internal error: this turn crashed. Your message was received; try again."), None, true)
-                }
-            };
-            typing_done.cancel();
-            let _ = typing.await;
-            drop(events_tx);
-            if let Some(f) = forwarder {
-                let _ = f.await;
-            }
-            crate::metrics::inc(
-                "clawft_turns_total",
-                &[
-                    ("agent", key.agent()),
-                    (
-                        "status",
-                        match outcome.status {
-                            TurnStatus::Completed => "completed",
-                            TurnStatus::IterationLimit => "iteration_limit",
-                            TurnStatus::Cancelled => "cancelled",
-                            TurnStatus::Failed(_) => "failed",
-                        },
-                    ),
-                ],
-                1,
-            );
-            let kind = match outcome.status {
-                TurnStatus::Completed => OutboundKind::Final,
-                TurnStatus::IterationLimit | TurnStatus::Cancelled | TurnStatus::Failed(_) => {
-                    OutboundKind::Error
-                }
-            };
-            // A heartbeat with nothing to report is answered (the entry is done) but not sent.
-            let text = if heartbeat && kind == OutboundKind::Final {
-                heartbeat_reply(&outcome.reply)
-            } else {
-                Some(outcome.reply.clone())
-            };
-            if text.is_none() {
-                if let Some(s) = &hooks.scheduler {
-                    s.heartbeat_quiet();
-                }
-            }
-            let reply = text.and_then(|t| reply_to(&entry, kind, t)).map(|mut r| {
-                // The turn's tokens, for clients that report them (the OpenAI-compatible API).
-                r.meta = Some(serde_json::json!({"usage": {
-                    "prompt_tokens": outcome.usage.input_tokens,
-                    "completion_tokens": outcome.usage.output_tokens,
-                }}));
-                if r.kind == OutboundKind::Final {
-                    attach_media_lines(&outbox, &deps.workspace, &mut r);
-                }
-                r
-            });
-            let skip = outcome.messages.len().saturating_sub(outcome.unpersisted);
-            let tail = &outcome.messages[skip..];
-            let finished = deps
-                .usage
-                .finish_turn(key.as_str(), &user, &outcome.by_model, |ops| {
-                    deps.store
-                        .finish_turn_unflushed(&key, Some(&entry), tail, reply.as_ref(), ops)
-                });
-            // Durable before the reply is routed: one flush shared with every session
-            // finishing now (group commit).
-            let finished = match finished {
-                Ok(()) => deps.store.flush_async().await,
-                Err(e) => Err(e),
-            };
-            if let Err(e) = finished {
-                tracing::error!(error = %e, "could not record the end of the turn");
-            }
-            let (run, detail) = match &outcome.status {
-                TurnStatus::Completed => (RunOutcome::Ok, None),
-                TurnStatus::Cancelled => (RunOutcome::Cancelled, None),
-                TurnStatus::IterationLimit => (
-                    RunOutcome::Failed,
-                    Some("stopped at the tool-call iteration limit".to_string()),
-                ),
-                TurnStatus::Failed(e) => (RunOutcome::Failed, Some(e.clone())),
-            };
-            tell_scheduler(&hooks, &ev_done, run, detail);
-            let _ = me.cast(SessionMsg::TurnFinished {
-                outcome: Box::new(outcome),
-                reply,
-                reload,
-                window: window.map(Box::new),
-            });
-        }
-        .instrument(span),
+    turn_task::spawn(
+        myself,
+        state,
+        turn_task::TurnPlan {
+            entry,
+            ev,
+            deps,
+            compact,
+            heartbeat,
+            user,
+        },
     );
-}
-
-/// `MEDIA: path` lines of a final reply become its attachments (copied out of the workspace
-/// now, so the reply sends these bytes even after a crash); a file that cannot be attached is
-/// named in the text instead.
-fn attach_media_lines(outbox: &Outbox, ws: &crate::tools::Workspace, reply: &mut OutboundMessage) {
-    // Most replies name no file: no channel lookup, no copy of the text.
-    if !reply.content.contains("MEDIA:") {
-        return;
-    }
-    // A channel that sends no files (the HTTP API, the terminal) shows the lines as written.
-    if !crate::tools::message::MessageSink::sends_files(outbox, reply.channel.as_str()) {
-        return;
-    }
-    let (text, paths) = crate::tools::message::media_lines(&reply.content);
-    if paths.is_empty() {
-        return;
-    }
-    let mut text = text;
-    let limit = crate::tools::message::MAX_ATTACHMENTS;
-    for (p, r) in paths.iter().zip(crate::tools::message::attach_each(
-        outbox,
-        ws,
-        &reply.id,
-        &paths[..paths.len().min(limit)],
-    )) {
-        match r {
-            Ok(f) => reply.attachments.push(f),
-            Err(e) => {
-                tracing::warn!(path = %p, error = %e, "reply attachment refused");
-                text.push_str(&format!("\n\n(Could not attach {p}: {e})"));
-            }
-        }
-    }
-    for p in paths.iter().skip(limit) {
-        text.push_str(&format!("\n\n(Not attached, over {limit} files: {p})"));
-    }
-    reply.content = text;
 }
 
 /// The chat user whose memory a turn uses under `memory.scope = "user"`: `None` for the
@@ -974,57 +575,5 @@ fn budget_user(ev: &clawft_channel_core::InboundEvent) -> String {
         String::new()
     } else {
         format!("{}:{}", ev.channel.as_str(), ev.sender.as_str())
-    }
-}
-
-/// How often the typing indicator is refreshed while a turn runs.
-const TYPING_EVERY: std::time::Duration = std::time::Duration::from_secs(4);
-
-async fn typing_ticker(
-    outbox: Outbox,
-    ev: clawft_channel_core::InboundEvent,
-    done: CancellationToken,
-) {
-    loop {
-        outbox.typing(&ev.channel, ev.chat.clone(), ev.thread.clone());
-        tokio::select! {
-            () = done.cancelled() => return,
-            () = tokio::time::sleep(TYPING_EVERY) => {}
-        }
-    }
-}
-
-async fn forward_events(mut rx: mpsc::Receiver<TurnEvent>, outbox: Outbox, entry: InboxEntry) {
-    while let Some(ev) = rx.recv().await {
-        let (kind, content, meta) = match ev {
-            TurnEvent::Delta(t) => (OutboundKind::Delta, t, None),
-            TurnEvent::Restart => (
-                OutboundKind::Delta,
-                String::new(),
-                Some(clawft_channel_core::restart_meta()),
-            ),
-            TurnEvent::ToolStarted { tool, call_id } => (
-                OutboundKind::Progress,
-                format!("running {tool}"),
-                Some(
-                    serde_json::json!({"event": "tool_started", "tool": tool, "call_id": call_id}),
-                ),
-            ),
-            TurnEvent::ToolFinished {
-                tool,
-                call_id,
-                error_code,
-            } => (
-                OutboundKind::Progress,
-                format!("finished {tool}"),
-                Some(
-                    serde_json::json!({"event": "tool_finished", "tool": tool, "call_id": call_id, "error_code": error_code}),
-                ),
-            ),
-        };
-        if let Some(mut m) = reply_to(&entry, kind, content) {
-            m.meta = meta;
-            outbox.route(m);
-        }
     }
 }

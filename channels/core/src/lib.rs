@@ -13,6 +13,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 pub mod bounded;
+pub mod command;
 pub mod draft;
 pub mod draft_journal;
 pub mod media;

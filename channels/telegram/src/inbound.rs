@@ -8,17 +8,13 @@
 //! still has to be addressed to the bot); a message with neither text nor such a file (a
 //! sticker, a location) is skipped.
 
+use clawft_channel_core::command::is_command_name;
 use clawft_channel_core::media::{MediaKind, MediaRef};
 use serde::Deserialize;
 use serde_json::Value;
 
 use crate::api::Me;
 use crate::GroupMode;
-
-/// Commands passed through in groups even without a mention (the daemon checks the sender).
-const COMMANDS: &[&str] = &[
-    "stop", "new", "status", "approve", "deny", "help", "start", "compact",
-];
 
 #[derive(Debug, Deserialize)]
 struct User {
@@ -274,7 +270,8 @@ pub(crate) fn decide(update: &Value, me: &Me, mode: GroupMode) -> Decision {
         let topic_root = msg.is_topic_message && Some(r.message_id) == msg.message_thread_id;
         !topic_root && r.from.as_ref().is_some_and(|u| u.id == me.id)
     });
-    let known_command = command.as_deref().is_some_and(|c| COMMANDS.contains(&c));
+    // Commands pass in groups even without a mention (the daemon checks the sender).
+    let known_command = command.as_deref().is_some_and(is_command_name);
     if group && mode == GroupMode::Mention && !mentioned && !reply_to_bot && !known_command {
         return Decision::Skip("group message not addressed to the bot");
     }
@@ -459,6 +456,24 @@ mod tests {
             GroupMode::Mention,
         );
         assert_eq!(text_of(d), "/deny x1");
+        // Every command the session answers passes a group without a mention: a bare `/model`
+        // and `/model NAME` too (they were dropped here while `/stop` passed).
+        for (text, len) in [
+            ("/model", 6),
+            ("/model gpt-4o", 6),
+            ("/compact", 8),
+            ("/new", 4),
+        ] {
+            let d = decide(
+                &group_msg(
+                    text,
+                    json!([{"type": "bot_command", "offset": 0, "length": len}]),
+                ),
+                &me(),
+                GroupMode::Mention,
+            );
+            assert_eq!(text_of(d), text);
+        }
         let d = decide(
             &group_msg(
                 "/stop@otherbot",

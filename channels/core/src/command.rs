@@ -1,6 +1,28 @@
-//! Chat commands: the text of an inbound message parsed once into a [`ChatCommand`].
+//! Chat commands: the one list of commands every adapter and the session use. The text of an
+//! inbound message is parsed once into a [`ChatCommand`]; adapters that filter group messages
+//! ask [`is_command_name`] so every command the session answers also passes them.
 
-use crate::approval::Decision;
+/// The user's answer to an approval request (`/approve ID [once|always]`, `/deny ID`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// Run this once.
+    Once,
+    /// Run it and do not ask again for the same command in this session.
+    Always,
+    /// Do not run it.
+    Deny,
+}
+
+/// The name of every chat command (without the `/`), as typed in a chat.
+pub const NAMES: &[&str] = &[
+    "stop", "new", "status", "help", "start", "compact", "model", "approve", "deny",
+];
+
+/// Whether `name` (without `/` and `@bot`, any case) is a chat command: adapters let these
+/// through in groups even when the bot is not mentioned (the daemon still checks the sender).
+pub fn is_command_name(name: &str) -> bool {
+    NAMES.iter().any(|n| n.eq_ignore_ascii_case(name))
+}
 
 /// A command typed in a chat, answered by the session without a turn.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -70,7 +92,31 @@ impl ChatCommand {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn every_parsed_command_is_a_listed_name() {
+        for text in [
+            "/stop",
+            "/new",
+            "/status",
+            "/help",
+            "/start",
+            "/compact",
+            "/model",
+            "/approve a",
+            "/deny a",
+        ] {
+            assert!(ChatCommand::parse(text).is_some(), "{text}");
+            assert!(
+                is_command_name(&text[1..].split(' ').next().unwrap_or("")),
+                "{text}"
+            );
+        }
+        assert!(is_command_name("MODEL"));
+        assert!(!is_command_name("weather"));
+    }
 
     #[test]
     fn commands_parse_once_and_the_rest_is_for_the_model() {

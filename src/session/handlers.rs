@@ -1,0 +1,190 @@
+//! Chat commands answered by the session at once (`/stop`, `/new`, `/status`, `/model`,
+//! `/approve` …), and where every other inbound entry goes: the queue.
+
+use super::*;
+
+/// Store namespace of the models chats chose with `/model`, by session key.
+pub(super) const MODEL_NS: &str = "session.model";
+
+/// The model this chat's turns ask for: its `/model` choice, or the agent's.
+pub(super) fn current_model(state: &SessionState) -> &str {
+    state
+        .model
+        .as_deref()
+        .or_else(|| state.args.deps.agent.models.first().map(String::as_str))
+        .unwrap_or("?")
+}
+
+/// `/model` (show) or `/model NAME` (switch this chat, stored).
+pub(super) fn switch_model(
+    state: &mut SessionState,
+    name: Option<String>,
+) -> (OutboundKind, String) {
+    let allowed = state.args.deps.agent.models.join(", ");
+    let Some(name) = name else {
+        return (
+            OutboundKind::Final,
+            format!(
+                "This chat uses {}. Models of this assistant: {allowed}. Switch with /model NAME.",
+                current_model(state)
+            ),
+        );
+    };
+    if !state.args.deps.agent.models.contains(&name) {
+        return (
+            OutboundKind::Error,
+            format!("`{name}` is not a model of this assistant. Choose one of: {allowed} (the operator lists them in agents.<name>.models)."),
+        );
+    }
+    let default = state.args.deps.agent.models.first() == Some(&name);
+    let stored = if default { None } else { Some(name.as_str()) };
+    if let Err(e) = state
+        .args
+        .deps
+        .store
+        .state_put(MODEL_NS, state.args.key.as_str(), stored)
+    {
+        return (
+            OutboundKind::Error,
+            format!("The model could not be saved: {e}"),
+        );
+    }
+    state.model = stored.map(str::to_string);
+    (OutboundKind::Final, format!("This chat now uses {name}."))
+}
+
+pub(super) fn on_inbound(
+    myself: &ActorRef<SessionMsg>,
+    state: &mut SessionState,
+    entry: InboxEntry,
+) {
+    // The gateway's own messages are never chat commands (a reminder may start with `/`).
+    let command = entry
+        .event
+        .as_ref()
+        .filter(|e| !is_gateway_event(e))
+        .and_then(|e| ChatCommand::parse(&e.content));
+    if let Some(ev) = entry
+        .event
+        .as_ref()
+        .filter(|e| e.event_id.as_str().starts_with(TEXT_PREFIX))
+    {
+        // A scheduled text: delivered as it is, in order with the chat's other answers, through
+        // the same exactly-once path (the entry is done in the batch that queues the reply).
+        if state.draining {
+            return;
+        }
+        let text = ev.content.clone();
+        tell_scheduler(&state.args.hooks, ev, RunOutcome::Ok, None);
+        answer_now(state, &entry, OutboundKind::Final, text);
+        return;
+    }
+    match command {
+        Some(ChatCommand::Stop) => {
+            if let Some(h) = &state.args.hooks.subagents {
+                h.cancel_session(&state.args.key);
+            }
+            let text = match &state.running {
+                Some(r) => {
+                    r.cancel.cancel();
+                    "Stopping the running turn.".to_string()
+                }
+                None => "Nothing is running.".to_string(),
+            };
+            answer_now(state, &entry, OutboundKind::Final, text);
+        }
+        Some(ChatCommand::New) => {
+            if let Some(h) = &state.args.hooks.subagents {
+                h.cancel_session(&state.args.key);
+            }
+            if let Some(p) = &state.args.hooks.processes {
+                p.kill_session(&state.args.key);
+            }
+            if let Some(r) = &state.running {
+                r.cancel.cancel();
+            }
+            // Clear once the running turn (if any) has finished writing.
+            let (tx, _rx) = tokio::sync::oneshot::channel();
+            state.resets.push(RpcReplyPort::from(tx));
+            if state.running.is_none() {
+                finish_resets(state);
+            }
+            answer_now(
+                state,
+                &entry,
+                OutboundKind::Final,
+                "Started a new conversation.".into(),
+            );
+        }
+        Some(ChatCommand::Status) => {
+            let s = status(state);
+            let text = format!(
+                "session {} (agent {}, model {}): {} messages, {}, {} queued\n{}",
+                s.key,
+                state.args.key.agent(),
+                current_model(state),
+                s.messages,
+                if s.running {
+                    "a turn is running"
+                } else {
+                    "idle"
+                },
+                s.queued,
+                state.args.deps.usage.status_text(&s.key)
+            );
+            answer_now(state, &entry, OutboundKind::Final, text);
+        }
+        Some(ChatCommand::Compact) => {
+            // Runs like a turn, in order with the queued messages.
+            if !state.draining {
+                state.queue.push_back(Queued {
+                    entry,
+                    compact: true,
+                });
+                maybe_start(myself, state);
+            }
+        }
+        Some(ChatCommand::Help) => {
+            answer_now(state, &entry, OutboundKind::Final, command::HELP.into());
+        }
+        Some(ChatCommand::Model(name)) => {
+            let (kind, text) = switch_model(state, name);
+            answer_now(state, &entry, kind, text);
+        }
+        Some(ChatCommand::Approval { id, decision }) => {
+            let (kind, text) = match &state.args.hooks.approvals {
+                Some(a) => match a.answer(&state.args.key, &id, decision) {
+                    Ok(t) => (OutboundKind::Final, t),
+                    Err(e) => (OutboundKind::Error, e.to_string()),
+                },
+                None => (
+                    OutboundKind::Error,
+                    "Nothing here asks for approvals.".to_string(),
+                ),
+            };
+            answer_now(state, &entry, kind, text);
+        }
+        None => {
+            if state.draining {
+                // Left pending in the journal: processed after the restart.
+                return;
+            }
+            if state.queue.len() >= state.args.max_queue {
+                refuse(
+                    state,
+                    &entry,
+                    format!(
+                        "Too many messages are waiting ({}); this one was not processed. Send it again when the current work is done.",
+                        state.queue.len()
+                    ),
+                );
+                return;
+            }
+            state.queue.push_back(Queued {
+                entry,
+                compact: false,
+            });
+            maybe_start(myself, state);
+        }
+    }
+}

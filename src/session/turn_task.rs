@@ -1,0 +1,256 @@
+//! The turn task of a session: runs one turn (or `/compact`) off the actor, streams its deltas
+//! and progress to the chat, keeps the typing indicator alive, records the end of the turn and
+//! reports back with [`SessionMsg::TurnFinished`]. It never touches the actor's state.
+
+use super::*;
+
+/// What the session decided about the turn it starts.
+pub(super) struct TurnPlan {
+    /// The journaled entry the turn answers.
+    pub entry: InboxEntry,
+    /// Its event.
+    pub ev: clawft_channel_core::InboundEvent,
+    /// The dependencies as of this turn (prompt, model).
+    pub deps: TurnDeps,
+    /// `/compact`: summarise instead of answering.
+    pub compact: bool,
+    /// A heartbeat run: a reply with nothing to report is not sent.
+    pub heartbeat: bool,
+    /// Who the turn's spend counts against.
+    pub user: String,
+}
+
+/// Run the turn of `plan` in a tracked task; the session is busy until it reports back.
+pub(super) fn spawn(myself: &ActorRef<SessionMsg>, state: &mut SessionState, plan: TurnPlan) {
+    let TurnPlan {
+        entry,
+        ev,
+        deps,
+        compact,
+        heartbeat,
+        user,
+    } = plan;
+    let cancel = state.args.shutdown.child_token();
+    state.running = Some(RunningTurn {
+        cancel: cancel.clone(),
+    });
+    let key = state.args.key.clone();
+    let history = state.transcript.clone();
+    let win = state.window.clone();
+    let me = myself.clone();
+    let outbox = state.args.hooks.outbox.clone();
+    let hooks = state.args.hooks.clone();
+    let stream = state.args.stream;
+    let span = tracing::Span::current();
+    state.args.tasks.spawn(
+        async move {
+            let (events_tx, forwarder) = if stream {
+                let (tx, rx) = mpsc::channel(256);
+                let f = tokio::spawn(forward_events(rx, outbox.clone(), entry.clone()));
+                (Some(tx), Some(f))
+            } else {
+                (None, None)
+            };
+            // The typing indicator, refreshed while the turn runs (platforms expire it ~5 s).
+            let typing_done = CancellationToken::new();
+            let ev_done = ev.clone();
+            let turn_event: Arc<str> = ev.event_id.as_str().into();
+            let typing = tokio::spawn(typing_ticker(
+                outbox.clone(),
+                ev,
+                typing_done.clone(),
+            ));
+            let run = async {
+                if compact {
+                    window::compact_now(&deps, &key, win, history, &cancel).await
+                } else {
+                    window::run_windowed(&deps, &key, win, history, events_tx.as_ref(), &cancel)
+                        .await
+                }
+            };
+            // Tools see which message this turn answers (sessions_send's idempotency).
+            let run = crate::tools::registry::in_turn(turn_event, run);
+            let (outcome, window, reload) = match AssertUnwindSafe(run).catch_unwind().await {
+                Ok((o, w)) => (o, w, false),
+                Err(_) => {
+                    tracing::error!("turn panicked; the session reloads its transcript");
+                    (TurnOutcome::failed("Internal error: this turn crashed. Your message was received; try again."), None, true)
+                }
+            };
+            typing_done.cancel();
+            let _ = typing.await;
+            drop(events_tx);
+            if let Some(f) = forwarder {
+                let _ = f.await;
+            }
+            crate::metrics::inc(
+                "clawft_turns_total",
+                &[
+                    ("agent", key.agent()),
+                    (
+                        "status",
+                        match outcome.status {
+                            TurnStatus::Completed => "completed",
+                            TurnStatus::IterationLimit => "iteration_limit",
+                            TurnStatus::Cancelled => "cancelled",
+                            TurnStatus::Failed(_) => "failed",
+                        },
+                    ),
+                ],
+                1,
+            );
+            let kind = match outcome.status {
+                TurnStatus::Completed => OutboundKind::Final,
+                TurnStatus::IterationLimit | TurnStatus::Cancelled | TurnStatus::Failed(_) => {
+                    OutboundKind::Error
+                }
+            };
+            // A heartbeat with nothing to report is answered (the entry is done) but not sent.
+            let text = if heartbeat && kind == OutboundKind::Final {
+                heartbeat_reply(&outcome.reply)
+            } else {
+                Some(outcome.reply.clone())
+            };
+            if text.is_none() {
+                if let Some(s) = &hooks.scheduler {
+                    s.heartbeat_quiet();
+                }
+            }
+            let reply = text.and_then(|t| reply_to(&entry, kind, t)).map(|mut r| {
+                // The turn's tokens, for clients that report them (the OpenAI-compatible API).
+                r.meta = Some(serde_json::json!({"usage": {
+                    "prompt_tokens": outcome.usage.input_tokens,
+                    "completion_tokens": outcome.usage.output_tokens,
+                }}));
+                if r.kind == OutboundKind::Final {
+                    attach_media_lines(&outbox, &deps.workspace, &mut r);
+                }
+                r
+            });
+            let skip = outcome.messages.len().saturating_sub(outcome.unpersisted);
+            let tail = &outcome.messages[skip..];
+            let finished = deps
+                .usage
+                .finish_turn(key.as_str(), &user, &outcome.by_model, |ops| {
+                    deps.store
+                        .finish_turn_unflushed(&key, Some(&entry), tail, reply.as_ref(), ops)
+                });
+            // Durable before the reply is routed: one flush shared with every session
+            // finishing now (group commit).
+            let finished = match finished {
+                Ok(()) => deps.store.flush_async().await,
+                Err(e) => Err(e),
+            };
+            if let Err(e) = finished {
+                tracing::error!(error = %e, "could not record the end of the turn");
+            }
+            let (run, detail) = match &outcome.status {
+                TurnStatus::Completed => (RunOutcome::Ok, None),
+                TurnStatus::Cancelled => (RunOutcome::Cancelled, None),
+                TurnStatus::IterationLimit => (
+                    RunOutcome::Failed,
+                    Some("stopped at the tool-call iteration limit".to_string()),
+                ),
+                TurnStatus::Failed(e) => (RunOutcome::Failed, Some(e.clone())),
+            };
+            tell_scheduler(&hooks, &ev_done, run, detail);
+            let _ = me.cast(SessionMsg::TurnFinished {
+                outcome: Box::new(outcome),
+                reply,
+                reload,
+                window: window.map(Box::new),
+            });
+        }
+        .instrument(span),
+    );
+}
+
+/// `MEDIA: path` lines of a final reply become its attachments (copied out of the workspace
+/// now, so the reply sends these bytes even after a crash); a file that cannot be attached is
+/// named in the text instead.
+fn attach_media_lines(outbox: &Outbox, ws: &crate::tools::Workspace, reply: &mut OutboundMessage) {
+    // Most replies name no file: no channel lookup, no copy of the text.
+    if !reply.content.contains("MEDIA:") {
+        return;
+    }
+    // A channel that sends no files (the HTTP API, the terminal) shows the lines as written.
+    if !crate::tools::message::MessageSink::sends_files(outbox, reply.channel.as_str()) {
+        return;
+    }
+    let (text, paths) = crate::tools::message::media_lines(&reply.content);
+    if paths.is_empty() {
+        return;
+    }
+    let mut text = text;
+    let limit = crate::tools::message::MAX_ATTACHMENTS;
+    for (p, r) in paths.iter().zip(crate::tools::message::attach_each(
+        outbox,
+        ws,
+        &reply.id,
+        &paths[..paths.len().min(limit)],
+    )) {
+        match r {
+            Ok(f) => reply.attachments.push(f),
+            Err(e) => {
+                tracing::warn!(path = %p, error = %e, "reply attachment refused");
+                text.push_str(&format!("\n\n(Could not attach {p}: {e})"));
+            }
+        }
+    }
+    for p in paths.iter().skip(limit) {
+        text.push_str(&format!("\n\n(Not attached, over {limit} files: {p})"));
+    }
+    reply.content = text;
+}
+
+/// How often the typing indicator is refreshed while a turn runs.
+const TYPING_EVERY: std::time::Duration = std::time::Duration::from_secs(4);
+
+async fn typing_ticker(
+    outbox: Outbox,
+    ev: clawft_channel_core::InboundEvent,
+    done: CancellationToken,
+) {
+    loop {
+        outbox.typing(&ev.channel, ev.chat.clone(), ev.thread.clone());
+        tokio::select! {
+            () = done.cancelled() => return,
+            () = tokio::time::sleep(TYPING_EVERY) => {}
+        }
+    }
+}
+
+async fn forward_events(mut rx: mpsc::Receiver<TurnEvent>, outbox: Outbox, entry: InboxEntry) {
+    while let Some(ev) = rx.recv().await {
+        let (kind, content, meta) = match ev {
+            TurnEvent::Delta(t) => (OutboundKind::Delta, t, None),
+            TurnEvent::Restart => (
+                OutboundKind::Delta,
+                String::new(),
+                Some(clawft_channel_core::restart_meta()),
+            ),
+            TurnEvent::ToolStarted { tool, call_id } => (
+                OutboundKind::Progress,
+                format!("running {tool}"),
+                Some(
+                    serde_json::json!({"event": "tool_started", "tool": tool, "call_id": call_id}),
+                ),
+            ),
+            TurnEvent::ToolFinished {
+                tool,
+                call_id,
+                error_code,
+            } => (
+                OutboundKind::Progress,
+                format!("finished {tool}"),
+                Some(
+                    serde_json::json!({"event": "tool_finished", "tool": tool, "call_id": call_id, "error_code": error_code}),
+                ),
+            ),
+        };
+        if let Some(mut m) = reply_to(&entry, kind, content) {
+            m.meta = meta;
+            outbox.route(m);
+        }
+    }
+}
