@@ -208,6 +208,9 @@ pub fn handle(
         content: render(hook, &delivery, body),
         received_at_ms: clawft_channel_core::now_ms(),
         attachments: Vec::new(),
+        origin: clawft_channel_core::Origin::Webhook {
+            hook: hook.name.clone(),
+        },
     };
     match store.journal_inbound(&ev, &key) {
         Ok(JournalOutcome::New(entry)) => {

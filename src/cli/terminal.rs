@@ -72,6 +72,7 @@ impl TerminalChannel {
             content: text.to_string(),
             received_at_ms: now_ms(),
             attachments: Vec::new(),
+            origin: clawft_channel_core::Origin::User,
         });
         tx.send(delivery)
             .await

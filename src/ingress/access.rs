@@ -311,6 +311,7 @@ mod tests {
             content: "hi".into(),
             received_at_ms: 0,
             attachments: Vec::new(),
+            origin: clawft_channel_core::Origin::User,
         }
     }
 

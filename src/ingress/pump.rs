@@ -237,6 +237,13 @@ fn decide(
                 crate::types::session_key::GATEWAY_EVENT_PREFIXES.join(", ")
             )))
         }
+        // Only the gateway makes events of another origin; an adapter never does.
+        (Ok(Verdict::Allowed), Ok(_)) if !event.origin.is_user() => {
+            tracing::warn!(origin = ?event.origin, "a channel delivered a non-user event; refused");
+            Decided::Done(Ack::Rejected(
+                "only the gateway makes scheduled, subagent, session or webhook events".into(),
+            ))
+        }
         // After the access check: strangers get no notice, only refusal.
         (Ok(Verdict::Allowed), Ok(_)) if event.content.len() > max_inbound_bytes => {
             Decided::Done(refuse_oversized(outbox, event, max_inbound_bytes))

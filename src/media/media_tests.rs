@@ -119,6 +119,7 @@ fn event(content: &str, attachments: Vec<MediaRef>) -> InboundEvent {
         content: content.into(),
         received_at_ms: 1_795_000_000_000,
         attachments,
+        origin: clawft_channel_core::Origin::User,
     }
 }
 

@@ -16,7 +16,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use chrono::{DateTime, SecondsFormat, Utc};
-use clawft_channel_core::{ChannelId, ChatId, InboundEvent, PlatformEventId, ThreadId, UserId};
+use clawft_channel_core::{
+    ChannelId, ChatId, InboundEvent, Origin, PlatformEventId, ThreadId, UserId,
+};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
@@ -361,6 +363,10 @@ impl Scheduler {
             content,
             received_at_ms: clawft_channel_core::now_ms(),
             attachments: Vec::new(),
+            origin: clawft_channel_core::Origin::Scheduled {
+                run: run.id.to_string(),
+                text: matches!(job.payload.deliver, Deliver::Text),
+            },
         }
     }
 
@@ -432,15 +438,15 @@ impl Scheduler {
     /// events are ignored.
     pub fn finished(&self, ev: &InboundEvent, outcome: Outcome, detail: Option<String>) {
         let id = ev.event_id.as_str();
-        if id.starts_with(HEARTBEAT_PREFIX) {
-            self.heartbeat_running.store(false, Ordering::Release);
-            return;
-        }
-        let Some(run_id) = id
-            .strip_prefix(TURN_PREFIX)
-            .or_else(|| id.strip_prefix(TEXT_PREFIX))
-        else {
-            return;
+        let run_id = match &ev.origin {
+            Origin::Heartbeat => {
+                self.heartbeat_running.store(false, Ordering::Release);
+                return;
+            }
+            Origin::Scheduled { run, .. } => run.as_str(),
+            Origin::User | Origin::Subagent | Origin::Session { .. } | Origin::Webhook { .. } => {
+                return
+            }
         };
         let Some(mut run) = Run::from_id(run_id) else {
             tracing::warn!(event_id = %id, "scheduled run id does not parse; not recorded");
@@ -571,6 +577,7 @@ impl Scheduler {
             ),
             received_at_ms: clawft_channel_core::now_ms(),
             attachments: Vec::new(),
+            origin: clawft_channel_core::Origin::Heartbeat,
         };
         match self.store.journal_inbound(&ev, &session) {
             Ok(JournalOutcome::New(entry)) => {

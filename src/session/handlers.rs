@@ -62,13 +62,14 @@ pub(super) fn on_inbound(
     let command = entry
         .event
         .as_ref()
-        .filter(|e| !is_gateway_event(e))
+        .filter(|e| e.origin.is_user())
         .and_then(|e| ChatCommand::parse(&e.content));
-    if let Some(ev) = entry
-        .event
-        .as_ref()
-        .filter(|e| e.event_id.as_str().starts_with(TEXT_PREFIX))
-    {
+    if let Some(ev) = entry.event.as_ref().filter(|e| {
+        matches!(
+            e.origin,
+            clawft_channel_core::Origin::Scheduled { text: true, .. }
+        )
+    }) {
         // A scheduled text: delivered as it is, in order with the chat's other answers, through
         // the same exactly-once path (the entry is done in the batch that queues the reply).
         if state.draining {

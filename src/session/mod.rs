@@ -31,7 +31,7 @@ use crate::approval::Approvals;
 use crate::egress::Outbox;
 use crate::llm::{Message, Role};
 use crate::scheduler::jobs::Outcome as RunOutcome;
-use crate::scheduler::runtime::{heartbeat_reply, HEARTBEAT_PREFIX, TEXT_PREFIX};
+use crate::scheduler::runtime::heartbeat_reply;
 use crate::store::{InboxEntry, InboxState};
 use crate::turn::{TurnDeps, TurnEvent, TurnOutcome, TurnStatus};
 use crate::types::session_key::{is_gateway_event, SYSTEM_SENDER};
@@ -475,7 +475,7 @@ fn maybe_start(myself: &ActorRef<SessionMsg>, state: &mut SessionState) {
     // The system prompt as of this turn (this user's files): one stat per context file, a read
     // only on a change.
     let mut deps = state.args.deps.for_turn_by(memory_user(&ev));
-    let heartbeat = ev.event_id.as_str().starts_with(HEARTBEAT_PREFIX);
+    let heartbeat = ev.origin == clawft_channel_core::Origin::Heartbeat;
     if heartbeat {
         // `heartbeat.model`: a cheaper model for the periodic check.
         deps.request_model = state
@@ -564,14 +564,14 @@ fn maybe_start(myself: &ActorRef<SessionMsg>, state: &mut SessionState) {
 /// The chat user whose memory a turn uses under `memory.scope = "user"`: `None` for the
 /// terminal (`cli`, the operator's) and the gateway's own messages, which use the agent's.
 fn memory_user(ev: &clawft_channel_core::InboundEvent) -> Option<(&str, &str)> {
-    (ev.sender.as_str() != SYSTEM_SENDER && ev.channel.as_str() != "cli")
+    (!(ev.sender.as_str() == SYSTEM_SENDER && !ev.origin.is_user()) && ev.channel.as_str() != "cli")
         .then(|| (ev.channel.as_str(), ev.sender.as_str()))
 }
 
 /// Who a turn's spend is counted against for `budgets.per_user_daily_*`: `channel:sender`
 /// (empty for the gateway's own messages, such as subagent results).
 fn budget_user(ev: &clawft_channel_core::InboundEvent) -> String {
-    if ev.sender.as_str() == SYSTEM_SENDER {
+    if !ev.origin.is_user() && ev.sender.as_str() == SYSTEM_SENDER {
         String::new()
     } else {
         format!("{}:{}", ev.channel.as_str(), ev.sender.as_str())

@@ -413,6 +413,9 @@ impl Tool for SessionsSend {
             ),
             received_at_ms: clawft_channel_core::now_ms(),
             attachments: Vec::new(),
+            origin: clawft_channel_core::Origin::Session {
+                from: ctx.session.to_string(),
+            },
         };
         let outcome = s
             .dir
@@ -595,6 +598,7 @@ mod tests {
             content: text.into(),
             received_at_ms: 1,
             attachments: Vec::new(),
+            origin: clawft_channel_core::Origin::User,
         };
         let JournalOutcome::New(entry) = store.journal_inbound(&ev, &key).unwrap() else {
             panic!("dup")

@@ -261,6 +261,15 @@ pub(crate) fn unseal<'a>(key: &[u8], v: &'a [u8]) -> Result<&'a [u8], StoreError
     Ok(payload)
 }
 
+/// A journal entry, its event's origin filled in for records written before events carried one.
+fn decode_entry(key: &[u8], v: &[u8]) -> Result<InboxEntry, StoreError> {
+    let mut e: InboxEntry = decode(key, v)?;
+    if let Some(ev) = e.event.as_mut() {
+        ev.origin = crate::types::session_key::legacy_origin(ev);
+    }
+    Ok(e)
+}
+
 fn decode<T: serde::de::DeserializeOwned>(key: &[u8], v: &[u8]) -> Result<T, StoreError> {
     serde_json::from_slice(unseal(key, v)?).map_err(|e| StoreError::Corrupt {
         key: show_key(key),
@@ -603,7 +612,7 @@ impl Store {
     ) -> Result<Option<InboxEntry>, StoreError> {
         let key = inbox_key_of(channel, event_id);
         match self.kv.get(&key)? {
-            Some(v) => decode(&key, &v).map(Some),
+            Some(v) => decode_entry(&key, &v).map(Some),
             None => Ok(None),
         }
     }
@@ -618,7 +627,7 @@ impl Store {
         for (qk, ik) in self.kv.scan_prefix(b"q\0")? {
             match self.kv.get(&ik)? {
                 Some(v) => {
-                    let e: InboxEntry = decode(&ik, &v)?;
+                    let e = decode_entry(&ik, &v)?;
                     if e.state == InboxState::Done || e.event.is_none() {
                         stale.push(Op::Del(qk));
                     } else {

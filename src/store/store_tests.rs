@@ -14,6 +14,7 @@ fn ev(id: &str) -> InboundEvent {
         content: format!("hello {id}"),
         received_at_ms: 1,
         attachments: Vec::new(),
+        origin: clawft_channel_core::Origin::User,
     }
 }
 

@@ -111,6 +111,7 @@ pub(super) fn journal_batch(
         content: batch.content.clone(),
         received_at_ms: now_ms(),
         attachments: Vec::new(),
+        origin: clawft_channel_core::Origin::Subagent,
     };
     let outcome = store.journal_inbound(&ev, &session)?;
     for id in &batch.ids {

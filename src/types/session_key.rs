@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use clawft_channel_core::InboundEvent;
+use clawft_channel_core::{InboundEvent, Origin};
 use serde::{Deserialize, Serialize};
 
 /// Longest accepted session key, in bytes (seed 002).
@@ -221,7 +221,38 @@ pub fn is_reserved_event_id(event_id: &str) -> bool {
 /// heartbeat): its reply answers the chat, not an event, it streams nothing and it is never a
 /// chat command.
 pub fn is_gateway_event(ev: &InboundEvent) -> bool {
-    ev.sender.as_str() == SYSTEM_SENDER || is_reserved_event_id(ev.event_id.as_str())
+    !ev.origin.is_user()
+}
+
+/// The origin of a journal record written before events carried one (those records have
+/// none, so they read as [`Origin::User`]): the gateway's own events were told apart by their
+/// event-id prefix then. Applied once, where the store decodes a journal entry; nothing else
+/// looks at prefixes.
+pub fn legacy_origin(ev: &InboundEvent) -> Origin {
+    let id = ev.event_id.as_str();
+    let after = |p: &str| id.strip_prefix(p).map(str::to_string);
+    if !ev.origin.is_user() {
+        return ev.origin.clone();
+    }
+    if let Some(run) = after("cron-text:") {
+        Origin::Scheduled { run, text: true }
+    } else if let Some(run) = after("cron:") {
+        Origin::Scheduled { run, text: false }
+    } else if id.starts_with("heartbeat:") {
+        Origin::Heartbeat
+    } else if id.starts_with("subagents:") || ev.sender.as_str() == SYSTEM_SENDER {
+        Origin::Subagent
+    } else if id.starts_with("sessions:") {
+        Origin::Session {
+            from: String::new(),
+        }
+    } else if let Some(rest) = after("hook:") {
+        Origin::Webhook {
+            hook: rest.split(':').next().unwrap_or("").to_string(),
+        }
+    } else {
+        Origin::User
+    }
 }
 
 /// `subagent:<id>`.
@@ -245,6 +276,54 @@ pub fn subagent_task_id_in(key: &str) -> Option<&str> {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
+
+    #[test]
+    fn journal_records_without_an_origin_get_the_one_their_prefix_meant() {
+        let ev = |id: &str, sender: &str| InboundEvent {
+            channel: clawft_channel_core::ChannelId::new("telegram"),
+            chat: clawft_channel_core::ChatId::new("42"),
+            thread: None,
+            sender: clawft_channel_core::UserId::new(sender),
+            event_id: clawft_channel_core::PlatformEventId::new(id),
+            content: String::new(),
+            received_at_ms: 0,
+            attachments: Vec::new(),
+            origin: Origin::User,
+        };
+        assert_eq!(
+            legacy_origin(&ev("cron-text:j1:2026", "7")),
+            Origin::Scheduled {
+                run: "j1:2026".into(),
+                text: true
+            }
+        );
+        assert_eq!(
+            legacy_origin(&ev("cron:j1:2026", "7")),
+            Origin::Scheduled {
+                run: "j1:2026".into(),
+                text: false
+            }
+        );
+        assert_eq!(
+            legacy_origin(&ev("heartbeat:1", SYSTEM_SENDER)),
+            Origin::Heartbeat
+        );
+        assert_eq!(
+            legacy_origin(&ev("subagents:t1", SYSTEM_SENDER)),
+            Origin::Subagent
+        );
+        assert_eq!(
+            legacy_origin(&ev("hook:deploy:d1", "hook:deploy")),
+            Origin::Webhook {
+                hook: "deploy".into()
+            }
+        );
+        assert_eq!(legacy_origin(&ev("12345", "7")), Origin::User);
+        // An origin already recorded is kept as it is.
+        let mut e = ev("12345", "7");
+        e.origin = Origin::Heartbeat;
+        assert_eq!(legacy_origin(&e), Origin::Heartbeat);
+    }
 
     #[test]
     fn routes_of_chat_thread_and_per_user_keys() {

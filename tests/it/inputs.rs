@@ -427,3 +427,39 @@ async fn file_tools_never_touch_the_config_store_or_credentials_inside_the_works
         "a file appeared in the credentials directory"
     );
 }
+
+/// Who a message comes from is carried as a type, never guessed from the sender's name: an
+/// HTTP client that calls itself `clawft-subagents` (the gateway's own sender for subagent
+/// results) is still a person. Its `/help` is a chat command and its question gets the reply
+/// on its own request (the gateway's own events answer the chat, not a request: the POST
+/// waited in vain before).
+#[tokio::test]
+async fn a_client_named_like_the_gateway_is_still_a_user() {
+    let dir = tempfile::tempdir().unwrap();
+    let llm = FakeLlm::start().await;
+    llm.push(Reply::Text("the answer".into()));
+    let gw = TestGateway::start(config(&llm, dir.path(), json!({}))).await;
+    let post = |content: &'static str| {
+        gw.api
+            .http
+            .post(format!("{}/v1/chat", gw.api.base))
+            .json(&json!({"chat_id": "c1", "content": content, "sender": "clawft-subagents"}))
+            .send()
+    };
+    let r = post("/help").await.unwrap();
+    assert_eq!(r.status(), 200);
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert!(
+        v["reply"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with("Chat commands:"),
+        "{v}"
+    );
+    let r = post("what is it?").await.unwrap();
+    assert_eq!(r.status(), 200);
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["reply"], "the answer", "{v}");
+    assert_eq!(llm.requests().len(), 1);
+    gw.stop().await;
+}

@@ -68,6 +68,48 @@ string_id!(
     PlatformEventId
 );
 
+/// Who an inbound event comes from: a person on a channel, or the gateway itself. Carried
+/// with the event through the journal and the turn, so nothing downstream guesses it from the
+/// event id. Ingress refuses anything but [`Origin::User`] from a channel: only the gateway
+/// makes the others.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Origin {
+    /// A person wrote it on a channel (the only origin an adapter makes).
+    #[default]
+    User,
+    /// A run of a scheduled job: a turn, or (`text`) a message delivered as it is.
+    Scheduled {
+        /// The run's id (job and occurrence): what the scheduler records its outcome under.
+        run: String,
+        /// Deliver the content as it is instead of running a turn.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        text: bool,
+    },
+    /// The periodic heartbeat check.
+    Heartbeat,
+    /// The result of a subagent, announced to the chat that started it.
+    Subagent,
+    /// A message another session handed this one (`sessions_send`).
+    Session {
+        /// The sending session's key.
+        from: String,
+    },
+    /// A signed webhook delivery.
+    Webhook {
+        /// The hook's name.
+        hook: String,
+    },
+}
+
+impl Origin {
+    /// Whether a person sent it. Only these can be chat commands, and only their replies
+    /// answer an event (stream deltas, correlate with the request).
+    pub fn is_user(&self) -> bool {
+        matches!(self, Origin::User)
+    }
+}
+
 /// One message a user sent, as an adapter saw it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InboundEvent {
@@ -90,6 +132,9 @@ pub struct InboundEvent {
     /// daemon when the turn starts. A message may be only attachments (`content` empty).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub attachments: Vec<media::MediaRef>,
+    /// Who it comes from (adapters: always [`Origin::User`]).
+    #[serde(default, skip_serializing_if = "Origin::is_user")]
+    pub origin: Origin,
 }
 
 /// Default of the one inbound size limit of every channel (`channels.max_inbound_bytes`):

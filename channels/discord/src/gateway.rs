@@ -176,6 +176,7 @@ pub fn parse_message(
         content,
         received_at_ms: now_ms(),
         attachments,
+        origin: clawft_channel_core::Origin::User,
     })
 }
 

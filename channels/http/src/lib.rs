@@ -690,6 +690,7 @@ async fn submit(
         content: req.content,
         received_at_ms: now_ms(),
         attachments: Vec::new(),
+        origin: clawft_channel_core::Origin::User,
     });
     tx.send(delivery)
         .await

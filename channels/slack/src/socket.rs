@@ -286,5 +286,6 @@ fn to_event(channel: &ChannelId, inc: Incoming) -> InboundEvent {
         content: inc.content,
         received_at_ms: now_ms(),
         attachments: inc.attachments,
+        origin: clawft_channel_core::Origin::User,
     }
 }

@@ -412,6 +412,7 @@ impl TelegramChannel {
                 content: incoming.text,
                 received_at_ms: now_ms(),
                 attachments: incoming.attachments,
+                origin: clawft_channel_core::Origin::User,
             });
             tokio::select! {
                 r = tx.send(delivery) => if r.is_err() { return Flow::Stop },
