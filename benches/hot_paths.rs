@@ -195,6 +195,7 @@ fn event(i: u64) -> InboundEvent {
         content: "what does note.txt say?".into(),
         received_at_ms: now_ms(),
         attachments: Vec::new(),
+        origin: clawft_channel_core::Origin::User,
     }
 }
 
@@ -228,9 +229,10 @@ fn store_turn(store: &Store, key: &SessionKey, i: u64) {
         chat: ChatId::new("bench"),
         thread: None,
         in_reply_to: Some(PlatformEventId::new(format!("ev-{i}"))),
-        kind: OutboundKind::Final,
-        content: "Done: the note says hello.".into(),
-        meta: None,
+        body: clawft_channel_core::OutboundBody::text_of(
+            OutboundKind::Final,
+            "Done: the note says hello.".into(),
+        ),
         attachments: Vec::new(),
     };
     store

@@ -96,15 +96,20 @@ impl Approvals {
         if chat.is_empty() {
             return Decision::Deny;
         }
-        let mut msg = clawft_channel_core::OutboundMessage::proactive(
+        let msg = clawft_channel_core::OutboundMessage::proactive_body(
             ChannelId::new(channel),
             ChatId::new(chat),
             thread.map(ThreadId::new),
-            format!(
-                "Approval needed to run:\n```\n{what}\n```\nReply `/approve {id}` to run it once, `/approve {id} always` to stop asking for this command, or `/deny {id}`."
-            ),
+            clawft_channel_core::OutboundBody::Approval {
+                text: format!(
+                    "Approval needed to run:\n```\n{what}\n```\nReply `/approve {id}` to run it once, `/approve {id} always` to stop asking for this command, or `/deny {id}`."
+                ),
+                ask: clawft_channel_core::ApprovalAsk {
+                    approval_id: id.clone(),
+                    command: what.to_string(),
+                },
+            },
         );
-        msg.meta = Some(serde_json::json!({"approval_id": id, "command": what}));
         if let Err(e) = self.sink.send(msg) {
             tracing::warn!(error = %e, "could not ask for approval; denying");
             return Decision::Deny;
@@ -188,11 +193,11 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(5)).await;
         };
         assert_eq!(msg.chat.as_str(), "1");
-        let id = msg.meta.unwrap()["approval_id"]
-            .as_str()
-            .unwrap()
-            .to_string();
-        assert!(msg.content.contains("rm -r build") && msg.content.contains(&id));
+        let id = match &msg.body {
+            clawft_channel_core::OutboundBody::Approval { ask, .. } => ask.approval_id.clone(),
+            other => panic!("not an approval question: {other:?}"),
+        };
+        assert!(msg.text().contains("rm -r build") && msg.text().contains(&id));
         assert!(a.answer(&other, &id, Decision::Once).is_err());
         assert!(a.answer(&me, "nope", Decision::Once).is_err());
         a.answer(&me, &id, Decision::Always).unwrap();

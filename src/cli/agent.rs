@@ -173,12 +173,17 @@ impl Printer {
 }
 
 fn to_item(m: &OutboundMessage) -> StreamItem {
-    match m.kind {
+    match m.kind() {
         OutboundKind::Delta if m.is_restart() => StreamItem::Restart,
-        OutboundKind::Delta => StreamItem::Delta(m.content.clone()),
-        OutboundKind::Progress => StreamItem::Progress(m.meta.clone().unwrap_or_default()),
-        OutboundKind::Final => StreamItem::Done(m.content.clone()),
-        OutboundKind::Error => StreamItem::Error(m.content.clone()),
+        OutboundKind::Delta => StreamItem::Delta(m.text().to_string()),
+        OutboundKind::Progress => StreamItem::Progress(match &m.body {
+            clawft_channel_core::OutboundBody::Progress(p) => {
+                serde_json::to_value(p).unwrap_or_default()
+            }
+            _ => serde_json::Value::Null,
+        }),
+        OutboundKind::Final => StreamItem::Done(m.text().to_string()),
+        OutboundKind::Error => StreamItem::Error(m.text().to_string()),
     }
 }
 
@@ -311,7 +316,7 @@ async fn interactive_local(
             m = out.recv() => {
                 let Some(m) = m else { break };
                 if let Some(i) = stops.iter().position(|id| Some(id) == m.in_reply_to.as_ref()) {
-                    if m.kind.is_durable() {
+                    if m.kind().is_durable() {
                         stops.swap_remove(i);
                     }
                     continue;

@@ -154,7 +154,8 @@ async fn start_channel(
     access: &Arc<Access>,
 ) -> Result<(), DaemonError> {
     let id = ch.id().to_string();
-    let streaming = ch.capabilities().streaming;
+    let caps = ch.capabilities();
+    let (streaming, progress) = (caps.streaming, caps.progress);
     let adapter = Arc::downgrade(&ch);
     let stop = kit.stop.child_token();
     let (actor, _) = Actor::spawn(
@@ -195,6 +196,7 @@ async fn start_channel(
         ChannelEntry {
             actor,
             streaming,
+            progress,
             stop,
             adapter,
         },

@@ -119,7 +119,7 @@ impl Actor for ChannelActor {
     ) -> Result<(), ActorProcessingErr> {
         match msg {
             ChannelMsg::Send(m) => {
-                let _ = state.outbox.send(Work::Send(m));
+                let _ = state.outbox.send(Work::Send(Box::new(m)));
             }
             ChannelMsg::Typing { chat, thread } => {
                 use std::sync::atomic::Ordering;

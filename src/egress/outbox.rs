@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, PoisonError, RwLock};
 
-use clawft_channel_core::{ChannelId, ChatId, OutboundMessage, ThreadId};
+use clawft_channel_core::{ChannelId, ChatId, OutboundKind, OutboundMessage, ThreadId};
 use tokio_util::sync::CancellationToken;
 
 use super::{ChannelMsg, ChannelRef};
@@ -18,14 +18,28 @@ use crate::types::SessionKey;
 pub struct ChannelEntry {
     /// Its actor (outbox worker, typing, state).
     pub actor: ChannelRef,
-    /// Whether it shows deltas and progress.
+    /// Whether it shows deltas (its capabilities' `streaming`).
     pub streaming: bool,
+    /// Whether it shows tool progress (its capabilities' `progress`).
+    pub progress: bool,
     /// Stops its listener and outbox (a child of the daemon's channel token).
     pub stop: CancellationToken,
     /// The adapter itself (sessions ask it where an attachment is). Weak: adapters may hold
     /// handles that hold this table (the HTTP API holds the outbox), and a cycle would keep
     /// the store open after shutdown. The channel's actor and listener hold it strongly.
     pub adapter: std::sync::Weak<dyn clawft_channel_core::Channel>,
+}
+
+impl ChannelEntry {
+    /// Whether messages of `kind` go to this channel: durable ones always, deltas only when it
+    /// streams, progress notes only when it shows them.
+    pub fn takes(&self, kind: OutboundKind) -> bool {
+        match kind {
+            OutboundKind::Final | OutboundKind::Error => true,
+            OutboundKind::Delta => self.streaming,
+            OutboundKind::Progress => self.progress,
+        }
+    }
 }
 
 /// The channels running now, by id: the one table the daemon, the outbox, the `message` tool
@@ -195,6 +209,8 @@ impl Outbox {
     /// not running stays in the store's outbox (durable ones are resent when it runs).
     pub fn route(&self, msg: OutboundMessage) {
         match self.channels.get(msg.channel.as_str()) {
+            // A channel gets only what its capabilities say it takes.
+            Some(e) if !e.takes(msg.kind()) => {}
             Some(e) => {
                 if e.actor.cast(ChannelMsg::Send(msg)).is_err() {
                     tracing::warn!("channel actor gone; reply stays in the outbox");

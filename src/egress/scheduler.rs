@@ -42,7 +42,7 @@ pub const MAX_BEST_EFFORT_PER_CHAT: usize = 256;
 
 /// What the channel actor hands its worker.
 pub(crate) enum Work {
-    Send(OutboundMessage),
+    Send(Box<OutboundMessage>),
     Flush(oneshot::Sender<()>),
 }
 
@@ -108,19 +108,24 @@ impl Scheduler {
         let chat = msg.chat.clone();
         let q = self.chats.entry(chat.clone()).or_default();
         // Merge a delta into the delta of the same reply waiting at the tail.
-        if msg.kind == OutboundKind::Delta {
+        if msg.kind() == OutboundKind::Delta {
             if let Some(last) = q.items.back_mut().filter(|l| {
                 l.attempt == 0
-                    && l.msg.kind == OutboundKind::Delta
+                    && l.msg.kind() == OutboundKind::Delta
                     && l.msg.in_reply_to == msg.in_reply_to
                     && l.msg.thread == msg.thread
             }) {
-                last.msg.content.push_str(&msg.content);
+                if let Some(t) = last.msg.text_mut() {
+                    t.push_str(msg.text());
+                }
                 return;
             }
         }
-        if !msg.kind.is_durable()
-            && q.items.iter().filter(|i| !i.msg.kind.is_durable()).count()
+        if !msg.kind().is_durable()
+            && q.items
+                .iter()
+                .filter(|i| !i.msg.kind().is_durable())
+                .count()
                 >= MAX_BEST_EFFORT_PER_CHAT
         {
             tracing::debug!(chat = %chat, "too many best-effort messages waiting; one dropped");
@@ -281,7 +286,7 @@ pub(crate) async fn outbox_worker(
                 s.max_in_flight = 0;
             }
             w = rx.recv(), if open => match w {
-                Some(Work::Send(m)) => s.enqueue(m),
+                Some(Work::Send(m)) => s.enqueue(*m),
                 Some(Work::Flush(done)) => s.flush(done),
                 None => {
                     open = false;
@@ -315,7 +320,7 @@ async fn send_once(
     attempt: u32,
     stop: &CancellationToken,
 ) -> Outcome {
-    let durable = msg.kind.is_durable();
+    let durable = msg.kind().is_durable();
     if durable {
         fault::point("egress.before_send");
     }

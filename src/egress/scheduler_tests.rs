@@ -84,7 +84,7 @@ impl Channel for Recorder {
         self.arrived
             .lock()
             .unwrap()
-            .push((chat, msg.content.clone()));
+            .push((chat, msg.text().to_string()));
         Ok(SentRef(String::new()))
     }
     fn settled(&self, msg: &OutboundMessage) {
@@ -99,9 +99,7 @@ fn msg(chat: &str, kind: OutboundKind, text: &str) -> OutboundMessage {
         chat: ChatId::new(chat),
         thread: None,
         in_reply_to: Some(PlatformEventId::new(format!("in-{chat}"))),
-        kind,
-        content: text.into(),
-        meta: None,
+        body: clawft_channel_core::OutboundBody::text_of(kind, text.into()),
         attachments: Vec::new(),
     }
 }
@@ -122,10 +120,10 @@ impl Worker {
     }
     /// Persist (durable kinds) and route, as the `Outbox` does.
     fn send(&self, m: OutboundMessage) {
-        if m.kind.is_durable() {
+        if m.kind().is_durable() {
             self.store.enqueue_outbound(&m).unwrap();
         }
-        self.tx.send(Work::Send(m)).unwrap();
+        self.tx.send(Work::Send(Box::new(m))).unwrap();
     }
     async fn flush(&self) {
         let (tx, rx) = oneshot::channel();
@@ -175,7 +173,7 @@ async fn a_429_for_one_chat_does_not_hold_another_chats_reply() {
         .pending_outbound()
         .unwrap()
         .into_iter()
-        .map(|m| m.content)
+        .map(|m| m.text().to_string())
         .collect();
     assert_eq!(left, ["a1", "a2"]);
     w.stop.cancel();

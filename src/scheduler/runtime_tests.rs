@@ -248,8 +248,8 @@ fn three_failures_pause_the_job_and_tell_its_chat() {
     let notes = sent.0.lock().unwrap().clone();
     assert_eq!(notes.len(), 1, "{notes:?}");
     assert_eq!(notes[0].chat.as_str(), "42");
-    assert!(notes[0].content.contains("paused after 3 failed runs"));
-    assert!(notes[0].content.contains("provider down"));
+    assert!(notes[0].text().contains("paused after 3 failed runs"));
+    assert!(notes[0].text().contains("provider down"));
 }
 
 fn heartbeat_settings() -> HeartbeatSettings {

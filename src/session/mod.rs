@@ -18,7 +18,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
-use clawft_channel_core::{OutboundKind, OutboundMessage};
+use clawft_channel_core::{OutboundBody, OutboundKind, OutboundMessage, ToolProgress};
 use futures::FutureExt;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use serde::Serialize;
@@ -190,12 +190,12 @@ pub struct SessionState {
 /// The session actor (stateless struct; state in [`SessionState`]).
 pub struct SessionActor;
 
-fn reply_to(entry: &InboxEntry, kind: OutboundKind, content: String) -> Option<OutboundMessage> {
+fn reply_to(entry: &InboxEntry, body: OutboundBody) -> Option<OutboundMessage> {
     let ev = entry.event.as_ref()?;
     // A turn woken by the gateway itself (subagent results, a scheduled run, a heartbeat)
     // answers the chat, not an event; its streaming deltas and progress go nowhere.
     let system = is_gateway_event(ev);
-    if system && !kind.is_durable() {
+    if system && !body.kind().is_durable() {
         return None;
     }
     Some(OutboundMessage {
@@ -204,9 +204,7 @@ fn reply_to(entry: &InboxEntry, kind: OutboundKind, content: String) -> Option<O
         chat: ev.chat.clone(),
         thread: ev.thread.clone(),
         in_reply_to: (!system).then(|| ev.event_id.clone()),
-        kind,
-        content,
-        meta: None,
+        body,
         attachments: Vec::new(),
     })
 }
@@ -397,7 +395,7 @@ fn refuse(state: &SessionState, entry: &InboxEntry, text: String) {
 
 /// Answer a command or a refusal at once: the entry is done and the reply is in the outbox.
 fn answer_now(state: &SessionState, entry: &InboxEntry, kind: OutboundKind, text: String) {
-    if let Some(reply) = reply_to(entry, kind, text) {
+    if let Some(reply) = reply_to(entry, OutboundBody::text_of(kind, text)) {
         state
             .args
             .hooks
@@ -564,7 +562,7 @@ fn maybe_start(myself: &ActorRef<SessionMsg>, state: &mut SessionState) {
 /// The chat user whose memory a turn uses under `memory.scope = "user"`: `None` for the
 /// terminal (`cli`, the operator's) and the gateway's own messages, which use the agent's.
 fn memory_user(ev: &clawft_channel_core::InboundEvent) -> Option<(&str, &str)> {
-    (!(ev.sender.as_str() == SYSTEM_SENDER && !ev.origin.is_user()) && ev.channel.as_str() != "cli")
+    ((ev.origin.is_user() || ev.sender.as_str() != SYSTEM_SENDER) && ev.channel.as_str() != "cli")
         .then(|| (ev.channel.as_str(), ev.sender.as_str()))
 }
 

@@ -116,13 +116,20 @@ pub(super) fn spawn(myself: &ActorRef<SessionMsg>, state: &mut SessionState, pla
                     s.heartbeat_quiet();
                 }
             }
-            let reply = text.and_then(|t| reply_to(&entry, kind, t)).map(|mut r| {
-                // The turn's tokens, for clients that report them (the OpenAI-compatible API).
-                r.meta = Some(serde_json::json!({"usage": {
-                    "prompt_tokens": outcome.usage.input_tokens,
-                    "completion_tokens": outcome.usage.output_tokens,
-                }}));
-                if r.kind == OutboundKind::Final {
+            // The turn's tokens, for clients that report them (the OpenAI-compatible API).
+            let usage = clawft_channel_core::Usage {
+                prompt_tokens: outcome.usage.input_tokens,
+                completion_tokens: outcome.usage.output_tokens,
+            };
+            let body = |text| match kind {
+                OutboundKind::Error => OutboundBody::Error { text },
+                _ => OutboundBody::Reply {
+                    text,
+                    usage: Some(usage),
+                },
+            };
+            let reply = text.and_then(|t| reply_to(&entry, body(t))).map(|mut r| {
+                if r.kind() == OutboundKind::Final {
                     attach_media_lines(&outbox, &deps.workspace, &mut r);
                 }
                 r
@@ -170,14 +177,14 @@ pub(super) fn spawn(myself: &ActorRef<SessionMsg>, state: &mut SessionState, pla
 /// named in the text instead.
 fn attach_media_lines(outbox: &Outbox, ws: &crate::tools::Workspace, reply: &mut OutboundMessage) {
     // Most replies name no file: no channel lookup, no copy of the text.
-    if !reply.content.contains("MEDIA:") {
+    if !reply.text().contains("MEDIA:") {
         return;
     }
     // A channel that sends no files (the HTTP API, the terminal) shows the lines as written.
     if !crate::tools::message::MessageSink::sends_files(outbox, reply.channel.as_str()) {
         return;
     }
-    let (text, paths) = crate::tools::message::media_lines(&reply.content);
+    let (text, paths) = crate::tools::message::media_lines(reply.text());
     if paths.is_empty() {
         return;
     }
@@ -200,7 +207,9 @@ fn attach_media_lines(outbox: &Outbox, ws: &crate::tools::Workspace, reply: &mut
     for p in paths.iter().skip(limit) {
         text.push_str(&format!("\n\n(Not attached, over {limit} files: {p})"));
     }
-    reply.content = text;
+    if let Some(t) = reply.text_mut() {
+        *t = text;
+    }
 }
 
 /// How often the typing indicator is refreshed while a turn runs.
@@ -222,34 +231,23 @@ async fn typing_ticker(
 
 async fn forward_events(mut rx: mpsc::Receiver<TurnEvent>, outbox: Outbox, entry: InboxEntry) {
     while let Some(ev) = rx.recv().await {
-        let (kind, content, meta) = match ev {
-            TurnEvent::Delta(t) => (OutboundKind::Delta, t, None),
-            TurnEvent::Restart => (
-                OutboundKind::Delta,
-                String::new(),
-                Some(clawft_channel_core::restart_meta()),
-            ),
-            TurnEvent::ToolStarted { tool, call_id } => (
-                OutboundKind::Progress,
-                format!("running {tool}"),
-                Some(
-                    serde_json::json!({"event": "tool_started", "tool": tool, "call_id": call_id}),
-                ),
-            ),
+        let body = match ev {
+            TurnEvent::Delta(text) => OutboundBody::Delta { text },
+            TurnEvent::Restart => OutboundBody::Restart,
+            TurnEvent::ToolStarted { tool, call_id } => {
+                OutboundBody::Progress(ToolProgress::ToolStarted { tool, call_id })
+            }
             TurnEvent::ToolFinished {
                 tool,
                 call_id,
                 error_code,
-            } => (
-                OutboundKind::Progress,
-                format!("finished {tool}"),
-                Some(
-                    serde_json::json!({"event": "tool_finished", "tool": tool, "call_id": call_id, "error_code": error_code}),
-                ),
-            ),
+            } => OutboundBody::Progress(ToolProgress::ToolFinished {
+                tool,
+                call_id,
+                error_code,
+            }),
         };
-        if let Some(mut m) = reply_to(&entry, kind, content) {
-            m.meta = meta;
+        if let Some(m) = reply_to(&entry, body) {
             outbox.route(m);
         }
     }

@@ -55,9 +55,7 @@ fn journal_dedupes_and_recovers_in_order() {
             chat: ChatId::new("c1"),
             thread: None,
             in_reply_to: Some(PlatformEventId::new("a")),
-            kind: OutboundKind::Final,
-            content: "hi".into(),
-            meta: None,
+            body: clawft_channel_core::OutboundBody::text_of(OutboundKind::Final, "hi".into()),
             attachments: Vec::new(),
         };
         s.finish_turn(&key, Some(&a), &[Message::assistant("hi")], Some(&reply))

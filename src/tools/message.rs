@@ -336,7 +336,7 @@ mod tests {
         let sent = sink.0.lock().unwrap().clone();
         assert_eq!(sent.len(), 2);
         assert_eq!(sent[0].thread.as_ref().map(ThreadId::as_str), Some("7"));
-        assert_eq!(sent[0].kind, OutboundKind::Final);
+        assert_eq!(sent[0].kind(), OutboundKind::Final);
         assert_eq!(sent[1].chat.as_str(), "ops-room");
         assert!(sent[1].thread.is_none());
 
@@ -422,7 +422,7 @@ mod tests {
         assert_eq!(f.mime, "application/pdf");
         assert!(f.path.contains(&sent[0].id), "{}", f.path);
         assert_eq!(std::fs::read(&f.path).unwrap(), b"%PDF-1.7 numbers");
-        assert!(sent[0].content.is_empty());
+        assert!(sent[0].text().is_empty());
         for bad in ["../secret.txt", "/etc/passwd", "link.txt", "missing.pdf"] {
             let e = t
                 .execute(

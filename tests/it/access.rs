@@ -8,7 +8,7 @@ use clawft::daemon::{build_model, Daemon};
 use clawft::store::Store;
 use clawft_channel_core::testing::FakeChannel;
 use clawft_channel_core::{
-    now_ms, Ack, Channel, ChannelId, ChatId, InboundEvent, PlatformEventId, UserId,
+    now_ms, Ack, Channel, ChannelId, ChatId, InboundEvent, OutboundKind, PlatformEventId, UserId,
 };
 use serde_json::json;
 
@@ -82,7 +82,7 @@ async fn strangers_are_refused_get_one_code_and_are_admitted_once_paired() {
         Some(Ack::Accepted)
     );
     let sent = fake.wait_sent(1, T).await;
-    assert_eq!(sent[0].content, "hello 42");
+    assert_eq!(sent[0].text(), "hello 42");
 
     // A stranger is refused, never reaches the model, and gets one pairing code.
     let ack = fake.inject(event("7", "u2", "let me in")).await.unwrap();
@@ -91,7 +91,7 @@ async fn strangers_are_refused_get_one_code_and_are_admitted_once_paired() {
     let code_msg = &sent[1];
     assert_eq!(code_msg.chat.as_str(), "chat-7");
     let code = code_msg
-        .content
+        .text()
         .split("pairing approve ")
         .nth(1)
         .unwrap()
@@ -120,7 +120,7 @@ async fn strangers_are_refused_get_one_code_and_are_admitted_once_paired() {
         Some(Ack::Accepted)
     );
     let sent = fake.wait_sent(3, T).await;
-    assert_eq!(sent[2].content, "hello 7");
+    assert_eq!(sent[2].text(), "hello 7");
     assert_eq!(sent[2].chat.as_str(), "chat-7");
     daemon.shutdown().await;
 }
@@ -174,4 +174,59 @@ async fn group_sessions_user_gives_each_member_their_own_conversation() {
     assert_eq!(users(1), ["I am 43"], "43 saw 42's conversation");
     assert_eq!(users(2), ["I am 42", "again 42"]);
     daemon.shutdown().await;
+}
+
+/// A channel receives only what its capabilities say it takes: one that streams but shows no
+/// tool progress gets the deltas and the reply, never a progress note (they were sent to every
+/// streaming adapter, which threw them away).
+#[tokio::test]
+async fn a_channel_gets_progress_notes_only_when_it_shows_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let llm = FakeLlm::start().await;
+    for _ in 0..2 {
+        llm.push(Reply::ToolCalls(vec![(
+            "c1".into(),
+            "list_directory".into(),
+            r#"{"path": "."}"#.into(),
+        )]));
+        llm.push(Reply::Text("listed".into()));
+    }
+    let caps = |progress| clawft_channel_core::Capabilities {
+        streaming: true,
+        progress,
+        max_message_bytes: 4096,
+        max_upload_bytes: 0,
+    };
+    for progress in [false, true] {
+        let fake = FakeChannel::new("telegram").with_capabilities(caps(progress));
+        let daemon = start(&llm, &dir.path().join(format!("p{progress}")), &fake).await;
+        assert_eq!(
+            fake.inject(event("42", &format!("e{progress}"), "list it"))
+                .await,
+            Some(Ack::Accepted)
+        );
+        let mut sent = Vec::new();
+        assert!(
+            crate::common::wait_until(T, || {
+                sent = fake.sent();
+                sent.iter().any(|m| m.kind() == OutboundKind::Final)
+            })
+            .await,
+            "no reply: {sent:?}"
+        );
+        let notes = sent
+            .iter()
+            .filter(|m| m.kind() == OutboundKind::Progress)
+            .count();
+        if progress {
+            assert_eq!(notes, 2, "started and finished: {sent:?}");
+        } else {
+            assert_eq!(notes, 0, "progress reached a channel without it: {sent:?}");
+        }
+        assert_eq!(
+            sent.last().map(clawft_channel_core::OutboundMessage::text),
+            Some("listed")
+        );
+        daemon.shutdown().await;
+    }
 }

@@ -110,7 +110,7 @@ mod tests {
         ] {
             assert!(ChatCommand::parse(text).is_some(), "{text}");
             assert!(
-                is_command_name(&text[1..].split(' ').next().unwrap_or("")),
+                is_command_name(text[1..].split(' ').next().unwrap_or("")),
                 "{text}"
             );
         }

@@ -281,7 +281,7 @@ where
             // The text so far is withdrawn; the next deltas show the new attempt.
             d.text.clear();
         } else if !self.opts.skip_repeated_deltas || d.seen.insert(msg.id.clone()) {
-            d.text.push_str(&msg.content);
+            d.text.push_str(msg.text());
         }
         let now = Instant::now();
         let due = d.message_id.is_none()

@@ -82,9 +82,7 @@ fn msg(kind: OutboundKind, id: &str, content: &str) -> OutboundMessage {
         chat: ChatId::new("c1"),
         thread: None,
         in_reply_to: Some(PlatformEventId::new("ev1")),
-        kind,
-        content: content.into(),
-        meta: None,
+        body: crate::OutboundBody::text_of(kind, content.into()),
         attachments: Vec::new(),
     }
 }
@@ -122,7 +120,7 @@ async fn a_restart_withdraws_the_text_streamed_so_far() {
     let b = book(Duration::ZERO);
     b.delta(&p, &delta("d1", "The answer is fo")).await.unwrap();
     let mut restart = delta("r", "");
-    restart.meta = Some(crate::restart_meta());
+    restart.body = crate::OutboundBody::Restart;
     assert!(restart.is_restart() && !delta("d", "x").is_restart());
     b.delta(&p, &restart).await.unwrap();
     b.delta(&p, &delta("d2", "The answer")).await.unwrap();

@@ -220,7 +220,11 @@ impl OutboundKind {
 }
 
 /// A message to send on a channel.
+///
+/// Stored in the outbox as it always was (`kind`, `content` and an optional `meta` object):
+/// [`OutboundBody`] is converted to and from that form at the serde boundary only.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "WireOutbound", into = "WireOutbound")]
 pub struct OutboundMessage {
     /// Unique id of this outbound message (the idempotency key of the outbox).
     pub id: String,
@@ -229,50 +233,196 @@ pub struct OutboundMessage {
     /// Conversation to send to.
     pub chat: ChatId,
     /// Thread, if any.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub thread: Option<ThreadId>,
     /// The inbound event this answers, if any (HTTP correlates replies to requests with it).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub in_reply_to: Option<PlatformEventId>,
-    /// What it is.
-    pub kind: OutboundKind,
-    /// Text (Markdown for `Final`).
-    pub content: String,
-    /// Structured extra data (tool progress details), if any.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub meta: Option<serde_json::Value>,
+    /// What it carries.
+    pub body: OutboundBody,
     /// Files to send after the text (durable kinds only), in order. A retry of the same
     /// `id` must not resend the files already delivered.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub attachments: Vec<media::OutboundFile>,
 }
 
-/// The `meta` of a [`OutboundKind::Delta`] that withdraws the text streamed so far for its
-/// reply (the model's answer was cut off and is being asked for again): a draft restarts empty,
-/// a client showing the deltas clears them. Its `content` is empty.
-pub fn restart_meta() -> serde_json::Value {
-    serde_json::json!({ "event": "restart" })
+/// What an outbound message carries. Durable bodies ([`OutboundKind::is_durable`]) are
+/// journaled in the outbox and retried until delivered; the others are best effort and reach
+/// only channels whose [`Capabilities`] take them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum OutboundBody {
+    /// A final text (Markdown): the answer to an inbound event, or a message that answers none
+    /// (the `message` tool, `weft send`, a reminder, a pairing code, a notice).
+    Reply {
+        /// The text.
+        text: String,
+        /// The tokens of the turn that produced it, for clients that report them.
+        usage: Option<Usage>,
+    },
+    /// A question asking the user to approve a command (durable, like a reply).
+    Approval {
+        /// The question as the chat shows it (with the `/approve ID` and `/deny ID` to type).
+        text: String,
+        /// What is asked, for clients that offer buttons.
+        ask: ApprovalAsk,
+    },
+    /// The turn (or a command) failed; the text tells the user why (durable).
+    Error {
+        /// The reason, for the user.
+        text: String,
+    },
+    /// A streamed fragment of a reply still being produced (best effort; streaming channels).
+    Delta {
+        /// The fragment.
+        text: String,
+    },
+    /// Withdraw the text streamed so far for this reply (the model's answer was cut off and is
+    /// asked for again): a draft restarts empty, a client showing the deltas clears them.
+    Restart,
+    /// A tool started or finished (best effort; channels that show progress).
+    Progress(ToolProgress),
+}
+
+/// The token usage of a turn.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    /// Prompt (input) tokens of the turn's LLM calls.
+    pub prompt_tokens: u64,
+    /// Completion (output) tokens.
+    pub completion_tokens: u64,
+}
+
+/// An approval question's subject.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApprovalAsk {
+    /// The pending approval's id (what `/approve ID` names).
+    pub approval_id: String,
+    /// The command (or action) to approve.
+    pub command: String,
+}
+
+/// A tool's progress in a running turn. Serialised as the HTTP stream's `progress` event:
+/// `{"event": "tool_started", "tool", "call_id"}` / `{"event": "tool_finished", …, "error_code"}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum ToolProgress {
+    /// The call started.
+    ToolStarted {
+        /// The tool's name.
+        tool: String,
+        /// The call's id.
+        call_id: String,
+    },
+    /// The call ended.
+    ToolFinished {
+        /// The tool's name.
+        tool: String,
+        /// The call's id.
+        call_id: String,
+        /// The error code of a failed call (`NOT_FOUND`, `TIMEOUT` …); `None`: it succeeded.
+        error_code: Option<String>,
+    },
+}
+
+impl ToolProgress {
+    /// One line for a person: `running read_file` / `finished read_file`.
+    pub fn line(&self) -> String {
+        match self {
+            ToolProgress::ToolStarted { tool, .. } => format!("running {tool}"),
+            ToolProgress::ToolFinished { tool, .. } => format!("finished {tool}"),
+        }
+    }
+}
+
+impl OutboundBody {
+    /// A text body of `kind`: a reply, an error, a delta. Progress has no text form
+    /// ([`OutboundBody::Progress`] is built from a [`ToolProgress`]); asked for one, this gives
+    /// a reply.
+    pub fn text_of(kind: OutboundKind, text: String) -> Self {
+        match kind {
+            OutboundKind::Final | OutboundKind::Progress => {
+                OutboundBody::Reply { text, usage: None }
+            }
+            OutboundKind::Error => OutboundBody::Error { text },
+            OutboundKind::Delta => OutboundBody::Delta { text },
+        }
+    }
+
+    /// Its kind: how it is delivered.
+    pub fn kind(&self) -> OutboundKind {
+        match self {
+            OutboundBody::Reply { .. } | OutboundBody::Approval { .. } => OutboundKind::Final,
+            OutboundBody::Error { .. } => OutboundKind::Error,
+            OutboundBody::Delta { .. } | OutboundBody::Restart => OutboundKind::Delta,
+            OutboundBody::Progress(_) => OutboundKind::Progress,
+        }
+    }
 }
 
 impl OutboundMessage {
-    /// Whether this is a restart delta ([`restart_meta`]).
-    pub fn is_restart(&self) -> bool {
-        self.kind == OutboundKind::Delta
-            && self
-                .meta
-                .as_ref()
-                .and_then(|m| m.get("event"))
-                .and_then(serde_json::Value::as_str)
-                == Some("restart")
+    /// How it is delivered (durable or not, streamed, progress).
+    pub fn kind(&self) -> OutboundKind {
+        self.body.kind()
     }
 
-    /// A durable message that answers no inbound event (pairing codes, approval questions, the
-    /// `message` tool, `weft send`), with a fresh outbox id.
+    /// Its text: the reply, question, error or fragment; empty for a restart and for progress
+    /// (see [`ToolProgress::line`]).
+    pub fn text(&self) -> &str {
+        match &self.body {
+            OutboundBody::Reply { text, .. }
+            | OutboundBody::Approval { text, .. }
+            | OutboundBody::Error { text }
+            | OutboundBody::Delta { text } => text,
+            OutboundBody::Restart | OutboundBody::Progress(_) => "",
+        }
+    }
+
+    /// Its text to change in place (`None` for a restart and for progress).
+    pub fn text_mut(&mut self) -> Option<&mut String> {
+        match &mut self.body {
+            OutboundBody::Reply { text, .. }
+            | OutboundBody::Approval { text, .. }
+            | OutboundBody::Error { text }
+            | OutboundBody::Delta { text } => Some(text),
+            OutboundBody::Restart | OutboundBody::Progress(_) => None,
+        }
+    }
+
+    /// Whether this is a restart delta ([`OutboundBody::Restart`]).
+    pub fn is_restart(&self) -> bool {
+        self.body == OutboundBody::Restart
+    }
+
+    /// The turn's usage, on a reply that has it.
+    pub fn usage(&self) -> Option<Usage> {
+        match &self.body {
+            OutboundBody::Reply { usage, .. } => *usage,
+            _ => None,
+        }
+    }
+
+    /// A durable message that answers no inbound event (pairing codes, the `message` tool,
+    /// `weft send`), with a fresh outbox id.
     pub fn proactive(
         channel: ChannelId,
         chat: ChatId,
         thread: Option<ThreadId>,
         content: String,
+    ) -> Self {
+        Self::proactive_body(
+            channel,
+            chat,
+            thread,
+            OutboundBody::Reply {
+                text: content,
+                usage: None,
+            },
+        )
+    }
+
+    /// [`OutboundMessage::proactive`] with any durable body (an approval question).
+    pub fn proactive_body(
+        channel: ChannelId,
+        chat: ChatId,
+        thread: Option<ThreadId>,
+        body: OutboundBody,
     ) -> Self {
         Self {
             id: uuid::Uuid::now_v7().to_string(),
@@ -280,10 +430,116 @@ impl OutboundMessage {
             chat,
             thread,
             in_reply_to: None,
-            kind: OutboundKind::Final,
-            content,
-            meta: None,
+            body,
             attachments: Vec::new(),
+        }
+    }
+}
+
+/// The stored (and wire) form of an [`OutboundMessage`]: the shape outbox records have always
+/// had. `meta` holds the structured part of a body: `{"usage": …}` on a reply,
+/// `{"approval_id", "command"}` on an approval question, `{"event": "restart"}` on a restart
+/// delta, the [`ToolProgress`] object on progress.
+#[derive(Serialize, Deserialize)]
+struct WireOutbound {
+    id: String,
+    channel: ChannelId,
+    chat: ChatId,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    thread: Option<ThreadId>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    in_reply_to: Option<PlatformEventId>,
+    kind: OutboundKind,
+    content: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    meta: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    attachments: Vec<media::OutboundFile>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct UsageMeta {
+    usage: Usage,
+}
+
+impl From<OutboundMessage> for WireOutbound {
+    fn from(m: OutboundMessage) -> Self {
+        let kind = m.kind();
+        let meta = |v: Result<serde_json::Value, serde_json::Error>| v.ok();
+        let (content, meta) = match m.body {
+            OutboundBody::Reply { text, usage } => (
+                text,
+                usage.and_then(|usage| meta(serde_json::to_value(UsageMeta { usage }))),
+            ),
+            OutboundBody::Approval { text, ask } => (text, meta(serde_json::to_value(ask))),
+            OutboundBody::Error { text } | OutboundBody::Delta { text } => (text, None),
+            OutboundBody::Restart => (
+                String::new(),
+                Some(serde_json::json!({ "event": "restart" })),
+            ),
+            OutboundBody::Progress(p) => (p.line(), meta(serde_json::to_value(p))),
+        };
+        WireOutbound {
+            id: m.id,
+            channel: m.channel,
+            chat: m.chat,
+            thread: m.thread,
+            in_reply_to: m.in_reply_to,
+            kind,
+            content,
+            meta,
+            attachments: m.attachments,
+        }
+    }
+}
+
+impl From<WireOutbound> for OutboundMessage {
+    fn from(w: WireOutbound) -> Self {
+        fn parse<T: serde::de::DeserializeOwned>(v: &serde_json::Value) -> Option<T> {
+            T::deserialize(v).ok()
+        }
+        let meta = w.meta;
+        let body = match w.kind {
+            OutboundKind::Final => match meta.as_ref().and_then(parse) {
+                Some(ask) => OutboundBody::Approval {
+                    text: w.content,
+                    ask,
+                },
+                None => OutboundBody::Reply {
+                    text: w.content,
+                    usage: meta
+                        .as_ref()
+                        .and_then(|v| parse(v).map(|u: UsageMeta| u.usage)),
+                },
+            },
+            OutboundKind::Error => OutboundBody::Error { text: w.content },
+            OutboundKind::Delta
+                if meta
+                    .as_ref()
+                    .and_then(|m| m.get("event"))
+                    .and_then(serde_json::Value::as_str)
+                    == Some("restart") =>
+            {
+                OutboundBody::Restart
+            }
+            OutboundKind::Delta => OutboundBody::Delta { text: w.content },
+            OutboundKind::Progress => match meta.as_ref().and_then(parse) {
+                Some(p) => OutboundBody::Progress(p),
+                // No structured part (never written so): the line names the tool.
+                None => OutboundBody::Progress(ToolProgress::ToolStarted {
+                    tool: w.content,
+                    call_id: String::new(),
+                }),
+            },
+        };
+        OutboundMessage {
+            id: w.id,
+            channel: w.channel,
+            chat: w.chat,
+            thread: w.thread,
+            in_reply_to: w.in_reply_to,
+            body,
+            attachments: w.attachments,
         }
     }
 }
@@ -531,5 +787,71 @@ mod error_text_tests {
         assert_eq!(e.to_string(), "rate limited (retry after 1.5 s)");
         let e = ChannelError::RateLimitedGlobal { retry_after: None };
         assert_eq!(e.to_string(), "rate limited for every chat");
+    }
+}
+
+#[cfg(test)]
+mod outbound_tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    /// Outbox records keep the shape they always had: records written before the typed body
+    /// read back as the body they meant, and every body writes that shape again.
+    #[test]
+    fn stored_outbound_records_keep_their_shape_and_read_as_typed_bodies() {
+        let old = [
+            (
+                r#"{"id":"1","channel":"telegram","chat":"42","in_reply_to":"e1","kind":"final","content":"hi","meta":{"usage":{"prompt_tokens":10,"completion_tokens":3}}}"#,
+                OutboundBody::Reply {
+                    text: "hi".into(),
+                    usage: Some(Usage {
+                        prompt_tokens: 10,
+                        completion_tokens: 3,
+                    }),
+                },
+            ),
+            (
+                r#"{"id":"2","channel":"http","chat":"c","kind":"final","content":"Approval needed","meta":{"approval_id":"ab12","command":"rm -r build"}}"#,
+                OutboundBody::Approval {
+                    text: "Approval needed".into(),
+                    ask: ApprovalAsk {
+                        approval_id: "ab12".into(),
+                        command: "rm -r build".into(),
+                    },
+                },
+            ),
+            (
+                r#"{"id":"3","channel":"http","chat":"c","kind":"error","content":"failed"}"#,
+                OutboundBody::Error {
+                    text: "failed".into(),
+                },
+            ),
+            (
+                r#"{"id":"4","channel":"http","chat":"c","kind":"delta","content":"","meta":{"event":"restart"}}"#,
+                OutboundBody::Restart,
+            ),
+            (
+                r#"{"id":"5","channel":"http","chat":"c","kind":"progress","content":"finished grep","meta":{"event":"tool_finished","tool":"grep","call_id":"c1","error_code":"TIMEOUT"}}"#,
+                OutboundBody::Progress(ToolProgress::ToolFinished {
+                    tool: "grep".into(),
+                    call_id: "c1".into(),
+                    error_code: Some("TIMEOUT".into()),
+                }),
+            ),
+            (
+                r#"{"id":"6","channel":"telegram","chat":"42","kind":"final","content":"a notice"}"#,
+                OutboundBody::Reply {
+                    text: "a notice".into(),
+                    usage: None,
+                },
+            ),
+        ];
+        for (json, body) in old {
+            let m: OutboundMessage = serde_json::from_str(json).unwrap();
+            assert_eq!(m.body, body, "{json}");
+            let again: serde_json::Value = serde_json::to_value(&m).unwrap();
+            let want: serde_json::Value = serde_json::from_str(json).unwrap();
+            assert_eq!(again, want, "written back differently");
+        }
     }
 }

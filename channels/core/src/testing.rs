@@ -45,6 +45,12 @@ impl FakeChannel {
         }
     }
 
+    /// The same fake declaring `caps` (streaming, progress …).
+    pub fn with_capabilities(mut self, caps: Capabilities) -> Self {
+        self.caps = caps;
+        self
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         self.inner
             .lock()

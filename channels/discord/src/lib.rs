@@ -502,7 +502,7 @@ impl Channel for DiscordChannel {
     }
 
     async fn send(&self, msg: &OutboundMessage) -> Result<SentRef, ChannelError> {
-        match msg.kind {
+        match msg.kind() {
             OutboundKind::Progress => Ok(SentRef(String::new())),
             OutboundKind::Delta if !self.inner.cfg.stream_edits => Ok(SentRef(String::new())),
             OutboundKind::Delta => {
@@ -514,7 +514,7 @@ impl Channel for DiscordChannel {
             }
             OutboundKind::Final | OutboundKind::Error => {
                 let target = self.target_of(msg)?;
-                let chunks = render::render_chunks(&msg.content);
+                let chunks = render::render_chunks(msg.text());
                 let sent = self.inner.drafts.finish(&target, msg, chunks).await?;
                 if msg.attachments.is_empty() {
                     return Ok(sent);

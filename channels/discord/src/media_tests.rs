@@ -77,9 +77,7 @@ fn out(id: &str, content: &str, files: Vec<OutboundFile>) -> OutboundMessage {
         chat: ChatId::new("111"),
         thread: None,
         in_reply_to: Some(PlatformEventId::new("1100000000000000042")),
-        kind: OutboundKind::Final,
-        content: content.into(),
-        meta: None,
+        body: clawft_channel_core::OutboundBody::text_of(OutboundKind::Final, content.into()),
         attachments: files,
     }
 }

@@ -89,9 +89,7 @@ fn msg(id: &str, chat: &str, kind: OutboundKind, content: &str) -> OutboundMessa
         chat: ChatId::new(chat),
         thread: None,
         in_reply_to: Some(PlatformEventId::new("1100000000000000042")),
-        kind,
-        content: content.into(),
-        meta: None,
+        body: clawft_channel_core::OutboundBody::text_of(kind, content.into()),
         attachments: Vec::new(),
     }
 }

@@ -28,7 +28,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use clawft_channel_core::{
     now_ms, Ack, Capabilities, Channel, ChannelError, ChannelId, ChatId, InboundDelivery,
-    InboundEvent, OutboundKind, OutboundMessage, PlatformEventId, SentRef, UserId,
+    InboundEvent, OutboundBody, OutboundKind, OutboundMessage, PlatformEventId, SentRef, UserId,
 };
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot};
@@ -521,7 +521,7 @@ async fn mailbox(State(inner): State<Arc<Inner>>, Path(chat_id): Path<String>) -
         .remove(&chat_id)
         .unwrap_or_default()
         .into_iter()
-        .map(|m| json!({"id": m.id, "kind": m.kind, "content": m.content}))
+        .map(|m| json!({"id": m.id, "kind": m.kind(), "content": m.text()}))
         .collect();
     Json(json!({ "messages": msgs })).into_response()
 }
@@ -729,12 +729,12 @@ async fn chat(
     tokio::select! {
         biased;
         r = tokio::time::timeout(inner.cfg.reply_timeout, rx) => match r {
-            Ok(Ok(m)) if m.kind == OutboundKind::Final => {
-                Json(json!({"chat_id": chat_id, "event_id": event_id, "reply": m.content})).into_response()
+            Ok(Ok(m)) if m.kind() == OutboundKind::Final => {
+                Json(json!({"chat_id": chat_id, "event_id": event_id, "reply": m.text()})).into_response()
             }
             Ok(Ok(m)) => (
                 StatusCode::BAD_GATEWAY,
-                Json(json!({"error": m.content, "event_id": event_id})),
+                Json(json!({"error": m.text(), "event_id": event_id})),
             )
                 .into_response(),
             Ok(Err(_)) => err(StatusCode::SERVICE_UNAVAILABLE, "shutting down"),
@@ -752,21 +752,24 @@ async fn chat(
 }
 
 fn sse_event(m: &OutboundMessage) -> Event {
-    let (name, data) = match m.kind {
+    let (name, data) = match m.kind() {
         // A restart withdraws the deltas received so far (the answer is asked for again).
         OutboundKind::Delta if m.is_restart() => ("delta", json!({"text": "", "restart": true})),
-        OutboundKind::Delta => ("delta", json!({"text": m.content})),
+        OutboundKind::Delta => ("delta", json!({"text": m.text()})),
         OutboundKind::Progress => (
             "progress",
-            m.meta.clone().unwrap_or_else(|| json!({"text": m.content})),
+            match &m.body {
+                OutboundBody::Progress(p) => serde_json::to_value(p).unwrap_or_default(),
+                _ => json!({"text": m.text()}),
+            },
         ),
         OutboundKind::Final => (
             "done",
-            json!({"reply": m.content, "event_id": m.in_reply_to}),
+            json!({"reply": m.text(), "event_id": m.in_reply_to}),
         ),
         OutboundKind::Error => (
             "error",
-            json!({"error": m.content, "event_id": m.in_reply_to}),
+            json!({"error": m.text(), "event_id": m.in_reply_to}),
         ),
     };
     Event::default().event(name).data(data.to_string())
@@ -807,7 +810,7 @@ async fn chat_stream(
                 biased;
                 m = rx.recv() => {
                     let Some(m) = m else { break };
-                    let last = m.kind.is_durable();
+                    let last = m.kind().is_durable();
                     if yield_tx.send(sse_event(&m)).await.is_err() || last {
                         break;
                     }
@@ -902,7 +905,7 @@ impl Channel for HttpChannel {
             let mut g = self.inner.lock();
             match g.waiters.get(reply_to) {
                 Some(Waiter::Stream(tx)) => tx.clone(),
-                Some(Waiter::Once(_)) if !msg.kind.is_durable() => {
+                Some(Waiter::Once(_)) if !msg.kind().is_durable() => {
                     // A plain request does not want deltas or progress.
                     return Ok(SentRef(msg.id.clone()));
                 }

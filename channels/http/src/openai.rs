@@ -296,17 +296,10 @@ fn fresh_session() -> String {
     out
 }
 
-/// `usage` from the reply's `meta` (`{"usage": {"prompt_tokens", "completion_tokens"}}`, set
-/// by the daemon from the turn's accounting).
+/// `usage` of the reply (set by the daemon from the turn's accounting; zeros when unknown).
 fn usage_of(m: &OutboundMessage) -> Value {
-    let get = |k: &str| {
-        m.meta
-            .as_ref()
-            .and_then(|v| v.pointer(&format!("/usage/{k}")))
-            .and_then(Value::as_u64)
-            .unwrap_or(0)
-    };
-    let (p, c) = (get("prompt_tokens"), get("completion_tokens"));
+    let u = m.usage().unwrap_or_default();
+    let (p, c) = (u.prompt_tokens, u.completion_tokens);
     json!({"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c})
 }
 
@@ -412,8 +405,8 @@ async fn once_completion(inner: Arc<Inner>, req: Completion, chat: ChatReq) -> R
         },
         () = shutdown.cancelled() => return ApiError::server(StatusCode::SERVICE_UNAVAILABLE, "shutting_down", "the gateway is shutting down").into_response(),
     };
-    if m.kind != OutboundKind::Final {
-        return ApiError::server(StatusCode::BAD_GATEWAY, "turn_failed", m.content).into_response();
+    if m.kind() != OutboundKind::Final {
+        return ApiError::server(StatusCode::BAD_GATEWAY, "turn_failed", m.text()).into_response();
     }
     Json(json!({
         "id": completion_id(event_id.as_str()),
@@ -422,7 +415,7 @@ async fn once_completion(inner: Arc<Inner>, req: Completion, chat: ChatReq) -> R
         "model": req.model,
         "choices": [{
             "index": 0,
-            "message": {"role": "assistant", "content": m.content},
+            "message": {"role": "assistant", "content": m.text()},
             "logprobs": null,
             "finish_reason": "stop",
         }],
@@ -481,11 +474,11 @@ async fn stream_completion(inner: Arc<Inner>, req: Completion, chat: ChatReq) ->
                 biased;
                 m = rx.recv() => {
                     let Some(m) = m else { break None };
-                    match m.kind {
+                    match m.kind() {
                         OutboundKind::Delta if m.is_restart() => round.clear(),
                         OutboundKind::Delta => {
-                            round.push_str(&m.content);
-                            if !send(chunk(&id, created, &model, json!({"content": m.content}), None)).await {
+                            round.push_str(m.text());
+                            if !send(chunk(&id, created, &model, json!({"content": m.text()}), None)).await {
                                 return;
                             }
                         }
@@ -497,13 +490,9 @@ async fn stream_completion(inner: Arc<Inner>, req: Completion, chat: ChatReq) ->
             }
         };
         match last {
-            Some(m) if m.kind == OutboundKind::Final => {
-                let rest = m.content.strip_prefix(round.as_str()).unwrap_or_default();
-                let rest = if round.is_empty() {
-                    m.content.as_str()
-                } else {
-                    rest
-                };
+            Some(m) if m.kind() == OutboundKind::Final => {
+                let rest = m.text().strip_prefix(round.as_str()).unwrap_or_default();
+                let rest = if round.is_empty() { m.text() } else { rest };
                 if !rest.is_empty()
                     && !send(chunk(&id, created, &model, json!({"content": rest}), None)).await
                 {
@@ -532,7 +521,7 @@ async fn stream_completion(inner: Arc<Inner>, req: Completion, chat: ChatReq) ->
             other => {
                 // The SDKs raise an `APIError` on a data line holding `error`.
                 let (code, message) = match other {
-                    Some(m) => ("turn_failed", m.content),
+                    Some(m) => ("turn_failed", m.text().to_string()),
                     None => ("shutting_down", "the gateway is shutting down".to_string()),
                 };
                 let e = ApiError::server(StatusCode::BAD_GATEWAY, code, message);

@@ -91,9 +91,7 @@ async fn start_with(cfg: HttpConfig, mode: Mode) -> Harness {
                 chat: ev.chat.clone(),
                 thread: None,
                 in_reply_to: Some(ev.event_id.clone()),
-                kind,
-                content: content.to_string(),
-                meta: None,
+                body: clawft_channel_core::OutboundBody::text_of(kind, content.to_string()),
                 attachments: Vec::new(),
             };
             match mode {
@@ -129,7 +127,12 @@ async fn start_with(cfg: HttpConfig, mode: Mode) -> Harness {
                         .await
                         .unwrap();
                     let mut p = reply(OutboundKind::Progress, "running read_file");
-                    p.meta = Some(json!({"event": "tool_started", "tool": "read_file"}));
+                    p.body = clawft_channel_core::OutboundBody::Progress(
+                        clawft_channel_core::ToolProgress::ToolStarted {
+                            tool: "read_file".into(),
+                            call_id: "c1".into(),
+                        },
+                    );
                     daemon_ch.send(&p).await.unwrap();
                     daemon_ch
                         .send(&reply(OutboundKind::Delta, "lo"))
@@ -257,9 +260,7 @@ async fn reply_timeout_is_504_and_leaks_no_waiter() {
         chat: ChatId::new("c"),
         thread: None,
         in_reply_to: Some(PlatformEventId::new(v["event_id"].as_str().unwrap())),
-        kind: OutboundKind::Final,
-        content: "late".into(),
-        meta: None,
+        body: clawft_channel_core::OutboundBody::text_of(OutboundKind::Final, "late".into()),
         attachments: Vec::new(),
     };
     assert!(matches!(h.ch.send(&late).await, Err(ChannelError::Gone(_))));
@@ -534,9 +535,7 @@ async fn proactive_messages_wait_in_the_mailbox() {
         chat: ChatId::new("room"),
         thread: None,
         in_reply_to: None,
-        kind: OutboundKind::Final,
-        content: "ping".into(),
-        meta: None,
+        body: clawft_channel_core::OutboundBody::text_of(OutboundKind::Final, "ping".into()),
         attachments: Vec::new(),
     };
     h.ch.send(&m).await.unwrap();

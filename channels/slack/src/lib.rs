@@ -381,7 +381,7 @@ impl SlackChannel {
             thread: msg.thread.as_ref().map(ThreadId::as_str),
             // A streamed draft is not worth waiting for: while the method is rate limited
             // its calls are skipped and the text shows later; a final reply waits.
-            gate: if msg.kind == OutboundKind::Delta {
+            gate: if msg.kind() == OutboundKind::Delta {
                 Gate::Skip
             } else {
                 Gate::Wait
@@ -499,13 +499,13 @@ impl Channel for SlackChannel {
     }
 
     async fn send(&self, msg: &OutboundMessage) -> Result<SentRef, ChannelError> {
-        match msg.kind {
+        match msg.kind() {
             OutboundKind::Progress => Ok(SentRef(String::new())),
             OutboundKind::Delta if !self.inner.cfg.stream_edits => Ok(SentRef(String::new())),
             // Repeated delta ids and deltas without `in_reply_to` are ignored by the book.
             OutboundKind::Delta => self.inner.drafts.delta(&self.target(msg), msg).await,
             OutboundKind::Final | OutboundKind::Error => {
-                let chunks = chunks(&msg.content);
+                let chunks = chunks(msg.text());
                 let sent = self
                     .inner
                     .drafts

@@ -85,9 +85,7 @@ pub(crate) fn out(kind: OutboundKind, id: &str, chat: &str, content: &str) -> Ou
         chat: ChatId::new(chat),
         thread: None,
         in_reply_to: Some(PlatformEventId::new("Ev-in")),
-        kind,
-        content: content.into(),
-        meta: None,
+        body: clawft_channel_core::OutboundBody::text_of(kind, content.into()),
         attachments: Vec::new(),
     }
 }

@@ -651,7 +651,7 @@ impl Channel for TelegramChannel {
     }
 
     async fn send(&self, msg: &OutboundMessage) -> Result<SentRef, ChannelError> {
-        match msg.kind {
+        match msg.kind() {
             OutboundKind::Progress => Ok(SentRef(String::new())),
             OutboundKind::Delta if !self.cfg.stream_edits => Ok(SentRef(String::new())),
             OutboundKind::Delta => {
@@ -663,7 +663,7 @@ impl Channel for TelegramChannel {
             }
             OutboundKind::Final | OutboundKind::Error => {
                 let target = self.target(msg)?;
-                let chunks = plan_chunks(&msg.content);
+                let chunks = plan_chunks(msg.text());
                 let sent = self.drafts.finish(&target, msg, chunks).await?;
                 if msg.attachments.is_empty() {
                     return Ok(sent);

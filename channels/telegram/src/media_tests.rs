@@ -84,9 +84,7 @@ fn final_msg(chat: &str, id: &str, content: &str, files: Vec<OutboundFile>) -> O
         chat: ChatId::new(chat),
         thread: None,
         in_reply_to: None,
-        kind: OutboundKind::Final,
-        content: content.into(),
-        meta: None,
+        body: clawft_channel_core::OutboundBody::text_of(OutboundKind::Final, content.into()),
         attachments: files,
     }
 }

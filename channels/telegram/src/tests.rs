@@ -82,9 +82,7 @@ fn reply(chat: &str, kind: OutboundKind, id: &str, content: &str) -> OutboundMes
         chat: ChatId::new(chat),
         thread: None,
         in_reply_to: Some(PlatformEventId::new("ev-1")),
-        kind,
-        content: content.into(),
-        meta: None,
+        body: clawft_channel_core::OutboundBody::text_of(kind, content.into()),
         attachments: Vec::new(),
     }
 }
