@@ -83,6 +83,8 @@ fn tool_dispatch(c: &mut Criterion) {
         cancel: CancellationToken::new(),
         user_dir: None,
         sender: None,
+        call_id: None,
+        turn: Default::default(),
     };
     let rt = runtime();
     let mut g = c.benchmark_group("tool_dispatch");

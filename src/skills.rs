@@ -337,6 +337,8 @@ impl Tool for UseSkill {
                 }
             ))
         })?;
+        // The skill's tools are offered from the turn's next round on.
+        ctx.turn.expose(s.allowed_tools.iter().cloned());
         Ok(json!({
             "name": s.name,
             "instructions": s.instructions,

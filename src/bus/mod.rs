@@ -91,6 +91,8 @@ pub enum ClearError {
 pub struct BusArgs {
     /// Every agent's turn dependencies (a session gets its agent's).
     pub agents: crate::turn::Agents,
+    /// The store (`Clear` of a session not in memory).
+    pub store: crate::store::Store,
     /// What sessions use beside their turns (outbox, approvals, subagent tree); the outbox's
     /// channel table also says whether a channel streams.
     pub hooks: SessionHooks,
@@ -204,8 +206,6 @@ impl Actor for BusActor {
                     let _ = reply.send(
                         state
                             .args
-                            .agents
-                            .main()
                             .store
                             .clear_session(&key)
                             .map_err(ClearError::from),

@@ -79,6 +79,8 @@ pub async fn run(config: &Config, action: MemoryAction) -> Result<(), CliError> 
                 cancel: CancellationToken::new(),
                 user_dir,
                 sender: None,
+                call_id: None,
+                turn: Default::default(),
             };
             let out = service
                 .search(&ctx, &query.join(" "), max.clamp(1, 50), prefix.as_deref())

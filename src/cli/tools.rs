@@ -191,6 +191,8 @@ pub async fn run(config: &Config, action: ToolsAction) -> Result<(), CliError> {
                 cancel: CancellationToken::new(),
                 user_dir: None,
                 sender: None,
+                call_id: None,
+                turn: Default::default(),
             };
             // Ctrl-C cancels the call like `/stop` would (child processes are killed).
             let cancel = ctx.cancel.clone();

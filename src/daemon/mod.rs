@@ -294,6 +294,7 @@ impl AgentRuntime {
             user_dir: None,
             sender: None,
             request_model: None,
+            turn_event: None,
         }
     }
 }
@@ -374,6 +375,7 @@ impl Daemon {
             BusActor,
             BusArgs {
                 agents: agents.clone(),
+                store: store.clone(),
                 hooks: SessionHooks {
                     outbox: outbox.clone(),
                     approvals: Some(approvals.clone()),
@@ -398,6 +400,7 @@ impl Daemon {
         // their announcements, which the replay below then routes.
         let supervisor = crate::subagent::start(crate::subagent::SupervisorArgs {
             hub: subagents.clone(),
+            store: store.clone(),
             agents,
             inbox: inbox.clone(),
             tasks: tasks.clone(),

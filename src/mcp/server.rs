@@ -150,6 +150,8 @@ impl ToolProvider for BuiltinProvider {
             cancel,
             user_dir: None,
             sender: None,
+            call_id: None,
+            turn: Default::default(),
         };
         let n = self
             .calls

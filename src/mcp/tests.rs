@@ -72,6 +72,8 @@ fn ctx(dir: &Path) -> ToolContext {
         cancel: CancellationToken::new(),
         user_dir: None,
         sender: None,
+        call_id: None,
+        turn: Default::default(),
     }
 }
 

@@ -1256,6 +1256,8 @@ mod tests {
             cancel: tokio_util::sync::CancellationToken::new(),
             user_dir: user_dir.map(Arc::from),
             sender: None,
+            call_id: None,
+            turn: Default::default(),
         }
     }
 

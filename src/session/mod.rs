@@ -473,6 +473,7 @@ fn maybe_start(myself: &ActorRef<SessionMsg>, state: &mut SessionState) {
     // The system prompt as of this turn (this user's files): one stat per context file, a read
     // only on a change.
     let mut deps = state.args.deps.for_turn_by(memory_user(&ev));
+    deps.turn_event = Some(ev.event_id.as_str().into());
     let heartbeat = ev.origin == clawft_channel_core::Origin::Heartbeat;
     if heartbeat {
         // `heartbeat.model`: a cheaper model for the periodic check.

@@ -21,7 +21,6 @@ use serde_json::{json, Value};
 use crate::llm::Role;
 use crate::store::{InboxEntry, InboxState, JournalOutcome, Store};
 use crate::tools::message::MAX_MESSAGE_BYTES;
-use crate::tools::registry::{current_call_id, current_turn_event};
 use crate::tools::sessions::{may_see, send_event_id, SessionsSettings, Viewer, Visibility};
 use crate::tools::{parse_args, schema_of, Effect, Tool, ToolContext, ToolError};
 use crate::turn::usage::UsageLedger;
@@ -394,9 +393,12 @@ impl Tool for SessionsSend {
         // What a repeat must share to be recognised: the message this turn answers (the same
         // when the turn resumes after a crash, whatever call ids the model makes up then), else
         // the tool call (outside a turn: `weft tools call`).
-        let origin = current_turn_event()
+        let origin = ctx
+            .turn
+            .event_id
+            .as_ref()
             .map(|e| format!("turn:{e}"))
-            .or_else(|| current_call_id().map(|c| format!("call:{c}")))
+            .or_else(|| ctx.call_id.as_ref().map(|c| format!("call:{c}")))
             .unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
         let event_id = send_event_id(&ctx.session, &origin, &target, &message);
         let (channel, chat, thread) = target.route();
@@ -583,6 +585,8 @@ mod tests {
             cancel: CancellationToken::new(),
             user_dir: None,
             sender: sender.map(Into::into),
+            call_id: None,
+            turn: Default::default(),
         }
     }
 
@@ -688,14 +692,18 @@ mod tests {
         assert_eq!(b.value["status"], "duplicate", "{:?}", b.value);
         // In a turn, the same message to the same session is one delivery whatever the call
         // ids (a resumed turn's model makes up new ones); another message is another.
+        let in_turn_ctx = ToolContext {
+            turn: crate::tools::TurnScope::answering(Some("100001".into())),
+            ..alice.clone()
+        };
         let in_turn = |id: &'static str, msg: &'static str| {
             let reg = &reg;
-            let alice = &alice;
-            crate::tools::registry::in_turn("100001".into(), async move {
+            let ctx = &in_turn_ctx;
+            async move {
                 let args = json!({"session_key": "telegram:-5", "message": msg});
-                reg.dispatch("sessions_send", id, &args.to_string(), alice)
+                reg.dispatch("sessions_send", id, &args.to_string(), ctx)
                     .await
-            })
+            }
         };
         assert_eq!(in_turn("c1", "hand-off").await.value["status"], "sent");
         assert_eq!(

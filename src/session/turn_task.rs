@@ -54,7 +54,6 @@ pub(super) fn spawn(myself: &ActorRef<SessionMsg>, state: &mut SessionState, pla
             // The typing indicator, refreshed while the turn runs (platforms expire it ~5 s).
             let typing_done = CancellationToken::new();
             let ev_done = ev.clone();
-            let turn_event: Arc<str> = ev.event_id.as_str().into();
             let typing = tokio::spawn(typing_ticker(
                 outbox.clone(),
                 ev,
@@ -68,8 +67,6 @@ pub(super) fn spawn(myself: &ActorRef<SessionMsg>, state: &mut SessionState, pla
                         .await
                 }
             };
-            // Tools see which message this turn answers (sessions_send's idempotency).
-            let run = crate::tools::registry::in_turn(turn_event, run);
             let (outcome, window, reload) = match AssertUnwindSafe(run).catch_unwind().await {
                 Ok((o, w)) => (o, w, false),
                 Err(_) => {

@@ -81,7 +81,7 @@ pub(super) fn announce(
         ids: due.iter().map(|r| r.id.clone()).collect(),
         content,
     };
-    let store = state.args.agents.main().store.clone();
+    let store = state.args.store.clone();
     store.state_put(
         NS_BATCHES,
         &batch_id,
@@ -96,7 +96,7 @@ pub(super) fn journal_batch(
     batch: &Batch,
     route: bool,
 ) -> Result<(), crate::store::StoreError> {
-    let store = state.args.agents.main().store.clone();
+    let store = state.args.store.clone();
     let Ok(session) = SessionKey::parse(&batch.root) else {
         tracing::error!(root = %batch.root, "invalid root session; announcement dropped");
         return store.state_put(NS_BATCHES, batch_id, None);

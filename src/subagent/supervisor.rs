@@ -153,6 +153,8 @@ pub struct SupervisorArgs {
     /// Every agent's turn dependencies (store, model, tools, workspace): a child gets its
     /// parent's agent's, narrowed.
     pub agents: crate::turn::Agents,
+    /// Where task records and announcements are kept.
+    pub store: crate::store::Store,
     /// The limits in force (changed by a reload).
     pub hub: Arc<SubagentHub>,
     /// Where announcements are routed once journaled.
@@ -317,7 +319,7 @@ impl Actor for SupervisorActor {
 
 /// Load the records; fail what a restart interrupted; journal what was never announced.
 pub(super) fn recover(state: &mut SupervisorState) -> Result<(), crate::store::StoreError> {
-    let store = state.args.agents.main().store.clone();
+    let store = state.args.store.clone();
     for (id, v) in store.state_scan(NS_TASKS)? {
         match serde_json::from_str::<TaskRecord>(&v) {
             Ok(mut r) => {
@@ -502,7 +504,7 @@ pub(super) fn spawn(
         usage: TaskUsage::default(),
         announced: false,
     };
-    let store = &state.args.agents.main().store;
+    let store = &state.args.store;
     persist(store, &record);
     // The child is its parent's agent's: its key says so, for its own children.
     let key = session_key_of(&id)
@@ -614,7 +616,7 @@ pub(super) fn finished(
         r.result = Some(result.reply);
     }
     r.announced = !tell;
-    persist(&state.args.agents.main().store, &r);
+    persist(&state.args.store, &r);
     crate::metrics::inc(
         "clawft_subagents_total",
         &[(
@@ -739,7 +741,7 @@ pub(super) fn sweep(state: &mut SupervisorState) {
     let now = now_ms();
     let archive_ms =
         u64::try_from(state.args.hub.settings().archive_after.as_millis()).unwrap_or(u64::MAX);
-    let store = state.args.agents.main().store.clone();
+    let store = state.args.store.clone();
     let mut gone = Vec::new();
     for r in state.records.values_mut() {
         match sweep_action(r, now, archive_ms) {

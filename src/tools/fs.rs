@@ -775,6 +775,8 @@ mod tests {
             cancel: CancellationToken::new(),
             user_dir: None,
             sender: None,
+            call_id: None,
+            turn: Default::default(),
         }
     }
 

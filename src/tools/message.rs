@@ -305,6 +305,8 @@ mod tests {
             cancel: CancellationToken::new(),
             user_dir: None,
             sender: None,
+            call_id: None,
+            turn: Default::default(),
         };
         let sink = Arc::new(Sink::default());
         let t = MessageTool::new(sink.clone(), vec!["http:ops-*".into()]);
@@ -403,6 +405,8 @@ mod tests {
             cancel: CancellationToken::new(),
             user_dir: None,
             sender: None,
+            call_id: None,
+            turn: Default::default(),
         };
         let sink = Arc::new(Staging(Sink::default(), d.path().join("staged")));
         let t = MessageTool::new(sink.clone(), Vec::new());

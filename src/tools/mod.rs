@@ -134,6 +134,55 @@ pub struct ToolContext {
     /// The chat user whose message this turn answers (their sender id on the session's
     /// channel); `None` for the terminal, the operator and the gateway's own messages.
     pub sender: Option<Arc<str>>,
+    /// The id of the tool call being run (the model's call id), set by the registry for each
+    /// call: lets a tool make its effect idempotent per call (`sessions_send`).
+    pub call_id: Option<Arc<str>>,
+    /// The turn the call runs in (shared by every call of the turn).
+    pub turn: Arc<TurnScope>,
+}
+
+/// What the calls of one turn share: which inbound event it answers, and the tools calls
+/// made visible for the rest of the turn.
+#[derive(Debug, Default)]
+pub struct TurnScope {
+    /// The event id of the inbound message the turn answers; the same when the turn is
+    /// resumed after a restart, so a tool can make its effect idempotent per turn
+    /// (`sessions_send`). `None` outside a turn (`weft tools call`).
+    pub event_id: Option<Arc<str>>,
+    /// Tool names (or `server__*` globs) a call exposed (`use_skill`), offered from the next
+    /// round of the turn on.
+    exposed: std::sync::Mutex<Vec<String>>,
+}
+
+impl TurnScope {
+    /// The scope of a turn answering `event_id`.
+    pub fn answering(event_id: Option<Arc<str>>) -> Arc<Self> {
+        Arc::new(Self {
+            event_id,
+            exposed: std::sync::Mutex::default(),
+        })
+    }
+
+    /// Offer `names` for the rest of the turn.
+    pub fn expose(&self, names: impl IntoIterator<Item = String>) {
+        let mut e = self
+            .exposed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for n in names {
+            if !e.contains(&n) {
+                e.push(n);
+            }
+        }
+    }
+
+    /// Every name exposed so far, in the order they were.
+    pub fn exposed(&self) -> Vec<String> {
+        self.exposed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
 }
 
 /// A tool the model can call.

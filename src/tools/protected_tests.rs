@@ -50,6 +50,8 @@ impl Home {
             cancel: CancellationToken::new(),
             user_dir: None,
             sender: None,
+            call_id: None,
+            turn: Default::default(),
         };
         let tools = file_tools(&FileToolsSettings::default(), None);
         Self {

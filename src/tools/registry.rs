@@ -35,40 +35,6 @@ impl ToolOutcome {
     }
 }
 
-tokio::task_local! {
-    /// The id of the tool call being run (set by [`ToolRegistry::dispatch_with`] around the
-    /// tool's `execute`).
-    static CALL_ID: Arc<str>;
-}
-
-/// The id of the tool call this code runs in (the model's call id), if run by the registry:
-/// lets a tool make its effect idempotent per call (`sessions_send`).
-pub fn current_call_id() -> Option<Arc<str>> {
-    CALL_ID.try_with(Arc::clone).ok()
-}
-
-tokio::task_local! {
-    /// The event id of the inbound message the running turn answers (set by the session
-    /// around its turn task).
-    static TURN_EVENT: Arc<str>;
-}
-
-/// Run `fut` (a turn) as the answer to the inbound event `event_id`: its tools see it through
-/// [`current_turn_event`].
-pub fn in_turn<F: std::future::Future>(
-    event_id: Arc<str>,
-    fut: F,
-) -> impl std::future::Future<Output = F::Output> {
-    TURN_EVENT.scope(event_id, fut)
-}
-
-/// The event id of the inbound message the running turn answers; the same when the turn is
-/// resumed after a restart, so a tool can make its effect idempotent per turn
-/// (`sessions_send`).
-pub fn current_turn_event() -> Option<Arc<str>> {
-    TURN_EVENT.try_with(Arc::clone).ok()
-}
-
 /// A tool from a dynamic source, and whether it is internal (hidden unless a skill exposes it).
 #[derive(Clone)]
 pub struct SourcedTool {
@@ -342,7 +308,11 @@ impl ToolRegistry {
                     )));
                 }
             }
-            let run = CALL_ID.scope(Arc::from(call_id), tool.execute(args, ctx));
+            let call_ctx = ToolContext {
+                call_id: Some(Arc::from(call_id)),
+                ..ctx.clone()
+            };
+            let run = tool.execute(args, &call_ctx);
             tokio::select! {
                 biased;
                 () = ctx.cancel.cancelled() => Err(ToolError::Cancelled),
@@ -444,6 +414,8 @@ mod tests {
                 cancel: CancellationToken::new(),
                 user_dir: None,
                 sender: None,
+                call_id: None,
+                turn: Default::default(),
             },
             d,
         )

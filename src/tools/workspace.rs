@@ -544,6 +544,8 @@ pub(crate) mod testutil {
                 cancel: CancellationToken::new(),
                 user_dir: None,
                 sender: None,
+                call_id: None,
+                turn: Default::default(),
             };
             let mut f = Self {
                 tmp,

@@ -61,6 +61,9 @@ pub struct TurnDeps {
     /// The model asked of the provider for this turn (`heartbeat.model`); `None`: the
     /// provider's configured model.
     pub request_model: Option<Arc<str>>,
+    /// The event id of the inbound message this turn answers, given to the tools
+    /// ([`crate::tools::TurnScope::event_id`]); `None` for a subagent's or a maintenance turn.
+    pub turn_event: Option<Arc<str>>,
 }
 
 impl TurnDeps {
@@ -304,6 +307,8 @@ async fn run_turn_inner(
         cancel: cancel.clone(),
         user_dir: deps.user_dir.clone(),
         sender: deps.sender.clone(),
+        call_id: None,
+        turn: crate::tools::TurnScope::answering(deps.turn_event.clone()),
     };
     // Skills: listed in the system prompt; `/NAME` activates one for this turn.
     let skill_dirs = crate::skills::SkillDirs {
@@ -491,15 +496,6 @@ async fn run_turn_inner(
                 fatal = Some(m.clone());
             }
             messaged |= call.name == "message" && o.error.is_none();
-            if call.name == "use_skill" && o.error.is_none() {
-                // The skill's tools become visible (and callable) from the next round on.
-                for g in o.value["allowed_tools"].as_array().into_iter().flatten() {
-                    if let Some(g) = g.as_str().filter(|g| !exposed.iter().any(|e| e == g)) {
-                        exposed.push(g.to_string());
-                        newly_exposed = true;
-                    }
-                }
-            }
             results.push(Message::tool_result(&call.id, &call.name, o.content()));
         }
         if let Err(e) = deps.store.append_messages(session, &results) {
@@ -509,6 +505,14 @@ async fn run_turn_inner(
         }
         messages.extend_from_slice(&results);
         out.messages.extend(results);
+        // Tools a call exposed (`use_skill`: its skill's tools) become visible (and callable)
+        // from the next round on.
+        for g in ctx.turn.exposed() {
+            if !exposed.contains(&g) {
+                exposed.push(g);
+                newly_exposed = true;
+            }
+        }
         if newly_exposed {
             tools = registry.schemas_for_tools(&exposed).into();
         }

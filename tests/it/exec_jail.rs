@@ -53,6 +53,8 @@ fn fixture_with(settings: ExecSettings, proxy_socket: Option<PathBuf>) -> Fx {
         cancel: CancellationToken::new(),
         user_dir: None,
         sender: None,
+        call_id: None,
+        turn: Default::default(),
     };
     Fx {
         _root: root,

@@ -332,14 +332,15 @@ impl ToolProgress {
 }
 
 impl OutboundBody {
-    /// A text body of `kind`: a reply, an error, a delta. Progress has no text form
-    /// ([`OutboundBody::Progress`] is built from a [`ToolProgress`]); asked for one, this gives
-    /// a reply.
+    /// A body of `kind` carrying `text`: a reply, an error, a delta; for progress, a started
+    /// call of the tool `text` names.
     pub fn text_of(kind: OutboundKind, text: String) -> Self {
         match kind {
-            OutboundKind::Final | OutboundKind::Progress => {
-                OutboundBody::Reply { text, usage: None }
-            }
+            OutboundKind::Final => OutboundBody::Reply { text, usage: None },
+            OutboundKind::Progress => OutboundBody::Progress(ToolProgress::ToolStarted {
+                tool: text,
+                call_id: String::new(),
+            }),
             OutboundKind::Error => OutboundBody::Error { text },
             OutboundKind::Delta => OutboundBody::Delta { text },
         }

@@ -83,6 +83,8 @@ pub(super) fn fixture_jailed(
         cancel: CancellationToken::new(),
         user_dir: None,
         sender: None,
+        call_id: None,
+        turn: Default::default(),
     };
     Fx {
         root,

@@ -24,6 +24,8 @@ pub(super) fn ctx() -> Ctx {
         cancel: CancellationToken::new(),
         user_dir: None,
         sender: None,
+        call_id: None,
+        turn: Default::default(),
     };
     Ctx { _dir: dir, ctx }
 }
