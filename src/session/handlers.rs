@@ -39,11 +39,12 @@ pub(super) fn switch_model(
     let default = state.args.deps.agent.models.first() == Some(&name);
     let stored = if default { None } else { Some(name.as_str()) };
     // Durable with the flush of the answer written right after it (the reply waits for it).
-    if let Err(e) = state
-        .args
-        .deps
-        .store
-        .state_put_unflushed(MODEL_NS, state.args.key.as_str(), stored)
+    if let Err(e) =
+        state
+            .args
+            .deps
+            .store
+            .state_put_unflushed(MODEL_NS, state.args.key.as_str(), stored)
     {
         return (
             OutboundKind::Error,
