@@ -110,6 +110,7 @@ fn event(chat: &str, id: &str, text: &str) -> InboundEvent {
         content: text.into(),
         received_at_ms: now_ms(),
         attachments: Vec::new(),
+        origin: clawft_channel_core::Origin::User,
     }
 }
 
