@@ -232,6 +232,19 @@ impl Outbox {
         Ok(())
     }
 
+    /// [`Outbox::send`] for a caller that reports durability (`weft send`): returns once the
+    /// message is durable, then routes it (in order with the router's other messages).
+    ///
+    /// # Errors
+    /// The store refused the message or its flush failed (it stays in the outbox and is sent
+    /// after a restart).
+    pub async fn send_durable(&self, msg: OutboundMessage) -> Result<(), StoreError> {
+        self.store.enqueue_outbound_unflushed(&msg)?;
+        self.store.flush_ticket().await?;
+        self.route_after(FlushTicket::ready(Ok(())), msg);
+        Ok(())
+    }
+
     /// Answer `entry` of `session` at once with `reply` (a chat command, a refusal): the entry
     /// is finished and the reply put in the outbox in one atomic write, routed once that write
     /// is durable. Returns at once (the caller is usually an actor's handler). A failed write
