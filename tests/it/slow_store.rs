@@ -183,9 +183,9 @@ async fn a_command_waits_for_its_flush_in_a_task_not_in_its_session() {
     let sent = fake.wait_sent(1, T).await;
     assert_eq!(sent.len(), 1, "{sent:?}");
     assert!(
-        sent[0].content.starts_with("session telegram:chat-a"),
+        sent[0].text().starts_with("session telegram:chat-a"),
         "{}",
-        sent[0].content
+        sent[0].text()
     );
     daemon.shutdown().await;
 }
