@@ -459,7 +459,8 @@ impl clawft_channel_http::Admin for AdminApi {
                 let msg = operator_message(&channel, &field("chat_id")?, &field("content")?)?;
                 let id = msg.id.clone();
                 r.outbox
-                    .send(msg)
+                    .send_durable(msg)
+                    .await
                     .map_err(|e| AdminError::Internal(format!("outbox: {e}")))?;
                 Ok(json!({"status": "queued", "id": id}))
             }

@@ -56,6 +56,8 @@ pub struct FakeLlm {
     addr: SocketAddr,
     rec: Arc<Mutex<Rec>>,
     seq: Arc<AtomicU64>,
+    /// Microseconds every answer waits before it is written (0: none).
+    delay_us: Arc<AtomicU64>,
 }
 
 impl FakeLlm {
@@ -71,6 +73,7 @@ impl FakeLlm {
             addr,
             rec: Arc::default(),
             seq: Arc::default(),
+            delay_us: Arc::default(),
         };
         let srv = me.clone();
         tokio::spawn(async move {
@@ -90,6 +93,14 @@ impl FakeLlm {
 
     fn rec(&self) -> std::sync::MutexGuard<'_, Rec> {
         self.rec.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Make every answer wait `d` before it is written (a model that takes time to answer).
+    pub fn set_delay(&self, d: Duration) {
+        self.delay_us.store(
+            u64::try_from(d.as_micros()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
     }
 
     /// Forget the legs measured so far (after a warm-up).
@@ -200,6 +211,10 @@ impl FakeLlm {
                 }
             }
             let model = req["model"].as_str().unwrap_or("fake").to_string();
+            let delay = self.delay_us.load(Ordering::Relaxed);
+            if delay > 0 {
+                tokio::time::sleep(Duration::from_micros(delay)).await;
+            }
             if summary {
                 let text = json_text(&model)
                     .replace(FINAL_TEXT, SUMMARY_TEXT)

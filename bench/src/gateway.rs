@@ -143,6 +143,17 @@ impl Gateway {
     /// temp dir, PATH kept, RUST_LOG unset: the default log level) and poll `/healthz` tightly
     /// until it answers 200. Blocking: call from `spawn_blocking`.
     pub fn start(weft: &Path, home: &Home, timeout: Duration) -> Result<Gateway, String> {
+        Self::start_with_env(weft, home, timeout, &[])
+    }
+
+    /// [`Gateway::start`] with `env` added to its environment (`LD_PRELOAD` of the slow-disk
+    /// shim).
+    pub fn start_with_env(
+        weft: &Path,
+        home: &Home,
+        timeout: Duration,
+        env: &[(String, String)],
+    ) -> Result<Gateway, String> {
         let log = home.dir.path().join("gateway.log");
         let out = std::fs::OpenOptions::new()
             .create(true)
@@ -155,6 +166,7 @@ impl Gateway {
             .env("HOME", home.dir.path())
             .env("CLAWFT_HOME", home.dir.path().join(".clawft"))
             .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .arg("--config")
             .arg(&home.config)
             .arg("gateway")

@@ -7,6 +7,7 @@ mod fake_llm;
 mod gateway;
 mod http;
 mod platforms;
+mod slow_disk;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -36,6 +37,7 @@ const SCENARIOS: &[(&str, &str)] = &[
     ("throughput", "turns/s with 100 sessions in flight"),
     ("burst", "1,000 sessions sent at once: errors, p50/p99; RSS after the settle time"),
     ("idle_sessions", "RSS growth per 1,000 idle sessions"),
+    ("slow_disk", "every fsync +50 ms (LD_PRELOAD shim, built with cc), 20 ms model: p99 of 50 chats doing turns, then with 16 chats flooding /new and /status"),
     ("conversation", "one session, 200 messages of 1 KB: prompt bytes and estimated tokens per turn, with an 8k context window and without a bound (informational)"),
 ];
 
@@ -774,6 +776,7 @@ async fn run(args: Args) -> Result<Report, String> {
             "burst" => burst(&mut ctx).await,
             "idle_sessions" => idle_sessions(&mut ctx).await,
             "conversation" => conversation(&mut ctx).await,
+            "slow_disk" => slow_disk::slow_disk(&mut ctx).await,
             other => Err(format!("unknown scenario {other}")),
         };
         if let Err(e) = r {

@@ -807,7 +807,7 @@ impl Daemon {
         {
             tracing::warn!("some tasks did not stop in time");
         }
-        if let Err(e) = self.store.flush() {
+        if let Err(e) = self.store.flush_async().await {
             tracing::error!(error = %e, "final store flush failed");
         }
         tracing::info!("shutdown complete");

@@ -4,13 +4,13 @@
 //! the two resends it at the next start.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::{Arc, OnceLock, PoisonError, RwLock};
 
 use clawft_channel_core::{ChannelId, ChatId, OutboundKind, OutboundMessage, ThreadId};
 use tokio_util::sync::CancellationToken;
 
 use super::{ChannelMsg, ChannelRef};
-use crate::store::{InboxEntry, Store, StoreError};
+use crate::store::{FlushTicket, InboxEntry, Store, StoreError};
 use crate::types::SessionKey;
 
 /// One running channel.
@@ -93,12 +93,51 @@ impl ChannelTable {
 
 /// The handle through which sessions, tools, approvals, ingress and the admin API send: it
 /// persists and routes. Cheap to clone.
+///
+/// Nothing here waits for the disk: a message is written, and the flush that makes it durable
+/// is a [`FlushTicket`] that the outbox's router task awaits before it routes the message.
 #[derive(Clone)]
 pub struct Outbox {
     store: Store,
     channels: ChannelTable,
     /// Where the files of queued messages are copied (`~/.clawft/outbox-files/<id>/`).
     files: Option<std::path::PathBuf>,
+    /// Messages waiting for their flush, in the order they were written.
+    durable: Arc<OnceLock<DurableTx>>,
+}
+
+/// A written message and the ticket of the flush that makes it durable.
+type DurableTx = tokio::sync::mpsc::UnboundedSender<(FlushTicket, OutboundMessage)>;
+
+/// Route each message once its ticket resolves, in the order they were written: tickets
+/// resolve in that order (one flush covers every request queued before it), so awaiting them
+/// one after the other costs no extra wait, and two answers of one chat never swap places.
+async fn route_when_durable(
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<(FlushTicket, OutboundMessage)>,
+    channels: ChannelTable,
+) {
+    while let Some((ticket, msg)) = rx.recv().await {
+        if let Err(e) = ticket.await {
+            // Written, not known durable: sent anyway (it stays in the outbox until settled).
+            tracing::error!(error = %e, "could not flush a queued reply");
+        }
+        route_to(&channels, msg);
+    }
+}
+
+fn route_to(channels: &ChannelTable, msg: OutboundMessage) {
+    match channels.get(msg.channel.as_str()) {
+        // A channel gets only what its capabilities say it takes.
+        Some(e) if !e.takes(msg.kind()) => {}
+        Some(e) => {
+            if e.actor.cast(ChannelMsg::Send(msg)).is_err() {
+                tracing::warn!("channel actor gone; reply stays in the outbox");
+            }
+        }
+        None => {
+            tracing::warn!(channel = %msg.channel, "reply for an unknown channel; it stays in the outbox");
+        }
+    }
 }
 
 /// Remove the copies of `msg`'s attachments (it is settled: never sent again). Only files in
@@ -124,6 +163,7 @@ impl Outbox {
             store,
             channels,
             files: None,
+            durable: Arc::default(),
         }
     }
 
@@ -180,46 +220,80 @@ impl Outbox {
         &self.channels
     }
 
-    /// Persist `msg` in the outbox, then route it to its channel (a message that answers no
-    /// inbound event: pairing codes, approval questions, the `message` tool, `weft send`).
+    /// Persist `msg` in the outbox, then route it to its channel once the write is durable (a
+    /// message that answers no inbound event: pairing codes, approval questions, the `message`
+    /// tool, `weft send`). Returns at once: the flush is awaited by the outbox's router task.
     ///
     /// # Errors
     /// The store refused the message; nothing was routed.
     pub fn send(&self, msg: OutboundMessage) -> Result<(), StoreError> {
-        self.store.enqueue_outbound(&msg)?;
-        self.route(msg);
+        self.store.enqueue_outbound_unflushed(&msg)?;
+        self.route_after(self.store.flush_ticket(), msg);
+        Ok(())
+    }
+
+    /// [`Outbox::send`] for a caller that reports durability (`weft send`): returns once the
+    /// message is durable, then routes it (in order with the router's other messages).
+    ///
+    /// # Errors
+    /// The store refused the message or its flush failed (it stays in the outbox and is sent
+    /// after a restart).
+    pub async fn send_durable(&self, msg: OutboundMessage) -> Result<(), StoreError> {
+        self.store.enqueue_outbound_unflushed(&msg)?;
+        self.store.flush_ticket().await?;
+        self.route_after(FlushTicket::ready(Ok(())), msg);
         Ok(())
     }
 
     /// Answer `entry` of `session` at once with `reply` (a chat command, a refusal): the entry
-    /// is finished and the reply put in the outbox in one atomic write, then routed. A failed
-    /// write is logged and the reply still routed (the entry is then replayed after a restart).
+    /// is finished and the reply put in the outbox in one atomic write, routed once that write
+    /// is durable. Returns at once (the caller is usually an actor's handler). A failed write
+    /// is logged and the reply still routed (the entry is then replayed after a restart).
     pub fn answer(&self, session: &SessionKey, entry: &InboxEntry, reply: OutboundMessage) {
-        if let Err(e) = self
-            .store
-            .finish_turn(session, Some(entry), &[], Some(&reply))
-        {
-            tracing::error!(error = %e, "could not record the reply");
+        let ticket = match self.store.finish_turn_unflushed(
+            session,
+            Some(entry),
+            &[],
+            Some(&reply),
+            Vec::new(),
+        ) {
+            Ok(()) => self.store.flush_ticket(),
+            Err(e) => {
+                tracing::error!(error = %e, "could not record the reply");
+                FlushTicket::ready(Ok(()))
+            }
+        };
+        self.route_after(ticket, reply);
+    }
+
+    /// Route `msg` once `ticket` resolves, in order with every other message routed this way.
+    /// Outside a runtime (synchronous callers, tests) the calling thread waits instead.
+    pub fn route_after(&self, ticket: FlushTicket, msg: OutboundMessage) {
+        let tx = match tokio::runtime::Handle::try_current() {
+            Ok(rt) => self.durable.get_or_init(|| {
+                let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+                rt.spawn(route_when_durable(rx, self.channels.clone()));
+                tx
+            }),
+            Err(_) => {
+                if let Err(e) = ticket.wait() {
+                    tracing::error!(error = %e, "could not flush a queued reply");
+                }
+                return self.route(msg);
+            }
+        };
+        if let Err(back) = tx.send((ticket, msg)) {
+            // The router ended (its runtime is shutting down): the message stays in the
+            // outbox and is sent at the next start.
+            tracing::warn!(id = %back.0 .1.id, "router gone; message stays in the outbox");
         }
-        self.route(reply);
     }
 
     /// Hand a message that needs no (more) persisting to its channel: a reply already written
     /// with its turn, or a streaming delta or progress note. A message for a channel that is
     /// not running stays in the store's outbox (durable ones are resent when it runs).
     pub fn route(&self, msg: OutboundMessage) {
-        match self.channels.get(msg.channel.as_str()) {
-            // A channel gets only what its capabilities say it takes.
-            Some(e) if !e.takes(msg.kind()) => {}
-            Some(e) => {
-                if e.actor.cast(ChannelMsg::Send(msg)).is_err() {
-                    tracing::warn!("channel actor gone; reply stays in the outbox");
-                }
-            }
-            None => {
-                tracing::warn!(channel = %msg.channel, "reply for an unknown channel; it stays in the outbox");
-            }
-        }
+        route_to(&self.channels, msg);
     }
 
     /// Show the typing indicator in a chat (best effort).

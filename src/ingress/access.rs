@@ -200,7 +200,8 @@ impl Access {
                 continue;
             };
             if now_ms.saturating_sub(p.created_ms) > CODE_TTL_MS {
-                store.state_put(PENDING, &c, None)?;
+                // Durable with the next flush (the pump's, or the notice's below).
+                store.state_put_unflushed(PENDING, &c, None)?;
             } else if p.channel == ev.channel.as_str() && p.user == user {
                 return Ok(Verdict::Denied { reply: None });
             }
@@ -214,7 +215,10 @@ impl Access {
             created_ms: now_ms,
         };
         let text = serde_json::to_string(&p).map_err(|e| StoreError::Backend(e.to_string()))?;
-        store.state_put(PENDING, &c, Some(&text))?;
+        // Not flushed here (the ingress pump runs on the runtime): the pairing reply is routed
+        // only once a flush taken after this write is done, so a code nobody saw may be lost
+        // in a crash, never a code that was shown.
+        store.state_put_unflushed(PENDING, &c, Some(&text))?;
         tracing::info!(channel = %ev.channel, user, code = %c, "pairing code issued");
         Ok(Verdict::Denied {
             reply: Some(format!(

@@ -38,11 +38,13 @@ pub(super) fn switch_model(
     }
     let default = state.args.deps.agent.models.first() == Some(&name);
     let stored = if default { None } else { Some(name.as_str()) };
-    if let Err(e) = state
-        .args
-        .deps
-        .store
-        .state_put(MODEL_NS, state.args.key.as_str(), stored)
+    // Durable with the flush of the answer written right after it (the reply waits for it).
+    if let Err(e) =
+        state
+            .args
+            .deps
+            .store
+            .state_put_unflushed(MODEL_NS, state.args.key.as_str(), stored)
     {
         return (
             OutboundKind::Error,
@@ -108,7 +110,7 @@ pub(super) fn on_inbound(
             let (tx, _rx) = tokio::sync::oneshot::channel();
             state.resets.push(RpcReplyPort::from(tx));
             if state.running.is_none() {
-                finish_resets(state);
+                finish_resets(myself, state);
             }
             answer_now(
                 state,

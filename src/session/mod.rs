@@ -89,6 +89,9 @@ pub enum SessionMsg {
         /// `routed` count when the timer was set.
         routed: u64,
     },
+    /// Sent by this session's own clearing task (`/new`, a reset) once the store has
+    /// forgotten the conversation durably; turns held meanwhile may start.
+    Cleared,
 }
 
 /// A snapshot of a live session.
@@ -177,6 +180,8 @@ pub struct SessionState {
     resets: Vec<RpcReplyPort<bool>>,
     drains: Vec<RpcReplyPort<()>>,
     draining: bool,
+    /// A clearing task runs (`/new`, a reset): no turn starts until [`SessionMsg::Cleared`].
+    clearing: bool,
     /// The pending idle timer; replaced (and the old one aborted) each time the session idles,
     /// so a busy session holds one timer task, not one per turn.
     idle_timer: Option<tokio::task::JoinHandle<Result<(), ractor::MessagingErr<SessionMsg>>>>,
@@ -240,6 +245,7 @@ impl Actor for SessionActor {
             resets: Vec::new(),
             drains: Vec::new(),
             draining: false,
+            clearing: false,
             prepared: None,
             idle_timer: None,
         })
@@ -281,7 +287,7 @@ impl Actor for SessionActor {
                 state.resets.push(reply);
                 match &state.running {
                     Some(r) => r.cancel.cancel(),
-                    None => finish_resets(state),
+                    None => finish_resets(&myself, state),
                 }
             }
             SessionMsg::Drain { reply } => {
@@ -299,9 +305,19 @@ impl Actor for SessionActor {
                 on_prepared(&myself, state, entry, *prepared);
             }
             SessionMsg::IdleCheck { routed } => {
-                if routed == state.routed && state.running.is_none() && state.queue.is_empty() {
+                if routed == state.routed
+                    && state.running.is_none()
+                    && state.queue.is_empty()
+                    && !state.clearing
+                {
                     (state.args.on_idle)(state.args.key.clone(), routed);
                 }
+            }
+            SessionMsg::Cleared => {
+                state.clearing = false;
+                // Resets asked for while it ran clear again (what a turn wrote meanwhile).
+                finish_resets(&myself, state);
+                maybe_start(&myself, state);
             }
         }
         Ok(())
@@ -345,25 +361,41 @@ fn status(state: &SessionState) -> SessionStatus {
     }
 }
 
-fn finish_resets(state: &mut SessionState) {
-    if state.resets.is_empty() {
+/// Clear the conversation for the waiting resets: at once in memory, in the store by a task
+/// of the session (the delete and its flush never run in the handler); turns wait for
+/// [`SessionMsg::Cleared`].
+fn finish_resets(myself: &ActorRef<SessionMsg>, state: &mut SessionState) {
+    if state.resets.is_empty() || state.clearing {
         return;
     }
-    let existed = match state.args.deps.store.clear_session(&state.args.key) {
-        Ok(b) => b,
-        Err(e) => {
-            tracing::error!(error = %e, "could not clear session");
-            false
-        }
-    };
+    state.clearing = true;
     state.transcript.clear();
     state.window = window::WindowState {
         calibration: state.window.calibration,
         ..window::WindowState::default()
     };
-    for r in state.resets.drain(..) {
-        let _ = r.send(existed);
-    }
+    let resets: Vec<_> = state.resets.drain(..).collect();
+    let (store, key, me) = (
+        state.args.deps.store.clone(),
+        state.args.key.clone(),
+        myself.clone(),
+    );
+    state.args.tasks.spawn(
+        async move {
+            let existed = match store.clear_session_async(&key).await {
+                Ok(b) => b,
+                Err(e) => {
+                    tracing::error!(error = %e, "could not clear session");
+                    false
+                }
+            };
+            for r in resets {
+                let _ = r.send(existed);
+            }
+            let _ = me.cast(SessionMsg::Cleared);
+        }
+        .instrument(tracing::Span::current()),
+    );
 }
 
 /// Tell the scheduler how the gateway's own event `ev` ended (a scheduled run, a heartbeat);
@@ -434,7 +466,7 @@ fn on_turn_finished(
     if let Some(reply) = reply {
         state.args.hooks.outbox.route(reply);
     }
-    finish_resets(state);
+    finish_resets(myself, state);
     if state.draining {
         for d in state.drains.drain(..) {
             let _ = d.send(());
@@ -445,7 +477,7 @@ fn on_turn_finished(
 }
 
 fn maybe_start(myself: &ActorRef<SessionMsg>, state: &mut SessionState) {
-    if state.running.is_some() || state.draining {
+    if state.running.is_some() || state.draining || state.clearing {
         return;
     }
     let Some(Queued { entry, compact }) = state.queue.pop_front() else {

@@ -28,7 +28,7 @@ pub(super) fn on_prepared(
             OutboundKind::Final,
             "Stopped: the turn was cancelled.".into(),
         );
-        finish_resets(state);
+        finish_resets(myself, state);
         return maybe_start(myself, state);
     }
     if let Some(id) = entry

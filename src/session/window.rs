@@ -365,8 +365,12 @@ async fn compact(
         summarised: c.summarised + cut as u64,
         count: c.count + 1,
     };
-    deps.store
+    let durable = deps
+        .store
         .put_compaction(key, &record)
+        .map_err(|e| NotCompacted::Failed(e.to_string()))?;
+    durable
+        .await
         .map_err(|e| NotCompacted::Failed(e.to_string()))?;
     crate::metrics::inc("clawft_compactions_total", &[], 1);
     tracing::info!(

@@ -7,14 +7,20 @@
 //! Requests arriving while it runs wait for the next flush. With 100 sessions finishing turns
 //! at once, a handful of fsyncs serve them all instead of 100.
 //!
-//! Callers either block ([`GroupCommit::flush`], for synchronous code) or await
-//! ([`GroupCommit::flush_async`], so a tokio worker is never blocked while the disk works).
+//! Callers either block ([`GroupCommit::flush`], for synchronous code outside the runtime) or
+//! take a [`FlushTicket`] ([`GroupCommit::ticket`]): the request is queued when the ticket is
+//! made, and the ticket is a future that resolves once that flush is done, so async code never
+//! blocks a runtime thread while the disk works, and an actor can hand the ticket to a task
+//! instead of waiting in its handler.
 //!
 //! Between requests the thread also does the store's housekeeping ([`Housekeeping`]): while
 //! the store is degraded it retries the backend (ENOSPC recovery), and now and then it records
 //! the durable high-water mark in the sidecar file.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::task::{Context, Poll};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -111,22 +117,92 @@ impl GroupCommit {
         }
     }
 
-    /// Wait (without blocking the runtime) until every write applied before this call is
-    /// durable.
-    ///
-    /// # Errors
-    /// The flush that would have covered them failed.
-    pub(crate) async fn flush_async(
-        &self,
-        fallback: &(dyn Fn() -> Result<(), StoreError> + Sync),
-    ) -> Result<(), StoreError> {
+    /// A ticket for the flush that makes every write applied before this call durable. The
+    /// request is queued now (so it joins the next flush whether or not the ticket is polled
+    /// yet); await the ticket for the outcome.
+    pub(crate) fn ticket(&self, fallback: Fallback) -> FlushTicket {
         let (tx, rx) = tokio::sync::oneshot::channel();
         if self.enqueue(Waiter::Async(tx)).is_err() {
-            return fallback();
+            // No flusher thread: the caller's own flush (the rare fallback; it blocks).
+            return FlushTicket {
+                state: TicketState::Done(Some(fallback())),
+            };
         }
-        match rx.await {
-            Ok(a) => a.map_err(to_err),
-            Err(_) => fallback(),
+        FlushTicket {
+            state: TicketState::Queued(rx, fallback),
+        }
+    }
+}
+
+/// Flushes the backend directly, when the flusher thread is gone.
+pub(crate) type Fallback = Arc<dyn Fn() -> Result<(), StoreError> + Send + Sync>;
+
+/// The promise of a flush: resolves once every write applied before the ticket was made is
+/// durable (or the flush failed). Made by [`crate::store::Store::flush_ticket`] and the
+/// store's `*_ticket` writes; dropping it does not cancel the flush.
+#[must_use = "a ticket says when the write is durable; await it before acting on durability"]
+pub struct FlushTicket {
+    state: TicketState,
+}
+
+enum TicketState {
+    Queued(tokio::sync::oneshot::Receiver<Answer>, Fallback),
+    Done(Option<Result<(), StoreError>>),
+}
+
+impl FlushTicket {
+    /// A ticket that is already resolved (nothing to flush, or a write that failed).
+    pub fn ready(r: Result<(), StoreError>) -> Self {
+        Self {
+            state: TicketState::Done(Some(r)),
+        }
+    }
+
+    /// Block the calling thread until the flush is done: only for threads outside the async
+    /// runtime (the CLI, tests, a fallback without a runtime).
+    ///
+    /// # Errors
+    /// The flush failed.
+    pub fn wait(self) -> Result<(), StoreError> {
+        match self.state {
+            TicketState::Done(r) => r.unwrap_or(Ok(())),
+            TicketState::Queued(rx, fallback) => match rx.blocking_recv() {
+                Ok(a) => a.map_err(to_err),
+                Err(_) => fallback(),
+            },
+        }
+    }
+}
+
+impl std::fmt::Debug for FlushTicket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self.state {
+            TicketState::Queued(..) => "FlushTicket(queued)",
+            TicketState::Done(_) => "FlushTicket(done)",
+        })
+    }
+}
+
+impl Future for FlushTicket {
+    type Output = Result<(), StoreError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        match &mut this.state {
+            TicketState::Done(r) => Poll::Ready(r.take().unwrap_or(Ok(()))),
+            TicketState::Queued(rx, fallback) => match Pin::new(rx).poll(cx) {
+                Poll::Pending => Poll::Pending,
+                Poll::Ready(Ok(a)) => {
+                    this.state = TicketState::Done(None);
+                    Poll::Ready(a.map_err(to_err))
+                }
+                Poll::Ready(Err(_)) => {
+                    // The flusher thread ended (the store is closing): flush here, once.
+                    let r = fallback();
+                    this.state = TicketState::Done(None);
+                    Poll::Ready(r)
+                }
+            },
         }
     }
 }

@@ -29,6 +29,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::llm::Message;
 use crate::types::SessionKey;
+pub use commit::FlushTicket;
 pub use health::StoreHealth;
 pub use integrity::{OnCorruption, SCHEMA_VERSION};
 use kv::{Kv, MemKv, Op};
@@ -470,6 +471,25 @@ impl Store {
         self.flush()
     }
 
+    /// [`Store::state_put`] without the flush: applied now, durable with the next flush (an
+    /// async caller awaits [`Store::flush_ticket`], or the ticket of a later write, before it
+    /// acts on durability).
+    ///
+    /// # Errors
+    /// Backend failure.
+    pub fn state_put_unflushed(
+        &self,
+        ns: &str,
+        key: &str,
+        value: Option<&str>,
+    ) -> Result<(), StoreError> {
+        let k = state_key(ns, key);
+        self.apply(vec![match value {
+            Some(v) => Op::Put(k, seal(v.as_bytes())),
+            None => Op::Del(k),
+        }])
+    }
+
     /// Store (`Some`) or delete (`None`) several state values, each `(ns, key, value)`, in one
     /// atomic batch, flushed: after a crash either all of them are there or none (the
     /// scheduler writes a job and its run record together).
@@ -510,8 +530,8 @@ impl Store {
     }
 
     /// Make every write applied before this call durable. Concurrent callers share one backend
-    /// flush (group commit); this blocks the calling thread: async code uses
-    /// [`Store::flush_async`].
+    /// flush (group commit); this blocks the calling thread: code on the async runtime uses
+    /// [`Store::flush_ticket`] or [`Store::flush_async`].
     ///
     /// # Errors
     /// Backend failure (the store is then degraded until a retry works).
@@ -526,10 +546,18 @@ impl Store {
     /// # Errors
     /// Backend failure.
     pub async fn flush_async(&self) -> Result<(), StoreError> {
+        self.flush_ticket().await
+    }
+
+    /// A ticket for the flush that makes every write applied before this call durable: the
+    /// request joins the group commit now, and the ticket (a future) resolves when that flush
+    /// is done. An actor takes the ticket in its handler and awaits it in a task, so it never
+    /// waits for the disk itself.
+    pub fn flush_ticket(&self) -> FlushTicket {
         let core = self.core.clone();
-        self.commit
-            .flush_async(&move || commit::Housekeeping::flush_once(core.as_ref()))
-            .await
+        self.commit.ticket(Arc::new(move || {
+            commit::Housekeeping::flush_once(core.as_ref())
+        }))
     }
 
     /// Journal an inbound event (deduplicated by channel + platform event id) and flush, so
@@ -821,8 +849,17 @@ impl Store {
     /// # Errors
     /// Backend failure.
     pub fn enqueue_outbound(&self, msg: &OutboundMessage) -> Result<(), StoreError> {
-        self.apply(vec![Op::Put(outbox_key(&msg.id), encode(msg)?)])?;
+        self.enqueue_outbound_unflushed(msg)?;
         self.flush()
+    }
+
+    /// [`Store::enqueue_outbound`] without the flush: the caller routes the message only once
+    /// a [`Store::flush_ticket`] taken after this call has resolved.
+    ///
+    /// # Errors
+    /// Backend failure.
+    pub fn enqueue_outbound_unflushed(&self, msg: &OutboundMessage) -> Result<(), StoreError> {
+        self.apply(vec![Op::Put(outbox_key(&msg.id), encode(msg)?)])
     }
 
     /// Outbox messages not yet delivered.
@@ -895,16 +932,7 @@ impl Store {
     /// # Errors
     /// Backend failure.
     pub fn clear_session(&self, session: &SessionKey) -> Result<bool, StoreError> {
-        let mk = session_meta_key(session);
-        let existed = self.kv.get(&mk)?.is_some();
-        let mut ops: Vec<Op> = self
-            .kv
-            .scan_prefix(&transcript_prefix(session))?
-            .into_iter()
-            .map(|(k, _)| Op::Del(k))
-            .collect();
-        ops.push(Op::Del(mk));
-        ops.push(Op::Del(window::window_key(session)));
+        let (existed, ops) = self.clear_ops(session)?;
         let delete = || {
             self.apply(ops)?;
             self.flush()
@@ -916,6 +944,47 @@ impl Store {
             None => delete()?,
         }
         Ok(existed)
+    }
+
+    /// [`Store::clear_session`] for async callers: the sidecar's mark is lowered (a file
+    /// write and an fsync) on a blocking thread when the session existed, the delete is
+    /// applied after it, and its flush is awaited through the group commit. The caller makes
+    /// no other write to `session` until this returns (the session actor holds its turns).
+    ///
+    /// # Errors
+    /// Backend failure.
+    pub async fn clear_session_async(&self, session: &SessionKey) -> Result<bool, StoreError> {
+        let (existed, ops) = self.clear_ops(session)?;
+        // A deleted session lowers the count: under the sidecar's lock, which the mark's
+        // record also takes while it flushes, so on a blocking thread.
+        if existed && self.core.sidecar.is_some() {
+            let me = self.clone();
+            tokio::task::spawn_blocking(move || match &me.core.sidecar {
+                Some(sc) => sc.lowered(1, || me.apply(ops)),
+                None => me.apply(ops),
+            })
+            .await
+            .map_err(|e| StoreError::Backend(format!("clear task: {e}")))??;
+        } else {
+            self.apply(ops)?;
+        }
+        self.flush_ticket().await?;
+        Ok(existed)
+    }
+
+    /// Whether a session is stored, and the batch that deletes it.
+    fn clear_ops(&self, session: &SessionKey) -> Result<(bool, Vec<Op>), StoreError> {
+        let mk = session_meta_key(session);
+        let existed = self.kv.get(&mk)?.is_some();
+        let mut ops: Vec<Op> = self
+            .kv
+            .scan_prefix(&transcript_prefix(session))?
+            .into_iter()
+            .map(|(k, _)| Op::Del(k))
+            .collect();
+        ops.push(Op::Del(mk));
+        ops.push(Op::Del(window::window_key(session)));
+        Ok((existed, ops))
     }
 }
 

@@ -41,14 +41,17 @@ impl Store {
         self.kv.get(&k)?.map(|v| decode(&k, &v)).transpose()
     }
 
-    /// Record a compaction (flushed).
+    /// Record a compaction; the ticket resolves once it is durable.
     ///
     /// # Errors
     /// Backend failure.
-    pub fn put_compaction(&self, session: &SessionKey, c: &Compaction) -> Result<(), StoreError> {
-        self.kv
-            .apply(vec![Op::Put(window_key(session), encode(c)?)])?;
-        self.kv.flush()
+    pub fn put_compaction(
+        &self,
+        session: &SessionKey,
+        c: &Compaction,
+    ) -> Result<super::FlushTicket, StoreError> {
+        self.apply(vec![Op::Put(window_key(session), encode(c)?)])?;
+        Ok(self.flush_ticket())
     }
 
     /// Next transcript sequence number of a session (= messages ever appended).

@@ -34,6 +34,7 @@ mod scheduler;
 mod scrubbing;
 mod service;
 mod session_tools;
+mod slow_store;
 mod store_faults;
 mod subagents;
 mod tools;

@@ -1009,8 +1009,16 @@ pub(in crate::pagecache) fn make_stable_inner(
 /// to flush some pending writes. Returns the number
 /// of bytes written during this call.
 pub(in crate::pagecache) fn flush(iobufs: &Arc<IoBufs>) -> Result<usize> {
-    let _cc = concurrency_control::read();
-    let max_reserved_lsn = iobufs.max_reserved_lsn.load(Acquire);
+    // clawft patch 6: the concurrency-control read guard is held only while the target LSN is
+    // read (so it never falls inside a batch being applied), not while `make_stable` waits for
+    // the disk. Held across the wait, it kept every `apply_batch` (which takes the write side)
+    // and, behind that waiting writer, every read waiting for the whole fsync: on a slow disk
+    // each write of every caller stalled for a flush. A batch applied after the LSN was read is
+    // not promised by this flush; batches are still recovered atomically (their manifest).
+    let max_reserved_lsn = {
+        let _cc = concurrency_control::read();
+        iobufs.max_reserved_lsn.load(Acquire)
+    };
     make_stable(iobufs, max_reserved_lsn)
 }
 
