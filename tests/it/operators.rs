@@ -1,0 +1,183 @@
+//! What a new operator meets in the first weeks: the `weft` commands from a shell that does not
+//! hold the service's secrets, reloads, approvals, reminders, the HTTP mailbox.
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::common::{config_value, wait_until};
+use crate::fake_llm::{FakeLlm, Reply};
+use crate::process::{free_port, weft, write_config, Daemon};
+
+const T: Duration = Duration::from_secs(30);
+
+/// Run `weft --config CFG ARGS` as from a new shell: `env -i` with only HOME, PATH and
+/// CLAWFT_HOME (no channel secret).
+async fn run(dir: &Path, cfg: &Path, args: &[&str]) -> Output {
+    let (dir, cfg) = (dir.to_path_buf(), cfg.to_path_buf());
+    let args: Vec<String> = args.iter().map(|a| (*a).to_string()).collect();
+    tokio::task::spawn_blocking(move || {
+        weft(&dir)
+            .env("RUST_LOG", "warn")
+            .arg("--config")
+            .arg(&cfg)
+            .args(&args)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap()
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// A config whose Telegram token is read from `TELEGRAM_BOT_TOKEN`, with pairing on.
+fn telegram_env_config(dir: &Path, llm: &FakeLlm, port: u16, api_url: &str) -> PathBuf {
+    write_config(
+        dir,
+        &config_value(
+            &llm.base_url(),
+            dir,
+            json!({"channels": {
+                "http": {"bind": format!("127.0.0.1:{port}")},
+                "telegram": {"token_env": "TELEGRAM_BOT_TOKEN", "api_url": api_url,
+                             "allow_from": [111], "pairing": true, "stream_edits": false},
+            }}),
+        ),
+    )
+}
+
+/// The channel token lives only in the service's environment (and its `service.env`): every
+/// command an operator runs from a new shell works against the running gateway, `doctor`
+/// reports the token as a finding, and only the gateway itself insists on it, naming it.
+#[tokio::test]
+async fn commands_work_from_a_shell_without_the_services_channel_secrets() {
+    use clawft_channel_telegram::fake::FakeTelegram;
+    let tg = FakeTelegram::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let llm = FakeLlm::start().await;
+    let port = free_port();
+    let cfg = telegram_env_config(dir.path(), &llm, port, &tg.api_url());
+    let home = dir.path().join(".clawft");
+    std::fs::create_dir_all(&home).unwrap();
+    std::fs::write(
+        home.join("service.env"),
+        format!("TELEGRAM_BOT_TOKEN={}\n", FakeTelegram::TOKEN),
+    )
+    .unwrap();
+
+    // The gateway itself needs the token, and says which setting and variable.
+    let out = run(dir.path(), &cfg, &["gateway"]).await;
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("TELEGRAM_BOT_TOKEN"),
+        "{}",
+        text(&out)
+    );
+
+    let d = Daemon::start_with_env(
+        dir.path(),
+        &cfg,
+        port,
+        &[("TELEGRAM_BOT_TOKEN", FakeTelegram::TOKEN)],
+    )
+    .await;
+    // A stranger asks for a pairing code.
+    tg.push_user_message(222, 222, "let me in");
+    assert!(
+        wait_until(T, || tg
+            .sent()
+            .iter()
+            .any(|m| m.visible.contains("pairing approve ")))
+        .await
+    );
+    let code = tg
+        .sent()
+        .iter()
+        .find_map(|m| {
+            m.visible
+                .split("pairing approve ")
+                .nth(1)
+                .map(|r| r.split(['`', ' ', '\n']).next().unwrap_or("").to_string())
+        })
+        .unwrap();
+
+    for args in [
+        vec!["status"],
+        vec!["sessions", "list"],
+        vec!["usage"],
+        vec!["cron", "list"],
+        vec!["pairing", "list"],
+        vec!["mcp", "list"],
+        vec!["config", "show"],
+    ] {
+        let out = run(dir.path(), &cfg, &args).await;
+        assert!(out.status.success(), "weft {args:?}: {}", text(&out));
+        assert!(
+            !String::from_utf8_lossy(&out.stderr).contains("cannot read secret"),
+            "weft {args:?}: {}",
+            text(&out)
+        );
+    }
+    let out = run(dir.path(), &cfg, &["pairing", "approve", &code]).await;
+    assert!(out.status.success(), "{}", text(&out));
+
+    llm.push(Reply::Text("through the gateway".into()));
+    let out = run(dir.path(), &cfg, &["agent", "-m", "hello"]).await;
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "through the gateway"
+    );
+
+    // `config show` says where the token is instead of failing.
+    let out = run(dir.path(), &cfg, &["config", "show"]).await;
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("not in this shell"),
+        "{}",
+        text(&out)
+    );
+
+    // `doctor` reports it as a finding: the service's file has it, so a warning.
+    let out = run(dir.path(), &cfg, &["doctor", "--json"]).await;
+    let rows: Value =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|_| panic!("{}", text(&out)));
+    let tgrow = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["check"] == "channel telegram")
+        .cloned()
+        .unwrap_or_else(|| panic!("{rows:#}"));
+    assert_eq!(tgrow["level"], "warn", "{rows:#}");
+    assert!(
+        tgrow["detail"]
+            .as_str()
+            .unwrap()
+            .contains("TELEGRAM_BOT_TOKEN"),
+        "{rows:#}"
+    );
+    // Without it in the service's file either, a failure that says how to give it.
+    std::fs::write(home.join("service.env"), "").unwrap();
+    let out = run(dir.path(), &cfg, &["doctor", "--json"]).await;
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let rows: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let tgrow = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["check"] == "channel telegram")
+        .cloned()
+        .unwrap();
+    assert_eq!(tgrow["level"], "fail", "{rows:#}");
+    assert_eq!(d.term().code(), Some(0));
+}
