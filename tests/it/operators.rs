@@ -181,3 +181,149 @@ async fn commands_work_from_a_shell_without_the_services_channel_secrets() {
     assert_eq!(tgrow["level"], "fail", "{rows:#}");
     assert_eq!(d.term().code(), Some(0));
 }
+
+/// One edit per top-level section of the config file, and what a reload must answer for it:
+/// a word of the change it applies or reports as waiting for a restart.
+fn section_edits() -> Vec<(&'static str, Value, &'static str)> {
+    vec![
+        (
+            "agents",
+            json!({"agents": {"defaults": {"max_tool_iterations": 7}}}),
+            "agents changed: takes effect at the next restart",
+        ),
+        (
+            "providers",
+            json!({"providers": {"openai": {"timeout_secs": 31}}}),
+            "providers changed: takes effect at the next restart",
+        ),
+        (
+            "channels",
+            json!({"channels": {"http": {"reply_timeout_secs": 61}}}),
+            "channels.http changed: takes effect at the next restart",
+        ),
+        (
+            "store",
+            json!({"store": {"cache_mb": 5}}),
+            "store changed: takes effect at the next restart",
+        ),
+        (
+            "sessions",
+            json!({"sessions": {"idle_secs": 1234}}),
+            "sessions changed: takes effect at the next restart",
+        ),
+        (
+            "tools",
+            json!({"tools": {"rate_limit": {"per_minute": 33}}}),
+            "tools: policy, limits and tool settings reloaded",
+        ),
+        (
+            "prices",
+            json!({"prices": {"fake-model": {"input": 1.0, "output": 2.0}}}),
+            "prices and budgets reloaded",
+        ),
+        (
+            "budgets",
+            json!({"budgets": {"per_session_daily_tokens": 10}}),
+            "prices and budgets reloaded",
+        ),
+        (
+            "memory",
+            json!({"memory": {"scope": "agent"}}),
+            "memory changed: takes effect at the next restart",
+        ),
+        (
+            "scheduler",
+            json!({"scheduler": {"max_jobs_per_session": 3}}),
+            "scheduler changed: takes effect at the next restart",
+        ),
+        (
+            "heartbeat",
+            json!({"heartbeat": {"enabled": true, "every": "30m", "target": {"channel": "http", "chat_id": "hb"}}}),
+            "heartbeat changed: takes effect at the next restart",
+        ),
+        (
+            "bindings",
+            json!({"bindings": [{"agent": "main", "channel": "http"}]}),
+            "bindings changed: takes effect at the next restart",
+        ),
+        (
+            "hooks",
+            json!({"hooks": {"deploy": {"secret": "hook-secret-0123456789abcdef"}}}),
+            "hooks changed: takes effect at the next restart",
+        ),
+        (
+            "media",
+            json!({"media": {"max_file_mb": 3}}),
+            "media changed: takes effect at the next restart",
+        ),
+    ]
+}
+
+/// A reload reports every edit of every top-level section (applied, or waiting for a restart),
+/// never "nothing changed"; undoing an applied edit is reported and undone too, because the
+/// diff is against what is in force, and undoing one that waited for a restart changes nothing.
+#[tokio::test]
+async fn a_reload_reports_an_edit_of_every_section_against_what_is_in_force() {
+    use crate::common::{config, TestGateway};
+    let dir = tempfile::tempdir().unwrap();
+    let llm = FakeLlm::start().await;
+    let edits = section_edits();
+    // The table covers every section the file has.
+    let sections: Vec<String> = serde_json::to_value(clawft::config::file::ConfigFile::default())
+        .unwrap()
+        .as_object()
+        .unwrap()
+        .keys()
+        .cloned()
+        .collect();
+    let mut covered: Vec<String> = edits.iter().map(|(s, _, _)| (*s).to_string()).collect();
+    covered.sort();
+    assert_eq!(covered, sections, "a section has no edit in this test");
+
+    let mut gw = TestGateway::start(config(&llm, dir.path(), json!({}))).await;
+    for (section, edit, said) in &edits {
+        let c = gw
+            .gateway
+            .daemon
+            .reload(config(&llm, dir.path(), edit.clone()))
+            .await
+            .join("; ");
+        assert!(c.contains(said), "edit of {section}: {c}");
+        let back = gw
+            .gateway
+            .daemon
+            .reload(config(&llm, dir.path(), json!({})))
+            .await
+            .join("; ");
+        if said.contains("next restart") {
+            assert!(!back.contains(said), "undo of {section}: {back}");
+        } else {
+            assert!(back.contains(said), "undo of {section}: {back}");
+        }
+    }
+
+    // The reported case: a budget added, then removed: sessions are served again.
+    crate::common::echo_model(&llm);
+    gw.gateway
+        .daemon
+        .reload(config(
+            &llm,
+            dir.path(),
+            json!({"budgets": {"per_session_daily_tokens": 1}}),
+        ))
+        .await;
+    let (status, _) = gw.api.chat("b1", "first").await;
+    assert_eq!(status, 200);
+    let (status, v) = gw.api.chat("b1", "second").await;
+    assert_ne!(status, 200, "{v}");
+    let c = gw
+        .gateway
+        .daemon
+        .reload(config(&llm, dir.path(), json!({})))
+        .await
+        .join("; ");
+    assert!(c.contains("prices and budgets reloaded"), "{c}");
+    let (status, v) = gw.api.chat("b1", "third").await;
+    assert_eq!(status, 200, "{v}");
+    gw.stop().await;
+}
