@@ -124,6 +124,7 @@ fn main() -> ExitCode {
             Command::Usage { by, days, json } => cli::usage::run(&config, by, days, json).await,
             Command::Tools { action } => cli::tools::run(&config, action).await,
             Command::Pairing { action } => cli::pairing::run(&config, action).await,
+            Command::Approvals { action } => cli::approvals::run(&config, action).await,
             Command::Cron { action } => cli::cron::run(&config, action).await,
             Command::Store { action } => cli::store::run(&config, action).await,
             Command::Doctor { json } => cli::doctor::run(&config, json).await,

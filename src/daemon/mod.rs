@@ -440,6 +440,13 @@ impl Daemon {
             );
         }
         for m in outbound {
+            // An approval question from before the restart: nobody waits for its answer.
+            if approvals.expired_at_start(&m) {
+                if let Err(e) = store.outbound_done(&m.id) {
+                    tracing::warn!(error = %e, "could not drop an expired approval question");
+                }
+                continue;
+            }
             outbox.route(m);
         }
         // Messages accepted before a crash but not answered.
@@ -489,6 +496,11 @@ impl Daemon {
             usage,
             config: config.clone(),
         })
+    }
+
+    /// The pending and recent approvals (for the admin API).
+    pub fn approvals(&self) -> &Arc<crate::approval::Approvals> {
+        &self.approvals
     }
 
     /// The scheduler (for the admin API and `weft status`).

@@ -327,3 +327,208 @@ async fn a_reload_reports_an_edit_of_every_section_against_what_is_in_force() {
     assert_eq!(status, 200, "{v}");
     gw.stop().await;
 }
+
+fn exec_call(id: &str, command: &str) -> Reply {
+    Reply::ToolCalls(vec![(
+        id.into(),
+        "exec_shell".into(),
+        json!({ "command": command }).to_string(),
+    )])
+}
+
+/// Events of an SSE response as (event, data), read as they arrive.
+struct Sse {
+    resp: reqwest::Response,
+    buf: String,
+}
+
+impl Sse {
+    async fn next(&mut self) -> Option<(String, Value)> {
+        loop {
+            if let Some(end) = self.buf.find("\n\n") {
+                let block: String = self.buf.drain(..end + 2).collect();
+                let mut event = String::from("message");
+                let mut data = String::new();
+                for line in block.lines() {
+                    if let Some(e) = line.strip_prefix("event:") {
+                        event = e.trim().to_string();
+                    } else if let Some(d) = line.strip_prefix("data:") {
+                        data.push_str(d.trim_start());
+                    }
+                }
+                if data.is_empty() {
+                    continue;
+                }
+                return Some((event, serde_json::from_str(&data).unwrap_or(Value::Null)));
+            }
+            let chunk = tokio::time::timeout(T, self.resp.chunk())
+                .await
+                .ok()?
+                .ok()??;
+            self.buf.push_str(&String::from_utf8_lossy(&chunk));
+        }
+    }
+
+    /// Skip to the first event named `name`.
+    async fn until(&mut self, name: &str) -> Value {
+        loop {
+            let (e, v) = self
+                .next()
+                .await
+                .unwrap_or_else(|| panic!("no `{name}` event"));
+            if e == name {
+                return v;
+            }
+        }
+    }
+}
+
+/// Approvals reach the person asked: an `approval` event on the HTTP stream of the asking chat,
+/// the question on the terminal talking through the gateway; the operator lists and answers
+/// them with `weft approvals` (also as JSON), and one nobody answers is shown as expired.
+#[tokio::test]
+async fn approvals_reach_the_asking_chat_and_the_operator_answers_them() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("ws")).unwrap();
+    let llm = FakeLlm::start().await;
+    let port = free_port();
+    let cfg = crate::process::gateway_config(
+        dir.path(),
+        &llm,
+        port,
+        json!({"tools": {"exec": {"mode": "ask", "approval_timeout_secs": 6}}}),
+    );
+    let d = Daemon::start(dir.path(), &cfg, port).await;
+
+    // The HTTP stream shows the question; the operator approves it from the CLI.
+    llm.push(exec_call("c1", "echo yes > approved.txt"));
+    llm.push(Reply::Text("ran it".into()));
+    let resp = d
+        .api
+        .http
+        .post(format!("{}/v1/chat/stream", d.api.base))
+        .json(&json!({"chat_id": "asker", "content": "make the file"}))
+        .send()
+        .await
+        .unwrap();
+    let mut sse = Sse {
+        resp,
+        buf: String::new(),
+    };
+    let ev = sse.until("approval").await;
+    let id = ev["id"].as_str().unwrap().to_string();
+    assert!(
+        ev["command"].as_str().unwrap().contains("approved.txt"),
+        "{ev}"
+    );
+    let out = run(dir.path(), &cfg, &["approvals", "list", "--json"]).await;
+    assert!(out.status.success(), "{}", text(&out));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["approvals"][0]["id"], id.as_str(), "{v}");
+    assert_eq!(v["approvals"][0]["state"], "pending", "{v}");
+    assert_eq!(v["approvals"][0]["session"], "http:asker", "{v}");
+    let out = run(dir.path(), &cfg, &["approvals", "approve", &id]).await;
+    assert!(out.status.success(), "{}", text(&out));
+    let done = sse.until("done").await;
+    assert_eq!(done["reply"], "ran it");
+    assert!(dir.path().join("ws/approved.txt").exists());
+    // Answered once is answered.
+    let out = run(dir.path(), &cfg, &["approvals", "deny", &id]).await;
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("no longer pending: it was approved"),
+        "{}",
+        text(&out)
+    );
+
+    // The terminal through the gateway shows the question; the operator denies it.
+    llm.push(exec_call("c2", "echo no > denied.txt"));
+    llm.push(Reply::Text("as you wish".into()));
+    let mut agent = weft(dir.path())
+        .env("RUST_LOG", "warn")
+        .arg("--config")
+        .arg(&cfg)
+        .args(["agent", "-m", "make another"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = agent.stderr.take().unwrap();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = tx.send(line);
+        }
+    });
+    let id2 = loop {
+        let line = tokio::time::timeout(T, rx.recv())
+            .await
+            .unwrap()
+            .expect("the terminal showed no question");
+        if let Some(rest) = line.split("weft approvals deny ").nth(1) {
+            break rest.trim_end_matches(['`', ']']).to_string();
+        }
+    };
+    let out = run(dir.path(), &cfg, &["approvals", "deny", &id2]).await;
+    assert!(out.status.success(), "{}", text(&out));
+    let st = tokio::task::spawn_blocking(move || agent.wait_with_output().unwrap())
+        .await
+        .unwrap();
+    assert!(st.status.success());
+    assert_eq!(String::from_utf8_lossy(&st.stdout).trim(), "as you wish");
+    assert!(!dir.path().join("ws/denied.txt").exists());
+
+    // Nobody answers: the call is denied at the timeout and the approval shows as expired.
+    llm.push(exec_call("c3", "echo late > late.txt"));
+    llm.push(Reply::Text("nobody answered".into()));
+    let (status, v) = d.api.chat("asker", "one more").await;
+    assert_eq!(status, 200, "{v}");
+    let out = run(dir.path(), &cfg, &["approvals", "list"]).await;
+    let table = String::from_utf8_lossy(&out.stdout).to_string();
+    let expired = table
+        .lines()
+        .find(|l| l.contains("late.txt"))
+        .unwrap_or_else(|| panic!("{table}"));
+    assert!(expired.contains("expired"), "{table}");
+    assert!(table.contains(&id2) && table.contains("denied"), "{table}");
+    assert_eq!(d.term().code(), Some(0));
+}
+
+/// A question still undelivered when the gateway stopped is never asked after the restart
+/// (nobody waits for its answer): it is listed as expired instead.
+#[tokio::test]
+async fn an_approval_question_left_undelivered_is_not_asked_after_a_restart() {
+    use crate::common::{config, TestGateway};
+    let dir = tempfile::tempdir().unwrap();
+    let llm = FakeLlm::start().await;
+    {
+        let store = clawft::store::Store::open(&dir.path().join("store"), 4 << 20).unwrap();
+        let mut m = clawft_channel_core::OutboundMessage::proactive(
+            clawft_channel_core::ChannelId::new("http"),
+            clawft_channel_core::ChatId::new("asker"),
+            None,
+            "Approval needed to run: rm -rf build".into(),
+        );
+        m.meta = Some(json!({"approval_id": "0a1b2c3d", "command": "rm -rf build"}));
+        store.enqueue_outbound(&m).unwrap();
+    }
+    let gw = TestGateway::start(config(&llm, dir.path(), json!({}))).await;
+    let r = gw
+        .api
+        .http
+        .post(format!("{}/v1/admin/approvals/list", gw.api.base))
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["approvals"][0]["id"], "0a1b2c3d", "{v}");
+    assert_eq!(v["approvals"][0]["state"], "expired", "{v}");
+    let (_, mb) = gw.api.get("/v1/chats/asker/messages").await;
+    assert_eq!(mb["messages"], json!([]), "{mb}");
+    gw.stop().await;
+}
