@@ -206,6 +206,7 @@ struct Running {
     outbox: Outbox,
     mcp: crate::daemon::McpSlot,
     scheduler: Arc<crate::scheduler::Scheduler>,
+    approvals: Arc<crate::approval::Approvals>,
 }
 
 impl Running {
@@ -245,6 +246,7 @@ impl AdminApi {
         outbox: Outbox,
         mcp: crate::daemon::McpSlot,
         scheduler: Arc<crate::scheduler::Scheduler>,
+        approvals: Arc<crate::approval::Approvals>,
     ) {
         let _ = self.running.set(Running {
             bus,
@@ -252,6 +254,7 @@ impl AdminApi {
             outbox,
             mcp,
             scheduler,
+            approvals,
         });
     }
 }
@@ -463,6 +466,36 @@ impl clawft_channel_http::Admin for AdminApi {
                     .await
                     .map_err(|e| AdminError::Internal(format!("outbox: {e}")))?;
                 Ok(json!({"status": "queued", "id": id}))
+            }
+            "approvals/list" => Ok(json!({"approvals": r.approvals.list()})),
+            "approvals/answer" => {
+                use crate::approval::Decision;
+                let id = body["id"]
+                    .as_str()
+                    .ok_or_else(|| bad_request("`id` (a string) is required"))?;
+                let decision = match body["decision"].as_str() {
+                    Some("approve") => Decision::Once,
+                    Some("always") => Decision::Always,
+                    Some("deny") => Decision::Deny,
+                    _ => {
+                        return Err(bad_request(
+                            "`decision` must be \"approve\", \"always\" or \"deny\"",
+                        ))
+                    }
+                };
+                match r.approvals.answer_any(id, decision) {
+                    Ok(text) => Ok(json!({"id": id, "answered": text})),
+                    Err(_) => {
+                        let known = r.approvals.list().into_iter().find(|a| a.id == id);
+                        Err(AdminError::BadRequest(match known {
+                            Some(a) => format!(
+                                "approval `{id}` is no longer pending: it was {}",
+                                a.state.as_str()
+                            ),
+                            None => format!("no approval `{id}` (weft approvals list shows them)"),
+                        }))
+                    }
+                }
             }
             "mcp/list" => Ok(mcp_json(r.mcp().as_deref())),
             "usage" => usage_json(

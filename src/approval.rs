@@ -6,9 +6,14 @@
 //! once, even while the turn is running, through [`Approvals::answer`]. Only the session that
 //! asked can answer (a stranger who learns the id cannot approve). The caller bounds the wait
 //! (2 minutes by default) and treats silence as a denial; a pending request dropped for any
-//! reason (timeout, `/stop`) is forgotten.
+//! reason (timeout, `/stop`) is kept as expired, for `weft approvals list`.
+//!
+//! The operator may answer any pending request from outside the chat ([`Approvals::answer_any`]:
+//! `weft approvals approve ID`, the admin API). A question still queued for delivery when the
+//! daemon stopped is never asked again after a restart: nobody is waiting for its answer any
+//! more ([`Approvals::expired_at_start`]).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use clawft_channel_core::{ChannelId, ChatId, ThreadId};
@@ -27,7 +32,63 @@ pub use clawft_channel_core::command::Decision;
 
 struct Pending {
     session: SessionKey,
+    command: String,
+    asked_ms: u64,
     tx: oneshot::Sender<Decision>,
+}
+
+/// Approvals answered or expired that [`Approvals::list`] still shows (the most recent 100).
+const RECENT_APPROVALS: usize = 100;
+
+/// Where an approval stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ApprovalState {
+    /// Asked; the tool call waits for the answer.
+    Pending,
+    /// Approved once.
+    Approved,
+    /// Approved, and not asked again for this command in this session.
+    ApprovedAlways,
+    /// Denied.
+    Denied,
+    /// Nobody answered in time, the turn was stopped, or the daemon restarted meanwhile: the
+    /// call was denied and cannot be answered any more.
+    Expired,
+}
+
+impl ApprovalState {
+    /// As shown to people: `pending`, `approved`, `approved always`, `denied`, `expired`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "pending",
+            Self::Approved => "approved",
+            Self::ApprovedAlways => "approved always",
+            Self::Denied => "denied",
+            Self::Expired => "expired",
+        }
+    }
+}
+
+/// One approval as `weft approvals list` and the admin API show it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct ApprovalInfo {
+    /// The id the user answers with.
+    pub id: String,
+    /// The session (chat) that asked.
+    pub session: String,
+    /// What it asked to run.
+    pub command: String,
+    /// When it was asked, ms since the Unix epoch (0: before the last restart).
+    pub asked_ms: u64,
+    /// Where it stands.
+    pub state: ApprovalState,
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 #[async_trait::async_trait]
@@ -50,14 +111,19 @@ impl crate::tools::shell_policy::Approver for Approvals {
 pub struct Approvals {
     sink: Arc<dyn MessageSink>,
     pending: Mutex<HashMap<String, Pending>>,
+    /// Answered and expired requests, newest last.
+    recent: Mutex<VecDeque<ApprovalInfo>>,
 }
 
-/// Removes a request when its asker stops waiting.
+/// Removes a request when its asker stops waiting; unanswered, it is kept as expired.
 struct Forget<'a>(&'a Approvals, String);
 
 impl Drop for Forget<'_> {
     fn drop(&mut self) {
-        self.0.lock().remove(&self.1);
+        let gone = self.0.lock().remove(&self.1);
+        if let Some(p) = gone {
+            self.0.remember(&self.1, &p, ApprovalState::Expired);
+        }
     }
 }
 
@@ -67,7 +133,26 @@ impl Approvals {
         Self {
             sink,
             pending: Mutex::new(HashMap::new()),
+            recent: Mutex::new(VecDeque::new()),
         }
+    }
+
+    fn remember(&self, id: &str, p: &Pending, state: ApprovalState) {
+        self.push_recent(ApprovalInfo {
+            id: id.to_string(),
+            session: p.session.to_string(),
+            command: p.command.clone(),
+            asked_ms: p.asked_ms,
+            state,
+        });
+    }
+
+    fn push_recent(&self, info: ApprovalInfo) {
+        let mut r = self.recent.lock().unwrap_or_else(PoisonError::into_inner);
+        if r.len() >= RECENT_APPROVALS {
+            r.pop_front();
+        }
+        r.push_back(info);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Pending>> {
@@ -88,6 +173,8 @@ impl Approvals {
             id.clone(),
             Pending {
                 session: session.clone(),
+                command: what.to_string(),
+                asked_ms: now_ms(),
                 tx,
             },
         );
@@ -96,6 +183,10 @@ impl Approvals {
         if chat.is_empty() {
             return Decision::Deny;
         }
+        // The terminal through a gateway: no `cli` channel runs there; the terminal's stream
+        // on the HTTP API carries the question.
+        let terminal = channel == "cli" && !self.sink.channels().iter().any(|c| c == "cli");
+        let channel = if terminal { "http" } else { channel };
         let msg = clawft_channel_core::OutboundMessage::proactive_body(
             ChannelId::new(channel),
             ChatId::new(chat),
@@ -107,6 +198,7 @@ impl Approvals {
                 ask: clawft_channel_core::ApprovalAsk {
                     approval_id: id.clone(),
                     command: what.to_string(),
+                    terminal,
                 },
             },
         );
@@ -127,17 +219,89 @@ impl Approvals {
         id: &str,
         d: Decision,
     ) -> Result<String, NotPending> {
-        let mut g = self.lock();
-        if g.get(id).is_none_or(|p| p.session != *session) {
-            return Err(NotPending(id.to_string()));
-        }
-        let p = g.remove(id).ok_or_else(|| NotPending(id.to_string()))?;
+        self.resolve(Some(session), id, d)
+    }
+
+    /// Answer request `id` whichever session asked (the operator: `weft approvals`, the admin
+    /// API). Returns the text to show.
+    ///
+    /// # Errors
+    /// No such pending request.
+    pub fn answer_any(&self, id: &str, d: Decision) -> Result<String, NotPending> {
+        self.resolve(None, id, d)
+    }
+
+    fn resolve(
+        &self,
+        session: Option<&SessionKey>,
+        id: &str,
+        d: Decision,
+    ) -> Result<String, NotPending> {
+        let p = {
+            let mut g = self.lock();
+            if g.get(id)
+                .is_none_or(|p| session.is_some_and(|s| p.session != *s))
+            {
+                return Err(NotPending(id.to_string()));
+            }
+            g.remove(id).ok_or_else(|| NotPending(id.to_string()))?
+        };
+        let state = match d {
+            Decision::Once => ApprovalState::Approved,
+            Decision::Always => ApprovalState::ApprovedAlways,
+            Decision::Deny => ApprovalState::Denied,
+        };
+        self.remember(id, &p, state);
         let _ = p.tx.send(d);
         Ok(match d {
             Decision::Once => format!("Approved `{id}` once."),
             Decision::Always => format!("Approved `{id}`; this command will not be asked again."),
             Decision::Deny => format!("Denied `{id}`."),
         })
+    }
+
+    /// Pending requests (oldest first), then answered and expired ones (newest first).
+    pub fn list(&self) -> Vec<ApprovalInfo> {
+        let mut out: Vec<ApprovalInfo> = self
+            .lock()
+            .iter()
+            .map(|(id, p)| ApprovalInfo {
+                id: id.clone(),
+                session: p.session.to_string(),
+                command: p.command.clone(),
+                asked_ms: p.asked_ms,
+                state: ApprovalState::Pending,
+            })
+            .collect();
+        out.sort_by_key(|a| a.asked_ms);
+        out.extend(
+            self.recent
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .iter()
+                .rev()
+                .cloned(),
+        );
+        out
+    }
+
+    /// A question found undelivered at start-up (`msg`, if it is one): nobody waits for its
+    /// answer any more, so it is kept as expired instead of being asked. Returns whether `msg`
+    /// was such a question.
+    pub fn expired_at_start(&self, msg: &clawft_channel_core::OutboundMessage) -> bool {
+        let (None, clawft_channel_core::OutboundBody::Approval { ask, .. }) =
+            (&msg.in_reply_to, &msg.body)
+        else {
+            return false;
+        };
+        self.push_recent(ApprovalInfo {
+            id: ask.approval_id.clone(),
+            session: format!("{}:{}", msg.channel.as_str(), msg.chat.as_str()),
+            command: ask.command.clone(),
+            asked_ms: 0,
+            state: ApprovalState::Expired,
+        });
+        true
     }
 
     /// Number of requests waiting (for status and tests).

@@ -73,7 +73,14 @@ fn main() -> ExitCode {
             Err(e) => fail(&e.to_string()),
         };
     }
-    let config = match Config::load(cli.config.as_deref(), &env) {
+    // Only the gateway uses the chat channels' tokens, the webhooks' secrets and the
+    // transcription key: every other command works from a shell that does not hold them (they
+    // may live only in the service's environment) and says so where it matters.
+    let load_env = match cli.command {
+        Command::Gateway => env.clone(),
+        _ => env.clone().for_client(),
+    };
+    let config = match Config::load(cli.config.as_deref(), &load_env) {
         Ok(c) => c,
         Err(e) if matches!(cli.command, Command::Doctor { .. }) => {
             println!("{:<5} {:<22} {e}", "fail", "config");
@@ -117,6 +124,7 @@ fn main() -> ExitCode {
             Command::Usage { by, days, json } => cli::usage::run(&config, by, days, json).await,
             Command::Tools { action } => cli::tools::run(&config, action).await,
             Command::Pairing { action } => cli::pairing::run(&config, action).await,
+            Command::Approvals { action } => cli::approvals::run(&config, action).await,
             Command::Cron { action } => cli::cron::run(&config, action).await,
             Command::Store { action } => cli::store::run(&config, action).await,
             Command::Doctor { json } => cli::doctor::run(&config, json).await,

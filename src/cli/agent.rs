@@ -158,6 +158,16 @@ impl Printer {
                 self.streamed = false;
                 Some(Ok(()))
             }
+            StreamItem::Approval { id, text } => {
+                if self.streamed {
+                    let _ = writeln!(out);
+                    let _ = out.flush();
+                }
+                eprintln!(
+                    "{text}\n  [or from another shell: `weft approvals approve {id}`, `weft approvals deny {id}`]"
+                );
+                None
+            }
             StreamItem::Error(text) => {
                 if self.streamed {
                     let _ = writeln!(out);
@@ -173,6 +183,14 @@ impl Printer {
 }
 
 fn to_item(m: &OutboundMessage) -> StreamItem {
+    if let (None, clawft_channel_core::OutboundBody::Approval { text, ask }) =
+        (&m.in_reply_to, &m.body)
+    {
+        return StreamItem::Approval {
+            id: ask.approval_id.clone(),
+            text: text.clone(),
+        };
+    }
     match m.kind() {
         OutboundKind::Delta if m.is_restart() => StreamItem::Restart,
         OutboundKind::Delta => StreamItem::Delta(m.text().to_string()),
@@ -230,6 +248,9 @@ async fn one_shot(
             m = out.recv() => {
                 let Some(m) = m else { break };
                 if m.in_reply_to.as_ref() != Some(&id) {
+                    if let item @ StreamItem::Approval { .. } = to_item(&m) {
+                        p.item(&item);
+                    }
                     continue;
                 }
                 if let Some(end) = p.item(&to_item(&m)) {
@@ -380,6 +401,7 @@ async fn via_gateway(
             StreamItem::Delta(_)
             | StreamItem::Restart
             | StreamItem::Progress(_)
+            | StreamItem::Approval { .. }
             | StreamItem::Done(_) => Ok(()),
         };
     }

@@ -40,6 +40,13 @@ pub enum StreamItem {
     Done(String),
     /// The turn failed.
     Error(String),
+    /// A tool call waits for the user's approval: the question and its id.
+    Approval {
+        /// The id to answer with.
+        id: String,
+        /// The question as the chat shows it.
+        text: String,
+    },
 }
 
 impl GatewayClient {
@@ -243,6 +250,10 @@ fn parse_event(event: &str, data: &str) -> Option<StreamItem> {
         "progress" => Some(StreamItem::Progress(v)),
         "done" => Some(StreamItem::Done(text("reply"))),
         "error" => Some(StreamItem::Error(text("error"))),
+        "approval" => Some(StreamItem::Approval {
+            id: text("id"),
+            text: text("text"),
+        }),
         _ => None,
     }
 }

@@ -158,7 +158,12 @@ pub fn rows(config: &Config, set: &BTreeMap<String, String>) -> Vec<Row> {
     }
     for c in &config.chat_channels {
         let k = |s: &str| c.config_key(s);
-        push(k("token"), MASKED.into(), p.origin(&k("token")));
+        let token = k("token");
+        let shown = match config.deferred_secrets.iter().find(|d| d.key == token) {
+            Some(d) => format!("(not in this shell; the service reads it) {}", d.reason),
+            None => MASKED.into(),
+        };
+        push(token.clone(), shown, p.origin(&token));
         let allow: Vec<&str> = c.allow_from.iter().map(String::as_str).collect();
         push(
             k("allow_from"),

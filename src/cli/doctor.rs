@@ -222,6 +222,14 @@ async fn channels(config: &Config, client: &reqwest::Client) -> Vec<Finding> {
                 ),
             ));
         }
+        if let Some(d) = config
+            .deferred_secrets
+            .iter()
+            .find(|d| d.key == c.config_key("token") || d.key == c.config_key("app_token"))
+        {
+            out.push(deferred_finding(config, &check, d));
+            continue;
+        }
         let token = c.token.expose();
         let r = match c.platform {
             Platform::Telegram => {
@@ -291,6 +299,36 @@ async fn channels(config: &Config, client: &reqwest::Client) -> Vec<Finding> {
         });
     }
     out
+}
+
+/// A secret of the service this shell does not hold (it lives in the service's environment):
+/// not checked from here. A warning when the service's credentials file has it, else a failure
+/// saying how to give it to the service.
+fn deferred_finding(config: &Config, check: &str, d: &crate::config::DeferredSecret) -> Finding {
+    let file = config.home.join(crate::config::SERVICE_ENV_FILE);
+    let in_file = d
+        .var
+        .as_ref()
+        .is_some_and(|v| super::service::read_env_file(&file).contains_key(v));
+    if in_file {
+        warn(
+            check,
+            format!(
+                "{}, but the service's {} has it: not checked from this shell (to check it, run `set -a; . {}; set +a; weft doctor`)",
+                d.reason,
+                file.display(),
+                file.display()
+            ),
+        )
+    } else {
+        fail(
+            check,
+            format!(
+                "{}: the gateway will not start without it; set it where the gateway runs (for the service: export it, then `weft service install --write-credentials`)",
+                d.reason
+            ),
+        )
+    }
 }
 
 fn redact(text: &str, secret: &str) -> String {
@@ -392,6 +430,11 @@ pub async fn check(config: &Config) -> Result<Vec<Finding>, CliError> {
     let client = http()?;
     out.extend(providers(config, &client).await);
     out.extend(channels(config, &client).await);
+    for d in &config.deferred_secrets {
+        if !d.key.starts_with("channels.") || d.key == "channels.http.token" {
+            out.push(deferred_finding(config, &d.key, d));
+        }
+    }
     if let Some(m) = crate::daemon::start_mcp(config) {
         let skills = super::open_workspace(config)
             .map(|ws| {

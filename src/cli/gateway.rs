@@ -125,6 +125,7 @@ impl Gateway {
             daemon.outbox().clone(),
             daemon.mcp_slot(),
             daemon.scheduler().clone(),
+            daemon.approvals().clone(),
         );
         // The `gateway` tool's controls: the status through the admin API, reloads through
         // the main loop of `run` (the SIGHUP path).

@@ -81,6 +81,10 @@ const EXAMPLES: &[(&str, &str)] = &[
         "Examples:\n  weft pairing list\n  weft pairing approve 4F7K2Q",
     ),
     (
+        "approvals",
+        "Examples:\n  weft approvals list\n  weft approvals approve 3fa9c2d1\n  weft approvals approve 3fa9c2d1 --always\n  weft approvals deny 3fa9c2d1",
+    ),
+    (
         "mcp",
         "Examples:\n  weft mcp list\n  weft mcp restart everything",
     ),

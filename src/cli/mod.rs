@@ -2,6 +2,7 @@
 
 pub mod agent;
 pub mod agents;
+pub mod approvals;
 pub mod client;
 pub mod completions;
 pub mod config_cmd;
@@ -143,6 +144,13 @@ pub enum Command {
         /// What to do.
         #[command(subcommand)]
         action: cron::CronAction,
+    },
+    /// Tool calls waiting for a person's approval: list them, approve or deny one (through the
+    /// running gateway).
+    Approvals {
+        /// What to do.
+        #[command(subcommand)]
+        action: approvals::ApprovalsAction,
     },
     /// Admit unknown senders who asked with a pairing code.
     Pairing {

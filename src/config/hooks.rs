@@ -6,7 +6,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use super::env::Env;
-use super::secrets::resolve_secret;
+use super::secrets::resolve_service_secret;
 use super::types::ConfigError;
 use crate::types::session_key::SessionKey;
 use crate::types::Secret;
@@ -84,7 +84,7 @@ pub(super) fn resolve(
                 detail: "a hook name is 1-64 characters of A-Z a-z 0-9 - _ (it is the URL /v1/hooks/NAME)".into(),
             });
         }
-        let secret = resolve_secret(
+        let secret = resolve_service_secret(
             &key("secret"),
             f.secret,
             f.secret_env,

@@ -6,7 +6,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use super::env::Env;
-use super::secrets::resolve_secret;
+use super::secrets::resolve_service_secret;
 use super::types::ConfigError;
 use crate::media::{
     MediaSettings, TranscriptionSettings, DEFAULT_MAX_FILE_MB, DEFAULT_MAX_MESSAGE_MB,
@@ -90,7 +90,7 @@ pub(super) fn resolve(
                     detail: "name the transcription model, e.g. whisper-1".into(),
                 });
             }
-            let api_key = resolve_secret(
+            let api_key = resolve_service_secret(
                 "media.transcription.api_key",
                 None,
                 t.api_key_env,

@@ -226,7 +226,7 @@ impl Config {
             key: "channels.http.bind".into(),
             detail: format!("expected an address like 127.0.0.1:18790, got `{bind_text}`"),
         })?;
-        let token = resolve_secret(
+        let token = super::secrets::resolve_service_secret(
             "channels.http.token",
             h.token,
             h.token_env,
@@ -369,6 +369,7 @@ impl Config {
             scheduler: raw.scheduler.resolve()?,
             heartbeat: raw.heartbeat.resolve()?,
             provenance,
+            deferred_secrets: env.take_deferred(),
         })
     }
 }
@@ -807,7 +808,7 @@ fn resolve_account(
     {
         let name = platform.name();
         let key = |k: &str| channel_key(platform, account, k);
-        let token = resolve_secret(&key("token"), f.token, f.token_env, f.token_file, config_dir, env)?
+        let token = super::secrets::resolve_service_secret(&key("token"), f.token, f.token_env, f.token_file, config_dir, env)?
             .ok_or_else(|| ConfigError::Invalid {
                 key: key("token"),
                 detail: match account {
@@ -816,7 +817,7 @@ fn resolve_account(
                 },
             })?;
         secrets.push(token.clone());
-        let app_token = resolve_secret(
+        let app_token = super::secrets::resolve_service_secret(
             &key("app_token"),
             f.app_token,
             f.app_token_env,

@@ -60,6 +60,35 @@ pub(super) fn resolve_secret(
     Ok(None)
 }
 
+/// A secret only the running service uses (a chat channel's tokens, a webhook's secret, the
+/// transcription key): as [`resolve_secret`], but in a client's environment
+/// ([`Env::for_client`]) one that cannot be read is recorded in the config's
+/// `deferred_secrets` and stands in as an empty value, so commands that never use it work
+/// from a shell that does not hold it.
+pub(super) fn resolve_service_secret(
+    key: &str,
+    inline: Option<String>,
+    env_name: Option<String>,
+    file: Option<String>,
+    config_dir: &Path,
+    env: &Env,
+) -> Result<Option<Secret>, ConfigError> {
+    let var = env_name.clone();
+    match resolve_secret(key, inline, env_name, file, config_dir, env) {
+        Err(ConfigError::Secret { key: via, detail })
+            if env.defer(DeferredSecret {
+                key: key.to_string(),
+                var,
+                reason: format!("{via}: {detail}"),
+            }) =>
+        {
+            // Distinct per key: two accounts both unread must not look like one shared token.
+            Ok(Some(Secret::new(format!("(unset: {key})"))))
+        }
+        r => r,
+    }
+}
+
 /// Where the secret of `key` resolved by [`resolve_secret`] came from, given which of its
 /// forms was set (`env_name`: the `*_env` variable) and the secret read.
 pub(super) fn secret_origin(

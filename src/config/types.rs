@@ -293,6 +293,10 @@ pub struct Config {
     pub scheduler: crate::scheduler::SchedulerSettings,
     /// `heartbeat`: `None` when off.
     pub heartbeat: Option<crate::scheduler::HeartbeatSettings>,
+    /// Secrets of the running service that this command's environment does not hold (loaded
+    /// with [`Env::for_client`](super::Env::for_client)); their values in this config are
+    /// placeholders. Always empty for the service itself.
+    pub deferred_secrets: Vec<super::DeferredSecret>,
 }
 
 impl Config {

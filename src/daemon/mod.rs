@@ -445,6 +445,13 @@ impl Daemon {
             );
         }
         for m in outbound {
+            // An approval question from before the restart: nobody waits for its answer.
+            if approvals.expired_at_start(&m) {
+                if let Err(e) = store.outbound_done(&m.id) {
+                    tracing::warn!(error = %e, "could not drop an expired approval question");
+                }
+                continue;
+            }
             outbox.route(m);
         }
         // Messages accepted before a crash but not answered.
@@ -496,6 +503,11 @@ impl Daemon {
         })
     }
 
+    /// The pending and recent approvals (for the admin API).
+    pub fn approvals(&self) -> &Arc<crate::approval::Approvals> {
+        &self.approvals
+    }
+
     /// The scheduler (for the admin API and `weft status`).
     pub fn scheduler(&self) -> &Arc<crate::scheduler::Scheduler> {
         &self.scheduler
@@ -513,14 +525,16 @@ impl Daemon {
 
     /// Apply a new configuration without dropping sessions: the tool policy, rate limit and
     /// tool settings (a new registry for turns that start from now on) and the MCP servers
-    /// (restarted when their section changed). Returns what changed; settings that need a
-    /// restart (providers, channels, HTTP API, store, agent) are reported as such and keep
-    /// their old values.
+    /// (restarted when their section changed), the chat channels, prices and budgets. Returns
+    /// what changed; settings that need a restart (providers, HTTP API, store, agents,
+    /// sessions, memory, scheduler, heartbeat …) are reported as such and keep their old
+    /// values. The diff is always against the settings in force.
     pub async fn reload(&mut self, new: Config) -> Vec<String> {
         let old = self.config.clone();
         let old = &old;
         let mut changes = Vec::new();
-        let mcp_changed = old.tools.mcp_servers != new.tools.mcp_servers;
+        let mcp_changed = old.tools.mcp_servers != new.tools.mcp_servers
+            || old.tools.mcp_connect_wait != new.tools.mcp_connect_wait;
         let tools_changed = mcp_changed
             || old.tools.policy != new.tools.policy
             || old.tools.rate_limit != new.tools.rate_limit
@@ -584,33 +598,71 @@ impl Daemon {
         }
         let channel_changes = self.reload_channels(&new).await;
         changes.extend(channel_changes);
+        // Every setting of the new file is applied above or reported here as waiting for a
+        // restart: the exhaustive pattern fails the build on a new field until it is sorted.
+        let Config {
+            // Not settings of the file: where it was read, what the process was given.
+            path: _,
+            home: _,
+            agent_name: _,
+            provenance: _,
+            notify_socket: _,
+            watchdog: _,
+            deferred_secrets: _,
+            // Applied above.
+            tools,
+            secrets,
+            chat_channels,
+            usage,
+            // Taken at start-up only.
+            agent,
+            agents,
+            bindings,
+            hooks,
+            media,
+            providers,
+            provider_source: _,
+            http,
+            store,
+            sessions,
+            max_inbound_bytes,
+            memory,
+            scheduler,
+            heartbeat,
+        } = new;
         for (what, changed) in [
-            ("providers", old.providers != new.providers),
-            ("channels.http", old.http != new.http),
+            ("providers", old.providers != providers),
+            ("channels.http", old.http != http),
             (
                 "channels.max_inbound_bytes",
-                old.max_inbound_bytes != new.max_inbound_bytes,
+                old.max_inbound_bytes != max_inbound_bytes,
             ),
-            ("store", old.store != new.store),
-            ("agents", old.agent != new.agent || old.agents != new.agents),
-            ("bindings", old.bindings != new.bindings),
-            ("sessions", old.sessions != new.sessions),
-            ("media", old.media != new.media),
+            ("store", old.store != store),
+            ("agents", old.agent != agent || old.agents != agents),
+            ("bindings", old.bindings != bindings),
+            ("sessions", old.sessions != sessions),
+            ("media", old.media != media),
             (
                 "hooks",
                 crate::config::hooks::fingerprint(&old.hooks)
-                    != crate::config::hooks::fingerprint(&new.hooks),
+                    != crate::config::hooks::fingerprint(&hooks),
             ),
+            ("memory", old.memory != memory),
+            ("scheduler", old.scheduler != scheduler),
+            ("heartbeat", old.heartbeat != heartbeat),
         ] {
             if changed {
                 changes.push(format!("{what} changed: takes effect at the next restart"));
             }
         }
-        // Keep the old values of what was not applied, so the next diff is against what runs.
+        // What runs now: the applied values, and the old ones of what waits for a restart, so
+        // the next diff is against what is in force (a setting applied, then removed, is
+        // reported and undone).
         let mut kept = self.config.clone();
-        kept.tools = new.tools;
-        kept.secrets = new.secrets;
-        kept.chat_channels = new.chat_channels;
+        kept.tools = tools;
+        kept.secrets = secrets;
+        kept.chat_channels = chat_channels;
+        kept.usage = usage;
         self.config = kept;
         // Secret files may have changed; the store and the workspaces did not (restart).
         self.workspace.set_protected(&protected_paths(&self.config));

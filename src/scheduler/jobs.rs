@@ -309,6 +309,11 @@ fn run_key(run: &Run) -> String {
     }
 }
 
+/// A one-time (`at`) job with no run left: it ran, or its time was passed over.
+fn finished(job: &Job) -> bool {
+    matches!(job.schedule, Schedule::At { .. }) && job.next_run.is_none()
+}
+
 fn encode<T: Serialize>(v: &T) -> Result<String, JobError> {
     serde_json::to_string(v)
         .map_err(|e| JobError::Store(StoreError::Backend(format!("encode: {e}"))))
@@ -529,6 +534,12 @@ impl JobStore {
     pub fn remove(&self, id: &str, owner: Option<&SessionKey>) -> Result<Job, JobError> {
         let _g = self.guard();
         let job = self.load_owned(id, owner)?;
+        self.delete(id)?;
+        Ok(job)
+    }
+
+    /// Delete job `id` and its run history in one batch (the caller holds the guard).
+    fn delete(&self, id: &str) -> Result<(), JobError> {
         let ns = runs_ns(id);
         let runs = self.store.state_scan(&ns)?;
         let mut writes: Vec<(&str, &str, Option<&str>)> = runs
@@ -537,7 +548,7 @@ impl JobStore {
             .collect();
         writes.push((JOBS_NS, id, None));
         self.store.state_put_many(&writes)?;
-        Ok(job)
+        Ok(())
     }
 
     /// Pause a job (it keeps its place; runs missed while paused are not caught up).
@@ -601,6 +612,12 @@ impl JobStore {
                     continue;
                 }
             };
+            if finished(&job) {
+                // A one-time job that has had its run (or whose time was passed over): it
+                // will not run again, so it neither shows nor counts any more.
+                self.delete(&job.id)?;
+                continue;
+            }
             if !job.enabled || job.next_run.is_none_or(|t| t > now) {
                 continue;
             }
@@ -630,7 +647,11 @@ impl JobStore {
                     job.anchor = t;
                 }
                 job.next_run = compiled.next_after(job.anchor);
-                self.save(&job)?;
+                if finished(&job) {
+                    self.delete(&job.id)?;
+                } else {
+                    self.save(&job)?;
+                }
                 continue;
             }
             out.push(Due { job, plan });
@@ -701,6 +722,17 @@ impl JobStore {
             }
         }
         job.last_run = Some(record.clone());
+        if finished(&job) {
+            // A one-time job's run is its last: it goes, with its history (the outcome is in
+            // the log), and no longer counts towards `scheduler.max_jobs_per_session`.
+            tracing::info!(job = %job.id, outcome = ?outcome, "one-time job done; removed");
+            self.delete(id)?;
+            return Ok(Recorded {
+                duplicate: false,
+                paused,
+                job,
+            });
+        }
         let job_text = encode(&job)?;
         let record_text = encode(&record)?;
         let old = self.store.state_scan(&ns)?;

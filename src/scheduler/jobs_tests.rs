@@ -420,6 +420,50 @@ fn an_at_job_runs_once_then_has_no_next_run() {
     assert_eq!(js.due(utc(2027, 1, 1, 0, 0)).unwrap(), vec![]);
 }
 
+/// A fired reminder goes away: it is not listed and does not count towards
+/// `scheduler.max_jobs_per_session`, whether it ran (any outcome) or its time was skipped.
+#[test]
+fn a_fired_one_time_job_is_removed_and_no_longer_counts() {
+    let js = JobStore::new(
+        Store::memory(),
+        SchedulerSettings {
+            max_jobs_per_session: 1,
+            ..SchedulerSettings::default()
+        },
+    );
+    let at = |h: u32| {
+        let mut new = hourly("remind", "1");
+        new.schedule = Schedule::At {
+            at: Utc
+                .with_ymd_and_hms(2026, 11, 20, h, 0, 0)
+                .single()
+                .unwrap()
+                .into(),
+        };
+        new.payload.deliver = Deliver::Text;
+        new
+    };
+    for outcome in [Outcome::Ok, Outcome::Failed, Outcome::Cancelled] {
+        let a = js.add(at(11), t0()).unwrap();
+        // The limit is reached while it waits.
+        assert!(matches!(
+            js.add(at(12), t0()),
+            Err(JobError::TooManyJobs { .. })
+        ));
+        let now = utc(2026, 11, 20, 11, 0);
+        let run = js.due(now).unwrap().remove(0).plan.runs.remove(0);
+        js.record_run(&a.id, &run, outcome, None, now).unwrap();
+        assert_eq!(js.list().unwrap(), vec![], "{outcome:?}");
+    }
+    // Passed over while the daemon was down (catch-up `skip`): gone as well.
+    let mut skipped = at(11);
+    skipped.catch_up = CatchUp::Skip;
+    js.add(skipped, t0()).unwrap();
+    assert_eq!(js.due(utc(2026, 11, 21, 0, 0)).unwrap(), vec![]);
+    assert_eq!(js.list().unwrap(), vec![]);
+    js.add(at(12), t0()).unwrap();
+}
+
 #[test]
 fn update_revalidates_and_reschedules() {
     let js = jobs();

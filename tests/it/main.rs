@@ -26,6 +26,7 @@ mod media;
 mod memory;
 mod memory_embed;
 mod openai_api;
+mod operators;
 mod platform_limits;
 mod platforms;
 mod process;

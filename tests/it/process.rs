@@ -63,6 +63,17 @@ impl Drop for Daemon {
 
 impl Daemon {
     pub(crate) async fn start(dir: &Path, cfg: &Path, port: u16) -> Self {
+        Self::start_with_env(dir, cfg, port, &[]).await
+    }
+
+    /// As [`Daemon::start`], with these variables in the gateway's environment (a service's
+    /// own secrets, which the shell running the other commands does not hold).
+    pub(crate) async fn start_with_env(
+        dir: &Path,
+        cfg: &Path,
+        port: u16,
+        env: &[(&str, &str)],
+    ) -> Self {
         // A file left by a gateway killed with SIGKILL: wait for the new one.
         let stale = control_token(cfg);
         let log = std::fs::OpenOptions::new()
@@ -71,6 +82,7 @@ impl Daemon {
             .open(dir.join("gateway.log"))
             .unwrap();
         let child = weft(dir)
+            .envs(env.iter().copied())
             .arg("--config")
             .arg(cfg)
             .arg("gateway")

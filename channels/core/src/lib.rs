@@ -296,6 +296,10 @@ pub struct ApprovalAsk {
     pub approval_id: String,
     /// The command (or action) to approve.
     pub command: String,
+    /// Asked of the terminal through a gateway: it goes only to the terminal's stream on the
+    /// HTTP API, not to the HTTP chat's mailbox.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub terminal: bool,
 }
 
 /// A tool's progress in a running turn. Serialised as the HTTP stream's `progress` event:
@@ -818,6 +822,7 @@ mod outbound_tests {
                     ask: ApprovalAsk {
                         approval_id: "ab12".into(),
                         command: "rm -r build".into(),
+                        terminal: false,
                     },
                 },
             ),

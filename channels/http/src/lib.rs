@@ -181,8 +181,21 @@ pub trait Admin: Send + Sync + 'static {
 enum Waiter {
     /// `POST /v1/chat`: only the final reply.
     Once(oneshot::Sender<OutboundMessage>),
-    /// `POST /v1/chat/stream`: deltas, progress and the final reply.
-    Stream(mpsc::Sender<OutboundMessage>),
+    /// `POST /v1/chat/stream`: deltas, progress and the final reply, and the approval
+    /// questions for its chat (`chat`; `terminal`: the terminal's session `cli:<chat>`).
+    Stream {
+        tx: mpsc::Sender<OutboundMessage>,
+        chat: String,
+        terminal: bool,
+    },
+}
+
+/// The question of `m` if it asks the user to approve a tool call.
+fn approval_of(m: &OutboundMessage) -> Option<&clawft_channel_core::ApprovalAsk> {
+    match &m.body {
+        OutboundBody::Approval { ask, .. } => Some(ask),
+        _ => None,
+    }
 }
 
 #[derive(Default)]
@@ -752,6 +765,10 @@ async fn chat(
 }
 
 fn sse_event(m: &OutboundMessage) -> Event {
+    if let (OutboundBody::Approval { text, ask }, None) = (&m.body, &m.in_reply_to) {
+        let data = json!({"id": ask.approval_id, "command": ask.command, "text": text});
+        return Event::default().event("approval").data(data.to_string());
+    }
     let (name, data) = match m.kind() {
         // A restart withdraws the deltas received so far (the answer is asked for again).
         OutboundKind::Delta if m.is_restart() => ("delta", json!({"text": "", "restart": true})),
@@ -785,9 +802,12 @@ async fn chat_stream(
     {
         Ok(req) => {
             let (tx, rx) = mpsc::channel::<OutboundMessage>(256);
-            submit(&inner, req, Waiter::Stream(tx))
-                .await
-                .map(|(_, g)| (g, rx))
+            let waiter = Waiter::Stream {
+                tx,
+                chat: req.chat_id.clone(),
+                terminal: req.terminal,
+            };
+            submit(&inner, req, waiter).await.map(|(_, g)| (g, rx))
         }
         Err(r) => Err(r),
     };
@@ -810,7 +830,7 @@ async fn chat_stream(
                 biased;
                 m = rx.recv() => {
                     let Some(m) = m else { break };
-                    let last = m.kind().is_durable();
+                    let last = m.kind().is_durable() && m.in_reply_to.is_some();
                     if yield_tx.send(sse_event(&m)).await.is_err() || last {
                         break;
                     }
@@ -889,6 +909,31 @@ impl Channel for HttpChannel {
 
     async fn send(&self, msg: &OutboundMessage) -> Result<SentRef, ChannelError> {
         let Some(reply_to) = &msg.in_reply_to else {
+            // An approval question also goes to the streams open for its chat, where the
+            // person who asked is waiting; one for the terminal only there.
+            if let Some(ask) = approval_of(msg) {
+                let terminal = ask.terminal;
+                let streams: Vec<mpsc::Sender<OutboundMessage>> = self
+                    .inner
+                    .lock()
+                    .waiters
+                    .values()
+                    .filter_map(|w| match w {
+                        Waiter::Stream {
+                            tx,
+                            chat,
+                            terminal: t,
+                        } if chat == msg.chat.as_str() && *t == terminal => Some(tx.clone()),
+                        Waiter::Stream { .. } | Waiter::Once(_) => None,
+                    })
+                    .collect();
+                for tx in streams {
+                    let _ = tx.send(msg.clone()).await;
+                }
+                if terminal {
+                    return Ok(SentRef(msg.id.clone()));
+                }
+            }
             // A proactive message: keep it for `GET /v1/chats/{chat_id}/messages`.
             let mut g = self.inner.lock();
             let mb = g
@@ -904,7 +949,7 @@ impl Channel for HttpChannel {
         let stream_tx = {
             let mut g = self.inner.lock();
             match g.waiters.get(reply_to) {
-                Some(Waiter::Stream(tx)) => tx.clone(),
+                Some(Waiter::Stream { tx, .. }) => tx.clone(),
                 Some(Waiter::Once(_)) if !msg.kind().is_durable() => {
                     // A plain request does not want deltas or progress.
                     return Ok(SentRef(msg.id.clone()));

@@ -440,7 +440,14 @@ fn chunk(id: &str, created: u64, model: &str, delta: Value, finish: Option<&str>
 
 async fn stream_completion(inner: Arc<Inner>, req: Completion, chat: ChatReq) -> Response {
     let (tx, mut rx) = mpsc::channel::<OutboundMessage>(256);
-    let (event_id, guard) = match submit(&inner, chat, Waiter::Stream(tx)).await {
+    // No chat: OpenAI's stream format has no place for approval questions (they wait in the
+    // chat's mailbox).
+    let waiter = Waiter::Stream {
+        tx,
+        chat: String::new(),
+        terminal: false,
+    };
+    let (event_id, guard) = match submit(&inner, chat, waiter).await {
         Ok(x) => x,
         Err((status, v)) => return refused(status, &v),
     };

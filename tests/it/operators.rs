@@ -1,0 +1,540 @@
+//! What a new operator meets in the first weeks: the `weft` commands from a shell that does not
+//! hold the service's secrets, reloads, approvals, reminders, the HTTP mailbox.
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::common::{config_value, wait_until};
+use crate::fake_llm::{FakeLlm, Reply};
+use crate::process::{free_port, weft, write_config, Daemon};
+
+const T: Duration = Duration::from_secs(30);
+
+/// Run `weft --config CFG ARGS` as from a new shell: `env -i` with only HOME, PATH and
+/// CLAWFT_HOME (no channel secret).
+async fn run(dir: &Path, cfg: &Path, args: &[&str]) -> Output {
+    let (dir, cfg) = (dir.to_path_buf(), cfg.to_path_buf());
+    let args: Vec<String> = args.iter().map(|a| (*a).to_string()).collect();
+    tokio::task::spawn_blocking(move || {
+        weft(&dir)
+            .env("RUST_LOG", "warn")
+            .arg("--config")
+            .arg(&cfg)
+            .args(&args)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap()
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// A config whose Telegram token is read from `TELEGRAM_BOT_TOKEN`, with pairing on.
+fn telegram_env_config(dir: &Path, llm: &FakeLlm, port: u16, api_url: &str) -> PathBuf {
+    write_config(
+        dir,
+        &config_value(
+            &llm.base_url(),
+            dir,
+            json!({"channels": {
+                "http": {"bind": format!("127.0.0.1:{port}")},
+                "telegram": {"token_env": "TELEGRAM_BOT_TOKEN", "api_url": api_url,
+                             "allow_from": [111], "pairing": true, "stream_edits": false},
+            }}),
+        ),
+    )
+}
+
+/// The channel token lives only in the service's environment (and its `service.env`): every
+/// command an operator runs from a new shell works against the running gateway, `doctor`
+/// reports the token as a finding, and only the gateway itself insists on it, naming it.
+#[tokio::test]
+async fn commands_work_from_a_shell_without_the_services_channel_secrets() {
+    use clawft_channel_telegram::fake::FakeTelegram;
+    let tg = FakeTelegram::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let llm = FakeLlm::start().await;
+    let port = free_port();
+    let cfg = telegram_env_config(dir.path(), &llm, port, &tg.api_url());
+    let home = dir.path().join(".clawft");
+    std::fs::create_dir_all(&home).unwrap();
+    std::fs::write(
+        home.join("service.env"),
+        format!("TELEGRAM_BOT_TOKEN={}\n", FakeTelegram::TOKEN),
+    )
+    .unwrap();
+
+    // The gateway itself needs the token, and says which setting and variable.
+    let out = run(dir.path(), &cfg, &["gateway"]).await;
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("TELEGRAM_BOT_TOKEN"),
+        "{}",
+        text(&out)
+    );
+
+    let d = Daemon::start_with_env(
+        dir.path(),
+        &cfg,
+        port,
+        &[("TELEGRAM_BOT_TOKEN", FakeTelegram::TOKEN)],
+    )
+    .await;
+    // A stranger asks for a pairing code.
+    tg.push_user_message(222, 222, "let me in");
+    assert!(
+        wait_until(T, || tg
+            .sent()
+            .iter()
+            .any(|m| m.visible.contains("pairing approve ")))
+        .await
+    );
+    let code = tg
+        .sent()
+        .iter()
+        .find_map(|m| {
+            m.visible
+                .split("pairing approve ")
+                .nth(1)
+                .map(|r| r.split(['`', ' ', '\n']).next().unwrap_or("").to_string())
+        })
+        .unwrap();
+
+    for args in [
+        vec!["status"],
+        vec!["sessions", "list"],
+        vec!["usage"],
+        vec!["cron", "list"],
+        vec!["pairing", "list"],
+        vec!["mcp", "list"],
+        vec!["config", "show"],
+    ] {
+        let out = run(dir.path(), &cfg, &args).await;
+        assert!(out.status.success(), "weft {args:?}: {}", text(&out));
+        assert!(
+            !String::from_utf8_lossy(&out.stderr).contains("cannot read secret"),
+            "weft {args:?}: {}",
+            text(&out)
+        );
+    }
+    let out = run(dir.path(), &cfg, &["pairing", "approve", &code]).await;
+    assert!(out.status.success(), "{}", text(&out));
+
+    llm.push(Reply::Text("through the gateway".into()));
+    let out = run(dir.path(), &cfg, &["agent", "-m", "hello"]).await;
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "through the gateway"
+    );
+
+    // `config show` says where the token is instead of failing.
+    let out = run(dir.path(), &cfg, &["config", "show"]).await;
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("not in this shell"),
+        "{}",
+        text(&out)
+    );
+
+    // `doctor` reports it as a finding: the service's file has it, so a warning.
+    let out = run(dir.path(), &cfg, &["doctor", "--json"]).await;
+    let rows: Value =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|_| panic!("{}", text(&out)));
+    let tgrow = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["check"] == "channel telegram")
+        .cloned()
+        .unwrap_or_else(|| panic!("{rows:#}"));
+    assert_eq!(tgrow["level"], "warn", "{rows:#}");
+    assert!(
+        tgrow["detail"]
+            .as_str()
+            .unwrap()
+            .contains("TELEGRAM_BOT_TOKEN"),
+        "{rows:#}"
+    );
+    // Without it in the service's file either, a failure that says how to give it.
+    std::fs::write(home.join("service.env"), "").unwrap();
+    let out = run(dir.path(), &cfg, &["doctor", "--json"]).await;
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let rows: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let tgrow = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["check"] == "channel telegram")
+        .cloned()
+        .unwrap();
+    assert_eq!(tgrow["level"], "fail", "{rows:#}");
+    assert_eq!(d.term().code(), Some(0));
+}
+
+/// One edit per top-level section of the config file, and what a reload must answer for it:
+/// a word of the change it applies or reports as waiting for a restart.
+fn section_edits() -> Vec<(&'static str, Value, &'static str)> {
+    vec![
+        (
+            "agents",
+            json!({"agents": {"defaults": {"max_tool_iterations": 7}}}),
+            "agents changed: takes effect at the next restart",
+        ),
+        (
+            "providers",
+            json!({"providers": {"openai": {"timeout_secs": 31}}}),
+            "providers changed: takes effect at the next restart",
+        ),
+        (
+            "channels",
+            json!({"channels": {"http": {"reply_timeout_secs": 61}}}),
+            "channels.http changed: takes effect at the next restart",
+        ),
+        (
+            "store",
+            json!({"store": {"cache_mb": 5}}),
+            "store changed: takes effect at the next restart",
+        ),
+        (
+            "sessions",
+            json!({"sessions": {"idle_secs": 1234}}),
+            "sessions changed: takes effect at the next restart",
+        ),
+        (
+            "tools",
+            json!({"tools": {"rate_limit": {"per_minute": 33}}}),
+            "tools: policy, limits and tool settings reloaded",
+        ),
+        (
+            "prices",
+            json!({"prices": {"fake-model": {"input": 1.0, "output": 2.0}}}),
+            "prices and budgets reloaded",
+        ),
+        (
+            "budgets",
+            json!({"budgets": {"per_session_daily_tokens": 10}}),
+            "prices and budgets reloaded",
+        ),
+        (
+            "memory",
+            json!({"memory": {"scope": "agent"}}),
+            "memory changed: takes effect at the next restart",
+        ),
+        (
+            "scheduler",
+            json!({"scheduler": {"max_jobs_per_session": 3}}),
+            "scheduler changed: takes effect at the next restart",
+        ),
+        (
+            "heartbeat",
+            json!({"heartbeat": {"enabled": true, "every": "30m", "target": {"channel": "http", "chat_id": "hb"}}}),
+            "heartbeat changed: takes effect at the next restart",
+        ),
+        (
+            "bindings",
+            json!({"bindings": [{"agent": "main", "channel": "http"}]}),
+            "bindings changed: takes effect at the next restart",
+        ),
+        (
+            "hooks",
+            json!({"hooks": {"deploy": {"secret": "hook-secret-0123456789abcdef"}}}),
+            "hooks changed: takes effect at the next restart",
+        ),
+        (
+            "media",
+            json!({"media": {"max_file_mb": 3}}),
+            "media changed: takes effect at the next restart",
+        ),
+    ]
+}
+
+/// A reload reports every edit of every top-level section (applied, or waiting for a restart),
+/// never "nothing changed"; undoing an applied edit is reported and undone too, because the
+/// diff is against what is in force, and undoing one that waited for a restart changes nothing.
+#[tokio::test]
+async fn a_reload_reports_an_edit_of_every_section_against_what_is_in_force() {
+    use crate::common::{config, TestGateway};
+    let dir = tempfile::tempdir().unwrap();
+    let llm = FakeLlm::start().await;
+    let edits = section_edits();
+    // The table covers every section the file has.
+    let sections: Vec<String> = serde_json::to_value(clawft::config::file::ConfigFile::default())
+        .unwrap()
+        .as_object()
+        .unwrap()
+        .keys()
+        .cloned()
+        .collect();
+    let mut covered: Vec<String> = edits.iter().map(|(s, _, _)| (*s).to_string()).collect();
+    covered.sort();
+    assert_eq!(covered, sections, "a section has no edit in this test");
+
+    let mut gw = TestGateway::start(config(&llm, dir.path(), json!({}))).await;
+    for (section, edit, said) in &edits {
+        let c = gw
+            .gateway
+            .daemon
+            .reload(config(&llm, dir.path(), edit.clone()))
+            .await
+            .join("; ");
+        assert!(c.contains(said), "edit of {section}: {c}");
+        let back = gw
+            .gateway
+            .daemon
+            .reload(config(&llm, dir.path(), json!({})))
+            .await
+            .join("; ");
+        if said.contains("next restart") {
+            assert!(!back.contains(said), "undo of {section}: {back}");
+        } else {
+            assert!(back.contains(said), "undo of {section}: {back}");
+        }
+    }
+
+    // The reported case: a budget added, then removed: sessions are served again.
+    crate::common::echo_model(&llm);
+    gw.gateway
+        .daemon
+        .reload(config(
+            &llm,
+            dir.path(),
+            json!({"budgets": {"per_session_daily_tokens": 1}}),
+        ))
+        .await;
+    let (status, _) = gw.api.chat("b1", "first").await;
+    assert_eq!(status, 200);
+    let (status, v) = gw.api.chat("b1", "second").await;
+    assert_ne!(status, 200, "{v}");
+    let c = gw
+        .gateway
+        .daemon
+        .reload(config(&llm, dir.path(), json!({})))
+        .await
+        .join("; ");
+    assert!(c.contains("prices and budgets reloaded"), "{c}");
+    let (status, v) = gw.api.chat("b1", "third").await;
+    assert_eq!(status, 200, "{v}");
+    gw.stop().await;
+}
+
+fn exec_call(id: &str, command: &str) -> Reply {
+    Reply::ToolCalls(vec![(
+        id.into(),
+        "exec_shell".into(),
+        json!({ "command": command }).to_string(),
+    )])
+}
+
+/// Events of an SSE response as (event, data), read as they arrive.
+struct Sse {
+    resp: reqwest::Response,
+    buf: String,
+}
+
+impl Sse {
+    async fn next(&mut self) -> Option<(String, Value)> {
+        loop {
+            if let Some(end) = self.buf.find("\n\n") {
+                let block: String = self.buf.drain(..end + 2).collect();
+                let mut event = String::from("message");
+                let mut data = String::new();
+                for line in block.lines() {
+                    if let Some(e) = line.strip_prefix("event:") {
+                        event = e.trim().to_string();
+                    } else if let Some(d) = line.strip_prefix("data:") {
+                        data.push_str(d.trim_start());
+                    }
+                }
+                if data.is_empty() {
+                    continue;
+                }
+                return Some((event, serde_json::from_str(&data).unwrap_or(Value::Null)));
+            }
+            let chunk = tokio::time::timeout(T, self.resp.chunk())
+                .await
+                .ok()?
+                .ok()??;
+            self.buf.push_str(&String::from_utf8_lossy(&chunk));
+        }
+    }
+
+    /// Skip to the first event named `name`.
+    async fn until(&mut self, name: &str) -> Value {
+        loop {
+            let (e, v) = self
+                .next()
+                .await
+                .unwrap_or_else(|| panic!("no `{name}` event"));
+            if e == name {
+                return v;
+            }
+        }
+    }
+}
+
+/// Approvals reach the person asked: an `approval` event on the HTTP stream of the asking chat,
+/// the question on the terminal talking through the gateway; the operator lists and answers
+/// them with `weft approvals` (also as JSON), and one nobody answers is shown as expired.
+#[tokio::test]
+async fn approvals_reach_the_asking_chat_and_the_operator_answers_them() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("ws")).unwrap();
+    let llm = FakeLlm::start().await;
+    let port = free_port();
+    let cfg = crate::process::gateway_config(
+        dir.path(),
+        &llm,
+        port,
+        json!({"tools": {"exec": {"mode": "ask", "approval_timeout_secs": 6}}}),
+    );
+    let d = Daemon::start(dir.path(), &cfg, port).await;
+
+    // The HTTP stream shows the question; the operator approves it from the CLI.
+    llm.push(exec_call("c1", "echo yes > approved.txt"));
+    llm.push(Reply::Text("ran it".into()));
+    let resp = d
+        .api
+        .http
+        .post(format!("{}/v1/chat/stream", d.api.base))
+        .json(&json!({"chat_id": "asker", "content": "make the file"}))
+        .send()
+        .await
+        .unwrap();
+    let mut sse = Sse {
+        resp,
+        buf: String::new(),
+    };
+    let ev = sse.until("approval").await;
+    let id = ev["id"].as_str().unwrap().to_string();
+    assert!(
+        ev["command"].as_str().unwrap().contains("approved.txt"),
+        "{ev}"
+    );
+    let out = run(dir.path(), &cfg, &["approvals", "list", "--json"]).await;
+    assert!(out.status.success(), "{}", text(&out));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["approvals"][0]["id"], id.as_str(), "{v}");
+    assert_eq!(v["approvals"][0]["state"], "pending", "{v}");
+    assert_eq!(v["approvals"][0]["session"], "http:asker", "{v}");
+    let out = run(dir.path(), &cfg, &["approvals", "approve", &id]).await;
+    assert!(out.status.success(), "{}", text(&out));
+    let done = sse.until("done").await;
+    assert_eq!(done["reply"], "ran it");
+    assert!(dir.path().join("ws/approved.txt").exists());
+    // Answered once is answered.
+    let out = run(dir.path(), &cfg, &["approvals", "deny", &id]).await;
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("no longer pending: it was approved"),
+        "{}",
+        text(&out)
+    );
+
+    // The terminal through the gateway shows the question; the operator denies it.
+    llm.push(exec_call("c2", "echo no > denied.txt"));
+    llm.push(Reply::Text("as you wish".into()));
+    let mut agent = weft(dir.path())
+        .env("RUST_LOG", "warn")
+        .arg("--config")
+        .arg(&cfg)
+        .args(["agent", "-m", "make another"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = agent.stderr.take().unwrap();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = tx.send(line);
+        }
+    });
+    let id2 = loop {
+        let line = tokio::time::timeout(T, rx.recv())
+            .await
+            .unwrap()
+            .expect("the terminal showed no question");
+        if let Some(rest) = line.split("weft approvals deny ").nth(1) {
+            break rest.trim_end_matches(['`', ']']).to_string();
+        }
+    };
+    let out = run(dir.path(), &cfg, &["approvals", "deny", &id2]).await;
+    assert!(out.status.success(), "{}", text(&out));
+    let st = tokio::task::spawn_blocking(move || agent.wait_with_output().unwrap())
+        .await
+        .unwrap();
+    assert!(st.status.success());
+    assert_eq!(String::from_utf8_lossy(&st.stdout).trim(), "as you wish");
+    assert!(!dir.path().join("ws/denied.txt").exists());
+
+    // Nobody answers: the call is denied at the timeout and the approval shows as expired.
+    llm.push(exec_call("c3", "echo late > late.txt"));
+    llm.push(Reply::Text("nobody answered".into()));
+    let (status, v) = d.api.chat("asker", "one more").await;
+    assert_eq!(status, 200, "{v}");
+    let out = run(dir.path(), &cfg, &["approvals", "list"]).await;
+    let table = String::from_utf8_lossy(&out.stdout).to_string();
+    let expired = table
+        .lines()
+        .find(|l| l.contains("late.txt"))
+        .unwrap_or_else(|| panic!("{table}"));
+    assert!(expired.contains("expired"), "{table}");
+    assert!(table.contains(&id2) && table.contains("denied"), "{table}");
+    assert_eq!(d.term().code(), Some(0));
+}
+
+/// A question still undelivered when the gateway stopped is never asked after the restart
+/// (nobody waits for its answer): it is listed as expired instead.
+#[tokio::test]
+async fn an_approval_question_left_undelivered_is_not_asked_after_a_restart() {
+    use crate::common::{config, TestGateway};
+    let dir = tempfile::tempdir().unwrap();
+    let llm = FakeLlm::start().await;
+    {
+        let store = clawft::store::Store::open(&dir.path().join("store"), 4 << 20).unwrap();
+        let m = clawft_channel_core::OutboundMessage::proactive_body(
+            clawft_channel_core::ChannelId::new("http"),
+            clawft_channel_core::ChatId::new("asker"),
+            None,
+            clawft_channel_core::OutboundBody::Approval {
+                text: "Approval needed to run: rm -rf build".into(),
+                ask: clawft_channel_core::ApprovalAsk {
+                    approval_id: "0a1b2c3d".into(),
+                    command: "rm -rf build".into(),
+                    terminal: false,
+                },
+            },
+        );
+        store.enqueue_outbound(&m).unwrap();
+    }
+    let gw = TestGateway::start(config(&llm, dir.path(), json!({}))).await;
+    let r = gw
+        .api
+        .http
+        .post(format!("{}/v1/admin/approvals/list", gw.api.base))
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["approvals"][0]["id"], "0a1b2c3d", "{v}");
+    assert_eq!(v["approvals"][0]["state"], "expired", "{v}");
+    let (_, mb) = gw.api.get("/v1/chats/asker/messages").await;
+    assert_eq!(mb["messages"], json!([]), "{mb}");
+    gw.stop().await;
+}
