@@ -397,6 +397,10 @@ pub fn build_registry(
     reg.register(Arc::new(crate::skills::UseSkill::new(Some(
         config.home.join("skills"),
     ))));
+    reg.register(Arc::new(crate::skills::SkillSearch::new(Some(
+        config.home.join("skills"),
+    ))));
+    reg.register(Arc::new(crate::tools::discovery::ToolSearch));
     if let Some(hub) = subagents {
         reg.register(Arc::new(crate::subagent::tool::SubagentsTool::new(hub)));
     }

@@ -294,6 +294,7 @@ impl AgentRuntime {
             user_dir: None,
             sender: None,
             request_model: None,
+            preload: Arc::new([]),
         }
     }
 }

@@ -135,12 +135,14 @@ struct Budget {
     reserve: u64,
     /// Compact when the prompt passes this.
     limit: u64,
-    /// System prompt, skills and tools.
+    /// System prompt, skills, the list of tools not loaded, and the tool schemas: the core
+    /// ones and those the window's messages loaded.
     overhead: u64,
 }
 
 impl Budget {
-    fn of(deps: &TurnDeps, state: &WindowState) -> Self {
+    /// The budget of a request over the window `msgs` (the tools they load are counted).
+    fn of(deps: &TurnDeps, state: &WindowState, msgs: &[Message]) -> Self {
         let s = &deps.agent.window;
         let window = state
             .learned_window
@@ -162,7 +164,7 @@ impl Budget {
             window,
             reserve,
             limit,
-            overhead: state.calibrated(overhead(deps)),
+            overhead: state.calibrated(overhead(deps) + loaded_overhead(deps, msgs)),
         }
     }
 
@@ -227,13 +229,9 @@ fn overhead(deps: &TurnDeps) -> u64 {
         workspace: deps.workspace.clone(),
     }
     .load();
-    let system = format!(
-        "{}{}",
-        deps.system_prompt,
-        crate::skills::prompt_section(&skills)
-    );
-    let tools = registry.schemas_for_tools(&[]);
-    let tokens = tokens::of_message(&Message::system(system)) + tokens::of_tools(&tools);
+    let offer = registry.offer(&[], &deps.preload, crate::turn::offer::omitted(&skills));
+    let system = crate::turn::offer::system_text(&deps.system_prompt, &skills, &offer.deferred);
+    let tokens = tokens::of_message(&Message::system(system)) + tokens::of_tools(&offer.specs);
     let mut cache = CACHE
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -250,13 +248,25 @@ fn overhead(deps: &TurnDeps) -> u64 {
     tokens
 }
 
+/// Estimated tokens of the schemas of the tools `msgs` load beyond the core ones
+/// (`turn::offer`): what a request over them sends on top of [`overhead`].
+fn loaded_overhead(deps: &TurnDeps, msgs: &[Message]) -> u64 {
+    let registry = deps.tools.current();
+    let loaded = crate::turn::offer::loaded_by(&registry, &deps.preload, msgs);
+    if loaded.is_empty() {
+        return 0;
+    }
+    let offer = registry.offer(&[], &loaded, &[]);
+    tokens::of_tools(offer.specs.get(offer.core..).unwrap_or_default())
+}
+
 fn est_messages(state: &WindowState, msgs: &[Message]) -> u64 {
     state.calibrated(msgs.iter().map(tokens::of_message).sum())
 }
 
 /// When a message alone cannot fit the model's window: what to tell the user.
 pub fn too_large(deps: &TurnDeps, state: &WindowState, text: &str) -> Option<String> {
-    let b = Budget::of(deps, state);
+    let b = Budget::of(deps, state, &[]);
     let tokens = state.calibrated(tokens::of_message(&Message::user(text)));
     (b.overhead + tokens + b.reserve > b.window).then(|| {
         format!(
@@ -302,7 +312,7 @@ async fn compact(
     force: bool,
     cancel: &CancellationToken,
 ) -> Result<Compacted, NotCompacted> {
-    let b = Budget::of(deps, state);
+    let b = Budget::of(deps, state, msgs);
     // Shorten long tool results of earlier turns first (the store keeps them whole).
     let last_user = msgs.iter().rposition(|m| m.role == Role::User).unwrap_or(0);
     for m in &mut msgs[..last_user] {
@@ -400,14 +410,15 @@ async fn flush(
     let has_memory = deps
         .tools
         .current()
-        .schemas_for_tools(&[])
+        .allowed_names()
         .iter()
-        .any(|t| t.name == "memory_write");
+        .any(|t| t == "memory_write");
     if !has_memory || before.is_empty() {
         return false;
     }
     let mut silent = deps.clone();
     silent.store = Store::memory();
+    silent.preload = Arc::from(["memory_write".to_string()]);
     let mut h = history(state, before);
     h.push(Message::user(FLUSH_PROMPT));
     let o = run_turn(&silent, key, &h, None, cancel).await;
@@ -528,7 +539,7 @@ async fn summarise(
 }
 
 fn too_long_reply(deps: &TurnDeps, state: &WindowState, msgs: &[Message]) -> String {
-    let b = Budget::of(deps, state);
+    let b = Budget::of(deps, state, msgs);
     let user = msgs
         .iter()
         .rev()
@@ -559,7 +570,7 @@ pub async fn run_windowed(
         () = cancel.cancelled() => {}
     }
     drop(registry);
-    let b = Budget::of(deps, &state);
+    let b = Budget::of(deps, &state, &msgs);
     if b.overhead + est_messages(&state, &history(&state, &msgs)) > b.limit {
         match compact(deps, key, &mut state, &mut msgs, 0, false, cancel).await {
             Ok(_) => compacted = true,

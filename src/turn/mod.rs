@@ -7,6 +7,7 @@
 mod answer;
 pub mod context;
 pub mod guard;
+pub mod offer;
 pub mod usage;
 
 use std::sync::Arc;
@@ -61,6 +62,9 @@ pub struct TurnDeps {
     /// The model asked of the provider for this turn (`heartbeat.model`); `None`: the
     /// provider's configured model.
     pub request_model: Option<Arc<str>>,
+    /// Tools loaded from the turn's start, on top of the core ones (the memory flush's
+    /// `memory_write`); see [`offer`].
+    pub preload: Arc<[String]>,
 }
 
 impl TurnDeps {
@@ -312,15 +316,11 @@ async fn run_turn_inner(
     };
     let skills = skill_dirs.load();
     let mut exposed: Vec<String> = Vec::new();
-    let mut system = format!(
-        "{}{}",
-        deps.system_prompt,
-        crate::skills::prompt_section(&skills)
-    );
+    let mut activated = None;
     if let Some(user) = history.last().filter(|m| m.role == Role::User) {
         if let Some(skill) = crate::skills::from_command(&skill_dirs, &user.content) {
             tracing::info!(skill = %skill.name, "skill activated by command");
-            system.push_str(&format!(
+            activated = Some(format!(
                 "\n\nThe user activated the skill `{}`. Follow its instructions:\n{}",
                 skill.name, skill.instructions
             ));
@@ -335,11 +335,19 @@ async fn run_turn_inner(
         () = registry.first_connect() => {}
         () = cancel.cancelled() => {}
     }
-    let mut tools: Arc<[crate::llm::ToolSpec]> = registry.schemas_for_tools(&exposed).into();
+    // The core tools in full, the others listed in the system prompt (`offer`); a skill
+    // activated by `/NAME` loads its tools from the start.
+    let deferred = registry.offer(&[], &[], offer::omitted(&skills)).deferred;
+    let mut system = offer::system_text(&deps.system_prompt, &skills, &deferred);
+    system.extend(activated);
+    let mut preload: Vec<String> = deps.preload.to_vec();
+    preload.extend(registry.matching(&exposed));
     let mut guard = guard::TurnGuard::new(&deps.agent, history);
     let mut messages = Vec::with_capacity(history.len() + 1);
     messages.push(Message::system(&system));
     messages.extend_from_slice(history);
+    let mut tools: Arc<[crate::llm::ToolSpec]> =
+        offer::tools_for(&registry, &skills, &exposed, &preload, &messages).into();
     if deps.agent.shows_images(deps.request_model.as_deref()) {
         crate::media::load_images(&deps.workspace, &mut messages);
     }
@@ -485,7 +493,6 @@ async fn run_turn_inner(
         out.tool_calls += u32::try_from(calls.len()).unwrap_or(u32::MAX);
         let mut results = Vec::with_capacity(calls.len());
         let mut fatal = None;
-        let mut newly_exposed = false;
         for (call, o) in calls.iter().zip(outcomes) {
             if let Some(ToolError::Fatal(m)) = &o.error {
                 fatal = Some(m.clone());
@@ -496,7 +503,6 @@ async fn run_turn_inner(
                 for g in o.value["allowed_tools"].as_array().into_iter().flatten() {
                     if let Some(g) = g.as_str().filter(|g| !exposed.iter().any(|e| e == g)) {
                         exposed.push(g.to_string());
-                        newly_exposed = true;
                     }
                 }
             }
@@ -509,8 +515,10 @@ async fn run_turn_inner(
         }
         messages.extend_from_slice(&results);
         out.messages.extend(results);
-        if newly_exposed {
-            tools = registry.schemas_for_tools(&exposed).into();
+        // Tools this round loaded (`tool_search`, `use_skill`, a call by name) are appended.
+        let now = offer::tools_for(&registry, &skills, &exposed, &preload, &messages);
+        if *now != *tools {
+            tools = now.into();
         }
         if let Some(m) = fatal {
             let m = registry.scrubber().scrub_str(&m).into_owned();
