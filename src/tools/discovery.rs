@@ -45,26 +45,28 @@ const MAX_RESULTS: usize = 8;
 /// Default number of tools one `tool_search` returns and loads.
 const DEFAULT_RESULTS: usize = 3;
 /// Most characters of a description kept on a tool's line in the list.
-const LINE_CHARS: usize = 72;
+const LINE_CHARS: usize = 60;
 /// Most bytes of the list of tools loaded on demand (2 KiB): past it, the remaining tools are
 /// counted, not listed (an MCP server with a hundred tools must not refill the prompt).
 const LIST_BYTES: usize = 2048;
 
 /// The header of the list of tools loaded on demand (weft-bench finds the section by it).
-pub const LIST_HEADER: &str = "\n\nMore tools (not loaded: call tool_search with what you need or a name from this list, then call the tool):";
+pub const LIST_HEADER: &str =
+    "\n\nMore tools (load with tool_search, by name or by what you need):";
 
-/// The first sentence of a description, at most [`LINE_CHARS`] characters: a tool's line in
-/// the list.
+/// The first clause of a description (up to a sentence's end, `:`, `;` or ` (`), at most
+/// [`LINE_CHARS`] characters: a tool's line in the list.
 pub fn one_line(description: &str) -> String {
     let first = description.lines().next().unwrap_or_default().trim();
     let sentence = first
         .char_indices()
         .find(|(i, c)| {
-            *c == '.'
-                && first[i + 1..]
-                    .chars()
-                    .next()
-                    .is_none_or(char::is_whitespace)
+            let next = first[i + 1..].chars().next();
+            match c {
+                '.' | ':' | ';' => next.is_none_or(char::is_whitespace),
+                ' ' => next == Some('('),
+                _ => false,
+            }
         })
         .map_or(first, |(i, _)| &first[..i]);
     if sentence.chars().count() <= LINE_CHARS {
@@ -189,12 +191,16 @@ pub fn rank(candidates: &[Candidate], query: &str, limit: usize) -> Vec<usize> {
         .split(|c: char| c.is_whitespace() || c == ',')
         .filter(|w| !w.is_empty())
         .collect();
-    let mut out: Vec<usize> = candidates
-        .iter()
-        .enumerate()
-        .filter(|(_, c)| words.iter().any(|w| w.eq_ignore_ascii_case(&c.name)))
-        .map(|(i, _)| i)
-        .collect();
+    let mut out: Vec<usize> = Vec::new();
+    for w in &words {
+        if let Some(i) = candidates
+            .iter()
+            .position(|c| w.eq_ignore_ascii_case(&c.name))
+            .filter(|i| !out.contains(i))
+        {
+            out.push(i);
+        }
+    }
     for (i, _) in bm25(&docs, &terms(query)) {
         if !out.contains(&i) {
             out.push(i);
@@ -208,9 +214,9 @@ pub fn rank(candidates: &[Candidate], query: &str, limit: usize) -> Vec<usize> {
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ToolSearchArgs {
-    /// What the tool should do, or tool names.
+    /// What the tool should do, or names.
     pub query: String,
-    /// Tools to load, default 3, max 8.
+    /// Default 3, max 8.
     pub limit: Option<usize>,
 }
 
@@ -232,7 +238,7 @@ impl Tool for ToolSearch {
         TOOL_SEARCH
     }
     fn description(&self) -> &str {
-        "Find tools that are not loaded yet (see \"More tools\") by name or by what they do; the tools found become callable in this turn."
+        "Load tools from \"More tools\" by name or by what they do."
     }
     fn parameters(&self) -> Value {
         schema_of::<ToolSearchArgs>()
@@ -303,6 +309,12 @@ mod tests {
     fn one_line_and_the_list_cap() {
         assert_eq!(one_line("Schedule jobs. Returns: {x}"), "Schedule jobs");
         assert_eq!(one_line("Read v1.2 of it\nmore"), "Read v1.2 of it");
+        assert_eq!(one_line("Save notes: append or overwrite"), "Save notes");
+        assert_eq!(
+            one_line("Read a document (a path) or lines"),
+            "Read a document"
+        );
+        assert_eq!(one_line("Search memory; best first"), "Search memory");
         assert_eq!(one_line(&"x".repeat(200)).chars().count(), LINE_CHARS);
         let many: Vec<(String, String)> = (0..100)
             .map(|i| (format!("srv__tool_{i}"), "does a thing".to_string()))

@@ -204,14 +204,25 @@ pub fn schema_of<T: schemars::JsonSchema + 'static>() -> Value {
 /// Shorten a generated schema without changing what it accepts from a model: Rust's numeric
 /// `format`s go (`minimum` keeps unsigned integers non-negative), an optional field is typed
 /// as its value (`["integer", "null"]` → `"integer"`; leaving it out is how a model says
-/// "none", and `null` is still accepted), a `oneOf` of constants becomes an `enum` (the
+/// "none", and `null` is still accepted), a zero-value `default` goes (it is what leaving the
+/// field out means), a `oneOf` of constants becomes an `enum` (the
 /// variants' own docs go: the field's description names them), and line breaks of doc
 /// comments become spaces. Every request carries the schemas (issue 32: ~40 % smaller).
 pub fn compact_schema(v: &mut Value) {
     match v {
         Value::Object(o) => {
             o.remove("format");
-            if o.get("default").is_some_and(Value::is_null) {
+            // A default that is the type's zero value (`false`, `0`, `""`, `[]`, `null`) is
+            // what leaving the field out means anyway.
+            let zero = |d: &Value| match d {
+                Value::Null => true,
+                Value::Bool(b) => !b,
+                Value::Number(n) => n.as_f64() == Some(0.0),
+                Value::String(s) => s.is_empty(),
+                Value::Array(a) => a.is_empty(),
+                Value::Object(m) => m.is_empty(),
+            };
+            if o.get("default").is_some_and(zero) {
                 o.remove("default");
             }
             if let Some(Value::Array(types)) = o.get("type") {
@@ -268,5 +279,47 @@ pub fn compact_schema(v: &mut Value) {
         }
         Value::Array(a) => a.iter_mut().for_each(compact_schema),
         _ => {}
+    }
+}
+
+#[cfg(test)]
+mod schema_tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn compact_schema_keeps_what_a_model_needs() {
+        let mut v = json!({
+            "type": "object",
+            "additionalProperties": false,
+            "properties": {
+                "format": {"type": ["integer", "null"], "format": "uint", "minimum": 0,
+                           "description": "Two\nlines."},
+                "all": {"type": "boolean", "default": false},
+                "n": {"type": "integer", "default": 5},
+                "sort": {"oneOf": [{"const": "a", "type": "string", "description": "A."},
+                                   {"const": "b", "type": "string"}]},
+                "m": {"type": ["string", "null"], "enum": ["GET", null]},
+                "s": {"anyOf": [{"$ref": "#/$defs/S"}, {"type": "null"}]}
+            },
+            "required": ["format"]
+        });
+        compact_schema(&mut v);
+        assert_eq!(
+            v,
+            json!({
+                "type": "object",
+                "additionalProperties": false,
+                "properties": {
+                    "format": {"type": "integer", "minimum": 0, "description": "Two lines."},
+                    "all": {"type": "boolean"},
+                    "n": {"type": "integer", "default": 5},
+                    "sort": {"type": "string", "enum": ["a", "b"]},
+                    "m": {"type": "string", "enum": ["GET"]},
+                    "s": {"$ref": "#/$defs/S"}
+                },
+                "required": ["format"]
+            })
+        );
     }
 }

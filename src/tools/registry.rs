@@ -276,8 +276,8 @@ impl ToolRegistry {
     /// turn loaded, in the order given; the order of loading, so a later load appends and the
     /// request prefix stays byte-stable); and the other allowed tools by name and one line.
     /// `exposed` (an active skill's `allowed_tools`) makes internal tools loadable; `omit`
-    /// takes core tools out of the offer and of the list (`use_skill` without skills), still
-    /// loadable by `loaded`.
+    /// takes tools out of the offer and of the list (`use_skill` without skills); `loaded`
+    /// still loads them.
     pub fn offer(&self, exposed: &[String], loaded: &[String], omit: &[&str]) -> Offer {
         let has_search = self.has_search(exposed);
         let all = self.all();
@@ -309,7 +309,7 @@ impl ToolRegistry {
             .iter()
             .filter(|t| {
                 let n = t.tool.name();
-                self.visible(t, &[]) && !self.is_core(n, has_search)
+                self.visible(t, &[]) && !self.is_core(n, has_search) && !omit.contains(&n)
             })
             .map(|t| {
                 (
