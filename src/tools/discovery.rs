@@ -23,8 +23,8 @@ use super::{schema_of, Effect, Tool, ToolContext, ToolError};
 pub const TOOL_SEARCH: &str = "tool_search";
 
 /// Tools always offered in full: what a chat assistant uses in most turns (the file tools,
-/// a shell, the web, sending a message, searching memory) and the search tool itself.
-/// `use_skill` and `skill_search` join them when the agent has skills (`turn::offer`).
+/// a shell, the web, sending a message, searching memory), the search tool itself, and the
+/// skill tools (left out when the agent has no skills: `turn::offer::omitted`).
 pub const CORE_TOOLS: &[&str] = &[
     "read_file",
     "write_file",
@@ -38,6 +38,8 @@ pub const CORE_TOOLS: &[&str] = &[
     "message",
     "memory_search",
     TOOL_SEARCH,
+    "use_skill",
+    "skill_search",
 ];
 
 /// Tools found by one `tool_search` at most (default 3).

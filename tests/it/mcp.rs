@@ -32,7 +32,7 @@ fn everything(internal_only: bool) -> Value {
 }
 
 /// Wait until the (only) MCP server reports `connected` in `/v1/status`.
-async fn connected(api: &Api) -> bool {
+pub async fn connected(api: &Api) -> bool {
     for _ in 0..200 {
         let (_, st) = api.get("/v1/status").await;
         if st["mcp_servers"][0]["state"] == "connected" {
