@@ -148,11 +148,7 @@ impl Budget {
             .learned_window
             .map_or(s.context_window, |l| l.min(s.context_window))
             .max(512);
-        let reserve = deps
-            .agent
-            .max_tokens
-            .map_or((window / 8).min(4096), u64::from)
-            .min(window / 2);
+        let reserve = reserve(&deps.agent, window);
         #[allow(
             clippy::cast_possible_truncation,
             clippy::cast_sign_loss,
@@ -177,6 +173,15 @@ impl Budget {
     fn summary_cap(&self) -> u64 {
         (self.room() / 5).clamp(128, 2048)
     }
+}
+
+/// Room kept for the reply in a `window`: `max_tokens`, else 1/8 of the window (at most
+/// 4096), never more than half.
+fn reserve(agent: &crate::config::AgentConfig, window: u64) -> u64 {
+    agent
+        .max_tokens
+        .map_or((window / 8).min(4096), u64::from)
+        .min(window / 2)
 }
 
 /// How long an overhead estimate is reused: the skills directories are read again after it (a
@@ -229,9 +234,7 @@ fn overhead(deps: &TurnDeps) -> u64 {
         workspace: deps.workspace.clone(),
     }
     .load();
-    let offer = registry.offer(&[], &deps.preload, crate::turn::offer::omitted(&skills));
-    let system = crate::turn::offer::system_text(&deps.system_prompt, &skills, &offer.deferred);
-    let tokens = tokens::of_message(&Message::system(system)) + tokens::of_tools(&offer.specs);
+    let tokens = overhead_of(&registry, &deps.system_prompt, &skills, &deps.preload);
     let mut cache = CACHE
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -246,6 +249,50 @@ fn overhead(deps: &TurnDeps) -> u64 {
         tokens,
     });
     tokens
+}
+
+/// Estimated tokens of what every request carries: the system prompt `system` with the
+/// skills section and the list of tools not loaded, and the schemas of the core tools (and of
+/// `preload`).
+pub fn overhead_of(
+    registry: &crate::tools::registry::ToolRegistry,
+    system: &str,
+    skills: &[crate::skills::Skill],
+    preload: &[String],
+) -> u64 {
+    let offer = registry.offer(&[], preload, crate::turn::offer::omitted(skills));
+    let system = crate::turn::offer::system_text(system, skills, &offer.deferred);
+    tokens::of_message(&Message::system(system)) + tokens::of_tools(&offer.specs)
+}
+
+/// Tokens of a short user message counted as "one exchange" by [`fits_one_exchange`] (the
+/// reply is the reserve).
+const ONE_LINE_TOKENS: u64 = 64;
+
+/// Whether a model with `agent`'s window can answer anything at all: the instructions and the
+/// core tools (`overhead`, estimated tokens, see [`overhead_of`]) plus a one-line message and
+/// the room kept for the reply. Checked at the gateway's start and by `weft doctor` (issue
+/// 32), so a window too small is known before the first message.
+///
+/// # Errors
+/// What is wrong and what to change, with the numbers.
+pub fn fits_one_exchange(agent: &crate::config::AgentConfig, overhead: u64) -> Result<(), String> {
+    let window = agent.window.context_window.max(512);
+    let reserve = reserve(agent, window);
+    if overhead + ONE_LINE_TOKENS + reserve <= window {
+        return Ok(());
+    }
+    Err(format!(
+        "this model's context window is {window} tokens ({overhead} of them taken by the instructions and tools, {reserve} kept for the reply), so no message can be answered: set agents.defaults.context_window to the model's real window, lower max_tokens, shorten the context files, or pin fewer tools (tools.always)"
+    ))
+}
+
+/// [`fits_one_exchange`] for an agent's dependencies, as its first turn would see them.
+///
+/// # Errors
+/// See [`fits_one_exchange`].
+pub fn check_fits(deps: &TurnDeps) -> Result<(), String> {
+    fits_one_exchange(&deps.agent, overhead(deps))
 }
 
 /// Estimated tokens of the schemas of the tools `msgs` load beyond the core ones

@@ -288,3 +288,70 @@ async fn an_mcp_tool_is_found_with_tool_search_and_called() {
     assert_eq!(messages(&reqs[0]).len(), 2);
     gw.stop().await;
 }
+
+/// A model whose window cannot hold the instructions, the core tools and one exchange is
+/// reported at start, by `weft doctor` and in the gateway's log, before any message.
+#[tokio::test]
+async fn a_window_too_small_for_the_core_set_is_reported_at_start() {
+    use crate::process::{free_port, log_of, weft, write_config, Daemon};
+    let dir = tempfile::tempdir().unwrap();
+    let llm = FakeLlm::start().await;
+    let port = free_port();
+    let cfg = write_config(
+        dir.path(),
+        &crate::common::config_value(
+            &llm.base_url(),
+            dir.path(),
+            json!({
+                "agents": {"defaults": {"context_window": 1024}},
+                "channels": {"http": {"bind": format!("127.0.0.1:{port}")}},
+            }),
+        ),
+    );
+    let mut doctor = weft(dir.path());
+    doctor.arg("--config").arg(&cfg).arg("doctor");
+    let out = tokio::task::spawn_blocking(move || doctor.output().unwrap())
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    let line = stdout
+        .lines()
+        .find(|l| l.contains("context window (main)"))
+        .unwrap_or_else(|| panic!("{stdout}"));
+    assert!(line.starts_with("fail"), "{line}");
+    assert!(line.contains("context window is 1024 tokens"), "{line}");
+    assert!(line.contains("no message can be answered"), "{line}");
+
+    let d = Daemon::start(dir.path(), &cfg, port).await;
+    let log = log_of(dir.path());
+    assert!(
+        log.contains("ERROR") && log.contains("context window is 1024 tokens"),
+        "{log}"
+    );
+    // Before any message: the fake model was never asked.
+    assert!(llm.requests().is_empty());
+    d.term();
+
+    // With the window of an 8k model: fine.
+    let ok = dir.path().join("ok");
+    std::fs::create_dir_all(&ok).unwrap();
+    let cfg = write_config(
+        &ok,
+        &crate::common::config_value(
+            &llm.base_url(),
+            &ok,
+            json!({"agents": {"defaults": {"context_window": 8192}}}),
+        ),
+    );
+    let mut doctor = weft(&ok);
+    doctor.arg("--config").arg(&cfg).arg("doctor");
+    let out = tokio::task::spawn_blocking(move || doctor.output().unwrap())
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    let line = stdout
+        .lines()
+        .find(|l| l.contains("context window (main)"))
+        .unwrap_or_else(|| panic!("{stdout}"));
+    assert!(line.starts_with("ok"), "{line}");
+}
