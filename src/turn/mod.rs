@@ -337,17 +337,20 @@ async fn run_turn_inner(
     }
     // The core tools in full, the others listed in the system prompt (`offer`); a skill
     // activated by `/NAME` loads its tools from the start.
-    let deferred = registry.offer(&[], &[], offer::omitted(&skills)).deferred;
-    let mut system = offer::system_text(&deps.system_prompt, &skills, &deferred);
-    system.extend(activated);
     let mut preload: Vec<String> = deps.preload.to_vec();
     preload.extend(registry.matching(&exposed));
+    let first = registry.offer(
+        &exposed,
+        &offer::loaded_by(&registry, &preload, history),
+        offer::omitted(&skills),
+    );
+    let mut system = offer::system_text(&deps.system_prompt, &skills, &first.deferred);
+    system.extend(activated);
+    let mut tools: Arc<[crate::llm::ToolSpec]> = first.specs.into();
     let mut guard = guard::TurnGuard::new(&deps.agent, history);
     let mut messages = Vec::with_capacity(history.len() + 1);
     messages.push(Message::system(&system));
     messages.extend_from_slice(history);
-    let mut tools: Arc<[crate::llm::ToolSpec]> =
-        offer::tools_for(&registry, &skills, &exposed, &preload, &messages).into();
     if deps.agent.shows_images(deps.request_model.as_deref()) {
         crate::media::load_images(&deps.workspace, &mut messages);
     }
@@ -516,9 +519,16 @@ async fn run_turn_inner(
         messages.extend_from_slice(&results);
         out.messages.extend(results);
         // Tools this round loaded (`tool_search`, `use_skill`, a call by name) are appended.
-        let now = offer::tools_for(&registry, &skills, &exposed, &preload, &messages);
-        if *now != *tools {
-            tools = now.into();
+        let may_load = calls.iter().any(|c| {
+            c.name == crate::tools::discovery::TOOL_SEARCH
+                || c.name == "use_skill"
+                || !tools.iter().any(|t| t.name == c.name)
+        });
+        if may_load {
+            let now = offer::tools_for(&registry, &skills, &exposed, &preload, &messages);
+            if *now != *tools {
+                tools = now.into();
+            }
         }
         if let Some(m) = fatal {
             let m = registry.scrubber().scrub_str(&m).into_owned();
