@@ -36,7 +36,7 @@ struct Rec {
     legs: Vec<Duration>,
     /// Body sizes of first requests (no assistant message yet), in arrival order, with the
     /// last user message and the size of each part ([`request_parts`]).
-    first_bodies: Vec<(String, usize, Vec<(&'static str, usize)>)>,
+    first_bodies: Vec<(String, usize, Parts)>,
     /// Requests that asked for SSE.
     streamed: u64,
     /// Requests answered.
@@ -50,6 +50,9 @@ struct Rec {
     summaries: u64,
 }
 
+/// Bytes of a request by part: `(part, bytes)`, see [`request_parts`].
+pub type Parts = Vec<(&'static str, usize)>;
+
 /// Where the sections the gateway appends to its system prompt begin (the texts of
 /// `turn::context::assemble`, `skills::prompt_section` and `tools::discovery::list_section`;
 /// the bench does not link the gateway, so they are repeated here).
@@ -62,7 +65,7 @@ const SECTION_MARKERS: &[(&str, &str)] = &[
 /// The bytes of a request by part: the system prompt's base text, its context files, its
 /// skills section and its list of tools loaded on demand; the tool schemas (the `tools` array
 /// as sent); and the rest of the body (messages, model, options, JSON framing).
-pub fn request_parts(req: &Value) -> Vec<(&'static str, usize)> {
+pub fn request_parts(req: &Value) -> Parts {
     let system = req["messages"]
         .as_array()
         .and_then(|m| m.iter().find(|m| m["role"] == "system"))
@@ -146,7 +149,7 @@ impl FakeLlm {
 
     /// Body size of the first request whose last user message is `text`, and its parts
     /// ([`request_parts`]).
-    pub fn first_body_size(&self, text: &str) -> Option<(usize, Vec<(&'static str, usize)>)> {
+    pub fn first_body_size(&self, text: &str) -> Option<(usize, Parts)> {
         self.rec()
             .first_bodies
             .iter()
