@@ -417,7 +417,7 @@ impl Tool for SkillSearch {
         let docs: Vec<Vec<String>> = skills
             .iter()
             .map(|s| {
-                use crate::memory::text::terms;
+                use crate::tools::discovery::terms;
                 let name = terms(&s.name);
                 let mut d = name.clone();
                 d.extend(name);
@@ -426,7 +426,7 @@ impl Tool for SkillSearch {
                 d
             })
             .collect();
-        let query = crate::memory::text::terms(&a.query);
+        let query = crate::tools::discovery::terms(&a.query);
         let found: Vec<Value> = crate::tools::discovery::bm25(&docs, &query)
             .into_iter()
             .take(limit)

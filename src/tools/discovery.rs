@@ -104,9 +104,55 @@ pub fn list_section(deferred: &[(String, String)]) -> String {
     s
 }
 
-/// BM25 (k1 = 1.2, b = 0.75) of `query` over `docs` (each a list of analysed terms, see
-/// `memory::text::terms`): `(index, score)` of the documents with a score above zero, best
-/// first, ties in document order.
+/// English words a search ignores.
+const STOP_WORDS: &[&str] = &[
+    "a", "an", "and", "are", "as", "at", "be", "by", "for", "from", "i", "in", "is", "it", "me",
+    "my", "of", "on", "or", "that", "the", "this", "to", "with", "you", "your",
+];
+
+/// The terms of `text` for [`bm25`]: words of letters and digits (`_`, `-`, `.` and every other
+/// character split them, so `sessions_list` is `sessions list`), lower-cased, English stop
+/// words dropped, and a light stemming (`reminders` = `reminder`, `scheduled` = `schedule`,
+/// `running` = `run`) so a query and a description meet on the word, not its form. Small on
+/// purpose: tool and skill descriptions are short; `memory::text` is the full analyser.
+pub fn terms(text: &str) -> Vec<String> {
+    text.split(|c: char| !c.is_alphanumeric())
+        .filter(|w| !w.is_empty())
+        .map(str::to_lowercase)
+        .filter(|w| !STOP_WORDS.contains(&w.as_str()))
+        .map(|w| stem(&w))
+        .collect()
+}
+
+/// Strip one common English suffix, leaving at least 3 letters (not the `s` of `-ss`/`-us`:
+/// `process`, `status`), and a final `e`.
+fn stem(w: &str) -> String {
+    for suffix in ["ing", "ies", "es", "ed", "s"] {
+        if let Some(base) = w.strip_suffix(suffix) {
+            if base.chars().count() >= 3 && !w.ends_with("ss") && !w.ends_with("us") {
+                let base = match suffix {
+                    "ies" => format!("{base}y"),
+                    "ing" | "ed" => {
+                        // running → run, scheduled → schedul(e): keep comparable forms.
+                        let b: Vec<char> = base.chars().collect();
+                        if b.len() >= 2 && b[b.len() - 1] == b[b.len() - 2] {
+                            b[..b.len() - 1].iter().collect()
+                        } else {
+                            base.trim_end_matches('e').to_string()
+                        }
+                    }
+                    _ => base.to_string(),
+                };
+                return base.trim_end_matches('e').to_string();
+            }
+        }
+    }
+    w.trim_end_matches('e').to_string()
+}
+
+/// BM25 (k1 = 1.2, b = 0.75) of `query` over `docs` (each a list of terms, see [`terms`]):
+/// `(index, score)` of the documents with a score above zero, best first, ties in document
+/// order.
 pub fn bm25(docs: &[Vec<String>], query: &[String]) -> Vec<(usize, f64)> {
     const K1: f64 = 1.2;
     const B: f64 = 0.75;
@@ -177,7 +223,6 @@ impl Candidate {
 /// one of its words) first, then by BM25 over name (weighted twice), description and
 /// parameter names.
 pub fn rank(candidates: &[Candidate], query: &str, limit: usize) -> Vec<usize> {
-    use crate::memory::text::terms;
     let docs: Vec<Vec<String>> = candidates
         .iter()
         .map(|c| {
@@ -305,6 +350,16 @@ mod tests {
         // An exact name comes first, whatever the scores.
         assert_eq!(names("process cron", 2), ["process", "cron"]);
         assert!(names("zebra", 3).is_empty());
+    }
+
+    #[test]
+    fn terms_split_names_fold_case_and_stem() {
+        assert_eq!(terms("sessions_list"), ["session", "list"]);
+        assert_eq!(terms("Reminders"), terms("reminder"));
+        assert_eq!(terms("scheduled"), terms("schedule"));
+        assert_eq!(terms("running"), terms("run"));
+        assert_eq!(terms("the status of my chat"), ["status", "chat"]);
+        assert_eq!(terms("process"), ["process"]);
     }
 
     #[test]
