@@ -272,6 +272,9 @@ pub struct PolicyFile {
     pub deny: Option<Vec<String>>,
     /// Global additions.
     pub also_allow: Option<Vec<String>>,
+    /// Tools offered in full in every request, for every agent (see
+    /// [`PolicyLayerFile::always`]).
+    pub always: Option<Vec<String>>,
     /// Layers applied when the agent's primary provider has this name.
     #[serde(default)]
     pub by_provider: std::collections::BTreeMap<String, PolicyLayerFile>,
@@ -333,7 +336,7 @@ impl PolicyFile {
             allow: self.allow.clone(),
             deny: self.deny.clone(),
             also_allow: self.also_allow.clone(),
-            always: None,
+            always: self.always.clone(),
         }
         .resolve("tools.policy")?;
         let mut by_provider = None;
