@@ -254,16 +254,34 @@ fn workspace_files(ws: &Workspace) -> Vec<(String, String)> {
     out
 }
 
-/// The skills paragraph appended to the system prompt (empty without skills).
+/// Most bytes of the skills section of the system prompt (1 KiB): past it, the remaining
+/// skills are counted, not listed; `skill_search` finds them.
+const SECTION_BYTES: usize = 1024;
+
+/// The skills paragraph appended to the system prompt (empty without skills): each skill by
+/// name and the first line of its description, within [`SECTION_BYTES`].
 pub fn prompt_section(skills: &[Skill]) -> String {
     if skills.is_empty() {
         return String::new();
     }
     let mut s = String::from(
-        "\n\nSkills (activate one with the use_skill tool when the task matches; the user can also type /NAME):",
+        "\n\nSkills (activate one with the use_skill tool when the task matches; skill_search finds one by what it does; the user can also type /NAME):",
     );
-    for k in skills {
-        s.push_str(&format!("\n- {}: {}", k.name, k.description));
+    for (i, k) in skills.iter().enumerate() {
+        let line = crate::tools::discovery::one_line(&k.description);
+        let entry = if line.is_empty() {
+            format!("\n- {}", k.name)
+        } else {
+            format!("\n- {}: {line}", k.name)
+        };
+        if s.len() + entry.len() > SECTION_BYTES {
+            s.push_str(&format!(
+                "\n- … and {} more (find them with skill_search)",
+                skills.len() - i
+            ));
+            break;
+        }
+        s.push_str(&entry);
     }
     s
 }
@@ -344,6 +362,93 @@ impl Tool for UseSkill {
             "instructions": s.instructions,
             "allowed_tools": s.allowed_tools,
         }))
+    }
+}
+
+/// The name of the skill search tool.
+pub const SKILL_SEARCH: &str = "skill_search";
+
+/// Arguments of `skill_search`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SkillSearchArgs {
+    /// What the task is about.
+    pub query: String,
+    /// Results, default 5, max 20.
+    pub limit: Option<usize>,
+}
+
+/// `skill_search`: BM25 over the skills' names, descriptions and instructions (seed 004,
+/// "Other tools").
+pub struct SkillSearch {
+    global: Option<PathBuf>,
+}
+
+impl SkillSearch {
+    /// A tool reading global skills from `global` (and workspace skills from the call's
+    /// workspace).
+    pub fn new(global: Option<PathBuf>) -> Self {
+        Self { global }
+    }
+}
+
+#[async_trait]
+impl Tool for SkillSearch {
+    fn name(&self) -> &str {
+        SKILL_SEARCH
+    }
+    fn description(&self) -> &str {
+        "Search the skills by name, description and instructions; activate one found with use_skill."
+    }
+    fn parameters(&self) -> Value {
+        schema_of::<SkillSearchArgs>()
+    }
+    fn effect(&self) -> Effect {
+        Effect::ReadOnly
+    }
+    async fn execute(&self, args: Value, ctx: &ToolContext) -> Result<Value, ToolError> {
+        let a: SkillSearchArgs = parse_args(self.name(), args)?;
+        let limit = a.limit.unwrap_or(5).clamp(1, 20);
+        let dirs = SkillDirs {
+            global: self.global.clone(),
+            workspace: ctx.workspace.clone(),
+        };
+        let skills = tokio::task::spawn_blocking(move || dirs.load())
+            .await
+            .map_err(|e| ToolError::ExecutionFailed(format!("skills: {e}")))?;
+        let docs: Vec<Vec<String>> = skills
+            .iter()
+            .map(|s| {
+                use crate::tools::discovery::terms;
+                let name = terms(&s.name);
+                let mut d = name.clone();
+                d.extend(name);
+                d.extend(terms(&s.description));
+                d.extend(terms(&s.instructions));
+                d
+            })
+            .collect();
+        let query = crate::tools::discovery::terms(&a.query);
+        let found: Vec<Value> = crate::tools::discovery::bm25(&docs, &query)
+            .into_iter()
+            .take(limit)
+            .map(|(i, score)| {
+                json!({
+                    "name": skills[i].name,
+                    "description": skills[i].description,
+                    "score": (score * 1000.0).round() / 1000.0,
+                })
+            })
+            .collect();
+        let how = if found.is_empty() {
+            format!(
+                "No skill matches; {} skills exist. Try other words.",
+                skills.len()
+            )
+        } else {
+            "To use a skill, call use_skill with its name: it returns the skill's instructions and loads its tools.".to_string()
+        };
+        Ok(json!({ "skills": found, "how_to_use": how }))
     }
 }
 

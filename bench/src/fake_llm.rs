@@ -35,8 +35,8 @@ struct Rec {
     /// Tool-call legs measured.
     legs: Vec<Duration>,
     /// Body sizes of first requests (no assistant message yet), in arrival order, with the
-    /// last user message.
-    first_bodies: Vec<(String, usize)>,
+    /// last user message and the size of each part ([`request_parts`]).
+    first_bodies: Vec<(String, usize, Parts)>,
     /// Requests that asked for SSE.
     streamed: u64,
     /// Requests answered.
@@ -48,6 +48,50 @@ struct Rec {
     turn_bodies: Option<Vec<usize>>,
     /// Requests without tools (compaction summaries).
     summaries: u64,
+}
+
+/// Bytes of a request by part: `(part, bytes)`, see [`request_parts`].
+pub type Parts = Vec<(&'static str, usize)>;
+
+/// Where the sections the gateway appends to its system prompt begin (the texts of
+/// `turn::context::assemble`, `skills::prompt_section` and `tools::discovery::list_section`;
+/// the bench does not link the gateway, so they are repeated here).
+const SECTION_MARKERS: &[(&str, &str)] = &[
+    ("context_files", "\n\n# Context files\n\n"),
+    ("skills_section", "\n\nSkills ("),
+    ("tool_list", "\n\nMore tools ("),
+];
+
+/// The bytes of a request by part: the system prompt's base text, its context files, its
+/// skills section and its list of tools loaded on demand; the tool schemas (the `tools` array
+/// as sent); and the rest of the body (messages, model, options, JSON framing).
+pub fn request_parts(req: &Value) -> Parts {
+    let system = req["messages"]
+        .as_array()
+        .and_then(|m| m.iter().find(|m| m["role"] == "system"))
+        .and_then(|m| m["content"].as_str())
+        .unwrap_or_default();
+    let mut starts: Vec<(usize, &'static str)> = SECTION_MARKERS
+        .iter()
+        .filter_map(|(name, marker)| system.find(marker).map(|at| (at, *name)))
+        .collect();
+    starts.sort_unstable();
+    let base = starts.first().map_or(system.len(), |(at, _)| *at);
+    let mut parts = vec![("system_prompt", base)];
+    for (i, (at, name)) in starts.iter().enumerate() {
+        let end = starts.get(i + 1).map_or(system.len(), |(next, _)| *next);
+        parts.push((name, end - at));
+    }
+    for (name, _) in SECTION_MARKERS {
+        if !parts.iter().any(|(n, _)| n == name) {
+            parts.push((name, 0));
+        }
+    }
+    let tools = serde_json::to_vec(&req["tools"]).map_or(0, |v| v.len());
+    parts.push(("tool_schemas", tools));
+    let body = serde_json::to_vec(req).map_or(0, |v| v.len());
+    parts.push(("other", body.saturating_sub(system.len() + tools)));
+    parts
 }
 
 /// The running fake. Its tasks end with the runtime.
@@ -114,13 +158,14 @@ impl FakeLlm {
         self.rec().legs.clone()
     }
 
-    /// Body size of the first request whose last user message is `text`.
-    pub fn first_body_size(&self, text: &str) -> Option<usize> {
+    /// Body size of the first request whose last user message is `text`, and its parts
+    /// ([`request_parts`]).
+    pub fn first_body_size(&self, text: &str) -> Option<(usize, Parts)> {
         self.rec()
             .first_bodies
             .iter()
-            .find(|(t, _)| t == text)
-            .map(|(_, n)| *n)
+            .find(|(t, _, _)| t == text)
+            .map(|(_, n, parts)| (*n, parts.clone()))
     }
 
     /// Start recording the first request of every turn (see `Rec::turn_bodies`), forgetting
@@ -207,7 +252,7 @@ impl FakeLlm {
                         .and_then(|m| m["content"].as_str())
                         .unwrap_or_default()
                         .to_string();
-                    r.first_bodies.push((text, body.len()));
+                    r.first_bodies.push((text, body.len(), request_parts(&req)));
                 }
             }
             let model = req["model"].as_str().unwrap_or("fake").to_string();

@@ -407,16 +407,36 @@ async fn turns(ctx: &mut Ctx) -> Result<(), String> {
     // A one-line message in a fresh session: the first LLM request's size.
     let probe = "What does note.txt say?";
     turn(&mut c, "size-probe", probe).await?;
-    let size = ctx.llm.first_body_size(probe);
+    let probed = ctx.llm.first_body_size(probe);
     ctx.report.add(
         "llm_request_bytes",
-        size.map(|s| s as f64),
+        probed.as_ref().map(|(s, _)| *s as f64),
         "bytes",
-        Some(16384.0),
+        Some(8192.0),
         "<=",
         None,
         "first request body for a one-line message with the built-in tools",
     );
+    ctx.report.add(
+        "llm_request_tokens_est",
+        probed.as_ref().map(|(s, _)| s.div_ceil(4) as f64),
+        "tokens",
+        None,
+        "<=",
+        None,
+        "the same body at 4 bytes a token (weft's estimate; ~3 bytes a token is a small model's tokenizer)",
+    );
+    for (part, bytes) in probed.map(|(_, p)| p).unwrap_or_default() {
+        ctx.report.add(
+            &format!("llm_request_bytes_{part}"),
+            Some(bytes as f64),
+            "bytes",
+            None,
+            "<=",
+            None,
+            "part of the same body",
+        );
+    }
     ctx.llm.reset_legs();
     let store0 = home.store_bytes();
     let cpu0 = gw.cpu_secs()?;

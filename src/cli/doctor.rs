@@ -423,6 +423,7 @@ pub async fn check(config: &Config) -> Result<Vec<Finding>, CliError> {
         }
     }
     out.extend(workspace_findings(config));
+    out.extend(window_findings(config));
     out.extend(service_credentials(
         config,
         &crate::config::Env::from_process(),
@@ -510,6 +511,94 @@ pub async fn check(config: &Config) -> Result<Vec<Finding>, CliError> {
         }
     }
     Ok(out)
+}
+
+/// Stands in for the outbox so `message` is counted among the tools (nothing is sent).
+struct NoSink;
+
+impl crate::tools::message::MessageSink for NoSink {
+    fn channels(&self) -> Vec<String> {
+        Vec::new()
+    }
+    fn send(
+        &self,
+        _msg: clawft_channel_core::OutboundMessage,
+    ) -> Result<(), crate::store::StoreError> {
+        Ok(())
+    }
+}
+
+/// Per agent: whether its model's context window holds the instructions, the core tools and
+/// one exchange (issue 32; the gateway logs the same error at start). MCP tools, which connect
+/// later, are not counted: the list of tools not loaded grows by a line per MCP tool.
+pub fn window_findings(config: &Config) -> Vec<Finding> {
+    let names = std::iter::once(None).chain(config.agents.iter().map(|a| Some(a.name.as_str())));
+    let mut out = Vec::new();
+    for name in names {
+        let view = match name {
+            None => config.clone(),
+            Some(n) => match config.for_agent(n) {
+                Some(v) => v,
+                None => continue,
+            },
+        };
+        let check = format!("context window ({})", name.unwrap_or("main"));
+        let ws = match super::open_workspace(&view) {
+            Ok(ws) => std::sync::Arc::new(ws),
+            Err(e) => {
+                out.push(warn(check, e.to_string()));
+                continue;
+            }
+        };
+        let store = crate::store::Store::memory();
+        let registry = crate::daemon::build::build_registry(
+            &view,
+            Some(std::sync::Arc::new(NoSink)),
+            None,
+            Vec::new(),
+            crate::daemon::build::RegistryParts {
+                subagents: Some(crate::subagent::SubagentHub::new(
+                    view.tools.subagents.clone(),
+                )),
+                scheduler: Some(crate::scheduler::Scheduler::new(
+                    store.clone(),
+                    view.scheduler,
+                    None,
+                    view.tools.message_allow.clone(),
+                    view.heartbeat.clone(),
+                    ws.clone(),
+                )),
+                processes: Some(crate::tools::exec::process::ProcessTable::new()),
+                sessions: Some(crate::session::tools::SessionDirectory::new(store)),
+                ..Default::default()
+            },
+        );
+        let prompt = crate::turn::context::ContextPrompt::new(
+            &crate::session::prompt::system_prompt(None, ws.root()),
+            view.agent.system_prompt.as_deref(),
+            ws.clone(),
+        )
+        .current();
+        let skills = crate::skills::SkillDirs {
+            global: Some(view.home.join("skills")),
+            workspace: ws,
+        }
+        .load();
+        let overhead = crate::session::window::overhead_of(&registry, &prompt, &skills, &[]);
+        out.push(
+            match crate::session::window::fits_one_exchange(&view.agent, overhead) {
+                Ok(()) => ok(
+                    check,
+                    format!(
+                        "{} tokens; every request carries ~{overhead} (instructions and core tools)",
+                        view.agent.window.context_window
+                    ),
+                ),
+                Err(e) => fail(check, e),
+            },
+        );
+    }
+    out
 }
 
 /// When the user service is installed: whether it will see the environment variables the config

@@ -397,6 +397,10 @@ pub fn build_registry(
     reg.register(Arc::new(crate::skills::UseSkill::new(Some(
         config.home.join("skills"),
     ))));
+    reg.register(Arc::new(crate::skills::SkillSearch::new(Some(
+        config.home.join("skills"),
+    ))));
+    reg.register(Arc::new(crate::tools::discovery::ToolSearch));
     if let Some(hub) = subagents {
         reg.register(Arc::new(crate::subagent::tool::SubagentsTool::new(hub)));
     }
@@ -526,5 +530,94 @@ mod tests {
             !s.iter().any(|(p, _)| *p == store || *p == store.join("ws")),
             "{s:?}"
         );
+    }
+
+    struct NoSink;
+    impl message::MessageSink for NoSink {
+        fn channels(&self) -> Vec<String> {
+            Vec::new()
+        }
+        fn send(
+            &self,
+            _msg: clawft_channel_core::OutboundMessage,
+        ) -> Result<(), crate::store::StoreError> {
+            Ok(())
+        }
+    }
+
+    /// Issue 32: what every request of the default configuration carries in tools (the core
+    /// schemas and the list of the others) stays within its share of 8 KB, with every tool
+    /// the gateway registers.
+    #[tokio::test]
+    async fn the_default_offer_fits_its_budget() {
+        let tmp = tempfile::tempdir().unwrap();
+        let home = canonical(tmp.path());
+        let c = load(&home, &home.join(".clawft/config.toml"), "", &[]);
+        let store = crate::store::Store::memory();
+        let ws = Arc::new(crate::tools::Workspace::open(&home.join("ws")).unwrap());
+        let reg = build_registry(
+            &c,
+            Some(Arc::new(NoSink)),
+            None,
+            Vec::new(),
+            RegistryParts {
+                subagents: Some(crate::subagent::SubagentHub::new(c.tools.subagents.clone())),
+                memory: None,
+                scheduler: Some(crate::scheduler::Scheduler::new(
+                    store.clone(),
+                    c.scheduler,
+                    None,
+                    c.tools.message_allow.clone(),
+                    c.heartbeat.clone(),
+                    ws,
+                )),
+                gateway: None,
+                processes: Some(exec::process::ProcessTable::new()),
+                sessions: Some(crate::session::tools::SessionDirectory::new(store)),
+            },
+        );
+        let offer = reg.offer(&[], &[], crate::turn::offer::SKILL_TOOLS);
+        let sizes: Vec<(String, usize)> = offer
+            .specs
+            .iter()
+            .map(|s| {
+                let v = serde_json::json!({"type": "function", "function": {
+                    "name": s.name, "description": s.description, "parameters": s.parameters}});
+                (s.name.clone(), v.to_string().len())
+            })
+            .collect();
+        let schemas: usize = sizes.iter().map(|(_, n)| n).sum();
+        let list = crate::tools::discovery::list_section(&offer.deferred);
+        println!("{sizes:?}\nschemas {schemas}, list {}:{list}", list.len());
+        let names: Vec<&str> = sizes.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "edit_file",
+                "exec_shell",
+                "glob",
+                "grep",
+                "list_directory",
+                "memory_search",
+                "message",
+                "read_file",
+                "tool_search",
+                "web_fetch",
+                "web_search",
+                "write_file"
+            ]
+        );
+        // Every other tool is listed.
+        for n in reg.allowed_names() {
+            if crate::turn::offer::SKILL_TOOLS.contains(&n.as_str()) {
+                continue; // offered when the agent has skills
+            }
+            assert!(
+                names.contains(&n.as_str()) || offer.deferred.iter().any(|(d, _)| *d == n),
+                "{n} is neither offered nor listed"
+            );
+        }
+        assert!(schemas <= 6_700, "core schemas: {schemas} bytes");
+        assert!(list.len() <= 800, "tool list: {} bytes", list.len());
     }
 }

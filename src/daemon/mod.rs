@@ -295,6 +295,7 @@ impl AgentRuntime {
             sender: None,
             request_model: None,
             turn_event: None,
+            preload: Arc::new([]),
         }
     }
 }
@@ -367,6 +368,11 @@ impl Daemon {
             others.push((a.name.clone(), rt));
         }
         let agents = crate::turn::Agents::new(deps, named);
+        for (name, d) in agents.iter() {
+            if let Err(e) = crate::session::window::check_fits(d) {
+                tracing::error!(agent = name, "{e}");
+            }
+        }
         let tools = main.tools.clone();
         let tasks = TaskTracker::new();
         let turns = CancellationToken::new();

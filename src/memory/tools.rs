@@ -26,9 +26,9 @@ const MAX_QUERY_BYTES: usize = 1024;
 pub struct MemorySearchArgs {
     /// Words to look for.
     pub query: String,
-    /// Default 8, at most 50.
+    /// Default 8, max 50.
     pub max_results: Option<usize>,
-    /// Only paths starting with this, e.g. `memory/2026-11`.
+    /// E.g. `memory/2026-11`.
     pub path_prefix: Option<String>,
 }
 
@@ -50,7 +50,7 @@ impl Tool for MemorySearch {
         "memory_search"
     }
     fn description(&self) -> &str {
-        "Search saved memory (MEMORY.md, memory/ notes) for facts saved earlier; best first. Returns: {results: [{path, start_line, end_line, score, snippet}], mode}"
+        "Search saved memory (MEMORY.md, memory/ notes); best first."
     }
     fn parameters(&self) -> Value {
         schema_of::<MemorySearchArgs>()

@@ -469,7 +469,7 @@ impl Tool for SessionStatus {
         "session_status"
     }
     fn description(&self) -> &str {
-        "This conversation's agent, model, tokens and cost today, budgets left and queue."
+        "Show this conversation's status: agent, model, tokens and cost today, budgets left and queue."
     }
     fn parameters(&self) -> Value {
         schema_of::<StatusArgs>()

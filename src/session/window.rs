@@ -135,22 +135,20 @@ struct Budget {
     reserve: u64,
     /// Compact when the prompt passes this.
     limit: u64,
-    /// System prompt, skills and tools.
+    /// System prompt, skills, the list of tools not loaded, and the tool schemas: the core
+    /// ones and those the window's messages loaded.
     overhead: u64,
 }
 
 impl Budget {
-    fn of(deps: &TurnDeps, state: &WindowState) -> Self {
+    /// The budget of a request over the window `msgs` (the tools they load are counted).
+    fn of(deps: &TurnDeps, state: &WindowState, msgs: &[Message]) -> Self {
         let s = &deps.agent.window;
         let window = state
             .learned_window
             .map_or(s.context_window, |l| l.min(s.context_window))
             .max(512);
-        let reserve = deps
-            .agent
-            .max_tokens
-            .map_or((window / 8).min(4096), u64::from)
-            .min(window / 2);
+        let reserve = reserve(&deps.agent, window);
         #[allow(
             clippy::cast_possible_truncation,
             clippy::cast_sign_loss,
@@ -162,7 +160,7 @@ impl Budget {
             window,
             reserve,
             limit,
-            overhead: state.calibrated(overhead(deps)),
+            overhead: state.calibrated(overhead(deps) + loaded_overhead(deps, msgs)),
         }
     }
 
@@ -175,6 +173,15 @@ impl Budget {
     fn summary_cap(&self) -> u64 {
         (self.room() / 5).clamp(128, 2048)
     }
+}
+
+/// Room kept for the reply in a `window`: `max_tokens`, else 1/8 of the window (at most
+/// 4096), never more than half.
+fn reserve(agent: &crate::config::AgentConfig, window: u64) -> u64 {
+    agent
+        .max_tokens
+        .map_or((window / 8).min(4096), u64::from)
+        .min(window / 2)
 }
 
 /// How long an overhead estimate is reused: the skills directories are read again after it (a
@@ -227,13 +234,7 @@ fn overhead(deps: &TurnDeps) -> u64 {
         workspace: deps.workspace.clone(),
     }
     .load();
-    let system = format!(
-        "{}{}",
-        deps.system_prompt,
-        crate::skills::prompt_section(&skills)
-    );
-    let tools = registry.schemas_for_tools(&[]);
-    let tokens = tokens::of_message(&Message::system(system)) + tokens::of_tools(&tools);
+    let tokens = overhead_of(&registry, &deps.system_prompt, &skills, &deps.preload);
     let mut cache = CACHE
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -250,13 +251,69 @@ fn overhead(deps: &TurnDeps) -> u64 {
     tokens
 }
 
+/// Estimated tokens of what every request carries: the system prompt `system` with the
+/// skills section and the list of tools not loaded, and the schemas of the core tools (and of
+/// `preload`).
+pub fn overhead_of(
+    registry: &crate::tools::registry::ToolRegistry,
+    system: &str,
+    skills: &[crate::skills::Skill],
+    preload: &[String],
+) -> u64 {
+    let offer = registry.offer(&[], preload, crate::turn::offer::omitted(skills));
+    let system = crate::turn::offer::system_text(system, skills, &offer.deferred);
+    tokens::of_message(&Message::system(system)) + tokens::of_tools(&offer.specs)
+}
+
+/// Tokens of a short user message counted as "one exchange" by [`fits_one_exchange`] (the
+/// reply is the reserve).
+const ONE_LINE_TOKENS: u64 = 64;
+
+/// Whether a model with `agent`'s window can answer anything at all: the instructions and the
+/// core tools (`overhead`, estimated tokens, see [`overhead_of`]) plus a one-line message and
+/// the room kept for the reply. Checked at the gateway's start and by `weft doctor` (issue
+/// 32), so a window too small is known before the first message.
+///
+/// # Errors
+/// What is wrong and what to change, with the numbers.
+pub fn fits_one_exchange(agent: &crate::config::AgentConfig, overhead: u64) -> Result<(), String> {
+    let window = agent.window.context_window.max(512);
+    let reserve = reserve(agent, window);
+    if overhead + ONE_LINE_TOKENS + reserve <= window {
+        return Ok(());
+    }
+    Err(format!(
+        "this model's context window is {window} tokens ({overhead} of them taken by the instructions and tools, {reserve} kept for the reply), so no message can be answered: set agents.defaults.context_window to the model's real window, lower max_tokens, shorten the context files, or pin fewer tools (tools.always)"
+    ))
+}
+
+/// [`fits_one_exchange`] for an agent's dependencies, as its first turn would see them.
+///
+/// # Errors
+/// See [`fits_one_exchange`].
+pub fn check_fits(deps: &TurnDeps) -> Result<(), String> {
+    fits_one_exchange(&deps.agent, overhead(deps))
+}
+
+/// Estimated tokens of the schemas of the tools `msgs` load beyond the core ones
+/// (`turn::offer`): what a request over them sends on top of [`overhead`].
+fn loaded_overhead(deps: &TurnDeps, msgs: &[Message]) -> u64 {
+    let registry = deps.tools.current();
+    let loaded = crate::turn::offer::loaded_by(&registry, &deps.preload, msgs);
+    if loaded.is_empty() {
+        return 0;
+    }
+    let offer = registry.offer(&[], &loaded, &[]);
+    tokens::of_tools(offer.specs.get(offer.core..).unwrap_or_default())
+}
+
 fn est_messages(state: &WindowState, msgs: &[Message]) -> u64 {
     state.calibrated(msgs.iter().map(tokens::of_message).sum())
 }
 
 /// When a message alone cannot fit the model's window: what to tell the user.
 pub fn too_large(deps: &TurnDeps, state: &WindowState, text: &str) -> Option<String> {
-    let b = Budget::of(deps, state);
+    let b = Budget::of(deps, state, &[]);
     let tokens = state.calibrated(tokens::of_message(&Message::user(text)));
     (b.overhead + tokens + b.reserve > b.window).then(|| {
         format!(
@@ -302,7 +359,7 @@ async fn compact(
     force: bool,
     cancel: &CancellationToken,
 ) -> Result<Compacted, NotCompacted> {
-    let b = Budget::of(deps, state);
+    let b = Budget::of(deps, state, msgs);
     // Shorten long tool results of earlier turns first (the store keeps them whole).
     let last_user = msgs.iter().rposition(|m| m.role == Role::User).unwrap_or(0);
     for m in &mut msgs[..last_user] {
@@ -404,14 +461,15 @@ async fn flush(
     let has_memory = deps
         .tools
         .current()
-        .schemas_for_tools(&[])
+        .allowed_names()
         .iter()
-        .any(|t| t.name == "memory_write");
+        .any(|t| t == "memory_write");
     if !has_memory || before.is_empty() {
         return false;
     }
     let mut silent = deps.clone();
     silent.store = Store::memory();
+    silent.preload = Arc::from(["memory_write".to_string()]);
     let mut h = history(state, before);
     h.push(Message::user(FLUSH_PROMPT));
     let o = run_turn(&silent, key, &h, None, cancel).await;
@@ -532,7 +590,7 @@ async fn summarise(
 }
 
 fn too_long_reply(deps: &TurnDeps, state: &WindowState, msgs: &[Message]) -> String {
-    let b = Budget::of(deps, state);
+    let b = Budget::of(deps, state, msgs);
     let user = msgs
         .iter()
         .rev()
@@ -563,7 +621,7 @@ pub async fn run_windowed(
         () = cancel.cancelled() => {}
     }
     drop(registry);
-    let b = Budget::of(deps, &state);
+    let b = Budget::of(deps, &state, &msgs);
     if b.overhead + est_messages(&state, &history(&state, &msgs)) > b.limit {
         match compact(deps, key, &mut state, &mut msgs, 0, false, cancel).await {
             Ok(_) => compacted = true,

@@ -145,11 +145,11 @@ pub(crate) async fn blocking<T: Send + 'static>(
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ReadFileArgs {
-    /// File path relative to the workspace.
+    /// Relative to the workspace.
     pub path: String,
-    /// First line to return, 1-based (default: 1).
+    /// First line, 1-based.
     pub offset: Option<u64>,
-    /// Maximum number of lines to return (default: all).
+    /// Most lines (default: all).
     pub limit: Option<u64>,
 }
 
@@ -162,7 +162,7 @@ impl Tool for ReadFile {
         "read_file"
     }
     fn description(&self) -> &str {
-        "Read a text file in the workspace. Optional offset/limit select lines. Returns: {content, total_lines, truncated}"
+        "Read a text file in the workspace."
     }
     fn parameters(&self) -> Value {
         schema_of::<ReadFileArgs>()
@@ -236,7 +236,7 @@ impl Tool for ReadFile {
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ListDirectoryArgs {
-    /// Directory path relative to the workspace (`.` for the root).
+    /// Relative to the workspace (`.`: its root).
     pub path: String,
 }
 
@@ -249,7 +249,7 @@ impl Tool for ListDirectory {
         "list_directory"
     }
     fn description(&self) -> &str {
-        "List the immediate children of a directory in the workspace, sorted by name. Returns: {entries: [{name, is_dir, size}]}"
+        "List a workspace directory."
     }
     fn parameters(&self) -> Value {
         schema_of::<ListDirectoryArgs>()
@@ -449,11 +449,11 @@ pub fn file_tools(
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct WriteFileArgs {
-    /// File path relative to the workspace; missing parent directories are created.
+    /// Relative to the workspace.
     pub path: String,
-    /// The complete new content of the file.
+    /// The whole new content.
     pub content: String,
-    /// Keep the previous content as `PATH.bak` when overwriting (default: false).
+    /// Keep the old content as `PATH.bak`.
     #[serde(default)]
     pub backup: bool,
 }
@@ -517,7 +517,7 @@ impl Tool for WriteFile {
         "write_file"
     }
     fn description(&self) -> &str {
-        "Create or completely replace a text file in the workspace (atomic; missing parent directories are created). For changes to part of a file prefer edit_file. Symlinks and hard-linked files are not written through. Returns: {message, bytes, created, backup?}"
+        "Create or replace a whole file in the workspace (to change part of one, use edit_file)."
     }
     fn parameters(&self) -> Value {
         schema_of::<WriteFileArgs>()
@@ -576,14 +576,13 @@ impl Tool for WriteFile {
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct EditFileArgs {
-    /// File path relative to the workspace.
+    /// Relative to the workspace.
     pub path: String,
-    /// Exact text to find (including whitespace and indentation); must occur exactly once
-    /// unless `replace_all` is true.
+    /// Exact text, whitespace included; must occur once unless `replace_all`.
     pub old_text: String,
-    /// Replacement text.
+    /// Replacement.
     pub new_text: String,
-    /// Replace every occurrence instead of requiring exactly one (default: false).
+    /// Replace every occurrence.
     #[serde(default)]
     pub replace_all: bool,
 }
@@ -661,7 +660,7 @@ impl Tool for EditFile {
         "edit_file"
     }
     fn description(&self) -> &str {
-        "Replace exact text in a workspace file (atomic). old_text must match exactly once, including whitespace; add surrounding lines to make it unique, or set replace_all. Read the file first to copy the text exactly. Returns: {message, replacements}"
+        "Replace exact text in a workspace file."
     }
     fn parameters(&self) -> Value {
         schema_of::<EditFileArgs>()

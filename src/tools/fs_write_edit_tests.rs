@@ -381,7 +381,8 @@ fn file_tools_lists_every_tool_with_the_right_effect() {
         ]
     );
     for t in &tools {
-        assert!(t.description().contains("Returns: {"), "{}", t.name());
+        // Short: the core ones are in every request (issue 32).
+        assert!(t.description().len() <= 200, "{}", t.name());
         assert_eq!(t.parameters()["type"], json!("object"), "{}", t.name());
         let p = t.parameters();
         assert_eq!(p["additionalProperties"], json!(false), "{}", t.name());

@@ -148,14 +148,14 @@ pub fn media_lines(text: &str) -> (String, Vec<String>) {
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct MessageArgs {
-    /// Target channel, e.g. `telegram`, `slack`, `discord`, `http`.
+    /// E.g. `telegram`.
     pub channel: String,
-    /// Target chat or conversation id on that channel.
+    /// The chat's id on that channel.
     pub chat_id: String,
-    /// Message text (Markdown).
+    /// Markdown.
     #[serde(default)]
     pub content: String,
-    /// Workspace files to attach (at most 10, 50 MB each).
+    /// Workspace files (at most 10, 50 MB each).
     #[serde(default)]
     pub attachments: Vec<String>,
 }
@@ -195,7 +195,7 @@ impl Tool for MessageTool {
         "message"
     }
     fn description(&self) -> &str {
-        "Send a message, optionally with workspace files attached, to a chat on a channel (the current chat, or chats allowed by tools.message.allow). Confirms it was queued, not read. (To attach files to your reply, add lines `MEDIA: path`.) Returns: {status, channel, chat_id, content_length, attachments}"
+        "Send a message (and workspace files) to this chat or an allowed one. To attach files to your reply instead, add lines `MEDIA: path`."
     }
     fn parameters(&self) -> Value {
         schema_of::<MessageArgs>()

@@ -4,6 +4,7 @@
 //! Tools never see the transcript or the store; the registry turns every model-visible failure
 //! into a tool result so the loop carries on.
 
+pub mod discovery;
 pub mod exec;
 pub mod fs;
 pub mod gateway;
@@ -238,10 +239,136 @@ pub fn schema_of<T: schemars::JsonSchema + 'static>() -> Value {
     if let Some(o) = v.as_object_mut() {
         o.remove("$schema");
         o.remove("title");
+        // The argument struct's own doc ("Arguments of `x`."): the tool's description says it.
+        o.remove("description");
     }
+    compact_schema(&mut v);
     CACHE
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
         .push((id, v.clone()));
     v
+}
+
+/// Shorten a generated schema without changing what it accepts from a model: Rust's numeric
+/// `format`s go (`minimum` keeps unsigned integers non-negative), an optional field is typed
+/// as its value (`["integer", "null"]` → `"integer"`; leaving it out is how a model says
+/// "none", and `null` is still accepted), a zero-value `default` goes (it is what leaving the
+/// field out means), a `oneOf` of constants becomes an `enum` (the
+/// variants' own docs go: the field's description names them), and line breaks of doc
+/// comments become spaces. Every request carries the schemas (issue 32: ~40 % smaller).
+pub fn compact_schema(v: &mut Value) {
+    match v {
+        Value::Object(o) => {
+            o.remove("format");
+            // A default that is the type's zero value (`false`, `0`, `""`, `[]`, `null`) is
+            // what leaving the field out means anyway.
+            let zero = |d: &Value| match d {
+                Value::Null => true,
+                Value::Bool(b) => !b,
+                Value::Number(n) => n.as_f64() == Some(0.0),
+                Value::String(s) => s.is_empty(),
+                Value::Array(a) => a.is_empty(),
+                Value::Object(m) => m.is_empty(),
+            };
+            if o.get("default").is_some_and(zero) {
+                o.remove("default");
+            }
+            if let Some(Value::Array(types)) = o.get("type") {
+                let non_null: Vec<Value> = types.iter().filter(|t| *t != "null").cloned().collect();
+                if non_null.len() == 1 && types.len() == 2 {
+                    o.insert("type".into(), non_null[0].clone());
+                }
+            }
+            if let Some(Value::Array(e)) = o.get_mut("enum") {
+                e.retain(|x| !x.is_null());
+            }
+            for key in ["anyOf", "oneOf"] {
+                let Some(Value::Array(alts)) = o.get(key) else {
+                    continue;
+                };
+                let non_null: Vec<&Value> = alts.iter().filter(|a| a["type"] != "null").collect();
+                if non_null.len() == 1 && alts.len() == 2 {
+                    // `Option<Struct>`: the struct's schema.
+                    let one = non_null[0].clone();
+                    o.remove(key);
+                    if let Value::Object(inner) = one {
+                        for (k, x) in inner {
+                            o.entry(k).or_insert(x);
+                        }
+                    }
+                    continue;
+                }
+                let consts: Option<Vec<Value>> =
+                    alts.iter().map(|a| a.get("const").cloned()).collect();
+                let ty = alts.first().and_then(|a| a.get("type")).cloned();
+                if let (Some(consts), Some(ty)) = (consts, ty) {
+                    if alts.iter().all(|a| a.get("type") == Some(&ty)) {
+                        o.remove(key);
+                        o.insert("type".into(), ty);
+                        o.insert("enum".into(), Value::Array(consts));
+                    }
+                }
+            }
+            if let Some(Value::String(d)) = o.get_mut("description") {
+                if d.contains('\n') {
+                    *d = d.split_whitespace().collect::<Vec<_>>().join(" ");
+                }
+            }
+            for (k, x) in o.iter_mut() {
+                // Property names are data, not schema keywords.
+                if k == "properties" {
+                    if let Value::Object(props) = x {
+                        props.values_mut().for_each(compact_schema);
+                    }
+                } else {
+                    compact_schema(x);
+                }
+            }
+        }
+        Value::Array(a) => a.iter_mut().for_each(compact_schema),
+        _ => {}
+    }
+}
+
+#[cfg(test)]
+mod schema_tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn compact_schema_keeps_what_a_model_needs() {
+        let mut v = json!({
+            "type": "object",
+            "additionalProperties": false,
+            "properties": {
+                "format": {"type": ["integer", "null"], "format": "uint", "minimum": 0,
+                           "description": "Two\nlines."},
+                "all": {"type": "boolean", "default": false},
+                "n": {"type": "integer", "default": 5},
+                "sort": {"oneOf": [{"const": "a", "type": "string", "description": "A."},
+                                   {"const": "b", "type": "string"}]},
+                "m": {"type": ["string", "null"], "enum": ["GET", null]},
+                "s": {"anyOf": [{"$ref": "#/$defs/S"}, {"type": "null"}]}
+            },
+            "required": ["format"]
+        });
+        compact_schema(&mut v);
+        assert_eq!(
+            v,
+            json!({
+                "type": "object",
+                "additionalProperties": false,
+                "properties": {
+                    "format": {"type": "integer", "minimum": 0, "description": "Two lines."},
+                    "all": {"type": "boolean"},
+                    "n": {"type": "integer", "default": 5},
+                    "sort": {"type": "string", "enum": ["a", "b"]},
+                    "m": {"type": "string", "enum": ["GET"]},
+                    "s": {"$ref": "#/$defs/S"}
+                },
+                "required": ["format"]
+            })
+        );
+    }
 }

@@ -254,6 +254,10 @@ pub struct PolicyLayerFile {
     pub deny: Option<Vec<String>>,
     /// Tools added back on top of the profile and allow lists (not over a deny).
     pub also_allow: Option<Vec<String>>,
+    /// Tools always offered with their full schema, like the core tools (names, wildcards,
+    /// `group:NAME`); the others are loaded on demand by `tool_search`. Pins nothing the
+    /// policy does not allow.
+    pub always: Option<Vec<String>>,
 }
 
 /// `tools.policy`: the global layer plus per-provider layers.
@@ -268,6 +272,9 @@ pub struct PolicyFile {
     pub deny: Option<Vec<String>>,
     /// Global additions.
     pub also_allow: Option<Vec<String>>,
+    /// Tools offered in full in every request, for every agent (see
+    /// [`PolicyLayerFile::always`]).
+    pub always: Option<Vec<String>>,
     /// Layers applied when the agent's primary provider has this name.
     #[serde(default)]
     pub by_provider: std::collections::BTreeMap<String, PolicyLayerFile>,
@@ -284,6 +291,8 @@ pub struct PolicyLayer {
     pub deny: Vec<Pattern>,
     /// Additions.
     pub also_allow: Vec<Pattern>,
+    /// Tools offered in full in every request (`always`).
+    pub always: Vec<Pattern>,
 }
 
 fn parse_list(key: &str, list: Option<&Vec<String>>) -> Result<Option<Vec<Pattern>>, SettingError> {
@@ -307,6 +316,7 @@ impl PolicyLayerFile {
             deny: parse_list(&format!("{key}.deny"), self.deny.as_ref())?.unwrap_or_default(),
             also_allow: parse_list(&format!("{key}.also_allow"), self.also_allow.as_ref())?
                 .unwrap_or_default(),
+            always: parse_list(&format!("{key}.always"), self.always.as_ref())?.unwrap_or_default(),
         })
     }
 }
@@ -326,6 +336,7 @@ impl PolicyFile {
             allow: self.allow.clone(),
             deny: self.deny.clone(),
             also_allow: self.also_allow.clone(),
+            always: self.always.clone(),
         }
         .resolve("tools.policy")?;
         let mut by_provider = None;
@@ -373,6 +384,7 @@ impl PolicyLayer {
         }
         expand_custom_in(&mut self.deny, names);
         expand_custom_in(&mut self.also_allow, names);
+        expand_custom_in(&mut self.always, names);
     }
 }
 
@@ -405,6 +417,12 @@ impl ToolPolicy {
             .or(self.provider.as_ref().and_then(|p| p.profile))
             .or(self.global.profile)
             .unwrap_or(Profile::Full)
+    }
+
+    /// Whether a layer pins `tool` (`always`): offered in full in every request, not loaded
+    /// on demand. Says nothing about whether it is allowed.
+    pub fn pinned(&self, tool: &str) -> bool {
+        self.layers().any(|l| any(&l.always, tool))
     }
 
     /// Whether the model may see and call `tool`.

@@ -8,14 +8,14 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde_json::Value;
+use serde_json::{json, Value};
 use tracing::Instrument;
 
 use super::policy::ToolPolicy;
 use super::ratelimit::RateLimiter;
 use super::scrub::Scrubber;
 use super::truncate::truncate_result;
-use super::{Tool, ToolContext, ToolError, MAX_TOOL_RESULT_BYTES};
+use super::{discovery, Tool, ToolContext, ToolError, MAX_TOOL_RESULT_BYTES};
 use crate::llm::ToolSpec;
 
 /// What the model receives for one tool call: kept as a value (the turn reads fields of it,
@@ -42,6 +42,19 @@ pub struct SourcedTool {
     pub tool: Arc<dyn Tool>,
     /// Shown to the model only when an active skill's `allowed_tools` matches it.
     pub internal: bool,
+}
+
+/// What a turn offers the model: see [`ToolRegistry::offer`].
+#[derive(Clone, Debug, Default)]
+pub struct Offer {
+    /// The schemas sent: the core tools sorted by name, then the loaded ones in load order.
+    pub specs: Vec<ToolSpec>,
+    /// How many of `specs` are core (the rest were loaded).
+    pub core: usize,
+    /// The allowed tools that are not core: `(name, one line)`, sorted by name, for the
+    /// system prompt's list ([`discovery::list_section`]); loaded ones included (the list
+    /// does not change when a tool is loaded).
+    pub deferred: Vec<(String, String)>,
 }
 
 /// Tools that come and go at run time (MCP servers connecting, reconnecting, changing their
@@ -205,6 +218,117 @@ impl ToolRegistry {
             .collect()
     }
 
+    /// Whether `name` is offered in full in every request: a core tool
+    /// ([`discovery::CORE_TOOLS`]) or one the policy pins (`always`). Without `tool_search`
+    /// (denied or not registered) every tool is: nothing could load the others.
+    fn is_core(&self, name: &str, has_search: bool) -> bool {
+        !has_search || discovery::CORE_TOOLS.contains(&name) || self.policy.pinned(name)
+    }
+
+    fn has_search(&self, exposed: &[String]) -> bool {
+        self.tools.get(discovery::TOOL_SEARCH).is_some_and(|t| {
+            self.visible(
+                &SourcedTool {
+                    tool: t.clone(),
+                    internal: false,
+                },
+                exposed,
+            )
+        })
+    }
+
+    /// What a turn offers the model (docs/tools.md, "Core tools and `tool_search`"): the
+    /// schemas of the core tools sorted by name, then those of `loaded` (allowed tools the
+    /// turn loaded, in the order given; the order of loading, so a later load appends and the
+    /// request prefix stays byte-stable); and the other allowed tools by name and one line.
+    /// `exposed` (an active skill's `allowed_tools`) makes internal tools loadable; `omit`
+    /// takes tools out of the offer and of the list (`use_skill` without skills); `loaded`
+    /// still loads them.
+    pub fn offer(&self, exposed: &[String], loaded: &[String], omit: &[&str]) -> Offer {
+        let has_search = self.has_search(exposed);
+        let all = self.all();
+        let spec = |t: &SourcedTool| ToolSpec {
+            name: t.tool.name().to_string(),
+            description: t.tool.description().to_string(),
+            parameters: t.tool.parameters(),
+        };
+        let mut specs: Vec<ToolSpec> = all
+            .iter()
+            .filter(|t| {
+                let n = t.tool.name();
+                self.visible(t, exposed) && self.is_core(n, has_search) && !omit.contains(&n)
+            })
+            .map(spec)
+            .collect();
+        let core = specs.len();
+        for name in loaded {
+            if specs.iter().any(|s| &s.name == name) {
+                continue;
+            }
+            if let Some(t) = all.iter().find(|t| t.tool.name() == name) {
+                if self.visible(t, exposed) {
+                    specs.push(spec(t));
+                }
+            }
+        }
+        let deferred = all
+            .iter()
+            .filter(|t| {
+                let n = t.tool.name();
+                self.visible(t, &[]) && !self.is_core(n, has_search) && !omit.contains(&n)
+            })
+            .map(|t| {
+                (
+                    t.tool.name().to_string(),
+                    discovery::one_line(t.tool.description()),
+                )
+            })
+            .collect();
+        Offer {
+            specs,
+            core,
+            deferred,
+        }
+    }
+
+    /// The allowed tools matched by `globs` (a skill's `allowed_tools`), internal ones
+    /// included, sorted by name.
+    pub fn matching(&self, globs: &[String]) -> Vec<String> {
+        self.all()
+            .iter()
+            .filter(|t| {
+                let n = t.tool.name();
+                self.visible(t, globs)
+                    && globs
+                        .iter()
+                        .any(|g| super::policy::wildcard(g.as_bytes(), n.as_bytes()))
+            })
+            .map(|t| t.tool.name().to_string())
+            .collect()
+    }
+
+    /// `tool_search`: the allowed tools that are not core, ranked for the query.
+    fn search_tools(&self, args: Value, exposed: &[String]) -> Result<Value, ToolError> {
+        let a: discovery::ToolSearchArgs = super::parse_args(discovery::TOOL_SEARCH, args)?;
+        let has_search = self.has_search(exposed);
+        let candidates: Vec<discovery::Candidate> = self
+            .all()
+            .iter()
+            .filter(|t| self.visible(t, exposed) && !self.is_core(t.tool.name(), has_search))
+            .map(|t| discovery::Candidate::of(t.tool.as_ref()))
+            .collect();
+        let found: Vec<Value> = discovery::rank(&candidates, &a.query, a.limit())
+            .into_iter()
+            .map(|i| json!({"name": candidates[i].name, "description": candidates[i].description}))
+            .collect();
+        let note = if found.is_empty() {
+            "No tool matches: try other words, or a name from the \"More tools\" list."
+        } else {
+            "These tools are loaded: call them now, in this turn."
+        };
+        Ok(json!({ "tools": found, "note": note }))
+    }
+
     /// Per-call timeout.
     pub fn with_timeout(mut self, t: Duration) -> Self {
         self.timeout = Some(t);
@@ -307,6 +431,10 @@ impl ToolRegistry {
                         wait.as_secs_f64()
                     )));
                 }
+            }
+            if name == discovery::TOOL_SEARCH {
+                // Answered here: the registry knows every tool and the policy.
+                return self.search_tools(args, exposed);
             }
             let call_ctx = ToolContext {
                 call_id: Some(Arc::from(call_id)),

@@ -236,17 +236,16 @@ pub enum GlobSort {
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct GlobArgs {
-    /// Glob matched against paths relative to `directory`, e.g. `**/*.rs`, `src/*.ts`
-    /// (`*` does not cross `/`, `**` does).
+    /// E.g. `**/*.rs` (`*` stops at `/`, `**` does not), relative to `directory`.
     pub pattern: String,
-    /// Directory to search, relative to the workspace (default: the workspace root).
+    /// Relative to the workspace (default: its root).
     pub directory: Option<String>,
-    /// `name` (path order), `modified` (newest first) or `size` (largest first) (default: name).
+    /// `modified`: newest first; `size`: largest first.
     #[serde(default)]
     pub sort: GlobSort,
-    /// Most matches to return (default: all, at most 1000).
+    /// Most matches (max 1000).
     pub head_limit: Option<usize>,
-    /// Matches to skip first, for paging (default: 0).
+    /// Matches to skip (paging).
     #[serde(default)]
     pub offset: usize,
 }
@@ -271,7 +270,7 @@ impl Tool for Glob {
         "glob"
     }
     fn description(&self) -> &str {
-        "Find files in the workspace by path pattern (e.g. `**/*.rs`). Skips hidden and .gitignore'd files; paths are relative to the workspace. Returns: {matches[], count, total_found, truncated, note?}"
+        "Find workspace files by path pattern (skips hidden and ignored files)."
     }
     fn parameters(&self) -> Value {
         schema_of::<GlobArgs>()
@@ -373,31 +372,30 @@ pub enum OutputMode {
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct GrepArgs {
-    /// Regular expression (Rust regex syntax), e.g. `fn\s+\w+`, `TODO|FIXME`; matched per line.
+    /// Rust regex, matched per line.
     pub pattern: String,
-    /// Directory to search, relative to the workspace (default: the workspace root).
+    /// Relative to the workspace (default: its root).
     pub directory: Option<String>,
-    /// Only files matching this glob; without `/` it matches the file name, with `/` the
-    /// path relative to `directory` (default: all files).
+    /// Glob of file names (of paths if it has `/`).
     pub file_pattern: Option<String>,
-    /// Only files of this type, e.g. `rust`, `py`, `js`, `md` (default: all types).
+    /// File type, e.g. `rust`, `py`, `md`.
     #[serde(rename = "type")]
     pub file_type: Option<String>,
-    /// `content`, `files_with_matches` or `count` (default: content).
+    /// Default: content (matching lines).
     #[serde(default)]
     pub output_mode: OutputMode,
-    /// Ignore letter case (default: false).
+    /// Ignore case.
     #[serde(default)]
     pub case_insensitive: bool,
-    /// Lines of context before and after each match, content mode (default: 0, max: 20).
+    /// Lines around each match (max 20).
     pub context: Option<usize>,
-    /// Lines of context before each match (default: context).
+    /// Lines before each match.
     pub before_context: Option<usize>,
-    /// Lines of context after each match (default: context).
+    /// Lines after each match.
     pub after_context: Option<usize>,
-    /// Most results to return (default: all, at most 1000).
+    /// Most results (max 1000).
     pub head_limit: Option<usize>,
-    /// Results to skip first, for paging (default: 0).
+    /// Results to skip (paging).
     #[serde(default)]
     pub offset: usize,
 }
@@ -534,7 +532,7 @@ impl Tool for Grep {
         "grep"
     }
     fn description(&self) -> &str {
-        "Search file contents in the workspace with a regular expression (skips hidden, .gitignore'd and binary files). output_mode: content (matching lines, optional context), files_with_matches, or count (per file; total_found is then the number of matching lines). Returns: {matches[], count, total_found, truncated, note?}"
+        "Search workspace file contents with a regex (skips hidden, ignored and binary files)."
     }
     fn parameters(&self) -> Value {
         schema_of::<GrepArgs>()

@@ -7,6 +7,7 @@
 mod answer;
 pub mod context;
 pub mod guard;
+pub mod offer;
 pub mod usage;
 
 use std::sync::Arc;
@@ -64,6 +65,9 @@ pub struct TurnDeps {
     /// The event id of the inbound message this turn answers, given to the tools
     /// ([`crate::tools::TurnScope::event_id`]); `None` for a subagent's or a maintenance turn.
     pub turn_event: Option<Arc<str>>,
+    /// Tools loaded from the turn's start, on top of the core ones (the memory flush's
+    /// `memory_write`); see [`offer`].
+    pub preload: Arc<[String]>,
 }
 
 impl TurnDeps {
@@ -317,15 +321,11 @@ async fn run_turn_inner(
     };
     let skills = skill_dirs.load();
     let mut exposed: Vec<String> = Vec::new();
-    let mut system = format!(
-        "{}{}",
-        deps.system_prompt,
-        crate::skills::prompt_section(&skills)
-    );
+    let mut activated = None;
     if let Some(user) = history.last().filter(|m| m.role == Role::User) {
         if let Some(skill) = crate::skills::from_command(&skill_dirs, &user.content) {
             tracing::info!(skill = %skill.name, "skill activated by command");
-            system.push_str(&format!(
+            activated = Some(format!(
                 "\n\nThe user activated the skill `{}`. Follow its instructions:\n{}",
                 skill.name, skill.instructions
             ));
@@ -340,7 +340,18 @@ async fn run_turn_inner(
         () = registry.first_connect() => {}
         () = cancel.cancelled() => {}
     }
-    let mut tools: Arc<[crate::llm::ToolSpec]> = registry.schemas_for_tools(&exposed).into();
+    // The core tools in full, the others listed in the system prompt (`offer`); a skill
+    // activated by `/NAME` loads its tools from the start.
+    let mut preload: Vec<String> = deps.preload.to_vec();
+    preload.extend(registry.matching(&exposed));
+    let first = registry.offer(
+        &exposed,
+        &offer::loaded_by(&registry, &preload, history),
+        offer::omitted(&skills),
+    );
+    let mut system = offer::system_text(&deps.system_prompt, &skills, &first.deferred);
+    system.extend(activated);
+    let mut tools: Arc<[crate::llm::ToolSpec]> = first.specs.into();
     let mut guard = guard::TurnGuard::new(&deps.agent, history);
     let mut messages = Vec::with_capacity(history.len() + 1);
     messages.push(Message::system(&system));
@@ -490,7 +501,6 @@ async fn run_turn_inner(
         out.tool_calls += u32::try_from(calls.len()).unwrap_or(u32::MAX);
         let mut results = Vec::with_capacity(calls.len());
         let mut fatal = None;
-        let mut newly_exposed = false;
         for (call, o) in calls.iter().zip(outcomes) {
             if let Some(ToolError::Fatal(m)) = &o.error {
                 fatal = Some(m.clone());
@@ -505,16 +515,24 @@ async fn run_turn_inner(
         }
         messages.extend_from_slice(&results);
         out.messages.extend(results);
-        // Tools a call exposed (`use_skill`: its skill's tools) become visible (and callable)
-        // from the next round on.
+        // Tools a call exposed (`use_skill`: its skill's tools) are offered from the next
+        // round on.
         for g in ctx.turn.exposed() {
             if !exposed.contains(&g) {
                 exposed.push(g);
-                newly_exposed = true;
             }
         }
-        if newly_exposed {
-            tools = registry.schemas_for_tools(&exposed).into();
+        // Tools this round loaded (`tool_search`, `use_skill`, a call by name) are appended.
+        let may_load = calls.iter().any(|c| {
+            c.name == crate::tools::discovery::TOOL_SEARCH
+                || c.name == "use_skill"
+                || !tools.iter().any(|t| t.name == c.name)
+        });
+        if may_load {
+            let now = offer::tools_for(&registry, &skills, &exposed, &preload, &messages);
+            if *now != *tools {
+                tools = now.into();
+            }
         }
         if let Some(m) = fatal {
             let m = registry.scrubber().scrub_str(&m).into_owned();

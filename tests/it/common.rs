@@ -281,6 +281,30 @@ pub fn tool_names(req: &Value) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// The tools a recorded LLM request listed as loadable on demand (the system prompt's "More
+/// tools" section, issue 32): offered by name, loaded by `tool_search`.
+pub fn listed_tools(req: &Value) -> Vec<String> {
+    let system = system_of(req);
+    let Some(at) = system.find("\n\nMore tools (") else {
+        return Vec::new();
+    };
+    system[at + 2..]
+        .lines()
+        .skip(1)
+        .map_while(|l| l.strip_prefix("- "))
+        .map(|l| l.split(':').next().unwrap_or(l).trim().to_string())
+        .filter(|n| !n.starts_with('…'))
+        .collect()
+}
+
+/// The tools a recorded LLM request made reachable: offered with their schema
+/// ([`tool_names`]) or listed to be loaded on demand ([`listed_tools`]).
+pub fn reachable_tools(req: &Value) -> Vec<String> {
+    let mut v = tool_names(req);
+    v.extend(listed_tools(req));
+    v
+}
+
 /// The real MCP test server, server-everything (`npm ci --prefix tests/mcp`).
 pub fn everything_js() -> String {
     let p = Path::new(env!("CARGO_MANIFEST_DIR"))

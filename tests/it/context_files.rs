@@ -134,7 +134,12 @@ async fn the_operators_system_prompt_replaces_the_files() {
     std::fs::write(ws.join("SOUL.md"), "Speak like a pirate.").unwrap();
     let extra = json!({"agents": {"defaults": {"system_prompt": "You answer in haiku."}}});
     let p = prompts(dir.path(), extra, |_| {}).await;
-    assert_eq!(p[0], "You answer in haiku.");
+    // The operator's text, then only what the gateway appends to every prompt: the list of
+    // tools loaded on demand (docs/tools.md).
+    assert_eq!(
+        p[0].split("\n\nMore tools (").next(),
+        Some("You answer in haiku.")
+    );
 }
 
 #[tokio::test]

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::common::{config, messages, tool_names, tool_results, Api, TestGateway};
+use crate::common::{config, messages, reachable_tools, tool_results, Api, TestGateway};
 use crate::fake_llm::{FakeLlm, Reply};
 use crate::process::{free_port, gateway_config, weft, Daemon};
 
@@ -281,7 +281,7 @@ async fn the_gateway_tool_is_denied_by_default_and_when_opted_in_shows_status_an
     let r = call_gateway(&d.api, &llm, "a", json!({"action": "status"})).await;
     assert_eq!(r["error_code"], "PERMISSION_DENIED", "{r}");
     let first = &llm.requests()[0];
-    let names = tool_names(first);
+    let names = reachable_tools(first);
     assert!(!names.contains(&"gateway".to_string()), "{names:?}");
     assert!(names.contains(&"cron".to_string()), "{names:?}");
     d.term();
@@ -301,7 +301,7 @@ async fn the_gateway_tool_is_denied_by_default_and_when_opted_in_shows_status_an
     assert!(r["scheduler"]["jobs"]["total"].is_u64(), "{r}");
     assert_eq!(r["store"]["health"]["status"], "ok", "{r}");
     let req = llm.requests().last().cloned().unwrap();
-    assert!(tool_names(&req).contains(&"gateway".to_string()));
+    assert!(reachable_tools(&req).contains(&"gateway".to_string()));
     let seen = serde_json::to_string(&messages(&req)).unwrap();
     assert!(!seen.contains(API_KEY), "the API key reached the model");
     let token = crate::process::control_token(&cfg).unwrap();
@@ -327,7 +327,7 @@ async fn the_gateway_tool_is_denied_by_default_and_when_opted_in_shows_status_an
     llm.push(Reply::Text("ok".into()));
     let (s, _) = d.api.chat("b", "next").await;
     assert_eq!(s, 200);
-    let names = tool_names(llm.requests().last().unwrap());
+    let names = reachable_tools(llm.requests().last().unwrap());
     assert!(!names.contains(&"web_fetch".to_string()), "{names:?}");
     assert!(names.contains(&"gateway".to_string()), "{names:?}");
 
@@ -399,12 +399,12 @@ async fn subagents_never_get_gateway_or_cron_even_when_opted_in() {
             .is_some_and(|s| s.contains("You are a subagent"))
     };
     let parent = reqs.iter().find(|r| !is_child(r)).unwrap();
-    assert!(tool_names(parent).contains(&"gateway".to_string()));
+    assert!(reachable_tools(parent).contains(&"gateway".to_string()));
     let children: Vec<&Value> = reqs.iter().filter(|r| is_child(r)).collect();
     assert!(children.len() >= 2, "{reqs:?}");
     for n in ["gateway", "cron"] {
         assert!(
-            !tool_names(children[0]).contains(&n.to_string()),
+            !reachable_tools(children[0]).contains(&n.to_string()),
             "{n} offered to a child"
         );
     }

@@ -3,7 +3,7 @@
 
 use serde_json::json;
 
-use crate::common::{config, tool_names, tool_results, TestGateway};
+use crate::common::{config, reachable_tools, tool_results, TestGateway};
 use crate::fake_llm::{FakeLlm, Reply};
 
 #[tokio::test]
@@ -37,7 +37,7 @@ async fn a_custom_tool_is_offered_and_its_values_stay_literal() {
     let (status, _) = gw.api.chat("c", "shout it").await;
     assert_eq!(status, 200);
     let reqs = llm.requests();
-    assert!(tool_names(&reqs[0]).contains(&"shout".to_string()));
+    assert!(reachable_tools(&reqs[0]).contains(&"shout".to_string()));
     let (_, result) = tool_results(&reqs[1]).pop().unwrap();
     assert_eq!(result["exit_code"], 0, "{result}");
     assert_eq!(result["stdout"], format!("[{hostile}]"), "{result}");

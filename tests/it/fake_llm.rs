@@ -78,6 +78,11 @@ struct Inner {
 struct Strict {
     /// Context window in (estimated) tokens: prompt plus `max_tokens`.
     window: Option<u64>,
+    /// Bytes a token when counting the prompt (and reporting its usage): 4, or 3 for
+    /// [`FakeLlm::strict_small_model`] (a small model's tokenizer on English text).
+    bytes_per_token: usize,
+    /// Also refuse a tool call in the messages naming a tool the request does not declare.
+    declared_tools: bool,
 }
 
 /// Estimated tokens of bytes, the rule weft documents (4 bytes a token, rounded up).
@@ -139,7 +144,23 @@ impl FakeLlm {
     /// window in estimated tokens, if any.
     #[allow(dead_code)]
     pub fn strict(&self, window: Option<u64>) {
-        self.shared.inner.lock().unwrap().strict = Some(Strict { window });
+        self.shared.inner.lock().unwrap().strict = Some(Strict {
+            window,
+            bytes_per_token: 4,
+            declared_tools: false,
+        });
+    }
+
+    /// [`FakeLlm::strict`] as a small local model enforces it: the prompt (tools included)
+    /// counted at 3 bytes a token against `window`, usage reported the same way, and every
+    /// tool call in the messages must name a tool the request declares.
+    #[allow(dead_code)]
+    pub fn strict_small_model(&self, window: u64) {
+        self.shared.inner.lock().unwrap().strict = Some(Strict {
+            window: Some(window),
+            bytes_per_token: 3,
+            declared_tools: true,
+        });
     }
 
     /// Queue a reply.
@@ -177,8 +198,43 @@ impl FakeLlm {
 
 /// Why a strict provider refuses `body`: (error code, message), as OpenAI words them.
 pub fn strict_rejection(body: &Value, window: Option<u64>) -> Option<(&'static str, String)> {
+    strict_rejection_by(body, window, 4, false)
+}
+
+/// A tool call in the messages of `body` naming a tool `body` does not declare, if any.
+pub fn undeclared_call(body: &Value) -> Option<String> {
+    let declared: HashSet<&str> = body["tools"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|t| t["function"]["name"].as_str())
+        .collect();
+    body["messages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|m| m["tool_calls"].as_array().into_iter().flatten())
+        .filter_map(|c| c["function"]["name"].as_str())
+        .find(|n| !declared.contains(n))
+        .map(str::to_string)
+}
+
+fn strict_rejection_by(
+    body: &Value,
+    window: Option<u64>,
+    bytes_per_token: usize,
+    declared_tools: bool,
+) -> Option<(&'static str, String)> {
+    if declared_tools {
+        if let Some(n) = undeclared_call(body) {
+            return Some((
+                "invalid_request_error",
+                format!("Invalid 'messages': tool call to `{n}`, which is not in 'tools'"),
+            ));
+        }
+    }
     if let Some(window) = window {
-        let prompt = est_tokens(prompt_bytes(body).len());
+        let prompt = prompt_bytes(body).len().div_ceil(bytes_per_token) as u64;
         let max = body["max_tokens"]
             .as_u64()
             .or(body["max_completion_tokens"].as_u64())
@@ -235,9 +291,15 @@ async fn handle(State(s): State<Shared>, Json(body): Json<Value>) -> Response<Bo
             .zip(g.last_prompt.iter())
             .take_while(|(a, b)| a == b)
             .count();
-        let usage = (est_tokens(prompt.len()), est_tokens(cached) & !63);
+        let per_token = g.strict.map_or(4, |st| st.bytes_per_token);
+        let usage = (
+            prompt.len().div_ceil(per_token) as u64,
+            cached.div_ceil(per_token) as u64 & !63,
+        );
         g.last_prompt = prompt;
-        let rejected = g.strict.and_then(|st| strict_rejection(&body, st.window));
+        let rejected = g.strict.and_then(|st| {
+            strict_rejection_by(&body, st.window, st.bytes_per_token, st.declared_tools)
+        });
         let routed = g.router.clone().and_then(|r| r(&body));
         let reply = match (rejected, routed) {
             (Some((code, msg)), _) => {

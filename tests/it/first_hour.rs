@@ -11,7 +11,7 @@ use clawft::store::Store;
 use clawft::types::SessionKey;
 use serde_json::{json, Value};
 
-use crate::common::{config_value, everything_js, last_user, messages, tool_names};
+use crate::common::{config_value, everything_js, last_user, messages, reachable_tools};
 use crate::fake_llm::{FakeLlm, Reply};
 use crate::process::{free_port, weft, write_config};
 
@@ -209,9 +209,9 @@ async fn mcp_tools_are_there_on_the_first_turn_of_a_one_shot() {
     assert_eq!(t.stdout.trim(), "echoed", "{}", t.stderr);
     let reqs = llm.requests();
     assert!(
-        tool_names(&reqs[0]).contains(&"everything__echo".to_string()),
+        reachable_tools(&reqs[0]).contains(&"everything__echo".to_string()),
         "{:?}\n{}",
-        tool_names(&reqs[0]),
+        reachable_tools(&reqs[0]),
         t.stderr
     );
     let r = crate::common::tool_results(&reqs[1]);
@@ -327,7 +327,7 @@ async fn readyz_is_starting_until_mcp_servers_have_made_their_first_attempt() {
     let api = crate::common::Api::with_token(&base, Some(&token));
     let (s, body) = api.chat("first", "hello").await;
     assert_eq!(s, 200, "{body}");
-    assert!(tool_names(&llm.requests()[0]).contains(&"slow__echo".to_string()));
+    assert!(reachable_tools(&llm.requests()[0]).contains(&"slow__echo".to_string()));
 
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {

@@ -21,6 +21,7 @@ mod first_hour;
 mod gateway;
 mod inputs;
 mod layering;
+mod lean;
 mod mcp;
 mod media;
 mod memory;

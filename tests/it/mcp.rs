@@ -32,7 +32,7 @@ fn everything(internal_only: bool) -> Value {
 }
 
 /// Wait until the (only) MCP server reports `connected` in `/v1/status`.
-async fn connected(api: &Api) -> bool {
+pub async fn connected(api: &Api) -> bool {
     for _ in 0..200 {
         let (_, st) = api.get("/v1/status").await;
         if st["mcp_servers"][0]["state"] == "connected" {
@@ -67,7 +67,7 @@ async fn the_model_calls_a_real_mcp_server_tool_through_the_gateway() {
     let (s, body) = gw.api.chat("mcp", "echo something").await;
     assert_eq!(s, 200, "{body}");
     let reqs = llm.requests();
-    assert!(tool_names(&reqs[0]).contains(&"everything__echo".to_string()));
+    assert!(crate::common::reachable_tools(&reqs[0]).contains(&"everything__echo".to_string()));
     let r = tool_results(&reqs[1]);
     assert!(
         r[0].1.to_string().contains("hello from the model"),

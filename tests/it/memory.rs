@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::common::{config, messages, tool_names, tool_results, wait_until, Api, TestGateway};
+use crate::common::{
+    config, messages, reachable_tools, tool_results, wait_until, Api, TestGateway,
+};
 use crate::fake_llm::{FakeLlm, Reply};
 
 /// POST /v1/chat as `sender` → (status, body).
@@ -350,7 +352,7 @@ async fn the_memory_group_holds_the_four_tools_and_subagents_never_get_search_or
     .await;
     llm.push(Reply::Text("ok".into()));
     assert_eq!(gw.api.chat("c", "hi").await.0, 200);
-    let names = tool_names(&llm.requests()[0]);
+    let names = reachable_tools(&llm.requests()[0]);
     for t in ["memory_read", "memory_write", "memory_search", "memory_get"] {
         assert!(!names.contains(&t.to_string()), "{t} offered: {names:?}");
     }
@@ -370,11 +372,11 @@ async fn the_memory_group_holds_the_four_tools_and_subagents_never_get_search_or
     llm.push(Reply::Text("parent answer".into()));
     assert_eq!(gw.api.chat("c", "delegate").await.0, 200);
     let reqs = llm.requests();
-    let parent = tool_names(&reqs[0]);
+    let parent = reachable_tools(&reqs[0]);
     for t in ["memory_read", "memory_write", "memory_search", "memory_get"] {
         assert!(parent.contains(&t.to_string()), "{t} missing: {parent:?}");
     }
-    let child = tool_names(&reqs[1]);
+    let child = reachable_tools(&reqs[1]);
     assert!(child.contains(&"read_file".to_string()), "{child:?}");
     for t in ["memory_search", "memory_get", "memory_write"] {
         assert!(

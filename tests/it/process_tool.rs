@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::common::{config, tool_names, tool_results, wait_until, TestGateway};
+use crate::common::{config, reachable_tools, tool_results, wait_until, TestGateway};
 use crate::fake_llm::{FakeLlm, Reply};
 
 fn call(id: &str, args: Value) -> Reply {
@@ -47,7 +47,7 @@ async fn a_process_is_listed_polled_killed_by_new_and_gone_after_shutdown() {
     ));
     llm.push(Reply::Text("started".into()));
     assert_eq!(gw.api.chat("c", "run the server").await.0, 200);
-    assert!(tool_names(&llm.requests()[0]).contains(&"process".to_string()));
+    assert!(reachable_tools(&llm.requests()[0]).contains(&"process".to_string()));
     let started = result_of(&llm, "c1");
     assert_eq!(started["status"], "running", "{started}");
     let id = started["id"].as_str().unwrap().to_string();

@@ -46,13 +46,9 @@ fn tool_count(req: &Value) -> usize {
     messages(req).iter().filter(|m| m["role"] == "tool").count()
 }
 
+/// The tools a request makes reachable: offered in full, or listed to be loaded on demand.
 fn offered(req: &Value) -> Vec<String> {
-    req["tools"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|t| t["function"]["name"].as_str().map(str::to_string))
-        .collect()
+    crate::common::reachable_tools(req)
 }
 
 const ANNOUNCE: &str = "[Automatic message from the gateway";

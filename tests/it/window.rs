@@ -15,13 +15,13 @@ const SUMMARY_MARK: &str = "You summarise conversations";
 const SUMMARY_HEADER: &str = "[Summary of the earlier conversation";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
+pub enum Kind {
     Flush,
     Summary,
     Chat,
 }
 
-fn kind(req: &Value) -> Kind {
+pub fn kind(req: &Value) -> Kind {
     let msgs = messages(req);
     if msgs
         .first()
@@ -43,7 +43,7 @@ fn kind(req: &Value) -> Kind {
 
 /// The prompt of a request as the fake sizes it (tools and messages, serialised), plus the
 /// completion it asks room for.
-fn size(req: &Value) -> u64 {
+pub fn size(req: &Value) -> u64 {
     let mut v = serde_json::to_vec(&req["tools"]).unwrap();
     v.extend(serde_json::to_vec(&req["messages"]).unwrap());
     est_tokens(v.len()) + req["max_tokens"].as_u64().unwrap_or(0)
@@ -51,7 +51,7 @@ fn size(req: &Value) -> u64 {
 
 /// A model that answers the flush with `memory_write` then NO_REPLY, the summary call with
 /// `SUMMARY-n`, and chat with `ok`.
-fn route(llm: &FakeLlm) {
+pub fn route(llm: &FakeLlm) {
     let summaries = Arc::new(AtomicUsize::new(0));
     llm.route(move |req| {
         let msgs = messages(req);

@@ -24,24 +24,24 @@ fn check_text(what: &str, s: &str) -> Result<(), ToolError> {
     Ok(())
 }
 
-fn describe(rt: &ExecRuntime, intro: &str, default_timeout: Duration, returns: &str) -> String {
+fn describe(rt: &ExecRuntime, intro: &str, default_timeout: Duration) -> String {
     let s = &rt.settings;
     let net = match rt.status.jail.map(|j| j.network) {
-        Some(NetworkStatus::Proxy) => {
-            " No direct network: HTTP and HTTPS work through the proxy in $HTTPS_PROXY/$HTTP_PROXY (curl, pip, git, npm use it; raw sockets, UDP, DNS lookups and programs ignoring the proxy variables do not work); private addresses are refused."
-        }
+        Some(NetworkStatus::Proxy) => " Network: HTTP(S) only, through $HTTPS_PROXY.",
         Some(NetworkStatus::Direct | NetworkStatus::Unisolated) => "",
-        Some(_) => " No network access.",
-        None if rt.status.net_enforced => " Network (TCP) access is disabled.",
+        Some(_) => " No network.",
+        None if rt.status.net_enforced => " No TCP network.",
         None => "",
     };
     let policy = match s.mode {
-        ExecMode::Denylist => "Dangerous commands (sudo, rm -rf /, curl | sh, ...) are refused.",
-        ExecMode::Allowlist => "Only allowed programs may run; others are refused.",
-        ExecMode::Ask => "Commands may need a human's approval first.",
+        ExecMode::Denylist => "Dangerous commands are refused.",
+        ExecMode::Allowlist => "Only allowed programs run.",
+        ExecMode::Ask => "Commands may need a human's approval.",
     };
+    // What a model needs before calling; the rest (the sandbox's details, why a command was
+    // refused) is in the error it gets and in docs/tools.md.
     format!(
-        "{intro} Runs in the workspace directory with HOME set to it; writes are only possible inside the workspace and $TMPDIR, and files outside the workspace and system directories cannot be read.{net} {policy} stdin is closed: do not run interactive programs; background processes (`&`, `setsid`, daemons) are killed when the call returns. Non-zero exit codes are results, not errors. Timeout default {}s, max {}s; on timeout the whole process group is killed. Returns: {returns}",
+        "{intro} Runs in the workspace; writes only there and in $TMPDIR.{net} {policy} No stdin; background processes die with the call. Timeout {}s, max {}s.",
         default_timeout.as_secs(),
         s.max_timeout.as_secs(),
     )
@@ -51,9 +51,9 @@ fn describe(rt: &ExecRuntime, intro: &str, default_timeout: Duration, returns: &
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ExecShellArgs {
-    /// Shell command line, run with `sh -c` in the workspace directory.
+    /// Shell command line.
     pub command: String,
-    /// Timeout in seconds (default: 30, max: 300; larger values are clamped).
+    /// Seconds.
     pub timeout: Option<f64>,
 }
 
@@ -66,12 +66,7 @@ pub struct ExecShell {
 impl ExecShell {
     /// The tool over the shared runtime.
     pub fn new(rt: Arc<ExecRuntime>) -> Self {
-        let description = describe(
-            &rt,
-            "Execute a shell command (`sh -c`) and capture its output.",
-            rt.settings.timeout,
-            "{exit_code, stdout, stderr, duration_ms, signal?, stdout_truncated?, stderr_truncated?} (exit_code -1 and signal set when killed by a signal)",
-        );
+        let description = describe(&rt, "Run a shell command (`sh -c`).", rt.settings.timeout);
         Self { rt, description }
     }
 }
@@ -123,14 +118,13 @@ impl Tool for ExecShell {
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SpawnArgs {
-    /// Program to run: a name looked up in PATH, or a path (no shell: no pipes, globs or
-    /// variables).
+    /// A name in PATH, or a path (no pipes, globs or variables).
     pub command: String,
-    /// Arguments, each passed as is (default: none).
+    /// Each passed as is.
     pub args: Option<Vec<String>>,
-    /// Human-readable description of the task (default: "(no description)").
+    /// What the task is, for the logs.
     pub description: Option<String>,
-    /// Timeout in seconds (default: 60, max: 300; larger values are clamped).
+    /// Seconds.
     pub timeout: Option<f64>,
 }
 
@@ -144,15 +138,10 @@ impl Spawn {
     /// The tool over the shared runtime.
     pub fn new(rt: Arc<ExecRuntime>) -> Self {
         let intro = format!(
-            "Spawn a program directly (no shell) with arguments and capture its output. At most {} spawned processes run at once across all sessions; past that the call fails at once.",
+            "Run a program with arguments, no shell. At most {} at once (all chats).",
             rt.settings.max_concurrent_spawns
         );
-        let description = describe(
-            &rt,
-            &intro,
-            rt.settings.spawn_timeout,
-            "{exit_code, stdout, stderr, command, description, duration_ms, signal?, stdout_truncated?, stderr_truncated?}",
-        );
+        let description = describe(&rt, &intro, rt.settings.spawn_timeout);
         Self { rt, description }
     }
 }

@@ -372,16 +372,16 @@ async fn ask_mode_allow_once_allow_always_deny_and_timeout() {
 }
 
 #[test]
-fn tools_describe_their_results() {
+fn tools_describe_their_limits() {
     let fx = fixture();
     let e = ExecShell::new(fx.rt.clone());
     let s = Spawn::new(fx.rt.clone());
-    assert!(e
-        .description()
-        .contains("Returns: {exit_code, stdout, stderr, duration_ms"));
-    assert!(s
-        .description()
-        .contains("Returns: {exit_code, stdout, stderr, command, description"));
+    // Short (every request carries it, issue 32), with what a model must know before calling.
+    for d in [e.description(), s.description()] {
+        assert!(d.len() < 300, "{d}");
+        assert!(d.contains("Timeout ") && d.contains("max 300s"), "{d}");
+        assert!(d.contains("refused") && d.contains("No stdin"), "{d}");
+    }
     assert!(s.description().contains("At most 5"));
     assert_eq!(e.parameters()["required"], json!(["command"]));
     assert_eq!(s.effect(), Effect::Executes);

@@ -195,13 +195,13 @@ impl HttpMethod {
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct WebFetchArgs {
-    /// URL to fetch; must start with `http://` or `https://`.
+    /// `http://` or `https://`.
     pub url: String,
-    /// HTTP method: GET, HEAD, POST, PUT, PATCH or DELETE (default: GET).
+    /// Default GET.
     pub method: Option<HttpMethod>,
-    /// Request headers as name → value strings (default: none).
+    /// Request headers.
     pub headers: Option<BTreeMap<String, String>>,
-    /// Request body, for POST, PUT, PATCH or DELETE (default: none).
+    /// Request body.
     pub body: Option<String>,
 }
 
@@ -210,7 +210,6 @@ pub struct WebFetch {
     client: GuardedClient,
     max_bytes: usize,
     timeout: Duration,
-    description: String,
 }
 
 impl WebFetch {
@@ -229,30 +228,14 @@ impl WebFetch {
             client,
             settings.max_bytes,
             settings.timeout,
-            settings.max_redirects,
         ))
     }
 
-    fn with_client(
-        client: GuardedClient,
-        max_bytes: usize,
-        timeout: Duration,
-        max_redirects: usize,
-    ) -> Self {
-        let description = format!(
-            "Fetch a URL over http(s) and return the response body as text. HTML is converted to \
-             readable text with links as `text (url)`; binary content (images, archives…) is \
-             described, not returned. Redirects are followed (up to {max_redirects}). Private, \
-             loopback, link-local and cloud-metadata addresses are refused. Bodies over \
-             {max_bytes} bytes are cut (truncated: true). `url` is the final URL after redirects \
-             and `bytes` the body bytes read. Returns: {{status, content_type, body, url, bytes, \
-             truncated}}"
-        );
+    fn with_client(client: GuardedClient, max_bytes: usize, timeout: Duration) -> Self {
         Self {
             client,
             max_bytes,
             timeout,
-            description,
         }
     }
 
@@ -381,7 +364,9 @@ impl Tool for WebFetch {
         "web_fetch"
     }
     fn description(&self) -> &str {
-        &self.description
+        // Redirects, the size cap and refused addresses are told in the result or the error
+        // when they apply (docs/tools.md); every request carries this text (issue 32).
+        "Fetch an http(s) URL; HTML comes back as readable text. Private addresses are refused."
     }
     fn parameters(&self) -> Value {
         schema_of::<WebFetchArgs>()

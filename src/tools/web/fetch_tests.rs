@@ -299,7 +299,7 @@ async fn rebinding_dns_only_dials_checked_addresses() {
         lookup,
     )
     .unwrap();
-    let tool = WebFetch::with_client(client, s.max_bytes, s.timeout, s.max_redirects);
+    let tool = WebFetch::with_client(client, s.max_bytes, s.timeout);
     let port = srv.port();
     for i in 0..6 {
         let r = tool
@@ -326,7 +326,7 @@ async fn rebinding_dns_only_dials_checked_addresses() {
         lookup_canary,
     )
     .unwrap();
-    let tool = WebFetch::with_client(client, s.max_bytes, s.timeout, 5);
+    let tool = WebFetch::with_client(client, s.max_bytes, s.timeout);
     let e = tool
         .execute(
             json!({"url": format!("http://evil.test:{}/", canary.port)}),
@@ -582,9 +582,8 @@ async fn credentials_are_dropped_on_cross_origin_redirects() {
 fn schemas_and_descriptions() {
     crate::install_crypto_provider();
     let f = fetcher(settings());
-    assert!(f
-        .description()
-        .ends_with("Returns: {status, content_type, body, url, bytes, truncated}"));
+    // Short: every request carries it (issue 32).
+    assert!(f.description().len() < 120, "{}", f.description());
     let p = f.parameters();
     assert_eq!(p["required"], json!(["url"]));
     assert_eq!(p["additionalProperties"], json!(false));
@@ -594,9 +593,7 @@ fn schemas_and_descriptions() {
     }
     assert_eq!(f.effect(), Effect::Network);
     let s = WebSearch::new(WebSearchSettings::default()).unwrap();
-    assert!(s
-        .description()
-        .ends_with("Returns: {query, results: [{title, url, snippet}], count}"));
+    assert!(s.description().len() < 120, "{}", s.description());
     assert_eq!(s.parameters()["required"], json!(["query"]));
     assert_eq!(s.effect(), Effect::Network);
 }

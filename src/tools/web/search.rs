@@ -159,7 +159,7 @@ impl WebSearchFile {
 pub struct WebSearchArgs {
     /// Search query.
     pub query: String,
-    /// Maximum number of results, 1 to 20 (default: 5).
+    /// 1 to 20, default 5.
     pub num_results: Option<u64>,
 }
 
@@ -338,8 +338,7 @@ impl Tool for WebSearch {
         "web_search"
     }
     fn description(&self) -> &str {
-        "Search the web with the configured search backend and return titles, URLs and snippets \
-         (use web_fetch to read a result). Returns: {query, results: [{title, url, snippet}], count}"
+        "Search the web: titles, URLs and snippets (read a page with web_fetch)."
     }
     fn parameters(&self) -> Value {
         schema_of::<WebSearchArgs>()
