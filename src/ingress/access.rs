@@ -187,8 +187,8 @@ impl Access {
             } => (allow_from, *pairing),
         };
         let user = ev.sender.as_str();
-        let who = format!("{}:{user}", ev.channel);
-        if allow_from.contains(user) || store.state_get(PAIRED, &who)?.is_some() {
+        let who = crate::types::SenderId::of(ev);
+        if allow_from.contains(user) || store.state_get(PAIRED, who.as_str())?.is_some() {
             return Ok(Verdict::Allowed);
         }
         if !pairing {
@@ -269,11 +269,11 @@ pub fn approve(store: &Store, code: &str, now_ms: u64) -> Result<String, Pairing
     else {
         return Err(PairingError::UnknownCode(code));
     };
-    let who = format!("{}:{}", p.channel, p.user);
+    let who = crate::types::SenderId::new(&p.channel, &p.user);
     store
-        .state_put(PAIRED, &who, Some(&now_ms.to_string()))
+        .state_put(PAIRED, who.as_str(), Some(&now_ms.to_string()))
         .and_then(|()| store.state_put(PENDING, &code, None))?;
-    Ok(who)
+    Ok(who.into())
 }
 
 /// Paired senders, as `channel:user`.

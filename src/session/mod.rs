@@ -605,6 +605,6 @@ fn budget_user(ev: &clawft_channel_core::InboundEvent) -> String {
     if !ev.origin.is_user() && ev.sender.as_str() == SYSTEM_SENDER {
         String::new()
     } else {
-        format!("{}:{}", ev.channel.as_str(), ev.sender.as_str())
+        crate::types::SenderId::of(ev).into()
     }
 }

@@ -740,8 +740,11 @@ impl Store {
             .as_ref()
             .filter(|e| !crate::types::session_key::is_gateway_event(e))
         {
-            let who = format!("{}:{}", ev.channel.as_str(), ev.sender.as_str());
-            let k = state_key(NS_PARTICIPANTS, &participant_key(&entry.session, &who));
+            let who = crate::types::SenderId::of(ev);
+            let k = state_key(
+                NS_PARTICIPANTS,
+                &participant_key(&entry.session, who.as_str()),
+            );
             let now = clawft_channel_core::now_ms().to_string();
             ops.push(Op::Put(k, seal(now.as_bytes())));
         }

@@ -157,7 +157,7 @@ impl Viewer<'_> {
 
 /// How a session's participant is recorded: `channel:sender`.
 pub fn participant(channel: &str, sender: &str) -> String {
-    format!("{channel}:{sender}")
+    crate::types::SenderId::new(channel, sender).into()
 }
 
 /// Whether `target` belongs to the user `channel:sender` by its key alone: their per-user

@@ -11,7 +11,7 @@ pub mod sniff;
 pub mod text;
 
 pub use secret::Secret;
-pub use session_key::{InvalidSessionKey, SessionKey, MAX_SESSION_KEY_BYTES};
+pub use session_key::{InvalidSessionKey, SenderId, SessionKey, MAX_SESSION_KEY_BYTES};
 pub use setting::SettingError;
 pub use text::{sanitize_content, sanitize_output};
 

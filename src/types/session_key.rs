@@ -9,10 +9,22 @@ use serde::{Deserialize, Serialize};
 /// Longest accepted session key, in bytes (seed 002).
 pub const MAX_SESSION_KEY_BYTES: usize = 256;
 
-/// One conversation: `channel:chat[:thread]`.
+/// One conversation: `[@agent:]channel:chat[:thread]` (or a per-user or subagent key). The
+/// key is split into its parts once, when it is made: the agent, the channel, the chat, the
+/// thread are read from those, never by splitting the text again. The text itself is what the
+/// store and the logs see.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
-pub struct SessionKey(String);
+pub struct SessionKey {
+    /// The rendered key (store encoding, logs, `Display`). Compared first, so keys order and
+    /// hash by their text.
+    text: String,
+    /// Byte offset of the key past its `@agent:` component (0: the default agent's key).
+    bare: usize,
+    /// Byte ranges in `text` of the components after the agent's (channel, chat, thread,
+    /// per-user sender …).
+    parts: Vec<(usize, usize)>,
+}
 
 /// Why a session key was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -72,33 +84,51 @@ impl SessionKey {
         if s.chars().any(char::is_control) {
             return Err(invalid(s, "contains NUL or a control character"));
         }
-        Ok(Self(s.to_string()))
+        let text = s.to_string();
+        let bare = text.len() - without_agent(&text).len();
+        let mut parts = Vec::new();
+        let mut start = bare;
+        for piece in text[bare..].split(':') {
+            parts.push((start, start + piece.len()));
+            start += piece.len() + 1;
+        }
+        Ok(Self { text, bare, parts })
     }
 
     /// The key as text.
     pub fn as_str(&self) -> &str {
-        &self.0
+        &self.text
     }
 
     /// The one storage encoding (never contains NUL, which the store uses as separator).
     pub fn to_store_key(&self) -> Vec<u8> {
-        self.0.as_bytes().to_vec()
+        self.text.as_bytes().to_vec()
+    }
+
+    /// Component `i` after the agent's (0: the channel, 1: the chat, 2: the thread …).
+    fn part(&self, i: usize) -> Option<&str> {
+        self.parts.get(i).map(|&(a, b)| &self.text[a..b])
     }
 
     /// The channel component (after the agent's, if any).
     pub fn channel(&self) -> &str {
-        self.without_agent().split(':').next().unwrap_or("")
+        self.part(0).unwrap_or("")
     }
 
     /// The agent serving this conversation: the `@NAME` first component, or
     /// [`DEFAULT_AGENT`] for keys without one (every key made before agents existed).
     pub fn agent(&self) -> &str {
-        agent_of(&self.0)
+        match self.bare {
+            0 => DEFAULT_AGENT,
+            n => Some(&self.text[1..n - 1])
+                .filter(|a| !a.is_empty())
+                .unwrap_or(DEFAULT_AGENT),
+        }
     }
 
     /// The key without its agent component (`@work:telegram:42` → `telegram:42`).
     pub fn without_agent(&self) -> &str {
-        without_agent(&self.0)
+        &self.text[self.bare..]
     }
 
     /// This conversation served by `agent`: `@agent:` before the key, or the key alone for
@@ -134,11 +164,10 @@ impl SessionKey {
 
     /// Where replies for this session go: (channel, chat, thread).
     pub fn route(&self) -> (&str, &str, Option<&str>) {
-        let p: Vec<&str> = self.without_agent().split(':').collect();
-        match p.as_slice() {
-            [c, chat] => (c, chat, None),
-            [c, chat, t] => (c, chat, Some(t)),
-            [c, chat, t, ..] => (c, chat, (*t != "-").then_some(*t)),
+        match (self.part(0), self.part(1), self.part(2), self.parts.len()) {
+            (Some(c), Some(chat), None, _) => (c, chat, None),
+            (Some(c), Some(chat), Some(t), 3) => (c, chat, Some(t)),
+            (Some(c), Some(chat), Some(t), _) => (c, chat, (t != "-").then_some(t)),
             _ => (self.channel(), "", None),
         }
     }
@@ -155,7 +184,7 @@ fn invalid(s: &str, reason: &'static str) -> InvalidSessionKey {
 
 impl fmt::Display for SessionKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&self.text)
     }
 }
 
@@ -168,7 +197,41 @@ impl TryFrom<String> for SessionKey {
 
 impl From<SessionKey> for String {
     fn from(k: SessionKey) -> String {
-        k.0
+        k.text
+    }
+}
+
+/// A chat user as the gateway records them across channels: `channel:sender`, the one form
+/// pairing, allowlists, budgets per user and a session's participants use.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SenderId(String);
+
+impl SenderId {
+    /// `sender` on `channel`.
+    pub fn new(channel: &str, sender: &str) -> Self {
+        Self(format!("{channel}:{sender}"))
+    }
+
+    /// The sender of `ev`.
+    pub fn of(ev: &InboundEvent) -> Self {
+        Self::new(ev.channel.as_str(), ev.sender.as_str())
+    }
+
+    /// The rendered form, `channel:sender`.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for SenderId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl From<SenderId> for String {
+    fn from(s: SenderId) -> String {
+        s.0
     }
 }
 
@@ -323,6 +386,28 @@ mod tests {
         let mut e = ev("12345", "7");
         e.origin = Origin::Heartbeat;
         assert_eq!(legacy_origin(&e), Origin::Heartbeat);
+    }
+
+    #[test]
+    fn a_key_keeps_its_parts() {
+        let k = SessionKey::parse("@work:telegram:-100:7").unwrap();
+        assert_eq!(k.agent(), "work");
+        assert_eq!(k.channel(), "telegram");
+        assert_eq!(k.without_agent(), "telegram:-100:7");
+        assert_eq!(k.route(), ("telegram", "-100", Some("7")));
+        assert_eq!(k.as_str(), "@work:telegram:-100:7");
+        let d = SessionKey::parse("http:me").unwrap();
+        assert_eq!(
+            (d.agent(), d.channel(), d.route()),
+            ("main", "http", ("http", "me", None))
+        );
+        let s = subagent_key("t1").unwrap();
+        assert_eq!(subagent_task_id(&s), Some("t1"));
+        // The parts follow the text through serde (the store's form).
+        let back: SessionKey = serde_json::from_str(&serde_json::to_string(&k).unwrap()).unwrap();
+        assert_eq!(back, k);
+        assert_eq!(back.route(), k.route());
+        assert_eq!(SenderId::new("telegram", "42").as_str(), "telegram:42");
     }
 
     #[test]
