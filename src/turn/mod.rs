@@ -8,11 +8,11 @@ mod answer;
 pub mod context;
 pub mod guard;
 pub mod offer;
+mod round;
 pub mod usage;
 
 use std::sync::Arc;
 
-use futures::future::join_all;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -402,27 +402,7 @@ async fn run_turn_inner(
                 return out;
             }
         };
-        let used = used.unwrap_or_default();
-        out.usage.add(&used);
-        let provider = deps.model.name();
-        let model = if resp.model.is_empty() {
-            provider
-        } else {
-            &resp.model
-        };
-        deps.usage.tally(&mut out.by_model, model, &used);
-        for (kind, n) in [
-            ("input", used.input_tokens),
-            ("output", used.output_tokens),
-            ("cached", used.cached_tokens),
-        ] {
-            crate::metrics::inc(
-                "clawft_llm_tokens_total",
-                &[("provider", provider), ("kind", kind)],
-                n,
-            );
-        }
-        out.last_prompt.1 = if used.estimated { 0 } else { used.input_tokens };
+        round::record_usage(deps, &mut out, &resp.model, used.unwrap_or_default());
 
         if resp.tool_calls.is_empty() {
             tracing::debug!(iteration, "tool loop complete");
@@ -463,41 +443,7 @@ async fn run_turn_inner(
         messages.push(assistant.clone());
         out.messages.push(assistant);
 
-        let runs = calls.iter().zip(&admits).map(|(call, admit)| {
-            let ctx = &ctx;
-            let exposed = exposed.as_slice();
-            let registry = &registry;
-            async move {
-                if let Some(e) = admit.refused() {
-                    return guard::refused_outcome(e, admit, registry.scrubber());
-                }
-                if let Some(ev) = events {
-                    let _ = ev
-                        .send(TurnEvent::ToolStarted {
-                            tool: call.name.clone(),
-                            call_id: call.id.clone(),
-                        })
-                        .await;
-                }
-                let mut o = registry
-                    .dispatch_with(&call.name, &call.id, &call.arguments, ctx, exposed)
-                    .await;
-                if let Some(n) = &admit.notice {
-                    guard::add_notice(&mut o.value, n);
-                }
-                if let Some(ev) = events {
-                    let _ = ev
-                        .send(TurnEvent::ToolFinished {
-                            tool: call.name.clone(),
-                            call_id: call.id.clone(),
-                            error_code: o.error.as_ref().map(|e| e.code().to_string()),
-                        })
-                        .await;
-                }
-                o
-            }
-        });
-        let outcomes = join_all(runs).await;
+        let outcomes = round::run_calls(&registry, &ctx, &exposed, events, &calls, &admits).await;
         out.tool_calls += u32::try_from(calls.len()).unwrap_or(u32::MAX);
         let mut results = Vec::with_capacity(calls.len());
         let mut fatal = None;
