@@ -220,85 +220,11 @@ impl Config {
         };
         let media = super::media::resolve(raw.media, config_dir, env, &mut secrets)?;
 
-        let h = raw.channels.http;
-        let bind_text = h.bind.as_deref().unwrap_or(DEFAULT_HTTP_BIND);
-        let bind: SocketAddr = bind_text.parse().map_err(|_| ConfigError::Invalid {
-            key: "channels.http.bind".into(),
-            detail: format!("expected an address like 127.0.0.1:18790, got `{bind_text}`"),
-        })?;
-        let token = super::secrets::resolve_service_secret(
-            "channels.http.token",
-            h.token,
-            h.token_env,
-            h.token_file,
-            config_dir,
-            env,
-        )?;
-        if let Some(t) = &token {
-            secrets.push(t.clone());
-        }
-        let http = HttpChannelConfig {
-            enabled: h.enabled.unwrap_or(true),
-            bind,
-            token,
-            reply_timeout: Duration::from_secs(h.reply_timeout_secs.unwrap_or(300).max(1)),
-            allow_loopback_without_token: h.allow_loopback_without_token.unwrap_or(false),
-        };
-        if http.enabled && http.allow_loopback_without_token && !bind.ip().is_loopback() {
-            return Err(ConfigError::Invalid {
-                key: "channels.http.allow_loopback_without_token".into(),
-                detail: format!(
-                    "only accepted with a loopback bind, and channels.http.bind is {bind}: remove it (clients then send the bearer token), or bind 127.0.0.1"
-                ),
-            });
-        }
-        if http.enabled && !bind.ip().is_loopback() && http.token.is_none() {
-            return Err(ConfigError::Invalid {
-                key: "channels.http.bind".into(),
-                detail: format!(
-                    "{bind} is not a loopback address: set channels.http.token (or token_env / token_file) so the API requires a bearer token, or bind 127.0.0.1"
-                ),
-            });
-        }
+        let http = resolve_http(raw.channels.http, config_dir, env, &mut secrets)?;
 
-        let store = StoreConfig {
-            path: raw
-                .store
-                .path
-                .as_deref()
-                .map_or_else(|| home.join("store"), |p| expand(p, env)),
-            cache_bytes: raw.store.cache_mb.unwrap_or(8).clamp(1, 4096) * 1024 * 1024,
-            on_corruption: match raw.store.on_corruption.as_deref() {
-                None => crate::store::OnCorruption::default(),
-                Some(v) => {
-                    crate::store::OnCorruption::parse(v).map_err(|detail| ConfigError::Invalid {
-                        key: "store.on_corruption".into(),
-                        detail,
-                    })?
-                }
-            },
-        };
-        let sessions = SessionLimits {
-            idle: Duration::from_secs(raw.sessions.idle_secs.unwrap_or(600).max(1)),
-            max_queue: raw.sessions.max_queue.unwrap_or(100).max(1),
-            shutdown_grace: Duration::from_secs(raw.sessions.shutdown_grace_secs.unwrap_or(10)),
-            max_in_memory: raw.sessions.max_in_memory.unwrap_or(256).max(1),
-        };
-        let max_inbound_bytes = match raw.channels.max_inbound_bytes {
-            None => clawft_channel_core::DEFAULT_MAX_INBOUND_BYTES,
-            Some(n) if (1024..=MAX_INBOUND_BYTES_LIMIT).contains(&n) => {
-                usize::try_from(n).unwrap_or(clawft_channel_core::DEFAULT_MAX_INBOUND_BYTES)
-            }
-            Some(n) => {
-                return Err(ConfigError::Invalid {
-                    key: "channels.max_inbound_bytes".into(),
-                    detail: format!(
-                        "expected a number of bytes from 1024 to {MAX_INBOUND_BYTES_LIMIT}, got {n} (the default is {})",
-                        clawft_channel_core::DEFAULT_MAX_INBOUND_BYTES
-                    ),
-                })
-            }
-        };
+        let store = resolve_store(raw.store, &home, env)?;
+        let sessions = resolve_sessions(&raw.sessions);
+        let max_inbound_bytes = resolve_max_inbound(raw.channels.max_inbound_bytes)?;
         let chat_channels = resolve_chat_channels(
             raw.channels.telegram,
             raw.channels.discord,
@@ -327,20 +253,7 @@ impl Config {
         if let Some(s) = &mut agent.subagents {
             crate::tools::policy::expand_custom_in(&mut s.deny, &custom);
         }
-        let mut memory = raw.memory.resolve()?;
-        if let Some(e) = &memory.embeddings {
-            memory.embeddings_key = resolve_secret(
-                "memory.embeddings.api_key",
-                None,
-                e.api_key_env.clone(),
-                None,
-                config_dir,
-                env,
-            )?;
-            if let Some(k) = &memory.embeddings_key {
-                secrets.push(k.clone());
-            }
-        }
+        let memory = resolve_memory(&raw.memory, config_dir, env, &mut secrets)?;
         Ok(Config {
             path,
             home,
@@ -372,6 +285,129 @@ impl Config {
             deferred_secrets: env.take_deferred(),
         })
     }
+}
+
+/// `channels.http`: the bind, the bearer token (a secret), and the rules a non-loopback bind
+/// must follow.
+fn resolve_http(
+    h: file::HttpFile,
+    config_dir: &Path,
+    env: &Env,
+    secrets: &mut Vec<crate::types::Secret>,
+) -> Result<HttpChannelConfig, ConfigError> {
+    let bind_text = h.bind.as_deref().unwrap_or(DEFAULT_HTTP_BIND);
+    let bind: SocketAddr = bind_text.parse().map_err(|_| ConfigError::Invalid {
+        key: "channels.http.bind".into(),
+        detail: format!("expected an address like 127.0.0.1:18790, got `{bind_text}`"),
+    })?;
+    let token = super::secrets::resolve_service_secret(
+        "channels.http.token",
+        h.token,
+        h.token_env,
+        h.token_file,
+        config_dir,
+        env,
+    )?;
+    if let Some(t) = &token {
+        secrets.push(t.clone());
+    }
+    let http = HttpChannelConfig {
+        enabled: h.enabled.unwrap_or(true),
+        bind,
+        token,
+        reply_timeout: Duration::from_secs(h.reply_timeout_secs.unwrap_or(300).max(1)),
+        allow_loopback_without_token: h.allow_loopback_without_token.unwrap_or(false),
+    };
+    if http.enabled && http.allow_loopback_without_token && !bind.ip().is_loopback() {
+        return Err(ConfigError::Invalid {
+            key: "channels.http.allow_loopback_without_token".into(),
+            detail: format!(
+                "only accepted with a loopback bind, and channels.http.bind is {bind}: remove it (clients then send the bearer token), or bind 127.0.0.1"
+            ),
+        });
+    }
+    if http.enabled && !bind.ip().is_loopback() && http.token.is_none() {
+        return Err(ConfigError::Invalid {
+            key: "channels.http.bind".into(),
+            detail: format!(
+                "{bind} is not a loopback address: set channels.http.token (or token_env / token_file) so the API requires a bearer token, or bind 127.0.0.1"
+            ),
+        });
+    }
+    Ok(http)
+}
+
+/// `store`.
+fn resolve_store(raw: file::StoreFile, home: &Path, env: &Env) -> Result<StoreConfig, ConfigError> {
+    Ok(StoreConfig {
+        path: raw
+            .path
+            .as_deref()
+            .map_or_else(|| home.join("store"), |p| expand(p, env)),
+        cache_bytes: raw.cache_mb.unwrap_or(8).clamp(1, 4096) * 1024 * 1024,
+        on_corruption: match raw.on_corruption.as_deref() {
+            None => crate::store::OnCorruption::default(),
+            Some(v) => {
+                crate::store::OnCorruption::parse(v).map_err(|detail| ConfigError::Invalid {
+                    key: "store.on_corruption".into(),
+                    detail,
+                })?
+            }
+        },
+    })
+}
+
+/// `sessions`.
+fn resolve_sessions(raw: &file::SessionsFile) -> SessionLimits {
+    SessionLimits {
+        idle: Duration::from_secs(raw.idle_secs.unwrap_or(600).max(1)),
+        max_queue: raw.max_queue.unwrap_or(100).max(1),
+        shutdown_grace: Duration::from_secs(raw.shutdown_grace_secs.unwrap_or(10)),
+        max_in_memory: raw.max_in_memory.unwrap_or(256).max(1),
+    }
+}
+
+/// `channels.max_inbound_bytes`.
+fn resolve_max_inbound(n: Option<u64>) -> Result<usize, ConfigError> {
+    Ok(match n {
+        None => clawft_channel_core::DEFAULT_MAX_INBOUND_BYTES,
+        Some(n) if (1024..=MAX_INBOUND_BYTES_LIMIT).contains(&n) => {
+            usize::try_from(n).unwrap_or(clawft_channel_core::DEFAULT_MAX_INBOUND_BYTES)
+        }
+        Some(n) => {
+            return Err(ConfigError::Invalid {
+                key: "channels.max_inbound_bytes".into(),
+                detail: format!(
+                    "expected a number of bytes from 1024 to {MAX_INBOUND_BYTES_LIMIT}, got {n} (the default is {})",
+                    clawft_channel_core::DEFAULT_MAX_INBOUND_BYTES
+                ),
+            })
+        }
+    })
+}
+
+/// `memory`, with the embeddings key (a secret).
+fn resolve_memory(
+    raw: &crate::memory::settings::MemoryFile,
+    config_dir: &Path,
+    env: &Env,
+    secrets: &mut Vec<crate::types::Secret>,
+) -> Result<crate::memory::settings::MemorySettings, ConfigError> {
+    let mut memory = raw.resolve()?;
+    if let Some(e) = &memory.embeddings {
+        memory.embeddings_key = resolve_secret(
+            "memory.embeddings.api_key",
+            None,
+            e.api_key_env.clone(),
+            None,
+            config_dir,
+            env,
+        )?;
+        if let Some(k) = &memory.embeddings_key {
+            secrets.push(k.clone());
+        }
+    }
+    Ok(memory)
 }
 
 /// What resolving an agent needs beside its section.
