@@ -50,7 +50,7 @@ fn child(path: &str) -> ! {
             );
         }
         db.apply_batch(b).unwrap();
-        if n % 3 == 0 {
+        if n.is_multiple_of(3) {
             db.flush().unwrap();
             writeln!(out, "flushed {n}").unwrap();
             out.flush().unwrap();
