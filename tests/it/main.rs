@@ -37,6 +37,7 @@ mod scrubbing;
 mod service;
 mod session_tools;
 mod slow_store;
+mod store_crash;
 mod store_faults;
 mod subagents;
 mod tools;

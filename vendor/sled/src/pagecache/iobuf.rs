@@ -728,33 +728,9 @@ impl IoBufs {
         {
             let f = &self.config.file;
             pwrite_all(f, data, log_offset)?;
-            if !self.config.temporary {
-                #[cfg(target_os = "linux")]
-                {
-                    use std::os::unix::io::AsRawFd;
-                    let ret = unsafe {
-                        libc::sync_file_range(
-                            f.as_raw_fd(),
-                            i64::try_from(log_offset).unwrap(),
-                            i64::try_from(total_len).unwrap(),
-                            libc::SYNC_FILE_RANGE_WAIT_BEFORE
-                                | libc::SYNC_FILE_RANGE_WRITE
-                                | libc::SYNC_FILE_RANGE_WAIT_AFTER,
-                        )
-                    };
-                    if ret < 0 {
-                        let err = std::io::Error::last_os_error();
-                        if let Some(libc::ENOSYS) = err.raw_os_error() {
-                            f.sync_all()?;
-                        } else {
-                            return Err(err.into());
-                        }
-                    }
-                }
-
-                #[cfg(not(target_os = "linux"))]
-                f.sync_all()?;
-            }
+            // clawft patch 7: a buffer is written, not synced (upstream: `sync_file_range` of
+            // each buffer here); the log is synced once by the flush that needs it, see
+            // `sync_log`.
         }
         io_fail!(self, "buffer write post");
 
@@ -1019,7 +995,34 @@ pub(in crate::pagecache) fn flush(iobufs: &Arc<IoBufs>) -> Result<usize> {
         let _cc = concurrency_control::read();
         iobufs.max_reserved_lsn.load(Acquire)
     };
-    make_stable(iobufs, max_reserved_lsn)
+    let written = make_stable(iobufs, max_reserved_lsn)?;
+    // clawft patch 7: the buffers up to that LSN are written; one sync makes them all durable.
+    if let Err(e) = sync_log(&iobufs.config) {
+        iobufs.config.set_global_error(e.clone());
+        return Err(e);
+    }
+    Ok(written)
+}
+
+/// clawft patch 7: make everything written to the log file so far durable, with one
+/// `fdatasync`. Upstream synced each IO buffer as it was written (`sync_file_range` per
+/// buffer); a write batch seals a buffer before and after its manifest, so every batch cost two
+/// synced writes whatever the caller's flush did, and concurrent flushes could not share them.
+/// Now a buffer's write is only a `pwrite` (in the page cache: it survives the process being
+/// killed, and recovery still stops at the first incomplete message, so a batch stays
+/// all-or-nothing), and the log is synced here, by:
+/// - `flush` (`Db::flush`, the periodic flusher): after the buffers up to the flushed LSN are
+///   written, one sync for all of them;
+/// - segment deactivation (`SegmentAccountant::stabilize`), before a segment can be freed and
+///   reused, so that what replaced its pages is durable before it is overwritten;
+/// - a snapshot, before it is written, so that it never points past the durable log;
+/// - the id generator, after it persists a new upper bound.
+pub(crate) fn sync_log(config: &RunningConfig) -> Result<()> {
+    if config.temporary {
+        return Ok(());
+    }
+    config.file.sync_data()?;
+    Ok(())
 }
 
 /// Attempt to seal the current IO buffer, possibly

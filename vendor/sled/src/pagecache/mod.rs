@@ -1846,6 +1846,8 @@ impl PageCache {
                 // could cyclically wait if the reservation for
                 // a replacement happened inside a writebatch.
                 iobuf::make_durable(&self.log.iobufs, key.last_lsn())?;
+                // clawft patch 7: written is not synced any more; sync the new bound.
+                iobuf::sync_log(&self.config)?;
             }
         }
 

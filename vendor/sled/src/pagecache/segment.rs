@@ -919,6 +919,12 @@ impl SegmentAccountant {
 
         self.max_stabilized_lsn = lsn;
 
+        // clawft patch 7: buffers are no longer synced as they are written; make the log
+        // durable before a segment is deactivated (and can then be freed and reused).
+        if !can_deactivate.is_empty() {
+            super::iobuf::sync_log(&self.config)?;
+        }
+
         for lsn in can_deactivate {
             self.deactivate_segment(lsn)?;
         }

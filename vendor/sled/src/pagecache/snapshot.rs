@@ -520,6 +520,10 @@ fn read_snapshot(config: &RunningConfig) -> Result<Option<Snapshot>> {
 fn write_snapshot(config: &RunningConfig, snapshot: &Snapshot) -> Result<()> {
     trace!("writing snapshot {:?}", snapshot);
 
+    // clawft patch 7: the log is no longer synced buffer by buffer; make it durable up to
+    // (at least) the snapshot's LSN before a snapshot that points into it is written.
+    super::iobuf::sync_log(config)?;
+
     let raw_bytes = snapshot.serialize();
     let decompressed_len = raw_bytes.len();
 
