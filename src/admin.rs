@@ -18,6 +18,7 @@ use crate::egress::{ChannelTable, Outbox};
 use crate::session::SessionStatus;
 use crate::store::usage::UsageRow;
 use crate::store::Store;
+use crate::types::RwLockExt;
 use crate::types::SessionKey;
 use clawft_channel_http::AdminError;
 
@@ -215,10 +216,7 @@ impl Running {
     }
 
     fn mcp(&self) -> Option<Arc<crate::mcp::client::McpManager>> {
-        self.mcp
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
+        self.mcp.read_locked().clone()
     }
 }
 

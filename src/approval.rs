@@ -14,12 +14,13 @@
 //! more ([`Approvals::expired_at_start`]).
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 
 use clawft_channel_core::{ChannelId, ChatId, ThreadId};
 use tokio::sync::oneshot;
 
 use crate::tools::message::MessageSink;
+use crate::types::MutexExt;
 use crate::types::SessionKey;
 
 /// `/approve` or `/deny` for a request that is not pending in this chat.
@@ -148,7 +149,7 @@ impl Approvals {
     }
 
     fn push_recent(&self, info: ApprovalInfo) {
-        let mut r = self.recent.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut r = self.recent.locked();
         if r.len() >= RECENT_APPROVALS {
             r.pop_front();
         }
@@ -156,7 +157,7 @@ impl Approvals {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Pending>> {
-        self.pending.lock().unwrap_or_else(PoisonError::into_inner)
+        self.pending.locked()
     }
 
     /// Ask the user of `session` whether `what` may happen; waits for the answer. A question
@@ -274,14 +275,7 @@ impl Approvals {
             })
             .collect();
         out.sort_by_key(|a| a.asked_ms);
-        out.extend(
-            self.recent
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .iter()
-                .rev()
-                .cloned(),
-        );
+        out.extend(self.recent.locked().iter().rev().cloned());
         out
     }
 

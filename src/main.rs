@@ -143,13 +143,10 @@ fn main() -> ExitCode {
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => match e.0.strip_suffix(cli::gateway::STORE_REFUSED_MARK) {
-            Some(msg) => {
-                eprintln!("weft: {msg}");
-                ExitCode::from(cli::gateway::STORE_REFUSED_EXIT)
-            }
-            None => fail(&e.to_string()),
-        },
+        Err(e) => {
+            eprintln!("weft: {e}");
+            ExitCode::from(e.code())
+        }
     }
 }
 

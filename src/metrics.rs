@@ -7,7 +7,10 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::sync::{Mutex, OnceLock, PoisonError};
+use std::sync::{Mutex, OnceLock};
+
+// From the channel contract directly: `types` is on the same layer (tests/it/layering.rs).
+use clawft_channel_core::lock::MutexExt;
 
 /// Upper bounds (seconds) of the LLM latency histogram buckets.
 const BUCKETS: &[f64] = &[0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0];
@@ -40,13 +43,13 @@ fn labels(l: &[(&str, &str)]) -> Labels {
 
 /// Add `by` to counter `name` with these labels.
 pub fn inc(name: &'static str, l: &[(&str, &str)], by: u64) {
-    let mut g = inner().lock().unwrap_or_else(PoisonError::into_inner);
+    let mut g = inner().locked();
     *g.counters.entry((name, labels(l))).or_insert(0) += by;
 }
 
 /// Record one LLM call of `secs` seconds to `provider`.
 pub fn observe_llm(provider: &str, secs: f64) {
-    let mut g = inner().lock().unwrap_or_else(PoisonError::into_inner);
+    let mut g = inner().locked();
     let h = g.llm.entry(provider.to_string()).or_default();
     if h.counts.is_empty() {
         h.counts = vec![0; BUCKETS.len()];
@@ -137,7 +140,7 @@ pub struct Gauge {
 
 /// Everything in the Prometheus text format, with `gauges` appended.
 pub fn render(gauges: &[Gauge]) -> String {
-    let g = inner().lock().unwrap_or_else(PoisonError::into_inner);
+    let g = inner().locked();
     let mut out = String::new();
     for (name, help) in HELP {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");

@@ -38,7 +38,7 @@ pub async fn backend(config: &Config) -> Result<Backend, CliError> {
             eprintln!("(store opened directly: {})", config.store.path.display());
             Ok(Backend::Store(s))
         }
-        Err(StoreError::Locked(path)) => Err(CliError(format!(
+        Err(StoreError::Locked(path)) => Err(CliError::Failed(format!(
             "the store at {path} is in use by another weft process, and no gateway of this store answers (none is running with its HTTP API, or it is starting or stopping). Wait for that process to finish, or stop it, then retry"
         ))),
         Err(e) => Err(CliError::msg(e)),
@@ -234,7 +234,7 @@ async fn one_shot(
 ) -> Result<(), CliError> {
     if interrupts.pending() {
         // Ctrl-C while starting: nothing was sent.
-        return Err(CliError(
+        return Err(CliError::Failed(
             "cancelled (Ctrl-C) before the message was sent".into(),
         ));
     }
@@ -256,11 +256,11 @@ async fn one_shot(
                 if let Some(end) = p.item(&to_item(&m)) {
                     // A reply that made it before the cancellation was printed: success.
                     if cancelled && end.is_err() {
-                        return Err(CliError(CANCELLED.into()));
+                        return Err(CliError::Failed(CANCELLED.into()));
                     }
                     // A failed turn's reason (already scrubbed of secrets) is the command's
                     // error.
-                    return end.map_err(CliError);
+                    return end.map_err(CliError::Failed);
                 }
             }
             () = interrupts.next(), if !cancelled => {
@@ -273,14 +273,14 @@ async fn one_shot(
                 deadline.as_mut().reset(tokio::time::Instant::now() + CANCEL_WAIT);
             }
             () = &mut deadline, if cancelled => {
-                return Err(CliError(format!(
+                return Err(CliError::Failed(format!(
                     "cancelled (Ctrl-C), but the turn did not stop within {}s; it may still be answered at the next start",
                     CANCEL_WAIT.as_secs()
                 )));
             }
         }
     }
-    Err(CliError("the agent stopped before replying".into()))
+    Err(CliError::Failed("the agent stopped before replying".into()))
 }
 
 /// The lines typed, read on a thread of its own: a read blocked on the terminal must not keep
@@ -370,7 +370,7 @@ async fn via_gateway(
 ) -> Result<(), CliError> {
     if let Some(m) = message {
         if interrupts.pending() {
-            return Err(CliError(
+            return Err(CliError::Failed(
                 "cancelled (Ctrl-C) before the message was sent".into(),
             ));
         }
@@ -388,8 +388,8 @@ async fn via_gateway(
                 match tokio::time::timeout(CANCEL_WAIT, &mut stream).await {
                     // The reply made it before the cancellation (and was printed).
                     Ok(Ok(StreamItem::Done(_))) => return Ok(()),
-                    Ok(_) => return Err(CliError(CANCELLED.into())),
-                    Err(_) => return Err(CliError(format!(
+                    Ok(_) => return Err(CliError::Failed(CANCELLED.into())),
+                    Err(_) => return Err(CliError::Failed(format!(
                         "cancelled (Ctrl-C), but the gateway did not end the turn within {}s; it may still be answered",
                         CANCEL_WAIT.as_secs()
                     ))),
@@ -397,7 +397,7 @@ async fn via_gateway(
             }
         };
         return match last {
-            StreamItem::Error(why) => Err(CliError(why)),
+            StreamItem::Error(why) => Err(CliError::Failed(why)),
             StreamItem::Delta(_)
             | StreamItem::Restart
             | StreamItem::Progress(_)

@@ -116,14 +116,14 @@ pub fn terminal_session(
     agent: Option<&str>,
 ) -> Result<String, CliError> {
     if session.contains('@') {
-        return Err(CliError(format!(
+        return Err(CliError::Failed(format!(
             "`{session}`: a session name cannot contain `@` (it names the agent); use --agent NAME"
         )));
     }
     match agent {
         None | Some(DEFAULT_AGENT) => Ok(session.to_string()),
         Some(a) if config.agent_names().contains(&a) => Ok(format!("{session}@{a}")),
-        Some(a) => Err(CliError(format!(
+        Some(a) => Err(CliError::Failed(format!(
             "no agent named `{a}`; agents: {} (`weft agents list`)",
             config.agent_names().join(", ")
         ))),

@@ -44,7 +44,7 @@ pub enum ApprovalsAction {
 /// No gateway runs, or it refused the answer (no such pending approval).
 pub async fn run(config: &Config, action: ApprovalsAction) -> Result<(), CliError> {
     let c = GatewayClient::detect(config).await?.ok_or_else(|| {
-        CliError(format!(
+        CliError::Failed(format!(
             "weft approvals needs a running gateway for this config's store ({}), and none runs: approvals exist only while a gateway asks them (start `weft gateway` with this config)",
             config.store.path.display()
         ))

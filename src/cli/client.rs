@@ -97,7 +97,7 @@ impl GatewayClient {
 
     /// What a 401 means here: whoever answers at the address is not this store's gateway.
     fn not_ours(&self) -> CliError {
-        CliError(format!(
+        CliError::Failed(format!(
             "the gateway at {} refused this store's control token: it is not the gateway of {} (its control.json names a process that is not serving there). Stop the program on that address, or restart this store's gateway",
             self.base,
             self.store.display()
@@ -105,10 +105,9 @@ impl GatewayClient {
     }
 
     async fn json(&self, r: reqwest::RequestBuilder) -> Result<(u16, Value), CliError> {
-        let resp = r
-            .send()
-            .await
-            .map_err(|e| CliError(format!("gateway at {} did not answer: {e}", self.base)))?;
+        let resp = r.send().await.map_err(|e| {
+            CliError::Failed(format!("gateway at {} did not answer: {e}", self.base))
+        })?;
         if resp.status() == reqwest::StatusCode::UNAUTHORIZED {
             return Err(self.not_ours());
         }
@@ -126,7 +125,7 @@ impl GatewayClient {
         if (200..300).contains(&status) {
             Ok(v)
         } else {
-            Err(CliError(format!(
+            Err(CliError::Failed(format!(
                 "gateway answered {status}: {}",
                 v.get("error").and_then(Value::as_str).unwrap_or("")
             )))
@@ -142,7 +141,7 @@ impl GatewayClient {
         match status {
             404 => Ok(None),
             200..=299 => Ok(Some(v)),
-            _ => Err(CliError(format!("gateway answered {status}: {v}"))),
+            _ => Err(CliError::Failed(format!("gateway answered {status}: {v}"))),
         }
     }
 
@@ -157,7 +156,7 @@ impl GatewayClient {
         if (200..300).contains(&status) {
             Ok(v)
         } else {
-            Err(CliError(
+            Err(CliError::Failed(
                 v.get("error")
                     .and_then(Value::as_str)
                     .map_or_else(|| format!("gateway answered {status}: {v}"), str::to_string),
@@ -174,7 +173,7 @@ impl GatewayClient {
         if (200..300).contains(&status) {
             Ok(v)
         } else {
-            Err(CliError(format!("gateway answered {status}: {v}")))
+            Err(CliError::Failed(format!("gateway answered {status}: {v}")))
         }
     }
 
@@ -195,21 +194,25 @@ impl GatewayClient {
             .json(&json!({ "chat_id": chat_id, "content": content, "channel": "cli" }))
             .send()
             .await
-            .map_err(|e| CliError(format!("gateway at {} did not answer: {e}", self.base)))?;
+            .map_err(|e| {
+                CliError::Failed(format!("gateway at {} did not answer: {e}", self.base))
+            })?;
         if resp.status() == reqwest::StatusCode::UNAUTHORIZED {
             return Err(self.not_ours());
         }
         if !resp.status().is_success() {
             let status = resp.status();
             let body = resp.text().await.unwrap_or_default();
-            return Err(CliError(format!("gateway answered {status}: {body}")));
+            return Err(CliError::Failed(format!(
+                "gateway answered {status}: {body}"
+            )));
         }
         let mut stream = resp.bytes_stream();
         let mut buf = String::new();
         let mut event = String::new();
         let mut data = String::new();
         while let Some(chunk) = stream.next().await {
-            let chunk = chunk.map_err(|e| CliError(format!("stream broke: {e}")))?;
+            let chunk = chunk.map_err(|e| CliError::Failed(format!("stream broke: {e}")))?;
             buf.push_str(&String::from_utf8_lossy(&chunk));
             while let Some(nl) = buf.find('\n') {
                 let line = buf[..nl].trim_end_matches('\r').to_string();
@@ -233,7 +236,7 @@ impl GatewayClient {
                 }
             }
         }
-        Err(CliError(
+        Err(CliError::Failed(
             "the gateway closed the stream before the reply".into(),
         ))
     }

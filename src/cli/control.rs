@@ -131,14 +131,14 @@ pub fn read(store: &Path) -> Result<Option<ControlInfo>, CliError> {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => {
-            return Err(CliError(format!(
+            return Err(CliError::Failed(format!(
                 "cannot read {} ({e}): run weft as the user that runs the gateway of this store",
                 p.display()
             )))
         }
     };
     serde_json::from_slice(&bytes).map(Some).map_err(|e| {
-        CliError(format!(
+        CliError::Failed(format!(
             "{} is not a control file ({e}): `weft gateway` rewrites it at each start; remove it if no gateway runs for this store",
             p.display()
         ))

@@ -155,7 +155,7 @@ fn request(action: &CronAction) -> Result<(&'static str, Value), CliError> {
                     None => json!({"kind": "cron", "expr": expr}),
                 },
                 (None, None, None) => {
-                    return Err(CliError(
+                    return Err(CliError::Failed(
                         "give one of --at TIME, --every INTERVAL or --cron EXPR".into(),
                     ))
                 }
@@ -191,7 +191,7 @@ fn request(action: &CronAction) -> Result<(&'static str, Value), CliError> {
 pub async fn run(config: &Config, action: CronAction) -> Result<(), CliError> {
     let (name, body) = request(&action)?;
     let c = GatewayClient::detect(config).await?.ok_or_else(|| {
-        CliError(format!(
+        CliError::Failed(format!(
             "weft cron needs a running gateway for this config's store ({}), and none runs: start `weft gateway` with this config (the gateway owns the scheduler)",
             config.store.path.display()
         ))

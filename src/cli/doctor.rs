@@ -671,7 +671,7 @@ pub async fn run(config: &Config, as_json: bool) -> Result<(), CliError> {
     }
     let failed = findings.iter().filter(|f| f.level == "fail").count();
     if failed > 0 {
-        return Err(CliError(format!("{failed} check(s) failed")));
+        return Err(CliError::Failed(format!("{failed} check(s) failed")));
     }
     Ok(())
 }

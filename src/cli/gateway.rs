@@ -22,12 +22,7 @@ use crate::notify::Notifier;
 use crate::store::{Store, StoreError};
 use crate::types::Secret;
 
-/// Ends the message of a start refused because of the store (damaged with
-/// `store.on_corruption = "fail"`, or newer): `main` exits with [`STORE_REFUSED_EXIT`] for it,
-/// which the systemd units list in `RestartPreventExitStatus=` so they do not restart-loop.
-pub const STORE_REFUSED_MARK: &str = " [store refused]";
-
-/// Exit code of a start refused because of the store (`EX_CONFIG`).
+/// Exit code of a start refused because of the store (`EX_CONFIG`): [`CliError::StoreRefused`].
 pub const STORE_REFUSED_EXIT: u8 = 78;
 
 /// A started gateway: the daemon plus the address its HTTP API listens on.
@@ -50,31 +45,16 @@ impl Gateway {
     /// Startup failures (store locked, bind refused, workspace), with what to fix.
     pub async fn start(config: Arc<Config>) -> Result<Self, CliError> {
         crate::tools::exec::prewarm();
-        let store = match Store::open_with(
+        let store = Store::open_with(
             &config.store.path,
             config.store.cache_bytes,
             config.store.on_corruption,
-        ) {
-            Ok(s) => s,
-            Err(StoreError::Locked(p)) => {
-                return Err(CliError(format!(
-                    "another weft process holds the store at {p}: is a gateway already running? (`weft status` tells)"
-                )))
-            }
-            Err(e @ StoreError::Damaged { .. }) => {
-                return Err(CliError(format!(
-                    "{e}. store.on_corruption = \"fail\": refusing to start. Inspect it with `weft store check`, restore a backup with `weft store restore PATH`, or set store.on_corruption = \"quarantine\" to move it aside and start fresh{STORE_REFUSED_MARK}"
-                )))
-            }
-            Err(e @ StoreError::Newer { .. }) => {
-                return Err(CliError(format!("{e}{STORE_REFUSED_MARK}")))
-            }
-            Err(e) => return Err(CliError::msg(e)),
-        };
+        )
+        .map_err(store_refusal)?;
         let model = build_model(&config).map_err(CliError::msg)?;
         let token = if config.http.enabled {
             let t = control::new_token()
-                .map_err(|e| CliError(format!("cannot generate the control token: {e}")))?;
+                .map_err(|e| CliError::Failed(format!("cannot generate the control token: {e}")))?;
             Some(Secret::new(t))
         } else {
             None
@@ -111,7 +91,7 @@ impl Gateway {
                 Arc::new(admin.clone()),
             )
             .await
-            .map_err(|e| CliError(format!("channels.http: {e}")))?;
+            .map_err(|e| CliError::Failed(format!("channels.http: {e}")))?;
             http_addr = Some(http.local_addr());
             channels.push(http);
         }
@@ -147,7 +127,7 @@ impl Gateway {
                 };
                 if let Err(e) = control::write(&store, &info) {
                     daemon.shutdown().await;
-                    return Err(CliError(format!(
+                    return Err(CliError::Failed(format!(
                         "cannot write {} ({e}): the weft commands could not reach this gateway; check the permissions of store.path",
                         control::path(&store).display()
                     )));
@@ -378,6 +358,22 @@ pub fn signals() -> impl Future<Output = ()> {
     }
 }
 
+/// Why the gateway could not open its store, as the CLI reports it: a damaged store (under
+/// `store.on_corruption = "fail"`) or a newer one is [`CliError::StoreRefused`], so the
+/// service manager does not restart into the same refusal; anything else is a plain failure.
+fn store_refusal(e: StoreError) -> CliError {
+    match e {
+        StoreError::Locked(p) => CliError::Failed(format!(
+            "another weft process holds the store at {p}: is a gateway already running? (`weft status` tells)"
+        )),
+        e @ StoreError::Damaged { .. } => CliError::StoreRefused(format!(
+            "{e}. store.on_corruption = \"fail\": refusing to start. Inspect it with `weft store check`, restore a backup with `weft store restore PATH`, or set store.on_corruption = \"quarantine\" to move it aside and start fresh"
+        )),
+        e @ StoreError::Newer { .. } => CliError::StoreRefused(e.to_string()),
+        e => CliError::msg(e),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -394,6 +390,39 @@ mod tests {
             out.push(String::from_utf8_lossy(&buf[..n]).into_owned());
         }
         out
+    }
+
+    /// The exit code follows the variant: a refused store ends with `EX_CONFIG` (78, which the
+    /// systemd units do not restart on), a store held by another process with 1.
+    #[test]
+    fn store_refusals_choose_the_exit_code() {
+        let path = "/tmp/store".to_string();
+        let cases = [
+            (StoreError::Locked(path.clone()), 1, "another weft process"),
+            (
+                StoreError::Damaged {
+                    path: path.clone(),
+                    detail: "sled cannot read it".into(),
+                },
+                STORE_REFUSED_EXIT,
+                "weft store check",
+            ),
+            (
+                StoreError::Newer { path, schema: 99 },
+                STORE_REFUSED_EXIT,
+                "newer weft",
+            ),
+            (StoreError::Backend("boom".into()), 1, "boom"),
+        ];
+        for (e, code, text) in cases {
+            let kind = e.kind();
+            let err = store_refusal(e);
+            assert_eq!(err.code(), code, "{kind}: {err}");
+            assert!(err.to_string().contains(text), "{kind}: {err}");
+            assert!(!err.to_string().contains("[store"), "{kind}: {err}");
+        }
+        assert_eq!(STORE_REFUSED_EXIT, 78);
+        assert_eq!(CliError::msg("x").code(), 1);
     }
 
     #[tokio::test]

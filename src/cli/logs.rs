@@ -101,7 +101,7 @@ pub fn run(
                 scope.unit_path.display()
             )
         };
-        return Err(CliError(format!(
+        return Err(CliError::Failed(format!(
             "no gateway log found: {unit}, and there is no log file {}. Run the gateway as a service with `weft service install` (then `weft logs` follows its journal), or keep its log in that file: `mkdir -p {dir} && weft gateway 2>> {file}`",
             log_file.display(),
             dir = log_file.parent().map_or_else(String::new, |d| d.display().to_string()),
@@ -116,11 +116,14 @@ pub fn run(
     let status = std::process::Command::new(&argv[0])
         .args(&argv[1..])
         .status()
-        .map_err(|e| CliError(format!("cannot run `{}`: {e}", argv.join(" "))))?;
+        .map_err(|e| CliError::Failed(format!("cannot run `{}`: {e}", argv.join(" "))))?;
     if status.success() {
         Ok(())
     } else {
-        Err(CliError(format!("`{}` failed ({status})", argv.join(" "))))
+        Err(CliError::Failed(format!(
+            "`{}` failed ({status})",
+            argv.join(" ")
+        )))
     }
 }
 

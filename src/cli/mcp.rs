@@ -55,7 +55,7 @@ pub async fn run(config: &Config, action: McpAction) -> Result<(), CliError> {
                 .await?
         }
         (McpAction::Restart { .. }, None) => {
-            return Err(CliError(format!(
+            return Err(CliError::Failed(format!(
                 "weft mcp restart needs a running gateway for the store {}, and none runs",
                 config.store.path.display()
             )));

@@ -65,7 +65,7 @@ pub async fn run(config: &Config, action: MemoryAction) -> Result<(), CliError> 
                         .split_once(':')
                         .filter(|(c, i)| !c.is_empty() && !i.is_empty())
                         .ok_or_else(|| {
-                            CliError(format!(
+                            CliError::Failed(format!(
                                 "--user {u}: expected CHANNEL:USER_ID, e.g. telegram:42"
                             ))
                         })?;
@@ -85,7 +85,7 @@ pub async fn run(config: &Config, action: MemoryAction) -> Result<(), CliError> 
             let out = service
                 .search(&ctx, &query.join(" "), max.clamp(1, 50), prefix.as_deref())
                 .await
-                .map_err(|e| CliError(e.to_string()))?;
+                .map_err(|e| CliError::Failed(e.to_string()))?;
             if json {
                 println!(
                     "{}",
@@ -114,7 +114,7 @@ pub async fn run(config: &Config, action: MemoryAction) -> Result<(), CliError> 
             let stats = tokio::task::spawn_blocking(move || service.reindex_all(&ws))
                 .await
                 .map_err(CliError::msg)?
-                .map_err(|e| CliError(e.to_string()))?;
+                .map_err(|e| CliError::Failed(e.to_string()))?;
             if json {
                 println!(
                     "{}",

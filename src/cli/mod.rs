@@ -304,7 +304,7 @@ pub fn open_workspace(config: &crate::config::Config) -> Result<crate::tools::Wo
                 .with_users_dir(crate::daemon::build::users_dir(config))
         })
         .map_err(|e| {
-            CliError(format!(
+            CliError::Failed(format!(
                 "cannot open the workspace {}: {e}",
                 config.agent.workspace.display()
             ))
@@ -361,14 +361,33 @@ pub fn end_on_closed_stdout() {
     }
 }
 
-/// A failure reported to the user with a clear message and a non-zero exit code.
+/// A failure reported to the user with a clear message; the variant decides the exit code
+/// ([`CliError::code`]), never the message text.
 #[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct CliError(pub String);
+pub enum CliError {
+    /// The command failed: exit 1.
+    #[error("{0}")]
+    Failed(String),
+    /// The gateway refused to start because of the store (damaged with
+    /// `store.on_corruption = "fail"`, or written by a newer weft): exit
+    /// [`gateway::STORE_REFUSED_EXIT`] (`EX_CONFIG`), which the systemd units list in
+    /// `RestartPreventExitStatus=` so they do not restart-loop on it.
+    #[error("{0}")]
+    StoreRefused(String),
+}
 
 impl CliError {
-    /// Wrap any displayable error.
+    /// Wrap any displayable error as a plain failure.
     pub fn msg(e: impl std::fmt::Display) -> Self {
-        Self(e.to_string())
+        Self::Failed(e.to_string())
+    }
+
+    /// The process exit code for this error.
+    #[must_use]
+    pub fn code(&self) -> u8 {
+        match self {
+            Self::Failed(_) => 1,
+            Self::StoreRefused(_) => gateway::STORE_REFUSED_EXIT,
+        }
     }
 }

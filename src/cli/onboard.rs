@@ -20,14 +20,15 @@ pub fn run(config_path: Option<&Path>, env: &Env, force: bool) -> Result<Vec<Pat
     let json_sibling = home.join("config.json");
     if !force && (path.exists() || (config_path.is_none() && json_sibling.exists())) {
         let existing = if path.exists() { &path } else { &json_sibling };
-        return Err(CliError(format!(
+        return Err(CliError::Failed(format!(
             "{} already exists; not overwriting it (use --force to replace it)",
             existing.display()
         )));
     }
     let mut written = Vec::new();
     if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(|e| CliError(format!("{}: {e}", dir.display())))?;
+        std::fs::create_dir_all(dir)
+            .map_err(|e| CliError::Failed(format!("{}: {e}", dir.display())))?;
     }
     if path.exists() {
         let mut bak = path.clone().into_os_string();
@@ -35,7 +36,7 @@ pub fn run(config_path: Option<&Path>, env: &Env, force: bool) -> Result<Vec<Pat
         let bak = PathBuf::from(bak);
         // A copy keeps the original's 0600 mode; the config is not touched if this fails.
         std::fs::copy(&path, &bak).map_err(|e| {
-            CliError(format!(
+            CliError::Failed(format!(
                 "cannot back up {} to {}: {e}; nothing was overwritten",
                 path.display(),
                 bak.display()
@@ -44,7 +45,7 @@ pub fn run(config_path: Option<&Path>, env: &Env, force: bool) -> Result<Vec<Pat
         println!("kept the previous config as {}", bak.display());
     }
     std::fs::write(&path, EXAMPLE_CONFIG)
-        .map_err(|e| CliError(format!("{}: {e}", path.display())))?;
+        .map_err(|e| CliError::Failed(format!("{}: {e}", path.display())))?;
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;
@@ -53,7 +54,8 @@ pub fn run(config_path: Option<&Path>, env: &Env, force: bool) -> Result<Vec<Pat
     written.push(path);
     let workspace = home.join("workspace");
     let memory = workspace.join("memory");
-    std::fs::create_dir_all(&memory).map_err(|e| CliError(format!("{}: {e}", memory.display())))?;
+    std::fs::create_dir_all(&memory)
+        .map_err(|e| CliError::Failed(format!("{}: {e}", memory.display())))?;
     written.push(workspace.clone());
     written.push(memory);
     written.extend(write_templates(&workspace)?);
@@ -114,11 +116,11 @@ fn write_templates(workspace: &Path) -> Result<Vec<PathBuf>, CliError> {
             Ok(mut f) => {
                 use std::io::Write;
                 f.write_all(text.as_bytes())
-                    .map_err(|e| CliError(format!("{}: {e}", path.display())))?;
+                    .map_err(|e| CliError::Failed(format!("{}: {e}", path.display())))?;
                 written.push(path);
             }
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(CliError(format!("{}: {e}", path.display()))),
+            Err(e) => return Err(CliError::Failed(format!("{}: {e}", path.display()))),
         }
     }
     Ok(written)

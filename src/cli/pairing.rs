@@ -37,7 +37,7 @@ pub async fn run(config: &Config, action: PairingAction) -> Result<(), CliError>
 pub async fn send(config: &Config, channel: &str, chat: &str, text: &str) -> Result<(), CliError> {
     crate::admin::operator_message(channel, chat, text).map_err(CliError::msg)?;
     let c = GatewayClient::detect(config).await?.ok_or_else(|| {
-        CliError(format!(
+        CliError::Failed(format!(
             "weft send needs a running gateway for this config's store ({}), and none runs: start `weft gateway` with this config",
             config.store.path.display()
         ))

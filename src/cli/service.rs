@@ -331,7 +331,7 @@ fn write_env_file(path: &Path, vars: &[(String, String)]) -> Result<(), CliError
     use std::io::Write;
     use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
     if let Some((n, _)) = vars.iter().find(|(_, v)| v.contains(['\n', '\r'])) {
-        return Err(CliError(format!(
+        return Err(CliError::Failed(format!(
             "{n} holds a line break, which an EnvironmentFile= cannot carry: write it to {} \
              yourself (mode 600), or pass it with a `*_file` setting instead",
             path.display()
@@ -357,9 +357,9 @@ fn write_env_file(path: &Path, vars: &[(String, String)]) -> Result<(), CliError
     }
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)
-            .map_err(|e| CliError(format!("cannot create {}: {e}", dir.display())))?;
+            .map_err(|e| CliError::Failed(format!("cannot create {}: {e}", dir.display())))?;
     }
-    let err = |e: std::io::Error| CliError(format!("cannot write {}: {e}", path.display()));
+    let err = |e: std::io::Error| CliError::Failed(format!("cannot write {}: {e}", path.display()));
     let mut f = std::fs::OpenOptions::new()
         .write(true)
         .create(true)
@@ -466,7 +466,8 @@ fn credentials(scope: &Scope, needed: &[String], env: &Env, write: bool) -> Resu
 }
 
 fn absolute(p: &Path) -> Result<PathBuf, CliError> {
-    std::path::absolute(p).map_err(|e| CliError(format!("cannot resolve {}: {e}", p.display())))
+    std::path::absolute(p)
+        .map_err(|e| CliError::Failed(format!("cannot resolve {}: {e}", p.display())))
 }
 
 /// Run `weft service ACTION`; `config` is the `--config` argument, if given. Returns the exit
@@ -489,8 +490,9 @@ pub fn run(config: Option<&Path>, env: &Env, action: ServiceAction) -> Result<u8
                 None if system => PathBuf::from(SYSTEM_CONFIG),
                 None => absolute(&default_path(env))?,
             };
-            let exe = std::env::current_exe()
-                .map_err(|e| CliError(format!("cannot find the weft binary's path: {e}")))?;
+            let exe = std::env::current_exe().map_err(|e| {
+                CliError::Failed(format!("cannot find the weft binary's path: {e}"))
+            })?;
             let needed = needed_env(&config, env);
             install(&scope, &exe, &config, force, &manager, || {
                 credentials(&scope, &needed, env, write_credentials)
@@ -510,11 +512,11 @@ fn run_systemctl(scope: &Scope, systemctl: &Path, args: &[&str]) -> Result<(), C
     let st = scope
         .systemctl(systemctl, args)
         .status()
-        .map_err(|e| CliError(format!("cannot run {}: {e}", systemctl.display())))?;
+        .map_err(|e| CliError::Failed(format!("cannot run {}: {e}", systemctl.display())))?;
     if st.success() {
         Ok(())
     } else {
-        Err(CliError(format!(
+        Err(CliError::Failed(format!(
             "`{}` failed ({st}); see `journalctl {}-u clawft`",
             scope.systemctl_line(&args.join(" ")),
             if scope.system { "" } else { "--user " }
@@ -537,7 +539,7 @@ fn install(
             println!("unchanged {}", path.display());
         }
         Ok(_) if !force => {
-            return Err(CliError(format!(
+            return Err(CliError::Failed(format!(
                 "{} exists and differs from the unit this weft would write: keep it, or rerun \
                  with --force to replace it",
                 path.display()
@@ -545,11 +547,12 @@ fn install(
         }
         Ok(_) | Err(_) => {
             if let Some(dir) = path.parent() {
-                std::fs::create_dir_all(dir)
-                    .map_err(|e| CliError(format!("cannot create {}: {e}", dir.display())))?;
+                std::fs::create_dir_all(dir).map_err(|e| {
+                    CliError::Failed(format!("cannot create {}: {e}", dir.display()))
+                })?;
             }
             std::fs::write(path, &unit).map_err(|e| {
-                CliError(format!(
+                CliError::Failed(format!(
                     "cannot write {}: {e}{}",
                     path.display(),
                     if scope.system {
@@ -622,7 +625,7 @@ fn uninstall(scope: &Scope, manager: &Manager) -> Result<(), CliError> {
         run_systemctl(scope, sc, &["disable", "--now", UNIT_NAME])?;
     }
     std::fs::remove_file(path)
-        .map_err(|e| CliError(format!("cannot remove {}: {e}", path.display())))?;
+        .map_err(|e| CliError::Failed(format!("cannot remove {}: {e}", path.display())))?;
     println!("removed {}", path.display());
     if scope.env_file.exists() {
         println!(
@@ -656,7 +659,7 @@ fn status(scope: &Scope, manager: &Manager) -> Result<u8, CliError> {
             let st = scope
                 .systemctl(sc, &["status", "--no-pager", UNIT_NAME])
                 .status()
-                .map_err(|e| CliError(format!("cannot run {}: {e}", sc.display())))?;
+                .map_err(|e| CliError::Failed(format!("cannot run {}: {e}", sc.display())))?;
             if !installed && !st.success() {
                 println!(
                     "{} is not installed: `weft service install{}`",
@@ -740,7 +743,10 @@ mod tests {
         let mode = std::fs::metadata(&p).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o600);
         let err = write_env_file(&p, &[("MULTI".into(), "a\nb".into())]).unwrap_err();
-        assert!(err.0.contains("MULTI holds a line break"), "{err}");
+        assert!(
+            err.to_string().contains("MULTI holds a line break"),
+            "{err}"
+        );
         assert!(!std::fs::read_to_string(&p).unwrap().contains("MULTI"));
     }
 

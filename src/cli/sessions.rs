@@ -45,10 +45,10 @@ pub async fn run(config: &Config, action: SessionsAction) -> Result<(), CliError
         (Backend::Gateway(c), SessionsAction::Show { key, .. }) => c
             .get_opt(&format!("/v1/sessions/{}", encode(&key)))
             .await?
-            .ok_or_else(|| CliError(format!("no session `{key}`")))?,
+            .ok_or_else(|| CliError::Failed(format!("no session `{key}`")))?,
         (Backend::Store(s), SessionsAction::Show { key, .. }) => session_json(s, &key)
             .map_err(CliError::msg)?
-            .ok_or_else(|| CliError(format!("no session `{key}`")))?,
+            .ok_or_else(|| CliError::Failed(format!("no session `{key}`")))?,
         (Backend::Gateway(c), SessionsAction::Clear { key, .. }) => {
             c.delete(&format!("/v1/sessions/{}", encode(&key))).await?
         }

@@ -42,7 +42,7 @@ fn absolute(p: &Path) -> Result<PathBuf, CliError> {
     }
     std::env::current_dir()
         .map(|d| d.join(p))
-        .map_err(|e| CliError(format!("cannot resolve {}: {e}", p.display())))
+        .map_err(|e| CliError::Failed(format!("cannot resolve {}: {e}", p.display())))
 }
 
 fn print_check(r: &CheckReport, json: bool) -> Result<(), CliError> {
@@ -76,7 +76,7 @@ fn print_check(r: &CheckReport, json: bool) -> Result<(), CliError> {
     if r.ok {
         Ok(())
     } else {
-        Err(CliError(format!(
+        Err(CliError::Failed(format!(
             "the store has {} damaged record(s)",
             r.damaged
         )))
@@ -126,7 +126,7 @@ pub async fn run(config: &Config, action: StoreAction) -> Result<(), CliError> {
             println!("{}", json!({"path": path.display().to_string(), "records": n}));
             Ok(())
         }
-        (StoreAction::Restore { .. }, Some(_)) => Err(CliError(format!(
+        (StoreAction::Restore { .. }, Some(_)) => Err(CliError::Failed(format!(
             "a gateway is running on the store at {}: stop it first (`systemctl stop clawft` or Ctrl-C), then restore",
             dir.display()
         ))),
@@ -142,7 +142,7 @@ pub async fn run(config: &Config, action: StoreAction) -> Result<(), CliError> {
                     );
                     Ok(())
                 }
-                Err(StoreError::Locked(p)) => Err(CliError(format!(
+                Err(StoreError::Locked(p)) => Err(CliError::Failed(format!(
                     "another weft process holds the store at {p}: stop the gateway first"
                 ))),
                 Err(e) => Err(CliError::msg(e)),

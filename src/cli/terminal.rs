@@ -1,7 +1,7 @@
 //! The terminal channel (`cli`): `weft agent` submits lines as inbound events and reads replies,
 //! deltas and progress from the outbound side.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use clawft_channel_core::{
@@ -10,6 +10,8 @@ use clawft_channel_core::{
 };
 use tokio::sync::{mpsc, Notify};
 use tokio_util::sync::CancellationToken;
+
+use crate::types::MutexExt;
 
 /// Why a typed line was not taken.
 #[derive(Debug, thiserror::Error)]
@@ -52,12 +54,7 @@ impl TerminalChannel {
     pub async fn submit(&self, chat: &str, text: &str) -> Result<PlatformEventId, SubmitError> {
         let tx = loop {
             let notified = self.ready.notified();
-            if let Some(tx) = self
-                .listener
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .clone()
-            {
+            if let Some(tx) = self.listener.locked().clone() {
                 break tx;
             }
             notified.await;
@@ -105,13 +102,13 @@ impl Channel for TerminalChannel {
         tx: mpsc::Sender<InboundDelivery>,
         cancel: CancellationToken,
     ) -> Result<(), ChannelError> {
-        *self.listener.lock().unwrap_or_else(PoisonError::into_inner) = Some(tx);
+        *self.listener.locked() = Some(tx);
         self.ready.notify_waiters();
         cancel.cancelled().await;
         // Drop the sender with the listener: the ingress pump ends when its last sender is
         // gone, and shutdown waits for it (a clone kept here stalled every direct `weft agent`
         // for the 5 s of the task deadline).
-        *self.listener.lock().unwrap_or_else(PoisonError::into_inner) = None;
+        *self.listener.locked() = None;
         Ok(())
     }
 

@@ -206,7 +206,7 @@ pub async fn run(config: &Config, action: ToolsAction) -> Result<(), CliError> {
             println!("{}", outcome.content());
             match outcome.error {
                 None => Ok(()),
-                Some(e) => Err(CliError(format!("{} ({})", name, e.code()))),
+                Some(e) => Err(CliError::Failed(format!("{} ({})", name, e.code()))),
             }
         }
     }

@@ -33,6 +33,7 @@ use crate::store::{Store, StoreError};
 use crate::tools::message::MessageSink;
 use crate::tools::Workspace;
 use crate::turn::TurnDeps;
+use crate::types::RwLockExt;
 
 /// Timeout of calls to actors from the daemon (status, drain steps).
 const ACTOR_CALL_TIMEOUT_MS: u64 = 5_000;
@@ -554,18 +555,11 @@ impl Daemon {
             || old.tools.sessions != new.tools.sessions
             || old.secrets != new.secrets;
         if mcp_changed {
-            let old_mcp = self
-                .mcp
-                .write()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .take();
+            let old_mcp = self.mcp.write_locked().take();
             if let Some(m) = old_mcp {
                 m.shutdown().await;
             }
-            *self
-                .mcp
-                .write()
-                .unwrap_or_else(std::sync::PoisonError::into_inner) = start_mcp(&new);
+            *self.mcp.write_locked() = start_mcp(&new);
             changes.push(format!(
                 "MCP servers restarted ({} configured)",
                 new.tools.mcp_servers.len()
@@ -760,10 +754,7 @@ impl Daemon {
 
     /// The MCP servers, when any is configured.
     pub fn mcp(&self) -> Option<Arc<McpManager>> {
-        self.mcp
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
+        self.mcp.read_locked().clone()
     }
 
     /// The subagent supervisor.

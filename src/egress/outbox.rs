@@ -4,13 +4,14 @@
 //! the two resends it at the next start.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, OnceLock, PoisonError, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
 
 use clawft_channel_core::{ChannelId, ChatId, OutboundKind, OutboundMessage, ThreadId};
 use tokio_util::sync::CancellationToken;
 
 use super::{ChannelMsg, ChannelRef};
 use crate::store::{FlushTicket, InboxEntry, Store, StoreError};
+use crate::types::RwLockExt;
 use crate::types::SessionKey;
 
 /// One running channel.
@@ -50,11 +51,11 @@ pub struct ChannelTable(Arc<RwLock<BTreeMap<String, ChannelEntry>>>);
 
 impl ChannelTable {
     fn read(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<String, ChannelEntry>> {
-        self.0.read().unwrap_or_else(PoisonError::into_inner)
+        self.0.read_locked()
     }
 
     fn write(&self) -> std::sync::RwLockWriteGuard<'_, BTreeMap<String, ChannelEntry>> {
-        self.0.write().unwrap_or_else(PoisonError::into_inner)
+        self.0.write_locked()
     }
 
     /// Add (or replace) a channel; returns the one it replaced.

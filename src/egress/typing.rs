@@ -4,9 +4,11 @@
 //! failing; a success ends the streak, so the next failure is logged again.
 
 use std::collections::HashSet;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 
 use clawft_channel_core::{ChannelError, ChannelId, ChatId};
+
+use crate::types::MutexExt;
 
 /// Most chats remembered as failing; beyond, the set starts over (a few repeated lines).
 const MAX_FAILING: usize = 1024;
@@ -25,17 +27,14 @@ impl Failing {
     ) {
         let error = match outcome {
             Ok(Ok(())) => {
-                self.0
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .remove(chat);
+                self.0.locked().remove(chat);
                 return;
             }
             Ok(Err(e)) => e.to_string(),
             Err(_) => "no answer within 5 s".to_string(),
         };
         let first = {
-            let mut set = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut set = self.0.locked();
             if set.len() >= MAX_FAILING && !set.contains(chat) {
                 set.clear();
             }

@@ -15,6 +15,7 @@ use super::{
     Usage,
 };
 use crate::types::scrub::Scrubber;
+use crate::types::MutexExt;
 
 /// Settings of one OpenAI-compatible provider.
 #[derive(Clone, Debug)]
@@ -60,10 +61,7 @@ impl ToolsJsonCache {
         specs: &std::sync::Arc<[ToolSpec]>,
         render: impl FnOnce(&[ToolSpec]) -> String,
     ) -> std::sync::Arc<str> {
-        let mut slot = self
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut slot = self.0.locked();
         if let Some((cached, json)) = slot.as_ref() {
             // The same list (a turn's later calls) is recognised without comparing schemas.
             if std::sync::Arc::ptr_eq(cached, specs) {

@@ -10,6 +10,8 @@ use std::time::Duration;
 use tokio::io::AsyncReadExt;
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 
+use crate::types::MutexExt;
+
 /// Lines of stderr kept per server for error messages.
 const STDERR_KEEP_LINES: usize = 5;
 /// Longest stderr line kept or logged (bytes); the rest is cut.
@@ -21,10 +23,7 @@ pub(crate) struct StderrTail(Arc<Mutex<VecDeque<String>>>);
 
 impl StderrTail {
     fn push(&self, line: String) {
-        let mut q = self
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut q = self.0.locked();
         if q.len() == STDERR_KEEP_LINES {
             q.pop_front();
         }
@@ -33,10 +32,7 @@ impl StderrTail {
 
     /// `; stderr: a | b` or empty.
     pub(crate) fn suffix(&self) -> String {
-        let q = self
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let q = self.0.locked();
         if q.is_empty() {
             String::new()
         } else {

@@ -10,7 +10,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use rustix::fs::{AtFlags, FileType, Mode, OFlags};
@@ -25,6 +25,7 @@ use crate::store::Store;
 use crate::tools::memory::{generation, read_up_to, scope_workspace};
 use crate::tools::{ToolContext, ToolError, Workspace};
 use crate::types::SessionKey;
+use crate::types::{MutexExt, RwLockExt};
 
 /// A root is walked again before a search when its last walk is older than this.
 pub const RECHECK_AFTER: Duration = Duration::from_secs(10);
@@ -214,7 +215,7 @@ impl MemoryService {
             RootKind::Transcripts(p) => format!("sessions-{:016x}", fnv1a(p.as_bytes())),
         };
         let key = format!("{}\0{name}", ws.root().display());
-        let mut roots = self.roots.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut roots = self.roots.locked();
         roots
             .entry(key)
             .or_insert_with(|| {
@@ -301,17 +302,12 @@ impl MemoryService {
         let Some(embedder) = self.embedder.as_ref() else {
             return Ok(None);
         };
-        if let Some(why) = &*self
-            .embed_broken
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-        {
+        if let Some(why) = &*self.embed_broken.locked() {
             return Err(format!("embeddings stopped ({why}); keyword ranking only"));
         }
         let any = roots.iter().any(|r| {
             r.vectors
-                .read()
-                .unwrap_or_else(PoisonError::into_inner)
+                .read_locked()
                 .as_ref()
                 .is_some_and(|v| !v.is_empty())
         });
@@ -347,13 +343,9 @@ impl MemoryService {
         for r in roots {
             let keyword = r
                 .index
-                .read()
-                .unwrap_or_else(PoisonError::into_inner)
+                .read_locked()
                 .search(query, max.saturating_mul(2), prefix);
-            let hits = match (
-                qvec,
-                &*r.vectors.read().unwrap_or_else(PoisonError::into_inner),
-            ) {
+            let hits = match (qvec, &*r.vectors.read_locked()) {
                 (Some(q), Some(v)) if !v.is_empty() => {
                     fuse(&keyword, &v.search(q, max.saturating_mul(2), prefix), max)
                 }
@@ -428,7 +420,7 @@ impl MemoryService {
         let mut rx = root.done.subscribe();
         let before = *rx.borrow_and_update();
         let start = {
-            let mut st = root.state.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut st = root.state.locked();
             let due = !st.loaded
                 || st.seen_gen != gen
                 || st.last.is_none_or(|t| t.elapsed() >= RECHECK_AFTER);
@@ -455,7 +447,7 @@ impl MemoryService {
                     }
                 };
                 {
-                    let mut st = r.state.lock().unwrap_or_else(PoisonError::into_inner);
+                    let mut st = r.state.locked();
                     st.running = false;
                     st.loaded = true;
                     st.last = Some(Instant::now());
@@ -464,16 +456,8 @@ impl MemoryService {
                 if changed > 0 {
                     me.schedule_save(&r);
                 }
-                let first = r
-                    .vectors
-                    .read()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .is_none();
-                let retry = r
-                    .embed_retry
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .is_some_and(|t| Instant::now() >= t);
+                let first = r.vectors.read_locked().is_none();
+                let retry = r.embed_retry.locked().is_some_and(|t| Instant::now() >= t);
                 if changed > 0 || first || retry {
                     me.schedule_embedding(&r);
                 }
@@ -488,14 +472,10 @@ impl MemoryService {
     /// Load the snapshot if not yet loaded, then re-index what changed; how many documents
     /// changed.
     fn reconcile(&self, root: &Root) -> Result<usize, ToolError> {
-        let loaded = root
-            .state
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .loaded;
+        let loaded = root.state.locked().loaded;
         if !loaded {
             if let Some(idx) = self.load_snapshot(root) {
-                *root.index.write().unwrap_or_else(PoisonError::into_inner) = idx;
+                *root.index.write_locked() = idx;
             }
         }
         match &root.kind {
@@ -503,7 +483,7 @@ impl MemoryService {
                 let ws = match files_workspace(root) {
                     Ok(ws) => ws,
                     Err(ToolError::FileNotFound(_)) => {
-                        let mut idx = root.index.write().unwrap_or_else(PoisonError::into_inner);
+                        let mut idx = root.index.write_locked();
                         let gone = idx.documents().len();
                         *idx = Index::new();
                         return Ok(gone);
@@ -539,7 +519,7 @@ impl MemoryService {
             .collect();
         let mut changed = 0;
         let stale: Vec<Arc<str>> = {
-            let idx = root.index.read().unwrap_or_else(PoisonError::into_inner);
+            let idx = root.index.read_locked();
             idx.documents()
                 .into_iter()
                 .filter(|(p, _)| !wanted.contains_key(&**p))
@@ -547,18 +527,14 @@ impl MemoryService {
                 .collect()
         };
         if !stale.is_empty() {
-            let mut idx = root.index.write().unwrap_or_else(PoisonError::into_inner);
+            let mut idx = root.index.write_locked();
             for p in &stale {
                 idx.remove(p);
             }
             changed += stale.len();
         }
         for (path, stamp) in wanted {
-            let known = root
-                .index
-                .read()
-                .unwrap_or_else(PoisonError::into_inner)
-                .stamp(&path);
+            let known = root.index.read_locked().stamp(&path);
             if known == Some(stamp) {
                 continue;
             }
@@ -566,10 +542,7 @@ impl MemoryService {
             let Ok(text) = self.transcript_text(key) else {
                 continue;
             };
-            root.index
-                .write()
-                .unwrap_or_else(PoisonError::into_inner)
-                .upsert(&path, stamp, &text);
+            root.index.write_locked().upsert(&path, stamp, &text);
             changed += 1;
         }
         Ok(changed)
@@ -597,7 +570,7 @@ impl MemoryService {
 
     fn schedule_save(self: &Arc<Self>, root: &Arc<Root>) {
         {
-            let mut st = root.state.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut st = root.state.locked();
             if st.save_pending {
                 return;
             }
@@ -606,10 +579,7 @@ impl MemoryService {
         let me = self.clone();
         let r = root.clone();
         let save = move || {
-            r.state
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .save_pending = false;
+            r.state.locked().save_pending = false;
             if let Err(e) = me.save(&r) {
                 tracing::warn!(index = %r.name, error = %e, "could not save the memory index (it is rebuilt from the files when needed)");
             }
@@ -628,7 +598,7 @@ impl MemoryService {
     fn save(&self, root: &Root) -> std::io::Result<()> {
         let path = snapshot_path(root);
         let (bytes, stats) = {
-            let idx = root.index.read().unwrap_or_else(PoisonError::into_inner);
+            let idx = root.index.read_locked();
             (idx.encode(), idx.stats())
         };
         std::fs::create_dir_all(&root.dir)?;
@@ -641,30 +611,18 @@ impl MemoryService {
     /// Start an embedding pass over `root` in the background (when hybrid search is on and
     /// none is running).
     fn schedule_embedding(self: &Arc<Self>, root: &Arc<Root>) {
-        if self.embedder.is_none()
-            || self
-                .embed_broken
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .is_some()
-        {
+        if self.embedder.is_none() || self.embed_broken.locked().is_some() {
             return;
         }
         {
-            let mut running = root
-                .embedding
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
+            let mut running = root.embedding.locked();
             if *running {
                 return;
             }
             *running = true;
         }
         let Ok(handle) = tokio::runtime::Handle::try_current() else {
-            *root
-                .embedding
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner) = false;
+            *root.embedding.locked() = false;
             return;
         };
         let me = self.clone();
@@ -677,8 +635,8 @@ impl MemoryService {
                     Some(Instant::now() + EMBED_RETRY)
                 }
             };
-            *r.embed_retry.lock().unwrap_or_else(PoisonError::into_inner) = retry;
-            *r.embedding.lock().unwrap_or_else(PoisonError::into_inner) = false;
+            *r.embed_retry.locked() = retry;
+            *r.embedding.locked() = false;
         });
     }
 
@@ -702,15 +660,12 @@ impl MemoryService {
                 Ok(v) => v,
                 Err(e) => {
                     if !e.is_retryable() {
-                        *self
-                            .embed_broken
-                            .lock()
-                            .unwrap_or_else(PoisonError::into_inner) = Some(e.to_string());
+                        *self.embed_broken.locked() = Some(e.to_string());
                     }
                     return Err(e.to_string());
                 }
             };
-            let mut guard = root.vectors.write().unwrap_or_else(PoisonError::into_inner);
+            let mut guard = root.vectors.write_locked();
             for (c, v) in group.iter().zip(vecs) {
                 let store = guard.get_or_insert_with(|| Vectors::new(embedder.model(), v.len()));
                 store.insert(&c.path, c.start_line, c.end_line, c.hash, v)?;
@@ -727,18 +682,14 @@ impl MemoryService {
     /// documents and chunks no longer indexed, and list the chunks still without one.
     fn chunks_to_embed(&self, root: &Root, model: &str) -> Vec<PendingChunk> {
         {
-            let mut v = root.vectors.write().unwrap_or_else(PoisonError::into_inner);
+            let mut v = root.vectors.write_locked();
             if v.is_none() {
                 *v = load_vectors(root).filter(|x| x.model() == model);
             }
         }
-        let docs = root
-            .index
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .documents();
+        let docs = root.index.read_locked().documents();
         let mut pending = Vec::new();
-        let mut vectors = root.vectors.write().unwrap_or_else(PoisonError::into_inner);
+        let mut vectors = root.vectors.write_locked();
         if let Some(v) = vectors.as_mut() {
             let live: std::collections::HashSet<&str> = docs.iter().map(|(p, _)| &**p).collect();
             v.retain_paths(|p| live.contains(p));
@@ -803,7 +754,7 @@ fn load_vectors(root: &Root) -> Option<Vectors> {
 
 fn save_vectors(root: &Root) -> std::io::Result<()> {
     let path = vectors_path(root);
-    let bytes = match &*root.vectors.read().unwrap_or_else(PoisonError::into_inner) {
+    let bytes = match &*root.vectors.read_locked() {
         Some(v) => v.encode(),
         None => return Ok(()),
     };
@@ -854,7 +805,7 @@ pub fn saved_stats(home: &Path, settings: &MemorySettings, ws: &Path) -> MemoryS
 /// `summary.json` beside the snapshots: per index, its figures (read by `weft status`
 /// without loading any index).
 fn record_summary(dir: &Path, name: &str, stats: &IndexStats, bytes: u64) -> std::io::Result<()> {
-    let _lock = SUMMARY_LOCK.lock().unwrap_or_else(PoisonError::into_inner);
+    let _lock = SUMMARY_LOCK.locked();
     let path = dir.join("summary.json");
     let mut all: BTreeMap<String, serde_json::Value> = std::fs::read(&path)
         .ok()
@@ -893,16 +844,10 @@ impl MemoryService {
         }
         for kind in kinds {
             let root = self.root(ws, kind);
-            *root.index.write().unwrap_or_else(PoisonError::into_inner) = Index::new();
-            root.state
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .loaded = true;
+            *root.index.write_locked() = Index::new();
+            root.state.locked().loaded = true;
             self.reconcile(&root)?;
-            root.state
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .last = Some(Instant::now());
+            root.state.locked().last = Some(Instant::now());
             self.save(&root)
                 .map_err(|e| ToolError::ExecutionFailed(format!("saving the index: {e}")))?;
         }
@@ -1113,7 +1058,7 @@ fn reconcile_files(
 ) -> Result<usize, ToolError> {
     let docs = list_documents(ws);
     let (gone, changed): (Vec<Arc<str>>, Vec<(String, Stamp)>) = {
-        let idx = index.read().unwrap_or_else(PoisonError::into_inner);
+        let idx = index.read_locked();
         let names: std::collections::HashSet<&str> = docs.iter().map(|(p, _)| p.as_str()).collect();
         let gone = idx
             .documents()
@@ -1130,7 +1075,7 @@ fn reconcile_files(
     };
     let n = gone.len() + changed.len();
     if !gone.is_empty() {
-        let mut idx = index.write().unwrap_or_else(PoisonError::into_inner);
+        let mut idx = index.write_locked();
         for p in &gone {
             idx.remove(p);
         }
@@ -1145,7 +1090,7 @@ fn reconcile_files(
                     .map(|t| (p.as_str(), *st, t))
             })
             .collect();
-        let mut idx = index.write().unwrap_or_else(PoisonError::into_inner);
+        let mut idx = index.write_locked();
         for (p, st, t) in texts {
             idx.upsert(p, st, &t);
         }

@@ -16,6 +16,7 @@ use super::catchup::{self, CatchUp, Plan, Run, RunId};
 use super::schedule::{Schedule, ScheduleError};
 use super::settings::SchedulerSettings;
 use crate::store::{Store, StoreError};
+use crate::types::MutexExt;
 use crate::types::SessionKey;
 
 /// State namespace of the job records.
@@ -363,9 +364,7 @@ impl JobStore {
     fn guard(&self) -> std::sync::MutexGuard<'_, ()> {
         // The lock guards no data: a panic while holding it leaves nothing half-written in
         // memory (the store batch is atomic).
-        self.lock
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.lock.locked()
     }
 
     fn load(&self, id: &str) -> Result<Option<Job>, JobError> {

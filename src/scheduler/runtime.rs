@@ -28,6 +28,7 @@ use super::settings::{HeartbeatSettings, SchedulerSettings};
 use crate::store::{InboxEntry, InboxState, JournalOutcome, Store};
 use crate::tools::message::MessageSink;
 use crate::types::session_key::SYSTEM_SENDER;
+use crate::types::MutexExt;
 use crate::types::SessionKey;
 
 /// Event-id prefix of a scheduled run that is a turn.
@@ -208,10 +209,7 @@ impl Scheduler {
 
     /// Run counts since the start.
     pub fn counts(&self) -> RunCounts {
-        *self
-            .counts
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        *self.counts.locked()
     }
 
     /// The jobs with a run going now, and their run ids.
@@ -242,9 +240,7 @@ impl Scheduler {
     }
 
     fn lock_running(&self) -> std::sync::MutexGuard<'_, HashMap<String, Run>> {
-        self.running
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.running.locked()
     }
 
     /// Start a run of job `id` now, by hand (`cron run`, `weft cron run`): it does not move the
@@ -428,9 +424,7 @@ impl Scheduler {
     }
 
     fn lock_counts(&self) -> std::sync::MutexGuard<'_, RunCounts> {
-        self.counts
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.counts.locked()
     }
 
     /// Told by a session when it has answered one of the gateway's own events: records a

@@ -19,6 +19,7 @@ use crate::llm::{tokens, ChatRequest, Message, Role};
 use crate::store::window::Compaction;
 use crate::store::Store;
 use crate::turn::{run_turn, TurnDeps, TurnEvent, TurnOutcome, TurnStatus};
+use crate::types::MutexExt;
 use crate::types::SessionKey;
 
 /// How the summary enters the prompt (a user message right after the system prompt).
@@ -219,9 +220,7 @@ fn overhead(deps: &TurnDeps) -> u64 {
             )
     };
     {
-        let cache = CACHE
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let cache = CACHE.locked();
         if let Some(c) = cache
             .iter()
             .find(|c| same(c) && now.duration_since(c.at) < OVERHEAD_TTL)
@@ -235,9 +234,7 @@ fn overhead(deps: &TurnDeps) -> u64 {
     }
     .load();
     let tokens = overhead_of(&registry, &deps.system_prompt, &skills, &deps.preload);
-    let mut cache = CACHE
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut cache = CACHE.locked();
     cache.retain(|c| {
         !same(c) && c.registry.strong_count() > 0 && now.duration_since(c.at) < OVERHEAD_TTL
     });

@@ -26,6 +26,8 @@ use std::time::Duration;
 
 use super::StoreError;
 
+use crate::types::MutexExt;
+
 /// The outcome a waiter gets: `Err` carries the text and the error's kind.
 type Answer = Result<(), (String, &'static str)>;
 
@@ -80,7 +82,7 @@ impl GroupCommit {
         if thread.is_none() {
             // No thread: every caller flushes by itself (the fallback).
             tracing::warn!("cannot start the store flusher thread; flushes are not coalesced");
-            queue.0.lock().unwrap_or_else(PoisonError::into_inner).stop = true;
+            queue.0.locked().stop = true;
         }
         Self {
             queue,
@@ -90,7 +92,7 @@ impl GroupCommit {
 
     fn enqueue(&self, w: Waiter) -> Result<(), Waiter> {
         let (m, cv) = &*self.queue;
-        let mut q = m.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut q = m.locked();
         if q.stop {
             return Err(w);
         }
@@ -215,7 +217,7 @@ impl Drop for GroupCommit {
     fn drop(&mut self) {
         {
             let (m, cv) = &*self.queue;
-            let mut q = m.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut q = m.locked();
             q.stop = true;
             cv.notify_one();
         }
@@ -244,7 +246,7 @@ fn run(queue: &(Mutex<Queue>, Condvar), hk: &dyn Housekeeping) {
             last_tick = std::time::Instant::now();
         }
         let batch = {
-            let mut q = m.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut q = m.locked();
             while q.waiters.is_empty() && !q.stop {
                 let left = next_tick.saturating_sub(last_tick.elapsed());
                 if left.is_zero() {

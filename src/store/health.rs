@@ -3,9 +3,11 @@
 //! alert left by a quarantine at open.
 
 use std::collections::BTreeMap;
-use std::sync::{Mutex, PoisonError};
+use std::sync::Mutex;
 
 use serde::Serialize;
+
+use crate::types::MutexExt;
 
 /// How long the quarantine alert stays in `/readyz` and `weft status` (it stays in the log).
 const ALERT_FOR_MS: u64 = 24 * 3600 * 1000;
@@ -50,7 +52,7 @@ pub(crate) struct Health {
 
 impl Health {
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+        self.inner.locked()
     }
 
     /// A write or flush failed with an error of `kind`. `degrade` is false for errors that

@@ -14,12 +14,14 @@
 //!   read (flipped bytes: 0 of 5 sessions; a file cut in half: 3 of 5).
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 
 use super::kv::{Kv, Op, SledKv};
 use super::{Store, StoreError};
+
+use crate::types::MutexExt;
 
 /// The schema version this weft writes. 0: stores written before versions existed (no
 /// manifest, values bare JSON); 1: manifest, sidecar, checksummed values.
@@ -141,7 +143,7 @@ impl Sidecar {
         gone: u64,
         delete: impl FnOnce() -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
-        let mut last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut last = self.last.locked();
         if gone > 0 && last.sessions > 0 {
             let sessions = last.sessions.saturating_sub(gone);
             self.write_mark(&mut last, sessions)?;
@@ -151,11 +153,7 @@ impl Sidecar {
 
     /// The manifest it holds.
     pub(crate) fn manifest(&self) -> Manifest {
-        self.last
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .manifest
-            .clone()
+        self.last.locked().manifest.clone()
     }
 }
 

@@ -7,6 +7,8 @@ use std::sync::Mutex;
 
 use super::StoreError;
 
+use crate::types::{MutexExt, RwLockExt};
+
 /// Key-value pairs returned by a scan.
 pub type Pairs = Vec<(Vec<u8>, Vec<u8>)>;
 
@@ -109,9 +111,7 @@ impl SledKv {
         static OPENED: std::sync::Mutex<Vec<std::path::PathBuf>> =
             std::sync::Mutex::new(Vec::new());
         let path = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
-        let mut opened = OPENED
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut opened = OPENED.locked();
         if opened.contains(&path) {
             return true;
         }
@@ -153,8 +153,7 @@ impl SledKv {
     /// The open database (a cheap handle clone).
     fn db(&self) -> Result<sled::Db, StoreError> {
         self.db
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .read_locked()
             .clone()
             .ok_or_else(|| StoreError::Backend("the store is being reopened after an error".into()))
     }
@@ -210,10 +209,7 @@ impl Kv for SledKv {
     }
 
     fn reopen(&self) -> Result<(), StoreError> {
-        let mut slot = self
-            .db
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut slot = self.db.write_locked();
         drop(slot.take());
         // `open` waits (bounded) for handles of the old `Db` that sled's threads still hold.
         let fresh = Self::open(&self.path, self.cache_bytes)?;
@@ -237,9 +233,7 @@ struct MemInner {
 
 impl MemKv {
     fn lock(&self) -> std::sync::MutexGuard<'_, MemInner> {
-        self.inner
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.inner.locked()
     }
 }
 

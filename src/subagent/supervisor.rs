@@ -10,6 +10,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::subagents::SubagentSettings;
+use crate::types::RwLockExt;
 
 use crate::bus::Inbox;
 use crate::store::Store;
@@ -118,10 +119,7 @@ impl SubagentHub {
 
     /// The limits in force.
     pub fn settings(&self) -> SubagentSettings {
-        self.settings
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
+        self.settings.read_locked().clone()
     }
 
     /// Cancel a chat session's subagents (`/stop`, `/new`).
@@ -135,10 +133,7 @@ impl SubagentHub {
 
     /// Apply reloaded limits (to new spawns; running tasks keep theirs).
     pub fn set_settings(&self, s: SubagentSettings) {
-        *self
-            .settings
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = s;
+        *self.settings.write_locked() = s;
     }
 }
 

@@ -24,6 +24,8 @@ use super::fs::{blocking, DEFAULT_MEMORY_MAX_BYTES};
 use super::workspace::{check_replaceable, write_atomic};
 use super::{parse_args, schema_of, Effect, Tool, ToolContext, ToolError, Workspace};
 
+use crate::types::MutexExt;
+
 /// The memory file, relative to the workspace.
 pub const MEMORY_FILE: &str = "memory/MEMORY.md";
 
@@ -353,7 +355,7 @@ impl Tool for MemoryWrite {
         let ctx = ctx.clone();
         let max = self.max_bytes;
         blocking(move || {
-            let _guard = WRITE_LOCK.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let _guard = WRITE_LOCK.locked();
             let ws = scope_workspace(&ctx, true)?
                 .ok_or_else(|| ToolError::ExecutionFailed("no memory directory".into()))?;
             let (dir, name) = ws.open_parent(&file, true)?;

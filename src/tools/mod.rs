@@ -33,6 +33,7 @@ use tokio_util::sync::CancellationToken;
 pub use registry::ToolRegistry;
 pub use workspace::Workspace;
 
+use crate::types::MutexExt;
 use crate::types::SessionKey;
 
 /// Max bytes of tool output returned to the model (64 KiB, seed 002): keeps one result under
@@ -166,10 +167,7 @@ impl TurnScope {
 
     /// Offer `names` for the rest of the turn.
     pub fn expose(&self, names: impl IntoIterator<Item = String>) {
-        let mut e = self
-            .exposed
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut e = self.exposed.locked();
         for n in names {
             if !e.contains(&n) {
                 e.push(n);
@@ -179,10 +177,7 @@ impl TurnScope {
 
     /// Every name exposed so far, in the order they were.
     pub fn exposed(&self) -> Vec<String> {
-        self.exposed
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
+        self.exposed.locked().clone()
     }
 }
 
@@ -227,12 +222,7 @@ pub fn schema_of<T: schemars::JsonSchema + 'static>() -> Value {
     static CACHE: std::sync::Mutex<Vec<(std::any::TypeId, Value)>> =
         std::sync::Mutex::new(Vec::new());
     let id = std::any::TypeId::of::<T>();
-    if let Some((_, v)) = CACHE
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .iter()
-        .find(|(t, _)| *t == id)
-    {
+    if let Some((_, v)) = CACHE.locked().iter().find(|(t, _)| *t == id) {
         return v.clone();
     }
     let mut v = serde_json::to_value(schemars::schema_for!(T)).unwrap_or_else(|_| json!({}));
@@ -243,10 +233,7 @@ pub fn schema_of<T: schemars::JsonSchema + 'static>() -> Value {
         o.remove("description");
     }
     compact_schema(&mut v);
-    CACHE
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .push((id, v.clone()));
+    CACHE.locked().push((id, v.clone()));
     v
 }
 

@@ -6,6 +6,8 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use crate::types::MutexExt;
+
 /// Most buckets kept; past it, full buckets (idle sessions) are forgotten.
 const MAX_BUCKETS: usize = 4096;
 
@@ -51,10 +53,7 @@ impl RateLimiter {
     pub fn check_at(&self, session: &str, now: Instant) -> Result<(), Duration> {
         let burst = f64::from(self.limit.burst.max(1));
         let rate = self.rate();
-        let mut g = self
-            .buckets
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut g = self.buckets.locked();
         if g.len() >= MAX_BUCKETS && !g.contains_key(session) {
             g.retain(|_, b| b.tokens + now.duration_since(b.at).as_secs_f64() * rate < burst);
         }

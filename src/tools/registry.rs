@@ -17,6 +17,7 @@ use super::scrub::Scrubber;
 use super::truncate::truncate_result;
 use super::{discovery, Tool, ToolContext, ToolError, MAX_TOOL_RESULT_BYTES};
 use crate::llm::ToolSpec;
+use crate::types::RwLockExt;
 
 /// What the model receives for one tool call: kept as a value (the turn reads fields of it,
 /// e.g. `use_skill`'s `allowed_tools`) and serialised once, into the tool message.
@@ -82,18 +83,12 @@ impl ToolsHandle {
 
     /// The registry in force.
     pub fn current(&self) -> Arc<ToolRegistry> {
-        self.0
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
+        self.0.read_locked().clone()
     }
 
     /// Put `r` in force for turns that start from now on.
     pub fn replace(&self, r: ToolRegistry) {
-        *self
-            .0
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(r);
+        *self.0.write_locked() = Arc::new(r);
     }
 }
 

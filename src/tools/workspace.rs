@@ -9,13 +9,15 @@
 use std::io::Write;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::{Arc, RwLock};
 
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags};
 use rustix::io::Errno;
 
 use super::protected::{Guard, ProtectedPaths};
 use super::ToolError;
+
+use crate::types::RwLockExt;
 
 /// An open workspace directory.
 #[derive(Debug)]
@@ -121,11 +123,7 @@ impl Workspace {
             }
             Err(e) => return Err(map_errno(name, e)),
         };
-        let paths = self
-            .paths
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
+        let paths = self.paths.read_locked().clone();
         let root = users.join(name);
         let guard = Guard::new(&paths, &root);
         guard.check_fd(fd.as_fd(), name)?;
@@ -148,16 +146,13 @@ impl Workspace {
     /// open from now on, whatever the workspace is.
     pub fn set_protected(&self, paths: &ProtectedPaths) {
         let guard = Arc::new(Guard::new(paths, &self.root));
-        *self.guard.write().unwrap_or_else(PoisonError::into_inner) = guard;
-        *self.paths.write().unwrap_or_else(PoisonError::into_inner) = paths.clone();
+        *self.guard.write_locked() = guard;
+        *self.paths.write_locked() = paths.clone();
     }
 
     /// The protected-path checks in force.
     pub fn guard(&self) -> Arc<Guard> {
-        self.guard
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        self.guard.read_locked().clone()
     }
 
     /// Its path (for messages and the system prompt; never for access checks).

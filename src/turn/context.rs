@@ -20,11 +20,12 @@
 //! handle (`openat2` RESOLVE_BENEATH): a context file that is a symlink leading out of the
 //! workspace, or a protected path, is left out with one warning.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 
 use rustix::fs::AtFlags;
 
 use crate::tools::Workspace;
+use crate::types::MutexExt;
 
 /// Largest part of one context file put in the prompt (20 KiB).
 pub const FILE_CAP: usize = 20 * 1024;
@@ -148,7 +149,7 @@ impl ContextPrompt {
         };
         let paths: Vec<String> = files.iter().map(|f| self.path_of(f, user_dir)).collect();
         let stamps: Vec<Option<Stamp>> = paths.iter().map(|p| self.stamp(p)).collect();
-        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut state = self.state.locked();
         let slot = state
             .cache
             .iter()
@@ -203,7 +204,7 @@ impl ContextPrompt {
 
     /// The custom prompt with a suffix (a subagent under a custom prompt), built once.
     fn cached_plain(&self) -> Arc<str> {
-        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut state = self.state.locked();
         if let Some(c) = state.cache.first() {
             return c.prompt.clone();
         }

@@ -6,7 +6,7 @@
 //! flush, and calls recorded outside a turn ([`UsageLedger::record`]) ride the next one.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Mutex, PoisonError};
+use std::sync::Mutex;
 
 use crate::config::usage::UsageConfig;
 use crate::llm::{ChatRequest, ChatResponse, Usage};
@@ -14,6 +14,7 @@ use crate::store::kv::Op;
 use crate::store::usage::{day_of, month_start, UsageRow};
 use crate::store::{Store, StoreError};
 use crate::types::session_key::agent_of;
+use crate::types::{MutexExt, RwLockExt};
 
 /// The LLM calls of one turn answered by one model.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -179,7 +180,7 @@ impl UsageLedger {
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        self.state.locked()
     }
 
     /// The usage of one call: as reported, or estimated ([`crate::llm::tokens`]) when the
@@ -194,11 +195,7 @@ impl UsageLedger {
 
     /// US dollars of `u` on `model`; 0 (with a one-time warning) when the model has no price.
     pub fn cost(&self, model: &str, u: &Usage) -> f64 {
-        let price = self
-            .config
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .price(model);
+        let price = self.config.read_locked().price(model);
         let Some(p) = price else {
             if !u.is_empty() && self.state().unpriced.insert(model.to_string()) {
                 tracing::warn!(
@@ -253,13 +250,7 @@ impl UsageLedger {
         with: &dyn Fn(Option<&UsageRow>) -> UsageRow,
     ) -> Option<(&'static str, String)> {
         let agent = agent_of(session);
-        let b = self
-            .config
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .agents
-            .get(agent)
-            .cloned()?;
+        let b = self.config.read_locked().agents.get(agent).cloned()?;
         let day = with(st.agents_today.get(agent));
         let month = with(st.agents_month.get(agent));
         let checks = [
@@ -563,23 +554,16 @@ impl UsageLedger {
 
     /// The configured budgets and prices.
     pub fn config(&self) -> UsageConfig {
-        self.config
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        self.config.read_locked().clone()
     }
 
     fn budgets(&self) -> crate::config::usage::Budgets {
-        self.config
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .budgets
-            .clone()
+        self.config.read_locked().budgets.clone()
     }
 
     /// Use new prices and budgets from now on (config reload).
     pub fn set_config(&self, c: UsageConfig) {
-        *self.config.write().unwrap_or_else(PoisonError::into_inner) = c;
+        *self.config.write_locked() = c;
     }
 
     /// The `/status` lines about usage.

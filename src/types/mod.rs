@@ -10,6 +10,8 @@ pub mod setting;
 pub mod sniff;
 pub mod text;
 
+/// Std locks taken whether or not poisoned (defined with the channel contract, shared here).
+pub use clawft_channel_core::lock::{MutexExt, RwLockExt};
 pub use secret::Secret;
 pub use session_key::{InvalidSessionKey, SenderId, SessionKey, MAX_SESSION_KEY_BYTES};
 pub use setting::SettingError;

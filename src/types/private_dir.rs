@@ -5,6 +5,8 @@ use std::io;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
+use crate::types::MutexExt;
+
 /// Create `<base>/<prefix>-<pid>-<random>` with mode 0700 (a name that exists already is
 /// skipped, up to 16 tries) and return its path; the caller removes it. The first call of a
 /// process for a `(base, prefix)` also starts the removal of such directories left by dead
@@ -72,9 +74,7 @@ fn sweep_once(base: &Path, prefix: &str) {
     static DONE: std::sync::Mutex<Vec<(PathBuf, String)>> = std::sync::Mutex::new(Vec::new());
     let key = (base.to_path_buf(), prefix.to_string());
     {
-        let mut done = DONE
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut done = DONE.locked();
         if done.contains(&key) {
             return;
         }

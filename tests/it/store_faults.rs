@@ -190,6 +190,50 @@ async fn fail_policy_refuses_with_one_clear_error_and_exit_78() {
     }
 }
 
+/// The exit code follows the error's variant, never its text: a usage error 2 (clap), a plain
+/// failure 1, a store written by a newer weft 78 (like a damaged one under `fail`), and the
+/// message carries no marker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exit_codes_follow_the_kind_of_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let llm = FakeLlm::start().await;
+    let port = free_port();
+    let cfg = five_sessions(dir.path(), &llm, port, json!({})).await;
+    let out = weft(dir.path())
+        .arg("--config")
+        .arg(&cfg)
+        .arg("--no-such-flag")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "usage error");
+    let bad = dir.path().join("bad.json");
+    std::fs::write(&bad, "{").unwrap();
+    let out = weft(dir.path())
+        .arg("--config")
+        .arg(&bad)
+        .arg("status")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    // A newer weft's store: refused under every `on_corruption` policy.
+    let sc = dir.path().join("store").join("clawft-store.json");
+    let mut v: Value = serde_json::from_slice(&std::fs::read(&sc).unwrap()).unwrap();
+    v["schema"] = json!(v["schema"].as_u64().unwrap() + 1);
+    std::fs::write(&sc, v.to_string()).unwrap();
+    let out = weft(dir.path())
+        .arg("--config")
+        .arg(&cfg)
+        .arg("gateway")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(78), "{err}");
+    assert!(err.contains("written by a newer weft"), "{err}");
+    assert!(!err.contains("[store refused]"), "{err}");
+    assert!(corrupt_dirs(dir.path()).is_empty(), "nothing moved aside");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn store_check_backup_while_running_and_restore() {
     let dir = tempfile::tempdir().unwrap();

@@ -28,7 +28,7 @@
 
 use std::collections::HashSet;
 use std::fmt;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -36,6 +36,7 @@ use tokio::time::Instant;
 
 use crate::bounded::BoundedMap;
 use crate::draft_journal::DraftJournal;
+use crate::lock::MutexExt;
 use crate::{ChannelError, ChatId, OutboundMessage, PlatformEventId, SentRef};
 
 /// Which message a reply's deltas and final belong to: the chat and the inbound event replied to.
@@ -227,7 +228,7 @@ where
     }
 
     fn lock(&self) -> MutexGuard<'_, Book<Id, T>> {
-        self.book.lock().unwrap_or_else(PoisonError::into_inner)
+        self.book.locked()
     }
 
     /// The platform message id of the open draft under `key`, if one was posted.

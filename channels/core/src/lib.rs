@@ -12,10 +12,13 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
+use crate::lock::MutexExt;
+
 pub mod bounded;
 pub mod command;
 pub mod draft;
 pub mod draft_journal;
+pub mod lock;
 pub mod media;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
@@ -750,24 +753,14 @@ pub struct MemoryState(std::sync::Mutex<std::collections::HashMap<String, String
 
 impl StateStore for MemoryState {
     fn get(&self, key: &str) -> Option<String> {
-        self.0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .get(key)
-            .cloned()
+        self.0.locked().get(key).cloned()
     }
     fn put(&self, key: &str, value: &str) -> Result<(), StateError> {
-        self.0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(key.to_string(), value.to_string());
+        self.0.locked().insert(key.to_string(), value.to_string());
         Ok(())
     }
     fn remove(&self, key: &str) -> Result<(), StateError> {
-        self.0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .remove(key);
+        self.0.locked().remove(key);
         Ok(())
     }
 }

@@ -7,6 +7,7 @@ use async_trait::async_trait;
 use tokio::sync::{mpsc, Notify};
 use tokio_util::sync::CancellationToken;
 
+use crate::lock::MutexExt;
 use crate::{
     Ack, Capabilities, Channel, ChannelError, ChannelId, InboundDelivery, InboundEvent,
     OutboundMessage, SentRef,
@@ -52,9 +53,7 @@ impl FakeChannel {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        self.inner
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.inner.locked()
     }
 
     /// Messages sent so far.

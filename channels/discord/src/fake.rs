@@ -38,7 +38,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::extract::{Path, State};
@@ -46,6 +46,7 @@ use axum::http::{HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, patch, post};
 use axum::Router;
+use clawft_channel_core::lock::MutexExt;
 use clawft_channel_core::StateStore;
 use futures::{SinkExt, StreamExt};
 use serde_json::{json, Value};
@@ -289,7 +290,7 @@ struct Shared {
 
 impl Shared {
     fn lock(&self) -> std::sync::MutexGuard<'_, St> {
-        self.st.lock().unwrap_or_else(PoisonError::into_inner)
+        self.st.locked()
     }
 }
 

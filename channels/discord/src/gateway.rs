@@ -16,9 +16,10 @@
 use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
+use clawft_channel_core::lock::MutexExt;
 use clawft_channel_core::media::{MediaKind, MediaRef};
 use clawft_channel_core::{
     now_ms, Ack, ChannelError, ChannelId, ChatId, InboundDelivery, InboundEvent, PlatformEventId,
@@ -317,12 +318,7 @@ pub(crate) async fn run(
 }
 
 async fn who_am_i(inner: &Inner) -> Result<BotUser, End> {
-    if let Some(b) = inner
-        .bot
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .clone()
-    {
+    if let Some(b) = inner.bot.locked().clone() {
         return Ok(b);
     }
     let v = inner
@@ -342,7 +338,7 @@ async fn who_am_i(inner: &Inner) -> Result<BotUser, End> {
             .unwrap_or("bot")
             .to_string(),
     };
-    *inner.bot.lock().unwrap_or_else(PoisonError::into_inner) = Some(b.clone());
+    *inner.bot.locked() = Some(b.clone());
     Ok(b)
 }
 

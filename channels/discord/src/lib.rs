@@ -13,12 +13,13 @@
 //! dispatches handlers on spawned tasks (no ordering, no acknowledgement point).
 
 use std::fmt;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use clawft_channel_core::draft::{DraftBook, DraftOptions, DraftPlatform, Edited, Slot};
 use clawft_channel_core::draft_journal::DraftJournal;
+use clawft_channel_core::lock::MutexExt;
 use clawft_channel_core::media::{self, MediaRef, MediaRequest, Multipart, OutboundFile};
 use clawft_channel_core::{
     Capabilities, Channel, ChannelError, ChannelId, ChatId, InboundDelivery, OutboundKind,
@@ -122,7 +123,7 @@ pub(crate) struct Inner {
 
 impl Inner {
     fn set_status(&self, s: impl Into<String>) {
-        *self.status.lock().unwrap_or_else(PoisonError::into_inner) = s.into();
+        *self.status.locked() = s.into();
     }
 }
 
@@ -564,11 +565,7 @@ impl Channel for DiscordChannel {
     }
 
     fn state(&self) -> String {
-        self.inner
-            .status
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        self.inner.status.locked().clone()
     }
 
     fn settled(&self, msg: &OutboundMessage) {

@@ -3,9 +3,10 @@
 //! until the reset; a 429 blocks its route, or every route when `global`).
 
 use std::collections::HashMap;
-use std::sync::{Mutex, PoisonError};
+use std::sync::Mutex;
 use std::time::Duration;
 
+use clawft_channel_core::lock::MutexExt;
 use clawft_channel_core::ChannelError;
 use reqwest::{Method, StatusCode};
 use serde_json::Value;
@@ -79,13 +80,8 @@ impl Rest {
     }
 
     fn blocked_until(&self, route: &str) -> Option<Instant> {
-        let g = *self.global.lock().unwrap_or_else(PoisonError::into_inner);
-        let r = self
-            .buckets
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(route)
-            .copied();
+        let g = *self.global.locked();
+        let r = self.buckets.locked().get(route).copied();
         match (g, r) {
             (Some(a), Some(b)) => Some(a.max(b)),
             (a, b) => a.or(b),
@@ -94,9 +90,9 @@ impl Rest {
 
     fn block(&self, route: &str, until: Instant, global: bool) {
         if global {
-            *self.global.lock().unwrap_or_else(PoisonError::into_inner) = Some(until);
+            *self.global.locked() = Some(until);
         } else {
-            let mut b = self.buckets.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut b = self.buckets.locked();
             b.retain(|_, t| *t > Instant::now());
             b.insert(route.to_string(), until);
         }

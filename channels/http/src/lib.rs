@@ -15,7 +15,7 @@ use std::collections::{HashMap, VecDeque};
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -26,6 +26,7 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use clawft_channel_core::lock::MutexExt;
 use clawft_channel_core::{
     now_ms, Ack, Capabilities, Channel, ChannelError, ChannelId, ChatId, InboundDelivery,
     InboundEvent, OutboundBody, OutboundKind, OutboundMessage, PlatformEventId, SentRef, UserId,
@@ -216,7 +217,7 @@ struct Inner {
 
 impl Inner {
     fn lock(&self) -> std::sync::MutexGuard<'_, Shared> {
-        self.shared.lock().unwrap_or_else(PoisonError::into_inner)
+        self.shared.locked()
     }
 }
 
@@ -679,17 +680,12 @@ async fn submit(
         inner: inner.clone(),
         id: event_id.clone(),
     };
-    let tx = inner
-        .tx
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .clone()
-        .ok_or_else(|| {
-            refuse(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "not accepting messages yet",
-            )
-        })?;
+    let tx = inner.tx.locked().clone().ok_or_else(|| {
+        refuse(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not accepting messages yet",
+        )
+    })?;
     let (delivery, ack) = InboundDelivery::new(InboundEvent {
         channel: inner.id.clone(),
         chat: ChatId::new(req.chat_id),
@@ -885,13 +881,12 @@ impl Channel for HttpChannel {
     ) -> Result<(), ChannelError> {
         let std_listener = self
             .listener
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+            .locked()
             .take()
             .ok_or_else(|| ChannelError::Fatal("listener already consumed".into()))?;
         let listener = tokio::net::TcpListener::from_std(std_listener)
             .map_err(|e| ChannelError::Fatal(format!("listener: {e}")))?;
-        *self.inner.tx.lock().unwrap_or_else(PoisonError::into_inner) = Some(tx);
+        *self.inner.tx.locked() = Some(tx);
         let app = router(self.inner.clone());
         let shutdown = self.inner.shutdown.clone();
         let stop = cancel.clone();
@@ -903,7 +898,7 @@ impl Channel for HttpChannel {
                 shutdown.cancel();
             })
             .await;
-        *self.inner.tx.lock().unwrap_or_else(PoisonError::into_inner) = None;
+        *self.inner.tx.locked() = None;
         r.map_err(|e| ChannelError::Fatal(format!("HTTP server: {e}")))
     }
 

@@ -13,11 +13,12 @@
 //! ([`Gate::Skip`]): it fails at once with the time left, and the draft shows the text later.
 
 use std::collections::HashMap;
-use std::sync::{Mutex, PoisonError};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
+use clawft_channel_core::lock::MutexExt;
 use clawft_channel_core::ChannelError;
 use serde_json::Value;
 
@@ -113,7 +114,7 @@ impl WebApi {
 
     /// When the rate-limit pause of `method` ends, if it is paused now.
     fn paused_until(&self, method: &str) -> Option<Instant> {
-        let mut paused = self.paused.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut paused = self.paused.locked();
         let now = Instant::now();
         paused.retain(|_, until| *until > now);
         paused.get(method).copied()
@@ -121,7 +122,7 @@ impl WebApi {
 
     fn pause(&self, method: &str, wait: Duration) {
         let until = Instant::now() + wait;
-        let mut paused = self.paused.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut paused = self.paused.locked();
         let e = paused.entry(method.to_string()).or_insert(until);
         *e = (*e).max(until);
     }

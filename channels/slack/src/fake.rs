@@ -25,7 +25,7 @@
 //! private channels. The bot is user [`BOT_USER_ID`] (`<@UBOT>` mentions it), bot [`BOT_ID`].
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::body::Bytes;
@@ -46,6 +46,8 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_util::sync::CancellationToken;
 
 use crate::SlackConfig;
+
+use clawft_channel_core::lock::MutexExt;
 
 /// The bot token the fake accepts.
 pub const BOT_TOKEN: &str = "xoxb-fake-bot-token";
@@ -240,7 +242,7 @@ struct Shared {
 
 impl Shared {
     fn lock(&self) -> std::sync::MutexGuard<'_, St> {
-        self.st.lock().unwrap_or_else(PoisonError::into_inner)
+        self.st.locked()
     }
     fn bump(&self) {
         self.changed.notify_waiters();

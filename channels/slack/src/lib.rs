@@ -45,12 +45,13 @@
 //!   `typing` event is gone; `assistant.threads.setStatus` only works in assistant threads).
 
 use std::fmt;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use clawft_channel_core::draft::{DraftBook, DraftOptions, DraftPlatform, Edited, Slot};
 use clawft_channel_core::draft_journal::DraftJournal;
+use clawft_channel_core::lock::MutexExt;
 use clawft_channel_core::media::{MediaRef, MediaRequest, OutboundFile};
 use clawft_channel_core::text::{split_markdown, Measure};
 use clawft_channel_core::{
@@ -187,7 +188,7 @@ pub(crate) struct Inner {
 
 impl Inner {
     pub(crate) fn set_status(&self, s: impl Into<String>) {
-        *self.status.lock().unwrap_or_else(PoisonError::into_inner) = s.into();
+        *self.status.locked() = s.into();
     }
 }
 
@@ -545,11 +546,7 @@ impl Channel for SlackChannel {
     }
 
     fn state(&self) -> String {
-        self.inner
-            .status
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        self.inner.status.locked().clone()
     }
 
     fn settled(&self, msg: &OutboundMessage) {

@@ -48,7 +48,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
@@ -57,6 +57,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get};
 use axum::Router;
+use clawft_channel_core::lock::MutexExt;
 use clawft_channel_core::media::parse_multipart;
 use serde_json::{json, Value};
 use tokio::sync::Notify;
@@ -330,7 +331,7 @@ impl Shared {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, St> {
-        self.st.lock().unwrap_or_else(PoisonError::into_inner)
+        self.st.locked()
     }
 }
 
@@ -405,8 +406,7 @@ impl FakeTelegram {
         let shared = Shared::new(token, bot_id, username);
         self.bots
             .by_token
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+            .locked()
             .insert(token.to_string(), shared.clone());
         FakeTelegram {
             addr: self.addr,
@@ -979,13 +979,9 @@ async fn handle(
         _ => params_of(query, &body),
     };
     let upload = upload_field(&method).is_some();
-    let known = bot.strip_prefix("bot").and_then(|t| {
-        bots.by_token
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(t)
-            .cloned()
-    });
+    let known = bot
+        .strip_prefix("bot")
+        .and_then(|t| bots.by_token.locked().get(t).cloned());
     let authorized = known.is_some();
     let sh = known.unwrap_or_else(|| bots.first.clone());
     let (held, failure) = {
@@ -1363,13 +1359,9 @@ async fn download(
     State(bots): State<Arc<Bots>>,
     Path((bot, path)): Path<(String, String)>,
 ) -> Response {
-    let known = bot.strip_prefix("bot").and_then(|t| {
-        bots.by_token
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(t)
-            .cloned()
-    });
+    let known = bot
+        .strip_prefix("bot")
+        .and_then(|t| bots.by_token.locked().get(t).cloned());
     let Some(sh) = known else {
         return api_error(404, "Not Found");
     };

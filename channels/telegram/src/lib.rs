@@ -30,13 +30,14 @@
 //!   not quote. Replies go to the same forum topic (`message_thread_id`).
 
 use std::fmt;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use clawft_channel_core::bounded::BoundedMap;
 use clawft_channel_core::draft::{DraftBook, DraftOptions, DraftPlatform, Edited, Slot};
 use clawft_channel_core::draft_journal::DraftJournal;
+use clawft_channel_core::lock::MutexExt;
 use clawft_channel_core::media::{MediaRef, MediaRequest};
 use clawft_channel_core::text::{split_markdown, Measure};
 use clawft_channel_core::{
@@ -340,7 +341,7 @@ impl TelegramChannel {
     }
 
     fn set_status(&self, s: impl Into<String>) {
-        *self.status.lock().unwrap_or_else(PoisonError::into_inner) = s.into();
+        *self.status.locked() = s.into();
     }
 
     fn classify(&self, e: &CallError) -> ChannelError {
@@ -393,16 +394,13 @@ impl TelegramChannel {
                 }
             };
             let event_id = PlatformEventId::new(id.to_string());
-            self.origins
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .insert(
-                    event_id.clone(),
-                    Origin {
-                        message_id: incoming.message_id,
-                        group: incoming.group,
-                    },
-                );
+            self.origins.locked().insert(
+                event_id.clone(),
+                Origin {
+                    message_id: incoming.message_id,
+                    group: incoming.group,
+                },
+            );
             let (delivery, ack) = InboundDelivery::new(InboundEvent {
                 channel: self.cfg.id.clone(),
                 chat: ChatId::new(incoming.chat.to_string()),
@@ -508,7 +506,7 @@ impl TelegramChannel {
 
     fn reply_target(&self, msg: &OutboundMessage) -> Option<i64> {
         let id = msg.in_reply_to.as_ref()?;
-        let origins = self.origins.lock().unwrap_or_else(PoisonError::into_inner);
+        let origins = self.origins.locked();
         origins.get(id).filter(|o| o.group).map(|o| o.message_id)
     }
 
@@ -696,10 +694,7 @@ impl Channel for TelegramChannel {
     }
 
     fn state(&self) -> String {
-        self.status
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        self.status.locked().clone()
     }
 
     fn settled(&self, msg: &OutboundMessage) {

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeSet;
 use std::fmt;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rmcp::model::{ClientRequest, PingRequest};
@@ -20,6 +20,7 @@ use super::connect::{connect, Conn, ConnectError};
 use crate::mcp::child::{ChildGuard, StderrTail};
 use crate::mcp::config::McpServerSettings;
 use crate::net::ssrf::SsrfPolicy;
+use crate::types::MutexExt;
 
 /// Timing of the manager (seed 004 §7 defaults); tests shorten them.
 #[derive(Clone, Debug)]
@@ -150,7 +151,7 @@ pub(super) struct Slot {
 
 impl Slot {
     pub(super) fn lock(&self) -> std::sync::MutexGuard<'_, SlotInner> {
-        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+        self.inner.locked()
     }
 
     pub(super) fn update(&self, f: impl FnOnce(&mut SlotInner)) {
@@ -378,8 +379,7 @@ impl McpManager {
     /// the grace), and wait for it. Idempotent.
     pub async fn shutdown(&self) {
         self.shutdown.cancel();
-        let tasks: Vec<_> =
-            std::mem::take(&mut *self.tasks.lock().unwrap_or_else(PoisonError::into_inner));
+        let tasks: Vec<_> = std::mem::take(&mut *self.tasks.locked());
         let bound = self.options.stop_grace + Duration::from_secs(5);
         for t in tasks {
             let abort = t.abort_handle();
@@ -395,12 +395,7 @@ impl Drop for McpManager {
         self.shutdown.cancel();
         // Aborting drops each supervisor's connection, whose child guard SIGKILLs the
         // server's process group synchronously.
-        for t in self
-            .tasks
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .iter()
-        {
+        for t in self.tasks.locked().iter() {
             t.abort();
         }
     }

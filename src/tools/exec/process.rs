@@ -22,7 +22,7 @@ use std::ffi::OsStr;
 use std::os::unix::process::ExitStatusExt;
 use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -37,6 +37,7 @@ use super::cgroup::{CommandCgroup, Events};
 use super::runtime::Spawned;
 use super::ExecRuntime;
 use crate::tools::{parse_args, Effect, Tool, ToolContext, ToolError};
+use crate::types::MutexExt;
 use crate::types::SessionKey;
 
 /// Output kept per process (stdout and stderr merged); older output is dropped.
@@ -158,7 +159,7 @@ struct Proc {
 
 impl Proc {
     fn state(&self) -> std::sync::MutexGuard<'_, ProcState> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        self.state.locked()
     }
 
     fn running(&self) -> bool {
@@ -273,7 +274,7 @@ impl ProcessTable {
     }
 
     fn sessions(&self) -> std::sync::MutexGuard<'_, HashMap<SessionKey, Vec<Arc<Proc>>>> {
-        self.sessions.lock().unwrap_or_else(PoisonError::into_inner)
+        self.sessions.locked()
     }
 
     /// Kill processes idle for their idle time; forget finished ones unused for as long.
