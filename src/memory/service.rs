@@ -1101,7 +1101,18 @@ fn reconcile_files(
 /// A memory document's text (at most `max` bytes, lossy UTF-8), opened beneath `ws` with the
 /// kernel check and the protected-path guard.
 fn read_document(ws: &Workspace, rel: &str, max: u64) -> Result<String, ToolError> {
-    let fd = ws.open_beneath(rel, OFlags::RDONLY | OFlags::NONBLOCK, Mode::empty())?;
+    let flags = OFlags::RDONLY | OFlags::NONBLOCK;
+    let (fd, rel) = match ws.open_beneath(rel, flags, Mode::empty()) {
+        // `MEMORY.md` (a bare document name) is what a model calls the file the memory tools
+        // write, `memory/MEMORY.md`: read that when the root has no such file.
+        Err(ToolError::FileNotFound(_)) if !rel.contains('/') && rel.ends_with(".md") => {
+            let under = format!("memory/{rel}");
+            let fd = ws.open_beneath(&under, flags, Mode::empty())?;
+            (fd, std::borrow::Cow::Owned(under))
+        }
+        r => (r?, std::borrow::Cow::Borrowed(rel)),
+    };
+    let rel = rel.as_ref();
     let f = std::fs::File::from(fd);
     let meta = f
         .metadata()

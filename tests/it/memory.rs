@@ -567,3 +567,33 @@ async fn past_conversations_are_searched_when_enabled_and_only_this_chats() {
     assert_eq!(result(&r, "g")["error_code"], "PERMISSION_DENIED", "{all}");
     gw.stop().await;
 }
+
+/// The names a model uses for the memory file resolve to the file the memory tools write:
+/// `memory_get` with `MEMORY.md` reads `memory/MEMORY.md` when the workspace has no
+/// `MEMORY.md` of its own (it answered FILE_NOT_FOUND while its own error listed `MEMORY.md` as
+/// a memory document).
+#[tokio::test]
+async fn memory_get_of_memory_md_reads_the_file_memory_write_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    std::fs::create_dir_all(ws.join("memory")).unwrap();
+    std::fs::write(ws.join("memory/MEMORY.md"), "remember the milk\n").unwrap();
+    let llm = FakeLlm::start().await;
+    let gw = TestGateway::start(config(&llm, dir.path(), json!({}))).await;
+    let r = turn(
+        &llm,
+        &gw.api,
+        "m",
+        "alice",
+        vec![
+            call("bare", "memory_get", json!({ "path": "MEMORY.md" })),
+            call("full", "memory_get", json!({ "path": "memory/MEMORY.md" })),
+        ],
+    )
+    .await;
+    for id in ["bare", "full"] {
+        let v = result(&r, id);
+        assert_eq!(v["content"], "remember the milk", "{id}: {v}");
+    }
+    gw.stop().await;
+}
