@@ -18,7 +18,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
-use clawft_channel_core::{OutboundBody, OutboundKind, OutboundMessage, ToolProgress};
+use clawft_channel_core::{OutboundBody, OutboundKind, OutboundMessage};
 use futures::FutureExt;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use serde::Serialize;

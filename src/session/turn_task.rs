@@ -231,18 +231,7 @@ async fn forward_events(mut rx: mpsc::Receiver<TurnEvent>, outbox: Outbox, entry
         let body = match ev {
             TurnEvent::Delta(text) => OutboundBody::Delta { text },
             TurnEvent::Restart => OutboundBody::Restart,
-            TurnEvent::ToolStarted { tool, call_id } => {
-                OutboundBody::Progress(ToolProgress::ToolStarted { tool, call_id })
-            }
-            TurnEvent::ToolFinished {
-                tool,
-                call_id,
-                error_code,
-            } => OutboundBody::Progress(ToolProgress::ToolFinished {
-                tool,
-                call_id,
-                error_code,
-            }),
+            TurnEvent::Tool(p) => OutboundBody::Progress(p),
         };
         if let Some(m) = reply_to(&entry, body) {
             outbox.route(m);

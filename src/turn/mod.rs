@@ -160,22 +160,8 @@ pub enum TurnEvent {
     /// The text streamed so far is withdrawn: the model's answer was cut off (or empty) and is
     /// asked for again, whose text follows.
     Restart,
-    /// A tool call started.
-    ToolStarted {
-        /// Tool name.
-        tool: String,
-        /// Call id.
-        call_id: String,
-    },
-    /// A tool call finished.
-    ToolFinished {
-        /// Tool name.
-        tool: String,
-        /// Call id.
-        call_id: String,
-        /// The `error_code` if it failed.
-        error_code: Option<String>,
-    },
+    /// A tool call started or finished (what a channel that shows progress is sent).
+    Tool(clawft_channel_core::ToolProgress),
 }
 
 /// How a turn ended.

@@ -2,6 +2,7 @@
 //! calls of a response (concurrently, results in call order, progress events around each), and
 //! counting what the LLM call cost.
 
+use clawft_channel_core::ToolProgress;
 use futures::future::join_all;
 use tokio::sync::mpsc;
 
@@ -27,10 +28,10 @@ pub(super) async fn run_calls(
         }
         if let Some(ev) = events {
             let _ = ev
-                .send(TurnEvent::ToolStarted {
+                .send(TurnEvent::Tool(ToolProgress::ToolStarted {
                     tool: call.name.clone(),
                     call_id: call.id.clone(),
-                })
+                }))
                 .await;
         }
         let mut o = registry
@@ -41,11 +42,11 @@ pub(super) async fn run_calls(
         }
         if let Some(ev) = events {
             let _ = ev
-                .send(TurnEvent::ToolFinished {
+                .send(TurnEvent::Tool(ToolProgress::ToolFinished {
                     tool: call.name.clone(),
                     call_id: call.id.clone(),
                     error_code: o.error.as_ref().map(|e| e.code().to_string()),
-                })
+                }))
                 .await;
         }
         o
