@@ -336,13 +336,7 @@ impl Tool for UseSkill {
     }
     async fn execute(&self, args: Value, ctx: &ToolContext) -> Result<Value, ToolError> {
         let a: UseSkillArgs = parse_args(self.name(), args)?;
-        let dirs = SkillDirs {
-            global: self.global.clone(),
-            workspace: ctx.workspace.clone(),
-        };
-        let skills = tokio::task::spawn_blocking(move || dirs.load())
-            .await
-            .map_err(|e| ToolError::ExecutionFailed(format!("skills: {e}")))?;
+        let skills = load_off_thread(self.global.clone(), ctx).await?;
         let names: Vec<&str> = skills.iter().map(|s| s.name.as_str()).collect();
         let s = skills.iter().find(|s| s.name == a.name).ok_or_else(|| {
             ToolError::InvalidArgs(format!(
@@ -363,6 +357,20 @@ impl Tool for UseSkill {
             "allowed_tools": s.allowed_tools,
         }))
     }
+}
+
+/// The skills `ctx`'s workspace and the global directory hold, read on a blocking thread.
+async fn load_off_thread(
+    global: Option<PathBuf>,
+    ctx: &ToolContext,
+) -> Result<Vec<Skill>, ToolError> {
+    let dirs = SkillDirs {
+        global,
+        workspace: ctx.workspace.clone(),
+    };
+    tokio::task::spawn_blocking(move || dirs.load())
+        .await
+        .map_err(|e| ToolError::ExecutionFailed(format!("skills: {e}")))
 }
 
 /// The name of the skill search tool.
@@ -409,13 +417,7 @@ impl Tool for SkillSearch {
     async fn execute(&self, args: Value, ctx: &ToolContext) -> Result<Value, ToolError> {
         let a: SkillSearchArgs = parse_args(self.name(), args)?;
         let limit = a.limit.unwrap_or(5).clamp(1, 20);
-        let dirs = SkillDirs {
-            global: self.global.clone(),
-            workspace: ctx.workspace.clone(),
-        };
-        let skills = tokio::task::spawn_blocking(move || dirs.load())
-            .await
-            .map_err(|e| ToolError::ExecutionFailed(format!("skills: {e}")))?;
+        let skills = load_off_thread(self.global.clone(), ctx).await?;
         let docs: Vec<Vec<String>> = skills
             .iter()
             .map(|s| {

@@ -513,21 +513,6 @@ pub async fn check(config: &Config) -> Result<Vec<Finding>, CliError> {
     Ok(out)
 }
 
-/// Stands in for the outbox so `message` is counted among the tools (nothing is sent).
-struct NoSink;
-
-impl crate::tools::message::MessageSink for NoSink {
-    fn channels(&self) -> Vec<String> {
-        Vec::new()
-    }
-    fn send(
-        &self,
-        _msg: clawft_channel_core::OutboundMessage,
-    ) -> Result<(), crate::store::StoreError> {
-        Ok(())
-    }
-}
-
 /// Per agent: whether its model's context window holds the instructions, the core tools and
 /// one exchange (issue 32; the gateway logs the same error at start). MCP tools, which connect
 /// later, are not counted: the list of tools not loaded grows by a line per MCP tool.
@@ -553,7 +538,7 @@ pub fn window_findings(config: &Config) -> Vec<Finding> {
         let store = crate::store::Store::memory();
         let registry = crate::daemon::build::build_registry(
             &view,
-            Some(std::sync::Arc::new(NoSink)),
+            Some(std::sync::Arc::new(crate::tools::message::NoSink)),
             None,
             Vec::new(),
             crate::daemon::build::RegistryParts {

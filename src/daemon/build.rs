@@ -532,19 +532,6 @@ mod tests {
         );
     }
 
-    struct NoSink;
-    impl message::MessageSink for NoSink {
-        fn channels(&self) -> Vec<String> {
-            Vec::new()
-        }
-        fn send(
-            &self,
-            _msg: clawft_channel_core::OutboundMessage,
-        ) -> Result<(), crate::store::StoreError> {
-            Ok(())
-        }
-    }
-
     /// Issue 32: what every request of the default configuration carries in tools (the core
     /// schemas and the list of the others) stays within its share of 8 KB, with every tool
     /// the gateway registers.
@@ -557,7 +544,7 @@ mod tests {
         let ws = Arc::new(crate::tools::Workspace::open(&home.join("ws")).unwrap());
         let reg = build_registry(
             &c,
-            Some(Arc::new(NoSink)),
+            Some(Arc::new(message::NoSink)),
             None,
             Vec::new(),
             RegistryParts {

@@ -44,6 +44,19 @@ pub trait MessageSink: Send + Sync + 'static {
     }
 }
 
+/// A sink that sends nothing and knows no channel: builds a registry whose `message` tool is
+/// counted and described (`weft doctor`'s window check) without a running outbox.
+pub struct NoSink;
+
+impl MessageSink for NoSink {
+    fn channels(&self) -> Vec<String> {
+        Vec::new()
+    }
+    fn send(&self, _msg: OutboundMessage) -> Result<(), crate::store::StoreError> {
+        Ok(())
+    }
+}
+
 /// Most files one message carries.
 pub const MAX_ATTACHMENTS: usize = 10;
 /// Largest file a message carries (the platform's own limit may be lower: it then gets a note
