@@ -437,3 +437,41 @@ async fn special_files_are_refused_without_hanging() {
     )
     .is_fifo());
 }
+
+/// A path of thousands of components is refused at once, before any directory is made (it
+/// used to create directories one prefix at a time, each reopened from the root, until the
+/// tool's timeout).
+#[tokio::test]
+async fn a_very_deep_path_is_refused_fast_and_creates_nothing() {
+    let fx = Fixture::new();
+    for (path, what) in [
+        (format!("{}f.txt", "d/".repeat(3000)), "deep"),
+        (format!("{}f.txt", "d/".repeat(2000)), "deep under PATH_MAX"),
+        (format!("{}/f.txt", "x".repeat(300)), "long name"),
+        (format!("{}f.txt", "abcdefghi/".repeat(420)), "long path"),
+    ] {
+        let started = std::time::Instant::now();
+        let err = w()
+            .execute(json!({"path": path, "content": "x"}), &fx.ctx)
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), "INVALID_PATH", "{what}: {err}");
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(2),
+            "{what}: took {:?}",
+            started.elapsed()
+        );
+        let entries: Vec<_> = std::fs::read_dir(&fx.ws)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .filter(|n| n == "d" || n == "abcdefghi")
+            .collect();
+        assert!(entries.is_empty(), "{what}: created {entries:?}");
+    }
+    // A reasonably deep path still works.
+    let ok = format!("{}f.txt", "d/".repeat(40));
+    w().execute(json!({"path": ok, "content": "x"}), &fx.ctx)
+        .await
+        .unwrap();
+    assert!(fx.ws.join(&ok).is_file());
+}

@@ -257,6 +257,7 @@ impl Workspace {
         if rel.starts_with('/') {
             return Err(map_errno(rel, Errno::XDEV));
         }
+        check_shape(rel)?;
         let (parent, name) = match rel.rsplit_once('/') {
             Some((p, n)) => (p, n),
             None => ("", rel),
@@ -319,6 +320,50 @@ impl Workspace {
         }
         Ok(cur)
     }
+}
+
+/// The deepest path a file tool opens or creates, in components.
+pub const MAX_PATH_DEPTH: usize = 64;
+/// The longest path a file tool takes, in bytes (Linux's `PATH_MAX` less its NUL).
+pub const MAX_PATH_BYTES: usize = 4095;
+/// The longest name of one component, in bytes (Linux's `NAME_MAX`).
+pub const MAX_NAME_BYTES: usize = 255;
+
+/// Refuse, before anything is opened or created, a path too deep or too long for a file tool:
+/// the work of a call stays bounded whatever path the model sends.
+fn check_shape(rel: &str) -> Result<(), ToolError> {
+    let shown = || {
+        let mut end = rel.len().min(60);
+        while !rel.is_char_boundary(end) {
+            end -= 1;
+        }
+        format!("{}…", &rel[..end])
+    };
+    if rel.len() > MAX_PATH_BYTES {
+        return Err(ToolError::InvalidPath(format!(
+            "path `{}` is {} bytes long; the limit is {MAX_PATH_BYTES}",
+            shown(),
+            rel.len()
+        )));
+    }
+    let mut depth = 0;
+    for comp in rel.split('/').filter(|c| !c.is_empty() && *c != ".") {
+        if comp.len() > MAX_NAME_BYTES {
+            return Err(ToolError::InvalidPath(format!(
+                "a name in `{}` is {} bytes long; the limit is {MAX_NAME_BYTES}",
+                shown(),
+                comp.len()
+            )));
+        }
+        depth += 1;
+    }
+    if depth > MAX_PATH_DEPTH {
+        return Err(ToolError::InvalidPath(format!(
+            "path `{}` is {depth} directories deep; the limit is {MAX_PATH_DEPTH}",
+            shown()
+        )));
+    }
+    Ok(())
 }
 
 /// What is currently at `name` in `dir` (not following a symlink there).
