@@ -455,7 +455,8 @@ async fn a_fork_bomb_stays_under_max_processes_and_nothing_of_it_survives() {
             fx.rt.sandbox_status().summary()
         )
     };
-    assert_eq!(r, Err(ToolError::Timeout(4)), "{}", seen());
+    let r = r.unwrap_or_else(|e| panic!("{e}: {}", seen()));
+    assert_eq!(r["timed_out"], json!(true), "{r}: {}", seen());
     // The timeout holds: the call returns once the group is killed, not when the bomb ends.
     assert!(took < Duration::from_secs(10), "{}", seen());
     // Nothing of the bomb is left (its namespace dies with its init, which the timeout kills;

@@ -450,19 +450,22 @@ impl ExecRuntime {
             let mut read_all = false;
             let ended = loop {
                 tokio::select! {
-                    s = child.wait() => break s.map_err(|e| ToolError::ExecutionFailed(format!("waiting for the command failed: {e}"))),
+                    s = child.wait() => break s.map(Some).map_err(|e| ToolError::ExecutionFailed(format!("waiting for the command failed: {e}"))),
                     _ = &mut reading, if !read_all => read_all = true,
-                    () = &mut deadline => break Err(ToolError::Timeout(timeout.as_secs_f64().ceil() as u64)),
+                    // Killed at its timeout: what it wrote before is still returned.
+                    () = &mut deadline => break Ok(None),
                     () = ctx.cancel.cancelled() => break Err(ToolError::Cancelled),
                 }
             };
             // Exited or not: nothing of this command outlives the call.
             drop(group);
-            if ended.is_err() {
+            if !matches!(ended, Ok(Some(_))) {
                 // The group kill covers the child too; this is in case it was not delivered.
                 let _ = child.start_kill();
                 let _ = child.wait().await;
-            } else if !read_all {
+            }
+            if ended.is_ok() && !read_all {
+                // The pipes close with the group: keep what was still in them.
                 let _ = tokio::time::timeout(DRAIN_GRACE, &mut reading).await;
             }
             ended?
@@ -475,8 +478,14 @@ impl ExecRuntime {
             drop(tokio::task::spawn_blocking(move || cg.finish()));
         }
         Ok(Finished {
-            code: status.code(),
-            signal: status.signal(),
+            code: status.and_then(|s| s.code()),
+            signal: match status {
+                Some(s) => s.signal(),
+                None => Some(libc::SIGKILL),
+            },
+            timed_out: status
+                .is_none()
+                .then(|| timeout.as_secs_f64().ceil() as u64),
             stdout: out,
             stderr: err,
             duration: started.elapsed(),
@@ -675,6 +684,8 @@ impl Capture {
 pub(super) struct Finished {
     code: Option<i32>,
     signal: Option<i32>,
+    /// Killed at its timeout (seconds): the output is what arrived before.
+    timed_out: Option<u64>,
     stdout: Capture,
     stderr: Capture,
     duration: Duration,
@@ -685,7 +696,7 @@ pub(super) struct Finished {
 
 impl Finished {
     /// `{exit_code, stdout, stderr, duration_ms}` plus `signal`, `stdout_truncated`,
-    /// `stderr_truncated` when they apply.
+    /// `stderr_truncated`, `timed_out` and `partial` when they apply.
     pub(super) fn to_json(&self) -> serde_json::Map<String, Value> {
         let mut m = serde_json::Map::new();
         m.insert("exit_code".into(), json!(self.code.unwrap_or(-1)));
@@ -705,6 +716,13 @@ impl Finished {
             m.insert("stderr_truncated".into(), json!(true));
         }
         let mut notes = Vec::new();
+        if let Some(secs) = self.timed_out {
+            m.insert("timed_out".into(), json!(true));
+            m.insert("partial".into(), json!(true));
+            notes.push(format!(
+                "timed out: the command was killed after {secs}s; stdout and stderr are what it wrote before (give a larger timeout, or run it with the process tool)"
+            ));
+        }
         if self.events.oom_kills > 0 {
             m.insert("oom_killed".into(), json!(true));
             notes.push(format!(

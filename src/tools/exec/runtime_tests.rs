@@ -194,14 +194,20 @@ async fn common_tools_work_inside_the_sandbox() {
 async fn timeout_kills_the_whole_process_group() {
     let fx = fixture();
     let started = Instant::now();
-    let e = ExecShell::new(fx.rt.clone())
+    let v = ExecShell::new(fx.rt.clone())
         .execute(
-            json!({"command": "(read p r < /proc/self/stat; echo $p > pid; exec sleep 300) & wait", "timeout": 0.5}),
+            json!({"command": "(read p r < /proc/self/stat; echo $p > pid; exec sleep 300) & echo started; echo warming >&2; wait", "timeout": 0.5}),
             &fx.ctx,
         )
         .await
-        .unwrap_err();
-    assert_eq!(e, ToolError::Timeout(1));
+        .unwrap();
+    // What the command wrote before its timeout comes back, marked as partial (it used to be
+    // only a TIMEOUT error, the output lost).
+    assert_eq!(v["timed_out"], json!(true), "{v}");
+    assert_eq!(v["partial"], json!(true), "{v}");
+    assert_eq!(v["stdout"], "started\n", "{v}");
+    assert_eq!(v["stderr"], "warming\n", "{v}");
+    assert!(v["note"].as_str().unwrap().contains("timed out"), "{v}");
     assert!(started.elapsed() < Duration::from_secs(3));
     let pid: i32 = std::fs::read_to_string(fx.ws.join("pid"))
         .unwrap()

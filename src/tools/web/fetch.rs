@@ -275,13 +275,18 @@ impl WebFetch {
         }
     }
 
-    async fn fetch(&self, req: GuardedRequest) -> Result<Value, ToolError> {
+    /// Fetch `req`; the body is read until `deadline`, and what arrived by then is returned
+    /// marked as partial.
+    async fn fetch(
+        &self,
+        req: GuardedRequest,
+        deadline: tokio::time::Instant,
+    ) -> Result<Value, ToolError> {
         let requested = req.url.clone();
         let is_head = req.method == Method::HEAD;
-        let (mut resp, final_url) = self
-            .client
-            .send(req)
+        let (mut resp, final_url) = tokio::time::timeout_at(deadline, self.client.send(req))
             .await
+            .map_err(|_| self.timeout_error())?
             .map_err(|e| self.map_fetch_error(e, &requested))?;
         let status = resp.status().as_u16();
         let content_type = resp
@@ -291,18 +296,23 @@ impl WebFetch {
             .unwrap_or("")
             .to_string();
         let mime = decode::mime_of(&content_type);
-        let result = |body: String, bytes: usize, truncated: bool| {
-            json!({
+        let mut partial = false;
+        let result = |body: String, bytes: usize, truncated: bool, partial: bool| {
+            let mut v = json!({
                 "status": status,
                 "content_type": content_type,
                 "body": body,
                 "url": final_url.as_str(),
                 "bytes": bytes,
-                "truncated": truncated,
-            })
+                "truncated": truncated || partial,
+            });
+            if partial {
+                v["partial"] = json!(true);
+            }
+            v
         };
         if is_head {
-            return Ok(result(String::new(), 0, false));
+            return Ok(result(String::new(), 0, false, false));
         }
         if decode::is_binary_mime(&mime) {
             // Not read at all: the model gets a description, never bytes.
@@ -312,6 +322,7 @@ impl WebFetch {
             return Ok(result(
                 format!("[binary content: {mime}, {size}; web_fetch returns text only]"),
                 0,
+                false,
                 false,
             ));
         }
@@ -323,7 +334,12 @@ impl WebFetch {
         );
         let mut truncated = false;
         loop {
-            let chunk = resp.chunk().await.map_err(|e| {
+            let Ok(chunk) = tokio::time::timeout_at(deadline, resp.chunk()).await else {
+                // The body still trickling in at the deadline: keep what arrived.
+                partial = true;
+                break;
+            };
+            let chunk = chunk.map_err(|e| {
                 if e.is_timeout() {
                     self.timeout_error()
                 } else {
@@ -349,12 +365,19 @@ impl WebFetch {
                 format!("[binary content: {bytes} bytes without a text type; web_fetch returns text only]"),
                 bytes,
                 truncated,
+                partial,
             ));
         };
         if truncated {
             text.push_str(&format!("\n... [truncated: body exceeded {cap} bytes]"));
         }
-        Ok(result(text, bytes, truncated))
+        if partial {
+            text.push_str(&format!(
+                "\n... [partial: the body was still arriving when the {}s deadline passed; this is what came before]",
+                self.timeout.as_secs_f64().ceil() as u64
+            ));
+        }
+        Ok(result(text, bytes, truncated, partial))
     }
 }
 
@@ -416,9 +439,7 @@ impl Tool for WebFetch {
         tokio::select! {
             biased;
             () = ctx.cancel.cancelled() => Err(ToolError::Cancelled),
-            r = tokio::time::timeout(self.timeout, self.fetch(req)) => {
-                r.unwrap_or_else(|_| Err(self.timeout_error()))
-            }
+            r = self.fetch(req, tokio::time::Instant::now() + self.timeout) => r,
         }
     }
 }

@@ -129,6 +129,20 @@ async fn server() -> (SocketAddr, Seen) {
             get(|| async { ([("content-type", "text/plain")], chunked(Some(12 * 1024 * 1024))) }),
         )
         .route(
+            "/trickle",
+            get(|| async {
+                let first = futures::stream::once(async {
+                    Ok::<_, std::io::Error>(Bytes::from_static(b"first part of a slow page"))
+                });
+                // Then nothing more, ever: the connection stays open.
+                let rest = futures::stream::pending();
+                (
+                    [("content-type", "text/plain")],
+                    Body::from_stream(futures::StreamExt::chain(first, rest)),
+                )
+            }),
+        )
+        .route(
             "/endless",
             get(|| async { ([("content-type", "text/plain")], chunked(None)) }),
         )
@@ -645,6 +659,20 @@ async fn connect_failure_timeout_and_cancel() {
         .unwrap_err();
     assert_eq!(e, ToolError::Timeout(1));
     assert!(t.elapsed() < Duration::from_secs(2));
+
+    // A body that trickles in: what arrived before the deadline comes back, marked as partial
+    // (it used to be only a TIMEOUT error).
+    let (addr, _) = server().await;
+    let v = tool
+        .execute(json!({"url": format!("http://{addr}/trickle")}), &c.ctx)
+        .await
+        .unwrap();
+    assert_eq!(v["status"], json!(200), "{v}");
+    assert_eq!(v["partial"], json!(true), "{v}");
+    assert_eq!(v["truncated"], json!(true), "{v}");
+    let body = v["body"].as_str().unwrap();
+    assert!(body.starts_with("first part of a slow page"), "{v}");
+    assert!(body.contains("[partial:"), "{v}");
 
     let tool = fetcher(settings());
     let cancel = c.ctx.cancel.clone();
