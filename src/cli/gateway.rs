@@ -73,7 +73,7 @@ impl Gateway {
         let mut channels: Vec<Arc<dyn Channel>> = Vec::new();
         let mut http_addr = None;
         if config.http.enabled {
-            let http = HttpChannel::bind(
+            let http = HttpChannel::bind_with_mail(
                 HttpConfig {
                     bind: config.http.bind,
                     token: config.http.token.as_ref().map(|t| t.expose().to_string()),
@@ -89,6 +89,7 @@ impl Gateway {
                         .collect(),
                 },
                 Arc::new(admin.clone()),
+                Arc::new(crate::daemon::channels::StoreMail::new(store.clone())),
             )
             .await
             .map_err(|e| CliError::Failed(format!("channels.http: {e}")))?;

@@ -1,9 +1,11 @@
 //! The chat platform adapters of this build (cargo features `telegram`, `discord`, `slack`),
-//! built from `channels.*` config, and the store-backed [`StateStore`] they keep offsets in.
+//! built from `channels.*` config, the store-backed [`StateStore`] they keep offsets in, and
+//! the HTTP chats' mailboxes in the store ([`StoreMail`]).
 
 use std::sync::Arc;
 
 use clawft_channel_core::{Channel, StateStore};
+use clawft_channel_http::{MailEntry, MailStore};
 
 use crate::config::Config;
 use crate::store::Store;
@@ -37,6 +39,117 @@ impl StateStore for StoreState {
         self.store
             .state_put(&self.ns, key, None)
             .map_err(|e| clawft_channel_core::StateError(e.to_string()))
+    }
+}
+
+/// The HTTP chats' mailboxes and reply record in the store: a state namespace per chat
+/// (`http-mail:<chat id in hex>`, keys are the zero-padded `seq`) and one for the replies by
+/// request (`http-replies`, keyed by event id). Writes are applied at once and made durable by
+/// the flush that settles the message in the outbox.
+pub struct StoreMail {
+    store: Store,
+}
+
+/// State namespace of the recorded replies.
+const NS_REPLIES: &str = "http-replies";
+/// How long a reply stays recorded for a resent request.
+pub const REPLY_RECORD_KEEP_MS: u64 = 7 * 24 * 3600 * 1000;
+
+impl StoreMail {
+    /// The mailboxes in `store`; recorded replies older than [`REPLY_RECORD_KEEP_MS`] are
+    /// removed now.
+    pub fn new(store: Store) -> Self {
+        let cutoff = clawft_channel_core::now_ms().saturating_sub(REPLY_RECORD_KEEP_MS);
+        if let Ok(all) = store.state_scan(NS_REPLIES) {
+            for (k, v) in all {
+                let old = serde_json::from_str::<MailEntry>(&v).map_or(true, |e| e.at_ms < cutoff);
+                if old {
+                    let _ = store.state_put_unflushed(NS_REPLIES, &k, None);
+                }
+            }
+        }
+        Self { store }
+    }
+
+    fn ns(chat: &str) -> String {
+        use std::fmt::Write;
+        let mut ns = String::from("http-mail:");
+        for b in chat.as_bytes() {
+            let _ = write!(ns, "{b:02x}");
+        }
+        ns
+    }
+
+    fn entries(&self, chat: &str) -> Result<Vec<(String, MailEntry)>, String> {
+        let all = self
+            .store
+            .state_scan(&Self::ns(chat))
+            .map_err(|e| e.to_string())?;
+        Ok(all
+            .into_iter()
+            .filter_map(|(k, v)| serde_json::from_str(&v).ok().map(|e| (k, e)))
+            .collect())
+    }
+}
+
+impl MailStore for StoreMail {
+    fn append(&self, chat: &str, mut entry: MailEntry, keep: usize) -> Result<u64, String> {
+        if let Some((_, e)) = self
+            .entries(chat)?
+            .into_iter()
+            .find(|(_, e)| e.id == entry.id)
+        {
+            return Ok(e.seq);
+        }
+        // Never 0: `after=0` lists everything.
+        let seq = self.store.next_unique().map_err(|e| e.to_string())? + 1;
+        entry.seq = seq;
+        let v = serde_json::to_string(&entry).map_err(|e| e.to_string())?;
+        let ns = Self::ns(chat);
+        self.store
+            .state_put_unflushed(&ns, &format!("{seq:020}"), Some(&v))
+            .map_err(|e| e.to_string())?;
+        let all = self.entries(chat)?;
+        for (k, _) in all.iter().take(all.len().saturating_sub(keep)) {
+            tracing::warn!(
+                chat,
+                "HTTP mailbox full: the oldest unread message is dropped"
+            );
+            self.store
+                .state_put_unflushed(&ns, k, None)
+                .map_err(|e| e.to_string())?;
+        }
+        Ok(seq)
+    }
+    fn list(&self, chat: &str, after: u64, limit: usize) -> Result<Vec<MailEntry>, String> {
+        Ok(self
+            .entries(chat)?
+            .into_iter()
+            .map(|(_, e)| e)
+            .filter(|e| e.seq > after)
+            .take(limit)
+            .collect())
+    }
+    fn ack(&self, chat: &str, upto: u64) -> Result<(), String> {
+        let ns = Self::ns(chat);
+        for (k, e) in self.entries(chat)? {
+            if e.seq <= upto {
+                self.store
+                    .state_put_unflushed(&ns, &k, None)
+                    .map_err(|e| e.to_string())?;
+            }
+        }
+        Ok(())
+    }
+    fn put_reply(&self, event_id: &str, entry: &MailEntry) -> Result<(), String> {
+        let v = serde_json::to_string(entry).map_err(|e| e.to_string())?;
+        self.store
+            .state_put_unflushed(NS_REPLIES, event_id, Some(&v))
+            .map_err(|e| e.to_string())
+    }
+    fn reply(&self, event_id: &str) -> Option<MailEntry> {
+        let v = self.store.state_get(NS_REPLIES, event_id).ok()??;
+        serde_json::from_str(&v).ok()
     }
 }
 

@@ -511,6 +511,15 @@ impl Store {
         self.flush()
     }
 
+    /// A number greater than every one this store returned before, across restarts and
+    /// crashes (not contiguous).
+    ///
+    /// # Errors
+    /// Backend failure.
+    pub fn next_unique(&self) -> Result<u64, StoreError> {
+        self.kv.next_id()
+    }
+
     /// Every state value under `ns`, as (key, value).
     ///
     /// # Errors

@@ -538,3 +538,92 @@ async fn an_approval_question_left_undelivered_is_not_asked_after_a_restart() {
     assert_eq!(mb["messages"], json!([]), "{mb}");
     gw.stop().await;
 }
+
+/// POST /v1/chat with `event_id` → (status, body).
+async fn chat_with_id(
+    api: &crate::common::Api,
+    chat: &str,
+    content: &str,
+    event_id: &str,
+) -> (u16, Value) {
+    let r = api
+        .http
+        .post(format!("{}/v1/chat", api.base))
+        .json(&json!({"chat_id": chat, "content": content, "event_id": event_id}))
+        .send()
+        .await
+        .unwrap();
+    let s = r.status().as_u16();
+    (s, r.json().await.unwrap_or(Value::Null))
+}
+
+/// The HTTP mailbox is kept in the store until the reader acknowledges it (it was an
+/// in-memory map, emptied by every read and lost on a restart), and a request resent with its
+/// `event_id` after the gateway died gets the reply (it got `409 duplicate event_id`).
+#[tokio::test]
+async fn the_http_mailbox_survives_kill_9_until_acknowledged_and_a_resent_request_gets_its_reply() {
+    let dir = tempfile::tempdir().unwrap();
+    let llm = FakeLlm::start().await;
+    let port = free_port();
+    let cfg = crate::process::gateway_config(dir.path(), &llm, port, json!({}));
+    llm.push(Reply::Hang);
+    let d = Daemon::start(dir.path(), &cfg, port).await;
+    let out = run(dir.path(), &cfg, &["send", "http", "room1", "deploy done"]).await;
+    assert!(out.status.success(), "{}", text(&out));
+    let api = d.api.clone();
+    let first = tokio::spawn(async move { chat_with_id(&api, "j", "remember me", "req-1").await });
+    assert!(wait_until(T, || llm.requests().len() == 1).await);
+    let deadline = std::time::Instant::now() + T;
+    while d.api.get("/v1/chats/room1/messages").await.1["messages"][0].is_null() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not delivered\n{}",
+            std::fs::read_to_string(dir.path().join("gateway.log")).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Read twice without acknowledging: the message stays.
+    for _ in 0..2 {
+        let (s, v) = d.api.get("/v1/chats/room1/messages").await;
+        assert_eq!(s, 200, "{v}");
+        assert_eq!(v["messages"][0]["content"], "deploy done", "{v}");
+        assert_eq!(v["messages"].as_array().unwrap().len(), 1, "{v}");
+    }
+    d.kill9();
+    let _ = first.await;
+
+    // Second life: the journaled request is answered again; the client resends it.
+    llm.push(Reply::Text("remembered".into()));
+    let d = Daemon::start(dir.path(), &cfg, port).await;
+    let (s, v) = chat_with_id(&d.api, "j", "remember me", "req-1").await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["reply"], "remembered", "{v}");
+    // Once more: the recorded reply, the model not asked again.
+    let (s, v) = chat_with_id(&d.api, "j", "remember me", "req-1").await;
+    assert_eq!(
+        (s, &v["reply"], &v["replayed"]),
+        (200, &json!("remembered"), &json!(true)),
+        "{v}"
+    );
+    assert_eq!(llm.requests().len(), 2, "answered more than once");
+    // The proactive message survived the kill, once.
+    let (_, v) = d.api.get("/v1/chats/room1/messages").await;
+    let msgs = v["messages"].as_array().unwrap().clone();
+    assert_eq!(msgs.len(), 1, "{v}");
+    assert_eq!(msgs[0]["content"], "deploy done", "{v}");
+    let seq = msgs[0]["seq"].as_u64().unwrap();
+    assert_eq!(v["next_after"], json!(seq), "{v}");
+    // Acknowledged: gone, and still gone after a restart.
+    let (_, v) = d
+        .api
+        .get(&format!("/v1/chats/room1/messages?after={seq}"))
+        .await;
+    assert_eq!(v["messages"], json!([]), "{v}");
+    assert_eq!(d.term().code(), Some(0));
+    let d = Daemon::start(dir.path(), &cfg, port).await;
+    let (_, v) = d.api.get("/v1/chats/room1/messages").await;
+    assert_eq!(v["messages"], json!([]), "{v}");
+    let (s, v) = d.api.get("/v1/chats/room1/messages?after=x").await;
+    assert_eq!(s, 400, "{v}");
+    assert_eq!(d.term().code(), Some(0));
+}

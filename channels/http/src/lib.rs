@@ -11,7 +11,7 @@
 //! knows nothing of sessions or the store; replies come back through [`Channel::send`],
 //! correlated by the inbound event id.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -35,14 +35,18 @@ use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
+pub mod mailbox;
 pub mod openai;
+pub use mailbox::{MailEntry, MailStore, MemoryMail};
 pub use openai::OPENAI_SENDER;
 
 /// Largest accepted request body (1 MiB), or more when `max_inbound_bytes` needs it (see
 /// [`body_limit`]).
 const MAX_BODY_BYTES: usize = 1024 * 1024;
-/// Proactive messages kept per HTTP chat until fetched.
-const MAILBOX_PER_CHAT: usize = 100;
+/// Messages kept per HTTP chat until acknowledged; beyond it the oldest are dropped.
+pub const MAILBOX_PER_CHAT: usize = 1000;
+/// Most messages one `GET /v1/chats/{chat_id}/messages` returns.
+const MAILBOX_PAGE: usize = 100;
 /// Interval of SSE keep-alive comments.
 const SSE_KEEPALIVE: Duration = Duration::from_secs(15);
 
@@ -202,13 +206,14 @@ fn approval_of(m: &OutboundMessage) -> Option<&clawft_channel_core::ApprovalAsk>
 #[derive(Default)]
 struct Shared {
     waiters: HashMap<PlatformEventId, Waiter>,
-    mailboxes: HashMap<String, VecDeque<OutboundMessage>>,
 }
 
 struct Inner {
     cfg: HttpConfig,
     id: ChannelId,
     admin: Arc<dyn Admin>,
+    /// The chats' mailboxes and the replies by request (see [`mailbox`]).
+    mail: Arc<dyn MailStore>,
     shared: Mutex<Shared>,
     tx: Mutex<Option<mpsc::Sender<InboundDelivery>>>,
     seq: AtomicU64,
@@ -241,13 +246,26 @@ impl Drop for WaiterGuard {
 }
 
 impl HttpChannel {
-    /// Validate the config and bind the listener now, so bind errors surface at startup.
+    /// Validate the config and bind the listener now, so bind errors surface at startup. The
+    /// mailboxes are kept in memory ([`Self::bind_with_mail`] keeps them in a store).
     ///
     /// # Errors
     /// A non-loopback bind without a token or with tokenless chat, or a bind failure.
     pub async fn bind(
         cfg: HttpConfig,
         admin: Arc<dyn Admin>,
+    ) -> Result<Arc<HttpChannel>, HttpError> {
+        Self::bind_with_mail(cfg, admin, Arc::new(MemoryMail::default())).await
+    }
+
+    /// [`Self::bind`] with the chats' mailboxes and the reply record kept in `mail`.
+    ///
+    /// # Errors
+    /// As [`Self::bind`].
+    pub async fn bind_with_mail(
+        cfg: HttpConfig,
+        admin: Arc<dyn Admin>,
+        mail: Arc<dyn MailStore>,
     ) -> Result<Arc<HttpChannel>, HttpError> {
         if !cfg.bind.ip().is_loopback() {
             if cfg.token.as_deref().is_none_or(str::is_empty) {
@@ -279,6 +297,7 @@ impl HttpChannel {
                 id: ChannelId::new(cfg.channel_id.clone()),
                 cfg,
                 admin,
+                mail,
                 shared: Mutex::new(Shared::default()),
                 tx: Mutex::new(None),
                 seq: AtomicU64::new(0),
@@ -528,16 +547,75 @@ async fn admin_command(
     }
 }
 
-async fn mailbox(State(inner): State<Arc<Inner>>, Path(chat_id): Path<String>) -> Response {
-    let msgs: Vec<Value> = inner
-        .lock()
-        .mailboxes
-        .remove(&chat_id)
-        .unwrap_or_default()
-        .into_iter()
-        .map(|m| json!({"id": m.id, "kind": m.kind(), "content": m.text()}))
-        .collect();
-    Json(json!({ "messages": msgs })).into_response()
+/// The query of `GET /v1/chats/{chat_id}/messages`.
+#[derive(serde::Deserialize)]
+struct MailQuery {
+    /// Acknowledge every message up to this `seq` (they are removed), then list the later ones.
+    after: Option<u64>,
+    /// At most this many (100).
+    limit: Option<usize>,
+}
+
+/// `GET /v1/chats/{chat_id}/messages[?after=SEQ][&limit=N]`: the chat's waiting messages,
+/// oldest first; `after` acknowledges what the reader has (see [`mailbox`]).
+async fn mailbox(
+    State(inner): State<Arc<Inner>>,
+    Path(chat_id): Path<String>,
+    query: Result<axum::extract::Query<MailQuery>, axum::extract::rejection::QueryRejection>,
+) -> Response {
+    let Ok(axum::extract::Query(q)) = query else {
+        return err(
+            StatusCode::BAD_REQUEST,
+            "the query may hold `after` (the last `seq` you have: it and everything before it are acknowledged and removed) and `limit` (1-100), both whole numbers",
+        );
+    };
+    let limit = q.limit.unwrap_or(MAILBOX_PAGE).clamp(1, MAILBOX_PAGE);
+    let after = q.after.unwrap_or(0);
+    let listed = (|| {
+        if after > 0 {
+            inner.mail.ack(&chat_id, after)?;
+        }
+        inner.mail.list(&chat_id, after, limit)
+    })();
+    match listed {
+        Ok(entries) => {
+            let next = entries.last().map_or(after, |e| e.seq);
+            let msgs: Vec<Value> = entries
+                .into_iter()
+                .map(|e| {
+                    let mut v =
+                        json!({"seq": e.seq, "id": e.id, "kind": e.kind, "content": e.content});
+                    if let Some(r) = e.in_reply_to {
+                        v["in_reply_to"] = json!(r);
+                    }
+                    v
+                })
+                .collect();
+            Json(json!({ "messages": msgs, "next_after": next })).into_response()
+        }
+        Err(e) => err(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("the mailbox cannot be read now ({e}); nothing was removed, try again"),
+        ),
+    }
+}
+
+/// What a mailbox keeps of `m`.
+fn mail_entry(m: &OutboundMessage) -> MailEntry {
+    MailEntry {
+        seq: 0,
+        id: m.id.clone(),
+        kind: match m.kind() {
+            OutboundKind::Final => "final",
+            OutboundKind::Delta => "delta",
+            OutboundKind::Progress => "progress",
+            OutboundKind::Error => "error",
+        }
+        .to_string(),
+        content: m.text().to_string(),
+        in_reply_to: m.in_reply_to.as_ref().map(|r| r.as_str().to_string()),
+        at_ms: now_ms(),
+    }
 }
 
 /// A parsed chat request.
@@ -652,12 +730,17 @@ fn parse_chat(
     })
 }
 
+/// A request the journal took, or had already taken.
+struct Submitted {
+    event_id: PlatformEventId,
+    guard: WaiterGuard,
+    /// A resent request (same `event_id`): its recorded reply when it has one already;
+    /// otherwise the reply is still to come and reaches the waiter.
+    replayed: Option<Option<MailEntry>>,
+}
+
 /// Register the waiter, deliver the event, and wait for the journal's ack.
-async fn submit(
-    inner: &Arc<Inner>,
-    req: ChatReq,
-    waiter: Waiter,
-) -> Result<(PlatformEventId, WaiterGuard), Refusal> {
+async fn submit(inner: &Arc<Inner>, req: ChatReq, waiter: Waiter) -> Result<Submitted, Refusal> {
     if inner.shutdown.is_cancelled() {
         return Err(refuse(StatusCode::SERVICE_UNAVAILABLE, "shutting down"));
     }
@@ -672,7 +755,10 @@ async fn submit(
     {
         let mut g = inner.lock();
         if g.waiters.contains_key(&event_id) {
-            return Err(refuse(StatusCode::CONFLICT, "duplicate event_id"));
+            return Err((
+                StatusCode::CONFLICT,
+                json!({"error": "a request with this event_id is already waiting for its reply", "event_id": event_id}),
+            ));
         }
         g.waiters.insert(event_id.clone(), waiter);
     }
@@ -705,11 +791,22 @@ async fn submit(
         .await
         .map_err(|_| refuse(StatusCode::SERVICE_UNAVAILABLE, "shutting down"))?;
     match ack.await {
-        Ok(Ack::Accepted) => Ok((event_id, guard)),
-        Ok(Ack::Duplicate) => Err((
-            StatusCode::CONFLICT,
-            json!({"error": "duplicate event_id", "event_id": event_id}),
-        )),
+        Ok(Ack::Accepted) => Ok(Submitted {
+            event_id,
+            guard,
+            replayed: None,
+        }),
+        // Already journaled: the same request resent (event_id is the idempotency key). The
+        // waiter is registered before the record is read, so a reply sent in between reaches
+        // one or the other.
+        Ok(Ack::Duplicate) => {
+            let recorded = inner.mail.reply(event_id.as_str());
+            Ok(Submitted {
+                event_id,
+                guard,
+                replayed: Some(recorded),
+            })
+        }
         Ok(Ack::Rejected(why)) => Err(refuse(StatusCode::FORBIDDEN, why)),
         Err(_) => Err(refuse(StatusCode::SERVICE_UNAVAILABLE, "shutting down")),
     }
@@ -728,10 +825,26 @@ async fn chat(
     };
     let chat_id = req.chat_id.clone();
     let (tx, rx) = oneshot::channel();
-    let (event_id, _guard) = match submit(&inner, req, Waiter::Once(tx)).await {
+    let Submitted {
+        event_id,
+        guard: _guard,
+        replayed,
+    } = match submit(&inner, req, Waiter::Once(tx)).await {
         Ok(x) => x,
         Err((status, v)) => return (status, Json(v)).into_response(),
     };
+    if let Some(Some(reply)) = &replayed {
+        return if reply.kind == "error" {
+            (
+                StatusCode::BAD_GATEWAY,
+                Json(json!({"error": reply.content, "event_id": event_id, "replayed": true})),
+            )
+                .into_response()
+        } else {
+            Json(json!({"chat_id": chat_id, "event_id": event_id, "reply": reply.content, "replayed": true}))
+                .into_response()
+        };
+    }
     let shutdown = inner.shutdown.clone();
     // Biased: a reply already delivered wins over a shutdown that fires in the same instant
     // (the daemon delivers replies before it stops the channel).
@@ -803,11 +916,16 @@ async fn chat_stream(
                 chat: req.chat_id.clone(),
                 terminal: req.terminal,
             };
-            submit(&inner, req, waiter).await.map(|(_, g)| (g, rx))
+            submit(&inner, req, waiter).await.map(|s| (s, rx))
         }
         Err(r) => Err(r),
     };
-    let (guard, mut rx) = match submitted {
+    let (
+        Submitted {
+            guard, replayed, ..
+        },
+        mut rx,
+    ) = match submitted {
         Ok(x) => x,
         Err((status, v)) => {
             // Refusals become a single error event, so stream clients need one code path.
@@ -818,6 +936,22 @@ async fn chat_stream(
             return Sse::new(s).into_response();
         }
     };
+    if let Some(Some(reply)) = replayed {
+        // A resent request already answered: its recorded reply, as the one closing event.
+        let e = if reply.kind == "error" {
+            Event::default().event("error").data(
+                json!({"error": reply.content, "event_id": reply.in_reply_to, "replayed": true})
+                    .to_string(),
+            )
+        } else {
+            Event::default().event("done").data(
+                json!({"reply": reply.content, "event_id": reply.in_reply_to, "replayed": true})
+                    .to_string(),
+            )
+        };
+        drop(guard);
+        return Sse::new(futures::stream::iter([Ok::<_, Infallible>(e)])).into_response();
+    }
     let shutdown = inner.shutdown.clone();
     let stream = async_stream(move |yield_tx| async move {
         let _guard = guard;
@@ -857,6 +991,17 @@ where
         rx,
         |mut rx| async move { rx.recv().await.map(|e| (Ok(e), rx)) },
     )
+}
+
+impl HttpChannel {
+    /// Keep `msg` in its chat's mailbox until the reader acknowledges it.
+    fn keep(&self, msg: &OutboundMessage) -> Result<SentRef, ChannelError> {
+        self.inner
+            .mail
+            .append(msg.chat.as_str(), mail_entry(msg), MAILBOX_PER_CHAT)
+            .map_err(|e| ChannelError::Transient(format!("mailbox: {e}")))?;
+        Ok(SentRef(msg.id.clone()))
+    }
 }
 
 #[async_trait]
@@ -930,17 +1075,17 @@ impl Channel for HttpChannel {
                 }
             }
             // A proactive message: keep it for `GET /v1/chats/{chat_id}/messages`.
-            let mut g = self.inner.lock();
-            let mb = g
-                .mailboxes
-                .entry(msg.chat.as_str().to_string())
-                .or_default();
-            if mb.len() >= MAILBOX_PER_CHAT {
-                mb.pop_front();
-            }
-            mb.push_back(msg.clone());
-            return Ok(SentRef(msg.id.clone()));
+            return self.keep(msg);
         };
+        if msg.kind().is_durable() {
+            // Recorded before any waiter is looked up: a request resent with this event_id
+            // registers its waiter first and reads the record second, so it sees one or the
+            // other (see `chat`).
+            self.inner
+                .mail
+                .put_reply(reply_to.as_str(), &mail_entry(msg))
+                .map_err(|e| ChannelError::Transient(format!("reply record: {e}")))?;
+        }
         let stream_tx = {
             let mut g = self.inner.lock();
             match g.waiters.get(reply_to) {
@@ -950,13 +1095,23 @@ impl Channel for HttpChannel {
                     return Ok(SentRef(msg.id.clone()));
                 }
                 Some(Waiter::Once(_)) => {
-                    return match g.waiters.remove(reply_to) {
-                        Some(Waiter::Once(tx)) => tx
-                            .send(msg.clone())
-                            .map(|()| SentRef(msg.id.clone()))
-                            .map_err(|_| ChannelError::Gone("client gone".into())),
-                        _ => Err(ChannelError::Gone("client gone".into())),
+                    let sent = match g.waiters.remove(reply_to) {
+                        Some(Waiter::Once(tx)) => tx.send(msg.clone()).is_ok(),
+                        _ => false,
                     };
+                    drop(g);
+                    // The client left in the meantime: the reply waits in the mailbox.
+                    return if sent {
+                        Ok(SentRef(msg.id.clone()))
+                    } else {
+                        self.keep(msg)
+                    };
+                }
+                None if msg.kind().is_durable() => {
+                    drop(g);
+                    // The request was cut off (a crash, a timeout, the client gone): the
+                    // reply waits in the chat's mailbox.
+                    return self.keep(msg);
                 }
                 None => {
                     return Err(ChannelError::Gone(format!(
@@ -965,11 +1120,11 @@ impl Channel for HttpChannel {
                 }
             }
         };
-        stream_tx
-            .send(msg.clone())
-            .await
-            .map_err(|_| ChannelError::Gone("stream closed".into()))?;
-        Ok(SentRef(msg.id.clone()))
+        match stream_tx.send(msg.clone()).await {
+            Ok(()) => Ok(SentRef(msg.id.clone())),
+            Err(_) if msg.kind().is_durable() => self.keep(msg),
+            Err(_) => Err(ChannelError::Gone("stream closed".into())),
+        }
     }
 }
 

@@ -387,7 +387,8 @@ fn completion_id(event_id: &str) -> String {
 async fn once_completion(inner: Arc<Inner>, req: Completion, chat: ChatReq) -> Response {
     let (tx, rx) = oneshot::channel();
     let (event_id, _guard) = match submit(&inner, chat, Waiter::Once(tx)).await {
-        Ok(x) => x,
+        // Always a new event id here: never a resent request.
+        Ok(s) => (s.event_id, s.guard),
         Err((status, v)) => return refused(status, &v),
     };
     let shutdown = inner.shutdown.clone();
@@ -448,7 +449,7 @@ async fn stream_completion(inner: Arc<Inner>, req: Completion, chat: ChatReq) ->
         terminal: false,
     };
     let (event_id, guard) = match submit(&inner, chat, waiter).await {
-        Ok(x) => x,
+        Ok(s) => (s.event_id, s.guard),
         Err((status, v)) => return refused(status, &v),
     };
     let shutdown = inner.shutdown.clone();

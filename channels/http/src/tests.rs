@@ -216,7 +216,8 @@ async fn chat_round_trip_and_error_reply() {
 
 #[tokio::test]
 async fn duplicate_and_rejected() {
-    let h = start(None, Mode::Duplicate, Duration::from_secs(5)).await;
+    let h = start(None, Mode::Duplicate, Duration::from_millis(300)).await;
+    // Resent before its reply exists: it waits for the reply (here none comes: 504).
     let (s, v) = h
         .post(
             "/v1/chat",
@@ -224,7 +225,32 @@ async fn duplicate_and_rejected() {
             Some(CONTROL),
         )
         .await;
-    assert_eq!((s, v["error"].as_str()), (409, Some("duplicate event_id")));
+    assert_eq!(s, 504, "{v}");
+    assert_eq!(h.ch.pending_waiters(), 0);
+    // Once answered, a resend gets the recorded reply.
+    h.ch.send(&OutboundMessage {
+        id: "r1".into(),
+        channel: ChannelId::new("http"),
+        chat: ChatId::new("c"),
+        thread: None,
+        in_reply_to: Some(clawft_channel_core::PlatformEventId::new("e1")),
+        body: clawft_channel_core::OutboundBody::text_of(OutboundKind::Final, "the answer".into()),
+        attachments: Vec::new(),
+    })
+    .await
+    .unwrap();
+    let (s, v) = h
+        .post(
+            "/v1/chat",
+            json!({"chat_id": "c", "content": "x", "event_id": "e1"}),
+            Some(CONTROL),
+        )
+        .await;
+    assert_eq!(
+        (s, &v["reply"], &v["replayed"]),
+        (200, &json!("the answer"), &json!(true)),
+        "{v}"
+    );
     let h = start(None, Mode::Reject, Duration::from_secs(5)).await;
     let (s, v) = h
         .post(
@@ -253,7 +279,7 @@ async fn reply_timeout_is_504_and_leaks_no_waiter() {
         .unwrap()
         .contains("will still be processed"));
     assert_eq!(h.ch.pending_waiters(), 0);
-    // A reply arriving late has nowhere to go.
+    // A reply arriving late waits in the chat's mailbox (it used to be dropped).
     let late = OutboundMessage {
         id: "late".into(),
         channel: ChannelId::new("http"),
@@ -263,7 +289,19 @@ async fn reply_timeout_is_504_and_leaks_no_waiter() {
         body: clawft_channel_core::OutboundBody::text_of(OutboundKind::Final, "late".into()),
         attachments: Vec::new(),
     };
-    assert!(matches!(h.ch.send(&late).await, Err(ChannelError::Gone(_))));
+    h.ch.send(&late).await.unwrap();
+    let (_, v) = h.get("/v1/chats/c/messages").await;
+    assert_eq!(v["messages"][0]["content"], "late", "{v}");
+    // A late delta has nowhere to go.
+    let delta = OutboundMessage {
+        id: "d".into(),
+        body: clawft_channel_core::OutboundBody::text_of(OutboundKind::Delta, "la".into()),
+        ..late
+    };
+    assert!(matches!(
+        h.ch.send(&delta).await,
+        Err(ChannelError::Gone(_))
+    ));
 }
 
 #[tokio::test]
@@ -539,10 +577,39 @@ async fn proactive_messages_wait_in_the_mailbox() {
         attachments: Vec::new(),
     };
     h.ch.send(&m).await.unwrap();
+    // Sent again (the outbox after a crash): kept once.
+    h.ch.send(&m).await.unwrap();
     let (_, v) = h.get("/v1/chats/room/messages").await;
     assert_eq!(v["messages"][0]["content"], "ping");
+    assert_eq!(v["messages"].as_array().unwrap().len(), 1, "{v}");
+    let seq = v["messages"][0]["seq"].as_u64().unwrap();
+    // Not acknowledged: still there.
+    let (_, v) = h.get("/v1/chats/room/messages").await;
+    assert_eq!(v["messages"][0]["seq"], json!(seq), "{v}");
+    let (_, v) = h.get(&format!("/v1/chats/room/messages?after={seq}")).await;
+    assert_eq!(v["messages"], json!([]));
+    assert_eq!(v["next_after"], json!(seq));
     let (_, v) = h.get("/v1/chats/room/messages").await;
     assert_eq!(v["messages"], json!([]));
+}
+
+#[tokio::test]
+async fn a_reply_whose_request_is_gone_waits_in_the_mailbox_and_a_resent_request_gets_it() {
+    let h = start(None, Mode::Silent, Duration::from_secs(5)).await;
+    let reply = |id: &str, to: &str| OutboundMessage {
+        id: id.into(),
+        channel: ChannelId::new("http"),
+        chat: ChatId::new("c9"),
+        thread: None,
+        in_reply_to: Some(clawft_channel_core::PlatformEventId::new(to)),
+        body: clawft_channel_core::OutboundBody::text_of(OutboundKind::Final, "late answer".into()),
+        attachments: Vec::new(),
+    };
+    // No request waits for e1 (it was cut off): the reply is kept, not dropped.
+    h.ch.send(&reply("r1", "e1")).await.unwrap();
+    let (_, v) = h.get("/v1/chats/c9/messages").await;
+    assert_eq!(v["messages"][0]["content"], "late answer", "{v}");
+    assert_eq!(v["messages"][0]["in_reply_to"], "e1", "{v}");
 }
 
 #[tokio::test]
