@@ -23,7 +23,21 @@ fn main() -> ExitCode {
         env.get("NO_COLOR"),
         std::io::IsTerminal::is_terminal(&std::io::stderr()),
     );
-    clawft::telemetry::init(cli.log_format, default_level, journald, ansi);
+    // A gateway not run by systemd keeps its log in a file too, where `weft logs` finds it.
+    let (log_file, log_file_error) = match cli.command {
+        Command::Gateway if !journald => {
+            let path = clawft::config::clawft_home(&env).join(cli::logs::LOG_FILE);
+            match clawft::telemetry::RotatingFile::open(&path) {
+                Ok(f) => (Some(f), None),
+                Err(e) => (None, Some(format!("{}: {e}", path.display()))),
+            }
+        }
+        _ => (None, None),
+    };
+    clawft::telemetry::init_with_file(cli.log_format, default_level, journald, ansi, log_file);
+    if let Some(e) = log_file_error {
+        tracing::warn!(error = %e, "the log file cannot be written; logging to stderr only");
+    }
 
     if let Command::Onboard { force } = cli.command {
         return match cli::onboard::run(cli.config.as_deref(), &env, force) {

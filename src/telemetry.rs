@@ -83,9 +83,108 @@ impl ColorChoice {
     }
 }
 
+/// Largest size of the log file before it is renamed to `NAME.1` (the one before is dropped).
+pub const LOG_FILE_MAX_BYTES: u64 = 10 * 1024 * 1024;
+
+/// A log file that starts over when it reaches [`LOG_FILE_MAX_BYTES`]: the full one becomes
+/// `NAME.1` (replacing the previous one), so the logs of a gateway that runs for months take
+/// at most twice that.
+pub struct RotatingFile {
+    path: std::path::PathBuf,
+    file: std::fs::File,
+    written: u64,
+}
+
+impl RotatingFile {
+    /// Open (create, mode 0600, in a 0700 directory made if missing) `path` for appending.
+    ///
+    /// # Errors
+    /// The directory or the file cannot be made or opened.
+    pub fn open(path: &std::path::Path) -> std::io::Result<Self> {
+        use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+        if let Some(dir) = path.parent() {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)?;
+        }
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .mode(0o600)
+            .open(path)?;
+        let written = file.metadata()?.len();
+        let mut f = Self {
+            path: path.to_path_buf(),
+            file,
+            written,
+        };
+        if f.written >= LOG_FILE_MAX_BYTES {
+            f.rotate()?;
+        }
+        Ok(f)
+    }
+
+    fn rotate(&mut self) -> std::io::Result<()> {
+        let mut old = self.path.clone().into_os_string();
+        old.push(".1");
+        std::fs::rename(&self.path, old)?;
+        *self = Self::open(&self.path)?;
+        Ok(())
+    }
+}
+
+impl std::io::Write for RotatingFile {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.written >= LOG_FILE_MAX_BYTES {
+            // A log that cannot rotate keeps growing rather than losing lines.
+            let _ = self.rotate();
+        }
+        let n = self.file.write(buf)?;
+        self.written += n as u64;
+        Ok(n)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.file.flush()
+    }
+}
+
+/// The layer that copies every log line (plain text, or JSON with `json`) into `file`.
+fn file_layer<S>(
+    file: Option<RotatingFile>,
+    json: bool,
+) -> Option<Box<dyn tracing_subscriber::Layer<S> + Send + Sync>>
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+{
+    use tracing_subscriber::Layer as _;
+    let layer = tracing_subscriber::fmt::layer()
+        .with_writer(std::sync::Mutex::new(file?))
+        .with_ansi(false)
+        .with_target(false);
+    Some(if json {
+        layer.json().flatten_event(true).boxed()
+    } else {
+        layer.boxed()
+    })
+}
+
 /// Install the global subscriber. `journald` drops timestamps; `ansi` colours the text lines
 /// (see [`ColorChoice::colour`]).
 pub fn init(format: LogFormat, default_level: &str, journald: bool, ansi: bool) {
+    init_with_file(format, default_level, journald, ansi, None);
+}
+
+/// [`init`], with every line also written to `file` (a gateway run by hand keeps its log in
+/// `~/.clawft/logs/gateway.log`, which `weft logs` reads).
+pub fn init_with_file(
+    format: LogFormat,
+    default_level: &str,
+    journald: bool,
+    ansi: bool,
+    file: Option<RotatingFile>,
+) {
+    let json = format == LogFormat::Json;
     let filter = filter(std::env::var("RUST_LOG").ok().as_deref(), default_level);
     let max = max_level(&filter);
     let builder = tracing_subscriber::fmt()
@@ -100,6 +199,7 @@ pub fn init(format: LogFormat, default_level: &str, journald: bool, ansi: bool) 
             .flatten_event(true)
             .finish()
             .with(filter)
+            .with(file_layer(file, json))
             .try_init(),
         (LogFormat::Text, true) => builder
             .with_ansi(false)
@@ -112,8 +212,13 @@ pub fn init(format: LogFormat, default_level: &str, journald: bool, ansi: bool) 
             ))
             .finish()
             .with(filter)
+            .with(file_layer(file, json))
             .try_init(),
-        (LogFormat::Text, false) => builder.finish().with(filter).try_init(),
+        (LogFormat::Text, false) => builder
+            .finish()
+            .with(filter)
+            .with(file_layer(file, json))
+            .try_init(),
     };
     // The `log` records of the dependencies (sled) stop at the same level, before they are
     // built: installing the subscriber let them all through to the filter.

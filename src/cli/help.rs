@@ -45,7 +45,7 @@ const EXAMPLES: &[(&str, &str)] = &[
     ),
     (
         "gateway",
-        "Examples:\n  weft gateway\n  RUST_LOG=debug weft gateway\n  weft --log-format json gateway 2>> ~/.clawft/logs/gateway.log",
+        "Examples:\n  weft gateway\n  RUST_LOG=debug weft gateway\n  weft --log-format json gateway\n\nOutside systemd the log also goes to ~/.clawft/logs/gateway.log (10 MiB, then gateway.log.1), which `weft logs` reads.",
     ),
     (
         "service",

@@ -102,10 +102,8 @@ pub fn run(
             )
         };
         return Err(CliError::Failed(format!(
-            "no gateway log found: {unit}, and there is no log file {}. Run the gateway as a service with `weft service install` (then `weft logs` follows its journal), or keep its log in that file: `mkdir -p {dir} && weft gateway 2>> {file}`",
+            "no gateway log found: {unit}, and there is no log file {} (a gateway started by hand, `weft gateway`, writes it; one started with another CLAWFT_HOME writes it under that one). Start the gateway, or run it as a service with `weft service install` (then `weft logs` follows its journal)",
             log_file.display(),
-            dir = log_file.parent().map_or_else(String::new, |d| d.display().to_string()),
-            file = log_file.display(),
         )));
     };
     let argv = command(&source, follow, lines);

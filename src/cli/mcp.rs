@@ -33,10 +33,13 @@ pub async fn run(config: &Config, action: McpAction) -> Result<(), CliError> {
         return Ok(());
     }
     let gateway = GatewayClient::detect(config).await?;
+    let mut not_loaded = None;
     let v = match (action, gateway) {
         (McpAction::List { .. }, Some(c)) => {
             eprintln!("(using the running gateway at {})", c.base());
-            c.post("/v1/admin/mcp/list", &json!({})).await?
+            let v = c.post("/v1/admin/mcp/list", &json!({})).await?;
+            not_loaded = not_loaded_note(config, &v);
+            v
         }
         (McpAction::List { .. }, None) => {
             eprintln!("(no gateway running: connecting to each server from here)");
@@ -62,14 +65,43 @@ pub async fn run(config: &Config, action: McpAction) -> Result<(), CliError> {
         }
     };
     if list && !as_json {
-        print!("{}", super::human::mcp(&v, config.path.as_deref()));
+        match &not_loaded {
+            Some(note) if v.as_array().is_none_or(Vec::is_empty) => print!("{note}"),
+            Some(note) => print!("{}\n{note}", super::human::mcp(&v, config.path.as_deref())),
+            None => print!("{}", super::human::mcp(&v, config.path.as_deref())),
+        }
     } else {
+        if let Some(note) = &not_loaded {
+            eprint!("{note}");
+        }
         println!(
             "{}",
             serde_json::to_string_pretty(&v).map_err(CliError::msg)?
         );
     }
     Ok(())
+}
+
+/// The servers the configuration file names that the running gateway's list (`v`) lacks: it
+/// was started before they were added, and has not reloaded since.
+fn not_loaded_note(config: &Config, v: &serde_json::Value) -> Option<String> {
+    let running: Vec<&str> = v
+        .as_array()
+        .map(|a| a.iter().filter_map(|r| r["name"].as_str()).collect())
+        .unwrap_or_default();
+    let missing: Vec<&str> = config
+        .tools
+        .mcp_servers
+        .iter()
+        .map(|s| s.name.as_str())
+        .filter(|n| !running.contains(n))
+        .collect();
+    (!missing.is_empty()).then(|| {
+        format!(
+            "the configuration file names MCP servers the running gateway has not loaded: {}. It reads its file again on SIGHUP: `systemctl --user reload weft` for the service (`--system`: `systemctl reload weft`), or `kill -HUP <the gateway's pid>`; then run `weft mcp list` again.\n",
+            missing.join(", ")
+        )
+    })
 }
 
 /// Run `weft mcp-server`: the built-in tools over stdio (logs go to stderr). MCP servers of the

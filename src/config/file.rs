@@ -128,6 +128,9 @@ pub struct AgentDefaultsFile {
     /// Whether images that arrive in chats are shown to the model: `auto` (default: when the
     /// model is known to take images), `on`, `off`.
     pub vision: Option<String>,
+    /// The users' time zone (an IANA name, `Europe/Paris`): each message is shown to the model
+    /// with the time it was sent in this zone (default: the system's zone, else UTC).
+    pub timezone: Option<String>,
 }
 
 /// `agents.defaults.compaction`.

@@ -126,6 +126,7 @@ impl Config {
         let home = clawft_home(env);
         let mut secrets = Vec::new();
         let tool_timeout = Duration::from_secs(raw.tools.timeout_secs.unwrap_or(120).max(1));
+        let local_zone = local_zone(env);
         let mut named_files = raw.agents;
         let defaults = named_files.remove("defaults").unwrap_or_default();
         let mut main_file = match named_files.remove(DEFAULT_AGENT) {
@@ -151,6 +152,7 @@ impl Config {
                 tool_timeout,
                 config_dir,
                 env,
+                local_zone: &local_zone,
             },
             &mut secrets,
             &mut provenance,
@@ -187,6 +189,7 @@ impl Config {
                     tool_timeout,
                     config_dir,
                     env,
+                    local_zone: &local_zone,
                 },
                 &mut Vec::new(),
                 &mut super::provenance::Provenance::default(),
@@ -418,6 +421,36 @@ struct AgentEnv<'a> {
     tool_timeout: Duration,
     config_dir: &'a Path,
     env: &'a Env,
+    /// The system's zone, the default of `timezone`.
+    local_zone: &'a crate::config::types::TimeZone,
+}
+
+/// The system's time zone: `TZ` (a zone name), else the zone `/etc/localtime` links to, else
+/// UTC (a zone that cannot be read is UTC too, with a warning).
+fn local_zone(env: &Env) -> crate::config::types::TimeZone {
+    use crate::config::types::TimeZone;
+    let name = env
+        .get("TZ")
+        .map(|t| t.trim_start_matches(':').to_string())
+        .filter(|t| !t.is_empty())
+        .or_else(|| {
+            let target = std::fs::read_link("/etc/localtime").ok()?;
+            let s = target.to_string_lossy().into_owned();
+            s.split_once("zoneinfo/").map(|(_, n)| n.to_string())
+        });
+    match name {
+        None => TimeZone::default(),
+        Some(name) => match crate::types::tz::Zone::load(&name) {
+            Ok(zone) => TimeZone {
+                name,
+                zone: std::sync::Arc::new(zone),
+            },
+            Err(e) => {
+                tracing::warn!(zone = %name, error = %e, "the system's time zone cannot be read; messages are timed in UTC (set agents.defaults.timezone)");
+                TimeZone::default()
+            }
+        },
+    }
 }
 
 /// One agent resolved: behaviour, providers, and its raw tool policy layer.
@@ -508,6 +541,18 @@ fn resolve_agent(
             }
         },
         model_sees_images: false,
+        timezone: match d.timezone.as_deref().map(str::trim) {
+            None => e.local_zone.clone(),
+            Some(name) => crate::config::types::TimeZone {
+                name: name.to_string(),
+                zone: std::sync::Arc::new(crate::types::tz::Zone::load(name).map_err(|detail| {
+                    ConfigError::Invalid {
+                        key: "agents.defaults.timezone".into(),
+                        detail,
+                    }
+                })?),
+            },
+        },
     };
 
     let (providers, source) = resolve_providers(

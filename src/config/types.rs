@@ -147,6 +147,46 @@ pub struct AgentConfig {
     pub vision: Vision,
     /// Whether the agent's own model takes images (the model table), for `vision = "auto"`.
     pub model_sees_images: bool,
+    /// `timezone`: the zone the times of messages are shown in.
+    pub timezone: TimeZone,
+}
+
+/// A named time zone (`agents.*.timezone`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TimeZone {
+    /// Its IANA name (`Europe/Paris`, `UTC`).
+    pub name: String,
+    /// Its offsets.
+    pub zone: std::sync::Arc<crate::types::tz::Zone>,
+}
+
+impl Default for TimeZone {
+    fn default() -> Self {
+        Self {
+            name: "UTC".into(),
+            zone: std::sync::Arc::new(crate::types::tz::Zone::utc()),
+        }
+    }
+}
+
+impl TimeZone {
+    /// `[Fri 2026-11-27 18:03 +01:00]`: the instant `at_ms` (milliseconds since the epoch) in
+    /// this zone, as the model is shown it before a message.
+    pub fn stamp(&self, at_ms: u64) -> String {
+        let t = i64::try_from(at_ms / 1000).unwrap_or(i64::MAX);
+        let off = self.zone.offset_at(t);
+        let local = chrono::DateTime::from_timestamp(t.saturating_add(i64::from(off)), 0)
+            .unwrap_or_default()
+            .naive_utc();
+        let sign = if off < 0 { '-' } else { '+' };
+        let a = off.unsigned_abs();
+        format!(
+            "[{} {sign}{:02}:{:02}]",
+            local.format("%a %Y-%m-%d %H:%M"),
+            a / 3600,
+            a % 3600 / 60
+        )
+    }
 }
 
 /// `agents.*.vision`.

@@ -67,6 +67,10 @@ pub struct Message {
     /// the turn does for the message it answers when the model can see.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub images: Vec<ImagePart>,
+    /// For `Role::User`: when the message was sent (milliseconds since the epoch). The turn
+    /// shows it to the model before the text, in the agent's time zone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at_ms: Option<u64>,
 }
 
 /// An image attached to a user message.
@@ -100,6 +104,13 @@ impl Message {
     pub fn user(content: impl Into<String>) -> Self {
         Self::text(Role::User, content)
     }
+    /// A user message sent at `at_ms` (milliseconds since the epoch).
+    pub fn user_at(content: impl Into<String>, at_ms: u64) -> Self {
+        Self {
+            at_ms: Some(at_ms),
+            ..Self::text(Role::User, content)
+        }
+    }
     /// An assistant text message.
     pub fn assistant(content: impl Into<String>) -> Self {
         Self::text(Role::Assistant, content)
@@ -112,6 +123,7 @@ impl Message {
             tool_call_id: None,
             name: None,
             images: Vec::new(),
+            at_ms: None,
         }
     }
     /// A tool result answering `call_id`.
@@ -127,6 +139,7 @@ impl Message {
             tool_call_id: Some(call_id.into()),
             name: Some(name.into()),
             images: Vec::new(),
+            at_ms: None,
         }
     }
 }

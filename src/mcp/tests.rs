@@ -458,7 +458,14 @@ async fn internal_only_is_reflected_in_the_tool_source_and_skills_expose_it() {
     let d = tempfile::tempdir().unwrap();
     let c = ctx(d.path());
     let o = reg.dispatch("hid__cancelled_count", "1", "{}", &c).await;
-    assert_eq!(o.error.unwrap().code(), "PERMISSION_DENIED");
+    let e = o.error.unwrap();
+    assert_eq!(e.code(), "PERMISSION_DENIED");
+    // It names what hides the tool (it used to blame the tool policy, which allows it).
+    let text = e.to_string();
+    assert!(
+        text.contains("internal_only") && text.contains("skill") && !text.contains("tool policy"),
+        "{text}"
+    );
     let o = reg
         .dispatch_with("hid__cancelled_count", "2", "{}", &c, &skill)
         .await;

@@ -12,7 +12,7 @@ pub mod runtime;
 pub mod schedule;
 pub mod settings;
 pub mod tool;
-pub mod tz;
+pub use crate::types::tz;
 
 pub use catchup::{CatchUp, Plan, Run, RunId};
 pub use jobs::{Deliver, Job, JobError, JobPatch, JobStore, NewJob, Outcome, Payload, Target};

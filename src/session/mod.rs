@@ -548,6 +548,7 @@ fn maybe_start(myself: &ActorRef<SessionMsg>, state: &mut SessionState) {
         }
         let mut user = Message::user(content);
         user.images = images;
+        user.at_ms = Some(ev.received_at_ms).filter(|t| *t > 0);
         if let Err(e) = state.args.deps.store.begin_turn(&entry, &user) {
             tracing::error!(error = %e, "could not record the user message");
             refuse(

@@ -410,6 +410,13 @@ impl ToolRegistry {
                 tool: tool.clone(),
                 internal,
             };
+            if !self.visible(&sourced, exposed) && self.policy.allows(name) {
+                // Allowed, but an internal-only MCP server's tool outside its skill.
+                let server = name.split_once("__").map_or(name, |(s, _)| s);
+                return Err(ToolError::PermissionDenied(format!(
+                    "tool `{name}` is offered only while a skill that lists it in allowed_tools is active: its MCP server `{server}` is internal_only. Use that skill (`/SKILL` in the chat, or skill_search to find it), or the operator sets tools.mcp_servers.{server}.internal_only = false"
+                )));
+            }
             if !self.visible(&sourced, exposed) {
                 return Err(ToolError::PermissionDenied(format!(
                     "tool `{name}` is not allowed by the tool policy (tools.policy / agents.defaults.tools); available tools: {}",

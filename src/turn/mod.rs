@@ -336,12 +336,14 @@ async fn run_turn_inner(
         offer::omitted(&skills),
     );
     let mut system = offer::system_text(&deps.system_prompt, &skills, &first.deferred);
+    system.push_str(&time_note(&deps.agent.timezone));
     system.extend(activated);
     let mut tools: Arc<[crate::llm::ToolSpec]> = first.specs.into();
     let mut guard = guard::TurnGuard::new(&deps.agent, history);
     let mut messages = Vec::with_capacity(history.len() + 1);
     messages.push(Message::system(&system));
     messages.extend_from_slice(history);
+    stamp_times(&mut messages, &deps.agent.timezone);
     if deps.agent.shows_images(deps.request_model.as_deref()) {
         crate::media::load_images(&deps.workspace, &mut messages);
     }
@@ -411,6 +413,7 @@ async fn run_turn_inner(
             tool_call_id: None,
             name: None,
             images: Vec::new(),
+            at_ms: None,
         };
         if let Err(e) = deps
             .store
@@ -494,4 +497,24 @@ async fn run_turn_inner(
         "I stopped after {max_iterations} rounds of tool calls without reaching a final answer (agents.defaults.max_tool_iterations). Ask me to continue, or narrow the task."
     );
     out
+}
+
+/// What the system prompt says of the times before user messages (the same text every turn:
+/// the provider's prompt cache keeps working).
+fn time_note(tz: &crate::config::types::TimeZone) -> String {
+    format!(
+        "\n\nEach user message starts with the time it was sent, [Day YYYY-MM-DD HH:MM ±HH:MM], in the user's time zone ({}); the latest one is the current time. Use it for dates and absolute times (e.g. reminders).",
+        tz.name
+    )
+}
+
+/// Put the time each user message was sent before its text, in this request's copy (the
+/// transcript keeps the text as sent). Each message always gets the same stamp, so the
+/// request's prefix stays byte-stable from one turn to the next.
+fn stamp_times(messages: &mut [Message], tz: &crate::config::types::TimeZone) {
+    for m in messages.iter_mut().filter(|m| m.role == Role::User) {
+        if let Some(at) = m.at_ms.take() {
+            m.content = format!("{} {}", tz.stamp(at), m.content);
+        }
+    }
 }

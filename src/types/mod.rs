@@ -9,6 +9,7 @@ pub mod session_key;
 pub mod setting;
 pub mod sniff;
 pub mod text;
+pub mod tz;
 
 /// Std locks taken whether or not poisoned (defined with the channel contract, shared here).
 pub use clawft_channel_core::lock::{MutexExt, RwLockExt};

@@ -627,3 +627,26 @@ async fn the_http_mailbox_survives_kill_9_until_acknowledged_and_a_resent_reques
     assert_eq!(s, 400, "{v}");
     assert_eq!(d.term().code(), Some(0));
 }
+
+/// A gateway started by hand, as the README shows, keeps its log where `weft logs` reads it
+/// (it logged to stderr only, and `weft logs` found nothing).
+#[tokio::test]
+async fn weft_logs_shows_the_log_of_a_gateway_started_by_hand() {
+    let dir = tempfile::tempdir().unwrap();
+    let llm = FakeLlm::start().await;
+    let port = free_port();
+    let cfg = crate::process::gateway_config(dir.path(), &llm, port, json!({}));
+    let d = Daemon::start(dir.path(), &cfg, port).await;
+    let out = run(dir.path(), &cfg, &["logs", "-n", "200"]).await;
+    assert!(out.status.success(), "{}", text(&out));
+    let shown = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(shown.contains("weft gateway ready"), "{}", text(&out));
+    assert!(!shown.contains("\u{1b}["), "no colour escapes in the file: {shown}");
+    let file = dir.path().join(".clawft/logs/gateway.log");
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        std::fs::metadata(&file).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    assert_eq!(d.term().code(), Some(0));
+}
