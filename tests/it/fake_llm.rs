@@ -67,6 +67,8 @@ pub type ReplyRouter = Arc<dyn Fn(&Value) -> Option<Reply> + Send + Sync>;
 struct Inner {
     script: VecDeque<Reply>,
     requests: Vec<Value>,
+    /// The same bodies as sent, the time stamps before user messages included.
+    raw_requests: Vec<Value>,
     router: Option<ReplyRouter>,
     strict: Option<Strict>,
     /// The serialised prompt of the previous request (for `cached_tokens`).
@@ -179,6 +181,14 @@ impl FakeLlm {
         self.shared.inner.lock().unwrap().requests.clone()
     }
 
+    /// Every request body received so far exactly as sent: user messages start with the time
+    /// they were sent (`[Fri 2026-11-27 18:03 +01:00] `), which [`Self::requests`] and the
+    /// routers leave out so tests compare the texts the users wrote.
+    #[allow(dead_code)]
+    pub fn raw_requests(&self) -> Vec<Value> {
+        self.shared.inner.lock().unwrap().raw_requests.clone()
+    }
+
     /// Wait until `n` requests arrived (or `timeout`).
     #[allow(dead_code)]
     pub async fn wait_requests(&self, n: usize, timeout: Duration) -> Vec<Value> {
@@ -194,6 +204,45 @@ impl FakeLlm {
             }
         }
     }
+}
+
+/// `text` without the time stamp the gateway puts before a user message
+/// (`[Fri 2026-11-27 18:03 +01:00] `), if it has one.
+pub fn strip_stamp(text: &str) -> &str {
+    let b = text.as_bytes();
+    let shape = b"[Www 0000-00-00 00:00 +00:00] ";
+    if b.len() < shape.len() {
+        return text;
+    }
+    let fits = shape.iter().zip(b).all(|(s, c)| match s {
+        b'W' => c.is_ascii_alphabetic(),
+        b'0' => c.is_ascii_digit(),
+        b'+' => *c == b'+' || *c == b'-',
+        other => other == c,
+    });
+    if fits {
+        &text[shape.len()..]
+    } else {
+        text
+    }
+}
+
+/// `body` with the time stamps of its user messages left out (see [`strip_stamp`]).
+pub fn unstamped(body: &Value) -> Value {
+    let mut body = body.clone();
+    if let Some(msgs) = body["messages"].as_array_mut() {
+        for m in msgs.iter_mut().filter(|m| m["role"] == "user") {
+            if let Some(t) = m["content"].as_str() {
+                m["content"] = Value::String(strip_stamp(t).to_string());
+            } else if let Some(parts) = m["content"].as_array_mut() {
+                if let Some(p) = parts.iter_mut().find(|p| p["text"].is_string()) {
+                    let t = strip_stamp(p["text"].as_str().unwrap_or_default()).to_string();
+                    p["text"] = Value::String(t);
+                }
+            }
+        }
+    }
+    body
 }
 
 /// Why a strict provider refuses `body`: (error code, message), as OpenAI words them.
@@ -284,7 +333,8 @@ fn strict_rejection_by(
 async fn handle(State(s): State<Shared>, Json(body): Json<Value>) -> Response<Body> {
     let (reply, usage) = {
         let mut g = s.inner.lock().unwrap();
-        g.requests.push(body.clone());
+        g.raw_requests.push(body.clone());
+        g.requests.push(unstamped(&body));
         let prompt = prompt_bytes(&body);
         let cached = prompt
             .iter()
@@ -300,7 +350,7 @@ async fn handle(State(s): State<Shared>, Json(body): Json<Value>) -> Response<Bo
         let rejected = g.strict.and_then(|st| {
             strict_rejection_by(&body, st.window, st.bytes_per_token, st.declared_tools)
         });
-        let routed = g.router.clone().and_then(|r| r(&body));
+        let routed = g.router.clone().and_then(|r| r(&unstamped(&body)));
         let reply = match (rejected, routed) {
             (Some((code, msg)), _) => {
                 drop(g);

@@ -650,3 +650,66 @@ async fn weft_logs_shows_the_log_of_a_gateway_started_by_hand() {
     );
     assert_eq!(d.term().code(), Some(0));
 }
+
+/// The model is told when each message was sent, in the users' time zone, so "remind me in a
+/// minute" has a base (it was never told the date or the time). Each message keeps its stamp
+/// from one request to the next and the system prompt's note does not change: the provider's
+/// prompt cache keeps working.
+#[tokio::test]
+async fn the_model_sees_when_each_message_was_sent_in_the_users_time_zone() {
+    use crate::common::{config, messages, system_of, TestGateway};
+    let dir = tempfile::tempdir().unwrap();
+    let llm = FakeLlm::start().await;
+    llm.push(Reply::Text("one".into()));
+    llm.push(Reply::Text("two".into()));
+    let gw = TestGateway::start(config(
+        &llm,
+        dir.path(),
+        json!({"agents": {"defaults": {"timezone": "Asia/Tokyo"}}}),
+    ))
+    .await;
+    let before = chrono::Utc::now();
+    assert_eq!(gw.api.chat("tz", "remind me in 1 minute").await.0, 200);
+    assert_eq!(gw.api.chat("tz", "and again").await.0, 200);
+    let after = chrono::Utc::now();
+    let raw = llm.raw_requests();
+    let users = |req: &Value| -> Vec<String> {
+        messages(req)
+            .iter()
+            .filter(|m| m["role"] == "user")
+            .map(|m| m["content"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let (first, second) = (users(&raw[0]), users(&raw[1]));
+    assert_eq!(first.len(), 1, "{first:?}");
+    // Tokyo is UTC+9 all year: the stamp is the local time of the message, said so.
+    let tokyo = chrono::FixedOffset::east_opt(9 * 3600).unwrap();
+    let stamps: Vec<String> = [before, after]
+        .iter()
+        .map(|t| t.with_timezone(&tokyo).format("[%a %Y-%m-%d %H:%M +09:00] ").to_string())
+        .collect();
+    assert!(
+        stamps.iter().any(|s| first[0] == format!("{s}remind me in 1 minute")),
+        "{first:?} vs {stamps:?}"
+    );
+    // The first message carries the same stamp in the second request (a byte-stable prefix).
+    assert_eq!(second[0], first[0]);
+    assert!(second[1].ends_with("] and again"), "{second:?}");
+    let system = system_of(&raw[0]);
+    assert!(system.contains("Asia/Tokyo"), "{system}");
+    assert_eq!(system, system_of(&raw[1]));
+    // The transcript keeps the text as the user wrote it.
+    let (_, v) = gw.api.get("/v1/sessions/http:tz").await;
+    assert_eq!(v["messages"][0]["content"], "remind me in 1 minute", "{v}");
+    gw.stop().await;
+
+    // An unknown zone is a configuration error naming the key.
+    let e = clawft::config::Config::from_str(
+        r#"{"agents": {"defaults": {"timezone": "Mars/Olympus"}}}"#,
+        false,
+        &clawft::config::Env::default(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("agents.defaults.timezone"), "{e}");
+}
