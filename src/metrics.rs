@@ -169,7 +169,7 @@ pub fn render(gauges: &[Gauge]) -> String {
             "{name}_bucket{{provider=\"{p}\",le=\"+Inf\"}} {}",
             h.count
         );
-        let _ = writeln!(out, "{name}_sum{{provider=\"{p}\"}} {}", h.sum);
+        let _ = writeln!(out, "{name}_sum{{provider=\"{p}\"}} {}", h.sum + 0.0);
         let _ = writeln!(out, "{name}_count{{provider=\"{p}\"}} {}", h.count);
     }
     let mut last = "";
@@ -195,7 +195,8 @@ pub fn render(gauges: &[Gauge]) -> String {
             "{}{} {}",
             gauge.name,
             label_text(&gauge.labels),
-            gauge.value
+            // `-0` (a sum that cancelled out) is written `0`.
+            gauge.value + 0.0
         );
     }
     out

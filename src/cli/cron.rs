@@ -341,6 +341,18 @@ fn table(v: &Value, zone: &Zone) -> String {
     out
 }
 
+/// An RFC 3339 time as `2026-11-27 18:03:05` (UTC, to the second; it was printed with its
+/// nanoseconds); anything else as it is.
+fn utc_seconds(v: &Value) -> String {
+    match v.as_str().map(chrono::DateTime::parse_from_rfc3339) {
+        Some(Ok(t)) => t
+            .with_timezone(&chrono::Utc)
+            .format("%Y-%m-%d %H:%M:%S")
+            .to_string(),
+        _ => s(v),
+    }
+}
+
 fn runs(v: &Value) -> String {
     let rows = v["runs"].as_array().cloned().unwrap_or_default();
     if rows.is_empty() {
@@ -351,8 +363,8 @@ fn runs(v: &Value) -> String {
         let _ = writeln!(
             out,
             "{:<21} {:<21} {:<10} {}{}",
-            s(&r["scheduled"]),
-            s(&r["finished"]),
+            utc_seconds(&r["scheduled"]),
+            utc_seconds(&r["finished"]),
             s(&r["outcome"]),
             if r["late"] == Value::Bool(true) {
                 "(late) "
@@ -369,6 +381,14 @@ fn runs(v: &Value) -> String {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
+
+    #[test]
+    fn run_times_are_printed_to_the_second() {
+        let v = serde_json::json!({"id": "j", "runs": [{"scheduled": "2026-11-27T17:00:00.123456789Z", "finished": "2026-11-27T18:00:01.5+01:00", "outcome": "ok"}]});
+        let t = runs(&v);
+        assert!(t.contains("2026-11-27 17:00:00   2026-11-27 17:00:01"), "{t}");
+        assert!(!t.contains("123456789"), "{t}");
+    }
 
     #[test]
     fn intervals_take_units() {

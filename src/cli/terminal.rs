@@ -76,7 +76,7 @@ impl TerminalChannel {
             .map_err(|_| SubmitError::AgentStopped)?;
         match ack.await {
             Ok(Ack::Accepted | Ack::Duplicate) => Ok(event_id),
-            Ok(Ack::Rejected(why)) => Err(SubmitError::Rejected(why)),
+            Ok(Ack::Rejected(why) | Ack::Unavailable(why)) => Err(SubmitError::Rejected(why)),
             Err(_) => Err(SubmitError::AgentStopped),
         }
     }

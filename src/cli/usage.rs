@@ -83,7 +83,13 @@ fn table(v: &Value, by: &str) -> String {
         "COST (USD)"
     );
     for r in v["rows"].as_array().into_iter().flatten() {
-        out.push_str(&line(r["key"].as_str().unwrap_or(""), r));
+        let key = match r["key"].as_str() {
+            Some(k) if !k.is_empty() => k,
+            // Turns no chat user asked for: counted, but against nobody's budget.
+            _ if by == "user" => "(gateway: subagents, scheduled runs)",
+            _ => "(none)",
+        };
+        out.push_str(&line(key, r));
     }
     out.push_str(&line("total", &v["total"]));
     out.push_str(&format!(
@@ -91,4 +97,20 @@ fn table(v: &Value, by: &str) -> String {
         v["since"].as_str().unwrap_or("?")
     ));
     out
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn every_row_has_a_label() {
+        let v = serde_json::json!({"since": "2026-11-01", "total": {"calls": 3},
+            "rows": [{"key": "telegram:42", "calls": 1}, {"key": "", "calls": 2}]});
+        let t = table(&v, "user");
+        let unlabeled = t.lines().filter(|l| l.starts_with(' ')).count();
+        assert_eq!(unlabeled, 0, "{t}");
+        assert!(t.contains("(gateway: subagents, scheduled runs)"), "{t}");
+    }
 }

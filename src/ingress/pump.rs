@@ -168,7 +168,7 @@ async fn pump(mut rx: mpsc::Receiver<InboundDelivery>, args: IngressArgs) {
         let flushed = if journaled {
             store.flush_async().await.map_err(|e| {
                 tracing::error!(error = %e, "could not journal inbound messages");
-                format!("could not store the message: {e}")
+                cannot_store(&e)
             })
         } else {
             Ok(())
@@ -177,7 +177,7 @@ async fn pump(mut rx: mpsc::Receiver<InboundDelivery>, args: IngressArgs) {
             let _g = span.enter();
             let answer = match (d, &flushed) {
                 (Decided::Done(a), _) => a,
-                (_, Err(e)) => Ack::Rejected(e.clone()),
+                (_, Err(e)) => Ack::Unavailable(e.clone()),
                 (Decided::Duplicate, Ok(())) => {
                     tracing::info!("duplicate event ignored");
                     Ack::Duplicate
@@ -207,6 +207,15 @@ enum Decided {
     Duplicate,
     /// Journaled; routed and acknowledged once the batch is durable.
     New(Box<crate::store::InboxEntry>),
+}
+
+/// What the sender of a message the store could not take is told: a sentence, never the
+/// store's own error (that is in the log).
+fn cannot_store(e: &crate::store::StoreError) -> String {
+    match e.kind() {
+        "no_space" => "The gateway's disk is full, so it cannot take messages right now; nothing was stored. Try again later.".into(),
+        _ => "The gateway cannot store messages right now; nothing was stored. Try again later.".into(),
+    }
 }
 
 fn decide(
@@ -253,7 +262,7 @@ fn decide(
             Ok(JournalOutcome::New(entry)) => Decided::New(Box::new(entry)),
             Err(e) => {
                 tracing::error!(error = %e, "could not journal inbound message");
-                Decided::Done(Ack::Rejected(format!("could not store the message: {e}")))
+                Decided::Done(Ack::Unavailable(cannot_store(&e)))
             }
         },
     }

@@ -164,6 +164,10 @@ pub enum Ack {
     Duplicate,
     /// Refused (sender not allowed, invalid session id, shutting down). The text says why.
     Rejected(String),
+    /// Not stored, because the gateway cannot store anything now (a full disk, a failed
+    /// store): the adapter must not acknowledge the platform, so the event is delivered again
+    /// later. The text says why, in a sentence for the user.
+    Unavailable(String),
 }
 
 /// An inbound event plus the port on which ingress reports that it is journaled.

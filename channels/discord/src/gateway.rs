@@ -534,7 +534,7 @@ async fn connect_once(
                         session.seq = session.seq.max(s);
                         session.save_seq(inner);
                     }
-                    Ok(None) => {
+                    Ok(None | Some(Ack::Unavailable(_))) => {
                         close_keep(&mut ws).await;
                         return End::Reconnect(format!(
                             "delivery of event seq {s} was not acknowledged; resuming from seq {}",

@@ -808,6 +808,7 @@ async fn submit(inner: &Arc<Inner>, req: ChatReq, waiter: Waiter) -> Result<Subm
             })
         }
         Ok(Ack::Rejected(why)) => Err(refuse(StatusCode::FORBIDDEN, why)),
+        Ok(Ack::Unavailable(why)) => Err(refuse(StatusCode::SERVICE_UNAVAILABLE, why)),
         Err(_) => Err(refuse(StatusCode::SERVICE_UNAVAILABLE, "shutting down")),
     }
 }

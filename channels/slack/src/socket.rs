@@ -247,6 +247,8 @@ async fn session(
                                 last_seen = Instant::now();
                                 pending.push(Box::pin(async move {
                                     match tokio::time::timeout(ACK_WAIT, rx).await {
+                                        // Not stored: Slack redelivers it.
+                                        Ok(Ok(clawft_channel_core::Ack::Unavailable(_))) => None,
                                         Ok(Ok(_)) => Some(envelope_id),
                                         // Dropped or too slow: leave it to Slack's retry.
                                         _ => None,

@@ -429,6 +429,11 @@ impl TelegramChannel {
                         "telegram message refused by the daemon"
                     );
                 }
+                // Not stored: the update is fetched again (the offset stays).
+                Ok(Ack::Unavailable(why)) => {
+                    tracing::warn!(update_id = id, why, "the daemon cannot store messages now; the update will be fetched again");
+                    return Flow::Unacked;
+                }
                 Err(_) => return Flow::Unacked,
             }
             *offset = Some(id + 1);
