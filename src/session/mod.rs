@@ -414,6 +414,16 @@ fn tell_scheduler(
 /// [`answer_now`] with an error that ends the entry without a turn (a budget, an oversized
 /// message, a store failure): a scheduled run it ends has failed.
 fn refuse(state: &SessionState, entry: &InboxEntry, text: String) {
+    refuse_with(state, entry, text, clawft_channel_core::ErrorReason::Failed);
+}
+
+/// [`refuse`] for `reason`.
+fn refuse_with(
+    state: &SessionState,
+    entry: &InboxEntry,
+    text: String,
+    reason: clawft_channel_core::ErrorReason,
+) {
     if let Some(ev) = &entry.event {
         tell_scheduler(
             &state.args.hooks,
@@ -422,7 +432,13 @@ fn refuse(state: &SessionState, entry: &InboxEntry, text: String) {
             Some(text.clone()),
         );
     }
-    answer_now(state, entry, OutboundKind::Error, text);
+    if let Some(reply) = reply_to(entry, OutboundBody::Error { text, reason }) {
+        state
+            .args
+            .hooks
+            .outbox
+            .answer(&state.args.key, entry, reply);
+    }
 }
 
 /// Answer a command or a refusal at once: the entry is done and the reply is in the outbox.
@@ -499,7 +515,12 @@ fn maybe_start(myself: &ActorRef<SessionMsg>, state: &mut SessionState) {
         .usage
         .admit(state.args.key.as_str(), &user, &[]);
     if let Err(refusal) = admitted {
-        refuse(state, &entry, refusal.text);
+        refuse_with(
+            state,
+            &entry,
+            refusal.text,
+            clawft_channel_core::ErrorReason::OverBudget,
+        );
         return maybe_start(myself, state);
     }
     // The system prompt as of this turn (this user's files): one stat per context file, a read

@@ -119,7 +119,10 @@ pub(super) fn spawn(myself: &ActorRef<SessionMsg>, state: &mut SessionState, pla
                 completion_tokens: outcome.usage.output_tokens,
             };
             let body = |text| match kind {
-                OutboundKind::Error => OutboundBody::Error { text },
+                OutboundKind::Error => OutboundBody::Error {
+                    text,
+                    reason: clawft_channel_core::ErrorReason::Failed,
+                },
                 _ => OutboundBody::Reply {
                     text,
                     usage: Some(usage),

@@ -506,7 +506,7 @@ async fn logs_without_a_service_or_a_log_file_say_what_to_run() {
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("no gateway log found"), "{err}");
     assert!(err.contains("weft service install"), "{err}");
-    assert!(err.contains("weft gateway 2>>"), "{err}");
+    assert!(err.contains("`weft gateway`"), "{err}");
     assert_eq!(err.lines().count(), 1, "{err}");
 
     // The log file of a gateway run by hand: the command that follows it.

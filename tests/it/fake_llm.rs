@@ -210,7 +210,7 @@ impl FakeLlm {
 /// (`[Fri 2026-11-27 18:03 +01:00] `), if it has one.
 pub fn strip_stamp(text: &str) -> &str {
     let b = text.as_bytes();
-    let shape = b"[Www 0000-00-00 00:00 +00:00] ";
+    let shape = b"[WWW 0000-00-00 00:00 +00:00] ";
     if b.len() < shape.len() {
         return text;
     }

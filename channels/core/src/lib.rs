@@ -274,6 +274,8 @@ pub enum OutboundBody {
     Error {
         /// The reason, for the user.
         text: String,
+        /// What kind of failure, for clients that answer each differently (an HTTP status).
+        reason: ErrorReason,
     },
     /// A streamed fragment of a reply still being produced (best effort; streaming channels).
     Delta {
@@ -285,6 +287,17 @@ pub enum OutboundBody {
     Restart,
     /// A tool started or finished (best effort; channels that show progress).
     Progress(ToolProgress),
+}
+
+/// Why a turn did not answer ([`OutboundBody::Error`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorReason {
+    /// It failed (the provider, a tool loop, the store, a message refused for its size...).
+    #[default]
+    Failed,
+    /// A spending limit (`budgets.*`) is reached: nothing was asked of the model.
+    OverBudget,
 }
 
 /// The token usage of a turn.
@@ -352,7 +365,10 @@ impl OutboundBody {
                 tool: text,
                 call_id: String::new(),
             }),
-            OutboundKind::Error => OutboundBody::Error { text },
+            OutboundKind::Error => OutboundBody::Error {
+                text,
+                reason: ErrorReason::Failed,
+            },
             OutboundKind::Delta => OutboundBody::Delta { text },
         }
     }
@@ -380,7 +396,7 @@ impl OutboundMessage {
         match &self.body {
             OutboundBody::Reply { text, .. }
             | OutboundBody::Approval { text, .. }
-            | OutboundBody::Error { text }
+            | OutboundBody::Error { text, .. }
             | OutboundBody::Delta { text } => text,
             OutboundBody::Restart | OutboundBody::Progress(_) => "",
         }
@@ -391,7 +407,7 @@ impl OutboundMessage {
         match &mut self.body {
             OutboundBody::Reply { text, .. }
             | OutboundBody::Approval { text, .. }
-            | OutboundBody::Error { text }
+            | OutboundBody::Error { text, .. }
             | OutboundBody::Delta { text } => Some(text),
             OutboundBody::Restart | OutboundBody::Progress(_) => None,
         }
@@ -484,7 +500,11 @@ impl From<OutboundMessage> for WireOutbound {
                 usage.and_then(|usage| meta(serde_json::to_value(UsageMeta { usage }))),
             ),
             OutboundBody::Approval { text, ask } => (text, meta(serde_json::to_value(ask))),
-            OutboundBody::Error { text } | OutboundBody::Delta { text } => (text, None),
+            OutboundBody::Error {
+                text,
+                reason: ErrorReason::OverBudget,
+            } => (text, Some(serde_json::json!({ "reason": "over_budget" }))),
+            OutboundBody::Error { text, .. } | OutboundBody::Delta { text } => (text, None),
             OutboundBody::Restart => (
                 String::new(),
                 Some(serde_json::json!({ "event": "restart" })),
@@ -524,7 +544,14 @@ impl From<WireOutbound> for OutboundMessage {
                         .and_then(|v| parse(v).map(|u: UsageMeta| u.usage)),
                 },
             },
-            OutboundKind::Error => OutboundBody::Error { text: w.content },
+            OutboundKind::Error => OutboundBody::Error {
+                text: w.content,
+                reason: meta
+                    .as_ref()
+                    .and_then(|m| m.get("reason"))
+                    .and_then(parse)
+                    .unwrap_or_default(),
+            },
             OutboundKind::Delta
                 if meta
                     .as_ref()
@@ -827,6 +854,14 @@ mod outbound_tests {
                 r#"{"id":"3","channel":"http","chat":"c","kind":"error","content":"failed"}"#,
                 OutboundBody::Error {
                     text: "failed".into(),
+                    reason: ErrorReason::Failed,
+                },
+            ),
+            (
+                r#"{"id":"3b","channel":"http","chat":"c","kind":"error","content":"over","meta":{"reason":"over_budget"}}"#,
+                OutboundBody::Error {
+                    text: "over".into(),
+                    reason: ErrorReason::OverBudget,
                 },
             ),
             (

@@ -461,13 +461,27 @@ async fn auth_admin(State(inner): State<Arc<Inner>>, req: Request, next: Next) -
 /// token that is sent is still checked).
 async fn auth_chat(State(inner): State<Arc<Inner>>, req: Request, next: Next) -> Response {
     let open = inner.cfg.allow_loopback_without_token && inner.cfg.bind.ip().is_loopback();
+    // OpenAI's clients read OpenAI's error object.
+    let openai = matches!(req.uri().path(), "/v1/chat/completions" | "/v1/models");
+    let refuse = |msg: &str| {
+        if openai {
+            let mut r = openai::ApiError::unauthorized(msg).into_response();
+            r.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                header::HeaderValue::from_static("Bearer"),
+            );
+            r
+        } else {
+            unauthorized(msg)
+        }
+    };
     match caller(&inner, req.headers()) {
         Caller::Authenticated => next.run(req).await,
         Caller::Anonymous if open => next.run(req).await,
         Caller::Anonymous if inner.cfg.token.as_deref().is_none_or(str::is_empty) => {
-            unauthorized(CHAT_NEEDS_OPT_IN)
+            refuse(CHAT_NEEDS_OPT_IN)
         }
-        Caller::Anonymous | Caller::BadToken => unauthorized(CHAT_UNAUTHORIZED),
+        Caller::Anonymous | Caller::BadToken => refuse(CHAT_UNAUTHORIZED),
     }
 }
 
@@ -855,6 +869,11 @@ async fn chat(
             Ok(Ok(m)) if m.kind() == OutboundKind::Final => {
                 Json(json!({"chat_id": chat_id, "event_id": event_id, "reply": m.text()})).into_response()
             }
+            Ok(Ok(OutboundMessage { body: OutboundBody::Error { text, reason: clawft_channel_core::ErrorReason::OverBudget }, .. })) => (
+                StatusCode::TOO_MANY_REQUESTS,
+                Json(json!({"error": text, "event_id": event_id})),
+            )
+                .into_response(),
             Ok(Ok(m)) => (
                 StatusCode::BAD_GATEWAY,
                 Json(json!({"error": m.text(), "event_id": event_id})),

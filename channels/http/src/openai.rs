@@ -15,7 +15,7 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use clawft_channel_core::{OutboundKind, OutboundMessage};
+use clawft_channel_core::{ErrorReason, OutboundBody, OutboundKind, OutboundMessage};
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot};
 
@@ -63,6 +63,28 @@ impl ApiError {
             kind: "server_error",
             param: None,
             code: Some(code),
+        }
+    }
+
+    /// A refused credential, as OpenAI answers it (401 `invalid_api_key`), with `message`.
+    pub(crate) fn unauthorized(message: &str) -> Self {
+        ApiError {
+            status: StatusCode::UNAUTHORIZED,
+            message: message.into(),
+            kind: "invalid_request_error",
+            param: None,
+            code: Some("invalid_api_key"),
+        }
+    }
+
+    /// A spending limit reached, as OpenAI answers it (429 `insufficient_quota`).
+    fn over_budget(message: impl Into<String>) -> Self {
+        ApiError {
+            status: StatusCode::TOO_MANY_REQUESTS,
+            message: message.into(),
+            kind: "insufficient_quota",
+            param: None,
+            code: Some("insufficient_quota"),
         }
     }
 
@@ -406,6 +428,13 @@ async fn once_completion(inner: Arc<Inner>, req: Completion, chat: ChatReq) -> R
         },
         () = shutdown.cancelled() => return ApiError::server(StatusCode::SERVICE_UNAVAILABLE, "shutting_down", "the gateway is shutting down").into_response(),
     };
+    if let OutboundBody::Error {
+        text,
+        reason: ErrorReason::OverBudget,
+    } = &m.body
+    {
+        return ApiError::over_budget(text.clone()).into_response();
+    }
     if m.kind() != OutboundKind::Final {
         return ApiError::server(StatusCode::BAD_GATEWAY, "turn_failed", m.text()).into_response();
     }

@@ -149,6 +149,25 @@ async fn dropped_ack_is_redelivered_and_not_confirmed() {
     h.stop().await;
 }
 
+/// The daemon could not store the message (a full disk): the update is not confirmed and comes
+/// again (it was confirmed like a refusal, and lost).
+#[tokio::test]
+async fn an_update_the_daemon_cannot_store_is_fetched_again() {
+    let fake = FakeTelegram::start().await;
+    let state = Arc::new(MemoryState::default());
+    let mut h = run(config(&fake, state.clone()));
+    let ev = fake.push_user_message(8, 8, "while the disk is full");
+    let d = h.next().await;
+    ack(d, Ack::Unavailable("disk full".into()));
+    let again = h.next().await;
+    assert_eq!(again.event.event_id.as_str(), ev);
+    assert_eq!(state.get(OFFSET_KEY), None);
+    assert_eq!(fake.pending_updates().len(), 1, "confirmed though not stored");
+    ack(again, Ack::Accepted);
+    eventually("confirmed", || fake.pending_updates().is_empty()).await;
+    h.stop().await;
+}
+
 #[tokio::test]
 async fn redelivery_after_a_crash_keeps_the_event_id_and_duplicate_confirms() {
     let fake = FakeTelegram::start().await;
