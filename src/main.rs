@@ -152,7 +152,8 @@ fn main() -> ExitCode {
                 channel,
                 chat_id,
                 text,
-            } => cli::pairing::send(&config, &channel, &chat_id, &text).await,
+                json,
+            } => cli::pairing::send(&config, &channel, &chat_id, &text, json).await,
         }
     });
     match result {

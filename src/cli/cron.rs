@@ -386,7 +386,10 @@ mod tests {
     fn run_times_are_printed_to_the_second() {
         let v = serde_json::json!({"id": "j", "runs": [{"scheduled": "2026-11-27T17:00:00.123456789Z", "finished": "2026-11-27T18:00:01.5+01:00", "outcome": "ok"}]});
         let t = runs(&v);
-        assert!(t.contains("2026-11-27 17:00:00   2026-11-27 17:00:01"), "{t}");
+        assert!(
+            t.contains("2026-11-27 17:00:00   2026-11-27 17:00:01"),
+            "{t}"
+        );
         assert!(!t.contains("123456789"), "{t}");
     }
 

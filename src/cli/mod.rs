@@ -131,6 +131,9 @@ pub enum Command {
         chat_id: String,
         /// Message text (Markdown).
         text: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
     },
     /// Check, back up or restore the store.
     Store {
@@ -252,16 +255,26 @@ pub enum SkillsAction {
 #[derive(Debug, Subcommand)]
 pub enum PairingAction {
     /// Pending codes and paired senders.
-    List,
+    List {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Admit the sender who received this code.
     Approve {
         /// The code the sender got in their chat.
         code: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
     },
     /// Remove a paired sender.
     Revoke {
         /// `channel:user_id`, as `weft pairing list` shows it.
         who: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
     },
 }
 

@@ -27,6 +27,9 @@ pub enum StoreAction {
     Backup {
         /// File to write.
         path: PathBuf,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
     },
     /// Replace the store with the backup at PATH (stop the gateway first). The current store
     /// files are kept in `<store>.before-restore-<timestamp>`.
@@ -34,6 +37,20 @@ pub enum StoreAction {
         /// Backup file written by `weft store backup`.
         path: PathBuf,
     },
+}
+
+/// What `weft store backup` printed: a sentence, or the JSON with `--json`.
+fn print_backup(v: &serde_json::Value, as_json: bool) {
+    if as_json {
+        println!("{v}");
+    } else {
+        println!(
+            "wrote {} records to {} (put it back with `weft store restore {}`)",
+            v["records"],
+            v["path"].as_str().unwrap_or("?"),
+            v["path"].as_str().unwrap_or("PATH")
+        );
+    }
 }
 
 fn absolute(p: &Path) -> Result<PathBuf, CliError> {
@@ -109,7 +126,7 @@ pub async fn run(config: &Config, action: StoreAction) -> Result<(), CliError> {
             }
             Err(e) => Err(CliError::msg(e)),
         },
-        (StoreAction::Backup { path }, Some(c)) => {
+        (StoreAction::Backup { path, json }, Some(c)) => {
             let path = absolute(&path)?;
             let v = c
                 .post(
@@ -117,13 +134,16 @@ pub async fn run(config: &Config, action: StoreAction) -> Result<(), CliError> {
                     &json!({"path": path.display().to_string()}),
                 )
                 .await?;
-            println!("{v}");
+            print_backup(&v, json);
             Ok(())
         }
-        (StoreAction::Backup { path }, None) => {
+        (StoreAction::Backup { path, json }, None) => {
             let s = Store::open(dir, config.store.cache_bytes).map_err(CliError::msg)?;
             let n = backup::backup(&s, &path).map_err(CliError::msg)?;
-            println!("{}", json!({"path": path.display().to_string(), "records": n}));
+            print_backup(
+                &json!({"path": path.display().to_string(), "records": n}),
+                json,
+            );
             Ok(())
         }
         (StoreAction::Restore { .. }, Some(_)) => Err(CliError::Failed(format!(

@@ -254,8 +254,22 @@ fn flatten_values(prefix: &str, v: config::Value, out: &mut BTreeMap<String, Str
             }
         }
         kind => {
-            out.insert(prefix.to_string(), kind.to_string());
+            out.insert(
+                prefix.to_string(),
+                shown_value(config::Value::new(None, kind)),
+            );
         }
+    }
+}
+
+/// A value as `weft config show` prints it: a string as it is, anything else (numbers, lists,
+/// tables in lists) as compact JSON, never the loader's debug text.
+fn shown_value(v: config::Value) -> String {
+    use serde::Deserialize as _;
+    match serde_json::Value::deserialize(v) {
+        Ok(serde_json::Value::String(s)) => s,
+        Ok(other) => other.to_string(),
+        Err(e) => format!("(unreadable: {e})"),
     }
 }
 
@@ -303,6 +317,22 @@ impl super::ConfigError {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
+
+    #[test]
+    fn lists_and_tables_in_lists_are_shown_as_json_not_debug_text() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("c.toml");
+        std::fs::write(
+            &f,
+            "[tools.policy]\ndeny = [\"exec_shell\", \"web_*\"]\n[[bindings]]\nagent = \"work\"\nchannel = \"slack\"\n[agents.defaults]\nmax_tokens = 512\nmodel = \"m\"\n",
+        )
+        .unwrap();
+        let v = set_values(Some(&f), &Env::default());
+        assert_eq!(v["tools.policy.deny"], r#"["exec_shell","web_*"]"#);
+        assert_eq!(v["bindings"], r#"[{"agent":"work","channel":"slack"}]"#);
+        assert_eq!(v["agents.defaults.max_tokens"], "512");
+        assert_eq!(v["agents.defaults.model"], "m");
+    }
 
     #[test]
     fn secrets_are_recognised_by_key_and_pointers_are_not() {

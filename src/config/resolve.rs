@@ -545,12 +545,12 @@ fn resolve_agent(
             None => e.local_zone.clone(),
             Some(name) => crate::config::types::TimeZone {
                 name: name.to_string(),
-                zone: std::sync::Arc::new(crate::types::tz::Zone::load(name).map_err(|detail| {
-                    ConfigError::Invalid {
+                zone: std::sync::Arc::new(crate::types::tz::Zone::load(name).map_err(
+                    |detail| ConfigError::Invalid {
                         key: "agents.defaults.timezone".into(),
                         detail,
-                    }
-                })?),
+                    },
+                )?),
             },
         },
     };

@@ -91,6 +91,7 @@ pub(super) fn spawn(myself: &ActorRef<SessionMsg>, state: &mut SessionState, pla
                             TurnStatus::IterationLimit => "iteration_limit",
                             TurnStatus::Cancelled => "cancelled",
                             TurnStatus::Failed(_) => "failed",
+                            TurnStatus::OverBudget(_) => "over_budget",
                         },
                     ),
                 ],
@@ -98,9 +99,10 @@ pub(super) fn spawn(myself: &ActorRef<SessionMsg>, state: &mut SessionState, pla
             );
             let kind = match outcome.status {
                 TurnStatus::Completed => OutboundKind::Final,
-                TurnStatus::IterationLimit | TurnStatus::Cancelled | TurnStatus::Failed(_) => {
-                    OutboundKind::Error
-                }
+                TurnStatus::IterationLimit
+                | TurnStatus::Cancelled
+                | TurnStatus::Failed(_)
+                | TurnStatus::OverBudget(_) => OutboundKind::Error,
             };
             // A heartbeat with nothing to report is answered (the entry is done) but not sent.
             let text = if heartbeat && kind == OutboundKind::Final {
@@ -118,11 +120,12 @@ pub(super) fn spawn(myself: &ActorRef<SessionMsg>, state: &mut SessionState, pla
                 prompt_tokens: outcome.usage.input_tokens,
                 completion_tokens: outcome.usage.output_tokens,
             };
+            let reason = match outcome.status {
+                TurnStatus::OverBudget(_) => clawft_channel_core::ErrorReason::OverBudget,
+                _ => clawft_channel_core::ErrorReason::Failed,
+            };
             let body = |text| match kind {
-                OutboundKind::Error => OutboundBody::Error {
-                    text,
-                    reason: clawft_channel_core::ErrorReason::Failed,
-                },
+                OutboundKind::Error => OutboundBody::Error { text, reason },
                 _ => OutboundBody::Reply {
                     text,
                     usage: Some(usage),
@@ -158,7 +161,9 @@ pub(super) fn spawn(myself: &ActorRef<SessionMsg>, state: &mut SessionState, pla
                     RunOutcome::Failed,
                     Some("stopped at the tool-call iteration limit".to_string()),
                 ),
-                TurnStatus::Failed(e) => (RunOutcome::Failed, Some(e.clone())),
+                TurnStatus::Failed(e) | TurnStatus::OverBudget(e) => {
+                    (RunOutcome::Failed, Some(e.clone()))
+                }
             };
             tell_scheduler(&hooks, &ev_done, run, detail);
             let _ = me.cast(SessionMsg::TurnFinished {

@@ -599,7 +599,7 @@ pub(super) fn finished(
             )),
             r.mode == Mode::Spawn,
         ),
-        (None, TurnStatus::Failed(m), _) => (
+        (None, TurnStatus::Failed(m) | TurnStatus::OverBudget(m), _) => (
             TaskStatus::Failed,
             Some(m.clone()),
             r.mode == Mode::Spawn,

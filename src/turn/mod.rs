@@ -175,6 +175,8 @@ pub enum TurnStatus {
     Cancelled,
     /// The provider failed (after retries and failover), or a tool failed fatally.
     Failed(String),
+    /// A spending limit was reached between two LLM calls: the text says which.
+    OverBudget(String),
 }
 
 /// The result of a turn.
@@ -486,7 +488,7 @@ async fn run_turn_inner(
             return out;
         }
         if let Err(r) = deps.usage.check_running(session.as_str(), &out.by_model) {
-            out.status = TurnStatus::Failed(r.text.clone());
+            out.status = TurnStatus::OverBudget(r.text.clone());
             out.reply = r.text;
             return out;
         }

@@ -75,6 +75,21 @@ out["stream"] = {"deltas": deltas, "roles": roles, "finish": finish, "total_toke
 
 out["models"] = [m.id for m in client.models.list()]
 
+bad = openai.OpenAI(base_url=base + "/v1", api_key="not-the-token", max_retries=0)
+try:
+    bad.models.list()
+    out["bad_key"] = None
+except openai.AuthenticationError as e:
+    out["bad_key"] = {"status": e.status_code, "code": e.code, "type": e.type}
+
+try:
+    # Its one-token budget is spent by the first call to the model (the tool round): the turn
+    # stops there.
+    client.chat.completions.create(model="agent:broke", messages=[{"role": "user", "content": "spend"}])
+    out["budget"] = None
+except openai.RateLimitError as e:
+    out["budget"] = {"status": e.status_code, "code": e.code, "message": e.message}
+
 try:
     client.chat.completions.create(model="agent:nope", messages=[{"role": "user", "content": "hi"}])
     out["unknown"] = None
@@ -120,6 +135,7 @@ async fn openai_sdk_chats_streams_lists_models_and_gets_404_for_unknown_model() 
         json!({"agents": {
             "defaults": {"system_prompt": "You are MAIN."},
             "work": {"system_prompt": "You are WORK."},
+            "broke": {"system_prompt": "You are BROKE.", "budgets": {"daily_tokens": 1}},
         }}),
     );
     let gw = TestGateway::start(cfg).await;
@@ -175,7 +191,28 @@ async fn openai_sdk_chats_streams_lists_models_and_gets_404_for_unknown_model() 
     assert_eq!(s["finish"], "stop");
     assert!(s["total_tokens"].as_u64().unwrap() > 0, "{s}");
 
-    assert_eq!(v["models"], json!(["weft", "agent:main", "agent:work"]));
+    assert_eq!(
+        v["models"],
+        json!(["weft", "agent:main", "agent:broke", "agent:work"])
+    );
+    // A wrong key: OpenAI's error object, so the SDK raises AuthenticationError with its code.
+    let b = &v["bad_key"];
+    assert_eq!(
+        (&b["status"], &b["code"]),
+        (&json!(401), &json!("invalid_api_key")),
+        "{b}"
+    );
+    // A spending limit reached: 429 insufficient_quota (it was a 502), the reason in the text.
+    let q = &v["budget"];
+    assert_eq!(
+        (&q["status"], &q["code"]),
+        (&json!(429), &json!("insufficient_quota")),
+        "{q}"
+    );
+    assert!(
+        q["message"].as_str().unwrap_or_default().contains("budget"),
+        "{q}"
+    );
     let u = &v["unknown"];
     assert_eq!(u["status"], 404, "{u}");
     assert_eq!(u["code"], "model_not_found");

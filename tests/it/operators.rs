@@ -641,7 +641,10 @@ async fn weft_logs_shows_the_log_of_a_gateway_started_by_hand() {
     assert!(out.status.success(), "{}", text(&out));
     let shown = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(shown.contains("weft gateway ready"), "{}", text(&out));
-    assert!(!shown.contains("\u{1b}["), "no colour escapes in the file: {shown}");
+    assert!(
+        !shown.contains("\u{1b}["),
+        "no colour escapes in the file: {shown}"
+    );
     let file = dir.path().join(".clawft/logs/gateway.log");
     use std::os::unix::fs::PermissionsExt;
     assert_eq!(
@@ -686,10 +689,16 @@ async fn the_model_sees_when_each_message_was_sent_in_the_users_time_zone() {
     let tokyo = chrono::FixedOffset::east_opt(9 * 3600).unwrap();
     let stamps: Vec<String> = [before, after]
         .iter()
-        .map(|t| t.with_timezone(&tokyo).format("[%a %Y-%m-%d %H:%M +09:00] ").to_string())
+        .map(|t| {
+            t.with_timezone(&tokyo)
+                .format("[%a %Y-%m-%d %H:%M +09:00] ")
+                .to_string()
+        })
         .collect();
     assert!(
-        stamps.iter().any(|s| first[0] == format!("{s}remind me in 1 minute")),
+        stamps
+            .iter()
+            .any(|s| first[0] == format!("{s}remind me in 1 minute")),
         "{first:?} vs {stamps:?}"
     );
     // The first message carries the same stamp in the second request (a byte-stable prefix).

@@ -732,13 +732,18 @@ async fn send_and_pairing_go_through_the_running_gateway() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    // Pairing works on the store directly.
+    // Pairing works on the store directly: text for people, JSON for scripts.
     let out = run(vec!["pairing", "list"]).await.unwrap();
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "no pairing requests waiting\nno paired senders\n"
+    );
+    let out = run(vec!["pairing", "list", "--json"]).await.unwrap();
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["pending"], json!([]));
 
@@ -750,6 +755,11 @@ async fn send_and_pairing_go_through_the_running_gateway() {
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout).starts_with("queued for http:room1 (message "),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
     );
     let mut got = Vec::new();
     for _ in 0..100 {

@@ -272,6 +272,11 @@ async fn store_check_backup_while_running_and_restore() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(backup.exists());
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.starts_with("wrote ") && said.contains("weft store restore"),
+        "{said}"
+    );
     // Restore is refused while it runs.
     let out = weft(dir.path())
         .arg("--config")
@@ -414,16 +419,15 @@ async fn a_full_disk_makes_the_gateway_unready_and_it_serves_again_once_space_is
             break;
         }
     }
-    let (s, v) = failed.unwrap_or_else(|| {
-        panic!(
-            "writes kept working on a full disk\n{}",
-            log_of(dir.path())
-        )
-    });
+    let (s, v) = failed
+        .unwrap_or_else(|| panic!("writes kept working on a full disk\n{}", log_of(dir.path())));
     // 503 (try again) with a sentence, not 403 with the store's debug text.
     assert_eq!(s, 503, "{v}");
     let said = v["error"].as_str().unwrap_or_default();
-    assert!(said.contains("disk is full") && !said.contains("Os {"), "{v}");
+    assert!(
+        said.contains("disk is full") && !said.contains("Os {"),
+        "{v}"
+    );
     let r = api
         .http
         .get(format!("{}/readyz", api.base))

@@ -280,11 +280,21 @@ async fn exec_shell_from_the_model_cannot_touch_anything_outside_the_workspace()
 async fn approval_id(api: &crate::common::Api, chat: &str) -> String {
     for _ in 0..250 {
         let (_, v) = api.get(&format!("/v1/chats/{chat}/messages")).await;
+        let mut found = None;
         for m in v["messages"].as_array().cloned().unwrap_or_default() {
             let text = m["content"].as_str().unwrap_or_default();
             if let Some(rest) = text.split("`/approve ").nth(1) {
-                return rest.split('`').next().unwrap().to_string();
+                found = Some(rest.split('`').next().unwrap().to_string());
             }
+        }
+        if let Some(id) = found {
+            // Read: acknowledged, so the next question is the next one found.
+            api.get(&format!(
+                "/v1/chats/{chat}/messages?after={}",
+                v["next_after"]
+            ))
+            .await;
+            return id;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

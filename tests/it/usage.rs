@@ -105,7 +105,8 @@ async fn reported_tokens_are_summed_per_session_day_and_model_and_missing_ones_e
     assert_eq!(gw.api.chat("a", "first").await.1["reply"], "one");
     assert_eq!(gw.api.chat("a", "second").await.1["reply"], "two");
     assert_eq!(gw.api.chat("b", "third").await.1["reply"], "three");
-    let reqs = llm.requests();
+    // What was sent, the times before the messages included: what the fake counted.
+    let reqs = llm.raw_requests();
     assert_eq!(reqs.len(), 3);
     let (p0, c0) = reported(&reqs, 0);
     let (p1, c1) = reported(&reqs, 1);
@@ -173,7 +174,9 @@ async fn the_turn_after_the_daily_budget_is_refused_with_the_reason() {
     let gw = TestGateway::start(config(&llm, dir.path(), extra)).await;
     assert_eq!(gw.api.chat("a", "one").await.1["reply"], "ok");
     assert_eq!(gw.api.chat("b", "two").await.1["reply"], "x".repeat(40));
-    let (_, body) = gw.api.chat("c", "three").await;
+    let (status, body) = gw.api.chat("c", "three").await;
+    // 429 (what clients expect of a quota), not 502 (a failure of the gateway).
+    assert_eq!(status, 429, "{body}");
     let err = body["error"].as_str().unwrap_or_default();
     assert!(
         err.contains("reached its daily budget (US$11.00 of US$5.00, resets at 00:00 UTC)")

@@ -188,7 +188,8 @@ async fn a_context_length_error_compacts_and_retries_once() {
         assert_eq!(s, 200, "message {i}: {body}");
         assert!(body["reply"].as_str().unwrap().starts_with("ok "), "{body}");
     }
-    let reqs = llm.requests();
+    // Sizes as sent (the times before the messages included).
+    let reqs = llm.raw_requests();
     let refused: Vec<usize> = (0..reqs.len())
         .filter(|&i| size(&reqs[i]) > WINDOW)
         .collect();

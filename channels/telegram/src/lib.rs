@@ -431,7 +431,11 @@ impl TelegramChannel {
                 }
                 // Not stored: the update is fetched again (the offset stays).
                 Ok(Ack::Unavailable(why)) => {
-                    tracing::warn!(update_id = id, why, "the daemon cannot store messages now; the update will be fetched again");
+                    tracing::warn!(
+                        update_id = id,
+                        why,
+                        "the daemon cannot store messages now; the update will be fetched again"
+                    );
                     return Flow::Unacked;
                 }
                 Err(_) => return Flow::Unacked,

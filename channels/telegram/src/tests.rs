@@ -162,7 +162,11 @@ async fn an_update_the_daemon_cannot_store_is_fetched_again() {
     let again = h.next().await;
     assert_eq!(again.event.event_id.as_str(), ev);
     assert_eq!(state.get(OFFSET_KEY), None);
-    assert_eq!(fake.pending_updates().len(), 1, "confirmed though not stored");
+    assert_eq!(
+        fake.pending_updates().len(),
+        1,
+        "confirmed though not stored"
+    );
     ack(again, Ack::Accepted);
     eventually("confirmed", || fake.pending_updates().is_empty()).await;
     h.stop().await;
