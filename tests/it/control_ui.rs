@@ -444,8 +444,28 @@ impl Browser {
         }
     }
 
-    async fn close(self) {
-        self.cmd(reqwest::Method::DELETE, "", None).await;
+}
+
+impl Drop for Browser {
+    /// End the browser session (and its Chromium) even when the test failed: a blocking
+    /// `DELETE /session/ID` on a plain socket.
+    fn drop(&mut self) {
+        use std::io::{Read as _, Write as _};
+        let Some(rest) = self.url.strip_prefix("http://") else {
+            return;
+        };
+        let Some((host, path)) = rest.split_once('/') else {
+            return;
+        };
+        if let Ok(mut s) = std::net::TcpStream::connect(host) {
+            let _ = s.set_read_timeout(Some(T));
+            let _ = write!(
+                s,
+                "DELETE /{path} HTTP/1.1\r\nHost: {host}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+            );
+            // The answer comes once the browser has quit (the driver keeps the socket open).
+            let _ = s.read(&mut [0u8; 512]);
+        }
     }
 }
 
@@ -562,6 +582,67 @@ async fn in_a_browser_login_chat_approve_and_usage() {
     assert_eq!(numbers_as_f64(&shown), numbers_as_f64(&cli));
     assert!(cli["total"]["calls"].as_u64().unwrap() >= 3, "{cli}");
 
-    b.close().await;
+    // The canvas: the model presents a page; it shows next to the chat, and its script can
+    // reach neither the page around it, nor the cookie, nor the API.
+    llm.push(Reply::ToolCalls(vec![(
+        "s1".into(),
+        "tool_search".into(),
+        json!({"query": "canvas"}).to_string(),
+    )]));
+    llm.push(Reply::ToolCalls(vec![(
+        "v1".into(),
+        "canvas".into(),
+        json!({"action": "present", "title": "Plan", "html": CANVAS_PAGE}).to_string(),
+    )]));
+    llm.push(Reply::Text("presented".into()));
+    b.goto(&format!("http://127.0.0.1:{port}/ui/#chat")).await;
+    b.until("return document.body.dataset.live === 'yes'", "event stream open")
+        .await;
+    b.type_in("#chat-input", "show me the plan").await;
+    b.click("#chat-form button[type=submit]").await;
+    b.until(
+        "return [...document.querySelectorAll('#chat-log li.agent')].some(l => l.textContent === 'presented')",
+        "reply after the canvas",
+    )
+    .await;
+    let frame = b.find("#canvas").await;
+    assert_eq!(
+        b.js("return document.getElementById('canvas').getAttribute('sandbox')", json!([]))
+            .await,
+        "allow-scripts"
+    );
+    let v = b.post("/frame", json!({"id": {ELEMENT: frame}})).await;
+    assert!(v.is_null(), "{v}");
+    let out = b
+        .until(
+            "const o = document.getElementById('out'); return o && o.textContent !== 'pending' && o.textContent",
+            "the canvas script ran",
+        )
+        .await;
+    let title = b
+        .js("return document.querySelector('h1').textContent", json!([]))
+        .await;
+    assert_eq!(title, "Canvas works");
+    assert_eq!(out, "parent:blocked cookie:blocked api:blocked");
+    b.post("/frame/parent", json!({})).await;
+    drop(b);
+
+    // The canvas is kept per session across a restart.
+    d.term();
+    let d = Daemon::start(dir.path(), &cfg, port).await;
+    let page = d.api.text("/ui/canvas/web:main").await;
+    assert!(page.contains("Canvas works"), "{page}");
+    let (s, v) = d.api.get("/v1/status").await;
+    assert_eq!(s, 200, "{v}");
     d.term();
 }
+
+/// A page whose script reaches for what a canvas must never reach, and writes what it got.
+const CANVAS_PAGE: &str = r#"<h1>Canvas works</h1><p id="out">pending</p>
+<script>
+const r = [];
+try { r.push('parent:' + parent.document.title); } catch (e) { r.push('parent:blocked'); }
+try { r.push('cookie:' + (document.cookie || 'none')); } catch (e) { r.push('cookie:blocked'); }
+fetch('/ui/api/me').then((x) => r.push('api:' + x.status)).catch(() => r.push('api:blocked'))
+  .finally(() => { document.getElementById('out').textContent = r.join(' '); });
+</script>"#;
