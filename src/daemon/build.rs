@@ -566,7 +566,8 @@ mod tests {
                 )),
                 gateway: None,
                 processes: Some(exec::process::ProcessTable::new()),
-                sessions: Some(crate::session::tools::SessionDirectory::new(store)),
+                sessions: Some(crate::session::tools::SessionDirectory::new(store.clone())),
+                canvas: Some(store),
             },
         );
         let offer = reg.offer(&[], &[], crate::turn::offer::SKILL_TOOLS);

@@ -94,7 +94,11 @@ pub fn markdown_to_html(md: &str) -> String {
     for line in md.lines() {
         if line.trim_start().starts_with("```") {
             flush(&mut out, &mut para);
-            out.push_str(if in_code { "</code></pre>\n" } else { "<pre><code>" });
+            out.push_str(if in_code {
+                "</code></pre>\n"
+            } else {
+                "<pre><code>"
+            });
             in_code = !in_code;
             continue;
         }
@@ -116,10 +120,10 @@ pub fn markdown_to_html(md: &str) -> String {
                 in_list = true;
             }
             out.push_str(&format!("<li>{}</li>\n", escape(item)));
-        } else if let Some((level, text)) = (1..=6)
-            .rev()
-            .find_map(|n| t.strip_prefix(&format!("{} ", "#".repeat(n))).map(|r| (n, r)))
-        {
+        } else if let Some((level, text)) = (1..=6).rev().find_map(|n| {
+            t.strip_prefix(&format!("{} ", "#".repeat(n)))
+                .map(|r| (n, r))
+        }) {
             flush(&mut out, &mut para);
             out.push_str(&format!("<h{level}>{}</h{level}>\n", escape(text)));
         } else if t.is_empty() {
@@ -149,7 +153,11 @@ fn page(title: &str, html: Option<String>, markdown: Option<String>) -> Result<S
             ))
         }
     };
-    if body.trim_start().to_ascii_lowercase().starts_with("<!doctype") {
+    if body
+        .trim_start()
+        .to_ascii_lowercase()
+        .starts_with("<!doctype")
+    {
         return Ok(body);
     }
     Ok(format!(
@@ -184,7 +192,8 @@ impl Tool for CanvasTool {
     async fn execute(&self, args: Value, ctx: &ToolContext) -> Result<Value, ToolError> {
         let a: Args = parse_args(self.name(), args)?;
         let key = ctx.session.as_str().to_string();
-        let failed = |e: crate::store::StoreError| ToolError::ExecutionFailed(format!("store: {e}"));
+        let failed =
+            |e: crate::store::StoreError| ToolError::ExecutionFailed(format!("store: {e}"));
         let old = load(&self.store, &key).map_err(failed)?;
         let mut c = match (a.action.as_str(), old) {
             ("present", old) => {
@@ -234,7 +243,8 @@ impl Tool for CanvasTool {
         }
         c.version += 1;
         c.updated_ms = clawft_channel_core::now_ms();
-        let text = serde_json::to_string(&c).map_err(|e| ToolError::ExecutionFailed(e.to_string()))?;
+        let text =
+            serde_json::to_string(&c).map_err(|e| ToolError::ExecutionFailed(e.to_string()))?;
         self.store
             .state_put(NS, &key, Some(&text))
             .map_err(failed)?;

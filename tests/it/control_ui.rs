@@ -443,7 +443,6 @@ impl Browser {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
-
 }
 
 impl Drop for Browser {
@@ -596,8 +595,11 @@ async fn in_a_browser_login_chat_approve_and_usage() {
     )]));
     llm.push(Reply::Text("presented".into()));
     b.goto(&format!("http://127.0.0.1:{port}/ui/#chat")).await;
-    b.until("return document.body.dataset.live === 'yes'", "event stream open")
-        .await;
+    b.until(
+        "return document.body.dataset.live === 'yes'",
+        "event stream open",
+    )
+    .await;
     b.type_in("#chat-input", "show me the plan").await;
     b.click("#chat-form button[type=submit]").await;
     b.until(
@@ -607,8 +609,11 @@ async fn in_a_browser_login_chat_approve_and_usage() {
     .await;
     let frame = b.find("#canvas").await;
     assert_eq!(
-        b.js("return document.getElementById('canvas').getAttribute('sandbox')", json!([]))
-            .await,
+        b.js(
+            "return document.getElementById('canvas').getAttribute('sandbox')",
+            json!([])
+        )
+        .await,
         "allow-scripts"
     );
     let v = b.post("/frame", json!({"id": {ELEMENT: frame}})).await;

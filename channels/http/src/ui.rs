@@ -266,7 +266,7 @@ pub(crate) fn routes(inner: Arc<Inner>) -> Router<Arc<Inner>> {
         .route("/ui/api/admin/{*name}", post(admin))
         .route("/ui/api/chat", post(chat))
         .route("/ui/api/events", get(events))
-        .route_layer(middleware::from_fn_with_state(inner.clone(), guard));
+        .route_layer(middleware::from_fn_with_state(inner, guard));
     Router::new()
         .route("/ui", get(|| async { Redirect::permanent("/ui/") }))
         .route("/ui/", get(asset_index))
@@ -424,16 +424,16 @@ fn who(req_ext: &axum::http::Extensions) -> Option<Who> {
 }
 
 /// Refuse a state change to a read-only session.
-fn operator(w: &Option<Who>) -> Result<(), Response> {
+fn operator(w: &Option<Who>) -> Result<(), Box<Response>> {
     match w {
         Some(Who {
             role: Role::Operator,
             ..
         }) => Ok(()),
-        _ => Err(err(
+        _ => Err(Box::new(err(
             StatusCode::FORBIDDEN,
             "this session is read-only: ask for an operator link (`weft dashboard`)",
-        )),
+        ))),
     }
 }
 
@@ -534,7 +534,7 @@ async fn admin(
     let w = who(req.extensions());
     if !READS.contains(&name.as_str()) {
         if let Err(r) = operator(&w) {
-            return r;
+            return *r;
         }
     }
     if name.starts_with("ui/") {
@@ -560,7 +560,7 @@ async fn admin(
 /// `POST /ui/api/chat {"chat", "content"}`: a message in the web chat `chat`.
 async fn chat(State(inner): State<Arc<Inner>>, req: Request) -> Response {
     if let Err(r) = operator(&who(req.extensions())) {
-        return r;
+        return *r;
     }
     let body = match axum::body::to_bytes(
         req.into_body(),
