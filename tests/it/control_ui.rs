@@ -581,6 +581,14 @@ async fn in_a_browser_login_chat_approve_and_usage() {
     assert_eq!(numbers_as_f64(&shown), numbers_as_f64(&cli));
     assert!(cli["total"]["calls"].as_u64().unwrap() >= 3, "{cli}");
 
+    // Automations, channels and MCP: the tables load from the admin handles.
+    b.goto(&format!("http://127.0.0.1:{port}/ui/#ops")).await;
+    b.until(
+        "return document.querySelector('#cron-table thead th') && document.querySelector('#mcp-table thead th') && document.getElementById('notice').hidden",
+        "the operations page loaded",
+    )
+    .await;
+
     // The canvas: the model presents a page; it shows next to the chat, and its script can
     // reach neither the page around it, nor the cookie, nor the API.
     llm.push(Reply::ToolCalls(vec![(

@@ -158,13 +158,61 @@ async function showTranscript(key) {
   }));
 }
 
+// ---- automations, channels, MCP ----
+function cell(v) {
+  if (v === null || v === undefined) return '';
+  return typeof v === 'object' ? JSON.stringify(v) : String(v);
+}
+// A table of `rows` (objects) with the columns `cols`, and per row the buttons `actions(row)`.
+function fill(table, rows, cols, actions) {
+  const head = el('tr');
+  head.append(...cols.map((c) => el('th', c, { scope: 'col' })), el('th', 'Actions', { scope: 'col' }));
+  table.tHead.replaceChildren(head);
+  table.tBodies[0].replaceChildren(...rows.map((r) => {
+    const tr = el('tr');
+    tr.append(...cols.map((c) => el('td', cell(r[c]))));
+    const td = el('td');
+    for (const [label, fn] of actions(r)) {
+      const b = el('button', label, { type: 'button' });
+      b.addEventListener('click', () => fn().then(loadOps).catch((e) => notice(e.message)));
+      td.append(b, ' ');
+    }
+    tr.append(td);
+    return tr;
+  }));
+}
+async function loadOps() {
+  const [cron, pairing, mcp] = await Promise.all([
+    api('admin/cron/list', {}), api('admin/pairing/list', {}), api('admin/mcp/list', {}),
+  ]);
+  fill($('cron-table'), cron.jobs || [], ['id', 'name', 'enabled', 'schedule', 'next_run', 'last_run'], (j) => [
+    ['Run now', () => api('admin/cron/run', { id: j.id })],
+    [j.enabled ? 'Pause' : 'Resume', () => api('admin/cron/update', { id: j.id, enabled: !j.enabled })],
+    ['Remove', () => api('admin/cron/remove', { id: j.id })],
+  ]);
+  fill($('pairing-table'), pairing.pending || [], ['code', 'channel', 'user', 'chat'], (p) => [
+    ['Approve', () => api('admin/pairing/approve', { code: p.code })],
+  ]);
+  $('paired-list').replaceChildren(...(pairing.paired || []).map((w) => {
+    const li = el('li', cell(w) + ' ');
+    const b = el('button', 'Revoke', { type: 'button' });
+    b.addEventListener('click', () => api('admin/pairing/revoke', { who: cell(w) }).then(loadOps).catch((e) => notice(e.message)));
+    li.append(b);
+    return li;
+  }));
+  const servers = Array.isArray(mcp) ? mcp : [];
+  fill($('mcp-table'), servers, ['name', 'transport', 'state', 'tools', 'last_error'], (m) => [
+    ['Restart', () => api('admin/mcp/restart', { name: m.name })],
+  ]);
+}
+
 // ---- status ----
 async function loadStatus() {
   $('status-json').textContent = JSON.stringify(await api('status'), null, 2);
 }
 
 // ---- navigation ----
-const loaders = { approvals: loadApprovals, usage: loadUsage, sessions: loadSessions, status: loadStatus };
+const loaders = { approvals: loadApprovals, usage: loadUsage, sessions: loadSessions, ops: loadOps, status: loadStatus };
 function show() {
   const page = (location.hash || '#chat').slice(1);
   for (const s of document.querySelectorAll('main > section')) s.hidden = s.id !== 'page-' + page;
