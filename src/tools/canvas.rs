@@ -258,3 +258,83 @@ impl Tool for CanvasTool {
         }))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use std::sync::Arc;
+
+    use tokio_util::sync::CancellationToken;
+
+    use super::*;
+    use crate::tools::Workspace;
+    use crate::types::SessionKey;
+
+    fn ctx(dir: &std::path::Path, session: &str) -> ToolContext {
+        ToolContext {
+            workspace: Arc::new(Workspace::open(dir).unwrap()),
+            session: SessionKey::parse(session).unwrap(),
+            cancel: CancellationToken::new(),
+            user_dir: None,
+            sender: None,
+            call_id: None,
+            turn: Default::default(),
+        }
+    }
+
+    #[tokio::test]
+    async fn present_update_hide_per_session_with_a_size_limit() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::memory();
+        let t = CanvasTool::new(store.clone());
+        let a = ctx(dir.path(), "web:a");
+        let b = ctx(dir.path(), "web:b");
+        // Nothing to update or hide yet.
+        let e = t
+            .execute(json!({"action": "update", "html": "x"}), &a)
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("present"), "{e}");
+        let v = t
+            .execute(
+                json!({"action": "present", "title": "T", "markdown": "# Plan\n\n- one <b>\n- two"}),
+                &a,
+            )
+            .await
+            .unwrap();
+        assert_eq!(v["version"], 1);
+        let shown = canvas_json(&store, "web:a").unwrap();
+        let html = shown["html"].as_str().unwrap();
+        assert!(
+            html.contains("<h1>Plan</h1>") && html.contains("<li>one &lt;b&gt;</li>"),
+            "{html}"
+        );
+        assert_eq!(canvas_json(&store, "web:b").unwrap()["visible"], false);
+        t.execute(json!({"action": "hide"}), &a).await.unwrap();
+        assert_eq!(canvas_json(&store, "web:a").unwrap()["visible"], false);
+        // Too big: refused, the old page kept.
+        let big = "x".repeat(MAX_BYTES + 1);
+        let e = t
+            .execute(json!({"action": "update", "html": big}), &a)
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("at most 256 KB"), "{e}");
+        assert!(canvas_json(&store, "web:a").unwrap()["html"]
+            .as_str()
+            .unwrap()
+            .contains("Plan"));
+        // Both html and markdown, or neither: refused.
+        assert!(t
+            .execute(
+                json!({"action": "present", "html": "a", "markdown": "b"}),
+                &b
+            )
+            .await
+            .is_err());
+        let e = t
+            .execute(json!({"action": "snapshot"}), &b)
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("not available"), "{e}");
+    }
+}
