@@ -468,6 +468,31 @@ impl Drop for Browser {
     }
 }
 
+/// Another origin on 127.0.0.1: a server answering every request with a bare page.
+async fn evil_site() -> std::net::SocketAddr {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            tokio::spawn(async move {
+                let _ = s.read(&mut [0u8; 4096]).await;
+                let body = "<!doctype html><title>elsewhere</title><p>another site</p>";
+                let _ = s
+                    .write_all(
+                        format!(
+                            "HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                            body.len()
+                        )
+                        .as_bytes(),
+                    )
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
 fn numbers_as_f64(v: &Value) -> Value {
     match v {
         Value::Number(n) => json!(n.as_f64().unwrap()),
@@ -522,6 +547,33 @@ async fn in_a_browser_login_chat_approve_and_usage() {
         "event stream open",
     )
     .await;
+
+    // A page of another origin on this host (same site: the browser sends the cookie) posting
+    // to the API with the browser's credentials: refused, and the model hears nothing.
+    let evil = evil_site().await;
+    b.goto(&format!("http://{evil}/")).await;
+    let status = b
+        .post(
+            "/execute/async",
+            json!({"script": format!(
+                "const done = arguments[arguments.length - 1];
+                 fetch('http://127.0.0.1:{port}/ui/api/chat', {{method: 'POST', credentials: 'include', mode: 'no-cors',
+                   headers: {{'Content-Type': 'text/plain'}}, body: JSON.stringify({{chat: 'main', content: 'cross-site'}})}})
+                   .then(() => done('sent'), (e) => done('error ' + e));"
+            ), "args": []}),
+        )
+        .await;
+    assert_eq!(status, "sent");
+    b.goto(&format!("http://127.0.0.1:{port}/ui/")).await;
+    b.until(
+        "return document.body.dataset.live === 'yes'",
+        "event stream open",
+    )
+    .await;
+    assert!(
+        llm.requests().is_empty(),
+        "a cross-site post reached the model"
+    );
 
     // Chat: the streamed reply shows up.
     llm.push(Reply::Text("Hello from the model, streamed.".into()));

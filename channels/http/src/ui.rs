@@ -263,6 +263,7 @@ pub(crate) fn routes(inner: Arc<Inner>) -> Router<Arc<Inner>> {
         .route("/ui/api/status", get(status))
         .route("/ui/api/sessions", get(sessions))
         .route("/ui/api/sessions/{key}", get(session))
+        .route("/ui/api/sessions/{key}/clear", post(clear_session))
         .route("/ui/api/admin/{*name}", post(admin))
         .route("/ui/api/chat", post(chat))
         .route("/ui/api/events", get(events))
@@ -510,6 +511,21 @@ async fn session(State(inner): State<Arc<Inner>>, Path(key): Path<String>) -> Re
     match inner.admin.session(&key).await {
         Ok(Some(v)) => Json(v).into_response(),
         Ok(None) => err(StatusCode::NOT_FOUND, format!("no session `{key}`")),
+        Err(e) => err(e.status(), e.to_string()),
+    }
+}
+
+/// `POST /ui/api/sessions/{key}/clear`: reset a session, as `DELETE /v1/sessions/{key}`.
+async fn clear_session(
+    State(inner): State<Arc<Inner>>,
+    Path(key): Path<String>,
+    req: Request,
+) -> Response {
+    if let Err(r) = operator(&who(req.extensions())) {
+        return *r;
+    }
+    match inner.admin.clear_session(&key).await {
+        Ok(b) => Json(json!({ "cleared": b })).into_response(),
         Err(e) => err(e.status(), e.to_string()),
     }
 }

@@ -145,7 +145,14 @@ async function loadSessions() {
     a.addEventListener('click', (ev) => { ev.preventDefault(); showTranscript(s.key); });
     const td = el('td');
     td.append(a);
-    tr.append(td, el('td', s.messages), el('td', new Date(s.updated_ms).toLocaleString()));
+    const reset = el('button', 'Reset', { type: 'button' });
+    reset.addEventListener('click', () => {
+      if (!confirm('Reset ' + s.key + '? Its transcript is cleared.')) return;
+      api('sessions/' + encodeURIComponent(s.key) + '/clear', {}).then(loadSessions).catch((e) => notice(e.message));
+    });
+    const act = el('td');
+    act.append(reset);
+    tr.append(td, el('td', s.messages), el('td', new Date(s.updated_ms).toLocaleString()), act);
     return tr;
   }));
 }
