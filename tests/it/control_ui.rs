@@ -577,6 +577,12 @@ async fn in_a_browser_login_chat_approve_and_usage() {
 
     // Chat: the streamed reply shows up.
     llm.push(Reply::Text("Hello from the model, streamed.".into()));
+    b.js(
+        "window.deltas = 0; new MutationObserver(() => { if (document.querySelector('#chat-log li.streaming')) window.deltas++; })
+           .observe(document.getElementById('chat-log'), {childList: true, subtree: true, characterData: true});",
+        json!([]),
+    )
+    .await;
     b.type_in("#chat-input", "hi there").await;
     b.click("#chat-form button[type=submit]").await;
     let reply = b
@@ -586,6 +592,11 @@ async fn in_a_browser_login_chat_approve_and_usage() {
         )
         .await;
     assert_eq!(reply, "Hello from the model, streamed.");
+    let deltas = b.js("return window.deltas", json!([])).await;
+    assert!(
+        deltas.as_u64().unwrap() > 0,
+        "no delta was shown before the reply"
+    );
     let req = llm.requests();
     assert_eq!(crate::common::last_user(&req[0]), "hi there");
 
