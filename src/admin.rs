@@ -496,6 +496,12 @@ impl clawft_channel_http::Admin for AdminApi {
                 }
             }
             "mcp/list" => Ok(mcp_json(r.mcp().as_deref())),
+            "canvas/get" => {
+                let session = body["session"]
+                    .as_str()
+                    .ok_or_else(|| bad_request("`session` (a session key) is required"))?;
+                crate::tools::canvas::canvas_json(&r.store, session).map_err(internal)
+            }
             "usage" => usage_json(
                 &r.store,
                 body["by"].as_str().unwrap_or("day"),

@@ -139,6 +139,11 @@ fn main() -> ExitCode {
             Command::Tools { action } => cli::tools::run(&config, action).await,
             Command::Pairing { action } => cli::pairing::run(&config, action).await,
             Command::Approvals { action } => cli::approvals::run(&config, action).await,
+            Command::Dashboard {
+                read_only,
+                no_open,
+                revoke_all,
+            } => cli::dashboard::run(&config, read_only, no_open, revoke_all).await,
             Command::Cron { action } => cli::cron::run(&config, action).await,
             Command::Store { action } => cli::store::run(&config, action).await,
             Command::Doctor { json } => cli::doctor::run(&config, json).await,

@@ -94,6 +94,8 @@ impl Gateway {
             .await
             .map_err(|e| CliError::Failed(format!("channels.http: {e}")))?;
             http_addr = Some(http.local_addr());
+            // The control UI's web chat, served on the same listener: a channel of its own.
+            channels.push(http.web());
             channels.push(http);
         }
         channels.extend(crate::daemon::channels::chat_channels(&config, &store));

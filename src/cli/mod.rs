@@ -8,6 +8,7 @@ pub mod completions;
 pub mod config_cmd;
 pub mod control;
 pub mod cron;
+pub mod dashboard;
 pub mod doctor;
 pub mod gateway;
 pub mod help;
@@ -154,6 +155,19 @@ pub enum Command {
         /// What to do.
         #[command(subcommand)]
         action: approvals::ApprovalsAction,
+    },
+    /// Print a one-time login link to the control UI of the running gateway (and open it in
+    /// the desktop's browser when there is one), or end every UI session.
+    Dashboard {
+        /// The link grants a read-only session (pages, no changes).
+        #[arg(long)]
+        read_only: bool,
+        /// Only print the link.
+        #[arg(long)]
+        no_open: bool,
+        /// End every control UI session and unused link instead.
+        #[arg(long)]
+        revoke_all: bool,
     },
     /// Admit unknown senders who asked with a pairing code.
     Pairing {

@@ -323,6 +323,8 @@ pub struct RegistryParts {
     pub processes: Option<Arc<exec::process::ProcessTable>>,
     /// The sessions the session tools read and send to (`sessions_*`, `session_status`).
     pub sessions: Option<Arc<crate::session::tools::SessionDirectory>>,
+    /// The store the canvases live in (`canvas`).
+    pub canvas: Option<crate::store::Store>,
 }
 
 /// The registry of the daemon (and of `weft tools`): every built-in tool with the configured
@@ -342,6 +344,7 @@ pub fn build_registry(
         gateway,
         processes,
         sessions,
+        canvas,
     } = parts;
     let mut reg = ToolRegistry::new()
         .with_secrets(
@@ -406,6 +409,9 @@ pub fn build_registry(
     }
     if let Some(s) = scheduler {
         reg.register(Arc::new(crate::scheduler::tool::CronTool::new(s)));
+    }
+    if let Some(store) = canvas {
+        reg.register(Arc::new(crate::tools::canvas::CanvasTool::new(store)));
     }
     if let Some(slot) = gateway {
         reg.register(Arc::new(crate::tools::gateway::GatewayTool::new(slot)));
@@ -560,7 +566,8 @@ mod tests {
                 )),
                 gateway: None,
                 processes: Some(exec::process::ProcessTable::new()),
-                sessions: Some(crate::session::tools::SessionDirectory::new(store)),
+                sessions: Some(crate::session::tools::SessionDirectory::new(store.clone())),
+                canvas: Some(store),
             },
         );
         let offer = reg.offer(&[], &[], crate::turn::offer::SKILL_TOOLS);

@@ -242,6 +242,7 @@ impl Shared {
                 gateway: Some(self.gateway.clone()),
                 processes: Some(self.processes.clone()),
                 sessions: Some(self.sessions.clone()),
+                canvas: Some(self.store.clone()),
             },
         )
     }

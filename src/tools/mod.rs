@@ -4,6 +4,7 @@
 //! Tools never see the transcript or the store; the registry turns every model-visible failure
 //! into a tool result so the loop carries on.
 
+pub mod canvas;
 pub mod discovery;
 pub mod exec;
 pub mod fs;

@@ -62,6 +62,7 @@ pub const GROUPS: &[(&str, &[&str])] = &[
         ],
     ),
     ("automation", &["cron", "gateway"]),
+    ("ui", &["canvas"]),
 ];
 
 /// The group of the custom tools (`tools.custom.NAME`): its members are known once the

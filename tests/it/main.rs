@@ -11,6 +11,7 @@ mod cli_polish;
 mod common;
 mod context_files;
 mod control;
+mod control_ui;
 mod conversation;
 mod cron_ops;
 mod custom_tools;

@@ -37,8 +37,10 @@ use tokio_util::sync::CancellationToken;
 
 pub mod mailbox;
 pub mod openai;
+pub mod ui;
 pub use mailbox::{MailEntry, MailStore, MemoryMail};
 pub use openai::OPENAI_SENDER;
+pub use ui::WebChannel;
 
 /// Largest accepted request body (1 MiB), or more when `max_inbound_bytes` needs it (see
 /// [`body_limit`]).
@@ -218,6 +220,10 @@ struct Inner {
     tx: Mutex<Option<mpsc::Sender<InboundDelivery>>>,
     seq: AtomicU64,
     shutdown: CancellationToken,
+    /// The control UI's login links and sessions.
+    ui: ui::Auth,
+    /// The web chat the UI talks through.
+    web: Arc<WebChannel>,
 }
 
 impl Inner {
@@ -302,6 +308,8 @@ impl HttpChannel {
                 tx: Mutex::new(None),
                 seq: AtomicU64::new(0),
                 shutdown: CancellationToken::new(),
+                ui: ui::Auth::default(),
+                web: Arc::new(WebChannel::new()),
             }),
             listener: Mutex::new(Some(std_listener)),
             addr,
@@ -311,6 +319,12 @@ impl HttpChannel {
     /// The bound address.
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The web chat of the control UI (channel `web`), served on this listener: the daemon
+    /// runs it like any other channel.
+    pub fn web(&self) -> Arc<WebChannel> {
+        self.inner.web.clone()
     }
 
     /// Pending reply waiters (for tests: none may leak).
@@ -337,7 +351,7 @@ async fn not_found(method: axum::http::Method, uri: axum::http::Uri) -> Response
         format!(
             "no route {method} {}: the API has POST /v1/chat, POST /v1/chat/stream, \
              GET /v1/chats/CHAT_ID/messages, POST /v1/chat/completions, GET /v1/models, GET /healthz, GET /readyz, POST /v1/hooks/NAME, GET /v1/status, \
-             GET /v1/sessions, GET|DELETE /v1/sessions/KEY, POST /v1/admin/COMMAND, GET /metrics",
+             GET /v1/sessions, GET|DELETE /v1/sessions/KEY, POST /v1/admin/COMMAND, GET /metrics, and the control UI under /ui/",
             uri.path()
         ),
     )
@@ -377,6 +391,7 @@ fn router(inner: Arc<Inner>) -> Router {
         .route("/v1/hooks/{name}", post(hook))
         .merge(chat)
         .merge(admin)
+        .merge(ui::routes(inner.clone()))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(body_limit(
@@ -555,6 +570,9 @@ async fn admin_command(
     body: Option<Json<Value>>,
 ) -> Response {
     let body = body.map_or(Value::Null, |Json(v)| v);
+    if let Some(r) = ui::admin_command(&inner, &name, &body) {
+        return r;
+    }
     match inner.admin.command(&name, body).await {
         Ok(v) => Json(v).into_response(),
         Err(e) => err(e.status(), e.to_string()),

@@ -1,0 +1,257 @@
+'use strict';
+// The control UI: hand-written, no framework. Data comes from /ui/api (the same admin
+// handles as the CLI); the web chat's replies arrive over SSE (/ui/api/events).
+const $ = (id) => document.getElementById(id);
+let csrf = '';
+
+function el(tag, text, attrs) {
+  const e = document.createElement(tag);
+  if (text !== undefined && text !== null) e.textContent = String(text);
+  for (const [k, v] of Object.entries(attrs || {})) e.setAttribute(k, v);
+  return e;
+}
+
+function notice(text) {
+  const n = $('notice');
+  n.textContent = text || '';
+  n.hidden = !text;
+}
+
+async function api(path, body) {
+  const opt = body === undefined ? {} : {
+    method: 'POST',
+    headers: { 'Content-Type': 'application/json', 'X-CSRF-Token': csrf },
+    body: JSON.stringify(body),
+  };
+  const r = await fetch('/ui/api/' + path, opt);
+  const v = await r.json().catch(() => ({}));
+  if (r.status === 401) {
+    notice('Not logged in: run `weft dashboard` on the gateway\'s host and open the link it prints.');
+  }
+  if (!r.ok) throw new Error(v.error || ('HTTP ' + r.status));
+  return v;
+}
+
+// ---- chat ----
+let streaming = null;
+function chatName() { return $('chat-name').value.trim() || 'main'; }
+function addLine(who, text, cls) {
+  const li = el('li', text, { 'data-who': who });
+  if (cls) li.className = cls;
+  $('chat-log').append(li);
+  li.scrollIntoView({ block: 'nearest' });
+  return li;
+}
+function reloadCanvas() {
+  $('canvas').src = '/ui/canvas/' + encodeURIComponent('web:' + chatName());
+}
+
+function onMessage(m) {
+  if (m.chat !== chatName()) return;
+  if (m.kind === 'delta') {
+    if (!streaming) streaming = addLine('agent', '', 'agent streaming');
+    if (m.restart) streaming.textContent = '';
+    streaming.textContent += m.text;
+  } else if (m.kind === 'reply' || m.kind === 'error') {
+    const li = streaming || addLine('agent', '');
+    streaming = null;
+    li.textContent = m.text;
+    li.className = m.kind === 'error' ? 'agent error' : 'agent';
+    if (m.kind === 'error') li.dataset.who = 'error';
+    reloadCanvas();
+  } else if (m.kind === 'approval' && m.approval) {
+    const li = addLine('approval', m.text, 'note');
+    li.append(' ', answerButtons(m.approval.id));
+  } else if (m.kind === 'progress' && m.progress) {
+    addLine('tool', (m.progress.event || '').replace('_', ' ') + ' ' + (m.progress.tool || ''), 'note');
+  }
+}
+
+function answerButtons(id) {
+  const span = el('span');
+  for (const [label, decision] of [['Approve', 'approve'], ['Always', 'always'], ['Deny', 'deny']]) {
+    const b = el('button', label, { type: 'button', 'data-approval': id, 'data-decision': decision });
+    b.addEventListener('click', async () => {
+      try {
+        await api('admin/approvals/answer', { id, decision });
+        span.textContent = decision === 'deny' ? 'denied' : 'approved';
+        loadApprovals();
+      } catch (e) { notice(e.message); }
+    });
+    span.append(b, ' ');
+  }
+  return span;
+}
+
+async function send(text) {
+  try {
+    await api('chat', { chat: chatName(), content: text });
+  } catch (e) { notice(e.message); }
+}
+
+$('chat-form').addEventListener('submit', (ev) => {
+  ev.preventDefault();
+  const text = $('chat-input').value;
+  if (!text.trim()) return;
+  addLine('you', text, 'you');
+  $('chat-input').value = '';
+  send(text);
+});
+$('chat-input').addEventListener('keydown', (ev) => {
+  if (ev.key === 'Enter' && !ev.shiftKey) {
+    ev.preventDefault();
+    $('chat-form').requestSubmit();
+  }
+});
+$('chat-stop').addEventListener('click', () => send('/stop'));
+$('chat-name').addEventListener('change', () => { $('chat-log').textContent = ''; reloadCanvas(); });
+$('canvas-reload').addEventListener('click', reloadCanvas);
+
+// ---- approvals ----
+async function loadApprovals() {
+  const v = await api('admin/approvals/list', {});
+  const rows = (v.approvals || []).map((a) => {
+    const tr = el('tr', null, { 'data-id': a.id });
+    const answer = el('td');
+    if (a.state === 'pending') answer.append(answerButtons(a.id)); else answer.textContent = '—';
+    tr.append(el('td', a.id), el('td', a.session), el('td', a.command), el('td', a.state), answer);
+    return tr;
+  });
+  $('approvals-rows').replaceChildren(...rows);
+}
+
+// ---- usage ----
+async function loadUsage() {
+  const v = await api('admin/usage', { by: $('usage-by').value, days: Number($('usage-days').value) || 30 });
+  $('usage-json').textContent = JSON.stringify(v, null, 2);
+  const rows = v.rows || [];
+  const cols = rows.length ? Object.keys(rows[0]) : [];
+  $('usage-table').tHead.replaceChildren(el('tr'));
+  $('usage-table').tHead.rows[0].append(...cols.map((c) => el('th', c, { scope: 'col' })));
+  $('usage-table').tBodies[0].replaceChildren(...rows.map((r) => {
+    const tr = el('tr');
+    tr.append(...cols.map((c) => el('td', typeof r[c] === 'object' ? JSON.stringify(r[c]) : r[c])));
+    return tr;
+  }));
+}
+$('usage-form').addEventListener('submit', (ev) => { ev.preventDefault(); loadUsage().catch((e) => notice(e.message)); });
+
+// ---- sessions ----
+async function loadSessions() {
+  const v = await api('sessions');
+  $('sessions-rows').replaceChildren(...(v.sessions || []).map((s) => {
+    const tr = el('tr');
+    const a = el('a', s.key, { href: '#sessions' });
+    a.addEventListener('click', (ev) => { ev.preventDefault(); showTranscript(s.key); });
+    const td = el('td');
+    td.append(a);
+    const reset = el('button', 'Reset', { type: 'button' });
+    reset.addEventListener('click', () => {
+      if (!confirm('Reset ' + s.key + '? Its transcript is cleared.')) return;
+      api('sessions/' + encodeURIComponent(s.key) + '/clear', {}).then(loadSessions).catch((e) => notice(e.message));
+    });
+    const act = el('td');
+    act.append(reset);
+    tr.append(td, el('td', s.messages), el('td', new Date(s.updated_ms).toLocaleString()), act);
+    return tr;
+  }));
+}
+async function showTranscript(key) {
+  const v = await api('sessions/' + encodeURIComponent(key));
+  $('transcript-title').textContent = key;
+  $('transcript').replaceChildren(...(v.messages || []).map((m) => {
+    const text = typeof m.content === 'string' ? m.content : JSON.stringify(m.content ?? m);
+    return el('li', (m.role || '') + ': ' + text);
+  }));
+}
+
+// ---- automations, channels, MCP ----
+function cell(v) {
+  if (v === null || v === undefined) return '';
+  return typeof v === 'object' ? JSON.stringify(v) : String(v);
+}
+// A table of `rows` (objects) with the columns `cols`, and per row the buttons `actions(row)`.
+function fill(table, rows, cols, actions) {
+  const head = el('tr');
+  head.append(...cols.map((c) => el('th', c, { scope: 'col' })), el('th', 'Actions', { scope: 'col' }));
+  table.tHead.replaceChildren(head);
+  table.tBodies[0].replaceChildren(...rows.map((r) => {
+    const tr = el('tr');
+    tr.append(...cols.map((c) => el('td', cell(r[c]))));
+    const td = el('td');
+    for (const [label, fn] of actions(r)) {
+      const b = el('button', label, { type: 'button' });
+      b.addEventListener('click', () => fn().then(loadOps).catch((e) => notice(e.message)));
+      td.append(b, ' ');
+    }
+    tr.append(td);
+    return tr;
+  }));
+}
+async function loadOps() {
+  const [cron, pairing, mcp] = await Promise.all([
+    api('admin/cron/list', {}), api('admin/pairing/list', {}), api('admin/mcp/list', {}),
+  ]);
+  fill($('cron-table'), cron.jobs || [], ['id', 'name', 'enabled', 'schedule', 'next_run', 'last_run'], (j) => [
+    ['Run now', () => api('admin/cron/run', { id: j.id })],
+    [j.enabled ? 'Pause' : 'Resume', () => api('admin/cron/update', { id: j.id, enabled: !j.enabled })],
+    ['Remove', () => api('admin/cron/remove', { id: j.id })],
+  ]);
+  fill($('pairing-table'), pairing.pending || [], ['code', 'channel', 'user', 'chat'], (p) => [
+    ['Approve', () => api('admin/pairing/approve', { code: p.code })],
+  ]);
+  $('paired-list').replaceChildren(...(pairing.paired || []).map((w) => {
+    const li = el('li', cell(w) + ' ');
+    const b = el('button', 'Revoke', { type: 'button' });
+    b.addEventListener('click', () => api('admin/pairing/revoke', { who: cell(w) }).then(loadOps).catch((e) => notice(e.message)));
+    li.append(b);
+    return li;
+  }));
+  const servers = Array.isArray(mcp) ? mcp : [];
+  fill($('mcp-table'), servers, ['name', 'transport', 'state', 'tools', 'last_error'], (m) => [
+    ['Restart', () => api('admin/mcp/restart', { name: m.name })],
+  ]);
+}
+
+// ---- status ----
+async function loadStatus() {
+  $('status-json').textContent = JSON.stringify(await api('status'), null, 2);
+}
+
+// ---- navigation ----
+const loaders = { approvals: loadApprovals, usage: loadUsage, sessions: loadSessions, ops: loadOps, status: loadStatus };
+function show() {
+  const page = (location.hash || '#chat').slice(1);
+  for (const s of document.querySelectorAll('main > section')) s.hidden = s.id !== 'page-' + page;
+  for (const a of document.querySelectorAll('nav a')) {
+    if (a.getAttribute('href') === '#' + page) a.setAttribute('aria-current', 'page'); else a.removeAttribute('aria-current');
+  }
+  notice('');
+  if (loaders[page]) loaders[page]().catch((e) => notice(e.message));
+}
+window.addEventListener('hashchange', show);
+
+$('logout').addEventListener('click', async () => {
+  await api('logout', {}).catch(() => {});
+  location.replace('/ui/login');
+});
+
+(async () => {
+  try {
+    const me = await api('me');
+    csrf = me.csrf || '';
+    $('me').textContent = 'Logged in (' + me.role + ')';
+    document.body.dataset.role = me.role;
+  } catch (e) { return; }
+  const es = new EventSource('/ui/api/events');
+  es.addEventListener('message', (ev) => {
+    let m;
+    try { m = JSON.parse(ev.data); } catch (e) { return; }
+    onMessage(m);
+    if (m.kind === 'approval' && !$('page-approvals').hidden) loadApprovals().catch(() => {});
+  });
+  es.addEventListener('open', () => { document.body.dataset.live = 'yes'; });
+  setInterval(() => { if (!$('page-approvals').hidden) loadApprovals().catch(() => {}); }, 5000);
+  reloadCanvas();
+  show();
+})();
