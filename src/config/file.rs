@@ -128,6 +128,10 @@ pub struct AgentDefaultsFile {
     /// Whether images that arrive in chats are shown to the model: `auto` (default: when the
     /// model is known to take images), `on`, `off`.
     pub vision: Option<String>,
+    /// When answers are spoken: `never`, `when_asked` (default: the model calls `tts` when
+    /// the user asks), `to_voice` (a voice note is answered with a voice note, the text kept
+    /// alongside). A chat's `/voice` overrides it.
+    pub reply_with_voice: Option<String>,
 }
 
 /// `agents.defaults.compaction`.

@@ -323,6 +323,8 @@ pub struct RegistryParts {
     pub processes: Option<Arc<exec::process::ProcessTable>>,
     /// The sessions the session tools read and send to (`sessions_*`, `session_status`).
     pub sessions: Option<Arc<crate::session::tools::SessionDirectory>>,
+    /// Speech and images (`tts`, `image`); `None`: made from `config.media`.
+    pub media: Option<Arc<crate::media::Media>>,
 }
 
 /// The registry of the daemon (and of `weft tools`): every built-in tool with the configured
@@ -342,6 +344,7 @@ pub fn build_registry(
         gateway,
         processes,
         sessions,
+        media,
     } = parts;
     let mut reg = ToolRegistry::new()
         .with_secrets(
@@ -421,6 +424,18 @@ pub fn build_registry(
         for t in crate::session::tools::session_tools(dir, config.tools.sessions.clone(), model) {
             reg.register(t);
         }
+    }
+    // `tts` and `image` are always offered (on demand): without a backend a call says what
+    // to configure.
+    match media.map_or_else(
+        || crate::media::Media::new(config.media.clone()).map(Arc::new),
+        Ok,
+    ) {
+        Ok(m) => {
+            reg.register(Arc::new(crate::media::tools::TtsTool::new(m.clone())));
+            reg.register(Arc::new(crate::media::tools::ImageTool::new(m)));
+        }
+        Err(e) => tracing::error!(error = %e, "tts and image are unavailable"),
     }
     if let Some(sink) = sink {
         reg.register(Arc::new(message::MessageTool::new(
