@@ -576,6 +576,7 @@ mod tests {
                 gateway: None,
                 processes: Some(exec::process::ProcessTable::new()),
                 sessions: Some(crate::session::tools::SessionDirectory::new(store)),
+                media: None,
             },
         );
         let offer = reg.offer(&[], &[], crate::turn::offer::SKILL_TOOLS);

@@ -29,6 +29,29 @@ fn made_path(what: &str, ext: &str, n: Option<usize>) -> String {
     )
 }
 
+/// Speak `text` into a new workspace file: its path, the speech, and the spend to count.
+///
+/// # Errors
+/// The speech failed ([`Media::speak`]) or the file could not be written.
+pub async fn speak_into(
+    media: &Media,
+    ws: &crate::tools::Workspace,
+    text: &str,
+    voice: Option<&str>,
+) -> Result<(String, super::generate::Spoken, MediaUse), MediaError> {
+    let spoken = media.speak(text, voice).await?;
+    let used = MediaUse {
+        model: spoken.model.clone(),
+        chars: spoken.chars,
+        seconds: spoken.seconds.unwrap_or(0.0),
+        images: 0,
+    };
+    let path = made_path("speech", crate::types::sniff::extension(spoken.mime), None);
+    write_file(ws, &path, &spoken.bytes)
+        .map_err(|e| MediaError::Failed(format!("the audio could not be saved: {e}")))?;
+    Ok((path, spoken, used))
+}
+
 fn tool_error(e: MediaError) -> ToolError {
     match e {
         MediaError::Refused(m) => ToolError::InvalidArgs(m),
@@ -82,19 +105,11 @@ impl Tool for TtsTool {
         if !self.media.speaks() {
             return Err(ToolError::ExecutionFailed(NO_SPEECH.into()));
         }
-        let spoken = tokio::select! {
-            r = self.media.speak(&a.text, a.voice.as_deref()) => r.map_err(tool_error)?,
+        let (path, spoken, used) = tokio::select! {
+            r = speak_into(&self.media, &ctx.workspace, &a.text, a.voice.as_deref()) => r.map_err(tool_error)?,
             () = ctx.cancel.cancelled() => return Err(ToolError::Cancelled),
         };
-        ctx.turn.spend(MediaUse {
-            model: spoken.model.clone(),
-            chars: spoken.chars,
-            seconds: spoken.seconds.unwrap_or(0.0),
-            images: 0,
-        });
-        let path = made_path("speech", crate::types::sniff::extension(spoken.mime), None);
-        write_file(&ctx.workspace, &path, &spoken.bytes)
-            .map_err(|e| ToolError::ExecutionFailed(format!("the audio could not be saved: {e}")))?;
+        ctx.turn.spend(used);
         let (sent, note) = if !a.send.unwrap_or(true) {
             (false, "saved; not sent (send: false)")
         } else if ctx.turn.voice == VoiceReplies::Never {

@@ -125,12 +125,30 @@ pub(super) fn spawn(myself: &ActorRef<SessionMsg>, state: &mut SessionState, pla
                     usage: Some(usage),
                 },
             };
-            let reply = text.and_then(|t| reply_to(&entry, body(t))).map(|mut r| {
+            let mut outcome = outcome;
+            let mut reply = text.and_then(|t| reply_to(&entry, body(t))).map(|mut r| {
                 if r.kind() == OutboundKind::Final {
                     attach_media_lines(&outbox, &deps.workspace, &mut r);
                 }
                 r
             });
+            if let Some(r) = reply.as_mut().filter(|r| r.kind() == OutboundKind::Final) {
+                let mut files = std::mem::take(&mut outcome.files);
+                if deps.voice == crate::types::VoiceReplies::ToVoice
+                    && asked_by_voice(&ev_done)
+                    && !files.iter().any(|f| is_audio_path(f))
+                {
+                    if let Some(media) = hooks.media.as_ref().filter(|m| m.speaks()) {
+                        if let Some((path, used)) =
+                            voice_reply(media, &deps.workspace, r.text(), &cancel).await
+                        {
+                            deps.usage.tally_media(&mut outcome.by_model, &[used]);
+                            files.push(path);
+                        }
+                    }
+                }
+                attach_made_files(&outbox, &deps.workspace, r, &files);
+            }
             let skip = outcome.messages.len().saturating_sub(outcome.unpersisted);
             let tail = &outcome.messages[skip..];
             let finished = deps
@@ -206,6 +224,117 @@ fn attach_media_lines(outbox: &Outbox, ws: &crate::tools::Workspace, reply: &mut
     }
     if let Some(t) = reply.text_mut() {
         *t = text;
+    }
+}
+
+/// Whether the message a turn answers carried a voice note.
+fn asked_by_voice(ev: &clawft_channel_core::InboundEvent) -> bool {
+    ev.attachments
+        .iter()
+        .any(|m| m.kind == clawft_channel_core::media::MediaKind::Voice)
+}
+
+/// Whether workspace path `p` names an audio file (by its extension).
+fn is_audio_path(p: &str) -> bool {
+    let ext = p.rsplit_once('.').map(|(_, e)| e.to_ascii_lowercase());
+    matches!(
+        ext.as_deref(),
+        Some("ogg" | "opus" | "wav" | "mp3" | "m4a" | "flac" | "aac")
+    )
+}
+
+/// The spoken form of reply `text`: markup and links dropped, cut at the speech limit on a
+/// word.
+fn speakable(text: &str, max_chars: usize) -> String {
+    let mut out = String::with_capacity(text.len());
+    for line in text.lines() {
+        let line = line.trim().trim_start_matches(['#', '>', '-', '*']).trim();
+        if line.is_empty() || line.starts_with("```") {
+            continue;
+        }
+        let clean: String = line
+            .chars()
+            .filter(|c| !matches!(c, '*' | '_' | '`' | '~' | '|'))
+            .collect();
+        if !out.is_empty() {
+            out.push('\n');
+        }
+        out.push_str(&clean);
+    }
+    if out.chars().count() <= max_chars {
+        return out;
+    }
+    let cut: String = out.chars().take(max_chars).collect();
+    match cut.rfind(char::is_whitespace) {
+        Some(i) if i > 0 => cut[..i].to_string(),
+        _ => cut,
+    }
+}
+
+/// Speak the reply `text` into the workspace (`reply_with_voice = "to_voice"`): the file and
+/// the spend, or `None` (logged) when speech failed: the text still goes.
+async fn voice_reply(
+    media: &crate::media::Media,
+    ws: &crate::tools::Workspace,
+    text: &str,
+    cancel: &CancellationToken,
+) -> Option<(String, crate::tools::MediaUse)> {
+    let say = speakable(text, media.settings().tts_max_chars);
+    if say.trim().is_empty() {
+        return None;
+    }
+    let r = tokio::select! {
+        r = crate::media::tools::speak_into(media, ws, &say, None) => r,
+        () = cancel.cancelled() => return None,
+    };
+    match r {
+        Ok((path, _, used)) => Some((path, used)),
+        Err(e) => {
+            tracing::warn!(error = %e, "the voice reply could not be made; the text goes alone");
+            None
+        }
+    }
+}
+
+/// Attach the files the turn made (`tts`, `image`, a spoken reply) to the reply; a channel
+/// that sends no files gets their paths in the text, a file that cannot be attached a note.
+fn attach_made_files(
+    outbox: &Outbox,
+    ws: &crate::tools::Workspace,
+    reply: &mut OutboundMessage,
+    files: &[String],
+) {
+    if files.is_empty() {
+        return;
+    }
+    let mut notes = String::new();
+    if crate::tools::message::MessageSink::sends_files(outbox, reply.channel.as_str()) {
+        let room = crate::tools::message::MAX_ATTACHMENTS.saturating_sub(reply.attachments.len());
+        let (now, over) = files.split_at(files.len().min(room));
+        for (p, r) in now
+            .iter()
+            .zip(crate::tools::message::attach_each(outbox, ws, &reply.id, now))
+        {
+            match r {
+                Ok(f) => reply.attachments.push(f),
+                Err(e) => {
+                    tracing::warn!(path = %p, error = %e, "made file not attached");
+                    notes.push_str(&format!("\n\n(Could not attach {p}: {e})"));
+                }
+            }
+        }
+        for p in over {
+            notes.push_str(&format!("\n\n(Not attached, over {} files: {p})", crate::tools::message::MAX_ATTACHMENTS));
+        }
+    } else {
+        for p in files {
+            notes.push_str(&format!("\n\n(Saved in the workspace: {p})"));
+        }
+    }
+    if !notes.is_empty() {
+        if let Some(t) = reply.text_mut() {
+            t.push_str(&notes);
+        }
     }
 }
 
