@@ -406,9 +406,8 @@ impl Media {
             // Base64 of every image: a third more than the images themselves.
             let cap = MAX_IMAGE_BYTES * 4 / 3 * u64::from(count) + 64 * 1024;
             let raw = read_capped(resp, cap).await?;
-            let v: serde_json::Value = serde_json::from_slice(&raw).map_err(|_| {
-                MediaError::Failed("the image endpoint did not answer JSON".into())
-            })?;
+            let v: serde_json::Value = serde_json::from_slice(&raw)
+                .map_err(|_| MediaError::Failed("the image endpoint did not answer JSON".into()))?;
             let data = v
                 .get("data")
                 .and_then(serde_json::Value::as_array)
@@ -416,8 +415,7 @@ impl Media {
                 .ok_or_else(|| MediaError::Failed("the image answer has no `data`".into()))?;
             let mut made = Vec::new();
             for d in data.iter().take(count as usize) {
-                let bytes = if let Some(b) = d.get("b64_json").and_then(serde_json::Value::as_str)
-                {
+                let bytes = if let Some(b) = d.get("b64_json").and_then(serde_json::Value::as_str) {
                     let b = base64::engine::general_purpose::STANDARD
                         .decode(b.trim())
                         .map_err(|_| MediaError::Failed("an image is not valid base64".into()))?;
@@ -453,8 +451,7 @@ impl Media {
     async fn fetch_image(&self, base: &str, url: &str) -> Result<Vec<u8>, MediaError> {
         let u = reqwest::Url::parse(url)
             .map_err(|e| MediaError::Refused(format!("the image URL is not a URL: {e}")))?;
-        let same_origin = reqwest::Url::parse(base)
-            .is_ok_and(|b| b.origin() == u.origin());
+        let same_origin = reqwest::Url::parse(base).is_ok_and(|b| b.origin() == u.origin());
         let resp = if same_origin {
             self.direct
                 .get(u)

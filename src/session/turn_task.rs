@@ -132,9 +132,14 @@ pub(super) fn spawn(myself: &ActorRef<SessionMsg>, state: &mut SessionState, pla
                 }
                 r
             });
-            if let Some(r) = reply.as_mut().filter(|r| r.kind() == OutboundKind::Final) {
+            // Files the turn's tools made go out also when the turn then failed (a budget
+            // reached after the image was paid for): they were made for this chat.
+            if let Some(r) = reply.as_mut().filter(|r| {
+                matches!(r.kind(), OutboundKind::Final | OutboundKind::Error)
+            }) {
                 let mut files = std::mem::take(&mut outcome.files);
-                if deps.voice == crate::types::VoiceReplies::ToVoice
+                if r.kind() == OutboundKind::Final
+                    && deps.voice == crate::types::VoiceReplies::ToVoice
                     && asked_by_voice(&ev_done)
                     && !files.iter().any(|f| is_audio_path(f))
                 {
@@ -311,10 +316,9 @@ fn attach_made_files(
     if crate::tools::message::MessageSink::sends_files(outbox, reply.channel.as_str()) {
         let room = crate::tools::message::MAX_ATTACHMENTS.saturating_sub(reply.attachments.len());
         let (now, over) = files.split_at(files.len().min(room));
-        for (p, r) in now
-            .iter()
-            .zip(crate::tools::message::attach_each(outbox, ws, &reply.id, now))
-        {
+        for (p, r) in now.iter().zip(crate::tools::message::attach_each(
+            outbox, ws, &reply.id, now,
+        )) {
             match r {
                 Ok(f) => reply.attachments.push(f),
                 Err(e) => {
@@ -324,7 +328,10 @@ fn attach_made_files(
             }
         }
         for p in over {
-            notes.push_str(&format!("\n\n(Not attached, over {} files: {p})", crate::tools::message::MAX_ATTACHMENTS));
+            notes.push_str(&format!(
+                "\n\n(Not attached, over {} files: {p})",
+                crate::tools::message::MAX_ATTACHMENTS
+            ));
         }
     } else {
         for p in files {
