@@ -37,6 +37,7 @@ fn openai_error(status: StatusCode, msg: &str) -> (StatusCode, HeaderMap, Vec<u8
 
 /// Check what OpenAI checks before answering: the key, a JSON body, the known arguments and
 /// the required ones non-empty strings.
+#[allow(clippy::result_large_err)]
 fn check_request(
     headers: &HeaderMap,
     body: &[u8],
@@ -77,10 +78,10 @@ fn check_request(
         ));
     }
     for r in required {
-        if !obj
+        if obj
             .get(*r)
             .and_then(Value::as_str)
-            .is_some_and(|s| !s.trim().is_empty())
+            .is_none_or(|s| s.trim().is_empty())
         {
             return Err(openai_error(
                 StatusCode::BAD_REQUEST,
