@@ -52,6 +52,27 @@ pub async fn speak_into(
     Ok((path, spoken, used))
 }
 
+/// The workspace files a recorded `tts` or `image` result (`name`, its text `content`) sent
+/// with the reply: a turn resumed after a restart sends them still.
+pub fn sent_paths(name: &str, content: &str) -> Vec<String> {
+    if name != "tts" && name != "image" {
+        return Vec::new();
+    }
+    let Ok(v) = serde_json::from_str::<Value>(content) else {
+        return Vec::new();
+    };
+    if v["sent"] != Value::Bool(true) {
+        return Vec::new();
+    }
+    let one = v["path"].as_str().map(str::to_string);
+    let many = v["images"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|i| i["path"].as_str().map(str::to_string));
+    one.into_iter().chain(many).collect()
+}
+
 fn tool_error(e: MediaError) -> ToolError {
     match e {
         MediaError::Refused(m) => ToolError::InvalidArgs(m),
@@ -216,5 +237,26 @@ impl Tool for ImageTool {
             "sent": send,
             "note": if send { "sent to this chat with your reply" } else { "saved; not sent (send: false)" },
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_recorded_result_names_the_files_it_sent() {
+        let tts = json!({"path": "media/d/speech-1.ogg", "sent": true}).to_string();
+        assert_eq!(sent_paths("tts", &tts), vec!["media/d/speech-1.ogg"]);
+        let img =
+            json!({"images": [{"path": "media/d/a.png"}, {"path": "media/d/b.png"}], "sent": true});
+        assert_eq!(
+            sent_paths("image", &img.to_string()),
+            vec!["media/d/a.png", "media/d/b.png"]
+        );
+        let kept = json!({"path": "media/d/speech-2.ogg", "sent": false}).to_string();
+        assert!(sent_paths("tts", &kept).is_empty());
+        assert!(sent_paths("read_file", &tts).is_empty());
+        assert!(sent_paths("tts", "not json").is_empty());
     }
 }

@@ -280,6 +280,21 @@ pub async fn run_turn(
     let turn_id = uuid::Uuid::now_v7();
     let span = tracing::info_span!("turn", turn = %turn_id, session = %session);
     let scope = crate::tools::TurnScope::answering_with(deps.turn_event.clone(), deps.voice);
+    // A turn resumed after a restart: what its earlier `tts` and `image` calls made for the
+    // chat still goes with the reply.
+    for m in history
+        .iter()
+        .rev()
+        .take_while(|m| m.role != Role::User)
+        .filter(|m| m.role == Role::Tool)
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+    {
+        for p in crate::media::tools::sent_paths(m.name.as_deref().unwrap_or(""), &m.content) {
+            scope.send_with_reply(p);
+        }
+    }
     let mut out = run_turn_inner(deps, session, history, events, cancel, &scope)
         .instrument(span)
         .await;
