@@ -248,13 +248,19 @@ fn is_audio_path(p: &str) -> bool {
     )
 }
 
-/// The spoken form of reply `text`: markup and links dropped, cut at the speech limit on a
-/// word.
+/// The spoken form of reply `text`: markup and code blocks dropped, cut at the speech limit
+/// on a word.
 fn speakable(text: &str, max_chars: usize) -> String {
     let mut out = String::with_capacity(text.len());
+    let mut code = false;
     for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            // Code is not read aloud.
+            code = !code;
+            continue;
+        }
         let line = line.trim().trim_start_matches(['#', '>', '-', '*']).trim();
-        if line.is_empty() || line.starts_with("```") {
+        if code || line.is_empty() {
             continue;
         }
         let clean: String = line
@@ -372,5 +378,18 @@ async fn forward_events(mut rx: mpsc::Receiver<TurnEvent>, outbox: Outbox, entry
         if let Some(m) = reply_to(&entry, body) {
             outbox.route(m);
         }
+    }
+}
+
+#[cfg(test)]
+mod voice_tests {
+    use super::*;
+
+    #[test]
+    fn a_reply_is_spoken_without_markup_and_cut_on_a_word() {
+        let text = "# Plan\n\n**Milk** and `eggs`:\n- bread\n```\ncode\n```\n";
+        assert_eq!(speakable(text, 100), "Plan\nMilk and eggs:\nbread");
+        assert_eq!(speakable("one two three", 9), "one two");
+        assert!(is_audio_path("media/d/speech-1.OGG") && !is_audio_path("media/d/a.png"));
     }
 }
