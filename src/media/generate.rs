@@ -469,7 +469,9 @@ impl Media {
                 })
                 .await
                 .map_err(|e| match e {
-                    crate::net::ssrf::FetchError::Blocked(b) => MediaError::Refused(b.to_string()),
+                    crate::net::ssrf::FetchError::Blocked(b) => MediaError::Blocked(format!(
+                        "the image endpoint answered with a URL the SSRF guard refuses: {b}"
+                    )),
                     other => MediaError::Failed(other.to_string()),
                 })?;
             resp

@@ -96,6 +96,9 @@ pub enum MediaError {
     /// The platform or the network failed.
     #[error("{0}")]
     Failed(String),
+    /// A URL an endpoint's answer named, refused by the SSRF guard.
+    #[error("{0}")]
+    Blocked(String),
 }
 
 /// The message a turn starts from once its attachments are in the workspace.

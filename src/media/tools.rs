@@ -80,6 +80,7 @@ fn tool_error(e: MediaError) -> ToolError {
             ToolError::ExecutionFailed("the result is over the size limit".into())
         }
         MediaError::Failed(m) => ToolError::ExecutionFailed(m),
+        MediaError::Blocked(m) => ToolError::PermissionDenied(m),
     }
 }
 

@@ -683,3 +683,96 @@ async fn without_a_backend_the_tools_say_what_to_configure_and_a_wrong_key_is_no
     assert!(tts.contains("no speech backend is configured"), "{tts}");
     gw.stop().await;
 }
+
+/// An image endpoint that answers with URLs: `/files/cat.png` on its own origin, then `other`.
+async fn url_image_server(other: String) -> String {
+    let app = axum::Router::new()
+        .route(
+            "/v1/images/generations",
+            post(move |headers: HeaderMap, body: axum::body::Bytes| {
+                let other = other.clone();
+                async move {
+                    if let Err(e) = check_request(
+                        &headers,
+                        &body,
+                        &["model", "prompt", "n", "size"],
+                        &["model", "prompt"],
+                    ) {
+                        return e;
+                    }
+                    let host = headers.get("host").unwrap().to_str().unwrap().to_string();
+                    let own = format!("http://{host}/files/cat.png");
+                    let n = serde_json::from_slice::<Value>(&body).unwrap()["n"].as_u64();
+                    let data = if n == Some(1) {
+                        json!([{ "url": own }])
+                    } else {
+                        json!([{ "url": own }, { "url": other }])
+                    };
+                    let mut h = HeaderMap::new();
+                    h.insert("content-type", "application/json".parse().unwrap());
+                    (
+                        StatusCode::OK,
+                        h,
+                        json!({ "data": data }).to_string().into_bytes(),
+                    )
+                }
+            }),
+        )
+        .route(
+            "/files/cat.png",
+            axum::routing::get(|| async { PNG.to_vec() }),
+        );
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}/v1", l.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(l, app).await });
+    base
+}
+
+#[tokio::test]
+async fn an_image_url_on_the_endpoint_is_fetched_and_one_elsewhere_goes_through_the_ssrf_guard() {
+    let (addr, hits) = crate::common::counting_listener().await;
+    let base = url_image_server(format!("http://{addr}/steal.png")).await;
+    let dir = tempfile::tempdir().unwrap();
+    let llm = FakeLlm::start().await;
+    llm.push(Reply::ToolCalls(vec![(
+        "c1".into(),
+        "image".into(),
+        json!({"prompt": "a cat", "send": false}).to_string(),
+    )]));
+    llm.push(Reply::Text("one".into()));
+    llm.push(Reply::ToolCalls(vec![(
+        "c2".into(),
+        "image".into(),
+        json!({"prompt": "two cats", "count": 2}).to_string(),
+    )]));
+    llm.push(Reply::Text("two".into()));
+    let gw = TestGateway::start(config(
+        &llm,
+        dir.path(),
+        json!({"media": {"images": {"base_url": base, "model": "dall-e-3",
+            "api_key_file": key_file(dir.path(), KEY)}}}),
+    ))
+    .await;
+    let (s, body) = gw.api.chat("u", "draw a cat").await;
+    assert_eq!((s, body["reply"].as_str()), (200, Some("one")), "{body}");
+    let r = result_of(&llm, "c1");
+    let path = r["images"][0]["path"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert_eq!(r["sent"], false, "{r}");
+    assert_eq!(
+        std::fs::read(dir.path().join("ws").join(&path)).unwrap(),
+        PNG
+    );
+    // A URL the answer names on another origin (here loopback) is refused before connecting.
+    let (s, body) = gw.api.chat("u", "draw two").await;
+    assert_eq!(s, 200, "{body}");
+    let r = result_of(&llm, "c2").to_string();
+    assert!(
+        r.contains("PERMISSION_DENIED") && r.contains("SSRF guard refuses: 127.0.0.1"),
+        "{r}"
+    );
+    assert_eq!(hits.load(std::sync::atomic::Ordering::SeqCst), 0, "{r}");
+    gw.stop().await;
+}
