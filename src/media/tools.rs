@@ -73,6 +73,10 @@ pub fn sent_paths(name: &str, content: &str) -> Vec<String> {
     one.into_iter().chain(many).collect()
 }
 
+/// Why a file made outside a chat's turn is not sent.
+const NO_CHAT: &str =
+    "saved; not sent: this run answers no chat (a subagent, a direct tool call): name the path in your result";
+
 fn tool_error(e: MediaError) -> ToolError {
     match e {
         MediaError::Refused(m) => ToolError::InvalidArgs(m),
@@ -134,6 +138,8 @@ impl Tool for TtsTool {
         ctx.turn.spend(used);
         let (sent, note) = if !a.send.unwrap_or(true) {
             (false, "saved; not sent (send: false)")
+        } else if ctx.turn.event_id.is_none() {
+            (false, NO_CHAT)
         } else if ctx.turn.voice == VoiceReplies::Never {
             (
                 false,
@@ -212,7 +218,10 @@ impl Tool for ImageTool {
             images: made.len() as u64,
             ..MediaUse::default()
         });
-        let send = a.send.unwrap_or(true);
+        // Only a turn answering a chat message has a reply to carry the files (not a
+        // subagent's run, not `weft tools call`).
+        let chat = ctx.turn.event_id.is_some();
+        let send = a.send.unwrap_or(true) && chat;
         let many = made.len() > 1;
         let mut files = Vec::new();
         for (i, m) in made.iter().enumerate() {
@@ -236,14 +245,93 @@ impl Tool for ImageTool {
         Ok(json!({
             "images": files,
             "sent": send,
-            "note": if send { "sent to this chat with your reply" } else { "saved; not sent (send: false)" },
+            "note": if send {
+                "sent to this chat with your reply"
+            } else if chat {
+                "saved; not sent (send: false)"
+            } else {
+                NO_CHAT
+            },
         }))
     }
 }
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
     use super::*;
+    use crate::media::generate::SpeechBackend;
+    use crate::media::MediaSettings;
+    use crate::tools::{TurnScope, Workspace};
+
+    fn ctx(dir: &std::path::Path, turn: Arc<TurnScope>) -> ToolContext {
+        ToolContext {
+            workspace: Arc::new(Workspace::open(dir).unwrap()),
+            session: crate::types::SessionKey::parse("telegram:42").unwrap(),
+            cancel: tokio_util::sync::CancellationToken::new(),
+            user_dir: None,
+            sender: None,
+            call_id: None,
+            turn,
+        }
+    }
+
+    /// The real espeak-ng: a chat's turn sends the speech with its reply, `/voice never` and a
+    /// run answering no chat only save it; every call is counted.
+    #[tokio::test]
+    async fn tts_with_espeak_ng_saves_wav_and_sends_only_in_a_chat_turn() {
+        let espeak = std::path::PathBuf::from("/usr/bin/espeak-ng");
+        if !espeak.exists() {
+            assert!(std::env::var("CI").is_err(), "espeak-ng is not installed");
+            eprintln!("skipped: espeak-ng is not installed");
+            return;
+        }
+        let media = Arc::new(
+            Media::new(MediaSettings {
+                tts: SpeechBackend::Espeak {
+                    path: espeak,
+                    voice: Some("en".into()),
+                },
+                ..MediaSettings::default()
+            })
+            .unwrap(),
+        );
+        let tool = TtsTool::new(media);
+        let d = tempfile::tempdir().unwrap();
+        for (turn, sent) in [
+            (TurnScope::answering(Some("7".into())), true),
+            (
+                TurnScope::answering_with(Some("8".into()), VoiceReplies::Never),
+                false,
+            ),
+            (TurnScope::answering(None), false),
+        ] {
+            let c = ctx(d.path(), turn.clone());
+            let v = tool
+                .execute(json!({"text": "Good morning."}), &c)
+                .await
+                .unwrap();
+            assert_eq!(v["sent"], sent, "{v}");
+            let path = v["path"].as_str().unwrap();
+            let wav = std::fs::read(d.path().join(path)).unwrap();
+            assert!(wav.starts_with(b"RIFF") && path.ends_with(".wav"), "{path}");
+            assert!(v["seconds"].as_f64().unwrap() > 0.3, "{v}");
+            assert_eq!(
+                turn.take_files(),
+                if sent { vec![path.to_string()] } else { vec![] }
+            );
+            let spent = turn.take_spent();
+            assert_eq!((spent[0].model.as_str(), spent[0].chars), ("espeak-ng", 13));
+        }
+        let e = tool
+            .execute(
+                json!({"text": "   "}),
+                &ctx(d.path(), TurnScope::answering(None)),
+            )
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("no text"), "{e}");
+    }
 
     #[test]
     fn a_recorded_result_names_the_files_it_sent() {
