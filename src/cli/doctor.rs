@@ -42,6 +42,43 @@ fn warn(check: impl Into<String>, detail: impl Into<String>) -> Finding {
     }
 }
 
+/// What speaks for `tts` and voice replies, what makes voice notes of it, and what draws
+/// for `image` (found at start: `espeak-ng`, `ffmpeg`, `opusenc` on `PATH`).
+pub fn media_findings(m: &crate::media::MediaSettings) -> Vec<Finding> {
+    use crate::media::generate::{SpeechBackend, Transcoder};
+    let tts = match &m.tts {
+        SpeechBackend::None => warn(
+            "speech",
+            "none: the tts tool and voice replies are refused; install espeak-ng (offline) or set [media.tts] base_url and model",
+        ),
+        b @ SpeechBackend::Http(_) => ok("speech", b.describe()),
+        b @ SpeechBackend::Espeak { .. } => ok("speech", b.describe()),
+    };
+    let notes = match (&m.tts, &m.transcoder) {
+        (SpeechBackend::Espeak { .. }, None) => ok(
+            "voice notes",
+            "no ffmpeg or opusenc: espeak-ng's WAV goes as an audio file, not a voice note; install ffmpeg or opus-tools for voice notes",
+        ),
+        (_, Some(Transcoder::Ffmpeg(p))) => ok(
+            "voice notes",
+            format!("speech made Ogg/Opus by {}", p.display()),
+        ),
+        (_, Some(Transcoder::Opusenc(p))) => ok(
+            "voice notes",
+            format!("speech made Ogg/Opus by {}", p.display()),
+        ),
+        (_, None) => ok("voice notes", "the speech endpoint answers Ogg/Opus"),
+    };
+    let images = match &m.images {
+        Some(i) => ok("images", format!("{} at {}", i.model, i.base_url)),
+        None => ok(
+            "images",
+            "none: the image tool is refused; set [media.images] base_url and model to draw",
+        ),
+    };
+    vec![tts, notes, images]
+}
+
 fn fail(check: impl Into<String>, detail: impl Into<String>) -> Finding {
     Finding {
         level: "fail",
@@ -496,6 +533,7 @@ pub async fn check(config: &Config) -> Result<Vec<Finding>, CliError> {
     } else {
         ok("sandbox", st.summary())
     });
+    out.extend(media_findings(&config.media));
     out.extend(store_and_bind(config).await);
     // Findings quote URLs, server answers and transport errors: none may show a secret.
     let scrubber = crate::types::scrub::Scrubber::new(
@@ -685,6 +723,40 @@ mod tests {
         let mut env = vec![("HOME", home.to_str().unwrap())];
         env.extend_from_slice(extra);
         Config::load(Some(&path), &Env::from_pairs(env)).unwrap()
+    }
+
+    #[test]
+    fn doctor_reports_what_speaks_and_what_draws() {
+        let tmp = tempfile::tempdir().unwrap();
+        let bin = tmp.path().join("bin");
+        std::fs::create_dir_all(&bin).unwrap();
+        let espeak = bin.join("espeak-ng");
+        std::fs::write(&espeak, "#!/bin/sh\n").unwrap();
+        std::fs::set_permissions(&espeak, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        let path = bin.to_str().unwrap().to_string();
+        let c = load(tmp.path(), "", &[("PATH", path.as_str())]);
+        let f = media_findings(&c.media);
+        assert_eq!(f[0].level, "ok");
+        assert!(
+            f[0].detail.contains("espeak-ng (offline)"),
+            "{}",
+            f[0].detail
+        );
+        assert!(
+            f[1].detail.contains("no ffmpeg or opusenc"),
+            "{}",
+            f[1].detail
+        );
+        assert!(f[2].detail.contains("[media.images]"), "{}", f[2].detail);
+        let c = load(
+            tmp.path(),
+            "[media.tts]\noffline = false",
+            &[("PATH", path.as_str())],
+        );
+        let f = media_findings(&c.media);
+        assert_eq!(f[0].level, "warn");
+        assert!(f[0].detail.contains("install espeak-ng"), "{}", f[0].detail);
     }
 
     #[test]

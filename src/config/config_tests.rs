@@ -667,3 +667,100 @@ fn media_and_vision_settings_resolve_and_bad_values_name_the_key() {
         assert!(err.contains(key), "{key}: {err}");
     }
 }
+
+#[test]
+fn speech_images_and_voice_replies_resolve_and_bad_values_name_the_key() {
+    use crate::media::generate::SpeechBackend;
+    use crate::types::VoiceReplies;
+    let toml = |agent: &str, media: &str| {
+        format!("[agents.defaults]\nmodel = \"llama3.1\"\n{agent}\n[providers.openai]\napi_key = \"k\"\n{media}\n")
+    };
+    // espeak-ng is looked for on PATH at start; a PATH without it: no speech.
+    let bin = tempfile::tempdir().unwrap();
+    let espeak = bin.path().join("espeak-ng");
+    std::fs::write(&espeak, "#!/bin/sh\n").unwrap();
+    std::fs::set_permissions(&espeak, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let path = bin.path().to_str().unwrap();
+    let c = Config::from_str(&toml("", ""), true, &env(&[("PATH", path)])).unwrap();
+    assert_eq!(
+        c.media.tts,
+        SpeechBackend::Espeak {
+            path: espeak,
+            voice: None
+        }
+    );
+    assert_eq!(c.agent.reply_with_voice, VoiceReplies::WhenAsked);
+    assert!(c.media.images.is_none() && c.media.transcoder.is_none());
+    let empty = tempfile::tempdir().unwrap();
+    let none = env(&[("PATH", empty.path().to_str().unwrap())]);
+    let c = Config::from_str(&toml("", ""), true, &none).unwrap();
+    assert_eq!(c.media.tts, SpeechBackend::None);
+    let c = Config::from_str(
+        &toml("", "[media.tts]\noffline = false"),
+        true,
+        &env(&[("PATH", path)]),
+    )
+    .unwrap();
+    assert_eq!(c.media.tts, SpeechBackend::None);
+    // An endpoint, its key a scrubbed secret; images with their limits; a chat answered in
+    // voice.
+    let c = Config::from_str(
+        &toml(
+            "reply_with_voice = \"to_voice\"",
+            "[media.tts]\nbase_url = \"https://api.openai.com/v1/\"\nmodel = \"tts-1\"\napi_key_env = \"K\"\n[media.images]\nbase_url = \"http://127.0.0.1:9/v1\"\nmodel = \"gpt-image-1\"\nmax_count = 2\n[prices.\"gpt-image-1\"]\nimage = 0.25",
+        ),
+        true,
+        &env(&[("K", "sk-tts-secret-991")]),
+    )
+    .unwrap();
+    let SpeechBackend::Http(t) = &c.media.tts else {
+        panic!("{:?}", c.media.tts)
+    };
+    assert_eq!(
+        (t.base_url.as_str(), t.model.as_str(), t.voice.as_str()),
+        ("https://api.openai.com/v1", "tts-1", "alloy")
+    );
+    assert!(c.secrets.iter().any(|s| s.expose() == "sk-tts-secret-991"));
+    let i = c.media.images.as_ref().unwrap();
+    assert_eq!((i.max_count, i.size.as_str()), (2, "1024x1024"));
+    assert_eq!(c.agent.reply_with_voice, VoiceReplies::ToVoice);
+    let p = c.usage.price("gpt-image-1").unwrap();
+    assert_eq!((p.image, p.input), (0.25, 0.0));
+    assert_eq!(c.usage.price("tts-1").map(|p| p.characters), Some(15.0));
+    for (agent, media, key) in [
+        (
+            "reply_with_voice = \"always\"",
+            "",
+            "agents.defaults.reply_with_voice",
+        ),
+        ("", "[media.tts]\nmodel = \"tts-1\"", "media.tts.base_url"),
+        (
+            "",
+            "[media.tts]\nbase_url = \"http://x\"",
+            "media.tts.model",
+        ),
+        ("", "[media.tts]\nmax_chars = 0", "media.tts.max_chars"),
+        (
+            "",
+            "[media.images]\nbase_url = \"x\"\nmodel = \"m\"",
+            "media.images.base_url",
+        ),
+        (
+            "",
+            "[media.images]\nbase_url = \"http://x\"\nmodel = \"m\"\nmax_count = 11",
+            "media.images.max_count",
+        ),
+        (
+            "",
+            "[media.images]\nbase_url = \"http://x\"\nmodel = \"m\"\nsize = \"huge\"",
+            "media.images.size",
+        ),
+        ("", "[prices.\"x\"]\nimage = -1.0", "prices.\"x\".image"),
+        ("", "[media.tts]\nspeed = 2", "speed"),
+    ] {
+        let err = Config::from_str(&toml(agent, media), true, &none)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(key), "{key}: {err}");
+    }
+}

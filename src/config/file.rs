@@ -131,6 +131,10 @@ pub struct AgentDefaultsFile {
     /// The users' time zone (an IANA name, `Europe/Paris`): each message is shown to the model
     /// with the time it was sent in this zone (default: the system's zone, else UTC).
     pub timezone: Option<String>,
+    /// When answers are spoken: `never`, `when_asked` (default: the model calls `tts` when
+    /// the user asks), `to_voice` (a voice note is answered with a voice note, the text kept
+    /// alongside). A chat's `/voice` overrides it.
+    pub reply_with_voice: Option<String>,
 }
 
 /// `agents.defaults.compaction`.

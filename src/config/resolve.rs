@@ -553,6 +553,17 @@ fn resolve_agent(
                 )?),
             },
         },
+        reply_with_voice: match d.reply_with_voice.as_deref() {
+            None => crate::types::VoiceReplies::default(),
+            Some(v) => {
+                crate::types::VoiceReplies::parse(v).ok_or_else(|| ConfigError::Invalid {
+                    key: "agents.defaults.reply_with_voice".into(),
+                    detail: format!(
+                        "expected \"never\", \"when_asked\" or \"to_voice\", got \"{v}\""
+                    ),
+                })?
+            }
+        },
     };
 
     let (providers, source) = resolve_providers(

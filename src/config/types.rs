@@ -147,6 +147,8 @@ pub struct AgentConfig {
     pub vision: Vision,
     /// Whether the agent's own model takes images (the model table), for `vision = "auto"`.
     pub model_sees_images: bool,
+    /// `reply_with_voice`: when answers are spoken (a chat's `/voice` overrides it).
+    pub reply_with_voice: crate::types::VoiceReplies,
     /// `timezone`: the zone the times of messages are shown in.
     pub timezone: TimeZone,
 }

@@ -17,6 +17,12 @@ pub struct PriceFile {
     pub cached: Option<f64>,
     /// Completion tokens.
     pub output: Option<f64>,
+    /// Speech: USD per million characters spoken (`tts-1`: 15).
+    pub characters: Option<f64>,
+    /// Speech: USD per minute of audio made.
+    pub audio_minute: Option<f64>,
+    /// Images: USD per image made (`dall-e-3` 1024x1024: 0.04).
+    pub image: Option<f64>,
 }
 
 /// `budgets`: limits after which turns are refused. Days and months are UTC.
@@ -82,8 +88,8 @@ impl AgentBudgetsFile {
     }
 }
 
-/// A model's prices, USD per million tokens.
-#[derive(Clone, Copy, Debug, PartialEq)]
+/// A model's prices, USD per million tokens (and per speech and image unit).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Price {
     /// Uncached prompt tokens.
     pub input: f64,
@@ -91,6 +97,12 @@ pub struct Price {
     pub cached: f64,
     /// Completion tokens.
     pub output: f64,
+    /// USD per million characters spoken.
+    pub characters: f64,
+    /// USD per minute of audio made.
+    pub audio_minute: f64,
+    /// USD per image made.
+    pub image: f64,
 }
 
 /// The resolved budgets (`None`: no limit): the file's, with the USD limits checked.
@@ -159,20 +171,45 @@ const DEFAULT_PRICES: &[(&str, f64, f64, f64)] = &[
     ("claude-3-haiku", 0.25, 0.03, 1.25),
 ];
 
+/// Built-in prices of speech and image models (USD per million characters, per minute of
+/// audio, per image), from the same price pages; `gpt-image-1` at its medium quality
+/// 1024x1024 price.
+const DEFAULT_MEDIA_PRICES: &[(&str, f64, f64, f64)] = &[
+    ("tts-1", 15.0, 0.0, 0.0),
+    ("tts-1-hd", 30.0, 0.0, 0.0),
+    ("gpt-4o-mini-tts", 0.0, 0.015, 0.0),
+    ("dall-e-2", 0.0, 0.0, 0.02),
+    ("dall-e-3", 0.0, 0.0, 0.04),
+    ("gpt-image-1", 0.0, 0.0, 0.042),
+    ("espeak-ng", 0.0, 0.0, 0.0),
+];
+
 fn default_prices() -> BTreeMap<String, Price> {
-    DEFAULT_PRICES
+    let tokens = DEFAULT_PRICES.iter().map(|(m, input, cached, output)| {
+        (
+            (*m).to_string(),
+            Price {
+                input: *input,
+                cached: *cached,
+                output: *output,
+                ..Price::default()
+            },
+        )
+    });
+    let media = DEFAULT_MEDIA_PRICES
         .iter()
-        .map(|(m, input, cached, output)| {
+        .map(|(m, characters, audio_minute, image)| {
             (
                 (*m).to_string(),
                 Price {
-                    input: *input,
-                    cached: *cached,
-                    output: *output,
+                    characters: *characters,
+                    audio_minute: *audio_minute,
+                    image: *image,
+                    ..Price::default()
                 },
             )
-        })
-        .collect()
+        });
+    tokens.chain(media).collect()
 }
 
 fn check_usd(key: &str, v: Option<f64>) -> Result<Option<f64>, ConfigError> {
@@ -196,14 +233,23 @@ pub fn resolve_usage(
     let mut table = default_prices();
     for (model, p) in prices {
         let key = |f: &str| format!("prices.\"{model}\".{f}");
-        let input = check_usd(&key("input"), p.input)?.ok_or_else(|| ConfigError::Invalid {
-            key: key("input"),
-            detail: "the input price (USD per million tokens) is required".into(),
-        })?;
-        let output = check_usd(&key("output"), p.output)?.ok_or_else(|| ConfigError::Invalid {
-            key: key("output"),
-            detail: "the output price (USD per million tokens) is required".into(),
-        })?;
+        let characters = check_usd(&key("characters"), p.characters)?;
+        let audio_minute = check_usd(&key("audio_minute"), p.audio_minute)?;
+        let image = check_usd(&key("image"), p.image)?;
+        // A speech or image model has no token prices.
+        let media = characters.is_some() || audio_minute.is_some() || image.is_some();
+        let required = |f: &str, v: Option<f64>| -> Result<f64, ConfigError> {
+            match check_usd(&key(f), v)? {
+                Some(v) => Ok(v),
+                None if media => Ok(0.0),
+                None => Err(ConfigError::Invalid {
+                    key: key(f),
+                    detail: format!("the {f} price (USD per million tokens) is required"),
+                }),
+            }
+        };
+        let input = required("input", p.input)?;
+        let output = required("output", p.output)?;
         let cached = check_usd(&key("cached"), p.cached)?.unwrap_or(input);
         table.insert(
             model.clone(),
@@ -211,6 +257,9 @@ pub fn resolve_usage(
                 input,
                 cached,
                 output,
+                characters: characters.unwrap_or(0.0),
+                audio_minute: audio_minute.unwrap_or(0.0),
+                image: image.unwrap_or(0.0),
             },
         );
     }
@@ -257,8 +306,8 @@ mod tests {
             "m".to_string(),
             PriceFile {
                 input: Some(-1.0),
-                cached: None,
                 output: Some(1.0),
+                ..PriceFile::default()
             },
         );
         let e = resolve_usage(&prices, &BudgetsFile::default()).unwrap_err();
@@ -277,8 +326,8 @@ mod tests {
             "m".to_string(),
             PriceFile {
                 input: Some(1.0),
-                cached: None,
                 output: Some(4.0),
+                ..PriceFile::default()
             },
         );
         let c = resolve_usage(&prices, &BudgetsFile::default()).unwrap();
@@ -287,7 +336,8 @@ mod tests {
             Some(Price {
                 input: 1.0,
                 cached: 1.0,
-                output: 4.0
+                output: 4.0,
+                ..Price::default()
             })
         );
     }

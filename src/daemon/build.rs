@@ -325,6 +325,8 @@ pub struct RegistryParts {
     pub sessions: Option<Arc<crate::session::tools::SessionDirectory>>,
     /// The store the canvases live in (`canvas`).
     pub canvas: Option<crate::store::Store>,
+    /// Speech and images (`tts`, `image`); `None`: made from `config.media`.
+    pub media: Option<Arc<crate::media::Media>>,
 }
 
 /// The registry of the daemon (and of `weft tools`): every built-in tool with the configured
@@ -345,6 +347,7 @@ pub fn build_registry(
         processes,
         sessions,
         canvas,
+        media,
     } = parts;
     let mut reg = ToolRegistry::new()
         .with_secrets(
@@ -427,6 +430,18 @@ pub fn build_registry(
         for t in crate::session::tools::session_tools(dir, config.tools.sessions.clone(), model) {
             reg.register(t);
         }
+    }
+    // `tts` and `image` are always offered (on demand): without a backend a call says what
+    // to configure.
+    match media.map_or_else(
+        || crate::media::Media::new(config.media.clone()).map(Arc::new),
+        Ok,
+    ) {
+        Ok(m) => {
+            reg.register(Arc::new(crate::media::tools::TtsTool::new(m.clone())));
+            reg.register(Arc::new(crate::media::tools::ImageTool::new(m)));
+        }
+        Err(e) => tracing::error!(error = %e, "tts and image are unavailable"),
     }
     if let Some(sink) = sink {
         reg.register(Arc::new(message::MessageTool::new(
@@ -568,6 +583,7 @@ mod tests {
                 processes: Some(exec::process::ProcessTable::new()),
                 sessions: Some(crate::session::tools::SessionDirectory::new(store.clone())),
                 canvas: Some(store),
+                media: None,
             },
         );
         let offer = reg.offer(&[], &[], crate::turn::offer::SKILL_TOOLS);

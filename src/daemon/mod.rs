@@ -99,6 +99,8 @@ pub struct Daemon {
     processes: Arc<crate::tools::exec::process::ProcessTable>,
     /// What the session tools read and send to (outlives registry rebuilds).
     sessions: Arc<crate::session::tools::SessionDirectory>,
+    /// Downloads, transcription, speech and images (settings taken at start).
+    media: Arc<crate::media::Media>,
     supervisor: crate::subagent::SupervisorRef,
     /// The workspace of every session, to refresh its protected paths on reload.
     workspace: Arc<Workspace>,
@@ -219,6 +221,8 @@ struct Shared {
     processes: Arc<crate::tools::exec::process::ProcessTable>,
     /// What the session tools read and send to.
     sessions: Arc<crate::session::tools::SessionDirectory>,
+    /// Downloads, transcription, speech and images.
+    media: Arc<crate::media::Media>,
 }
 
 impl Shared {
@@ -243,6 +247,7 @@ impl Shared {
                 processes: Some(self.processes.clone()),
                 sessions: Some(self.sessions.clone()),
                 canvas: Some(self.store.clone()),
+                media: Some(self.media.clone()),
             },
         )
     }
@@ -298,6 +303,7 @@ impl AgentRuntime {
             request_model: None,
             turn_event: None,
             preload: Arc::new([]),
+            voice: config.agent.reply_with_voice,
         }
     }
 }
@@ -354,6 +360,7 @@ impl Daemon {
             usage: usage.clone(),
             processes: processes.clone(),
             sessions: sessions.clone(),
+            media: media.clone(),
         };
         let main = AgentRuntime::start(config, workspace.clone(), &shared);
         let deps = main.deps(config, model, &shared);
@@ -504,6 +511,7 @@ impl Daemon {
             gateway,
             processes,
             sessions,
+            media,
             supervisor,
             workspace,
             usage,
@@ -587,6 +595,7 @@ impl Daemon {
                 usage: self.usage.clone(),
                 processes: self.processes.clone(),
                 sessions: self.sessions.clone(),
+                media: self.media.clone(),
             };
             self.tools.replace(shared.registry(&new, self.mcp()));
             for (name, rt) in &self.others {

@@ -142,6 +142,7 @@ fn setup(transcription: Option<&str>) -> (tempfile::TempDir, Workspace, Media) {
             api_key: None,
             language: None,
         }),
+        ..MediaSettings::default()
     })
     .unwrap();
     (d, ws, media)

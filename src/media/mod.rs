@@ -8,6 +8,9 @@
 //! Everything here is idempotent per event: a turn resumed after a crash finds the files (and
 //! transcripts) it already wrote instead of fetching them again.
 
+pub mod generate;
+pub mod tools;
+
 use crate::types::sniff;
 use crate::types::sniff::safe_file_name;
 
@@ -57,6 +60,14 @@ pub struct MediaSettings {
     pub max_message_bytes: u64,
     /// The transcription endpoint, if configured.
     pub transcription: Option<TranscriptionSettings>,
+    /// What speaks (`media.tts`).
+    pub tts: generate::SpeechBackend,
+    /// Longest text spoken at once, in characters.
+    pub tts_max_chars: usize,
+    /// What turns speech into an Ogg/Opus voice note, when the system has one.
+    pub transcoder: Option<generate::Transcoder>,
+    /// The image endpoint, if configured (`media.images`).
+    pub images: Option<generate::ImageSettings>,
 }
 
 impl Default for MediaSettings {
@@ -65,6 +76,10 @@ impl Default for MediaSettings {
             max_file_bytes: DEFAULT_MAX_FILE_MB * 1024 * 1024,
             max_message_bytes: DEFAULT_MAX_MESSAGE_MB * 1024 * 1024,
             transcription: None,
+            tts: generate::SpeechBackend::None,
+            tts_max_chars: generate::DEFAULT_TTS_MAX_CHARS,
+            transcoder: None,
+            images: None,
         }
     }
 }
@@ -81,6 +96,9 @@ pub enum MediaError {
     /// The platform or the network failed.
     #[error("{0}")]
     Failed(String),
+    /// A URL an endpoint's answer named, refused by the SSRF guard.
+    #[error("{0}")]
+    Blocked(String),
 }
 
 /// The message a turn starts from once its attachments are in the workspace.

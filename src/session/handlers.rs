@@ -55,6 +55,64 @@ pub(super) fn switch_model(
     (OutboundKind::Final, format!("This chat now uses {name}."))
 }
 
+/// Where a chat's `/voice` choice is stored (absent: the agent's `reply_with_voice`).
+pub(super) const VOICE_NS: &str = "session.voice";
+
+/// `/voice [MODE]`: show or set when this chat's answers are spoken.
+pub(super) fn switch_voice(
+    state: &mut SessionState,
+    mode: Option<String>,
+) -> (OutboundKind, String) {
+    let agent = state.args.deps.agent.reply_with_voice;
+    let current = state.voice.unwrap_or(agent);
+    let Some(mode) = mode else {
+        return (
+            OutboundKind::Final,
+            format!(
+                "Voice replies in this chat: {}{}. Set with /voice never, /voice when_asked (when you ask), /voice to_voice (voice notes are answered with voice notes), or /voice default.",
+                current.as_str(),
+                if state.voice.is_none() { " (the assistant's default)" } else { "" }
+            ),
+        );
+    };
+    let chosen = if mode == "default" {
+        None
+    } else {
+        match crate::types::VoiceReplies::parse(&mode) {
+            Some(v) => Some(v),
+            None => {
+                return (
+                    OutboundKind::Error,
+                    format!(
+                        "`{mode}` is not a voice setting. Choose one of: never, when_asked, to_voice, default."
+                    ),
+                )
+            }
+        }
+    };
+    let stored = chosen.map(crate::types::VoiceReplies::as_str);
+    if let Err(e) =
+        state
+            .args
+            .deps
+            .store
+            .state_put_unflushed(VOICE_NS, state.args.key.as_str(), stored)
+    {
+        return (
+            OutboundKind::Error,
+            format!("The voice setting could not be saved: {e}"),
+        );
+    }
+    state.voice = chosen;
+    (
+        OutboundKind::Final,
+        format!(
+            "Voice replies in this chat: {}.",
+            chosen.unwrap_or(agent).as_str()
+        ),
+    )
+}
+
 pub(super) fn on_inbound(
     myself: &ActorRef<SessionMsg>,
     state: &mut SessionState,
@@ -152,6 +210,10 @@ pub(super) fn on_inbound(
         }
         Some(ChatCommand::Model(name)) => {
             let (kind, text) = switch_model(state, name);
+            answer_now(state, &entry, kind, text);
+        }
+        Some(ChatCommand::Voice(mode)) => {
+            let (kind, text) = switch_voice(state, mode);
             answer_now(state, &entry, kind, text);
         }
         Some(ChatCommand::Approval { id, decision }) => {

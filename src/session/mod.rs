@@ -37,7 +37,7 @@ use crate::turn::{TurnDeps, TurnEvent, TurnOutcome, TurnStatus};
 use crate::types::session_key::{is_gateway_event, SYSTEM_SENDER};
 use crate::types::SessionKey;
 use clawft_channel_core::command::{self, ChatCommand};
-use handlers::{on_inbound, MODEL_NS};
+use handlers::{on_inbound, MODEL_NS, VOICE_NS};
 use prepare::{on_prepared, start_prepare};
 
 /// Handle to a session actor.
@@ -188,6 +188,9 @@ pub struct SessionState {
     /// The model `/model NAME` chose for this chat (stored, so it outlives a restart); `None`:
     /// the agent's.
     model: Option<String>,
+    /// When this chat's answers are spoken, as `/voice` chose (stored); `None`: the agent's
+    /// `reply_with_voice`.
+    voice: Option<crate::types::VoiceReplies>,
     /// The attachments of the next entry, fetched (event id, message).
     prepared: Option<(String, crate::media::Prepared)>,
 }
@@ -234,8 +237,16 @@ impl Actor for SessionActor {
             .ok()
             .flatten()
             .filter(|m| args.deps.agent.models.contains(m));
+        let voice = args
+            .deps
+            .store
+            .state_get(VOICE_NS, args.key.as_str())
+            .ok()
+            .flatten()
+            .and_then(|v| crate::types::VoiceReplies::parse(&v));
         Ok(SessionState {
             model,
+            voice,
             args,
             transcript,
             window,
@@ -544,6 +555,7 @@ fn maybe_start(myself: &ActorRef<SessionMsg>, state: &mut SessionState) {
             deps.request_model = Some(m.as_str().into());
         }
     }
+    deps.voice = state.voice.unwrap_or(deps.agent.reply_with_voice);
     if compact {
         // `/compact`: nothing is appended to the transcript.
     } else if entry.state == InboxState::Pending {

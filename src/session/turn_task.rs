@@ -131,12 +131,35 @@ pub(super) fn spawn(myself: &ActorRef<SessionMsg>, state: &mut SessionState, pla
                     usage: Some(usage),
                 },
             };
-            let reply = text.and_then(|t| reply_to(&entry, body(t))).map(|mut r| {
+            let mut outcome = outcome;
+            let mut reply = text.and_then(|t| reply_to(&entry, body(t))).map(|mut r| {
                 if r.kind() == OutboundKind::Final {
                     attach_media_lines(&outbox, &deps.workspace, &mut r);
                 }
                 r
             });
+            // Files the turn's tools made go out also when the turn then failed (a budget
+            // reached after the image was paid for): they were made for this chat.
+            if let Some(r) = reply.as_mut().filter(|r| {
+                matches!(r.kind(), OutboundKind::Final | OutboundKind::Error)
+            }) {
+                let mut files = std::mem::take(&mut outcome.files);
+                if r.kind() == OutboundKind::Final
+                    && deps.voice == crate::types::VoiceReplies::ToVoice
+                    && asked_by_voice(&ev_done)
+                    && !files.iter().any(|f| is_audio_path(f))
+                {
+                    if let Some(media) = hooks.media.as_ref().filter(|m| m.speaks()) {
+                        if let Some((path, used)) =
+                            voice_reply(media, &deps.workspace, r.text(), &cancel).await
+                        {
+                            deps.usage.tally_media(&mut outcome.by_model, &[used]);
+                            files.push(path);
+                        }
+                    }
+                }
+                attach_made_files(&outbox, &deps.workspace, r, &files);
+            }
             let skip = outcome.messages.len().saturating_sub(outcome.unpersisted);
             let tail = &outcome.messages[skip..];
             let finished = deps
@@ -217,6 +240,125 @@ fn attach_media_lines(outbox: &Outbox, ws: &crate::tools::Workspace, reply: &mut
     }
 }
 
+/// Whether the message a turn answers carried a voice note.
+fn asked_by_voice(ev: &clawft_channel_core::InboundEvent) -> bool {
+    ev.attachments
+        .iter()
+        .any(|m| m.kind == clawft_channel_core::media::MediaKind::Voice)
+}
+
+/// Whether workspace path `p` names an audio file (by its extension).
+fn is_audio_path(p: &str) -> bool {
+    let ext = p.rsplit_once('.').map(|(_, e)| e.to_ascii_lowercase());
+    matches!(
+        ext.as_deref(),
+        Some("ogg" | "opus" | "wav" | "mp3" | "m4a" | "flac" | "aac")
+    )
+}
+
+/// The spoken form of reply `text`: markup and code blocks dropped, cut at the speech limit
+/// on a word.
+fn speakable(text: &str, max_chars: usize) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut code = false;
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            // Code is not read aloud.
+            code = !code;
+            continue;
+        }
+        let line = line.trim().trim_start_matches(['#', '>', '-', '*']).trim();
+        if code || line.is_empty() {
+            continue;
+        }
+        let clean: String = line
+            .chars()
+            .filter(|c| !matches!(c, '*' | '_' | '`' | '~' | '|'))
+            .collect();
+        if !out.is_empty() {
+            out.push('\n');
+        }
+        out.push_str(&clean);
+    }
+    if out.chars().count() <= max_chars {
+        return out;
+    }
+    let cut: String = out.chars().take(max_chars).collect();
+    match cut.rfind(char::is_whitespace) {
+        Some(i) if i > 0 => cut[..i].to_string(),
+        _ => cut,
+    }
+}
+
+/// Speak the reply `text` into the workspace (`reply_with_voice = "to_voice"`): the file and
+/// the spend, or `None` (logged) when speech failed: the text still goes.
+async fn voice_reply(
+    media: &crate::media::Media,
+    ws: &crate::tools::Workspace,
+    text: &str,
+    cancel: &CancellationToken,
+) -> Option<(String, crate::tools::MediaUse)> {
+    let say = speakable(text, media.settings().tts_max_chars);
+    if say.trim().is_empty() {
+        return None;
+    }
+    let r = tokio::select! {
+        r = crate::media::tools::speak_into(media, ws, &say, None) => r,
+        () = cancel.cancelled() => return None,
+    };
+    match r {
+        Ok((path, _, used)) => Some((path, used)),
+        Err(e) => {
+            tracing::warn!(error = %e, "the voice reply could not be made; the text goes alone");
+            None
+        }
+    }
+}
+
+/// Attach the files the turn made (`tts`, `image`, a spoken reply) to the reply; a channel
+/// that sends no files gets their paths in the text, a file that cannot be attached a note.
+fn attach_made_files(
+    outbox: &Outbox,
+    ws: &crate::tools::Workspace,
+    reply: &mut OutboundMessage,
+    files: &[String],
+) {
+    if files.is_empty() {
+        return;
+    }
+    let mut notes = String::new();
+    if crate::tools::message::MessageSink::sends_files(outbox, reply.channel.as_str()) {
+        let room = crate::tools::message::MAX_ATTACHMENTS.saturating_sub(reply.attachments.len());
+        let (now, over) = files.split_at(files.len().min(room));
+        for (p, r) in now.iter().zip(crate::tools::message::attach_each(
+            outbox, ws, &reply.id, now,
+        )) {
+            match r {
+                Ok(f) => reply.attachments.push(f),
+                Err(e) => {
+                    tracing::warn!(path = %p, error = %e, "made file not attached");
+                    notes.push_str(&format!("\n\n(Could not attach {p}: {e})"));
+                }
+            }
+        }
+        for p in over {
+            notes.push_str(&format!(
+                "\n\n(Not attached, over {} files: {p})",
+                crate::tools::message::MAX_ATTACHMENTS
+            ));
+        }
+    } else {
+        for p in files {
+            notes.push_str(&format!("\n\n(Saved in the workspace: {p})"));
+        }
+    }
+    if !notes.is_empty() {
+        if let Some(t) = reply.text_mut() {
+            t.push_str(&notes);
+        }
+    }
+}
+
 /// How often the typing indicator is refreshed while a turn runs.
 const TYPING_EVERY: std::time::Duration = std::time::Duration::from_secs(4);
 
@@ -244,5 +386,18 @@ async fn forward_events(mut rx: mpsc::Receiver<TurnEvent>, outbox: Outbox, entry
         if let Some(m) = reply_to(&entry, body) {
             outbox.route(m);
         }
+    }
+}
+
+#[cfg(test)]
+mod voice_tests {
+    use super::*;
+
+    #[test]
+    fn a_reply_is_spoken_without_markup_and_cut_on_a_word() {
+        let text = "# Plan\n\n**Milk** and `eggs`:\n- bread\n```\ncode\n```\n";
+        assert_eq!(speakable(text, 100), "Plan\nMilk and eggs:\nbread");
+        assert_eq!(speakable("one two three", 9), "one two");
+        assert!(is_audio_path("media/d/speech-1.OGG") && !is_audio_path("media/d/a.png"));
     }
 }

@@ -155,15 +155,70 @@ pub struct TurnScope {
     /// Tool names (or `server__*` globs) a call exposed (`use_skill`), offered from the next
     /// round of the turn on.
     exposed: std::sync::Mutex<Vec<String>>,
+    /// When the chat's answers are spoken (`reply_with_voice`, `/voice`).
+    pub voice: crate::types::VoiceReplies,
+    /// Workspace files a call made for the chat (`tts`, `image`), sent with the turn's reply.
+    files: std::sync::Mutex<Vec<String>>,
+    /// Paid media calls not yet counted against the budgets.
+    spent: std::sync::Mutex<Vec<MediaUse>>,
+}
+
+/// One paid call that is not an LLM call (speech, images): counted against the budgets at the
+/// price table's entry for `model`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct MediaUse {
+    /// The model (`tts-1`, `gpt-image-1`, `espeak-ng`).
+    pub model: String,
+    /// Characters spoken.
+    pub chars: u64,
+    /// Seconds of audio made, when known.
+    pub seconds: f64,
+    /// Images made.
+    pub images: u64,
 }
 
 impl TurnScope {
     /// The scope of a turn answering `event_id`.
     pub fn answering(event_id: Option<Arc<str>>) -> Arc<Self> {
+        Self::answering_with(event_id, crate::types::VoiceReplies::default())
+    }
+
+    /// The scope of a turn answering `event_id` in a chat whose answers are spoken as `voice`
+    /// says.
+    pub fn answering_with(
+        event_id: Option<Arc<str>>,
+        voice: crate::types::VoiceReplies,
+    ) -> Arc<Self> {
         Arc::new(Self {
             event_id,
             exposed: std::sync::Mutex::default(),
+            voice,
+            files: std::sync::Mutex::default(),
+            spent: std::sync::Mutex::default(),
         })
+    }
+
+    /// Send workspace file `path` with the turn's reply.
+    pub fn send_with_reply(&self, path: String) {
+        let mut f = self.files.locked();
+        if !f.contains(&path) {
+            f.push(path);
+        }
+    }
+
+    /// The files to send with the reply, taken.
+    pub fn take_files(&self) -> Vec<String> {
+        std::mem::take(&mut *self.files.locked())
+    }
+
+    /// Count a paid media call.
+    pub fn spend(&self, used: MediaUse) {
+        self.spent.locked().push(used);
+    }
+
+    /// The media calls not yet counted, taken.
+    pub fn take_spent(&self) -> Vec<MediaUse> {
+        std::mem::take(&mut *self.spent.locked())
     }
 
     /// Offer `names` for the rest of the turn.

@@ -107,7 +107,7 @@ pub enum Profile {
     /// Every registered tool but the opt-in ones ([`OPT_IN`]: `gateway`); `cron` is included
     /// (it manages the session's own jobs only).
     Full,
-    /// Files, runtime, memory, sessions, web.
+    /// Files, runtime, memory, sessions, web, and `image`.
     Coding,
     /// Messaging and the session tools (seed 004: `group:messaging`, `sessions_list`,
     /// `sessions_history`, `sessions_send`, `session_status`; not `subagents` or `use_skill`).
@@ -135,7 +135,10 @@ impl Profile {
         };
         match self {
             Profile::Full => true,
-            Profile::Coding => in_groups(&["fs", "runtime", "memory", "sessions", "web"]),
+            // Seed 004's `coding` also names `image`.
+            Profile::Coding => {
+                in_groups(&["fs", "runtime", "memory", "sessions", "web"]) || tool == "image"
+            }
             Profile::Messaging => {
                 in_groups(&["messaging"]) || MESSAGING_SESSION_TOOLS.contains(&tool)
             }

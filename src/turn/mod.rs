@@ -68,6 +68,8 @@ pub struct TurnDeps {
     /// Tools loaded from the turn's start, on top of the core ones (the memory flush's
     /// `memory_write`); see [`offer`].
     pub preload: Arc<[String]>,
+    /// When this chat's answers are spoken (`reply_with_voice`, or the chat's `/voice`).
+    pub voice: crate::types::VoiceReplies,
 }
 
 impl TurnDeps {
@@ -206,6 +208,9 @@ pub struct TurnOutcome {
     /// Of the last LLM call: its prompt as estimated before sending (`llm::tokens`) and as the
     /// provider reported it (0 when it reported nothing). The session calibrates its estimate.
     pub last_prompt: (u64, u64),
+    /// Workspace files the turn's tools made for the chat (`tts`, `image`), sent with the
+    /// reply.
+    pub files: Vec<String>,
 }
 
 impl TurnOutcome {
@@ -222,6 +227,7 @@ impl TurnOutcome {
             by_model: Vec::new(),
             context_overflow: false,
             last_prompt: (0, 0),
+            files: Vec::new(),
         }
     }
 }
@@ -275,9 +281,30 @@ pub async fn run_turn(
 ) -> TurnOutcome {
     let turn_id = uuid::Uuid::now_v7();
     let span = tracing::info_span!("turn", turn = %turn_id, session = %session);
-    run_turn_inner(deps, session, history, events, cancel)
+    let scope = crate::tools::TurnScope::answering_with(deps.turn_event.clone(), deps.voice);
+    // A turn resumed after a restart: what its earlier `tts` and `image` calls made for the
+    // chat still goes with the reply.
+    for m in history
+        .iter()
+        .rev()
+        .take_while(|m| m.role != Role::User)
+        .filter(|m| m.role == Role::Tool)
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+    {
+        for p in crate::media::tools::sent_paths(m.name.as_deref().unwrap_or(""), &m.content) {
+            scope.send_with_reply(p);
+        }
+    }
+    let mut out = run_turn_inner(deps, session, history, events, cancel, &scope)
         .instrument(span)
-        .await
+        .await;
+    // Media made after the last budget check still counts.
+    deps.usage
+        .tally_media(&mut out.by_model, &scope.take_spent());
+    out.files = scope.take_files();
+    out
 }
 
 async fn run_turn_inner(
@@ -286,6 +313,7 @@ async fn run_turn_inner(
     history: &[Message],
     events: Option<&mpsc::Sender<TurnEvent>>,
     cancel: &CancellationToken,
+    scope: &Arc<crate::tools::TurnScope>,
 ) -> TurnOutcome {
     let max_iterations = deps.agent.max_tool_iterations.max(1);
     // A `message` tool call already said what this turn had to say: an empty final answer is
@@ -300,7 +328,7 @@ async fn run_turn_inner(
         user_dir: deps.user_dir.clone(),
         sender: deps.sender.clone(),
         call_id: None,
-        turn: crate::tools::TurnScope::answering(deps.turn_event.clone()),
+        turn: scope.clone(),
     };
     // Skills: listed in the system prompt; `/NAME` activates one for this turn.
     let skill_dirs = crate::skills::SkillDirs {
@@ -487,6 +515,8 @@ async fn run_turn_inner(
             out.reply = "Stopped: the turn was cancelled.".into();
             return out;
         }
+        deps.usage
+            .tally_media(&mut out.by_model, &ctx.turn.take_spent());
         if let Err(r) = deps.usage.check_running(session.as_str(), &out.by_model) {
             out.status = TurnStatus::OverBudget(r.text.clone());
             out.reply = r.text;

@@ -211,6 +211,43 @@ impl UsageLedger {
             / 1_000_000.0
     }
 
+    /// US dollars of a media call (speech, images) at the price table's entry for its model;
+    /// 0 (with a one-time warning) when the model has no price.
+    pub fn media_cost(&self, used: &crate::tools::MediaUse) -> f64 {
+        let Some(p) = self.config.read_locked().price(&used.model) else {
+            if self.state().unpriced.insert(used.model.clone()) {
+                tracing::warn!(
+                    model = %used.model,
+                    "no price for this speech or image model: budgets in US dollars cannot count its calls; set prices.\"{}\" = {{ characters = …, audio_minute = …, image = … }}",
+                    used.model
+                );
+            }
+            return 0.0;
+        };
+        (used.chars as f64 * p.characters) / 1_000_000.0
+            + used.seconds / 60.0 * p.audio_minute
+            + used.images as f64 * p.image
+    }
+
+    /// Add media calls (speech, images) to a turn's tallies: one call each, no tokens.
+    pub fn tally_media(&self, tallies: &mut Vec<CallTally>, used: &[crate::tools::MediaUse]) {
+        for u in used {
+            let cost = self.media_cost(u);
+            match tallies.iter_mut().find(|t| t.model == u.model) {
+                Some(t) => {
+                    t.calls += 1;
+                    t.cost_usd += cost;
+                }
+                None => tallies.push(CallTally {
+                    model: u.model.clone(),
+                    calls: 1,
+                    cost_usd: cost,
+                    ..CallTally::default()
+                }),
+            }
+        }
+    }
+
     /// Add one call to a turn's tallies.
     pub fn tally(&self, tallies: &mut Vec<CallTally>, model: &str, u: &Usage) {
         let cost = self.cost(model, u);

@@ -13,6 +13,7 @@ fn config(budgets: BudgetsFile) -> UsageConfig {
             input: Some(1.0),
             cached: Some(0.5),
             output: Some(2.0),
+            ..PriceFile::default()
         },
     );
     resolve_usage(&prices, &budgets).unwrap()

@@ -10,6 +10,7 @@ pub mod setting;
 pub mod sniff;
 pub mod text;
 pub mod tz;
+pub mod voice;
 
 /// Std locks taken whether or not poisoned (defined with the channel contract, shared here).
 pub use clawft_channel_core::lock::{MutexExt, RwLockExt};
@@ -17,6 +18,7 @@ pub use secret::Secret;
 pub use session_key::{InvalidSessionKey, SenderId, SessionKey, MAX_SESSION_KEY_BYTES};
 pub use setting::SettingError;
 pub use text::{sanitize_content, sanitize_output};
+pub use voice::VoiceReplies;
 
 /// What kind of JSON value `v` is, as an error message names it ("a string", "an array"...).
 pub fn json_type_name(v: &serde_json::Value) -> &'static str {

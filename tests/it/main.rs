@@ -43,5 +43,6 @@ mod store_faults;
 mod subagents;
 mod tools;
 mod usage;
+mod voice;
 mod webhooks;
 mod window;

@@ -29,7 +29,7 @@ const OGG: &[u8] = b"OggS\x00\x02\x00\x00 opus voice note";
 const PDF: &[u8] = b"%PDF-1.7\n weekly report";
 const PNG: &[u8] = b"\x89PNG\r\n\x1a\n\x00\x00\x00\x0dIHDR a chart";
 
-fn telegram(tg: &FakeTelegram) -> Value {
+pub(crate) fn telegram(tg: &FakeTelegram) -> Value {
     json!({"token": FakeTelegram::TOKEN, "api_url": tg.api_url(), "allow_from": [111], "stream_edits": false})
 }
 
@@ -309,14 +309,14 @@ fn workspace_with_files(dir: &std::path::Path) {
 }
 
 /// One platform's fake, seen the same way by the outbound tests.
-enum Fake {
+pub(crate) enum Fake {
     Telegram(FakeTelegram),
     Discord(clawft_channel_discord::fake::FakeDiscord),
     Slack(clawft_channel_slack::fake::FakeSlack),
 }
 
 impl Fake {
-    async fn start(name: &str) -> Self {
+    pub(crate) async fn start(name: &str) -> Self {
         match name {
             "telegram" => Fake::Telegram(FakeTelegram::start().await),
             "discord" => Fake::Discord(clawft_channel_discord::fake::FakeDiscord::start().await),
@@ -324,7 +324,7 @@ impl Fake {
         }
     }
 
-    fn name(&self) -> &'static str {
+    pub(crate) fn name(&self) -> &'static str {
         match self {
             Fake::Telegram(_) => "telegram",
             Fake::Discord(_) => "discord",
@@ -333,7 +333,7 @@ impl Fake {
     }
 
     /// The config section and the user's chat id.
-    fn section(&self) -> (Value, &'static str) {
+    pub(crate) fn section(&self) -> (Value, &'static str) {
         match self {
             Fake::Telegram(f) => (telegram(f), "111"),
             Fake::Discord(f) => (discord(f), "500"),
@@ -342,7 +342,7 @@ impl Fake {
     }
 
     /// The user writes `text` in their chat.
-    fn push(&self, text: &str) {
+    pub(crate) fn push(&self, text: &str) {
         match self {
             Fake::Telegram(f) => {
                 f.push_user_message(111, 111, text);
@@ -357,7 +357,7 @@ impl Fake {
     }
 
     /// Every uploaded file: (name, bytes).
-    fn uploads(&self) -> Vec<(String, Vec<u8>)> {
+    pub(crate) fn uploads(&self) -> Vec<(String, Vec<u8>)> {
         match self {
             Fake::Telegram(f) => f
                 .uploads()
@@ -374,7 +374,7 @@ impl Fake {
     }
 
     /// The text messages the chat shows that contain `needle`.
-    fn texts(&self, needle: &str) -> Vec<String> {
+    pub(crate) fn texts(&self, needle: &str) -> Vec<String> {
         let all: Vec<String> = match self {
             Fake::Telegram(f) => shown_in(f, 111),
             Fake::Discord(f) => f.sent().into_iter().map(|m| m.text).collect(),

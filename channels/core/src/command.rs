@@ -15,7 +15,7 @@ pub enum Decision {
 
 /// The name of every chat command (without the `/`), as typed in a chat.
 pub const NAMES: &[&str] = &[
-    "stop", "new", "status", "help", "start", "compact", "model", "approve", "deny",
+    "stop", "new", "status", "help", "start", "compact", "model", "voice", "approve", "deny",
 ];
 
 /// Whether `name` (without `/` and `@bot`, any case) is a chat command: adapters let these
@@ -40,6 +40,9 @@ pub enum ChatCommand {
     Compact,
     /// `/model` (which model, and which the agent allows) or `/model NAME` (switch this chat).
     Model(Option<String>),
+    /// `/voice` (when this chat's answers are spoken) or `/voice never|when_asked|to_voice`
+    /// (set it for this chat; `/voice default` goes back to the agent's setting).
+    Voice(Option<String>),
     /// `/approve ID [once|always]` or `/deny ID`: answer a pending approval.
     Approval {
         /// The approval's id.
@@ -50,7 +53,7 @@ pub enum ChatCommand {
 }
 
 /// What `/help` answers.
-pub const HELP: &str = "Chat commands:\n/new: start a new conversation\n/stop: stop the running turn (and its subagents)\n/status: this session's state\n/compact: summarise the older conversation now (the model keeps a summary and the last turns; the history stays stored)\n/model [NAME]: the model of this chat, or switch to another the assistant allows\n/approve ID [always]: allow a command the assistant asked to run\n/deny ID: refuse it\n/help: this list\nAnything else goes to the assistant.";
+pub const HELP: &str = "Chat commands:\n/new: start a new conversation\n/stop: stop the running turn (and its subagents)\n/status: this session's state\n/compact: summarise the older conversation now (the model keeps a summary and the last turns; the history stays stored)\n/model [NAME]: the model of this chat, or switch to another the assistant allows\n/voice [never|when_asked|to_voice|default]: when answers are spoken (to_voice: a voice note is answered with a voice note)\n/approve ID [always]: allow a command the assistant asked to run\n/deny ID: refuse it\n/help: this list\nAnything else goes to the assistant.";
 
 impl ChatCommand {
     /// The command `text` is, if it is one (surrounding whitespace ignored). Anything else,
@@ -74,6 +77,10 @@ impl ChatCommand {
         if cmd == "/model" {
             let name = words.next().map(str::to_string);
             return words.next().is_none().then_some(Self::Model(name));
+        }
+        if cmd == "/voice" {
+            let mode = words.next().map(str::to_string);
+            return words.next().is_none().then_some(Self::Voice(mode));
         }
         let id = words.next()?.to_string();
         let rest = words.next();
@@ -105,6 +112,8 @@ mod tests {
             "/start",
             "/compact",
             "/model",
+            "/voice",
+            "/voice to_voice",
             "/approve a",
             "/deny a",
         ] {
@@ -133,6 +142,12 @@ mod tests {
             Some(ChatCommand::Model(Some("gpt-4o".into())))
         );
         assert_eq!(ChatCommand::parse("/model a b"), None);
+        assert_eq!(ChatCommand::parse("/voice"), Some(ChatCommand::Voice(None)));
+        assert_eq!(
+            ChatCommand::parse("/voice to_voice"),
+            Some(ChatCommand::Voice(Some("to_voice".into())))
+        );
+        assert_eq!(ChatCommand::parse("/voice a b"), None);
         assert_eq!(
             ChatCommand::parse("/approve ab12"),
             Some(ChatCommand::Approval {
