@@ -114,6 +114,65 @@ pub fn rows(config: &Config, set: &BTreeMap<String, String>) -> Vec<Row> {
         a.window.context_window.to_string(),
         p.origin(&d("context_window")),
     );
+    let opt = |v: Option<String>| v.unwrap_or_else(|| "(not set)".into());
+    let lower = |v: &dyn std::fmt::Debug| format!("{v:?}").to_lowercase();
+    for (k, v) in [
+        ("timezone", a.timezone.name.clone()),
+        ("max_tokens", opt(a.max_tokens.map(|t| t.to_string()))),
+        ("temperature", opt(a.temperature.map(|t| t.to_string()))),
+        ("loop_repeat_limit", a.loop_repeat_limit.to_string()),
+        (
+            "max_tool_calls_per_turn",
+            a.max_tool_calls_per_turn.to_string(),
+        ),
+        ("vision", lower(&a.vision)),
+        ("reply_with_voice", a.reply_with_voice.as_str().to_string()),
+        ("compaction.threshold", a.window.threshold.to_string()),
+    ] {
+        let key = d(k);
+        let o = p.origin(&key);
+        push(key, v, o);
+    }
+    let x = &config.tools.exec;
+    for (k, v) in [
+        ("tools.exec.mode", lower(&x.mode)),
+        ("tools.exec.network", lower(&x.network)),
+        ("tools.exec.timeout_secs", secs(x.timeout)),
+        ("tools.exec.max_timeout_secs", secs(x.max_timeout)),
+        ("tools.exec.approval_timeout_secs", secs(x.approval_timeout)),
+        ("tools.exec.max_processes", x.max_processes.to_string()),
+        ("tools.exec.max_memory_mb", x.max_memory_mb.to_string()),
+        ("tools.exec.sandbox", x.sandbox.to_string()),
+        ("tools.exec.require_sandbox", x.require_sandbox.to_string()),
+        ("memory.scope", config.memory.scope.as_str().to_string()),
+        (
+            "memory.search_transcripts",
+            config.memory.search_transcripts.to_string(),
+        ),
+        (
+            "scheduler.max_jobs_per_session",
+            config.scheduler.max_jobs_per_session.to_string(),
+        ),
+        (
+            "scheduler.min_interval_secs",
+            config.scheduler.min_interval_secs.to_string(),
+        ),
+        (
+            "scheduler.max_runs_per_day",
+            config.scheduler.max_runs_per_day.to_string(),
+        ),
+        (
+            "channels.max_inbound_bytes",
+            config.max_inbound_bytes.to_string(),
+        ),
+        (
+            "channels.http.allow_loopback_without_token",
+            config.http.allow_loopback_without_token.to_string(),
+        ),
+    ] {
+        let o = p.origin(k);
+        push(k.to_string(), v, o);
+    }
     let h = &config.http;
     push(
         "channels.http.enabled".into(),

@@ -220,14 +220,46 @@ async fn providers(config: &Config, client: &reqwest::Client) -> Vec<Finding> {
                     hint(|h| &h.auth)
                 ),
             ),
-            Ok(r) => ok(
-                &check,
-                format!(
-                    "{base} answers (HTTP {}), model {}",
-                    r.status().as_u16(),
-                    p.model
-                ),
-            ),
+            Ok(r) => {
+                let status = r.status().as_u16();
+                let listed = if r.status().is_success() {
+                    r.json::<serde_json::Value>().await.ok().and_then(|v| {
+                        v["data"].as_array().map(|a| {
+                            a.iter()
+                                .filter_map(|m| m["id"].as_str().map(str::to_string))
+                                .collect::<Vec<_>>()
+                        })
+                    })
+                } else {
+                    None
+                };
+                match listed {
+                    // The provider lists its models and the configured one is not among them:
+                    // every turn would fail with "model not found".
+                    Some(ids) if !ids.is_empty() && !p.model.is_empty() && !ids.contains(&p.model) => {
+                        let shown: Vec<&str> = ids.iter().take(8).map(String::as_str).collect();
+                        warn(
+                            &check,
+                            format!(
+                                "{base} answers, but does not list the model `{}` among its {} models ({}{}): set agents.defaults.model (or providers.{}.model) to one it serves",
+                                p.model,
+                                ids.len(),
+                                shown.join(", "),
+                                if ids.len() > shown.len() { ", …" } else { "" },
+                                p.name
+                            ),
+                        )
+                    }
+                    Some(_) => ok(
+                        &check,
+                        format!("{base} answers (HTTP {status}) and serves model {}", p.model),
+                    ),
+                    None => ok(
+                        &check,
+                        format!("{base} answers (HTTP {status}), model {}", p.model),
+                    ),
+                }
+            }
             // No provider configured: the fix is a key, not a base URL (the same words as
             // `weft agent`'s).
             Err(e) => match crate::daemon::connect_hint(config) {

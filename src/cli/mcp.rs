@@ -98,7 +98,7 @@ fn not_loaded_note(config: &Config, v: &serde_json::Value) -> Option<String> {
         .collect();
     (!missing.is_empty()).then(|| {
         format!(
-            "the configuration file names MCP servers the running gateway has not loaded: {}. It reads its file again on SIGHUP: `systemctl --user reload weft` for the service (`--system`: `systemctl reload weft`), or `kill -HUP <the gateway's pid>`; then run `weft mcp list` again.\n",
+            "the configuration file names MCP servers the running gateway has not loaded: {}. It reads its file again on SIGHUP: `systemctl --user reload clawft` for the service (`--system`: `systemctl reload clawft`), or `kill -HUP <the gateway's pid>`; then run `weft mcp list` again.\n",
             missing.join(", ")
         )
     })

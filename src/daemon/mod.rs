@@ -370,7 +370,21 @@ impl Daemon {
             let Some(view) = config.for_agent(&a.name) else {
                 continue;
             };
-            let rt = AgentRuntime::start(&view, open_workspace(&view)?, &shared);
+            // A new agent's workspace gets the context-file templates, as onboard writes them
+            // for the first one.
+            let fresh = !view.agent.workspace.exists();
+            let ws = open_workspace(&view)?;
+            if fresh {
+                match crate::turn::context::write_templates(&view.agent.workspace) {
+                    Ok(files) => {
+                        tracing::info!(agent = %a.name, files = files.len(), "new agent workspace: context-file templates written")
+                    }
+                    Err((path, e)) => {
+                        tracing::warn!(agent = %a.name, path = %path.display(), error = %e, "could not write a context-file template")
+                    }
+                }
+            }
+            let rt = AgentRuntime::start(&view, ws, &shared);
             let d = rt.deps(&view, build_model(&view)?, &shared);
             tracing::info!(agent = %a.name, workspace = %view.agent.workspace.display(), model = %view.providers.first().map_or("", |p| p.model.as_str()), "agent ready");
             named.insert(a.name.clone(), d);

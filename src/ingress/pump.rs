@@ -151,7 +151,8 @@ async fn pump(mut rx: mpsc::Receiver<InboundDelivery>, args: IngressArgs) {
         }
         let mut decided = Vec::with_capacity(batch.len());
         for InboundDelivery { event, ack } in batch {
-            let span = tracing::info_span!("inbound", channel = %event.channel, event_id = %event.event_id);
+            // Inside the pump's `ingress{channel}` span: the channel is not repeated.
+            let span = tracing::info_span!("inbound", event_id = %event.event_id);
             let _g = span.enter();
             let answer = if intake.is_cancelled() {
                 Decided::Done(Ack::Rejected(

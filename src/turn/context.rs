@@ -345,6 +345,73 @@ pub fn assemble(base: &str, files: &[(&str, String)], suffix: &str) -> String {
     out
 }
 
+/// The context-file templates `weft onboard` writes, and the gateway writes into the workspace
+/// it makes for a new agent; never over an existing file.
+pub const TEMPLATES: &[(&str, &str)] = &[
+    (
+        "SOUL.md",
+        "# Soul\n\nYour persona and tone. Edit freely.\n\n\
+         - Be direct and friendly; skip filler and flattery.\n\
+         - Say so when you are unsure, and check facts with your tools.\n\
+         - Ask before doing anything destructive or hard to undo.\n",
+    ),
+    (
+        "IDENTITY.md",
+        "# Identity\n\n- Name: weft\n- What you are: a personal assistant reached through chat, \
+         running on the operator's own machine.\n",
+    ),
+    (
+        "AGENTS.md",
+        "# Operating instructions\n\n\
+         - Keep notes worth remembering with `memory_write`; read them with `memory_read`.\n\
+         - Work in the workspace with relative paths.\n\
+         - Prefer one clear answer over several partial ones.\n",
+    ),
+    (
+        "USER.md",
+        "# User\n\nWho you work for. Fill in what helps:\n\n- Name:\n- Time zone:\n\
+         - Language:\n- Preferences:\n",
+    ),
+    (
+        "BOOTSTRAP.md",
+        "# First run\n\nThis file is shown to you until it is deleted. In your first \
+         conversation: introduce yourself, ask the user their name, time zone and how they like \
+         answers, write what you learn into USER.md (and your chosen name into IDENTITY.md), \
+         then delete this file.\n",
+    ),
+];
+
+/// Write the [`TEMPLATES`] missing from `workspace`; returns the files written.
+/// `BOOTSTRAP.md` only into a fresh workspace (none of the templates there yet): once deleted
+/// after the first run, a later `onboard --force` does not start a first run again.
+pub fn write_templates(
+    workspace: &std::path::Path,
+) -> Result<Vec<std::path::PathBuf>, (std::path::PathBuf, std::io::Error)> {
+    let fresh = TEMPLATES.iter().all(|(n, _)| !workspace.join(n).exists());
+    let mut written = Vec::new();
+    for (name, text) in TEMPLATES {
+        if *name == "BOOTSTRAP.md" && !fresh {
+            continue;
+        }
+        let path = workspace.join(name);
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&path);
+        match file {
+            Ok(mut f) => {
+                use std::io::Write;
+                f.write_all(text.as_bytes())
+                    .map_err(|e| (path.clone(), e))?;
+                written.push(path);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err((path, e)),
+        }
+    }
+    Ok(written)
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]

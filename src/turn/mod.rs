@@ -280,7 +280,8 @@ pub async fn run_turn(
     cancel: &CancellationToken,
 ) -> TurnOutcome {
     let turn_id = uuid::Uuid::now_v7();
-    let span = tracing::info_span!("turn", turn = %turn_id, session = %session);
+    // Inside the session's span (or a subagent's, which names its task): not repeated here.
+    let span = tracing::info_span!("turn", turn = %turn_id);
     let scope = crate::tools::TurnScope::answering_with(deps.turn_event.clone(), deps.voice);
     // A turn resumed after a restart: what its earlier `tts` and `image` calls made for the
     // chat still goes with the reply.
@@ -535,7 +536,7 @@ async fn run_turn_inner(
 /// the provider's prompt cache keeps working).
 fn time_note(tz: &crate::config::types::TimeZone) -> String {
     format!(
-        "\n\nEach user message starts with the time it was sent, [Day YYYY-MM-DD HH:MM ±HH:MM], in the user's time zone ({}); the latest one is the current time. Use it for dates and absolute times (e.g. reminders).",
+        "\n\nEach user message begins with when it was sent, in the user's time zone ({}); the latest is the current time.",
         tz.name
     )
 }

@@ -120,6 +120,17 @@ impl FakeLlm {
         // model never received).
         let app = Router::new()
             .route("/v1/chat/completions", post(handle))
+            // The models it serves, as OpenAI lists them (`weft doctor` checks the configured
+            // one is there).
+            .route(
+                "/v1/models",
+                axum::routing::get(|| async {
+                    axum::Json(json!({"object": "list", "data": [
+                        {"id": "fake-model", "object": "model"},
+                        {"id": "fake-small", "object": "model"},
+                    ]}))
+                }),
+            )
             .layer(axum::extract::DefaultBodyLimit::disable())
             .with_state(shared.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -722,3 +722,98 @@ async fn the_model_sees_when_each_message_was_sent_in_the_users_time_zone() {
     .to_string();
     assert!(e.contains("agents.defaults.timezone"), "{e}");
 }
+
+/// `weft doctor` says when the provider does not serve the configured model (every turn would
+/// fail with "model not found"; it said "ok").
+#[tokio::test]
+async fn doctor_says_when_the_provider_does_not_serve_the_configured_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let llm = FakeLlm::start().await;
+    let port = free_port();
+    let cfg = crate::process::gateway_config(
+        dir.path(),
+        &llm,
+        port,
+        json!({"agents": {"defaults": {"model": "gpt-4o-typo"}}}),
+    );
+    let out = run(dir.path(), &cfg, &["doctor", "--json"]).await;
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        said.contains("does not list the model `gpt-4o-typo`") && said.contains("fake-model"),
+        "{}",
+        text(&out)
+    );
+    let cfg = crate::process::gateway_config(dir.path(), &llm, port, json!({}));
+    let out = run(dir.path(), &cfg, &["doctor", "--json"]).await;
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(said.contains("serves model fake-model"), "{}", text(&out));
+}
+
+/// A new agent's workspace, made by the gateway, gets the context-file templates onboard
+/// writes for the first one (it got none); an existing workspace is left alone.
+#[tokio::test]
+async fn a_new_agents_workspace_gets_the_context_file_templates() {
+    use crate::common::{config, TestGateway};
+    let dir = tempfile::tempdir().unwrap();
+    let llm = FakeLlm::start().await;
+    let helper_ws = dir.path().join("ws-helper");
+    let kept_ws = dir.path().join("ws-kept");
+    std::fs::create_dir_all(&kept_ws).unwrap();
+    std::fs::write(kept_ws.join("SOUL.md"), "mine").unwrap();
+    let gw = TestGateway::start(config(
+        &llm,
+        dir.path(),
+        json!({"agents": {
+            "helper": {"workspace": helper_ws.to_str().unwrap()},
+            "kept": {"workspace": kept_ws.to_str().unwrap()},
+        }}),
+    ))
+    .await;
+    for f in [
+        "SOUL.md",
+        "IDENTITY.md",
+        "AGENTS.md",
+        "USER.md",
+        "BOOTSTRAP.md",
+    ] {
+        assert!(helper_ws.join(f).is_file(), "{f} missing");
+    }
+    assert_eq!(
+        std::fs::read_to_string(kept_ws.join("SOUL.md")).unwrap(),
+        "mine"
+    );
+    assert!(!kept_ws.join("BOOTSTRAP.md").exists());
+    gw.stop().await;
+}
+
+/// `weft config show` is the effective configuration: defaults of the settings operators look
+/// for included, and lists as JSON (they were debug text, and many defaults were missing).
+#[tokio::test]
+async fn config_show_lists_defaults_and_renders_lists_plainly() {
+    let dir = tempfile::tempdir().unwrap();
+    let llm = FakeLlm::start().await;
+    let cfg = crate::process::gateway_config(
+        dir.path(),
+        &llm,
+        free_port(),
+        json!({"tools": {"policy": {"deny": ["web_fetch", "web_search"]}}}),
+    );
+    let out = run(dir.path(), &cfg, &["config", "show"]).await;
+    assert!(out.status.success(), "{}", text(&out));
+    let shown = String::from_utf8_lossy(&out.stdout).into_owned();
+    for key in [
+        "agents.defaults.timezone",
+        "agents.defaults.max_tool_calls_per_turn",
+        "tools.exec.mode",
+        "tools.exec.network",
+        "memory.scope",
+        "scheduler.max_jobs_per_session",
+    ] {
+        assert!(shown.contains(key), "{key} missing:\n{shown}");
+    }
+    assert!(shown.contains(r#"["web_fetch","web_search"]"#), "{shown}");
+    assert!(
+        !shown.contains("ValueKind") && !shown.contains("Value {"),
+        "{shown}"
+    );
+}
