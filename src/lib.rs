@@ -35,6 +35,7 @@
 
 pub mod admin;
 pub mod approval;
+pub mod browser;
 pub mod bus;
 pub mod cli;
 pub mod config;

@@ -1068,6 +1068,7 @@ pub(super) fn resolve_tools(
         }
     }
     let web_fetch = t.web_fetch.resolve()?;
+    let browser = t.browser.resolve()?;
     let search_key = resolve_secret(
         "tools.web_search.api_key",
         t.web_search.api_key.take(),
@@ -1155,6 +1156,7 @@ pub(super) fn resolve_tools(
         mcp_servers,
         memory_fallback: Some(env.home().join(".nanobot/workspace/memory/MEMORY.md")),
         web_fetch,
+        browser,
         web_search,
     })
 }

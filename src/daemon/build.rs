@@ -260,6 +260,7 @@ fn egress_proxy(config: &Config) -> Option<Arc<EgressProxy>> {
     let policy = ProxyPolicy {
         ssrf: SsrfPolicy::new(exec.allow_private.clone()),
         allow_domains: exec.allow_domains.clone(),
+        ..ProxyPolicy::default()
     };
     match EgressProxy::start_private(&config.tools.tmp_base, policy) {
         Ok(p) => Some(Arc::new(p)),
@@ -268,6 +269,19 @@ fn egress_proxy(config: &Config) -> Option<Arc<EgressProxy>> {
             None
         }
     }
+}
+
+/// The agent's `browser` tool, when it is on and a Chromium is installed; its profile lives in
+/// `<state>/browser/<agent>/`.
+#[cfg(feature = "browser")]
+fn browser_tool(config: &Config) -> Option<Arc<dyn crate::tools::Tool>> {
+    let s = &config.tools.browser;
+    if !s.enabled || s.find_executable().is_none() {
+        return None;
+    }
+    let dir = config.home.join("browser").join(&config.agent_name);
+    let b = crate::browser::session::Browser::new(s.clone(), &config.agent_name, dir);
+    Some(Arc::new(crate::browser::tool::BrowserTool::new(b)))
 }
 
 /// Where chat users' own memory lives (`memory.scope = "user"`): `~/.clawft/users`, outside
@@ -389,6 +403,10 @@ pub fn build_registry(
     match web::WebFetch::new(config.tools.web_fetch.clone()) {
         Ok(t) => reg.register(Arc::new(t)),
         Err(e) => tracing::error!(error = %e, "web_fetch is unavailable"),
+    }
+    #[cfg(feature = "browser")]
+    if let Some(t) = browser_tool(config) {
+        reg.register(t);
     }
     match web::WebSearch::new(config.tools.web_search.clone()) {
         Ok(t) => reg.register(Arc::new(t)),

@@ -59,6 +59,7 @@ fn loopback_allowed() -> ProxyPolicy {
     ProxyPolicy {
         ssrf: SsrfPolicy::new(vec!["127.0.0.0/8".parse::<Cidr>().unwrap()]),
         allow_domains: Vec::new(),
+        ..ProxyPolicy::default()
     }
 }
 
