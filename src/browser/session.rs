@@ -22,6 +22,8 @@ const WORLD: &str = "weft";
 const START_TIMEOUT: Duration = Duration::from_secs(20);
 /// How long after an input event a navigation it started is waited for.
 const SETTLE: Duration = Duration::from_millis(400);
+/// How long a running browser may take to answer the liveness probe before each action.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
 /// Window size of new tabs.
 const VIEWPORT: (u32, u32) = (1280, 800);
 
@@ -56,6 +58,8 @@ struct Tab {
 
 struct Running {
     child: Child,
+    /// The browser's pid, which leads its process group.
+    pid: Option<u32>,
     cdp: Arc<Cdp>,
     _proxy: TcpEgressProxy,
     tab: Option<Tab>,
@@ -66,7 +70,7 @@ struct Running {
 impl Drop for Running {
     fn drop(&mut self) {
         self.watcher.abort();
-        kill_group(self.child.id());
+        kill_group(self.pid);
     }
 }
 
@@ -138,7 +142,7 @@ impl Browser {
 
     /// The pid of the running browser, if one runs.
     pub async fn pid(&self) -> Option<u32> {
-        self.state.lock().await.as_ref().and_then(|r| r.child.id())
+        self.state.lock().await.as_ref().and_then(|r| r.pid)
     }
 
     /// Close the browser (the `close` action, idle time, shutdown).
@@ -169,7 +173,23 @@ impl Browser {
     {
         self.touch();
         let mut guard = self.state.lock().await;
-        if guard.as_ref().is_some_and(|r| r.cdp.is_closed()) {
+        // A crashed browser may leave its pipe open (its other processes hold it): ask it.
+        let exited = match guard.as_mut() {
+            Some(r) => {
+                r.cdp.is_closed()
+                    || !matches!(r.child.try_wait(), Ok(None))
+                    || !matches!(
+                        tokio::time::timeout(
+                            PROBE_TIMEOUT,
+                            r.cdp.call(None, "Browser.getVersion", json!({}))
+                        )
+                        .await,
+                        Ok(Ok(_))
+                    )
+            }
+            None => false,
+        };
+        if exited {
             tracing::warn!(agent = %self.agent, "browser: Chromium exited; starting it again");
             *guard = None;
         }
@@ -270,6 +290,7 @@ impl Browser {
         tokio::spawn(idle_closer(Arc::downgrade(self)));
         tracing::info!(agent = %self.agent, pid = ?child.id(), "browser started");
         Ok(Running {
+            pid: child.id(),
             child,
             cdp,
             _proxy: proxy,
@@ -287,7 +308,8 @@ impl Browser {
         self.with(move |cdp, tab, me| async move {
             let tab = match tab {
                 Some(t) if !new_tab => Ok(t),
-                _ => me.new_tab(&cdp).await,
+                Some(_) => me.new_tab(&cdp, false).await,
+                None => me.new_tab(&cdp, !new_tab).await,
             };
             let mut tab = match tab {
                 Ok(t) => t,
@@ -299,8 +321,14 @@ impl Browser {
         .await
     }
 
-    async fn new_tab(&self, cdp: &Cdp) -> Result<Tab, BrowserError> {
+    async fn new_tab(&self, cdp: &Cdp, reuse: bool) -> Result<Tab, BrowserError> {
         let pages = page_targets(cdp).await?;
+        // The blank page the browser starts with (or the last tab left) serves first.
+        if reuse {
+            if let Some(id) = pages.first().and_then(|p| p["targetId"].as_str()) {
+                return self.attach(cdp, id).await;
+            }
+        }
         if pages.len() >= self.settings.max_tabs {
             return Err(BrowserError::Refused(format!(
                 "{} tabs are open, the most allowed (tools.browser.max_tabs): close one first",
@@ -311,7 +339,7 @@ impl Browser {
             .call(
                 None,
                 "Target.createTarget",
-                json!({"url": "about:blank", "width": VIEWPORT.0, "height": VIEWPORT.1}),
+                json!({"url": "about:blank"}),
             )
             .await?;
         let target = str_field(&created, "targetId")?;
@@ -862,15 +890,32 @@ impl Browser {
         else {
             return;
         };
-        if let Some(r) = guard.as_mut() {
-            if let Some(t) = r.tab.take() {
-                let _ = tokio::time::timeout(
-                    Duration::from_secs(5),
-                    r.cdp.call(None, "Target.closeTarget", json!({"targetId": t.target})),
-                )
-                .await;
-            }
+        let Some(r) = guard.as_mut() else { return };
+        let Some(t) = r.tab.take() else { return };
+        let answers = tokio::time::timeout(
+            PROBE_TIMEOUT,
+            r.cdp.call(
+                Some(&t.session),
+                "Runtime.evaluate",
+                json!({"expression": "1", "returnByValue": true}),
+            ),
+        )
+        .await
+        .is_ok_and(|r| r.is_ok());
+        if answers {
+            // Only slow: the tab stays, without its refs.
+            r.tab = Some(Tab { world: None, ..t });
+            return;
         }
+        // Its renderer is stuck (other tabs of the site share it): start afresh.
+        tracing::warn!(agent = %self.agent, "browser: a page stopped answering; closing the browser");
+        *guard = None;
+    }
+
+    /// The loopback address of the running browser's proxy (tests: nothing but the browser
+    /// should be able to use it, and it grants nothing the browser may not reach).
+    pub async fn proxy_addr(&self) -> Option<std::net::SocketAddr> {
+        self.state.lock().await.as_ref().map(|r| r._proxy.addr())
     }
 
     /// Seconds since the running browser started (`None` when none runs).

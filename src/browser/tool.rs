@@ -255,14 +255,12 @@ impl Tool for BrowserTool {
                 BrowserError::Failed(m) => ToolError::ExecutionFailed(m),
             }),
             Some(Err(_)) => {
-                // A page stuck in a script cannot answer: its tab is closed, in the background.
-                let b = self.browser.clone();
-                tokio::spawn(async move { b.abandon_tab().await });
+                // A page stuck in a script cannot answer: its tab is closed (bounded).
+                self.browser.abandon_tab().await;
                 Err(ToolError::Timeout(limit.as_secs()))
             }
             None => {
-                let b = self.browser.clone();
-                tokio::spawn(async move { b.abandon_tab().await });
+                self.browser.abandon_tab().await;
                 Err(ToolError::Cancelled)
             }
         }
