@@ -172,14 +172,11 @@ async fn read_loop<R: AsyncRead + Unpin>(
     let mut buf = Vec::with_capacity(64 * 1024);
     loop {
         buf.clear();
-        let n = match (&mut from)
+        let n = (&mut from)
             .take(MAX_MESSAGE as u64)
             .read_until(0, &mut buf)
             .await
-        {
-            Ok(n) => n,
-            Err(_) => 0,
-        };
+            .unwrap_or_default();
         if n == 0 || buf.last() != Some(&0) {
             // EOF, a read error, or a message over the cap (the stream cannot be resynced).
             break;

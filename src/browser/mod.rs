@@ -16,8 +16,17 @@ pub use settings::{BrowserFile, BrowserSettings};
 
 /// What `weft doctor` says about the browser.
 pub fn doctor_line(settings: &BrowserSettings) -> (bool, String) {
+    if !cfg!(feature = "browser") {
+        return (
+            true,
+            "browser tool: not in this build (cargo feature `browser`)".into(),
+        );
+    }
     if !settings.enabled {
-        return (true, "browser tool: off (tools.browser.enabled = false)".into());
+        return (
+            true,
+            "browser tool: off (tools.browser.enabled = false)".into(),
+        );
     }
     match settings.find_executable() {
         Some(p) => (true, format!("browser tool: Chromium at {}", p.display())),

@@ -276,8 +276,12 @@ impl Browser {
             }
         }
         // Downloads are refused; tabs are watched for the cap.
-        cdp.call(None, "Browser.setDownloadBehavior", json!({"behavior": "deny"}))
-            .await?;
+        cdp.call(
+            None,
+            "Browser.setDownloadBehavior",
+            json!({"behavior": "deny"}),
+        )
+        .await?;
         cdp.call(None, "Target.setDiscoverTargets", json!({"discover": true}))
             .await?;
         let watcher = tokio::spawn(watch_tabs(
@@ -336,11 +340,7 @@ impl Browser {
             )));
         }
         let created = cdp
-            .call(
-                None,
-                "Target.createTarget",
-                json!({"url": "about:blank"}),
-            )
+            .call(None, "Target.createTarget", json!({"url": "about:blank"}))
             .await?;
         let target = str_field(&created, "targetId")?;
         self.attach(cdp, &target).await
@@ -357,8 +357,12 @@ impl Browser {
         let session = str_field(&attached, "sessionId")?;
         let s = Some(session.as_str());
         cdp.call(s, "Page.enable", json!({})).await?;
-        cdp.call(s, "Page.setLifecycleEventsEnabled", json!({"enabled": true}))
-            .await?;
+        cdp.call(
+            s,
+            "Page.setLifecycleEventsEnabled",
+            json!({"enabled": true}),
+        )
+        .await?;
         cdp.call(s, "Runtime.enable", json!({})).await?;
         let _ = cdp
             .call(
@@ -395,7 +399,9 @@ impl Browser {
             out["error"] = Value::String(navigation_error(error));
         }
         if !loaded {
-            let _ = cdp.call(Some(&tab.session), "Page.stopLoading", json!({})).await;
+            let _ = cdp
+                .call(Some(&tab.session), "Page.stopLoading", json!({}))
+                .await;
             out["note"] = Value::String(format!(
                 "the page had not finished loading after {} s; loading was stopped and it is shown as it was",
                 self.settings.load_timeout.as_secs()
@@ -407,10 +413,17 @@ impl Browser {
     /// URL and title of the tab, after refusing a page of a scheme the browser must not show.
     async fn page_state(&self, cdp: &Cdp, tab: &mut Tab) -> Outcome {
         let info = cdp
-            .call(None, "Target.getTargetInfo", json!({"targetId": tab.target}))
+            .call(
+                None,
+                "Target.getTargetInfo",
+                json!({"targetId": tab.target}),
+            )
             .await?;
         let url = info["targetInfo"]["url"].as_str().unwrap_or("").to_string();
-        let title = info["targetInfo"]["title"].as_str().unwrap_or("").to_string();
+        let title = info["targetInfo"]["title"]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
         if !allowed_shown(&url) {
             let _ = cdp
                 .call(
@@ -444,13 +457,7 @@ impl Browser {
         let state = self.page_state(cdp, tab).await?;
         let world = self.world(cdp, tab, true).await?;
         let max = self.settings.max_snapshot_chars;
-        let v = eval_in(
-            cdp,
-            &tab.session,
-            world,
-            &format!("({SNAPSHOT_JS})({max})"),
-        )
-        .await?;
+        let v = eval_in(cdp, &tab.session, world, &format!("({SNAPSHOT_JS})({max})")).await?;
         let text = v["text"].as_str().unwrap_or("").to_string();
         let mut out = json!({
             "url": state["url"],
@@ -504,12 +511,14 @@ impl Browser {
             "(() => {{ const el = (globalThis.__weftRefs || [])[{}]; if (!el || !el.isConnected) return {{missing: true}}; return ((el) => {{ {body} }})(el); }})()",
             u64::from(r).saturating_sub(1)
         );
-        let v = eval_in(cdp, &tab.session, world, &expr).await.map_err(|e| match e {
-            BrowserError::Failed(m) if m.contains("context") => BrowserError::Invalid(
-                "the page changed since the last snapshot: take a new snapshot".into(),
-            ),
-            e => e,
-        })?;
+        let v = eval_in(cdp, &tab.session, world, &expr)
+            .await
+            .map_err(|e| match e {
+                BrowserError::Failed(m) if m.contains("context") => BrowserError::Invalid(
+                    "the page changed since the last snapshot: take a new snapshot".into(),
+                ),
+                e => e,
+            })?;
         if v.get("missing").is_some() {
             return Err(BrowserError::Invalid(format!(
                 "ref {r} is not on the page any more (or never was): take a new snapshot"
@@ -539,7 +548,10 @@ impl Browser {
                 "el.scrollIntoView({block: 'center', inline: 'center'}); const b = el.getBoundingClientRect(); return {x: b.left + b.width / 2, y: b.top + b.height / 2};",
             )
             .await?;
-        let (x, y) = (pos["x"].as_f64().unwrap_or(0.0), pos["y"].as_f64().unwrap_or(0.0));
+        let (x, y) = (
+            pos["x"].as_f64().unwrap_or(0.0),
+            pos["y"].as_f64().unwrap_or(0.0),
+        );
         let events = cdp.subscribe();
         for kind in ["mouseMoved", "mousePressed", "mouseReleased"] {
             cdp.call(
@@ -553,7 +565,12 @@ impl Browser {
     }
 
     /// After an input: wait for a navigation it started, then report the page.
-    async fn settle(&self, cdp: &Cdp, tab: &mut Tab, events: broadcast::Receiver<Event>) -> Outcome {
+    async fn settle(
+        &self,
+        cdp: &Cdp,
+        tab: &mut Tab,
+        events: broadcast::Receiver<Event>,
+    ) -> Outcome {
         let started = wait_started(events, &tab.session, self.settings.load_timeout).await;
         let mut out = self.page_state(cdp, tab).await?;
         match started {
@@ -564,7 +581,9 @@ impl Browser {
             }
             Started::StillLoading => {
                 tab.world = None;
-                let _ = cdp.call(Some(&tab.session), "Page.stopLoading", json!({})).await;
+                let _ = cdp
+                    .call(Some(&tab.session), "Page.stopLoading", json!({}))
+                    .await;
                 out["navigated"] = Value::Bool(true);
                 out["note"] = Value::String(format!(
                     "the page had not finished loading after {} s; loading was stopped",
@@ -577,7 +596,13 @@ impl Browser {
 
     /// Type `text` into reference `r` (replacing its content unless `append`), then press
     /// Enter when `submit`.
-    pub async fn type_text(self: &Arc<Self>, r: u32, text: String, append: bool, submit: bool) -> Outcome {
+    pub async fn type_text(
+        self: &Arc<Self>,
+        r: u32,
+        text: String,
+        append: bool,
+        submit: bool,
+    ) -> Outcome {
         self.with(move |cdp, tab, me| async move {
             let Some(mut tab) = tab else {
                 return (None, Err(no_tab()));
@@ -646,7 +671,8 @@ impl Browser {
         if let Some(t) = &text {
             down["text"] = Value::String(t.clone());
         }
-        cdp.call(Some(&tab.session), "Input.dispatchKeyEvent", down).await?;
+        cdp.call(Some(&tab.session), "Input.dispatchKeyEvent", down)
+            .await?;
         cdp.call(
             Some(&tab.session),
             "Input.dispatchKeyEvent",
@@ -682,7 +708,10 @@ impl Browser {
     }
 
     /// A PNG of the tab (the viewport, or the whole page when `full`).
-    pub async fn screenshot(self: &Arc<Self>, full: bool) -> Result<(Vec<u8>, Value), BrowserError> {
+    pub async fn screenshot(
+        self: &Arc<Self>,
+        full: bool,
+    ) -> Result<(Vec<u8>, Value), BrowserError> {
         let max = self.settings.max_capture_bytes;
         let mut png = Vec::new();
         let out = {
@@ -724,7 +753,11 @@ impl Browser {
                 let out = async {
                     let state = me.page_state(&cdp, &mut tab).await?;
                     let v = cdp
-                        .call(Some(&tab.session), "Page.printToPDF", json!({"printBackground": true}))
+                        .call(
+                            Some(&tab.session),
+                            "Page.printToPDF",
+                            json!({"printBackground": true}),
+                        )
                         .await?;
                     *pdf = decode_capped(&v["data"], max)?;
                     Ok(state)
@@ -750,8 +783,16 @@ impl Browser {
                 };
                 if let Some(i) = close {
                     let t = pick(i)?;
-                    cdp.call(None, "Target.closeTarget", json!({"targetId": t["targetId"]})).await?;
-                    if tab.as_ref().is_some_and(|c| Some(c.target.as_str()) == t["targetId"].as_str()) {
+                    cdp.call(
+                        None,
+                        "Target.closeTarget",
+                        json!({"targetId": t["targetId"]}),
+                    )
+                    .await?;
+                    if tab
+                        .as_ref()
+                        .is_some_and(|c| Some(c.target.as_str()) == t["targetId"].as_str())
+                    {
                         tab = None;
                     }
                 }
@@ -761,19 +802,23 @@ impl Browser {
                     if tab.as_ref().map(|c| c.target.as_str()) != Some(id.as_str()) {
                         tab = Some(me.attach(&cdp, &id).await?);
                     }
-                    let _ = cdp.call(None, "Target.activateTarget", json!({"targetId": id})).await;
+                    let _ = cdp
+                        .call(None, "Target.activateTarget", json!({"targetId": id}))
+                        .await;
                 }
                 let pages = page_targets(&cdp).await?;
                 let current = tab.as_ref().map(|t| t.target.clone());
                 let list: Vec<Value> = pages
                     .iter()
                     .enumerate()
-                    .map(|(i, p)| json!({
-                        "tab": i + 1,
-                        "url": p["url"],
-                        "title": p["title"],
-                        "current": p["targetId"].as_str() == current.as_deref(),
-                    }))
+                    .map(|(i, p)| {
+                        json!({
+                            "tab": i + 1,
+                            "url": p["url"],
+                            "title": p["title"],
+                            "current": p["targetId"].as_str() == current.as_deref(),
+                        })
+                    })
                     .collect();
                 Ok(json!({"tabs": list}))
             }
@@ -790,17 +835,28 @@ impl Browser {
                 return (None, Err(no_tab()));
             };
             let out = async {
-                let h = cdp.call(Some(&tab.session), "Page.getNavigationHistory", json!({})).await?;
+                let h = cdp
+                    .call(Some(&tab.session), "Page.getNavigationHistory", json!({}))
+                    .await?;
                 let i = h["currentIndex"].as_i64().unwrap_or(0);
                 if i < 1 {
-                    return Err(BrowserError::Invalid("there is no earlier page in this tab".into()));
+                    return Err(BrowserError::Invalid(
+                        "there is no earlier page in this tab".into(),
+                    ));
                 }
                 let entry = &h["entries"][usize::try_from(i - 1).unwrap_or(0)];
                 if !allowed_shown(entry["url"].as_str().unwrap_or("")) {
-                    return Err(BrowserError::Refused("the earlier page is not an http(s) page".into()));
+                    return Err(BrowserError::Refused(
+                        "the earlier page is not an http(s) page".into(),
+                    ));
                 }
                 let events = cdp.subscribe();
-                cdp.call(Some(&tab.session), "Page.navigateToHistoryEntry", json!({"entryId": entry["id"]})).await?;
+                cdp.call(
+                    Some(&tab.session),
+                    "Page.navigateToHistoryEntry",
+                    json!({"entryId": entry["id"]}),
+                )
+                .await?;
                 me.settle(&cdp, &mut tab, events).await
             }
             .await;
@@ -810,7 +866,12 @@ impl Browser {
     }
 
     /// Wait until `text` is on the page or reference `r` is, within `timeout`.
-    pub async fn wait_for(self: &Arc<Self>, text: Option<String>, r: Option<u32>, timeout: Duration) -> Outcome {
+    pub async fn wait_for(
+        self: &Arc<Self>,
+        text: Option<String>,
+        r: Option<u32>,
+        timeout: Duration,
+    ) -> Outcome {
         self.with(move |cdp, tab, me| async move {
             let Some(mut tab) = tab else {
                 return (None, Err(no_tab()));
@@ -822,12 +883,27 @@ impl Browser {
                         let world = me.world(&cdp, &mut tab, false).await;
                         let world = match world {
                             Ok(w) => w,
-                            Err(_) => { tab.world = None; me.world(&cdp, &mut tab, true).await? }
+                            Err(_) => {
+                                tab.world = None;
+                                me.world(&cdp, &mut tab, true).await?
+                            }
                         };
                         let lit = serde_json::to_string(t).unwrap_or_default();
-                        match eval_in(&cdp, &tab.session, world, &format!("!!(document.body && document.body.innerText.includes({lit}))")).await {
+                        match eval_in(
+                            &cdp,
+                            &tab.session,
+                            world,
+                            &format!(
+                                "!!(document.body && document.body.innerText.includes({lit}))"
+                            ),
+                        )
+                        .await
+                        {
                             Ok(v) => v.as_bool() == Some(true),
-                            Err(_) => { tab.world = None; false }
+                            Err(_) => {
+                                tab.world = None;
+                                false
+                            }
                         }
                     } else if let Some(r) = r {
                         me.on_ref(&cdp, &mut tab, r, "return {};").await.is_ok()
@@ -920,7 +996,11 @@ impl Browser {
 
     /// Seconds since the running browser started (`None` when none runs).
     pub async fn uptime(&self) -> Option<Duration> {
-        self.state.lock().await.as_ref().map(|r| r.started.elapsed())
+        self.state
+            .lock()
+            .await
+            .as_ref()
+            .map(|r| r.started.elapsed())
     }
 }
 
@@ -968,7 +1048,9 @@ async fn watch_tabs(cdp: Arc<Cdp>, mut events: broadcast::Receiver<Event>, max: 
         if pages.len() > max {
             let id = e.params["targetInfo"]["targetId"].clone();
             tracing::info!(max, "browser: a page opened a tab beyond the cap; closed");
-            let _ = cdp.call(None, "Target.closeTarget", json!({"targetId": id})).await;
+            let _ = cdp
+                .call(None, "Target.closeTarget", json!({"targetId": id}))
+                .await;
         }
     }
 }
@@ -992,7 +1074,10 @@ async fn eval_in(cdp: &Cdp, session: &str, world: i64, expr: &str) -> Result<Val
     if let Some(ex) = v.get("exceptionDetails") {
         return Err(BrowserError::Failed(format!(
             "page script failed: {}",
-            ex["exception"]["description"].as_str().or(ex["text"].as_str()).unwrap_or("exception")
+            ex["exception"]["description"]
+                .as_str()
+                .or(ex["text"].as_str())
+                .unwrap_or("exception")
         )));
     }
     Ok(v["result"]["value"].clone())
@@ -1025,7 +1110,11 @@ enum Started {
 }
 
 /// After an input event: did a navigation start within [`SETTLE`], and did it load?
-async fn wait_started(mut events: broadcast::Receiver<Event>, session: &str, limit: Duration) -> Started {
+async fn wait_started(
+    mut events: broadcast::Receiver<Event>,
+    session: &str,
+    limit: Duration,
+) -> Started {
     let until = tokio::time::Instant::now() + SETTLE;
     loop {
         match tokio::time::timeout_at(until, events.recv()).await {
@@ -1035,7 +1124,9 @@ async fn wait_started(mut events: broadcast::Receiver<Event>, session: &str, lim
                 if e.session.as_deref() != Some(session) {
                     continue;
                 }
-                if e.method == "Page.frameStartedLoading" || e.method == "Page.frameRequestedNavigation" {
+                if e.method == "Page.frameStartedLoading"
+                    || e.method == "Page.frameRequestedNavigation"
+                {
                     break;
                 }
                 if e.method == "Page.navigatedWithinDocument" {
@@ -1117,7 +1208,9 @@ fn navigation_error(e: &str) -> String {
 }
 
 fn key_info(key: &str) -> Option<(String, i64, Option<String>)> {
-    let k = |code: &str, vk: i64, text: Option<&str>| Some((code.to_string(), vk, text.map(str::to_string)));
+    let k = |code: &str, vk: i64, text: Option<&str>| {
+        Some((code.to_string(), vk, text.map(str::to_string)))
+    };
     match key {
         "Enter" => k("Enter", 13, Some("\r")),
         "Tab" => k("Tab", 9, None),
@@ -1140,8 +1233,18 @@ fn key_info(key: &str) -> Option<(String, i64, Option<String>)> {
                 return None;
             }
             let up = c.to_ascii_uppercase();
-            let vk = if up.is_ascii_alphanumeric() { i64::from(u32::from(up)) } else { 0 };
-            let code = if c.is_ascii_alphabetic() { format!("Key{up}") } else if c.is_ascii_digit() { format!("Digit{c}") } else { String::new() };
+            let vk = if up.is_ascii_alphanumeric() {
+                i64::from(u32::from(up))
+            } else {
+                0
+            };
+            let code = if c.is_ascii_alphabetic() {
+                format!("Key{up}")
+            } else if c.is_ascii_digit() {
+                format!("Digit{c}")
+            } else {
+                String::new()
+            };
             Some((code, vk, Some(c.to_string())))
         }
     }

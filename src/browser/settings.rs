@@ -76,10 +76,7 @@ impl BrowserSettings {
     pub fn find_executable(&self) -> Option<PathBuf> {
         match &self.executable {
             Some(p) => p.is_file().then(|| p.clone()),
-            None => CANDIDATES
-                .iter()
-                .map(PathBuf::from)
-                .find(|p| p.is_file()),
+            None => CANDIDATES.iter().map(PathBuf::from).find(|p| p.is_file()),
         }
     }
 }

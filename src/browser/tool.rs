@@ -99,7 +99,13 @@ impl BrowserTool {
         let b = &self.browser;
         let need_ref = || {
             a.reference.ok_or_else(|| {
-                BrowserError::Invalid(format!("{:?} needs `ref` (a number from the last snapshot)", a.action).to_lowercase())
+                BrowserError::Invalid(
+                    format!(
+                        "{:?} needs `ref` (a number from the last snapshot)",
+                        a.action
+                    )
+                    .to_lowercase(),
+                )
             })
         };
         match a.action {
@@ -236,7 +242,15 @@ impl Tool for BrowserTool {
     async fn execute(&self, args: Value, ctx: &ToolContext) -> Result<Value, ToolError> {
         let a: BrowserArgs = parse_args(self.name(), args)?;
         let mut limit = self.browser.settings().action_timeout;
-        if matches!(a.action, Action::Open | Action::Navigate | Action::Click | Action::Back | Action::Press | Action::Type) {
+        if matches!(
+            a.action,
+            Action::Open
+                | Action::Navigate
+                | Action::Click
+                | Action::Back
+                | Action::Press
+                | Action::Type
+        ) {
             limit += self.browser.settings().load_timeout;
         }
         if a.action == Action::Wait {

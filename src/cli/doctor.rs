@@ -496,6 +496,12 @@ pub async fn check(config: &Config) -> Result<Vec<Finding>, CliError> {
     } else {
         ok("sandbox", st.summary())
     });
+    let (found, line) = crate::browser::doctor_line(&config.tools.browser);
+    out.push(if found {
+        ok("browser", line)
+    } else {
+        warn("browser", line)
+    });
     out.extend(store_and_bind(config).await);
     // Findings quote URLs, server answers and transport errors: none may show a secret.
     let scrubber = crate::types::scrub::Scrubber::new(

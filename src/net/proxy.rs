@@ -350,7 +350,9 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(mut client: S, shared: &Shared
 }
 
 /// Read up to the end of the head; `None` when the client closed before sending anything.
-async fn read_head<S: AsyncRead + Unpin>(client: &mut S) -> Result<Option<(Head, Vec<u8>)>, Refusal> {
+async fn read_head<S: AsyncRead + Unpin>(
+    client: &mut S,
+) -> Result<Option<(Head, Vec<u8>)>, Refusal> {
     let mut buf = Vec::with_capacity(4096);
     let mut chunk = [0u8; 4096];
     loop {

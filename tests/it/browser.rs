@@ -76,26 +76,42 @@ fn respond(mut s: TcpStream, canary: u16) {
     let path = match target.find("://") {
         Some(i) => {
             let rest = &target[i + 3..];
-            rest.find('/').map_or("/".to_string(), |j| rest[j..].to_string())
+            rest.find('/')
+                .map_or("/".to_string(), |j| rest[j..].to_string())
         }
         None => target,
     };
     let canary_url = format!("http://127.0.0.1:{canary}/");
     let (status, extra, body) = match path.split('?').next().unwrap_or("/") {
-        "/" => ("200 OK", String::new(), page(
-            r#"<h1>Welcome to the test shop</h1><p>Fresh apples every day.</p>
+        "/" => (
+            "200 OK",
+            String::new(),
+            page(
+                r#"<h1>Welcome to the test shop</h1><p>Fresh apples every day.</p>
             <a href="/next">Next page</a>
             <form action="/search" method="get"><label for=q>Query</label><input id=q name=q>
             <button type=submit>Search</button></form>
             <select id=fruit><option value=a>Apple</option><option value=p>Pear</option></select>"#,
-        )),
-        "/next" => ("200 OK", String::new(), page("<h1>Second page</h1><p>You followed the link.</p>")),
+            ),
+        ),
+        "/next" => (
+            "200 OK",
+            String::new(),
+            page("<h1>Second page</h1><p>You followed the link.</p>"),
+        ),
         "/search" => {
             let q = path.split("q=").nth(1).unwrap_or("").to_string();
-            ("200 OK", String::new(), page(&format!("<p>You searched for: {q}</p>")))
+            (
+                "200 OK",
+                String::new(),
+                page(&format!("<p>You searched for: {q}</p>")),
+            )
         }
-        "/script-fetch" => ("200 OK", String::new(), page(&format!(
-            r#"<p id=s>working</p><script>
+        "/script-fetch" => (
+            "200 OK",
+            String::new(),
+            page(&format!(
+                r#"<p id=s>working</p><script>
             const u = "{canary_url}";
             const done = (m) => {{ document.getElementById('s').textContent = 'attempts done: ' + m; }};
             let n = 0; const one = () => {{ if (++n === 3) done(n); }};
@@ -103,19 +119,42 @@ fn respond(mut s: TcpStream, canary: u16) {
             fetch(u.replace('127.0.0.1', 'localhost')).then(() => one(), () => one());
             try {{ const ws = new WebSocket(u.replace('http', 'ws')); ws.onerror = one; ws.onopen = one; }} catch (e) {{ one(); }}
             </script>"#
-        ))),
-        "/redirect" => ("302 Found", "Location: /redirect2\r\n".to_string(), String::new()),
-        "/redirect2" => ("302 Found", format!("Location: {canary_url}\r\n"), String::new()),
-        "/file-link" => ("200 OK", String::new(), page(r#"<a href="file:///etc/passwd">passwords</a> <a href="view-source:http://example.com/">source</a>"#)),
-        "/tabs" => ("200 OK", String::new(), page(
-            r#"<p id=s>opening</p><script>for (let i = 0; i < 100; i++) { window.open('/next?' + i, '_blank'); } document.getElementById('s').textContent = 'opened all';</script>"#,
-        )),
+            )),
+        ),
+        "/redirect" => (
+            "302 Found",
+            "Location: /redirect2\r\n".to_string(),
+            String::new(),
+        ),
+        "/redirect2" => (
+            "302 Found",
+            format!("Location: {canary_url}\r\n"),
+            String::new(),
+        ),
+        "/file-link" => (
+            "200 OK",
+            String::new(),
+            page(
+                r#"<a href="file:///etc/passwd">passwords</a> <a href="view-source:http://example.com/">source</a>"#,
+            ),
+        ),
+        "/tabs" => (
+            "200 OK",
+            String::new(),
+            page(
+                r#"<p id=s>opening</p><script>for (let i = 0; i < 100; i++) { window.open('/next?' + i, '_blank'); } document.getElementById('s').textContent = 'opened all';</script>"#,
+            ),
+        ),
         "/never" => {
             let _ = s.write_all(b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: 100000\r\n\r\n<html><body><p>Partial content arrives</p>");
             std::thread::sleep(Duration::from_secs(120));
             return;
         }
-        "/busy" => ("200 OK", String::new(), page("<p>Busy page</p><button onclick='for(;;){}'>spin</button>")),
+        "/busy" => (
+            "200 OK",
+            String::new(),
+            page("<p>Busy page</p><button onclick='for(;;){}'>spin</button>"),
+        ),
         _ => ("404 Not Found", String::new(), page("not found")),
     };
     let _ = s.write_all(
@@ -211,9 +250,7 @@ impl Fx {
 
     async fn ok(&self, args: Value) -> Value {
         let a = args.clone();
-        self.call(args)
-            .await
-            .unwrap_or_else(|e| panic!("{a}: {e}"))
+        self.call(args).await.unwrap_or_else(|e| panic!("{a}: {e}"))
     }
 
     async fn snapshot(&self) -> String {
@@ -285,8 +322,10 @@ fn open_snapshot_click_type_submit_and_screenshot() {
         // Type without submitting, then a select and the search button by click.
         fx.ok(json!({"action": "back"})).await;
         let snap = fx.snapshot().await;
-        fx.ok(json!({"action": "type", "ref": ref_of(&snap, "textbox \"Query\""), "text": "plums"}))
-            .await;
+        fx.ok(
+            json!({"action": "type", "ref": ref_of(&snap, "textbox \"Query\""), "text": "plums"}),
+        )
+        .await;
         let v = fx
             .ok(json!({"action": "select", "ref": ref_of(&snap, "combobox"), "value": "Pear"}))
             .await;
@@ -297,7 +336,10 @@ fn open_snapshot_click_type_submit_and_screenshot() {
         let v = fx
             .ok(json!({"action": "click", "ref": ref_of(&snap2, "button \"Search\"")}))
             .await;
-        assert!(v["url"].as_str().unwrap().ends_with("/search?q=plums"), "{v}");
+        assert!(
+            v["url"].as_str().unwrap().ends_with("/search?q=plums"),
+            "{v}"
+        );
 
         // A screenshot is a real PNG of the page's size, saved in the workspace.
         let v = fx.ok(json!({"action": "screenshot"})).await;
@@ -312,8 +354,12 @@ fn open_snapshot_click_type_submit_and_screenshot() {
         assert!(pdf.starts_with(b"%PDF-"));
 
         // Refs of an old page are refused with a clear error.
-        fx.ok(json!({"action": "open", "url": fx.url("/next")})).await;
-        let e = fx.call(json!({"action": "click", "ref": 1})).await.unwrap_err();
+        fx.ok(json!({"action": "open", "url": fx.url("/next")}))
+            .await;
+        let e = fx
+            .call(json!({"action": "click", "ref": 1}))
+            .await
+            .unwrap_err();
         assert!(matches!(e, ToolError::InvalidArgs(_)), "{e}");
         assert!(e.to_string().contains("snapshot"), "{e}");
         // JavaScript of the model's own is off by default.
@@ -335,7 +381,10 @@ fn the_browser_cannot_reach_the_network_it_was_not_given() {
             .await;
         let snap = fx.snapshot().await;
         assert!(!snap.contains("CANARY-REACHED"), "{v} {snap}");
-        assert!(snap.contains("refused") || v.get("error").is_some(), "{v} {snap}");
+        assert!(
+            snap.contains("refused") || v.get("error").is_some(),
+            "{v} {snap}"
+        );
         // `localhost` and other spellings of loopback.
         for host in ["localhost", "2130706433", "[::1]", "0x7f.1"] {
             let _ = fx
@@ -423,7 +472,8 @@ fn local_files_and_browser_pages_are_never_shown() {
 fn tabs_are_capped_and_a_page_that_never_loads_does_not_hang() {
     with_browser(|fx| async move {
         // A page opening 100 tabs: at most max_tabs (4) stay.
-        fx.ok(json!({"action": "open", "url": fx.url("/tabs")})).await;
+        fx.ok(json!({"action": "open", "url": fx.url("/tabs")}))
+            .await;
         let v = fx
             .ok(json!({"action": "wait", "text": "opened all", "timeout": 20}))
             .await;
@@ -445,19 +495,29 @@ fn tabs_are_capped_and_a_page_that_never_loads_does_not_hang() {
             let Some(other) = tabs.iter().find(|t| t["current"] != true) else {
                 break;
             };
-            fx.ok(json!({"action": "tabs", "close": other["tab"]})).await;
+            fx.ok(json!({"action": "tabs", "close": other["tab"]}))
+                .await;
         }
 
         // A page that never finishes loading: the action returns after the load limit.
         let started = Instant::now();
-        let v = fx.ok(json!({"action": "open", "url": fx.url("/never")})).await;
+        let v = fx
+            .ok(json!({"action": "open", "url": fx.url("/never")}))
+            .await;
         let took = started.elapsed();
         assert!(took < Duration::from_secs(10), "{took:?}");
-        assert!(v["note"].as_str().unwrap_or("").contains("not finished loading"), "{v}");
+        assert!(
+            v["note"]
+                .as_str()
+                .unwrap_or("")
+                .contains("not finished loading"),
+            "{v}"
+        );
 
         // A page stuck in a script: the action times out, /stop ends one at once, and the
         // browser keeps working (the tab is replaced).
-        fx.ok(json!({"action": "open", "url": fx.url("/busy")})).await;
+        fx.ok(json!({"action": "open", "url": fx.url("/busy")}))
+            .await;
         let snap = fx.snapshot().await;
         let spin = ref_of(&snap, "spin");
         let started = Instant::now();
@@ -480,10 +540,15 @@ fn tabs_are_capped_and_a_page_that_never_loads_does_not_hang() {
         let started = Instant::now();
         let _ = fx
             .tool
-            .execute(json!({"action": "wait", "text": "never there", "timeout": 60}), &ctx)
+            .execute(
+                json!({"action": "wait", "text": "never there", "timeout": 60}),
+                &ctx,
+            )
             .await;
         assert!(started.elapsed() < Duration::from_secs(5));
-        let v = fx.ok(json!({"action": "open", "url": fx.url("/next")})).await;
+        let v = fx
+            .ok(json!({"action": "open", "url": fx.url("/next")}))
+            .await;
         assert_eq!(v["url"], fx.url("/next"));
         assert_eq!(fx.canary.hits(), 0);
     });
@@ -534,7 +599,8 @@ fn sockets_of_group(pgid: u32) -> Vec<String> {
 #[test]
 fn no_devtools_port_exists_and_commands_cannot_reach_the_browser() {
     with_browser(|fx| async move {
-        fx.ok(json!({"action": "open", "url": fx.url("/next")})).await;
+        fx.ok(json!({"action": "open", "url": fx.url("/next")}))
+            .await;
         let pid = fx.browser.pid().await.unwrap();
         // No process of the browser listens on any TCP port: CDP is a pipe.
         let listening = listening_inodes();
@@ -577,7 +643,10 @@ fn no_devtools_port_exists_and_commands_cannot_reach_the_browser() {
             let text = format!("{v:?}");
             assert!(!text.contains("CONNECTED"), "{text}");
         } else {
-            println!("SKIPPED exec part: commands get no namespaces here: {}", st.summary());
+            println!(
+                "SKIPPED exec part: commands get no namespaces here: {}",
+                st.summary()
+            );
         }
         // The proxy itself refuses what the browser may not reach.
         let mut s = tokio::net::TcpStream::connect(proxy).await.unwrap();
@@ -602,7 +671,8 @@ fn no_devtools_port_exists_and_commands_cannot_reach_the_browser() {
 #[test]
 fn the_profile_is_private_and_closing_ends_every_process() {
     with_browser(|fx| async move {
-        fx.ok(json!({"action": "open", "url": fx.url("/next")})).await;
+        fx.ok(json!({"action": "open", "url": fx.url("/next")}))
+            .await;
         let pid = fx.browser.pid().await.unwrap();
         let starts = fx.browser.starts();
         // A crash is survived: the next action starts a new browser.
@@ -622,10 +692,9 @@ fn the_profile_is_private_and_closing_ends_every_process() {
         let pid = fx.browser.pid().await.unwrap();
         fx.ok(json!({"action": "close"})).await;
         assert!(fx.browser.pid().await.is_none());
-        let gone = crate::common::wait_until(Duration::from_secs(10), || {
-            sockets_of_group(pid).is_empty()
-        })
-        .await;
+        let gone =
+            crate::common::wait_until(Duration::from_secs(10), || sockets_of_group(pid).is_empty())
+                .await;
         assert!(gone, "processes of the browser outlived close");
     });
 }
