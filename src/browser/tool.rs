@@ -154,6 +154,8 @@ impl BrowserTool {
                     out["height"] = json!(h);
                 }
                 out["path"] = json!(rel);
+                // A model that can see gets the picture for the rest of the turn.
+                out["image"] = json!(rel);
                 out["bytes"] = json!(png.len());
                 Ok(out)
             }
