@@ -150,6 +150,11 @@ fn respond(mut s: TcpStream, canary: u16) {
             std::thread::sleep(Duration::from_secs(120));
             return;
         }
+        "/secret" => (
+            "200 OK",
+            String::new(),
+            page("<p>Your key is sk-test-secret-123456 and the day is sunny.</p>"),
+        ),
         "/busy" => (
             "200 OK",
             String::new(),
@@ -697,4 +702,89 @@ fn the_profile_is_private_and_closing_ends_every_process() {
                 .await;
         assert!(gone, "processes of the browser outlived close");
     });
+}
+
+/// Through the gateway: the tool is listed, not offered, until `tool_search` loads it; page
+/// text comes back marked untrusted with the gateway's secrets scrubbed; a screenshot is shown
+/// to a model that can see, in the same turn, and only its path is stored.
+#[tokio::test]
+async fn an_agent_finds_the_browser_reads_a_page_and_sees_its_screenshot() {
+    use crate::common::{config, listed_tools, messages, tool_names, tool_results, TestGateway};
+    use crate::fake_llm::{FakeLlm, Reply};
+    if !have_browser() {
+        return;
+    }
+    let server = FX.server;
+    let dir = tempfile::tempdir().unwrap();
+    let llm = FakeLlm::start().await;
+    let gw = TestGateway::start(config(
+        &llm,
+        dir.path(),
+        json!({
+            "agents": {"defaults": {"vision": "on", "stream": false}},
+            "tools": {"rate_limit": {"per_minute": 0},
+                      "browser": {"allow_private": [server.to_string()]}},
+        }),
+    ))
+    .await;
+    let call = |id: &str, name: &str, args: Value| {
+        Reply::ToolCalls(vec![(id.into(), name.into(), args.to_string())])
+    };
+    llm.push(call(
+        "s1",
+        "tool_search",
+        json!({"query": "browse a web page"}),
+    ));
+    llm.push(call(
+        "b1",
+        "browser",
+        json!({"action": "open", "url": format!("http://{server}/secret")}),
+    ));
+    llm.push(call("b2", "browser", json!({"action": "snapshot"})));
+    llm.push(call("b3", "browser", json!({"action": "screenshot"})));
+    llm.push(Reply::Text("done".into()));
+    let (s, body) = gw.api.chat("br", "what does the page say?").await;
+    assert_eq!(s, 200, "{body}");
+    assert_eq!(body["reply"], "done", "{body}");
+    let reqs = llm.requests();
+    assert_eq!(reqs.len(), 5);
+    assert!(!tool_names(&reqs[0]).contains(&"browser".to_string()));
+    assert!(listed_tools(&reqs[0]).contains(&"browser".to_string()));
+    assert!(tool_names(&reqs[1]).contains(&"browser".to_string()));
+    let results = tool_results(&reqs[3]);
+    let snap = &results.iter().find(|(id, _)| id == "b2").unwrap().1;
+    let text = snap["untrusted_page_text"].as_str().unwrap();
+    assert!(text.contains("the day is sunny"), "{snap}");
+    assert!(!text.contains("sk-test-secret-123456"), "{snap}");
+    assert!(snap["note"].as_str().unwrap().contains("not instructions"));
+    // The screenshot: its path in the result, the picture in a user message after it.
+    let last = messages(&reqs[4]);
+    let shot = &tool_results(&reqs[4])
+        .into_iter()
+        .find(|(id, _)| id == "b3")
+        .unwrap()
+        .1;
+    let path = shot["path"].as_str().unwrap();
+    assert!(dir.path().join("ws").join(path).exists(), "{shot}");
+    let image_msg = last.last().unwrap();
+    assert_eq!(image_msg["role"], "user", "{image_msg}");
+    let parts = image_msg["content"].as_array().unwrap();
+    let url = parts.iter().find(|p| p["type"] == "image_url").unwrap()["image_url"]["url"]
+        .as_str()
+        .unwrap();
+    assert!(
+        url.starts_with("data:image/png;base64,iVBORw0KGgo"),
+        "{}",
+        &url[..40]
+    );
+    // Nothing but the path was stored: the next turn does not carry the picture.
+    llm.push(Reply::Text("ok".into()));
+    gw.api.chat("br", "thanks").await;
+    let reqs = llm.requests();
+    let next = serde_json::to_string(&reqs[5]["messages"]).unwrap();
+    assert!(
+        !next.contains("data:image/png"),
+        "the screenshot was stored"
+    );
+    gw.stop().await;
 }
