@@ -96,6 +96,8 @@ pub struct Browser {
     agent: String,
     /// `<state>/browser/<agent>`: the profile lives in `profile/` beneath it.
     dir: PathBuf,
+    /// Paths Chromium may never read nor write (the daemon's config, credentials, store).
+    protected: Vec<PathBuf>,
     state: tokio::sync::Mutex<Option<Running>>,
     last_used: std::sync::Mutex<Instant>,
     starts: std::sync::atomic::AtomicUsize,
@@ -119,10 +121,24 @@ impl Browser {
             settings,
             agent: agent.to_string(),
             dir,
+            protected: Vec::new(),
             state: tokio::sync::Mutex::new(None),
             last_used: std::sync::Mutex::new(Instant::now()),
             starts: std::sync::atomic::AtomicUsize::new(0),
         })
+    }
+
+    /// The same browser, kept away from `paths` (the daemon's config, credentials and store)
+    /// by the filesystem sandbox. Call before the first action.
+    #[must_use]
+    pub fn with_protected(self: Arc<Self>, paths: Vec<PathBuf>) -> Arc<Self> {
+        match Arc::try_unwrap(self) {
+            Ok(mut b) => {
+                b.protected = paths;
+                Arc::new(b)
+            }
+            Err(shared) => shared,
+        }
     }
 
     /// The settings it runs with.
@@ -230,6 +246,11 @@ impl Browser {
         let proxy = EgressProxy::start_tcp(policy)
             .await
             .map_err(|e| BrowserError::Failed(format!("cannot start the browser's proxy: {e}")))?;
+        let tmp = self.dir.join("tmp");
+        let _ = std::fs::remove_dir_all(&tmp);
+        make_private(&tmp).map_err(|e| {
+            BrowserError::Failed(format!("cannot make the browser's temp dir: {e}"))
+        })?;
         let mut cmd = Command::new("/bin/sh");
         // Chromium speaks CDP on fds 3 and 4: the shell moves our pipes there.
         cmd.arg("-c")
@@ -240,13 +261,47 @@ impl Browser {
             .env("HOME", &profile)
             .env("PATH", "/usr/bin:/bin")
             .env("LANG", "C.UTF-8")
+            .env("TMPDIR", &tmp)
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::null())
             .process_group(0)
             .kill_on_drop(true);
-        let mut child = cmd
-            .spawn()
+        // The same filesystem sandbox as commands (Landlock, no-new-privs, no capabilities):
+        // the profile and its temp dir writable, the system trees readable, the daemon's
+        // config, credentials and store out of reach.
+        let ruleset = if crate::tools::sandbox::probe().fs_enforced {
+            let plan = crate::tools::sandbox::SandboxPlan {
+                read_paths: vec!["/sys".into(), "/var/cache/fontconfig".into()],
+                write_paths: Vec::new(),
+                protected: self.protected.clone(),
+                network: true,
+            };
+            let (p, t) = (profile.clone(), tmp.clone());
+            match tokio::task::spawn_blocking(move || plan.build_ruleset(&p, &t)).await {
+                Ok(Ok(fd)) => fd,
+                Ok(Err(e)) => {
+                    return Err(BrowserError::Failed(format!(
+                        "cannot build the browser's sandbox: {e}"
+                    )))
+                }
+                Err(e) => return Err(BrowserError::Failed(e.to_string())),
+            }
+        } else {
+            tracing::warn!(agent = %self.agent, "Landlock is unavailable: Chromium runs without the filesystem sandbox");
+            None
+        };
+        {
+            use std::os::fd::AsRawFd;
+            crate::tools::sandbox::confine(
+                &mut cmd,
+                ruleset.as_ref().map(AsRawFd::as_raw_fd),
+                true,
+            );
+        }
+        let spawned = cmd.spawn();
+        drop(ruleset);
+        let mut child = spawned
             .map_err(|e| BrowserError::Failed(format!("cannot start {}: {e}", exe.display())))?;
         let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
             return Err(BrowserError::Failed("no pipe to the browser".into()));
@@ -1270,6 +1325,7 @@ pub fn chromium_args(profile: &Path, proxy_port: u16, root: bool) -> Vec<String>
         "--headless",
         "--remote-debugging-pipe",
         "--disable-gpu",
+        "--disable-dev-shm-usage",
         "--no-first-run",
         "--no-default-browser-check",
         "--disable-quic",

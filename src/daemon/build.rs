@@ -280,7 +280,21 @@ fn browser_tool(config: &Config) -> Option<Arc<dyn crate::tools::Tool>> {
         return None;
     }
     let dir = config.home.join("browser").join(&config.agent_name);
-    let b = crate::browser::session::Browser::new(s.clone(), &config.agent_name, dir);
+    // The profile lives beneath the state dir, which is protected: leave the way to it open
+    // (its siblings stay protected, as for a workspace beneath it).
+    let _ = std::fs::create_dir_all(&dir);
+    let dir_c = crate::tools::protected::canonical(&dir);
+    let mut protected = ProtectedPaths::default();
+    for p in protected_paths(config).iter() {
+        let c = crate::tools::protected::canonical(&p.path);
+        if !dir_c.starts_with(&c) {
+            protected.push(p.path.clone(), p.kind);
+        } else if c != dir_c {
+            carve(&c, &dir_c, p.kind, &mut protected);
+        }
+    }
+    let b = crate::browser::session::Browser::new(s.clone(), &config.agent_name, dir)
+        .with_protected(protected.paths());
     Some(Arc::new(crate::browser::tool::BrowserTool::new(b)))
 }
 

@@ -617,6 +617,14 @@ fn no_devtools_port_exists_and_commands_cannot_reach_the_browser() {
         let cmdline = String::from_utf8_lossy(&cmdline);
         assert!(cmdline.contains("--remote-debugging-pipe"));
         assert!(!cmdline.contains("--remote-debugging-port"));
+        // It runs confined like commands: no new privileges, no capabilities, and the
+        // environment is not the daemon's.
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        assert!(status.contains("NoNewPrivs:\t1"), "{status}");
+        assert!(status.contains("CapEff:\t0000000000000000"), "{status}");
+        let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
+        let environ = String::from_utf8_lossy(&environ);
+        assert!(!environ.contains("CARGO"), "{environ}");
 
         // The browser's proxy port is the only loopback listener it has; a command in the
         // exec jail cannot reach it (its own network namespace).
