@@ -141,6 +141,16 @@ impl Browser {
         }
     }
 
+    /// Where its profile lives.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The paths it is kept away from.
+    pub fn protected(&self) -> &[PathBuf] {
+        &self.protected
+    }
+
     /// The settings it runs with.
     pub fn settings(&self) -> &BrowserSettings {
         &self.settings

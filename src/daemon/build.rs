@@ -293,8 +293,26 @@ fn browser_tool(config: &Config) -> Option<Arc<dyn crate::tools::Tool>> {
             carve(&c, &dir_c, p.kind, &mut protected);
         }
     }
-    let b = crate::browser::session::Browser::new(s.clone(), &config.agent_name, dir)
-        .with_protected(protected.paths());
+    // One browser per agent and profile: a registry built again (a reload) while the old one
+    // is still in use shares the running browser rather than starting a second Chromium on
+    // the same profile; changed settings take effect with a new browser.
+    static LIVE: std::sync::Mutex<Vec<std::sync::Weak<crate::browser::session::Browser>>> =
+        std::sync::Mutex::new(Vec::new());
+    let paths = protected.paths();
+    let mut live = crate::types::MutexExt::locked(&LIVE);
+    live.retain(|w| w.strong_count() > 0);
+    let same = live.iter().filter_map(std::sync::Weak::upgrade).find(|b| {
+        b.dir() == dir.as_path() && b.settings() == s && b.protected() == paths.as_slice()
+    });
+    let b = match same {
+        Some(b) => b,
+        None => {
+            let b = crate::browser::session::Browser::new(s.clone(), &config.agent_name, dir)
+                .with_protected(paths);
+            live.push(Arc::downgrade(&b));
+            b
+        }
+    };
     Some(Arc::new(crate::browser::tool::BrowserTool::new(b)))
 }
 

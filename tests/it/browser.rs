@@ -796,3 +796,82 @@ async fn an_agent_finds_the_browser_reads_a_page_and_sees_its_screenshot() {
     );
     gw.stop().await;
 }
+
+/// Sum of a field (kB) of `/proc/PID/smaps_rollup` over the processes of group `pgid`.
+fn group_memory_kb(pgid: u32, field: &str) -> u64 {
+    let mut total = 0;
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+            continue;
+        };
+        let after = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+        if after.split_whitespace().nth(2) != Some(&pgid.to_string()) {
+            continue;
+        }
+        let text = std::fs::read_to_string(e.path().join("smaps_rollup")).unwrap_or_default();
+        for l in text.lines() {
+            if let Some(v) = l.strip_prefix(field) {
+                total += v
+                    .trim_start_matches(':')
+                    .split_whitespace()
+                    .next()
+                    .and_then(|n| n.parse::<u64>().ok())
+                    .unwrap_or(0);
+            }
+        }
+    }
+    total
+}
+
+/// Figures for docs/performance.md (run by hand: `cargo test --test it -- --ignored
+/// browser::figures --nocapture`): time to the first snapshot with the browser closed (cold)
+/// and open (warm), and the memory of the browser's processes.
+#[test]
+#[ignore = "prints figures; run by hand"]
+fn figures() {
+    with_browser(|fx| async move {
+        fx.browser.close().await;
+        let mut cold = Vec::new();
+        let mut warm = Vec::new();
+        for _ in 0..5 {
+            fx.browser.close().await;
+            let t = Instant::now();
+            fx.ok(json!({"action": "open", "url": fx.url("/")})).await;
+            fx.snapshot().await;
+            cold.push(t.elapsed());
+            let t = Instant::now();
+            fx.ok(json!({"action": "open", "url": fx.url("/next")}))
+                .await;
+            fx.snapshot().await;
+            warm.push(t.elapsed());
+        }
+        cold.sort();
+        warm.sort();
+        let pid = fx.browser.pid().await.unwrap();
+        let pss = group_memory_kb(pid, "Pss");
+        let rss = group_memory_kb(pid, "Rss");
+        let procs = sockets_of_group(pid).len();
+        println!(
+            "FIGURES cold open+snapshot median {:?} (min {:?}, max {:?}); warm median {:?} (min {:?}, max {:?}); browser group PSS {} KiB, RSS sum {} KiB; sockets {procs}",
+            cold[2], cold[0], cold[4], warm[2], warm[0], warm[4], pss, rss
+        );
+        let own = std::fs::read_to_string("/proc/self/status").unwrap();
+        let line = own
+            .lines()
+            .find(|l| l.starts_with("VmRSS"))
+            .unwrap()
+            .to_string();
+        println!("FIGURES test process (daemon side) with the browser open: {line}");
+        fx.browser.close().await;
+        let own = std::fs::read_to_string("/proc/self/status").unwrap();
+        let line = own
+            .lines()
+            .find(|l| l.starts_with("VmRSS"))
+            .unwrap()
+            .to_string();
+        println!(
+            "FIGURES after close: {line}; browser group PSS {} KiB",
+            group_memory_kb(pid, "Pss")
+        );
+    });
+}
