@@ -12,6 +12,10 @@
     "option", "textbox", "combobox", "searchbox", "slider"]);
   const SKIP = new Set(["SCRIPT", "STYLE", "NOSCRIPT", "TEMPLATE", "HEAD", "META", "LINK", "SVG"]);
   const clean = (s) => (s || "").replace(/\s+/g, " ").trim();
+  // Text of inline runs is joined into one line; blocks and actionable elements end it.
+  let run = "";
+  const flush = () => { const t = clean(run); run = ""; if (t) push(t); };
+  const INLINE = new Set(["inline", "inline-block", "inline-flex", "contents"]);
   const push = (line) => {
     if (cut) return;
     if (size + line.length + 1 > max) { cut = true; return; }
@@ -59,6 +63,7 @@
     return clean(el.innerText || el.getAttribute("title") || el.getAttribute("alt")).slice(0, 200);
   };
   const describe = (el) => {
+    flush();
     const n = refs.length + 1;
     refs.push(el);
     const role = roleOf(el);
@@ -82,8 +87,7 @@
   const walk = (node) => {
     if (cut || ++visited > 50000) { cut = true; return; }
     if (node.nodeType === 3) {
-      const t = clean(node.data);
-      if (t) push(t);
+      run += node.data;
       return;
     }
     if (node.nodeType !== 1) return;
@@ -94,12 +98,17 @@
       if (getComputedStyle(el).display !== "contents") return;
     }
     if (actionable(el)) { describe(el); if (el.tagName !== "SELECT" && !el.isContentEditable && el.children.length === 0) return; if (["A", "BUTTON", "SELECT", "TEXTAREA", "INPUT", "SUMMARY"].includes(el.tagName)) return; }
-    if (/^H[1-6]$/.test(el.tagName)) { push("#".repeat(+el.tagName[1]) + " " + clean(el.innerText)); return; }
-    if (el.tagName === "IMG") { const a = clean(el.getAttribute("alt")); if (a) push(`[image: ${a}]`); return; }
-    if (el.tagName === "IFRAME") { push("[frame: content not shown]"); return; }
+    const block = !INLINE.has(getComputedStyle(el).display);
+    if (block) flush();
+    if (/^H[1-6]$/.test(el.tagName)) { flush(); push("#".repeat(+el.tagName[1]) + " " + clean(el.innerText)); return; }
+    if (el.tagName === "IMG") { const a = clean(el.getAttribute("alt")); if (a) run += `[image: ${a}] `; return; }
+    if (el.tagName === "IFRAME") { flush(); push("[frame: content not shown]"); return; }
+    if (el.tagName === "BR") { flush(); return; }
     for (const c of el.childNodes) walk(c);
+    if (block) flush();
   };
   if (document.body) walk(document.body);
+  flush();
   globalThis.__weftRefs = refs;
   return { title: document.title, url: location.href, text: out.join("\n"), refs: refs.length, cut };
 }

@@ -87,7 +87,7 @@ fn respond(mut s: TcpStream, canary: u16) {
             "200 OK",
             String::new(),
             page(
-                r#"<h1>Welcome to the test shop</h1><p>Fresh apples every day.</p>
+                r#"<h1>Welcome to the test shop</h1><p>Fresh <b>apples</b> every <i>day</i>.</p>
             <a href="/next">Next page</a>
             <form action="/search" method="get"><label for=q>Query</label><input id=q name=q>
             <button type=submit>Search</button></form>
