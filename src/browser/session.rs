@@ -1247,13 +1247,24 @@ pub fn allowed_shown(url: &str) -> bool {
 /// `Invalid` for a non-URL, `Refused` for another scheme.
 pub fn check_url(url: &str) -> Result<String, BrowserError> {
     let trimmed = url.trim();
-    let parsed = url::Url::parse(trimmed).or_else(|e| {
-        if !trimmed.contains("://") && !trimmed.contains(':') {
-            url::Url::parse(&format!("https://{trimmed}"))
-        } else {
-            Err(e)
-        }
-    });
+    // `example.com/a` and `localhost:8080/a` mean https:// (the latter parses with a scheme
+    // `localhost`); anything else with a colon keeps its scheme.
+    let bare = !trimmed.contains("://")
+        && trimmed
+            .split('/')
+            .next()
+            .and_then(|authority| match authority.split_once(':') {
+                None => Some(true),
+                Some((_, port)) => {
+                    Some(!port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()))
+                }
+            })
+            .unwrap_or(false);
+    let parsed = if bare {
+        url::Url::parse(&format!("https://{trimmed}"))
+    } else {
+        url::Url::parse(trimmed)
+    };
     let parsed = parsed.map_err(|e| BrowserError::Invalid(format!("`{url}` is not a URL: {e}")))?;
     if !matches!(parsed.scheme(), "http" | "https") {
         return Err(BrowserError::Refused(format!(
@@ -1383,6 +1394,10 @@ mod tests {
     fn only_web_urls_are_opened() {
         assert!(check_url("https://example.com/a").is_ok());
         assert_eq!(check_url("example.com").unwrap(), "https://example.com/");
+        assert_eq!(
+            check_url("localhost:8080/a").unwrap(),
+            "https://localhost:8080/a"
+        );
         for bad in [
             "file:///etc/passwd",
             "chrome://settings",
@@ -1391,6 +1406,9 @@ mod tests {
             "javascript:alert(1)",
             "data:text/html,<b>x</b>",
             "FILE:///etc/passwd",
+            "file:/etc/passwd",
+            "mailto:a@example.com",
+            "chrome:settings",
         ] {
             assert!(
                 matches!(check_url(bad), Err(BrowserError::Refused(_))),
