@@ -42,3 +42,26 @@ pub fn doctor_line(settings: &BrowserSettings) -> (bool, String) {
         ),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn doctor_says_how_to_install_a_browser() {
+        let missing = BrowserSettings {
+            executable: Some("/nonexistent/chromium".into()),
+            ..BrowserSettings::default()
+        };
+        let (found, line) = doctor_line(&missing);
+        if cfg!(feature = "browser") {
+            assert!(!found);
+            assert!(line.contains("apt install chromium"), "{line}");
+        }
+        let off = BrowserSettings {
+            enabled: false,
+            ..BrowserSettings::default()
+        };
+        assert!(doctor_line(&off).0);
+    }
+}
