@@ -1253,11 +1253,9 @@ pub fn check_url(url: &str) -> Result<String, BrowserError> {
         && trimmed
             .split('/')
             .next()
-            .and_then(|authority| match authority.split_once(':') {
-                None => Some(true),
-                Some((_, port)) => {
-                    Some(!port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()))
-                }
+            .map(|authority| match authority.split_once(':') {
+                None => true,
+                Some((_, port)) => !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()),
             })
             .unwrap_or(false);
     let parsed = if bare {
