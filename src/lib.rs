@@ -20,7 +20,9 @@
 //! - [`tools`]: [`tools::Tool`], [`tools::ToolRegistry`], built-in tools.
 //! - [`skills`]: `SKILL.md` skills. [`mcp`]: MCP client and server. [`memory`]: memory
 //!   documents, their search index and the memory tools. [`media`]: chat attachments
-//!   downloaded into the workspace, sniffed and transcribed.
+//!   downloaded into the workspace, sniffed and transcribed. [`browser`]: the agent's
+//!   headless Chromium (DevTools protocol over a pipe, requests through the egress proxy) and
+//!   the `browser` tool.
 //! - [`config`]: file + environment → validated [`config::Config`]; the only env reader.
 //!   [`approval`]: approvals asked of the user in their chat (exec `ask` mode).
 //! - [`egress`]: channel actors (outbox workers), the [`egress::Outbox`] handle and the live
@@ -35,6 +37,7 @@
 
 pub mod admin;
 pub mod approval;
+pub mod browser;
 pub mod bus;
 pub mod cli;
 pub mod config;

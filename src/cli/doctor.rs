@@ -566,6 +566,12 @@ pub async fn check(config: &Config) -> Result<Vec<Finding>, CliError> {
         ok("sandbox", st.summary())
     });
     out.extend(media_findings(&config.media));
+    let (found, line) = crate::browser::doctor_line(&config.tools.browser);
+    out.push(if found {
+        ok("browser", line)
+    } else {
+        warn("browser", line)
+    });
     out.extend(store_and_bind(config).await);
     // Findings quote URLs, server answers and transport errors: none may show a secret.
     let scrubber = crate::types::scrub::Scrubber::new(

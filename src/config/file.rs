@@ -352,6 +352,9 @@ pub struct ToolsFile {
     /// `web_fetch`: SSRF guard exemptions, body cap, timeouts.
     #[serde(default)]
     pub web_fetch: crate::tools::web::WebFetchFile,
+    /// `browser`: the headless Chromium of the `browser` tool: what it may reach, its bounds.
+    #[serde(default)]
+    pub browser: crate::browser::BrowserFile,
     /// `web_search`: the search backend (SearXNG or Brave).
     #[serde(default)]
     pub web_search: crate::tools::web::WebSearchFile,

@@ -1124,6 +1124,7 @@ pub(super) fn resolve_tools(
         }
     }
     let web_fetch = t.web_fetch.resolve()?;
+    let browser = t.browser.resolve()?;
     let search_key = resolve_secret(
         "tools.web_search.api_key",
         t.web_search.api_key.take(),
@@ -1211,6 +1212,7 @@ pub(super) fn resolve_tools(
         mcp_servers,
         memory_fallback: Some(env.home().join(".nanobot/workspace/memory/MEMORY.md")),
         web_fetch,
+        browser,
         web_search,
     })
 }

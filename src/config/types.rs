@@ -492,6 +492,8 @@ pub struct ToolsConfig {
     pub mcp_connect_wait: std::time::Duration,
     /// `tools.web_fetch`.
     pub web_fetch: crate::tools::web::WebFetchSettings,
+    /// `tools.browser`.
+    pub browser: crate::browser::BrowserSettings,
     /// `tools.web_search`.
     pub web_search: crate::tools::web::WebSearchSettings,
     /// `tools.subagents`.

@@ -260,6 +260,7 @@ fn egress_proxy(config: &Config) -> Option<Arc<EgressProxy>> {
     let policy = ProxyPolicy {
         ssrf: SsrfPolicy::new(exec.allow_private.clone()),
         allow_domains: exec.allow_domains.clone(),
+        ..ProxyPolicy::default()
     };
     match EgressProxy::start_private(&config.tools.tmp_base, policy) {
         Ok(p) => Some(Arc::new(p)),
@@ -268,6 +269,51 @@ fn egress_proxy(config: &Config) -> Option<Arc<EgressProxy>> {
             None
         }
     }
+}
+
+/// The agent's `browser` tool, when it is on and a Chromium is installed; its profile lives in
+/// `<state>/browser/<agent>/`.
+#[cfg(feature = "browser")]
+fn browser_tool(config: &Config) -> Option<Arc<dyn crate::tools::Tool>> {
+    let s = &config.tools.browser;
+    if !s.enabled || s.find_executable().is_none() {
+        return None;
+    }
+    let dir = config.home.join("browser").join(&config.agent_name);
+    // The profile lives beneath the state dir, which is protected: leave the way to it open
+    // (its siblings stay protected, as for a workspace beneath it).
+    let _ = std::fs::create_dir_all(&dir);
+    let dir_c = crate::tools::protected::canonical(&dir);
+    let mut protected = ProtectedPaths::default();
+    for p in protected_paths(config).iter() {
+        let c = crate::tools::protected::canonical(&p.path);
+        if !dir_c.starts_with(&c) {
+            protected.push(p.path.clone(), p.kind);
+        } else if c != dir_c {
+            carve(&c, &dir_c, p.kind, &mut protected);
+        }
+    }
+    // One browser per agent and profile: a registry built again (a reload) while the old one
+    // is still in use shares the running browser rather than starting a second Chromium on
+    // the same profile; changed settings take effect with a new browser.
+    static LIVE: std::sync::Mutex<Vec<std::sync::Weak<crate::browser::session::Browser>>> =
+        std::sync::Mutex::new(Vec::new());
+    let paths = protected.paths();
+    let mut live = crate::types::MutexExt::locked(&LIVE);
+    live.retain(|w| w.strong_count() > 0);
+    let same = live.iter().filter_map(std::sync::Weak::upgrade).find(|b| {
+        b.dir() == dir.as_path() && b.settings() == s && b.protected() == paths.as_slice()
+    });
+    let b = match same {
+        Some(b) => b,
+        None => {
+            let b = crate::browser::session::Browser::new(s.clone(), &config.agent_name, dir)
+                .with_protected(paths);
+            live.push(Arc::downgrade(&b));
+            b
+        }
+    };
+    Some(Arc::new(crate::browser::tool::BrowserTool::new(b)))
 }
 
 /// Where chat users' own memory lives (`memory.scope = "user"`): `~/.clawft/users`, outside
@@ -395,6 +441,10 @@ pub fn build_registry(
     match web::WebFetch::new(config.tools.web_fetch.clone()) {
         Ok(t) => reg.register(Arc::new(t)),
         Err(e) => tracing::error!(error = %e, "web_fetch is unavailable"),
+    }
+    #[cfg(feature = "browser")]
+    if let Some(t) = browser_tool(config) {
+        reg.register(t);
     }
     match web::WebSearch::new(config.tools.web_search.clone()) {
         Ok(t) => reg.register(Arc::new(t)),

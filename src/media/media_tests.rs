@@ -332,3 +332,35 @@ async fn a_voice_note_is_transcribed_once_and_its_transcript_is_the_message() {
         "[Attached voice note: inbox/2026-11-18/1001-voice_note.ogg (audio/ogg, 1 KB); no transcription is configured]"
     );
 }
+
+#[test]
+fn images_of_tool_results_are_shown_for_the_turn() {
+    let d = tempfile::tempdir().unwrap();
+    let ws = Workspace::open(d.path()).unwrap();
+    // A 1x1 PNG.
+    let png: &[u8] = b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR\0\0\0\x01\0\0\0\x01\x08\x06\0\0\0\x1f\x15\xc4\x89\0\0\0\rIDATx\x9cc\xf8\x0f\x00\x00\x01\x01\x00\x05\x18\xd8N\0\0\0\0IEND\xaeB`\x82";
+    std::fs::create_dir_all(d.path().join("browser")).unwrap();
+    std::fs::write(d.path().join("browser/shot.png"), png).unwrap();
+    std::fs::write(d.path().join("notes.txt"), "not an image").unwrap();
+    let results = vec![
+        crate::llm::Message::tool_result(
+            "c1",
+            "browser",
+            r#"{"image": "browser/shot.png", "path": "browser/shot.png"}"#,
+        ),
+        crate::llm::Message::tool_result("c2", "x", r#"{"image": "notes.txt"}"#),
+        crate::llm::Message::tool_result("c3", "y", r#"{"image": "../outside.png"}"#),
+        crate::llm::Message::tool_result("c4", "z", "plain text"),
+    ];
+    let m = tool_result_images(&ws, &results).unwrap();
+    assert_eq!(m.role, crate::llm::Role::User);
+    assert_eq!(m.images.len(), 1);
+    assert_eq!(m.images[0].mime, "image/png");
+    assert!(m.images[0].data.is_some());
+    assert!(
+        m.content.contains("browser/shot.png (browser)"),
+        "{}",
+        m.content
+    );
+    assert!(tool_result_images(&ws, &results[1..]).is_none());
+}

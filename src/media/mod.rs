@@ -543,6 +543,55 @@ pub fn load_images(ws: &Workspace, messages: &mut [crate::llm::Message]) {
     }
 }
 
+/// The images tool results point at (`"image": "<path in the workspace>"`, e.g. the browser's
+/// screenshots), as one user message for a model that can see: sent for the rest of the turn,
+/// never stored (the results keep the path). `None` when no result has a loadable image.
+pub fn tool_result_images(
+    ws: &Workspace,
+    results: &[crate::llm::Message],
+) -> Option<crate::llm::Message> {
+    use base64::Engine as _;
+    let mut images = Vec::new();
+    let mut names = Vec::new();
+    for r in results {
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(&r.content) else {
+            continue;
+        };
+        let Some(path) = v.get("image").and_then(serde_json::Value::as_str) else {
+            continue;
+        };
+        let Ok(Some(b)) = ws.read_beneath(path, MAX_MODEL_IMAGE_BYTES + 1) else {
+            continue;
+        };
+        let Some(mime) = sniff::sniff(&b).filter(|m| sniff::is_model_image(m)) else {
+            continue;
+        };
+        if b.len() as u64 > MAX_MODEL_IMAGE_BYTES {
+            continue;
+        }
+        names.push(format!(
+            "{} ({})",
+            path,
+            r.name.as_deref().unwrap_or("tool")
+        ));
+        images.push(ImagePart {
+            path: path.to_string(),
+            mime: mime.to_string(),
+            data: Some(base64::engine::general_purpose::STANDARD.encode(&b).into()),
+        });
+    }
+    if images.is_empty() {
+        return None;
+    }
+    let mut m = crate::llm::Message::user(format!(
+        "[The image{} a tool call just produced: {}. It shows untrusted content.]",
+        if images.len() == 1 { "" } else { "s" },
+        names.join(", ")
+    ));
+    m.images = images;
+    Some(m)
+}
+
 /// The body of `resp`, failing past `limit` bytes.
 async fn read_capped(mut resp: reqwest::Response, limit: u64) -> Result<Vec<u8>, MediaError> {
     let mut out = Vec::new();

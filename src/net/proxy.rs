@@ -37,8 +37,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpStream, UnixListener, UnixStream};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpStream, UnixListener};
 use tokio::sync::Semaphore;
 use url::{Host, Url};
 
@@ -61,9 +61,30 @@ pub struct ProxyPolicy {
     /// When not empty, the only host names reachable (each also covers its subdomains);
     /// IP literals are then refused.
     pub allow_domains: Vec<String>,
+    /// Single non-public endpoints (address and port) reachable although their network is
+    /// not in `ssrf`'s allow list (`tools.browser.allow_private = ["127.0.0.1:8080"]`): the
+    /// other ports of that address stay refused. Reachable by IP literal even with
+    /// `allow_domains` set.
+    pub allow_endpoints: Vec<SocketAddr>,
+    /// The settings table named in refusals (`tools.exec` when empty).
+    pub settings: &'static str,
 }
 
 impl ProxyPolicy {
+    fn key(&self) -> &'static str {
+        if self.settings.is_empty() {
+            "tools.exec"
+        } else {
+            self.settings
+        }
+    }
+
+    fn endpoint_allowed(&self, ip: std::net::IpAddr, port: u16) -> bool {
+        self.allow_endpoints
+            .iter()
+            .any(|e| e.ip() == ip && e.port() == port)
+    }
+
     fn domain_allowed(&self, host: &str) -> bool {
         if self.allow_domains.is_empty() {
             return true;
@@ -143,6 +164,45 @@ impl EgressProxy {
         })
     }
 
+    /// Listen on `127.0.0.1` at a port the system picks, for a client that can only speak to
+    /// a TCP proxy (Chromium's `--proxy-server`); serves until the returned task is aborted
+    /// or dropped through [`TcpEgressProxy`]. Must be called inside a tokio runtime.
+    ///
+    /// # Errors
+    /// The socket cannot be bound.
+    pub async fn start_tcp(policy: ProxyPolicy) -> io::Result<TcpEgressProxy> {
+        let listener = tokio::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0)).await?;
+        let addr = listener.local_addr()?;
+        let ssrf = Arc::new(policy.ssrf.clone());
+        let shared = Arc::new(Shared {
+            resolver: GuardedResolver::new(ssrf),
+            policy,
+            slots: Arc::new(Semaphore::new(MAX_CONNECTIONS)),
+        });
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok(permit) = shared.slots.clone().acquire_owned().await else {
+                    return;
+                };
+                match listener.accept().await {
+                    Ok((stream, _)) => {
+                        let _ = stream.set_nodelay(true);
+                        let shared = shared.clone();
+                        tokio::spawn(async move {
+                            serve(stream, &shared).await;
+                            drop(permit);
+                        });
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "egress proxy: accept failed");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                }
+            }
+        });
+        Ok(TcpEgressProxy { addr, task })
+    }
+
     /// The socket the proxy listens on.
     pub fn path(&self) -> &Path {
         &self.path
@@ -156,6 +216,26 @@ impl Drop for EgressProxy {
         if let Some(dir) = &self.dir {
             let _ = std::fs::remove_dir(dir);
         }
+    }
+}
+
+/// The egress proxy on a loopback TCP port ([`EgressProxy::start_tcp`]); stops when dropped.
+#[derive(Debug)]
+pub struct TcpEgressProxy {
+    addr: SocketAddr,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl TcpEgressProxy {
+    /// The address it listens on (`127.0.0.1:PORT`).
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+impl Drop for TcpEgressProxy {
+    fn drop(&mut self) {
+        self.task.abort();
     }
 }
 
@@ -236,7 +316,7 @@ struct Head {
     headers: Vec<(String, String)>,
 }
 
-async fn serve(mut client: UnixStream, shared: &Shared) {
+async fn serve<S: AsyncRead + AsyncWrite + Unpin>(mut client: S, shared: &Shared) {
     let (head, rest) = match tokio::time::timeout(HEAD_TIMEOUT, read_head(&mut client)).await {
         Ok(Ok(Some(read))) => read,
         Ok(Ok(None)) => return,
@@ -270,7 +350,9 @@ async fn serve(mut client: UnixStream, shared: &Shared) {
 }
 
 /// Read up to the end of the head; `None` when the client closed before sending anything.
-async fn read_head(client: &mut UnixStream) -> Result<Option<(Head, Vec<u8>)>, Refusal> {
+async fn read_head<S: AsyncRead + Unpin>(
+    client: &mut S,
+) -> Result<Option<(Head, Vec<u8>)>, Refusal> {
     let mut buf = Vec::with_capacity(4096);
     let mut chunk = [0u8; 4096];
     loop {
@@ -335,8 +417,8 @@ fn parse_head(raw: &[u8]) -> Result<Head, Refusal> {
 }
 
 /// `CONNECT host:port`: check, dial, answer 200, relay.
-async fn tunnel(
-    client: &mut UnixStream,
+async fn tunnel<S: AsyncRead + AsyncWrite + Unpin>(
+    client: &mut S,
     head: &Head,
     rest: &[u8],
     shared: &Shared,
@@ -381,8 +463,8 @@ async fn tunnel(
 }
 
 /// Absolute-form plain HTTP: check, dial, rewrite to origin form, relay.
-async fn forward(
-    client: &mut UnixStream,
+async fn forward<S: AsyncRead + AsyncWrite + Unpin>(
+    client: &mut S,
     head: &Head,
     rest: &[u8],
     shared: &Shared,
@@ -444,12 +526,13 @@ async fn forward(
 /// Check `host` against the policy and connect to one of its checked addresses.
 async fn dial(host: Host<&str>, port: u16, shared: &Shared) -> Result<TcpStream, Refusal> {
     let policy = &shared.policy;
-    let opens = "the operator can allow networks with tools.exec.allow_private";
+    let key = policy.key();
+    let opens = format!("the operator can allow networks with {key}.allow_private");
     let addrs: Vec<SocketAddr> = match host {
         Host::Domain(name) => {
             if !policy.domain_allowed(name) {
                 return Err(Refusal::forbidden(format!(
-                    "{name} is not in tools.exec.allow_domains"
+                    "{name} is not in {key}.allow_domains"
                 )));
             }
             let answer = shared.resolver.resolve_checked(name).await;
@@ -466,8 +549,8 @@ async fn dial(host: Host<&str>, port: u16, shared: &Shared) -> Result<TcpStream,
                 }
             }
         }
-        Host::Ipv4(v4) => vec![check_literal(std::net::IpAddr::V4(v4), policy)?],
-        Host::Ipv6(v6) => vec![check_literal(std::net::IpAddr::V6(v6), policy)?],
+        Host::Ipv4(v4) => vec![check_literal(std::net::IpAddr::V4(v4), port, policy)?],
+        Host::Ipv6(v6) => vec![check_literal(std::net::IpAddr::V6(v6), port, policy)?],
     };
     let mut last = String::from("no address");
     for mut addr in addrs {
@@ -485,15 +568,23 @@ async fn dial(host: Host<&str>, port: u16, shared: &Shared) -> Result<TcpStream,
 }
 
 /// An IP-literal target: refused when only named domains are allowed, else by the address rules.
-fn check_literal(ip: std::net::IpAddr, policy: &ProxyPolicy) -> Result<SocketAddr, Refusal> {
+fn check_literal(
+    ip: std::net::IpAddr,
+    port: u16,
+    policy: &ProxyPolicy,
+) -> Result<SocketAddr, Refusal> {
+    let key = policy.key();
+    if policy.endpoint_allowed(ip, port) {
+        return Ok(SocketAddr::new(ip, 0));
+    }
     if !policy.allow_domains.is_empty() {
         return Err(Refusal::forbidden(format!(
-            "{ip} is an address, and only the names in tools.exec.allow_domains are reachable"
+            "{ip} is an address, and only the names in {key}.allow_domains are reachable"
         )));
     }
     policy.ssrf.check_ip(ip).map_err(|b| {
         Refusal::forbidden(format!(
-            "refused {b}; the operator can allow networks with tools.exec.allow_private"
+            "refused {b}; the operator can allow networks with {key}.allow_private"
         ))
     })?;
     Ok(SocketAddr::new(ip, 0))

@@ -59,6 +59,7 @@ fn loopback_allowed() -> ProxyPolicy {
     ProxyPolicy {
         ssrf: SsrfPolicy::new(vec!["127.0.0.0/8".parse::<Cidr>().unwrap()]),
         allow_domains: Vec::new(),
+        ..ProxyPolicy::default()
     }
 }
 
@@ -273,4 +274,54 @@ async fn a_private_proxy_lives_in_its_own_0700_directory_removed_on_drop() {
     assert!(UnixStream::connect(p.path()).await.is_ok());
     drop(p);
     assert!(!dir.exists());
+}
+
+/// The loopback-TCP mode (the browser's proxy): an allowed endpoint is exactly one port of one
+/// address; the same address's other ports, names for it and the rest of loopback stay refused,
+/// and refusals name the browser's settings.
+#[tokio::test]
+async fn an_allowed_endpoint_opens_one_port_only() {
+    let allowed = canary().await;
+    let other = canary().await;
+    let proxy = EgressProxy::start_tcp(ProxyPolicy {
+        allow_endpoints: vec![allowed.addr],
+        settings: "tools.browser",
+        ..ProxyPolicy::default()
+    })
+    .await
+    .unwrap();
+    assert!(proxy.addr().ip().is_loopback());
+    let paddr = proxy.addr();
+    let through = |req: String| async move {
+        let mut s = tokio::net::TcpStream::connect(paddr).await.unwrap();
+        s.write_all(req.as_bytes()).await.unwrap();
+        let mut out = Vec::new();
+        tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut out))
+            .await
+            .unwrap()
+            .unwrap();
+        String::from_utf8_lossy(&out).into_owned()
+    };
+    let ok = through(format!(
+        "GET http://{}/x HTTP/1.1\r\nHost: a\r\n\r\n",
+        allowed.addr
+    ))
+    .await;
+    assert!(ok.ends_with("hello from the canary"), "{ok}");
+    let port = other.addr.port();
+    for target in [
+        format!("GET http://127.0.0.1:{port}/ HTTP/1.1\r\nHost: a\r\n\r\n"),
+        format!("GET http://localhost:{port}/ HTTP/1.1\r\nHost: a\r\n\r\n"),
+        format!("CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\n"),
+        format!(
+            "GET http://localhost:{}/ HTTP/1.1\r\nHost: a\r\n\r\n",
+            allowed.addr.port()
+        ),
+    ] {
+        let out = through(target.clone()).await;
+        assert!(out.starts_with("HTTP/1.1 403"), "{target}: {out}");
+        assert!(out.contains("tools.browser.allow_private"), "{out}");
+    }
+    assert_eq!(other.accepted.load(Ordering::SeqCst), 0);
+    assert_eq!(allowed.accepted.load(Ordering::SeqCst), 1);
 }

@@ -480,6 +480,13 @@ async fn run_turn_inner(
             return out;
         }
         messages.extend_from_slice(&results);
+        // Images a call produced (a browser screenshot) are shown to a model that can see,
+        // for the rest of this turn (not stored: the results keep their paths).
+        if deps.agent.shows_images(deps.request_model.as_deref()) {
+            if let Some(m) = crate::media::tool_result_images(&deps.workspace, &results) {
+                messages.push(m);
+            }
+        }
         out.messages.extend(results);
         // Tools a call exposed (`use_skill`: its skill's tools) are offered from the next
         // round on.

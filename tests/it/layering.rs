@@ -22,6 +22,7 @@ const LAYERS: &[(&str, u32)] = &[
     ("skills", 4),
     ("mcp", 4),
     ("media", 4),
+    ("browser", 4),
     ("memory", 4),
     ("scheduler", 4),
     // 5: configuration (aggregates the domain modules' settings types) and approvals.

@@ -6,6 +6,7 @@
 mod access;
 mod accounts;
 mod agents;
+mod browser;
 mod cli_output;
 mod cli_polish;
 mod common;

@@ -1,0 +1,877 @@
+//! The `browser` tool with a real headless Chromium against pages this test serves on
+//! 127.0.0.1: the journey (open, snapshot, click, type and submit, screenshot) and hostile
+//! pages, each checked by a canary listener that must see no connection at all.
+//!
+//! The page server is reachable because the browser's settings allow exactly its
+//! address and port (`tools.browser.allow_private = ["127.0.0.1:PORT"]`); the canary listens
+//! on another port of the same loopback address, which stays refused.
+//!
+//! One browser serves every test (starting Chromium costs ~0.5 s and 100 MB): the tests share
+//! one runtime and take turns.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, LazyLock};
+use std::time::{Duration, Instant};
+
+use clawft::browser::session::Browser;
+use clawft::browser::tool::{png_size, BrowserTool};
+use clawft::browser::BrowserSettings;
+use clawft::tools::{Tool, ToolContext, ToolError, Workspace};
+use clawft::types::SessionKey;
+use serde_json::{json, Value};
+use tokio_util::sync::CancellationToken;
+
+/// A listener on every address of the host counting the connections it accepts.
+struct Canary {
+    port: u16,
+    hits: Arc<AtomicUsize>,
+}
+
+impl Canary {
+    fn start() -> Self {
+        let l = TcpListener::bind("0.0.0.0:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let hits = Arc::new(AtomicUsize::new(0));
+        let h = hits.clone();
+        std::thread::spawn(move || {
+            for s in l.incoming() {
+                h.fetch_add(1, Ordering::SeqCst);
+                if let Ok(mut s) = s {
+                    let _ = s.write_all(
+                        b"HTTP/1.1 200 OK\r\nContent-Length: 16\r\nConnection: close\r\n\r\nCANARY-REACHED!!",
+                    );
+                }
+            }
+        });
+        Self { port, hits }
+    }
+
+    fn hits(&self) -> usize {
+        self.hits.load(Ordering::SeqCst)
+    }
+}
+
+fn page(body: &str) -> String {
+    format!(
+        "<!doctype html><html><head><meta charset=utf-8><title>T</title></head><body>{body}</body></html>"
+    )
+}
+
+fn respond(mut s: TcpStream, canary: u16) {
+    let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
+    let mut buf = [0u8; 8192];
+    let mut got = Vec::new();
+    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+        }
+    }
+    let head = String::from_utf8_lossy(&got).to_string();
+    let target = head.split(' ').nth(1).unwrap_or("/").to_string();
+    // Absolute-form (through a proxy) or origin-form.
+    let path = match target.find("://") {
+        Some(i) => {
+            let rest = &target[i + 3..];
+            rest.find('/')
+                .map_or("/".to_string(), |j| rest[j..].to_string())
+        }
+        None => target,
+    };
+    let canary_url = format!("http://127.0.0.1:{canary}/");
+    let (status, extra, body) = match path.split('?').next().unwrap_or("/") {
+        "/" => (
+            "200 OK",
+            String::new(),
+            page(
+                r#"<h1>Welcome to the test shop</h1><p>Fresh <b>apples</b> every <i>day</i>.</p>
+            <a href="/next">Next page</a>
+            <form action="/search" method="get"><label for=q>Query</label><input id=q name=q>
+            <button type=submit>Search</button></form>
+            <select id=fruit><option value=a>Apple</option><option value=p>Pear</option></select>"#,
+            ),
+        ),
+        "/next" => (
+            "200 OK",
+            String::new(),
+            page("<h1>Second page</h1><p>You followed the link.</p>"),
+        ),
+        "/search" => {
+            let q = path.split("q=").nth(1).unwrap_or("").to_string();
+            (
+                "200 OK",
+                String::new(),
+                page(&format!("<p>You searched for: {q}</p>")),
+            )
+        }
+        "/script-fetch" => (
+            "200 OK",
+            String::new(),
+            page(&format!(
+                r#"<p id=s>working</p><script>
+            const u = "{canary_url}";
+            const done = (m) => {{ document.getElementById('s').textContent = 'attempts done: ' + m; }};
+            let n = 0; const one = () => {{ if (++n === 3) done(n); }};
+            fetch(u).then(() => one(), () => one());
+            fetch(u.replace('127.0.0.1', 'localhost')).then(() => one(), () => one());
+            try {{ const ws = new WebSocket(u.replace('http', 'ws')); ws.onerror = one; ws.onopen = one; }} catch (e) {{ one(); }}
+            </script>"#
+            )),
+        ),
+        "/redirect" => (
+            "302 Found",
+            "Location: /redirect2\r\n".to_string(),
+            String::new(),
+        ),
+        "/redirect2" => (
+            "302 Found",
+            format!("Location: {canary_url}\r\n"),
+            String::new(),
+        ),
+        "/file-link" => (
+            "200 OK",
+            String::new(),
+            page(
+                r#"<a href="file:///etc/passwd">passwords</a> <a href="view-source:http://example.com/">source</a>"#,
+            ),
+        ),
+        "/tabs" => (
+            "200 OK",
+            String::new(),
+            page(
+                r#"<p id=s>opening</p><script>for (let i = 0; i < 100; i++) { window.open('/next?' + i, '_blank'); } document.getElementById('s').textContent = 'opened all';</script>"#,
+            ),
+        ),
+        "/never" => {
+            let _ = s.write_all(b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: 100000\r\n\r\n<html><body><p>Partial content arrives</p>");
+            std::thread::sleep(Duration::from_secs(120));
+            return;
+        }
+        "/secret" => (
+            "200 OK",
+            String::new(),
+            page("<p>Your key is sk-test-secret-123456 and the day is sunny.</p>"),
+        ),
+        "/busy" => (
+            "200 OK",
+            String::new(),
+            page("<p>Busy page</p><button onclick='for(;;){}'>spin</button>"),
+        ),
+        _ => ("404 Not Found", String::new(), page("not found")),
+    };
+    let _ = s.write_all(
+        format!(
+            "HTTP/1.1 {status}\r\nContent-Type: text/html; charset=utf-8\r\nContent-Length: {}\r\n{extra}Connection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .as_bytes(),
+    );
+}
+
+struct Fx {
+    rt: tokio::runtime::Runtime,
+    tool: BrowserTool,
+    browser: Arc<Browser>,
+    ctx: ToolContext,
+    ws: tempfile::TempDir,
+    _state: tempfile::TempDir,
+    server: SocketAddr,
+    canary: Canary,
+    turn: tokio::sync::Mutex<()>,
+}
+
+/// Whether a browser is installed; in CI its absence fails loudly.
+fn have_browser() -> bool {
+    let ok = BrowserSettings::default().find_executable().is_some();
+    if !ok {
+        assert!(
+            std::env::var("CI").is_err(),
+            "no Chromium installed: .ci/run installs it (apt-get install chromium)"
+        );
+        println!("SKIPPED: no Chromium installed (apt install chromium)");
+    }
+    ok
+}
+
+static FX: LazyLock<Fx> = LazyLock::new(|| {
+    let canary = Canary::start();
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let server = listener.local_addr().unwrap();
+    let cport = canary.port;
+    std::thread::spawn(move || {
+        for s in listener.incoming().flatten() {
+            std::thread::spawn(move || respond(s, cport));
+        }
+    });
+    let ws = tempfile::tempdir().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let settings = BrowserSettings {
+        allow_endpoints: vec![server],
+        load_timeout: Duration::from_secs(4),
+        action_timeout: Duration::from_secs(10),
+        max_tabs: 4,
+        ..BrowserSettings::default()
+    };
+    let browser = Browser::new(settings, "main", state.path().join("browser/main"));
+    let tool = BrowserTool::new(browser.clone());
+    let ctx = ToolContext {
+        workspace: Arc::new(Workspace::open(ws.path()).unwrap()),
+        session: SessionKey::parse("t:1").unwrap(),
+        cancel: CancellationToken::new(),
+        user_dir: None,
+        sender: None,
+        call_id: None,
+        turn: Default::default(),
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    Fx {
+        rt,
+        tool,
+        browser,
+        ctx,
+        ws,
+        _state: state,
+        server,
+        canary,
+        turn: tokio::sync::Mutex::new(()),
+    }
+});
+
+impl Fx {
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.server)
+    }
+
+    async fn call(&self, args: Value) -> Result<Value, ToolError> {
+        self.tool.execute(args, &self.ctx).await
+    }
+
+    async fn ok(&self, args: Value) -> Value {
+        let a = args.clone();
+        self.call(args).await.unwrap_or_else(|e| panic!("{a}: {e}"))
+    }
+
+    async fn snapshot(&self) -> String {
+        let v = self.ok(json!({"action": "snapshot"})).await;
+        v["untrusted_page_text"].as_str().unwrap().to_string()
+    }
+}
+
+/// Run `f` with the shared browser, one test at a time.
+fn with_browser<F, Fut>(f: F)
+where
+    F: FnOnce(&'static Fx) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    if !have_browser() {
+        return;
+    }
+    let fx: &'static Fx = &FX;
+    fx.rt.block_on(async {
+        let _turn = fx.turn.lock().await;
+        f(fx).await;
+    });
+}
+
+/// The number of `[n]` in front of the line containing `needle`.
+fn ref_of(snapshot: &str, needle: &str) -> u64 {
+    let line = snapshot
+        .lines()
+        .find(|l| l.contains(needle) && l.starts_with('['))
+        .unwrap_or_else(|| panic!("no ref for {needle} in:\n{snapshot}"));
+    line[1..line.find(']').unwrap()].parse().unwrap()
+}
+
+#[test]
+fn open_snapshot_click_type_submit_and_screenshot() {
+    with_browser(|fx| async move {
+        let started = Instant::now();
+        let v = fx.ok(json!({"action": "open", "url": fx.url("/")})).await;
+        assert_eq!(v["title"], "T", "{v}");
+        println!("first open: {:?}", started.elapsed());
+        let snap = fx.snapshot().await;
+        assert!(snap.contains("# Welcome to the test shop"), "{snap}");
+        assert!(snap.contains("Fresh apples every day."), "{snap}");
+        assert!(snap.contains("link \"Next page\" -> /next"), "{snap}");
+
+        // Click a reference: the link navigates.
+        let link = ref_of(&snap, "Next page");
+        let v = fx.ok(json!({"action": "click", "ref": link})).await;
+        assert_eq!(v["url"], fx.url("/next"), "{v}");
+        assert!(fx.snapshot().await.contains("You followed the link."));
+
+        // Back, then type into the form and submit with Enter.
+        let v = fx.ok(json!({"action": "back"})).await;
+        assert_eq!(v["url"], fx.url("/"), "{v}");
+        let snap = fx.snapshot().await;
+        let q = ref_of(&snap, "textbox \"Query\"");
+        let v = fx
+            .ok(json!({"action": "type", "ref": q, "text": "green pears", "submit": true}))
+            .await;
+        assert!(
+            v["url"].as_str().unwrap().contains("/search?q=green+pears"),
+            "{v}"
+        );
+        assert!(fx
+            .snapshot()
+            .await
+            .contains("You searched for: green+pears"));
+
+        // Type without submitting, then a select and the search button by click.
+        fx.ok(json!({"action": "back"})).await;
+        let snap = fx.snapshot().await;
+        fx.ok(
+            json!({"action": "type", "ref": ref_of(&snap, "textbox \"Query\""), "text": "plums"}),
+        )
+        .await;
+        let v = fx
+            .ok(json!({"action": "select", "ref": ref_of(&snap, "combobox"), "value": "Pear"}))
+            .await;
+        assert_eq!(v["selected"], "Pear");
+        let snap2 = fx.snapshot().await;
+        assert!(snap2.contains("value=\"plums\""), "{snap2}");
+        assert!(snap2.contains("*Pear"), "{snap2}");
+        let v = fx
+            .ok(json!({"action": "click", "ref": ref_of(&snap2, "button \"Search\"")}))
+            .await;
+        assert!(
+            v["url"].as_str().unwrap().ends_with("/search?q=plums"),
+            "{v}"
+        );
+
+        // A screenshot is a real PNG of the page's size, saved in the workspace.
+        let v = fx.ok(json!({"action": "screenshot"})).await;
+        let path = fx.ws.path().join(v["path"].as_str().unwrap());
+        let png = std::fs::read(&path).unwrap();
+        assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+        assert_eq!(png_size(&png), Some((1280, 800)), "{v}");
+        assert_eq!(v["width"], 1280);
+        // And a PDF.
+        let v = fx.ok(json!({"action": "pdf"})).await;
+        let pdf = std::fs::read(fx.ws.path().join(v["path"].as_str().unwrap())).unwrap();
+        assert!(pdf.starts_with(b"%PDF-"));
+
+        // Refs of an old page are refused with a clear error.
+        fx.ok(json!({"action": "open", "url": fx.url("/next")}))
+            .await;
+        let e = fx
+            .call(json!({"action": "click", "ref": 1}))
+            .await
+            .unwrap_err();
+        assert!(matches!(e, ToolError::InvalidArgs(_)), "{e}");
+        assert!(e.to_string().contains("snapshot"), "{e}");
+        // JavaScript of the model's own is off by default.
+        let e = fx
+            .call(json!({"action": "evaluate", "script": "1+1"}))
+            .await
+            .unwrap_err();
+        assert!(matches!(e, ToolError::PermissionDenied(_)), "{e}");
+    });
+}
+
+#[test]
+fn the_browser_cannot_reach_the_network_it_was_not_given() {
+    with_browser(|fx| async move {
+        let c = fx.canary.port;
+        // A loopback port that is not the allowed one: the proxy refuses it.
+        let v = fx
+            .ok(json!({"action": "open", "url": format!("http://127.0.0.1:{c}/")}))
+            .await;
+        let snap = fx.snapshot().await;
+        assert!(!snap.contains("CANARY-REACHED"), "{v} {snap}");
+        assert!(
+            snap.contains("refused") || v.get("error").is_some(),
+            "{v} {snap}"
+        );
+        // `localhost` and other spellings of loopback.
+        for host in ["localhost", "2130706433", "[::1]", "0x7f.1"] {
+            let _ = fx
+                .call(json!({"action": "open", "url": format!("http://{host}:{c}/")}))
+                .await;
+        }
+        // HTTPS (CONNECT) to the canary.
+        let v = fx
+            .ok(json!({"action": "open", "url": format!("https://127.0.0.1:{c}/")}))
+            .await;
+        assert!(v.get("error").is_some(), "{v}");
+        // Cloud metadata: refused by the guard (there is nothing to count there; the
+        // refusal is what the proxy answers).
+        fx.ok(json!({"action": "open", "url": "http://169.254.169.254/latest/meta-data/"}))
+            .await;
+        let snap = fx.snapshot().await;
+        assert!(snap.contains("refused 169.254.169.254"), "{snap}");
+
+        // The host's own non-loopback address.
+        if let Some(ip) = host_address() {
+            fx.ok(json!({"action": "open", "url": format!("http://{ip}:{c}/")}))
+                .await;
+            assert!(!fx.snapshot().await.contains("CANARY-REACHED"));
+        } else {
+            println!("no non-loopback address here: the host-address case is not run");
+        }
+
+        // A page whose scripts fetch loopback (fetch, WebSocket): they fail, and wait for it.
+        fx.ok(json!({"action": "open", "url": fx.url("/script-fetch")}))
+            .await;
+        let v = fx
+            .ok(json!({"action": "wait", "text": "attempts done", "timeout": 20}))
+            .await;
+        assert_eq!(v["found"], true, "{v}");
+
+        // A redirect chain ending on loopback.
+        let v = fx
+            .ok(json!({"action": "open", "url": fx.url("/redirect")}))
+            .await;
+        assert!(!fx.snapshot().await.contains("CANARY-REACHED"), "{v}");
+
+        assert_eq!(fx.canary.hits(), 0, "the canary was reached");
+    });
+}
+
+/// An address of this host other than loopback (the one a default route would use).
+fn host_address() -> Option<std::net::IpAddr> {
+    let s = std::net::UdpSocket::bind("0.0.0.0:0").ok()?;
+    s.connect("192.0.2.1:9").ok()?;
+    let ip = s.local_addr().ok()?.ip();
+    (!ip.is_loopback() && !ip.is_unspecified()).then_some(ip)
+}
+
+#[test]
+fn local_files_and_browser_pages_are_never_shown() {
+    with_browser(|fx| async move {
+        for url in [
+            "file:///etc/passwd",
+            "chrome://settings",
+            "devtools://devtools/bundled/inspector.html",
+            "view-source:http://127.0.0.1/",
+        ] {
+            let e = fx
+                .call(json!({"action": "open", "url": url}))
+                .await
+                .unwrap_err();
+            assert!(matches!(e, ToolError::PermissionDenied(_)), "{url}: {e}");
+        }
+        // A link to file:///etc/passwd on a web page.
+        fx.ok(json!({"action": "open", "url": fx.url("/file-link")}))
+            .await;
+        let snap = fx.snapshot().await;
+        let r = ref_of(&snap, "passwords");
+        let _ = fx.call(json!({"action": "click", "ref": r})).await;
+        let v = fx.ok(json!({"action": "snapshot"})).await;
+        let text = v["untrusted_page_text"].as_str().unwrap();
+        assert!(!text.contains("root:x:0:0"), "{v}");
+        assert!(v["url"].as_str().unwrap().starts_with("http"), "{v}");
+        // Downloads are refused; no file appears in the workspace but the captures.
+        assert!(!fx.ws.path().join("passwd").exists());
+    });
+}
+
+#[test]
+fn tabs_are_capped_and_a_page_that_never_loads_does_not_hang() {
+    with_browser(|fx| async move {
+        // A page opening 100 tabs: at most max_tabs (4) stay.
+        fx.ok(json!({"action": "open", "url": fx.url("/tabs")}))
+            .await;
+        let v = fx
+            .ok(json!({"action": "wait", "text": "opened all", "timeout": 20}))
+            .await;
+        assert_eq!(v["found"], true, "{v}");
+        let mut n = usize::MAX;
+        for _ in 0..50 {
+            let v = fx.ok(json!({"action": "tabs"})).await;
+            n = v["tabs"].as_array().unwrap().len();
+            if n <= 4 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(n <= 4, "{n} tabs open");
+        // Close the others through the tool.
+        loop {
+            let v = fx.ok(json!({"action": "tabs"})).await;
+            let tabs = v["tabs"].as_array().unwrap().clone();
+            let Some(other) = tabs.iter().find(|t| t["current"] != true) else {
+                break;
+            };
+            fx.ok(json!({"action": "tabs", "close": other["tab"]}))
+                .await;
+        }
+
+        // A page that never finishes loading: the action returns after the load limit.
+        let started = Instant::now();
+        let v = fx
+            .ok(json!({"action": "open", "url": fx.url("/never")}))
+            .await;
+        let took = started.elapsed();
+        assert!(took < Duration::from_secs(10), "{took:?}");
+        assert!(
+            v["note"]
+                .as_str()
+                .unwrap_or("")
+                .contains("not finished loading"),
+            "{v}"
+        );
+
+        // A page stuck in a script: the action times out, /stop ends one at once, and the
+        // browser keeps working (the tab is replaced).
+        fx.ok(json!({"action": "open", "url": fx.url("/busy")}))
+            .await;
+        let snap = fx.snapshot().await;
+        let spin = ref_of(&snap, "spin");
+        let started = Instant::now();
+        let e = fx
+            .call(json!({"action": "click", "ref": spin}))
+            .await
+            .unwrap_err();
+        assert!(matches!(e, ToolError::Timeout(_)), "{e}");
+        assert!(started.elapsed() < Duration::from_secs(25));
+        let stop = CancellationToken::new();
+        let ctx = ToolContext {
+            cancel: stop.clone(),
+            ..fx.ctx.clone()
+        };
+        let s2 = stop.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            s2.cancel();
+        });
+        let started = Instant::now();
+        let _ = fx
+            .tool
+            .execute(
+                json!({"action": "wait", "text": "never there", "timeout": 60}),
+                &ctx,
+            )
+            .await;
+        assert!(started.elapsed() < Duration::from_secs(5));
+        let v = fx
+            .ok(json!({"action": "open", "url": fx.url("/next")}))
+            .await;
+        assert_eq!(v["url"], fx.url("/next"));
+        assert_eq!(fx.canary.hits(), 0);
+    });
+}
+
+/// Listening TCP sockets (inodes) of the host, from /proc/net/tcp{,6}.
+fn listening_inodes() -> Vec<String> {
+    let mut out = Vec::new();
+    for f in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        let text = std::fs::read_to_string(f).unwrap_or_default();
+        for l in text.lines().skip(1) {
+            let cols: Vec<&str> = l.split_whitespace().collect();
+            if cols.get(3) == Some(&"0A") {
+                out.push(cols[9].to_string());
+            }
+        }
+    }
+    out
+}
+
+/// Socket inodes held by the processes of group `pgid`.
+fn sockets_of_group(pgid: u32) -> Vec<String> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+            continue;
+        };
+        let after = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+        let pg = after.split_whitespace().nth(2).unwrap_or("");
+        if pg != pgid.to_string() {
+            continue;
+        }
+        let Ok(fds) = std::fs::read_dir(e.path().join("fd")) else {
+            continue;
+        };
+        for fd in fds.flatten() {
+            if let Ok(t) = std::fs::read_link(fd.path()) {
+                let t = t.to_string_lossy().to_string();
+                if let Some(i) = t.strip_prefix("socket:[") {
+                    out.push(i.trim_end_matches(']').to_string());
+                }
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn no_devtools_port_exists_and_commands_cannot_reach_the_browser() {
+    with_browser(|fx| async move {
+        fx.ok(json!({"action": "open", "url": fx.url("/next")}))
+            .await;
+        let pid = fx.browser.pid().await.unwrap();
+        // No process of the browser listens on any TCP port: CDP is a pipe.
+        let listening = listening_inodes();
+        let held = sockets_of_group(pid);
+        assert!(!held.is_empty(), "the browser's processes were not found");
+        let open: Vec<_> = held.iter().filter(|i| listening.contains(i)).collect();
+        assert!(open.is_empty(), "the browser listens on TCP: {open:?}");
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
+        let cmdline = String::from_utf8_lossy(&cmdline);
+        assert!(cmdline.contains("--remote-debugging-pipe"));
+        assert!(!cmdline.contains("--remote-debugging-port"));
+        // It runs confined like commands: no new privileges, no capabilities, and the
+        // environment is not the daemon's.
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        assert!(status.contains("NoNewPrivs:\t1"), "{status}");
+        assert!(status.contains("CapEff:\t0000000000000000"), "{status}");
+        let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
+        let environ = String::from_utf8_lossy(&environ);
+        assert!(!environ.contains("CARGO"), "{environ}");
+
+        // The browser's proxy port is the only loopback listener it has; a command in the
+        // exec jail cannot reach it (its own network namespace).
+        let proxy = fx.browser.proxy_addr().await.unwrap();
+        let rt = std::sync::Arc::new(
+            clawft::tools::exec::ExecRuntime::new(
+                clawft::tools::exec::ExecSettings::default(),
+                clawft::tools::exec::ExecDeps {
+                    protected_paths: Vec::new(),
+                    secrets: Vec::new(),
+                    env: vec![("PATH".into(), "/usr/bin:/bin".into())],
+                    approver: None,
+                    tmp_base: fx.ws.path().to_path_buf(),
+                    proxy_socket: None,
+                    proxy: None,
+                },
+            )
+            .unwrap(),
+        );
+        let st = rt.sandbox_status();
+        if st.jail.is_some_and(|j| j.pid_namespace) {
+            let shell = clawft::tools::exec::ExecShell::new(rt);
+            let v = shell
+                .execute(
+                    json!({"command": format!("exec 3<>/dev/tcp/127.0.0.1/{}; echo CONNECTED", proxy.port()), "timeout": 10}),
+                    &fx.ctx,
+                )
+                .await;
+            let text = format!("{v:?}");
+            assert!(!text.contains("CONNECTED"), "{text}");
+        } else {
+            println!(
+                "SKIPPED exec part: commands get no namespaces here: {}",
+                st.summary()
+            );
+        }
+        // The proxy itself refuses what the browser may not reach.
+        let mut s = tokio::net::TcpStream::connect(proxy).await.unwrap();
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        s.write_all(
+            format!(
+                "GET http://127.0.0.1:{}/ HTTP/1.1\r\nHost: x\r\n\r\n",
+                fx.canary.port
+            )
+            .as_bytes(),
+        )
+        .await
+        .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.unwrap();
+        assert!(out.starts_with("HTTP/1.1 403"), "{out}");
+        assert!(out.contains("tools.browser.allow_private"), "{out}");
+        assert_eq!(fx.canary.hits(), 0);
+    });
+}
+
+#[test]
+fn the_profile_is_private_and_closing_ends_every_process() {
+    with_browser(|fx| async move {
+        fx.ok(json!({"action": "open", "url": fx.url("/next")}))
+            .await;
+        let pid = fx.browser.pid().await.unwrap();
+        let starts = fx.browser.starts();
+        // A crash is survived: the next action starts a new browser.
+        let _ = std::process::Command::new("kill")
+            .args(["-KILL", &pid.to_string()])
+            .status();
+        let ok = crate::common::wait_until(Duration::from_secs(10), || {
+            !Path::new(&format!("/proc/{pid}")).exists()
+                || std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                    .is_ok_and(|s| s.contains(") Z "))
+        })
+        .await;
+        assert!(ok);
+        let v = fx.ok(json!({"action": "open", "url": fx.url("/")})).await;
+        assert_eq!(v["title"], "T");
+        assert_eq!(fx.browser.starts(), starts + 1);
+        let pid = fx.browser.pid().await.unwrap();
+        fx.ok(json!({"action": "close"})).await;
+        assert!(fx.browser.pid().await.is_none());
+        let gone =
+            crate::common::wait_until(Duration::from_secs(10), || sockets_of_group(pid).is_empty())
+                .await;
+        assert!(gone, "processes of the browser outlived close");
+    });
+}
+
+/// Through the gateway: the tool is listed, not offered, until `tool_search` loads it; page
+/// text comes back marked untrusted with the gateway's secrets scrubbed; a screenshot is shown
+/// to a model that can see, in the same turn, and only its path is stored.
+#[tokio::test]
+async fn an_agent_finds_the_browser_reads_a_page_and_sees_its_screenshot() {
+    use crate::common::{config, listed_tools, messages, tool_names, tool_results, TestGateway};
+    use crate::fake_llm::{FakeLlm, Reply};
+    if !have_browser() {
+        return;
+    }
+    let server = FX.server;
+    let dir = tempfile::tempdir().unwrap();
+    let llm = FakeLlm::start().await;
+    let gw = TestGateway::start(config(
+        &llm,
+        dir.path(),
+        json!({
+            "agents": {"defaults": {"vision": "on", "stream": false}},
+            "tools": {"rate_limit": {"per_minute": 0},
+                      "browser": {"allow_private": [server.to_string()]}},
+        }),
+    ))
+    .await;
+    let call = |id: &str, name: &str, args: Value| {
+        Reply::ToolCalls(vec![(id.into(), name.into(), args.to_string())])
+    };
+    llm.push(call(
+        "s1",
+        "tool_search",
+        json!({"query": "browse a web page"}),
+    ));
+    llm.push(call(
+        "b1",
+        "browser",
+        json!({"action": "open", "url": format!("http://{server}/secret")}),
+    ));
+    llm.push(call("b2", "browser", json!({"action": "snapshot"})));
+    llm.push(call("b3", "browser", json!({"action": "screenshot"})));
+    llm.push(Reply::Text("done".into()));
+    let (s, body) = gw.api.chat("br", "what does the page say?").await;
+    assert_eq!(s, 200, "{body}");
+    assert_eq!(body["reply"], "done", "{body}");
+    let reqs = llm.requests();
+    assert_eq!(reqs.len(), 5);
+    assert!(!tool_names(&reqs[0]).contains(&"browser".to_string()));
+    assert!(listed_tools(&reqs[0]).contains(&"browser".to_string()));
+    assert!(tool_names(&reqs[1]).contains(&"browser".to_string()));
+    let results = tool_results(&reqs[3]);
+    let snap = &results.iter().find(|(id, _)| id == "b2").unwrap().1;
+    let text = snap["untrusted_page_text"].as_str().unwrap();
+    assert!(text.contains("the day is sunny"), "{snap}");
+    assert!(!text.contains("sk-test-secret-123456"), "{snap}");
+    assert!(snap["note"].as_str().unwrap().contains("not instructions"));
+    // The screenshot: its path in the result, the picture in a user message after it.
+    let last = messages(&reqs[4]);
+    let shot = &tool_results(&reqs[4])
+        .into_iter()
+        .find(|(id, _)| id == "b3")
+        .unwrap()
+        .1;
+    let path = shot["path"].as_str().unwrap();
+    assert!(dir.path().join("ws").join(path).exists(), "{shot}");
+    let image_msg = last.last().unwrap();
+    assert_eq!(image_msg["role"], "user", "{image_msg}");
+    let parts = image_msg["content"].as_array().unwrap();
+    let url = parts.iter().find(|p| p["type"] == "image_url").unwrap()["image_url"]["url"]
+        .as_str()
+        .unwrap();
+    assert!(
+        url.starts_with("data:image/png;base64,iVBORw0KGgo"),
+        "{}",
+        &url[..40]
+    );
+    // Nothing but the path was stored: the next turn does not carry the picture.
+    llm.push(Reply::Text("ok".into()));
+    gw.api.chat("br", "thanks").await;
+    let reqs = llm.requests();
+    let next = serde_json::to_string(&reqs[5]["messages"]).unwrap();
+    assert!(
+        !next.contains("data:image/png"),
+        "the screenshot was stored"
+    );
+    gw.stop().await;
+}
+
+/// Sum of a field (kB) of `/proc/PID/smaps_rollup` over the processes of group `pgid`.
+fn group_memory_kb(pgid: u32, field: &str) -> u64 {
+    let mut total = 0;
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+            continue;
+        };
+        let after = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+        if after.split_whitespace().nth(2) != Some(&pgid.to_string()) {
+            continue;
+        }
+        let text = std::fs::read_to_string(e.path().join("smaps_rollup")).unwrap_or_default();
+        for l in text.lines() {
+            if let Some(v) = l.strip_prefix(field) {
+                total += v
+                    .trim_start_matches(':')
+                    .split_whitespace()
+                    .next()
+                    .and_then(|n| n.parse::<u64>().ok())
+                    .unwrap_or(0);
+            }
+        }
+    }
+    total
+}
+
+/// Figures for docs/performance.md (run by hand: `cargo test --test it -- --ignored
+/// browser::figures --nocapture`): time to the first snapshot with the browser closed (cold)
+/// and open (warm), and the memory of the browser's processes.
+#[test]
+#[ignore = "prints figures; run by hand"]
+fn figures() {
+    with_browser(|fx| async move {
+        fx.browser.close().await;
+        let mut cold = Vec::new();
+        let mut warm = Vec::new();
+        for _ in 0..5 {
+            fx.browser.close().await;
+            let t = Instant::now();
+            fx.ok(json!({"action": "open", "url": fx.url("/")})).await;
+            fx.snapshot().await;
+            cold.push(t.elapsed());
+            let t = Instant::now();
+            fx.ok(json!({"action": "open", "url": fx.url("/next")}))
+                .await;
+            fx.snapshot().await;
+            warm.push(t.elapsed());
+        }
+        cold.sort();
+        warm.sort();
+        let pid = fx.browser.pid().await.unwrap();
+        let pss = group_memory_kb(pid, "Pss");
+        let rss = group_memory_kb(pid, "Rss");
+        let procs = sockets_of_group(pid).len();
+        println!(
+            "FIGURES cold open+snapshot median {:?} (min {:?}, max {:?}); warm median {:?} (min {:?}, max {:?}); browser group PSS {} KiB, RSS sum {} KiB; sockets {procs}",
+            cold[2], cold[0], cold[4], warm[2], warm[0], warm[4], pss, rss
+        );
+        let own = std::fs::read_to_string("/proc/self/status").unwrap();
+        let line = own
+            .lines()
+            .find(|l| l.starts_with("VmRSS"))
+            .unwrap()
+            .to_string();
+        println!("FIGURES test process (daemon side) with the browser open: {line}");
+        fx.browser.close().await;
+        let own = std::fs::read_to_string("/proc/self/status").unwrap();
+        let line = own
+            .lines()
+            .find(|l| l.starts_with("VmRSS"))
+            .unwrap()
+            .to_string();
+        println!(
+            "FIGURES after close: {line}; browser group PSS {} KiB",
+            group_memory_kb(pid, "Pss")
+        );
+    });
+}
