@@ -201,3 +201,22 @@ pub fn render(gauges: &[Gauge]) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A gauge that sums to minus zero (spend refunded, a cancelled reservation) is written `0`:
+    /// `-0` confused dashboards.
+    #[test]
+    fn minus_zero_is_written_zero() {
+        let text = render(&[Gauge {
+            name: "clawft_test_gauge",
+            help: "test",
+            labels: Vec::new(),
+            value: -0.0,
+        }]);
+        assert!(text.contains("\nclawft_test_gauge 0\n"), "{text}");
+        assert!(!text.contains("-0"), "{text}");
+    }
+}

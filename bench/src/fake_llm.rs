@@ -248,10 +248,9 @@ impl FakeLlm {
                         r.legs.push(received.saturating_duration_since(t));
                     }
                 } else if !msgs.iter().any(|m| m["role"] == "assistant") {
-                    let text = last
-                        .and_then(|m| m["content"].as_str())
-                        .unwrap_or_default()
-                        .to_string();
+                    let text =
+                        strip_stamp(last.and_then(|m| m["content"].as_str()).unwrap_or_default())
+                            .to_string();
                     r.first_bodies.push((text, body.len(), request_parts(&req)));
                 }
             }
@@ -283,7 +282,8 @@ impl FakeLlm {
                 }
             } else {
                 let id = format!("call_{}", self.seq.fetch_add(1, Ordering::Relaxed));
-                let user = last.and_then(|m| m["content"].as_str()).unwrap_or_default();
+                let user =
+                    strip_stamp(last.and_then(|m| m["content"].as_str()).unwrap_or_default());
                 let (tool, args) = match user.strip_prefix(EXEC_PREFIX) {
                     Some(command) => ("exec_shell", json!({ "command": command }).to_string()),
                     None => ("read_file", json!({ "path": TOOL_FILE }).to_string()),
@@ -406,5 +406,24 @@ mod tests {
         assert!(String::from_utf8(sse_text("m"))
             .unwrap()
             .ends_with("data: [DONE]\n\n"));
+    }
+}
+
+/// `text` without the time the gateway puts before a user message
+/// (`[Fri 2026-11-27 18:03 +01:00] `), if it has one.
+fn strip_stamp(text: &str) -> &str {
+    let b = text.as_bytes();
+    let shape = b"[WWW 0000-00-00 00:00 +00:00] ";
+    let fits = b.len() >= shape.len()
+        && shape.iter().zip(b).all(|(s, c)| match s {
+            b'W' => c.is_ascii_alphabetic(),
+            b'0' => c.is_ascii_digit(),
+            b'+' => *c == b'+' || *c == b'-',
+            other => other == c,
+        });
+    if fits {
+        &text[shape.len()..]
+    } else {
+        text
     }
 }

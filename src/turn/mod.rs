@@ -543,7 +543,7 @@ async fn run_turn_inner(
 /// the provider's prompt cache keeps working).
 fn time_note(tz: &crate::config::types::TimeZone) -> String {
     format!(
-        "\n\nEach user message begins with when it was sent, in the user's time zone ({}); the latest is the current time.",
+        "\n\nUser messages begin with when they were sent ({}); the last one is now.",
         tz.name
     )
 }

@@ -637,10 +637,24 @@ async fn weft_logs_shows_the_log_of_a_gateway_started_by_hand() {
     let port = free_port();
     let cfg = crate::process::gateway_config(dir.path(), &llm, port, json!({}));
     let d = Daemon::start(dir.path(), &cfg, port).await;
+    // The same request twice: the second is logged as a duplicate, inside its spans.
+    llm.push(Reply::Text("once".into()));
+    for _ in 0..2 {
+        assert_eq!(chat_with_id(&d.api, "logs", "hi", "dup-1").await.0, 200);
+    }
     let out = run(dir.path(), &cfg, &["logs", "-n", "200"]).await;
     assert!(out.status.success(), "{}", text(&out));
     let shown = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(shown.contains("weft gateway ready"), "{}", text(&out));
+    // Each span says its own fields once: the channel is the ingress span's, not repeated.
+    let dup = shown
+        .lines()
+        .find(|l| l.contains("duplicate event ignored"))
+        .unwrap_or_else(|| panic!("no duplicate line:\n{shown}"));
+    assert!(
+        dup.contains("ingress{channel=http}:inbound{event_id=dup-1}"),
+        "{dup}"
+    );
     assert!(
         !shown.contains("\u{1b}["),
         "no colour escapes in the file: {shown}"
