@@ -38,6 +38,7 @@ const SCENARIOS: &[(&str, &str)] = &[
     ("burst", "1,000 sessions sent at once: errors, p50/p99; RSS after the settle time"),
     ("idle_sessions", "RSS growth per 1,000 idle sessions"),
     ("slow_disk", "every fsync +50 ms (LD_PRELOAD shim, built with cc), 20 ms model: p99 of 50 chats doing turns, then with 16 chats flooding /new and /status"),
+    ("ui", "the control UI: bytes of the chat page's first load (the page and every asset it names)"),
     ("conversation", "one session, 200 messages of 1 KB: prompt bytes and estimated tokens per turn, with an 8k context window and without a bound (informational)"),
 ];
 
@@ -377,6 +378,47 @@ async fn start(ctx: &mut Ctx) -> Result<(), String> {
         "<=",
         Some(n),
         "spawn -> first 200 from /healthz, HTTP API only; the store exists after the first start",
+    );
+    Ok(())
+}
+
+/// The control UI's first load: `/ui/` and every `/ui/...` asset it names (`src`/`href`),
+/// as a browser fetches them on a first visit (uncompressed).
+async fn ui(ctx: &mut Ctx) -> Result<(), String> {
+    let (home, _gw) = ctx.fresh("ui").await?;
+    let mut c = Client::new(home.addr(), Duration::from_secs(10));
+    let (status, page) = c.request("GET", "/ui/", None).await?;
+    if status != 200 {
+        return Err(format!("GET /ui/ answered {status}"));
+    }
+    let html = String::from_utf8_lossy(&page).into_owned();
+    let mut total = page.len();
+    let mut assets = Vec::new();
+    for attr in ["src=\"", "href=\""] {
+        for part in html.split(attr).skip(1) {
+            let Some(url) = part.split('"').next() else {
+                continue;
+            };
+            if url.starts_with("/ui/") && !assets.iter().any(|a: &String| a == url) {
+                assets.push(url.to_string());
+            }
+        }
+    }
+    for a in &assets {
+        let (status, body) = c.request("GET", a, None).await?;
+        if status != 200 {
+            return Err(format!("GET {a} answered {status}"));
+        }
+        total += body.len();
+    }
+    ctx.report.add(
+        "ui_first_load_bytes",
+        Some(total as f64),
+        "bytes",
+        Some(200.0 * 1024.0),
+        "<=",
+        None,
+        &format!("/ui/ and its {} assets, uncompressed", assets.len()),
     );
     Ok(())
 }
@@ -797,6 +839,7 @@ async fn run(args: Args) -> Result<Report, String> {
             "idle_sessions" => idle_sessions(&mut ctx).await,
             "conversation" => conversation(&mut ctx).await,
             "slow_disk" => slow_disk::slow_disk(&mut ctx).await,
+            "ui" => ui(&mut ctx).await,
             other => Err(format!("unknown scenario {other}")),
         };
         if let Err(e) = r {
