@@ -376,6 +376,25 @@ fn sse_tool(model: &str, tool: &str, id: &str, args: &str) -> Vec<u8> {
     out.into_bytes()
 }
 
+/// `text` without the time the gateway puts before a user message
+/// (`[Fri 2026-11-27 18:03 +01:00] `), if it has one.
+fn strip_stamp(text: &str) -> &str {
+    let b = text.as_bytes();
+    let shape = b"[WWW 0000-00-00 00:00 +00:00] ";
+    let fits = b.len() >= shape.len()
+        && shape.iter().zip(b).all(|(s, c)| match s {
+            b'W' => c.is_ascii_alphabetic(),
+            b'0' => c.is_ascii_digit(),
+            b'+' => *c == b'+' || *c == b'-',
+            other => other == c,
+        });
+    if fits {
+        &text[shape.len()..]
+    } else {
+        text
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -406,24 +425,5 @@ mod tests {
         assert!(String::from_utf8(sse_text("m"))
             .unwrap()
             .ends_with("data: [DONE]\n\n"));
-    }
-}
-
-/// `text` without the time the gateway puts before a user message
-/// (`[Fri 2026-11-27 18:03 +01:00] `), if it has one.
-fn strip_stamp(text: &str) -> &str {
-    let b = text.as_bytes();
-    let shape = b"[WWW 0000-00-00 00:00 +00:00] ";
-    let fits = b.len() >= shape.len()
-        && shape.iter().zip(b).all(|(s, c)| match s {
-            b'W' => c.is_ascii_alphabetic(),
-            b'0' => c.is_ascii_digit(),
-            b'+' => *c == b'+' || *c == b'-',
-            other => other == c,
-        });
-    if fits {
-        &text[shape.len()..]
-    } else {
-        text
     }
 }
