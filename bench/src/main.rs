@@ -418,7 +418,7 @@ async fn ui(ctx: &mut Ctx) -> Result<(), String> {
         Some(200.0 * 1024.0),
         "<=",
         None,
-        &format!("/ui/ and its {} assets, uncompressed", assets.len()),
+        format!("/ui/ and its {} assets, uncompressed", assets.len()),
     );
     Ok(())
 }
