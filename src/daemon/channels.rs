@@ -48,7 +48,13 @@ impl StateStore for StoreState {
 /// the flush that settles the message in the outbox.
 pub struct StoreMail {
     store: Store,
+    /// Replies recorded since the last removal of old ones.
+    recorded: std::sync::atomic::AtomicU32,
 }
+
+/// Every this many recorded replies, the ones older than [`REPLY_RECORD_KEEP_MS`] are removed
+/// (a gateway that runs for months keeps a week of them, not all).
+const PRUNE_EVERY: u32 = 1024;
 
 /// State namespace of the recorded replies.
 const NS_REPLIES: &str = "http-replies";
@@ -59,16 +65,11 @@ impl StoreMail {
     /// The mailboxes in `store`; recorded replies older than [`REPLY_RECORD_KEEP_MS`] are
     /// removed now.
     pub fn new(store: Store) -> Self {
-        let cutoff = clawft_channel_core::now_ms().saturating_sub(REPLY_RECORD_KEEP_MS);
-        if let Ok(all) = store.state_scan(NS_REPLIES) {
-            for (k, v) in all {
-                let old = serde_json::from_str::<MailEntry>(&v).map_or(true, |e| e.at_ms < cutoff);
-                if old {
-                    let _ = store.state_put_unflushed(NS_REPLIES, &k, None);
-                }
-            }
+        prune_replies(&store);
+        Self {
+            store,
+            recorded: std::sync::atomic::AtomicU32::new(0),
         }
-        Self { store }
     }
 
     fn ns(chat: &str) -> String {
@@ -142,6 +143,13 @@ impl MailStore for StoreMail {
         Ok(())
     }
     fn put_reply(&self, event_id: &str, entry: &MailEntry) -> Result<(), String> {
+        use std::sync::atomic::Ordering;
+        if self.recorded.fetch_add(1, Ordering::Relaxed) + 1 >= PRUNE_EVERY {
+            self.recorded.store(0, Ordering::Relaxed);
+            let store = self.store.clone();
+            // A scan of the namespace: off the runtime's workers.
+            std::thread::spawn(move || prune_replies(&store));
+        }
         let v = serde_json::to_string(entry).map_err(|e| e.to_string())?;
         self.store
             .state_put_unflushed(NS_REPLIES, event_id, Some(&v))
@@ -150,6 +158,19 @@ impl MailStore for StoreMail {
     fn reply(&self, event_id: &str) -> Option<MailEntry> {
         let v = self.store.state_get(NS_REPLIES, event_id).ok()??;
         serde_json::from_str(&v).ok()
+    }
+}
+
+/// Remove the recorded replies older than [`REPLY_RECORD_KEEP_MS`] (and unreadable ones).
+fn prune_replies(store: &Store) {
+    let cutoff = clawft_channel_core::now_ms().saturating_sub(REPLY_RECORD_KEEP_MS);
+    if let Ok(all) = store.state_scan(NS_REPLIES) {
+        for (k, v) in all {
+            let old = serde_json::from_str::<MailEntry>(&v).map_or(true, |e| e.at_ms < cutoff);
+            if old {
+                let _ = store.state_put_unflushed(NS_REPLIES, &k, None);
+            }
+        }
     }
 }
 
@@ -279,5 +300,76 @@ mod tests {
             StoreState::new(s, "telegram").get("offset").as_deref(),
             Some("42")
         );
+    }
+}
+
+#[cfg(test)]
+mod mail_tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn entry(at_ms: u64) -> MailEntry {
+        MailEntry {
+            seq: 0,
+            id: "m".into(),
+            kind: "final".into(),
+            content: "the reply".into(),
+            in_reply_to: Some("e".into()),
+            at_ms,
+        }
+    }
+
+    /// Replies are kept a week, not for the life of the gateway: old ones go at start and every
+    /// 1,024 recorded replies.
+    #[test]
+    fn old_reply_records_are_removed() {
+        let store = Store::memory();
+        let now = clawft_channel_core::now_ms();
+        let mail = StoreMail::new(store.clone());
+        mail.put_reply("old", &entry(now - REPLY_RECORD_KEEP_MS - 1))
+            .unwrap();
+        mail.put_reply("new", &entry(now)).unwrap();
+        assert!(mail.reply("old").is_some());
+        // A restart removes it.
+        let mail = StoreMail::new(store.clone());
+        assert!(mail.reply("old").is_none());
+        assert_eq!(mail.reply("new").unwrap().content, "the reply");
+        // So does a long run.
+        mail.put_reply("old2", &entry(now - REPLY_RECORD_KEEP_MS - 1))
+            .unwrap();
+        for i in 0..PRUNE_EVERY {
+            mail.put_reply(&format!("r{i}"), &entry(now)).unwrap();
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while mail.reply("old2").is_some() {
+            assert!(std::time::Instant::now() < deadline, "never removed");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert!(mail.reply("r0").is_some());
+    }
+
+    /// The mailbox keeps a message sent twice once, in order, and an acknowledgement removes
+    /// what was read.
+    #[test]
+    fn the_mailbox_keeps_order_dedupes_and_acknowledges() {
+        let mail = StoreMail::new(Store::memory());
+        let mut a = entry(1);
+        a.id = "a".into();
+        let mut b = entry(2);
+        b.id = "b".into();
+        let sa = mail.append("chat\u{0}x", a.clone(), 10).unwrap();
+        assert_eq!(mail.append("chat\u{0}x", a, 10).unwrap(), sa);
+        let sb = mail.append("chat\u{0}x", b, 10).unwrap();
+        assert!(sb > sa);
+        // Another chat whose id is a prefix sees nothing of it.
+        assert!(mail.list("chat", 0, 10).unwrap().is_empty());
+        let l = mail.list("chat\u{0}x", 0, 10).unwrap();
+        assert_eq!(
+            l.iter().map(|e| e.id.as_str()).collect::<Vec<_>>(),
+            ["a", "b"]
+        );
+        mail.ack("chat\u{0}x", sa).unwrap();
+        let l = mail.list("chat\u{0}x", 0, 10).unwrap();
+        assert_eq!(l.iter().map(|e| e.id.as_str()).collect::<Vec<_>>(), ["b"]);
     }
 }
