@@ -331,7 +331,7 @@ mod mail_tests {
         mail.put_reply("new", &entry(now)).unwrap();
         assert!(mail.reply("old").is_some());
         // A restart removes it.
-        let mail = StoreMail::new(store.clone());
+        let mail = StoreMail::new(store);
         assert!(mail.reply("old").is_none());
         assert_eq!(mail.reply("new").unwrap().content, "the reply");
         // So does a long run.
