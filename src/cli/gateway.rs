@@ -72,6 +72,7 @@ impl Gateway {
         let admin = AdminApi::new(config.clone());
         let mut channels: Vec<Arc<dyn Channel>> = Vec::new();
         let mut http_addr = None;
+        let mut nodes = None;
         if config.http.enabled {
             let http = HttpChannel::bind_with_mail(
                 HttpConfig {
@@ -94,6 +95,10 @@ impl Gateway {
             .await
             .map_err(|e| CliError::Failed(format!("channels.http: {e}")))?;
             http_addr = Some(http.local_addr());
+            let hub = crate::admin::nodes::NodeHub::new(store.clone());
+            http.add_routes(hub.routes());
+            admin.set_nodes(hub.clone());
+            nodes = Some(hub);
             // The control UI's web chat, served on the same listener: a channel of its own.
             channels.push(http.web());
             channels.push(http);
@@ -110,6 +115,11 @@ impl Gateway {
             daemon.scheduler().clone(),
             daemon.approvals().clone(),
         );
+        if let Some(hub) = nodes {
+            let _ = daemon
+                .nodes_slot()
+                .set(hub as Arc<dyn crate::tools::nodes::NodeControl>);
+        }
         // The `gateway` tool's controls: the status through the admin API, reloads through
         // the main loop of `run` (the SIGHUP path).
         let (reload_tx, reloads) = tokio::sync::mpsc::channel(4);

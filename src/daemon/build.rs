@@ -319,6 +319,8 @@ pub struct RegistryParts {
     pub scheduler: Option<Arc<crate::scheduler::Scheduler>>,
     /// The running gateway's controls (`gateway`; opt-in, see `tools::policy::OPT_IN`).
     pub gateway: Option<crate::tools::gateway::GatewaySlot>,
+    /// The connected nodes (`nodes`; opt-in, see `tools::policy::OPT_IN`).
+    pub nodes: Option<crate::tools::nodes::NodesSlot>,
     /// The background processes of every session (`process`).
     pub processes: Option<Arc<exec::process::ProcessTable>>,
     /// The sessions the session tools read and send to (`sessions_*`, `session_status`).
@@ -344,6 +346,7 @@ pub fn build_registry(
         memory,
         scheduler,
         gateway,
+        nodes,
         processes,
         sessions,
         canvas,
@@ -418,6 +421,9 @@ pub fn build_registry(
     }
     if let Some(slot) = gateway {
         reg.register(Arc::new(crate::tools::gateway::GatewayTool::new(slot)));
+    }
+    if let Some(slot) = nodes {
+        reg.register(Arc::new(crate::tools::nodes::NodesTool::new(slot)));
     }
     if let Some(dir) = sessions {
         let model = config
@@ -580,6 +586,7 @@ mod tests {
                     ws,
                 )),
                 gateway: None,
+                nodes: None,
                 processes: Some(exec::process::ProcessTable::new()),
                 sessions: Some(crate::session::tools::SessionDirectory::new(store.clone())),
                 canvas: Some(store),
