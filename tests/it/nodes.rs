@@ -387,12 +387,11 @@ async fn handshake(
         let mut closed = json!("open");
         let deadline = Instant::now() + T;
         while Instant::now() < deadline {
-            match tokio::time::timeout(Duration::from_secs(5), ws.next()).await {
-                Ok(Some(Ok(Message::Close(_))) | None | Some(Err(_))) => {
-                    closed = json!("closed");
-                    break;
-                }
-                _ => {}
+            if let Ok(Some(Ok(Message::Close(_))) | None | Some(Err(_))) =
+                tokio::time::timeout(Duration::from_secs(5), ws.next()).await
+            {
+                closed = json!("closed");
+                break;
             }
         }
         closed
