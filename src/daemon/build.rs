@@ -423,7 +423,10 @@ pub fn build_registry(
         reg.register(Arc::new(crate::tools::gateway::GatewayTool::new(slot)));
     }
     if let Some(slot) = nodes {
-        reg.register(Arc::new(crate::tools::nodes::NodesTool::new(slot)));
+        reg.register(Arc::new(
+            crate::tools::nodes::NodesTool::new(slot)
+                .with_ask(config.tools.exec.mode == crate::tools::shell_policy::ExecMode::Ask),
+        ));
     }
     if let Some(dir) = sessions {
         let model = config

@@ -56,12 +56,22 @@ struct NodesArgs {
 /// The `nodes` tool.
 pub struct NodesTool {
     slot: NodesSlot,
+    /// Commands on nodes are refused: the gateway's own commands need a person's approval
+    /// (`tools.exec.mode = "ask"`), which commands on nodes cannot get yet.
+    ask: bool,
 }
 
 impl NodesTool {
     /// The tool over `slot`.
     pub fn new(slot: NodesSlot) -> Self {
-        Self { slot }
+        Self { slot, ask: false }
+    }
+
+    /// Refuse `run` when the gateway asks a person before its own commands (`ask`).
+    #[must_use]
+    pub fn with_ask(mut self, ask: bool) -> Self {
+        self.ask = ask;
+        self
     }
 }
 
@@ -106,6 +116,12 @@ impl Tool for NodesTool {
         let (op, args, timeout) = match action {
             "list" => return Ok(hub.list()),
             "describe" => ("info", json!({}), FILE_TIMEOUT),
+            "run" if self.ask => {
+                return Err(ToolError::PermissionDenied(
+                    "commands on nodes are refused while tools.exec.mode = \"ask\" on the gateway: they cannot be put to a person for approval yet; use read, write and list_files, or ask the operator"
+                        .into(),
+                ))
+            }
             "run" => {
                 let t = a
                     .timeout
