@@ -193,6 +193,8 @@ pub struct NodeHub {
     store: Store,
     online: Mutex<HashMap<String, Arc<Conn>>>,
     next_call: AtomicU64,
+    /// Fires when the gateway shuts down: every connection ends.
+    closed: CancellationToken,
 }
 
 fn now_ms() -> u64 {
@@ -221,7 +223,17 @@ impl NodeHub {
             store,
             online: Mutex::new(HashMap::new()),
             next_call: AtomicU64::new(1),
+            closed: CancellationToken::new(),
         })
+    }
+
+    /// End every node connection and refuse new ones (the gateway is shutting down).
+    pub fn close(&self) {
+        self.closed.cancel();
+        let all: Vec<Arc<Conn>> = self.online.locked().drain().map(|(_, c)| c).collect();
+        for c in all {
+            c.cut.cancel();
+        }
     }
 
     /// The WebSocket route the nodes connect to.
@@ -335,6 +347,9 @@ impl NodeHub {
 
     /// Serve one node connection until it ends.
     async fn serve(self: Arc<Self>, mut ws: WebSocket, addr: String) {
+        if self.closed.is_cancelled() {
+            return;
+        }
         let nonce = random_hex(32);
         let session = uuid::Uuid::new_v4().to_string();
         let challenge = Frame::Challenge {
@@ -349,7 +364,11 @@ impl NodeHub {
         {
             return;
         }
-        let hello = match tokio::time::timeout(HELLO_TIMEOUT, ws.next()).await {
+        let first = tokio::select! {
+            r = tokio::time::timeout(HELLO_TIMEOUT, ws.next()) => r,
+            () = self.closed.cancelled() => return,
+        };
+        let hello = match first {
             Ok(Some(Ok(Message::Text(t)))) => serde_json::from_str::<Frame>(t.as_str()).ok(),
             _ => None,
         };
@@ -405,7 +424,7 @@ impl NodeHub {
             offers: conn.offers.clone(),
             tx,
             waiters: Mutex::new(HashMap::new()),
-            cut: conn.cut.clone(),
+            cut: self.closed.child_token(),
         });
         if let Some(old) = self.online.locked().insert(conn.id.clone(), conn.clone()) {
             old.cut.cancel();

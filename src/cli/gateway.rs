@@ -36,6 +36,8 @@ pub struct Gateway {
     control: Option<(Secret, std::path::PathBuf)>,
     /// Reloads asked by the `gateway` tool; [`run`] applies them as SIGHUP.
     reloads: Option<tokio::sync::mpsc::Receiver<crate::admin::ops::ReloadRequest>>,
+    /// The connected nodes (with the HTTP API).
+    nodes: Option<Arc<crate::admin::nodes::NodeHub>>,
 }
 
 impl Gateway {
@@ -115,10 +117,10 @@ impl Gateway {
             daemon.scheduler().clone(),
             daemon.approvals().clone(),
         );
-        if let Some(hub) = nodes {
+        if let Some(hub) = &nodes {
             let _ = daemon
                 .nodes_slot()
-                .set(hub as Arc<dyn crate::tools::nodes::NodeControl>);
+                .set(hub.clone() as Arc<dyn crate::tools::nodes::NodeControl>);
         }
         // The `gateway` tool's controls: the status through the admin API, reloads through
         // the main loop of `run` (the SIGHUP path).
@@ -158,6 +160,7 @@ impl Gateway {
             http_addr,
             control,
             reloads: Some(reloads),
+            nodes,
         })
     }
 
@@ -171,6 +174,9 @@ impl Gateway {
     pub async fn shutdown(self) {
         if let Some((token, store)) = &self.control {
             control::remove(store, token.expose());
+        }
+        if let Some(hub) = &self.nodes {
+            hub.close();
         }
         self.daemon.shutdown().await;
     }

@@ -459,3 +459,95 @@ fn a_clear_text_gateway_url_off_this_machine_is_refused() {
     // No key was sent anywhere, and none was even made.
     assert!(!tmp.path().join(".clawft/node/node.key").exists());
 }
+
+/// The node chooses what it offers and the gateway cannot widen it; a gateway restart keeps
+/// the pairing (the node reconnects and is served without a new approval).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_offers_only_what_it_chose_and_stays_paired_across_a_gateway_restart() {
+    let tmp = tempfile::tempdir().unwrap();
+    let llm = FakeLlm::start().await;
+    let gdir = tmp.path().join("gw");
+    std::fs::create_dir_all(&gdir).unwrap();
+    let port = crate::process::free_port();
+    let v = config_value(
+        &llm.base_url(),
+        &gdir,
+        json!({"tools": {"policy": {"also_allow": ["nodes"]}},
+               "channels": {"http": {"bind": format!("127.0.0.1:{port}")}}}),
+    );
+    let config =
+        || clawft::config::Config::from_str(&v.to_string(), false, &test_env(&gdir)).unwrap();
+    let gw = TestGateway::start(config()).await;
+    let ndir = tmp.path().join("ro");
+    std::fs::create_dir_all(ndir.join(".clawft")).unwrap();
+    std::fs::write(
+        ndir.join(".clawft/config.json"),
+        config_value(&llm.base_url(), &ndir, json!({})).to_string(),
+    )
+    .unwrap();
+    let log = std::fs::File::create(ndir.join("node.log")).unwrap();
+    let child = weft(&ndir)
+        .arg("--config")
+        .arg(ndir.join(".clawft/config.json"))
+        .args([
+            "node",
+            "--gateway",
+            &format!("ws://localhost:{port}"),
+            "--name",
+            "ro",
+            "--offer",
+            "info,read",
+            "--workspace",
+        ])
+        .arg(ndir.join("ws"))
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let node = Node { child, dir: ndir };
+    let r = wait_row(&gw.api, "ro", |r| r["state"] == "pending", "never asked").await;
+    assert_eq!(r["offers"], json!(["info", "read"]));
+    // The key file is the node's alone.
+    use std::os::unix::fs::PermissionsExt as _;
+    let mode = std::fs::metadata(node.dir.join(".clawft/node/node.key"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600);
+    admin(&gw.api, "nodes/approve", json!({"id": r["id"]})).await;
+    wait_row(&gw.api, "ro", |r| r["online"] == true, "never online").await;
+    let nodes = hub(&gw);
+    std::fs::write(node.ws().join("a.txt"), "alpha").unwrap();
+    for (op, args) in [
+        ("run", json!({"command": "touch pwned"})),
+        ("write", json!({"path": "b.txt", "content": "x"})),
+    ] {
+        let e = nodes.call("ro", op, args, T).await.unwrap_err();
+        assert!(e.contains("does not offer"), "{op}: {e}");
+    }
+    assert!(!node.ws().join("pwned").exists() && !node.ws().join("b.txt").exists());
+    let a = nodes
+        .call("ro", "read", json!({"path": "a.txt"}), T)
+        .await
+        .unwrap();
+    assert!(a.contains("alpha"), "{a}");
+
+    // Restart: the pairing is in the store; the node comes back by itself.
+    drop(nodes);
+    gw.stop().await;
+    let gw = TestGateway::start(config()).await;
+    let r = wait_row(
+        &gw.api,
+        "ro",
+        |r| r["online"] == true,
+        "not back after restart",
+    )
+    .await;
+    assert_eq!(r["state"], "approved");
+    let a = hub(&gw)
+        .call("ro", "read", json!({"path": "a.txt"}), T)
+        .await
+        .unwrap();
+    assert!(a.contains("alpha"), "{a}\n{}", node.log());
+    gw.stop().await;
+}
