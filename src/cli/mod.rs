@@ -128,9 +128,10 @@ pub enum Command {
     /// commands and use files in this node's workspace (after the gateway's operator approves
     /// it with `weft nodes approve`).
     Node {
-        /// The gateway's address: wss://HOST[:PORT] (ws://127.0.0.1:PORT on the same machine).
+        /// The gateway's address: wss://HOST[:PORT] (ws://127.0.0.1:PORT on the same machine);
+        /// default: node.gateway of the configuration.
         #[arg(long, value_name = "URL")]
-        gateway: String,
+        gateway: Option<String>,
         /// This node's name (default: the host name).
         #[arg(long)]
         name: Option<String>,

@@ -141,8 +141,9 @@ pub async fn nodes(config: &Config, action: NodesAction) -> Result<(), CliError>
 /// The settings of `weft node`.
 #[derive(Debug, Clone)]
 pub struct NodeOptions {
-    /// `ws://127.0.0.1:8080` or `wss://gateway.example.com` (the path is added).
-    pub gateway: String,
+    /// `ws://127.0.0.1:8080` or `wss://gateway.example.com` (the path is added); default:
+    /// `node.gateway`.
+    pub gateway: Option<String>,
     /// This node's name (default: the host name).
     pub name: Option<String>,
     /// The workspace (default: the configuration's `agent.workspace`).
@@ -331,11 +332,32 @@ fn host_name() -> String {
 /// # Errors
 /// Bad options, or the key cannot be made or read.
 pub async fn run(config: &Config, opts: NodeOptions) -> Result<(), CliError> {
-    let url = connect_url(&opts.gateway)?;
-    let offers: Vec<String> = if opts.offers.is_empty() {
-        DEFAULT_OFFERS.iter().map(|s| (*s).to_string()).collect()
-    } else {
+    let file = &config.node;
+    let gateway = opts
+        .gateway
+        .clone()
+        .or_else(|| file.gateway.clone())
+        .ok_or_else(|| {
+            CliError::Failed(
+                "no gateway: pass --gateway wss://HOST, or set node.gateway in the configuration"
+                    .into(),
+            )
+        })?;
+    let url = connect_url(&gateway)?;
+    let offers: Vec<String> = if !opts.offers.is_empty() {
         opts.offers.clone()
+    } else if let Some(o) = &file.offer {
+        o.clone()
+    } else {
+        DEFAULT_OFFERS.iter().map(|s| (*s).to_string()).collect()
+    };
+    let opts = NodeOptions {
+        name: opts.name.clone().or_else(|| file.name.clone()),
+        workspace: opts
+            .workspace
+            .clone()
+            .or_else(|| file.workspace.as_ref().map(PathBuf::from)),
+        ..opts
     };
     if let Some(bad) = offers.iter().find(|o| !KNOWN_OFFERS.contains(&o.as_str())) {
         return Err(CliError::Failed(format!(

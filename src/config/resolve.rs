@@ -284,6 +284,14 @@ impl Config {
             memory,
             scheduler: raw.scheduler.resolve()?,
             heartbeat: raw.heartbeat.resolve()?,
+            node: super::file::NodeFile {
+                workspace: raw
+                    .node
+                    .workspace
+                    .as_deref()
+                    .map(|w| expand(w, env).display().to_string()),
+                ..raw.node.clone()
+            },
             provenance,
             deferred_secrets: env.take_deferred(),
         })

@@ -632,6 +632,8 @@ impl Daemon {
             notify_socket: _,
             watchdog: _,
             deferred_secrets: _,
+            // `weft node`'s settings: not the gateway's.
+            node: _,
             // Applied above.
             tools,
             secrets,

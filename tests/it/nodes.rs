@@ -482,24 +482,21 @@ async fn a_node_offers_only_what_it_chose_and_stays_paired_across_a_gateway_rest
     std::fs::create_dir_all(ndir.join(".clawft")).unwrap();
     std::fs::write(
         ndir.join(".clawft/config.json"),
-        config_value(&llm.base_url(), &ndir, json!({})).to_string(),
+        // Set in the `[node]` section this time, not on the command line.
+        config_value(
+            &llm.base_url(),
+            &ndir,
+            json!({"node": {"gateway": format!("ws://localhost:{port}"), "name": "ro",
+                            "offer": ["info", "read"], "workspace": ndir.join("ws")}}),
+        )
+        .to_string(),
     )
     .unwrap();
     let log = std::fs::File::create(ndir.join("node.log")).unwrap();
     let child = weft(&ndir)
         .arg("--config")
         .arg(ndir.join(".clawft/config.json"))
-        .args([
-            "node",
-            "--gateway",
-            &format!("ws://localhost:{port}"),
-            "--name",
-            "ro",
-            "--offer",
-            "info,read",
-            "--workspace",
-        ])
-        .arg(ndir.join("ws"))
+        .arg("node")
         .stdout(log.try_clone().unwrap())
         .stderr(log)
         .spawn()
