@@ -47,6 +47,9 @@ const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 pub const MAX_FRAME_BYTES: usize = 32 * 1024 * 1024;
 /// Interval of the gateway's pings.
 const PING_EVERY: Duration = Duration::from_secs(15);
+/// Most pending pairing requests kept: anyone who reaches the listener can ask, so beyond
+/// this new keys are refused until the operator approves, denies or revokes some.
+pub const MAX_PENDING: usize = 64;
 /// The store namespace of the node records.
 const NS: &str = "nodes";
 
@@ -109,7 +112,7 @@ pub enum Frame {
     },
     /// Gateway → node: not admitted (then the connection closes).
     Refused {
-        /// `pending`, `denied`, `bad_signature`, `clock_skew`, `bad_hello`.
+        /// `pending`, `denied`, `busy`, `bad_signature`, `clock_skew`, `bad_hello`.
         reason: String,
         /// What the operator should do or see.
         message: String,
@@ -530,7 +533,23 @@ impl NodeHub {
             ));
         }
         let (id, fp) = key_id(&pk);
-        let mut r = self.record(&id).unwrap_or_else(|| NodeRecord {
+        let known = self.record(&id);
+        if known.is_none()
+            && self
+                .records()
+                .iter()
+                .filter(|r| r.state == "pending")
+                .count()
+                >= MAX_PENDING
+        {
+            return Err(refuse(
+                "busy",
+                "too many pairing requests are waiting on the gateway: its operator must answer some first (`weft nodes list`)",
+                Some(&id),
+                Some(&fp),
+            ));
+        }
+        let mut r = known.unwrap_or_else(|| NodeRecord {
             id: id.clone(),
             key: key.to_string(),
             fingerprint: fp.clone(),

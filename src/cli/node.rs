@@ -371,6 +371,7 @@ pub async fn run(config: &Config, opts: NodeOptions) -> Result<(), CliError> {
         .clone()
         .unwrap_or_else(|| config.home.join("node"));
     let key = load_or_make_key(&dir)?;
+    crate::tools::exec::prewarm();
     let mut config = config.clone();
     if let Some(ws) = &opts.workspace {
         std::fs::create_dir_all(ws).map_err(|e| {

@@ -443,6 +443,23 @@ async fn unknown_wrong_replayed_and_skewed_handshakes_are_refused() {
     admin(&gw.api, "nodes/deny", json!({"id": id})).await;
     let (_, a, _) = handshake(&url, &key, &key, 0, None).await;
     assert_eq!(a["reason"], "denied", "{a}");
+    // Anyone can ask, so the waiting requests are bounded: past the cap a new key is refused
+    // and nothing more is stored; a known key still gets its answer.
+    for _ in 0..clawft::admin::nodes::MAX_PENDING {
+        let k = mk();
+        let (_, a, _) = handshake(&url, &k, &k, 0, None).await;
+        assert_eq!(a["reason"], "pending", "{a}");
+    }
+    let k = mk();
+    let (_, a, _) = handshake(&url, &k, &k, 0, None).await;
+    assert_eq!(a["reason"], "busy", "{a}");
+    let listed = admin(&gw.api, "nodes/list", Value::Null).await;
+    assert_eq!(
+        listed["nodes"].as_array().unwrap().len(),
+        clawft::admin::nodes::MAX_PENDING + 1
+    );
+    let (_, a, _) = handshake(&url, &key, &key, 0, None).await;
+    assert_eq!(a["reason"], "denied", "{a}");
     gw.stop().await;
 }
 
