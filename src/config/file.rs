@@ -65,7 +65,7 @@ pub struct ConfigFile {
 }
 
 /// `[node]`: the settings of `weft node`.
-#[derive(Clone, Debug, Default, Deserialize, Serialize, schemars::JsonSchema)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NodeFile {
     /// The gateway: `wss://HOST[:PORT]` (`ws://` only on loopback).

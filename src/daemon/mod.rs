@@ -632,8 +632,6 @@ impl Daemon {
             notify_socket: _,
             watchdog: _,
             deferred_secrets: _,
-            // `weft node`'s settings: not the gateway's.
-            node: _,
             // Applied above.
             tools,
             secrets,
@@ -654,6 +652,8 @@ impl Daemon {
             memory,
             scheduler,
             heartbeat,
+            // `weft node`'s settings: the gateway does not use them.
+            node,
         } = new;
         for (what, changed) in [
             ("providers", old.providers != providers),
@@ -679,6 +679,12 @@ impl Daemon {
             if changed {
                 changes.push(format!("{what} changed: takes effect at the next restart"));
             }
+        }
+        if old.node != node {
+            changes.push(
+                "node changed: the settings of `weft node`, not used by the gateway; a node host reads them at its next restart"
+                    .into(),
+            );
         }
         // What runs now: the applied values, and the old ones of what waits for a restart, so
         // the next diff is against what is in force (a setting applied, then removed, is
