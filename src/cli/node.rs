@@ -523,3 +523,40 @@ async fn session(
     // `_cancel_all` cancels every running call (their process groups are killed).
     Ok(Ended::Closed)
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::connect_url;
+
+    #[test]
+    fn gateway_urls_are_encrypted_unless_loopback() {
+        for (given, url) in [
+            (
+                "wss://gw.example.com",
+                "wss://gw.example.com/v1/nodes/connect",
+            ),
+            (
+                "https://gw.example.com:8443/x",
+                "wss://gw.example.com:8443/v1/nodes/connect",
+            ),
+            (
+                "ws://127.0.0.1:18790",
+                "ws://127.0.0.1:18790/v1/nodes/connect",
+            ),
+            ("http://localhost:1", "ws://localhost:1/v1/nodes/connect"),
+            ("ws://[::1]:2", "ws://[::1]:2/v1/nodes/connect"),
+        ] {
+            assert_eq!(connect_url(given).unwrap(), url, "{given}");
+        }
+        for bad in [
+            "ws://192.168.1.5:18790",
+            "http://gw.example.com",
+            "ws://127.0.0.1.example.com",
+            "ftp://gw.example.com",
+            "gw.example.com",
+        ] {
+            assert!(connect_url(bad).is_err(), "{bad} accepted");
+        }
+    }
+}
