@@ -379,6 +379,7 @@ pub fn build_registry(
         memory.clone(),
     )));
     reg.register(Arc::new(crate::memory::tools::MemoryGet::new(memory)));
+    let node_approver = approver.clone();
     match exec_runtime(config, approver) {
         Ok(rt) => {
             for c in &config.tools.custom {
@@ -423,9 +424,13 @@ pub fn build_registry(
         reg.register(Arc::new(crate::tools::gateway::GatewayTool::new(slot)));
     }
     if let Some(slot) = nodes {
+        let tool = crate::tools::nodes::NodesTool::new(slot);
         reg.register(Arc::new(
-            crate::tools::nodes::NodesTool::new(slot)
-                .with_ask(config.tools.exec.mode == crate::tools::shell_policy::ExecMode::Ask),
+            if config.tools.exec.mode == crate::tools::shell_policy::ExecMode::Ask {
+                tool.with_approval(node_approver, config.tools.exec.approval_timeout)
+            } else {
+                tool
+            },
         ));
     }
     if let Some(dir) = sessions {

@@ -56,21 +56,32 @@ struct NodesArgs {
 /// The `nodes` tool.
 pub struct NodesTool {
     slot: NodesSlot,
-    /// Commands on nodes are refused: the gateway's own commands need a person's approval
-    /// (`tools.exec.mode = "ask"`), which commands on nodes cannot get yet.
-    ask: bool,
+    /// `Some` when the gateway asks a person before its own commands (`tools.exec.mode =
+    /// "ask"`): commands on nodes are put to the same approver, or refused without one.
+    ask: Option<Ask>,
+}
+
+/// Who approves commands on nodes, and how long they have.
+struct Ask {
+    approver: Option<Arc<dyn super::shell_policy::Approver>>,
+    timeout: Duration,
 }
 
 impl NodesTool {
     /// The tool over `slot`.
     pub fn new(slot: NodesSlot) -> Self {
-        Self { slot, ask: false }
+        Self { slot, ask: None }
     }
 
-    /// Refuse `run` when the gateway asks a person before its own commands (`ask`).
+    /// Ask `approver` (within `timeout`) before every command on a node, as in `ask` mode for
+    /// the gateway's own commands; without an approver such commands are refused.
     #[must_use]
-    pub fn with_ask(mut self, ask: bool) -> Self {
-        self.ask = ask;
+    pub fn with_approval(
+        mut self,
+        approver: Option<Arc<dyn super::shell_policy::Approver>>,
+        timeout: Duration,
+    ) -> Self {
+        self.ask = Some(Ask { approver, timeout });
         self
     }
 }
@@ -104,6 +115,10 @@ impl Tool for NodesTool {
     fn effect(&self) -> Effect {
         Effect::Writes
     }
+    fn time_budget(&self) -> Option<Duration> {
+        let approval = self.ask.as_ref().map_or(Duration::ZERO, |a| a.timeout);
+        Some(MAX_RUN_TIMEOUT + approval + Duration::from_secs(15))
+    }
     async fn execute(&self, args: Value, ctx: &ToolContext) -> Result<Value, ToolError> {
         let a: NodesArgs = parse_args(self.name(), args)?;
         let Some(hub) = self.slot.get() else {
@@ -116,12 +131,6 @@ impl Tool for NodesTool {
         let (op, args, timeout) = match action {
             "list" => return Ok(hub.list()),
             "describe" => ("info", json!({}), FILE_TIMEOUT),
-            "run" if self.ask => {
-                return Err(ToolError::PermissionDenied(
-                    "commands on nodes are refused while tools.exec.mode = \"ask\" on the gateway: they cannot be put to a person for approval yet; use read, write and list_files, or ask the operator"
-                        .into(),
-                ))
-            }
             "run" => {
                 let t = a
                     .timeout
@@ -156,6 +165,25 @@ impl Tool for NodesTool {
             }
         };
         let node = need(a.node, "node", action)?;
+        if let (Some(ask), "run") = (&self.ask, op) {
+            let command = args["command"].as_str().unwrap_or_default();
+            let Some(approver) = &ask.approver else {
+                return Err(ToolError::PermissionDenied(
+                    "commands on nodes need a person's approval (tools.exec.mode = \"ask\") and nobody can be asked here".into(),
+                ));
+            };
+            let question = format!("[on node {node}] {command}");
+            let answer = tokio::select! {
+                r = tokio::time::timeout(ask.timeout, approver.approve(&ctx.session, &question)) => r.unwrap_or(super::shell_policy::Approval::Deny),
+                () = ctx.cancel.cancelled() => return Err(ToolError::ExecutionFailed("cancelled".into())),
+            };
+            if answer == super::shell_policy::Approval::Deny {
+                return Err(ToolError::PermissionDenied(format!(
+                    "the command on node `{node}` was not approved (denied, or no answer in {} s)",
+                    ask.timeout.as_secs()
+                )));
+            }
+        }
         // The node's own limit plus a margin for the round trip; never longer.
         let wait = timeout + Duration::from_secs(5);
         tokio::select! {

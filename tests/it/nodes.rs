@@ -565,3 +565,75 @@ async fn a_node_offers_only_what_it_chose_and_stays_paired_across_a_gateway_rest
     assert!(a.contains("alpha"), "{a}\n{}", node.log());
     gw.stop().await;
 }
+
+/// In `ask` mode a command on a node is put to a person like a local one: approved it runs on
+/// the node, denied it does not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commands_on_nodes_wait_for_approval_in_ask_mode() {
+    let tmp = tempfile::tempdir().unwrap();
+    let llm = FakeLlm::start().await;
+    let gdir = tmp.path().join("gw");
+    std::fs::create_dir_all(&gdir).unwrap();
+    let v = config_value(
+        &llm.base_url(),
+        &gdir,
+        json!({"tools": {"policy": {"also_allow": ["nodes"]}, "exec": {"mode": "ask", "approval_timeout_secs": 20}}}),
+    );
+    let gw = TestGateway::start(
+        clawft::config::Config::from_str(&v.to_string(), false, &test_env(&gdir)).unwrap(),
+    )
+    .await;
+    let node = start_node(&tmp.path().join("n"), &llm.base_url(), &url(&gw), "asked");
+    let r = wait_row(&gw.api, "asked", |r| r["state"] == "pending", "never asked").await;
+    admin(&gw.api, "nodes/approve", json!({"id": r["id"]})).await;
+    wait_row(&gw.api, "asked", |r| r["online"] == true, "never online").await;
+    for (decision, file) in [("approve", "yes.txt"), ("deny", "no.txt")] {
+        llm.push(Reply::ToolCalls(vec![(
+            format!("c-{decision}"),
+            "nodes".into(),
+            json!({"action": "run", "node": "asked", "command": format!("echo hi > {file}")})
+                .to_string(),
+        )]));
+        llm.push(Reply::Text("done".into()));
+        let chat = {
+            let api = gw.api.clone();
+            tokio::spawn(async move { api.chat("asker", "run it").await })
+        };
+        let deadline = Instant::now() + T;
+        let id = loop {
+            let v = admin(&gw.api, "approvals/list", json!({})).await;
+            let pending = v["approvals"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|a| a["state"] == "pending" && a.to_string().contains("[on node asked]"));
+            if let Some(a) = pending {
+                break a["id"].as_str().unwrap().to_string();
+            }
+            assert!(Instant::now() < deadline, "no approval asked: {v}");
+            assert!(!node.ws().join(file).exists(), "ran before approval");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        admin(
+            &gw.api,
+            "approvals/answer",
+            json!({"id": id, "decision": decision}),
+        )
+        .await;
+        let (status, _) = chat.await.unwrap();
+        assert_eq!(status, 200);
+        let reqs = llm.requests();
+        let results = tool_results(reqs.last().unwrap());
+        let (_, content) = results
+            .iter()
+            .find(|(id, _)| *id == format!("c-{decision}"))
+            .unwrap();
+        if decision == "approve" {
+            assert!(node.ws().join(file).exists(), "{content}");
+        } else {
+            assert!(!node.ws().join(file).exists());
+            assert!(content.to_string().contains("not approved"), "{content}");
+        }
+    }
+    gw.stop().await;
+}
