@@ -153,6 +153,9 @@ pub struct AgentDefaultsFile {
     /// the user asks), `to_voice` (a voice note is answered with a voice note, the text kept
     /// alongside). A chat's `/voice` overrides it.
     pub reply_with_voice: Option<String>,
+    /// The nodes (names or ids) the `nodes` tool may reach for this agent (default: every
+    /// approved node, once the tool is allowed).
+    pub nodes: Option<Vec<String>>,
 }
 
 /// `agents.defaults.compaction`.

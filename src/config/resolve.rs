@@ -561,6 +561,7 @@ fn resolve_agent(
                 )?),
             },
         },
+        nodes: d.nodes.clone(),
         reply_with_voice: match d.reply_with_voice.as_deref() {
             None => crate::types::VoiceReplies::default(),
             Some(v) => {

@@ -151,6 +151,8 @@ pub struct AgentConfig {
     pub reply_with_voice: crate::types::VoiceReplies,
     /// `timezone`: the zone the times of messages are shown in.
     pub timezone: TimeZone,
+    /// `nodes`: the nodes the `nodes` tool may reach (`None`: every approved node).
+    pub nodes: Option<Vec<String>>,
 }
 
 /// A named time zone (`agents.*.timezone`).

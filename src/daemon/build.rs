@@ -424,7 +424,7 @@ pub fn build_registry(
         reg.register(Arc::new(crate::tools::gateway::GatewayTool::new(slot)));
     }
     if let Some(slot) = nodes {
-        let tool = crate::tools::nodes::NodesTool::new(slot);
+        let tool = crate::tools::nodes::NodesTool::new(slot).only(config.agent.nodes.clone());
         reg.register(Arc::new(
             if config.tools.exec.mode == crate::tools::shell_policy::ExecMode::Ask {
                 tool.with_approval(node_approver, config.tools.exec.approval_timeout)

@@ -59,6 +59,8 @@ pub struct NodesTool {
     /// `Some` when the gateway asks a person before its own commands (`tools.exec.mode =
     /// "ask"`): commands on nodes are put to the same approver, or refused without one.
     ask: Option<Ask>,
+    /// The nodes this agent may reach (`agents.*.nodes`); `None`: every approved node.
+    allowed: Option<Vec<String>>,
 }
 
 /// Who approves commands on nodes, and how long they have.
@@ -70,7 +72,26 @@ struct Ask {
 impl NodesTool {
     /// The tool over `slot`.
     pub fn new(slot: NodesSlot) -> Self {
-        Self { slot, ask: None }
+        Self {
+            slot,
+            ask: None,
+            allowed: None,
+        }
+    }
+
+    /// Reach only these nodes (names or ids).
+    #[must_use]
+    pub fn only(mut self, nodes: Option<Vec<String>>) -> Self {
+        self.allowed = nodes;
+        self
+    }
+
+    fn may_reach(&self, node: &Value) -> bool {
+        self.allowed.as_ref().is_none_or(|a| {
+            a.iter().any(|n| {
+                Some(n.as_str()) == node["name"].as_str() || Some(n.as_str()) == node["id"].as_str()
+            })
+        })
     }
 
     /// Ask `approver` (within `timeout`) before every command on a node, as in `ask` mode for
@@ -129,7 +150,15 @@ impl Tool for NodesTool {
         };
         let action = a.action.as_str();
         let (op, args, timeout) = match action {
-            "list" => return Ok(hub.list()),
+            "list" => {
+                let mut v = hub.list();
+                if let Some(all) = v["nodes"].as_array() {
+                    let kept: Vec<Value> =
+                        all.iter().filter(|n| self.may_reach(n)).cloned().collect();
+                    v["nodes"] = Value::Array(kept);
+                }
+                return Ok(v);
+            }
             "describe" => ("info", json!({}), FILE_TIMEOUT),
             "run" => {
                 let t = a
@@ -165,6 +194,21 @@ impl Tool for NodesTool {
             }
         };
         let node = need(a.node, "node", action)?;
+        if let Some(allowed) = &self.allowed {
+            // By name or id, checked against what the hub knows of the node.
+            let listed = hub.list();
+            let known = listed["nodes"].as_array().and_then(|all| {
+                all.iter()
+                    .find(|n| n["name"] == node.as_str() || n["id"] == node.as_str())
+                    .cloned()
+            });
+            if !known.is_some_and(|n| self.may_reach(&n)) {
+                return Err(ToolError::PermissionDenied(format!(
+                    "node `{node}` is not among the nodes this agent may use ({})",
+                    allowed.join(", ")
+                )));
+            }
+        }
         if let (Some(ask), "run") = (&self.ask, op) {
             let command = args["command"].as_str().unwrap_or_default();
             let Some(approver) = &ask.approver else {

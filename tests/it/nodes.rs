@@ -577,7 +577,8 @@ async fn commands_on_nodes_wait_for_approval_in_ask_mode() {
     let v = config_value(
         &llm.base_url(),
         &gdir,
-        json!({"tools": {"policy": {"also_allow": ["nodes"]}, "exec": {"mode": "ask", "approval_timeout_secs": 20}}}),
+        json!({"tools": {"policy": {"also_allow": ["nodes"]}, "exec": {"mode": "ask", "approval_timeout_secs": 20}},
+               "agents": {"defaults": {"nodes": ["asked"]}}}),
     );
     let gw = TestGateway::start(
         clawft::config::Config::from_str(&v.to_string(), false, &test_env(&gdir)).unwrap(),
@@ -635,5 +636,39 @@ async fn commands_on_nodes_wait_for_approval_in_ask_mode() {
             assert!(content.to_string().contains("not approved"), "{content}");
         }
     }
+    // A second node, approved, but not among this agent's nodes: refused without a question.
+    let other = start_node(&tmp.path().join("o"), &llm.base_url(), &url(&gw), "other");
+    let r = wait_row(&gw.api, "other", |r| r["state"] == "pending", "never asked").await;
+    admin(&gw.api, "nodes/approve", json!({"id": r["id"]})).await;
+    wait_row(&gw.api, "other", |r| r["online"] == true, "never online").await;
+    llm.push(Reply::ToolCalls(vec![
+        (
+            "c-other".into(),
+            "nodes".into(),
+            json!({"action": "run", "node": "other", "command": "echo hi > x.txt"}).to_string(),
+        ),
+        (
+            "c-list".into(),
+            "nodes".into(),
+            json!({"action": "list"}).to_string(),
+        ),
+    ]));
+    llm.push(Reply::Text("done".into()));
+    let (status, _) = gw.api.chat("asker", "run it on other").await;
+    assert_eq!(status, 200);
+    let reqs = llm.requests();
+    let results = tool_results(reqs.last().unwrap());
+    let text = |id: &str| results.iter().find(|(i, _)| i == id).unwrap().1.to_string();
+    assert!(
+        text("c-other").contains("not among the nodes"),
+        "{}",
+        text("c-other")
+    );
+    assert!(!other.ws().join("x.txt").exists());
+    assert!(
+        text("c-list").contains("asked") && !text("c-list").contains("other"),
+        "{}",
+        text("c-list")
+    );
     gw.stop().await;
 }
