@@ -20,7 +20,7 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 # verify checks that ExecStart= exists: point both units at the binary under test, and the
 # credentials at files that exist.
-for unit in clawft.service clawft-user.service; do
+for unit in clawft.service clawft-user.service clawft-node.service; do
     sed -e "s|^ExecStart=[^ ]*|ExecStart=$weft|" \
         -e "s|^LoadCredential=\([^:]*\):.*|LoadCredential=\1:/dev/null|" \
         "$here/systemd/$unit" >"$tmp/$unit"
@@ -31,8 +31,11 @@ out=$(systemd-analyze verify --man=no "$tmp/clawft.service" 2>&1) || { echo "$ou
 out_user=$(systemd-analyze verify --man=no --user "$tmp/clawft-user.service" 2>&1) ||
     out_user=$(systemd-analyze verify --man=no "$tmp/clawft-user.service" 2>&1) ||
     { echo "$out_user" >&2; exit 1; }
+out_node=$(systemd-analyze verify --man=no --user "$tmp/clawft-node.service" 2>&1) ||
+    out_node=$(systemd-analyze verify --man=no "$tmp/clawft-node.service" 2>&1) ||
+    { echo "$out_node" >&2; exit 1; }
 # verify exits 0 on unknown directives; treat any warning about our units as a failure.
-if printf '%s\n%s\n' "$out" "$out_user" | grep -E "clawft(-user)?\.service:" >&2; then
+if printf '%s\n%s\n%s\n' "$out" "$out_user" "$out_node" | grep -E "clawft(-user|-node)?\.service:" >&2; then
     exit 1
 fi
-echo "ok: clawft.service and clawft-user.service verify"
+echo "ok: clawft.service, clawft-user.service and clawft-node.service verify"

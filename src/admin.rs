@@ -5,6 +5,7 @@
 
 pub mod cron;
 pub mod hooks;
+pub mod nodes;
 pub mod ops;
 
 use std::sync::{Arc, OnceLock};
@@ -225,6 +226,7 @@ impl Running {
 pub struct AdminApi {
     config: Arc<Config>,
     running: Arc<OnceLock<Running>>,
+    nodes: Arc<OnceLock<Arc<nodes::NodeHub>>>,
 }
 
 impl AdminApi {
@@ -233,7 +235,13 @@ impl AdminApi {
         Self {
             config,
             running: Arc::new(OnceLock::new()),
+            nodes: Arc::new(OnceLock::new()),
         }
+    }
+
+    /// Serve `nodes/*` from `hub` (the gateway's connected nodes).
+    pub fn set_nodes(&self, hub: Arc<nodes::NodeHub>) {
+        let _ = self.nodes.set(hub);
     }
 
     /// Connect it to the running daemon.
@@ -538,6 +546,10 @@ impl clawft_channel_http::Admin for AdminApi {
                         .map_err(internal)?;
                 Ok(json!({"path": path.display().to_string(), "records": n}))
             }
+            other if other.starts_with("nodes/") => match self.nodes.get() {
+                Some(hub) => hub.command(other, &body),
+                None => nodes::NodeHub::new(r.store.clone()).command(other, &body),
+            },
             other => match other.strip_prefix("cron/") {
                 Some(c) => cron::command(&r.scheduler, &r.channels().names(), c, &body),
                 None => pairing_command(&r.store, other, &body),

@@ -153,6 +153,26 @@ fn main() -> ExitCode {
             Command::Skills {
                 action: cli::SkillsAction::List { json },
             } => cli::tools::skills_list(&config, json),
+            Command::Node {
+                gateway,
+                name,
+                workspace,
+                offer,
+                state_dir,
+            } => {
+                cli::node::run(
+                    &config,
+                    cli::node::NodeOptions {
+                        gateway,
+                        name,
+                        workspace,
+                        offers: offer,
+                        state_dir,
+                    },
+                )
+                .await
+            }
+            Command::Nodes { action } => cli::node::nodes(&config, action).await,
             Command::Send {
                 channel,
                 chat_id,

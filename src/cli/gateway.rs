@@ -36,6 +36,8 @@ pub struct Gateway {
     control: Option<(Secret, std::path::PathBuf)>,
     /// Reloads asked by the `gateway` tool; [`run`] applies them as SIGHUP.
     reloads: Option<tokio::sync::mpsc::Receiver<crate::admin::ops::ReloadRequest>>,
+    /// The connected nodes (with the HTTP API).
+    nodes: Option<Arc<crate::admin::nodes::NodeHub>>,
 }
 
 impl Gateway {
@@ -72,6 +74,7 @@ impl Gateway {
         let admin = AdminApi::new(config.clone());
         let mut channels: Vec<Arc<dyn Channel>> = Vec::new();
         let mut http_addr = None;
+        let mut nodes = None;
         if config.http.enabled {
             let http = HttpChannel::bind_with_mail(
                 HttpConfig {
@@ -94,6 +97,10 @@ impl Gateway {
             .await
             .map_err(|e| CliError::Failed(format!("channels.http: {e}")))?;
             http_addr = Some(http.local_addr());
+            let hub = crate::admin::nodes::NodeHub::new(store.clone());
+            http.add_routes(hub.routes());
+            admin.set_nodes(hub.clone());
+            nodes = Some(hub);
             // The control UI's web chat, served on the same listener: a channel of its own.
             channels.push(http.web());
             channels.push(http);
@@ -110,6 +117,11 @@ impl Gateway {
             daemon.scheduler().clone(),
             daemon.approvals().clone(),
         );
+        if let Some(hub) = &nodes {
+            let _ = daemon
+                .nodes_slot()
+                .set(hub.clone() as Arc<dyn crate::tools::nodes::NodeControl>);
+        }
         // The `gateway` tool's controls: the status through the admin API, reloads through
         // the main loop of `run` (the SIGHUP path).
         let (reload_tx, reloads) = tokio::sync::mpsc::channel(4);
@@ -148,6 +160,7 @@ impl Gateway {
             http_addr,
             control,
             reloads: Some(reloads),
+            nodes,
         })
     }
 
@@ -161,6 +174,9 @@ impl Gateway {
     pub async fn shutdown(self) {
         if let Some((token, store)) = &self.control {
             control::remove(store, token.expose());
+        }
+        if let Some(hub) = &self.nodes {
+            hub.close();
         }
         self.daemon.shutdown().await;
     }

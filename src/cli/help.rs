@@ -81,6 +81,14 @@ const EXAMPLES: &[(&str, &str)] = &[
         "Examples:\n  weft pairing list\n  weft pairing approve 4F7K2Q",
     ),
     (
+        "node",
+        "Examples:\n  weft node --gateway wss://gateway.example.com --name homeserver --workspace ~/weft-node\n  weft node --gateway wss://gateway.example.com --offer info,read,list\n  weft node    # with a [node] section in the configuration\n\nThe gateway's operator approves the node with `weft nodes approve ID` (docs/nodes.md).",
+    ),
+    (
+        "nodes",
+        "Examples:\n  weft nodes list\n  weft nodes approve 3f9c0a1b2c3d4e5f\n  weft nodes revoke homeserver",
+    ),
+    (
         "approvals",
         "Examples:\n  weft approvals list\n  weft approvals approve 3fa9c2d1\n  weft approvals approve 3fa9c2d1 --always\n  weft approvals deny 3fa9c2d1",
     ),

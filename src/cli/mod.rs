@@ -16,6 +16,7 @@ pub mod human;
 pub mod logs;
 pub mod mcp;
 pub mod memory;
+pub mod node;
 pub mod onboard;
 pub mod pairing;
 pub mod service;
@@ -122,6 +123,33 @@ pub enum Command {
         /// Print JSON.
         #[arg(long)]
         json: bool,
+    },
+    /// Run this machine as a node of a gateway elsewhere: the agent there can then run
+    /// commands and use files in this node's workspace (after the gateway's operator approves
+    /// it with `weft nodes approve`).
+    Node {
+        /// The gateway's address: wss://HOST[:PORT] (ws://127.0.0.1:PORT on the same machine);
+        /// default: node.gateway of the configuration.
+        #[arg(long, value_name = "URL")]
+        gateway: Option<String>,
+        /// This node's name (default: the host name).
+        #[arg(long)]
+        name: Option<String>,
+        /// The workspace the gateway's agent works in (default: agent.workspace).
+        #[arg(long, value_name = "DIR")]
+        workspace: Option<PathBuf>,
+        /// What to offer, comma-separated: info, read, write, list, run (default: all).
+        #[arg(long, value_delimiter = ',')]
+        offer: Vec<String>,
+        /// Where the node's key lives (default: ~/.clawft/node).
+        #[arg(long, value_name = "DIR")]
+        state_dir: Option<PathBuf>,
+    },
+    /// Pair, deny or revoke nodes (machines running `weft node`).
+    Nodes {
+        /// What to do.
+        #[command(subcommand)]
+        action: node::NodesAction,
     },
     /// Send a message to a chat through the running gateway (for scripts and cron jobs).
     Send {

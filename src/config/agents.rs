@@ -63,7 +63,7 @@ pub fn merge_agent(defaults: &AgentDefaultsFile, over: AgentDefaultsFile) -> Age
     let o = over;
     overlay!(b, o; model, max_tool_iterations, loop_repeat_limit, max_tool_calls_per_turn,
         workspace, provider, fallback, system_prompt, max_tokens, temperature, stream,
-        context_window, models, mcp_servers, vision, timezone, reply_with_voice);
+        context_window, models, mcp_servers, vision, timezone, reply_with_voice, nodes);
     b.tools = table(b.tools.take(), o.tools, |b, o| {
         overlay!(b, o; profile, allow, deny, also_allow);
     });

@@ -58,6 +58,24 @@ pub struct ConfigFile {
     /// (docs/media.md).
     #[serde(default)]
     pub media: super::media::MediaFile,
+    /// This machine as a node host of a gateway elsewhere (`weft node`; docs/nodes.md): the
+    /// command-line options win over these.
+    #[serde(default)]
+    pub node: NodeFile,
+}
+
+/// `[node]`: the settings of `weft node`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NodeFile {
+    /// The gateway: `wss://HOST[:PORT]` (`ws://` only on loopback).
+    pub gateway: Option<String>,
+    /// This node's name (default: the host name).
+    pub name: Option<String>,
+    /// The workspace the gateway's agent works in (default: `agent.workspace`); `~/` expands.
+    pub workspace: Option<String>,
+    /// What the node offers: `info`, `read`, `write`, `list`, `run` (default: all).
+    pub offer: Option<Vec<String>>,
 }
 
 /// One `[[bindings]]` entry.
@@ -135,6 +153,9 @@ pub struct AgentDefaultsFile {
     /// the user asks), `to_voice` (a voice note is answered with a voice note, the text kept
     /// alongside). A chat's `/voice` overrides it.
     pub reply_with_voice: Option<String>,
+    /// The nodes (names or ids) the `nodes` tool may reach for this agent (default: every
+    /// approved node, once the tool is allowed).
+    pub nodes: Option<Vec<String>>,
 }
 
 /// `agents.defaults.compaction`.

@@ -284,6 +284,14 @@ impl Config {
             memory,
             scheduler: raw.scheduler.resolve()?,
             heartbeat: raw.heartbeat.resolve()?,
+            node: super::file::NodeFile {
+                workspace: raw
+                    .node
+                    .workspace
+                    .as_deref()
+                    .map(|w| expand(w, env).display().to_string()),
+                ..raw.node.clone()
+            },
             provenance,
             deferred_secrets: env.take_deferred(),
         })
@@ -553,6 +561,7 @@ fn resolve_agent(
                 )?),
             },
         },
+        nodes: d.nodes.clone(),
         reply_with_voice: match d.reply_with_voice.as_deref() {
             None => crate::types::VoiceReplies::default(),
             Some(v) => {

@@ -151,6 +151,8 @@ pub struct AgentConfig {
     pub reply_with_voice: crate::types::VoiceReplies,
     /// `timezone`: the zone the times of messages are shown in.
     pub timezone: TimeZone,
+    /// `nodes`: the nodes the `nodes` tool may reach (`None`: every approved node).
+    pub nodes: Option<Vec<String>>,
 }
 
 /// A named time zone (`agents.*.timezone`).
@@ -335,6 +337,8 @@ pub struct Config {
     pub scheduler: crate::scheduler::SchedulerSettings,
     /// `heartbeat`: `None` when off.
     pub heartbeat: Option<crate::scheduler::HeartbeatSettings>,
+    /// `[node]`: the settings of `weft node` (the workspace with `~/` expanded).
+    pub node: super::file::NodeFile,
     /// Secrets of the running service that this command's environment does not hold (loaded
     /// with [`Env::for_client`](super::Env::for_client)); their values in this config are
     /// placeholders. Always empty for the service itself.

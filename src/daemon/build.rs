@@ -365,6 +365,8 @@ pub struct RegistryParts {
     pub scheduler: Option<Arc<crate::scheduler::Scheduler>>,
     /// The running gateway's controls (`gateway`; opt-in, see `tools::policy::OPT_IN`).
     pub gateway: Option<crate::tools::gateway::GatewaySlot>,
+    /// The connected nodes (`nodes`; opt-in, see `tools::policy::OPT_IN`).
+    pub nodes: Option<crate::tools::nodes::NodesSlot>,
     /// The background processes of every session (`process`).
     pub processes: Option<Arc<exec::process::ProcessTable>>,
     /// The sessions the session tools read and send to (`sessions_*`, `session_status`).
@@ -390,6 +392,7 @@ pub fn build_registry(
         memory,
         scheduler,
         gateway,
+        nodes,
         processes,
         sessions,
         canvas,
@@ -422,6 +425,7 @@ pub fn build_registry(
         memory.clone(),
     )));
     reg.register(Arc::new(crate::memory::tools::MemoryGet::new(memory)));
+    let node_approver = approver.clone();
     match exec_runtime(config, approver) {
         Ok(rt) => {
             for c in &config.tools.custom {
@@ -468,6 +472,16 @@ pub fn build_registry(
     }
     if let Some(slot) = gateway {
         reg.register(Arc::new(crate::tools::gateway::GatewayTool::new(slot)));
+    }
+    if let Some(slot) = nodes {
+        let tool = crate::tools::nodes::NodesTool::new(slot).only(config.agent.nodes.clone());
+        reg.register(Arc::new(
+            if config.tools.exec.mode == crate::tools::shell_policy::ExecMode::Ask {
+                tool.with_approval(node_approver, config.tools.exec.approval_timeout)
+            } else {
+                tool
+            },
+        ));
     }
     if let Some(dir) = sessions {
         let model = config
@@ -630,6 +644,7 @@ mod tests {
                     ws,
                 )),
                 gateway: None,
+                nodes: None,
                 processes: Some(exec::process::ProcessTable::new()),
                 sessions: Some(crate::session::tools::SessionDirectory::new(store.clone())),
                 canvas: Some(store),

@@ -95,6 +95,8 @@ pub struct Daemon {
     scheduler: Arc<crate::scheduler::Scheduler>,
     /// The `gateway` tool's controls, filled in by `weft gateway` (kept across reloads).
     gateway: crate::tools::gateway::GatewaySlot,
+    /// The `nodes` tool's hub, filled in by `weft gateway` (kept across reloads).
+    nodes: crate::tools::nodes::NodesSlot,
     /// Background processes of every session (`process`; kept across reloads).
     processes: Arc<crate::tools::exec::process::ProcessTable>,
     /// What the session tools read and send to (outlives registry rebuilds).
@@ -217,6 +219,7 @@ struct Shared {
     subagents: Arc<crate::subagent::SubagentHub>,
     scheduler: Arc<crate::scheduler::Scheduler>,
     gateway: crate::tools::gateway::GatewaySlot,
+    nodes: crate::tools::nodes::NodesSlot,
     usage: Arc<crate::turn::usage::UsageLedger>,
     processes: Arc<crate::tools::exec::process::ProcessTable>,
     /// What the session tools read and send to.
@@ -244,6 +247,7 @@ impl Shared {
                 memory: Some(self.memory.clone()),
                 scheduler: Some(self.scheduler.clone()),
                 gateway: Some(self.gateway.clone()),
+                nodes: Some(self.nodes.clone()),
                 processes: Some(self.processes.clone()),
                 sessions: Some(self.sessions.clone()),
                 canvas: Some(self.store.clone()),
@@ -337,6 +341,7 @@ impl Daemon {
             workspace.clone(),
         );
         let gateway = crate::tools::gateway::GatewaySlot::default();
+        let nodes = crate::tools::nodes::NodesSlot::default();
         let processes = crate::tools::exec::process::ProcessTable::new();
         let usage = Arc::new(crate::turn::usage::UsageLedger::load(
             store.clone(),
@@ -357,6 +362,7 @@ impl Daemon {
             subagents: subagents.clone(),
             scheduler: scheduler.clone(),
             gateway: gateway.clone(),
+            nodes: nodes.clone(),
             usage: usage.clone(),
             processes: processes.clone(),
             sessions: sessions.clone(),
@@ -523,6 +529,7 @@ impl Daemon {
             memory,
             scheduler,
             gateway,
+            nodes,
             processes,
             sessions,
             media,
@@ -546,6 +553,11 @@ impl Daemon {
     /// The slot of the `gateway` tool's controls: `weft gateway` fills it once it runs.
     pub fn gateway_slot(&self) -> &crate::tools::gateway::GatewaySlot {
         &self.gateway
+    }
+
+    /// The slot of the `nodes` tool's hub: `weft gateway` fills it once it runs.
+    pub fn nodes_slot(&self) -> &crate::tools::nodes::NodesSlot {
+        &self.nodes
     }
 
     /// The bus (for the admin API and tools).
@@ -606,6 +618,7 @@ impl Daemon {
                 subagents: self.subagents.clone(),
                 scheduler: self.scheduler.clone(),
                 gateway: self.gateway.clone(),
+                nodes: self.nodes.clone(),
                 usage: self.usage.clone(),
                 processes: self.processes.clone(),
                 sessions: self.sessions.clone(),
@@ -653,6 +666,8 @@ impl Daemon {
             memory,
             scheduler,
             heartbeat,
+            // `weft node`'s settings: the gateway does not use them.
+            node,
         } = new;
         for (what, changed) in [
             ("providers", old.providers != providers),
@@ -678,6 +693,12 @@ impl Daemon {
             if changed {
                 changes.push(format!("{what} changed: takes effect at the next restart"));
             }
+        }
+        if old.node != node {
+            changes.push(
+                "node changed: the settings of `weft node`, not used by the gateway; a node host reads them at its next restart"
+                    .into(),
+            );
         }
         // What runs now: the applied values, and the old ones of what waits for a restart, so
         // the next diff is against what is in force (a setting applied, then removed, is

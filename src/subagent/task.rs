@@ -26,6 +26,7 @@ pub(super) const SWEEP_EVERY: Duration = Duration::from_secs(60);
 /// parent talks to the user, not its children.
 pub const ALWAYS_DENIED: &[&str] = &[
     "gateway",
+    "nodes",
     "agents_list",
     "whatsapp_login",
     "session_status",

@@ -12,6 +12,7 @@ pub mod gateway;
 pub mod html;
 pub mod memory;
 pub mod message;
+pub mod nodes;
 pub mod policy;
 pub mod protected;
 pub mod ratelimit;

@@ -63,6 +63,7 @@ pub const GROUPS: &[(&str, &[&str])] = &[
     ),
     ("automation", &["cron", "gateway"]),
     ("ui", &["canvas"]),
+    ("nodes", &["nodes"]),
 ];
 
 /// The group of the custom tools (`tools.custom.NAME`): its members are known once the
@@ -70,8 +71,9 @@ pub const GROUPS: &[(&str, &[&str])] = &[
 pub const CUSTOM_GROUP: &str = "custom";
 
 /// Tools denied unless a layer's `also_allow` names them (by name or `group:automation`):
-/// `gateway` reads the gateway's status and reloads its configuration, an operator's power.
-pub const OPT_IN: &[&str] = &["gateway"];
+/// `gateway` reads the gateway's status and reloads its configuration, an operator's power;
+/// `nodes` acts on the user's other machines.
+pub const OPT_IN: &[&str] = &["gateway", "nodes"];
 
 /// Whether `p` opts `tool` in: its exact name (no wildcard) or a group that lists it.
 fn opts_in(p: &Pattern, tool: &str) -> bool {

@@ -28,6 +28,7 @@ mod mcp;
 mod media;
 mod memory;
 mod memory_embed;
+mod nodes;
 mod openai_api;
 mod operators;
 mod platform_limits;

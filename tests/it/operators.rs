@@ -256,6 +256,11 @@ fn section_edits() -> Vec<(&'static str, Value, &'static str)> {
             json!({"media": {"max_file_mb": 3}}),
             "media changed: takes effect at the next restart",
         ),
+        (
+            "node",
+            json!({"node": {"name": "homeserver"}}),
+            "node changed: the settings of `weft node`, not used by the gateway; a node host reads them at its next restart",
+        ),
     ]
 }
 

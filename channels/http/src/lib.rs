@@ -237,6 +237,9 @@ pub struct HttpChannel {
     inner: Arc<Inner>,
     listener: Mutex<Option<std::net::TcpListener>>,
     addr: SocketAddr,
+    /// Routes served on the same listener that authenticate on their own (the node hosts'
+    /// WebSocket), added before the channel listens.
+    extra: Mutex<Option<Router>>,
 }
 
 /// Removes a waiter when its request ends (reply, timeout or client gone).
@@ -312,6 +315,7 @@ impl HttpChannel {
                 web: Arc::new(WebChannel::new()),
             }),
             listener: Mutex::new(Some(std_listener)),
+            extra: Mutex::new(None),
             addr,
         }))
     }
@@ -319,6 +323,16 @@ impl HttpChannel {
     /// The bound address.
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// Serve `routes` on this listener too (before it listens). They bypass the bearer-token
+    /// check: each must authenticate its callers itself.
+    pub fn add_routes(&self, routes: Router) {
+        let mut slot = self.extra.locked();
+        *slot = Some(match slot.take() {
+            Some(r) => r.merge(routes),
+            None => routes,
+        });
     }
 
     /// The web chat of the control UI (channel `web`), served on this listener: the daemon
@@ -1070,7 +1084,10 @@ impl Channel for HttpChannel {
         let listener = tokio::net::TcpListener::from_std(std_listener)
             .map_err(|e| ChannelError::Fatal(format!("listener: {e}")))?;
         *self.inner.tx.locked() = Some(tx);
-        let app = router(self.inner.clone());
+        let mut app = router(self.inner.clone());
+        if let Some(extra) = self.extra.locked().take() {
+            app = app.merge(extra);
+        }
         let shutdown = self.inner.shutdown.clone();
         let stop = cancel.clone();
         tracing::info!(addr = %self.addr, "HTTP API listening");
