@@ -260,9 +260,10 @@ pub(crate) fn routes(inner: Arc<Inner>) -> Router<Arc<Inner>> {
     let api = Router::new()
         .route("/ui/api/me", get(me))
         .route("/ui/api/logout", post(logout))
-        .route("/ui/api/status", get(status))
-        .route("/ui/api/sessions", get(sessions))
-        .route("/ui/api/sessions/{key}", get(session))
+        // The same handlers as `/v1/status` and `/v1/sessions[/{key}]`, behind the UI's guard.
+        .route("/ui/api/status", get(crate::status))
+        .route("/ui/api/sessions", get(crate::sessions))
+        .route("/ui/api/sessions/{key}", get(crate::session))
         .route("/ui/api/sessions/{key}/clear", post(clear_session))
         .route("/ui/api/admin/{*name}", post(admin))
         .route("/ui/api/chat", post(chat))
@@ -496,25 +497,6 @@ async fn logout(State(inner): State<Arc<Inner>>, req: Request) -> Response {
     r
 }
 
-async fn status(State(inner): State<Arc<Inner>>) -> Response {
-    Json(inner.admin.status().await).into_response()
-}
-
-async fn sessions(State(inner): State<Arc<Inner>>) -> Response {
-    match inner.admin.sessions().await {
-        Ok(v) => Json(v).into_response(),
-        Err(e) => err(e.status(), e.to_string()),
-    }
-}
-
-async fn session(State(inner): State<Arc<Inner>>, Path(key): Path<String>) -> Response {
-    match inner.admin.session(&key).await {
-        Ok(Some(v)) => Json(v).into_response(),
-        Ok(None) => err(StatusCode::NOT_FOUND, format!("no session `{key}`")),
-        Err(e) => err(e.status(), e.to_string()),
-    }
-}
-
 /// `POST /ui/api/sessions/{key}/clear`: reset a session, as `DELETE /v1/sessions/{key}`.
 async fn clear_session(
     State(inner): State<Arc<Inner>>,
@@ -524,10 +506,7 @@ async fn clear_session(
     if let Err(r) = operator(&who(req.extensions())) {
         return *r;
     }
-    match inner.admin.clear_session(&key).await {
-        Ok(b) => Json(json!({ "cleared": b })).into_response(),
-        Err(e) => err(e.status(), e.to_string()),
-    }
+    crate::clear_session(State(inner), Path(key)).await
 }
 
 /// Admin commands that only read: a read-only session may call these.
