@@ -340,9 +340,6 @@ impl Media {
         if !resp.status().is_success() {
             return Err(endpoint_error("speech", resp).await);
         }
-        if resp.content_length().is_some_and(|n| n > MAX_AUDIO_BYTES) {
-            return Err(MediaError::TooLarge);
-        }
         read_capped(resp, MAX_AUDIO_BYTES).await
     }
 
@@ -481,9 +478,6 @@ impl Media {
                 "fetching the image answered {}",
                 resp.status()
             )));
-        }
-        if resp.content_length().is_some_and(|n| n > MAX_IMAGE_BYTES) {
-            return Err(MediaError::TooLarge);
         }
         read_capped(resp, MAX_IMAGE_BYTES).await
     }

@@ -454,9 +454,6 @@ impl Media {
                     resp.status()
                 )));
             }
-            if resp.content_length().is_some_and(|n| n > limit) {
-                return Err(MediaError::TooLarge);
-            }
             read_capped(resp, limit).await
         };
         tokio::time::timeout(TRANSFER_TIMEOUT, fetch)
@@ -592,8 +589,11 @@ pub fn tool_result_images(
     Some(m)
 }
 
-/// The body of `resp`, failing past `limit` bytes.
+/// The body of `resp`, failing past `limit` bytes (at once when its `Content-Length` says so).
 async fn read_capped(mut resp: reqwest::Response, limit: u64) -> Result<Vec<u8>, MediaError> {
+    if resp.content_length().is_some_and(|n| n > limit) {
+        return Err(MediaError::TooLarge);
+    }
     let mut out = Vec::new();
     while let Some(chunk) = resp
         .chunk()
