@@ -777,54 +777,38 @@ impl Browser {
         self: &Arc<Self>,
         full: bool,
     ) -> Result<(Vec<u8>, Value), BrowserError> {
-        let max = self.settings.max_capture_bytes;
-        let mut png = Vec::new();
-        let out = {
-            let png = &mut png;
-            self.with(move |cdp, tab, me| async move {
-                let Some(mut tab) = tab else {
-                    return (None, Err(no_tab()));
-                };
-                let out = async {
-                    let state = me.page_state(&cdp, &mut tab).await?;
-                    let v = cdp
-                        .call(
-                            Some(&tab.session),
-                            "Page.captureScreenshot",
-                            json!({"format": "png", "captureBeyondViewport": full, "fromSurface": true}),
-                        )
-                        .await?;
-                    *png = decode_capped(&v["data"], max)?;
-                    Ok(state)
-                }
-                .await;
-                (Some(tab), out)
-            })
-            .await?
-        };
-        Ok((png, out))
+        self.capture(
+            "Page.captureScreenshot",
+            json!({"format": "png", "captureBeyondViewport": full, "fromSurface": true}),
+        )
+        .await
     }
 
     /// A PDF of the tab.
     pub async fn pdf(self: &Arc<Self>) -> Result<(Vec<u8>, Value), BrowserError> {
+        self.capture("Page.printToPDF", json!({"printBackground": true}))
+            .await
+    }
+
+    /// The bytes `method` (`params`) returns base64-encoded in `data` for the current tab,
+    /// capped at `max_capture_bytes`, with the page's state.
+    async fn capture(
+        self: &Arc<Self>,
+        method: &'static str,
+        params: Value,
+    ) -> Result<(Vec<u8>, Value), BrowserError> {
         let max = self.settings.max_capture_bytes;
-        let mut pdf = Vec::new();
+        let mut bytes = Vec::new();
         let out = {
-            let pdf = &mut pdf;
+            let bytes = &mut bytes;
             self.with(move |cdp, tab, me| async move {
                 let Some(mut tab) = tab else {
                     return (None, Err(no_tab()));
                 };
                 let out = async {
                     let state = me.page_state(&cdp, &mut tab).await?;
-                    let v = cdp
-                        .call(
-                            Some(&tab.session),
-                            "Page.printToPDF",
-                            json!({"printBackground": true}),
-                        )
-                        .await?;
-                    *pdf = decode_capped(&v["data"], max)?;
+                    let v = cdp.call(Some(&tab.session), method, params).await?;
+                    *bytes = decode_capped(&v["data"], max)?;
                     Ok(state)
                 }
                 .await;
@@ -832,7 +816,7 @@ impl Browser {
             })
             .await?
         };
-        Ok((pdf, out))
+        Ok((bytes, out))
     }
 
     /// The open tabs; `switch` makes tab `index` (1-based) current, `close` closes it.
