@@ -173,6 +173,25 @@ impl Default for TimeZone {
     }
 }
 
+/// `text` without the stamp [`TimeZone::stamp`] and a space put before a user message, if it
+/// starts with one.
+pub fn unstamped(text: &str) -> &str {
+    let shape = b"[WWW 0000-00-00 00:00 +00:00] ";
+    let b = text.as_bytes();
+    let fits = b.len() >= shape.len()
+        && shape.iter().zip(b).all(|(s, c)| match s {
+            b'W' => c.is_ascii_alphabetic(),
+            b'0' => c.is_ascii_digit(),
+            b'+' => *c == b'+' || *c == b'-',
+            other => other == c,
+        });
+    if fits {
+        &text[shape.len()..]
+    } else {
+        text
+    }
+}
+
 impl TimeZone {
     /// `[Fri 2026-11-27 18:03 +01:00]`: the instant `at_ms` (milliseconds since the epoch) in
     /// this zone, as the model is shown it before a message.
@@ -506,4 +525,21 @@ pub struct ToolsConfig {
     pub custom: Vec<crate::tools::exec::custom::CustomToolSettings>,
     /// `tools.sessions`: the session tools' visibility.
     pub sessions: crate::tools::sessions::SessionsSettings,
+}
+
+#[cfg(test)]
+mod stamp_tests {
+    use super::*;
+
+    #[test]
+    fn a_stamp_is_recognised_and_removed_and_nothing_else_is() {
+        let tz = TimeZone::default();
+        // 2026-11-27 18:03:00 UTC
+        let stamped = format!("{} remind me", tz.stamp(1_795_802_580_000));
+        assert_eq!(stamped, "[Fri 2026-11-27 18:03 +00:00] remind me");
+        assert_eq!(unstamped(&stamped), "remind me");
+        for plain in ["remind me", "[note] remind me", "[Fri 2026-11-27] x", ""] {
+            assert_eq!(unstamped(plain), plain);
+        }
+    }
 }

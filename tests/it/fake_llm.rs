@@ -220,22 +220,7 @@ impl FakeLlm {
 /// `text` without the time stamp the gateway puts before a user message
 /// (`[Fri 2026-11-27 18:03 +01:00] `), if it has one.
 pub fn strip_stamp(text: &str) -> &str {
-    let b = text.as_bytes();
-    let shape = b"[WWW 0000-00-00 00:00 +00:00] ";
-    if b.len() < shape.len() {
-        return text;
-    }
-    let fits = shape.iter().zip(b).all(|(s, c)| match s {
-        b'W' => c.is_ascii_alphabetic(),
-        b'0' => c.is_ascii_digit(),
-        b'+' => *c == b'+' || *c == b'-',
-        other => other == c,
-    });
-    if fits {
-        &text[shape.len()..]
-    } else {
-        text
-    }
+    clawft::config::types::unstamped(text)
 }
 
 /// `body` with the time stamps of its user messages left out (see [`strip_stamp`]).
