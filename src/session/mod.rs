@@ -443,18 +443,17 @@ fn refuse_with(
             Some(text.clone()),
         );
     }
-    if let Some(reply) = reply_to(entry, OutboundBody::Error { text, reason }) {
-        state
-            .args
-            .hooks
-            .outbox
-            .answer(&state.args.key, entry, reply);
-    }
+    answer_body(state, entry, OutboundBody::Error { text, reason });
 }
 
 /// Answer a command or a refusal at once: the entry is done and the reply is in the outbox.
 fn answer_now(state: &SessionState, entry: &InboxEntry, kind: OutboundKind, text: String) {
-    if let Some(reply) = reply_to(entry, OutboundBody::text_of(kind, text)) {
+    answer_body(state, entry, OutboundBody::text_of(kind, text));
+}
+
+/// [`answer_now`] with `body`.
+fn answer_body(state: &SessionState, entry: &InboxEntry, body: OutboundBody) {
+    if let Some(reply) = reply_to(entry, body) {
         state
             .args
             .hooks
