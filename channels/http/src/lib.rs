@@ -651,13 +651,11 @@ fn mail_entry(m: &OutboundMessage) -> MailEntry {
     MailEntry {
         seq: 0,
         id: m.id.clone(),
-        kind: match m.kind() {
-            OutboundKind::Final => "final",
-            OutboundKind::Delta => "delta",
-            OutboundKind::Progress => "progress",
-            OutboundKind::Error => "error",
-        }
-        .to_string(),
+        // The kind's own wire name (`final`, `error`), as the mailbox always showed it.
+        kind: serde_json::to_value(m.kind())
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_string))
+            .unwrap_or_default(),
         content: m.text().to_string(),
         in_reply_to: m.in_reply_to.as_ref().map(|r| r.as_str().to_string()),
         at_ms: now_ms(),
