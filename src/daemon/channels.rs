@@ -95,11 +95,10 @@ impl StoreMail {
 
 impl MailStore for StoreMail {
     fn append(&self, chat: &str, mut entry: MailEntry, keep: usize) -> Result<u64, String> {
-        if let Some((_, e)) = self
-            .entries(chat)?
-            .into_iter()
-            .find(|(_, e)| e.id == entry.id)
-        {
+        // One scan serves the duplicate check and the trim below (a chat's sends are
+        // sequential: nothing is appended to it in between).
+        let old = self.entries(chat)?;
+        if let Some((_, e)) = old.iter().find(|(_, e)| e.id == entry.id) {
             return Ok(e.seq);
         }
         // Never 0: `after=0` lists everything.
@@ -107,11 +106,13 @@ impl MailStore for StoreMail {
         entry.seq = seq;
         let v = serde_json::to_string(&entry).map_err(|e| e.to_string())?;
         let ns = Self::ns(chat);
+        let key = format!("{seq:020}");
         self.store
-            .state_put_unflushed(&ns, &format!("{seq:020}"), Some(&v))
+            .state_put_unflushed(&ns, &key, Some(&v))
             .map_err(|e| e.to_string())?;
-        let all = self.entries(chat)?;
-        for (k, _) in all.iter().take(all.len().saturating_sub(keep)) {
+        let over = (old.len() + 1).saturating_sub(keep);
+        let oldest = old.iter().map(|(k, _)| k).chain(std::iter::once(&key));
+        for k in oldest.take(over) {
             tracing::warn!(
                 chat,
                 "HTTP mailbox full: the oldest unread message is dropped"
@@ -368,8 +369,18 @@ mod mail_tests {
             l.iter().map(|e| e.id.as_str()).collect::<Vec<_>>(),
             ["a", "b"]
         );
-        mail.ack("chat\u{0}x", sa).unwrap();
+        // Full (keep 2): the oldest goes.
+        let mut c = entry(3);
+        c.id = "c".into();
+        mail.append("chat\u{0}x", c, 2).unwrap();
         let l = mail.list("chat\u{0}x", 0, 10).unwrap();
-        assert_eq!(l.iter().map(|e| e.id.as_str()).collect::<Vec<_>>(), ["b"]);
+        assert_eq!(
+            l.iter().map(|e| e.id.as_str()).collect::<Vec<_>>(),
+            ["b", "c"]
+        );
+        mail.ack("chat\u{0}x", sa).unwrap();
+        mail.ack("chat\u{0}x", sb).unwrap();
+        let l = mail.list("chat\u{0}x", 0, 10).unwrap();
+        assert_eq!(l.iter().map(|e| e.id.as_str()).collect::<Vec<_>>(), ["c"]);
     }
 }
