@@ -159,6 +159,8 @@ fn main() -> ExitCode {
                 workspace,
                 offer,
                 state_dir,
+                gateway_key,
+                gateway_ca,
             } => {
                 cli::node::run(
                     &config,
@@ -168,6 +170,8 @@ fn main() -> ExitCode {
                         workspace,
                         offers: offer,
                         state_dir,
+                        gateway_key,
+                        gateway_ca,
                     },
                 )
                 .await

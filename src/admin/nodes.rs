@@ -52,6 +52,8 @@ const PING_EVERY: Duration = Duration::from_secs(15);
 pub const MAX_PENDING: usize = 64;
 /// The store namespace of the node records.
 const NS: &str = "nodes";
+/// The store namespace of the gateway's own node key (its identity the nodes pin).
+const NS_GATEWAY: &str = "nodes-gateway";
 
 /// The text a node signs in its hello.
 pub fn signed_text(
@@ -65,6 +67,53 @@ pub fn signed_text(
         "clawft-node-v1\n{nonce}\n{session}\n{ts_ms}\n{name}\n{}",
         offers.join(",")
     )
+}
+
+/// The text the gateway signs in its welcome: the connection's challenge and the node's key,
+/// so a welcome is good for that one connection only.
+pub fn gateway_signed_text(nonce: &str, session: &str, node_key: &str) -> String {
+    format!("clawft-gateway-v1\n{nonce}\n{session}\n{node_key}")
+}
+
+/// An Ed25519 key pair kept at `path` (PKCS#8, mode 0600), made there at first use.
+///
+/// # Errors
+/// The directory or file cannot be made or read, is readable by others, or holds no valid
+/// key.
+pub fn load_or_make_key(path: &std::path::Path) -> Result<ring::signature::Ed25519KeyPair, String> {
+    use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _, PermissionsExt as _};
+    let fail = |what: &str, e: &dyn std::fmt::Display| format!("{what} {}: {e}", path.display());
+    if !path.exists() {
+        if let Some(dir) = path.parent() {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)
+                .map_err(|e| fail("cannot make the directory of", &e))?;
+        }
+        let rng = ring::rand::SystemRandom::new();
+        let pkcs8 = ring::signature::Ed25519KeyPair::generate_pkcs8(&rng)
+            .map_err(|e| fail("cannot generate", &e))?;
+        use std::io::Write as _;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(path)
+            .map_err(|e| fail("cannot write", &e))?;
+        f.write_all(pkcs8.as_ref())
+            .and_then(|()| f.sync_all())
+            .map_err(|e| fail("cannot write", &e))?;
+    }
+    let meta = std::fs::metadata(path).map_err(|e| fail("cannot read", &e))?;
+    if meta.permissions().mode() & 0o077 != 0 {
+        return Err(format!(
+            "{} is readable by other users: `chmod 600` it (or delete it to make a new key, which then needs a new approval)",
+            path.display()
+        ));
+    }
+    let bytes = std::fs::read(path).map_err(|e| fail("cannot read", &e))?;
+    ring::signature::Ed25519KeyPair::from_pkcs8(&bytes).map_err(|e| fail("no valid key in", &e))
 }
 
 /// A key's id (16 hex digits of its SHA-256) and fingerprint (`SHA256:` and the digest in
@@ -109,6 +158,10 @@ pub enum Frame {
     Welcome {
         /// The node's id.
         id: String,
+        /// The gateway's own Ed25519 public key, base64: the node pins it at pairing.
+        gateway_key: String,
+        /// The gateway's signature over [`gateway_signed_text`], base64.
+        gateway_sig: String,
     },
     /// Gateway → node: not admitted (then the connection closes).
     Refused {
@@ -198,6 +251,8 @@ pub struct NodeHub {
     next_call: AtomicU64,
     /// Fires when the gateway shuts down: every connection ends.
     closed: CancellationToken,
+    /// The gateway's own key, loaded (or made) at the first welcome.
+    key: std::sync::OnceLock<Option<ring::signature::Ed25519KeyPair>>,
 }
 
 fn now_ms() -> u64 {
@@ -227,7 +282,54 @@ impl NodeHub {
             online: Mutex::new(HashMap::new()),
             next_call: AtomicU64::new(1),
             closed: CancellationToken::new(),
+            key: std::sync::OnceLock::new(),
         })
+    }
+
+    /// The gateway's own node key, made and stored at first use; `None` when the store
+    /// fails (then no node is welcomed).
+    fn gateway_key(&self) -> Option<&ring::signature::Ed25519KeyPair> {
+        self.key
+            .get_or_init(|| {
+                let b64 = base64::engine::general_purpose::STANDARD;
+                if let Some(k) = self
+                    .store
+                    .state_get(NS_GATEWAY, "key")
+                    .ok()
+                    .flatten()
+                    .and_then(|s| b64.decode(s).ok())
+                    .and_then(|b| ring::signature::Ed25519KeyPair::from_pkcs8(&b).ok())
+                {
+                    return Some(k);
+                }
+                let rng = ring::rand::SystemRandom::new();
+                let pkcs8 = ring::signature::Ed25519KeyPair::generate_pkcs8(&rng).ok()?;
+                let made = ring::signature::Ed25519KeyPair::from_pkcs8(pkcs8.as_ref()).ok()?;
+                match self
+                    .store
+                    .state_put(NS_GATEWAY, "key", Some(&b64.encode(pkcs8.as_ref())))
+                {
+                    Ok(()) => Some(made),
+                    Err(e) => {
+                        tracing::error!(error = %e, "cannot store the gateway's node key: nodes are refused");
+                        None
+                    }
+                }
+            })
+            .as_ref()
+    }
+
+    /// The fingerprint of the gateway's node key, when it has one (`weft nodes list`).
+    fn gateway_fingerprint(&self) -> Option<String> {
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let pkcs8 = self
+            .store
+            .state_get(NS_GATEWAY, "key")
+            .ok()
+            .flatten()
+            .and_then(|s| b64.decode(s).ok())?;
+        let k = ring::signature::Ed25519KeyPair::from_pkcs8(&pkcs8).ok()?;
+        Some(key_id(ring::signature::KeyPair::public_key(&k).as_ref()).1)
     }
 
     /// End every node connection and refuse new ones (the gateway is shutting down).
@@ -316,7 +418,7 @@ impl NodeHub {
                 let mut v = serde_json::to_value(r).unwrap_or(Value::Null);
                 v["online"] = json!(self.is_online(&r.id));
                 v
-            }).collect::<Vec<_>>()}));
+            }).collect::<Vec<_>>(), "gateway_fingerprint": self.gateway_fingerprint()}));
         }
         let who = body["id"]
             .as_str()
@@ -382,6 +484,7 @@ impl NodeHub {
                 id: id.map(str::to_string),
                 fingerprint: fp.map(str::to_string),
             };
+        let mut node_key = String::new();
         let admitted = match hello {
             Some(Frame::Hello {
                 key,
@@ -389,7 +492,10 @@ impl NodeHub {
                 offers,
                 ts_ms,
                 sig,
-            }) => self.admit(&nonce, &session, &key, &name, offers, ts_ms, &sig, &addr),
+            }) => {
+                node_key.clone_from(&key);
+                self.admit(&nonce, &session, &key, &name, offers, ts_ms, &sig, &addr)
+            }
             _ => Err(refuse(
                 "bad_hello",
                 "the first frame must be a hello".into(),
@@ -406,8 +512,19 @@ impl NodeHub {
                 return;
             }
         };
+        let Some(gw_key) = self.gateway_key() else {
+            self.gone(&conn);
+            return;
+        };
+        let b64 = base64::engine::general_purpose::STANDARD;
         let welcome = Frame::Welcome {
             id: conn.id.clone(),
+            gateway_key: b64.encode(ring::signature::KeyPair::public_key(gw_key).as_ref()),
+            gateway_sig: b64.encode(
+                gw_key
+                    .sign(gateway_signed_text(&nonce, &session, &node_key).as_bytes())
+                    .as_ref(),
+            ),
         };
         let (mut sink, mut stream) = ws.split();
         if sink

@@ -138,12 +138,21 @@ pub enum Command {
         /// The workspace the gateway's agent works in (default: agent.workspace).
         #[arg(long, value_name = "DIR")]
         workspace: Option<PathBuf>,
-        /// What to offer, comma-separated: info, read, write, list, run (default: all).
+        /// What to offer, comma-separated: info, read, write, list, run, notify (default: all;
+        /// notify when notify-send is installed).
         #[arg(long, value_delimiter = ',')]
         offer: Vec<String>,
         /// Where the node's key lives (default: ~/.clawft/node).
         #[arg(long, value_name = "DIR")]
         state_dir: Option<PathBuf>,
+        /// The gateway's key fingerprint (SHA256:..., from `weft nodes list` there) to trust;
+        /// default: the key of the gateway that approves this node, pinned at pairing.
+        #[arg(long, value_name = "FINGERPRINT")]
+        gateway_key: Option<String>,
+        /// PEM file of the authority (or self-signed certificate) of a wss:// gateway,
+        /// trusted instead of the public web roots.
+        #[arg(long, value_name = "FILE")]
+        gateway_ca: Option<PathBuf>,
     },
     /// Pair, deny or revoke nodes (machines running `weft node`).
     Nodes {

@@ -27,10 +27,74 @@ use crate::config::Config;
 use crate::tools::{ToolContext, Workspace};
 use crate::types::MutexExt;
 
-/// What a node offers unless told otherwise.
+/// What a node offers unless told otherwise (and `notify` where `notify-send` is installed).
 pub const DEFAULT_OFFERS: &[&str] = &["info", "read", "write", "list", "run"];
 /// Everything a node can offer.
-const KNOWN_OFFERS: &[&str] = &["info", "read", "write", "list", "run"];
+const KNOWN_OFFERS: &[&str] = &["info", "read", "write", "list", "run", "notify"];
+/// The desktop notifier a node runs for `notify` (libnotify's command line tool).
+const NOTIFIER: &str = "notify-send";
+/// Longest title and text of a notification, in characters.
+const NOTIFY_TITLE_MAX: usize = 100;
+const NOTIFY_TEXT_MAX: usize = 1000;
+/// Time the notifier may take.
+const NOTIFY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// `notify-send` on this machine's `PATH`, if installed.
+fn find_notifier() -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|path| {
+        std::env::split_paths(&path)
+            .map(|d| d.join(NOTIFIER))
+            .find(|p| p.is_file())
+    })
+}
+
+/// Show a desktop notification with `notifier` (argv only, no shell; bounded text).
+async fn notify(notifier: &Path, args: &Value) -> Result<String, String> {
+    let clip = |s: &str, n: usize| {
+        s.chars()
+            .filter(|c| !c.is_control() || *c == '\n')
+            .take(n)
+            .collect::<String>()
+    };
+    let text = args["message"]
+        .as_str()
+        .map(|s| clip(s, NOTIFY_TEXT_MAX))
+        .unwrap_or_default();
+    if text.trim().is_empty() {
+        return Err("`message` is required for `notify`".into());
+    }
+    let title = args["title"]
+        .as_str()
+        .map(|s| clip(s, NOTIFY_TITLE_MAX))
+        .filter(|s| !s.trim().is_empty())
+        .unwrap_or_else(|| "weft".into());
+    let mut cmd = tokio::process::Command::new(notifier);
+    cmd.args(["--app-name=weft", "--"])
+        .arg(&title)
+        .arg(&text)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    let out = tokio::time::timeout(NOTIFY_TIMEOUT, cmd.output())
+        .await
+        .map_err(|_| {
+            format!(
+                "{NOTIFIER} did not finish within {} s",
+                NOTIFY_TIMEOUT.as_secs()
+            )
+        })?
+        .map_err(|e| format!("cannot run {}: {e}", notifier.display()))?;
+    if out.status.success() {
+        Ok(format!("notification shown: {title}"))
+    } else {
+        Err(format!(
+            "{NOTIFIER} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
 /// Longest wait between two connection attempts.
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// Wait between attempts while the key awaits approval.
@@ -98,6 +162,9 @@ pub async fn nodes(config: &Config, action: NodesAction) -> Result<(), CliError>
     }
     let s = |v: &Value| v.as_str().unwrap_or("-").to_string();
     if name == "nodes/list" {
+        if let Some(fp) = v["gateway_fingerprint"].as_str() {
+            println!("this gateway's key (nodes pin it at pairing): {fp}");
+        }
         let rows = v["nodes"].as_array().cloned().unwrap_or_default();
         if rows.is_empty() {
             println!("no nodes: run `weft node --gateway URL` on another machine");
@@ -152,6 +219,13 @@ pub struct NodeOptions {
     pub offers: Vec<String>,
     /// Where the key lives (default: `<home>/node`).
     pub state_dir: Option<PathBuf>,
+    /// The gateway's key fingerprint (`SHA256:...`, from `weft nodes list` on the gateway),
+    /// pinned before the first connection; default: `node.gateway_key`, else the key of the
+    /// gateway that approves this node.
+    pub gateway_key: Option<String>,
+    /// A PEM file of the certificate authority (or self-signed certificate) to trust for a
+    /// `wss://` gateway instead of the public web roots; default: `node.gateway_ca`.
+    pub gateway_ca: Option<PathBuf>,
 }
 
 /// The WebSocket URL of `gateway`, refused when it would send the handshake in clear over a
@@ -193,40 +267,106 @@ pub fn connect_url(gateway: &str) -> Result<String, CliError> {
 /// # Errors
 /// The state directory or key file cannot be made or read, or holds no valid key.
 pub fn load_or_make_key(dir: &Path) -> Result<ring::signature::Ed25519KeyPair, CliError> {
-    use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _, PermissionsExt as _};
-    let path = dir.join("node.key");
-    let fail = |what: &str, e: &dyn std::fmt::Display| {
-        CliError::Failed(format!("{what} {}: {e}", path.display()))
+    crate::admin::nodes::load_or_make_key(&dir.join("node.key")).map_err(CliError::Failed)
+}
+
+/// Where a node keeps the fingerprint of the gateway it paired with.
+const PIN_FILE: &str = "gateway.pin";
+
+/// The rustls settings for a gateway whose certificate is signed by the authority in `ca`.
+fn tls_trusting(ca: &Path) -> Result<Arc<rustls::ClientConfig>, CliError> {
+    use rustls::pki_types::pem::PemObject as _;
+    use rustls::pki_types::CertificateDer;
+    let fail =
+        |e: &dyn std::fmt::Display| CliError::Failed(format!("--gateway-ca {}: {e}", ca.display()));
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_file_iter(ca).map_err(|e| fail(&e))? {
+        roots
+            .add(cert.map_err(|e| fail(&e))?)
+            .map_err(|e| fail(&e))?;
+    }
+    if roots.is_empty() {
+        return Err(fail(&"no certificate in the file"));
+    }
+    Ok(Arc::new(
+        rustls::ClientConfig::builder()
+            .with_root_certificates(roots)
+            .with_no_client_auth(),
+    ))
+}
+
+/// The gateway key this node trusts: the one given, else the one pinned at pairing.
+fn pinned_gateway(given: Option<&str>, pin: &Path) -> Option<String> {
+    given.map(str::to_string).or_else(|| {
+        std::fs::read_to_string(pin)
+            .ok()
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
+    })
+}
+
+/// Check the gateway's welcome: its signature over this connection's challenge, and its key
+/// against the pinned one (pinning it at the first pairing).
+fn check_gateway(
+    link: &Link,
+    nonce: &str,
+    session: &str,
+    gateway_key: &str,
+    gateway_sig: &str,
+) -> Result<(), Ended> {
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let (Ok(pk), Ok(sig)) = (b64.decode(gateway_key), b64.decode(gateway_sig)) else {
+        return Err(Ended::Denied(
+            "the gateway's welcome is not signed: refusing to serve it".into(),
+        ));
     };
-    if !path.exists() {
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)
-            .map_err(|e| fail("cannot make the directory of", &e))?;
-        let rng = ring::rand::SystemRandom::new();
-        let pkcs8 = ring::signature::Ed25519KeyPair::generate_pkcs8(&rng)
-            .map_err(|e| fail("cannot generate", &e))?;
-        use std::io::Write as _;
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&path)
-            .map_err(|e| fail("cannot write", &e))?;
-        f.write_all(pkcs8.as_ref())
-            .and_then(|()| f.sync_all())
-            .map_err(|e| fail("cannot write", &e))?;
+    let text = crate::admin::nodes::gateway_signed_text(nonce, session, &link.pk);
+    if ring::signature::UnparsedPublicKey::new(&ring::signature::ED25519, &pk)
+        .verify(text.as_bytes(), &sig)
+        .is_err()
+    {
+        return Err(Ended::Denied(
+            "the gateway's signature does not verify for this connection: refusing to serve it"
+                .into(),
+        ));
     }
-    let meta = std::fs::metadata(&path).map_err(|e| fail("cannot read", &e))?;
-    if meta.permissions().mode() & 0o077 != 0 {
-        return Err(CliError::Failed(format!(
-            "{} is readable by other users: `chmod 600` it (or delete it to make a new key, which then needs a new approval)",
-            path.display()
-        )));
+    let (_, fp) = crate::admin::nodes::key_id(&pk);
+    match pinned_gateway(link.gateway_key.as_deref(), &link.pin) {
+        Some(want) if want == fp => Ok(()),
+        Some(want) => Err(Ended::Denied(format!(
+            "the gateway's key changed: this node trusts {want}, the gateway at {} has {fp}. \
+             Refusing to serve it. If you moved or reinstalled the gateway on purpose, delete {} \
+             (or pass --gateway-key {fp}) and start the node again",
+            link.url,
+            link.pin.display()
+        ))),
+        None => {
+            std::fs::write(&link.pin, format!("{fp}\n")).map_err(|e| {
+                Ended::Denied(format!(
+                    "cannot pin the gateway's key in {}: {e}",
+                    link.pin.display()
+                ))
+            })?;
+            eprintln!(
+                "weft node: pinned the gateway's key {fp} in {}",
+                link.pin.display()
+            );
+            Ok(())
+        }
     }
-    let bytes = std::fs::read(&path).map_err(|e| fail("cannot read", &e))?;
-    ring::signature::Ed25519KeyPair::from_pkcs8(&bytes).map_err(|e| fail("no valid key in", &e))
+}
+
+/// How to reach and recognise the gateway.
+struct Link {
+    url: String,
+    /// This node's public key, base64.
+    pk: String,
+    /// `Some` for a gateway certificate signed by the operator's own authority.
+    tls: Option<Arc<rustls::ClientConfig>>,
+    /// The gateway key given by the operator.
+    gateway_key: Option<String>,
+    /// Where the pinned gateway key lives.
+    pin: PathBuf,
 }
 
 /// The node host's tools: the file tools and `exec_shell` of its own configuration, in its
@@ -237,6 +377,8 @@ struct Host {
     workspace: Arc<Workspace>,
     offers: Vec<String>,
     name: String,
+    /// `notify-send`, when this node offers `notify`.
+    notifier: Option<PathBuf>,
 }
 
 impl Host {
@@ -251,6 +393,12 @@ impl Host {
         }
         let (tool, args) = match op {
             "info" => return Ok(self.info()),
+            "notify" => {
+                return match &self.notifier {
+                    Some(n) => notify(n, args).await,
+                    None => Err(format!("{NOTIFIER} is not installed on this node")),
+                }
+            }
             "read" => ("read_file", json!({"path": args["path"]})),
             "write" => (
                 "write_file",
@@ -349,7 +497,11 @@ pub async fn run(config: &Config, opts: NodeOptions) -> Result<(), CliError> {
     } else if let Some(o) = &file.offer {
         o.clone()
     } else {
-        DEFAULT_OFFERS.iter().map(|s| (*s).to_string()).collect()
+        let mut d: Vec<String> = DEFAULT_OFFERS.iter().map(|s| (*s).to_string()).collect();
+        if find_notifier().is_some() {
+            d.push("notify".into());
+        }
+        d
     };
     let opts = NodeOptions {
         name: opts.name.clone().or_else(|| file.name.clone()),
@@ -363,6 +515,12 @@ pub async fn run(config: &Config, opts: NodeOptions) -> Result<(), CliError> {
         return Err(CliError::Failed(format!(
             "--offer {bad}: unknown; one of {}",
             KNOWN_OFFERS.join(", ")
+        )));
+    }
+    let notifier = find_notifier();
+    if notifier.is_none() && offers.iter().any(|o| o == "notify") {
+        return Err(CliError::Failed(format!(
+            "--offer notify: no {NOTIFIER} on this machine's PATH (Debian: apt install libnotify-bin)"
         )));
     }
     let name = opts.name.clone().unwrap_or_else(host_name);
@@ -393,9 +551,41 @@ pub async fn run(config: &Config, opts: NodeOptions) -> Result<(), CliError> {
         workspace,
         offers,
         name,
+        notifier,
     });
     let pk = base64::engine::general_purpose::STANDARD
         .encode(ring::signature::KeyPair::public_key(&key).as_ref());
+    let gateway_ca = opts
+        .gateway_ca
+        .clone()
+        .or_else(|| file.gateway_ca.as_ref().map(PathBuf::from));
+    let tls = match &gateway_ca {
+        Some(ca) if url.starts_with("wss://") => Some(tls_trusting(ca)?),
+        Some(_) => {
+            return Err(CliError::Failed(
+                "--gateway-ca is for a wss:// gateway".into(),
+            ))
+        }
+        None => None,
+    };
+    let gateway_key = opts
+        .gateway_key
+        .clone()
+        .or_else(|| file.gateway_key.clone());
+    if let Some(k) = &gateway_key {
+        if !k.starts_with("SHA256:") || k.len() != 50 {
+            return Err(CliError::Failed(format!(
+                "--gateway-key {k}: not a key fingerprint (`SHA256:` and 43 characters, as `weft nodes list` prints it on the gateway)"
+            )));
+        }
+    }
+    let link = Link {
+        url: url.clone(),
+        pk,
+        tls,
+        gateway_key,
+        pin: dir.join(PIN_FILE),
+    };
     let (id, fp) = crate::admin::nodes::key_id(ring::signature::KeyPair::public_key(&key).as_ref());
     eprintln!(
         "weft node `{}`: key {id} ({fp}), workspace {}, offers {}; connecting to {url}",
@@ -406,7 +596,7 @@ pub async fn run(config: &Config, opts: NodeOptions) -> Result<(), CliError> {
     let mut backoff = Duration::from_millis(500);
     loop {
         let started = std::time::Instant::now();
-        let wait = match session(&url, &key, &pk, &host).await {
+        let wait = match session(&link, &key, &host).await {
             Ok(Ended::Pending(msg)) => {
                 eprintln!("weft node: {msg}");
                 PENDING_RETRY
@@ -438,17 +628,22 @@ enum Ended {
 /// One connection: handshake, then answer calls until it ends; running calls are cancelled
 /// when it does.
 async fn session(
-    url: &str,
+    link: &Link,
     key: &ring::signature::Ed25519KeyPair,
-    pk: &str,
     host: &Arc<Host>,
 ) -> Result<Ended, String> {
+    let url = link.url.as_str();
     let cfg = tokio_tungstenite::tungstenite::protocol::WebSocketConfig::default()
         .max_message_size(Some(MAX_FRAME_BYTES))
         .max_frame_size(Some(MAX_FRAME_BYTES));
     let (ws, _) = tokio::time::timeout(
         Duration::from_secs(15),
-        tokio_tungstenite::connect_async_with_config(url, Some(cfg), false),
+        tokio_tungstenite::connect_async_tls_with_config(
+            url,
+            Some(cfg),
+            false,
+            link.tls.clone().map(tokio_tungstenite::Connector::Rustls),
+        ),
     )
     .await
     .map_err(|_| format!("{url}: no connection within 15 s"))?
@@ -466,7 +661,7 @@ async fn session(
     let ts_ms = clawft_channel_core::now_ms();
     let sig = key.sign(signed_text(&nonce, &session, ts_ms, &host.name, &host.offers).as_bytes());
     let hello = Frame::Hello {
-        key: pk.to_string(),
+        key: link.pk.clone(),
         name: host.name.clone(),
         offers: host.offers.clone(),
         ts_ms,
@@ -476,7 +671,16 @@ async fn session(
         .await
         .map_err(|e| e.to_string())?;
     match next_frame(stream.next().await) {
-        Some(Frame::Welcome { id }) => eprintln!("weft node: paired as {id}; serving"),
+        Some(Frame::Welcome {
+            id,
+            gateway_key,
+            gateway_sig,
+        }) => {
+            if let Err(ended) = check_gateway(link, &nonce, &session, &gateway_key, &gateway_sig) {
+                return Ok(ended);
+            }
+            eprintln!("weft node: paired as {id}; serving");
+        }
         Some(Frame::Refused {
             reason, message, ..
         }) => {

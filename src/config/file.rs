@@ -74,8 +74,16 @@ pub struct NodeFile {
     pub name: Option<String>,
     /// The workspace the gateway's agent works in (default: `agent.workspace`); `~/` expands.
     pub workspace: Option<String>,
-    /// What the node offers: `info`, `read`, `write`, `list`, `run` (default: all).
+    /// What the node offers: `info`, `read`, `write`, `list`, `run`, `notify` (default: all
+    /// but `notify`, which is offered when `notify-send` is installed).
     pub offer: Option<Vec<String>>,
+    /// The gateway's key fingerprint (`SHA256:...`, as `weft nodes list` prints it there),
+    /// pinned before the first connection (default: the key of the gateway that approves
+    /// this node, pinned then).
+    pub gateway_key: Option<String>,
+    /// A PEM file of the authority (or the self-signed certificate) that signed a `wss://`
+    /// gateway's certificate, trusted instead of the public web roots.
+    pub gateway_ca: Option<String>,
 }
 
 /// One `[[bindings]]` entry.

@@ -290,6 +290,11 @@ impl Config {
                     .workspace
                     .as_deref()
                     .map(|w| expand(w, env).display().to_string()),
+                gateway_ca: raw
+                    .node
+                    .gateway_ca
+                    .as_deref()
+                    .map(|w| expand(w, env).display().to_string()),
                 ..raw.node.clone()
             },
             provenance,

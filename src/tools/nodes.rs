@@ -51,6 +51,8 @@ struct NodesArgs {
     path: Option<String>,
     content: Option<String>,
     timeout: Option<f64>,
+    message: Option<String>,
+    title: Option<String>,
 }
 
 /// The `nodes` tool.
@@ -117,18 +119,20 @@ impl Tool for NodesTool {
         "nodes"
     }
     fn description(&self) -> &str {
-        "Work on the user's other machines paired with the gateway (nodes). Actions: list (nodes, online or not, and what each offers), describe (OS, load, disk, uptime of `node`), run (`command` in the node's workspace, sandboxed there; `timeout` seconds, default 60), read (`path`), write (`path`, `content`), list_files (`path`, `.` for the root). Paths are relative to the node's workspace. Returns: text from the node, or why it failed."
+        "Work on the user's other machines paired with the gateway (nodes). Actions: list (nodes, online or not, and what each offers), describe (OS, load, disk, uptime of `node`), run (`command` in the node's workspace, sandboxed there; `timeout` seconds, default 60), read (`path`), write (`path`, `content`), list_files (`path`, `.` for the root), notify (a desktop notification on `node`: `message`, optional `title`). Paths are relative to the node's workspace. Returns: text from the node, or why it failed."
     }
     fn parameters(&self) -> Value {
         json!({
             "type": "object",
             "properties": {
-                "action": {"type": "string", "enum": ["list", "describe", "run", "read", "write", "list_files"]},
+                "action": {"type": "string", "enum": ["list", "describe", "run", "read", "write", "list_files", "notify"]},
                 "node": {"type": "string", "description": "node name or id"},
                 "command": {"type": "string"},
                 "path": {"type": "string"},
                 "content": {"type": "string"},
-                "timeout": {"type": "number"}
+                "timeout": {"type": "number"},
+                "message": {"type": "string"},
+                "title": {"type": "string"}
             },
             "required": ["action"]
         })
@@ -187,9 +191,14 @@ impl Tool for NodesTool {
                 json!({"path": a.path.unwrap_or_else(|| ".".into())}),
                 FILE_TIMEOUT,
             ),
+            "notify" => (
+                "notify",
+                json!({"message": need(a.message, "message", action)?, "title": a.title}),
+                FILE_TIMEOUT,
+            ),
             other => {
                 return Err(ToolError::InvalidArgs(format!(
-                    "unknown action `{other}`; one of list, describe, run, read, write, list_files"
+                    "unknown action `{other}`; one of list, describe, run, read, write, list_files, notify"
                 )))
             }
         };

@@ -46,6 +46,18 @@ impl Node {
 
 /// A node host: its own HOME, config (holding [`NODE_SECRET`]) and workspace.
 fn start_node(dir: &Path, llm: &str, gateway: &str, name: &str) -> Node {
+    start_node_with(dir, llm, gateway, name, &[], None)
+}
+
+/// [`start_node`] with more options, and `bin` first on its `PATH`.
+fn start_node_with(
+    dir: &Path,
+    llm: &str,
+    gateway: &str,
+    name: &str,
+    extra: &[&str],
+    bin: Option<&Path>,
+) -> Node {
     std::fs::create_dir_all(dir.join(".clawft")).unwrap();
     let cfg = config_value(
         llm,
@@ -55,11 +67,21 @@ fn start_node(dir: &Path, llm: &str, gateway: &str, name: &str) -> Node {
     let path = dir.join(".clawft/config.json");
     std::fs::write(&path, cfg.to_string()).unwrap();
     let log = std::fs::File::create(dir.join("node.log")).unwrap();
-    let child = weft(dir)
+    let mut cmd = weft(dir);
+    if let Some(bin) = bin {
+        let path = format!(
+            "{}:{}",
+            bin.display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        cmd.env("PATH", path);
+    }
+    let child = cmd
         .arg("--config")
         .arg(&path)
         .args(["node", "--gateway", gateway, "--name", name, "--workspace"])
         .arg(dir.join("ws"))
+        .args(extra)
         .stdout(log.try_clone().unwrap())
         .stderr(log)
         .spawn()
@@ -671,4 +693,262 @@ async fn commands_on_nodes_wait_for_approval_in_ask_mode() {
         text("c-list")
     );
     gw.stop().await;
+}
+
+/// A TLS front for gateways, as an operator's reverse proxy is: it terminates TLS with the
+/// test certificate (signed by the test authority in `tests/fixtures/tls`) and forwards the
+/// bytes to the gateway it currently points at. Repointing it cuts the open connections.
+struct TlsFront {
+    addr: std::net::SocketAddr,
+    upstream: Arc<std::sync::Mutex<std::net::SocketAddr>>,
+    cut: Arc<std::sync::Mutex<tokio_util::sync::CancellationToken>>,
+}
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/tls")
+        .join(name)
+}
+
+impl TlsFront {
+    async fn start(upstream: std::net::SocketAddr) -> Self {
+        use rustls::pki_types::pem::PemObject as _;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        let certs: Vec<CertificateDer<'static>> =
+            CertificateDer::pem_file_iter(fixture("gateway.pem"))
+                .unwrap()
+                .map(Result::unwrap)
+                .collect();
+        let key = PrivateKeyDer::from_pem_file(fixture("gateway.key")).unwrap();
+        let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let front = Self {
+            addr: listener.local_addr().unwrap(),
+            upstream: Arc::new(std::sync::Mutex::new(upstream)),
+            cut: Arc::default(),
+        };
+        let (up, cut) = (front.upstream.clone(), front.cut.clone());
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                let (acceptor, to) = (acceptor.clone(), *up.lock().unwrap());
+                let cut = cut.lock().unwrap().clone();
+                tokio::spawn(async move {
+                    let Ok(mut tls) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    let Ok(mut back) = tokio::net::TcpStream::connect(to).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut tls, &mut back) => {}
+                        () = cut.cancelled() => {}
+                    }
+                });
+            }
+        });
+        front
+    }
+
+    fn url(&self) -> String {
+        format!("wss://localhost:{}", self.addr.port())
+    }
+
+    /// Forward to `to` from now on, cutting the connections open to the previous gateway.
+    fn repoint(&self, to: std::net::SocketAddr) {
+        *self.upstream.lock().unwrap() = to;
+        let old = std::mem::take(&mut *self.cut.lock().unwrap());
+        old.cancel();
+    }
+}
+
+async fn approve(api: &Api, name: &str) {
+    let r = wait_row(
+        api,
+        name,
+        |r| r["state"] == "pending",
+        "never asked to pair",
+    )
+    .await;
+    admin(api, "nodes/approve", json!({"id": r["id"]})).await;
+}
+
+async fn wait_log(node: &Node, needle: &str) {
+    let deadline = Instant::now() + T;
+    while !node.log().contains(needle) {
+        assert!(
+            Instant::now() < deadline,
+            "`{needle}` never logged:\n{}",
+            node.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_reaches_its_gateway_through_tls_and_pins_its_key() {
+    let tmp = tempfile::tempdir().unwrap();
+    let llm = FakeLlm::start().await;
+    let (adir, bdir) = (tmp.path().join("gw-a"), tmp.path().join("gw-b"));
+    std::fs::create_dir_all(&adir).unwrap();
+    std::fs::create_dir_all(&bdir).unwrap();
+    let (a, _) = gateway(&llm, &adir).await;
+    let front = TlsFront::start(a.gateway.http_addr.unwrap()).await;
+    let ca = fixture("ca.pem");
+    let ca = ca.to_str().unwrap();
+
+    // A node that does not trust the test authority never gets past TLS: no request reaches
+    // the gateway.
+    let stranger = start_node(
+        &tmp.path().join("stranger"),
+        &llm.base_url(),
+        &front.url(),
+        "stranger",
+    );
+    wait_log(&stranger, "certificate").await;
+    drop(stranger);
+    assert!(node_row(&a.api, "stranger").await.is_none());
+
+    // Trusting it (--gateway-ca), the node pairs through TLS and serves.
+    let node = start_node_with(
+        &tmp.path().join("tls"),
+        &llm.base_url(),
+        &front.url(),
+        "tls",
+        &["--gateway-ca", ca],
+        None,
+    );
+    approve(&a.api, "tls").await;
+    wait_row(&a.api, "tls", |r| r["online"] == true, "never came online").await;
+    let out = hub(&a)
+        .call("tls", "run", json!({"command": "echo over-tls"}), T)
+        .await
+        .unwrap();
+    assert!(out.contains("over-tls"), "{out}");
+    // It pinned this gateway's key, the one `weft nodes list` shows on the gateway.
+    let a_fp = admin(&a.api, "nodes/list", Value::Null).await["gateway_fingerprint"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(a_fp.starts_with("SHA256:"), "{a_fp}");
+    let pin = std::fs::read_to_string(node.dir.join(".clawft/node/gateway.pin")).unwrap();
+    assert_eq!(pin.trim(), a_fp);
+
+    // Another gateway behind the same address (a hijacked DNS name, a reinstalled server)
+    // has another key: even once its operator approves the node, the node refuses to serve
+    // it and stops, saying why.
+    let (b, _) = gateway(&llm, &bdir).await;
+    front.repoint(b.gateway.http_addr.unwrap());
+    approve(&b.api, "tls").await;
+    wait_log(&node, "the gateway's key changed").await;
+    let mut node = node;
+    let deadline = Instant::now() + T;
+    let status = loop {
+        if let Some(s) = node.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "the node kept running");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(!status.success());
+    wait_row(&b.api, "tls", |r| r["online"] == false, "still online on B").await;
+    let e = hub(&b)
+        .call("tls", "run", json!({"command": "echo hijacked"}), T)
+        .await
+        .unwrap_err();
+    assert!(e.contains("offline"), "{e}");
+    assert!(!node.log().contains("hijacked"));
+    assert_eq!(
+        std::fs::read_to_string(node.dir.join(".clawft/node/gateway.pin"))
+            .unwrap()
+            .trim(),
+        a_fp,
+        "the pin must not move"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn notify_reaches_the_nodes_desktop_notifier() {
+    let tmp = tempfile::tempdir().unwrap();
+    let llm = FakeLlm::start().await;
+    let gdir = tmp.path().join("gw");
+    std::fs::create_dir_all(&gdir).unwrap();
+    let (gw, _) = gateway(&llm, &gdir).await;
+    // The desktop's `notify-send`, as libnotify's: options, `--`, then title and text; it
+    // records what it would show.
+    let ndir = tmp.path().join("desk");
+    let bin = ndir.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let shown = ndir.join("shown.txt");
+    let script = bin.join("notify-send");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\nwhile [ \"$1\" != \"--\" ]; do shift; done; shift\nprintf '%s|%s\\n' \"$1\" \"$2\" >> {}\n",
+            shown.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let _desk = start_node_with(&ndir, &llm.base_url(), &url(&gw), "desk", &[], Some(&bin));
+    // Without a notifier a node does not offer it; this one has one.
+    let _server = start_node(
+        &tmp.path().join("server"),
+        &llm.base_url(),
+        &url(&gw),
+        "server",
+    );
+    approve(&gw.api, "desk").await;
+    approve(&gw.api, "server").await;
+    let desk = wait_row(&gw.api, "desk", |r| r["online"] == true, "desk offline").await;
+    let server = wait_row(&gw.api, "server", |r| r["online"] == true, "server offline").await;
+    assert!(
+        desk["offers"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("notify")),
+        "{desk}"
+    );
+    assert!(
+        !server["offers"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("notify")),
+        "{server}"
+    );
+
+    // The model asks for a notification; it reaches the desktop's notifier.
+    llm.push(Reply::ToolCalls(vec![(
+        "n1".into(),
+        "nodes".into(),
+        json!({"action": "notify", "node": "desk", "title": "Backup", "message": "The backup finished"})
+            .to_string(),
+    )]));
+    llm.push(Reply::ToolCalls(vec![(
+        "n2".into(),
+        "nodes".into(),
+        json!({"action": "notify", "node": "server", "message": "nobody sees this"}).to_string(),
+    )]));
+    llm.push(Reply::Text("told you".into()));
+    let (status, _) = gw.api.chat("nt", "tell me on my desktop").await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        std::fs::read_to_string(&shown).unwrap(),
+        "Backup|The backup finished\n"
+    );
+    let reqs = llm.requests();
+    let joined = tool_results(reqs.last().unwrap())
+        .iter()
+        .map(|(_, v)| v.to_string())
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(joined.contains("notification shown"), "{joined}");
+    assert!(joined.contains("does not offer `notify`"), "{joined}");
 }
