@@ -651,6 +651,37 @@ async fn in_a_browser_login_chat_approve_and_usage() {
         "the operations page loaded",
     )
     .await;
+    // Nodes: a pairing request shows with its fingerprint; approving it here brings the node
+    // online, and the node pins the gateway key the page shows.
+    let node_dir = dir.path().join("node-desk");
+    let _node = crate::nodes::start_node(
+        &node_dir,
+        &llm.base_url(),
+        &format!("ws://127.0.0.1:{port}"),
+        "desk-ui",
+    );
+    b.until(
+        "const r = document.querySelector('#nodes-table tbody tr'); return r && r.textContent.includes('desk-ui') && r.textContent.includes('pending') && r.textContent.includes('SHA256:')",
+        "the node's pairing request listed",
+    )
+    .await;
+    b.click("#nodes-table tbody tr button").await;
+    b.until(
+        "const r = document.querySelector('#nodes-table tbody tr'); return r && r.textContent.includes('approved') && r.textContent.includes('true')",
+        "the approved node online",
+    )
+    .await;
+    let shown = b
+        .js(
+            "return document.getElementById('gateway-key').textContent",
+            json!([]),
+        )
+        .await;
+    let pin = std::fs::read_to_string(node_dir.join(".clawft/node/gateway.pin")).unwrap();
+    assert!(
+        shown.as_str().unwrap().ends_with(pin.trim()),
+        "{shown} vs {pin}"
+    );
 
     // The canvas: the model presents a page; it shows next to the chat, and its script can
     // reach neither the page around it, nor the cookie, nor the API.

@@ -23,7 +23,7 @@ const T: Duration = Duration::from_secs(30);
 /// Only in the node's configuration: must never reach the gateway.
 const NODE_SECRET: &str = "sk-node-only-secret-7f3a91";
 
-struct Node {
+pub(crate) struct Node {
     child: Child,
     dir: PathBuf,
 }
@@ -45,7 +45,7 @@ impl Node {
 }
 
 /// A node host: its own HOME, config (holding [`NODE_SECRET`]) and workspace.
-fn start_node(dir: &Path, llm: &str, gateway: &str, name: &str) -> Node {
+pub(crate) fn start_node(dir: &Path, llm: &str, gateway: &str, name: &str) -> Node {
     start_node_with(dir, llm, gateway, name, &[], None)
 }
 

@@ -515,6 +515,7 @@ const READS: &[&str] = &[
     "usage",
     "mcp/list",
     "pairing/list",
+    "nodes/list",
     "cron/list",
     "cron/runs",
     "canvas/get",

@@ -189,8 +189,9 @@ function fill(table, rows, cols, actions) {
   }));
 }
 async function loadOps() {
-  const [cron, pairing, mcp] = await Promise.all([
+  const [cron, pairing, mcp, nodes] = await Promise.all([
     api('admin/cron/list', {}), api('admin/pairing/list', {}), api('admin/mcp/list', {}),
+    api('admin/nodes/list', {}).catch(() => ({ nodes: [] })),
   ]);
   fill($('cron-table'), cron.jobs || [], ['id', 'name', 'enabled', 'schedule', 'next_run', 'last_run'], (j) => [
     ['Run now', () => api('admin/cron/run', { id: j.id })],
@@ -211,6 +212,12 @@ async function loadOps() {
   fill($('mcp-table'), servers, ['name', 'transport', 'state', 'tools', 'last_error'], (m) => [
     ['Restart', () => api('admin/mcp/restart', { name: m.name })],
   ]);
+  $('gateway-key').textContent = nodes.gateway_fingerprint
+    ? 'This gateway\'s key (a node pins it at pairing): ' + nodes.gateway_fingerprint : '';
+  fill($('nodes-table'), nodes.nodes || [], ['name', 'id', 'state', 'online', 'offers', 'fingerprint', 'addr'], (n) =>
+    n.state === 'pending'
+      ? [['Approve', () => api('admin/nodes/approve', { id: n.id })], ['Deny', () => api('admin/nodes/deny', { id: n.id })]]
+      : [['Revoke', () => api('admin/nodes/revoke', { id: n.id })]]);
 }
 
 // ---- status ----
@@ -251,7 +258,10 @@ $('logout').addEventListener('click', async () => {
     if (m.kind === 'approval' && !$('page-approvals').hidden) loadApprovals().catch(() => {});
   });
   es.addEventListener('open', () => { document.body.dataset.live = 'yes'; });
-  setInterval(() => { if (!$('page-approvals').hidden) loadApprovals().catch(() => {}); }, 5000);
+  setInterval(() => {
+    if (!$('page-approvals').hidden) loadApprovals().catch(() => {});
+    if (!$('page-ops').hidden) loadOps().catch(() => {});
+  }, 5000);
   reloadCanvas();
   show();
 })();
