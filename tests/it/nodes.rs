@@ -358,6 +358,17 @@ async fn two_nodes_pair_run_share_files_and_are_cut_off() {
     let text = content.to_string();
     assert!(text.contains("disconnected"), "{text}");
     gw.stop().await;
+    // No secret of the gateway reached a node: its provider key is nowhere in what the nodes
+    // wrote (their workspaces, state and logs).
+    for n in [&alpha, &beta] {
+        let seen = crate::common::bytes_under(&n.ws())
+            + &crate::common::bytes_under(&n.dir.join(".clawft/node"))
+            + &n.log();
+        assert!(
+            !seen.contains("sk-test-secret-123456"),
+            "the gateway's key reached a node"
+        );
+    }
 }
 
 /// One raw handshake: the refusal or welcome frame the gateway answered.
