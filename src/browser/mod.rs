@@ -29,7 +29,17 @@ pub fn doctor_line(settings: &BrowserSettings) -> (bool, String) {
         );
     }
     match settings.find_executable() {
-        Some(p) => (true, format!("browser tool: Chromium at {}", p.display())),
+        Some(p) => {
+            let st = crate::tools::exec::sandbox_status(&crate::tools::exec::ExecSettings::default());
+            let net = if !settings.jail {
+                "on the host's network, using its proxy by its flags (tools.browser.jail = false)".to_string()
+            } else if st.jail.is_some_and(|j| j.pid_namespace) {
+                "in the commands' jail (its own network namespace, out only through its proxy)".to_string()
+            } else {
+                format!("on the host's network, using its proxy by its flags: no namespaces here ({})", st.summary())
+            };
+            (true, format!("browser tool: Chromium at {}, {net}", p.display()))
+        }
         None => (
             false,
             match &settings.executable {

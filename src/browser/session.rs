@@ -61,10 +61,22 @@ struct Running {
     /// The browser's pid, which leads its process group.
     pid: Option<u32>,
     cdp: Arc<Cdp>,
-    _proxy: TcpEgressProxy,
+    _net: Egress,
     tab: Option<Tab>,
     watcher: tokio::task::JoinHandle<()>,
     started: Instant,
+}
+
+/// How the browser reaches the network, kept alive as long as it runs.
+enum Egress {
+    /// In its own network namespace (the commands' jail), through the proxy bridged in.
+    Jailed(
+        #[allow(dead_code)] Box<crate::tools::exec::ExecRuntime>,
+        /// The proxy's Unix socket.
+        PathBuf,
+    ),
+    /// In the daemon's network namespace, told by its flags to use this proxy.
+    Flags(#[allow(dead_code)] TcpEgressProxy),
 }
 
 impl Drop for Running {
@@ -253,66 +265,40 @@ impl Browser {
             allow_endpoints: self.settings.allow_endpoints.clone(),
             settings: "tools.browser",
         };
-        let proxy = EgressProxy::start_tcp(policy)
-            .await
-            .map_err(|e| BrowserError::Failed(format!("cannot start the browser's proxy: {e}")))?;
         let tmp = self.dir.join("tmp");
         let _ = std::fs::remove_dir_all(&tmp);
         make_private(&tmp).map_err(|e| {
             BrowserError::Failed(format!("cannot make the browser's temp dir: {e}"))
         })?;
-        let mut cmd = Command::new("/bin/sh");
-        // Chromium speaks CDP on fds 3 and 4: the shell moves our pipes there.
-        cmd.arg("-c")
-            .arg(r#"exec "$0" "$@" 3<&0 4>&1 </dev/null >/dev/null"#)
-            .arg(&exe)
-            .args(chromium_args(&profile, proxy.addr().port(), as_root()))
-            .env_clear()
-            .env("HOME", &profile)
-            .env("PATH", "/usr/bin:/bin")
-            .env("LANG", "C.UTF-8")
-            .env("TMPDIR", &tmp)
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::null())
-            .process_group(0)
-            .kill_on_drop(true);
-        // The same filesystem sandbox as commands (Landlock, no-new-privs, no capabilities):
-        // the profile and its temp dir writable, the system trees readable, the daemon's
-        // config, credentials and store out of reach.
-        let ruleset = if crate::tools::sandbox::probe().fs_enforced {
-            let plan = crate::tools::sandbox::SandboxPlan {
-                read_paths: vec!["/sys".into(), "/var/cache/fontconfig".into()],
-                write_paths: Vec::new(),
-                protected: self.protected.clone(),
-                network: true,
-            };
-            let (p, t) = (profile.clone(), tmp.clone());
-            match tokio::task::spawn_blocking(move || plan.build_ruleset(&p, &t)).await {
-                Ok(Ok(fd)) => fd,
-                Ok(Err(e)) => {
-                    return Err(BrowserError::Failed(format!(
-                        "cannot build the browser's sandbox: {e}"
-                    )))
-                }
-                Err(e) => return Err(BrowserError::Failed(e.to_string())),
+        let (mut child, net) = match self.jail(policy.clone()).await {
+            Some((rt, socket)) => {
+                let mut args: Vec<std::ffi::OsString> = vec![
+                    "-c".into(),
+                    r#"exec "$0" "$@" 3<&0 4>&1 </dev/null >/dev/null"#.into(),
+                    exe.clone().into(),
+                ];
+                args.extend(
+                    chromium_args(&profile, crate::tools::exec::PROXY_ADDR, as_root())
+                        .into_iter()
+                        .map(Into::into),
+                );
+                let env = [("LANG".to_string(), "C.UTF-8".to_string())];
+                let child = rt
+                    .spawn_helper(&profile, "/bin/sh".as_ref(), &args, &env)
+                    .await
+                    .map_err(|e| {
+                        BrowserError::Failed(format!("cannot start {}: {e}", exe.display()))
+                    })?;
+                (child, Egress::Jailed(Box::new(rt), socket))
             }
-        } else {
-            tracing::warn!(agent = %self.agent, "Landlock is unavailable: Chromium runs without the filesystem sandbox");
-            None
+            None => {
+                let proxy = EgressProxy::start_tcp(policy).await.map_err(|e| {
+                    BrowserError::Failed(format!("cannot start the browser's proxy: {e}"))
+                })?;
+                let child = self.spawn_flagged(&exe, &profile, &tmp, &proxy).await?;
+                (child, Egress::Flags(proxy))
+            }
         };
-        {
-            use std::os::fd::AsRawFd;
-            crate::tools::sandbox::confine(
-                &mut cmd,
-                ruleset.as_ref().map(AsRawFd::as_raw_fd),
-                true,
-            );
-        }
-        let spawned = cmd.spawn();
-        drop(ruleset);
-        let mut child = spawned
-            .map_err(|e| BrowserError::Failed(format!("cannot start {}: {e}", exe.display())))?;
         let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
             return Err(BrowserError::Failed("no pipe to the browser".into()));
         };
@@ -362,11 +348,124 @@ impl Browser {
             pid: child.id(),
             child,
             cdp,
-            _proxy: proxy,
+            _net: net,
             tab: None,
             watcher,
             started: Instant::now(),
         })
+    }
+
+    /// The commands' jail for the browser: its own network (and pid) namespace reaching out
+    /// only through a proxy with the browser's policy, bridged in; the filesystem sandbox with
+    /// the profile writable. `None` where the kernel gives no namespaces (then the browser
+    /// runs in the daemon's network namespace, told by its flags to use the proxy).
+    async fn jail(
+        &self,
+        policy: ProxyPolicy,
+    ) -> Option<(crate::tools::exec::ExecRuntime, PathBuf)> {
+        if !self.settings.jail {
+            return None;
+        }
+        let proxy = match EgressProxy::start_private(&self.dir, policy.clone())
+            .or_else(|_| EgressProxy::start_private(&std::env::temp_dir(), policy))
+        {
+            Ok(p) => Arc::new(p),
+            Err(e) => {
+                tracing::warn!(agent = %self.agent, error = %e, "cannot start the browser's proxy socket: the browser runs outside the jail");
+                return None;
+            }
+        };
+        let settings = crate::tools::exec::ExecSettings {
+            read_paths: vec!["/sys".into(), "/var/cache/fontconfig".into()],
+            max_processes: 0,
+            max_memory_mb: 0,
+            ..crate::tools::exec::ExecSettings::default()
+        };
+        let socket = proxy.path().to_path_buf();
+        let deps = crate::tools::exec::ExecDeps {
+            protected_paths: self.protected.clone(),
+            secrets: Vec::new(),
+            env: vec![("PATH".into(), "/usr/bin:/bin".into())],
+            approver: None,
+            // A short base: Chromium's singleton socket lives in its temp dir, and Unix
+            // socket paths are at most 107 bytes.
+            tmp_base: std::env::temp_dir(),
+            proxy_socket: Some(proxy.path().to_path_buf()),
+            proxy: Some(proxy),
+        };
+        match crate::tools::exec::ExecRuntime::new(settings, deps) {
+            Ok(rt) if rt.isolates_network() => Some((rt, socket)),
+            Ok(_) => {
+                tracing::warn!(agent = %self.agent, "no network namespace for the browser (the kernel refuses them): it runs in the gateway's, using the proxy by its flags");
+                None
+            }
+            Err(e) => {
+                tracing::warn!(agent = %self.agent, error = %e, "cannot prepare the browser's jail: it runs outside it");
+                None
+            }
+        }
+    }
+
+    /// The browser in the daemon's network namespace, using `proxy` because its flags say so,
+    /// in the filesystem sandbox.
+    async fn spawn_flagged(
+        &self,
+        exe: &Path,
+        profile: &Path,
+        tmp: &Path,
+        proxy: &TcpEgressProxy,
+    ) -> Result<Child, BrowserError> {
+        let mut cmd = Command::new("/bin/sh");
+        // Chromium speaks CDP on fds 3 and 4: the shell moves our pipes there.
+        cmd.arg("-c")
+            .arg(r#"exec "$0" "$@" 3<&0 4>&1 </dev/null >/dev/null"#)
+            .arg(exe)
+            .args(chromium_args(profile, &proxy.addr().to_string(), as_root()))
+            .env_clear()
+            .env("HOME", profile)
+            .env("PATH", "/usr/bin:/bin")
+            .env("LANG", "C.UTF-8")
+            .env("TMPDIR", tmp)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .process_group(0)
+            .kill_on_drop(true);
+        // The same filesystem sandbox as commands (Landlock, no-new-privs, no capabilities):
+        // the profile and its temp dir writable, the system trees readable, the daemon's
+        // config, credentials and store out of reach.
+        let ruleset = if crate::tools::sandbox::probe().fs_enforced {
+            let plan = crate::tools::sandbox::SandboxPlan {
+                read_paths: vec!["/sys".into(), "/var/cache/fontconfig".into()],
+                write_paths: Vec::new(),
+                protected: self.protected.clone(),
+                network: true,
+            };
+            let (p, t) = (profile.to_path_buf(), tmp.to_path_buf());
+            match tokio::task::spawn_blocking(move || plan.build_ruleset(&p, &t)).await {
+                Ok(Ok(fd)) => fd,
+                Ok(Err(e)) => {
+                    return Err(BrowserError::Failed(format!(
+                        "cannot build the browser's sandbox: {e}"
+                    )))
+                }
+                Err(e) => return Err(BrowserError::Failed(e.to_string())),
+            }
+        } else {
+            tracing::warn!(agent = %self.agent, "Landlock is unavailable: Chromium runs without the filesystem sandbox");
+            None
+        };
+        {
+            use std::os::fd::AsRawFd;
+            crate::tools::sandbox::confine(
+                &mut cmd,
+                ruleset.as_ref().map(AsRawFd::as_raw_fd),
+                true,
+            );
+        }
+        let spawned = cmd.spawn();
+        drop(ruleset);
+        spawned.map_err(|e| BrowserError::Failed(format!("cannot start {}: {e}", exe.display())))
     }
 
     // ---- actions ----
@@ -1039,8 +1138,21 @@ impl Browser {
 
     /// The loopback address of the running browser's proxy (tests: nothing but the browser
     /// should be able to use it, and it grants nothing the browser may not reach).
+    /// `None` when the browser runs in the jail (see [`Browser::proxy_socket`]).
     pub async fn proxy_addr(&self) -> Option<std::net::SocketAddr> {
-        self.state.lock().await.as_ref().map(|r| r._proxy.addr())
+        match self.state.lock().await.as_ref().map(|r| &r._net) {
+            Some(Egress::Flags(p)) => Some(p.addr()),
+            _ => None,
+        }
+    }
+
+    /// The Unix socket of the running browser's proxy when it runs in the jail (its own
+    /// network namespace, the proxy bridged in).
+    pub async fn proxy_socket(&self) -> Option<PathBuf> {
+        match self.state.lock().await.as_ref().map(|r| &r._net) {
+            Some(Egress::Jailed(_, p)) => Some(p.clone()),
+            _ => None,
+        }
     }
 
     /// Seconds since the running browser started (`None` when none runs).
@@ -1323,7 +1435,7 @@ fn as_root() -> bool {
 
 /// The command line: headless, no DevTools port (a pipe), every request through the proxy
 /// (loopback included), no QUIC, no non-proxied UDP, none of Chromium's own background traffic.
-pub fn chromium_args(profile: &Path, proxy_port: u16, root: bool) -> Vec<String> {
+pub fn chromium_args(profile: &Path, proxy: &str, root: bool) -> Vec<String> {
     let mut a: Vec<String> = [
         "--headless",
         "--remote-debugging-pipe",
@@ -1355,7 +1467,7 @@ pub fn chromium_args(profile: &Path, proxy_port: u16, root: bool) -> Vec<String>
     .iter()
     .map(|s| (*s).to_string())
     .collect();
-    a.push(format!("--proxy-server=http://127.0.0.1:{proxy_port}"));
+    a.push(format!("--proxy-server=http://{proxy}"));
     // Without `<-loopback>` Chromium sends loopback requests directly, around the proxy.
     a.push("--proxy-bypass-list=<-loopback>".into());
     a.push(format!("--user-data-dir={}", profile.display()));

@@ -33,7 +33,7 @@ fn only_web_urls_are_opened() {
 
 #[test]
 fn every_request_goes_through_the_proxy() {
-    let a = chromium_args(Path::new("/p"), 4000, false);
+    let a = chromium_args(Path::new("/p"), "127.0.0.1:4000", false);
     assert!(a.contains(&"--proxy-server=http://127.0.0.1:4000".to_string()));
     assert!(a.contains(&"--proxy-bypass-list=<-loopback>".to_string()));
     assert!(a.contains(&"--remote-debugging-pipe".to_string()));

@@ -36,6 +36,10 @@ pub struct BrowserSettings {
     /// Keep cookies and storage in the agent's profile between browser starts (default
     /// false: every start begins with an empty profile).
     pub persist_profile: bool,
+    /// Run the browser in the commands' jail: its own network namespace, reaching out only
+    /// through the proxy bridged in (default true; where the kernel gives no namespaces it
+    /// runs without, told by its flags to use the proxy).
+    pub jail: bool,
     /// The browser is closed after this long without an action (default 300 s).
     pub idle: Duration,
     /// Deadline of one action (default 30 s).
@@ -61,6 +65,7 @@ impl Default for BrowserSettings {
             allow_domains: Vec::new(),
             evaluate_agents: Vec::new(),
             persist_profile: false,
+            jail: true,
             idle: Duration::from_secs(300),
             action_timeout: Duration::from_secs(30),
             load_timeout: Duration::from_secs(15),
@@ -105,6 +110,8 @@ pub struct BrowserFile {
     /// Keep cookies, storage and logins in each agent's browser profile between browser
     /// starts (default false: each start begins with an empty profile).
     pub persist_profile: Option<bool>,
+    /// Run the browser in its own network namespace like commands (default true).
+    pub jail: Option<bool>,
     /// Seconds without an action after which the browser is closed (default 300, 10..=86400).
     pub idle_secs: Option<u64>,
     /// Deadline of one action in seconds (default 30, 1..=300).
@@ -193,6 +200,7 @@ impl BrowserFile {
             allow_domains,
             evaluate_agents: self.evaluate_agents.clone().unwrap_or_default(),
             persist_profile: self.persist_profile.unwrap_or(d.persist_profile),
+            jail: self.jail.unwrap_or(d.jail),
             idle: secs("idle_secs", self.idle_secs, 10, 86_400, d.idle)?,
             action_timeout: secs(
                 "action_timeout_secs",

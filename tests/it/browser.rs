@@ -575,6 +575,24 @@ fn listening_inodes() -> Vec<String> {
 }
 
 /// Socket inodes held by the processes of group `pgid`.
+/// The processes of group `pgid`.
+fn group_pids(pgid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+            continue;
+        };
+        let after = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+        if after.split_whitespace().nth(2) == Some(pgid.to_string().as_str()) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
 fn sockets_of_group(pgid: u32) -> Vec<String> {
     let mut out = Vec::new();
     for e in std::fs::read_dir("/proc").unwrap().flatten() {
@@ -613,22 +631,28 @@ fn no_devtools_port_exists_and_commands_cannot_reach_the_browser() {
         assert!(!held.is_empty(), "the browser's processes were not found");
         let open: Vec<_> = held.iter().filter(|i| listening.contains(i)).collect();
         assert!(open.is_empty(), "the browser listens on TCP: {open:?}");
-        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
+        // Chromium itself (the jail's own processes lead its group).
+        let chromium = group_pids(pid)
+            .into_iter()
+            .find(|p| {
+                std::fs::read(format!("/proc/{p}/cmdline")).is_ok_and(|c| {
+                    let c = String::from_utf8_lossy(&c);
+                    c.contains("--remote-debugging-pipe") && !c.contains("--type=")
+                })
+            })
+            .expect("no Chromium process in the browser's group");
+        let cmdline = std::fs::read(format!("/proc/{chromium}/cmdline")).unwrap();
         let cmdline = String::from_utf8_lossy(&cmdline);
-        assert!(cmdline.contains("--remote-debugging-pipe"));
         assert!(!cmdline.contains("--remote-debugging-port"));
         // It runs confined like commands: no new privileges, no capabilities, and the
         // environment is not the daemon's.
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        let status = std::fs::read_to_string(format!("/proc/{chromium}/status")).unwrap();
         assert!(status.contains("NoNewPrivs:\t1"), "{status}");
         assert!(status.contains("CapEff:\t0000000000000000"), "{status}");
-        let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
+        let environ = std::fs::read(format!("/proc/{chromium}/environ")).unwrap();
         let environ = String::from_utf8_lossy(&environ);
         assert!(!environ.contains("CARGO"), "{environ}");
 
-        // The browser's proxy port is the only loopback listener it has; a command in the
-        // exec jail cannot reach it (its own network namespace).
-        let proxy = fx.browser.proxy_addr().await.unwrap();
         let rt = std::sync::Arc::new(
             clawft::tools::exec::ExecRuntime::new(
                 clawft::tools::exec::ExecSettings::default(),
@@ -645,36 +669,50 @@ fn no_devtools_port_exists_and_commands_cannot_reach_the_browser() {
             .unwrap(),
         );
         let st = rt.sandbox_status();
+        let loopback_get = format!(
+            "GET http://127.0.0.1:{}/ HTTP/1.1\r\nHost: x\r\n\r\n",
+            fx.canary.port
+        );
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut out = String::new();
         if st.jail.is_some_and(|j| j.pid_namespace) {
-            let shell = clawft::tools::exec::ExecShell::new(rt);
-            let v = shell
-                .execute(
-                    json!({"command": format!("exec 3<>/dev/tcp/127.0.0.1/{}; echo CONNECTED", proxy.port()), "timeout": 10}),
-                    &fx.ctx,
-                )
-                .await;
-            let text = format!("{v:?}");
-            assert!(!text.contains("CONNECTED"), "{text}");
+            // Where the kernel gives namespaces, Chromium is in its own network namespace,
+            // like commands: whatever its flags or a compromised renderer do, the only way
+            // out is the proxy bridged in. Every one of its processes is.
+            let ns = |p: &str| std::fs::read_link(format!("/proc/{p}/ns/net")).unwrap();
+            let ours = ns("self");
+            for p in group_pids(pid) {
+                if std::fs::read(format!("/proc/{p}/cmdline"))
+                    .is_ok_and(|c| String::from_utf8_lossy(&c).contains("chromium"))
+                {
+                    assert_ne!(
+                        ns(&p.to_string()),
+                        ours,
+                        "Chromium process {p} shares the daemon's network"
+                    );
+                }
+            }
+            assert!(
+                fx.browser.proxy_addr().await.is_none(),
+                "a TCP proxy was opened"
+            );
+            // The proxy (a socket in the browser's private directory) refuses what the
+            // browser may not reach.
+            let sock = fx.browser.proxy_socket().await.unwrap();
+            let mut s = tokio::net::UnixStream::connect(&sock).await.unwrap();
+            s.write_all(loopback_get.as_bytes()).await.unwrap();
+            s.read_to_string(&mut out).await.unwrap();
         } else {
             println!(
-                "SKIPPED exec part: commands get no namespaces here: {}",
+                "SKIPPED namespace part: no namespaces here ({}); the browser uses its proxy by its flags",
                 st.summary()
             );
+            // The browser's proxy port is the only loopback listener it has.
+            let proxy = fx.browser.proxy_addr().await.unwrap();
+            let mut s = tokio::net::TcpStream::connect(proxy).await.unwrap();
+            s.write_all(loopback_get.as_bytes()).await.unwrap();
+            s.read_to_string(&mut out).await.unwrap();
         }
-        // The proxy itself refuses what the browser may not reach.
-        let mut s = tokio::net::TcpStream::connect(proxy).await.unwrap();
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        s.write_all(
-            format!(
-                "GET http://127.0.0.1:{}/ HTTP/1.1\r\nHost: x\r\n\r\n",
-                fx.canary.port
-            )
-            .as_bytes(),
-        )
-        .await
-        .unwrap();
-        let mut out = String::new();
-        s.read_to_string(&mut out).await.unwrap();
         assert!(out.starts_with("HTTP/1.1 403"), "{out}");
         assert!(out.contains("tools.browser.allow_private"), "{out}");
         assert_eq!(fx.canary.hits(), 0);

@@ -507,6 +507,53 @@ impl ExecRuntime {
         extra: &[(String, String)],
         stdin: Stdio,
     ) -> Result<Spawned, ToolError> {
+        self.spawn_in(
+            ctx.workspace.root(),
+            program,
+            args,
+            extra,
+            (stdin, Stdio::piped()),
+        )
+        .await
+    }
+
+    /// Whether commands (and helpers) get network namespaces with the proxy bridged in.
+    pub fn isolates_network(&self) -> bool {
+        self.jail.proxy_env
+    }
+
+    /// Start a long-lived helper of the gateway (the browser) exactly as commands are
+    /// started: `root` is its workspace (writable, its `HOME`), in the sandbox, the jail (its
+    /// own network namespace, reaching out only through the proxy bridged in at
+    /// [`PROXY_ADDR`]) and its own process group; stdin and stdout piped, stderr discarded.
+    /// The caller kills the group when done.
+    ///
+    /// # Errors
+    /// As for commands: the sandbox is required but missing, or the spawn failed.
+    pub async fn spawn_helper(
+        &self,
+        root: &Path,
+        program: &OsStr,
+        args: &[OsString],
+        extra: &[(String, String)],
+    ) -> Result<tokio::process::Child, ToolError> {
+        let s = self
+            .spawn_in(root, program, args, extra, (Stdio::piped(), Stdio::null()))
+            .await?;
+        // The group is the caller's to kill; a cgroup (none for helpers without limits) is
+        // left to the kernel's cleanup.
+        std::mem::forget(s.group);
+        Ok(s.child)
+    }
+
+    async fn spawn_in(
+        &self,
+        root: &Path,
+        program: &OsStr,
+        args: &[OsString],
+        extra: &[(String, String)],
+        (stdin, stderr): (Stdio, Stdio),
+    ) -> Result<Spawned, ToolError> {
         if self.settings.require_sandbox && !self.status.fs_enforced {
             return Err(ToolError::PermissionDenied(format!(
                 "commands are disabled: the exec sandbox is required but not enforced ({}); the operator must enable Landlock or set require_sandbox = false",
@@ -522,7 +569,7 @@ impl ExecRuntime {
                 self.jail.ns.reason()
             )));
         }
-        let ws = ctx.workspace.root().to_path_buf();
+        let ws = root.to_path_buf();
         let (ruleset, cgroup) = self.prepare(&ws).await?;
         let mut env: Vec<(OsString, OsString)> = self.env.clone();
         let mut set = |name: &str, value: OsString| {
@@ -549,7 +596,7 @@ impl ExecRuntime {
             .envs(env.iter().map(|(k, v)| (k, v)))
             .stdin(stdin)
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
+            .stderr(stderr)
             .process_group(0)
             .kill_on_drop(true);
         let ruleset_fd = ruleset.as_ref().map(AsRawFd::as_raw_fd);
