@@ -113,7 +113,15 @@ pub struct Browser {
     state: tokio::sync::Mutex<Option<Running>>,
     last_used: std::sync::Mutex<Instant>,
     starts: std::sync::atomic::AtomicUsize,
+    /// Credentials typed into pages (password and one-time-code fields): scrubbed from every
+    /// result of this browser, like the gateway's own secrets.
+    typed: std::sync::Mutex<Vec<String>>,
 }
+
+/// Most credentials remembered for scrubbing (the oldest are forgotten first).
+const MAX_TYPED: usize = 64;
+/// What a typed credential reads as in results.
+pub const TYPED_MASK: &str = "[typed credential]";
 
 impl std::fmt::Debug for Browser {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -132,6 +140,7 @@ impl Browser {
         Arc::new(Self {
             settings,
             agent: agent.to_string(),
+            typed: std::sync::Mutex::default(),
             dir,
             protected: Vec::new(),
             state: tokio::sync::Mutex::new(None),
@@ -773,7 +782,10 @@ impl Browser {
             };
             let out = async {
                 let clear = if append { "" } else { "if ('value' in el) { el.value = ''; } else if (el.isContentEditable) { el.textContent = ''; }" };
-                me.on_ref(&cdp, &mut tab, r, &format!("el.scrollIntoView({{block: 'center'}}); el.focus(); {clear} return {{ok: document.activeElement === el}};")).await?;
+                let focused = me.on_ref(&cdp, &mut tab, r, &format!("el.scrollIntoView({{block: 'center'}}); el.focus(); {clear} const ac = (el.autocomplete || '').toLowerCase(); return {{ok: document.activeElement === el, secret: el.type === 'password' || ['current-password', 'new-password', 'one-time-code', 'cc-number', 'cc-csc'].some((k) => ac.includes(k))}};")).await?;
+                if focused["secret"] == json!(true) {
+                    me.remember_typed(&text);
+                }
                 cdp.call(Some(&tab.session), "Input.insertText", json!({"text": text})).await?;
                 if submit {
                     return me.press_key(&cdp, &mut tab, "Enter").await;
@@ -786,6 +798,47 @@ impl Browser {
             (Some(tab), out)
         })
         .await
+    }
+
+    /// Remember `text`, typed into a credential field, for scrubbing.
+    fn remember_typed(&self, text: &str) {
+        // Shorter values would mask ordinary words.
+        if text.chars().count() < 4 {
+            return;
+        }
+        let mut t = self.typed.locked();
+        if !t.iter().any(|s| s == text) {
+            if t.len() >= MAX_TYPED {
+                t.remove(0);
+            }
+            t.push(text.to_string());
+        }
+    }
+
+    /// `v` with every credential typed into this browser's pages masked.
+    pub fn scrub_typed(&self, v: Value) -> Value {
+        let typed = self.typed.locked().clone();
+        if typed.is_empty() {
+            return v;
+        }
+        fn walk(v: Value, typed: &[String]) -> Value {
+            match v {
+                Value::String(mut s) => {
+                    for t in typed {
+                        if s.contains(t.as_str()) {
+                            s = s.replace(t.as_str(), TYPED_MASK);
+                        }
+                    }
+                    Value::String(s)
+                }
+                Value::Array(a) => Value::Array(a.into_iter().map(|x| walk(x, typed)).collect()),
+                Value::Object(o) => {
+                    Value::Object(o.into_iter().map(|(k, x)| (k, walk(x, typed))).collect())
+                }
+                other => other,
+            }
+        }
+        walk(v, &typed)
     }
 
     /// Choose `value` (an option's value or label) in the select of reference `r`.

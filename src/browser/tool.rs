@@ -263,12 +263,18 @@ impl Tool for BrowserTool {
             () = ctx.cancel.cancelled() => None,
             r = tokio::time::timeout(limit, self.run(a, ctx)) => Some(r),
         };
+        // Credentials typed into pages never come back in results (a page echoing them, an
+        // error quoting them).
+        let mask = |m: String| match self.browser.scrub_typed(Value::String(m)) {
+            Value::String(s) => s,
+            _ => String::new(),
+        };
         match out {
-            Some(Ok(Ok(v))) => Ok(v),
+            Some(Ok(Ok(v))) => Ok(self.browser.scrub_typed(v)),
             Some(Ok(Err(e))) => Err(match e {
-                BrowserError::Invalid(m) => ToolError::InvalidArgs(m),
-                BrowserError::Refused(m) => ToolError::PermissionDenied(m),
-                BrowserError::Failed(m) => ToolError::ExecutionFailed(m),
+                BrowserError::Invalid(m) => ToolError::InvalidArgs(mask(m)),
+                BrowserError::Refused(m) => ToolError::PermissionDenied(mask(m)),
+                BrowserError::Failed(m) => ToolError::ExecutionFailed(mask(m)),
             }),
             Some(Err(_)) => {
                 // A page stuck in a script cannot answer: its tab is closed (bounded).

@@ -155,6 +155,13 @@ fn respond(mut s: TcpStream, canary: u16) {
             String::new(),
             page("<p>Your key is sk-test-secret-123456 and the day is sunny.</p>"),
         ),
+        "/login" => (
+            "200 OK",
+            String::new(),
+            page(
+                r#"<form action="/search"><input type=password name=q aria-label="Password" oninput="document.getElementById('echo').textContent = 'You typed ' + this.value"></form><p id=echo>nothing yet</p>"#,
+            ),
+        ),
         "/busy" => (
             "200 OK",
             String::new(),
@@ -344,6 +351,28 @@ fn open_snapshot_click_type_submit_and_screenshot() {
         assert!(
             v["url"].as_str().unwrap().ends_with("/search?q=plums"),
             "{v}"
+        );
+
+        // A password typed into a page never comes back in a result: not from a page that
+        // echoes it, nor in the URL a form puts it in.
+        fx.ok(json!({"action": "open", "url": fx.url("/login")}))
+            .await;
+        let snap = fx.snapshot().await;
+        let pw = ref_of(&snap, "\"Password\"");
+        const PW: &str = "Tr0ub4dor-horse-staple";
+        let v = fx
+            .ok(json!({"action": "type", "ref": pw, "text": PW}))
+            .await;
+        assert!(!v.to_string().contains(PW), "{v}");
+        let snap = fx.snapshot().await;
+        assert!(snap.contains("You typed [typed credential]"), "{snap}");
+        assert!(!snap.contains(PW), "{snap}");
+        let v = fx.ok(json!({"action": "press", "key": "Enter"})).await;
+        assert!(!v.to_string().contains(PW), "{v}");
+        let snap = fx.snapshot().await;
+        assert!(
+            snap.contains("You searched for: [typed credential]"),
+            "{snap}"
         );
 
         // A screenshot is a real PNG of the page's size, saved in the workspace.
