@@ -62,7 +62,9 @@ struct Running {
     pid: Option<u32>,
     cdp: Arc<Cdp>,
     _net: Egress,
-    tab: Option<Tab>,
+    /// Each chat session's current tab (sessions of one agent share its browser, not their
+    /// tabs).
+    tabs: std::collections::HashMap<String, Tab>,
     watcher: tokio::task::JoinHandle<()>,
     started: Instant,
 }
@@ -116,6 +118,19 @@ pub struct Browser {
     /// Credentials typed into pages (password and one-time-code fields): scrubbed from every
     /// result of this browser, like the gateway's own secrets.
     typed: std::sync::Mutex<Vec<String>>,
+    /// Which chat session opened each tab (target id → session); a tab a page opened belongs
+    /// to the session of the tab that opened it.
+    owners: std::sync::Mutex<std::collections::HashMap<String, String>>,
+}
+
+tokio::task_local! {
+    /// The chat session an action runs for (set by the tool around each call).
+    pub static SESSION: String;
+}
+
+/// The session the running action is for (empty outside a tool call).
+fn current_session() -> String {
+    SESSION.try_with(Clone::clone).unwrap_or_default()
 }
 
 /// Most credentials remembered for scrubbing (the oldest are forgotten first).
@@ -141,6 +156,7 @@ impl Browser {
             settings,
             agent: agent.to_string(),
             typed: std::sync::Mutex::default(),
+            owners: std::sync::Mutex::default(),
             dir,
             protected: Vec::new(),
             state: tokio::sync::Mutex::new(None),
@@ -247,15 +263,24 @@ impl Browser {
             return Err(BrowserError::Failed("the browser did not start".into()));
         };
         let cdp = running.cdp.clone();
-        let tab = running.tab.clone();
+        let key = current_session();
+        let tab = running.tabs.get(&key).cloned();
         let (tab, out) = f(cdp, tab, self.clone()).await;
-        running.tab = tab;
+        match tab {
+            Some(t) => {
+                running.tabs.insert(key, t);
+            }
+            None => {
+                running.tabs.remove(&key);
+            }
+        }
         drop(guard);
         self.touch();
         out
     }
 
     async fn launch(self: &Arc<Self>) -> Result<Running, BrowserError> {
+        self.owners.locked().clear();
         let exe = self.settings.find_executable().ok_or_else(|| {
             BrowserError::Failed(
                 "no Chromium is installed on the gateway's host (Debian/Ubuntu: apt install chromium)"
@@ -358,7 +383,7 @@ impl Browser {
             child,
             cdp,
             _net: net,
-            tab: None,
+            tabs: std::collections::HashMap::new(),
             watcher,
             started: Instant::now(),
         })
@@ -502,7 +527,17 @@ impl Browser {
         let pages = page_targets(cdp).await?;
         // The blank page the browser starts with (or the last tab left) serves first.
         if reuse {
-            if let Some(id) = pages.first().and_then(|p| p["targetId"].as_str()) {
+            let me = current_session();
+            let owners = self.owners.locked().clone();
+            let free = pages.iter().find(|p| {
+                p["targetId"]
+                    .as_str()
+                    .is_some_and(|id| owners.get(id).is_none_or(|o| *o == me))
+                    && p["openerId"]
+                        .as_str()
+                        .is_none_or(|o| !owners.contains_key(o))
+            });
+            if let Some(id) = free.and_then(|p| p["targetId"].as_str()) {
                 return self.attach(cdp, id).await;
             }
         }
@@ -528,6 +563,9 @@ impl Browser {
             )
             .await?;
         let session = str_field(&attached, "sessionId")?;
+        self.owners
+            .locked()
+            .insert(target.to_string(), current_session());
         let s = Some(session.as_str());
         cdp.call(s, "Page.enable", json!({})).await?;
         cdp.call(
@@ -800,6 +838,33 @@ impl Browser {
         .await
     }
 
+    /// The pages of `all` that belong to the current session: those it opened, and those a
+    /// page of its opened.
+    fn own_pages(&self, all: Vec<Value>) -> Vec<Value> {
+        let me = current_session();
+        let owners = self.owners.locked().clone();
+        let by_id: std::collections::HashMap<String, Value> = all
+            .iter()
+            .filter_map(|p| Some((p["targetId"].as_str()?.to_string(), p.clone())))
+            .collect();
+        all.into_iter()
+            .filter(|p| {
+                let mut id = p["targetId"].as_str().map(str::to_string);
+                for _ in 0..16 {
+                    let Some(i) = id else { return false };
+                    if let Some(o) = owners.get(&i) {
+                        return *o == me;
+                    }
+                    id = by_id
+                        .get(&i)
+                        .and_then(|t| t["openerId"].as_str())
+                        .map(str::to_string);
+                }
+                false
+            })
+            .collect()
+    }
+
     /// Remember `text`, typed into a credential field, for scrubbing.
     fn remember_typed(&self, text: &str) {
         // Shorter values would mask ordinary words.
@@ -976,7 +1041,7 @@ impl Browser {
         self.with(move |cdp, tab, me| async move {
             let mut tab = tab;
             let out = async {
-                let pages = page_targets(&cdp).await?;
+                let pages = me.own_pages(page_targets(&cdp).await?);
                 let pick = |i: usize| {
                     pages.get(i.wrapping_sub(1)).cloned().ok_or_else(|| {
                         BrowserError::Invalid(format!("there is no tab {i} ({} open)", pages.len()))
@@ -1007,7 +1072,7 @@ impl Browser {
                         .call(None, "Target.activateTarget", json!({"targetId": id}))
                         .await;
                 }
-                let pages = page_targets(&cdp).await?;
+                let pages = me.own_pages(page_targets(&cdp).await?);
                 let current = tab.as_ref().map(|t| t.target.clone());
                 let list: Vec<Value> = pages
                     .iter()
@@ -1168,7 +1233,8 @@ impl Browser {
             return;
         };
         let Some(r) = guard.as_mut() else { return };
-        let Some(t) = r.tab.take() else { return };
+        let key = current_session();
+        let Some(t) = r.tabs.remove(&key) else { return };
         let answers = tokio::time::timeout(
             PROBE_TIMEOUT,
             r.cdp.call(
@@ -1181,7 +1247,7 @@ impl Browser {
         .is_ok_and(|r| r.is_ok());
         if answers {
             // Only slow: the tab stays, without its refs.
-            r.tab = Some(Tab { world: None, ..t });
+            r.tabs.insert(key, Tab { world: None, ..t });
             return;
         }
         // Its renderer is stuck (other tabs of the site share it): start afresh.

@@ -242,6 +242,15 @@ impl Tool for BrowserTool {
     }
 
     async fn execute(&self, args: Value, ctx: &ToolContext) -> Result<Value, ToolError> {
+        // Each chat session has its own tabs in the agent's browser.
+        super::session::SESSION
+            .scope(ctx.session.to_string(), self.execute_in_session(args, ctx))
+            .await
+    }
+}
+
+impl BrowserTool {
+    async fn execute_in_session(&self, args: Value, ctx: &ToolContext) -> Result<Value, ToolError> {
         let a: BrowserArgs = parse_args(self.name(), args)?;
         let mut limit = self.browser.settings().action_timeout;
         if matches!(

@@ -942,3 +942,45 @@ fn figures() {
         );
     });
 }
+
+#[test]
+fn each_chat_session_has_its_own_tabs() {
+    with_browser(|fx| async move {
+        // Two chats of the same agent share its browser, not their tabs: one cannot see,
+        // switch to or close the other's pages, and each keeps its current page.
+        let other = ToolContext {
+            session: SessionKey::parse("t:2").unwrap(),
+            ..fx.ctx.clone()
+        };
+        let as_other = |args: Value| {
+            let other = other.clone();
+            async move { fx.tool.execute(args, &other).await }
+        };
+        fx.ok(json!({"action": "close"})).await;
+        fx.ok(json!({"action": "open", "url": fx.url("/next")}))
+            .await;
+        let v = as_other(json!({"action": "tabs"})).await.unwrap();
+        assert_eq!(v["tabs"], json!([]), "another chat's tab is listed: {v}");
+        let e = as_other(json!({"action": "snapshot"})).await.unwrap_err();
+        assert!(e.to_string().contains("open"), "{e}");
+        let e = as_other(json!({"action": "tabs", "close": 1}))
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("no tab 1"), "{e}");
+        as_other(json!({"action": "open", "url": fx.url("/search?q=theirs")}))
+            .await
+            .unwrap();
+        // The first chat still reads its own page, and lists only its tab.
+        assert!(fx.snapshot().await.contains("You followed the link."));
+        let mine = fx.ok(json!({"action": "tabs"})).await;
+        assert_eq!(mine["tabs"].as_array().unwrap().len(), 1, "{mine}");
+        assert!(mine.to_string().contains("/next"), "{mine}");
+        assert!(!mine.to_string().contains("theirs"), "{mine}");
+        let theirs = as_other(json!({"action": "snapshot"})).await.unwrap();
+        assert!(
+            theirs.to_string().contains("You searched for: theirs"),
+            "{theirs}"
+        );
+        fx.ok(json!({"action": "close"})).await;
+    });
+}
