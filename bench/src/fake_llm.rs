@@ -27,6 +27,22 @@ pub const FINAL_TEXT: &str = "Done: the note says hello.";
 pub const TOOL_FILE: &str = "note.txt";
 /// A user message starting with this asks for an `exec_shell` call of the rest.
 pub const EXEC_PREFIX: &str = "exec: ";
+/// A user message starting with this names a sequence of tool calls, one per request: the
+/// rest is a JSON array of `[name, arguments]`; the final text follows the last result.
+pub const CALLS_PREFIX: &str = "calls: ";
+
+/// The next call of a [`CALLS_PREFIX`] script, from the messages of the request: the user's
+/// script and how many tool results follow it.
+fn scripted_call(msgs: &[Value]) -> Option<(String, String)> {
+    let i = msgs.iter().rposition(|m| m["role"] == "user")?;
+    let text = strip_stamp(msgs[i]["content"].as_str()?);
+    let script: Vec<(String, Value)> =
+        serde_json::from_str(text.strip_prefix(CALLS_PREFIX)?).ok()?;
+    let done = msgs[i..].iter().filter(|m| m["role"] == "tool").count();
+    script
+        .get(done)
+        .map(|(name, args)| (name.clone(), args.to_string()))
+}
 
 #[derive(Default)]
 struct Rec {
@@ -267,6 +283,16 @@ impl FakeLlm {
                     ("text/event-stream", sse_text(&model))
                 } else {
                     ("application/json", text)
+                };
+                if write_response(&mut s, "200 OK", ct, &bytes).await.is_err() {
+                    return;
+                }
+            } else if let Some((tool, args)) = scripted_call(msgs) {
+                let id = format!("call_{}", self.seq.fetch_add(1, Ordering::Relaxed));
+                let (ct, bytes) = if stream {
+                    ("text/event-stream", sse_tool(&model, &tool, &id, &args))
+                } else {
+                    ("application/json", json_tool(&model, &tool, &id, &args))
                 };
                 if write_response(&mut s, "200 OK", ct, &bytes).await.is_err() {
                     return;

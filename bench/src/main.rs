@@ -3,6 +3,7 @@
 //! HTTP API and reads the daemon's CPU and memory from `/proc`. Prints one JSON line per figure
 //! with its budget, then a table. See `docs/performance.md`.
 
+mod browser;
 mod fake_llm;
 mod gateway;
 mod http;
@@ -39,6 +40,7 @@ const SCENARIOS: &[(&str, &str)] = &[
     ("idle_sessions", "RSS growth per 1,000 idle sessions"),
     ("slow_disk", "every fsync +50 ms (LD_PRELOAD shim, built with cc), 20 ms model: p99 of 50 chats doing turns, then with 16 chats flooding /new and /status"),
     ("ui", "the control UI: bytes of the chat page's first load (the page and every asset it names)"),
+    ("browser", "the browser tool with the system's Chromium: chat turn to the first snapshot cold and warm, the browser's PSS idle, the gateway's RSS with the browser idle and closed"),
     ("conversation", "one session, 200 messages of 1 KB: prompt bytes and estimated tokens per turn, with an 8k context window and without a bound (informational)"),
 ];
 
@@ -840,6 +842,7 @@ async fn run(args: Args) -> Result<Report, String> {
             "conversation" => conversation(&mut ctx).await,
             "slow_disk" => slow_disk::slow_disk(&mut ctx).await,
             "ui" => ui(&mut ctx).await,
+            "browser" => browser::browser(&mut ctx).await,
             other => Err(format!("unknown scenario {other}")),
         };
         if let Err(e) = r {
