@@ -474,6 +474,13 @@ impl clawft_channel_http::Admin for AdminApi {
                 Ok(json!({"status": "queued", "id": id}))
             }
             "approvals/list" => Ok(json!({"approvals": r.approvals.list()})),
+            "logs/tail" => {
+                let after = body["after"].as_u64().unwrap_or(0);
+                let level = body["level"].as_str().filter(|l| !l.is_empty());
+                let lines = crate::telemetry::recent().tail(after, level, 500);
+                let next = lines.last().map_or(after, |l| l.seq);
+                Ok(json!({"lines": lines, "next": next}))
+            }
             "approvals/answer" => {
                 use crate::approval::Decision;
                 let id = body["id"]

@@ -169,6 +169,114 @@ where
     })
 }
 
+/// Most lines the gateway keeps of its recent log (for the control UI's Logs page).
+pub const RECENT_LINES: usize = 2000;
+/// Longest line kept (longer ones are cut).
+const RECENT_LINE_MAX: usize = 4096;
+
+/// One line of the recent log.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct LogLine {
+    /// Increasing number of the line since start.
+    pub seq: u64,
+    /// `ERROR`, `WARN`, `INFO`, `DEBUG` or `TRACE`.
+    pub level: &'static str,
+    /// The line as the log file has it (plain text).
+    pub text: String,
+}
+
+/// The last [`RECENT_LINES`] lines of this process's log, in memory.
+#[derive(Default)]
+pub struct RecentLog {
+    lines: std::sync::Mutex<(u64, std::collections::VecDeque<LogLine>)>,
+}
+
+/// The recent log of this process.
+pub fn recent() -> &'static RecentLog {
+    static R: std::sync::OnceLock<RecentLog> = std::sync::OnceLock::new();
+    R.get_or_init(RecentLog::default)
+}
+
+const LEVELS: [&str; 5] = ["ERROR", "WARN", "INFO", "DEBUG", "TRACE"];
+
+impl RecentLog {
+    fn push(&self, text: &str) {
+        let text = text.trim_end();
+        if text.is_empty() {
+            return;
+        }
+        let level = text
+            .split_whitespace()
+            .take(3)
+            .find_map(|w| LEVELS.iter().find(|l| **l == w))
+            .copied()
+            .unwrap_or("INFO");
+        let mut cut = text.len().min(RECENT_LINE_MAX);
+        while !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        let mut g = self
+            .lines
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        g.0 += 1;
+        let seq = g.0;
+        if g.1.len() >= RECENT_LINES {
+            g.1.pop_front();
+        }
+        g.1.push_back(LogLine {
+            seq,
+            level,
+            text: text[..cut].to_string(),
+        });
+    }
+
+    /// The lines after `after` at `level` or more severe (`None`: every level), oldest first,
+    /// at most `max`.
+    pub fn tail(&self, after: u64, level: Option<&str>, max: usize) -> Vec<LogLine> {
+        let rank = |l: &str| LEVELS.iter().position(|x| x.eq_ignore_ascii_case(l));
+        let floor = level.and_then(rank).unwrap_or(LEVELS.len() - 1);
+        let g = self
+            .lines
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let v: Vec<LogLine> =
+            g.1.iter()
+                .filter(|l| l.seq > after && rank(l.level).is_some_and(|r| r <= floor))
+                .cloned()
+                .collect();
+        v[v.len().saturating_sub(max)..].to_vec()
+    }
+}
+
+/// The writer of the recent log: each formatted event is one line.
+struct RecentWriter;
+
+impl std::io::Write for RecentWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        for line in String::from_utf8_lossy(buf).lines() {
+            recent().push(line);
+        }
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The layer that keeps the recent log in memory (plain text).
+fn recent_layer<S>() -> Box<dyn tracing_subscriber::Layer<S> + Send + Sync>
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+{
+    use tracing_subscriber::Layer as _;
+    tracing_subscriber::fmt::layer()
+        .with_writer(|| RecentWriter)
+        .with_ansi(false)
+        .with_target(false)
+        .boxed()
+}
+
 /// Install the global subscriber. `journald` drops timestamps; `ansi` colours the text lines
 /// (see [`ColorChoice::colour`]).
 pub fn init(format: LogFormat, default_level: &str, journald: bool, ansi: bool) {
@@ -200,6 +308,7 @@ pub fn init_with_file(
             .finish()
             .with(filter)
             .with(file_layer(file, json))
+            .with(recent_layer())
             .try_init(),
         (LogFormat::Text, true) => builder
             .with_ansi(false)
@@ -213,11 +322,13 @@ pub fn init_with_file(
             .finish()
             .with(filter)
             .with(file_layer(file, json))
+            .with(recent_layer())
             .try_init(),
         (LogFormat::Text, false) => builder
             .finish()
             .with(filter)
             .with(file_layer(file, json))
+            .with(recent_layer())
             .try_init(),
     };
     // The `log` records of the dependencies (sled) stop at the same level, before they are

@@ -683,6 +683,26 @@ async fn in_a_browser_login_chat_approve_and_usage() {
         "{shown} vs {pin}"
     );
 
+    // Logs: the gateway's recent log, live, with a level filter.
+    b.goto(&format!("http://127.0.0.1:{port}/ui/#logs")).await;
+    b.until(
+        "return document.getElementById('log-lines').textContent.includes('node connected')",
+        "the log shows the node's connection",
+    )
+    .await;
+    b.js(
+        "const s = document.getElementById('log-level'); s.value = 'warn'; s.dispatchEvent(new Event('change'));",
+        json!([]),
+    )
+    .await;
+    let warn = b
+        .until(
+            "const t = document.getElementById('log-lines').textContent; return t.includes('node refused') && !t.includes('node connected') && t",
+            "only warnings after the filter",
+        )
+        .await;
+    assert!(!warn.as_str().unwrap().contains(" INFO "), "{warn}");
+
     // The canvas: the model presents a page; it shows next to the chat, and its script can
     // reach neither the page around it, nor the cookie, nor the API.
     llm.push(Reply::ToolCalls(vec![(

@@ -516,6 +516,7 @@ const READS: &[&str] = &[
     "mcp/list",
     "pairing/list",
     "nodes/list",
+    "logs/tail",
     "cron/list",
     "cron/runs",
     "canvas/get",

@@ -220,13 +220,28 @@ async function loadOps() {
       : [['Revoke', () => api('admin/nodes/revoke', { id: n.id })]]);
 }
 
+// ---- logs ----
+let logNext = 0;
+async function loadLogs(fresh) {
+  if (fresh) { logNext = 0; $('log-lines').textContent = ''; }
+  const v = await api('admin/logs/tail', { after: logNext, level: $('log-level').value });
+  logNext = v.next || logNext;
+  const pre = $('log-lines');
+  const lines = (v.lines || []).map((l) => l.text).join('\n');
+  if (lines) pre.textContent += (pre.textContent ? '\n' : '') + lines;
+  // Keep the last 2,000 lines on the page.
+  const all = pre.textContent.split('\n');
+  if (all.length > 2000) pre.textContent = all.slice(-2000).join('\n');
+}
+$('log-level').addEventListener('change', () => loadLogs(true).catch((e) => notice(e.message)));
+
 // ---- status ----
 async function loadStatus() {
   $('status-json').textContent = JSON.stringify(await api('status'), null, 2);
 }
 
 // ---- navigation ----
-const loaders = { approvals: loadApprovals, usage: loadUsage, sessions: loadSessions, ops: loadOps, status: loadStatus };
+const loaders = { approvals: loadApprovals, usage: loadUsage, sessions: loadSessions, ops: loadOps, logs: () => loadLogs(true), status: loadStatus };
 function show() {
   const page = (location.hash || '#chat').slice(1);
   for (const s of document.querySelectorAll('main > section')) s.hidden = s.id !== 'page-' + page;
@@ -262,6 +277,7 @@ $('logout').addEventListener('click', async () => {
     if (!$('page-approvals').hidden) loadApprovals().catch(() => {});
     if (!$('page-ops').hidden) loadOps().catch(() => {});
   }, 5000);
+  setInterval(() => { if (!$('page-logs').hidden) loadLogs(false).catch(() => {}); }, 2000);
   reloadCanvas();
   show();
 })();
