@@ -30,10 +30,6 @@ use tokio::net::TcpListener;
 
 /// The access token the fake accepts.
 pub const TOKEN: &str = "EAAG-fake-access-token";
-/// The app secret the fake signs webhooks with.
-pub const APP_SECRET: &str = "fake-app-secret-0123456789";
-/// The verify token of the handshake (the gateway's setting; the fake does not check it).
-pub const VERIFY_TOKEN: &str = "fake-verify-token";
 /// The business phone number's id.
 pub const PHONE_NUMBER_ID: &str = "106540352242922";
 /// The Graph API version.
@@ -52,6 +48,8 @@ pub enum Failure {
     TokenExpired,
     /// HTTP 500 after the message was accepted (the answer is lost: the client cannot know).
     AcceptedThen500,
+    /// No failure: this send goes through (to fail a later one).
+    Succeed,
 }
 
 /// A message the business sent.
@@ -89,12 +87,17 @@ struct Shared {
     seq: u64,
     /// Requests refused for the token (canary of a leaked or wrong token).
     unauthorized: usize,
+    /// Sends refused with a Graph error: the codes.
+    refused: Vec<i64>,
 }
 
 /// The fake.
 #[derive(Clone)]
 pub struct FakeWhatsApp {
     shared: Arc<Mutex<Shared>>,
+    /// The app secret this fake signs webhooks with: its own, so the gateways of parallel
+    /// tests in one process never take each other's webhooks.
+    secret: String,
     base: String,
     http: reqwest::Client,
 }
@@ -146,8 +149,13 @@ impl FakeWhatsApp {
         tokio::spawn(async move {
             let _ = axum::serve(l, app).await;
         });
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
         Self {
             shared,
+            secret: format!("fake-app-secret-{}-{nanos:09}", addr.port()),
             base,
             http: reqwest::Client::builder().no_proxy().build().expect("client"),
         }
@@ -156,6 +164,16 @@ impl FakeWhatsApp {
     /// The Graph API origin (the channel's `api_url`).
     pub fn api_url(&self) -> String {
         self.base.clone()
+    }
+
+    /// The app secret the webhooks are signed with.
+    pub fn app_secret(&self) -> String {
+        self.secret.clone()
+    }
+
+    /// A verify token for the handshake (the gateway's setting; the fake does not check it).
+    pub fn verify_token(&self) -> String {
+        format!("verify-{}", self.secret)
     }
 
     /// Where webhooks go (the gateway's `/whatsapp/<channel>`).
@@ -181,6 +199,11 @@ impl FakeWhatsApp {
     /// Message ids marked read (with a typing indicator).
     pub fn reads(&self) -> Vec<String> {
         self.shared.locked().reads.clone()
+    }
+
+    /// The Graph error codes sends were refused with (rate limits, the window...).
+    pub fn refused(&self) -> Vec<i64> {
+        self.shared.locked().refused.clone()
     }
 
     /// Requests refused for their token.
@@ -306,7 +329,7 @@ impl FakeWhatsApp {
         let wamid = wamid.to_string();
         tokio::spawn(async move {
             let raw = body.to_string();
-            let sig = crate::sign(APP_SECRET, raw.as_bytes());
+            let sig = crate::sign(&this.secret, raw.as_bytes());
             let mut wait = Duration::from_millis(100);
             for _ in 0..30 {
                 let url = this.shared.locked().webhook.clone();
@@ -425,6 +448,7 @@ async fn messages(
         }
     }
     if kind != "template" && !g.open.contains(to) {
+        g.refused.push(131_047);
         return graph_error(
             StatusCode::BAD_REQUEST,
             131_047,
@@ -436,6 +460,7 @@ async fn messages(
     sent.wamid = format!("wamid.OUT{:016X}", g.seq);
     match fail {
         Some(Failure::Http429 { retry_after_secs }) => {
+            g.refused.push(80_007);
             let mut r = graph_error(
                 StatusCode::TOO_MANY_REQUESTS,
                 80_007,
@@ -447,6 +472,7 @@ async fn messages(
             return r;
         }
         Some(Failure::Code(code)) => {
+            g.refused.push(code);
             return graph_error(StatusCode::BAD_REQUEST, code, "Rate limit hit (fake)");
         }
         Some(Failure::TokenExpired) => {
@@ -461,7 +487,7 @@ async fn messages(
             g.sent.push(sent);
             return graph_error(StatusCode::INTERNAL_SERVER_ERROR, 1, "An unknown error occurred");
         }
-        None => {}
+        Some(Failure::Succeed) | None => {}
     }
     let wamid = sent.wamid.clone();
     g.sent.push(sent);
