@@ -351,3 +351,140 @@ async fn whatsapp_http_429_is_honoured() {
     assert_eq!(wa.refused(), [80_007]);
     gw.stop().await;
 }
+
+/// Exactly once across `kill -9`: the real `weft` kills itself before the send, after the
+/// Graph API accepted the reply (its wamid journaled, the outbox entry not yet removed) and
+/// after the outbox removal; restarted on the same store, the chat shows the answer once.
+#[tokio::test]
+async fn whatsapp_kill_9_at_every_point_of_the_send_path_shows_one_reply() {
+    use std::os::unix::process::ExitStatusExt;
+
+    use crate::common::config_value;
+    use crate::process::{free_port, log_of, weft, write_config, Daemon};
+    const ANSWER: &str = "the one and only answer";
+    for (point, shown_before) in [
+        ("egress.before_send", 0),
+        ("egress.after_send", 1),
+        ("egress.after_mark", 1),
+    ] {
+        let wa = FakeWhatsApp::start().await;
+        let dir = tempfile::tempdir().unwrap();
+        let llm = FakeLlm::start().await;
+        let port = free_port();
+        let cfg = write_config(
+            dir.path(),
+            &config_value(
+                &llm.base_url(),
+                dir.path(),
+                json!({"channels": {"http": {"bind": format!("127.0.0.1:{port}")}, "whatsapp": section(&wa, json!({}))}}),
+            ),
+        );
+        wa.set_webhook(format!("http://127.0.0.1:{port}/whatsapp/whatsapp"));
+        llm.push(Reply::Text(ANSWER.into()));
+        let log = std::fs::File::create(dir.path().join("gateway.log")).unwrap();
+        let mut child = weft(dir.path())
+            .env("WEFT_FAULT", point)
+            .arg("--config")
+            .arg(&cfg)
+            .arg("gateway")
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .stdin(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let http = reqwest::Client::builder().no_proxy().build().unwrap();
+        let ready = format!("http://127.0.0.1:{port}/readyz");
+        let mut up = false;
+        for _ in 0..600 {
+            if http.get(&ready).send().await.is_ok_and(|r| r.status().is_success()) {
+                up = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(up, "not ready\n{}", log_of(dir.path()));
+        let wamid = wa.push_text(USER, "are you there?");
+        let mut status = None;
+        for _ in 0..1500 {
+            if let Some(st) = child.try_wait().unwrap() {
+                status = Some(st);
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let Some(status) = status else {
+            let _ = child.kill();
+            panic!("{point} never reached\n{}", log_of(dir.path()));
+        };
+        assert_eq!(status.signal(), Some(9), "{status:?}\n{}", log_of(dir.path()));
+        assert_eq!(wa.sent().len(), shown_before, "{point}: {:?}", wa.sent());
+        // The webhook was answered 200 before the death (the event was journaled).
+        assert_eq!(wa.deliveries(&wamid), [200], "{point}");
+
+        let d = Daemon::start(dir.path(), &cfg, port).await;
+        assert!(
+            wait_until(T, || wa.sent().iter().any(|s| s.text.contains(ANSWER))).await,
+            "{point}: no answer after the restart: {:?}\n{}",
+            wa.sent(),
+            log_of(dir.path())
+        );
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert_eq!(
+            wa.sent().len(),
+            1,
+            "{point}: the chat shows {:?}\n{}",
+            wa.sent(),
+            log_of(dir.path())
+        );
+        assert_eq!(d.term().code(), Some(0), "{}", log_of(dir.path()));
+    }
+}
+
+/// A bad `channels.whatsapp` is refused at load with the key named.
+#[test]
+fn whatsapp_bad_configuration_names_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = json!({"token": "t", "app_secret": "s", "verify_token": "v", "phone_number_id": "1065", "allow_from": ["15550001111"]});
+    for (patch, key, words) in [
+        (json!({"phone_number_id": "+1 555 0001"}), "channels.whatsapp.phone_number_id", "phone number's id"),
+        (json!({"app_secret": null}), "channels.whatsapp.app_secret", "app secret"),
+        (json!({"verify_token": null}), "channels.whatsapp.verify_token", "verify token"),
+        (json!({"allow_from": ["+15550001111"]}), "channels.whatsapp.allow_from", "without `+`"),
+        (json!({"template": "Reply Waiting"}), "channels.whatsapp.template", "lower-case"),
+        (json!({"template_language": "de"}), "channels.whatsapp.template_language", "not set"),
+        (json!({"api_version": "21"}), "channels.whatsapp.api_version", "v21.0"),
+    ] {
+        let mut section = base.clone();
+        crate::common::merge(&mut section, patch);
+        let section: serde_json::Map<String, Value> = section
+            .as_object()
+            .unwrap()
+            .iter()
+            .filter(|(_, v)| !v.is_null())
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let v = crate::common::config_value(
+            "http://127.0.0.1:9/v1",
+            dir.path(),
+            json!({"channels": {"whatsapp": section}}),
+        );
+        let e = clawft::config::Config::from_str(
+            &v.to_string(),
+            false,
+            &crate::common::test_env(dir.path()),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains(key) && e.contains(words), "{key}: {e}");
+    }
+    // The WhatsApp keys belong to WhatsApp.
+    let v = crate::common::config_value(
+        "http://127.0.0.1:9/v1",
+        dir.path(),
+        json!({"channels": {"telegram": {"token": "1:a", "allow_from": [1], "phone_number_id": "1"}}}),
+    );
+    let e = clawft::config::Config::from_str(&v.to_string(), false, &crate::common::test_env(dir.path()))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("channels.telegram.phone_number_id"), "{e}");
+}
