@@ -1170,7 +1170,11 @@ fn resolve_whatsapp(
     secrets.push(verify_token.clone());
     let api_version = f.api_version.clone().unwrap_or_else(|| "v21.0".into());
     let v = api_version.strip_prefix('v').unwrap_or("");
-    if v.split('.').count() != 2 || !v.split('.').all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit())) {
+    if v.split('.').count() != 2
+        || !v
+            .split('.')
+            .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+    {
         return Err(ConfigError::Invalid {
             key: key("api_version"),
             detail: format!("expected a Graph API version like \"v21.0\", got `{api_version}`"),
@@ -1181,7 +1185,8 @@ fn resolve_whatsapp(
             if f.template_language.is_some() {
                 return Err(ConfigError::Invalid {
                     key: key("template_language"),
-                    detail: "template_language is the language of `template`, which is not set".into(),
+                    detail: "template_language is the language of `template`, which is not set"
+                        .into(),
                 });
             }
             None
@@ -1199,7 +1204,9 @@ fn resolve_whatsapp(
             }
             Some((
                 t.clone(),
-                f.template_language.clone().unwrap_or_else(|| "en_US".into()),
+                f.template_language
+                    .clone()
+                    .unwrap_or_else(|| "en_US".into()),
             ))
         }
     };

@@ -33,7 +33,12 @@ fn section(wa: &FakeWhatsApp, extra: Value) -> Value {
     s
 }
 
-async fn start(wa: &FakeWhatsApp, llm: &FakeLlm, dir: &std::path::Path, extra: Value) -> TestGateway {
+async fn start(
+    wa: &FakeWhatsApp,
+    llm: &FakeLlm,
+    dir: &std::path::Path,
+    extra: Value,
+) -> TestGateway {
     let gw = TestGateway::start(config(
         llm,
         dir,
@@ -73,14 +78,21 @@ async fn whatsapp_signed_message_in_long_reply_out_once_despite_rate_limit_and_r
         "{:?}",
         wa.sent()
     );
-    assert!(started.elapsed() >= Duration::from_secs(1), "130429 not honoured");
+    assert!(
+        started.elapsed() >= Duration::from_secs(1),
+        "130429 not honoured"
+    );
     let sent = wa.sent();
     assert!(sent.len() >= 3, "{sent:?}");
     assert!(sent
         .iter()
         .all(|s| s.to == USER && s.kind == "text" && s.text.chars().count() <= 4096));
     for i in 0..30 {
-        assert_eq!(count(&sent, &format!("para {i:02}:")), 1, "para {i} not once");
+        assert_eq!(
+            count(&sent, &format!("para {i:02}:")),
+            1,
+            "para {i} not once"
+        );
     }
     let all: String = sent.iter().map(|s| s.text.as_str()).collect();
     assert_in_order(&all);
@@ -90,12 +102,17 @@ async fn whatsapp_signed_message_in_long_reply_out_once_despite_rate_limit_and_r
     // The model saw the text as sent.
     assert_eq!(llm.requests().len(), 1);
     assert!(
-        llm.requests()[0].to_string().contains("tell me a **long** story"),
+        llm.requests()[0]
+            .to_string()
+            .contains("tell me a **long** story"),
         "{}",
         llm.requests()[0]
     );
     assert_eq!(wa.deliveries(&wamid), [200]);
-    assert!(wa.reads().contains(&wamid), "no typing indicator / read mark");
+    assert!(
+        wa.reads().contains(&wamid),
+        "no typing indicator / read mark"
+    );
     // Meta delivers the same webhook again: answered 200, no second turn, nothing sent.
     let n = wa.sent().len();
     assert!(wa.redeliver(&wamid));
@@ -154,9 +171,15 @@ async fn whatsapp_forged_webhook_is_refused_with_nothing_stored_and_the_handshak
     .to_string();
     let other = r#"{"object":"whatsapp_business_account","entry":[]}"#;
     for sig in [
-        Some(clawft_channel_whatsapp::sign("wrong-secret", forged.as_bytes())),
+        Some(clawft_channel_whatsapp::sign(
+            "wrong-secret",
+            forged.as_bytes(),
+        )),
         None,
-        Some(clawft_channel_whatsapp::sign(&wa.app_secret(), other.as_bytes())),
+        Some(clawft_channel_whatsapp::sign(
+            &wa.app_secret(),
+            other.as_bytes(),
+        )),
         Some("sha256=zz".to_string()),
     ] {
         let mut req = http
@@ -177,8 +200,14 @@ async fn whatsapp_forged_webhook_is_refused_with_nothing_stored_and_the_handshak
     assert!(!llm.requests()[0].to_string().contains("FORGED-MARKER"));
     gw.stop().await;
     let stored = bytes_under(&dir.path().join("store"));
-    assert!(stored.contains("GENUINE-MARKER-91c2"), "the check cannot see the store");
-    assert!(!stored.contains("FORGED-MARKER-7f3a"), "the forged webhook was journaled");
+    assert!(
+        stored.contains("GENUINE-MARKER-91c2"),
+        "the check cannot see the store"
+    );
+    assert!(
+        !stored.contains("FORGED-MARKER-7f3a"),
+        "the forged webhook was journaled"
+    );
     // The secrets are not in the store either.
     assert!(!stored.contains(&wa.app_secret()) && !stored.contains(TOKEN));
 }
@@ -224,7 +253,11 @@ async fn whatsapp_unknown_number_is_denied_then_paired() {
     assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
     wa.push_text(STRANGER, "hello now");
     assert!(
-        wait_until(T, || wa.sent().iter().any(|s| s.text.contains("answer: hello now"))).await,
+        wait_until(T, || wa
+            .sent()
+            .iter()
+            .any(|s| s.text.contains("answer: hello now")))
+        .await,
         "{:?}",
         wa.sent()
     );
@@ -264,14 +297,19 @@ async fn whatsapp_media_in_and_out() {
     let req = &llm.requests()[0];
     let user = messages(req).last().cloned().unwrap();
     let parts = user["content"].as_array().expect("content parts").clone();
-    assert!(parts[0]["text"].as_str().unwrap().starts_with("what is this?"));
+    assert!(parts[0]["text"]
+        .as_str()
+        .unwrap()
+        .starts_with("what is this?"));
     let data = parts[1]["image_url"]["url"]
         .as_str()
         .unwrap()
         .strip_prefix("data:image/jpeg;base64,")
         .unwrap();
     assert_eq!(
-        base64::engine::general_purpose::STANDARD.decode(data).unwrap(),
+        base64::engine::general_purpose::STANDARD
+            .decode(data)
+            .unwrap(),
         JPEG
     );
     let sent = wa.sent();
@@ -342,11 +380,16 @@ async fn whatsapp_http_429_is_honoured() {
     let llm = FakeLlm::start().await;
     echo_model(&llm);
     let gw = start(&wa, &llm, dir.path(), json!({})).await;
-    wa.fail_next(Failure::Http429 { retry_after_secs: 2 });
+    wa.fail_next(Failure::Http429 {
+        retry_after_secs: 2,
+    });
     let started = Instant::now();
     wa.push_text(USER, "hi");
     assert!(wait_until(T, || !wa.sent().is_empty()).await);
-    assert!(started.elapsed() >= Duration::from_secs(2), "Retry-After not honoured");
+    assert!(
+        started.elapsed() >= Duration::from_secs(2),
+        "Retry-After not honoured"
+    );
     assert_eq!(wa.sent().len(), 1);
     assert_eq!(wa.refused(), [80_007]);
     gw.stop().await;
@@ -396,7 +439,12 @@ async fn whatsapp_kill_9_at_every_point_of_the_send_path_shows_one_reply() {
         let ready = format!("http://127.0.0.1:{port}/readyz");
         let mut up = false;
         for _ in 0..600 {
-            if http.get(&ready).send().await.is_ok_and(|r| r.status().is_success()) {
+            if http
+                .get(&ready)
+                .send()
+                .await
+                .is_ok_and(|r| r.status().is_success())
+            {
                 up = true;
                 break;
             }
@@ -416,7 +464,12 @@ async fn whatsapp_kill_9_at_every_point_of_the_send_path_shows_one_reply() {
             let _ = child.kill();
             panic!("{point} never reached\n{}", log_of(dir.path()));
         };
-        assert_eq!(status.signal(), Some(9), "{status:?}\n{}", log_of(dir.path()));
+        assert_eq!(
+            status.signal(),
+            Some(9),
+            "{status:?}\n{}",
+            log_of(dir.path())
+        );
         assert_eq!(wa.sent().len(), shown_before, "{point}: {:?}", wa.sent());
         // The webhook was answered 200 before the death (the event was journaled).
         assert_eq!(wa.deliveries(&wamid), [200], "{point}");
@@ -446,13 +499,41 @@ fn whatsapp_bad_configuration_names_the_key() {
     let dir = tempfile::tempdir().unwrap();
     let base = json!({"token": "t", "app_secret": "s", "verify_token": "v", "phone_number_id": "1065", "allow_from": ["15550001111"]});
     for (patch, key, words) in [
-        (json!({"phone_number_id": "+1 555 0001"}), "channels.whatsapp.phone_number_id", "phone number's id"),
-        (json!({"app_secret": null}), "channels.whatsapp.app_secret", "app secret"),
-        (json!({"verify_token": null}), "channels.whatsapp.verify_token", "verify token"),
-        (json!({"allow_from": ["+15550001111"]}), "channels.whatsapp.allow_from", "without `+`"),
-        (json!({"template": "Reply Waiting"}), "channels.whatsapp.template", "lower-case"),
-        (json!({"template_language": "de"}), "channels.whatsapp.template_language", "not set"),
-        (json!({"api_version": "21"}), "channels.whatsapp.api_version", "v21.0"),
+        (
+            json!({"phone_number_id": "+1 555 0001"}),
+            "channels.whatsapp.phone_number_id",
+            "phone number's id",
+        ),
+        (
+            json!({"app_secret": null}),
+            "channels.whatsapp.app_secret",
+            "app secret",
+        ),
+        (
+            json!({"verify_token": null}),
+            "channels.whatsapp.verify_token",
+            "verify token",
+        ),
+        (
+            json!({"allow_from": ["+15550001111"]}),
+            "channels.whatsapp.allow_from",
+            "without `+`",
+        ),
+        (
+            json!({"template": "Reply Waiting"}),
+            "channels.whatsapp.template",
+            "lower-case",
+        ),
+        (
+            json!({"template_language": "de"}),
+            "channels.whatsapp.template_language",
+            "not set",
+        ),
+        (
+            json!({"api_version": "21"}),
+            "channels.whatsapp.api_version",
+            "v21.0",
+        ),
     ] {
         let mut section = base.clone();
         crate::common::merge(&mut section, patch);
@@ -483,8 +564,12 @@ fn whatsapp_bad_configuration_names_the_key() {
         dir.path(),
         json!({"channels": {"telegram": {"token": "1:a", "allow_from": [1], "phone_number_id": "1"}}}),
     );
-    let e = clawft::config::Config::from_str(&v.to_string(), false, &crate::common::test_env(dir.path()))
-        .unwrap_err()
-        .to_string();
+    let e = clawft::config::Config::from_str(
+        &v.to_string(),
+        false,
+        &crate::common::test_env(dir.path()),
+    )
+    .unwrap_err()
+    .to_string();
     assert!(e.contains("channels.telegram.phone_number_id"), "{e}");
 }

@@ -157,7 +157,10 @@ impl FakeWhatsApp {
             shared,
             secret: format!("fake-app-secret-{}-{nanos:09}", addr.port()),
             base,
-            http: reqwest::Client::builder().no_proxy().build().expect("client"),
+            http: reqwest::Client::builder()
+                .no_proxy()
+                .build()
+                .expect("client"),
         }
     }
 
@@ -277,7 +280,14 @@ impl FakeWhatsApp {
     }
 
     /// `from` sends a file (`kind` `image`, `audio`, `video`, `document`) with a caption.
-    pub fn push_media(&self, from: &str, kind: &str, mime: &str, bytes: &[u8], caption: &str) -> String {
+    pub fn push_media(
+        &self,
+        from: &str,
+        kind: &str,
+        mime: &str,
+        bytes: &[u8],
+        caption: &str,
+    ) -> String {
         let media_id = self.next_id("");
         self.shared
             .locked()
@@ -343,7 +353,10 @@ impl FakeWhatsApp {
                         .send()
                         .await;
                     let status = r.map(|r| r.status().as_u16()).unwrap_or(0);
-                    this.shared.locked().deliveries.push((wamid.clone(), status));
+                    this.shared
+                        .locked()
+                        .deliveries
+                        .push((wamid.clone(), status));
                     if status == 200 {
                         return;
                     }
@@ -388,7 +401,11 @@ async fn messages(
         let id = v["message_id"].as_str().unwrap_or("");
         let mut g = s.locked();
         if !g.inbound.contains(id) {
-            return graph_error(StatusCode::BAD_REQUEST, 100, "(#100) Invalid parameter: message_id");
+            return graph_error(
+                StatusCode::BAD_REQUEST,
+                100,
+                "(#100) Invalid parameter: message_id",
+            );
         }
         g.reads.push(id.to_string());
         return Json(json!({ "success": true })).into_response();
@@ -408,7 +425,11 @@ async fn messages(
     match kind.as_str() {
         "text" => {
             let Some(b) = v["text"]["body"].as_str().filter(|b| !b.is_empty()) else {
-                return graph_error(StatusCode::BAD_REQUEST, 100, "(#100) The parameter text['body'] is required.");
+                return graph_error(
+                    StatusCode::BAD_REQUEST,
+                    100,
+                    "(#100) The parameter text['body'] is required.",
+                );
             };
             if b.chars().count() > 4096 {
                 return graph_error(
@@ -422,11 +443,18 @@ async fn messages(
         "image" | "audio" | "video" | "document" | "sticker" => {
             let id = v[kind.as_str()]["id"].as_str().unwrap_or("");
             if !g.media.contains_key(id) {
-                return graph_error(StatusCode::BAD_REQUEST, 131_053, "Media upload error: unknown media id");
+                return graph_error(
+                    StatusCode::BAD_REQUEST,
+                    131_053,
+                    "Media upload error: unknown media id",
+                );
             }
             sent.media_id = Some(id.to_string());
             sent.filename = v[kind.as_str()]["filename"].as_str().map(str::to_string);
-            sent.text = v[kind.as_str()]["caption"].as_str().unwrap_or("").to_string();
+            sent.text = v[kind.as_str()]["caption"]
+                .as_str()
+                .unwrap_or("")
+                .to_string();
         }
         "template" => {
             let name = v["template"]["name"].as_str().unwrap_or("");
@@ -485,7 +513,11 @@ async fn messages(
         }
         Some(Failure::AcceptedThen500) => {
             g.sent.push(sent);
-            return graph_error(StatusCode::INTERNAL_SERVER_ERROR, 1, "An unknown error occurred");
+            return graph_error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                1,
+                "An unknown error occurred",
+            );
         }
         Some(Failure::Succeed) | None => {}
     }
@@ -516,21 +548,35 @@ async fn upload(
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
     let Some(parts) = clawft_channel_core::media::parse_multipart(ct, &body) else {
-        return graph_error(StatusCode::BAD_REQUEST, 100, "(#100) multipart/form-data expected");
+        return graph_error(
+            StatusCode::BAD_REQUEST,
+            100,
+            "(#100) multipart/form-data expected",
+        );
     };
     let field = |n: &str| parts.iter().find(|p| p.name == n);
     if field("messaging_product").map(|p| p.data.as_slice()) != Some(b"whatsapp") {
-        return graph_error(StatusCode::BAD_REQUEST, 100, "(#100) The parameter messaging_product is required.");
+        return graph_error(
+            StatusCode::BAD_REQUEST,
+            100,
+            "(#100) The parameter messaging_product is required.",
+        );
     }
     let (Some(file), Some(_)) = (field("file"), field("type")) else {
-        return graph_error(StatusCode::BAD_REQUEST, 100, "(#100) The parameters file and type are required.");
+        return graph_error(
+            StatusCode::BAD_REQUEST,
+            100,
+            "(#100) The parameters file and type are required.",
+        );
     };
     let mime = file.content_type.clone().unwrap_or_default();
     let mut g = s.locked();
     g.seq += 1;
     let id = format!("{}", 900_000 + g.seq);
-    g.media
-        .insert(id.clone(), (mime, file.file_name.clone(), file.data.clone()));
+    g.media.insert(
+        id.clone(),
+        (mime, file.file_name.clone(), file.data.clone()),
+    );
     Json(json!({ "id": id })).into_response()
 }
 
@@ -567,9 +613,7 @@ async fn download(State((s, _)): St, Path(id): Path<String>, h: HeaderMap) -> Re
     }
     let g = s.locked();
     match g.media.get(&id) {
-        Some((mime, _, bytes)) => {
-            ([("content-type", mime.clone())], bytes.clone()).into_response()
-        }
+        Some((mime, _, bytes)) => ([("content-type", mime.clone())], bytes.clone()).into_response(),
         None => StatusCode::NOT_FOUND.into_response(),
     }
 }

@@ -231,7 +231,7 @@ pub fn sign(secret: &str, body: &[u8]) -> String {
 }
 
 fn unhex(s: &str) -> Option<Vec<u8>> {
-    if s.len() % 2 != 0 {
+    if !s.len().is_multiple_of(2) {
         return None;
     }
     (0..s.len())
@@ -260,7 +260,10 @@ async fn webhook(Path(channel): Path<String>, headers: HeaderMap, body: Bytes) -
     // A channel being replaced (reload) may still exist: the one listening takes it.
     signed.sort_by_key(|i| i.tx.locked().is_none());
     let Some(inner) = signed.into_iter().next() else {
-        tracing::warn!(channel, "WhatsApp webhook refused: bad or missing X-Hub-Signature-256");
+        tracing::warn!(
+            channel,
+            "WhatsApp webhook refused: bad or missing X-Hub-Signature-256"
+        );
         return text(
             StatusCode::UNAUTHORIZED,
             "X-Hub-Signature-256 missing or wrong: it must be sha256=HMAC-SHA256(app secret, body)",
@@ -280,7 +283,10 @@ async fn webhook(Path(channel): Path<String>, headers: HeaderMap, body: Bytes) -
         let wamid = ev.event_id.as_str().to_string();
         let (d, ack) = InboundDelivery::new(ev);
         if tx.send(d).await.is_err() {
-            return text(StatusCode::SERVICE_UNAVAILABLE, "shutting down, retry later");
+            return text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "shutting down, retry later",
+            );
         }
         match ack.await {
             Ok(Ack::Accepted | Ack::Duplicate) => {
@@ -292,7 +298,12 @@ async fn webhook(Path(channel): Path<String>, headers: HeaderMap, body: Bytes) -
             Ok(Ack::Unavailable(why)) => {
                 return text(StatusCode::SERVICE_UNAVAILABLE, why);
             }
-            Err(_) => return text(StatusCode::SERVICE_UNAVAILABLE, "not journaled, retry later"),
+            Err(_) => {
+                return text(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "not journaled, retry later",
+                )
+            }
         }
     }
     text(StatusCode::OK, "ok")
@@ -448,7 +459,11 @@ impl WhatsAppChannel {
         let chunks = chunks(msg.text());
         let journal = &self.inner.journal;
         let mut done: Vec<Option<String>> = journal.chunks(&msg.id).unwrap_or_default();
-        if done.first().and_then(|d| d.as_deref()).is_some_and(|d| d.starts_with("template:")) {
+        if done
+            .first()
+            .and_then(|d| d.as_deref())
+            .is_some_and(|d| d.starts_with("template:"))
+        {
             // The template went in place of this reply already.
             return Ok(done[0].clone());
         }
@@ -503,7 +518,12 @@ impl WhatsAppChannel {
             json!({ "name": t.name, "language": { "code": t.language } }),
             None,
         );
-        let wamid = self.inner.graph.send(&body).await.map_err(|e| self.classify(e))?;
+        let wamid = self
+            .inner
+            .graph
+            .send(&body)
+            .await
+            .map_err(|e| self.classify(e))?;
         tracing::info!(
             channel = %self.inner.cfg.id,
             chat = %msg.chat,
@@ -511,7 +531,9 @@ impl WhatsAppChannel {
             "reply outside WhatsApp's 24-hour window: the template was sent instead"
         );
         let marker = format!("template:{wamid}");
-        self.inner.journal.set_chunks(&msg.id, &[Some(marker.clone())]);
+        self.inner
+            .journal
+            .set_chunks(&msg.id, &[Some(marker.clone())]);
         Ok(marker)
     }
 

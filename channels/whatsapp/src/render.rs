@@ -150,13 +150,25 @@ mod tests {
 
     #[test]
     fn markdown_becomes_whatsapp_markers() {
-        assert_eq!(render("**bold** and *it* and _it2_"), "*bold* and _it_ and _it2_");
+        assert_eq!(
+            render("**bold** and *it* and _it2_"),
+            "*bold* and _it_ and _it2_"
+        );
         assert_eq!(render("~~gone~~ `x*y*z`"), "~gone~ `x*y*z`");
         assert_eq!(render("# Title\ntext"), "*Title*\ntext");
-        assert_eq!(render("see [docs](https://x.y/z)"), "see docs (https://x.y/z)");
-        assert_eq!(render("```rust\nlet a = **b**;\n```"), "```\nlet a = **b**;\n```");
+        assert_eq!(
+            render("see [docs](https://x.y/z)"),
+            "see docs (https://x.y/z)"
+        );
+        assert_eq!(
+            render("```rust\nlet a = **b**;\n```"),
+            "```\nlet a = **b**;\n```"
+        );
         assert_eq!(render("* one\n* two"), "- one\n- two");
-        assert_eq!(render("snake_case_name and 2 * 3 * 4"), "snake_case_name and 2 * 3 * 4");
+        assert_eq!(
+            render("snake_case_name and 2 * 3 * 4"),
+            "snake_case_name and 2 * 3 * 4"
+        );
         assert_eq!(render("**bold _in_ it**"), "*bold _in_ it*");
     }
 }

@@ -9,7 +9,11 @@ fn signatures_are_checked_over_the_raw_body() {
     assert!(!signature_ok("other", &sig, body));
     assert!(!signature_ok("s3cret", &sig, b"{}"));
     assert!(!signature_ok("s3cret", "", body));
-    assert!(!signature_ok("s3cret", &sig.replace("sha256=", "sha1="), body));
+    assert!(!signature_ok(
+        "s3cret",
+        &sig.replace("sha256=", "sha1="),
+        body
+    ));
 }
 
 #[test]
@@ -32,11 +36,22 @@ fn graph_errors_are_classified() {
     for code in [130_429, 131_056, 80_007] {
         assert!(matches!(
             e(400, code).classify("k"),
-            ChannelError::RateLimited { retry_after: Some(_) }
+            ChannelError::RateLimited {
+                retry_after: Some(_)
+            }
         ));
     }
-    assert!(matches!(e(429, 0).classify("k"), ChannelError::RateLimited { .. }));
+    assert!(matches!(
+        e(429, 0).classify("k"),
+        ChannelError::RateLimited { .. }
+    ));
     assert!(matches!(e(401, 190).classify("k"), ChannelError::Auth(_)));
-    assert!(matches!(e(500, 1).classify("k"), ChannelError::Transient(_)));
-    assert!(matches!(e(400, 100).classify("k"), ChannelError::Rejected(_)));
+    assert!(matches!(
+        e(500, 1).classify("k"),
+        ChannelError::Transient(_)
+    ));
+    assert!(matches!(
+        e(400, 100).classify("k"),
+        ChannelError::Rejected(_)
+    ));
 }
