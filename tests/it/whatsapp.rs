@@ -573,3 +573,43 @@ fn whatsapp_bad_configuration_names_the_key() {
     .to_string();
     assert!(e.contains("channels.telegram.phone_number_id"), "{e}");
 }
+
+/// An oversized message is refused before it is stored (the sender is told, the model never
+/// sees it) and acknowledged to Meta; a stranger without pairing gets nothing at all.
+#[tokio::test]
+async fn whatsapp_oversized_message_and_stranger_are_refused_with_nothing_stored() {
+    let wa = FakeWhatsApp::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let llm = FakeLlm::start().await;
+    echo_model(&llm);
+    let gw = start(&wa, &llm, dir.path(), json!({})).await;
+    let big = format!("OVERSIZED-MARKER {}", "x".repeat(40 * 1024));
+    let w1 = wa.push_text(USER, &big);
+    let w2 = wa.push_text(STRANGER, "STRANGER-MARKER hello");
+    assert!(wait_until(T, || !wa.sent().is_empty()).await);
+    assert!(
+        wait_until(T, || wa.deliveries(&w1) == [200]
+            && wa.deliveries(&w2) == [200])
+        .await
+    );
+    let sent = wa.sent();
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    assert_eq!(sent[0].to, USER);
+    assert!(sent[0].text.contains("over the 32 KB limit"), "{sent:?}");
+    // A normal message afterwards is answered (and flushes the store).
+    wa.push_text(USER, "small one");
+    assert!(
+        wait_until(T, || wa
+            .sent()
+            .iter()
+            .any(|s| s.text.contains("answer: small one")))
+        .await
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(wa.sent().iter().filter(|s| s.to == STRANGER).count(), 0);
+    assert_eq!(llm.requests().len(), 1);
+    gw.stop().await;
+    let stored = bytes_under(&dir.path().join("store"));
+    assert!(stored.contains("small one"));
+    assert!(!stored.contains("OVERSIZED-MARKER") && !stored.contains("STRANGER-MARKER"));
+}
