@@ -613,3 +613,40 @@ async fn whatsapp_oversized_message_and_stranger_are_refused_with_nothing_stored
     assert!(stored.contains("small one"));
     assert!(!stored.contains("OVERSIZED-MARKER") && !stored.contains("STRANGER-MARKER"));
 }
+
+/// Meta's retries cover a gateway that is down: the webhook fails while nothing listens and
+/// is answered 200 once the gateway runs and journaled it; the message gets its one reply.
+#[tokio::test]
+async fn whatsapp_webhook_retried_until_the_gateway_journals_it() {
+    let wa = FakeWhatsApp::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let llm = FakeLlm::start().await;
+    echo_model(&llm);
+    let port = crate::process::free_port();
+    wa.set_webhook(format!("http://127.0.0.1:{port}/whatsapp/whatsapp"));
+    let wamid = wa.push_text(USER, "sent while you were down");
+    assert!(wait_until(T, || !wa.deliveries(&wamid).is_empty()).await);
+    assert_ne!(wa.deliveries(&wamid)[0], 200);
+    let gw = TestGateway::start(config(
+        &llm,
+        dir.path(),
+        json!({"channels": {"http": {"bind": format!("127.0.0.1:{port}")}, "whatsapp": section(&wa, json!({}))}}),
+    ))
+    .await;
+    assert!(
+        wait_until(T, || wa
+            .sent()
+            .iter()
+            .any(|s| s.text.contains("answer: sent while you were down")))
+        .await,
+        "{:?}",
+        wa.deliveries(&wamid)
+    );
+    assert_eq!(wa.deliveries(&wamid).last(), Some(&200));
+    assert_eq!(
+        wa.deliveries(&wamid).iter().filter(|s| **s == 200).count(),
+        1
+    );
+    assert_eq!(llm.requests().len(), 1);
+    gw.stop().await;
+}
