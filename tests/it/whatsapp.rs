@@ -650,3 +650,36 @@ async fn whatsapp_webhook_retried_until_the_gateway_journals_it() {
     assert_eq!(llm.requests().len(), 1);
     gw.stop().await;
 }
+
+/// `weft doctor` checks the access token against the phone number, and says which key to fix
+/// without showing the token.
+#[tokio::test]
+async fn whatsapp_doctor_checks_the_token() {
+    let wa = FakeWhatsApp::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let llm = FakeLlm::start().await;
+    for (token, level) in [(TOKEN, "ok"), ("EAAG-expired-token-1234", "fail")] {
+        let cfg = config(
+            &llm,
+            dir.path(),
+            json!({"channels": {"whatsapp": section(&wa, json!({"token": token}))}}),
+        );
+        let findings = clawft::cli::doctor::check(&cfg).await.unwrap();
+        let f = findings
+            .iter()
+            .find(|f| f.check == "channel whatsapp" && f.level != "warn")
+            .unwrap_or_else(|| {
+                panic!(
+                    "{:?}",
+                    findings.iter().map(|f| &f.check).collect::<Vec<_>>()
+                )
+            });
+        assert_eq!(f.level, level, "{}", f.detail);
+        if level == "ok" {
+            assert!(f.detail.contains("Test Business"), "{}", f.detail);
+        } else {
+            assert!(f.detail.contains("channels.whatsapp.token"), "{}", f.detail);
+            assert!(!f.detail.contains(token), "{}", f.detail);
+        }
+    }
+}
