@@ -237,6 +237,16 @@ impl Config {
             env,
             &mut secrets,
         )?;
+        // WhatsApp's webhooks arrive on the HTTP listener.
+        if let Some(w) = chat_channels
+            .iter()
+            .find(|c| c.platform == Platform::WhatsApp && !http.enabled)
+        {
+            return Err(ConfigError::Invalid {
+                key: w.config_key("enabled"),
+                detail: "WhatsApp delivers messages as webhooks to the HTTP listener, and channels.http.enabled is false: enable the HTTP API (behind a reverse proxy for Meta) or disable this channel".into(),
+            });
+        }
         let mut tools = resolve_tools(
             raw.tools,
             agent_tools.as_ref(),

@@ -558,6 +558,23 @@ fn whatsapp_bad_configuration_names_the_key() {
         .to_string();
         assert!(e.contains(key) && e.contains(words), "{key}: {e}");
     }
+    // Webhooks need the HTTP listener.
+    let v = crate::common::config_value(
+        "http://127.0.0.1:9/v1",
+        dir.path(),
+        json!({"channels": {"http": {"enabled": false}, "whatsapp": base.clone()}}),
+    );
+    let e = clawft::config::Config::from_str(
+        &v.to_string(),
+        false,
+        &crate::common::test_env(dir.path()),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("channels.whatsapp.enabled") && e.contains("channels.http.enabled"),
+        "{e}"
+    );
     // The WhatsApp keys belong to WhatsApp.
     let v = crate::common::config_value(
         "http://127.0.0.1:9/v1",
