@@ -562,7 +562,7 @@ fn whatsapp_bad_configuration_names_the_key() {
     let v = crate::common::config_value(
         "http://127.0.0.1:9/v1",
         dir.path(),
-        json!({"channels": {"http": {"enabled": false}, "whatsapp": base.clone()}}),
+        json!({"channels": {"http": {"enabled": false}, "whatsapp": base}}),
     );
     let e = clawft::config::Config::from_str(
         &v.to_string(),
