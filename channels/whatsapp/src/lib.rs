@@ -454,7 +454,8 @@ impl WhatsAppChannel {
         e.classify(&self.inner.cfg.token_key)
     }
 
-    /// The text chunks of `msg` not yet delivered; `Ok(true)` when the template went instead.
+    /// Send the text chunks of `msg` not yet delivered; the first chunk's wamid, or
+    /// `template:<wamid>` when the template went in its place.
     async fn send_text(&self, msg: &OutboundMessage) -> Result<Option<String>, ChannelError> {
         let chunks = chunks(msg.text());
         let journal = &self.inner.journal;
