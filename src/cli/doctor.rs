@@ -333,6 +333,20 @@ async fn channels(config: &Config, client: &reqwest::Client) -> Vec<Finding> {
                     .send()
                     .await
             }
+            Platform::WhatsApp => {
+                let base = c
+                    .api_url
+                    .clone()
+                    .unwrap_or_else(|| "https://graph.facebook.com".into());
+                let (version, phone) = c.whatsapp.as_ref().map_or(("v21.0", ""), |w| {
+                    (w.api_version.as_str(), w.phone_number_id.as_str())
+                });
+                client
+                    .get(format!("{}/{version}/{phone}", base.trim_end_matches('/')))
+                    .bearer_auth(token)
+                    .send()
+                    .await
+            }
         };
         out.push(match r {
             Err(e) => fail(
@@ -348,6 +362,7 @@ async fn channels(config: &Config, client: &reqwest::Client) -> Vec<Finding> {
                         .as_str()
                         .or_else(|| body["username"].as_str())
                         .or_else(|| body["user"].as_str())
+                        .or_else(|| body["verified_name"].as_str())
                         .unwrap_or("?");
                     ok(&check, format!("token accepted (bot {who})"))
                 } else {

@@ -99,6 +99,9 @@ impl Gateway {
             http_addr = Some(http.local_addr());
             let hub = crate::admin::nodes::NodeHub::new(store.clone());
             http.add_routes(hub.routes());
+            // WhatsApp's webhooks (signed; the channels they are for register themselves).
+            #[cfg(feature = "whatsapp")]
+            http.add_routes(clawft_channel_whatsapp::routes());
             admin.set_nodes(hub.clone());
             nodes = Some(hub);
             // The control UI's web chat, served on the same listener: a channel of its own.

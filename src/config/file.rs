@@ -216,6 +216,8 @@ pub struct ChannelsFile {
     pub discord: Option<ChatChannelFile>,
     /// Slack (Socket Mode + Web API).
     pub slack: Option<ChatChannelFile>,
+    /// WhatsApp (Business Cloud API: webhooks in, Graph API out).
+    pub whatsapp: Option<ChatChannelFile>,
     /// Largest message accepted from any channel, in bytes of UTF-8 text (default: 32768,
     /// from 1024 to 4194304). A longer one is refused before it is stored or reaches the model,
     /// and its sender is told in the same chat (the HTTP API answers 413).
@@ -289,6 +291,27 @@ pub struct ChatChannelFile {
     /// How many chats may be sending at the same time (default 8, at least 1). Replies of one
     /// chat are always sent one after the other.
     pub max_chats_in_flight: Option<usize>,
+    /// WhatsApp only: the business phone number's id (WhatsApp Manager → API Setup).
+    pub phone_number_id: Option<String>,
+    /// WhatsApp only: the app secret that signs webhooks, inline (prefer the env or file).
+    pub app_secret: Option<String>,
+    /// WhatsApp only: environment variable holding the app secret.
+    pub app_secret_env: Option<String>,
+    /// WhatsApp only: file holding the app secret.
+    pub app_secret_file: Option<String>,
+    /// WhatsApp only: the webhook verify token (any string you also give Meta), inline.
+    pub verify_token: Option<String>,
+    /// WhatsApp only: environment variable holding the verify token.
+    pub verify_token_env: Option<String>,
+    /// WhatsApp only: file holding the verify token.
+    pub verify_token_file: Option<String>,
+    /// WhatsApp only: Graph API version (default `v21.0`).
+    pub api_version: Option<String>,
+    /// WhatsApp only: an approved template sent instead of a reply outside the 24-hour
+    /// customer-service window (without it such a reply fails with a clear error).
+    pub template: Option<String>,
+    /// WhatsApp only: the template's language code (default `en_US`).
+    pub template_language: Option<String>,
     /// More bots of this platform in the same gateway, by account name (`a-z`, `0-9`, `_`,
     /// `-`; at most 32): each takes the keys of this section and its own token, and inherits
     /// every other key it does not set from this section. Account NAME is the channel

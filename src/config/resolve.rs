@@ -232,10 +232,21 @@ impl Config {
             raw.channels.telegram,
             raw.channels.discord,
             raw.channels.slack,
+            raw.channels.whatsapp,
             config_dir,
             env,
             &mut secrets,
         )?;
+        // WhatsApp's webhooks arrive on the HTTP listener.
+        if let Some(w) = chat_channels
+            .iter()
+            .find(|c| c.platform == Platform::WhatsApp && !http.enabled)
+        {
+            return Err(ConfigError::Invalid {
+                key: w.config_key("enabled"),
+                detail: "WhatsApp delivers messages as webhooks to the HTTP listener, and channels.http.enabled is false: enable the HTTP API (behind a reverse proxy for Meta) or disable this channel".into(),
+            });
+        }
         let mut tools = resolve_tools(
             raw.tools,
             agent_tools.as_ref(),
@@ -754,6 +765,7 @@ pub(super) fn resolve_chat_channels(
     telegram: Option<file::ChatChannelFile>,
     discord: Option<file::ChatChannelFile>,
     slack: Option<file::ChatChannelFile>,
+    whatsapp: Option<file::ChatChannelFile>,
     config_dir: &Path,
     env: &Env,
     secrets: &mut Vec<Secret>,
@@ -763,6 +775,7 @@ pub(super) fn resolve_chat_channels(
         (Platform::Telegram, telegram),
         (Platform::Discord, discord),
         (Platform::Slack, slack),
+        (Platform::WhatsApp, whatsapp),
     ] {
         let Some(mut f) = f else { continue };
         if !f.enabled.unwrap_or(true) {
@@ -870,6 +883,18 @@ fn inherit(acc: file::ChatChannelFile, top: &file::ChatChannelFile) -> file::Cha
         stream_edits: acc.stream_edits.or(t.stream_edits),
         edit_interval_ms: acc.edit_interval_ms.or(t.edit_interval_ms),
         max_chats_in_flight: acc.max_chats_in_flight.or(t.max_chats_in_flight),
+        // WhatsApp: each account is its own phone number; one app (secret, verify token,
+        // template) may serve several.
+        phone_number_id: acc.phone_number_id,
+        app_secret: acc.app_secret.or(t.app_secret),
+        app_secret_env: acc.app_secret_env.or(t.app_secret_env),
+        app_secret_file: acc.app_secret_file.or(t.app_secret_file),
+        verify_token: acc.verify_token.or(t.verify_token),
+        verify_token_env: acc.verify_token_env.or(t.verify_token_env),
+        verify_token_file: acc.verify_token_file.or(t.verify_token_file),
+        api_version: acc.api_version.or(t.api_version),
+        template: acc.template.or(t.template),
+        template_language: acc.template_language.or(t.template_language),
         accounts: BTreeMap::new(),
     }
 }
@@ -880,6 +905,19 @@ fn inherit(acc: file::ChatChannelFile, top: &file::ChatChannelFile) -> file::Cha
 fn check_distinct_tokens(bots: &[ChatChannelConfig]) -> Result<(), ConfigError> {
     for (i, b) in bots.iter().enumerate() {
         for a in &bots[..i] {
+            if let (Some(x), Some(y)) = (&a.whatsapp, &b.whatsapp) {
+                // One access token may serve several numbers: the number is the bot.
+                if x.phone_number_id == y.phone_number_id {
+                    return Err(ConfigError::Invalid {
+                        key: b.config_key("phone_number_id"),
+                        detail: format!(
+                            "`{}` is the same phone number id: each account is its own number",
+                            a.config_key("phone_number_id")
+                        ),
+                    });
+                }
+                continue;
+            }
             let same_app = matches!((&a.app_token, &b.app_token), (Some(x), Some(y)) if x.expose() == y.expose());
             let what = if a.token.expose() == b.token.expose() {
                 "token"
@@ -914,6 +952,7 @@ fn resolve_account(
     {
         let name = platform.name();
         let key = |k: &str| channel_key(platform, account, k);
+        let whatsapp = resolve_whatsapp(platform, account, &f, config_dir, env, secrets)?;
         let token = super::secrets::resolve_service_secret(&key("token"), f.token, f.token_env, f.token_file, config_dir, env)?
             .ok_or_else(|| ConfigError::Invalid {
                 key: key("token"),
@@ -938,7 +977,7 @@ fn resolve_account(
                     detail: "Slack's Socket Mode needs the app-level token (xapp-...): set app_token_env or app_token_file".into(),
                 })
             }
-            (Platform::Telegram | Platform::Discord, Some(_)) => {
+            (Platform::Telegram | Platform::Discord | Platform::WhatsApp, Some(_)) => {
                 return Err(ConfigError::Invalid {
                     key: key("app_token"),
                     detail: format!("only the slack channel has an app token, not {name}"),
@@ -1068,8 +1107,131 @@ fn resolve_account(
                 }
                 Some(n) => n,
             },
+            whatsapp,
         })
     }
+}
+
+/// `channels.whatsapp`'s own keys (refused on the other platforms).
+fn resolve_whatsapp(
+    platform: Platform,
+    account: Option<&str>,
+    f: &file::ChatChannelFile,
+    config_dir: &Path,
+    env: &Env,
+    secrets: &mut Vec<Secret>,
+) -> Result<Option<super::types::WhatsAppSettings>, ConfigError> {
+    let key = |k: &str| channel_key(platform, account, k);
+    if platform != Platform::WhatsApp {
+        for (k, set) in [
+            ("phone_number_id", f.phone_number_id.is_some()),
+            (
+                "app_secret",
+                f.app_secret.is_some() || f.app_secret_env.is_some() || f.app_secret_file.is_some(),
+            ),
+            (
+                "verify_token",
+                f.verify_token.is_some()
+                    || f.verify_token_env.is_some()
+                    || f.verify_token_file.is_some(),
+            ),
+            ("api_version", f.api_version.is_some()),
+            ("template", f.template.is_some()),
+            ("template_language", f.template_language.is_some()),
+        ] {
+            if set {
+                return Err(ConfigError::Invalid {
+                    key: key(k),
+                    detail: format!("only the whatsapp channel takes {k}"),
+                });
+            }
+        }
+        return Ok(None);
+    }
+    let phone_number_id = f.phone_number_id.clone().unwrap_or_default();
+    if phone_number_id.is_empty() || !phone_number_id.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(ConfigError::Invalid {
+            key: key("phone_number_id"),
+            detail: format!(
+                "expected the phone number's id (digits, WhatsApp Manager → API Setup → \"Phone number ID\"), not the phone number itself; got `{phone_number_id}`"
+            ),
+        });
+    }
+    let app_secret = super::secrets::resolve_service_secret(
+        &key("app_secret"),
+        f.app_secret.clone(),
+        f.app_secret_env.clone(),
+        f.app_secret_file.clone(),
+        config_dir,
+        env,
+    )?
+    .ok_or_else(|| ConfigError::Invalid {
+        key: key("app_secret"),
+        detail: "webhooks are verified with the app secret (Meta app → App settings → Basic): set app_secret_env or app_secret_file".into(),
+    })?;
+    let verify_token = super::secrets::resolve_service_secret(
+        &key("verify_token"),
+        f.verify_token.clone(),
+        f.verify_token_env.clone(),
+        f.verify_token_file.clone(),
+        config_dir,
+        env,
+    )?
+    .ok_or_else(|| ConfigError::Invalid {
+        key: key("verify_token"),
+        detail: "Meta's webhook handshake needs a verify token (any random string you also enter in the app's Webhooks settings): set verify_token_env or verify_token_file".into(),
+    })?;
+    secrets.push(app_secret.clone());
+    secrets.push(verify_token.clone());
+    let api_version = f.api_version.clone().unwrap_or_else(|| "v21.0".into());
+    let v = api_version.strip_prefix('v').unwrap_or("");
+    if v.split('.').count() != 2
+        || !v
+            .split('.')
+            .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+    {
+        return Err(ConfigError::Invalid {
+            key: key("api_version"),
+            detail: format!("expected a Graph API version like \"v21.0\", got `{api_version}`"),
+        });
+    }
+    let template = match &f.template {
+        None => {
+            if f.template_language.is_some() {
+                return Err(ConfigError::Invalid {
+                    key: key("template_language"),
+                    detail: "template_language is the language of `template`, which is not set"
+                        .into(),
+                });
+            }
+            None
+        }
+        Some(t) => {
+            if t.is_empty()
+                || !t
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+            {
+                return Err(ConfigError::Invalid {
+                    key: key("template"),
+                    detail: format!("template names are lower-case letters, digits and `_` (as approved in WhatsApp Manager), got `{t}`"),
+                });
+            }
+            Some((
+                t.clone(),
+                f.template_language
+                    .clone()
+                    .unwrap_or_else(|| "en_US".into()),
+            ))
+        }
+    };
+    Ok(Some(super::types::WhatsAppSettings {
+        phone_number_id,
+        app_secret,
+        verify_token,
+        api_version,
+        template,
+    }))
 }
 
 /// Whether `id` can ever match a sender on `platform` (ingress compares the platform's user
@@ -1090,6 +1252,8 @@ pub(super) fn check_user_id(platform: Platform, id: &str) -> Result<(), String> 
                     .bytes()
                     .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit())
         }
+        // wa_id: the number in international format, digits only (no `+`).
+        Platform::WhatsApp => digits(id) && (7..=15).contains(&id.len()) && !id.starts_with('0'),
     };
     if ok {
         return Ok(());
@@ -1103,6 +1267,9 @@ pub(super) fn check_user_id(platform: Platform, id: &str) -> Result<(), String> 
         ),
         Platform::Discord => format!(
             "`{id}` is not a Discord user id: user ids are numbers (snowflakes) like \"123456789012345678\", not names; in Discord turn on Developer Mode and use Copy User ID on the user, {how}"
+        ),
+        Platform::WhatsApp => format!(
+            "`{id}` is not a WhatsApp id: WhatsApp ids are phone numbers in international format, digits only, without `+`, spaces or a leading 0, like \"4915112345678\", {how}"
         ),
         Platform::Slack => format!(
             "`{id}` is not a Slack user id: member ids look like \"U0123ABCD\" (or W… on Enterprise Grid), not @names or emails; open the profile, ⋮ → Copy member ID, {how}"

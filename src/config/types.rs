@@ -397,6 +397,8 @@ pub enum Platform {
     Discord,
     /// Slack.
     Slack,
+    /// WhatsApp (Business Cloud API).
+    WhatsApp,
 }
 
 impl Platform {
@@ -406,6 +408,7 @@ impl Platform {
             Platform::Telegram => "telegram",
             Platform::Discord => "discord",
             Platform::Slack => "slack",
+            Platform::WhatsApp => "whatsapp",
         }
     }
 }
@@ -463,6 +466,23 @@ pub struct ChatChannelConfig {
     pub edit_interval: Duration,
     /// Chats sending at the same time (`channels.<x>.max_chats_in_flight`).
     pub max_chats_in_flight: usize,
+    /// WhatsApp's own settings (`None` on the other platforms).
+    pub whatsapp: Option<WhatsAppSettings>,
+}
+
+/// The WhatsApp Business Cloud API settings of one phone number (`channels.whatsapp`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct WhatsAppSettings {
+    /// The business phone number's id (`phone_number_id`).
+    pub phone_number_id: String,
+    /// The app secret that signs webhooks (`app_secret_env` / `app_secret_file`).
+    pub app_secret: Secret,
+    /// The webhook verify token (`verify_token_env` / `verify_token_file`).
+    pub verify_token: Secret,
+    /// The Graph API version (`api_version`, default `v21.0`).
+    pub api_version: String,
+    /// The template sent instead of a reply outside the 24-hour window: name and language.
+    pub template: Option<(String, String)>,
 }
 
 impl ChatChannelConfig {

@@ -204,7 +204,12 @@ fn build(
     c: &crate::config::ChatChannelConfig,
     state: Arc<dyn StateStore>,
 ) -> Result<Arc<dyn Channel>, String> {
-    #[cfg(any(feature = "telegram", feature = "discord", feature = "slack"))]
+    #[cfg(any(
+        feature = "telegram",
+        feature = "discord",
+        feature = "slack",
+        feature = "whatsapp"
+    ))]
     use crate::config::Platform;
     match c.platform {
         #[cfg(feature = "telegram")]
@@ -268,6 +273,35 @@ fn build(
                 s.api_url.clone_from(u);
             }
             Ok(Arc::new(SlackChannel::new(s).map_err(|e| e.to_string())?))
+        }
+        #[cfg(feature = "whatsapp")]
+        Platform::WhatsApp => {
+            use clawft_channel_whatsapp::{Template, WhatsAppChannel, WhatsAppConfig};
+            let w = c
+                .whatsapp
+                .as_ref()
+                .ok_or("channels.whatsapp: the WhatsApp settings are missing")?;
+            let cfg = WhatsAppConfig {
+                id: clawft_channel_core::ChannelId::new(c.id()),
+                access_token: c.token.expose().to_string(),
+                app_secret: w.app_secret.expose().to_string(),
+                verify_token: w.verify_token.expose().to_string(),
+                phone_number_id: w.phone_number_id.clone(),
+                api_url: c
+                    .api_url
+                    .clone()
+                    .unwrap_or_else(|| clawft_channel_whatsapp::DEFAULT_API_URL.into()),
+                api_version: w.api_version.clone(),
+                template: w.template.as_ref().map(|(name, language)| Template {
+                    name: name.clone(),
+                    language: language.clone(),
+                }),
+                token_key: c.config_key("token"),
+                state,
+            };
+            Ok(Arc::new(
+                WhatsAppChannel::new(cfg).map_err(|e| e.to_string())?,
+            ))
         }
         #[allow(unreachable_patterns)]
         other => {

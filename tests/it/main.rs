@@ -47,4 +47,6 @@ mod tools;
 mod usage;
 mod voice;
 mod webhooks;
+#[cfg(feature = "whatsapp")]
+mod whatsapp;
 mod window;
