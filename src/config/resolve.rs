@@ -232,6 +232,7 @@ impl Config {
             raw.channels.telegram,
             raw.channels.discord,
             raw.channels.slack,
+            raw.channels.matrix,
             config_dir,
             env,
             &mut secrets,
@@ -749,6 +750,7 @@ pub(super) fn resolve_chat_channels(
     telegram: Option<file::ChatChannelFile>,
     discord: Option<file::ChatChannelFile>,
     slack: Option<file::ChatChannelFile>,
+    matrix: Option<file::ChatChannelFile>,
     config_dir: &Path,
     env: &Env,
     secrets: &mut Vec<Secret>,
@@ -758,6 +760,7 @@ pub(super) fn resolve_chat_channels(
         (Platform::Telegram, telegram),
         (Platform::Discord, discord),
         (Platform::Slack, slack),
+        (Platform::Matrix, matrix),
     ] {
         let Some(mut f) = f else { continue };
         if !f.enabled.unwrap_or(true) {
@@ -865,6 +868,9 @@ fn inherit(acc: file::ChatChannelFile, top: &file::ChatChannelFile) -> file::Cha
         stream_edits: acc.stream_edits.or(t.stream_edits),
         edit_interval_ms: acc.edit_interval_ms.or(t.edit_interval_ms),
         max_chats_in_flight: acc.max_chats_in_flight.or(t.max_chats_in_flight),
+        homeserver: acc.homeserver.or(t.homeserver),
+        // Each account is its own bot user.
+        user_id: acc.user_id,
         accounts: BTreeMap::new(),
     }
 }
@@ -909,10 +915,14 @@ fn resolve_account(
     {
         let name = platform.name();
         let key = |k: &str| channel_key(platform, account, k);
-        let token = super::secrets::resolve_service_secret(&key("token"), f.token, f.token_env, f.token_file, config_dir, env)?
+        let (homeserver, user_id) = check_matrix_keys(platform, &key, &f)?;
+        // Matrix calls it an access token (`access_token_env`, read into the same keys).
+        let token_key = if platform == Platform::Matrix { "access_token" } else { "token" };
+        let token = super::secrets::resolve_service_secret(&key(token_key), f.token, f.token_env, f.token_file, config_dir, env)?
             .ok_or_else(|| ConfigError::Invalid {
-                key: key("token"),
+                key: key(token_key),
                 detail: match account {
+                    None if platform == Platform::Matrix => "the matrix channel is enabled but has no access token: set access_token_env or access_token_file to the bot account's access token (Element: Settings → Help & About → Access Token, or a login of the bot account), or enabled = false".into(),
                     None => format!("the {name} channel is enabled but has no bot token: set token_env or token_file (or enabled = false), or give each bot a section channels.{name}.accounts.NAME with its token"),
                     Some(a) => format!("the {name} account {a} has no bot token: each account is its own bot and needs its own token (token_env or token_file; it is not inherited from channels.{name}), or set enabled = false"),
                 },
@@ -933,7 +943,7 @@ fn resolve_account(
                     detail: "Slack's Socket Mode needs the app-level token (xapp-...): set app_token_env or app_token_file".into(),
                 })
             }
-            (Platform::Telegram | Platform::Discord, Some(_)) => {
+            (Platform::Telegram | Platform::Discord | Platform::Matrix, Some(_)) => {
                 return Err(ConfigError::Invalid {
                     key: key("app_token"),
                     detail: format!("only the slack channel has an app token, not {name}"),
@@ -1063,8 +1073,53 @@ fn resolve_account(
                 }
                 Some(n) => n,
             },
+            homeserver,
+            user_id,
         })
     }
+}
+
+/// Matrix's own keys: `homeserver` (required, an http(s) URL) and `user_id` (a Matrix user
+/// id); on any other platform they are an error.
+fn check_matrix_keys(
+    platform: Platform,
+    key: &dyn Fn(&str) -> String,
+    f: &file::ChatChannelFile,
+) -> Result<(Option<String>, Option<String>), ConfigError> {
+    if platform != Platform::Matrix {
+        for (k, v) in [("homeserver", &f.homeserver), ("user_id", &f.user_id)] {
+            if v.is_some() {
+                return Err(ConfigError::Invalid {
+                    key: key(k),
+                    detail: format!("only the matrix channel takes {k}"),
+                });
+            }
+        }
+        return Ok((None, None));
+    }
+    if f.api_url.is_some() {
+        return Err(ConfigError::Invalid {
+            key: key("api_url"),
+            detail: "the matrix channel takes `homeserver` (the homeserver's base URL), not api_url".into(),
+        });
+    }
+    let hs = f.homeserver.clone().ok_or_else(|| ConfigError::Invalid {
+        key: key("homeserver"),
+        detail: "the matrix channel needs the homeserver's base URL, e.g. homeserver = \"https://matrix.example.org\"".into(),
+    })?;
+    if !(hs.starts_with("http://") || hs.starts_with("https://")) {
+        return Err(ConfigError::Invalid {
+            key: key("homeserver"),
+            detail: format!("expected an http:// or https:// URL like https://matrix.example.org, got `{hs}`"),
+        });
+    }
+    if let Some(u) = &f.user_id {
+        check_user_id(Platform::Matrix, u).map_err(|detail| ConfigError::Invalid {
+            key: key("user_id"),
+            detail,
+        })?;
+    }
+    Ok((Some(hs), f.user_id.clone()))
 }
 
 /// Whether `id` can ever match a sender on `platform` (ingress compares the platform's user
@@ -1085,6 +1140,11 @@ pub(super) fn check_user_id(platform: Platform, id: &str) -> Result<(), String> 
                     .bytes()
                     .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit())
         }
+        // `@localpart:server`.
+        Platform::Matrix => id.strip_prefix('@').is_some_and(|rest| {
+            rest.split_once(':')
+                .is_some_and(|(l, s)| !l.is_empty() && !s.is_empty() && !rest.contains(char::is_whitespace))
+        }),
     };
     if ok {
         return Ok(());
@@ -1098,6 +1158,9 @@ pub(super) fn check_user_id(platform: Platform, id: &str) -> Result<(), String> 
         ),
         Platform::Discord => format!(
             "`{id}` is not a Discord user id: user ids are numbers (snowflakes) like \"123456789012345678\", not names; in Discord turn on Developer Mode and use Copy User ID on the user, {how}"
+        ),
+        Platform::Matrix => format!(
+            "`{id}` is not a Matrix user id: user ids look like \"@alice:example.org\" (in Element: your name at the top left shows it), not display names, {how}"
         ),
         Platform::Slack => format!(
             "`{id}` is not a Slack user id: member ids look like \"U0123ABCD\" (or W… on Enterprise Grid), not @names or emails; open the profile, ⋮ → Copy member ID, {how}"

@@ -397,6 +397,8 @@ pub enum Platform {
     Discord,
     /// Slack.
     Slack,
+    /// Matrix.
+    Matrix,
 }
 
 impl Platform {
@@ -406,6 +408,7 @@ impl Platform {
             Platform::Telegram => "telegram",
             Platform::Discord => "discord",
             Platform::Slack => "slack",
+            Platform::Matrix => "matrix",
         }
     }
 }
@@ -463,6 +466,10 @@ pub struct ChatChannelConfig {
     pub edit_interval: Duration,
     /// Chats sending at the same time (`channels.<x>.max_chats_in_flight`).
     pub max_chats_in_flight: usize,
+    /// Matrix: the homeserver's base URL.
+    pub homeserver: Option<String>,
+    /// Matrix: the bot's user id, if configured.
+    pub user_id: Option<String>,
 }
 
 impl ChatChannelConfig {

@@ -204,7 +204,12 @@ fn build(
     c: &crate::config::ChatChannelConfig,
     state: Arc<dyn StateStore>,
 ) -> Result<Arc<dyn Channel>, String> {
-    #[cfg(any(feature = "telegram", feature = "discord", feature = "slack"))]
+    #[cfg(any(
+        feature = "telegram",
+        feature = "discord",
+        feature = "slack",
+        feature = "matrix"
+    ))]
     use crate::config::Platform;
     match c.platform {
         #[cfg(feature = "telegram")]
@@ -268,6 +273,27 @@ fn build(
                 s.api_url.clone_from(u);
             }
             Ok(Arc::new(SlackChannel::new(s).map_err(|e| e.to_string())?))
+        }
+        #[cfg(feature = "matrix")]
+        Platform::Matrix => {
+            use clawft_channel_matrix::{GroupMode, MatrixChannel, MatrixConfig};
+            let m = MatrixConfig {
+                id: clawft_channel_core::ChannelId::new(c.id()),
+                homeserver: c.homeserver.clone().unwrap_or_default(),
+                access_token: c.token.expose().to_string(),
+                user_id: c.user_id.clone(),
+                invite_from: c.allow_from.clone(),
+                group_mode: if c.group_all {
+                    GroupMode::All
+                } else {
+                    GroupMode::Mention
+                },
+                stream_edits: c.stream_edits,
+                edit_interval: c.edit_interval,
+                state,
+                ..MatrixConfig::default()
+            };
+            Ok(Arc::new(MatrixChannel::new(m).map_err(|e| e.to_string())?))
         }
         #[allow(unreachable_patterns)]
         other => {
