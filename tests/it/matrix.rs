@@ -69,6 +69,7 @@ fn synapse() -> Option<&'static Synapse> {
                 .arg("--data-directory")
                 .arg(dir.path())
                 .args(["--generate-config", "--report-stats=no"])
+                .current_dir(dir.path())
                 .output()
                 .unwrap();
             assert!(out.status.success(), "{out:?}");
@@ -110,6 +111,8 @@ rc_media_create: {{per_second: 1000, burst_count: 1000}}
                     dir.path().display()
                 ))
                 .stdin(Stdio::piped())
+                // Its log file is relative to the working directory.
+                .current_dir(dir.path())
                 .spawn()
                 .unwrap();
             let deadline = std::time::Instant::now() + T;
