@@ -414,6 +414,29 @@ async fn a_dm_from_an_allowed_user_is_answered_in_the_room_and_a_stranger_gets_a
         "no pairing code"
     );
     assert_eq!(llm.requests().len(), 1, "the stranger reached the model");
+
+    // The operator approves the code: bob's own invite is now accepted too.
+    let msgs = alice.messages_of(&group, &bot.id).await;
+    let code = msgs
+        .iter()
+        .find_map(|m| m["content"]["body"].as_str()?.split("pairing approve ").nth(1))
+        .unwrap()
+        .split('`')
+        .next()
+        .unwrap()
+        .to_string();
+    let v = clawft::admin::pairing_command(
+        gw.gateway.daemon.store(),
+        "pairing/approve",
+        &json!({ "code": code }),
+    )
+    .unwrap();
+    assert_eq!(v["approved"], format!("matrix:{}", bob.id));
+    let dm = bob.create_room(&[&bot.id], false).await;
+    assert!(
+        eventually(|| joined(&bob, &dm, &bot.id)).await,
+        "a paired user's invite was rejected"
+    );
     gw.stop().await;
 }
 
@@ -653,4 +676,107 @@ async fn since_survives_a_restart_and_an_image_reaches_the_model() {
         "a message was read twice"
     );
     gw.stop().await;
+}
+
+/// A message in a thread is answered in that thread, as a reply to it, streamed as a draft the
+/// final reply edits (`m.replace`) instead of posting again.
+#[tokio::test]
+async fn a_thread_message_is_answered_in_its_thread_by_an_edited_draft() {
+    let Some(hs) = synapse() else { return };
+    let bot = register(hs, "bot", false).await;
+    let alice = register(hs, "alice", false).await;
+    let dir = tempfile::tempdir().unwrap();
+    let llm = FakeLlm::start().await;
+    let answer = "Here is a longer answer, streamed in parts to the room.";
+    llm.push(Reply::Text(answer.into()));
+    let gw = TestGateway::start(config(
+        &llm,
+        dir.path(),
+        section(
+            &bot,
+            &[&alice.id],
+            json!({"stream_edits": true, "edit_interval_ms": 200}),
+        ),
+    ))
+    .await;
+    let room = alice.create_room(&[&bot.id], false).await;
+    assert!(eventually(|| joined(&alice, &room, &bot.id)).await);
+    let root = alice.say(&room, "a topic").await;
+    let asked = alice
+        .send(
+            &room,
+            json!({"msgtype": "m.text", "body": "in the thread", "m.relates_to": {"rel_type": "m.thread", "event_id": root, "is_falling_back": true, "m.in_reply_to": {"event_id": root}}}),
+        )
+        .await;
+    let shows_answer = |ms: &[Value]| {
+        ms.iter().any(|m| {
+            m["content"]["m.new_content"]["body"] == answer
+                || (m["content"]["body"] == answer
+                    && m["content"]["m.relates_to"]["rel_type"] == "m.thread")
+        })
+    };
+    assert!(
+        eventually(|| async { shows_answer(&alice.messages_of(&room, &bot.id).await) }).await,
+        "{:#?}",
+        alice.messages_of(&room, &bot.id).await
+    );
+    let posted = alice.messages_of(&room, &bot.id).await;
+    let originals: Vec<&Value> = posted
+        .iter()
+        .filter(|m| m["content"]["m.relates_to"]["rel_type"] != "m.replace")
+        .collect();
+    assert_eq!(originals.len(), 1, "the reply was posted twice: {posted:#?}");
+    let rel = &originals[0]["content"]["m.relates_to"];
+    assert_eq!(rel["rel_type"], "m.thread");
+    assert_eq!(rel["event_id"], root.as_str());
+    assert_eq!(rel["m.in_reply_to"]["event_id"], asked.as_str());
+    assert_eq!(last_user(&llm.requests()[0]), "in the thread");
+    gw.stop().await;
+}
+
+/// Bad Matrix settings are refused at load with the key named.
+#[test]
+fn bad_matrix_settings_name_their_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = crate::common::test_env(dir.path());
+    let cases = [
+        (
+            json!({"access_token": "t", "allow_from": ["@a:hs"]}),
+            "channels.matrix.homeserver",
+        ),
+        (
+            json!({"homeserver": "matrix.example.org", "access_token": "t"}),
+            "channels.matrix.homeserver",
+        ),
+        (
+            json!({"homeserver": "https://hs", "allow_from": ["@a:hs"]}),
+            "channels.matrix.access_token",
+        ),
+        (
+            json!({"homeserver": "https://hs", "access_token": "t", "allow_from": ["alice"]}),
+            "channels.matrix.allow_from",
+        ),
+        (
+            json!({"homeserver": "https://hs", "access_token": "t", "user_id": "weft"}),
+            "channels.matrix.user_id",
+        ),
+    ];
+    for (section, key) in cases {
+        let v = crate::common::config_value(
+            "http://127.0.0.1:9",
+            dir.path(),
+            json!({"channels": {"matrix": section}}),
+        );
+        let e = clawft::config::Config::from_str(&v.to_string(), false, &env)
+            .err()
+            .unwrap_or_else(|| panic!("{section} was accepted"))
+            .to_string();
+        assert!(e.contains(key), "{section}: {e}");
+    }
+    let v = crate::common::config_value(
+        "http://127.0.0.1:9",
+        dir.path(),
+        json!({"channels": {"matrix": {"homeserver": "https://hs", "access_token_env": "MX", "allow_from": ["@a:hs"]}}}),
+    );
+    assert!(clawft::config::Config::from_str(&v.to_string(), false, &env).is_err());
 }

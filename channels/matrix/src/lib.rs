@@ -89,6 +89,9 @@ pub struct MatrixConfig {
     pub user_id: Option<String>,
     /// Users whose invites are accepted (`allow_from`); every other invite is rejected.
     pub invite_from: BTreeSet<String>,
+    /// Whether a user not in `invite_from` was admitted since (paired): their invites are
+    /// accepted too.
+    pub invite_paired: Option<Arc<dyn Fn(&str) -> bool + Send + Sync>>,
     /// Which room messages are delivered (DMs always are).
     pub group_mode: GroupMode,
     /// Stream replies by editing a draft (default true).
@@ -115,6 +118,7 @@ impl Default for MatrixConfig {
             access_token: String::new(),
             user_id: None,
             invite_from: BTreeSet::new(),
+            invite_paired: None,
             group_mode: GroupMode::Mention,
             stream_edits: true,
             edit_interval: Duration::from_millis(1500),

@@ -222,8 +222,10 @@ async fn invite(inner: &Inner, me: &str, room: &str, r: &Value) -> Result<(), Ch
         .and_then(|e| e["sender"].as_str())
         .unwrap_or_default();
     let encrypted = events.iter().any(|e| e["type"] == "m.room.encryption");
-    if !inner.cfg.invite_from.contains(inviter) {
-        tracing::warn!(channel = %inner.cfg.id, room, inviter, "invite rejected: the inviter is not in allow_from");
+    let allowed = inner.cfg.invite_from.contains(inviter)
+        || inner.cfg.invite_paired.as_ref().is_some_and(|f| f(inviter));
+    if !allowed {
+        tracing::warn!(channel = %inner.cfg.id, room, inviter, "invite rejected: the inviter is neither in allow_from nor paired");
         return inner
             .leave(
                 room,
