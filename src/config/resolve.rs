@@ -917,7 +917,11 @@ fn resolve_account(
         let key = |k: &str| channel_key(platform, account, k);
         let (homeserver, user_id) = check_matrix_keys(platform, &key, &f)?;
         // Matrix calls it an access token (`access_token_env`, read into the same keys).
-        let token_key = if platform == Platform::Matrix { "access_token" } else { "token" };
+        let token_key = if platform == Platform::Matrix {
+            "access_token"
+        } else {
+            "token"
+        };
         let token = super::secrets::resolve_service_secret(&key(token_key), f.token, f.token_env, f.token_file, config_dir, env)?
             .ok_or_else(|| ConfigError::Invalid {
                 key: key(token_key),
@@ -1100,7 +1104,9 @@ fn check_matrix_keys(
     if f.api_url.is_some() {
         return Err(ConfigError::Invalid {
             key: key("api_url"),
-            detail: "the matrix channel takes `homeserver` (the homeserver's base URL), not api_url".into(),
+            detail:
+                "the matrix channel takes `homeserver` (the homeserver's base URL), not api_url"
+                    .into(),
         });
     }
     let hs = f.homeserver.clone().ok_or_else(|| ConfigError::Invalid {
@@ -1110,7 +1116,9 @@ fn check_matrix_keys(
     if !(hs.starts_with("http://") || hs.starts_with("https://")) {
         return Err(ConfigError::Invalid {
             key: key("homeserver"),
-            detail: format!("expected an http:// or https:// URL like https://matrix.example.org, got `{hs}`"),
+            detail: format!(
+                "expected an http:// or https:// URL like https://matrix.example.org, got `{hs}`"
+            ),
         });
     }
     if let Some(u) = &f.user_id {
@@ -1142,8 +1150,9 @@ pub(super) fn check_user_id(platform: Platform, id: &str) -> Result<(), String> 
         }
         // `@localpart:server`.
         Platform::Matrix => id.strip_prefix('@').is_some_and(|rest| {
-            rest.split_once(':')
-                .is_some_and(|(l, s)| !l.is_empty() && !s.is_empty() && !rest.contains(char::is_whitespace))
+            rest.split_once(':').is_some_and(|(l, s)| {
+                !l.is_empty() && !s.is_empty() && !rest.contains(char::is_whitespace)
+            })
         }),
     };
     if ok {

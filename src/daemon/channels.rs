@@ -287,9 +287,7 @@ fn build(
                 // Paired users may invite the bot too.
                 invite_paired: Some({
                     let (store, id) = (store.clone(), c.id());
-                    Arc::new(move |user: &str| {
-                        crate::ingress::access::is_paired(&store, &id, user)
-                    })
+                    Arc::new(move |user: &str| crate::ingress::access::is_paired(&store, &id, user))
                 }),
                 group_mode: if c.group_all {
                     GroupMode::All

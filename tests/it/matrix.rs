@@ -185,7 +185,10 @@ async fn register(hs: &Synapse, name: &str, limited: bool) -> User {
         .await
         .unwrap();
     let user = User {
-        id: v["user_id"].as_str().unwrap_or_else(|| panic!("{v}")).into(),
+        id: v["user_id"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{v}"))
+            .into(),
         token: v["access_token"].as_str().unwrap().into(),
         base: hs.base.clone(),
         http,
@@ -236,12 +239,17 @@ impl User {
     }
 
     async fn create_room(&self, invite: &[&str], encrypted: bool) -> String {
-        let mut body = json!({"preset": "private_chat", "invite": invite, "is_direct": invite.len() == 1});
+        let mut body =
+            json!({"preset": "private_chat", "invite": invite, "is_direct": invite.len() == 1});
         if encrypted {
             body["initial_state"] = json!([{"type": "m.room.encryption", "state_key": "", "content": {"algorithm": "m.megolm.v1.aes-sha2"}}]);
         }
         let v = self
-            .call(reqwest::Method::POST, "/_matrix/client/v3/createRoom", Some(body))
+            .call(
+                reqwest::Method::POST,
+                "/_matrix/client/v3/createRoom",
+                Some(body),
+            )
             .await;
         v["room_id"].as_str().unwrap().to_string()
     }
@@ -377,7 +385,10 @@ async fn a_dm_from_an_allowed_user_is_answered_in_the_room_and_a_stranger_gets_a
     ))
     .await;
     let room = alice.create_room(&[&bot.id], false).await;
-    assert!(eventually(|| joined(&alice, &room, &bot.id)).await, "the bot did not join");
+    assert!(
+        eventually(|| joined(&alice, &room, &bot.id)).await,
+        "the bot did not join"
+    );
     let asked = alice.say(&room, "hello bot").await;
     assert!(
         eventually(|| async { !alice.messages_of(&room, &bot.id).await.is_empty() }).await,
@@ -404,11 +415,12 @@ async fn a_dm_from_an_allowed_user_is_answered_in_the_room_and_a_stranger_gets_a
     bob.say(&group, "let me in").await;
     assert!(
         eventually(|| async {
-            alice
-                .messages_of(&group, &bot.id)
-                .await
-                .iter()
-                .any(|m| m["content"]["body"].as_str().unwrap_or("").contains("pairing approve"))
+            alice.messages_of(&group, &bot.id).await.iter().any(|m| {
+                m["content"]["body"]
+                    .as_str()
+                    .unwrap_or("")
+                    .contains("pairing approve")
+            })
         })
         .await,
         "no pairing code"
@@ -419,7 +431,12 @@ async fn a_dm_from_an_allowed_user_is_answered_in_the_room_and_a_stranger_gets_a
     let msgs = alice.messages_of(&group, &bot.id).await;
     let code = msgs
         .iter()
-        .find_map(|m| m["content"]["body"].as_str()?.split("pairing approve ").nth(1))
+        .find_map(|m| {
+            m["content"]["body"]
+                .as_str()?
+                .split("pairing approve ")
+                .nth(1)
+        })
         .unwrap()
         .split('`')
         .next()
@@ -448,8 +465,12 @@ async fn invites_from_strangers_and_to_encrypted_rooms_are_refused() {
     let mallory = register(hs, "mallory", false).await;
     let dir = tempfile::tempdir().unwrap();
     let llm = FakeLlm::start().await;
-    let gw = TestGateway::start(config(&llm, dir.path(), section(&bot, &[&alice.id], json!({}))))
-        .await;
+    let gw = TestGateway::start(config(
+        &llm,
+        dir.path(),
+        section(&bot, &[&alice.id], json!({})),
+    ))
+    .await;
     let theirs = mallory.create_room(&[&bot.id], false).await;
     let secret = alice.create_room(&[&bot.id], true).await;
     let plain = alice.create_room(&[&bot.id], false).await;
@@ -457,8 +478,10 @@ async fn invites_from_strangers_and_to_encrypted_rooms_are_refused() {
     // handled in the same or an earlier sync).
     assert!(eventually(|| joined(&alice, &plain, &bot.id)).await);
     assert!(
-        eventually(|| async { mallory.membership(&theirs, &bot.id).await["membership"] == "leave" })
-            .await,
+        eventually(|| async {
+            mallory.membership(&theirs, &bot.id).await["membership"] == "leave"
+        })
+        .await,
         "the stranger's invite was not rejected"
     );
     assert!(
@@ -555,7 +578,11 @@ async fn a_resent_reply_posts_once_and_files_go_through_the_media_repository() {
         ))
         .await
         .unwrap();
-    assert!(req.url.contains("/_matrix/client/v1/media/download/"), "{}", req.url);
+    assert!(
+        req.url.contains("/_matrix/client/v1/media/download/"),
+        "{}",
+        req.url
+    );
     let mut get = http().get(&req.url);
     for (k, v) in &req.headers {
         get = get.header(k, v);
@@ -604,7 +631,10 @@ async fn synapse_429_is_a_rate_limit_and_the_retry_sends_only_the_rest() {
         .collect();
     let parts: Vec<String> = bodies
         .iter()
-        .flat_map(|b| b.split("\n\n").map(|p| p.split(':').next().unwrap().to_string()))
+        .flat_map(|b| {
+            b.split("\n\n")
+                .map(|p| p.split(':').next().unwrap().to_string())
+        })
         .collect();
     let want: Vec<String> = (0..12).map(|i| format!("part {i}")).collect();
     assert_eq!(parts, want, "a chunk is missing, repeated or out of order");
@@ -645,7 +675,10 @@ async fn since_survives_a_restart_and_an_image_reaches_the_model() {
     // An image the user uploads reaches the model as an image part.
     let up: Value = alice
         .http
-        .post(format!("{}/_matrix/media/v3/upload?filename=chart.png", alice.base))
+        .post(format!(
+            "{}/_matrix/media/v3/upload?filename=chart.png",
+            alice.base
+        ))
         .bearer_auth(&alice.token)
         .header("content-type", "image/png")
         .body(PNG)
@@ -688,6 +721,7 @@ async fn a_thread_message_is_answered_in_its_thread_by_an_edited_draft() {
     let dir = tempfile::tempdir().unwrap();
     let llm = FakeLlm::start().await;
     let answer = "Here is a longer answer, streamed in parts to the room.";
+    llm.push(Reply::Text("Noted.".into()));
     llm.push(Reply::Text(answer.into()));
     let gw = TestGateway::start(config(
         &llm,
@@ -702,12 +736,26 @@ async fn a_thread_message_is_answered_in_its_thread_by_an_edited_draft() {
     let room = alice.create_room(&[&bot.id], false).await;
     assert!(eventually(|| joined(&alice, &room, &bot.id)).await);
     let root = alice.say(&room, "a topic").await;
+    assert!(eventually(|| async { !alice.messages_of(&room, &bot.id).await.is_empty() }).await);
     let asked = alice
         .send(
             &room,
             json!({"msgtype": "m.text", "body": "in the thread", "m.relates_to": {"rel_type": "m.thread", "event_id": root, "is_falling_back": true, "m.in_reply_to": {"event_id": root}}}),
         )
         .await;
+    let in_thread = |ms: Vec<Value>| -> Vec<Value> {
+        let ids: Vec<Value> = ms
+            .iter()
+            .filter(|m| m["content"]["m.relates_to"]["rel_type"] == "m.thread")
+            .map(|m| m["event_id"].clone())
+            .collect();
+        ms.into_iter()
+            .filter(|m| {
+                m["content"]["m.relates_to"]["rel_type"] == "m.thread"
+                    || ids.contains(&m["content"]["m.relates_to"]["event_id"])
+            })
+            .collect()
+    };
     let shows_answer = |ms: &[Value]| {
         ms.iter().any(|m| {
             m["content"]["m.new_content"]["body"] == answer
@@ -716,21 +764,30 @@ async fn a_thread_message_is_answered_in_its_thread_by_an_edited_draft() {
         })
     };
     assert!(
-        eventually(|| async { shows_answer(&alice.messages_of(&room, &bot.id).await) }).await,
+        eventually(|| async { shows_answer(&in_thread(alice.messages_of(&room, &bot.id).await)) })
+            .await,
         "{:#?}",
         alice.messages_of(&room, &bot.id).await
     );
-    let posted = alice.messages_of(&room, &bot.id).await;
+    let posted = in_thread(alice.messages_of(&room, &bot.id).await);
     let originals: Vec<&Value> = posted
         .iter()
         .filter(|m| m["content"]["m.relates_to"]["rel_type"] != "m.replace")
         .collect();
-    assert_eq!(originals.len(), 1, "the reply was posted twice: {posted:#?}");
+    let summary: Vec<String> = posted
+        .iter()
+        .map(|m| format!("{} {}", m["content"]["body"], m["content"]["m.relates_to"]))
+        .collect();
+    assert_eq!(
+        originals.len(),
+        1,
+        "the reply was posted twice: {summary:#?}"
+    );
     let rel = &originals[0]["content"]["m.relates_to"];
     assert_eq!(rel["rel_type"], "m.thread");
     assert_eq!(rel["event_id"], root.as_str());
     assert_eq!(rel["m.in_reply_to"]["event_id"], asked.as_str());
-    assert_eq!(last_user(&llm.requests()[0]), "in the thread");
+    assert_eq!(last_user(&llm.requests()[1]), "in the thread");
     gw.stop().await;
 }
 

@@ -47,11 +47,11 @@ use clawft_channel_core::draft_journal::DraftJournal;
 use clawft_channel_core::lock::MutexExt;
 use clawft_channel_core::media::{MediaKind, MediaRef, MediaRequest, OutboundFile};
 use clawft_channel_core::text::{split_markdown, Measure};
+pub use clawft_channel_core::GroupMode;
 use clawft_channel_core::{
     Capabilities, Channel, ChannelError, ChannelId, ChatId, InboundDelivery, MemoryState,
     OutboundKind, OutboundMessage, SentRef, StateStore, ThreadId,
 };
-pub use clawft_channel_core::GroupMode;
 use reqwest::{Method, Url};
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
@@ -203,9 +203,9 @@ impl Inner {
         txn: &str,
         content: &Value,
     ) -> Result<String, ChannelError> {
-        let url = self.api.url(&[
-            "_matrix", "client", "v3", "rooms", room, "send", kind, txn,
-        ]);
+        let url = self
+            .api
+            .url(&["_matrix", "client", "v3", "rooms", room, "send", kind, txn]);
         let v = self
             .api
             .call(Method::PUT, url, Some(content), Duration::from_secs(60))
@@ -584,13 +584,20 @@ mod tests {
         let c = chunks(&md);
         assert!(c.len() > 1);
         assert!(c.iter().all(|r| r.size() <= MAX_CHUNK_BYTES));
-        let all: String = c.iter().map(|r| r.plain.as_str()).collect::<Vec<_>>().join("\n\n");
+        let all: String = c
+            .iter()
+            .map(|r| r.plain.as_str())
+            .collect::<Vec<_>>()
+            .join("\n\n");
         assert!(all.starts_with("0: ") && all.contains("199: "));
     }
 
     #[test]
     fn mxc_uris_parse_and_hostile_ones_do_not() {
-        assert_eq!(parse_mxc("mxc://localhost/AbC_1"), Some(("localhost", "AbC_1")));
+        assert_eq!(
+            parse_mxc("mxc://localhost/AbC_1"),
+            Some(("localhost", "AbC_1"))
+        );
         assert_eq!(parse_mxc("mxc://h/../../x"), None);
         assert_eq!(parse_mxc("https://h/x"), None);
     }

@@ -185,7 +185,9 @@ mod tests {
 
     #[test]
     fn markdown_becomes_the_html_subset_and_the_plain_body_keeps_the_text() {
-        let r = render("# Title\n\n**bold** and *it* and `x<y`\n\n- one\n- two\n\n```rust\nfn a() {}\n```");
+        let r = render(
+            "# Title\n\n**bold** and *it* and `x<y`\n\n- one\n- two\n\n```rust\nfn a() {}\n```",
+        );
         assert_eq!(
             r.html,
             "<h1>Title</h1><p><strong>bold</strong> and <em>it</em> and <code>x&lt;y</code></p><ul><li>one</li><li>two</li></ul><pre><code class=\"language-rust\">fn a() {}\n</code></pre>"
@@ -195,9 +197,16 @@ mod tests {
 
     #[test]
     fn raw_html_and_unsafe_links_are_text_not_markup() {
-        let r = render("<script>alert(1)</script> [x](javascript:alert(1)) [ok](https://e.org/?a=\"b\")");
+        let r = render(
+            "<script>alert(1)</script> [x](javascript:alert(1)) [ok](https://e.org/?a=\"b\")",
+        );
         assert!(!r.html.contains("<script"), "{}", r.html);
         assert!(!r.html.contains("href=\"javascript"), "{}", r.html);
-        assert!(r.html.contains("<a href=\"https://e.org/?a=&quot;b&quot;\">ok</a>"), "{}", r.html);
+        assert!(
+            r.html
+                .contains("<a href=\"https://e.org/?a=&quot;b&quot;\">ok</a>"),
+            "{}",
+            r.html
+        );
     }
 }

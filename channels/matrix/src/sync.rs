@@ -8,8 +8,8 @@ use std::time::Duration;
 use clawft_channel_core::lock::MutexExt;
 use clawft_channel_core::media::{MediaKind, MediaRef};
 use clawft_channel_core::{
-    now_ms, Ack, ChannelError, ChatId, GroupMode, InboundDelivery, InboundEvent,
-    PlatformEventId, ThreadId, UserId,
+    now_ms, Ack, ChannelError, ChatId, GroupMode, InboundDelivery, InboundEvent, PlatformEventId,
+    ThreadId, UserId,
 };
 use reqwest::Method;
 use serde_json::{json, Value};
