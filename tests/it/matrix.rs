@@ -608,12 +608,10 @@ async fn synapse_429_is_a_rate_limit_and_the_retry_sends_only_the_rest() {
     let para = "word ".repeat(3000);
     let text: Vec<String> = (0..12).map(|i| format!("part {i}: {para}")).collect();
     let msg = outbound("out-long", &room, &text.join("\n\n"));
-    let err = loop {
-        match ch.send(&msg).await {
-            Ok(_) => panic!("12 chunks were sent without a 429"),
-            Err(e) => break e,
-        }
-    };
+    let err = ch
+        .send(&msg)
+        .await
+        .expect_err("12 chunks were sent without a 429");
     assert_eq!(err.kind(), "rate_limited", "{err}");
     let wait = err.retry_after().expect("retry_after_ms");
     tokio::time::sleep(wait).await;

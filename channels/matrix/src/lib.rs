@@ -50,7 +50,7 @@ use clawft_channel_core::text::{split_markdown, Measure};
 pub use clawft_channel_core::GroupMode;
 use clawft_channel_core::{
     Capabilities, Channel, ChannelError, ChannelId, ChatId, InboundDelivery, MemoryState,
-    OutboundKind, OutboundMessage, SentRef, StateStore, ThreadId,
+    OutboundKind, OutboundMessage, PlatformEventId, SentRef, StateStore, ThreadId,
 };
 use reqwest::{Method, Url};
 use serde_json::{json, Value};
@@ -76,6 +76,9 @@ const PROGRESS_KEPT: usize = 512;
 /// What the bot says (as the reason of its refusal, or in the room) when a room is encrypted.
 pub const ENCRYPTED_REFUSAL: &str = "This room is end-to-end encrypted, and this assistant cannot read encrypted rooms. Start an unencrypted room or direct message with it instead (in Element: Start chat or New room, then turn \"Enable end-to-end encryption\" off under the advanced options).";
 
+/// Whether a user may invite the bot (beyond `allow_from`).
+pub type InviteCheck = Arc<dyn Fn(&str) -> bool + Send + Sync>;
+
 /// Resolved settings of the Matrix channel.
 #[derive(Clone)]
 pub struct MatrixConfig {
@@ -91,7 +94,7 @@ pub struct MatrixConfig {
     pub invite_from: BTreeSet<String>,
     /// Whether a user not in `invite_from` was admitted since (paired): their invites are
     /// accepted too.
-    pub invite_paired: Option<Arc<dyn Fn(&str) -> bool + Send + Sync>>,
+    pub invite_paired: Option<InviteCheck>,
     /// Which room messages are delivered (DMs always are).
     pub group_mode: GroupMode,
     /// Stream replies by editing a draft (default true).
@@ -285,7 +288,7 @@ impl MatrixChannel {
             inner: &self.inner,
             room: msg.chat.as_str(),
             thread: msg.thread.as_ref().map(ThreadId::as_str),
-            reply_to: msg.in_reply_to.as_ref().map(|r| r.as_str()),
+            reply_to: msg.in_reply_to.as_ref().map(PlatformEventId::as_str),
             outbound: &msg.id,
         }
     }
