@@ -254,6 +254,22 @@ impl User {
         v["room_id"].as_str().unwrap().to_string()
     }
 
+    /// A room of version 10, whose id ends in `:localhost` (version 12, Synapse's default,
+    /// has ids without a server name).
+    async fn create_old_room(&self, invite: &[&str]) -> String {
+        let body = json!({"preset": "private_chat", "invite": invite, "is_direct": invite.len() == 1, "room_version": "10"});
+        let v = self
+            .call(
+                reqwest::Method::POST,
+                "/_matrix/client/v3/createRoom",
+                Some(body),
+            )
+            .await;
+        let room = v["room_id"].as_str().unwrap().to_string();
+        assert!(room.contains(':'), "{room}");
+        room
+    }
+
     async fn send(&self, room: &str, content: Value) -> String {
         let txn = uuid::Uuid::new_v4().simple().to_string();
         let v = self
@@ -384,7 +400,7 @@ async fn a_dm_from_an_allowed_user_is_answered_in_the_room_and_a_stranger_gets_a
         ),
     ))
     .await;
-    let room = alice.create_room(&[&bot.id], false).await;
+    let room = alice.create_old_room(&[&bot.id]).await;
     assert!(
         eventually(|| joined(&alice, &room, &bot.id)).await,
         "the bot did not join"
@@ -529,7 +545,7 @@ fn outbound(id: &str, room: &str, text: &str) -> OutboundMessage {
     OutboundMessage {
         id: id.into(),
         channel: ChannelId::new("matrix"),
-        chat: ChatId::new(room),
+        chat: ChatId::new(clawft_channel_matrix::chat_of(room)),
         thread: None,
         in_reply_to: None::<PlatformEventId>,
         body: OutboundBody::Reply {
@@ -548,7 +564,7 @@ async fn a_resent_reply_posts_once_and_files_go_through_the_media_repository() {
     let Some(hs) = synapse() else { return };
     let bot = register(hs, "bot", false).await;
     let alice = register(hs, "alice", false).await;
-    let room = alice.create_room(&[&bot.id], false).await;
+    let room = alice.create_old_room(&[&bot.id]).await;
     let first = channel(&bot, Default::default());
     bot.join(&room).await;
     let dir = tempfile::tempdir().unwrap();
@@ -592,6 +608,27 @@ async fn a_resent_reply_posts_once_and_files_go_through_the_media_repository() {
     // Without the token the authenticated download is refused.
     let anon = http().get(&req.url).send().await.unwrap();
     assert_eq!(anon.status(), 401);
+
+    // Typing shows in the room.
+    second
+        .typing(&ChatId::new(clawft_channel_matrix::chat_of(&room)), None)
+        .await
+        .unwrap();
+    let typing = || async {
+        let v = alice
+            .call(
+                reqwest::Method::GET,
+                "/_matrix/client/v3/sync?timeout=0",
+                None,
+            )
+            .await;
+        v["rooms"]["join"][&room]["ephemeral"]["events"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|e| e["type"] == "m.typing" && e["content"]["user_ids"][0] == bot.id.as_str())
+    };
+    assert!(eventually(typing).await, "the bot is not shown typing");
 }
 
 /// Synapse's own rate limit (10 messages, then 0.2 per second) answers 429 with
@@ -655,7 +692,7 @@ async fn since_survives_a_restart_and_an_image_reaches_the_model() {
     let mut cfg = section(&bot, &[&alice.id], json!({}));
     crate::common::merge(&mut cfg, extra);
     let gw = TestGateway::start(config(&llm, dir.path(), cfg.clone())).await;
-    let room = alice.create_room(&[&bot.id], false).await;
+    let room = alice.create_old_room(&[&bot.id]).await;
     assert!(eventually(|| joined(&alice, &room, &bot.id)).await);
     alice.say(&room, "one").await;
     assert!(eventually(|| async { alice.messages_of(&room, &bot.id).await.len() == 1 }).await);
@@ -731,7 +768,7 @@ async fn a_thread_message_is_answered_in_its_thread_by_an_edited_draft() {
         ),
     ))
     .await;
-    let room = alice.create_room(&[&bot.id], false).await;
+    let room = alice.create_old_room(&[&bot.id]).await;
     assert!(eventually(|| joined(&alice, &room, &bot.id)).await);
     let root = alice.say(&room, "a topic").await;
     assert!(eventually(|| async { !alice.messages_of(&room, &bot.id).await.is_empty() }).await);

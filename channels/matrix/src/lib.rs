@@ -286,8 +286,8 @@ impl MatrixChannel {
     fn target<'a>(&'a self, msg: &'a OutboundMessage) -> Target<'a> {
         Target {
             inner: &self.inner,
-            room: msg.chat.as_str(),
-            thread: msg.thread.as_ref().map(ThreadId::as_str),
+            room: room_of(msg.chat.as_str()),
+            thread: msg.thread.as_ref().map(|t| room_of(t.as_str())),
             reply_to: msg.in_reply_to.as_ref().map(PlatformEventId::as_str),
             outbound: &msg.id,
         }
@@ -329,7 +329,7 @@ impl MatrixChannel {
             let mut content = json!({"msgtype": "m.notice", "body": note});
             t.relate(&mut content, false);
             self.inner
-                .send_event(t.room, "m.room.message", txn, &content)
+                .send_event(&t.room, "m.room.message", txn, &content)
                 .await?;
             return Ok(());
         };
@@ -350,7 +350,7 @@ impl MatrixChannel {
         });
         t.relate(&mut content, false);
         self.inner
-            .send_event(t.room, "m.room.message", txn, &content)
+            .send_event(&t.room, "m.room.message", txn, &content)
             .await
             .map(drop)
     }
@@ -359,8 +359,8 @@ impl MatrixChannel {
 /// The Matrix side of one outbound message: its room, thread, the event it answers, its id.
 struct Target<'a> {
     inner: &'a Inner,
-    room: &'a str,
-    thread: Option<&'a str>,
+    room: String,
+    thread: Option<String>,
     reply_to: Option<&'a str>,
     outbound: &'a str,
 }
@@ -369,7 +369,7 @@ impl Target<'_> {
     /// Put the message in its thread, and (`reply`) make it answer the inbound message.
     fn relate(&self, content: &mut Value, reply: bool) {
         let reply_to = self.reply_to.filter(|_| reply);
-        match (self.thread, reply_to) {
+        match (self.thread.as_deref(), reply_to) {
             (Some(root), r) => {
                 let mut rel = json!({"rel_type": "m.thread", "event_id": root});
                 match r {
@@ -419,7 +419,7 @@ impl DraftPlatform for Target<'_> {
         self.relate(&mut content, reply);
         let id = self
             .inner
-            .send_event(self.room, "m.room.message", &txn, &content)
+            .send_event(&self.room, "m.room.message", &txn, &content)
             .await?;
         Ok(Some(id).filter(|i| !i.is_empty()))
     }
@@ -435,7 +435,7 @@ impl DraftPlatform for Target<'_> {
         // reuses its transaction id.
         let txn = format!("{}-edit", self.outbound);
         self.inner
-            .send_event(self.room, "m.room.message", &txn, &content)
+            .send_event(&self.room, "m.room.message", &txn, &content)
             .await?;
         Ok(Edited::Done)
     }
@@ -459,6 +459,38 @@ fn chunk_into(md: &str, max: usize, out: &mut Vec<Rendered>) {
             chunk_into(&piece, max / 2, out);
         }
     }
+}
+
+/// The chat id of a room (or the thread id of an event): its id with `%` written `%25` and `:`
+/// written `%3A`, since session keys use `:` between their parts. Room ids of room versions
+/// before 12 end in `:server`; user ids never go through this.
+pub fn chat_of(room: &str) -> String {
+    room.replace('%', "%25").replace(':', "%3A")
+}
+
+/// The room (or event) id a chat (or thread) id stands for ([`chat_of`] undone).
+pub fn room_of(chat: &str) -> String {
+    let mut out = String::with_capacity(chat.len());
+    let mut rest = chat;
+    while let Some(i) = rest.find('%') {
+        out.push_str(&rest[..i]);
+        let tail = &rest[i..];
+        if let Some(t) = tail
+            .strip_prefix("%3A")
+            .or_else(|| tail.strip_prefix("%3a"))
+        {
+            out.push(':');
+            rest = t;
+        } else if let Some(t) = tail.strip_prefix("%25") {
+            out.push('%');
+            rest = t;
+        } else {
+            out.push('%');
+            rest = &tail[1..];
+        }
+    }
+    out.push_str(rest);
+    out
 }
 
 /// `mxc://server/media` → (`server`, `media`).
@@ -516,15 +548,11 @@ impl Channel for MatrixChannel {
 
     async fn typing(&self, chat: &ChatId, _thread: Option<&ThreadId>) -> Result<(), ChannelError> {
         let me = self.inner.me().await?;
-        let url = self.inner.api.url(&[
-            "_matrix",
-            "client",
-            "v3",
-            "rooms",
-            chat.as_str(),
-            "typing",
-            &me,
-        ]);
+        let room = room_of(chat.as_str());
+        let url = self
+            .inner
+            .api
+            .url(&["_matrix", "client", "v3", "rooms", &room, "typing", &me]);
         self.inner
             .api
             .call(
@@ -593,6 +621,20 @@ mod tests {
             .collect::<Vec<_>>()
             .join("\n\n");
         assert!(all.starts_with("0: ") && all.contains("199: "));
+    }
+
+    #[test]
+    fn room_ids_with_colons_make_chat_ids_without_and_back() {
+        for room in [
+            "!abc:example.org",
+            "!hash-no-server",
+            "!a%3A:[::1]:8448",
+            "$ev:hs",
+        ] {
+            let chat = chat_of(room);
+            assert!(!chat.contains(':'), "{chat}");
+            assert_eq!(room_of(&chat), room);
+        }
     }
 
     #[test]

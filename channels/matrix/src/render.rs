@@ -198,9 +198,10 @@ mod tests {
     #[test]
     fn raw_html_and_unsafe_links_are_text_not_markup() {
         let r = render(
-            "<script>alert(1)</script> [x](javascript:alert(1)) [ok](https://e.org/?a=\"b\")",
+            "<script>alert(1)</script>\n\nhi <b onclick=x>there</b> [x](javascript:alert(1)) [ok](https://e.org/?a=\"b\")",
         );
         assert!(!r.html.contains("<script"), "{}", r.html);
+        assert!(!r.html.contains("<b "), "{}", r.html);
         assert!(!r.html.contains("href=\"javascript"), "{}", r.html);
         assert!(
             r.html

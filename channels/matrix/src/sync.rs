@@ -313,7 +313,7 @@ async fn inbound(inner: &Inner, me: &str, room: &str, ev: &Value) -> Option<Inbo
     let thread = (rel["rel_type"] == "m.thread")
         .then(|| rel["event_id"].as_str())
         .flatten()
-        .map(ThreadId::new);
+        .map(|t| ThreadId::new(crate::chat_of(t)));
     let mut text = c["body"].as_str().unwrap_or_default().to_string();
     if !rel["m.in_reply_to"].is_null() && thread.is_none() {
         text = strip_reply_fallback(&text);
@@ -356,7 +356,7 @@ async fn inbound(inner: &Inner, me: &str, room: &str, ev: &Value) -> Option<Inbo
     }
     Some(InboundEvent {
         channel: inner.cfg.id.clone(),
-        chat: ChatId::new(room),
+        chat: ChatId::new(crate::chat_of(room)),
         thread,
         sender: UserId::new(sender),
         event_id: PlatformEventId::new(event_id),
