@@ -74,7 +74,7 @@ pub const MAX_UPLOAD_BYTES: u64 = 50 * 1024 * 1024;
 /// Outbound messages whose progress is remembered (drafts and finished replies, each).
 const PROGRESS_KEPT: usize = 512;
 /// What the bot says (as the reason of its refusal, or in the room) when a room is encrypted.
-pub const ENCRYPTED_REFUSAL: &str = "This room is end-to-end encrypted, and this assistant cannot read encrypted rooms. Start an unencrypted room or direct message with it instead (in Element: Start chat or New room, then turn \"Enable end-to-end encryption\" off under the advanced options).";
+pub const ENCRYPTED_REFUSAL: &str = "This room is end-to-end encrypted, and this assistant cannot read encrypted rooms. Make an unencrypted room and invite it there (in Element: + then New room, turn \"Enable end-to-end encryption\" off, then invite).";
 
 /// Whether a user may invite the bot (beyond `allow_from`).
 pub type InviteCheck = Arc<dyn Fn(&str) -> bool + Send + Sync>;
