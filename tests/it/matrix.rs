@@ -511,6 +511,21 @@ async fn invites_from_strangers_and_to_encrypted_rooms_are_refused() {
         "the inviter is not told why: {m}"
     );
     mallory.say(&theirs, "hello?").await;
+
+    // A message over the inbound limit (32 KiB) is refused with a notice, unread.
+    alice.say(&plain, &"x".repeat(40 * 1024)).await;
+    assert!(
+        eventually(|| async {
+            alice.messages_of(&plain, &bot.id).await.iter().any(|m| {
+                m["content"]["body"]
+                    .as_str()
+                    .unwrap_or("")
+                    .contains("over the 32 KB limit")
+            })
+        })
+        .await,
+        "no notice for the oversized message"
+    );
     assert!(llm.requests().is_empty());
 
     // A joined room that turns encryption on: the bot says why and leaves.
