@@ -347,6 +347,17 @@ async fn channels(config: &Config, client: &reqwest::Client) -> Vec<Finding> {
                     .send()
                     .await
             }
+            Platform::Matrix => {
+                let base = c.homeserver.clone().unwrap_or_default();
+                client
+                    .get(format!(
+                        "{}/_matrix/client/v3/account/whoami",
+                        base.trim_end_matches('/')
+                    ))
+                    .bearer_auth(token)
+                    .send()
+                    .await
+            }
         };
         out.push(match r {
             Err(e) => fail(
@@ -363,6 +374,7 @@ async fn channels(config: &Config, client: &reqwest::Client) -> Vec<Finding> {
                         .or_else(|| body["username"].as_str())
                         .or_else(|| body["user"].as_str())
                         .or_else(|| body["verified_name"].as_str())
+                        .or_else(|| body["user_id"].as_str())
                         .unwrap_or("?");
                     ok(&check, format!("token accepted (bot {who})"))
                 } else {

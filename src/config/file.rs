@@ -218,6 +218,8 @@ pub struct ChannelsFile {
     pub slack: Option<ChatChannelFile>,
     /// WhatsApp (Business Cloud API: webhooks in, Graph API out).
     pub whatsapp: Option<ChatChannelFile>,
+    /// Matrix (Client-Server API: `/sync` long-poll, a bot account's access token).
+    pub matrix: Option<ChatChannelFile>,
     /// Largest message accepted from any channel, in bytes of UTF-8 text (default: 32768,
     /// from 1024 to 4194304). A longer one is refused before it is stored or reaches the model,
     /// and its sender is told in the same chat (the HTTP API answers 413).
@@ -250,11 +252,16 @@ impl std::fmt::Display for IdFile {
 pub struct ChatChannelFile {
     /// Run this channel (default true when the section is present).
     pub enabled: Option<bool>,
-    /// Bot token, inline (prefer `token_env` or `token_file`).
+    /// Bot token, inline (prefer `token_env` or `token_file`). Matrix: the bot account's
+    /// access token, also written `access_token`.
+    #[serde(alias = "access_token")]
     pub token: Option<String>,
-    /// Environment variable holding the bot token.
+    /// Environment variable holding the bot token (Matrix: also `access_token_env`).
+    #[serde(alias = "access_token_env")]
     pub token_env: Option<String>,
-    /// File holding the bot token (relative paths resolve in `$CREDENTIALS_DIRECTORY`).
+    /// File holding the bot token (relative paths resolve in `$CREDENTIALS_DIRECTORY`;
+    /// Matrix: also `access_token_file`).
+    #[serde(alias = "access_token_file")]
     pub token_file: Option<String>,
     /// Slack only: the app-level token (`xapp-...`) for Socket Mode, inline.
     pub app_token: Option<String>,
@@ -288,6 +295,10 @@ pub struct ChatChannelFile {
     pub stream_edits: Option<bool>,
     /// Least time between two edits of a streamed draft, in milliseconds (default 1500).
     pub edit_interval_ms: Option<u64>,
+    /// Matrix only: the homeserver's base URL (`https://matrix.example.org`).
+    pub homeserver: Option<String>,
+    /// Matrix only: the bot's user id (`@bot:example.org`), checked against the token.
+    pub user_id: Option<String>,
     /// How many chats may be sending at the same time (default 8, at least 1). Replies of one
     /// chat are always sent one after the other.
     pub max_chats_in_flight: Option<usize>,

@@ -229,10 +229,13 @@ impl Config {
         let sessions = resolve_sessions(&raw.sessions);
         let max_inbound_bytes = resolve_max_inbound(raw.channels.max_inbound_bytes)?;
         let chat_channels = resolve_chat_channels(
-            raw.channels.telegram,
-            raw.channels.discord,
-            raw.channels.slack,
-            raw.channels.whatsapp,
+            vec![
+                (Platform::Telegram, raw.channels.telegram),
+                (Platform::Discord, raw.channels.discord),
+                (Platform::Slack, raw.channels.slack),
+                (Platform::WhatsApp, raw.channels.whatsapp),
+                (Platform::Matrix, raw.channels.matrix),
+            ],
             config_dir,
             env,
             &mut secrets,
@@ -761,22 +764,16 @@ pub fn watchdog_interval(env: &Env, pid: u32) -> Option<Duration> {
     (usec > 0).then(|| Duration::from_micros(usec / 2).max(Duration::from_millis(1)))
 }
 
+/// The chat channels' sections (`channels.<platform>`, each platform once), resolved into
+/// their bot accounts.
 pub(super) fn resolve_chat_channels(
-    telegram: Option<file::ChatChannelFile>,
-    discord: Option<file::ChatChannelFile>,
-    slack: Option<file::ChatChannelFile>,
-    whatsapp: Option<file::ChatChannelFile>,
+    sections: Vec<(Platform, Option<file::ChatChannelFile>)>,
     config_dir: &Path,
     env: &Env,
     secrets: &mut Vec<Secret>,
 ) -> Result<Vec<ChatChannelConfig>, ConfigError> {
     let mut out = Vec::new();
-    for (platform, f) in [
-        (Platform::Telegram, telegram),
-        (Platform::Discord, discord),
-        (Platform::Slack, slack),
-        (Platform::WhatsApp, whatsapp),
-    ] {
+    for (platform, f) in sections {
         let Some(mut f) = f else { continue };
         if !f.enabled.unwrap_or(true) {
             continue;
@@ -895,6 +892,9 @@ fn inherit(acc: file::ChatChannelFile, top: &file::ChatChannelFile) -> file::Cha
         api_version: acc.api_version.or(t.api_version),
         template: acc.template.or(t.template),
         template_language: acc.template_language.or(t.template_language),
+        homeserver: acc.homeserver.or(t.homeserver),
+        // Each account is its own bot user.
+        user_id: acc.user_id,
         accounts: BTreeMap::new(),
     }
 }
@@ -953,10 +953,18 @@ fn resolve_account(
         let name = platform.name();
         let key = |k: &str| channel_key(platform, account, k);
         let whatsapp = resolve_whatsapp(platform, account, &f, config_dir, env, secrets)?;
-        let token = super::secrets::resolve_service_secret(&key("token"), f.token, f.token_env, f.token_file, config_dir, env)?
+        let (homeserver, user_id) = check_matrix_keys(platform, &key, &f)?;
+        // Matrix calls it an access token (`access_token_env`, read into the same keys).
+        let token_key = if platform == Platform::Matrix {
+            "access_token"
+        } else {
+            "token"
+        };
+        let token = super::secrets::resolve_service_secret(&key(token_key), f.token, f.token_env, f.token_file, config_dir, env)?
             .ok_or_else(|| ConfigError::Invalid {
-                key: key("token"),
+                key: key(token_key),
                 detail: match account {
+                    None if platform == Platform::Matrix => "the matrix channel is enabled but has no access token: set access_token_env or access_token_file to the bot account's access token (Element: Settings → Help & About → Access Token, or a login of the bot account), or enabled = false".into(),
                     None => format!("the {name} channel is enabled but has no bot token: set token_env or token_file (or enabled = false), or give each bot a section channels.{name}.accounts.NAME with its token"),
                     Some(a) => format!("the {name} account {a} has no bot token: each account is its own bot and needs its own token (token_env or token_file; it is not inherited from channels.{name}), or set enabled = false"),
                 },
@@ -977,7 +985,10 @@ fn resolve_account(
                     detail: "Slack's Socket Mode needs the app-level token (xapp-...): set app_token_env or app_token_file".into(),
                 })
             }
-            (Platform::Telegram | Platform::Discord | Platform::WhatsApp, Some(_)) => {
+            (
+                Platform::Telegram | Platform::Discord | Platform::WhatsApp | Platform::Matrix,
+                Some(_),
+            ) => {
                 return Err(ConfigError::Invalid {
                     key: key("app_token"),
                     detail: format!("only the slack channel has an app token, not {name}"),
@@ -1108,6 +1119,8 @@ fn resolve_account(
                 Some(n) => n,
             },
             whatsapp,
+            homeserver,
+            user_id,
         })
     }
 }
@@ -1234,6 +1247,53 @@ fn resolve_whatsapp(
     }))
 }
 
+/// Matrix's own keys: `homeserver` (required, an http(s) URL) and `user_id` (a Matrix user
+/// id); on any other platform they are an error.
+fn check_matrix_keys(
+    platform: Platform,
+    key: &dyn Fn(&str) -> String,
+    f: &file::ChatChannelFile,
+) -> Result<(Option<String>, Option<String>), ConfigError> {
+    if platform != Platform::Matrix {
+        for (k, v) in [("homeserver", &f.homeserver), ("user_id", &f.user_id)] {
+            if v.is_some() {
+                return Err(ConfigError::Invalid {
+                    key: key(k),
+                    detail: format!("only the matrix channel takes {k}"),
+                });
+            }
+        }
+        return Ok((None, None));
+    }
+    if f.api_url.is_some() {
+        return Err(ConfigError::Invalid {
+            key: key("api_url"),
+            detail:
+                "the matrix channel takes `homeserver` (the homeserver's base URL), not api_url"
+                    .into(),
+        });
+    }
+    let hs = f.homeserver.clone().ok_or_else(|| ConfigError::Invalid {
+        key: key("homeserver"),
+        detail: "the matrix channel needs the homeserver's base URL, e.g. homeserver = \"https://matrix.example.org\"".into(),
+    })?;
+    if !(hs.starts_with("http://") || hs.starts_with("https://")) {
+        return Err(ConfigError::Invalid {
+            key: key("homeserver"),
+            detail: format!(
+                "expected an http:// or https:// URL like https://matrix.example.org, got `{hs}`"
+            ),
+        });
+    }
+    if let Some(u) = &f.user_id {
+        check_user_id(Platform::Matrix, u).map_err(|detail| ConfigError::Invalid {
+            key: key("user_id"),
+            detail,
+        })?;
+    }
+    Ok((Some(hs), f.user_id.clone()))
+}
+
 /// Whether `id` can ever match a sender on `platform` (ingress compares the platform's user
 /// id, never a name): `Err` says why not and how to find the id.
 pub(super) fn check_user_id(platform: Platform, id: &str) -> Result<(), String> {
@@ -1254,6 +1314,12 @@ pub(super) fn check_user_id(platform: Platform, id: &str) -> Result<(), String> 
         }
         // wa_id: the number in international format, digits only (no `+`).
         Platform::WhatsApp => digits(id) && (7..=15).contains(&id.len()) && !id.starts_with('0'),
+        // `@localpart:server`.
+        Platform::Matrix => id.strip_prefix('@').is_some_and(|rest| {
+            rest.split_once(':').is_some_and(|(l, s)| {
+                !l.is_empty() && !s.is_empty() && !rest.contains(char::is_whitespace)
+            })
+        }),
     };
     if ok {
         return Ok(());
@@ -1270,6 +1336,9 @@ pub(super) fn check_user_id(platform: Platform, id: &str) -> Result<(), String> 
         ),
         Platform::WhatsApp => format!(
             "`{id}` is not a WhatsApp id: WhatsApp ids are phone numbers in international format, digits only, without `+`, spaces or a leading 0, like \"4915112345678\", {how}"
+        ),
+        Platform::Matrix => format!(
+            "`{id}` is not a Matrix user id: user ids look like \"@alice:example.org\" (in Element: your name at the top left shows it), not display names, {how}"
         ),
         Platform::Slack => format!(
             "`{id}` is not a Slack user id: member ids look like \"U0123ABCD\" (or W… on Enterprise Grid), not @names or emails; open the profile, ⋮ → Copy member ID, {how}"

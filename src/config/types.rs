@@ -399,6 +399,8 @@ pub enum Platform {
     Slack,
     /// WhatsApp (Business Cloud API).
     WhatsApp,
+    /// Matrix.
+    Matrix,
 }
 
 impl Platform {
@@ -409,6 +411,7 @@ impl Platform {
             Platform::Discord => "discord",
             Platform::Slack => "slack",
             Platform::WhatsApp => "whatsapp",
+            Platform::Matrix => "matrix",
         }
     }
 }
@@ -466,6 +469,10 @@ pub struct ChatChannelConfig {
     pub edit_interval: Duration,
     /// Chats sending at the same time (`channels.<x>.max_chats_in_flight`).
     pub max_chats_in_flight: usize,
+    /// Matrix: the homeserver's base URL.
+    pub homeserver: Option<String>,
+    /// Matrix: the bot's user id, if configured.
+    pub user_id: Option<String>,
     /// WhatsApp's own settings (`None` on the other platforms).
     pub whatsapp: Option<WhatsAppSettings>,
 }

@@ -191,7 +191,7 @@ pub fn chat_channel(
     store: &Store,
 ) -> Option<Arc<dyn Channel>> {
     let state: Arc<dyn StateStore> = Arc::new(StoreState::new(store.clone(), &c.id()));
-    match build(c, state) {
+    match build(c, state, store) {
         Ok(ch) => Some(ch),
         Err(e) => {
             tracing::error!(channel = %c.id(), error = %e, "channel not started");
@@ -203,12 +203,14 @@ pub fn chat_channel(
 fn build(
     c: &crate::config::ChatChannelConfig,
     state: Arc<dyn StateStore>,
+    store: &Store,
 ) -> Result<Arc<dyn Channel>, String> {
     #[cfg(any(
         feature = "telegram",
         feature = "discord",
         feature = "slack",
-        feature = "whatsapp"
+        feature = "whatsapp",
+        feature = "matrix"
     ))]
     use crate::config::Platform;
     match c.platform {
@@ -303,9 +305,35 @@ fn build(
                 WhatsAppChannel::new(cfg).map_err(|e| e.to_string())?,
             ))
         }
+        #[cfg(feature = "matrix")]
+        Platform::Matrix => {
+            use clawft_channel_matrix::{GroupMode, MatrixChannel, MatrixConfig};
+            let m = MatrixConfig {
+                id: clawft_channel_core::ChannelId::new(c.id()),
+                homeserver: c.homeserver.clone().unwrap_or_default(),
+                access_token: c.token.expose().to_string(),
+                user_id: c.user_id.clone(),
+                invite_from: c.allow_from.clone(),
+                // Paired users may invite the bot too.
+                invite_paired: Some({
+                    let (store, id) = (store.clone(), c.id());
+                    Arc::new(move |user: &str| crate::ingress::access::is_paired(&store, &id, user))
+                }),
+                group_mode: if c.group_all {
+                    GroupMode::All
+                } else {
+                    GroupMode::Mention
+                },
+                stream_edits: c.stream_edits,
+                edit_interval: c.edit_interval,
+                state,
+                ..MatrixConfig::default()
+            };
+            Ok(Arc::new(MatrixChannel::new(m).map_err(|e| e.to_string())?))
+        }
         #[allow(unreachable_patterns)]
         other => {
-            let _ = state;
+            let _ = (state, store);
             Err(format!(
                 "this build of weft has no {} support (cargo feature `{}`)",
                 other.name(),

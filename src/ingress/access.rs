@@ -228,6 +228,13 @@ impl Access {
     }
 }
 
+/// Whether `user` on `channel` was admitted with a pairing code (`weft pairing approve`).
+/// A store failure reads as not paired.
+pub fn is_paired(store: &Store, channel: &str, user: &str) -> bool {
+    let who = crate::types::SenderId::new(channel, user);
+    matches!(store.state_get(PAIRED, who.as_str()), Ok(Some(_)))
+}
+
 /// Pending pairing requests.
 ///
 /// # Errors

@@ -157,7 +157,8 @@ impl SessionKey {
     /// # Errors
     /// As [`SessionKey::from_parts`].
     pub fn derive_per_user(ev: &InboundEvent) -> Result<Self, InvalidSessionKey> {
-        let user = format!("u{}", ev.sender);
+        // Matrix user ids (`@alice:example.org`) hold the separator.
+        let user = format!("u{}", ev.sender.as_str().replace(':', "%3A"));
         let thread = ev.thread.as_ref().map_or("-", |t| t.as_str());
         Self::from_parts(&[ev.channel.as_str(), ev.chat.as_str(), thread, &user])
     }

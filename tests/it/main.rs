@@ -24,6 +24,8 @@ mod gateway;
 mod inputs;
 mod layering;
 mod lean;
+#[cfg(feature = "matrix")]
+mod matrix;
 mod mcp;
 mod media;
 mod memory;
