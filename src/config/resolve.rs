@@ -232,6 +232,7 @@ impl Config {
             raw.channels.telegram,
             raw.channels.discord,
             raw.channels.slack,
+            raw.channels.signal,
             config_dir,
             env,
             &mut secrets,
@@ -749,6 +750,7 @@ pub(super) fn resolve_chat_channels(
     telegram: Option<file::ChatChannelFile>,
     discord: Option<file::ChatChannelFile>,
     slack: Option<file::ChatChannelFile>,
+    signal: Option<file::ChatChannelFile>,
     config_dir: &Path,
     env: &Env,
     secrets: &mut Vec<Secret>,
@@ -758,6 +760,7 @@ pub(super) fn resolve_chat_channels(
         (Platform::Telegram, telegram),
         (Platform::Discord, discord),
         (Platform::Slack, slack),
+        (Platform::Signal, signal),
     ] {
         let Some(mut f) = f else { continue };
         if !f.enabled.unwrap_or(true) {
@@ -770,6 +773,7 @@ pub(super) fn resolve_chat_channels(
         if f.token.is_some()
             || f.token_env.is_some()
             || f.token_file.is_some()
+            || f.number.is_some()
             || accounts.is_empty()
         {
             bots.push(resolve_account(
@@ -845,6 +849,8 @@ fn inherit(acc: file::ChatChannelFile, top: &file::ChatChannelFile) -> file::Cha
         app_token: acc.app_token,
         app_token_env: acc.app_token_env,
         app_token_file: acc.app_token_file,
+        // Each Signal account is its own number.
+        number: acc.number,
         allow_from: acc.allow_from.or(t.allow_from),
         pairing: acc.pairing.or(t.pairing),
         group_mode: acc.group_mode.or(t.group_mode),
@@ -876,7 +882,10 @@ fn check_distinct_tokens(bots: &[ChatChannelConfig]) -> Result<(), ConfigError> 
     for (i, b) in bots.iter().enumerate() {
         for a in &bots[..i] {
             let same_app = matches!((&a.app_token, &b.app_token), (Some(x), Some(y)) if x.expose() == y.expose());
-            let what = if a.token.expose() == b.token.expose() {
+            let same_number = a.number.is_some() && a.number == b.number;
+            let what = if same_number {
+                "number"
+            } else if !b.token.expose().is_empty() && a.token.expose() == b.token.expose() {
                 "token"
             } else if same_app {
                 "app_token"
@@ -909,15 +918,58 @@ fn resolve_account(
     {
         let name = platform.name();
         let key = |k: &str| channel_key(platform, account, k);
-        let token = super::secrets::resolve_service_secret(&key("token"), f.token, f.token_env, f.token_file, config_dir, env)?
-            .ok_or_else(|| ConfigError::Invalid {
-                key: key("token"),
-                detail: match account {
-                    None => format!("the {name} channel is enabled but has no bot token: set token_env or token_file (or enabled = false), or give each bot a section channels.{name}.accounts.NAME with its token"),
-                    Some(a) => format!("the {name} account {a} has no bot token: each account is its own bot and needs its own token (token_env or token_file; it is not inherited from channels.{name}), or set enabled = false"),
-                },
-            })?;
-        secrets.push(token.clone());
+        let token = super::secrets::resolve_service_secret(&key("token"), f.token, f.token_env, f.token_file, config_dir, env)?;
+        let token = match (platform, token) {
+            // signal-cli's HTTP daemon has no credentials: the account is `number`.
+            (Platform::Signal, Some(_)) => {
+                return Err(ConfigError::Invalid {
+                    key: key("token"),
+                    detail: "the signal channel takes no token: signal-cli holds the account's keys; set `number` to the account and `api_url` to the daemon (`signal-cli -a +NUMBER daemon --http 127.0.0.1:8080`)".into(),
+                })
+            }
+            (Platform::Signal, None) => Secret::new(String::new()),
+            (_, Some(t)) => t,
+            (_, None) => {
+                return Err(ConfigError::Invalid {
+                    key: key("token"),
+                    detail: match account {
+                        None => format!("the {name} channel is enabled but has no bot token: set token_env or token_file (or enabled = false), or give each bot a section channels.{name}.accounts.NAME with its token"),
+                        Some(a) => format!("the {name} account {a} has no bot token: each account is its own bot and needs its own token (token_env or token_file; it is not inherited from channels.{name}), or set enabled = false"),
+                    },
+                })
+            }
+        };
+        if !token.expose().is_empty() {
+            secrets.push(token.clone());
+        }
+        let number = match (platform, f.number) {
+            (Platform::Signal, Some(n)) if is_e164(n.trim()) => Some(n.trim().to_string()),
+            (Platform::Signal, Some(n)) => {
+                return Err(ConfigError::Invalid {
+                    key: key("number"),
+                    detail: format!("`{n}` is not a phone number in international format: write the account signal-cli runs as + and the country code and number, like \"+15551234567\""),
+                })
+            }
+            (Platform::Signal, None) => {
+                return Err(ConfigError::Invalid {
+                    key: key("number"),
+                    detail: "the signal channel needs the account's number (`number = \"+15551234567\"`), registered or linked in signal-cli first (see the Signal section of the channels guide)".into(),
+                })
+            }
+            (_, Some(_)) => {
+                return Err(ConfigError::Invalid {
+                    key: key("number"),
+                    detail: format!("only the signal channel takes a number, not {name}"),
+                })
+            }
+            (_, None) => None,
+        };
+        if platform == Platform::Signal && f.stream_edits == Some(true) {
+            return Err(ConfigError::Invalid {
+                key: key("stream_edits"),
+                detail: "Signal replies are sent whole: a Signal edit reaches every device as a new message and clients accept only a few edits of one message, so the signal channel does not stream".into(),
+            });
+        }
         let app_token = super::secrets::resolve_service_secret(
             &key("app_token"),
             f.app_token,
@@ -933,7 +985,7 @@ fn resolve_account(
                     detail: "Slack's Socket Mode needs the app-level token (xapp-...): set app_token_env or app_token_file".into(),
                 })
             }
-            (Platform::Telegram | Platform::Discord, Some(_)) => {
+            (Platform::Telegram | Platform::Discord | Platform::Signal, Some(_)) => {
                 return Err(ConfigError::Invalid {
                     key: key("app_token"),
                     detail: format!("only the slack channel has an app token, not {name}"),
@@ -1044,6 +1096,7 @@ fn resolve_account(
             account: account.map(str::to_string),
             token,
             app_token,
+            number,
             allow_from,
             pairing,
             group_all,
@@ -1085,6 +1138,8 @@ pub(super) fn check_user_id(platform: Platform, id: &str) -> Result<(), String> 
                     .bytes()
                     .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit())
         }
+        // A phone number (what a sender with one is known by) or an ACI (a UUID).
+        Platform::Signal => is_e164(id) || is_uuid(id),
     };
     if ok {
         return Ok(());
@@ -1099,10 +1154,30 @@ pub(super) fn check_user_id(platform: Platform, id: &str) -> Result<(), String> 
         Platform::Discord => format!(
             "`{id}` is not a Discord user id: user ids are numbers (snowflakes) like \"123456789012345678\", not names; in Discord turn on Developer Mode and use Copy User ID on the user, {how}"
         ),
+        Platform::Signal => format!(
+            "`{id}` is not a Signal sender: write phone numbers in international format like \"+15551234567\" (or a user's ACI, a UUID, for someone without a visible number), {how}"
+        ),
         Platform::Slack => format!(
             "`{id}` is not a Slack user id: member ids look like \"U0123ABCD\" (or W… on Enterprise Grid), not @names or emails; open the profile, ⋮ → Copy member ID, {how}"
         ),
     })
+}
+
+/// Whether `s` is an E.164 phone number: `+` and 7 to 15 digits, the first not 0.
+fn is_e164(s: &str) -> bool {
+    s.strip_prefix('+').is_some_and(|d| {
+        (7..=15).contains(&d.len()) && d.bytes().all(|b| b.is_ascii_digit()) && !d.starts_with('0')
+    })
+}
+
+/// Whether `s` is a UUID (a Signal ACI).
+fn is_uuid(s: &str) -> bool {
+    let parts: Vec<&str> = s.split('-').collect();
+    parts.len() == 5
+        && parts
+            .iter()
+            .zip([8, 4, 4, 4, 12])
+            .all(|(p, n)| p.len() == n && p.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
 pub(super) fn resolve_tools(

@@ -397,6 +397,8 @@ pub enum Platform {
     Discord,
     /// Slack.
     Slack,
+    /// Signal (through signal-cli).
+    Signal,
 }
 
 impl Platform {
@@ -406,6 +408,7 @@ impl Platform {
             Platform::Telegram => "telegram",
             Platform::Discord => "discord",
             Platform::Slack => "slack",
+            Platform::Signal => "signal",
         }
     }
 }
@@ -443,6 +446,8 @@ pub struct ChatChannelConfig {
     pub token: Secret,
     /// Slack's app-level token.
     pub app_token: Option<Secret>,
+    /// Signal's account number (`channels.signal.number`, E.164).
+    pub number: Option<String>,
     /// Admitted user ids.
     pub allow_from: std::collections::BTreeSet<String>,
     /// Pairing of unknown senders.

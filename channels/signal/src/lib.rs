@@ -44,7 +44,7 @@ use clawft_channel_core::draft_journal::DraftJournal;
 use clawft_channel_core::lock::MutexExt;
 use clawft_channel_core::media::{MediaRef, MediaRequest, OutboundFile};
 use clawft_channel_core::{
-    Capabilities, Channel, ChannelError, ChannelId, ChatId, GroupMode, InboundDelivery,
+    Capabilities, Channel, ChannelError, ChannelId, ChatId, InboundDelivery,
     MemoryState, OutboundKind, OutboundMessage, SentRef, StateStore, ThreadId,
 };
 use serde_json::{json, Map, Value};
@@ -62,6 +62,9 @@ mod sse;
 mod tests;
 
 use render::Rendered;
+
+/// Which group messages are delivered (direct messages always are).
+pub use clawft_channel_core::GroupMode;
 use rpc::Rpc;
 
 /// Largest file sent (Signal's own limit is 100 MiB; the file travels base64 in one request).
