@@ -398,7 +398,8 @@ async fn signal_check(
             ),
         );
     }
-    let req = json!({"jsonrpc": "2.0", "method": "listGroups", "id": 1, "params": {"account": number}});
+    let req =
+        json!({"jsonrpc": "2.0", "method": "listGroups", "id": 1, "params": {"account": number}});
     let body: serde_json::Value = match client
         .post(format!("{base}/api/v1/rpc"))
         .json(&req)

@@ -918,7 +918,14 @@ fn resolve_account(
     {
         let name = platform.name();
         let key = |k: &str| channel_key(platform, account, k);
-        let token = super::secrets::resolve_service_secret(&key("token"), f.token, f.token_env, f.token_file, config_dir, env)?;
+        let token = super::secrets::resolve_service_secret(
+            &key("token"),
+            f.token,
+            f.token_env,
+            f.token_file,
+            config_dir,
+            env,
+        )?;
         let token = match (platform, token) {
             // signal-cli's HTTP daemon has no credentials: the account is `number`.
             (Platform::Signal, Some(_)) => {

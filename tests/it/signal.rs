@@ -245,7 +245,9 @@ fn a_bad_signal_config_is_refused_at_load_naming_the_key() {
     let e = load(json!({"number": ALICE, "api_url": "127.0.0.1:8080"}));
     assert!(e.contains("channels.signal.api_url"), "{e}");
     assert_eq!(
-        load(json!({"number": ALICE, "allow_from": [ALICE, "0d1f2e3c-4b5a-4968-8776-655443322110"]})),
+        load(
+            json!({"number": ALICE, "allow_from": [ALICE, "0d1f2e3c-4b5a-4968-8776-655443322110"]})
+        ),
         ""
     );
 }

@@ -37,7 +37,9 @@ pub(crate) fn sender(env: &Value) -> Option<String> {
             .filter(|s| !s.is_empty())
             .map(str::to_string)
     };
-    s("sourceNumber").or_else(|| s("sourceUuid")).or_else(|| s("source"))
+    s("sourceNumber")
+        .or_else(|| s("sourceUuid"))
+        .or_else(|| s("source"))
 }
 
 fn is_me(me: &Me<'_>, v: &Value) -> bool {
@@ -146,7 +148,10 @@ fn replace_mentions(me: &Me<'_>, text: &str, mentions: &[&Value]) -> String {
 
 /// An attachment of a `dataMessage` (signal-cli's `JsonAttachment`).
 fn attachment(a: &Value) -> Option<MediaRef> {
-    let id = a.get("id").and_then(Value::as_str).filter(|s| !s.is_empty())?;
+    let id = a
+        .get("id")
+        .and_then(Value::as_str)
+        .filter(|s| !s.is_empty())?;
     let mime = a
         .get("contentType")
         .and_then(Value::as_str)
@@ -195,7 +200,12 @@ mod tests {
     fn direct_and_group_messages_mentions_and_skips() {
         let ch = ChannelId::new("signal");
         let m = me(&ch, GroupMode::Mention);
-        let ev = parse(&m, &envelope(json!({"timestamp": 1700000000123u64, "message": "hi"})), 5).unwrap();
+        let ev = parse(
+            &m,
+            &envelope(json!({"timestamp": 1700000000123u64, "message": "hi"})),
+            5,
+        )
+        .unwrap();
         assert_eq!(ev.chat.as_str(), "+15551111111");
         assert_eq!(ev.sender.as_str(), "+15551111111");
         assert_eq!(ev.event_id.as_str(), "+15551111111:1700000000123");
@@ -204,12 +214,18 @@ mod tests {
         assert!(parse(&m, &envelope(g.clone()), 5).is_none());
         // ...unless the mode is `all`.
         let all = me(&ch, GroupMode::All);
-        assert_eq!(parse(&all, &envelope(g), 5).unwrap().chat.as_str(), "group.R3JvdXA=");
+        assert_eq!(
+            parse(&all, &envelope(g), 5).unwrap().chat.as_str(),
+            "group.R3JvdXA="
+        );
         // A mention of the account is removed, another one reads as @name.
         let g = json!({"message": "\u{FFFC} ask \u{FFFC} please", "groupInfo": {"groupId": "R3JvdXA="},
             "mentions": [{"name": "+15550000000", "number": "+15550000000", "start": 0, "length": 1},
                          {"name": "Bob", "number": "+15552222222", "start": 6, "length": 1}]});
-        assert_eq!(parse(&m, &envelope(g), 5).unwrap().content, "ask @Bob please");
+        assert_eq!(
+            parse(&m, &envelope(g), 5).unwrap().content,
+            "ask @Bob please"
+        );
         // Typing, receipts, reactions and the account's own syncs are skipped.
         let typing = json!({"sourceNumber": "+15551111111", "timestamp": 1, "typingMessage": {"action": "STARTED", "timestamp": 1}});
         assert!(parse(&m, &typing, 5).is_none());

@@ -185,7 +185,7 @@ impl FakeSignal {
     pub fn add_group(&self, id: &str, members: &[&str]) {
         self.st()
             .groups
-            .insert(id.into(), members.iter().map(|m| m.to_string()).collect());
+            .insert(id.into(), members.iter().map(ToString::to_string).collect());
     }
 
     fn push_envelope(&self, from: &str, data_message: impl FnOnce(u64) -> Value) -> String {
@@ -222,7 +222,8 @@ impl FakeSignal {
             "mentions": [], "attachments": [], "contacts": [],
         });
         if let Some(g) = group {
-            dm["groupInfo"] = json!({"groupId": g, "groupName": "Family", "revision": 3, "type": "DELIVER"});
+            dm["groupInfo"] =
+                json!({"groupId": g, "groupName": "Family", "revision": 3, "type": "DELIVER"});
         }
         dm
     }
@@ -364,7 +365,10 @@ impl FakeSignal {
 }
 
 /// The parameters a method accepts (besides `account`), with a check of each value.
-fn allowed(method: &str) -> Option<&'static [(&'static str, fn(&Value) -> bool)]> {
+/// A parameter name and the check of its value.
+type Param = (&'static str, fn(&Value) -> bool);
+
+fn allowed(method: &str) -> Option<&'static [Param]> {
     fn string(v: &Value) -> bool {
         v.is_string()
     }
@@ -377,7 +381,7 @@ fn allowed(method: &str) -> Option<&'static [(&'static str, fn(&Value) -> bool)]
     fn boolean(v: &Value) -> bool {
         v.is_boolean()
     }
-    const SEND: &[(&str, fn(&Value) -> bool)] = &[
+    const SEND: &[Param] = &[
         ("recipient", strings),
         ("groupId", string),
         ("message", string),
@@ -391,21 +395,17 @@ fn allowed(method: &str) -> Option<&'static [(&'static str, fn(&Value) -> bool)]
         ("editTimestamp", int),
         ("notifySelf", boolean),
     ];
-    const TYPING: &[(&str, fn(&Value) -> bool)] = &[
+    const TYPING: &[Param] = &[
         ("recipient", strings),
         ("groupId", string),
         ("stop", boolean),
     ];
-    const RECEIPT: &[(&str, fn(&Value) -> bool)] = &[
+    const RECEIPT: &[Param] = &[
         ("recipient", string),
         ("targetTimestamp", int),
         ("type", string),
     ];
-    const ATTACHMENT: &[(&str, fn(&Value) -> bool)] = &[
-        ("id", string),
-        ("recipient", string),
-        ("groupId", string),
-    ];
+    const ATTACHMENT: &[Param] = &[("id", string), ("recipient", string), ("groupId", string)];
     match method {
         "send" => Some(SEND),
         "sendTyping" => Some(TYPING),
@@ -434,7 +434,10 @@ fn valid_recipient(r: &str) -> bool {
 /// The chat a `send`/`sendTyping` targets, or the error.
 fn target(st: &St, p: &Map<String, Value>) -> Result<String, (i64, String)> {
     let recipients = list(p.get("recipient"));
-    match (recipients.as_slice(), p.get("groupId").and_then(Value::as_str)) {
+    match (
+        recipients.as_slice(),
+        p.get("groupId").and_then(Value::as_str),
+    ) {
         ([], None) => Err((-32602, "No recipients given".into())),
         ([_, ..], Some(_)) => Err((
             -32602,
@@ -482,7 +485,9 @@ fn check_styles(text: &str, styles: &[String]) -> Result<(), String> {
     for s in styles {
         let mut it = s.splitn(3, ':');
         let (Some(a), Some(b), Some(st)) = (it.next(), it.next(), it.next()) else {
-            return Err(format!("Invalid textStyle `{s}`: expected start:length:STYLE"));
+            return Err(format!(
+                "Invalid textStyle `{s}`: expected start:length:STYLE"
+            ));
         };
         let (Ok(a), Ok(b)) = (a.parse::<usize>(), b.parse::<usize>()) else {
             return Err(format!("Invalid textStyle `{s}`"));
@@ -620,7 +625,12 @@ fn send(st: &mut St, id: &Value, p: &Map<String, Value>) -> Value {
         match data_uri(&a) {
             Ok(f) => files.push(f),
             Err(e) => {
-                return rpc_error(id, -1, &format!("Failed to add attachment: {e}"), Value::Null)
+                return rpc_error(
+                    id,
+                    -1,
+                    &format!("Failed to add attachment: {e}"),
+                    Value::Null,
+                )
             }
         }
     }
@@ -684,12 +694,16 @@ async fn events(
             .cloned()
             .collect();
         st.streams_open += 1;
-        (backlog, sh.live.subscribe(), sh.drop_streams.locked().clone())
+        (
+            backlog,
+            sh.live.subscribe(),
+            sh.drop_streams.locked().clone(),
+        )
     };
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(64);
-    let sh2 = sh.clone();
     tokio::spawn(async move {
-        let frame = |(i, d): &(u64, String)| Bytes::from(format!("id:{i}\nevent:receive\ndata:{d}\n\n"));
+        let frame =
+            |(i, d): &(u64, String)| Bytes::from(format!("id:{i}\nevent:receive\ndata:{d}\n\n"));
         let mut sent_upto = 0;
         for e in &backlog {
             sent_upto = e.0;
@@ -711,11 +725,14 @@ async fn events(
                 },
             }
         }
-        sh2.st.locked().streams_open -= 1;
+        sh.st.locked().streams_open -= 1;
     });
     let stream = tokio_stream_from(rx);
     (
-        [("content-type", "text/event-stream"), ("cache-control", "no-cache")],
+        [
+            ("content-type", "text/event-stream"),
+            ("cache-control", "no-cache"),
+        ],
         axum::body::Body::from_stream(stream),
     )
         .into_response()

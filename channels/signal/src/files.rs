@@ -44,7 +44,11 @@ impl FileServer {
     }
 
     /// The URL the daemon downloads attachment `id` from.
-    pub(crate) async fn url_for(&self, inner: &Arc<Inner>, id: &str) -> Result<String, ChannelError> {
+    pub(crate) async fn url_for(
+        &self,
+        inner: &Arc<Inner>,
+        id: &str,
+    ) -> Result<String, ChannelError> {
         if !valid_id(id) {
             return Err(ChannelError::Rejected(format!(
                 "`{id}` is not a Signal attachment id"
@@ -52,10 +56,7 @@ impl FileServer {
         }
         let weak = Arc::downgrade(inner);
         let stop = self.stop.clone();
-        let base = self
-            .base
-            .get_or_try_init(|| start(weak, stop))
-            .await?;
+        let base = self.base.get_or_try_init(|| start(weak, stop)).await?;
         Ok(format!("{base}/{id}"))
     }
 }

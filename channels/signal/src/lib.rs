@@ -44,8 +44,8 @@ use clawft_channel_core::draft_journal::DraftJournal;
 use clawft_channel_core::lock::MutexExt;
 use clawft_channel_core::media::{MediaRef, MediaRequest, OutboundFile};
 use clawft_channel_core::{
-    Capabilities, Channel, ChannelError, ChannelId, ChatId, InboundDelivery,
-    MemoryState, OutboundKind, OutboundMessage, SentRef, StateStore, ThreadId,
+    Capabilities, Channel, ChannelError, ChannelId, ChatId, InboundDelivery, MemoryState,
+    OutboundKind, OutboundMessage, SentRef, StateStore, ThreadId,
 };
 use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;

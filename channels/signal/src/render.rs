@@ -173,9 +173,9 @@ fn inline(s: &str, out: &mut Rendered) {
             i += 2;
             continue;
         }
-        if rest.starts_with('`') {
-            if let Some(end) = rest[1..].find('`') {
-                let code = &rest[1..1 + end];
+        if let Some(after) = rest.strip_prefix('`') {
+            if let Some(end) = after.find('`') {
+                let code = &after[..end];
                 out.styled(Style::Monospace, |o| o.push(code));
                 i += end + 2;
                 continue;
@@ -289,7 +289,12 @@ mod tests {
         assert_eq!(r.text, "Hi there x = 1 and no");
         assert_eq!(
             styles(&r),
-            ["0:2:BOLD", "3:5:ITALIC", "9:5:MONOSPACE", "19:2:STRIKETHROUGH"]
+            [
+                "0:2:BOLD",
+                "3:5:ITALIC",
+                "9:5:MONOSPACE",
+                "19:2:STRIKETHROUGH"
+            ]
         );
         // An emoji is two UTF-16 units: the range after it counts them.
         let r = render("😀 **ok**");
@@ -304,7 +309,9 @@ mod tests {
             r.text,
             "Title\n\n• one\n• docs (https://x.y)\n\nlet a = 1;\nend"
         );
-        let code_at = r.text[..r.text.find("let").unwrap_or(0)].encode_utf16().count();
+        let code_at = r.text[..r.text.find("let").unwrap_or(0)]
+            .encode_utf16()
+            .count();
         assert!(styles(&r).contains(&"0:5:BOLD".to_string()));
         assert!(styles(&r).contains(&format!("{code_at}:10:MONOSPACE")));
     }

@@ -161,7 +161,9 @@ mod tests {
             Some(DEFAULT_RATE_LIMIT_WAIT)
         );
         assert!(classify("send", &json!({"code": -3, "message": "io"})).is_retryable());
-        assert!(!classify("send", &json!({"code": -1, "message": "Invalid group id"})).is_retryable());
+        assert!(
+            !classify("send", &json!({"code": -1, "message": "Invalid group id"})).is_retryable()
+        );
         assert_eq!(
             classify(
                 "send",

@@ -69,7 +69,9 @@ async fn rate_limits_are_retryable_with_signals_delay_and_chunks_are_not_doubled
     let msg = reply("+15551111111", &long, None);
     let first = crate::render::chunks(&long);
     assert!(first.len() >= 3);
-    ch.send(&reply("+15552222222", "warm up", None)).await.unwrap();
+    ch.send(&reply("+15552222222", "warm up", None))
+        .await
+        .unwrap();
     fake.rate_limit_next_send(0);
     let e = ch.send(&msg).await.unwrap_err();
     assert!(e.is_retryable());
@@ -78,7 +80,9 @@ async fn rate_limits_are_retryable_with_signals_delay_and_chunks_are_not_doubled
     ch.send(&msg).await.unwrap();
     let got = fake.sent_to("+15551111111");
     assert_eq!(got.len(), first.len());
-    assert!(got.iter().all(|s| s.text.len() <= crate::render::MAX_MESSAGE_BYTES));
+    assert!(got
+        .iter()
+        .all(|s| s.text.len() <= crate::render::MAX_MESSAGE_BYTES));
     // Rate limited in the middle: the retry sends only the rest.
     let msg2 = reply("+15553333333", &long, None);
     fake.rate_limit_send_after(1, 7);
@@ -95,7 +99,9 @@ async fn group_replies_quote_the_message_and_typing_goes_to_the_group() {
     let fake = FakeSignal::start().await;
     fake.add_group("R3JvdXBBQkM=", &[ACCOUNT, "+15551111111"]);
     let ch = channel(&fake, Arc::new(MemoryState::default()));
-    ch.typing(&ChatId::new("group.R3JvdXBBQkM="), None).await.unwrap();
+    ch.typing(&ChatId::new("group.R3JvdXBBQkM="), None)
+        .await
+        .unwrap();
     ch.send(&reply(
         "group.R3JvdXBBQkM=",
         "hi all",
@@ -108,7 +114,10 @@ async fn group_replies_quote_the_message_and_typing_goes_to_the_group() {
     assert_eq!(s[0].quote, Some(1_700_000_000_042));
     assert_eq!(fake.typing().len(), 1);
     // An unknown group is a permanent error, not retried.
-    let e = ch.send(&reply("group.Tm9wZQ==", "x", None)).await.unwrap_err();
+    let e = ch
+        .send(&reply("group.Tm9wZQ==", "x", None))
+        .await
+        .unwrap_err();
     assert!(!e.is_retryable(), "{e}");
 }
 
