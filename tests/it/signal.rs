@@ -251,3 +251,35 @@ fn a_bad_signal_config_is_refused_at_load_naming_the_key() {
         ""
     );
 }
+
+#[tokio::test]
+async fn an_oversized_message_is_refused_with_a_notice_and_nothing_stored() {
+    let fake = FakeSignal::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let llm = FakeLlm::start().await;
+    llm.push(Reply::Text("short one answered".into()));
+    let mut extra = section(&fake, json!({}));
+    extra["channels"]["max_inbound_bytes"] = json!(1024);
+    let gw = TestGateway::start(config(&llm, dir.path(), extra)).await;
+    let marker = "OVERSIZED-CANARY-";
+    let big = marker.repeat(200);
+    fake.push_message(ALICE, &big);
+    assert!(
+        wait_until(T, || fake.sent_to(ALICE).len() == 1).await,
+        "{:?}",
+        fake.sent()
+    );
+    let notice = fake.sent_to(ALICE)[0].text.clone();
+    assert!(notice.contains("over the 1 KB limit"), "{notice}");
+    fake.push_message(ALICE, "short");
+    assert!(wait_until(T, || fake.sent_to(ALICE).len() == 2).await);
+    assert_eq!(fake.sent_to(ALICE)[1].text, "short one answered");
+    let reqs = llm.requests();
+    assert_eq!(reqs.len(), 1);
+    assert!(!reqs[0].to_string().contains(marker));
+    gw.stop().await;
+    assert!(
+        !crate::common::bytes_under(&dir.path().join("store")).contains(marker),
+        "the oversized text was stored"
+    );
+}
