@@ -18,6 +18,9 @@
 //!   queue, like a daemon restarting behind a proxy.
 //! - `GET /api/v1/check`: 200.
 //!
+//! Like signal-cli, `POST /api/v1/rpc` without `Content-Type: application/json` is 415, and an
+//! events stream for an account it does not have is 400.
+//!
 //! Every successful `send` is recorded ([`Sent`]); `sendTyping` and `sendReceipt` calls too.
 
 use std::collections::{HashMap, VecDeque};
@@ -504,7 +507,15 @@ fn check_styles(text: &str, styles: &[String]) -> Result<(), String> {
     Ok(())
 }
 
-async fn rpc(State(sh): State<Arc<Shared>>, body: Bytes) -> Response {
+async fn rpc(State(sh): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Response {
+    // signal-cli answers 415 without a body unless the request says it is JSON.
+    let json_body = headers
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if !json_body {
+        return StatusCode::UNSUPPORTED_MEDIA_TYPE.into_response();
+    }
     let answer = handle_rpc(&sh, &body);
     if let Some(e) = answer.get("error") {
         sh.st.locked().rejected.push(e.clone());

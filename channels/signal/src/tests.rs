@@ -192,3 +192,38 @@ async fn inbound_messages_files_and_a_reconnect_that_loses_nothing() {
     task.await.unwrap().unwrap();
     assert!(fake.receipts().is_empty(), "read receipts were sent");
 }
+
+#[tokio::test]
+async fn the_fake_refuses_what_signal_cli_refuses() {
+    let fake = FakeSignal::start().await;
+    let url = format!("{}/api/v1/rpc", fake.api_url());
+    let http = reqwest::Client::new();
+    let call = |body: serde_json::Value| {
+        let (http, url) = (http.clone(), url.clone());
+        async move {
+            let v: serde_json::Value = http
+                .post(&url)
+                .json(&body)
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            v["error"]["code"].as_i64()
+        }
+    };
+    let no_account = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "send", "params": {"recipient": ["+15551111111"], "message": "x"}});
+    assert_eq!(call(no_account).await, Some(-32602));
+    let unknown = serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "sendMessage", "params": {"account": ACCOUNT}});
+    assert_eq!(call(unknown).await, Some(-32601));
+    let typo = serde_json::json!({"jsonrpc": "2.0", "id": 3, "method": "send", "params": {"account": ACCOUNT, "recipients": ["+15551111111"], "message": "x"}});
+    assert_eq!(call(typo).await, Some(-32602));
+    let style = serde_json::json!({"jsonrpc": "2.0", "id": 4, "method": "send", "params": {"account": ACCOUNT, "recipient": "+15551111111", "message": "hi", "textStyle": ["0:9:BOLD"]}});
+    assert_eq!(call(style).await, Some(-32602));
+    let no_method = serde_json::json!({"jsonrpc": "2.0", "id": 5});
+    assert_eq!(call(no_method).await, Some(-32600));
+    let plain = http.post(&url).body("{}").send().await.unwrap();
+    assert_eq!(plain.status().as_u16(), 415);
+    assert!(fake.sent().is_empty());
+}
