@@ -239,8 +239,8 @@ impl SignalChannel {
     }
 
     /// `send`; answers the timestamp Signal gave the message.
-    async fn send_raw(&self, mut p: Map<String, Value>) -> Result<u64, ChannelError> {
-        let r = self.inner.rpc.call("send", std::mem::take(&mut p)).await?;
+    async fn send_raw(&self, p: Map<String, Value>) -> Result<u64, ChannelError> {
+        let r = self.inner.rpc.call("send", p).await?;
         Ok(r.get("timestamp").and_then(Value::as_u64).unwrap_or(0))
     }
 
