@@ -222,7 +222,11 @@ pub fn rows(config: &Config, set: &BTreeMap<String, String>) -> Vec<Row> {
             Some(d) => format!("(not in this shell; the service reads it) {}", d.reason),
             None => MASKED.into(),
         };
-        push(token.clone(), shown, p.origin(&token));
+        match &c.number {
+            // Signal has no token: its account is the number.
+            Some(n) => push(k("number"), n.clone(), p.origin(&k("number"))),
+            None => push(token.clone(), shown, p.origin(&token)),
+        }
         let allow: Vec<&str> = c.allow_from.iter().map(String::as_str).collect();
         push(
             k("allow_from"),

@@ -299,6 +299,10 @@ async fn channels(config: &Config, client: &reqwest::Client) -> Vec<Finding> {
             out.push(deferred_finding(config, &check, d));
             continue;
         }
+        if c.platform == Platform::Signal {
+            out.push(signal_check(c, &check, client).await);
+            continue;
+        }
         let token = c.token.expose();
         let r = match c.platform {
             Platform::Telegram => {
@@ -322,6 +326,8 @@ async fn channels(config: &Config, client: &reqwest::Client) -> Vec<Finding> {
                     .send()
                     .await
             }
+            // Checked above (no token).
+            Platform::Signal => continue,
             Platform::Slack => {
                 let base = c
                     .api_url
@@ -395,6 +401,51 @@ async fn channels(config: &Config, client: &reqwest::Client) -> Vec<Finding> {
         });
     }
     out
+}
+
+/// signal-cli's daemon: reachable (`GET /api/v1/check`), and running the configured account
+/// (a JSON-RPC `listGroups` for it answers without an account error).
+async fn signal_check(
+    c: &crate::config::ChatChannelConfig,
+    check: &str,
+    client: &reqwest::Client,
+) -> Finding {
+    let base = c
+        .api_url
+        .clone()
+        .unwrap_or_else(|| "http://127.0.0.1:8080".into());
+    let base = base.trim_end_matches('/');
+    let number = c.number.clone().unwrap_or_default();
+    if let Err(e) = client.get(format!("{base}/api/v1/check")).send().await {
+        return fail(
+            check,
+            format!(
+                "signal-cli unreachable at {base} ({e}): run `signal-cli -a {number} daemon --http 127.0.0.1:8080` (or set {})",
+                c.config_key("api_url")
+            ),
+        );
+    }
+    let req =
+        json!({"jsonrpc": "2.0", "method": "listGroups", "id": 1, "params": {"account": number}});
+    let body: serde_json::Value = match client
+        .post(format!("{base}/api/v1/rpc"))
+        .json(&req)
+        .send()
+        .await
+    {
+        Ok(r) => r.json().await.unwrap_or_default(),
+        Err(e) => return fail(check, format!("signal-cli at {base}: {e}")),
+    };
+    match body["error"]["message"].as_str() {
+        None => ok(check, format!("signal-cli runs {number}")),
+        Some(e) => fail(
+            check,
+            format!(
+                "signal-cli at {base} refused {number} ({e}): register or link it in signal-cli, or fix {}",
+                c.config_key("number")
+            ),
+        ),
+    }
 }
 
 /// A secret of the service this shell does not hold (it lives in the service's environment):

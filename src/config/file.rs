@@ -220,6 +220,8 @@ pub struct ChannelsFile {
     pub whatsapp: Option<ChatChannelFile>,
     /// Matrix (Client-Server API: `/sync` long-poll, a bot account's access token).
     pub matrix: Option<ChatChannelFile>,
+    /// Signal (signal-cli's JSON-RPC daemon over HTTP).
+    pub signal: Option<ChatChannelFile>,
     /// Largest message accepted from any channel, in bytes of UTF-8 text (default: 32768,
     /// from 1024 to 4194304). A longer one is refused before it is stored or reaches the model,
     /// and its sender is told in the same chat (the HTTP API answers 413).
@@ -269,6 +271,9 @@ pub struct ChatChannelFile {
     pub app_token_env: Option<String>,
     /// Slack only: file holding the app-level token.
     pub app_token_file: Option<String>,
+    /// Signal only: the account's phone number in international format (`+15551234567`), as
+    /// registered or linked in signal-cli.
+    pub number: Option<String>,
     /// Platform user ids allowed to talk to the bot (ids, not usernames). Empty: nobody
     /// (unless paired).
     pub allow_from: Option<Vec<IdFile>>,

@@ -235,6 +235,7 @@ impl Config {
                 (Platform::Slack, raw.channels.slack),
                 (Platform::WhatsApp, raw.channels.whatsapp),
                 (Platform::Matrix, raw.channels.matrix),
+                (Platform::Signal, raw.channels.signal),
             ],
             config_dir,
             env,
@@ -785,6 +786,7 @@ pub(super) fn resolve_chat_channels(
         if f.token.is_some()
             || f.token_env.is_some()
             || f.token_file.is_some()
+            || f.number.is_some()
             || accounts.is_empty()
         {
             bots.push(resolve_account(
@@ -860,6 +862,8 @@ fn inherit(acc: file::ChatChannelFile, top: &file::ChatChannelFile) -> file::Cha
         app_token: acc.app_token,
         app_token_env: acc.app_token_env,
         app_token_file: acc.app_token_file,
+        // Each Signal account is its own number.
+        number: acc.number,
         allow_from: acc.allow_from.or(t.allow_from),
         pairing: acc.pairing.or(t.pairing),
         group_mode: acc.group_mode.or(t.group_mode),
@@ -919,7 +923,10 @@ fn check_distinct_tokens(bots: &[ChatChannelConfig]) -> Result<(), ConfigError> 
                 continue;
             }
             let same_app = matches!((&a.app_token, &b.app_token), (Some(x), Some(y)) if x.expose() == y.expose());
-            let what = if a.token.expose() == b.token.expose() {
+            let same_number = a.number.is_some() && a.number == b.number;
+            let what = if same_number {
+                "number"
+            } else if !b.token.expose().is_empty() && a.token.expose() == b.token.expose() {
                 "token"
             } else if same_app {
                 "app_token"
@@ -960,16 +967,66 @@ fn resolve_account(
         } else {
             "token"
         };
-        let token = super::secrets::resolve_service_secret(&key(token_key), f.token, f.token_env, f.token_file, config_dir, env)?
-            .ok_or_else(|| ConfigError::Invalid {
-                key: key(token_key),
-                detail: match account {
-                    None if platform == Platform::Matrix => "the matrix channel is enabled but has no access token: set access_token_env or access_token_file to the bot account's access token (Element: Settings → Help & About → Access Token, or a login of the bot account), or enabled = false".into(),
-                    None => format!("the {name} channel is enabled but has no bot token: set token_env or token_file (or enabled = false), or give each bot a section channels.{name}.accounts.NAME with its token"),
-                    Some(a) => format!("the {name} account {a} has no bot token: each account is its own bot and needs its own token (token_env or token_file; it is not inherited from channels.{name}), or set enabled = false"),
-                },
-            })?;
-        secrets.push(token.clone());
+        let token = super::secrets::resolve_service_secret(
+            &key(token_key),
+            f.token,
+            f.token_env,
+            f.token_file,
+            config_dir,
+            env,
+        )?;
+        let token = match (platform, token) {
+            // signal-cli's HTTP daemon has no credentials: the account is `number`.
+            (Platform::Signal, Some(_)) => {
+                return Err(ConfigError::Invalid {
+                    key: key("token"),
+                    detail: "the signal channel takes no token: signal-cli holds the account's keys; set `number` to the account and `api_url` to the daemon (`signal-cli -a +NUMBER daemon --http 127.0.0.1:8080`)".into(),
+                })
+            }
+            (Platform::Signal, None) => Secret::new(String::new()),
+            (_, Some(t)) => t,
+            (_, None) => {
+                return Err(ConfigError::Invalid {
+                    key: key(token_key),
+                    detail: match account {
+                        None if platform == Platform::Matrix => "the matrix channel is enabled but has no access token: set access_token_env or access_token_file to the bot account's access token (Element: Settings → Help & About → Access Token, or a login of the bot account), or enabled = false".into(),
+                        None => format!("the {name} channel is enabled but has no bot token: set token_env or token_file (or enabled = false), or give each bot a section channels.{name}.accounts.NAME with its token"),
+                        Some(a) => format!("the {name} account {a} has no bot token: each account is its own bot and needs its own token (token_env or token_file; it is not inherited from channels.{name}), or set enabled = false"),
+                    },
+                })
+            }
+        };
+        if !token.expose().is_empty() {
+            secrets.push(token.clone());
+        }
+        let number = match (platform, f.number) {
+            (Platform::Signal, Some(n)) if is_e164(n.trim()) => Some(n.trim().to_string()),
+            (Platform::Signal, Some(n)) => {
+                return Err(ConfigError::Invalid {
+                    key: key("number"),
+                    detail: format!("`{n}` is not a phone number in international format: write the account signal-cli runs as + and the country code and number, like \"+15551234567\""),
+                })
+            }
+            (Platform::Signal, None) => {
+                return Err(ConfigError::Invalid {
+                    key: key("number"),
+                    detail: "the signal channel needs the account's number (`number = \"+15551234567\"`), registered or linked in signal-cli first (see the Signal section of the channels guide)".into(),
+                })
+            }
+            (_, Some(_)) => {
+                return Err(ConfigError::Invalid {
+                    key: key("number"),
+                    detail: format!("only the signal channel takes a number, not {name}"),
+                })
+            }
+            (_, None) => None,
+        };
+        if platform == Platform::Signal && f.stream_edits == Some(true) {
+            return Err(ConfigError::Invalid {
+                key: key("stream_edits"),
+                detail: "Signal replies are sent whole: a Signal edit reaches every device as a new message and clients accept only a few edits of one message, so the signal channel does not stream".into(),
+            });
+        }
         let app_token = super::secrets::resolve_service_secret(
             &key("app_token"),
             f.app_token,
@@ -986,7 +1043,7 @@ fn resolve_account(
                 })
             }
             (
-                Platform::Telegram | Platform::Discord | Platform::WhatsApp | Platform::Matrix,
+                Platform::Telegram | Platform::Discord | Platform::WhatsApp | Platform::Matrix | Platform::Signal,
                 Some(_),
             ) => {
                 return Err(ConfigError::Invalid {
@@ -1099,6 +1156,7 @@ fn resolve_account(
             account: account.map(str::to_string),
             token,
             app_token,
+            number,
             allow_from,
             pairing,
             group_all,
@@ -1320,6 +1378,8 @@ pub(super) fn check_user_id(platform: Platform, id: &str) -> Result<(), String> 
                 !l.is_empty() && !s.is_empty() && !rest.contains(char::is_whitespace)
             })
         }),
+        // A phone number (what a sender with one is known by) or an ACI (a UUID).
+        Platform::Signal => is_e164(id) || is_uuid(id),
     };
     if ok {
         return Ok(());
@@ -1340,10 +1400,30 @@ pub(super) fn check_user_id(platform: Platform, id: &str) -> Result<(), String> 
         Platform::Matrix => format!(
             "`{id}` is not a Matrix user id: user ids look like \"@alice:example.org\" (in Element: your name at the top left shows it), not display names, {how}"
         ),
+        Platform::Signal => format!(
+            "`{id}` is not a Signal sender: write phone numbers in international format like \"+15551234567\" (or a user's ACI, a UUID, for someone without a visible number), {how}"
+        ),
         Platform::Slack => format!(
             "`{id}` is not a Slack user id: member ids look like \"U0123ABCD\" (or W… on Enterprise Grid), not @names or emails; open the profile, ⋮ → Copy member ID, {how}"
         ),
     })
+}
+
+/// Whether `s` is an E.164 phone number: `+` and 7 to 15 digits, the first not 0.
+fn is_e164(s: &str) -> bool {
+    s.strip_prefix('+').is_some_and(|d| {
+        (7..=15).contains(&d.len()) && d.bytes().all(|b| b.is_ascii_digit()) && !d.starts_with('0')
+    })
+}
+
+/// Whether `s` is a UUID (a Signal ACI).
+fn is_uuid(s: &str) -> bool {
+    let parts: Vec<&str> = s.split('-').collect();
+    parts.len() == 5
+        && parts
+            .iter()
+            .zip([8, 4, 4, 4, 12])
+            .all(|(p, n)| p.len() == n && p.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
 pub(super) fn resolve_tools(

@@ -401,6 +401,8 @@ pub enum Platform {
     WhatsApp,
     /// Matrix.
     Matrix,
+    /// Signal (through signal-cli).
+    Signal,
 }
 
 impl Platform {
@@ -412,6 +414,7 @@ impl Platform {
             Platform::Slack => "slack",
             Platform::WhatsApp => "whatsapp",
             Platform::Matrix => "matrix",
+            Platform::Signal => "signal",
         }
     }
 }
@@ -449,6 +452,8 @@ pub struct ChatChannelConfig {
     pub token: Secret,
     /// Slack's app-level token.
     pub app_token: Option<Secret>,
+    /// Signal's account number (`channels.signal.number`, E.164).
+    pub number: Option<String>,
     /// Admitted user ids.
     pub allow_from: std::collections::BTreeSet<String>,
     /// Pairing of unknown senders.

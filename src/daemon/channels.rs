@@ -1,4 +1,5 @@
-//! The chat platform adapters of this build (cargo features `telegram`, `discord`, `slack`),
+//! The chat platform adapters of this build (cargo features `telegram`, `discord`, `slack`,
+//! `signal`),
 //! built from `channels.*` config, the store-backed [`StateStore`] they keep offsets in, and
 //! the HTTP chats' mailboxes in the store ([`StoreMail`]).
 
@@ -210,7 +211,8 @@ fn build(
         feature = "discord",
         feature = "slack",
         feature = "whatsapp",
-        feature = "matrix"
+        feature = "matrix",
+        feature = "signal"
     ))]
     use crate::config::Platform;
     match c.platform {
@@ -330,6 +332,25 @@ fn build(
                 ..MatrixConfig::default()
             };
             Ok(Arc::new(MatrixChannel::new(m).map_err(|e| e.to_string())?))
+        }
+        #[cfg(feature = "signal")]
+        Platform::Signal => {
+            use clawft_channel_signal::{GroupMode, SignalChannel, SignalConfig};
+            let mut s = SignalConfig {
+                number: c.number.clone().unwrap_or_default(),
+                group_mode: if c.group_all {
+                    GroupMode::All
+                } else {
+                    GroupMode::Mention
+                },
+                state,
+                id: clawft_channel_core::ChannelId::new(c.id()),
+                ..SignalConfig::default()
+            };
+            if let Some(u) = &c.api_url {
+                s.api_url.clone_from(u);
+            }
+            Ok(Arc::new(SignalChannel::new(s).map_err(|e| e.to_string())?))
         }
         #[allow(unreachable_patterns)]
         other => {

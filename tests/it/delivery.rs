@@ -321,3 +321,34 @@ async fn discord_kill_9_while_the_answer_to_the_post_is_in_flight_shows_one_repl
     assert_eq!((p.visible)(), [ANSWER], "{}", log_of(dir.path()));
     assert_eq!(d.term().code(), Some(0), "{}", log_of(dir.path()));
 }
+
+fn signal(sg: &Arc<clawft_channel_signal::fake::FakeSignal>) -> Platform {
+    use clawft_channel_signal::fake::ACCOUNT;
+    let (a, b, url) = (sg.clone(), sg.clone(), sg.api_url());
+    Platform {
+        name: "signal",
+        // Signal replies are not streamed: no draft case.
+        section: Box::new(
+            move |_stream| json!({"number": ACCOUNT, "api_url": url, "allow_from": ["+15551111111"]}),
+        ),
+        push: Box::new(move || {
+            a.push_message("+15551111111", "are you there?");
+        }),
+        visible: Box::new(move || {
+            b.sent_to("+15551111111")
+                .into_iter()
+                .map(|s| s.text)
+                .collect()
+        }),
+    }
+}
+
+/// signal-cli has no idempotency key: the timestamps of the chunks sent are journaled, and the
+/// resend after the restart skips them.
+#[tokio::test]
+async fn signal_kill_9_at_every_point_of_the_send_path_shows_one_reply() {
+    for point in [Point::BeforeSend, Point::AfterSend, Point::AfterMark] {
+        let sg = Arc::new(clawft_channel_signal::fake::FakeSignal::start().await);
+        cycle(&signal(&sg), point).await;
+    }
+}

@@ -41,6 +41,7 @@ mod scheduler;
 mod scrubbing;
 mod service;
 mod session_tools;
+mod signal;
 mod slow_store;
 mod store_crash;
 mod store_faults;
