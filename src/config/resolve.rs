@@ -228,7 +228,7 @@ impl Config {
         let store = resolve_store(raw.store, &home, env)?;
         let sessions = resolve_sessions(&raw.sessions);
         let max_inbound_bytes = resolve_max_inbound(raw.channels.max_inbound_bytes)?;
-        let chat_channels = resolve_chat_channels(
+        let mut chat_channels = resolve_chat_channels(
             raw.channels.telegram,
             raw.channels.discord,
             raw.channels.slack,
@@ -236,6 +236,12 @@ impl Config {
             env,
             &mut secrets,
         )?;
+        chat_channels.extend(super::email::resolve(
+            raw.channels.email,
+            config_dir,
+            env,
+            &mut secrets,
+        )?);
         let mut tools = resolve_tools(
             raw.tools,
             agent_tools.as_ref(),
@@ -1063,6 +1069,7 @@ fn resolve_account(
                 }
                 Some(n) => n,
             },
+            email: None,
         })
     }
 }
@@ -1078,6 +1085,7 @@ pub(super) fn check_user_id(platform: Platform, id: &str) -> Result<(), String> 
         // Snowflakes: unsigned 64-bit numbers.
         Platform::Discord => digits(id) && id.parse::<u64>().is_ok(),
         // Member ids: U… (or W… on Enterprise Grid), upper-case letters and digits.
+        Platform::Email => super::email::is_address(id),
         Platform::Slack => {
             id.len() >= 3
                 && (id.starts_with('U') || id.starts_with('W'))
@@ -1098,6 +1106,9 @@ pub(super) fn check_user_id(platform: Platform, id: &str) -> Result<(), String> 
         ),
         Platform::Discord => format!(
             "`{id}` is not a Discord user id: user ids are numbers (snowflakes) like \"123456789012345678\", not names; in Discord turn on Developer Mode and use Copy User ID on the user, {how}"
+        ),
+        Platform::Email => format!(
+            "`{id}` is not a mail address: allow_from lists addresses like alice@example.org, {how}"
         ),
         Platform::Slack => format!(
             "`{id}` is not a Slack user id: member ids look like \"U0123ABCD\" (or W… on Enterprise Grid), not @names or emails; open the profile, ⋮ → Copy member ID, {how}"

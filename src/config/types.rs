@@ -397,6 +397,8 @@ pub enum Platform {
     Discord,
     /// Slack.
     Slack,
+    /// Email (IMAP in, SMTP out).
+    Email,
 }
 
 impl Platform {
@@ -406,6 +408,7 @@ impl Platform {
             Platform::Telegram => "telegram",
             Platform::Discord => "discord",
             Platform::Slack => "slack",
+            Platform::Email => "email",
         }
     }
 }
@@ -463,6 +466,8 @@ pub struct ChatChannelConfig {
     pub edit_interval: Duration,
     /// Chats sending at the same time (`channels.<x>.max_chats_in_flight`).
     pub max_chats_in_flight: usize,
+    /// The email channel's settings (`[channels.email]`; `token` is its password).
+    pub email: Option<Box<super::email::EmailSettings>>,
 }
 
 impl ChatChannelConfig {
