@@ -200,6 +200,18 @@ pub fn is_address(s: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || "@.!#$%&'*+-=?^_`{|}~".contains(c))
 }
 
+/// The wait a refusal names (`try again in 30 seconds`), in seconds, at most an hour.
+fn wait_named(text: &str) -> Option<u64> {
+    text.split("in ").skip(1).find_map(|rest| {
+        let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+        let unit = rest[digits.len()..].trim_start();
+        (!digits.is_empty() && unit.starts_with("sec"))
+            .then(|| digits.parse::<u64>().ok())
+            .flatten()
+            .map(|n| n.min(3600))
+    })
+}
+
 fn domain(addr: &str) -> &str {
     addr.rsplit_once('@').map_or("localhost", |(_, d)| d)
 }
@@ -521,7 +533,7 @@ impl EmailChannel {
                         || lower.contains("4.7.0"))
                 {
                     ChannelError::RateLimited {
-                        retry_after: Some(Duration::from_secs(60)),
+                        retry_after: Some(Duration::from_secs(wait_named(&lower).unwrap_or(60))),
                     }
                 } else if (400..500).contains(&code) {
                     ChannelError::Transient(format!("SMTP {code} {text}"))
