@@ -794,3 +794,117 @@ fn bad_email_settings_are_refused_at_load_naming_the_key() {
         assert!(err.contains(key), "{patch}: {err}");
     }
 }
+
+/// The real `weft`, killed with SIGKILL at each point of the send path (`WEFT_FAULT`) and
+/// restarted on the same store: the user gets exactly one reply.
+#[tokio::test]
+async fn kill_9_at_every_point_of_the_send_path_sends_one_mail() {
+    use crate::process::{free_port, log_of, weft, write_config, Daemon};
+    use std::os::unix::process::ExitStatusExt as _;
+    let Some(s) = servers() else { return };
+    for point in [
+        "egress.before_send",
+        "egress.after_send",
+        "egress.after_mark",
+    ] {
+        let (bot, alice) = (fresh("bot"), fresh("alice"));
+        let (a, b) = (addr(&alice), addr(&bot));
+        let dir = tempfile::tempdir().unwrap();
+        let llm = FakeLlm::start().await;
+        llm.push(Reply::Text("the one and only answer".into()));
+        let port = free_port();
+        let mut v = crate::common::config_value(
+            &llm.base_url(),
+            dir.path(),
+            s.section(&bot, json!({"allow_from": [a]})),
+        );
+        crate::common::merge(
+            &mut v,
+            json!({"channels": {"http": {"bind": format!("127.0.0.1:{port}")}}}),
+        );
+        let cfg = write_config(dir.path(), &v);
+        let log = std::fs::File::create(dir.path().join("gateway.log")).unwrap();
+        let mut child = weft(dir.path())
+            .env("WEFT_FAULT", point)
+            .arg("--config")
+            .arg(&cfg)
+            .arg("gateway")
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap();
+        s.deliver(
+            &a,
+            &b,
+            &mail(
+                &a,
+                &b,
+                &format!("k-{bot}@example.org"),
+                "kill",
+                "",
+                "are you there?",
+            ),
+        )
+        .await;
+        let deadline = std::time::Instant::now() + T;
+        let status = loop {
+            if let Some(st) = child.try_wait().unwrap() {
+                break st;
+            }
+            if std::time::Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("{point} never reached\n{}", log_of(dir.path()));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        assert_eq!(
+            status.signal(),
+            Some(9),
+            "{status:?}\n{}",
+            log_of(dir.path())
+        );
+        let want = usize::from(point != "egress.before_send");
+        assert_eq!(s.mails(&alice).len(), want, "{point}");
+        let d = Daemon::start(dir.path(), &cfg, port).await;
+        assert!(
+            wait_until(T, || s.mails(&alice).len() == 1).await,
+            "{point}: no reply after the restart\n{}",
+            log_of(dir.path())
+        );
+        // Give a duplicate every chance: a second mail is answered after it.
+        llm.push(Reply::Text("second".into()));
+        s.deliver(
+            &a,
+            &b,
+            &mail(
+                &a,
+                &b,
+                &format!("k2-{bot}@example.org"),
+                "again",
+                "",
+                "still?",
+            ),
+        )
+        .await;
+        assert!(
+            wait_until(T, || s.mails(&alice).len() >= 2).await,
+            "{point}"
+        );
+        d.term();
+        let all = s.mails(&alice);
+        let texts: Vec<String> = all
+            .iter()
+            .map(|(_, raw)| parsed(raw).body_text(0).unwrap().to_string())
+            .collect();
+        assert_eq!(texts.len(), 2, "{point}: {texts:?}");
+        assert_eq!(
+            texts
+                .iter()
+                .filter(|t| t.contains("the one and only answer"))
+                .count(),
+            1,
+            "{point}: {texts:?}"
+        );
+    }
+}
