@@ -908,3 +908,41 @@ async fn kill_9_at_every_point_of_the_send_path_sends_one_mail() {
         );
     }
 }
+
+#[tokio::test]
+async fn an_oversized_mail_is_refused_with_a_notice_and_never_reaches_the_model() {
+    let Some(s) = servers() else { return };
+    let (bot, alice) = (fresh("bot"), fresh("alice"));
+    let dir = tempfile::tempdir().unwrap();
+    let llm = FakeLlm::start().await;
+    echo_model(&llm);
+    let gw = TestGateway::start(config(
+        &llm,
+        dir.path(),
+        s.section(&bot, json!({"allow_from": [addr(&alice)]})),
+    ))
+    .await;
+    let (a, b) = (addr(&alice), addr(&bot));
+    let big = "lorem ipsum dolor sit amet\n".repeat(1600);
+    s.deliver(&a, &b, &mail(&a, &b, "big1@example.org", "long", "", &big))
+        .await;
+    assert!(
+        wait_until(T, || s.mails(&alice).len() == 1).await,
+        "no notice"
+    );
+    let all = s.mails(&alice);
+    let m = parsed(&all[0].1);
+    let text = m.body_text(0).unwrap().to_string();
+    assert!(text.contains("KB limit"), "{text}");
+    assert_eq!(ids(m.in_reply_to()), ["big1@example.org"]);
+    assert!(
+        llm.requests().is_empty(),
+        "the oversized mail reached the model"
+    );
+    let store = crate::common::bytes_under(&dir.path().join("store"));
+    assert!(
+        !store.contains("lorem ipsum dolor"),
+        "the oversized mail was stored"
+    );
+    gw.stop().await;
+}

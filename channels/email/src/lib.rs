@@ -441,18 +441,17 @@ impl EmailChannel {
         if skip > 0 {
             refs.drain(1..=skip);
         }
-        self.put_thread_meta(
-            &m.from,
-            &thread,
-            &ThreadMeta {
-                subject: m.subject.clone(),
-                last: Some(own.clone()),
-                refs,
-                quote_from: m.from.clone(),
-                quote_date: m.date.clone(),
-                quote: m.text.chars().take(MAX_QUOTE_CHARS).collect(),
-            },
-        );
+        // What a reply needs to thread; the text to quote only once the gateway took the mail
+        // (a refused one, too big or from a stranger, leaves nothing of its text behind).
+        let mut meta = ThreadMeta {
+            subject: m.subject.clone(),
+            last: Some(own.clone()),
+            refs,
+            quote_from: m.from.clone(),
+            quote_date: m.date.clone(),
+            quote: String::new(),
+        };
+        self.put_thread_meta(&m.from, &thread, &meta);
         let attachments = m
             .attachments
             .iter()
@@ -475,7 +474,7 @@ impl EmailChannel {
         let event = InboundEvent {
             channel: self.cfg.id.clone(),
             chat: ChatId::new(m.from.clone()),
-            thread: Some(ThreadId::new(thread)),
+            thread: Some(ThreadId::new(thread.clone())),
             sender: UserId::new(m.from.clone()),
             event_id: PlatformEventId::new(own),
             content,
@@ -493,7 +492,11 @@ impl EmailChannel {
             () = cancel.cancelled() => return Ok(Step::Stop),
         };
         Ok(match ack {
-            Ok(Ack::Accepted | Ack::Duplicate) => Step::Done,
+            Ok(Ack::Accepted | Ack::Duplicate) => {
+                meta.quote = m.text.chars().take(MAX_QUOTE_CHARS).collect();
+                self.put_thread_meta(&m.from, &thread, &meta);
+                Step::Done
+            }
             Ok(Ack::Rejected(why)) => {
                 tracing::info!(uid, reason = %why, "mail refused by the gateway");
                 Step::Done
