@@ -9,7 +9,9 @@ use serde::{Deserialize, Serialize};
 
 use super::env::Env;
 use super::secrets::resolve_service_secret;
-use super::types::{ChatChannelConfig, ConfigError, Platform, DEFAULT_MAX_CHATS_IN_FLIGHT};
+use super::types::{
+    channel_key, ChatChannelConfig, ConfigError, Platform, DEFAULT_MAX_CHATS_IN_FLIGHT,
+};
 use crate::types::Secret;
 
 /// `[channels.email]` as written.
@@ -66,6 +68,11 @@ pub struct EmailFile {
     pub max_upload_mb: Option<u64>,
     /// Replies of how many threads may be sent at the same time (default 8).
     pub max_chats_in_flight: Option<usize>,
+    /// More mailboxes, by account name (`a-z`, `0-9`, `_`, `-`; at most 32): each is the
+    /// channel `email.NAME` with its own `address`, `username` and password, and inherits every
+    /// other key it does not set from this section.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub accounts: std::collections::BTreeMap<String, EmailFile>,
 }
 
 /// How `From:` is believed.
@@ -123,14 +130,19 @@ pub struct EmailSettings {
     pub max_upload_bytes: u64,
 }
 
-fn key(k: &str) -> String {
-    format!("channels.email.{k}")
-}
+/// Builds the errors of one account, named by its keys.
+struct Keys<'a>(Option<&'a str>);
 
-fn invalid(k: &str, detail: impl Into<String>) -> ConfigError {
-    ConfigError::Invalid {
-        key: key(k),
-        detail: detail.into(),
+impl Keys<'_> {
+    fn key(&self, k: &str) -> String {
+        channel_key(Platform::Email, self.0, k)
+    }
+
+    fn invalid(&self, k: &str, detail: impl Into<String>) -> ConfigError {
+        ConfigError::Invalid {
+            key: self.key(k),
+            detail: detail.into(),
+        }
     }
 }
 
@@ -141,21 +153,27 @@ fn is_loopback(host: &str) -> bool {
             .is_ok_and(|ip| ip.is_loopback())
 }
 
-fn tls(k: &str, v: Option<&str>, default: MailTls, host: &str) -> Result<MailTls, ConfigError> {
+fn tls(
+    keys: &Keys<'_>,
+    k: &str,
+    v: Option<&str>,
+    default: MailTls,
+    host: &str,
+) -> Result<MailTls, ConfigError> {
     let t = match v {
         None => default,
         Some("implicit") => MailTls::Implicit,
         Some("starttls") => MailTls::StartTls,
         Some("none") => MailTls::None,
         Some(other) => {
-            return Err(invalid(
+            return Err(keys.invalid(
                 k,
                 format!("expected \"implicit\", \"starttls\" or \"none\", got \"{other}\""),
             ))
         }
     };
     if t == MailTls::None && !is_loopback(host) {
-        return Err(invalid(
+        return Err(keys.invalid(
             k,
             format!("\"none\" sends the password in clear: it is allowed only to a loopback address, not {host}; use \"implicit\" or \"starttls\""),
         ));
@@ -178,14 +196,13 @@ pub fn is_address(s: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || "@.!#$%&'*+-=?^_`{|}~".contains(c))
 }
 
-fn host(k: &str, v: Option<String>) -> Result<Option<String>, ConfigError> {
+fn host(keys: &Keys<'_>, k: &str, v: Option<String>) -> Result<Option<String>, ConfigError> {
     match v.map(|h| h.trim().to_string()) {
-        Some(h) if h.is_empty() || h.contains(['/', ':', ' ']) && !h.starts_with('[') => {
-            Err(invalid(
+        Some(h) if h.is_empty() || h.contains(['/', ':', ' ']) && !h.starts_with('[') => Err(keys
+            .invalid(
                 k,
                 format!("expected a host name or address like mail.example.org, got `{h}`"),
-            ))
-        }
+            )),
         other => Ok(other),
     }
 }
@@ -199,32 +216,128 @@ pub fn resolve(
     config_dir: &Path,
     env: &Env,
     secrets: &mut Vec<Secret>,
-) -> Result<Option<ChatChannelConfig>, ConfigError> {
-    let Some(f) = f else { return Ok(None) };
+) -> Result<Vec<ChatChannelConfig>, ConfigError> {
+    let Some(mut f) = f else {
+        return Ok(Vec::new());
+    };
     if !f.enabled.unwrap_or(true) {
-        return Ok(None);
+        return Ok(Vec::new());
     }
+    let accounts = std::mem::take(&mut f.accounts);
+    let mut out = Vec::new();
+    if f.address.is_some() || accounts.is_empty() {
+        out.push(resolve_account(None, f.clone(), config_dir, env, secrets)?);
+    }
+    for (name, acc) in accounts {
+        let keys = Keys(None);
+        let k = format!("accounts.{name}");
+        super::resolve::check_account_name(&name).map_err(|d| keys.invalid(&k, d))?;
+        if !acc.accounts.is_empty() {
+            return Err(keys.invalid(
+                &format!("{k}.accounts"),
+                "accounts do not nest: put every mailbox directly under channels.email.accounts",
+            ));
+        }
+        if !acc.enabled.unwrap_or(true) {
+            continue;
+        }
+        let merged = inherit(acc, &f);
+        out.push(resolve_account(
+            Some(&name),
+            merged,
+            config_dir,
+            env,
+            secrets,
+        )?);
+    }
+    for (i, b) in out.iter().enumerate() {
+        let addr = |c: &ChatChannelConfig| c.email.as_ref().map(|e| e.address.clone());
+        if let Some(a) = out[..i].iter().find(|a| addr(a) == addr(b)) {
+            return Err(ConfigError::Invalid {
+                key: b.config_key("address"),
+                detail: format!(
+                    "`{}` and `{}` are the same mailbox: each account reads its own",
+                    a.config_key("address"),
+                    b.config_key("address")
+                ),
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// Account `acc` with every key it does not set taken from the section `top`, except the
+/// mailbox itself (address, login and password).
+fn inherit(acc: EmailFile, top: &EmailFile) -> EmailFile {
+    let t = top.clone();
+    EmailFile {
+        enabled: acc.enabled,
+        imap_host: acc.imap_host.or(t.imap_host),
+        imap_port: acc.imap_port.or(t.imap_port),
+        imap_tls: acc.imap_tls.or(t.imap_tls),
+        smtp_host: acc.smtp_host.or(t.smtp_host),
+        smtp_port: acc.smtp_port.or(t.smtp_port),
+        smtp_tls: acc.smtp_tls.or(t.smtp_tls),
+        username: acc.username,
+        password: acc.password,
+        password_env: acc.password_env,
+        password_file: acc.password_file,
+        address: acc.address,
+        from_name: acc.from_name.or(t.from_name),
+        mailbox: acc.mailbox.or(t.mailbox),
+        sent_mailbox: acc.sent_mailbox.or(t.sent_mailbox),
+        allow_from: acc.allow_from.or(t.allow_from),
+        pairing: acc.pairing.or(t.pairing),
+        // The two are one choice: an account that makes it does not inherit the other.
+        authserv_id: acc.authserv_id.clone().or(if acc.sender_auth.is_some() {
+            None
+        } else {
+            t.authserv_id
+        }),
+        sender_auth: acc.sender_auth.or(if acc.authserv_id.is_some() {
+            None
+        } else {
+            t.sender_auth
+        }),
+        idle_timeout_secs: acc.idle_timeout_secs.or(t.idle_timeout_secs),
+        max_mail_mb: acc.max_mail_mb.or(t.max_mail_mb),
+        max_upload_mb: acc.max_upload_mb.or(t.max_upload_mb),
+        max_chats_in_flight: acc.max_chats_in_flight.or(t.max_chats_in_flight),
+        accounts: std::collections::BTreeMap::new(),
+    }
+}
+
+fn resolve_account(
+    account: Option<&str>,
+    f: EmailFile,
+    config_dir: &Path,
+    env: &Env,
+    secrets: &mut Vec<Secret>,
+) -> Result<ChatChannelConfig, ConfigError> {
+    let keys = Keys(account);
     let address = f
         .address
         .as_deref()
         .map(|a| a.trim().to_ascii_lowercase())
-        .ok_or_else(|| invalid("address", "the email channel needs the bot's own address (the From: of its mail), e.g. address = \"assistant@example.org\""))?;
+        .ok_or_else(|| keys.invalid("address", "the email channel needs the bot's own address (the From: of its mail), e.g. address = \"assistant@example.org\""))?;
     if !is_address(&address) {
-        return Err(invalid(
+        return Err(keys.invalid(
             "address",
             format!("`{address}` is not a mail address like assistant@example.org"),
         ));
     }
-    let imap_host = host("imap_host", f.imap_host)?
-        .ok_or_else(|| invalid("imap_host", "the email channel reads its mailbox over IMAP: set imap_host (e.g. \"imap.example.org\")"))?;
-    let smtp_host = host("smtp_host", f.smtp_host)?.unwrap_or_else(|| imap_host.clone());
+    let imap_host = host(&keys, "imap_host", f.imap_host)?
+        .ok_or_else(|| keys.invalid("imap_host", "the email channel reads its mailbox over IMAP: set imap_host (e.g. \"imap.example.org\")"))?;
+    let smtp_host = host(&keys, "smtp_host", f.smtp_host)?.unwrap_or_else(|| imap_host.clone());
     let imap_tls = tls(
+        &keys,
         "imap_tls",
         f.imap_tls.as_deref(),
         MailTls::Implicit,
         &imap_host,
     )?;
     let smtp_tls = tls(
+        &keys,
         "smtp_tls",
         f.smtp_tls.as_deref(),
         MailTls::StartTls,
@@ -241,38 +354,38 @@ pub fn resolve(
     });
     for (k, p) in [("imap_port", imap_port), ("smtp_port", smtp_port)] {
         if p == 0 {
-            return Err(invalid(k, "must be a port number from 1 to 65535"));
+            return Err(keys.invalid(k, "must be a port number from 1 to 65535"));
         }
     }
     let password = resolve_service_secret(
-        &key("password"),
+        &keys.key("password"),
         f.password,
         f.password_env,
         f.password_file,
         config_dir,
         env,
     )?
-    .ok_or_else(|| invalid("password", "the email channel is enabled but has no password: set password_env or password_file (or enabled = false)"))?;
+    .ok_or_else(|| keys.invalid("password", "the email channel is enabled but has no password: set password_env or password_file (or enabled = false)"))?;
     if password.expose().contains(['\r', '\n']) {
-        return Err(invalid("password", "the password holds a line break (a file with a trailing newline is trimmed; check the value)"));
+        return Err(keys.invalid("password", "the password holds a line break (a file with a trailing newline is trimmed; check the value)"));
     }
     secrets.push(password.clone());
     let sender_auth = match (f.authserv_id, f.sender_auth.as_deref()) {
         (Some(_), Some(_)) => {
-            return Err(invalid("sender_auth", "set either authserv_id (require the server's passing Authentication-Results) or sender_auth = \"unchecked\", not both"))
+            return Err(keys.invalid("sender_auth", "set either authserv_id (require the server's passing Authentication-Results) or sender_auth = \"unchecked\", not both"))
         }
         (Some(id), None) if !id.trim().is_empty() && !id.contains([';', ' ']) => {
             SenderAuthSetting::Trusted(id.trim().to_ascii_lowercase())
         }
         (Some(id), None) => {
-            return Err(invalid("authserv_id", format!("`{id}` is not an authserv-id: use the name your mail server writes first in its Authentication-Results headers, like mx.example.org")))
+            return Err(keys.invalid("authserv_id", format!("`{id}` is not an authserv-id: use the name your mail server writes first in its Authentication-Results headers, like mx.example.org")))
         }
         (None, Some("unchecked")) => SenderAuthSetting::Unchecked,
         (None, Some(other)) => {
-            return Err(invalid("sender_auth", format!("expected \"unchecked\", got \"{other}\" (to require checked senders, set authserv_id instead)")))
+            return Err(keys.invalid("sender_auth", format!("expected \"unchecked\", got \"{other}\" (to require checked senders, set authserv_id instead)")))
         }
         (None, None) => {
-            return Err(invalid("authserv_id", "anyone can write any From: address, so the email channel must know how senders are checked: set authserv_id to the name your mail server writes in its Authentication-Results headers (mail is then read only when SPF, DKIM or DMARC passed), or sender_auth = \"unchecked\" if the server checks nothing and you accept that From: can be forged"))
+            return Err(keys.invalid("authserv_id", "anyone can write any From: address, so the email channel must know how senders are checked: set authserv_id to the name your mail server writes in its Authentication-Results headers (mail is then read only when SPF, DKIM or DMARC passed), or sender_auth = \"unchecked\" if the server checks nothing and you accept that From: can be forged"))
         }
     };
     let mut allow_from = BTreeSet::new();
@@ -282,7 +395,7 @@ pub fn resolve(
             continue;
         }
         if !is_address(&a) {
-            return Err(invalid("allow_from", format!("`{a}` is not a mail address: allow_from lists the addresses allowed to write to the bot, like alice@example.org")));
+            return Err(keys.invalid("allow_from", format!("`{a}` is not a mail address: allow_from lists the addresses allowed to write to the bot, like alice@example.org")));
         }
         allow_from.insert(a);
     }
@@ -294,7 +407,7 @@ pub fn resolve(
     }
     let idle = f.idle_timeout_secs.unwrap_or(600);
     if !(60..=1740).contains(&idle) {
-        return Err(invalid(
+        return Err(keys.invalid(
             "idle_timeout_secs",
             format!("must be from 60 to 1740 (servers end an IDLE after 30 minutes), got {idle}"),
         ));
@@ -302,7 +415,7 @@ pub fn resolve(
     let mb = |k: &str, v: Option<u64>, d: u64| -> Result<u64, ConfigError> {
         match v.unwrap_or(d) {
             n @ 1..=2000 => Ok(n * 1024 * 1024),
-            n => Err(invalid(k, format!("must be from 1 to 2000 (MB), got {n}"))),
+            n => Err(keys.invalid(k, format!("must be from 1 to 2000 (MB), got {n}"))),
         }
     };
     let settings = EmailSettings {
@@ -326,9 +439,9 @@ pub fn resolve(
         max_mail_bytes: mb("max_mail_mb", f.max_mail_mb, 25)?,
         max_upload_bytes: mb("max_upload_mb", f.max_upload_mb, 20)?,
     };
-    Ok(Some(ChatChannelConfig {
+    Ok(ChatChannelConfig {
         platform: Platform::Email,
-        account: None,
+        account: account.map(str::to_string),
         token: password,
         app_token: None,
         allow_from,
@@ -343,13 +456,10 @@ pub fn resolve(
         max_chats_in_flight: match f.max_chats_in_flight {
             None => DEFAULT_MAX_CHATS_IN_FLIGHT,
             Some(0) => {
-                return Err(invalid(
-                    "max_chats_in_flight",
-                    "must be at least 1 (default 8)",
-                ))
+                return Err(keys.invalid("max_chats_in_flight", "must be at least 1 (default 8)"))
             }
             Some(n) => n,
         },
         email: Some(Box::new(settings)),
-    }))
+    })
 }

@@ -823,7 +823,7 @@ pub(super) fn resolve_chat_channels(
 
 /// Whether `name` can name a bot account: it becomes part of the channel id
 /// (`telegram.NAME`), of session keys and of store keys.
-fn check_account_name(name: &str) -> Result<(), String> {
+pub(super) fn check_account_name(name: &str) -> Result<(), String> {
     let ok = (1..=32).contains(&name.len())
         && name
             .bytes()

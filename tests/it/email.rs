@@ -946,3 +946,115 @@ async fn an_oversized_mail_is_refused_with_a_notice_and_never_reaches_the_model(
     );
     gw.stop().await;
 }
+
+#[tokio::test]
+async fn two_mailboxes_in_one_gateway_each_answer_their_own_mail() {
+    let Some(s) = servers() else { return };
+    let (bot, work, alice) = (fresh("bot"), fresh("work"), fresh("alice"));
+    let dir = tempfile::tempdir().unwrap();
+    let llm = FakeLlm::start().await;
+    echo_model(&llm);
+    let mut section = s.section(&bot, json!({"allow_from": [addr(&alice)]}));
+    crate::common::merge(
+        &mut section,
+        json!({"channels": {"email": {"accounts": {"work": {"address": addr(&work), "password_env": "WORK_MAIL_PASSWORD"}}}}}),
+    );
+    let v = crate::common::config_value(&llm.base_url(), dir.path(), section);
+    let mut env = vec![
+        ("HOME".to_string(), dir.path().to_str().unwrap().to_string()),
+        ("WORK_MAIL_PASSWORD".to_string(), PASSWORD.to_string()),
+    ];
+    env.push((
+        "CLAWFT_HOME".into(),
+        dir.path().join(".clawft").to_str().unwrap().into(),
+    ));
+    let cfg = clawft::config::Config::from_str(
+        &v.to_string(),
+        false,
+        &clawft::config::Env::from_pairs(env),
+    )
+    .unwrap();
+    let ids: Vec<String> = cfg.chat_channels.iter().map(|c| c.id()).collect();
+    assert_eq!(ids, ["email", "email.work"]);
+    let gw = TestGateway::start(cfg).await;
+    let a = addr(&alice);
+    s.deliver(
+        &a,
+        &addr(&work),
+        &mail(
+            &a,
+            &addr(&work),
+            "w1@example.org",
+            "for work",
+            "",
+            "work question",
+        ),
+    )
+    .await;
+    assert!(wait_until(T, || s.mails(&alice).len() == 1).await);
+    let all = s.mails(&alice);
+    let m = parsed(&all[0].1);
+    let from = m
+        .from()
+        .and_then(|f| f.first())
+        .and_then(|f| f.address())
+        .unwrap()
+        .to_string();
+    assert_eq!(from, addr(&work));
+    assert!(s.mails(&bot).is_empty());
+    gw.stop().await;
+}
+
+#[test]
+fn email_accounts_name_their_own_keys_and_need_their_own_mailbox() {
+    use clawft::config::Config;
+    let dir = tempfile::tempdir().unwrap();
+    let load = |email: Value| {
+        let v = crate::common::config_value(
+            "http://127.0.0.1:9",
+            dir.path(),
+            json!({"channels": {"email": email}}),
+        );
+        Config::from_str(&v.to_string(), false, &crate::common::test_env(dir.path()))
+    };
+    let top = json!({"imap_host": "imap.example.org", "address": "bot@example.org", "password": "p", "authserv_id": "mx.example.org"});
+    let with = |acc: Value| {
+        let mut v = top.clone();
+        crate::common::merge(&mut v, json!({"accounts": {"work": acc}}));
+        v
+    };
+    let c = load(with(
+        json!({"address": "work@example.org", "password": "q"}),
+    ))
+    .unwrap();
+    let work = &c.chat_channels[1];
+    assert_eq!(work.id(), "email.work");
+    let e = work.email.as_deref().unwrap();
+    assert_eq!(
+        (e.imap_host.as_str(), e.username.as_str()),
+        ("imap.example.org", "work@example.org")
+    );
+    let err = load(with(json!({"address": "work@example.org"})))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("channels.email.accounts.work.password"),
+        "{err}"
+    );
+    let err = load(with(json!({"address": "bot@example.org", "password": "q"})))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("channels.email.accounts.work.address"),
+        "{err}"
+    );
+    let err = load(with(
+        json!({"address": "work@example.org", "password": "q", "imap_tls": "none"}),
+    ))
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("channels.email.accounts.work.imap_tls"),
+        "{err}"
+    );
+}

@@ -97,6 +97,16 @@ fn literal_len(line: &[u8]) -> Option<usize> {
     s[open + 1..].trim_end_matches('+').parse().ok()
 }
 
+/// The `UID n` of a `FETCH` response.
+fn uid_of(text: &str) -> Option<u32> {
+    let at = text.find("UID ")? + 4;
+    text[at..]
+        .split(|c: char| !c.is_ascii_digit())
+        .next()?
+        .parse()
+        .ok()
+}
+
 impl Imap {
     /// Connect, secure (per `mode`) and authenticate.
     ///
@@ -289,7 +299,7 @@ impl Imap {
             .await?;
         Ok(rs
             .into_iter()
-            .find(|r| r.text.contains(&format!("UID {uid}")) || r.literals.len() == 1)
+            .find(|r| uid_of(&r.text) == Some(uid) && r.literals.len() == 1)
             .and_then(|mut r| r.literals.pop()))
     }
 

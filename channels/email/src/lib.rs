@@ -248,6 +248,15 @@ impl EmailChannel {
         })
     }
 
+    /// The config key of setting `k` of this mailbox (`channels.email.k`, or
+    /// `channels.email.accounts.NAME.k` for the channel `email.NAME`).
+    fn key(&self, k: &str) -> String {
+        match self.cfg.id.as_str().split_once('.') {
+            Some((_, account)) => format!("channels.email.accounts.{account}.{k}"),
+            None => format!("channels.email.{k}"),
+        }
+    }
+
     fn set_status(&self, s: impl Into<String>) {
         *self.status.locked() = s.into();
     }
@@ -255,8 +264,10 @@ impl EmailChannel {
     fn imap_error(&self, e: ImapError) -> ChannelError {
         match e {
             ImapError::Auth(m) => ChannelError::Auth(format!(
-                "the IMAP server refused the login of {} ({m}): check channels.email.username and channels.email.password",
-                self.cfg.username
+                "the IMAP server refused the login of {} ({m}): check {} and {}",
+                self.cfg.username,
+                self.key("username"),
+                self.key("password")
             )),
             other => ChannelError::Transient(other.to_string()),
         }
@@ -396,7 +407,7 @@ impl EmailChannel {
                 uid,
                 size,
                 limit = self.cfg.max_mail_bytes,
-                "mail over channels.email.max_mail_bytes skipped"
+                "mail over max_mail_mb skipped"
             );
             return Ok(Step::Done);
         }
@@ -527,7 +538,9 @@ impl EmailChannel {
                 let lower = text.to_ascii_lowercase();
                 if matches!(code, 530 | 534 | 535) {
                     ChannelError::Auth(format!(
-                        "the SMTP server refused the login ({code} {text}): check channels.email.username and channels.email.password"
+                        "the SMTP server refused the login ({code} {text}): check {} and {}",
+                        self.key("username"),
+                        self.key("password")
                     ))
                 } else if (400..500).contains(&code)
                     && (lower.contains("rate")
@@ -545,7 +558,9 @@ impl EmailChannel {
                 }
             }
             smtp::SmtpError::Config(m) => ChannelError::Fatal(format!(
-                "{m}: check channels.email.smtp_tls and channels.email.smtp_port"
+                "{m}: check {} and {}",
+                self.key("smtp_tls"),
+                self.key("smtp_port")
             )),
         }
     }
