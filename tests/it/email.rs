@@ -974,7 +974,11 @@ async fn two_mailboxes_in_one_gateway_each_answer_their_own_mail() {
         &clawft::config::Env::from_pairs(env),
     )
     .unwrap();
-    let ids: Vec<String> = cfg.chat_channels.iter().map(|c| c.id()).collect();
+    let ids: Vec<String> = cfg
+        .chat_channels
+        .iter()
+        .map(clawft::config::ChatChannelConfig::id)
+        .collect();
     assert_eq!(ids, ["email", "email.work"]);
     let gw = TestGateway::start(cfg).await;
     let a = addr(&alice);
