@@ -774,6 +774,7 @@ async fn email_finding(c: &crate::config::ChatChannelConfig, check: &str) -> Fin
             &e.username,
             c.token.expose(),
             1 << 20,
+            e.ca_pem.as_deref(),
         )
         .await
         {

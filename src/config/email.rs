@@ -68,6 +68,9 @@ pub struct EmailFile {
     pub max_upload_mb: Option<u64>,
     /// Replies of how many threads may be sent at the same time (default 8).
     pub max_chats_in_flight: Option<usize>,
+    /// A PEM file of the CA certificates to trust for IMAP and SMTP instead of the public
+    /// roots (a private CA, a self-signed server); relative to the config file.
+    pub tls_ca_file: Option<String>,
     /// More mailboxes, by account name (`a-z`, `0-9`, `_`, `-`; at most 32): each is the
     /// channel `email.NAME` with its own `address`, `username` and password, and inherits every
     /// other key it does not set from this section.
@@ -128,6 +131,8 @@ pub struct EmailSettings {
     pub max_mail_bytes: u64,
     /// Largest outbound attachments, bytes.
     pub max_upload_bytes: u64,
+    /// CA certificates (PEM) trusted instead of the public roots.
+    pub ca_pem: Option<Vec<u8>>,
 }
 
 /// Builds the errors of one account, named by its keys.
@@ -303,6 +308,7 @@ fn inherit(acc: EmailFile, top: &EmailFile) -> EmailFile {
         max_mail_mb: acc.max_mail_mb.or(t.max_mail_mb),
         max_upload_mb: acc.max_upload_mb.or(t.max_upload_mb),
         max_chats_in_flight: acc.max_chats_in_flight.or(t.max_chats_in_flight),
+        tls_ca_file: acc.tls_ca_file.or(t.tls_ca_file),
         accounts: std::collections::BTreeMap::new(),
     }
 }
@@ -418,6 +424,21 @@ fn resolve_account(
             n => Err(keys.invalid(k, format!("must be from 1 to 2000 (MB), got {n}"))),
         }
     };
+    let ca_pem = match &f.tls_ca_file {
+        None => None,
+        Some(p) => {
+            let path = config_dir.join(p);
+            let pem = std::fs::read(&path).map_err(|e| {
+                keys.invalid(
+                    "tls_ca_file",
+                    format!("cannot read {}: {e}", path.display()),
+                )
+            })?;
+            check_ca_pem(&pem)
+                .map_err(|e| keys.invalid("tls_ca_file", format!("{}: {e}", path.display())))?;
+            Some(pem)
+        }
+    };
     let settings = EmailSettings {
         username: f
             .username
@@ -438,6 +459,7 @@ fn resolve_account(
         idle_timeout: Duration::from_secs(idle),
         max_mail_bytes: mb("max_mail_mb", f.max_mail_mb, 25)?,
         max_upload_bytes: mb("max_upload_mb", f.max_upload_mb, 20)?,
+        ca_pem,
     };
     Ok(ChatChannelConfig {
         platform: Platform::Email,
@@ -462,4 +484,15 @@ fn resolve_account(
         },
         email: Some(Box::new(settings)),
     })
+}
+
+/// Whether `pem` holds at least one certificate (checked at load, so a wrong file is an error
+/// naming the key rather than a failed connection later).
+fn check_ca_pem(pem: &[u8]) -> Result<(), String> {
+    let text = String::from_utf8_lossy(pem);
+    let n = text.matches("-----BEGIN CERTIFICATE-----").count();
+    if n == 0 || n != text.matches("-----END CERTIFICATE-----").count() {
+        return Err("no PEM certificate (-----BEGIN CERTIFICATE-----) in it".into());
+    }
+    Ok(())
 }

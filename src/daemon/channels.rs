@@ -323,6 +323,7 @@ fn email_channel(
         idle_timeout: e.idle_timeout,
         max_mail_bytes: e.max_mail_bytes,
         max_upload_bytes: e.max_upload_bytes,
+        ca_pem: e.ca_pem.clone(),
         state,
     })
     .map_err(|e| e.to_string())

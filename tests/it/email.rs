@@ -24,6 +24,8 @@ const MAIL_UID: u32 = 65534;
 
 struct MailServers {
     imap_port: u16,
+    imaps_port: u16,
+    ca: PathBuf,
     smtp_port: u16,
     root: PathBuf,
     _dir: tempfile::TempDir,
@@ -77,7 +79,28 @@ fn start_servers() -> Option<MailServers> {
     std::fs::create_dir(&root).unwrap();
     std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o777)).unwrap();
     let imap_port = free_port();
+    let imaps_port = free_port();
     let smtp_port = free_port();
+    // A private CA and a server certificate for 127.0.0.1 signed by it (TLS tests).
+    let openssl = |args: &str| {
+        let ok = Command::new("sh")
+            .arg("-c")
+            .arg(format!("cd {} && openssl {args}", d.display()))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "openssl {args}");
+    };
+    openssl("req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout ca.key -out ca.pem -days 2 -subj /CN=weft-test-ca");
+    openssl("req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout key.pem -out leaf.csr -subj /CN=127.0.0.1");
+    std::fs::write(
+        d.join("leaf.ext"),
+        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
+    )
+    .unwrap();
+    openssl("x509 -req -in leaf.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out cert.pem -days 2 -extfile leaf.ext");
     let conf = format!(
         r#"base_dir = {d}/run
 state_dir = {d}/state
@@ -85,7 +108,9 @@ instance_name = weft-test-{imap_port}
 log_path = {d}/dovecot.log
 protocols = imap
 listen = 127.0.0.1
-ssl = no
+ssl = yes
+ssl_cert = <{d}/cert.pem
+ssl_key = <{d}/key.pem
 disable_plaintext_auth = no
 auth_mechanisms = plain
 mail_location = maildir:{root}/%n/Maildir
@@ -114,7 +139,8 @@ service imap-login {{
     port = {imap_port}
   }}
   inet_listener imaps {{
-    port = 0
+    address = 127.0.0.1
+    port = {imaps_port}
   }}
   chroot =
 }}
@@ -162,6 +188,8 @@ service anvil {{
     }
     Some(MailServers {
         imap_port,
+        imaps_port,
+        ca: d.join("ca.pem"),
         smtp_port,
         root,
         _dir: dir,
@@ -194,6 +222,7 @@ impl MailServers {
             user: "",
             password: "",
             helo: "test.example.org",
+            ca_pem: None,
         };
         smtp::send(
             &s,
@@ -1061,4 +1090,70 @@ fn email_accounts_name_their_own_keys_and_need_their_own_mailbox() {
         err.contains("channels.email.accounts.work.imap_tls"),
         "{err}"
     );
+}
+
+#[tokio::test]
+async fn imap_over_implicit_tls_and_starttls_checks_the_servers_certificate() {
+    let Some(s) = servers() else { return };
+    let alice = fresh("alice");
+    let a = addr(&alice);
+    let ca = s.ca.to_str().unwrap();
+    let cases = [
+        ("implicit", s.imaps_port, true),
+        ("starttls", s.imap_port, true),
+        // Without the CA the certificate is unknown: the channel never logs in.
+        ("implicit", s.imaps_port, false),
+    ];
+    for (n, (mode, port, trusted)) in cases.into_iter().enumerate() {
+        let bot = fresh("bot");
+        let dir = tempfile::tempdir().unwrap();
+        let llm = FakeLlm::start().await;
+        echo_model(&llm);
+        let mut extra = json!({"allow_from": [a], "imap_tls": mode, "imap_port": port});
+        if trusted {
+            crate::common::merge(&mut extra, json!({"tls_ca_file": ca}));
+        }
+        let gw = TestGateway::start(config(&llm, dir.path(), s.section(&bot, extra))).await;
+        let deadline = std::time::Instant::now() + T;
+        let state = loop {
+            let (_, st) = gw.api.get("/v1/status").await;
+            let state = st["channel_states"]["email"]
+                .as_str()
+                .unwrap_or("")
+                .to_string();
+            if state.contains("connected")
+                || state.contains("reconnecting")
+                || std::time::Instant::now() > deadline
+            {
+                break state;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        if !trusted {
+            assert!(
+                state.contains("reconnecting") && state.contains("certificate"),
+                "{state}"
+            );
+            gw.stop().await;
+            continue;
+        }
+        assert!(state.contains("connected"), "{mode}: {state}");
+        let id = format!("tls{n}-{bot}@example.org");
+        s.deliver(
+            &a,
+            &addr(&bot),
+            &mail(&a, &addr(&bot), &id, "tls", "", "over TLS"),
+        )
+        .await;
+        assert!(
+            wait_until(T, || s.mails(&alice).iter().any(|(_, raw)| ids(parsed(
+                raw
+            )
+            .in_reply_to())
+                == [id.clone()]))
+            .await,
+            "{mode}: no reply"
+        );
+        gw.stop().await;
+    }
 }

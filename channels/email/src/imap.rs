@@ -119,8 +119,9 @@ impl Imap {
         user: &str,
         password: &str,
         max_literal: usize,
+        ca_pem: Option<&[u8]>,
     ) -> Result<Self, ImapError> {
-        let conn = Conn::connect(host, port, mode).await?;
+        let conn = Conn::connect(host, port, mode, ca_pem).await?;
         let mut me = Self {
             conn,
             tag: 0,

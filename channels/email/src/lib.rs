@@ -107,6 +107,8 @@ pub struct EmailConfig {
     pub max_mail_bytes: u64,
     /// Largest total of files attached to one outbound mail.
     pub max_upload_bytes: u64,
+    /// Trust only these CA certificates (PEM) for IMAP and SMTP, instead of the Mozilla roots.
+    pub ca_pem: Option<Vec<u8>>,
     /// Cursor, threads and sent ids across restarts.
     pub state: Arc<dyn StateStore>,
 }
@@ -131,6 +133,7 @@ impl Default for EmailConfig {
             idle_timeout: Duration::from_secs(600),
             max_mail_bytes: 25 * 1024 * 1024,
             max_upload_bytes: 20 * 1024 * 1024,
+            ca_pem: None,
             state: Arc::new(MemoryState::default()),
         }
     }
@@ -283,6 +286,7 @@ impl EmailChannel {
             usize::try_from(self.cfg.max_mail_bytes)
                 .unwrap_or(usize::MAX)
                 .saturating_add(64 * 1024),
+            self.cfg.ca_pem.as_deref(),
         )
         .await
         .map_err(|e| self.imap_error(e))
@@ -716,6 +720,7 @@ impl Channel for EmailChannel {
             user: &self.cfg.username,
             password: &self.cfg.password,
             helo: domain(&self.cfg.address),
+            ca_pem: self.cfg.ca_pem.as_deref(),
         };
         smtp::send(&sub, &self.cfg.address, &[to.to_string()], &raw)
             .await

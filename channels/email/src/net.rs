@@ -103,10 +103,49 @@ fn connector() -> io::Result<TlsConnector> {
         .map_err(io::Error::other)
 }
 
-async fn handshake(tcp: TcpStream, host: &str) -> io::Result<Stream> {
+/// A connector trusting only the certificates of `ca_pem` (a private CA, a self-signed
+/// server).
+fn connector_with(ca_pem: &[u8]) -> io::Result<TlsConnector> {
+    use rustls::pki_types::{pem::PemObject as _, CertificateDer};
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(ca_pem) {
+        let cert = cert.map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+        roots
+            .add(cert)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+    }
+    if roots.is_empty() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "the CA file holds no PEM certificate",
+        ));
+    }
+    let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(io::Error::other)?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    Ok(TlsConnector::from(Arc::new(cfg)))
+}
+
+/// Check that `ca_pem` holds at least one usable certificate.
+///
+/// # Errors
+/// Not PEM, or no certificate in it.
+pub fn check_ca(ca_pem: &[u8]) -> io::Result<()> {
+    connector_with(ca_pem).map(|_| ())
+}
+
+async fn handshake(tcp: TcpStream, host: &str, ca_pem: Option<&[u8]>) -> io::Result<Stream> {
     let name = rustls::pki_types::ServerName::try_from(host.to_string())
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-    let tls = connector()?.connect(name, tcp).await?;
+    let connector = match ca_pem {
+        Some(pem) => connector_with(pem)?,
+        None => connector()?,
+    };
+    let tls = connector.connect(name, tcp).await?;
     Ok(Stream::Tls(Box::new(tls)))
 }
 
@@ -115,6 +154,7 @@ pub struct Conn {
     stream: Stream,
     buf: Vec<u8>,
     host: String,
+    ca_pem: Option<Vec<u8>>,
 }
 
 impl Conn {
@@ -122,12 +162,17 @@ impl Conn {
     ///
     /// # Errors
     /// The connection or the TLS handshake failed or timed out.
-    pub async fn connect(host: &str, port: u16, mode: TlsMode) -> io::Result<Self> {
+    pub async fn connect(
+        host: &str,
+        port: u16,
+        mode: TlsMode,
+        ca_pem: Option<&[u8]>,
+    ) -> io::Result<Self> {
         let go = async {
             let tcp = TcpStream::connect((host, port)).await?;
             tcp.set_nodelay(true)?;
             let stream = match mode {
-                TlsMode::Implicit => handshake(tcp, host).await?,
+                TlsMode::Implicit => handshake(tcp, host, ca_pem).await?,
                 TlsMode::StartTls | TlsMode::None => Stream::Plain(tcp),
             };
             Ok::<_, io::Error>(stream)
@@ -139,6 +184,7 @@ impl Conn {
             stream,
             buf: Vec::new(),
             host: host.to_string(),
+            ca_pem: ca_pem.map(<[u8]>::to_vec),
         })
     }
 
@@ -149,19 +195,24 @@ impl Conn {
     pub async fn start_tls(self) -> io::Result<Self> {
         match self.stream {
             Stream::Plain(tcp) => {
-                let stream = tokio::time::timeout(CONNECT_TIMEOUT, handshake(tcp, &self.host))
-                    .await
-                    .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "TLS timed out"))??;
+                let stream = tokio::time::timeout(
+                    CONNECT_TIMEOUT,
+                    handshake(tcp, &self.host, self.ca_pem.as_deref()),
+                )
+                .await
+                .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "TLS timed out"))??;
                 Ok(Self {
                     stream,
                     buf: Vec::new(),
                     host: self.host,
+                    ca_pem: self.ca_pem,
                 })
             }
             tls @ Stream::Tls(_) => Ok(Self {
                 stream: tls,
                 buf: self.buf,
                 host: self.host,
+                ca_pem: self.ca_pem,
             }),
         }
     }

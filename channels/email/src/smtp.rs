@@ -58,6 +58,8 @@ pub struct Submission<'a> {
     pub password: &'a str,
     /// Our name in `EHLO`.
     pub helo: &'a str,
+    /// Trust only these CA certificates (PEM) instead of the Mozilla roots.
+    pub ca_pem: Option<&'a [u8]>,
 }
 
 async fn reply(conn: &mut Conn) -> Result<(u16, String), SmtpError> {
@@ -130,7 +132,7 @@ async fn send_inner(
     to: &[String],
     data: &[u8],
 ) -> Result<(), SmtpError> {
-    let mut conn = Conn::connect(s.host, s.port, s.tls).await?;
+    let mut conn = Conn::connect(s.host, s.port, s.tls, s.ca_pem).await?;
     expect(&mut conn, None, &[220]).await?;
     let mut ext = expect(&mut conn, Some(&format!("EHLO {}", s.helo)), &[250]).await?;
     if s.tls == TlsMode::StartTls {
