@@ -417,3 +417,18 @@ impl Imap {
         let _ = tokio::time::timeout(Duration::from_secs(5), self.command("LOGOUT")).await;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn literals_uids_and_quoting_are_read_and_written_as_imap_says() {
+        assert_eq!(literal_len(b"* 1 FETCH (UID 7 BODY[] {42}"), Some(42));
+        assert_eq!(literal_len(b"A1 APPEND x {5+}"), Some(5));
+        assert_eq!(literal_len(b"* OK done"), None);
+        assert_eq!(uid_of("* 3 FETCH (UID 50 BODY[] {})"), Some(50));
+        assert_ne!(uid_of("* 3 FETCH (UID 50 BODY[] {})"), Some(5));
+        assert_eq!(quote(r#"a"b\c"#), r#""a\"b\\c""#);
+    }
+}

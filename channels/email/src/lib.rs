@@ -798,3 +798,26 @@ impl Channel for EmailChannel {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_named_wait_is_read_from_the_refusal() {
+        assert_eq!(
+            wait_named("4.7.0 rate limit exceeded, try again in 30 seconds"),
+            Some(30)
+        );
+        assert_eq!(wait_named("too many messages in 1 hour"), None);
+        assert_eq!(wait_named("retry in 99999 sec"), Some(3600));
+    }
+
+    #[test]
+    fn addresses_that_can_name_a_chat() {
+        assert!(is_address("alice@example.org"));
+        assert!(
+            !is_address("alice@localhost") && !is_address("a:b@x.org") && !is_address("a..b@x.org")
+        );
+    }
+}
