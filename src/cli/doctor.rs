@@ -303,6 +303,10 @@ async fn channels(config: &Config, client: &reqwest::Client) -> Vec<Finding> {
             out.push(signal_check(c, &check, client).await);
             continue;
         }
+        if c.platform == Platform::Email {
+            out.push(email_finding(c, &check).await);
+            continue;
+        }
         let token = c.token.expose();
         let r = match c.platform {
             Platform::Telegram => {
@@ -328,6 +332,7 @@ async fn channels(config: &Config, client: &reqwest::Client) -> Vec<Finding> {
             }
             // Checked above (no token).
             Platform::Signal => continue,
+            Platform::Email => continue,
             Platform::Slack => {
                 let base = c
                     .api_url
@@ -824,6 +829,51 @@ fn skill_exposes(skills: &[crate::skills::Skill], server: &str) -> bool {
             |prefix| probe.starts_with(prefix) || prefix.starts_with(&probe),
         )
     })
+}
+
+/// The email channel: log in to its IMAP server (the password is the channel's token).
+async fn email_finding(c: &crate::config::ChatChannelConfig, check: &str) -> Finding {
+    #[cfg(feature = "email")]
+    {
+        use crate::config::email::MailTls;
+        use clawft_channel_email::{imap::Imap, TlsMode};
+        let Some(e) = c.email.as_deref() else {
+            return fail(check, "channels.email has no settings");
+        };
+        let tls = match e.imap_tls {
+            MailTls::Implicit => TlsMode::Implicit,
+            MailTls::StartTls => TlsMode::StartTls,
+            MailTls::None => TlsMode::None,
+        };
+        match Imap::login(
+            &e.imap_host,
+            e.imap_port,
+            tls,
+            &e.username,
+            c.token.expose(),
+            1 << 20,
+            e.ca_pem.as_deref(),
+        )
+        .await
+        {
+            Ok(imap) => {
+                imap.logout().await;
+                ok(
+                    check,
+                    format!("IMAP login as {} accepted by {}", e.username, e.imap_host),
+                )
+            }
+            Err(err) => fail(check, redact(&err.to_string(), c.token.expose())),
+        }
+    }
+    #[cfg(not(feature = "email"))]
+    {
+        let _ = c;
+        warn(
+            check,
+            "this build of weft has no email support (cargo feature `email`)",
+        )
+    }
 }
 
 #[cfg(test)]

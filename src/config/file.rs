@@ -222,6 +222,8 @@ pub struct ChannelsFile {
     pub matrix: Option<ChatChannelFile>,
     /// Signal (signal-cli's JSON-RPC daemon over HTTP).
     pub signal: Option<ChatChannelFile>,
+    /// Email (IMAP IDLE in, SMTP out).
+    pub email: Option<super::email::EmailFile>,
     /// Largest message accepted from any channel, in bytes of UTF-8 text (default: 32768,
     /// from 1024 to 4194304). A longer one is refused before it is stored or reaches the model,
     /// and its sender is told in the same chat (the HTTP API answers 413).

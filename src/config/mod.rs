@@ -11,6 +11,7 @@
 //! [`provenance`] (where each value came from).
 
 pub mod agents;
+pub mod email;
 pub mod env;
 pub mod file;
 pub mod hooks;

@@ -228,7 +228,7 @@ impl Config {
         let store = resolve_store(raw.store, &home, env)?;
         let sessions = resolve_sessions(&raw.sessions);
         let max_inbound_bytes = resolve_max_inbound(raw.channels.max_inbound_bytes)?;
-        let chat_channels = resolve_chat_channels(
+        let mut chat_channels = resolve_chat_channels(
             vec![
                 (Platform::Telegram, raw.channels.telegram),
                 (Platform::Discord, raw.channels.discord),
@@ -251,6 +251,12 @@ impl Config {
                 detail: "WhatsApp delivers messages as webhooks to the HTTP listener, and channels.http.enabled is false: enable the HTTP API (behind a reverse proxy for Meta) or disable this channel".into(),
             });
         }
+        chat_channels.extend(super::email::resolve(
+            raw.channels.email,
+            config_dir,
+            env,
+            &mut secrets,
+        )?);
         let mut tools = resolve_tools(
             raw.tools,
             agent_tools.as_ref(),
@@ -834,7 +840,7 @@ pub(super) fn resolve_chat_channels(
 
 /// Whether `name` can name a bot account: it becomes part of the channel id
 /// (`telegram.NAME`), of session keys and of store keys.
-fn check_account_name(name: &str) -> Result<(), String> {
+pub(super) fn check_account_name(name: &str) -> Result<(), String> {
     let ok = (1..=32).contains(&name.len())
         && name
             .bytes()
@@ -1179,6 +1185,7 @@ fn resolve_account(
             whatsapp,
             homeserver,
             user_id,
+            email: None,
         })
     }
 }
@@ -1363,6 +1370,7 @@ pub(super) fn check_user_id(platform: Platform, id: &str) -> Result<(), String> 
         // Snowflakes: unsigned 64-bit numbers.
         Platform::Discord => digits(id) && id.parse::<u64>().is_ok(),
         // Member ids: U… (or W… on Enterprise Grid), upper-case letters and digits.
+        Platform::Email => super::email::is_address(id),
         Platform::Slack => {
             id.len() >= 3
                 && (id.starts_with('U') || id.starts_with('W'))
@@ -1402,6 +1410,9 @@ pub(super) fn check_user_id(platform: Platform, id: &str) -> Result<(), String> 
         ),
         Platform::Signal => format!(
             "`{id}` is not a Signal sender: write phone numbers in international format like \"+15551234567\" (or a user's ACI, a UUID, for someone without a visible number), {how}"
+        ),
+        Platform::Email => format!(
+            "`{id}` is not a mail address: allow_from lists addresses like alice@example.org, {how}"
         ),
         Platform::Slack => format!(
             "`{id}` is not a Slack user id: member ids look like \"U0123ABCD\" (or W… on Enterprise Grid), not @names or emails; open the profile, ⋮ → Copy member ID, {how}"

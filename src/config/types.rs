@@ -403,6 +403,8 @@ pub enum Platform {
     Matrix,
     /// Signal (through signal-cli).
     Signal,
+    /// Email (IMAP in, SMTP out).
+    Email,
 }
 
 impl Platform {
@@ -415,6 +417,7 @@ impl Platform {
             Platform::WhatsApp => "whatsapp",
             Platform::Matrix => "matrix",
             Platform::Signal => "signal",
+            Platform::Email => "email",
         }
     }
 }
@@ -474,6 +477,8 @@ pub struct ChatChannelConfig {
     pub edit_interval: Duration,
     /// Chats sending at the same time (`channels.<x>.max_chats_in_flight`).
     pub max_chats_in_flight: usize,
+    /// The email channel's settings (`[channels.email]`; `token` is its password).
+    pub email: Option<Box<super::email::EmailSettings>>,
     /// Matrix: the homeserver's base URL.
     pub homeserver: Option<String>,
     /// Matrix: the bot's user id, if configured.

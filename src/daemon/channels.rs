@@ -212,7 +212,8 @@ fn build(
         feature = "slack",
         feature = "whatsapp",
         feature = "matrix",
-        feature = "signal"
+        feature = "signal",
+        feature = "email"
     ))]
     use crate::config::Platform;
     match c.platform {
@@ -352,6 +353,8 @@ fn build(
             }
             Ok(Arc::new(SignalChannel::new(s).map_err(|e| e.to_string())?))
         }
+        #[cfg(feature = "email")]
+        Platform::Email => Ok(Arc::new(email_channel(c, state)?)),
         #[allow(unreachable_patterns)]
         other => {
             let _ = (state, store);
@@ -362,6 +365,47 @@ fn build(
             ))
         }
     }
+}
+
+/// The email channel of `[channels.email]`.
+#[cfg(feature = "email")]
+fn email_channel(
+    c: &crate::config::ChatChannelConfig,
+    state: Arc<dyn StateStore>,
+) -> Result<clawft_channel_email::EmailChannel, String> {
+    use crate::config::email::{MailTls, SenderAuthSetting};
+    use clawft_channel_email::{EmailChannel, EmailConfig, SenderAuth, TlsMode};
+    let e = c.email.as_deref().ok_or("channels.email has no settings")?;
+    let tls = |t: MailTls| match t {
+        MailTls::Implicit => TlsMode::Implicit,
+        MailTls::StartTls => TlsMode::StartTls,
+        MailTls::None => TlsMode::None,
+    };
+    EmailChannel::new(EmailConfig {
+        id: clawft_channel_core::ChannelId::new(c.id()),
+        imap_host: e.imap_host.clone(),
+        imap_port: e.imap_port,
+        imap_tls: tls(e.imap_tls),
+        smtp_host: e.smtp_host.clone(),
+        smtp_port: e.smtp_port,
+        smtp_tls: tls(e.smtp_tls),
+        username: e.username.clone(),
+        password: c.token.expose().to_string(),
+        address: e.address.clone(),
+        from_name: e.from_name.clone(),
+        mailbox: e.mailbox.clone(),
+        sent_mailbox: e.sent_mailbox.clone(),
+        sender_auth: match &e.sender_auth {
+            SenderAuthSetting::Trusted(id) => SenderAuth::Trusted(id.clone()),
+            SenderAuthSetting::Unchecked => SenderAuth::Unchecked,
+        },
+        idle_timeout: e.idle_timeout,
+        max_mail_bytes: e.max_mail_bytes,
+        max_upload_bytes: e.max_upload_bytes,
+        ca_pem: e.ca_pem.clone(),
+        state,
+    })
+    .map_err(|e| e.to_string())
 }
 
 #[cfg(test)]

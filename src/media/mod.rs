@@ -410,6 +410,10 @@ impl Media {
     /// [`MediaError::TooLarge`] past `limit`, [`MediaError::Refused`] by the guard,
     /// [`MediaError::Failed`] otherwise.
     pub async fn download(&self, req: &MediaRequest, limit: u64) -> Result<Vec<u8>, MediaError> {
+        // A file the channel already holds (a mail's attachment): handed over inline.
+        if req.trusted && req.url.starts_with("data:") {
+            return data_url(&req.url, limit);
+        }
         let url = reqwest::Url::parse(&req.url)
             .map_err(|e| MediaError::Refused(format!("not a URL: {e}")))?;
         let mut headers = HeaderMap::new();
@@ -651,6 +655,27 @@ fn find_saved(ws: &Workspace, base: &str, limit: u64) -> Option<(Vec<u8>, String
 fn write_file(ws: &Workspace, rel: &str, bytes: &[u8]) -> Result<(), crate::tools::ToolError> {
     let (dir, name) = ws.open_parent(rel, true)?;
     write_atomic(&dir, &name, bytes, 0o644, None, rel)
+}
+
+/// The bytes of a `data:<type>;base64,<data>` URL, at most `limit` of them.
+fn data_url(url: &str, limit: u64) -> Result<Vec<u8>, MediaError> {
+    use base64::Engine as _;
+    let (head, data) = url
+        .split_once(',')
+        .ok_or_else(|| MediaError::Refused("a data: URL without data".into()))?;
+    if !head.ends_with(";base64") {
+        return Err(MediaError::Refused("a data: URL that is not base64".into()));
+    }
+    if (data.len() as u64 / 4).saturating_mul(3) > limit.saturating_add(3) {
+        return Err(MediaError::TooLarge);
+    }
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(data)
+        .map_err(|e| MediaError::Failed(format!("bad base64 in a data: URL: {e}")))?;
+    if bytes.len() as u64 > limit {
+        return Err(MediaError::TooLarge);
+    }
+    Ok(bytes)
 }
 
 #[cfg(test)]

@@ -17,6 +17,8 @@ mod conversation;
 mod cron_ops;
 mod custom_tools;
 mod delivery;
+#[cfg(feature = "email")]
+mod email;
 mod exec_jail;
 mod fake_llm;
 mod first_hour;
