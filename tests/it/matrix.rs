@@ -887,3 +887,82 @@ fn bad_matrix_settings_name_their_key() {
     );
     assert!(clawft::config::Config::from_str(&v.to_string(), false, &env).is_err());
 }
+
+/// The delivery test of the other platforms, on Matrix: the real `weft` binary killed (-9) by
+/// itself with the reply in the outbox, just after Synapse accepted it, and after the outbox
+/// removal; after the restart the room shows exactly one reply (the transaction id of the
+/// resend is the same, and Synapse answers it with the event it already has).
+#[tokio::test]
+async fn matrix_kill_9_at_every_point_of_the_send_path_shows_one_reply() {
+    use std::os::unix::process::ExitStatusExt as _;
+    let Some(hs) = synapse() else { return };
+    const ANSWER: &str = "the one and only answer";
+    for (point, shown_before) in [
+        ("egress.before_send", 0),
+        ("egress.after_send", 1),
+        ("egress.after_mark", 1),
+    ] {
+        let bot = register(hs, "bot", false).await;
+        let alice = register(hs, "alice", false).await;
+        let dir = tempfile::tempdir().unwrap();
+        let llm = FakeLlm::start().await;
+        llm.push(Reply::Text(ANSWER.into()));
+        let port = crate::process::free_port();
+        let mut extra = section(&bot, &[&alice.id], json!({}));
+        crate::common::merge(
+            &mut extra,
+            json!({"channels": {"http": {"bind": format!("127.0.0.1:{port}")}}}),
+        );
+        let cfg = crate::process::write_config(
+            dir.path(),
+            &crate::common::config_value(&llm.base_url(), dir.path(), extra),
+        );
+        let mut d = crate::process::Daemon::start_with_env(
+            dir.path(),
+            &cfg,
+            port,
+            &[("WEFT_FAULT", point)],
+        )
+        .await;
+        let room = alice.create_room(&[&bot.id], false).await;
+        assert!(eventually(|| joined(&alice, &room, &bot.id)).await);
+        alice.say(&room, "are you there?").await;
+        let deadline = std::time::Instant::now() + T;
+        let status = loop {
+            if let Some(st) = d.child.try_wait().unwrap() {
+                break st;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{point} never reached\n{}",
+                crate::process::log_of(dir.path())
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        assert_eq!(status.signal(), Some(9), "{point}: {status:?}");
+        drop(d);
+        assert_eq!(
+            alice.messages_of(&room, &bot.id).await.len(),
+            shown_before,
+            "{point}"
+        );
+        let d = crate::process::Daemon::start(dir.path(), &cfg, port).await;
+        assert!(
+            eventually(|| async {
+                alice
+                    .messages_of(&room, &bot.id)
+                    .await
+                    .iter()
+                    .any(|m| m["content"]["body"] == ANSWER)
+            })
+            .await,
+            "{point}: no answer after the restart\n{}",
+            crate::process::log_of(dir.path())
+        );
+        // Give a duplicate every chance to show up.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let shown = alice.messages_of(&room, &bot.id).await;
+        assert_eq!(shown.len(), 1, "{point}: {shown:?}");
+        assert_eq!(d.term().code(), Some(0));
+    }
+}
