@@ -651,6 +651,12 @@ async fn in_a_browser_login_chat_approve_and_usage() {
         "the operations page loaded",
     )
     .await;
+    // Channels: each running channel with its state (`weft status`).
+    b.until(
+        "return [...document.querySelectorAll('#channels-table tbody tr')].some(r => r.textContent.startsWith('http'))",
+        "the channels' health listed",
+    )
+    .await;
     // Nodes: a pairing request shows with its fingerprint; approving it here brings the node
     // online, and the node pins the gateway key the page shows.
     let node_dir = dir.path().join("node-desk");

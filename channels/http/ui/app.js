@@ -189,10 +189,12 @@ function fill(table, rows, cols, actions) {
   }));
 }
 async function loadOps() {
-  const [cron, pairing, mcp, nodes] = await Promise.all([
+  const [cron, pairing, mcp, nodes, status] = await Promise.all([
     api('admin/cron/list', {}), api('admin/pairing/list', {}), api('admin/mcp/list', {}),
-    api('admin/nodes/list', {}).catch(() => ({ nodes: [] })),
+    api('admin/nodes/list', {}).catch(() => ({ nodes: [] })), api('status').catch(() => ({})),
   ]);
+  const chans = Object.entries(status.channels || {}).map(([channel, state]) => ({ channel, state }));
+  fill($('channels-table'), chans, ['channel', 'state'], () => []);
   fill($('cron-table'), cron.jobs || [], ['id', 'name', 'enabled', 'schedule', 'next_run', 'last_run'], (j) => [
     ['Run now', () => api('admin/cron/run', { id: j.id })],
     [j.enabled ? 'Pause' : 'Resume', () => api('admin/cron/update', { id: j.id, enabled: !j.enabled })],
