@@ -90,6 +90,7 @@ impl Gateway {
                         .into_iter()
                         .map(str::to_string)
                         .collect(),
+                    ui_hosts: config.http.ui_hosts.clone(),
                 },
                 Arc::new(admin.clone()),
                 Arc::new(crate::daemon::channels::StoreMail::new(store.clone())),

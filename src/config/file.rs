@@ -358,6 +358,10 @@ pub struct HttpFile {
     /// Let local programs use the chat routes (`/v1/chat`, `/v1/chat/stream`) without a
     /// bearer token (default false). Loopback binds only; the admin routes always need one.
     pub allow_loopback_without_token: Option<bool>,
+    /// Host names (as browsers send them in `Host`, without the port) the control UI answers
+    /// for besides `localhost`, `127.0.0.1`, `[::1]` and the bind address: the name a reverse
+    /// proxy serves it under (default none; any other name gets 421).
+    pub ui_hosts: Option<Vec<String>>,
 }
 
 /// `store`.

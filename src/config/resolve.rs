@@ -354,7 +354,27 @@ fn resolve_http(
         token,
         reply_timeout: Duration::from_secs(h.reply_timeout_secs.unwrap_or(300).max(1)),
         allow_loopback_without_token: h.allow_loopback_without_token.unwrap_or(false),
+        ui_hosts: h
+            .ui_hosts
+            .unwrap_or_default()
+            .into_iter()
+            .map(|n| n.trim().to_ascii_lowercase())
+            .collect(),
     };
+    if let Some(bad) = http.ui_hosts.iter().find(|n| {
+        n.is_empty()
+            || n.contains(['/', ':', ' '])
+            || !n
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '.' || c == '-')
+    }) {
+        return Err(ConfigError::Invalid {
+            key: "channels.http.ui_hosts".into(),
+            detail: format!(
+                "`{bad}`: expected a host name like \"gateway.example.com\" (no scheme, port or path)"
+            ),
+        });
+    }
     if http.enabled && http.allow_loopback_without_token && !bind.ip().is_loopback() {
         return Err(ConfigError::Invalid {
             key: "channels.http.allow_loopback_without_token".into(),

@@ -276,6 +276,8 @@ pub struct HttpChannelConfig {
     pub reply_timeout: Duration,
     /// Chat routes without a token on a loopback bind (an explicit opt-in).
     pub allow_loopback_without_token: bool,
+    /// Host names the control UI answers for besides loopback and the bind address.
+    pub ui_hosts: Vec<String>,
 }
 
 /// The store.

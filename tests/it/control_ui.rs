@@ -125,7 +125,10 @@ fn setup(llm: &FakeLlm, extra: Value) -> (tempfile::TempDir, std::path::PathBuf,
 #[tokio::test]
 async fn login_link_cookie_csrf_and_revocation_refuse_what_they_must() {
     let llm = FakeLlm::start().await;
-    let (dir, cfg, port) = setup(&llm, json!({}));
+    let (dir, cfg, port) = setup(
+        &llm,
+        json!({"channels": {"http": {"ui_hosts": ["gw.example.org"]}}}),
+    );
     let d = Daemon::start(dir.path(), &cfg, port).await;
     let base = d.api.base.clone();
     let me = base.clone(); // the origin a browser sends for pages of this server
@@ -133,6 +136,28 @@ async fn login_link_cookie_csrf_and_revocation_refuse_what_they_must() {
     // Without a session: the pages load (nothing secret in them), the API does not.
     let r = plain().get(format!("{base}/ui/")).send().await.unwrap();
     assert_eq!(r.status(), 200);
+    // Only for this server's own names: a page of another site whose name was made to
+    // resolve here (DNS rebinding) sends its own name, and gets nothing.
+    for (host, want) in [
+        (format!("evil.example:{port}"), 421),
+        (format!("localhost:{port}"), 200),
+        ("gw.example.org".to_string(), 200), // listed in channels.http.ui_hosts
+    ] {
+        for path in ["/ui/", "/ui/login", "/ui/api/me"] {
+            let r = plain()
+                .get(format!("{base}{path}"))
+                .header("host", &host)
+                .send()
+                .await
+                .unwrap();
+            let got = r.status().as_u16();
+            if want == 421 {
+                assert_eq!(got, 421, "{host} {path}");
+            } else {
+                assert_ne!(got, 421, "{host} {path}");
+            }
+        }
+    }
     let csp = r.headers()["content-security-policy"]
         .to_str()
         .unwrap()

@@ -83,6 +83,9 @@ pub struct HttpConfig {
     /// The agents `POST /v1/chat/completions` may name as `agent:<name>` (listed by `GET
     /// /v1/models`); `main` (model `weft`) is always there.
     pub agents: Vec<String>,
+    /// Host names the control UI answers for besides loopback and the bind address
+    /// (`channels.http.ui_hosts`: the name a reverse proxy serves it under).
+    pub ui_hosts: Vec<String>,
 }
 
 /// The request body bound for messages of up to `max_inbound_bytes`: JSON escaping can make

@@ -66,6 +66,7 @@ fn loopback(token: Option<&str>, timeout: Duration) -> HttpConfig {
         channel_id: "http".into(),
         max_inbound_bytes: clawft_channel_core::DEFAULT_MAX_INBOUND_BYTES,
         agents: vec!["main".into(), "work".into()],
+        ui_hosts: Vec::new(),
     }
 }
 
@@ -479,6 +480,7 @@ async fn non_loopback_bind_needs_a_token_and_refuses_tokenless_chat() {
         channel_id: "http".into(),
         max_inbound_bytes: clawft_channel_core::DEFAULT_MAX_INBOUND_BYTES,
         agents: Vec::new(),
+        ui_hosts: Vec::new(),
     };
     let e = HttpChannel::bind(cfg(None, false), Arc::new(FakeAdmin))
         .await

@@ -257,6 +257,7 @@ pub(crate) fn admin_command(inner: &Inner, name: &str, body: &Value) -> Option<R
 
 /// The routes under `/ui`.
 pub(crate) fn routes(inner: Arc<Inner>) -> Router<Arc<Inner>> {
+    let inner_for_hosts = inner.clone();
     let api = Router::new()
         .route("/ui/api/me", get(me))
         .route("/ui/api/logout", post(logout))
@@ -276,6 +277,44 @@ pub(crate) fn routes(inner: Arc<Inner>) -> Router<Arc<Inner>> {
         .route("/ui/canvas/{key}", get(canvas))
         .route("/ui/{file}", get(asset))
         .merge(api)
+        .route_layer(middleware::from_fn_with_state(inner_for_hosts, own_host))
+}
+
+/// Whether `host` (a `Host` header: name and optional port) names this server: loopback, the
+/// bind address, or a name the operator listed (`channels.http.ui_hosts`). A page of another
+/// site whose name was made to resolve to this address (DNS rebinding) sends its own name.
+fn host_allowed(cfg: &crate::HttpConfig, host: &str) -> bool {
+    let name = if let Some(rest) = host.strip_prefix('[') {
+        rest.split(']')
+            .next()
+            .map(|h| format!("[{h}]"))
+            .unwrap_or_default()
+    } else {
+        host.rsplit_once(':').map_or(host, |(h, _)| h).to_string()
+    }
+    .to_ascii_lowercase();
+    let bind = cfg.bind.ip();
+    matches!(name.as_str(), "localhost" | "127.0.0.1" | "[::1]")
+        || (!bind.is_unspecified() && (name == bind.to_string() || name == format!("[{bind}]")))
+        || cfg.ui_hosts.iter().any(|h| *h == name)
+}
+
+/// Every `/ui` route answers only for this server's own names (421 otherwise).
+async fn own_host(State(inner): State<Arc<Inner>>, req: Request, next: Next) -> Response {
+    let host = req
+        .headers()
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if !host_allowed(&inner.cfg, host) {
+        return err(
+            StatusCode::MISDIRECTED_REQUEST,
+            format!(
+                "the control UI does not answer for the host `{host}`: list it in channels.http.ui_hosts if it is this gateway's name"
+            ),
+        );
+    }
+    next.run(req).await
 }
 
 /// Headers every UI response carries.
