@@ -296,7 +296,7 @@ fn host_allowed(cfg: &crate::HttpConfig, host: &str) -> bool {
     let bind = cfg.bind.ip();
     matches!(name.as_str(), "localhost" | "127.0.0.1" | "[::1]")
         || (!bind.is_unspecified() && (name == bind.to_string() || name == format!("[{bind}]")))
-        || cfg.ui_hosts.iter().any(|h| *h == name)
+        || cfg.ui_hosts.contains(&name)
 }
 
 /// Every `/ui` route answers only for this server's own names (421 otherwise).
