@@ -291,17 +291,10 @@ impl NodeHub {
     fn gateway_key(&self) -> Option<&ring::signature::Ed25519KeyPair> {
         self.key
             .get_or_init(|| {
-                let b64 = base64::engine::general_purpose::STANDARD;
-                if let Some(k) = self
-                    .store
-                    .state_get(NS_GATEWAY, "key")
-                    .ok()
-                    .flatten()
-                    .and_then(|s| b64.decode(s).ok())
-                    .and_then(|b| ring::signature::Ed25519KeyPair::from_pkcs8(&b).ok())
-                {
+                if let Some(k) = self.stored_gateway_key() {
                     return Some(k);
                 }
+                let b64 = base64::engine::general_purpose::STANDARD;
                 let rng = ring::rand::SystemRandom::new();
                 let pkcs8 = ring::signature::Ed25519KeyPair::generate_pkcs8(&rng).ok()?;
                 let made = ring::signature::Ed25519KeyPair::from_pkcs8(pkcs8.as_ref()).ok()?;
@@ -321,6 +314,12 @@ impl NodeHub {
 
     /// The fingerprint of the gateway's node key, when it has one (`weft nodes list`).
     fn gateway_fingerprint(&self) -> Option<String> {
+        let k = self.stored_gateway_key()?;
+        Some(key_id(ring::signature::KeyPair::public_key(&k).as_ref()).1)
+    }
+
+    /// The gateway's node key as the store holds it (`None`: not made yet, or unreadable).
+    fn stored_gateway_key(&self) -> Option<ring::signature::Ed25519KeyPair> {
         let b64 = base64::engine::general_purpose::STANDARD;
         let pkcs8 = self
             .store
@@ -328,8 +327,7 @@ impl NodeHub {
             .ok()
             .flatten()
             .and_then(|s| b64.decode(s).ok())?;
-        let k = ring::signature::Ed25519KeyPair::from_pkcs8(&pkcs8).ok()?;
-        Some(key_id(ring::signature::KeyPair::public_key(&k).as_ref()).1)
+        ring::signature::Ed25519KeyPair::from_pkcs8(&pkcs8).ok()
     }
 
     /// End every node connection and refuse new ones (the gateway is shutting down).

@@ -133,6 +133,12 @@ fn current_session() -> String {
     SESSION.try_with(Clone::clone).unwrap_or_default()
 }
 
+/// The shell line that starts Chromium with our pipes on its fds 3 and 4 (where
+/// `--remote-debugging-pipe` speaks CDP), its own stdio closed.
+const CDP_ON_FDS: &str = r#"exec "$0" "$@" 3<&0 4>&1 </dev/null >/dev/null"#;
+/// What Chromium reads beyond the system trees, in or out of the jail.
+const READ_PATHS: [&str; 2] = ["/sys", "/var/cache/fontconfig"];
+
 /// Most credentials remembered for scrubbing (the oldest are forgotten first).
 const MAX_TYPED: usize = 64;
 /// What a typed credential reads as in results.
@@ -306,11 +312,8 @@ impl Browser {
         })?;
         let (mut child, net) = match self.jail(policy.clone()).await {
             Some((rt, socket)) => {
-                let mut args: Vec<std::ffi::OsString> = vec![
-                    "-c".into(),
-                    r#"exec "$0" "$@" 3<&0 4>&1 </dev/null >/dev/null"#.into(),
-                    exe.clone().into(),
-                ];
+                let mut args: Vec<std::ffi::OsString> =
+                    vec!["-c".into(), CDP_ON_FDS.into(), exe.clone().into()];
                 args.extend(
                     chromium_args(&profile, crate::tools::exec::PROXY_ADDR, as_root())
                         .into_iter()
@@ -410,7 +413,7 @@ impl Browser {
             }
         };
         let settings = crate::tools::exec::ExecSettings {
-            read_paths: vec!["/sys".into(), "/var/cache/fontconfig".into()],
+            read_paths: READ_PATHS.iter().map(PathBuf::from).collect(),
             max_processes: 0,
             max_memory_mb: 0,
             ..crate::tools::exec::ExecSettings::default()
@@ -452,7 +455,7 @@ impl Browser {
         let mut cmd = Command::new("/bin/sh");
         // Chromium speaks CDP on fds 3 and 4: the shell moves our pipes there.
         cmd.arg("-c")
-            .arg(r#"exec "$0" "$@" 3<&0 4>&1 </dev/null >/dev/null"#)
+            .arg(CDP_ON_FDS)
             .arg(exe)
             .args(chromium_args(profile, &proxy.addr().to_string(), as_root()))
             .env_clear()
@@ -470,7 +473,7 @@ impl Browser {
         // config, credentials and store out of reach.
         let ruleset = if crate::tools::sandbox::probe().fs_enforced {
             let plan = crate::tools::sandbox::SandboxPlan {
-                read_paths: vec!["/sys".into(), "/var/cache/fontconfig".into()],
+                read_paths: READ_PATHS.iter().map(PathBuf::from).collect(),
                 write_paths: Vec::new(),
                 protected: self.protected.clone(),
                 network: true,
@@ -881,29 +884,21 @@ impl Browser {
     }
 
     /// `v` with every credential typed into this browser's pages masked.
-    pub fn scrub_typed(&self, v: Value) -> Value {
+    pub fn scrub_typed(&self, mut v: Value) -> Value {
         let typed = self.typed.locked().clone();
         if typed.is_empty() {
             return v;
         }
-        fn walk(v: Value, typed: &[String]) -> Value {
-            match v {
-                Value::String(mut s) => {
-                    for t in typed {
-                        if s.contains(t.as_str()) {
-                            s = s.replace(t.as_str(), TYPED_MASK);
-                        }
-                    }
-                    Value::String(s)
+        crate::types::scrub::map_strings(&mut v, &|s| {
+            let mut out = std::borrow::Cow::Borrowed(s);
+            for t in &typed {
+                if out.contains(t.as_str()) {
+                    out = std::borrow::Cow::Owned(out.replace(t.as_str(), TYPED_MASK));
                 }
-                Value::Array(a) => Value::Array(a.into_iter().map(|x| walk(x, typed)).collect()),
-                Value::Object(o) => {
-                    Value::Object(o.into_iter().map(|(k, x)| (k, walk(x, typed))).collect())
-                }
-                other => other,
             }
-        }
-        walk(v, &typed)
+            out
+        });
+        v
     }
 
     /// Choose `value` (an option's value or label) in the select of reference `r`.

@@ -259,7 +259,7 @@ impl Scrubber {
 }
 
 /// Apply `f` to every string and object key of `v`, replacing those it changed.
-fn map_strings(v: &mut Value, f: &dyn Fn(&str) -> Cow<'_, str>) {
+pub fn map_strings(v: &mut Value, f: &dyn Fn(&str) -> Cow<'_, str>) {
     match v {
         Value::String(s) => {
             if let Cow::Owned(new) = f(s) {

@@ -624,16 +624,8 @@ fn group_pids(pgid: u32) -> Vec<u32> {
 
 fn sockets_of_group(pgid: u32) -> Vec<String> {
     let mut out = Vec::new();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
-            continue;
-        };
-        let after = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
-        let pg = after.split_whitespace().nth(2).unwrap_or("");
-        if pg != pgid.to_string() {
-            continue;
-        }
-        let Ok(fds) = std::fs::read_dir(e.path().join("fd")) else {
+    for pid in group_pids(pgid) {
+        let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
             continue;
         };
         for fd in fds.flatten() {

@@ -792,15 +792,11 @@ async fn approve(api: &Api, name: &str) {
 }
 
 async fn wait_log(node: &Node, needle: &str) {
-    let deadline = Instant::now() + T;
-    while !node.log().contains(needle) {
-        assert!(
-            Instant::now() < deadline,
-            "`{needle}` never logged:\n{}",
-            node.log()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    assert!(
+        crate::common::wait_until(T, || node.log().contains(needle)).await,
+        "`{needle}` never logged:\n{}",
+        node.log()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -860,15 +856,16 @@ async fn a_node_reaches_its_gateway_through_tls_and_pins_its_key() {
     approve(&b.api, "tls").await;
     wait_log(&node, "the gateway's key changed").await;
     let mut node = node;
-    let deadline = Instant::now() + T;
-    let status = loop {
-        if let Some(s) = node.child.try_wait().unwrap() {
-            break s;
-        }
-        assert!(Instant::now() < deadline, "the node kept running");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
-    assert!(!status.success());
+    let mut status = None;
+    assert!(
+        crate::common::wait_until(T, || {
+            status = node.child.try_wait().unwrap();
+            status.is_some()
+        })
+        .await,
+        "the node kept running"
+    );
+    assert!(!status.unwrap().success());
     wait_row(&b.api, "tls", |r| r["online"] == false, "still online on B").await;
     let e = hub(&b)
         .call("tls", "run", json!({"command": "echo hijacked"}), T)
