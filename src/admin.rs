@@ -5,6 +5,7 @@
 
 pub mod cron;
 pub mod hooks;
+pub mod inspect;
 pub mod nodes;
 pub mod ops;
 
@@ -227,15 +228,26 @@ pub struct AdminApi {
     config: Arc<Config>,
     running: Arc<OnceLock<Running>>,
     nodes: Arc<OnceLock<Arc<nodes::NodeHub>>>,
+    /// The configuration in force (`config/show`), replaced when a reload applies.
+    in_force: Arc<std::sync::RwLock<Arc<inspect::InForce>>>,
+    /// Where `config/reload` asks the gateway's main loop for a reload.
+    reloads: Arc<OnceLock<tokio::sync::mpsc::Sender<ops::ReloadRequest>>>,
+    /// The agents' tools and workspaces and the memory service (`agents/list`, `memory/*`).
+    inspect: Arc<OnceLock<inspect::Inspect>>,
 }
 
 impl AdminApi {
     /// Admin API for `config`; answers "starting" until [`AdminApi::attach`].
     pub fn new(config: Arc<Config>) -> Self {
         Self {
+            in_force: Arc::new(std::sync::RwLock::new(Arc::new(inspect::InForce::new(
+                config.clone(),
+            )))),
             config,
             running: Arc::new(OnceLock::new()),
             nodes: Arc::new(OnceLock::new()),
+            reloads: Arc::new(OnceLock::new()),
+            inspect: Arc::new(OnceLock::new()),
         }
     }
 
@@ -449,6 +461,9 @@ impl clawft_channel_http::Admin for AdminApi {
     }
 
     async fn command(&self, name: &str, body: Value) -> Result<Value, AdminError> {
+        if let Some(done) = self.inspect_command(name, &body).await {
+            return done;
+        }
         let r = self.running.get().ok_or_else(starting)?;
         match name {
             "send" => {

@@ -39,32 +39,9 @@ pub fn run(config: &Config, action: AgentsAction) -> Result<(), CliError> {
     }
 }
 
-/// The agents as JSON (also what `weft status --json` could show).
+/// The agents as JSON (the admin API's `agents/list` adds their tools and skills).
 pub fn list(config: &Config) -> serde_json::Value {
-    let agents: Vec<serde_json::Value> = config
-        .agent_names()
-        .into_iter()
-        .filter_map(|name| config.for_agent(name))
-        .map(|c| {
-            let bindings: Vec<String> = config
-                .bindings
-                .iter()
-                .filter(|b| b.agent == c.agent_name)
-                .map(crate::config::agents::Binding::describe)
-                .collect();
-            serde_json::json!({
-                "name": c.agent_name,
-                "default": c.agent_name == DEFAULT_AGENT,
-                "workspace": c.agent.workspace.display().to_string(),
-                "model": c.providers.first().map(|p| p.model.clone()),
-                "providers": c.providers.iter().map(|p| p.name.clone()).collect::<Vec<_>>(),
-                "models": c.agent.models,
-                "system_prompt": c.agent.system_prompt.is_some(),
-                "bindings": bindings,
-            })
-        })
-        .collect();
-    serde_json::json!({ "agents": agents })
+    crate::admin::inspect::agents_json(config)
 }
 
 fn human(v: &serde_json::Value) -> String {

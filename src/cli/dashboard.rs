@@ -18,6 +18,9 @@ pub async fn run(
     no_open: bool,
     revoke_all: bool,
 ) -> Result<(), CliError> {
+    if !cfg!(feature = "ui") {
+        return Err(CliError::Failed(clawft_channel_http::NO_UI.to_string()));
+    }
     let c = GatewayClient::detect(config).await?.ok_or_else(|| {
         CliError::Failed(format!(
             "weft dashboard needs a running gateway for this config's store ({}), and none runs: start `weft gateway` (with channels.http enabled, as by default)",

@@ -38,6 +38,10 @@ pub struct Gateway {
     reloads: Option<tokio::sync::mpsc::Receiver<crate::admin::ops::ReloadRequest>>,
     /// The connected nodes (with the HTTP API).
     nodes: Option<Arc<crate::admin::nodes::NodeHub>>,
+    /// The admin API (told the configuration in force after each reload).
+    admin: AdminApi,
+    /// The sender of [`Gateway::reloads`]: [`run`] hands it to the admin API (`config/reload`).
+    reload_tx: tokio::sync::mpsc::Sender<crate::admin::ops::ReloadRequest>,
 }
 
 impl Gateway {
@@ -106,6 +110,7 @@ impl Gateway {
             admin.set_nodes(hub.clone());
             nodes = Some(hub);
             // The control UI's web chat, served on the same listener: a channel of its own.
+            #[cfg(feature = "ui")]
             channels.push(http.web());
             channels.push(http);
         }
@@ -121,6 +126,20 @@ impl Gateway {
             daemon.scheduler().clone(),
             daemon.approvals().clone(),
         );
+        let (agents, memory) = daemon.agent_parts();
+        admin.set_inspect(crate::admin::inspect::Inspect {
+            agents: agents
+                .into_iter()
+                .map(
+                    |(name, tools, workspace)| crate::admin::inspect::AgentParts {
+                        name,
+                        tools,
+                        workspace,
+                    },
+                )
+                .collect(),
+            memory,
+        });
         if let Some(hub) = &nodes {
             let _ = daemon
                 .nodes_slot()
@@ -133,7 +152,7 @@ impl Gateway {
             .gateway_slot()
             .set(Arc::new(crate::admin::ops::GatewayOps::new(
                 admin.clone(),
-                reload_tx,
+                reload_tx.clone(),
             )));
         let control = match (token, http_addr) {
             (Some(token), Some(addr)) => {
@@ -165,6 +184,8 @@ impl Gateway {
             control,
             reloads: Some(reloads),
             nodes,
+            admin,
+            reload_tx,
         })
     }
 
@@ -209,6 +230,8 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         .reloads
         .take()
         .unwrap_or_else(|| tokio::sync::mpsc::channel(1).1);
+    // The admin API's `config/reload` (the control UI's Reload button) takes the same path.
+    gateway.admin.set_reloads(gateway.reload_tx.clone());
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
@@ -278,7 +301,12 @@ async fn reload(
             // The control token stays a secret of the reloaded tools.
             new.secrets
                 .extend(gateway.control.as_ref().map(|(t, _)| t.clone()));
+            let provenance = new.provenance.clone();
             let changes = gateway.daemon.reload(new).await;
+            // `config/show` shows what is in force now, with where the new file set it.
+            let mut in_force = gateway.daemon.config().clone();
+            in_force.provenance = provenance;
+            gateway.admin.set_in_force(in_force);
             for c in &changes {
                 tracing::info!(change = %c, "configuration reloaded");
             }

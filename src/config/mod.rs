@@ -19,6 +19,7 @@ pub mod media;
 pub mod provenance;
 pub mod resolve;
 pub mod secrets;
+pub mod show;
 pub mod subagents;
 pub mod types;
 pub mod usage;

@@ -792,6 +792,35 @@ impl Daemon {
         &self.outbox
     }
 
+    /// The configuration in force: what a reload applied, the start-up values of what waits
+    /// for a restart.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Every agent's name, tools and workspace (the default one first) and the memory search
+    /// service, for the admin API's Agents page.
+    pub fn agent_parts(
+        &self,
+    ) -> (
+        Vec<(
+            String,
+            Arc<crate::tools::registry::ToolsHandle>,
+            Arc<Workspace>,
+        )>,
+        Arc<crate::memory::service::MemoryService>,
+    ) {
+        let mut agents = vec![(
+            crate::types::session_key::DEFAULT_AGENT.to_string(),
+            self.tools.clone(),
+            self.workspace.clone(),
+        )];
+        for (name, rt) in &self.others {
+            agents.push((name.clone(), rt.tools.clone(), rt.workspace.clone()));
+        }
+        (agents, self.memory.clone())
+    }
+
     /// The shared slot of the MCP manager (for the admin API).
     pub fn mcp_slot(&self) -> McpSlot {
         self.mcp.clone()

@@ -12,6 +12,7 @@ mod cli_polish;
 mod common;
 mod context_files;
 mod control;
+#[cfg(feature = "ui")]
 mod control_ui;
 mod conversation;
 mod cron_ops;

@@ -37,14 +37,19 @@ use tokio_util::sync::CancellationToken;
 
 pub mod mailbox;
 pub mod openai;
+#[cfg(feature = "ui")]
 pub mod ui;
 pub use mailbox::{MailEntry, MailStore, MemoryMail};
 pub use openai::OPENAI_SENDER;
+#[cfg(feature = "ui")]
 pub use ui::WebChannel;
 
 /// Largest accepted request body (1 MiB), or more when `max_inbound_bytes` needs it (see
 /// [`body_limit`]).
 const MAX_BODY_BYTES: usize = 1024 * 1024;
+/// What a build without the control UI answers where the UI would be.
+pub const NO_UI: &str =
+    "this build of weft has no control UI (it was built without the `ui` cargo feature)";
 /// Messages kept per HTTP chat until acknowledged; beyond it the oldest are dropped.
 pub const MAILBOX_PER_CHAT: usize = 1000;
 /// Most messages one `GET /v1/chats/{chat_id}/messages` returns.
@@ -224,8 +229,10 @@ struct Inner {
     seq: AtomicU64,
     shutdown: CancellationToken,
     /// The control UI's login links and sessions.
+    #[cfg(feature = "ui")]
     ui: ui::Auth,
     /// The web chat the UI talks through.
+    #[cfg(feature = "ui")]
     web: Arc<WebChannel>,
 }
 
@@ -314,7 +321,9 @@ impl HttpChannel {
                 tx: Mutex::new(None),
                 seq: AtomicU64::new(0),
                 shutdown: CancellationToken::new(),
+                #[cfg(feature = "ui")]
                 ui: ui::Auth::default(),
+                #[cfg(feature = "ui")]
                 web: Arc::new(WebChannel::new()),
             }),
             listener: Mutex::new(Some(std_listener)),
@@ -340,6 +349,7 @@ impl HttpChannel {
 
     /// The web chat of the control UI (channel `web`), served on this listener: the daemon
     /// runs it like any other channel.
+    #[cfg(feature = "ui")]
     pub fn web(&self) -> Arc<WebChannel> {
         self.inner.web.clone()
     }
@@ -401,15 +411,16 @@ fn router(inner: Arc<Inner>) -> Router {
         .route("/v1/admin/{*name}", post(admin_command))
         .route("/metrics", get(metrics))
         .route_layer(middleware::from_fn_with_state(inner.clone(), auth_admin));
-    Router::new()
+    let r = Router::new()
         .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
         .route("/readyz", get(readyz))
         // Signed webhooks: authenticated by their signature, not a bearer token.
         .route("/v1/hooks/{name}", post(hook))
         .merge(chat)
-        .merge(admin)
-        .merge(ui::routes(inner.clone()))
-        .fallback(not_found)
+        .merge(admin);
+    #[cfg(feature = "ui")]
+    let r = r.merge(ui::routes(inner.clone()));
+    r.fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(body_limit(
             inner.cfg.max_inbound_bytes,
@@ -587,8 +598,13 @@ async fn admin_command(
     body: Option<Json<Value>>,
 ) -> Response {
     let body = body.map_or(Value::Null, |Json(v)| v);
+    #[cfg(feature = "ui")]
     if let Some(r) = ui::admin_command(&inner, &name, &body) {
         return r;
+    }
+    #[cfg(not(feature = "ui"))]
+    if name.starts_with("ui/") {
+        return err(StatusCode::NOT_FOUND, NO_UI);
     }
     match inner.admin.command(&name, body).await {
         Ok(v) => Json(v).into_response(),

@@ -559,6 +559,11 @@ const READS: &[&str] = &[
     "cron/list",
     "cron/runs",
     "canvas/get",
+    "config/show",
+    "config/validate",
+    "agents/list",
+    "memory/list",
+    "memory/search",
 ];
 
 /// `POST /ui/api/admin/{name}`: the admin command of that name (the UI's own `ui/*` excepted).
