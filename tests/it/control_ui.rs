@@ -15,7 +15,7 @@ use crate::process::{free_port, gateway_config, weft, Daemon};
 const T: Duration = Duration::from_secs(30);
 
 /// `weft --config CFG ARGS` → (success, stdout, stderr).
-async fn run(dir: &Path, cfg: &Path, args: &[&str]) -> (bool, String, String) {
+pub(crate) async fn run(dir: &Path, cfg: &Path, args: &[&str]) -> (bool, String, String) {
     let (dir, cfg) = (dir.to_path_buf(), cfg.to_path_buf());
     let args: Vec<String> = args.iter().map(|a| (*a).to_string()).collect();
     let out = tokio::task::spawn_blocking(move || {
@@ -37,7 +37,7 @@ async fn run(dir: &Path, cfg: &Path, args: &[&str]) -> (bool, String, String) {
 }
 
 /// A login link from `weft dashboard --no-open` (extra args: `--read-only`).
-async fn link(dir: &Path, cfg: &Path, extra: &[&str]) -> String {
+pub(crate) async fn link(dir: &Path, cfg: &Path, extra: &[&str]) -> String {
     let mut args = vec!["dashboard", "--no-open"];
     args.extend_from_slice(extra);
     let (ok, out, err) = run(dir, cfg, &args).await;
@@ -52,7 +52,7 @@ fn plain() -> reqwest::Client {
 }
 
 /// Exchange the token of `url` as the login page does: (status, cookie value, Set-Cookie).
-async fn exchange(base: &str, url: &str, origin: &str) -> (u16, Option<String>, String) {
+pub(crate) async fn exchange(base: &str, url: &str, origin: &str) -> (u16, Option<String>, String) {
     let token = url.split_once('#').unwrap().1;
     let r = plain()
         .post(format!("{base}/ui/login"))
@@ -76,7 +76,7 @@ async fn exchange(base: &str, url: &str, origin: &str) -> (u16, Option<String>, 
 }
 
 /// A request of the UI API with a cookie, an origin and a CSRF token.
-async fn ui_post(
+pub(crate) async fn ui_post(
     base: &str,
     path: &str,
     cookie: &str,
@@ -99,7 +99,7 @@ async fn ui_post(
     (s, r.json().await.unwrap_or(Value::Null))
 }
 
-async fn ui_get(base: &str, path: &str, cookie: &str) -> (u16, Value) {
+pub(crate) async fn ui_get(base: &str, path: &str, cookie: &str) -> (u16, Value) {
     let r = plain()
         .get(format!("{base}{path}"))
         .header("cookie", format!("weft_ui={cookie}"))
@@ -110,7 +110,7 @@ async fn ui_get(base: &str, path: &str, cookie: &str) -> (u16, Value) {
     (s, r.json().await.unwrap_or(Value::Null))
 }
 
-fn setup(llm: &FakeLlm, extra: Value) -> (tempfile::TempDir, std::path::PathBuf, u16) {
+pub(crate) fn setup(llm: &FakeLlm, extra: Value) -> (tempfile::TempDir, std::path::PathBuf, u16) {
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(dir.path().join("ws")).unwrap();
     let port = free_port();
@@ -312,14 +312,14 @@ async fn login_link_cookie_csrf_and_revocation_refuse_what_they_must() {
 
 /// A chromedriver for this test binary, started once and shared; it ends with the binary (it
 /// runs under a shell that kills it when our end of its stdin closes).
-struct Driver {
+pub(crate) struct Driver {
     base: String,
     _child: Child,
 }
 
 static DRIVER: OnceLock<Option<Driver>> = OnceLock::new();
 
-fn driver() -> Option<&'static Driver> {
+pub(crate) fn driver() -> Option<&'static Driver> {
     DRIVER
         .get_or_init(|| {
             let have = |c: &str| Path::new(c).exists();
@@ -355,7 +355,7 @@ fn driver() -> Option<&'static Driver> {
 }
 
 /// One browser session (a fresh profile).
-struct Browser {
+pub(crate) struct Browser {
     http: reqwest::Client,
     url: String,
     _profile: tempfile::TempDir,
@@ -364,7 +364,7 @@ struct Browser {
 const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
 
 impl Browser {
-    async fn start(d: &Driver) -> Self {
+    pub(crate) async fn start(d: &Driver) -> Self {
         let http = plain();
         let profile = tempfile::tempdir().unwrap();
         let caps = json!({"capabilities": {"alwaysMatch": {
@@ -410,19 +410,19 @@ impl Browser {
         self.cmd(reqwest::Method::POST, path, Some(body)).await
     }
 
-    async fn goto(&self, url: &str) {
+    pub(crate) async fn goto(&self, url: &str) {
         let v = self.post("/url", json!({ "url": url })).await;
         assert!(v.is_null(), "{v}");
     }
 
     /// Run `script` (a function body; `arguments` as in WebDriver) in the page.
-    async fn js(&self, script: &str, args: Value) -> Value {
+    pub(crate) async fn js(&self, script: &str, args: Value) -> Value {
         self.post("/execute/sync", json!({"script": script, "args": args}))
             .await
     }
 
     /// The element matching `css`, waiting for it.
-    async fn find(&self, css: &str) -> String {
+    pub(crate) async fn find(&self, css: &str) -> String {
         let deadline = std::time::Instant::now() + T;
         loop {
             let v = self
@@ -439,7 +439,7 @@ impl Browser {
         }
     }
 
-    async fn click(&self, css: &str) {
+    pub(crate) async fn click(&self, css: &str) {
         let e = self.find(css).await;
         let v = self.post(&format!("/element/{e}/click"), json!({})).await;
         assert!(v.is_null(), "click {css}: {v}");
@@ -454,7 +454,7 @@ impl Browser {
     }
 
     /// Wait until `script` returns something truthy; return it.
-    async fn until(&self, script: &str, what: &str) -> Value {
+    pub(crate) async fn until(&self, script: &str, what: &str) -> Value {
         let deadline = std::time::Instant::now() + T;
         loop {
             let v = self.js(script, json!([])).await;

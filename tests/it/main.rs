@@ -14,6 +14,8 @@ mod context_files;
 mod control;
 #[cfg(feature = "ui")]
 mod control_ui;
+#[cfg(feature = "ui")]
+mod control_ui_config;
 mod conversation;
 mod cron_ops;
 mod custom_tools;

@@ -237,6 +237,91 @@ async function loadLogs(fresh) {
 }
 $('log-level').addEventListener('change', () => loadLogs(true).catch((e) => notice(e.message)));
 
+// ---- config: the configuration in force, where each value came from; validate, reload ----
+async function loadConfig() {
+  const v = await api('admin/config/show', {});
+  $('config-path').textContent = 'Config file: ' + (v.path || 'none (defaults and the environment)');
+  const f = $('config-filter').value.trim().toLowerCase();
+  $('config-table').tBodies[0].replaceChildren(...(v.rows || [])
+    .filter((r) => !f || (r.key + ' ' + r.value + ' ' + r.source).toLowerCase().includes(f))
+    .map((r) => {
+      const tr = el('tr', null, { 'data-key': r.key });
+      tr.append(el('td', r.key), el('td', r.value), el('td', r.source, { class: 'source' }));
+      return tr;
+    }));
+}
+// A report: a title line and a list of items (errors marked as such, not only by colour).
+function configReport(title, items, bad) {
+  const box = $('config-report');
+  box.replaceChildren(el('p', (bad ? 'Error: ' : '') + title));
+  box.className = bad ? 'bad' : '';
+  if (items.length) box.append(el('ul'));
+  for (const i of items) box.lastChild.append(el('li', i));
+}
+$('config-validate').addEventListener('click', async () => {
+  try {
+    const v = await api('admin/config/validate', {});
+    if (v.valid) configReport('The file is valid: a reload would apply it.', []);
+    else configReport('The file is not valid' + (v.key ? ' (key ' + v.key + ')' : '') + '; a reload would be refused.', [v.error], true);
+  } catch (e) { notice(e.message); }
+});
+$('config-reload').addEventListener('click', async () => {
+  try {
+    const v = await api('admin/config/reload', {});
+    if (v.status === 'reloaded') configReport('Reloaded:', v.changes || []);
+    else configReport('Reload refused; nothing was applied and the running configuration stays' + (v.key ? ' (key ' + v.key + ')' : '') + '.', [v.error], true);
+    await loadConfig();
+  } catch (e) { notice(e.message); }
+});
+$('config-filter').addEventListener('input', () => loadConfig().catch((e) => notice(e.message)));
+
+// ---- agents, skills, memory ----
+async function loadAgents() {
+  const v = await api('admin/agents/list', {});
+  const agents = v.agents || [];
+  const sel = $('memory-agent');
+  const was = sel.value;
+  sel.replaceChildren(...agents.map((a) => el('option', a.name)));
+  if (was) sel.value = was;
+  $('agents-list').replaceChildren(...agents.map((a) => {
+    const d = el('section', null, { 'data-agent': a.name });
+    const tools = a.tools || {};
+    d.append(el('h2', a.name + (a.default ? ' (default)' : '')));
+    const dl = el('dl');
+    for (const [k, val] of [
+      ['Model', a.model], ['Providers', (a.providers || []).join(', ')], ['Workspace', a.workspace],
+      ['Bindings', (a.bindings || []).join('; ') || 'none (the default agent answers what no binding routes)'],
+      ['Tools offered', (tools.offered || []).join(', ')],
+      ['Tools loaded on demand (tool_search)', (tools.deferred || []).join(', ')],
+      ['Skills', (a.skills || []).map((s) => s.name + ' (' + s.source + '): ' + s.description).join('; ') || 'none'],
+    ]) dl.append(el('dt', k), el('dd', val || '—'));
+    d.append(dl);
+    return d;
+  }));
+  await loadMemoryDocs();
+}
+async function loadMemoryDocs() {
+  const v = await api('admin/memory/list', { agent: $('memory-agent').value });
+  $('memory-docs').tBodies[0].replaceChildren(...(v.documents || []).map((d) => {
+    const tr = el('tr');
+    tr.append(el('td', d.path), el('td', d.bytes), el('td', new Date(d.modified_ms).toLocaleString()));
+    return tr;
+  }));
+}
+$('memory-agent').addEventListener('change', () => loadMemoryDocs().catch((e) => notice(e.message)));
+$('memory-form').addEventListener('submit', async (ev) => {
+  ev.preventDefault();
+  try {
+    const v = await api('admin/memory/search', { agent: $('memory-agent').value, query: $('memory-query').value });
+    const hits = (v.results || []).map((h) => {
+      const li = el('li', h.path + ':' + h.start_line + '-' + h.end_line, { 'data-path': h.path });
+      li.append(el('pre', h.snippet));
+      return li;
+    });
+    $('memory-results').replaceChildren(...(hits.length ? hits : [el('li', 'No memory matches.')]));
+  } catch (e) { notice(e.message); }
+});
+
 // ---- status ----
 async function loadStatus() {
   $('status-json').textContent = JSON.stringify(await api('status'), null, 2);
@@ -253,6 +338,7 @@ function show() {
   notice('');
   if (loaders[page]) loaders[page]().catch((e) => notice(e.message));
 }
+Object.assign(loaders, { config: loadConfig, agents: loadAgents });
 window.addEventListener('hashchange', show);
 
 $('logout').addEventListener('click', async () => {
