@@ -66,6 +66,13 @@ pub enum DaemonError {
     Spawn(String),
 }
 
+/// Each agent's name, tools and workspace (the default agent first).
+pub type AgentHandles = Vec<(
+    String,
+    Arc<crate::tools::registry::ToolsHandle>,
+    Arc<Workspace>,
+)>;
+
 /// The MCP manager in force, shared with the admin API (replaced on a reload).
 pub type McpSlot = Arc<std::sync::RwLock<Option<Arc<McpManager>>>>;
 
@@ -800,16 +807,7 @@ impl Daemon {
 
     /// Every agent's name, tools and workspace (the default one first) and the memory search
     /// service, for the admin API's Agents page.
-    pub fn agent_parts(
-        &self,
-    ) -> (
-        Vec<(
-            String,
-            Arc<crate::tools::registry::ToolsHandle>,
-            Arc<Workspace>,
-        )>,
-        Arc<crate::memory::service::MemoryService>,
-    ) {
+    pub fn agent_parts(&self) -> (AgentHandles, Arc<crate::memory::service::MemoryService>) {
         let mut agents = vec![(
             crate::types::session_key::DEFAULT_AGENT.to_string(),
             self.tools.clone(),
