@@ -174,7 +174,7 @@ impl AdminApi {
         }
     }
 
-    /// The reload SIGHUP and `weft reload` run: the changes applied, or why the file was
+    /// The reload SIGHUP and the `gateway` tool run: the changes applied, or why the file was
     /// rejected (nothing applied).
     async fn config_reload(&self) -> Result<Value, AdminError> {
         let tx = self.reloads.get().ok_or_else(|| {
