@@ -445,7 +445,7 @@ impl Browser {
         assert!(v.is_null(), "click {css}: {v}");
     }
 
-    async fn type_in(&self, css: &str, text: &str) {
+    pub(crate) async fn type_in(&self, css: &str, text: &str) {
         let e = self.find(css).await;
         let v = self
             .post(&format!("/element/{e}/value"), json!({ "text": text }))

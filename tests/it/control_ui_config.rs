@@ -165,10 +165,7 @@ async fn config_page_shows_origins_masks_secrets_validates_and_reloads() {
     let (s, v) = admin(&base, &ro, "config/validate", json!({})).await;
     assert_eq!(s, 200, "{v}");
     assert_eq!(v["valid"], false, "{v}");
-    assert!(
-        v["key"].as_str().unwrap().contains("max_tool_iteratons"),
-        "{v}"
-    );
+    assert_eq!(v["key"], "agents.defaults.max_tool_iteratons", "{v}");
     assert!(
         v["error"].as_str().unwrap().contains("max_tool_iteratons"),
         "{v}"
@@ -176,6 +173,7 @@ async fn config_page_shows_origins_masks_secrets_validates_and_reloads() {
     let (s, v) = admin(&base, &op, "config/reload", json!({})).await;
     assert_eq!(s, 200, "{v}");
     assert_eq!(v["status"], "rejected", "{v}");
+    assert_eq!(v["key"], "agents.defaults.max_tool_iteratons", "{v}");
     assert!(
         v["error"].as_str().unwrap().contains("max_tool_iteratons"),
         "{v}"
@@ -289,15 +287,21 @@ async fn agents_page_lists_tools_skills_and_memory_search_finds_the_document() {
     d.term();
 }
 
-/// In a real browser: the Config page shows a value with where it came from, and validation.
+/// In a real browser: the Config page shows a value with where it came from, and validation;
+/// the Agents page shows the agent and finds a memory document.
 #[tokio::test]
-async fn in_a_browser_the_config_page_shows_a_value_and_its_origin() {
+async fn in_a_browser_config_shows_origins_and_agents_page_searches_memory() {
     let Some(drv) = driver() else { return };
     let llm = FakeLlm::start().await;
     let (dir, cfg, port) = setup(
         &llm,
         json!({"agents": {"defaults": {"max_tool_iterations": 11}}}),
     );
+    std::fs::write(
+        dir.path().join("ws/MEMORY.md"),
+        "The staging server is called heliotrope.\n",
+    )
+    .unwrap();
     let d = Daemon::start(dir.path(), &cfg, port).await;
     let b = Browser::start(drv).await;
     let url = link(dir.path(), &cfg, &[]).await;
@@ -329,6 +333,26 @@ async fn in_a_browser_the_config_page_shows_a_value_and_its_origin() {
     b.until(
         "return document.getElementById('config-report').textContent.includes('valid')",
         "the validation report",
+    )
+    .await;
+
+    // The Agents page: the agent with its model, and a memory search finding the document.
+    b.goto(&format!("http://127.0.0.1:{port}/ui/#agents")).await;
+    b.until(
+        "const a = document.querySelector('#agents-list section[data-agent=\"main\"]'); return a && a.textContent.includes('fake-model') && a.textContent.includes('tool_search')",
+        "the agent listed",
+    )
+    .await;
+    b.until(
+        "return [...document.querySelectorAll('#memory-docs tbody td')].some(t => t.textContent === 'MEMORY.md')",
+        "the memory documents listed",
+    )
+    .await;
+    b.type_in("#memory-query", "heliotrope").await;
+    b.click("#memory-form button[type=submit]").await;
+    b.until(
+        "const l = document.querySelector('#memory-results li[data-path=\"MEMORY.md\"]'); return l && l.textContent.includes('heliotrope')",
+        "the search result",
     )
     .await;
     drop(b);

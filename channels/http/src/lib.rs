@@ -378,8 +378,13 @@ async fn not_found(method: axum::http::Method, uri: axum::http::Uri) -> Response
         format!(
             "no route {method} {}: the API has POST /v1/chat, POST /v1/chat/stream, \
              GET /v1/chats/CHAT_ID/messages, POST /v1/chat/completions, GET /v1/models, GET /healthz, GET /readyz, POST /v1/hooks/NAME, GET /v1/status, \
-             GET /v1/sessions, GET|DELETE /v1/sessions/KEY, POST /v1/admin/COMMAND, GET /metrics, and the control UI under /ui/",
-            uri.path()
+             GET /v1/sessions, GET|DELETE /v1/sessions/KEY, POST /v1/admin/COMMAND, GET /metrics{}",
+            uri.path(),
+            if cfg!(feature = "ui") {
+                ", and the control UI under /ui/"
+            } else {
+                " (this build has no control UI)"
+            }
         ),
     )
 }
