@@ -35,6 +35,8 @@ mod mcp;
 mod media;
 mod memory;
 mod memory_embed;
+#[cfg(not(feature = "ui"))]
+mod no_ui;
 mod nodes;
 mod openai_api;
 mod operators;
