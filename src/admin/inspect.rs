@@ -6,7 +6,7 @@
 //! `memory/search` (the same search as `weft memory search`).
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
@@ -37,12 +37,14 @@ impl InForce {
     }
 }
 
-/// One agent's running parts, for `agents/list` and `memory/*`.
+/// One agent's running parts, for `agents/list` and `memory/*`. The tools and the memory
+/// service are held weakly: the `gateway` tool holds this admin API, and a strong reference
+/// back would keep the store (and its lock) alive after the daemon shut down.
 pub struct AgentParts {
     /// Its name (`main` for the default agent).
     pub name: String,
     /// Its tools (replaced on a reload).
-    pub tools: Arc<ToolsHandle>,
+    pub tools: Weak<ToolsHandle>,
     /// Its workspace.
     pub workspace: Arc<Workspace>,
 }
@@ -52,7 +54,7 @@ pub struct Inspect {
     /// Every agent, the default one first.
     pub agents: Vec<AgentParts>,
     /// The memory search service.
-    pub memory: Arc<crate::memory::service::MemoryService>,
+    pub memory: Weak<crate::memory::service::MemoryService>,
 }
 
 /// The agents of `config` as JSON (`weft agents list --json`): workspace, model, providers
@@ -82,6 +84,10 @@ pub fn agents_json(config: &Config) -> Value {
         })
         .collect();
     json!({ "agents": agents })
+}
+
+fn stopping() -> AdminError {
+    AdminError::Unavailable("the gateway is stopping".into())
 }
 
 /// The dotted key a configuration error is about, when it names one.
@@ -218,7 +224,10 @@ impl AdminApi {
                 workspace: p.workspace.clone(),
             }
             .load();
-            let reg = p.tools.current();
+            let Some(tools) = p.tools.upgrade() else {
+                return Err(stopping());
+            };
+            let reg = tools.current();
             let offer = reg.offer(&[], &[], crate::turn::offer::omitted(&skills));
             a["tools"] = json!({
                 "offered": offer.specs.iter().map(|s| s.name.clone()).collect::<Vec<_>>(),
@@ -285,8 +294,8 @@ impl AdminApi {
             call_id: None,
             turn: Default::default(),
         };
-        let out = parts
-            .memory
+        let memory = parts.memory.upgrade().ok_or_else(stopping)?;
+        let out = memory
             .search(&ctx, query, max, body["prefix"].as_str())
             .await
             .map_err(internal)?;

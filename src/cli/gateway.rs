@@ -133,12 +133,12 @@ impl Gateway {
                 .map(
                     |(name, tools, workspace)| crate::admin::inspect::AgentParts {
                         name,
-                        tools,
+                        tools: Arc::downgrade(&tools),
                         workspace,
                     },
                 )
                 .collect(),
-            memory,
+            memory: Arc::downgrade(&memory),
         });
         if let Some(hub) = &nodes {
             let _ = daemon
