@@ -7,6 +7,7 @@ pub mod cron;
 pub mod hooks;
 pub mod nodes;
 pub mod ops;
+pub mod sessions;
 
 use std::sync::{Arc, OnceLock};
 
@@ -136,6 +137,7 @@ pub fn session_json(store: &Store, key: &str) -> Result<Option<Value>, AdminErro
         "created_ms": meta.created_ms,
         "updated_ms": meta.updated_ms,
         "usage": { "today": usage_totals(&day), "total": usage_totals(&all) },
+        "window": sessions::window_json(store, &key, meta.next_seq)?,
         "messages": msgs,
     })))
 }
@@ -511,6 +513,16 @@ impl clawft_channel_http::Admin for AdminApi {
                 }
             }
             "mcp/list" => Ok(mcp_json(r.mcp().as_deref())),
+            "sessions/search" => {
+                let store = r.store.clone();
+                tokio::task::spawn_blocking(move || sessions::search(&store, &body))
+                    .await
+                    .map_err(internal)?
+            }
+            "sessions/compact" => {
+                let inbox = crate::bus::Inbox::new(r.bus.clone());
+                sessions::compact(&r.store, &r.channels().names(), |e| inbox.route(e), &body)
+            }
             "canvas/get" => {
                 let session = body["session"]
                     .as_str()

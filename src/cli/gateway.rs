@@ -97,6 +97,10 @@ impl Gateway {
             )
             .await
             .map_err(|e| CliError::Failed(format!("channels.http: {e}")))?;
+            http.keep_ui_sessions(Arc::new(crate::daemon::channels::StoreState::new(
+                store.clone(),
+                "ui",
+            )));
             http_addr = Some(http.local_addr());
             let hub = crate::admin::nodes::NodeHub::new(store.clone());
             http.add_routes(hub.routes());
@@ -106,6 +110,11 @@ impl Gateway {
             admin.set_nodes(hub.clone());
             nodes = Some(hub);
             // The control UI's web chat, served on the same listener: a channel of its own.
+            // Its pages see each canvas change at once (SSE).
+            tokio::spawn(crate::daemon::channels::canvas_to_web(
+                store.clone(),
+                http.web(),
+            ));
             channels.push(http.web());
             channels.push(http);
         }
