@@ -49,6 +49,7 @@ mod store_crash;
 mod store_faults;
 mod subagents;
 mod tools;
+mod ui_sessions;
 mod usage;
 mod voice;
 mod webhooks;
