@@ -271,7 +271,7 @@ async fn sessions_search_window_compact_agent_choice_and_attachments() {
         "{main}"
     );
     assert!(main["usage"]["calls"].as_u64().unwrap() >= 2, "{main}");
-    assert_eq!(main["users"], json!(["operator"]), "{main}");
+    assert_eq!(main["users"], json!(["web:operator"]), "{main}");
     // By text in a transcript (with where it was found), by key, by user, by channel.
     let v = ui.search(json!({"q": "NEEDLE"})).await;
     let keys: Vec<&str> = v["sessions"]
@@ -477,7 +477,7 @@ async fn canvas_changes_are_pushed_and_a_snapshot_is_a_png() {
                "html": "<body style='background:#0a0'><h1>Forty-two</h1><script>document.querySelector('h1').textContent += ' (drawn)';</script></body>"}),
     ));
     llm.push(call("c2", "canvas", json!({"action": "snapshot"})));
-    llm.push(Reply::Text("shown".into()));
+    llm.push(Reply::Text("the snapshot is taken".into()));
     let (s, v) = ui
         .post(
             "/ui/api/chat",
@@ -490,7 +490,9 @@ async fn canvas_changes_are_pushed_and_a_snapshot_is_a_png() {
     let deadline = tokio::time::Instant::now() + T;
     let mut buf = String::new();
     let pushed = loop {
-        if let Some(line) = buf
+        // Whole lines only (the last one may still be arriving).
+        let whole = buf.rsplit_once('\n').map_or("", |(w, _)| w);
+        if let Some(line) = whole
             .lines()
             .find(|l| l.starts_with("data:") && l.contains("\"kind\":\"canvas\""))
         {
@@ -511,7 +513,7 @@ async fn canvas_changes_are_pushed_and_a_snapshot_is_a_png() {
     assert_eq!(pushed["title"], "Chart");
 
     // The snapshot: a PNG file in the workspace, named in the tool result.
-    ui.wait_transcript("web:main", "shown").await;
+    ui.wait_transcript("web:main", "the snapshot is taken").await;
     let reqs = llm.requests();
     let result = reqs
         .iter()
