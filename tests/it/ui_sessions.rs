@@ -513,7 +513,8 @@ async fn canvas_changes_are_pushed_and_a_snapshot_is_a_png() {
     assert_eq!(pushed["title"], "Chart");
 
     // The snapshot: a PNG file in the workspace, named in the tool result.
-    ui.wait_transcript("web:main", "the snapshot is taken").await;
+    ui.wait_transcript("web:main", "the snapshot is taken")
+        .await;
     let reqs = llm.requests();
     let result = reqs
         .iter()
