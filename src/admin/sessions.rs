@@ -230,6 +230,60 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
 
+    /// Thousands of sessions: one page comes back quickly, the text search reads at most its
+    /// budget and says when it stopped, and paging walks the matches without repeating one.
+    #[test]
+    fn a_search_over_thousands_of_sessions_is_bounded_and_paged() {
+        use crate::llm::Message;
+        let store = Store::memory();
+        let filler = "lorem ipsum dolor sit amet ".repeat(400); // ~10 KB a message
+        for i in 0..3000 {
+            let key = SessionKey::parse(&format!("telegram:{i}")).unwrap();
+            let mut msgs = vec![Message::user(filler.clone()), Message::assistant(&filler)];
+            if i % 1000 == 7 {
+                msgs.push(Message::user(format!("the secret word is zebra{i}")));
+            }
+            store.append_messages(&key, &msgs).unwrap();
+        }
+        let t = std::time::Instant::now();
+        let v = search(&store, &json!({"q": "zebra"})).unwrap();
+        let took = t.elapsed();
+        // 3,000 × 20 KB = 60 MB of text: the budget (32 MB) stops the text search.
+        assert_eq!(v["text_search_incomplete"], true, "{v}");
+        assert!(took < std::time::Duration::from_secs(20), "{took:?}");
+        // By key: every session is matched, a page at a time, without reading transcripts.
+        let mut seen = std::collections::HashSet::new();
+        let mut offset = 0;
+        for _ in 0..3 {
+            let v = search(
+                &store,
+                &json!({"q": "telegram:", "limit": 100, "offset": offset}),
+            )
+            .unwrap();
+            let rows = v["sessions"].as_array().unwrap();
+            assert_eq!(rows.len(), 100);
+            for r in rows {
+                assert!(seen.insert(r["key"].as_str().unwrap().to_string()), "{r}");
+                assert_eq!(r["window"]["stored"], r["window"]["in_window"]);
+            }
+            offset = v["next_offset"].as_u64().unwrap();
+            assert_eq!(v["total_sessions"], 3000);
+            assert_eq!(v["text_search_incomplete"], false);
+        }
+        assert_eq!(offset, 300);
+        // Within the budget, the text is found.
+        let v = search(&store, &json!({"q": "zebra2007", "channel": "telegram"})).unwrap();
+        let found: Vec<&str> = v["sessions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["key"].as_str().unwrap())
+            .collect();
+        // (the newest sessions are read first: this one is within the budget)
+        assert_eq!(found, ["telegram:2007"], "{v}");
+        assert_eq!(v["sessions"][0]["match"], "text");
+    }
+
     #[test]
     fn a_snippet_shows_the_match_with_context_on_char_boundaries() {
         let t = format!("{}needle é here{}", "a ".repeat(100), " b".repeat(100));
