@@ -158,7 +158,7 @@ async fn sessions_search_window_compact_agent_choice_and_attachments() {
             "workspace": "WS_WORK",
             "system_prompt": "You are WORK.",
             "model": "work-model",
-        }}}),
+        }}, "media": {"max_file_mb": 1}}),
     );
     // The second agent's workspace, inside the test's directory.
     let text = std::fs::read_to_string(&cfg).unwrap();
@@ -210,7 +210,9 @@ async fn sessions_search_window_compact_agent_choice_and_attachments() {
         let (s, v) = ui.post("/ui/api/chat", body).await;
         assert_eq!(s, 400, "{v}");
     }
-    // Attachments: a real PNG and an HTML page that calls itself a JPEG.
+    // Attachments: a real PNG, an HTML page that calls itself a JPEG, and a file over
+    // `media.max_file_mb` (named to the model, not saved).
+    let big = vec![b'x'; 1024 * 1024 + 10];
     let (s, v) = ui
         .post_files(
             &[
@@ -221,11 +223,12 @@ async fn sessions_search_window_compact_agent_choice_and_attachments() {
             &[
                 ("pic.png", PNG),
                 ("fake.jpg", b"<!doctype html><html><body>hi</body></html>"),
+                ("big.bin", &big),
             ],
         )
         .await;
     assert_eq!(s, 200, "{v}");
-    assert_eq!(v["files"], 2);
+    assert_eq!(v["files"], 3);
     let reqs = llm.wait_requests(before + 1, T).await;
     let req = reqs
         .iter()
@@ -237,12 +240,20 @@ async fn sessions_search_window_compact_agent_choice_and_attachments() {
         "{user}"
     );
     assert!(user.contains("text/html"), "typed by its bytes: {user}");
+    assert!(
+        user.contains("big.bin") && user.contains("over the 1.0 MB limit per file"),
+        "{user}"
+    );
     let saved = files_under(&dir.path().join("ws/inbox"));
     let png = saved
         .iter()
         .find(|p| p.to_string_lossy().ends_with("-pic.png"))
         .unwrap_or_else(|| panic!("{saved:?}"));
     assert_eq!(std::fs::read(png).unwrap(), PNG);
+    assert!(
+        !saved.iter().any(|p| p.to_string_lossy().contains("big")),
+        "{saved:?}"
+    );
     // Too many files: refused whole.
     let many: Vec<(&str, &[u8])> = (0..11).map(|_| ("p.png", PNG)).collect();
     let (s, v) = ui.post_files(&[("content", "many")], &many).await;
