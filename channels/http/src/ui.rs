@@ -14,8 +14,9 @@
 //! every session. Sessions are kept by the hash of their cookie only, in the store when the
 //! daemon gives one ([`crate::HttpChannel::keep_ui_sessions`]): they survive a restart.
 //!
-//! The web chat is a channel of its own, [`WebChannel`] (`web`): the page posts to it and
-//! reads its replies, deltas and approval questions from an SSE stream.
+//! The web chat is a channel of its own, [`WebChannel`] (`web`): the page posts to it (text,
+//! files, the agent to answer) and reads its replies, deltas, approval questions and canvas
+//! changes from an SSE stream.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
