@@ -112,7 +112,7 @@ impl Gateway {
             // The control UI's web chat, served on the same listener: a channel of its own.
             // Its pages see each canvas change at once (SSE).
             tokio::spawn(crate::daemon::channels::canvas_to_web(
-                store.clone(),
+                store.changes(),
                 http.web(),
             ));
             channels.push(http.web());

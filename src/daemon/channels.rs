@@ -11,13 +11,15 @@ use clawft_channel_http::{MailEntry, MailStore};
 use crate::config::Config;
 use crate::store::Store;
 
-/// Forward every canvas change of `store` to the control UI's open pages, until the store's
-/// last handle is gone.
-pub async fn canvas_to_web(store: Store, web: Arc<clawft_channel_http::ui::WebChannel>) {
+/// Forward every canvas change announced in `changes` (from [`Store::changes`]) to the
+/// control UI's open pages, until the store is closed.
+pub async fn canvas_to_web(
+    mut changes: tokio::sync::broadcast::Receiver<crate::store::Change>,
+    web: Arc<clawft_channel_http::ui::WebChannel>,
+) {
     use tokio::sync::broadcast::error::RecvError;
-    let mut rx = store.changes();
     loop {
-        let c = match rx.recv().await {
+        let c = match changes.recv().await {
             Ok(c) => c,
             Err(RecvError::Lagged(_)) => continue,
             Err(RecvError::Closed) => return,
@@ -28,9 +30,8 @@ pub async fn canvas_to_web(store: Store, web: Arc<clawft_channel_http::ui::WebCh
         let Ok(key) = crate::types::SessionKey::parse(&c.key) else {
             continue;
         };
-        let canvas = crate::tools::canvas::canvas_json(&store, &c.key).unwrap_or_default();
         let (channel, chat, _) = key.route();
-        web.canvas_changed(key.as_str(), channel, chat, &canvas);
+        web.canvas_changed(key.as_str(), channel, chat, &c.detail);
     }
 }
 

@@ -313,6 +313,8 @@ pub struct Change {
     pub ns: &'static str,
     /// Which one (a session key).
     pub key: String,
+    /// What the announcer says of it (the canvas's version, title, visibility).
+    pub detail: serde_json::Value,
 }
 
 /// How often the sidecar's high-water mark is brought up to date while writes happen.
@@ -461,14 +463,16 @@ impl Store {
 
     /// Announce that `ns`/`key` changed (after writing it) to the [`Store::changes`]
     /// receivers, if any.
-    pub fn announce(&self, ns: &'static str, key: &str) {
+    pub fn announce(&self, ns: &'static str, key: &str, detail: serde_json::Value) {
         let _ = self.core.changes.send(Change {
             ns,
             key: key.to_string(),
+            detail,
         });
     }
 
-    /// The changes announced from now on (a slow receiver misses the oldest ones).
+    /// The changes announced from now on (a slow receiver misses the oldest ones). The
+    /// receiver holds no handle on the store: it ends (`Closed`) once the store is closed.
     pub fn changes(&self) -> tokio::sync::broadcast::Receiver<Change> {
         self.core.changes.subscribe()
     }

@@ -304,7 +304,11 @@ impl Tool for CanvasTool {
         self.store
             .state_put(NS, &key, Some(&text))
             .map_err(failed)?;
-        self.store.announce(NS, &key);
+        self.store.announce(
+            NS,
+            &key,
+            json!({"visible": c.visible, "version": c.version, "title": c.title}),
+        );
         Ok(json!({
             "action": a.action,
             "visible": c.visible,
