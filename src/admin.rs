@@ -8,6 +8,7 @@ pub mod hooks;
 pub mod inspect;
 pub mod nodes;
 pub mod ops;
+pub mod sessions;
 
 use std::sync::{Arc, OnceLock};
 
@@ -137,6 +138,7 @@ pub fn session_json(store: &Store, key: &str) -> Result<Option<Value>, AdminErro
         "created_ms": meta.created_ms,
         "updated_ms": meta.updated_ms,
         "usage": { "today": usage_totals(&day), "total": usage_totals(&all) },
+        "window": sessions::window_json(store, &key, meta.next_seq)?,
         "messages": msgs,
     })))
 }
@@ -526,6 +528,16 @@ impl clawft_channel_http::Admin for AdminApi {
                 }
             }
             "mcp/list" => Ok(mcp_json(r.mcp().as_deref())),
+            "sessions/search" => {
+                let store = r.store.clone();
+                tokio::task::spawn_blocking(move || sessions::search(&store, &body))
+                    .await
+                    .map_err(internal)?
+            }
+            "sessions/compact" => {
+                let inbox = crate::bus::Inbox::new(r.bus.clone());
+                sessions::compact(&r.store, &r.channels().names(), |e| inbox.route(e), &body)
+            }
             "canvas/get" => {
                 let session = body["session"]
                     .as_str()

@@ -38,7 +38,13 @@ pub fn doctor_line(settings: &BrowserSettings) -> (bool, String) {
             } else {
                 format!("on the host's network, using its proxy by its flags: no namespaces here ({})", st.summary())
             };
-            (true, format!("browser tool: Chromium at {}, {net}", p.display()))
+            (
+                true,
+                format!(
+                    "browser tool: Chromium at {}, {net}; it also renders canvas snapshots",
+                    p.display()
+                ),
+            )
         }
         None => (
             false,

@@ -996,6 +996,100 @@ impl Browser {
         .await
     }
 
+    /// A PNG of `html` (a canvas page) rendered at `width`×`height` in a tab of its own,
+    /// closed afterwards; the agent's own tab is left as it was. The page's scripts run, but
+    /// a Content-Security-Policy put before it lets it fetch nothing (inline script, style
+    /// and `data:` images only), as in the control UI's canvas frame.
+    pub async fn render_png(
+        self: &Arc<Self>,
+        html: &str,
+        width: u32,
+        height: u32,
+    ) -> Result<Vec<u8>, BrowserError> {
+        const META: &str = "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:\">";
+        let page = match html
+            .trim_start()
+            .to_ascii_lowercase()
+            .starts_with("<!doctype")
+            .then(|| html.find('>'))
+            .flatten()
+        {
+            Some(end) => format!("{}{META}{}", &html[..=end], &html[end + 1..]),
+            None => format!("<!doctype html>{META}{html}"),
+        };
+        let max = self.settings.max_capture_bytes;
+        let mut bytes = Vec::new();
+        {
+            let bytes = &mut bytes;
+            self.with(move |cdp, tab, _me| async move {
+                let out = async {
+                    let created = cdp
+                        .call(None, "Target.createTarget", json!({"url": "about:blank"}))
+                        .await?;
+                    let target = str_field(&created, "targetId")?;
+                    let shot = async {
+                        let att = cdp
+                            .call(
+                                None,
+                                "Target.attachToTarget",
+                                json!({"targetId": target, "flatten": true}),
+                            )
+                            .await?;
+                        let session = str_field(&att, "sessionId")?;
+                        let s = Some(session.as_str());
+                        cdp.call(
+                            s,
+                            "Emulation.setDeviceMetricsOverride",
+                            json!({"width": width, "height": height, "deviceScaleFactor": 1, "mobile": false}),
+                        )
+                        .await?;
+                        let tree = cdp.call(s, "Page.getFrameTree", json!({})).await?;
+                        let frame = tree["frameTree"]["frame"]["id"]
+                            .as_str()
+                            .unwrap_or_default()
+                            .to_string();
+                        cdp.call(
+                            s,
+                            "Page.setDocumentContent",
+                            json!({"frameId": frame, "html": page}),
+                        )
+                        .await?;
+                        // Let the page's own scripts draw (charts) before the picture.
+                        cdp.call(
+                            s,
+                            "Runtime.evaluate",
+                            json!({"expression": "new Promise(r => setTimeout(() => r(document.readyState), 150))", "awaitPromise": true}),
+                        )
+                        .await?;
+                        let v = cdp
+                            .call(
+                                s,
+                                "Page.captureScreenshot",
+                                json!({"format": "png", "fromSurface": true}),
+                            )
+                            .await?;
+                        decode_capped(&v["data"], max)
+                    }
+                    .await;
+                    let _ = cdp
+                        .call(None, "Target.closeTarget", json!({"targetId": target}))
+                        .await;
+                    shot
+                }
+                .await;
+                match out {
+                    Ok(b) => {
+                        *bytes = b;
+                        (tab, Ok(Value::Null))
+                    }
+                    Err(e) => (tab, Err(e)),
+                }
+            })
+            .await?;
+        }
+        Ok(bytes)
+    }
+
     /// A PDF of the tab.
     pub async fn pdf(self: &Arc<Self>) -> Result<(Vec<u8>, Value), BrowserError> {
         self.capture("Page.printToPDF", json!({"printBackground": true}))

@@ -208,6 +208,19 @@ fn save(ctx: &ToolContext, ext: &str, bytes: &[u8]) -> Result<String, BrowserErr
     Ok(rel)
 }
 
+/// The `canvas` tool's `snapshot` through this browser (a tab of its own per picture).
+pub struct CanvasRenderer(pub Arc<Browser>);
+
+#[async_trait]
+impl crate::tools::canvas::Renderer for CanvasRenderer {
+    async fn png(&self, html: &str, width: u32, height: u32) -> Result<Vec<u8>, String> {
+        self.0
+            .render_png(html, width, height)
+            .await
+            .map_err(|e| e.to_string())
+    }
+}
+
 /// Width and height from a PNG's header.
 pub fn png_size(png: &[u8]) -> Option<(u32, u32)> {
     if png.len() < 24 || &png[..8] != b"\x89PNG\r\n\x1a\n" || &png[12..16] != b"IHDR" {

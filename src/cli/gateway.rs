@@ -101,6 +101,11 @@ impl Gateway {
             )
             .await
             .map_err(|e| CliError::Failed(format!("channels.http: {e}")))?;
+            #[cfg(feature = "ui")]
+            http.keep_ui_sessions(Arc::new(crate::daemon::channels::StoreState::new(
+                store.clone(),
+                "ui",
+            )));
             http_addr = Some(http.local_addr());
             let hub = crate::admin::nodes::NodeHub::new(store.clone());
             http.add_routes(hub.routes());
@@ -110,8 +115,15 @@ impl Gateway {
             admin.set_nodes(hub.clone());
             nodes = Some(hub);
             // The control UI's web chat, served on the same listener: a channel of its own.
+            // Its pages see each canvas change at once (SSE).
             #[cfg(feature = "ui")]
-            channels.push(http.web());
+            {
+                tokio::spawn(crate::daemon::channels::canvas_to_web(
+                    store.changes(),
+                    http.web(),
+                ));
+                channels.push(http.web());
+            }
             channels.push(http);
         }
         channels.extend(crate::daemon::channels::chat_channels(&config, &store));

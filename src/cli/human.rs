@@ -293,6 +293,14 @@ pub fn session(v: &Value) -> String {
         usage_line(&v["usage"]["today"]),
         usage_line(&v["usage"]["total"]),
     );
+    let w = &v["window"];
+    if w.is_object() {
+        let _ = writeln!(
+            out,
+            "window: {} of {} messages, ≈{} tokens, {} compactions",
+            w["in_window"], w["stored"], w["tokens_estimate"], w["compactions"]
+        );
+    }
     for m in &msgs {
         out.push('\n');
         let role = short(&m["role"]);

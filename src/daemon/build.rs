@@ -274,7 +274,7 @@ fn egress_proxy(config: &Config) -> Option<Arc<EgressProxy>> {
 /// The agent's `browser` tool, when it is on and a Chromium is installed; its profile lives in
 /// `<state>/browser/<agent>/`.
 #[cfg(feature = "browser")]
-fn browser_tool(config: &Config) -> Option<Arc<dyn crate::tools::Tool>> {
+fn browser_tool(config: &Config) -> Option<Arc<crate::browser::tool::BrowserTool>> {
     let s = &config.tools.browser;
     if !s.enabled || s.find_executable().is_none() {
         return None;
@@ -447,8 +447,10 @@ pub fn build_registry(
         Err(e) => tracing::error!(error = %e, "web_fetch is unavailable"),
     }
     #[cfg(feature = "browser")]
-    if let Some(t) = browser_tool(config) {
-        reg.register(t);
+    let browser = browser_tool(config);
+    #[cfg(feature = "browser")]
+    if let Some(t) = &browser {
+        reg.register(t.clone());
     }
     match web::WebSearch::new(config.tools.web_search.clone()) {
         Ok(t) => reg.register(Arc::new(t)),
@@ -468,7 +470,16 @@ pub fn build_registry(
         reg.register(Arc::new(crate::scheduler::tool::CronTool::new(s)));
     }
     if let Some(store) = canvas {
-        reg.register(Arc::new(crate::tools::canvas::CanvasTool::new(store)));
+        #[allow(unused_mut)]
+        let mut t = crate::tools::canvas::CanvasTool::new(store);
+        // `snapshot` renders through the agent's browser, when it has one.
+        #[cfg(feature = "browser")]
+        if let Some(b) = &browser {
+            t = t.with_renderer(Arc::new(crate::browser::tool::CanvasRenderer(
+                b.browser().clone(),
+            )));
+        }
+        reg.register(Arc::new(t));
     }
     if let Some(slot) = gateway {
         reg.register(Arc::new(crate::tools::gateway::GatewayTool::new(slot)));

@@ -11,6 +11,31 @@ use clawft_channel_http::{MailEntry, MailStore};
 use crate::config::Config;
 use crate::store::Store;
 
+/// Forward every canvas change announced in `changes` (from [`Store::changes`]) to the
+/// control UI's open pages, until the store is closed.
+#[cfg(feature = "ui")]
+pub async fn canvas_to_web(
+    mut changes: tokio::sync::broadcast::Receiver<crate::store::Change>,
+    web: Arc<clawft_channel_http::ui::WebChannel>,
+) {
+    use tokio::sync::broadcast::error::RecvError;
+    loop {
+        let c = match changes.recv().await {
+            Ok(c) => c,
+            Err(RecvError::Lagged(_)) => continue,
+            Err(RecvError::Closed) => return,
+        };
+        if c.ns != crate::tools::canvas::NS {
+            continue;
+        }
+        let Ok(key) = crate::types::SessionKey::parse(&c.key) else {
+            continue;
+        };
+        let (channel, chat, _) = key.route();
+        web.canvas_changed(key.as_str(), channel, chat, &c.detail);
+    }
+}
+
 /// An adapter's durable state: values under the namespace `chan:<id>` in the store.
 pub struct StoreState {
     store: Store,

@@ -144,6 +144,15 @@ impl Access {
             let key = SessionKey::from_parts(&["http", chat])?;
             return key.with_agent(agent.unwrap_or(crate::types::session_key::DEFAULT_AGENT));
         }
+        // The control UI's web chat (only operators reach it): chat `CHAT@AGENT` names the
+        // agent the operator chose, its session `@AGENT:web:CHAT@AGENT` (the chat id whole,
+        // so replies, reminders and the canvas of each agent's chat stay apart).
+        #[cfg(feature = "ui")]
+        if ev.channel.as_str() == clawft_channel_http::ui::WEB_CHANNEL {
+            if let (_, Some(agent)) = terminal_chat(ev.chat.as_str()) {
+                return SessionKey::derive(ev)?.with_agent(agent);
+            }
+        }
         let key = if self.per_user.contains(ev.channel.as_str()) {
             SessionKey::derive_per_user(ev)?
         } else {

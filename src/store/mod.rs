@@ -301,6 +301,20 @@ pub(crate) struct Core {
     /// Batches applied (to tell whether the sidecar needs a new record).
     writes: AtomicU64,
     recorded: AtomicU64,
+    /// Changes announced to whoever shows them live ([`Store::announce`]).
+    changes: tokio::sync::broadcast::Sender<Change>,
+}
+
+/// A change of a stored value, announced after it is written (the control UI shows the canvas
+/// live with these).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Change {
+    /// What changed (`canvas`).
+    pub ns: &'static str,
+    /// Which one (a session key).
+    pub key: String,
+    /// What the announcer says of it (the canvas's version, title, visibility).
+    pub detail: serde_json::Value,
 }
 
 /// How often the sidecar's high-water mark is brought up to date while writes happen.
@@ -402,6 +416,7 @@ impl Store {
             sidecar,
             writes: AtomicU64::new(0),
             recorded: AtomicU64::new(0),
+            changes: tokio::sync::broadcast::channel(64).0,
         });
         let commit = Arc::new(commit::GroupCommit::start(core.clone()));
         Self {
@@ -444,6 +459,22 @@ impl Store {
                 Err(e)
             }
         }
+    }
+
+    /// Announce that `ns`/`key` changed (after writing it) to the [`Store::changes`]
+    /// receivers, if any.
+    pub fn announce(&self, ns: &'static str, key: &str, detail: serde_json::Value) {
+        let _ = self.core.changes.send(Change {
+            ns,
+            key: key.to_string(),
+            detail,
+        });
+    }
+
+    /// The changes announced from now on (a slow receiver misses the oldest ones). The
+    /// receiver holds no handle on the store: it ends (`Closed`) once the store is closed.
+    pub fn changes(&self) -> tokio::sync::broadcast::Receiver<Change> {
+        self.core.changes.subscribe()
     }
 
     /// A small state value (adapter offsets, pairing) under `ns`/`key`.

@@ -60,15 +60,75 @@ struct Args {
     markdown: Option<String>,
 }
 
+/// Size of a snapshot, in CSS pixels (a desktop window's).
+pub const SNAPSHOT_WIDTH: u32 = 1024;
+/// See [`SNAPSHOT_WIDTH`].
+pub const SNAPSHOT_HEIGHT: u32 = 768;
+
+/// Renders a canvas page to a PNG: the browser tool's Chromium, when one is configured.
+#[async_trait]
+pub trait Renderer: Send + Sync + 'static {
+    /// A PNG of `html` at `width`×`height`.
+    ///
+    /// # Errors
+    /// The browser could not start or render it; the text says why.
+    async fn png(&self, html: &str, width: u32, height: u32) -> Result<Vec<u8>, String>;
+}
+
 /// The `canvas` tool.
 pub struct CanvasTool {
     store: Store,
+    renderer: Option<std::sync::Arc<dyn Renderer>>,
 }
 
 impl CanvasTool {
-    /// The tool over `store`.
+    /// The tool over `store` (`snapshot` is "not available" without [`Self::with_renderer`]).
     pub fn new(store: Store) -> Self {
-        Self { store }
+        Self {
+            store,
+            renderer: None,
+        }
+    }
+
+    /// `snapshot` renders through `r`.
+    #[must_use]
+    pub fn with_renderer(mut self, r: std::sync::Arc<dyn Renderer>) -> Self {
+        self.renderer = Some(r);
+        self
+    }
+
+    /// `snapshot`: a PNG of what is shown, saved in the workspace (`canvas/snapshot-….png`)
+    /// and given to a model that can see as the result's image.
+    async fn snapshot(&self, shown: Option<Canvas>, ctx: &ToolContext) -> Result<Value, ToolError> {
+        let Some(r) = &self.renderer else {
+            return Err(ToolError::ExecutionFailed(
+                "snapshot is not available: no browser is configured for this gateway (the canvas is shown in the control UI; describe it instead)".into(),
+            ));
+        };
+        let Some(c) = shown.filter(|c| c.visible) else {
+            return Err(ToolError::InvalidArgs(
+                "nothing is shown in this session's canvas: `present` a page first".into(),
+            ));
+        };
+        let png = r
+            .png(&c.html, SNAPSHOT_WIDTH, SNAPSHOT_HEIGHT)
+            .await
+            .map_err(|e| ToolError::ExecutionFailed(format!("snapshot failed: {e}")))?;
+        let ms = clawft_channel_core::now_ms();
+        let rel = format!("canvas/snapshot-{ms}-{:04x}.png", fastrand::u16(..));
+        let (dir, name) = ctx.workspace.open_parent(&rel, true)?;
+        super::workspace::write_atomic(&dir, &name, &png, 0o644, None, &rel)?;
+        Ok(json!({
+            "action": "snapshot",
+            "title": c.title,
+            "version": c.version,
+            "path": rel,
+            // A model that can see gets the picture for the rest of the turn.
+            "image": rel,
+            "bytes": png.len(),
+            "width": SNAPSHOT_WIDTH,
+            "height": SNAPSHOT_HEIGHT,
+        }))
     }
 }
 
@@ -223,11 +283,7 @@ impl Tool for CanvasTool {
                     "this session's canvas is empty: `present` a page first".into(),
                 ))
             }
-            ("snapshot", _) => {
-                return Err(ToolError::ExecutionFailed(
-                    "snapshot is not available: no browser is configured for this gateway (the canvas is shown in the control UI; describe it instead)".into(),
-                ))
-            }
+            ("snapshot", old) => return self.snapshot(old, ctx).await,
             (other, _) => {
                 return Err(ToolError::InvalidArgs(format!(
                     "unknown action `{other}`; one of present, update, hide, snapshot"
@@ -248,6 +304,11 @@ impl Tool for CanvasTool {
         self.store
             .state_put(NS, &key, Some(&text))
             .map_err(failed)?;
+        self.store.announce(
+            NS,
+            &key,
+            json!({"visible": c.visible, "version": c.version, "title": c.title}),
+        );
         Ok(json!({
             "action": a.action,
             "visible": c.visible,

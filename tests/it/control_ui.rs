@@ -47,7 +47,7 @@ pub(crate) async fn link(dir: &Path, cfg: &Path, extra: &[&str]) -> String {
     url
 }
 
-fn plain() -> reqwest::Client {
+pub(crate) fn plain() -> reqwest::Client {
     reqwest::Client::builder().no_proxy().build().unwrap()
 }
 
@@ -783,13 +783,61 @@ async fn in_a_browser_login_chat_approve_and_usage() {
     assert_eq!(title, "Canvas works");
     assert_eq!(out, "parent:blocked cookie:blocked api:blocked");
     b.post("/frame/parent", json!({})).await;
+
+    // Live: the model updates the canvas; the frame shows the new page at once, pushed over
+    // the event stream, without the page around it reloading (a mark set in it survives) and
+    // before the turn's reply.
+    b.js("window.stayed = 'yes';", json!([])).await;
+    llm.push(Reply::ToolCalls(vec![(
+        "s2".into(),
+        "tool_search".into(),
+        json!({"query": "canvas"}).to_string(),
+    )]));
+    llm.push(Reply::ToolCalls(vec![(
+        "v2".into(),
+        "canvas".into(),
+        json!({"action": "update", "html": "<h1>Updated live</h1>"}).to_string(),
+    )]));
+    // The reply after the update comes late: the frame must change before it.
+    llm.push(Reply::Delay(
+        Duration::from_secs(8),
+        Box::new(Reply::Text("updated".into())),
+    ));
+    b.type_in("#chat-input", "change it").await;
+    b.click("#chat-form button[type=submit]").await;
+    b.until(
+        "return document.getElementById('canvas-state').textContent.includes('version 2')",
+        "the canvas event reached the page",
+    )
+    .await;
+    let frame = b.find("#canvas").await;
+    b.post("/frame", json!({"id": {ELEMENT: frame}})).await;
+    b.until(
+        "const h = document.querySelector('h1'); return h && h.textContent === 'Updated live'",
+        "the frame shows the update",
+    )
+    .await;
+    b.post("/frame/parent", json!({})).await;
+    let replied = b
+        .js(
+            "return [...document.querySelectorAll('#chat-log li.agent')].some(l => l.textContent === 'updated')",
+            json!([]),
+        )
+        .await;
+    assert_eq!(replied, false, "the frame changed only after the reply");
+    assert_eq!(b.js("return window.stayed", json!([])).await, "yes");
+    b.until(
+        "return [...document.querySelectorAll('#chat-log li.agent')].some(l => l.textContent === 'updated')",
+        "the reply after the update",
+    )
+    .await;
     drop(b);
 
     // The canvas is kept per session across a restart.
     d.term();
     let d = Daemon::start(dir.path(), &cfg, port).await;
     let page = d.api.text("/ui/canvas/web:main").await;
-    assert!(page.contains("Canvas works"), "{page}");
+    assert!(page.contains("Updated live"), "{page}");
     let (s, v) = d.api.get("/v1/status").await;
     assert_eq!(s, 200, "{v}");
     d.term();

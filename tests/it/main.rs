@@ -54,6 +54,8 @@ mod store_crash;
 mod store_faults;
 mod subagents;
 mod tools;
+#[cfg(feature = "ui")]
+mod ui_sessions;
 mod usage;
 mod voice;
 mod webhooks;

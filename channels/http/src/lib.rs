@@ -332,6 +332,14 @@ impl HttpChannel {
         }))
     }
 
+    /// Keep the control UI's sessions in `store` (by the hash of their cookie only): they
+    /// survive a restart, and `weft dashboard --revoke-all` removes them there too. Without
+    /// it they live in memory.
+    #[cfg(feature = "ui")]
+    pub fn keep_ui_sessions(&self, store: Arc<dyn clawft_channel_core::StateStore>) {
+        self.inner.ui.keep_in(store);
+    }
+
     /// The bound address.
     pub fn local_addr(&self) -> SocketAddr {
         self.addr

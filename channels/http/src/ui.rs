@@ -11,10 +11,12 @@
 //! `Content-Security-Policy` (scripts and styles from this origin only, nothing else). A bearer
 //! token (control token, `channels.http.token`) is accepted instead of the cookie, with no
 //! CSRF check (it is never sent by a browser on its own). `POST /v1/admin/ui/revoke-all` ends
-//! every session.
+//! every session. Sessions are kept by the hash of their cookie only, in the store when the
+//! daemon gives one ([`crate::HttpChannel::keep_ui_sessions`]): they survive a restart.
 //!
-//! The web chat is a channel of its own, [`WebChannel`] (`web`): the page posts to it and
-//! reads its replies, deltas and approval questions from an SSE stream.
+//! The web chat is a channel of its own, [`WebChannel`] (`web`): the page posts to it (text,
+//! files, the agent to answer) and reads its replies, deltas, approval questions and canvas
+//! changes from an SSE stream.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -33,7 +35,8 @@ use axum::{Json, Router};
 use clawft_channel_core::lock::MutexExt;
 use clawft_channel_core::{
     now_ms, Ack, Capabilities, Channel, ChannelError, ChannelId, ChatId, InboundDelivery,
-    InboundEvent, OutboundBody, OutboundKind, OutboundMessage, PlatformEventId, SentRef, UserId,
+    InboundEvent, OutboundBody, OutboundKind, OutboundMessage, PlatformEventId, SentRef,
+    StateStore, UserId,
 };
 use serde_json::{json, Value};
 use tokio::sync::{broadcast, mpsc};
@@ -95,7 +98,8 @@ const ASSETS: &[(&str, &str, &[u8])] = &[
 ];
 
 /// What a UI session may do.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum Role {
     /// Read every page, change nothing.
     ReadOnly,
@@ -117,18 +121,28 @@ struct Link {
     expires_ms: u64,
 }
 
+/// A UI session as kept (in memory and, with [`Auth::keep_in`], in the store): never the
+/// cookie's value, only its SHA-256 (the map's key). The CSRF token is derived from the value
+/// ([`csrf_of`]), so it is not kept either.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 struct Session {
-    csrf: String,
     role: Role,
     created_ms: u64,
     expires_ms: u64,
 }
 
-/// Login links and sessions (in memory: a restart logs everyone out).
+/// The state key under which the sessions are kept (one small JSON map: at most
+/// [`MAX_SESSIONS`] entries).
+const STATE_KEY: &str = "sessions";
+
+/// Login links (in memory: a link lives 5 minutes) and sessions (in memory, and in the store
+/// when one is given: a restart keeps them).
 #[derive(Default)]
 pub(crate) struct Auth {
     links: Mutex<HashMap<String, Link>>,
+    /// By the hex SHA-256 of the cookie's value.
     sessions: Mutex<HashMap<String, Session>>,
+    store: Mutex<Option<Arc<dyn StateStore>>>,
 }
 
 /// 32 random bytes from the OS, as hex.
@@ -136,10 +150,65 @@ fn random_hex() -> std::io::Result<String> {
     use std::io::Read;
     let mut buf = [0u8; 32];
     std::fs::File::open("/dev/urandom")?.read_exact(&mut buf)?;
-    Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
+    Ok(hex(&buf))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn sha256_hex(parts: &[&[u8]]) -> String {
+    let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
+    for p in parts {
+        ctx.update(p);
+    }
+    hex(ctx.finish().as_ref())
+}
+
+/// What a session is kept under: the hash of its cookie's value.
+fn session_id(cookie: &str) -> String {
+    sha256_hex(&[b"weft-ui-session\0", cookie.as_bytes()])
+}
+
+/// The CSRF token of the session with this cookie value: derived from the value (one-way), so
+/// only a holder of the cookie (the page, through `/ui/api/me`) learns it.
+fn csrf_of(cookie: &str) -> String {
+    sha256_hex(&[b"weft-ui-csrf\0", cookie.as_bytes()])
 }
 
 impl Auth {
+    /// Keep the sessions in `store` from now on, starting with the live ones it holds.
+    pub(crate) fn keep_in(&self, store: Arc<dyn StateStore>) {
+        let now = now_ms();
+        let kept: HashMap<String, Session> = store
+            .get(STATE_KEY)
+            .filter(|v| !v.is_empty())
+            .and_then(|v| serde_json::from_str(&v).ok())
+            .unwrap_or_default();
+        {
+            let mut s = self.sessions.locked();
+            for (k, x) in kept {
+                if x.expires_ms > now {
+                    s.insert(k, x);
+                }
+            }
+        }
+        *self.store.locked() = Some(store);
+        self.save(&self.sessions.locked());
+    }
+
+    /// Write the sessions to the store, if one is kept (a failure is logged: the sessions
+    /// still work until a restart).
+    fn save(&self, sessions: &HashMap<String, Session>) {
+        let Some(store) = self.store.locked().clone() else {
+            return;
+        };
+        let text = serde_json::to_string(sessions).unwrap_or_default();
+        if let Err(e) = store.put(STATE_KEY, &text) {
+            tracing::warn!(error = %e, "control UI sessions not saved");
+        }
+    }
+
     /// A new one-time login token.
     fn new_link(&self, role: Role) -> std::io::Result<String> {
         let t = random_hex()?;
@@ -175,8 +244,7 @@ impl Auth {
 
     /// A new session: (cookie value, CSRF token).
     fn new_session(&self, role: Role) -> std::io::Result<(String, String)> {
-        let id = random_hex()?;
-        let csrf = random_hex()?;
+        let cookie = random_hex()?;
         let now = now_ms();
         let mut s = self.sessions.locked();
         s.retain(|_, x| x.expires_ms > now);
@@ -191,28 +259,33 @@ impl Auth {
             s.remove(&oldest);
         }
         s.insert(
-            id.clone(),
+            session_id(&cookie),
             Session {
-                csrf: csrf.clone(),
                 role,
                 created_ms: now,
                 expires_ms: now + SESSION_TTL.as_millis() as u64,
             },
         );
-        Ok((id, csrf))
+        self.save(&s);
+        let csrf = csrf_of(&cookie);
+        Ok((cookie, csrf))
     }
 
     /// The live session of this cookie value: (role, CSRF token).
-    fn session(&self, id: &str) -> Option<(Role, String)> {
+    fn session(&self, cookie: &str) -> Option<(Role, String)> {
         let now = now_ms();
+        let id = session_id(cookie);
         let s = self.sessions.locked();
-        s.iter()
-            .find(|(k, x)| x.expires_ms > now && constant_time_eq(k.as_bytes(), id.as_bytes()))
-            .map(|(_, x)| (x.role, x.csrf.clone()))
+        s.get(&id)
+            .filter(|x| x.expires_ms > now)
+            .map(|x| (x.role, csrf_of(cookie)))
     }
 
-    fn end(&self, id: &str) {
-        self.sessions.locked().remove(id);
+    fn end(&self, cookie: &str) {
+        let mut s = self.sessions.locked();
+        if s.remove(&session_id(cookie)).is_some() {
+            self.save(&s);
+        }
     }
 
     /// End every session and unused link; how many sessions there were.
@@ -221,6 +294,7 @@ impl Auth {
         let mut s = self.sessions.locked();
         let n = s.len();
         s.clear();
+        self.save(&s);
         n
     }
 }
@@ -515,11 +589,12 @@ async fn login(State(inner): State<Arc<Inner>>, headers: HeaderMap, body: String
     harden(r, CSP)
 }
 
-async fn me(req: Request) -> Response {
+async fn me(State(inner): State<Arc<Inner>>, req: Request) -> Response {
     let w = who(req.extensions());
     Json(json!({
         "role": w.as_ref().map(|w| w.role.as_str()),
         "csrf": w.and_then(|w| w.csrf),
+        "agents": inner.cfg.agents,
     }))
     .into_response()
 }
@@ -564,6 +639,7 @@ const READS: &[&str] = &[
     "agents/list",
     "memory/list",
     "memory/search",
+    "sessions/search",
 ];
 
 /// `POST /ui/api/admin/{name}`: the admin command of that name (the UI's own `ui/*` excepted).
@@ -598,36 +674,139 @@ async fn admin(
     }
 }
 
-/// `POST /ui/api/chat {"chat", "content"}`: a message in the web chat `chat`.
+/// Files one web chat message may carry.
+pub const WEB_MAX_FILES: usize = 10;
+/// Bytes of files one web chat message may carry (the media caps, `media.max_file_mb` and
+/// `media.max_message_mb`, apply on top when the session takes them).
+pub const WEB_MAX_UPLOAD_BYTES: usize = 50 * 1024 * 1024;
+
+/// The fields of a chat post: JSON `{"chat", "content", "agent"}`, or `multipart/form-data`
+/// with those fields and `file` parts.
+struct ChatPost {
+    chat: String,
+    content: String,
+    agent: String,
+    files: Vec<clawft_channel_core::media::Part>,
+}
+
+fn chat_post(content_type: &str, body: &[u8]) -> Result<ChatPost, String> {
+    if content_type
+        .to_ascii_lowercase()
+        .starts_with("multipart/form-data")
+    {
+        let parts = clawft_channel_core::media::parse_multipart(content_type, body)
+            .ok_or("the form could not be read (multipart/form-data with a boundary)")?;
+        let mut post = ChatPost {
+            chat: String::new(),
+            content: String::new(),
+            agent: String::new(),
+            files: Vec::new(),
+        };
+        for p in parts {
+            if p.file_name.is_some() {
+                if !p.data.is_empty() {
+                    post.files.push(p);
+                }
+                continue;
+            }
+            let text = String::from_utf8(p.data).map_err(|_| "a form field is not UTF-8")?;
+            match p.name.as_str() {
+                "chat" => post.chat = text,
+                "content" => post.content = text,
+                "agent" => post.agent = text,
+                other => return Err(format!("unknown form field `{other}`")),
+            }
+        }
+        return Ok(post);
+    }
+    let v: Value = serde_json::from_slice(body).map_err(|e| format!("body must be JSON: {e}"))?;
+    Ok(ChatPost {
+        chat: v["chat"].as_str().unwrap_or("").to_string(),
+        content: v["content"].as_str().unwrap_or("").to_string(),
+        agent: v["agent"].as_str().unwrap_or("").to_string(),
+        files: Vec::new(),
+    })
+}
+
+/// `POST /ui/api/chat`: a message in the web chat `chat` (default `main`), to the agent
+/// `agent` (one of the configured agents; none: the one the bindings choose), with files.
+/// The chat id is `CHAT@AGENT` when an agent is named, so each agent has its own session.
 async fn chat(State(inner): State<Arc<Inner>>, req: Request) -> Response {
     if let Err(r) = operator(&who(req.extensions())) {
         return *r;
     }
-    let body = match axum::body::to_bytes(
-        req.into_body(),
-        crate::body_limit(inner.cfg.max_inbound_bytes),
-    )
-    .await
-    {
-        Ok(b) => serde_json::from_slice::<Value>(&b).unwrap_or(Value::Null),
-        Err(_) => return err(StatusCode::PAYLOAD_TOO_LARGE, "message too large"),
+    let content_type = req
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string();
+    let limit = crate::body_limit(inner.cfg.max_inbound_bytes) + WEB_MAX_UPLOAD_BYTES;
+    let body = match axum::body::to_bytes(req.into_body(), limit).await {
+        Ok(b) => b,
+        Err(_) => {
+            return err(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!(
+                    "message too large: its files may total at most {} MB",
+                    WEB_MAX_UPLOAD_BYTES / (1024 * 1024)
+                ),
+            )
+        }
     };
-    let chat = body["chat"].as_str().unwrap_or("main").trim().to_string();
-    let content = body["content"].as_str().unwrap_or("").to_string();
-    if chat.is_empty() || chat.contains(':') || chat.len() > 64 || content.trim().is_empty() {
+    let post = match chat_post(&content_type, &body) {
+        Ok(p) => p,
+        Err(e) => return err(StatusCode::BAD_REQUEST, e),
+    };
+    let chat = match post.chat.trim() {
+        "" => "main".to_string(),
+        c => c.to_string(),
+    };
+    if chat.contains([':', '@']) || chat.len() > 64 {
         return err(
             StatusCode::BAD_REQUEST,
-            "`chat` (up to 64 characters, without `:`) and a non-empty `content` are required",
+            "`chat` is up to 64 characters, without `:` or `@`",
         );
     }
-    if content.len() > inner.cfg.max_inbound_bytes {
+    if post.content.trim().is_empty() && post.files.is_empty() {
+        return err(
+            StatusCode::BAD_REQUEST,
+            "a message needs text or a file: both are empty",
+        );
+    }
+    let agent = post.agent.trim();
+    if !agent.is_empty() && !inner.cfg.agents.iter().any(|a| a == agent) {
+        return err(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "no agent `{agent}`: the configured agents are {}",
+                inner.cfg.agents.join(", ")
+            ),
+        );
+    }
+    if post.content.len() > inner.cfg.max_inbound_bytes {
         return err(
             StatusCode::PAYLOAD_TOO_LARGE,
-            clawft_channel_core::oversized_notice(content.len(), inner.cfg.max_inbound_bytes),
+            clawft_channel_core::oversized_notice(post.content.len(), inner.cfg.max_inbound_bytes),
         );
     }
-    match inner.web.submit(&chat, content).await {
-        Ok(id) => Json(json!({"chat": chat, "event_id": id})).into_response(),
+    if post.files.len() > WEB_MAX_FILES {
+        return err(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!(
+                "{} files: a message carries at most {WEB_MAX_FILES}",
+                post.files.len()
+            ),
+        );
+    }
+    let chat_id = if agent.is_empty() {
+        chat
+    } else {
+        format!("{chat}@{agent}")
+    };
+    let files = post.files.len();
+    match inner.web.submit(&chat_id, post.content, post.files).await {
+        Ok(id) => Json(json!({"chat": chat_id, "event_id": id, "files": files})).into_response(),
         Err((s, m)) => err(s, m),
     }
 }
@@ -699,6 +878,43 @@ pub struct WebChannel {
     tx: Mutex<Option<mpsc::Sender<InboundDelivery>>>,
     events: broadcast::Sender<String>,
     seq: AtomicU64,
+    /// Files posted with messages, until the session takes them (by attachment id).
+    files: Mutex<Vec<Held>>,
+}
+
+/// A file posted in the web chat, held in memory until its session fetches it (the media
+/// pipeline then sniffs, caps and saves it in the workspace's inbox).
+struct Held {
+    id: String,
+    mime: String,
+    bytes: Vec<u8>,
+    at_ms: u64,
+}
+
+/// Bytes of posted files held at most (the oldest go first), and how long.
+const HELD_BYTES: usize = 2 * WEB_MAX_UPLOAD_BYTES;
+const HELD_MS: u64 = 3_600_000;
+
+/// A data URL of `bytes` (how a held file is handed to the media pipeline).
+fn data_url(mime: &str, bytes: &[u8]) -> String {
+    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4 + mime.len() + 13);
+    out.push_str("data:");
+    out.push_str(mime);
+    out.push_str(";base64,");
+    for c in bytes.chunks(3) {
+        let n = (u32::from(c[0]) << 16)
+            | (u32::from(*c.get(1).unwrap_or(&0)) << 8)
+            | u32::from(*c.get(2).unwrap_or(&0));
+        for i in 0..4 {
+            if i <= c.len() {
+                out.push(char::from(A[((n >> (18 - 6 * i)) & 63) as usize]));
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
 }
 
 impl WebChannel {
@@ -708,10 +924,67 @@ impl WebChannel {
             tx: Mutex::new(None),
             events: broadcast::channel(512).0,
             seq: AtomicU64::new(0),
+            files: Mutex::new(Vec::new()),
         }
     }
 
-    async fn submit(&self, chat: &str, content: String) -> Result<String, (StatusCode, String)> {
+    /// Tell the open pages that the canvas of `session` (a session key whose chat is `chat`
+    /// on this channel, or another channel's) changed: they reload its frame if they show it.
+    pub fn canvas_changed(&self, session: &str, channel: &str, chat: &str, canvas: &Value) {
+        let v = json!({
+            "kind": "canvas",
+            "session": session,
+            "channel": channel,
+            "chat": chat,
+            "visible": canvas["visible"],
+            "version": canvas["version"],
+            "title": canvas["title"],
+        });
+        let _ = self.events.send(v.to_string());
+    }
+
+    /// Hold `files` for the message `event_id`; their references.
+    fn hold(
+        &self,
+        event_id: &str,
+        files: Vec<clawft_channel_core::media::Part>,
+    ) -> Vec<clawft_channel_core::media::MediaRef> {
+        use clawft_channel_core::media::{MediaKind, MediaRef};
+        let now = now_ms();
+        let mut held = self.files.locked();
+        let mut refs = Vec::new();
+        for (i, f) in files.into_iter().enumerate() {
+            let declared = f
+                .content_type
+                .clone()
+                .filter(|m| !m.is_empty() && !m.contains([';', ' ', ',']))
+                .unwrap_or_else(|| "application/octet-stream".into());
+            let mut r = MediaRef::new(MediaKind::of_mime(&declared), format!("{event_id}.{i}"));
+            r.name = f.file_name.clone().filter(|n| !n.is_empty());
+            r.mime = Some(declared.clone());
+            r.size = Some(f.data.len() as u64);
+            held.push(Held {
+                id: r.id.clone(),
+                mime: declared,
+                bytes: f.data,
+                at_ms: now,
+            });
+            refs.push(r);
+        }
+        held.retain(|h| h.at_ms + HELD_MS > now);
+        let mut total: usize = held.iter().map(|h| h.bytes.len()).sum();
+        while total > HELD_BYTES && held.len() > 1 {
+            total -= held.remove(0).bytes.len();
+        }
+        refs
+    }
+
+    async fn submit(
+        &self,
+        chat: &str,
+        content: String,
+        files: Vec<clawft_channel_core::media::Part>,
+    ) -> Result<String, (StatusCode, String)> {
         let tx = self.tx.locked().clone().ok_or((
             StatusCode::SERVICE_UNAVAILABLE,
             "the web chat is not running".to_string(),
@@ -730,7 +1003,7 @@ impl WebChannel {
             event_id: PlatformEventId::new(event_id.clone()),
             content,
             received_at_ms: now_ms(),
-            attachments: Vec::new(),
+            attachments: self.hold(&event_id, files),
             origin: clawft_channel_core::Origin::User,
         });
         let gone = || (StatusCode::SERVICE_UNAVAILABLE, "shutting down".to_string());
@@ -794,6 +1067,23 @@ impl Channel for WebChannel {
         cancel.cancelled().await;
         *self.tx.locked() = None;
         Ok(())
+    }
+
+    async fn media_request(
+        &self,
+        media: &clawft_channel_core::media::MediaRef,
+    ) -> Result<clawft_channel_core::media::MediaRequest, ChannelError> {
+        let held = self.files.locked();
+        let f = held.iter().find(|h| h.id == media.id).ok_or_else(|| {
+            ChannelError::Rejected(
+                "the file is no longer held (the gateway restarted, or it was posted over an hour ago): post it again".into(),
+            )
+        })?;
+        Ok(clawft_channel_core::media::MediaRequest {
+            url: data_url(&f.mime, &f.bytes),
+            headers: Vec::new(),
+            trusted: true,
+        })
     }
 
     async fn send(&self, msg: &OutboundMessage) -> Result<SentRef, ChannelError> {

@@ -35,6 +35,9 @@ async function api(path, body) {
 // ---- chat ----
 let streaming = null;
 function chatName() { return $('chat-name').value.trim() || 'main'; }
+function chatAgent() { return $('chat-agent').value; }
+// The web chat's chat id: `CHAT@AGENT` when an agent is chosen (its own session).
+function chatId() { return chatAgent() ? chatName() + '@' + chatAgent() : chatName(); }
 function addLine(who, text, cls) {
   const li = el('li', text, { 'data-who': who });
   if (cls) li.className = cls;
@@ -42,12 +45,27 @@ function addLine(who, text, cls) {
   li.scrollIntoView({ block: 'nearest' });
   return li;
 }
-function reloadCanvas() {
-  $('canvas').src = '/ui/canvas/' + encodeURIComponent('web:' + chatName());
+// ---- canvas (live: the gateway pushes a `canvas` event at each change) ----
+// The session whose canvas is shown: as the web chat names it, until an event says otherwise.
+let canvasSession = '';
+function guessCanvasSession() {
+  const a = chatAgent();
+  return (a && a !== 'main' ? '@' + a + ':' : '') + 'web:' + chatId();
 }
+function reloadCanvas() {
+  $('canvas').src = '/ui/canvas/' + encodeURIComponent(canvasSession || guessCanvasSession());
+}
+function onCanvas(m) {
+  if (m.channel !== 'web' || m.chat !== chatId()) return;
+  canvasSession = m.session;
+  $('canvas-state').textContent = m.visible ? 'Shown: ' + (m.title || '(untitled)') + ' (version ' + m.version + ')' : 'Hidden';
+  reloadCanvas();
+}
+function chatChanged() { $('chat-log').textContent = ''; canvasSession = ''; $('canvas-state').textContent = ''; reloadCanvas(); }
 
 function onMessage(m) {
-  if (m.chat !== chatName()) return;
+  if (m.kind === 'canvas') { onCanvas(m); return; }
+  if (m.chat !== chatId()) return;
   if (m.kind === 'delta') {
     if (!streaming) streaming = addLine('agent', '', 'agent streaming');
     if (m.restart) streaming.textContent = '';
@@ -58,7 +76,6 @@ function onMessage(m) {
     li.textContent = m.text;
     li.className = m.kind === 'error' ? 'agent error' : 'agent';
     if (m.kind === 'error') li.dataset.who = 'error';
-    reloadCanvas();
   } else if (m.kind === 'approval' && m.approval) {
     const li = addLine('approval', m.text, 'note');
     li.append(' ', answerButtons(m.approval.id));
@@ -83,19 +100,34 @@ function answerButtons(id) {
   return span;
 }
 
-async function send(text) {
+// Text goes as JSON; with files, as a form (the gateway takes them like a platform's
+// attachments: size-capped, typed by their bytes, saved in the agent's inbox).
+async function send(text, files) {
   try {
-    await api('chat', { chat: chatName(), content: text });
+    if (files && files.length) {
+      const f = new FormData();
+      f.append('chat', chatName());
+      f.append('agent', chatAgent());
+      f.append('content', text);
+      for (const file of files) f.append('file', file, file.name);
+      const r = await fetch('/ui/api/chat', { method: 'POST', headers: { 'X-CSRF-Token': csrf }, body: f });
+      const v = await r.json().catch(() => ({}));
+      if (!r.ok) throw new Error(v.error || ('HTTP ' + r.status));
+    } else {
+      await api('chat', { chat: chatName(), agent: chatAgent(), content: text });
+    }
   } catch (e) { notice(e.message); }
 }
 
 $('chat-form').addEventListener('submit', (ev) => {
   ev.preventDefault();
   const text = $('chat-input').value;
-  if (!text.trim()) return;
-  addLine('you', text, 'you');
+  const files = [...$('chat-files').files];
+  if (!text.trim() && !files.length) return;
+  addLine('you', text + files.map((f) => ' [' + f.name + ']').join(''), 'you');
   $('chat-input').value = '';
-  send(text);
+  $('chat-files').value = '';
+  send(text, files);
 });
 $('chat-input').addEventListener('keydown', (ev) => {
   if (ev.key === 'Enter' && !ev.shiftKey) {
@@ -104,7 +136,12 @@ $('chat-input').addEventListener('keydown', (ev) => {
   }
 });
 $('chat-stop').addEventListener('click', () => send('/stop'));
-$('chat-name').addEventListener('change', () => { $('chat-log').textContent = ''; reloadCanvas(); });
+$('chat-name').addEventListener('change', chatChanged);
+$('chat-agent').addEventListener('change', chatChanged);
+function fillAgents(agents) {
+  const sel = $('chat-agent');
+  sel.replaceChildren(el('option', '(as bound)', { value: '' }), ...(agents || []).map((a) => el('option', a, { value: a })));
+}
 $('canvas-reload').addEventListener('click', reloadCanvas);
 
 // ---- approvals ----
@@ -136,29 +173,57 @@ async function loadUsage() {
 }
 $('usage-form').addEventListener('submit', (ev) => { ev.preventDefault(); loadUsage().catch((e) => notice(e.message)); });
 
-// ---- sessions ----
+// ---- sessions: search (server-side, paged), window, usage, compact, reset ----
+let sessionsOffset = 0;
+function num(n) { return (n || 0).toLocaleString(); }
 async function loadSessions() {
-  const v = await api('sessions');
+  const v = await api('admin/sessions/search', {
+    q: $('sessions-q').value, channel: $('sessions-channel').value, offset: sessionsOffset, limit: 25,
+  });
   $('sessions-rows').replaceChildren(...(v.sessions || []).map((s) => {
-    const tr = el('tr');
+    const tr = el('tr', null, { 'data-key': s.key });
     const a = el('a', s.key, { href: '#sessions' });
     a.addEventListener('click', (ev) => { ev.preventDefault(); showTranscript(s.key); });
     const td = el('td');
     td.append(a);
+    if (s.snippet) td.append(el('br'), el('small', s.match + ': ' + s.snippet));
+    const w = s.window || {};
+    const u = s.usage || {};
+    const act = el('td');
+    const compact = el('button', 'Compact', { type: 'button', 'data-action': 'compact' });
+    compact.addEventListener('click', () => {
+      api('admin/sessions/compact', { session: s.key })
+        .then(() => notice('Compacting ' + s.key + ': its chat gets the usual notice.'))
+        .catch((e) => notice(e.message));
+    });
     const reset = el('button', 'Reset', { type: 'button' });
     reset.addEventListener('click', () => {
       if (!confirm('Reset ' + s.key + '? Its transcript is cleared.')) return;
       api('sessions/' + encodeURIComponent(s.key) + '/clear', {}).then(loadSessions).catch((e) => notice(e.message));
     });
-    const act = el('td');
-    act.append(reset);
-    tr.append(td, el('td', s.messages), el('td', new Date(s.updated_ms).toLocaleString()), act);
+    act.append(compact, ' ', reset);
+    tr.append(td, el('td', s.channel), el('td', (s.users || []).join(', ')),
+      el('td', num(w.in_window) + ' / ' + num(w.stored), { 'data-col': 'window' }),
+      el('td', '≈' + num(w.tokens_estimate), { 'data-col': 'tokens' }),
+      el('td', num((u.input_tokens || 0) + (u.output_tokens || 0)) + ' tok, $' + (u.cost_usd || 0).toFixed(4), { 'data-col': 'usage' }),
+      el('td', new Date(s.updated_ms).toLocaleString()), act);
     return tr;
   }));
+  const from = v.offset + 1;
+  const to = v.offset + (v.sessions || []).length;
+  $('sessions-page').textContent = (to >= from ? from + '–' + to : 'none') + ' of ' + v.total_sessions + ' stored sessions'
+    + (v.text_search_incomplete ? ' (the text search stopped early: narrow it by channel)' : '');
+  $('sessions-prev').disabled = v.offset === 0;
+  $('sessions-next').disabled = v.next_offset === null || v.next_offset === undefined;
 }
+$('sessions-form').addEventListener('submit', (ev) => { ev.preventDefault(); sessionsOffset = 0; loadSessions().catch((e) => notice(e.message)); });
+$('sessions-prev').addEventListener('click', () => { sessionsOffset = Math.max(0, sessionsOffset - 25); loadSessions().catch((e) => notice(e.message)); });
+$('sessions-next').addEventListener('click', () => { sessionsOffset += 25; loadSessions().catch((e) => notice(e.message)); });
 async function showTranscript(key) {
   const v = await api('sessions/' + encodeURIComponent(key));
-  $('transcript-title').textContent = key;
+  const w = v.window || {};
+  $('transcript-title').textContent = key + ': ' + (w.in_window ?? '?') + ' of ' + (w.stored ?? '?')
+    + ' messages in the window, ≈' + (w.tokens_estimate ?? '?') + ' tokens, ' + (w.compactions || 0) + ' compactions';
   $('transcript').replaceChildren(...(v.messages || []).map((m) => {
     const text = typeof m.content === 'string' ? m.content : JSON.stringify(m.content ?? m);
     return el('li', (m.role || '') + ': ' + text);
@@ -351,6 +416,7 @@ $('logout').addEventListener('click', async () => {
     const me = await api('me');
     csrf = me.csrf || '';
     $('me').textContent = 'Logged in (' + me.role + ')';
+    fillAgents(me.agents);
     document.body.dataset.role = me.role;
   } catch (e) { return; }
   const es = new EventSource('/ui/api/events');
