@@ -155,7 +155,7 @@ fn usage_totals(r: &UsageRow) -> Value {
 }
 
 /// Token and spend totals of the last `days` UTC days (today included), one row per `by`
-/// (`day`, `session`, `model` or `user`), with the grand total (`weft usage`).
+/// (`day`, `session`, `model`, `user` or `agent`), with the grand total (`weft usage`).
 ///
 /// # Errors
 /// An unknown `by` (bad request) or a store failure.
@@ -171,9 +171,10 @@ pub fn usage_json(store: &Store, by: &str, days: u64) -> Result<Value, AdminErro
             "session" => r.session.clone(),
             "model" => r.model.clone(),
             "user" => r.user.clone(),
+            "agent" => crate::types::session_key::agent_of(&r.session).to_string(),
             other => {
                 return Err(bad_request(format!(
-                    "unknown grouping `{other}`: use day, session, model or user"
+                    "unknown grouping `{other}`: use day, session, model, user or agent"
                 )))
             }
         };

@@ -18,6 +18,8 @@ pub enum UsageBy {
     Model,
     /// One row per chat user (`channel:sender`).
     User,
+    /// One row per agent.
+    Agent,
 }
 
 impl UsageBy {
@@ -27,6 +29,7 @@ impl UsageBy {
             UsageBy::Session => "session",
             UsageBy::Model => "model",
             UsageBy::User => "user",
+            UsageBy::Agent => "agent",
         }
     }
 }

@@ -357,6 +357,11 @@ async fn usage_and_budgets_survive_a_restart_and_weft_usage_reads_them() {
     let direct = weft_usage(dir.path(), &cfg, "session");
     assert_eq!(direct["rows"].as_array().unwrap().len(), 2);
     assert_eq!(direct["total"]["output_tokens"], 6);
+    // By agent: both chats went to the default agent.
+    let by_agent = weft_usage(dir.path(), &cfg, "agent");
+    assert_eq!(by_agent["rows"].as_array().unwrap().len(), 1, "{by_agent}");
+    assert_eq!(by_agent["rows"][0]["key"], "main");
+    assert_eq!(by_agent["rows"][0]["calls"], 2);
 
     // The one-shot agent loads the spend: refused, with the reason, and no LLM request.
     let out = weft(dir.path())
