@@ -668,6 +668,7 @@ impl Daemon {
             heartbeat,
             // `weft node`'s settings: the gateway does not use them.
             node,
+            cluster,
         } = new;
         for (what, changed) in [
             ("providers", old.providers != providers),
@@ -689,6 +690,7 @@ impl Daemon {
             ("memory", old.memory != memory),
             ("scheduler", old.scheduler != scheduler),
             ("heartbeat", old.heartbeat != heartbeat),
+            ("cluster", old.cluster != cluster),
         ] {
             if changed {
                 changes.push(format!("{what} changed: takes effect at the next restart"));
