@@ -26,6 +26,11 @@ pub mod status;
 #[cfg(feature = "cluster")]
 pub use node::Cluster;
 
+/// No cluster in a build without the `cluster` feature: `Option<Cluster>` is always `None`.
+#[cfg(not(feature = "cluster"))]
+#[derive(Clone, Debug)]
+pub enum Cluster {}
+
 /// The key-value bucket of the leases (history 1, max age = the lease TTL).
 pub const LEASE_BUCKET: &str = "weft_leases";
 /// The key-value bucket of the node registry (entries expire after three TTLs without a

@@ -108,6 +108,8 @@ pub struct Daemon {
     workspace: Arc<Workspace>,
     /// Prices and budgets (reloaded on SIGHUP).
     usage: Arc<crate::turn::usage::UsageLedger>,
+    /// This node in the cluster (cluster mode), for channels started on a reload.
+    cluster: Option<crate::cluster::Cluster>,
     config: Config,
 }
 
@@ -536,8 +538,14 @@ impl Daemon {
             supervisor,
             workspace,
             usage,
+            cluster: None,
             config: config.clone(),
         })
+    }
+
+    /// This node in the cluster: channels started by a reload run behind their leases too.
+    pub fn set_cluster(&mut self, cluster: Option<crate::cluster::Cluster>) {
+        self.cluster = cluster;
     }
 
     /// The pending and recent approvals (for the admin API).
@@ -761,7 +769,7 @@ impl Daemon {
             if old.get(name) == fresh.get(name) {
                 continue;
             }
-            let Some(ch) = channels::chat_channel(c, &self.store) else {
+            let Some(ch) = channels::chat_channel(c, &self.store, self.cluster.as_ref()) else {
                 changes.push(format!("channel {name} could not start (see the log)"));
                 continue;
             };
