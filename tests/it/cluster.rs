@@ -165,7 +165,12 @@ impl Nats {
         loop {
             if let Ok(Ok(c)) = tokio::time::timeout(
                 Duration::from_secs(2),
-                async_nats::connect(self.urls().join(",")),
+                async_nats::connect(
+                    self.urls()
+                        .iter()
+                        .map(|u| u.parse::<async_nats::ServerAddr>().unwrap())
+                        .collect::<Vec<_>>(),
+                ),
             )
             .await
             {
