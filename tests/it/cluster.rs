@@ -467,3 +467,55 @@ async fn lease_rules_against_a_real_server() {
     b.release(&hb).await.unwrap();
     assert!(a.acquire("conn.telegram.default").await.unwrap().is_some());
 }
+
+/// A channel's resume state: written only by the lease holder, read by the next one.
+#[tokio::test]
+async fn resume_state_is_fenced_by_the_lease_and_read_by_the_next_holder() {
+    use clawft::cluster::settings::{ClusterSettings, NatsAuth};
+    use clawft::cluster::state::ClusterState;
+    use clawft::cluster::{node::NodeSelf, Cluster};
+    use clawft_channel_core::{MemoryState, StateStore};
+    use std::sync::Arc;
+    let Some(nats) = Nats::start(1).await else {
+        return;
+    };
+    let settings = |node: &str| ClusterSettings {
+        nats_urls: nats.urls(),
+        node_id: node.into(),
+        partitions: 4,
+        auth: NatsAuth::None,
+        tls_ca: None,
+        tls_client: None,
+        lease_ttl: Duration::from_secs(2),
+    };
+    let a = Cluster::start(settings("a"), NodeSelf { address: None }).unwrap();
+    let b = Cluster::start(settings("b"), NodeSelf { address: None }).unwrap();
+    assert!(wait_until(T, || a.health().ok && b.health().ok).await);
+    let sa = ClusterState::new(a.clone(), "telegram", "telegram", Arc::new(MemoryState::default()));
+    let sb = ClusterState::new(b.clone(), "telegram", "telegram", Arc::new(MemoryState::default()));
+    let ha = a.hold("conn.telegram.default");
+    assert!(wait_until(T, || ha.current().is_some()).await);
+    let hb = b.hold("conn.telegram.default");
+    sa.load(ha.current().unwrap(), ha.watch()).await.unwrap();
+    sa.put("offset", "100005").unwrap();
+    // Other keys stay local (the draft journal of the sending node).
+    sa.put("draft.x", "local").unwrap();
+    // b does not hold the lease: its write is refused and stores nothing.
+    assert!(sb.put("offset", "1").is_err());
+    assert!(hb.current().is_none());
+    // a gives the lease up: b takes it and resumes from a's offset.
+    ha.release().await;
+    assert!(wait_until(T, || hb.current().is_some()).await);
+    sb.load(hb.current().unwrap(), hb.watch()).await.unwrap();
+    assert_eq!(sb.get("offset").as_deref(), Some("100005"));
+    assert_eq!(sb.get("draft.x"), None);
+    sb.put("offset", "100007").unwrap();
+    // a, no longer holding, cannot write over it.
+    let err = sa.put("offset", "100006").unwrap_err();
+    assert!(err.to_string().contains("does not hold"), "{err}");
+    sb.load(hb.current().unwrap(), hb.watch()).await.unwrap();
+    assert_eq!(sb.get("offset").as_deref(), Some("100007"));
+    hb.release().await;
+    a.shutdown();
+    b.shutdown();
+}
