@@ -375,7 +375,9 @@ impl clawft_channel_http::Admin for AdminApi {
         // Not ready while this node cannot reach the cluster: it holds no lease and takes no
         // new work through them.
         if let Some(c) = self.cluster_json().filter(|c| c["ok"] != json!(true)) {
-            return Err(json!({"status": "cluster_unreachable", "reason": c["reason"], "cluster": c}));
+            return Err(
+                json!({"status": "cluster_unreachable", "reason": c["reason"], "cluster": c}),
+            );
         }
         // Starting until every MCP server has ended its first connection attempt (connected or
         // failed): a request before then would wait for their tools (up to

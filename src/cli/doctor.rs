@@ -821,7 +821,6 @@ pub async fn run(config: &Config, as_json: bool) -> Result<(), CliError> {
     Ok(())
 }
 
-/// Whether some skill's `allowed_tools` matches a tool of MCP server `server` (`server__…`).
 /// `[cluster]`: NATS reachable with these credentials, JetStream enabled.
 async fn cluster_finding(config: &Config) -> Option<Finding> {
     let s = config.cluster.as_ref()?;
@@ -842,6 +841,7 @@ async fn cluster_finding(config: &Config) -> Option<Finding> {
     }
 }
 
+/// Whether some skill's `allowed_tools` matches a tool of MCP server `server` (`server__…`).
 fn skill_exposes(skills: &[crate::skills::Skill], server: &str) -> bool {
     let probe = format!("{server}__");
     skills.iter().flat_map(|s| &s.allowed_tools).any(|g| {

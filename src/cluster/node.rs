@@ -59,7 +59,8 @@ pub async fn connect(
         .ping_interval(Duration::from_secs(5))
         .max_reconnects(None::<usize>)
         .reconnect_delay_callback(|attempt| {
-            Duration::from_millis(100 * 2u64.saturating_pow(attempt.min(5) as u32)).min(Duration::from_secs(2))
+            Duration::from_millis(100 * 2u64.saturating_pow(attempt.min(5) as u32))
+                .min(Duration::from_secs(2))
         });
     if retry {
         o = o.retry_on_initial_connect();
@@ -71,8 +72,9 @@ pub async fn connect(
         }
         NatsAuth::Token(t) => o.token(t.expose().to_string()),
         NatsAuth::NkeyFile(p) => {
-            let seed = std::fs::read_to_string(p)
-                .map_err(|e| ClusterError::Setup(format!("cluster.nkey_file {}: {e}", p.display())))?;
+            let seed = std::fs::read_to_string(p).map_err(|e| {
+                ClusterError::Setup(format!("cluster.nkey_file {}: {e}", p.display()))
+            })?;
             o.nkey(seed.trim().to_string())
         }
         NatsAuth::CredsFile(p) => o
@@ -109,7 +111,13 @@ pub async fn buckets(
 ) -> Result<(kv::Store, kv::Store, kv::Store), ClusterError> {
     let leases = bucket(js, super::LEASE_BUCKET, ttl, "weft leases").await?;
     let nodes = bucket(js, super::NODE_BUCKET, ttl * 3, "weft node registry").await?;
-    let state = bucket(js, super::STATE_BUCKET, Duration::ZERO, "weft channel state").await?;
+    let state = bucket(
+        js,
+        super::STATE_BUCKET,
+        Duration::ZERO,
+        "weft channel state",
+    )
+    .await?;
     Ok((leases, nodes, state))
 }
 
@@ -321,6 +329,8 @@ impl Cluster {
         }));
         let started_ms = clawft_channel_core::now_ms();
         let key = super::key_part(&s.node_id);
+        let grace = s.lease_ttl.saturating_sub(self.inner.fence.margin());
+        let mut last_ok = Instant::now();
         loop {
             let info = NodeInfo {
                 node: s.node_id.clone(),
@@ -330,11 +340,25 @@ impl Cluster {
                 seen_ms: clawft_channel_core::now_ms(),
             };
             let body = serde_json::to_vec(&info).unwrap_or_default();
-            let put = tokio::time::timeout(every.max(Duration::from_secs(1)), nodes.put(&key, body.into())).await;
-            match put {
-                Ok(Ok(_)) => self.set_health(None),
-                Ok(Err(e)) => self.set_health(Some(unreachable(&client, &e.to_string()))),
-                Err(_) => self.set_health(Some(unreachable(&client, "JetStream did not answer"))),
+            let put = tokio::time::timeout(
+                every.max(Duration::from_secs(1)),
+                nodes.put(&key, body.into()),
+            )
+            .await;
+            let failure = match put {
+                Ok(Ok(_)) => None,
+                Ok(Err(e)) => Some(unreachable(&client, &e.to_string())),
+                Err(_) => Some(unreachable(&client, "JetStream did not answer")),
+            };
+            match failure {
+                None => {
+                    last_ok = Instant::now();
+                    self.set_health(None);
+                }
+                // A failure shorter than a lease's life (a server lost, the client moving to
+                // another) is not an outage: leases survive it too.
+                Some(why) if last_ok.elapsed() >= grace => self.set_health(Some(why)),
+                Some(why) => tracing::debug!(why, "cluster: heartbeat failed; retrying"),
             }
             tokio::select! {
                 () = tokio::time::sleep(every) => {}
@@ -359,7 +383,10 @@ impl Cluster {
         let c = self.clone();
         let k = key.to_string();
         let s = stop.clone();
-        let task = self.inner.rt.spawn(async move { c.hold_loop(k, tx, s).await });
+        let task = self
+            .inner
+            .rt
+            .spawn(async move { c.hold_loop(k, tx, s).await });
         LeaseHold {
             key: key.to_string(),
             rx,
@@ -430,7 +457,9 @@ impl Cluster {
                                 until: fence.owned_until(h.sent),
                             }));
                         }
-                        Ok(Err(LeaseError::Nats(e))) if Instant::now() < fence.owned_until(h.sent) => {
+                        Ok(Err(LeaseError::Nats(e)))
+                            if Instant::now() < fence.owned_until(h.sent) =>
+                        {
                             // Not lost yet: the next attempt may still come in time.
                             tracing::warn!(lease = %key, error = %e, "cluster: lease renewal failed");
                         }

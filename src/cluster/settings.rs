@@ -211,12 +211,10 @@ impl ClusterFile {
                 user: u.clone(),
                 password: p,
             },
-            (Some(_), None, _) => {
-                return Err(SettingError::new(
-                    key("password"),
-                    "cluster.user is set without a password (password, password_env or password_file)",
-                ))
-            }
+            (Some(_), None, _) => return Err(SettingError::new(
+                key("password"),
+                "cluster.user is set without a password (password, password_env or password_file)",
+            )),
             (None, Some(_), _) => {
                 return Err(SettingError::new(
                     key("user"),

@@ -141,13 +141,19 @@ async fn write(kv: &kv::Store, key: &str, value: Fenced, mut rev: u64) -> Result
         .into();
     for _ in 0..3 {
         let r = if rev == 0 {
-            kv.create(key, body.clone())
-                .await
-                .map_err(|e| (e.kind() == kv::CreateErrorKind::AlreadyExists, e.to_string()))
+            kv.create(key, body.clone()).await.map_err(|e| {
+                (
+                    e.kind() == kv::CreateErrorKind::AlreadyExists,
+                    e.to_string(),
+                )
+            })
         } else {
-            kv.update(key, body.clone(), rev)
-                .await
-                .map_err(|e| (e.kind() == kv::UpdateErrorKind::WrongLastRevision, e.to_string()))
+            kv.update(key, body.clone(), rev).await.map_err(|e| {
+                (
+                    e.kind() == kv::UpdateErrorKind::WrongLastRevision,
+                    e.to_string(),
+                )
+            })
         };
         match r {
             Ok(new) => return Ok(new),
@@ -175,7 +181,11 @@ impl StateStore for ClusterState {
         if !self.remote(key) {
             return self.local.get(key);
         }
-        self.cache.locked().values.get(key).and_then(|(v, _)| v.clone())
+        self.cache
+            .locked()
+            .values
+            .get(key)
+            .and_then(|(v, _)| v.clone())
     }
 
     fn put(&self, key: &str, value: &str) -> Result<(), StateError> {
@@ -184,9 +194,10 @@ impl StateStore for ClusterState {
         }
         let (holding, rev) = {
             let c = self.cache.locked();
-            let live = c.lease.as_ref().and_then(|(token, w)| {
-                (*w.borrow()).filter(|h| h.token == *token && h.valid())
-            });
+            let live = c
+                .lease
+                .as_ref()
+                .and_then(|(token, w)| (*w.borrow()).filter(|h| h.token == *token && h.valid()));
             (live, c.values.get(key).map_or(0, |(_, r)| *r))
         };
         let Some(holding) = holding else {

@@ -105,7 +105,11 @@ pub fn render(v: &Value) -> String {
             out,
             "  {:<20} {:<6} up {}s  {}  {}",
             n["node"].as_str().unwrap_or(""),
-            if n["alive"].as_bool().unwrap_or(false) { "alive" } else { "gone" },
+            if n["alive"].as_bool().unwrap_or(false) {
+                "alive"
+            } else {
+                "gone"
+            },
             since,
             n["address"].as_str().unwrap_or("-"),
             n["version"].as_str().unwrap_or(""),

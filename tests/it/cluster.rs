@@ -53,8 +53,17 @@ impl Server {
             .open(self.dir.join("server.log"))
             .unwrap();
         let mut c = Command::new(bin);
-        c.args(["-a", "127.0.0.1", "-p", &self.port.to_string(), "-n", &self.name, "-js", "-sd"])
-            .arg(self.dir.join("js"));
+        c.args([
+            "-a",
+            "127.0.0.1",
+            "-p",
+            &self.port.to_string(),
+            "-n",
+            &self.name,
+            "-js",
+            "-sd",
+        ])
+        .arg(self.dir.join("js"));
         if !self.routes.is_empty() {
             c.args([
                 "--cluster_name",
@@ -161,8 +170,8 @@ impl Nats {
     async fn wait_jetstream(&self) {
         let deadline = Instant::now() + T;
         let replicas = self.servers.len().min(3);
-        let mut why = String::new();
         loop {
+            let why;
             if let Ok(Ok(c)) = tokio::time::timeout(
                 Duration::from_secs(2),
                 async_nats::connect(
@@ -195,7 +204,11 @@ impl Nats {
             } else {
                 why = "no connection".into();
             }
-            assert!(Instant::now() < deadline, "JetStream not ready: {why}\n{}", self.logs());
+            assert!(
+                Instant::now() < deadline,
+                "JetStream not ready: {why}\n{}",
+                self.logs()
+            );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
@@ -225,7 +238,10 @@ fn answers(tg: &FakeTelegram, text: &str) -> usize {
 fn offsets(tg: &FakeTelegram) -> Vec<i64> {
     tg.calls("getUpdates")
         .iter()
-        .filter_map(|p| p.get("offset").and_then(|o| o.as_i64().or_else(|| o.as_str()?.parse().ok())))
+        .filter_map(|p| {
+            p.get("offset")
+                .and_then(|o| o.as_i64().or_else(|| o.as_str()?.parse().ok()))
+        })
         .collect()
 }
 
@@ -287,6 +303,27 @@ async fn one_poller_across_three_nodes_failover_and_nats_outages() {
         .collect();
     assert_eq!(nodes_seen, ["n1", "n2", "n3"], "{st}");
     assert_eq!(st["partitions"]["count"], 64);
+    // doctor checks the connection and JetStream.
+    let out = weft(dirs[0].path())
+        .arg("--config")
+        .arg(dirs[0].path().join("config.json"))
+        .args(["doctor", "--json"])
+        .output()
+        .unwrap();
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    let found = doc
+        .as_array()
+        .or_else(|| doc["findings"].as_array())
+        .into_iter()
+        .flatten()
+        .find(|f| f["check"] == "cluster")
+        .cloned()
+        .unwrap_or(Value::Null);
+    assert_eq!(found["level"], "ok", "{doc}");
+    assert!(
+        found["detail"].as_str().unwrap().contains("JetStream"),
+        "{found}"
+    );
     let h: usize = holder[1..].parse::<usize>().unwrap() - 1;
 
     // kill -9 the holder: another node polls within 10 s, from the stored offset.
@@ -299,7 +336,10 @@ async fn one_poller_across_three_nodes_failover_and_nats_outages() {
         "no failover within 10 s\n{}",
         all_logs(&dirs)
     );
-    eprintln!("failover: m2 answered {:?} after the kill", killed.elapsed());
+    eprintln!(
+        "failover: m2 answered {:?} after the kill",
+        killed.elapsed()
+    );
     let m1: i64 = m1.parse().unwrap();
     let m2: i64 = m2.parse().unwrap();
     let after: Vec<i64> = offsets(&tg).split_off(polls_before.min(offsets(&tg).len()));
@@ -322,8 +362,8 @@ async fn one_poller_across_three_nodes_failover_and_nats_outages() {
     let _ = m3;
     let live: Vec<usize> = (0..3).filter(|i| nodes[*i].is_some()).collect();
     for i in &live {
-        let (s, _) = nodes[*i].as_ref().unwrap().api.get("/readyz").await;
-        assert_eq!(s, 200);
+        let (s, v) = nodes[*i].as_ref().unwrap().api.get("/readyz").await;
+        assert_eq!(s, 200, "{v}");
     }
 
     // Every NATS server lost: not ready, and nobody polls.
@@ -350,10 +390,28 @@ async fn one_poller_across_three_nodes_failover_and_nats_outages() {
         "still polling without NATS\n{}",
         all_logs(&dirs)
     );
+    // weft status says so.
+    let d = &dirs[live[0]];
+    let out = weft(d.path())
+        .arg("--config")
+        .arg(d.path().join("config.json"))
+        .arg("status")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("cluster") && l.contains("NOT READY")),
+        "{text}"
+    );
     let calls = tg.calls("getUpdates").len();
     // Absence over two lease lifetimes (nothing to wait for: it must not happen).
     tokio::time::sleep(Duration::from_secs(6)).await;
-    assert_eq!(tg.calls("getUpdates").len(), calls, "a node polled without its lease");
+    assert_eq!(
+        tg.calls("getUpdates").len(),
+        calls,
+        "a node polled without its lease"
+    );
     let m4 = tg.push_user_message(111, 111, "m4");
     let _ = m4;
 
@@ -374,7 +432,11 @@ async fn one_poller_across_three_nodes_failover_and_nats_outages() {
             if d.api.get("/readyz").await.0 == 200 {
                 break;
             }
-            assert!(Instant::now() < deadline, "not ready again\n{}", all_logs(&dirs));
+            assert!(
+                Instant::now() < deadline,
+                "not ready again\n{}",
+                all_logs(&dirs)
+            );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
@@ -382,7 +444,12 @@ async fn one_poller_across_three_nodes_failover_and_nats_outages() {
     // Never two pollers at once, and every message answered exactly once.
     assert_eq!(tg.max_concurrent_polls(), 1, "two nodes polled at once");
     for m in ["m1", "m2", "m3", "m4"] {
-        assert_eq!(answers(&tg, &format!("answer: {m}")), 1, "{m}: {:?}", tg.sent());
+        assert_eq!(
+            answers(&tg, &format!("answer: {m}")),
+            1,
+            "{m}: {:?}",
+            tg.sent()
+        );
     }
     let _ = m2;
     for n in nodes.into_iter().flatten() {
@@ -398,7 +465,14 @@ async fn the_fake_telegram_counts_overlapping_polls() {
     let http = reqwest::Client::builder().no_proxy().build().unwrap();
     let first = tokio::spawn({
         let (http, url) = (http.clone(), url.clone());
-        async move { http.post(&url).json(&json!({"timeout": 5})).send().await.unwrap().status() }
+        async move {
+            http.post(&url)
+                .json(&json!({"timeout": 5}))
+                .send()
+                .await
+                .unwrap()
+                .status()
+        }
     });
     assert!(wait_until(T, || tg.polls_in_flight() == 1).await);
     let second = http
@@ -434,7 +508,10 @@ async fn lease_rules_against_a_real_server() {
     let info = b.info("conn.telegram.default").await.unwrap().unwrap();
     assert_eq!(info.holder, "a");
     assert_eq!(info.revision, ha.revision);
-    assert!(info.expires_in_ms <= 2_000 && info.expires_in_ms > 0, "{info:?}");
+    assert!(
+        info.expires_in_ms <= 2_000 && info.expires_in_ms > 0,
+        "{info:?}"
+    );
 
     // Renew with the last revision moves it on; a stale revision is refused.
     let stale = ha.clone();
@@ -462,7 +539,14 @@ async fn lease_rules_against_a_real_server() {
     // a, late, may not renew (its time is over) nor release b's lease.
     assert!(matches!(a.renew(&mut ha).await, Err(LeaseError::Lapsed(_))));
     assert!(a.release(&ha).await.is_err());
-    assert_eq!(b.info("conn.telegram.default").await.unwrap().unwrap().holder, "b");
+    assert_eq!(
+        b.info("conn.telegram.default")
+            .await
+            .unwrap()
+            .unwrap()
+            .holder,
+        "b"
+    );
     // b releases: free at once.
     b.release(&hb).await.unwrap();
     assert!(a.acquire("conn.telegram.default").await.unwrap().is_some());
@@ -491,8 +575,18 @@ async fn resume_state_is_fenced_by_the_lease_and_read_by_the_next_holder() {
     let a = Cluster::start(settings("a"), NodeSelf { address: None }).unwrap();
     let b = Cluster::start(settings("b"), NodeSelf { address: None }).unwrap();
     assert!(wait_until(T, || a.health().ok && b.health().ok).await);
-    let sa = ClusterState::new(a.clone(), "telegram", "telegram", Arc::new(MemoryState::default()));
-    let sb = ClusterState::new(b.clone(), "telegram", "telegram", Arc::new(MemoryState::default()));
+    let sa = ClusterState::new(
+        a.clone(),
+        "telegram",
+        "telegram",
+        Arc::new(MemoryState::default()),
+    );
+    let sb = ClusterState::new(
+        b.clone(),
+        "telegram",
+        "telegram",
+        Arc::new(MemoryState::default()),
+    );
     let ha = a.hold("conn.telegram.default");
     assert!(wait_until(T, || ha.current().is_some()).await);
     let hb = b.hold("conn.telegram.default");
