@@ -264,7 +264,7 @@ async fn one_poller_across_three_nodes_failover_and_nats_outages() {
             port,
             json!({
                 "channels": {"telegram": {"token": FakeTelegram::TOKEN, "api_url": tg.api_url(), "allow_from": [111], "stream_edits": false}},
-                "cluster": {"nats_url": nats.urls(), "node_id": format!("n{i}"), "lease_ttl_secs": 3},
+                "cluster": {"nats_url": nats.urls(), "node_id": format!("n{i}"), "lease_ttl_secs": 4},
             }),
         );
         nodes.push(Some(Daemon::start(dir.path(), &cfg, port).await));
@@ -405,7 +405,7 @@ async fn one_poller_across_three_nodes_failover_and_nats_outages() {
         "{text}"
     );
     let calls = tg.calls("getUpdates").len();
-    // Absence over two lease lifetimes (nothing to wait for: it must not happen).
+    // Absence for longer than a lease lives (nothing to wait for: it must not happen).
     tokio::time::sleep(Duration::from_secs(6)).await;
     assert_eq!(
         tg.calls("getUpdates").len(),
