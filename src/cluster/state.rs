@@ -133,9 +133,18 @@ async fn read(kv: &kv::Store, key: &str) -> Result<(Option<Fenced>, u64), String
     })
 }
 
-/// Write `value` under token `token`, expecting `rev`; on a revision conflict, overwrite only
-/// a value written under an earlier token. Returns the new revision.
-async fn write(kv: &kv::Store, key: &str, value: Fenced, mut rev: u64) -> Result<u64, String> {
+/// Write `value` (under its token) to `key`, expecting revision `rev` (0: absent); on a
+/// revision conflict, overwrite only a value written under an earlier token. Returns the new
+/// revision.
+///
+/// # Errors
+/// Refused (a later token wrote it: this writer is fenced off), or NATS failed.
+pub async fn write_fenced(
+    kv: &kv::Store,
+    key: &str,
+    value: Fenced,
+    mut rev: u64,
+) -> Result<u64, String> {
     let body: bytes::Bytes = serde_json::to_vec(&value)
         .map_err(|e| e.to_string())?
         .into();
@@ -222,7 +231,10 @@ impl StateStore for ClusterState {
             .min(WRITE_WAIT);
         let r = self
             .cluster
-            .block_on(async move { write(&kv, &k, fenced, rev).await }, wait)
+            .block_on(
+                async move { write_fenced(&kv, &k, fenced, rev).await },
+                wait,
+            )
             .ok_or_else(|| StateError("NATS did not answer in time".into()))?
             .map_err(StateError)?;
         self.cache

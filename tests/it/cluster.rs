@@ -550,6 +550,34 @@ async fn lease_rules_against_a_real_server() {
     // b releases: free at once.
     b.release(&hb).await.unwrap();
     assert!(a.acquire("conn.telegram.default").await.unwrap().is_some());
+
+    // State writes carry the token: a stale revision is overwritten only over an earlier
+    // token; a writer with an earlier token than the stored one is refused.
+    use clawft::cluster::state::{write_fenced, Fenced};
+    let (_, _, state) = clawft::cluster::node::buckets(&js, ttl).await.unwrap();
+    let f = |v: &str, token: u64| Fenced {
+        v: v.into(),
+        token,
+        node: "x".into(),
+    };
+    let r1 = write_fenced(&state, "chan.telegram.offset", f("10", 5), 0)
+        .await
+        .unwrap();
+    let r2 = write_fenced(&state, "chan.telegram.offset", f("11", 7), r1)
+        .await
+        .unwrap();
+    let err = write_fenced(&state, "chan.telegram.offset", f("12", 5), r1)
+        .await
+        .unwrap_err();
+    assert!(err.contains("fenced"), "{err}");
+    // The same holder after a lost answer (stale revision, its own token): goes through.
+    let r3 = write_fenced(&state, "chan.telegram.offset", f("13", 7), r1)
+        .await
+        .unwrap();
+    assert!(r3 > r2);
+    let stored: Fenced =
+        serde_json::from_slice(&state.get("chan.telegram.offset").await.unwrap().unwrap()).unwrap();
+    assert_eq!((stored.v.as_str(), stored.token), ("13", 7));
 }
 
 /// A channel's resume state: written only by the lease holder, read by the next one.
