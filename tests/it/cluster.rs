@@ -641,3 +641,72 @@ async fn resume_state_is_fenced_by_the_lease_and_read_by_the_next_holder() {
     a.shutdown();
     b.shutdown();
 }
+
+/// Discord behind a lease: one gateway connection across two nodes; after `kill -9` of the
+/// holder the other node RESUMEs the same session from the session id and sequence the
+/// cluster kept (no new IDENTIFY), and nothing is answered twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn discord_connection_moves_and_resumes_the_session() {
+    use clawft_channel_discord::fake::{FakeDiscord, FAKE_TOKEN};
+    let Some(nats) = Nats::start(1).await else {
+        return;
+    };
+    let dc = FakeDiscord::start().await;
+    let llm = FakeLlm::start().await;
+    echo_model(&llm);
+    let mut dirs = Vec::new();
+    let mut nodes: Vec<Option<Daemon>> = Vec::new();
+    for i in 1..=2 {
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let cfg = gateway_config(
+            dir.path(),
+            &llm,
+            port,
+            json!({
+                "channels": {"discord": {"token": FAKE_TOKEN, "proxy": dc.base_url(), "allow_from": ["111"], "stream_edits": false}},
+                "cluster": {"nats_url": nats.urls(), "node_id": format!("n{i}"), "lease_ttl_secs": 4},
+            }),
+        );
+        nodes.push(Some(Daemon::start(dir.path(), &cfg, port).await));
+        dirs.push(dir);
+    }
+    let logs = |dirs: &[tempfile::TempDir]| {
+        dirs.iter()
+            .map(|d| log_of(d.path()))
+            .collect::<Vec<_>>()
+            .join("\n=====\n")
+    };
+    let answered = |t: &str| dc.sent().iter().filter(|m| m.text == t).count();
+    dc.push_user_message("500", "111", "d1");
+    assert!(
+        wait_until(T, || answered("answer: d1") == 1).await,
+        "{}",
+        logs(&dirs)
+    );
+    assert_eq!(dc.connections(), 1, "the standby node connected too");
+    assert_eq!(dc.sessions_created(), 1);
+    let st = cluster_status(dirs[0].path());
+    let holder = st["connections"][0]["holder"].as_str().unwrap().to_string();
+    assert_eq!(st["connections"][0]["key"], "conn.discord.default", "{st}");
+    let h: usize = holder[1..].parse::<usize>().unwrap() - 1;
+    nodes[h].take().unwrap().kill9();
+    dc.push_user_message("500", "111", "d2");
+    assert!(
+        wait_until(Duration::from_secs(10), || answered("answer: d2") == 1).await,
+        "no failover within 10 s\n{}",
+        logs(&dirs)
+    );
+    assert_eq!(dc.connections(), 2);
+    assert_eq!(
+        dc.sessions_created(),
+        1,
+        "the new holder identified anew instead of resuming\n{}",
+        logs(&dirs)
+    );
+    assert!(dc.client_frames().iter().any(|f| f["op"] == 6), "no RESUME");
+    assert_eq!(answered("answer: d1"), 1);
+    for n in nodes.into_iter().flatten() {
+        assert_eq!(n.term().code(), Some(0));
+    }
+}
