@@ -237,6 +237,8 @@ pub struct AdminApi {
     reloads: Arc<OnceLock<tokio::sync::mpsc::Sender<ops::ReloadRequest>>>,
     /// The agents' tools and workspaces and the memory service (`agents/list`, `memory/*`).
     inspect: Arc<OnceLock<inspect::Inspect>>,
+    /// This node in the cluster (cluster mode): its health gates `/readyz`.
+    cluster: Arc<OnceLock<crate::cluster::Cluster>>,
 }
 
 impl AdminApi {
@@ -251,6 +253,33 @@ impl AdminApi {
             nodes: Arc::new(OnceLock::new()),
             reloads: Arc::new(OnceLock::new()),
             inspect: Arc::new(OnceLock::new()),
+            cluster: Arc::new(OnceLock::new()),
+        }
+    }
+
+    /// Report the health of this node in the cluster (`/readyz`, `weft status`).
+    pub fn set_cluster(&self, cluster: crate::cluster::Cluster) {
+        let _ = self.cluster.set(cluster);
+    }
+
+    /// The cluster part of the status: `None` in single-node mode.
+    fn cluster_json(&self) -> Option<Value> {
+        #[cfg(feature = "cluster")]
+        {
+            let c = self.cluster.get()?;
+            let h = c.health();
+            Some(json!({
+                "node_id": c.settings().node_id,
+                "ok": h.ok,
+                "reason": h.reason,
+                "since_ms": h.since_ms,
+                "nats_url": c.settings().nats_urls.iter().map(|u| crate::types::scrub::redact_url(u)).collect::<Vec<_>>(),
+            }))
+        }
+        #[cfg(not(feature = "cluster"))]
+        {
+            let _ = &self.cluster;
+            None
         }
     }
 
@@ -288,6 +317,9 @@ impl clawft_channel_http::Admin for AdminApi {
                 let live = crate::daemon::live_sessions(&r.bus).await;
                 let mut v = status_json(&self.config, &r.store, Some(&live));
                 v["mode"] = json!("gateway");
+                if let Some(c) = self.cluster_json() {
+                    v["cluster"] = c;
+                }
                 v["channel_states"] = crate::daemon::channel_states(r.channels()).await;
                 v["mcp_servers"] = mcp_json(r.mcp().as_deref());
                 v["scheduler"] = cron::scheduler_json(
@@ -354,6 +386,13 @@ impl clawft_channel_http::Admin for AdminApi {
         let health = r.store.health();
         if !health.is_ok() {
             return Err(json!({"status": "store_degraded", "store": health}));
+        }
+        // Not ready while this node cannot reach the cluster: it holds no lease and takes no
+        // new work through them.
+        if let Some(c) = self.cluster_json().filter(|c| c["ok"] != json!(true)) {
+            return Err(
+                json!({"status": "cluster_unreachable", "reason": c["reason"], "cluster": c}),
+            );
         }
         // Starting until every MCP server has ended its first connection attempt (connected or
         // failed): a request before then would wait for their tools (up to

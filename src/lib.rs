@@ -22,7 +22,8 @@
 //!   documents, their search index and the memory tools. [`media`]: chat attachments
 //!   downloaded into the workspace, sniffed and transcribed. [`browser`]: the agent's
 //!   headless Chromium (DevTools protocol over a pipe, requests through the egress proxy) and
-//!   the `browser` tool.
+//!   the `browser` tool. [`cluster`]: cluster mode on NATS JetStream (connection, node
+//!   registry, leases with fencing, one connection per bot account).
 //! - [`config`]: file + environment → validated [`config::Config`]; the only env reader.
 //!   [`approval`]: approvals asked of the user in their chat (exec `ask` mode).
 //! - [`egress`]: channel actors (outbox workers), the [`egress::Outbox`] handle and the live
@@ -40,6 +41,7 @@ pub mod approval;
 pub mod browser;
 pub mod bus;
 pub mod cli;
+pub mod cluster;
 pub mod config;
 pub mod daemon;
 pub mod egress;

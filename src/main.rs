@@ -177,6 +177,7 @@ fn main() -> ExitCode {
                 .await
             }
             Command::Nodes { action } => cli::node::nodes(&config, action).await,
+            Command::Cluster { action } => cli::cluster::run(&config, action).await,
             Command::Send {
                 channel,
                 chat_id,

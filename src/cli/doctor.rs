@@ -580,6 +580,7 @@ pub async fn check(config: &Config) -> Result<Vec<Finding>, CliError> {
         config,
         &crate::config::Env::from_process(),
     ));
+    out.extend(cluster_finding(config).await);
     let client = http()?;
     out.extend(providers(config, &client).await);
     out.extend(channels(config, &client).await);
@@ -818,6 +819,26 @@ pub async fn run(config: &Config, as_json: bool) -> Result<(), CliError> {
         return Err(CliError::Failed(format!("{failed} check(s) failed")));
     }
     Ok(())
+}
+
+/// `[cluster]`: NATS reachable with these credentials, JetStream enabled.
+async fn cluster_finding(config: &Config) -> Option<Finding> {
+    let s = config.cluster.as_ref()?;
+    #[cfg(feature = "cluster")]
+    {
+        Some(match crate::cluster::status::check(s).await {
+            Ok(detail) => ok("cluster", format!("node {}: {detail}", s.node_id)),
+            Err(e) => fail("cluster", format!("node {}: {e}", s.node_id)),
+        })
+    }
+    #[cfg(not(feature = "cluster"))]
+    {
+        let _ = s;
+        Some(fail(
+            "cluster",
+            "[cluster] is set, but this build of weft has no cluster support (cargo feature `cluster`)",
+        ))
+    }
 }
 
 /// Whether some skill's `allowed_tools` matches a tool of MCP server `server` (`server__…`).

@@ -42,6 +42,8 @@ pub struct Gateway {
     admin: AdminApi,
     /// The sender of [`Gateway::reloads`]: [`run`] hands it to the admin API (`config/reload`).
     reload_tx: tokio::sync::mpsc::Sender<crate::admin::ops::ReloadRequest>,
+    /// This node in the cluster (cluster mode).
+    cluster: Option<crate::cluster::Cluster>,
 }
 
 impl Gateway {
@@ -126,10 +128,19 @@ impl Gateway {
             }
             channels.push(http);
         }
-        channels.extend(crate::daemon::channels::chat_channels(&config, &store));
-        let daemon = Daemon::start(&config, store, model, channels)
+        let cluster = join_cluster(&config, http_addr)?;
+        if let Some(c) = &cluster {
+            admin.set_cluster(c.clone());
+        }
+        channels.extend(crate::daemon::channels::chat_channels(
+            &config,
+            &store,
+            cluster.as_ref(),
+        ));
+        let mut daemon = Daemon::start(&config, store, model, channels)
             .await
             .map_err(CliError::msg)?;
+        daemon.set_cluster(cluster.clone());
         admin.attach(
             daemon.bus().clone(),
             daemon.store().clone(),
@@ -198,6 +209,7 @@ impl Gateway {
             nodes,
             admin,
             reload_tx,
+            cluster,
         })
     }
 
@@ -216,6 +228,45 @@ impl Gateway {
             hub.close();
         }
         self.daemon.shutdown().await;
+        #[cfg(feature = "cluster")]
+        if let Some(c) = &self.cluster {
+            c.shutdown();
+        }
+        #[cfg(not(feature = "cluster"))]
+        let _ = &self.cluster;
+    }
+}
+
+/// Join the cluster of `[cluster]` (cluster mode), `None` in single-node mode.
+///
+/// # Errors
+/// `[cluster]` is set in a build without the `cluster` feature, or the cluster thread could
+/// not start.
+fn join_cluster(
+    config: &Config,
+    http_addr: Option<std::net::SocketAddr>,
+) -> Result<Option<crate::cluster::Cluster>, CliError> {
+    let Some(s) = &config.cluster else {
+        return Ok(None);
+    };
+    #[cfg(feature = "cluster")]
+    {
+        tracing::info!(node = %s.node_id, servers = s.nats_urls.len(), "cluster mode: joining the NATS cluster");
+        crate::cluster::Cluster::start(
+            s.clone(),
+            crate::cluster::node::NodeSelf {
+                address: http_addr.map(|a| a.to_string()),
+            },
+        )
+        .map(Some)
+        .map_err(|e| CliError::Failed(e.to_string()))
+    }
+    #[cfg(not(feature = "cluster"))]
+    {
+        let _ = (s, http_addr);
+        Err(CliError::Failed(
+            "[cluster] is set, but this build of weft has no cluster support (cargo feature `cluster`)".into(),
+        ))
     }
 }
 

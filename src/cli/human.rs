@@ -65,6 +65,21 @@ pub fn status(v: &Value) -> String {
         },
     );
     row("config", short(&v["config"]));
+    let cl = &v["cluster"];
+    if !cl.is_null() {
+        row(
+            "cluster",
+            if cl["ok"] == Value::Bool(true) {
+                format!("node {}: NATS and JetStream answer", short(&cl["node_id"]))
+            } else {
+                format!(
+                    "node {}: NOT READY: {} (no connection lease is held; webhooks still answered)",
+                    short(&cl["node_id"]),
+                    short(&cl["reason"])
+                )
+            },
+        );
+    }
     row("workspace", short(&v["workspace"]));
     let st = &v["store"];
     let mut store = short(&st["path"]);

@@ -4,6 +4,7 @@ pub mod agent;
 pub mod agents;
 pub mod approvals;
 pub mod client;
+pub mod cluster;
 pub mod completions;
 pub mod config_cmd;
 pub mod control;
@@ -153,6 +154,12 @@ pub enum Command {
         /// trusted instead of the public web roots.
         #[arg(long, value_name = "FILE")]
         gateway_ca: Option<PathBuf>,
+    },
+    /// Cluster mode: nodes, partitions and connection leases (`[cluster]`, docs/cluster.md).
+    Cluster {
+        /// What to show.
+        #[command(subcommand)]
+        action: cluster::ClusterAction,
     },
     /// Pair, deny or revoke nodes (machines running `weft node`).
     Nodes {

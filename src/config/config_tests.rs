@@ -764,3 +764,66 @@ fn speech_images_and_voice_replies_resolve_and_bad_values_name_the_key() {
         assert!(err.contains(key), "{key}: {err}");
     }
 }
+
+#[test]
+fn cluster_section_defaults_and_validation() {
+    let e = env(&[("NATS_PW", "s3cret-nats-pw")]);
+    // Absent: single-node mode.
+    assert!(Config::from_str("{}", false, &e).unwrap().cluster.is_none());
+    let c = Config::from_str("[cluster]\nnats_url = \"nats://10.0.0.1:4222\"\n", true, &e).unwrap();
+    let s = c.cluster.unwrap();
+    assert_eq!(s.nats_urls, ["nats://10.0.0.1:4222"]);
+    assert_eq!(s.partitions, 64);
+    assert_eq!(s.lease_ttl, Duration::from_secs(6));
+    assert!(!s.node_id.is_empty());
+    let c = Config::from_str(
+        "[cluster]\nnats_url = [\"nats://a:4222\", \"tls://b:4222\"]\nnode_id = \"n-1\"\npartitions = 8\nuser = \"weft\"\npassword_env = \"NATS_PW\"\nlease_ttl_secs = 10\n",
+        true,
+        &e,
+    )
+    .unwrap();
+    let s = c.cluster.as_ref().unwrap();
+    assert_eq!(s.nats_urls.len(), 2);
+    assert_eq!(s.node_id, "n-1");
+    assert_eq!(s.partitions, 8);
+    assert!(
+        matches!(&s.auth, crate::cluster::settings::NatsAuth::UserPassword { user, password } if user == "weft" && password.expose() == "s3cret-nats-pw")
+    );
+    // The password is a secret the scrubber knows.
+    assert!(c.secrets.iter().any(|x| x.expose() == "s3cret-nats-pw"));
+    for (text, key) in [
+        ("[cluster]\n", "cluster.nats_url"),
+        ("[cluster]\nnats_url = \"http://x\"\n", "cluster.nats_url"),
+        (
+            "[cluster]\nnats_url = \"nats://x:4222\"\nnode_id = \"a b\"\n",
+            "cluster.node_id",
+        ),
+        (
+            "[cluster]\nnats_url = \"nats://x:4222\"\npartitions = 0\n",
+            "cluster.partitions",
+        ),
+        (
+            "[cluster]\nnats_url = \"nats://x:4222\"\nlease_ttl_secs = 1\n",
+            "cluster.lease_ttl_secs",
+        ),
+        (
+            "[cluster]\nnats_url = \"nats://x:4222\"\nuser = \"u\"\n",
+            "cluster.password",
+        ),
+        (
+            "[cluster]\nnats_url = \"nats://x:4222\"\ntoken = \"t\"\nnkey_file = \"k\"\n",
+            "cluster.user",
+        ),
+        (
+            "[cluster]\nnats_url = \"nats://x:4222\"\ntls_cert = \"c.pem\"\n",
+            "cluster.tls_cert",
+        ),
+        (
+            "[cluster]\nnats_url = \"nats://x:4222\"\nnode = \"x\"\n",
+            "node",
+        ),
+    ] {
+        let err = Config::from_str(text, true, &e).unwrap_err().to_string();
+        assert!(err.contains(key), "{text}: {err}");
+    }
+}

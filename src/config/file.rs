@@ -62,6 +62,8 @@ pub struct ConfigFile {
     /// command-line options win over these.
     #[serde(default)]
     pub node: NodeFile,
+    /// Cluster mode on NATS JetStream (docs/cluster.md); single-node when absent.
+    pub cluster: Option<crate::cluster::settings::ClusterFile>,
 }
 
 /// `[node]`: the settings of `weft node`.

@@ -278,6 +278,11 @@ impl Config {
             crate::tools::policy::expand_custom_in(&mut s.deny, &custom);
         }
         let memory = resolve_memory(&raw.memory, config_dir, env, &mut secrets)?;
+        let cluster = raw
+            .cluster
+            .as_ref()
+            .map(|c| resolve_cluster(c, config_dir, env, &mut secrets))
+            .transpose()?;
         Ok(Config {
             path,
             home,
@@ -318,10 +323,50 @@ impl Config {
                     .map(|w| expand(w, env).display().to_string()),
                 ..raw.node.clone()
             },
+            cluster,
             provenance,
             deferred_secrets: env.take_deferred(),
         })
     }
+}
+
+/// `[cluster]`: the NATS servers, this node, its credentials (secrets by indirection).
+fn resolve_cluster(
+    c: &crate::cluster::settings::ClusterFile,
+    config_dir: &Path,
+    env: &Env,
+    secrets: &mut Vec<Secret>,
+) -> Result<crate::cluster::settings::ClusterSettings, ConfigError> {
+    let password = super::secrets::resolve_service_secret(
+        "cluster.password",
+        c.password.clone(),
+        c.password_env.clone(),
+        c.password_file.clone(),
+        config_dir,
+        env,
+    )?;
+    let token = super::secrets::resolve_service_secret(
+        "cluster.token",
+        c.token.clone(),
+        c.token_env.clone(),
+        c.token_file.clone(),
+        config_dir,
+        env,
+    )?;
+    secrets.extend(password.iter().chain(token.iter()).cloned());
+    let path = |f: &str| {
+        let p = expand(f, env);
+        if p.is_absolute() {
+            p
+        } else {
+            config_dir.join(p)
+        }
+    };
+    Ok(c.resolve(
+        crate::cluster::settings::ClusterSecrets { password, token },
+        &path,
+        &crate::cluster::settings::host_name(),
+    )?)
 }
 
 /// `channels.http`: the bind, the bearer token (a secret), and the rules a non-loopback bind

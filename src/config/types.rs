@@ -360,6 +360,8 @@ pub struct Config {
     pub heartbeat: Option<crate::scheduler::HeartbeatSettings>,
     /// `[node]`: the settings of `weft node` (the workspace with `~/` expanded).
     pub node: super::file::NodeFile,
+    /// `[cluster]`: `None` in single-node mode.
+    pub cluster: Option<crate::cluster::settings::ClusterSettings>,
     /// Secrets of the running service that this command's environment does not hold (loaded
     /// with [`Env::for_client`](super::Env::for_client)); their values in this config are
     /// placeholders. Always empty for the service itself.

@@ -203,11 +203,19 @@ fn prune_replies(store: &Store) {
 
 /// Build the enabled chat channels. One that cannot be built is reported and left out; the
 /// others (and the HTTP API) still run.
-pub fn chat_channels(config: &Config, store: &Store) -> Vec<Arc<dyn Channel>> {
+///
+/// In cluster mode (`cluster`), each channel's long-lived connection runs behind its lease
+/// (only on the node holding it) and keeps its resume state in the cluster; WhatsApp (webhooks
+/// on every node) runs as in single-node mode.
+pub fn chat_channels(
+    config: &Config,
+    store: &Store,
+    cluster: Option<&crate::cluster::Cluster>,
+) -> Vec<Arc<dyn Channel>> {
     config
         .chat_channels
         .iter()
-        .filter_map(|c| chat_channel(c, store))
+        .filter_map(|c| chat_channel(c, store, cluster))
         .collect()
 }
 
@@ -215,8 +223,24 @@ pub fn chat_channels(config: &Config, store: &Store) -> Vec<Arc<dyn Channel>> {
 pub fn chat_channel(
     c: &crate::config::ChatChannelConfig,
     store: &Store,
+    cluster: Option<&crate::cluster::Cluster>,
 ) -> Option<Arc<dyn Channel>> {
     let state: Arc<dyn StateStore> = Arc::new(StoreState::new(store.clone(), &c.id()));
+    #[cfg(feature = "cluster")]
+    if let Some(cl) = cluster.filter(|_| c.platform != crate::config::Platform::WhatsApp) {
+        use crate::cluster::{leased::LeasedChannel, state::ClusterState};
+        let id = c.id();
+        let st = Arc::new(ClusterState::new(cl.clone(), &id, c.platform.name(), state));
+        return match build(c, st.clone(), store) {
+            Ok(ch) => Some(Arc::new(LeasedChannel::new(ch, cl.clone(), &id, Some(st)))),
+            Err(e) => {
+                tracing::error!(channel = %id, error = %e, "channel not started");
+                None
+            }
+        };
+    }
+    #[cfg(not(feature = "cluster"))]
+    let _ = cluster;
     match build(c, state, store) {
         Ok(ch) => Some(ch),
         Err(e) => {

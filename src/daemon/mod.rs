@@ -115,6 +115,8 @@ pub struct Daemon {
     workspace: Arc<Workspace>,
     /// Prices and budgets (reloaded on SIGHUP).
     usage: Arc<crate::turn::usage::UsageLedger>,
+    /// This node in the cluster (cluster mode), for channels started on a reload.
+    cluster: Option<crate::cluster::Cluster>,
     config: Config,
 }
 
@@ -543,8 +545,14 @@ impl Daemon {
             supervisor,
             workspace,
             usage,
+            cluster: None,
             config: config.clone(),
         })
+    }
+
+    /// This node in the cluster: channels started by a reload run behind their leases too.
+    pub fn set_cluster(&mut self, cluster: Option<crate::cluster::Cluster>) {
+        self.cluster = cluster;
     }
 
     /// The pending and recent approvals (for the admin API).
@@ -675,6 +683,7 @@ impl Daemon {
             heartbeat,
             // `weft node`'s settings: the gateway does not use them.
             node,
+            cluster,
         } = new;
         for (what, changed) in [
             ("providers", old.providers != providers),
@@ -696,6 +705,7 @@ impl Daemon {
             ("memory", old.memory != memory),
             ("scheduler", old.scheduler != scheduler),
             ("heartbeat", old.heartbeat != heartbeat),
+            ("cluster", old.cluster != cluster),
         ] {
             if changed {
                 changes.push(format!("{what} changed: takes effect at the next restart"));
@@ -766,7 +776,7 @@ impl Daemon {
             if old.get(name) == fresh.get(name) {
                 continue;
             }
-            let Some(ch) = channels::chat_channel(c, &self.store) else {
+            let Some(ch) = channels::chat_channel(c, &self.store, self.cluster.as_ref()) else {
                 changes.push(format!("channel {name} could not start (see the log)"));
                 continue;
             };

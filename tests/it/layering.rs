@@ -25,6 +25,7 @@ const LAYERS: &[(&str, u32)] = &[
     ("browser", 4),
     ("memory", 4),
     ("scheduler", 4),
+    ("cluster", 4),
     // 5: configuration (aggregates the domain modules' settings types) and approvals.
     ("config", 5),
     ("approval", 5),

@@ -9,6 +9,8 @@ mod agents;
 mod browser;
 mod cli_output;
 mod cli_polish;
+#[cfg(feature = "cluster")]
+mod cluster;
 mod common;
 mod context_files;
 mod control;

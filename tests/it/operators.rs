@@ -261,6 +261,11 @@ fn section_edits() -> Vec<(&'static str, Value, &'static str)> {
             json!({"node": {"name": "homeserver"}}),
             "node changed: the settings of `weft node`, not used by the gateway; a node host reads them at its next restart",
         ),
+        (
+            "cluster",
+            json!({"cluster": {"nats_url": "nats://127.0.0.1:1", "node_id": "n1"}}),
+            "cluster changed: takes effect at the next restart",
+        ),
     ]
 }
 

@@ -290,6 +290,10 @@ struct St {
     requests: Vec<Recorded>,
     failures: HashMap<String, VecDeque<(usize, Failure)>>,
     poll_generation: u64,
+    /// `getUpdates` requests being answered now (their connection open), and the most ever
+    /// at once: more than one means two bot instances poll together.
+    polls_in_flight: usize,
+    max_polls_in_flight: usize,
     kicks: u64,
     stall: bool,
     /// `getUpdates` answers at once, ignoring `timeout` (a misbehaving Bot API server).
@@ -653,6 +657,18 @@ impl FakeTelegram {
             .entry(method.to_string())
             .or_default()
             .push_back((after, failure));
+    }
+
+    /// `getUpdates` requests in flight now (answered requests and closed connections do not
+    /// count).
+    pub fn polls_in_flight(&self) -> usize {
+        self.shared.lock().polls_in_flight
+    }
+
+    /// The most `getUpdates` requests ever in flight at once: more than 1 means two pollers
+    /// overlapped (Telegram answers the first one 409 Conflict then).
+    pub fn max_concurrent_polls(&self) -> usize {
+        self.shared.lock().max_polls_in_flight
     }
 
     /// While on, `getUpdates` never answers (a dead connection); turning it off lets new
@@ -1065,7 +1081,29 @@ fn as_i64(v: &Value) -> Option<i64> {
         .or_else(|| v.as_str().and_then(|s| s.parse().ok()))
 }
 
+/// Counts a `getUpdates` in flight until it is answered or its connection closes (the server
+/// drops the handler then).
+struct InFlight(Arc<Shared>);
+
+impl InFlight {
+    fn new(sh: &Arc<Shared>) -> Self {
+        let mut st = sh.lock();
+        st.polls_in_flight += 1;
+        st.max_polls_in_flight = st.max_polls_in_flight.max(st.polls_in_flight);
+        drop(st);
+        Self(sh.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let mut st = self.0.lock();
+        st.polls_in_flight = st.polls_in_flight.saturating_sub(1);
+    }
+}
+
 async fn get_updates(sh: &Arc<Shared>, params: &Value) -> Response {
+    let _in_flight = InFlight::new(sh);
     let offset = params.get("offset").and_then(as_i64);
     let timeout = params.get("timeout").and_then(as_i64).unwrap_or(0).max(0);
     let limit = params
