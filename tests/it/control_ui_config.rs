@@ -295,7 +295,8 @@ async fn in_a_browser_config_shows_origins_and_agents_page_searches_memory() {
     let llm = FakeLlm::start().await;
     let (dir, cfg, port) = setup(
         &llm,
-        json!({"agents": {"defaults": {"max_tool_iterations": 11}}}),
+        json!({"agents": {"defaults": {"max_tool_iterations": 11}},
+               "heartbeat": {"enabled": true, "every": "2h", "target": {"channel": "http", "chat_id": "ops"}}}),
     );
     std::fs::write(
         dir.path().join("ws/MEMORY.md"),
@@ -353,6 +354,19 @@ async fn in_a_browser_config_shows_origins_and_agents_page_searches_memory() {
     b.until(
         "const l = document.querySelector('#memory-results li[data-path=\"MEMORY.md\"]'); return l && l.textContent.includes('heliotrope')",
         "the search result",
+    )
+    .await;
+
+    // Automations: the heartbeat's schedule, and the allowlists (none without a chat platform).
+    b.goto(&format!("http://127.0.0.1:{port}/ui/#ops")).await;
+    b.until(
+        "const t = document.getElementById('heartbeat').textContent; return t.startsWith('Heartbeat: every 7200 s, to ') && t.includes('ops')",
+        "the heartbeat shown",
+    )
+    .await;
+    b.until(
+        "return document.getElementById('allow-list').textContent.includes('no chat platform configured')",
+        "the allowlists shown",
     )
     .await;
     drop(b);

@@ -254,14 +254,25 @@ function fill(table, rows, cols, actions) {
   }));
 }
 async function loadOps() {
-  const [cron, pairing, mcp, nodes, status] = await Promise.all([
+  const [cron, pairing, mcp, nodes, status, config] = await Promise.all([
     api('admin/cron/list', {}), api('admin/pairing/list', {}), api('admin/mcp/list', {}),
     api('admin/nodes/list', {}).catch(() => ({ nodes: [] })), api('status').catch(() => ({})),
+    api('admin/config/show', {}).catch(() => ({ rows: [] })),
   ]);
+  const hb = (status.scheduler || {}).heartbeat || {};
+  $('heartbeat').textContent = hb.enabled
+    ? 'Heartbeat: every ' + hb.every_secs + ' s, to ' + cell(hb.target) : 'Heartbeat: off';
+  // Who may talk to each channel without pairing (the allow_from settings, with their origin).
+  $('allow-list').replaceChildren(...(config.rows || []).filter((r) => r.key.endsWith('allow_from'))
+    .map((r) => el('li', r.key + ': ' + (r.value || '(nobody: pairing only)') + ' — ' + r.source)));
+  if (!$('allow-list').children.length) $('allow-list').append(el('li', '(no chat platform configured)'));
   const chans = Object.entries(status.channels || {}).map(([channel, state]) => ({ channel, state }));
   fill($('channels-table'), chans, ['channel', 'state'], () => []);
   fill($('cron-table'), cron.jobs || [], ['id', 'name', 'enabled', 'schedule', 'next_run', 'last_run'], (j) => [
     ['Run now', () => api('admin/cron/run', { id: j.id })],
+    ['History', () => api('admin/cron/runs', { id: j.id }).then((v) => {
+      $('cron-runs').textContent = 'Runs of ' + j.id + ' (newest first):\n' + (v.runs || []).map(cell).join('\n');
+    })],
     [j.enabled ? 'Pause' : 'Resume', () => api('admin/cron/update', { id: j.id, enabled: !j.enabled })],
     ['Remove', () => api('admin/cron/remove', { id: j.id })],
   ]);
