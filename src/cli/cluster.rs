@@ -42,7 +42,7 @@ pub async fn run(config: &Config, action: ClusterAction) -> Result<(), CliError>
     {
         let _ = (s, json);
         Err(CliError::Failed(
-            "this build of weft has no cluster support (cargo feature `cluster`)".into(),
+            "this build of weft has no cluster support (build it with `cargo build --release --features cluster`)".into(),
         ))
     }
 }

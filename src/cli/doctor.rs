@@ -836,7 +836,7 @@ async fn cluster_finding(config: &Config) -> Option<Finding> {
         let _ = s;
         Some(fail(
             "cluster",
-            "[cluster] is set, but this build of weft has no cluster support (cargo feature `cluster`)",
+            "[cluster] is set, but this build of weft has no cluster support (build it with `cargo build --release --features cluster`)",
         ))
     }
 }

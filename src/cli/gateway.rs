@@ -265,7 +265,7 @@ fn join_cluster(
     {
         let _ = (s, http_addr);
         Err(CliError::Failed(
-            "[cluster] is set, but this build of weft has no cluster support (cargo feature `cluster`)".into(),
+            "[cluster] is set, but this build of weft has no cluster support (build it with `cargo build --release --features cluster`)".into(),
         ))
     }
 }

@@ -193,8 +193,10 @@ impl Auth {
                 }
             }
         }
+        // Nothing is written at start (a durable write is an fsync on the way to ready):
+        // expired entries are dropped when read, and from the store at the next login,
+        // logout or revocation.
         *self.store.locked() = Some(store);
-        self.save(&self.sessions.locked());
     }
 
     /// Write the sessions to the store, if one is kept (a failure is logged: the sessions
