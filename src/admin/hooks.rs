@@ -58,16 +58,6 @@ fn valid_delivery(d: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
 }
 
-fn hex_decode(s: &str) -> Option<Vec<u8>> {
-    if !s.len().is_multiple_of(2) {
-        return None;
-    }
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
-        .collect()
-}
-
 /// The signature of `body` as the caller computes it (for tests and the docs' example).
 pub fn sign(secret: &[u8], timestamp: &str, delivery: &str, body: &[u8]) -> String {
     let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, secret);
@@ -78,8 +68,7 @@ pub fn sign(secret: &[u8], timestamp: &str, delivery: &str, body: &[u8]) -> Stri
     ctx.update(b".");
     ctx.update(body);
     let tag = ctx.sign();
-    let hex: String = tag.as_ref().iter().map(|b| format!("{b:02x}")).collect();
-    format!("sha256={hex}")
+    format!("sha256={}", clawft_channel_core::hex(tag.as_ref()))
 }
 
 /// Check the signature headers of a call: the delivery id on success.
@@ -109,7 +98,7 @@ pub fn verify(
     }
     let tag = sig
         .strip_prefix("sha256=")
-        .and_then(hex_decode)
+        .and_then(clawft_channel_core::unhex)
         .ok_or(Unsigned::BadSignature)?;
     let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, secret);
     let mut msg = Vec::with_capacity(ts.len() + delivery.len() + body.len() + 2);

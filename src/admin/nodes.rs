@@ -120,7 +120,7 @@ pub fn load_or_make_key(path: &std::path::Path) -> Result<ring::signature::Ed255
 /// base64, as ssh prints them).
 pub fn key_id(public_key: &[u8]) -> (String, String) {
     let d = ring::digest::digest(&ring::digest::SHA256, public_key);
-    let hex: String = d.as_ref()[..8].iter().map(|b| format!("{b:02x}")).collect();
+    let hex = clawft_channel_core::hex(&d.as_ref()[..8]);
     let fp = format!(
         "SHA256:{}",
         base64::engine::general_purpose::STANDARD_NO_PAD.encode(d.as_ref())
@@ -264,7 +264,7 @@ fn random_hex(n: usize) -> String {
     let mut b = vec![0u8; n];
     // A failure of the system RNG leaves zeros: the session id (a uuid) still differs.
     let _ = ring::rand::SystemRandom::new().fill(&mut b);
-    b.iter().map(|x| format!("{x:02x}")).collect()
+    clawft_channel_core::hex(&b)
 }
 
 fn valid_name(n: &str) -> bool {

@@ -73,7 +73,7 @@ pub fn new_token() -> std::io::Result<String> {
             Err(e) => return Err(e.into()),
         }
     }
-    Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
+    Ok(clawft_channel_core::hex(&buf))
 }
 
 /// Write `info` to `store/control.json`, mode 0600, atomically: a 0600 temp file in the same

@@ -115,25 +115,6 @@ pub fn check(store: &Store) -> Result<CheckReport, StoreError> {
     Ok(r)
 }
 
-fn hex(b: &[u8]) -> String {
-    use std::fmt::Write as _;
-    b.iter()
-        .fold(String::with_capacity(b.len() * 2), |mut s, x| {
-            let _ = write!(s, "{x:02x}");
-            s
-        })
-}
-
-fn unhex(s: &str) -> Option<Vec<u8>> {
-    if !s.len().is_multiple_of(2) {
-        return None;
-    }
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
-        .collect()
-}
-
 fn io(path: &Path) -> impl Fn(std::io::Error) -> StoreError + '_ {
     move |e| StoreError::Io {
         path: path.display().to_string(),
@@ -174,7 +155,10 @@ pub fn backup(store: &Store, to: &Path) -> Result<u64, StoreError> {
             if k == b"m\0probe" {
                 continue;
             }
-            put(&mut w, &json!({"k": hex(&k), "v": hex(&v)}))?;
+            put(
+                &mut w,
+                &json!({"k": clawft_channel_core::hex(&k), "v": clawft_channel_core::hex(&v)}),
+            )?;
             n += 1;
         }
     }
@@ -235,8 +219,8 @@ fn read_backup(from: &Path) -> Result<super::kv::Pairs, StoreError> {
         crc.update(line.as_bytes());
         crc.update(b"\n");
         let (Some(k), Some(val)) = (
-            v["k"].as_str().and_then(unhex),
-            v["v"].as_str().and_then(unhex),
+            v["k"].as_str().and_then(clawft_channel_core::unhex),
+            v["v"].as_str().and_then(clawft_channel_core::unhex),
         ) else {
             return Err(bad(from, "a record line is malformed"));
         };

@@ -796,12 +796,48 @@ impl StateStore for MemoryState {
     }
 }
 
+/// `bytes` as lowercase hex, two digits a byte.
+pub fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write as _;
+    bytes
+        .iter()
+        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
+            let _ = write!(s, "{b:02x}");
+            s
+        })
+}
+
+/// The bytes of hex text (either case); `None` for an odd length or a non-hex digit.
+pub fn unhex(s: &str) -> Option<Vec<u8>> {
+    if !s.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
 /// Milliseconds since the Unix epoch, for [`InboundEvent::received_at_ms`].
 pub fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod hex_tests {
+    #[test]
+    fn hex_round_trips_and_refuses_what_is_not_hex() {
+        let bytes = [0x00, 0x0f, 0xa5, 0xff];
+        assert_eq!(super::hex(&bytes), "000fa5ff");
+        assert_eq!(super::unhex("000fa5ff").as_deref(), Some(&bytes[..]));
+        assert_eq!(super::unhex("000FA5FF").as_deref(), Some(&bytes[..]));
+        assert_eq!(super::unhex("abc"), None);
+        assert_eq!(super::unhex("zz"), None);
+        assert_eq!(super::unhex("é1"), None);
+    }
 }
 
 #[cfg(test)]

@@ -150,11 +150,7 @@ fn random_hex() -> std::io::Result<String> {
     use std::io::Read;
     let mut buf = [0u8; 32];
     std::fs::File::open("/dev/urandom")?.read_exact(&mut buf)?;
-    Ok(hex(&buf))
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    Ok(clawft_channel_core::hex(&buf))
 }
 
 fn sha256_hex(parts: &[&[u8]]) -> String {
@@ -162,7 +158,7 @@ fn sha256_hex(parts: &[&[u8]]) -> String {
     for p in parts {
         ctx.update(p);
     }
-    hex(ctx.finish().as_ref())
+    clawft_channel_core::hex(ctx.finish().as_ref())
 }
 
 /// What a session is kept under: the hash of its cookie's value.

@@ -211,7 +211,7 @@ pub fn signature_ok(secret: &str, header: &str, body: &[u8]) -> bool {
     let Some(hex) = header.trim().strip_prefix("sha256=") else {
         return false;
     };
-    let Some(tag) = unhex(hex) else {
+    let Some(tag) = clawft_channel_core::unhex(hex) else {
         return false;
     };
     let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, secret.as_bytes());
@@ -223,21 +223,7 @@ pub fn signature_ok(secret: &str, header: &str, body: &[u8]) -> bool {
 pub fn sign(secret: &str, body: &[u8]) -> String {
     let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, secret.as_bytes());
     let tag = ring::hmac::sign(&key, body);
-    let mut s = String::from("sha256=");
-    for b in tag.as_ref() {
-        s.push_str(&format!("{b:02x}"));
-    }
-    s
-}
-
-fn unhex(s: &str) -> Option<Vec<u8>> {
-    if !s.len().is_multiple_of(2) {
-        return None;
-    }
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
-        .collect()
+    format!("sha256={}", clawft_channel_core::hex(tag.as_ref()))
 }
 
 /// A webhook delivery.
