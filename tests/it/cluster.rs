@@ -230,6 +230,42 @@ fn cluster_status(dir: &Path) -> Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
+/// `n` gateways (`n1`, `n2`, …) with these `channels`, in cluster mode on `nats` (lease TTL
+/// 4 s): their directories and the running daemons.
+async fn start_nodes(
+    n: usize,
+    nats: &Nats,
+    llm: &FakeLlm,
+    channels: Value,
+) -> (Vec<tempfile::TempDir>, Vec<Option<Daemon>>) {
+    let mut dirs = Vec::new();
+    let mut nodes = Vec::new();
+    for i in 1..=n {
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let cfg = gateway_config(
+            dir.path(),
+            llm,
+            port,
+            json!({
+                "channels": channels,
+                "cluster": {"nats_url": nats.urls(), "node_id": format!("n{i}"), "lease_ttl_secs": 4},
+            }),
+        );
+        nodes.push(Some(Daemon::start(dir.path(), &cfg, port).await));
+        dirs.push(dir);
+    }
+    (dirs, nodes)
+}
+
+/// Every node's log, one after the other.
+fn logs_of(dirs: &[tempfile::TempDir]) -> String {
+    dirs.iter()
+        .map(|d| log_of(d.path()))
+        .collect::<Vec<_>>()
+        .join("\n=====\n")
+}
+
 fn answers(tg: &FakeTelegram, text: &str) -> usize {
     tg.sent().iter().filter(|m| m.visible == text).count()
 }
@@ -253,33 +289,12 @@ async fn one_poller_across_three_nodes_failover_and_nats_outages() {
     let tg = FakeTelegram::start().await;
     let llm = FakeLlm::start().await;
     echo_model(&llm);
-    let mut dirs = Vec::new();
-    let mut nodes: Vec<Option<Daemon>> = Vec::new();
-    for i in 1..=3 {
-        let dir = tempfile::tempdir().unwrap();
-        let port = free_port();
-        let cfg = gateway_config(
-            dir.path(),
-            &llm,
-            port,
-            json!({
-                "channels": {"telegram": {"token": FakeTelegram::TOKEN, "api_url": tg.api_url(), "allow_from": [111], "stream_edits": false}},
-                "cluster": {"nats_url": nats.urls(), "node_id": format!("n{i}"), "lease_ttl_secs": 4},
-            }),
-        );
-        nodes.push(Some(Daemon::start(dir.path(), &cfg, port).await));
-        dirs.push(dir);
-    }
-    let all_logs = |dirs: &[tempfile::TempDir]| {
-        dirs.iter()
-            .map(|d| log_of(d.path()))
-            .collect::<Vec<_>>()
-            .join("\n=====\n")
-    };
+    let channels = json!({"telegram": {"token": FakeTelegram::TOKEN, "api_url": tg.api_url(), "allow_from": [111], "stream_edits": false}});
+    let (dirs, mut nodes) = start_nodes(3, &nats, &llm, channels).await;
     assert!(
         wait_until(T, || tg.polls_in_flight() == 1).await,
         "nobody polls\n{}",
-        all_logs(&dirs)
+        logs_of(&dirs)
     );
 
     // A message is answered once; the lease names its holder.
@@ -287,7 +302,7 @@ async fn one_poller_across_three_nodes_failover_and_nats_outages() {
     assert!(
         wait_until(T, || answers(&tg, "answer: m1") == 1).await,
         "{}",
-        all_logs(&dirs)
+        logs_of(&dirs)
     );
     let st = cluster_status(dirs[0].path());
     let conns = st["connections"].as_array().unwrap().clone();
@@ -334,7 +349,7 @@ async fn one_poller_across_three_nodes_failover_and_nats_outages() {
     assert!(
         wait_until(Duration::from_secs(10), || answers(&tg, "answer: m2") == 1).await,
         "no failover within 10 s\n{}",
-        all_logs(&dirs)
+        logs_of(&dirs)
     );
     eprintln!(
         "failover: m2 answered {:?} after the kill",
@@ -357,7 +372,7 @@ async fn one_poller_across_three_nodes_failover_and_nats_outages() {
     assert!(
         wait_until(T, || answers(&tg, "answer: m3") == 1).await,
         "{}",
-        all_logs(&dirs)
+        logs_of(&dirs)
     );
     let _ = m3;
     let live: Vec<usize> = (0..3).filter(|i| nodes[*i].is_some()).collect();
@@ -383,12 +398,12 @@ async fn one_poller_across_three_nodes_failover_and_nats_outages() {
             last = v;
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        assert!(ok, "still ready without NATS: {last}\n{}", all_logs(&dirs));
+        assert!(ok, "still ready without NATS: {last}\n{}", logs_of(&dirs));
     }
     assert!(
         wait_until(T, || tg.polls_in_flight() == 0).await,
         "still polling without NATS\n{}",
-        all_logs(&dirs)
+        logs_of(&dirs)
     );
     // weft status says so.
     let d = &dirs[live[0]];
@@ -422,7 +437,7 @@ async fn one_poller_across_three_nodes_failover_and_nats_outages() {
     assert!(
         wait_until(Duration::from_secs(60), || answers(&tg, "answer: m4") == 1).await,
         "polling did not resume\n{}\n{}",
-        all_logs(&dirs),
+        logs_of(&dirs),
         nats.logs()
     );
     for i in &live {
@@ -435,7 +450,7 @@ async fn one_poller_across_three_nodes_failover_and_nats_outages() {
             assert!(
                 Instant::now() < deadline,
                 "not ready again\n{}",
-                all_logs(&dirs)
+                logs_of(&dirs)
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
@@ -654,35 +669,14 @@ async fn discord_connection_moves_and_resumes_the_session() {
     let dc = FakeDiscord::start().await;
     let llm = FakeLlm::start().await;
     echo_model(&llm);
-    let mut dirs = Vec::new();
-    let mut nodes: Vec<Option<Daemon>> = Vec::new();
-    for i in 1..=2 {
-        let dir = tempfile::tempdir().unwrap();
-        let port = free_port();
-        let cfg = gateway_config(
-            dir.path(),
-            &llm,
-            port,
-            json!({
-                "channels": {"discord": {"token": FAKE_TOKEN, "proxy": dc.base_url(), "allow_from": ["111"], "stream_edits": false}},
-                "cluster": {"nats_url": nats.urls(), "node_id": format!("n{i}"), "lease_ttl_secs": 4},
-            }),
-        );
-        nodes.push(Some(Daemon::start(dir.path(), &cfg, port).await));
-        dirs.push(dir);
-    }
-    let logs = |dirs: &[tempfile::TempDir]| {
-        dirs.iter()
-            .map(|d| log_of(d.path()))
-            .collect::<Vec<_>>()
-            .join("\n=====\n")
-    };
+    let channels = json!({"discord": {"token": FAKE_TOKEN, "proxy": dc.base_url(), "allow_from": ["111"], "stream_edits": false}});
+    let (dirs, mut nodes) = start_nodes(2, &nats, &llm, channels).await;
     let answered = |t: &str| dc.sent().iter().filter(|m| m.text == t).count();
     dc.push_user_message("500", "111", "d1");
     assert!(
         wait_until(T, || answered("answer: d1") == 1).await,
         "{}",
-        logs(&dirs)
+        logs_of(&dirs)
     );
     assert_eq!(dc.connections(), 1, "the standby node connected too");
     assert_eq!(dc.sessions_created(), 1);
@@ -695,14 +689,14 @@ async fn discord_connection_moves_and_resumes_the_session() {
     assert!(
         wait_until(Duration::from_secs(10), || answered("answer: d2") == 1).await,
         "no failover within 10 s\n{}",
-        logs(&dirs)
+        logs_of(&dirs)
     );
     assert_eq!(dc.connections(), 2);
     assert_eq!(
         dc.sessions_created(),
         1,
         "the new holder identified anew instead of resuming\n{}",
-        logs(&dirs)
+        logs_of(&dirs)
     );
     assert!(dc.client_frames().iter().any(|f| f["op"] == 6), "no RESUME");
     assert_eq!(answered("answer: d1"), 1);
