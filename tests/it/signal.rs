@@ -283,3 +283,82 @@ async fn an_oversized_message_is_refused_with_a_notice_and_nothing_stored() {
         "the oversized text was stored"
     );
 }
+
+/// The delivery test of the other platforms, on Signal: the real `weft` binary killed (-9) by
+/// itself with the reply in the outbox, just after signal-cli accepted it (the send journaled,
+/// the outbox entry not yet removed), and after the outbox removal; restarted on the same
+/// store, the chat shows exactly one reply.
+#[tokio::test]
+async fn signal_kill_9_at_every_point_of_the_send_path_shows_one_reply() {
+    use std::os::unix::process::ExitStatusExt as _;
+    const ANSWER: &str = "the one and only answer";
+    for (point, shown_before) in [
+        ("egress.before_send", 0),
+        ("egress.after_send", 1),
+        ("egress.after_mark", 1),
+    ] {
+        let fake = FakeSignal::start().await;
+        let dir = tempfile::tempdir().unwrap();
+        let llm = FakeLlm::start().await;
+        llm.push(Reply::Text(ANSWER.into()));
+        let port = crate::process::free_port();
+        let mut extra = section(&fake, json!({}));
+        crate::common::merge(
+            &mut extra,
+            json!({"channels": {"http": {"bind": format!("127.0.0.1:{port}")}}}),
+        );
+        let cfg = crate::process::write_config(
+            dir.path(),
+            &config_value(&llm.base_url(), dir.path(), extra),
+        );
+        let mut d = crate::process::Daemon::start_with_env(
+            dir.path(),
+            &cfg,
+            port,
+            &[("WEFT_FAULT", point)],
+        )
+        .await;
+        assert!(wait_until(T, || fake.streams_open() == 1).await);
+        fake.push_message(ALICE, "are you there?");
+        let deadline = Instant::now() + T;
+        let status = loop {
+            if let Some(st) = d.child.try_wait().unwrap() {
+                break st;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{point} never reached\n{}",
+                crate::process::log_of(dir.path())
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        assert_eq!(status.signal(), Some(9), "{point}: {status:?}");
+        drop(d);
+        assert_eq!(fake.sent_to(ALICE).len(), shown_before, "{point}");
+        assert!(wait_until(T, || fake.streams_open() == 0).await);
+
+        let d = crate::process::Daemon::start(dir.path(), &cfg, port).await;
+        assert!(
+            wait_until(T, || fake.sent_to(ALICE).iter().any(|s| s.text == ANSWER)).await,
+            "{point}: no answer after the restart\n{}",
+            crate::process::log_of(dir.path())
+        );
+        // The restarted gateway reconnects the stream from its stored cursor: the message is not
+        // received (nor answered) again; wait for the stream, then for anything late.
+        assert!(wait_until(T, || fake.streams_open() == 1).await);
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        assert_eq!(
+            fake.sent_to(ALICE).len(),
+            1,
+            "{point}: the chat shows {:?}\n{}",
+            fake.sent(),
+            crate::process::log_of(dir.path())
+        );
+        assert_eq!(
+            llm.requests().len(),
+            1,
+            "{point}: the model was asked again"
+        );
+        assert_eq!(d.term().code(), Some(0), "{point}");
+    }
+}
