@@ -510,10 +510,13 @@ async fn invites_from_strangers_and_to_encrypted_rooms_are_refused() {
         m["reason"].as_str().unwrap_or("").contains("encrypted"),
         "the inviter is not told why: {m}"
     );
-    mallory.say(&theirs, "hello?").await;
+    mallory.say(&theirs, "STRANGER-CANARY hello?").await;
 
     // A message over the inbound limit (32 KiB) is refused with a notice, unread.
-    alice.say(&plain, &"x".repeat(40 * 1024)).await;
+    let marker = "OVERSIZED-CANARY-";
+    alice
+        .say(&plain, &marker.repeat(40 * 1024 / marker.len()))
+        .await;
     assert!(
         eventually(|| async {
             alice.messages_of(&plain, &bot.id).await.iter().any(|m| {
@@ -544,6 +547,13 @@ async fn invites_from_strangers_and_to_encrypted_rooms_are_refused() {
             .await
     );
     gw.stop().await;
+    // Nothing of the refused messages was stored.
+    let stored = crate::common::bytes_under(&dir.path().join("store"));
+    assert!(!stored.contains(marker), "the oversized text was stored");
+    assert!(
+        !stored.contains("STRANGER-CANARY"),
+        "the stranger's message was stored"
+    );
 }
 
 fn channel(bot: &User, state: std::sync::Arc<MemoryState>) -> MatrixChannel {
