@@ -704,3 +704,61 @@ async fn discord_connection_moves_and_resumes_the_session() {
         assert_eq!(n.term().code(), Some(0));
     }
 }
+
+/// Signal's event stream is a long-lived connection too: of two nodes only the lease holder
+/// opens it, and when the holder dies the other node opens it with the stored cursor — the
+/// message sent meanwhile is answered once, the earlier one not again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn signal_stream_moves_and_resumes_from_the_cursor() {
+    use clawft_channel_signal::fake::{FakeSignal, ACCOUNT};
+    const ALICE: &str = "+15551111111";
+    let Some(nats) = Nats::start(1).await else {
+        return;
+    };
+    let sig = FakeSignal::start().await;
+    let llm = FakeLlm::start().await;
+    echo_model(&llm);
+    let channels =
+        json!({"signal": {"number": ACCOUNT, "api_url": sig.api_url(), "allow_from": [ALICE]}});
+    let (dirs, mut nodes) = start_nodes(2, &nats, &llm, channels).await;
+    let answered = |t: &str| sig.sent_to(ALICE).iter().filter(|m| m.text == t).count();
+    sig.push_message(ALICE, "s1");
+    assert!(
+        wait_until(T, || answered("answer: s1") == 1).await,
+        "{}",
+        logs_of(&dirs)
+    );
+    let st = cluster_status(dirs[0].path());
+    let conn = st["connections"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["key"] == "conn.signal.default")
+        .unwrap_or_else(|| panic!("no Signal lease: {st}"))
+        .clone();
+    let holder = conn["holder"].as_str().unwrap().to_string();
+    let h: usize = holder[1..].parse::<usize>().unwrap() - 1;
+    // Both nodes are up and configured alike: only the holder has the stream open. (After the
+    // kill the fake notices the dead stream only at its next keep-alive, so the count is
+    // checked here.)
+    assert_eq!(
+        sig.most_streams_open(),
+        1,
+        "two nodes held the stream at once\n{}",
+        logs_of(&dirs)
+    );
+    nodes[h].take().unwrap().kill9();
+    sig.push_message(ALICE, "s2");
+    assert!(
+        wait_until(Duration::from_secs(10), || answered("answer: s2") == 1).await,
+        "no failover within 10 s\n{}",
+        logs_of(&dirs)
+    );
+    // Give a repeat every chance to show up.
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert_eq!(answered("answer: s1"), 1, "{:?}", sig.sent());
+    assert_eq!(answered("answer: s2"), 1, "{:?}", sig.sent());
+    for n in nodes.into_iter().flatten() {
+        assert_eq!(n.term().code(), Some(0));
+    }
+}

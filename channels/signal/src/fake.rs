@@ -113,6 +113,7 @@ struct St {
     rate_limits: VecDeque<Option<u64>>,
     down: bool,
     streams_open: usize,
+    most_streams_open: usize,
 }
 
 struct Shared {
@@ -321,6 +322,11 @@ impl FakeSignal {
     /// Event streams open now.
     pub fn streams_open(&self) -> usize {
         self.st().streams_open
+    }
+
+    /// The most event streams that were ever open at the same time.
+    pub fn most_streams_open(&self) -> usize {
+        self.st().most_streams_open
     }
 
     /// Every message sent, in order.
@@ -705,6 +711,7 @@ async fn events(
             .cloned()
             .collect();
         st.streams_open += 1;
+        st.most_streams_open = st.most_streams_open.max(st.streams_open);
         (
             backlog,
             sh.live.subscribe(),
