@@ -4,6 +4,7 @@
 //! with its budget, then a table. See `docs/performance.md`.
 
 mod browser;
+mod cluster;
 mod fake_llm;
 mod gateway;
 mod http;
@@ -41,6 +42,7 @@ const SCENARIOS: &[(&str, &str)] = &[
     ("slow_disk", "every fsync +50 ms (LD_PRELOAD shim, built with cc), 20 ms model: p99 of 50 chats doing turns, then with 16 chats flooding /new and /status"),
     ("ui", "the control UI: bytes of the chat page's first load (the page and every asset it names)"),
     ("browser", "the browser tool with the system's Chromium: chat turn to the first snapshot cold and warm, the browser's PSS idle, the gateway's RSS with the browser idle and closed"),
+    ("cluster", "cluster mode on a real three-server NATS cluster, Telegram on its fake, a 100 ms model: one node's cost, turns/s and p99 with 1 and 3 nodes, failover when the Telegram lease holder is killed (needs --features platform-fakes, a weft built with the cluster feature, nats-server)"),
     ("conversation", "one session, 200 messages of 1 KB: prompt bytes and estimated tokens per turn, with an 8k context window and without a bound (informational)"),
 ];
 
@@ -843,6 +845,7 @@ async fn run(args: Args) -> Result<Report, String> {
             "slow_disk" => slow_disk::slow_disk(&mut ctx).await,
             "ui" => ui(&mut ctx).await,
             "browser" => browser::browser(&mut ctx).await,
+            "cluster" => cluster::cluster(&mut ctx).await,
             other => Err(format!("unknown scenario {other}")),
         };
         if let Err(e) = r {
