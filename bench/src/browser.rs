@@ -190,6 +190,18 @@ pub async fn browser(ctx: &mut Ctx) -> Result<(), String> {
         ),
     );
     ctx.report.add(
+        "browser_closed_pss_mib",
+        Some(mib(memory(&left, "Pss:"))),
+        "MiB",
+        None,
+        "",
+        None,
+        format!(
+            "PSS of the browser's processes after `close` ({} left)",
+            left.len()
+        ),
+    );
+    ctx.report.add(
         "browser_gateway_rss_open_mib",
         Some(mib(gw_open)),
         "MiB",

@@ -121,6 +121,17 @@ pub struct Browser {
     /// Which chat session opened each tab (target id → session); a tab a page opened belongs
     /// to the session of the tab that opened it.
     owners: std::sync::Mutex<std::collections::HashMap<String, String>>,
+    /// Tests only: start the jailed Chromium with `--no-proxy-server` instead of its proxy
+    /// flags, to show that the namespace alone keeps it off the network.
+    ignore_proxy_flags: bool,
+    /// Each chat session's browser context (its own cookies, storage and cache), unless
+    /// `persist_profile` (then every session uses the profile's).
+    contexts: std::sync::Mutex<std::collections::HashMap<String, String>>,
+    /// Each chat session's credential fields (password, one-time code, card) among the refs
+    /// of its last snapshot.
+    secret_refs: std::sync::Mutex<std::collections::HashMap<String, Vec<u32>>>,
+    /// The proxy new browser contexts are told to use (`None`: none, test switch).
+    context_proxy: std::sync::Mutex<Option<String>>,
 }
 
 tokio::task_local! {
@@ -163,6 +174,10 @@ impl Browser {
             agent: agent.to_string(),
             typed: std::sync::Mutex::default(),
             owners: std::sync::Mutex::default(),
+            ignore_proxy_flags: false,
+            contexts: std::sync::Mutex::default(),
+            secret_refs: std::sync::Mutex::default(),
+            context_proxy: std::sync::Mutex::default(),
             dir,
             protected: Vec::new(),
             state: tokio::sync::Mutex::new(None),
@@ -178,6 +193,22 @@ impl Browser {
         match Arc::try_unwrap(self) {
             Ok(mut b) => {
                 b.protected = paths;
+                Arc::new(b)
+            }
+            Err(shared) => shared,
+        }
+    }
+
+    /// Tests only: the same browser, whose Chromium (when it runs in the jail) is started
+    /// without its proxy flags (`--no-proxy-server`: every request direct), as a renderer
+    /// exploit that ignored them would behave. Outside the jail nothing changes (the flags
+    /// are then the only thing keeping it on the proxy). Call before the first action.
+    #[doc(hidden)]
+    #[must_use]
+    pub fn ignoring_proxy_flags_in_jail(self: Arc<Self>) -> Arc<Self> {
+        match Arc::try_unwrap(self) {
+            Ok(mut b) => {
+                b.ignore_proxy_flags = true;
                 Arc::new(b)
             }
             Err(shared) => shared,
@@ -228,6 +259,57 @@ impl Browser {
         if !self.settings.persist_profile {
             let _ = std::fs::remove_dir_all(self.dir.join("profile"));
         }
+    }
+
+    /// Close the current chat session's tabs and browser context (the `close` action); the
+    /// whole browser when no other session has a tab open in it.
+    pub async fn close_session(self: &Arc<Self>) {
+        let me = current_session();
+        let mut guard = self.state.lock().await;
+        let Some(r) = guard.as_mut() else {
+            drop(guard);
+            return self.close().await;
+        };
+        let cdp = r.cdp.clone();
+        let pages = tokio::time::timeout(PROBE_TIMEOUT, page_targets(&cdp)).await;
+        let Ok(Ok(pages)) = pages else {
+            drop(guard);
+            return self.close().await;
+        };
+        let contexts = self.contexts.locked().clone();
+        let owners = self.owners.locked().clone();
+        let others = pages.iter().any(|p| {
+            let by_owner = p["targetId"]
+                .as_str()
+                .and_then(|id| owners.get(id))
+                .is_some_and(|o| *o != me);
+            let by_context = contexts
+                .iter()
+                .any(|(s, c)| *s != me && p["browserContextId"].as_str() == Some(c.as_str()));
+            by_owner || by_context
+        });
+        if !others {
+            drop(guard);
+            return self.close().await;
+        }
+        r.tabs.remove(&me);
+        let mine: Vec<Value> = self.own_pages(pages);
+        let bounded = |m: &'static str, p: Value| {
+            let cdp = cdp.clone();
+            async move {
+                let _ = tokio::time::timeout(PROBE_TIMEOUT, cdp.call(None, m, p)).await;
+            }
+        };
+        for p in mine {
+            bounded("Target.closeTarget", json!({"targetId": p["targetId"]})).await;
+        }
+        if let Some(c) = self.contexts.locked().remove(&me) {
+            tokio::spawn(bounded(
+                "Target.disposeBrowserContext",
+                json!({"browserContextId": c}),
+            ));
+        }
+        self.owners.locked().retain(|_, o| *o != me);
     }
 
     fn touch(&self) {
@@ -287,6 +369,7 @@ impl Browser {
 
     async fn launch(self: &Arc<Self>) -> Result<Running, BrowserError> {
         self.owners.locked().clear();
+        self.contexts.locked().clear();
         let exe = self.settings.find_executable().ok_or_else(|| {
             BrowserError::Failed(
                 "no Chromium is installed on the gateway's host (Debian/Ubuntu: apt install chromium)"
@@ -314,11 +397,15 @@ impl Browser {
             Some((rt, socket)) => {
                 let mut args: Vec<std::ffi::OsString> =
                     vec!["-c".into(), CDP_ON_FDS.into(), exe.clone().into()];
-                args.extend(
-                    chromium_args(&profile, crate::tools::exec::PROXY_ADDR, as_root())
-                        .into_iter()
-                        .map(Into::into),
-                );
+                let mut chromium =
+                    chromium_args(&profile, crate::tools::exec::PROXY_ADDR, as_root());
+                if self.ignore_proxy_flags {
+                    chromium.retain(|a| !a.starts_with("--proxy-"));
+                    chromium.insert(0, "--no-proxy-server".into());
+                }
+                args.extend(chromium.into_iter().map(Into::into));
+                *self.context_proxy.locked() = (!self.ignore_proxy_flags)
+                    .then(|| format!("http://{}", crate::tools::exec::PROXY_ADDR));
                 let env = [("LANG".to_string(), "C.UTF-8".to_string())];
                 let child = rt
                     .spawn_helper(&profile, "/bin/sh".as_ref(), &args, &env)
@@ -333,6 +420,7 @@ impl Browser {
                     BrowserError::Failed(format!("cannot start the browser's proxy: {e}"))
                 })?;
                 let child = self.spawn_flagged(&exe, &profile, &tmp, &proxy).await?;
+                *self.context_proxy.locked() = Some(format!("http://{}", proxy.addr()));
                 (child, Egress::Flags(proxy))
             }
         };
@@ -526,8 +614,39 @@ impl Browser {
         .await
     }
 
+    /// The current session's browser context, made on first use (`None` with
+    /// `persist_profile`: the profile's own context, shared by the agent's sessions).
+    async fn context(&self, cdp: &Cdp) -> Result<Option<String>, BrowserError> {
+        if self.settings.persist_profile {
+            return Ok(None);
+        }
+        let me = current_session();
+        if let Some(c) = self.contexts.locked().get(&me) {
+            return Ok(Some(c.clone()));
+        }
+        let mut params = json!({"disposeOnDetach": false});
+        if let Some(proxy) = self.context_proxy.locked().clone() {
+            params["proxyServer"] = Value::String(proxy);
+            params["proxyBypassList"] = Value::String("<-loopback>".into());
+        }
+        let made = cdp
+            .call(None, "Target.createBrowserContext", params)
+            .await?;
+        let id = str_field(&made, "browserContextId")?;
+        self.contexts.locked().insert(me, id.clone());
+        Ok(Some(id))
+    }
+
     async fn new_tab(&self, cdp: &Cdp, reuse: bool) -> Result<Tab, BrowserError> {
-        let pages = page_targets(cdp).await?;
+        let context = self.context(cdp).await?;
+        let all = page_targets(cdp).await?;
+        let pages: Vec<Value> = match &context {
+            Some(c) => all
+                .into_iter()
+                .filter(|p| p["browserContextId"].as_str() == Some(c.as_str()))
+                .collect(),
+            None => all,
+        };
         // The blank page the browser starts with (or the last tab left) serves first.
         if reuse {
             let me = current_session();
@@ -544,15 +663,17 @@ impl Browser {
                 return self.attach(cdp, id).await;
             }
         }
-        if pages.len() >= self.settings.max_tabs {
+        let mine = self.own_pages(pages).len();
+        if mine >= self.settings.max_tabs {
             return Err(BrowserError::Refused(format!(
-                "{} tabs are open, the most allowed (tools.browser.max_tabs): close one first",
-                pages.len()
+                "{mine} tabs are open, the most allowed (tools.browser.max_tabs): close one first"
             )));
         }
-        let created = cdp
-            .call(None, "Target.createTarget", json!({"url": "about:blank"}))
-            .await?;
+        let mut params = json!({"url": "about:blank"});
+        if let Some(c) = context {
+            params["browserContextId"] = Value::String(c);
+        }
+        let created = cdp.call(None, "Target.createTarget", params).await?;
         let target = str_field(&created, "targetId")?;
         self.attach(cdp, &target).await
     }
@@ -673,6 +794,15 @@ impl Browser {
         let max = self.settings.max_snapshot_chars;
         let v = eval_in(cdp, &tab.session, world, &format!("({SNAPSHOT_JS})({max})")).await?;
         let text = v["text"].as_str().unwrap_or("").to_string();
+        let secret: Vec<u32> = v["secret"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|n| u32::try_from(n.as_u64()?).ok())
+                    .collect()
+            })
+            .unwrap_or_default();
+        self.secret_refs.locked().insert(current_session(), secret);
         let mut out = json!({
             "url": state["url"],
             "title": v["title"],
@@ -868,8 +998,17 @@ impl Browser {
             .collect()
     }
 
+    /// Whether ref `r` of `session`'s last snapshot is a credential field (password,
+    /// one-time code, card number or code).
+    pub fn is_secret_ref(&self, session: &str, r: u32) -> bool {
+        self.secret_refs
+            .locked()
+            .get(session)
+            .is_some_and(|s| s.contains(&r))
+    }
+
     /// Remember `text`, typed into a credential field, for scrubbing.
-    fn remember_typed(&self, text: &str) {
+    pub fn remember_typed(&self, text: &str) {
         // Shorter values would mask ordinary words.
         if text.chars().count() < 4 {
             return;
@@ -1414,7 +1553,14 @@ async fn watch_tabs(cdp: Arc<Cdp>, mut events: broadcast::Receiver<Event>, max: 
         let Ok(pages) = page_targets(&cdp).await else {
             continue;
         };
-        if pages.len() > max {
+        // The cap is per browser context: per chat session (or for the whole shared profile
+        // with `persist_profile`).
+        let context = &e.params["targetInfo"]["browserContextId"];
+        let same = pages
+            .iter()
+            .filter(|p| p["browserContextId"] == *context)
+            .count();
+        if same > max {
             let id = e.params["targetInfo"]["targetId"].clone();
             tracing::info!(max, "browser: a page opened a tab beyond the cap; closed");
             let _ = cdp

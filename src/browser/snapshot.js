@@ -3,6 +3,7 @@
 // can act on; the elements are kept in this world's globalThis.__weftRefs for later actions.
 (max) => {
   const refs = [];
+  const secret = [];
   const out = [];
   let size = 0;
   let visited = 0;
@@ -67,6 +68,8 @@
     const n = refs.length + 1;
     refs.push(el);
     const role = roleOf(el);
+    const ac = String(el.autocomplete || "").toLowerCase();
+    if (role === "password" || ["current-password", "new-password", "one-time-code", "cc-number", "cc-csc"].some((k) => ac.includes(k))) secret.push(n);
     let line = `[${n}] ${role} "${nameOf(el)}"`;
     if (el.tagName === "A") {
       const h = el.getAttribute("href") || "";
@@ -110,5 +113,5 @@
   if (document.body) walk(document.body);
   flush();
   globalThis.__weftRefs = refs;
-  return { title: document.title, url: location.href, text: out.join("\n"), refs: refs.length, cut };
+  return { title: document.title, url: location.href, text: out.join("\n"), refs: refs.length, secret, cut };
 }

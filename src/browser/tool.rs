@@ -55,6 +55,9 @@ pub struct BrowserArgs {
     pub submit: Option<bool>,
     /// type: add to the field's content instead of replacing it.
     pub append: Option<bool>,
+    /// type: the text is a password or other credential the user gave (masked in results and
+    /// the transcript; password fields are recognised without it).
+    pub secret: Option<bool>,
     /// select: the option's value or label.
     pub value: Option<String>,
     /// press: Enter, Tab, Escape, Backspace, ArrowDown, PageDown... or one character.
@@ -123,6 +126,9 @@ impl BrowserTool {
                     .text
                     .clone()
                     .ok_or_else(|| BrowserError::Invalid("type needs `text`".into()))?;
+                if a.secret == Some(true) {
+                    b.remember_typed(&text);
+                }
                 b.type_text(
                     need_ref()?,
                     text,
@@ -174,7 +180,7 @@ impl BrowserTool {
                     .await
             }
             Action::Close => {
-                b.close().await;
+                b.close_session().await;
                 Ok(json!({"closed": true}))
             }
             Action::Evaluate => {
@@ -252,6 +258,25 @@ impl Tool for BrowserTool {
     fn time_budget(&self) -> Option<Duration> {
         let s = self.browser.settings();
         Some(s.action_timeout + s.load_timeout + Duration::from_secs(25))
+    }
+
+    fn credentials_in(&self, args: &Value, ctx: &ToolContext) -> Vec<String> {
+        if args["action"] != "type" {
+            return Vec::new();
+        }
+        let Some(text) = args["text"].as_str() else {
+            return Vec::new();
+        };
+        let field = args["ref"]
+            .as_u64()
+            .and_then(|r| u32::try_from(r).ok())
+            .is_some_and(|r| self.browser.is_secret_ref(&ctx.session.to_string(), r));
+        if args["secret"] == true || field {
+            self.browser.remember_typed(text);
+            vec![text.to_string()]
+        } else {
+            Vec::new()
+        }
     }
 
     async fn execute(&self, args: Value, ctx: &ToolContext) -> Result<Value, ToolError> {

@@ -257,6 +257,13 @@ pub trait Tool: Send + Sync + 'static {
     fn time_budget(&self) -> Option<std::time::Duration> {
         None
     }
+    /// The credentials these arguments carry (the text of a `browser` `type` into a password
+    /// field): the turn stores the call with them masked, and the registry's scrubber learns
+    /// them, so no later result, error or transcript holds their bytes. Asked before the call
+    /// runs.
+    fn credentials_in(&self, _args: &Value, _ctx: &ToolContext) -> Vec<String> {
+        Vec::new()
+    }
     /// Run it.
     ///
     /// # Errors

@@ -133,6 +133,29 @@ impl ToolRegistry {
         &self.scrubber
     }
 
+    /// `raw_args` of a call to `name` as the transcript keeps them: the credentials the tool
+    /// finds in them ([`Tool::credentials_in`]) are learned by the scrubber and replaced by
+    /// `[REDACTED]`. `None` when nothing is masked.
+    pub fn stored_arguments(
+        &self,
+        name: &str,
+        raw_args: &str,
+        ctx: &ToolContext,
+    ) -> Option<String> {
+        let (tool, _) = self.get(name)?;
+        let args: Value = serde_json::from_str(raw_args).ok()?;
+        let creds = tool.credentials_in(&args, ctx);
+        if creds.is_empty() {
+            return None;
+        }
+        for c in &creds {
+            self.scrubber.learn(c);
+        }
+        let mut masked = args;
+        self.scrubber.scrub_value(&mut masked);
+        Some(masked.to_string())
+    }
+
     /// The policy in force.
     pub fn policy(&self) -> &ToolPolicy {
         &self.policy

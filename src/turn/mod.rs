@@ -437,6 +437,8 @@ async fn run_turn_inner(
         let mut tool_calls = resp.tool_calls;
         let admits = guard.admit(&mut tool_calls);
         // Persist the calls before running them: after a crash they are repaired, not lost.
+        // Credentials in them (a password typed into a page) are stored masked, and scrubbed
+        // from everything after; this turn's model still sees its own call.
         let assistant = Message {
             role: Role::Assistant,
             content: resp.content,
@@ -446,9 +448,15 @@ async fn run_turn_inner(
             images: Vec::new(),
             at_ms: None,
         };
+        let mut stored = assistant.clone();
+        for c in &mut stored.tool_calls {
+            if let Some(masked) = registry.stored_arguments(&c.name, &c.arguments, &ctx) {
+                c.arguments = masked;
+            }
+        }
         if let Err(e) = deps
             .store
-            .append_messages(session, std::slice::from_ref(&assistant))
+            .append_messages(session, std::slice::from_ref(&stored))
         {
             out.status = TurnStatus::Failed(format!("store failed: {e}"));
             out.reply = "Internal error: could not save the conversation.".into();
@@ -460,8 +468,8 @@ async fn run_turn_inner(
             "executing tool calls"
         );
         let calls = assistant.tool_calls.clone();
-        messages.push(assistant.clone());
-        out.messages.push(assistant);
+        messages.push(assistant);
+        out.messages.push(stored);
 
         let outcomes = round::run_calls(&registry, &ctx, &exposed, events, &calls, &admits).await;
         out.tool_calls += u32::try_from(calls.len()).unwrap_or(u32::MAX);

@@ -32,6 +32,8 @@ use aho_corasick::{AhoCorasick, AhoCorasickKind, MatchKind};
 use regex::{Regex, RegexSet};
 use serde_json::Value;
 
+use super::RwLockExt;
+
 /// What replaces a secret.
 pub const REDACTED: &str = "[REDACTED]";
 
@@ -110,7 +112,15 @@ struct Inner {
     /// scrubbed: a daemon makes several scrubbers at start (providers, registry) and building
     /// each automaton there cost start-up time (docs/performance.md).
     exact: OnceLock<Option<AhoCorasick>>,
+    /// Values learned while running ([`Scrubber::learn`]: a credential the agent typed into a
+    /// page), shared by every clone, replaced before anything else.
+    learned: std::sync::RwLock<Vec<String>>,
 }
+
+/// Most values a scrubber learns while running (the oldest are forgotten first).
+pub const MAX_LEARNED: usize = 256;
+/// Shortest value learned (shorter ones would mask ordinary words).
+pub const MIN_LEARNED_LEN: usize = 4;
 
 /// The compiled credential patterns: the same for every scrubber, so compiled once per process
 /// and only when the first text is scrubbed (not at start). Each group is compiled on its own:
@@ -183,6 +193,7 @@ impl Scrubber {
                 values,
                 needles,
                 exact: OnceLock::new(),
+                learned: std::sync::RwLock::default(),
             }),
         }
     }
@@ -209,6 +220,37 @@ impl Scrubber {
             .as_ref()
     }
 
+    /// Scrub `value` too from now on, in this scrubber and every clone of it (a credential
+    /// learned while running: what the agent typed into a password field). Values shorter
+    /// than [`MIN_LEARNED_LEN`] characters are ignored.
+    pub fn learn(&self, value: &str) {
+        if value.chars().count() < MIN_LEARNED_LEN {
+            return;
+        }
+        let mut l = self.inner.learned.write_locked();
+        if l.iter().any(|v| v == value) {
+            return;
+        }
+        if l.len() >= MAX_LEARNED {
+            l.remove(0);
+        }
+        l.push(value.to_string());
+        // Longest first, so a value containing another is replaced whole.
+        l.sort_by_key(|v| std::cmp::Reverse(v.len()));
+    }
+
+    /// `text` with every learned value replaced by `[REDACTED]`.
+    fn scrub_learned<'a>(&self, text: Cow<'a, str>) -> Cow<'a, str> {
+        let l = self.inner.learned.read_locked();
+        let mut out = text;
+        for v in l.iter() {
+            if out.contains(v.as_str()) {
+                out = Cow::Owned(out.replace(v.as_str(), REDACTED));
+            }
+        }
+        out
+    }
+
     /// The configured secret values (for other layers, e.g. the exec environment filter).
     pub fn secret_values(&self) -> &[String] {
         &self.inner.values
@@ -216,7 +258,7 @@ impl Scrubber {
 
     /// `text` with every secret replaced by `[REDACTED]`.
     pub fn scrub_str<'a>(&self, text: &'a str) -> Cow<'a, str> {
-        let mut out: Cow<'a, str> = Cow::Borrowed(text);
+        let mut out: Cow<'a, str> = self.scrub_learned(Cow::Borrowed(text));
         if let Some(ac) = self.exact() {
             if let Some(s) = replace_exact(ac, &out) {
                 out = Cow::Owned(s);

@@ -343,3 +343,19 @@ fn clean_value_sanitises_then_scrubs() {
     s.clean_value(&mut v);
     assert_eq!(v, json!({"out": "[REDACTED] \u{2407}done\n"}));
 }
+
+#[test]
+fn a_learned_value_is_scrubbed_by_every_clone_from_then_on() {
+    let s = Scrubber::default();
+    let clone = s.clone();
+    assert_eq!(clone.scrub_str("pw Tr0ub4dor here"), "pw Tr0ub4dor here");
+    s.learn("Tr0ub4dor");
+    s.learn("abc");
+    assert_eq!(
+        clone.scrub_str("pw Tr0ub4dor here, abc"),
+        format!("pw {REDACTED} here, abc")
+    );
+    let mut v = json!({"echo": "You typed Tr0ub4dor"});
+    clone.clean_value(&mut v);
+    assert_eq!(v["echo"], format!("You typed {REDACTED}"));
+}

@@ -162,6 +162,29 @@ fn respond(mut s: TcpStream, canary: u16) {
                 r#"<form action="/search"><input type=password name=q aria-label="Password" oninput="document.getElementById('echo').textContent = 'You typed ' + this.value"></form><p id=echo>nothing yet</p>"#,
             ),
         ),
+        "/set-cookie" => {
+            let v = path.split("v=").nth(1).unwrap_or("none").to_string();
+            (
+                "200 OK",
+                format!("Set-Cookie: who={v}; Path=/\r\n"),
+                page(&format!("<p>Cookie set to {v}</p>")),
+            )
+        }
+        "/show-cookie" => {
+            let cookie = head
+                .lines()
+                .find_map(|l| {
+                    l.strip_prefix("Cookie: ")
+                        .or_else(|| l.strip_prefix("cookie: "))
+                })
+                .unwrap_or("none")
+                .to_string();
+            (
+                "200 OK",
+                String::new(),
+                page(&format!("<p>Cookies here: {cookie}.</p>")),
+            )
+        }
         "/busy" => (
             "200 OK",
             String::new(),
@@ -740,6 +763,67 @@ fn no_devtools_port_exists_and_commands_cannot_reach_the_browser() {
     });
 }
 
+/// The jail, not Chromium's flags, keeps it off the network: a jailed Chromium started with
+/// `--no-proxy-server` (every request direct, as a renderer exploit ignoring its proxy
+/// settings would do) reaches neither the canary (on every address of the host) nor even the
+/// page server its proxy would allow.
+#[test]
+fn a_jailed_browser_without_its_proxy_flags_reaches_nothing() {
+    with_browser(|fx| async move {
+        let state = tempfile::tempdir().unwrap();
+        let settings = BrowserSettings {
+            allow_endpoints: vec![fx.server],
+            load_timeout: Duration::from_secs(4),
+            ..BrowserSettings::default()
+        };
+        let b = Browser::new(settings, "direct", state.path().join("browser/direct"))
+            .ignoring_proxy_flags_in_jail();
+        let tool = BrowserTool::new(b.clone());
+        let call = |args: Value| {
+            let tool = &tool;
+            async move { tool.execute(args, &fx.ctx).await }
+        };
+        let c = fx.canary.port;
+        let v = call(json!({"action": "open", "url": fx.url("/")})).await;
+        if b.proxy_socket().await.is_none() {
+            b.close().await;
+            println!("SKIPPED: no namespaces here; the browser runs on the host's network with its proxy flags (kept)");
+            return;
+        }
+        let v = v.unwrap();
+        // Its flags really are gone.
+        let pid = b.pid().await.unwrap();
+        let cmdline = group_pids(pid)
+            .into_iter()
+            .filter_map(|p| std::fs::read(format!("/proc/{p}/cmdline")).ok())
+            .map(|c| String::from_utf8_lossy(&c).to_string())
+            .find(|c| c.contains("--remote-debugging-pipe") && !c.contains("--type="))
+            .unwrap();
+        assert!(cmdline.contains("--no-proxy-server"), "{cmdline}");
+        assert!(!cmdline.contains("--proxy-server="), "{cmdline}");
+        // Direct, the allowed page server is out of reach too: the namespace has nothing but
+        // its own loopback (and the proxy, which this Chromium no longer uses).
+        assert!(v.get("error").is_some(), "{v}");
+        assert_ne!(v["title"], "T", "{v}");
+        let mut targets = vec![
+            format!("http://127.0.0.1:{c}/"),
+            format!("http://localhost:{c}/"),
+            format!("https://127.0.0.1:{c}/"),
+        ];
+        if let Some(ip) = host_address() {
+            targets.push(format!("http://{ip}:{c}/"));
+        }
+        for url in targets {
+            let v = call(json!({"action": "open", "url": url})).await.unwrap();
+            assert!(v.get("error").is_some(), "{url}: {v}");
+        }
+        let snap = call(json!({"action": "snapshot"})).await.unwrap();
+        assert!(!snap.to_string().contains("CANARY-REACHED"), "{snap}");
+        assert_eq!(fx.canary.hits(), 0, "a direct connection left the jail");
+        b.close().await;
+    });
+}
+
 #[test]
 fn the_profile_is_private_and_closing_ends_every_process() {
     with_browser(|fx| async move {
@@ -856,85 +940,6 @@ async fn an_agent_finds_the_browser_reads_a_page_and_sees_its_screenshot() {
     gw.stop().await;
 }
 
-/// Sum of a field (kB) of `/proc/PID/smaps_rollup` over the processes of group `pgid`.
-fn group_memory_kb(pgid: u32, field: &str) -> u64 {
-    let mut total = 0;
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
-            continue;
-        };
-        let after = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
-        if after.split_whitespace().nth(2) != Some(&pgid.to_string()) {
-            continue;
-        }
-        let text = std::fs::read_to_string(e.path().join("smaps_rollup")).unwrap_or_default();
-        for l in text.lines() {
-            if let Some(v) = l.strip_prefix(field) {
-                total += v
-                    .trim_start_matches(':')
-                    .split_whitespace()
-                    .next()
-                    .and_then(|n| n.parse::<u64>().ok())
-                    .unwrap_or(0);
-            }
-        }
-    }
-    total
-}
-
-/// Figures for docs/performance.md (run by hand: `cargo test --test it -- --ignored
-/// browser::figures --nocapture`): time to the first snapshot with the browser closed (cold)
-/// and open (warm), and the memory of the browser's processes.
-#[test]
-#[ignore = "prints figures; run by hand"]
-fn figures() {
-    with_browser(|fx| async move {
-        fx.browser.close().await;
-        let mut cold = Vec::new();
-        let mut warm = Vec::new();
-        for _ in 0..5 {
-            fx.browser.close().await;
-            let t = Instant::now();
-            fx.ok(json!({"action": "open", "url": fx.url("/")})).await;
-            fx.snapshot().await;
-            cold.push(t.elapsed());
-            let t = Instant::now();
-            fx.ok(json!({"action": "open", "url": fx.url("/next")}))
-                .await;
-            fx.snapshot().await;
-            warm.push(t.elapsed());
-        }
-        cold.sort();
-        warm.sort();
-        let pid = fx.browser.pid().await.unwrap();
-        let pss = group_memory_kb(pid, "Pss");
-        let rss = group_memory_kb(pid, "Rss");
-        let procs = sockets_of_group(pid).len();
-        println!(
-            "FIGURES cold open+snapshot median {:?} (min {:?}, max {:?}); warm median {:?} (min {:?}, max {:?}); browser group PSS {} KiB, RSS sum {} KiB; sockets {procs}",
-            cold[2], cold[0], cold[4], warm[2], warm[0], warm[4], pss, rss
-        );
-        let own = std::fs::read_to_string("/proc/self/status").unwrap();
-        let line = own
-            .lines()
-            .find(|l| l.starts_with("VmRSS"))
-            .unwrap()
-            .to_string();
-        println!("FIGURES test process (daemon side) with the browser open: {line}");
-        fx.browser.close().await;
-        let own = std::fs::read_to_string("/proc/self/status").unwrap();
-        let line = own
-            .lines()
-            .find(|l| l.starts_with("VmRSS"))
-            .unwrap()
-            .to_string();
-        println!(
-            "FIGURES after close: {line}; browser group PSS {} KiB",
-            group_memory_kb(pid, "Pss")
-        );
-    });
-}
-
 #[test]
 fn each_chat_session_has_its_own_tabs() {
     with_browser(|fx| async move {
@@ -973,6 +978,121 @@ fn each_chat_session_has_its_own_tabs() {
             theirs.to_string().contains("You searched for: theirs"),
             "{theirs}"
         );
+        // Each has its own cookies (a browser context per chat session).
+        fx.ok(json!({"action": "open", "url": fx.url("/set-cookie?v=mine")}))
+            .await;
+        as_other(json!({"action": "open", "url": fx.url("/set-cookie?v=theirs")}))
+            .await
+            .unwrap();
+        fx.ok(json!({"action": "open", "url": fx.url("/show-cookie")}))
+            .await;
+        assert!(fx.snapshot().await.contains("Cookies here: who=mine."));
+        as_other(json!({"action": "open", "url": fx.url("/show-cookie")}))
+            .await
+            .unwrap();
+        let theirs = as_other(json!({"action": "snapshot"})).await.unwrap();
+        assert!(
+            theirs.to_string().contains("Cookies here: who=theirs."),
+            "{theirs}"
+        );
+        // The cap on tabs is per chat session: the other one's tab does not count.
+        for _ in 1..4 {
+            fx.ok(json!({"action": "open", "url": fx.url("/next"), "new_tab": true}))
+                .await;
+        }
+        let e = fx
+            .call(json!({"action": "open", "url": fx.url("/next"), "new_tab": true}))
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("max_tabs"), "{e}");
+        // Closing is per chat session too: the other one's page stays.
+        let pid = fx.browser.pid().await.unwrap();
+        fx.ok(json!({"action": "close"})).await;
+        assert_eq!(fx.browser.pid().await, Some(pid));
+        assert_eq!(fx.ok(json!({"action": "tabs"})).await["tabs"], json!([]));
+        let theirs = as_other(json!({"action": "snapshot"})).await.unwrap();
+        assert!(theirs.to_string().contains("Cookies here"), "{theirs}");
+        as_other(json!({"action": "close"})).await.unwrap();
+        assert_eq!(fx.browser.pid().await, None);
         fx.ok(json!({"action": "close"})).await;
     });
+}
+
+/// A password the agent types into a page's password field, which the page echoes in its
+/// visible text, is in no tool result, nowhere in the store (the stored call included) and
+/// not in the gateway's log (debug level): the real `weft` binary, a fake model.
+#[tokio::test]
+async fn a_typed_password_is_in_no_result_nor_the_store_nor_the_log() {
+    use crate::common::{bytes_under, tool_results};
+    use crate::fake_llm::{FakeLlm, Reply};
+    use crate::process::{free_port, gateway_config, log_of, Daemon};
+    const PW: &str = "Hunter2-Correct-Horse-77";
+    if !have_browser() {
+        return;
+    }
+    let server = FX.server;
+    let dir = tempfile::tempdir().unwrap();
+    let llm = FakeLlm::start().await;
+    let port = free_port();
+    let cfg = gateway_config(
+        dir.path(),
+        &llm,
+        port,
+        json!({"tools": {"rate_limit": {"per_minute": 0},
+                         "browser": {"allow_private": [server.to_string()]}}}),
+    );
+    let d = Daemon::start_with_env(dir.path(), &cfg, port, &[("RUST_LOG", "debug")]).await;
+    let call = |id: &str, name: &str, args: Value| {
+        Reply::ToolCalls(vec![(id.into(), name.into(), args.to_string())])
+    };
+    llm.push(call("s1", "tool_search", json!({"query": "browser"})));
+    llm.push(call(
+        "b1",
+        "browser",
+        json!({"action": "open", "url": format!("http://{server}/login")}),
+    ));
+    llm.push(call("b2", "browser", json!({"action": "snapshot"})));
+    llm.push(call(
+        "b3",
+        "browser",
+        json!({"action": "type", "ref": 1, "text": PW}),
+    ));
+    llm.push(call("b4", "browser", json!({"action": "snapshot"})));
+    llm.push(Reply::Text("logged in".into()));
+    let (s, body) = d.api.chat("pw", "log me in").await;
+    assert_eq!(s, 200, "{body}");
+    assert_eq!(body["reply"], "logged in", "{body}");
+    let reqs = llm.requests();
+    assert_eq!(reqs.len(), 6);
+    let results = tool_results(&reqs[5]);
+    let first = &results.iter().find(|(id, _)| id == "b2").unwrap().1;
+    assert!(
+        first
+            .to_string()
+            .contains(r#"[1] password \"Password\" (empty)"#),
+        "{first}"
+    );
+    // The page echoed it: the snapshot shows the echo, without the password.
+    let echo = &results.iter().find(|(id, _)| id == "b4").unwrap().1;
+    assert!(echo.to_string().contains("You typed ["), "{echo}");
+    for (id, r) in &results {
+        assert!(!r.to_string().contains(PW), "{id}: {r}");
+    }
+    // The next turn's history comes from the store: the call is there, masked.
+    llm.push(Reply::Text("ok".into()));
+    let (s, _) = d.api.chat("pw", "thanks").await;
+    assert_eq!(s, 200);
+    let next = serde_json::to_string(&llm.requests()[6]["messages"]).unwrap();
+    assert!(next.contains("You typed ["), "{next}");
+    assert!(!next.contains(PW), "{next}");
+    assert_eq!(d.term().code(), Some(0));
+    let store = bytes_under(&dir.path().join("store"));
+    assert!(
+        store.contains("You typed ["),
+        "the transcript was not found in the store"
+    );
+    assert!(!store.contains(PW), "the password is in the store");
+    let log = log_of(dir.path());
+    assert!(log.contains("browser"), "{log}");
+    assert!(!log.contains(PW), "the password is in the log");
 }
