@@ -1073,7 +1073,7 @@ async fn notify_reaches_the_nodes_desktop_notifier() {
     );
     assert!(!canary.exists(), "the hostile text ran a command");
     let reqs = llm.requests();
-    let all: Vec<(String, Value)> = reqs.iter().flat_map(|r| tool_results(r)).collect();
+    let all: Vec<(String, Value)> = reqs.iter().flat_map(tool_results).collect();
     let text = |id: &str| {
         all.iter()
             .find(|(i, _)| i == id)

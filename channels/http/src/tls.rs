@@ -39,7 +39,7 @@ pub struct TlsListen {
 /// A file that cannot be read, holds no certificate or key, or a key that does not match.
 pub fn server_config(cert: &Path, key: &Path) -> Result<Arc<rustls::ServerConfig>, String> {
     let chain = CertificateDer::pem_file_iter(cert)
-        .and_then(|it| it.collect::<Result<Vec<_>, _>>())
+        .and_then(Iterator::collect::<Result<Vec<_>, _>>)
         .map_err(|e| format!("tls_cert {}: {e}", cert.display()))?;
     if chain.is_empty() {
         return Err(format!(
