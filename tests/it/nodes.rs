@@ -1163,6 +1163,29 @@ async fn a_node_pairs_over_the_gateways_own_tls_and_refuses_another_certificate(
         );
         clawft::config::Config::from_str(&v.to_string(), false, &test_env(&gdir)).unwrap()
     };
+    // A certificate that cannot be read, or a key that is not its own, stops the start with
+    // the setting and the reason.
+    let (other_cert, other_key) = other_certificate(tmp.path());
+    clawft::install_crypto_provider();
+    for (cert, key, needle) in [
+        (
+            tmp.path().join("missing.pem"),
+            fixture("gateway.key"),
+            "tls_cert",
+        ),
+        (
+            fixture("gateway.pem"),
+            other_key.clone(),
+            "tls_cert and tls_key",
+        ),
+    ] {
+        let e = clawft::cli::gateway::Gateway::start(Arc::new(config(&cert, &key)))
+            .await
+            .err()
+            .expect("started with a bad certificate")
+            .to_string();
+        assert!(e.contains(needle), "{e}");
+    }
     let gw = TestGateway::start(config(&fixture("gateway.pem"), &fixture("gateway.key"))).await;
     assert_eq!(
         gw.gateway.http_tls_addr.map(|a| a.port()),
@@ -1211,8 +1234,7 @@ async fn a_node_pairs_over_the_gateways_own_tls_and_refuses_another_certificate(
     // The same gateway (same store, same port) restarted with another certificate: the node
     // does not connect, and its log says why and how to trust the new one.
     gw.stop().await;
-    let (cert, key) = other_certificate(tmp.path());
-    let gw = TestGateway::start(config(&cert, &key)).await;
+    let gw = TestGateway::start(config(&other_cert, &other_key)).await;
     let before = node.log().len();
     assert!(
         crate::common::wait_until(T, || node.log()[before..]
