@@ -31,6 +31,8 @@ pub struct Gateway {
     pub daemon: Daemon,
     /// Bound address of the HTTP API, when enabled.
     pub http_addr: Option<std::net::SocketAddr>,
+    /// Bound address of its TLS listener (`channels.http.tls_bind`), when it has one.
+    pub http_tls_addr: Option<std::net::SocketAddr>,
     /// This run's control token (when the HTTP API is enabled) and the store holding its
     /// `control.json`.
     control: Option<(Secret, std::path::PathBuf)>,
@@ -80,6 +82,7 @@ impl Gateway {
         let admin = AdminApi::new(config.clone());
         let mut channels: Vec<Arc<dyn Channel>> = Vec::new();
         let mut http_addr = None;
+        let mut http_tls_addr = None;
         let mut nodes = None;
         if config.http.enabled {
             let http = HttpChannel::bind_with_mail(
@@ -97,6 +100,13 @@ impl Gateway {
                         .map(str::to_string)
                         .collect(),
                     ui_hosts: config.http.ui_hosts.clone(),
+                    tls: config.http.tls.as_ref().map(|(bind, cert, key)| {
+                        clawft_channel_http::TlsListen {
+                            bind: *bind,
+                            cert: cert.clone(),
+                            key: key.clone(),
+                        }
+                    }),
                 },
                 Arc::new(admin.clone()),
                 Arc::new(crate::daemon::channels::StoreMail::new(store.clone())),
@@ -109,6 +119,7 @@ impl Gateway {
                 "ui",
             )));
             http_addr = Some(http.local_addr());
+            http_tls_addr = http.tls_addr();
             let hub = crate::admin::nodes::NodeHub::new(store.clone());
             http.add_routes(hub.routes());
             // WhatsApp's webhooks (signed; the channels they are for register themselves).
@@ -198,12 +209,13 @@ impl Gateway {
             _ => None,
         };
         match http_addr {
-            Some(a) => tracing::info!(http = %a, "weft gateway ready"),
+            Some(a) => tracing::info!(http = %a, https = ?http_tls_addr, "weft gateway ready"),
             None => tracing::info!("weft gateway ready (HTTP API disabled)"),
         }
         Ok(Self {
             daemon,
             http_addr,
+            http_tls_addr,
             control,
             reloads: Some(reloads),
             nodes,

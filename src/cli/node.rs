@@ -68,8 +68,19 @@ async fn notify(notifier: &Path, args: &Value) -> Result<String, String> {
         .map(|s| clip(s, NOTIFY_TITLE_MAX))
         .filter(|s| !s.trim().is_empty())
         .unwrap_or_else(|| "weft".into());
+    let urgency = match args["urgency"].as_str() {
+        None | Some("") => "normal",
+        Some(u @ ("low" | "normal" | "critical")) => u,
+        Some(other) => {
+            return Err(format!(
+                "`urgency` `{}`: one of low, normal, critical",
+                clip(other, 20)
+            ))
+        }
+    };
     let mut cmd = tokio::process::Command::new(notifier);
-    cmd.args(["--app-name=weft", "--"])
+    // Options first, then `--`: a title or text starting with `-` is never read as an option.
+    cmd.args(["--app-name=weft", &format!("--urgency={urgency}"), "--"])
         .arg(&title)
         .arg(&text)
         .stdin(std::process::Stdio::null())
@@ -356,6 +367,20 @@ fn check_gateway(
     }
 }
 
+/// The reason, when `e` is the gateway's certificate failing verification.
+fn untrusted_certificate(e: &tokio_tungstenite::tungstenite::Error) -> Option<String> {
+    use tokio_tungstenite::tungstenite::Error;
+    let rustls_error = match e {
+        Error::Io(io) => io.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>()),
+        Error::Tls(tokio_tungstenite::tungstenite::error::TlsError::Rustls(r)) => Some(&**r),
+        _ => None,
+    };
+    match rustls_error {
+        Some(r @ rustls::Error::InvalidCertificate(_)) => Some(r.to_string()),
+        _ => None,
+    }
+}
+
 /// How to reach and recognise the gateway.
 struct Link {
     url: String,
@@ -431,6 +456,17 @@ impl Host {
         }
     }
 
+    /// Whether this node shows notifications, and why not.
+    fn notify_status(&self) -> String {
+        if self.offers.iter().any(|o| o == "notify") {
+            "offered (notify-send)".into()
+        } else if self.notifier.is_none() {
+            format!("not offered: no {NOTIFIER} on this node's PATH (Debian: apt install libnotify-bin)")
+        } else {
+            "not offered: left out of this node's --offer".into()
+        }
+    }
+
     fn info(&self) -> String {
         let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
         let uptime = read("/proc/uptime")
@@ -461,6 +497,7 @@ impl Host {
             "uptime": uptime,
             "workspace_disk": disk,
             "offers": self.offers,
+            "notify": self.notify_status(),
             "sandbox": crate::tools::exec::sandbox_status(&self.config.tools.exec).summary(),
         })
         .to_string()
@@ -647,7 +684,14 @@ async fn session(
     )
     .await
     .map_err(|_| format!("{url}: no connection within 15 s"))?
-    .map_err(|e| format!("{url}: {e}"))?;
+    .map_err(|e| match untrusted_certificate(&e) {
+        Some(t) => format!(
+            "{url}: refusing to connect, the gateway's TLS certificate is not trusted ({t}). \
+             If the gateway's certificate changed on purpose, give this node the authority that \
+             signed the new one (--gateway-ca FILE, or node.gateway_ca) and start it again"
+        ),
+        None => format!("{url}: {e}"),
+    })?;
     let (mut sink, mut stream) = ws.split();
     let next_frame = |m: Option<Result<Message, _>>| -> Option<Frame> {
         match m {

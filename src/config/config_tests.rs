@@ -195,6 +195,48 @@ fn tokenless_chat_is_an_opt_in_refused_on_a_non_loopback_bind() {
 }
 
 #[test]
+fn a_tls_listener_needs_all_three_settings_and_a_token_off_loopback() {
+    let parse = |http: &str| {
+        Config::from_str(
+            &format!(r#"{{"channels":{{"http":{http}}}}}"#),
+            false,
+            &env(&[]),
+        )
+    };
+    let c =
+        parse(r#"{"tls_bind":"127.0.0.1:18443","tls_cert":"/c.pem","tls_key":"/k.pem"}"#).unwrap();
+    let (bind, cert, key) = c.http.tls.unwrap();
+    assert_eq!(bind.to_string(), "127.0.0.1:18443");
+    assert_eq!(cert, std::path::PathBuf::from("/c.pem"));
+    assert_eq!(key, std::path::PathBuf::from("/k.pem"));
+    assert!(parse("{}").unwrap().http.tls.is_none());
+    for (http, needle) in [
+        (r#"{"tls_bind":"127.0.0.1:18443"}"#, "go together"),
+        (r#"{"tls_cert":"/c.pem","tls_key":"/k.pem"}"#, "go together"),
+        (
+            r#"{"tls_bind":"nope","tls_cert":"/c.pem","tls_key":"/k.pem"}"#,
+            "0.0.0.0:18443",
+        ),
+        (
+            r#"{"bind":"127.0.0.1:18443","tls_bind":"127.0.0.1:18443","tls_cert":"/c","tls_key":"/k"}"#,
+            "its own port",
+        ),
+        (
+            r#"{"tls_bind":"0.0.0.0:18443","tls_cert":"/c.pem","tls_key":"/k.pem"}"#,
+            "channels.http.token",
+        ),
+        (
+            r#"{"tls_bind":"0.0.0.0:18443","tls_cert":"/c","tls_key":"/k","token":"t","allow_loopback_without_token":true}"#,
+            "allow_loopback_without_token",
+        ),
+    ] {
+        let err = parse(http).unwrap_err().to_string();
+        assert!(err.contains(needle), "{http}: {err}");
+    }
+    parse(r#"{"tls_bind":"0.0.0.0:18443","tls_cert":"/c","tls_key":"/k","token":"t"}"#).unwrap();
+}
+
+#[test]
 fn unknown_fallback_provider_is_named() {
     let err = Config::from_str(
         r#"{"providers":{"openai":{}},"agents":{"defaults":{"fallback":["nope"]}}}"#,

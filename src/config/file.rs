@@ -364,6 +364,14 @@ pub struct HttpFile {
     /// for besides `localhost`, `127.0.0.1`, `[::1]` and the bind address: the name a reverse
     /// proxy serves it under (default none; any other name gets 421).
     pub ui_hosts: Option<Vec<String>>,
+    /// Also serve the API over TLS on this address (e.g. `0.0.0.0:18443`), with `tls_cert`
+    /// and `tls_key` (default: no TLS listener). A non-loopback address needs a token.
+    pub tls_bind: Option<String>,
+    /// PEM file of the TLS listener's certificate (then its chain), relative to the
+    /// configuration file's directory.
+    pub tls_cert: Option<String>,
+    /// PEM file of that certificate's private key.
+    pub tls_key: Option<String>,
 }
 
 /// `store`.

@@ -393,7 +393,39 @@ fn resolve_http(
     if let Some(t) = &token {
         secrets.push(t.clone());
     }
+    let tls = match (h.tls_bind, h.tls_cert, h.tls_key) {
+        (None, None, None) => None,
+        (Some(b), Some(c), Some(k)) => {
+            let addr: SocketAddr = b.parse().map_err(|_| ConfigError::Invalid {
+                key: "channels.http.tls_bind".into(),
+                detail: format!("expected an address like 0.0.0.0:18443, got `{b}`"),
+            })?;
+            if addr == bind {
+                return Err(ConfigError::Invalid {
+                    key: "channels.http.tls_bind".into(),
+                    detail: format!("{addr} is channels.http.bind too: give TLS its own port"),
+                });
+            }
+            let path = |p: String| {
+                let p = PathBuf::from(p);
+                if p.is_absolute() {
+                    p
+                } else {
+                    config_dir.join(p)
+                }
+            };
+            Some((addr, path(c), path(k)))
+        }
+        _ => {
+            return Err(ConfigError::Invalid {
+                key: "channels.http.tls_bind".into(),
+                detail: "tls_bind, tls_cert and tls_key go together: set all three (or none)"
+                    .into(),
+            })
+        }
+    };
     let http = HttpChannelConfig {
+        tls,
         enabled: h.enabled.unwrap_or(true),
         bind,
         token,
@@ -419,6 +451,26 @@ fn resolve_http(
                 "`{bad}`: expected a host name like \"gateway.example.com\" (no scheme, port or path)"
             ),
         });
+    }
+    if let Some((tls_bind, ..)) = &http.tls {
+        if http.enabled && !tls_bind.ip().is_loopback() {
+            if http.token.is_none() {
+                return Err(ConfigError::Invalid {
+                    key: "channels.http.tls_bind".into(),
+                    detail: format!(
+                        "{tls_bind} is not loopback: set channels.http.token (or token_env / token_file) first"
+                    ),
+                });
+            }
+            if http.allow_loopback_without_token {
+                return Err(ConfigError::Invalid {
+                    key: "channels.http.allow_loopback_without_token".into(),
+                    detail: format!(
+                        "not accepted with a TLS listener on {tls_bind} (not loopback): remove it, clients then send the bearer token"
+                    ),
+                });
+            }
+        }
     }
     if http.enabled && http.allow_loopback_without_token && !bind.ip().is_loopback() {
         return Err(ConfigError::Invalid {

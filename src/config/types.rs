@@ -278,6 +278,9 @@ pub struct HttpChannelConfig {
     pub allow_loopback_without_token: bool,
     /// Host names the control UI answers for besides loopback and the bind address.
     pub ui_hosts: Vec<String>,
+    /// The TLS listener: its address, certificate and key files (`tls_bind`, `tls_cert`,
+    /// `tls_key`).
+    pub tls: Option<(SocketAddr, PathBuf, PathBuf)>,
 }
 
 /// The store.

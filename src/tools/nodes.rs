@@ -6,7 +6,8 @@
 //! The tool sits below the gateway: it talks to the connected nodes through [`NodeControl`],
 //! implemented by the admin layer and put in a [`NodesSlot`] once the gateway runs.
 
-use std::sync::{Arc, OnceLock};
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -14,6 +15,10 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::{parse_args, Effect, Tool, ToolContext, ToolError};
+use crate::types::{MutexExt as _, SessionKey};
+
+/// Most commands remembered per session by an "always" answer (as for local commands).
+const MAX_ALWAYS_PER_SESSION: usize = 1_000;
 
 /// Default time a command on a node may run.
 pub const DEFAULT_RUN_TIMEOUT: Duration = Duration::from_secs(60);
@@ -53,6 +58,7 @@ struct NodesArgs {
     timeout: Option<f64>,
     message: Option<String>,
     title: Option<String>,
+    urgency: Option<String>,
 }
 
 /// The `nodes` tool.
@@ -69,6 +75,9 @@ pub struct NodesTool {
 struct Ask {
     approver: Option<Arc<dyn super::shell_policy::Approver>>,
     timeout: Duration,
+    /// Per session, the `(node id, command)` pairs answered "always": not asked again in that
+    /// session (in memory only, as for local commands).
+    always: Mutex<HashMap<SessionKey, HashSet<(String, String)>>>,
 }
 
 impl NodesTool {
@@ -104,7 +113,11 @@ impl NodesTool {
         approver: Option<Arc<dyn super::shell_policy::Approver>>,
         timeout: Duration,
     ) -> Self {
-        self.ask = Some(Ask { approver, timeout });
+        self.ask = Some(Ask {
+            approver,
+            timeout,
+            always: Mutex::default(),
+        });
         self
     }
 }
@@ -119,7 +132,7 @@ impl Tool for NodesTool {
         "nodes"
     }
     fn description(&self) -> &str {
-        "Work on the user's other machines paired with the gateway (nodes). Actions: list (nodes, online or not, and what each offers), describe (OS, load, disk, uptime of `node`), run (`command` in the node's workspace, sandboxed there; `timeout` seconds, default 60), read (`path`), write (`path`, `content`), list_files (`path`, `.` for the root), notify (a desktop notification on `node`: `message`, optional `title`). Paths are relative to the node's workspace. Returns: text from the node, or why it failed."
+        "Work on the user's other machines paired with the gateway (nodes). Actions: list (nodes, online or not, and what each offers), describe (OS, load, disk, uptime of `node`), run (`command` in the node's workspace, sandboxed there; `timeout` seconds, default 60), read (`path`), write (`path`, `content`), list_files (`path`, `.` for the root), notify (a desktop notification on `node`: `message`, optional `title`, `urgency` low/normal/critical). Paths are relative to the node's workspace. Returns: text from the node, or why it failed."
     }
     fn parameters(&self) -> Value {
         json!({
@@ -132,7 +145,8 @@ impl Tool for NodesTool {
                 "content": {"type": "string"},
                 "timeout": {"type": "number"},
                 "message": {"type": "string"},
-                "title": {"type": "string"}
+                "title": {"type": "string"},
+                "urgency": {"type": "string", "enum": ["low", "normal", "critical"]}
             },
             "required": ["action"]
         })
@@ -193,7 +207,7 @@ impl Tool for NodesTool {
             ),
             "notify" => (
                 "notify",
-                json!({"message": need(a.message, "message", action)?, "title": a.title}),
+                json!({"message": need(a.message, "message", action)?, "title": a.title, "urgency": a.urgency}),
                 FILE_TIMEOUT,
             ),
             other => {
@@ -220,21 +234,49 @@ impl Tool for NodesTool {
         }
         if let (Some(ask), "run") = (&self.ask, op) {
             let command = args["command"].as_str().unwrap_or_default();
-            let Some(approver) = &ask.approver else {
-                return Err(ToolError::PermissionDenied(
-                    "commands on nodes need a person's approval (tools.exec.mode = \"ask\") and nobody can be asked here".into(),
-                ));
-            };
-            let question = format!("[on node {node}] {command}");
-            let answer = tokio::select! {
-                r = tokio::time::timeout(ask.timeout, approver.approve(&ctx.session, &question)) => r.unwrap_or(super::shell_policy::Approval::Deny),
-                () = ctx.cancel.cancelled() => return Err(ToolError::ExecutionFailed("cancelled".into())),
-            };
-            if answer == super::shell_policy::Approval::Deny {
-                return Err(ToolError::PermissionDenied(format!(
-                    "the command on node `{node}` was not approved (denied, or no answer in {} s)",
-                    ask.timeout.as_secs()
-                )));
+            // The same command on the same node (by its id, however the model names it),
+            // remembered verbatim (trimmed) as for local commands.
+            let node_id = hub.list()["nodes"]
+                .as_array()
+                .and_then(|all| {
+                    all.iter()
+                        .find(|n| n["name"] == node.as_str() || n["id"] == node.as_str())
+                        .and_then(|n| n["id"].as_str().map(str::to_string))
+                })
+                .unwrap_or_else(|| node.clone());
+            let key = (node_id, command.trim().to_string());
+            let remembered = ask
+                .always
+                .locked()
+                .get(&ctx.session)
+                .is_some_and(|s| s.contains(&key));
+            if !remembered {
+                let Some(approver) = &ask.approver else {
+                    return Err(ToolError::PermissionDenied(
+                        "commands on nodes need a person's approval (tools.exec.mode = \"ask\") and nobody can be asked here".into(),
+                    ));
+                };
+                let question = format!("[on node {node}] {command}");
+                let answer = tokio::select! {
+                    r = tokio::time::timeout(ask.timeout, approver.approve(&ctx.session, &question)) => r.unwrap_or(super::shell_policy::Approval::Deny),
+                    () = ctx.cancel.cancelled() => return Err(ToolError::ExecutionFailed("cancelled".into())),
+                };
+                match answer {
+                    super::shell_policy::Approval::Deny => {
+                        return Err(ToolError::PermissionDenied(format!(
+                            "the command on node `{node}` was not approved (denied, or no answer in {} s)",
+                            ask.timeout.as_secs()
+                        )));
+                    }
+                    super::shell_policy::Approval::AllowAlways => {
+                        let mut always = ask.always.locked();
+                        let set = always.entry(ctx.session.clone()).or_default();
+                        if set.len() < MAX_ALWAYS_PER_SESSION {
+                            set.insert(key);
+                        }
+                    }
+                    super::shell_policy::Approval::AllowOnce => {}
+                }
             }
         }
         // The node's own limit plus a margin for the round trip; never longer.

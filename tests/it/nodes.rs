@@ -669,6 +669,81 @@ async fn commands_on_nodes_wait_for_approval_in_ask_mode() {
             assert!(content.to_string().contains("not approved"), "{content}");
         }
     }
+    // "always": the same command on the same node is not asked again in this session (as for
+    // a local command); another command still is.
+    let cmd = "echo again >> always.txt";
+    let run = |id: &str, command: &str| {
+        llm.push(Reply::ToolCalls(vec![(
+            id.to_string(),
+            "nodes".into(),
+            json!({"action": "run", "node": "asked", "command": command}).to_string(),
+        )]));
+        llm.push(Reply::Text("done".into()));
+        let api = gw.api.clone();
+        tokio::spawn(async move { api.chat("asker", "run it").await })
+    };
+    let pending_for = |needle: &'static str| {
+        let api = gw.api.clone();
+        async move {
+            let deadline = Instant::now() + T;
+            loop {
+                let v = admin(&api, "approvals/list", json!({})).await;
+                let hit = v["approvals"].as_array().unwrap().iter().find(|a| {
+                    a["state"] == "pending" && a["command"].as_str().unwrap_or("").contains(needle)
+                });
+                if let Some(a) = hit {
+                    break a["id"].as_str().unwrap().to_string();
+                }
+                assert!(Instant::now() < deadline, "no approval asked: {v}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    let chat = run("c-always", cmd);
+    let id = pending_for("always.txt").await;
+    admin(
+        &gw.api,
+        "approvals/answer",
+        json!({"id": id, "decision": "always"}),
+    )
+    .await;
+    assert_eq!(chat.await.unwrap().0, 200);
+    let asked_before = admin(&gw.api, "approvals/list", json!({})).await["approvals"]
+        .as_array()
+        .unwrap()
+        .len();
+    // Again, spelled with the node's id and extra spaces: it runs without a question.
+    llm.push(Reply::ToolCalls(vec![(
+        "c-again".into(),
+        "nodes".into(),
+        json!({"action": "run", "node": r["id"], "command": format!("  {cmd} ")}).to_string(),
+    )]));
+    llm.push(Reply::Text("done".into()));
+    let (status, _) = gw.api.chat("asker", "again").await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        std::fs::read_to_string(node.ws().join("always.txt")).unwrap(),
+        "again\nagain\n"
+    );
+    assert_eq!(
+        admin(&gw.api, "approvals/list", json!({})).await["approvals"]
+            .as_array()
+            .unwrap()
+            .len(),
+        asked_before,
+        "asked again"
+    );
+    // Another command is still asked (and denied here: it does not run).
+    let chat = run("c-new", "echo new > new.txt");
+    let id = pending_for("new.txt").await;
+    admin(
+        &gw.api,
+        "approvals/answer",
+        json!({"id": id, "decision": "deny"}),
+    )
+    .await;
+    assert_eq!(chat.await.unwrap().0, 200);
+    assert!(!node.ws().join("new.txt").exists());
     // A second node, approved, but not among this agent's nodes: refused without a question.
     let other = start_node(&tmp.path().join("o"), &llm.base_url(), &url(&gw), "other");
     let r = wait_row(&gw.api, "other", |r| r["state"] == "pending", "never asked").await;
@@ -899,13 +974,22 @@ async fn notify_reaches_the_nodes_desktop_notifier() {
     std::fs::write(
         &script,
         format!(
-            "#!/bin/sh\nwhile [ \"$1\" != \"--\" ]; do shift; done; shift\nprintf '%s|%s\\n' \"$1\" \"$2\" >> {}\n",
+            "#!/bin/sh\nfor a in \"$@\"; do printf '%s|' \"$a\"; done >> {0}\necho >> {0}\n",
             shown.display()
         ),
     )
     .unwrap();
     std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     let _desk = start_node_with(&ndir, &llm.base_url(), &url(&gw), "desk", &[], Some(&bin));
+    // The notifier is there, but this node's operator left `notify` out of its offer.
+    let _quiet = start_node_with(
+        &tmp.path().join("quiet"),
+        &llm.base_url(),
+        &url(&gw),
+        "quiet",
+        &["--offer", "info,run"],
+        Some(&bin),
+    );
     // Without a notifier a node does not offer it; this one has one.
     let _server = start_node(
         &tmp.path().join("server"),
@@ -915,6 +999,8 @@ async fn notify_reaches_the_nodes_desktop_notifier() {
     );
     approve(&gw.api, "desk").await;
     approve(&gw.api, "server").await;
+    approve(&gw.api, "quiet").await;
+    wait_row(&gw.api, "quiet", |r| r["online"] == true, "quiet offline").await;
     let desk = wait_row(&gw.api, "desk", |r| r["online"] == true, "desk offline").await;
     let server = wait_row(&gw.api, "server", |r| r["online"] == true, "server offline").await;
     assert!(
@@ -936,7 +1022,20 @@ async fn notify_reaches_the_nodes_desktop_notifier() {
     llm.push(Reply::ToolCalls(vec![(
         "n1".into(),
         "nodes".into(),
-        json!({"action": "notify", "node": "desk", "title": "Backup", "message": "The backup finished"})
+        json!({"action": "notify", "node": "desk", "title": "Backup", "message": "The backup finished", "urgency": "critical"})
+            .to_string(),
+    )]));
+    // Hostile text: shell syntax and option-looking words arrive as text and run nothing.
+    let canary = tmp.path().join("canary");
+    let hostile_title = "-v --version";
+    let hostile_text = format!(
+        "$(touch {0}) `touch {0}`; touch {0} --help",
+        canary.display()
+    );
+    llm.push(Reply::ToolCalls(vec![(
+        "n-hostile".into(),
+        "nodes".into(),
+        json!({"action": "notify", "node": "desk", "title": hostile_title, "message": hostile_text})
             .to_string(),
     )]));
     llm.push(Reply::ToolCalls(vec![(
@@ -944,19 +1043,212 @@ async fn notify_reaches_the_nodes_desktop_notifier() {
         "nodes".into(),
         json!({"action": "notify", "node": "server", "message": "nobody sees this"}).to_string(),
     )]));
+    llm.push(Reply::ToolCalls(vec![
+        (
+            "n-quiet".into(),
+            "nodes".into(),
+            json!({"action": "notify", "node": "quiet", "message": "nor this"}).to_string(),
+        ),
+        (
+            "d-quiet".into(),
+            "nodes".into(),
+            json!({"action": "describe", "node": "quiet"}).to_string(),
+        ),
+        (
+            "d-server".into(),
+            "nodes".into(),
+            json!({"action": "describe", "node": "server"}).to_string(),
+        ),
+    ]));
     llm.push(Reply::Text("told you".into()));
     let (status, _) = gw.api.chat("nt", "tell me on my desktop").await;
     assert_eq!(status, 200);
+    // Each notification reached the notifier exactly once, its words intact after `--`.
     assert_eq!(
         std::fs::read_to_string(&shown).unwrap(),
-        "Backup|The backup finished\n"
+        format!(
+            "--app-name=weft|--urgency=critical|--|Backup|The backup finished|\n\
+             --app-name=weft|--urgency=normal|--|{hostile_title}|{hostile_text}|\n"
+        )
     );
+    assert!(!canary.exists(), "the hostile text ran a command");
     let reqs = llm.requests();
-    let joined = tool_results(reqs.last().unwrap())
-        .iter()
-        .map(|(_, v)| v.to_string())
-        .collect::<Vec<_>>()
-        .join("\n");
-    assert!(joined.contains("notification shown"), "{joined}");
-    assert!(joined.contains("does not offer `notify`"), "{joined}");
+    let all: Vec<(String, Value)> = reqs.iter().flat_map(tool_results).collect();
+    let text = |id: &str| {
+        all.iter()
+            .find(|(i, _)| i == id)
+            .map(|(_, v)| v.to_string())
+            .unwrap_or_else(|| panic!("no result for {id}: {all:?}"))
+    };
+    assert!(text("n1").contains("notification shown"), "{}", text("n1"));
+    assert!(
+        text("n2").contains("does not offer `notify`"),
+        "{}",
+        text("n2")
+    );
+    assert!(
+        text("n-quiet").contains("does not offer `notify`"),
+        "{}",
+        text("n-quiet")
+    );
+    assert!(
+        text("d-quiet").contains("left out of this node's --offer"),
+        "{}",
+        text("d-quiet")
+    );
+    assert!(
+        text("d-server").contains("no notify-send on this node's PATH"),
+        "{}",
+        text("d-server")
+    );
+}
+
+/// A self-signed certificate for `localhost` and `127.0.0.1` that no test authority signed
+/// (another gateway's, or one an attacker made), made with the `openssl` command.
+fn other_certificate(dir: &Path) -> (PathBuf, PathBuf) {
+    let (cert, key) = (dir.join("other.pem"), dir.join("other.key"));
+    let out = std::process::Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=localhost",
+            "-addext",
+            "subjectAltName=DNS:localhost,IP:127.0.0.1",
+            "-addext",
+            "basicConstraints=critical,CA:FALSE",
+            "-keyout",
+        ])
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .output()
+        .expect("the openssl command (Debian: apt install openssl)");
+    assert!(
+        out.status.success(),
+        "openssl: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (cert, key)
+}
+
+/// The gateway serves TLS itself (`channels.http.tls_*`): a node pairs and works through
+/// `wss://` trusting the test authority; the gateway restarted with a certificate that
+/// authority did not sign is refused by the node, which says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_pairs_over_the_gateways_own_tls_and_refuses_another_certificate() {
+    let tmp = tempfile::tempdir().unwrap();
+    let llm = FakeLlm::start().await;
+    let gdir = tmp.path().join("gw");
+    std::fs::create_dir_all(&gdir).unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let config = |cert: &Path, key: &Path| {
+        let v = config_value(
+            &llm.base_url(),
+            &gdir,
+            json!({"tools": {"policy": {"also_allow": ["nodes"]}},
+                   "channels": {"http": {"tls_bind": format!("127.0.0.1:{port}"),
+                                         "tls_cert": cert, "tls_key": key}}}),
+        );
+        clawft::config::Config::from_str(&v.to_string(), false, &test_env(&gdir)).unwrap()
+    };
+    // A certificate that cannot be read, or a key that is not its own, stops the start with
+    // the setting and the reason.
+    let (other_cert, other_key) = other_certificate(tmp.path());
+    clawft::install_crypto_provider();
+    for (cert, key, needle) in [
+        (
+            tmp.path().join("missing.pem"),
+            fixture("gateway.key"),
+            "tls_cert",
+        ),
+        (
+            fixture("gateway.pem"),
+            other_key.clone(),
+            "tls_cert and tls_key",
+        ),
+    ] {
+        let e = clawft::cli::gateway::Gateway::start(Arc::new(config(&cert, &key)))
+            .await
+            .err()
+            .expect("started with a bad certificate")
+            .to_string();
+        assert!(e.contains(needle), "{e}");
+    }
+    let gw = TestGateway::start(config(&fixture("gateway.pem"), &fixture("gateway.key"))).await;
+    assert_eq!(
+        gw.gateway.http_tls_addr.map(|a| a.port()),
+        Some(port),
+        "no TLS listener"
+    );
+
+    // Plain HTTP on the TLS port gets nowhere; HTTPS trusting the test authority is served.
+    let ca_pem = std::fs::read(fixture("ca.pem")).unwrap();
+    let https = reqwest::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(&ca_pem).unwrap())
+        .build()
+        .unwrap();
+    let r = https
+        .get(format!("https://localhost:{port}/healthz"))
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "{}", r.status());
+    assert!(reqwest::get(format!("http://127.0.0.1:{port}/healthz"))
+        .await
+        .is_err());
+
+    let node = start_node_with(
+        &tmp.path().join("n"),
+        &llm.base_url(),
+        &format!("wss://localhost:{port}"),
+        "tlsnode",
+        &["--gateway-ca", fixture("ca.pem").to_str().unwrap()],
+        None,
+    );
+    approve(&gw.api, "tlsnode").await;
+    wait_row(&gw.api, "tlsnode", |r| r["online"] == true, "never online").await;
+    let out = hub(&gw)
+        .call(
+            "tlsnode",
+            "run",
+            json!({"command": "echo over-native-tls"}),
+            T,
+        )
+        .await
+        .unwrap();
+    assert!(out.contains("over-native-tls"), "{out}");
+    assert!(node.dir.join(".clawft/node/gateway.pin").exists());
+
+    // The same gateway (same store, same port) restarted with another certificate: the node
+    // does not connect, and its log says why and how to trust the new one.
+    gw.stop().await;
+    let gw = TestGateway::start(config(&other_cert, &other_key)).await;
+    let before = node.log().len();
+    assert!(
+        crate::common::wait_until(T, || node.log()[before..]
+            .contains("the gateway's TLS certificate is not trusted"))
+        .await,
+        "no refusal logged:\n{}",
+        node.log()
+    );
+    assert!(
+        node.log()[before..].contains("--gateway-ca"),
+        "{}",
+        node.log()
+    );
+    let r = node_row(&gw.api, "tlsnode").await.unwrap();
+    assert_eq!(r["online"], false, "{r}");
+    gw.stop().await;
 }

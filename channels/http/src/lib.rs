@@ -37,10 +37,12 @@ use tokio_util::sync::CancellationToken;
 
 pub mod mailbox;
 pub mod openai;
+pub mod tls;
 #[cfg(feature = "ui")]
 pub mod ui;
 pub use mailbox::{MailEntry, MailStore, MemoryMail};
 pub use openai::OPENAI_SENDER;
+pub use tls::TlsListen;
 #[cfg(feature = "ui")]
 pub use ui::WebChannel;
 
@@ -91,6 +93,8 @@ pub struct HttpConfig {
     /// Host names the control UI answers for besides loopback and the bind address
     /// (`channels.http.ui_hosts`: the name a reverse proxy serves it under).
     pub ui_hosts: Vec<String>,
+    /// A second listener serving the same routes over TLS (`channels.http.tls_*`).
+    pub tls: Option<TlsListen>,
 }
 
 /// The request body bound for messages of up to `max_inbound_bytes`: JSON escaping can make
@@ -118,6 +122,9 @@ pub enum HttpError {
         /// The address.
         addr: SocketAddr,
     },
+    /// The TLS certificate or key cannot be used.
+    #[error("channels.http.{0}")]
+    Tls(String),
     /// The address could not be bound.
     #[error("cannot bind {addr}: {source}")]
     Bind {
@@ -247,9 +254,21 @@ pub struct HttpChannel {
     inner: Arc<Inner>,
     listener: Mutex<Option<std::net::TcpListener>>,
     addr: SocketAddr,
+    /// The TLS listener and its settings, until it listens.
+    tls: Mutex<Option<(std::net::TcpListener, Arc<rustls::ServerConfig>)>>,
+    tls_addr: Option<SocketAddr>,
     /// Routes served on the same listener that authenticate on their own (the node hosts'
     /// WebSocket), added before the channel listens.
     extra: Mutex<Option<Router>>,
+}
+
+/// Bind `addr` now (non-blocking), so a bind error surfaces at start.
+fn bind_std(addr: SocketAddr) -> Result<(std::net::TcpListener, SocketAddr), HttpError> {
+    let bind = |source| HttpError::Bind { addr, source };
+    let l = std::net::TcpListener::bind(addr).map_err(bind)?;
+    l.set_nonblocking(true).map_err(bind)?;
+    let local = l.local_addr().map_err(bind)?;
+    Ok((l, local))
 }
 
 /// Removes a waiter when its request ends (reply, timeout or client gone).
@@ -286,31 +305,27 @@ impl HttpChannel {
         admin: Arc<dyn Admin>,
         mail: Arc<dyn MailStore>,
     ) -> Result<Arc<HttpChannel>, HttpError> {
-        if !cfg.bind.ip().is_loopback() {
-            if cfg.token.as_deref().is_none_or(str::is_empty) {
-                return Err(HttpError::NonLoopbackWithoutToken { addr: cfg.bind });
-            }
-            if cfg.allow_loopback_without_token {
-                return Err(HttpError::OpenChatOnNonLoopback { addr: cfg.bind });
+        // The TLS listener serves the same routes: the same rules for a non-loopback address.
+        for addr in std::iter::once(cfg.bind).chain(cfg.tls.as_ref().map(|t| t.bind)) {
+            if !addr.ip().is_loopback() {
+                if cfg.token.as_deref().is_none_or(str::is_empty) {
+                    return Err(HttpError::NonLoopbackWithoutToken { addr });
+                }
+                if cfg.allow_loopback_without_token {
+                    return Err(HttpError::OpenChatOnNonLoopback { addr });
+                }
             }
         }
-        let std_listener =
-            std::net::TcpListener::bind(cfg.bind).map_err(|source| HttpError::Bind {
-                addr: cfg.bind,
-                source,
-            })?;
-        std_listener
-            .set_nonblocking(true)
-            .map_err(|source| HttpError::Bind {
-                addr: cfg.bind,
-                source,
-            })?;
-        let addr = std_listener
-            .local_addr()
-            .map_err(|source| HttpError::Bind {
-                addr: cfg.bind,
-                source,
-            })?;
+        let tls = match &cfg.tls {
+            Some(t) => {
+                let config = tls::server_config(&t.cert, &t.key).map_err(HttpError::Tls)?;
+                let (listener, addr) = bind_std(t.bind)?;
+                Some((listener, config, addr))
+            }
+            None => None,
+        };
+        let (std_listener, addr) = bind_std(cfg.bind)?;
+        let tls_addr = tls.as_ref().map(|t| t.2);
         Ok(Arc::new(HttpChannel {
             inner: Arc::new(Inner {
                 id: ChannelId::new(cfg.channel_id.clone()),
@@ -327,9 +342,16 @@ impl HttpChannel {
                 web: Arc::new(WebChannel::new()),
             }),
             listener: Mutex::new(Some(std_listener)),
+            tls: Mutex::new(tls.map(|(l, c, _)| (l, c))),
+            tls_addr,
             extra: Mutex::new(None),
             addr,
         }))
+    }
+
+    /// The TLS listener's bound address, when it serves TLS.
+    pub fn tls_addr(&self) -> Option<SocketAddr> {
+        self.tls_addr
     }
 
     /// Keep the control UI's sessions in `store` (by the hash of their cookie only): they
@@ -1120,16 +1142,49 @@ impl Channel for HttpChannel {
         }
         let shutdown = self.inner.shutdown.clone();
         let stop = cancel.clone();
+        let tls_serve = match self.tls.locked().take() {
+            Some((std_listener, config)) => {
+                let tcp = tokio::net::TcpListener::from_std(std_listener)
+                    .map_err(|e| ChannelError::Fatal(format!("TLS listener: {e}")))?;
+                let listener = tls::TlsListener::start(tcp, config, cancel.child_token())
+                    .map_err(|e| ChannelError::Fatal(format!("TLS listener: {e}")))?;
+                tracing::info!(addr = ?self.tls_addr, "HTTP API listening with TLS");
+                // What came through this listener came over TLS, whatever the client says.
+                let app =
+                    app.clone()
+                        .layer(middleware::map_request(|mut req: Request| async move {
+                            req.headers_mut().insert(
+                                "x-forwarded-proto",
+                                axum::http::HeaderValue::from_static("https"),
+                            );
+                            req
+                        }));
+                let stop = cancel.clone();
+                Some(
+                    axum::serve(listener, app).with_graceful_shutdown(async move {
+                        stop.cancelled().await;
+                    }),
+                )
+            }
+            None => None,
+        };
         tracing::info!(addr = %self.addr, "HTTP API listening");
-        let r = axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
-                stop.cancelled().await;
-                // Waiting requests are answered 503 so graceful shutdown can finish.
-                shutdown.cancel();
-            })
-            .await;
+        let plain = axum::serve(listener, app).with_graceful_shutdown(async move {
+            stop.cancelled().await;
+            // Waiting requests are answered 503 so graceful shutdown can finish.
+            shutdown.cancel();
+        });
+        use std::future::IntoFuture as _;
+        let (r, r_tls) = match tls_serve {
+            Some(t) => {
+                let (a, b) = tokio::join!(plain.into_future(), t.into_future());
+                (a, b.map_err(|e| format!("HTTPS server: {e}")))
+            }
+            None => (plain.await, Ok(())),
+        };
         *self.inner.tx.locked() = None;
-        r.map_err(|e| ChannelError::Fatal(format!("HTTP server: {e}")))
+        r.map_err(|e| ChannelError::Fatal(format!("HTTP server: {e}")))?;
+        r_tls.map_err(ChannelError::Fatal)
     }
 
     async fn send(&self, msg: &OutboundMessage) -> Result<SentRef, ChannelError> {

@@ -67,6 +67,7 @@ fn loopback(token: Option<&str>, timeout: Duration) -> HttpConfig {
         max_inbound_bytes: clawft_channel_core::DEFAULT_MAX_INBOUND_BYTES,
         agents: vec!["main".into(), "work".into()],
         ui_hosts: Vec::new(),
+        tls: None,
     }
 }
 
@@ -481,6 +482,7 @@ async fn non_loopback_bind_needs_a_token_and_refuses_tokenless_chat() {
         max_inbound_bytes: clawft_channel_core::DEFAULT_MAX_INBOUND_BYTES,
         agents: Vec::new(),
         ui_hosts: Vec::new(),
+        tls: None,
     };
     let e = HttpChannel::bind(cfg(None, false), Arc::new(FakeAdmin))
         .await
