@@ -9,6 +9,8 @@
 
 pub mod build;
 pub mod channels;
+#[cfg(feature = "cluster")]
+pub mod cluster_state;
 
 pub use build::{
     access_rules, build_model, build_registry, connect_hint, protected_paths, start_mcp,
