@@ -24,6 +24,8 @@ pub mod node;
 pub mod state;
 #[cfg(feature = "cluster")]
 pub mod status;
+#[cfg(feature = "cluster")]
+pub mod usage;
 
 #[cfg(feature = "cluster")]
 pub use node::Cluster;

@@ -498,6 +498,14 @@ impl Cluster {
         rx.recv_timeout(timeout).ok()
     }
 
+    /// Run `fut` on the cluster's runtime in the background.
+    pub fn spawn<F>(&self, fut: F)
+    where
+        F: std::future::Future<Output = ()> + Send + 'static,
+    {
+        self.inner.rt.spawn(fut);
+    }
+
     /// Run `fut` on the cluster's runtime and await it from another runtime.
     pub async fn run_here<F>(&self, fut: F) -> Option<F::Output>
     where

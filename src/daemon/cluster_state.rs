@@ -4,8 +4,21 @@
 use std::sync::Arc;
 
 use crate::cluster::jobs::{Claimed, ClusterJobs, Known};
+use crate::cluster::usage::ClusterUsage;
 use crate::cluster::Cluster;
 use crate::scheduler::shared::{SharedJobs, SharedState};
+use crate::store::usage::UsageRow;
+use crate::turn::usage::SharedUsage;
+
+impl SharedUsage for ClusterUsage {
+    fn publish(&self, day: &str, rows: Vec<UsageRow>) {
+        ClusterUsage::publish(self, day, &rows);
+    }
+
+    fn others(&self, since: &str) -> Result<Vec<UsageRow>, String> {
+        ClusterUsage::others(self, since)
+    }
+}
 
 impl SharedJobs for ClusterJobs {
     fn publish(&self, id: &str, job: Option<&str>) -> Result<(), String> {
@@ -47,4 +60,7 @@ pub fn share(daemon: &super::Daemon, cluster: &Cluster) {
         .scheduler()
         .jobs()
         .set_shared(Arc::new(ClusterJobs::new(cluster.clone())));
+    daemon
+        .usage()
+        .set_shared(Arc::new(ClusterUsage::new(cluster.clone())));
 }

@@ -562,6 +562,11 @@ impl Daemon {
         &self.approvals
     }
 
+    /// The usage ledger (prices, budgets, today's spend).
+    pub fn usage(&self) -> &Arc<crate::turn::usage::UsageLedger> {
+        &self.usage
+    }
+
     /// The scheduler (for the admin API and `weft status`).
     pub fn scheduler(&self) -> &Arc<crate::scheduler::Scheduler> {
         &self.scheduler

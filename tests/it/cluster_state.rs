@@ -1,7 +1,8 @@
 //! The state every node of a cluster shares, against a real three-server NATS cluster and
 //! three `weft gateway` processes: a scheduled job defined on one node fires once per
 //! occurrence across the cluster (also when the node that ran the last one is killed), and
-//! its run history is the same on every node.
+//! its run history is the same on every node; a budget reached through one node is enforced
+//! on another.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -10,8 +11,9 @@ use serde_json::{json, Value};
 
 use crate::cluster::{logs_of, Nats};
 use crate::common::{echo_model, Api};
-use crate::fake_llm::FakeLlm;
+use crate::fake_llm::{FakeLlm, Reply};
 use crate::process::{free_port, gateway_config, log_of, Daemon};
+use futures::StreamExt;
 
 /// `n` gateways (`n1`, `n2`, …) in cluster mode on `nats` with `extra` config.
 async fn nodes(
@@ -192,5 +194,75 @@ async fn a_job_fires_once_per_occurrence_across_three_nodes_and_after_a_kill() {
         n,
         "a paused job ran\n{}",
         logs_of(&dirs)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_budget_reached_through_one_node_is_enforced_on_another() {
+    let Some(nats) = Nats::start(3).await else {
+        return;
+    };
+    let llm = FakeLlm::start().await;
+    // $1 per output token: this reply costs $10, over the $5 daily budget.
+    llm.push(Reply::Text("x".repeat(40)));
+    let (dirs, nodes) = nodes(
+        2,
+        &nats,
+        &llm,
+        json!({"prices": {"fake-model": {"input": 0.0, "cached": 0.0, "output": 1_000_000.0}},
+               "budgets": {"daily_usd": 5.0}}),
+    )
+    .await;
+    let (a, b) = (nodes[0].as_ref().unwrap(), nodes[1].as_ref().unwrap());
+    let (s, v) = a.api.chat("alice", "one").await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["reply"], "x".repeat(40));
+
+    // Until node 1's counters are in the cluster.
+    let client = async_nats::connect(
+        nats.urls()
+            .iter()
+            .map(|u| u.parse::<async_nats::ServerAddr>().unwrap())
+            .collect::<Vec<_>>(),
+    )
+    .await
+    .unwrap();
+    let js = async_nats::jetstream::new(client);
+    let mut published = false;
+    for _ in 0..100 {
+        if let Ok(kv) = js.get_key_value("weft_usage").await {
+            let keys: Vec<String> = kv
+                .keys()
+                .await
+                .unwrap()
+                .filter_map(|k| async move { k.ok() })
+                .collect()
+                .await;
+            if keys.iter().any(|k| k.starts_with("usage.n1.")) {
+                published = true;
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        published,
+        "node 1's usage not published\n{}",
+        logs_of(&dirs)
+    );
+
+    // Node 2 never served a turn, yet refuses: the budget counts the cluster's spend.
+    let (s, v) = b.api.chat("bob", "two").await;
+    assert_eq!(s, 429, "{v}\n{}", logs_of(&dirs));
+    let err = v["error"].as_str().unwrap_or_default();
+    assert!(
+        err.contains("reached its daily budget (US$10.00 of US$5.00")
+            && err.contains("budgets.daily_usd"),
+        "{v}"
+    );
+    assert_eq!(
+        llm.requests().len(),
+        1,
+        "the refused turn reached the provider"
     );
 }
