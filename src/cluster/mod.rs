@@ -4,7 +4,8 @@
 //! ([`fence`], [`lease`]), and one connection per bot account across the cluster: a channel's
 //! long-lived connection runs only on the node holding its lease ([`leased`]), its resume state
 //! in the cluster, its writes fenced by the lease ([`state`]). [`status`] is what `weft cluster
-//! status` and `weft doctor` read.
+//! status` and `weft doctor` read. Shared state: the scheduled jobs and their once-per-occurrence
+//! claims ([`jobs`]) and the usage counters the budgets add up ([`usage`]).
 //!
 //! Everything but [`settings`] needs the `cluster` cargo feature.
 
