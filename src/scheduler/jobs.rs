@@ -439,6 +439,23 @@ impl JobStore {
         Ok(())
     }
 
+    /// Save a change someone asked for (add, update, pause, resume): with shared jobs, the
+    /// shared copy first, so that a change the cluster did not take is refused, not kept on
+    /// this node only until the next sync undoes it.
+    fn save_asked(&self, job: &Job) -> Result<(), JobError> {
+        let text = encode(job)?;
+        if let Some(sh) = self.shared.get() {
+            sh.publish(&job.id, Some(&text)).map_err(|e| {
+                JobError::Store(StoreError::Backend(format!(
+                    "the job could not be saved in the cluster ({e}); try again"
+                )))
+            })?;
+        }
+        self.store
+            .state_put(JOBS_NS, &job.id, Some(&text))
+            .map_err(JobError::from)
+    }
+
     /// Bring the local cache in line with the shared copy (cluster mode; the caller holds the
     /// guard). The definition comes from the shared copy; the position in the schedule is the
     /// later of the two. Unreachable: the cache is used as it is.
@@ -588,7 +605,7 @@ impl JobStore {
             runs_today: 0,
             runs_day: None,
         };
-        self.save(&job)?;
+        self.save_asked(&job)?;
         Ok(job)
     }
 
@@ -669,7 +686,7 @@ impl JobStore {
             job.schedule = s;
             job.anchor = now;
         }
-        self.save(&job)?;
+        self.save_asked(&job)?;
         Ok(job)
     }
 
@@ -718,7 +735,7 @@ impl JobStore {
         let mut job = self.load_owned(id, owner)?;
         job.enabled = false;
         job.paused_reason = Some("paused by request".into());
-        self.save(&job)?;
+        self.save_asked(&job)?;
         Ok(job)
     }
 
@@ -746,7 +763,7 @@ impl JobStore {
         job.enabled = true;
         job.paused_reason = None;
         job.consecutive_failures = 0;
-        self.save(&job)?;
+        self.save_asked(&job)?;
         Ok(job)
     }
 
