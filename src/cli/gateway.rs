@@ -151,6 +151,11 @@ impl Gateway {
         let mut daemon = Daemon::start(&config, store, model, channels)
             .await
             .map_err(CliError::msg)?;
+        // Before the daemon's timers first run (no await since it started).
+        #[cfg(feature = "cluster")]
+        if let Some(c) = &cluster {
+            crate::daemon::cluster_state::share(&daemon, c);
+        }
         daemon.set_cluster(cluster.clone());
         admin.attach(
             daemon.bus().clone(),

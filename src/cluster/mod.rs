@@ -4,7 +4,8 @@
 //! ([`fence`], [`lease`]), and one connection per bot account across the cluster: a channel's
 //! long-lived connection runs only on the node holding its lease ([`leased`]), its resume state
 //! in the cluster, its writes fenced by the lease ([`state`]). [`status`] is what `weft cluster
-//! status` and `weft doctor` read.
+//! status` and `weft doctor` read. Shared state: the scheduled jobs and their once-per-occurrence
+//! claims ([`jobs`]) and the usage counters the budgets add up ([`usage`]).
 //!
 //! Everything but [`settings`] needs the `cluster` cargo feature.
 
@@ -12,6 +13,8 @@ pub mod settings;
 
 #[cfg(feature = "cluster")]
 pub mod fence;
+#[cfg(feature = "cluster")]
+pub mod jobs;
 #[cfg(feature = "cluster")]
 pub mod lease;
 #[cfg(feature = "cluster")]
@@ -22,6 +25,8 @@ pub mod node;
 pub mod state;
 #[cfg(feature = "cluster")]
 pub mod status;
+#[cfg(feature = "cluster")]
+pub mod usage;
 
 #[cfg(feature = "cluster")]
 pub use node::Cluster;

@@ -121,7 +121,11 @@ pub async fn buckets(
     Ok((leases, nodes, state))
 }
 
-async fn bucket(
+/// The bucket `name`, made if missing (replicated on three servers when the cluster has them).
+///
+/// # Errors
+/// JetStream refused or did not answer.
+pub async fn bucket(
     js: &jetstream::Context,
     name: &str,
     max_age: Duration,
@@ -200,6 +204,7 @@ struct Inner {
 struct Ready {
     leases: Leases,
     state: kv::Store,
+    js: jetstream::Context,
 }
 
 /// This node in the cluster (cheap to clone).
@@ -326,6 +331,7 @@ impl Cluster {
         let _ = ready_tx.send(Some(Ready {
             leases: Leases::new(leases, self.inner.fence, s.node_id.clone()),
             state,
+            js: js.clone(),
         }));
         let started_ms = clawft_channel_core::now_ms();
         let key = super::key_part(&s.node_id);
@@ -492,6 +498,14 @@ impl Cluster {
         rx.recv_timeout(timeout).ok()
     }
 
+    /// Run `fut` on the cluster's runtime in the background.
+    pub fn spawn<F>(&self, fut: F)
+    where
+        F: std::future::Future<Output = ()> + Send + 'static,
+    {
+        self.inner.rt.spawn(fut);
+    }
+
     /// Run `fut` on the cluster's runtime and await it from another runtime.
     pub async fn run_here<F>(&self, fut: F) -> Option<F::Output>
     where
@@ -504,6 +518,11 @@ impl Cluster {
     /// The channel state bucket, once NATS answered.
     pub fn state_bucket(&self) -> Option<kv::Store> {
         self.inner.ready.borrow().as_ref().map(|r| r.state.clone())
+    }
+
+    /// The JetStream context, once NATS answered.
+    pub fn jetstream(&self) -> Option<jetstream::Context> {
+        self.inner.ready.borrow().as_ref().map(|r| r.js.clone())
     }
 
     /// The lease store, once NATS answered.

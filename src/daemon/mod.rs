@@ -9,6 +9,8 @@
 
 pub mod build;
 pub mod channels;
+#[cfg(feature = "cluster")]
+pub mod cluster_state;
 
 pub use build::{
     access_rules, build_model, build_registry, connect_hint, protected_paths, start_mcp,
@@ -558,6 +560,11 @@ impl Daemon {
     /// The pending and recent approvals (for the admin API).
     pub fn approvals(&self) -> &Arc<crate::approval::Approvals> {
         &self.approvals
+    }
+
+    /// The usage ledger (prices, budgets, today's spend).
+    pub fn usage(&self) -> &Arc<crate::turn::usage::UsageLedger> {
+        &self.usage
     }
 
     /// The scheduler (for the admin API and `weft status`).

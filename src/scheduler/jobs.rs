@@ -7,7 +7,7 @@
 //! `sched.runs.<job id>`/`<scheduled time>` → its [`RunRecord`]s (the last
 //! [`RUNS_KEPT`]), written in the same atomic batch as the job they update.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use chrono::{DateTime, NaiveDate, Utc};
 use serde::{Deserialize, Serialize};
@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use super::catchup::{self, CatchUp, Plan, Run, RunId};
 use super::schedule::{Schedule, ScheduleError};
 use super::settings::SchedulerSettings;
+use super::shared::{SharedJobs, SharedState};
 use crate::store::{Store, StoreError};
 use crate::types::MutexExt;
 use crate::types::SessionKey;
@@ -291,6 +292,8 @@ pub struct JobStore {
     store: Store,
     limits: SchedulerSettings,
     lock: Arc<Mutex<()>>,
+    /// The shared copy (cluster mode): authoritative for the definitions; the store caches it.
+    shared: Arc<OnceLock<Arc<dyn SharedJobs>>>,
 }
 
 fn runs_ns(job: &str) -> String {
@@ -308,6 +311,31 @@ fn run_key(run: &Run) -> String {
     } else {
         t
     }
+}
+
+/// Job `l` (this gateway's copy) brought in line with `r` (the shared copy): the definition
+/// from `r`; the position in the schedule the later of the two (unless the schedule or the
+/// enabled state changed, which reset it: then all of `r`).
+fn merge(l: Job, r: Job) -> Job {
+    if l.schedule != r.schedule || l.enabled != r.enabled {
+        return r;
+    }
+    let mut m = r;
+    if l.anchor > m.anchor {
+        m.anchor = l.anchor;
+        m.next_run = match m.schedule.compile() {
+            Ok(c) => c.next_after(m.anchor),
+            Err(_) => l.next_run,
+        };
+        if l.runs_day >= m.runs_day {
+            m.runs_day = l.runs_day;
+            m.runs_today = l.runs_today;
+        }
+    }
+    if l.last_run.as_ref().map(|x| x.finished) > m.last_run.as_ref().map(|x| x.finished) {
+        m.last_run = l.last_run;
+    }
+    m
 }
 
 /// A one-time (`at`) job with no run left: it ran, or its time was passed over.
@@ -353,7 +381,18 @@ impl JobStore {
             store,
             limits,
             lock: Arc::new(Mutex::new(())),
+            shared: Arc::new(OnceLock::new()),
         }
+    }
+
+    /// Share the jobs with the other gateways through `shared` (cluster mode; set once).
+    pub fn set_shared(&self, shared: Arc<dyn SharedJobs>) {
+        let _ = self.shared.set(shared);
+    }
+
+    /// Whether the jobs are shared (cluster mode).
+    pub fn is_shared(&self) -> bool {
+        self.shared.get().is_some()
     }
 
     /// The limits in force.
@@ -388,9 +427,134 @@ impl JobStore {
     }
 
     fn save(&self, job: &Job) -> Result<(), JobError> {
+        let text = encode(job)?;
+        self.store.state_put(JOBS_NS, &job.id, Some(&text))?;
+        if let Some(sh) = self.shared.get() {
+            // Not lost when this fails: the next sync publishes a local job the shared copy
+            // never had.
+            if let Err(e) = sh.publish(&job.id, Some(&text)) {
+                tracing::warn!(job = %job.id, error = %e, "scheduled job not shared yet; retried");
+            }
+        }
+        Ok(())
+    }
+
+    /// Save a change someone asked for (add, update, pause, resume): with shared jobs, the
+    /// shared copy first, so that a change the cluster did not take is refused, not kept on
+    /// this node only until the next sync undoes it.
+    fn save_asked(&self, job: &Job) -> Result<(), JobError> {
+        let text = encode(job)?;
+        if let Some(sh) = self.shared.get() {
+            sh.publish(&job.id, Some(&text)).map_err(|e| {
+                JobError::Store(StoreError::Backend(format!(
+                    "the job could not be saved in the cluster ({e}); try again"
+                )))
+            })?;
+        }
         self.store
-            .state_put(JOBS_NS, &job.id, Some(&encode(job)?))
+            .state_put(JOBS_NS, &job.id, Some(&text))
             .map_err(JobError::from)
+    }
+
+    /// Bring the local cache in line with the shared copy (cluster mode; the caller holds the
+    /// guard). The definition comes from the shared copy; the position in the schedule is the
+    /// later of the two. Unreachable: the cache is used as it is.
+    fn sync(&self) -> Result<(), JobError> {
+        let Some(sh) = self.shared.get() else {
+            return Ok(());
+        };
+        let remote = match sh.all() {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::debug!(error = %e, "shared jobs not reachable; using the local copy");
+                return Ok(());
+            }
+        };
+        let mut seen = std::collections::HashSet::new();
+        for text in remote {
+            let r: Job = match serde_json::from_str(&text) {
+                Ok(j) => j,
+                Err(e) => {
+                    tracing::warn!(error = %e, "shared job record undecodable; skipped");
+                    continue;
+                }
+            };
+            seen.insert(r.id.clone());
+            let merged = match self.load(&r.id) {
+                Ok(Some(l)) => merge(l, r.clone()),
+                _ => r.clone(),
+            };
+            if self.load(&r.id).ok().flatten().as_ref() != Some(&merged) {
+                self.store
+                    .state_put(JOBS_NS, &merged.id, Some(&encode(&merged)?))?;
+            }
+        }
+        for (id, text) in self.store.state_scan(JOBS_NS)? {
+            if seen.contains(&id) {
+                continue;
+            }
+            match sh.state(&id) {
+                Ok(SharedState::Removed) => {
+                    let ns = runs_ns(&id);
+                    let runs = self.store.state_scan(&ns)?;
+                    let mut writes: Vec<(&str, &str, Option<&str>)> = runs
+                        .iter()
+                        .map(|(k, _)| (ns.as_str(), k.as_str(), None))
+                        .collect();
+                    writes.push((JOBS_NS, id.as_str(), None));
+                    self.store.state_put_many(&writes)?;
+                }
+                Ok(SharedState::Absent) => {
+                    // Made here before cluster mode, or its publication failed: share it.
+                    if let Err(e) = sh.publish(&id, Some(&text)) {
+                        tracing::warn!(job = %id, error = %e, "scheduled job not shared yet");
+                    }
+                }
+                Ok(SharedState::Present) | Err(_) => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Claim occurrence `run` of job `id` before running it: `Ok(None)` when this gateway runs
+    /// it (always, when the jobs are not shared), `Ok(Some(other))` when another gateway has it.
+    ///
+    /// # Errors
+    /// The shared copy is not reachable: nobody can tell; do not run it now.
+    pub fn claim(&self, id: &str, run: &Run) -> Result<Option<String>, String> {
+        match self.shared.get() {
+            Some(sh) if !run.manual => sh.claim(id, &run_key(run)),
+            _ => Ok(None),
+        }
+    }
+
+    /// Occurrence `run` of job `id` was run by another gateway: move past it here without a
+    /// run record of this gateway's (a one-time job goes).
+    ///
+    /// # Errors
+    /// A store failure.
+    pub fn passed(&self, id: &str, run: &Run) -> Result<(), JobError> {
+        let _g = self.guard();
+        let Some(mut job) = self.load(id)? else {
+            return Ok(());
+        };
+        let compiled = job.schedule.compile()?;
+        job.anchor = job.anchor.max(run.scheduled);
+        job.next_run = compiled.next_after(job.anchor);
+        if finished(&job) {
+            let ns = runs_ns(id);
+            let runs = self.store.state_scan(&ns)?;
+            let mut writes: Vec<(&str, &str, Option<&str>)> = runs
+                .iter()
+                .map(|(k, _)| (ns.as_str(), k.as_str(), None))
+                .collect();
+            writes.push((JOBS_NS, id, None));
+            self.store.state_put_many(&writes)?;
+        } else {
+            self.store
+                .state_put(JOBS_NS, &job.id, Some(&encode(&job)?))?;
+        }
+        Ok(())
     }
 
     /// Check the schedule against the limits at `now`: valid, at least the minimum interval,
@@ -441,7 +605,7 @@ impl JobStore {
             runs_today: 0,
             runs_day: None,
         };
-        self.save(&job)?;
+        self.save_asked(&job)?;
         Ok(job)
     }
 
@@ -522,7 +686,7 @@ impl JobStore {
             job.schedule = s;
             job.anchor = now;
         }
-        self.save(&job)?;
+        self.save_asked(&job)?;
         Ok(job)
     }
 
@@ -533,6 +697,13 @@ impl JobStore {
     pub fn remove(&self, id: &str, owner: Option<&SessionKey>) -> Result<Job, JobError> {
         let _g = self.guard();
         let job = self.load_owned(id, owner)?;
+        if let Some(sh) = self.shared.get() {
+            sh.publish(id, None).map_err(|e| {
+                JobError::Store(StoreError::Backend(format!(
+                    "the job could not be removed from the cluster ({e}); try again"
+                )))
+            })?;
+        }
         self.delete(id)?;
         Ok(job)
     }
@@ -547,6 +718,11 @@ impl JobStore {
             .collect();
         writes.push((JOBS_NS, id, None));
         self.store.state_put_many(&writes)?;
+        if let Some(sh) = self.shared.get() {
+            if let Err(e) = sh.publish(id, None) {
+                tracing::warn!(job = %id, error = %e, "scheduled job removal not shared");
+            }
+        }
         Ok(())
     }
 
@@ -559,7 +735,7 @@ impl JobStore {
         let mut job = self.load_owned(id, owner)?;
         job.enabled = false;
         job.paused_reason = Some("paused by request".into());
-        self.save(&job)?;
+        self.save_asked(&job)?;
         Ok(job)
     }
 
@@ -587,7 +763,7 @@ impl JobStore {
         job.enabled = true;
         job.paused_reason = None;
         job.consecutive_failures = 0;
-        self.save(&job)?;
+        self.save_asked(&job)?;
         Ok(job)
     }
 
@@ -601,6 +777,7 @@ impl JobStore {
     /// (its zone removed from the system), is skipped with a warning.
     pub fn due(&self, now: DateTime<Utc>) -> Result<Vec<Due>, JobError> {
         let _g = self.guard();
+        self.sync()?;
         let mut out = Vec::new();
         for (key, text) in self.store.state_scan(JOBS_NS)? {
             // One undecodable record (written by a newer weft, say) must not stop every job.
@@ -744,6 +921,14 @@ impl JobStore {
         writes.push((ns.as_str(), key.as_str(), Some(record_text.as_str())));
         writes.push((JOBS_NS, id, Some(job_text.as_str())));
         self.store.state_put_many(&writes)?;
+        if let Some(sh) = self.shared.get() {
+            let shared = sh
+                .add_run(id, &record_text, RUNS_KEPT)
+                .and_then(|()| sh.publish(id, Some(&job_text)));
+            if let Err(e) = shared {
+                tracing::warn!(job = %id, error = %e, "scheduled run not shared");
+            }
+        }
         Ok(Recorded {
             duplicate: false,
             paused,
@@ -757,6 +942,24 @@ impl JobStore {
     /// [`JobError::NotFound`]; a store failure or a corrupt record.
     pub fn runs(&self, id: &str, owner: Option<&SessionKey>) -> Result<Vec<RunRecord>, JobError> {
         self.load_owned(id, owner)?;
+        if let Some(sh) = self.shared.get() {
+            match sh.runs(id) {
+                Ok(list) => {
+                    return list
+                        .iter()
+                        .map(|v| {
+                            serde_json::from_str(v).map_err(|e| JobError::Corrupt {
+                                key: format!("cluster runs of {id}"),
+                                detail: e.to_string(),
+                            })
+                        })
+                        .collect()
+                }
+                Err(e) => {
+                    tracing::warn!(job = %id, error = %e, "shared run history not reachable; showing this gateway's");
+                }
+            }
+        }
         let ns = runs_ns(id);
         self.store
             .state_scan(&ns)?

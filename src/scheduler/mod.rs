@@ -11,6 +11,7 @@ pub mod jobs;
 pub mod runtime;
 pub mod schedule;
 pub mod settings;
+pub mod shared;
 pub mod tool;
 pub use crate::types::tz;
 

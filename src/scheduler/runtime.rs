@@ -47,6 +47,10 @@ pub const HEARTBEAT_FILE: &str = "HEARTBEAT.md";
 /// Longest sleep of the timer while jobs exist: the wall clock may jump (suspend, NTP), and
 /// a wake-up every few minutes re-reads it.
 const MAX_SLEEP: Duration = Duration::from_secs(300);
+/// Shortest and longest sleep of the timer when the jobs are shared (cluster mode): jobs
+/// added on another node are seen within the longest.
+const SHARED_MIN_SLEEP: Duration = Duration::from_millis(200);
+const SHARED_MAX_SLEEP: Duration = Duration::from_secs(2);
 /// Most bytes of `HEARTBEAT.md` put in a heartbeat turn (16 KiB).
 const HEARTBEAT_MAX_BYTES: usize = 16 * 1024;
 
@@ -266,6 +270,13 @@ impl Scheduler {
                     .min(MAX_SLEEP),
                 None => Duration::from_secs(24 * 3600),
             };
+            // Shared jobs: re-read the shared copy often (jobs added on other nodes), and do
+            // not spin on an occurrence that could not be claimed.
+            let sleep = if self.jobs.is_shared() {
+                sleep.clamp(SHARED_MIN_SLEEP, SHARED_MAX_SLEEP)
+            } else {
+                sleep
+            };
             tokio::select! {
                 () = stop.cancelled() => return,
                 () = self.wake.notified() => {}
@@ -283,6 +294,22 @@ impl Scheduler {
                         continue;
                     }
                     if let Some(run) = d.plan.runs.into_iter().next() {
+                        // Shared jobs (cluster mode): the gateway that claims an occurrence
+                        // runs it; the others move past it.
+                        match self.jobs.claim(&d.job.id, &run) {
+                            Ok(None) => {}
+                            Ok(Some(other)) => {
+                                tracing::debug!(job = %d.job.id, run = %run.id, node = %other, "scheduled run claimed by another node");
+                                if let Err(e) = self.jobs.passed(&d.job.id, &run) {
+                                    tracing::error!(job = %d.job.id, error = %e, "could not move a scheduled job on");
+                                }
+                                continue;
+                            }
+                            Err(e) => {
+                                tracing::warn!(job = %d.job.id, error = %e, "scheduled run not claimed (cluster unreachable); retried");
+                                continue;
+                            }
+                        }
                         if let Err(e) = self.start(&d.job, run) {
                             tracing::error!(job = %d.job.id, error = %e, "could not start a scheduled run");
                         }

@@ -6,7 +6,8 @@
 //! flush, and calls recorded outside a turn ([`UsageLedger::record`]) ride the next one.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use crate::config::usage::UsageConfig;
 use crate::llm::{ChatRequest, ChatResponse, Usage};
@@ -51,7 +52,25 @@ pub struct UsageSnapshot {
     pub month: UsageRow,
 }
 
-#[derive(Default)]
+/// The usage of the other gateways of a cluster (cluster mode): each gateway publishes its own
+/// counters and the budget checks add the others'. The daemon provides the implementation;
+/// without one (single-node mode) nothing here is used.
+pub trait SharedUsage: Send + Sync {
+    /// Publish this gateway's counters of `day` (all of them; they replace the last ones).
+    /// Must not block.
+    fn publish(&self, day: &str, rows: Vec<UsageRow>);
+    /// The other gateways' counters of `since` (a `YYYY-MM-DD` day) or later.
+    ///
+    /// # Errors
+    /// Not reachable.
+    fn others(&self, since: &str) -> Result<Vec<UsageRow>, String>;
+}
+
+/// How long the other gateways' counters are used before they are read again (2 s): the
+/// staleness of a cluster-wide budget check, besides the others' own publication delay.
+pub const SHARED_USAGE_FRESH: Duration = Duration::from_secs(2);
+
+#[derive(Clone, Default)]
 struct State {
     day: String,
     month_start: String,
@@ -126,6 +145,10 @@ pub struct UsageLedger {
     /// Replaced on a config reload.
     config: std::sync::RwLock<UsageConfig>,
     state: Mutex<State>,
+    /// The other gateways' usage (cluster mode).
+    shared: OnceLock<Arc<dyn SharedUsage>>,
+    /// Their counters as last read, and when.
+    remote: Mutex<Option<(Instant, String, Vec<UsageRow>)>>,
 }
 
 fn usd(x: f64) -> String {
@@ -176,7 +199,44 @@ impl UsageLedger {
             store,
             config: std::sync::RwLock::new(config),
             state: Mutex::new(st),
+            shared: OnceLock::new(),
+            remote: Mutex::new(None),
         })
+    }
+
+    /// Count the other gateways' usage against the budgets too, and publish this one's
+    /// (cluster mode; set once).
+    pub fn set_shared(&self, shared: Arc<dyn SharedUsage>) {
+        let _ = self.shared.set(shared);
+    }
+
+    /// The other gateways' counters of this month (cluster mode), read again when older than
+    /// [`SHARED_USAGE_FRESH`]; the last ones read when they cannot be.
+    fn remote_rows(&self, now_ms: u64) -> Option<Vec<UsageRow>> {
+        let sh = self.shared.get()?;
+        let since = month_start(&day_of(now_ms));
+        {
+            let r = self.remote.locked();
+            if let Some((at, s, rows)) = r.as_ref() {
+                if *s == since && at.elapsed() < SHARED_USAGE_FRESH {
+                    return Some(rows.clone());
+                }
+            }
+        }
+        match sh.others(&since) {
+            Ok(rows) => {
+                *self.remote.locked() = Some((Instant::now(), since, rows.clone()));
+                Some(rows)
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "the other nodes' usage cannot be read; using the last read");
+                self.remote
+                    .locked()
+                    .as_ref()
+                    .filter(|(_, s, _)| *s == since)
+                    .map(|(_, _, rows)| rows.clone())
+            }
+        }
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
@@ -351,11 +411,25 @@ impl UsageLedger {
         turn: &[CallTally],
         now_ms: u64,
     ) -> Result<(), Refusal> {
+        let remote = self.remote_rows(now_ms);
         let mut st = self.state();
         st.roll(now_ms);
         if !user.is_empty() {
             st.users_of.insert(session.to_string(), user.to_string());
         }
+        // Cluster mode: this gateway's counters plus the other gateways'.
+        let merged;
+        let view: &State = match remote {
+            Some(rows) => {
+                let mut m = (*st).clone();
+                for r in &rows {
+                    m.add(r);
+                }
+                merged = m;
+                &merged
+            }
+            None => &st,
+        };
         let mut pending = UsageRow::default();
         for t in turn {
             pending.input_tokens += t.usage.input_tokens;
@@ -368,10 +442,10 @@ impl UsageLedger {
             r
         };
         let b = self.budgets();
-        let s = with(st.sessions.get(session));
-        let u = with(st.users.get(user).filter(|_| !user.is_empty()));
-        let d = with(Some(&st.today));
-        let m = with(Some(&st.month));
+        let s = with(view.sessions.get(session));
+        let u = with(view.users.get(user).filter(|_| !user.is_empty()));
+        let d = with(Some(&view.today));
+        let m = with(Some(&view.month));
         const DAY: &str = "resets at 00:00 UTC";
         const MONTH: &str = "resets on the 1st of the month at 00:00 UTC";
         let usd_checks = [
@@ -463,7 +537,7 @@ impl UsageLedger {
             }
         }
         if refusal.is_none() {
-            refusal = self.agent_refusal(&st, session, &with);
+            refusal = self.agent_refusal(view, session, &with);
         }
         if refusal.is_some() && turn.is_empty() {
             // Refused before it started: no turn of this session runs for this user.
@@ -517,7 +591,17 @@ impl UsageLedger {
         for r in rows {
             st.add(r);
         }
+        let day = st.day.clone();
         drop(st);
+        if let Some(sh) = self.shared.get() {
+            match self.store.usage_rows(&day) {
+                Ok(mut mine) => {
+                    mine.retain(|r| r.day == day);
+                    sh.publish(&day, mine);
+                }
+                Err(e) => tracing::warn!(error = %e, "this node's usage not published"),
+            }
+        }
         for r in rows {
             let micro = (r.cost_usd * 1_000_000.0).round();
             if micro >= 1.0 {

@@ -96,7 +96,7 @@ impl Server {
 }
 
 /// A NATS cluster of `n` servers with JetStream on loopback, in a temporary directory.
-struct Nats {
+pub(crate) struct Nats {
     bin: PathBuf,
     servers: Vec<Server>,
     _dir: tempfile::TempDir,
@@ -111,7 +111,7 @@ impl Drop for Nats {
 }
 
 impl Nats {
-    async fn start(n: usize) -> Option<Self> {
+    pub(crate) async fn start(n: usize) -> Option<Self> {
         let bin = nats_server()?;
         let dir = tempfile::tempdir().unwrap();
         let ports: Vec<(u16, u16)> = (0..n).map(|_| (free_port(), free_port())).collect();
@@ -154,7 +154,7 @@ impl Nats {
         self.servers[i].spawn(&bin);
     }
 
-    fn urls(&self) -> Vec<String> {
+    pub(crate) fn urls(&self) -> Vec<String> {
         self.servers.iter().map(Server::url).collect()
     }
 
@@ -259,7 +259,7 @@ async fn start_nodes(
 }
 
 /// Every node's log, one after the other.
-fn logs_of(dirs: &[tempfile::TempDir]) -> String {
+pub(crate) fn logs_of(dirs: &[tempfile::TempDir]) -> String {
     dirs.iter()
         .map(|d| log_of(d.path()))
         .collect::<Vec<_>>()
