@@ -137,10 +137,9 @@ impl Gateway {
             &store,
             cluster.as_ref(),
         ));
-        let mut daemon = Daemon::start(&config, store, model, channels)
+        let daemon = Daemon::start_in(&config, store, model, channels, cluster.clone())
             .await
             .map_err(CliError::msg)?;
-        daemon.set_cluster(cluster.clone());
         admin.attach(
             daemon.bus().clone(),
             daemon.store().clone(),

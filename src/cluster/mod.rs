@@ -13,6 +13,8 @@ pub mod settings;
 #[cfg(feature = "cluster")]
 pub mod fence;
 #[cfg(feature = "cluster")]
+pub mod inbound;
+#[cfg(feature = "cluster")]
 pub mod lease;
 #[cfg(feature = "cluster")]
 pub mod leased;

@@ -200,6 +200,7 @@ struct Inner {
 struct Ready {
     leases: Leases,
     state: kv::Store,
+    js: jetstream::Context,
 }
 
 /// This node in the cluster (cheap to clone).
@@ -312,7 +313,12 @@ impl Cluster {
         let js = jetstream::new(client.clone());
         let every = self.inner.fence.renew_every();
         let (leases, nodes, state) = loop {
-            match buckets(&js, s.lease_ttl).await {
+            let made = async {
+                let b = buckets(&js, s.lease_ttl).await?;
+                super::inbound::ensure_stream(&js).await?;
+                Ok::<_, ClusterError>(b)
+            };
+            match made.await {
                 Ok(b) => break b,
                 Err(e) => {
                     self.set_health(Some(unreachable(&client, &e.to_string())));
@@ -326,6 +332,7 @@ impl Cluster {
         let _ = ready_tx.send(Some(Ready {
             leases: Leases::new(leases, self.inner.fence, s.node_id.clone()),
             state,
+            js: js.clone(),
         }));
         let started_ms = clawft_channel_core::now_ms();
         let key = super::key_part(&s.node_id);
@@ -504,6 +511,11 @@ impl Cluster {
     /// The channel state bucket, once NATS answered.
     pub fn state_bucket(&self) -> Option<kv::Store> {
         self.inner.ready.borrow().as_ref().map(|r| r.state.clone())
+    }
+
+    /// JetStream, once NATS answered.
+    pub fn jetstream(&self) -> Option<jetstream::Context> {
+        self.inner.ready.borrow().as_ref().map(|r| r.js.clone())
     }
 
     /// The lease store, once NATS answered.

@@ -11,6 +11,8 @@ mod cli_output;
 mod cli_polish;
 #[cfg(feature = "cluster")]
 mod cluster;
+#[cfg(feature = "cluster")]
+mod cluster_bus;
 mod common;
 mod context_files;
 mod control;
