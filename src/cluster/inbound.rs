@@ -28,8 +28,11 @@ pub const IN_STREAM: &str = "WEFT_IN";
 pub const DEDUP_WINDOW: Duration = Duration::from_secs(24 * 3600);
 /// Messages of a partition handed to sessions and not yet acknowledged, at most.
 const MAX_IN_FLIGHT: i64 = 256;
+/// Acknowledgements of an answered message tried at most (then the next owner may answer it
+/// again).
+const MAX_ACK_TRIES: u32 = 400;
 /// How often the owner looks for finished turns to acknowledge.
-const ACK_EVERY: Duration = Duration::from_millis(100);
+const ACK_EVERY: Duration = Duration::from_millis(25);
 
 /// The partition of a session key (FNV-1a, stable across builds and machines).
 pub fn partition_of(key: &str, partitions: u32) -> u32 {
@@ -176,18 +179,25 @@ pub fn spawn_partitions(cluster: &Cluster, args: &Consume, tasks: &TaskTracker) 
 }
 
 /// One message handed to a session and not yet acknowledged: its JetStream deliveries.
-type Waiting = HashMap<(String, String), Vec<jetstream::Message>>;
+type Waiting = HashMap<(String, String), (Vec<jetstream::Message>, u32)>;
 
 async fn partition_loop(cluster: Cluster, p: u32, args: Consume) {
     let hold = cluster.hold(&lease_key(p));
     let mut rx = hold.watch();
     let mut waiting = Waiting::new();
     loop {
-        let h = tokio::select! {
-            h = super::leased::held(&mut rx) => h,
-            () = args.intake.cancelled() => break,
+        // Not the owner (yet, or any more): messages this node answered are still
+        // acknowledged, as soon as NATS takes it, so the next owner does not answer them again.
+        let h = loop {
+            tokio::select! {
+                h = super::leased::held(&mut rx) => break Some(h),
+                () = args.intake.cancelled() => break None,
+                () = tokio::time::sleep(ACK_EVERY), if !waiting.is_empty() => {
+                    ack_finished(&args.store, &mut waiting).await;
+                }
+            }
         };
-        let Some(h) = h else { break };
+        let Some(Some(h)) = h else { break };
         tracing::info!(
             partition = p,
             token = h.token,
@@ -291,7 +301,7 @@ async fn take(args: &Consume, m: jetstream::Message, waiting: &mut Waiting) -> R
         env.event.channel.to_string(),
         env.event.event_id.to_string(),
     );
-    if let Some(w) = waiting.get_mut(&key) {
+    if let Some((w, _)) = waiting.get_mut(&key) {
         // Delivered again while its turn runs here: acknowledged with it.
         w.push(m);
         return Ok(());
@@ -315,7 +325,7 @@ async fn take(args: &Consume, m: jetstream::Message, waiting: &mut Waiting) -> R
             Err(e) => return Err(format!("cannot read the journal: {e}")),
         },
     }
-    waiting.insert(key, vec![m]);
+    waiting.insert(key, (vec![m], 0));
     Ok(())
 }
 
@@ -327,10 +337,11 @@ async fn ack_finished(store: &Store, waiting: &mut Waiting) {
     let done: Vec<(String, String)> = waiting
         .keys()
         .filter(|(ch, id)| {
-            let finished = matches!(
-                store.journaled(ch, id),
-                Ok(Some(e)) if e.state == InboxState::Done
-            ) || matches!(store.journaled(ch, id), Ok(None));
+            let finished = match store.journaled(ch, id) {
+                Ok(Some(e)) => e.state == InboxState::Done,
+                Ok(None) => true,
+                Err(_) => false,
+            };
             finished
                 && !pending.iter().any(|o| {
                     o.channel.as_str() == ch
@@ -339,13 +350,29 @@ async fn ack_finished(store: &Store, waiting: &mut Waiting) {
         })
         .cloned()
         .collect();
-    for k in done {
-        if let Some(ms) = waiting.remove(&k) {
-            for m in ms {
-                if let Err(e) = m.double_ack().await {
-                    tracing::debug!(error = %e, "cluster: acknowledgement not confirmed (delivered again, then found answered)");
-                }
+    let batches: Vec<((String, String), (Vec<jetstream::Message>, u32))> = done
+        .into_iter()
+        .filter_map(|k| waiting.remove(&k).map(|ms| (k, ms)))
+        .collect();
+    // All at once: the sooner an answered message is acknowledged, the shorter the window in
+    // which a kill makes the next owner answer it again. One not confirmed is tried again
+    // (NATS away): acknowledging it late still spares the next owner answering it again.
+    let results = futures::future::join_all(batches.iter().map(|(_, (ms, _))| async move {
+        let mut ok = true;
+        for m in ms {
+            if let Err(e) = m.double_ack().await {
+                tracing::debug!(error = %e, "cluster: acknowledgement not confirmed; trying again");
+                ok = false;
             }
+        }
+        ok
+    }))
+    .await;
+    for ((k, (ms, tries)), ok) in batches.into_iter().zip(results) {
+        // Given up after a while: the consumer is gone (a new owner made its own), which
+        // finds the message answered only when it owned it before.
+        if !ok && tries < MAX_ACK_TRIES {
+            waiting.insert(k, (ms, tries + 1));
         }
     }
 }

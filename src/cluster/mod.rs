@@ -3,8 +3,9 @@
 //! and the node registry ([`node`]), leases with fencing on a JetStream key-value bucket
 //! ([`fence`], [`lease`]), and one connection per bot account across the cluster: a channel's
 //! long-lived connection runs only on the node holding its lease ([`leased`]), its resume state
-//! in the cluster, its writes fenced by the lease ([`state`]). [`status`] is what `weft cluster
-//! status` and `weft doctor` read.
+//! in the cluster, its writes fenced by the lease ([`state`]); the inbound journal in JetStream
+//! with session partitions leased to and consumed by their owner ([`inbound`]). [`status`] is
+//! what `weft cluster status` and `weft doctor` read.
 //!
 //! Everything but [`settings`] needs the `cluster` cargo feature.
 

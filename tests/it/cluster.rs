@@ -149,7 +149,7 @@ impl Nats {
         Some(nats)
     }
 
-    fn restart(&mut self, i: usize) {
+    pub(crate) fn restart(&mut self, i: usize) {
         let bin = self.bin.clone();
         self.servers[i].spawn(&bin);
     }
