@@ -334,9 +334,8 @@ async fn ack_finished(store: &Store, waiting: &mut Waiting) {
     let Ok(pending) = store.pending_outbound() else {
         return;
     };
-    let done: Vec<(String, String)> = waiting
-        .keys()
-        .filter(|(ch, id)| {
+    let batches: Vec<_> = waiting
+        .extract_if(|(ch, id), _| {
             let finished = match store.journaled(ch, id) {
                 Ok(Some(e)) => e.state == InboxState::Done,
                 Ok(None) => true,
@@ -344,15 +343,12 @@ async fn ack_finished(store: &Store, waiting: &mut Waiting) {
             };
             finished
                 && !pending.iter().any(|o| {
-                    o.channel.as_str() == ch
-                        && o.in_reply_to.as_ref().is_some_and(|r| r.as_str() == id)
+                    o.channel.as_str() == ch.as_str()
+                        && o.in_reply_to
+                            .as_ref()
+                            .is_some_and(|r| r.as_str() == id.as_str())
                 })
         })
-        .cloned()
-        .collect();
-    let batches: Vec<((String, String), (Vec<jetstream::Message>, u32))> = done
-        .into_iter()
-        .filter_map(|k| waiting.remove(&k).map(|ms| (k, ms)))
         .collect();
     // All at once: the sooner an answered message is acknowledged, the shorter the window in
     // which a kill makes the next owner answer it again. One not confirmed is tried again
