@@ -227,7 +227,9 @@ enum Decided {
     Duplicate,
     /// Journaled; routed and acknowledged once the batch is durable.
     New(Box<crate::store::InboxEntry>),
-    /// Accepted in cluster mode: to publish to the cluster's inbound journal.
+    /// Accepted in cluster mode: to publish to the cluster's inbound journal (never made in a
+    /// build without cluster support).
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
     Publish(Box<(crate::types::SessionKey, InboundEvent)>),
 }
 
