@@ -148,7 +148,7 @@ impl Gateway {
             &store,
             cluster.as_ref(),
         ));
-        let mut daemon = Daemon::start(&config, store, model, channels)
+        let daemon = Daemon::start_in(&config, store, model, channels, cluster.clone())
             .await
             .map_err(CliError::msg)?;
         // Before the daemon's timers first run (no await since it started).
@@ -156,7 +156,6 @@ impl Gateway {
         if let Some(c) = &cluster {
             crate::daemon::cluster_state::share(&daemon, c);
         }
-        daemon.set_cluster(cluster.clone());
         admin.attach(
             daemon.bus().clone(),
             daemon.store().clone(),

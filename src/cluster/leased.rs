@@ -53,7 +53,7 @@ impl LeasedChannel {
 }
 
 /// Wait until the lease is this node's (and valid): its holding.
-async fn held(rx: &mut watch::Receiver<Option<Holding>>) -> Option<Holding> {
+pub(super) async fn held(rx: &mut watch::Receiver<Option<Holding>>) -> Option<Holding> {
     loop {
         if let Some(h) = (*rx.borrow_and_update()).filter(Holding::valid) {
             return Some(h);
@@ -64,7 +64,7 @@ async fn held(rx: &mut watch::Receiver<Option<Holding>>) -> Option<Holding> {
 
 /// Resolves when the lease is no longer this node's: lost, or its time on this node's clock
 /// is over without a renewal.
-async fn lost(rx: &mut watch::Receiver<Option<Holding>>, token: u64) {
+pub(super) async fn lost(rx: &mut watch::Receiver<Option<Holding>>, token: u64) {
     loop {
         let now = *rx.borrow_and_update();
         let Some(h) = now.filter(|h| h.token == token && h.valid()) else {

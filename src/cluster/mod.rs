@@ -3,9 +3,10 @@
 //! and the node registry ([`node`]), leases with fencing on a JetStream key-value bucket
 //! ([`fence`], [`lease`]), and one connection per bot account across the cluster: a channel's
 //! long-lived connection runs only on the node holding its lease ([`leased`]), its resume state
-//! in the cluster, its writes fenced by the lease ([`state`]). [`status`] is what `weft cluster
-//! status` and `weft doctor` read. Shared state: the scheduled jobs and their once-per-occurrence
-//! claims ([`jobs`]) and the usage counters the budgets add up ([`usage`]).
+//! in the cluster, its writes fenced by the lease ([`state`]); the inbound journal in JetStream
+//! with session partitions leased to and consumed by their owner ([`inbound`]). [`status`] is
+//! what `weft cluster status` and `weft doctor` read. Shared state: the scheduled jobs and their
+//! once-per-occurrence claims ([`jobs`]) and the usage counters the budgets add up ([`usage`]).
 //!
 //! Everything but [`settings`] needs the `cluster` cargo feature.
 
@@ -13,6 +14,8 @@ pub mod settings;
 
 #[cfg(feature = "cluster")]
 pub mod fence;
+#[cfg(feature = "cluster")]
+pub mod inbound;
 #[cfg(feature = "cluster")]
 pub mod jobs;
 #[cfg(feature = "cluster")]

@@ -317,7 +317,12 @@ impl Cluster {
         let js = jetstream::new(client.clone());
         let every = self.inner.fence.renew_every();
         let (leases, nodes, state) = loop {
-            match buckets(&js, s.lease_ttl).await {
+            let made = async {
+                let b = buckets(&js, s.lease_ttl).await?;
+                super::inbound::ensure_stream(&js).await?;
+                Ok::<_, ClusterError>(b)
+            };
+            match made.await {
                 Ok(b) => break b,
                 Err(e) => {
                     self.set_health(Some(unreachable(&client, &e.to_string())));

@@ -67,6 +67,14 @@ pub async fn collect(s: &ClusterSettings) -> Result<Value, ClusterError> {
         .list("conn.")
         .await
         .map_err(|e| ClusterError::Nats(e.to_string()))?;
+    let parts = leases
+        .list("part.")
+        .await
+        .map_err(|e| ClusterError::Nats(e.to_string()))?;
+    let mut owners = std::collections::BTreeMap::<String, u64>::new();
+    for p in &parts {
+        *owners.entry(p.holder.clone()).or_default() += 1;
+    }
     Ok(json!({
         "this_node": s.node_id,
         "lease_ttl_secs": s.lease_ttl.as_secs(),
@@ -80,8 +88,9 @@ pub async fn collect(s: &ClusterSettings) -> Result<Value, ClusterError> {
         })).collect::<Vec<_>>(),
         "partitions": {
             "count": s.partitions,
-            "leased": false,
-            "note": "session partitions are not leased yet: each node processes the messages it receives",
+            "leased": true,
+            "held": parts.len(),
+            "owners": owners,
         },
         "connections": conns,
     }))
@@ -115,11 +124,22 @@ pub fn render(v: &Value) -> String {
             n["version"].as_str().unwrap_or(""),
         );
     }
+    let owners = v["partitions"]["owners"]
+        .as_object()
+        .map(|o| {
+            o.iter()
+                .map(|(k, n)| format!("{k}: {n}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        })
+        .unwrap_or_default();
     let _ = writeln!(
         out,
-        "partitions: {} ({})",
+        "partitions: {} ({} held{}{})",
         v["partitions"]["count"],
-        v["partitions"]["note"].as_str().unwrap_or("")
+        v["partitions"]["held"],
+        if owners.is_empty() { "" } else { "; " },
+        owners
     );
     let _ = writeln!(out, "connection leases:");
     let conns = v["connections"].as_array().cloned().unwrap_or_default();

@@ -141,12 +141,20 @@ impl Daemon {
                 tasks: &self.tasks,
                 max_inbound_bytes: self.config.max_inbound_bytes,
                 chat_channels: &self.config.chat_channels,
+                cluster: self.cluster.as_ref(),
             },
             ch,
             access,
         )
         .await
     }
+}
+
+/// Whether channel `id` journals its messages in the cluster (cluster mode): the chat
+/// channels do; the HTTP API, the OpenAI endpoint and the web chat answer on the node that
+/// received the request.
+fn clustered(chat_channels: &[crate::config::ChatChannelConfig], id: &str) -> bool {
+    chat_channels.iter().any(|c| c.id() == id)
 }
 
 /// What starting a channel needs.
@@ -162,6 +170,8 @@ struct ChannelKit<'a> {
     max_inbound_bytes: usize,
     /// The chat channels' settings (`max_chats_in_flight`).
     chat_channels: &'a [crate::config::ChatChannelConfig],
+    /// Cluster mode: the chat channels journal their messages in the cluster.
+    cluster: Option<&'a crate::cluster::Cluster>,
 }
 
 async fn start_channel(
@@ -204,6 +214,10 @@ async fn start_channel(
             open: kit.open.clone(),
             stop: stop.clone(),
             max_inbound_bytes: kit.max_inbound_bytes,
+            cluster: kit
+                .cluster
+                .filter(|_| clustered(kit.chat_channels, &id))
+                .cloned(),
         },
         kit.tasks,
     );
@@ -333,6 +347,21 @@ impl Daemon {
         store: Store,
         model: DynModel,
         channels: Vec<Arc<dyn Channel>>,
+    ) -> Result<Self, DaemonError> {
+        Self::start_in(config, store, model, channels, None).await
+    }
+
+    /// [`Daemon::start`] as a node of `cluster` (cluster mode): the chat channels' messages
+    /// are journaled in the cluster and processed by their partition's owner.
+    ///
+    /// # Errors
+    /// As [`Daemon::start`].
+    pub async fn start_in(
+        config: &Config,
+        store: Store,
+        model: DynModel,
+        channels: Vec<Arc<dyn Channel>>,
+        cluster: Option<crate::cluster::Cluster>,
     ) -> Result<Self, DaemonError> {
         let workspace = open_workspace(config)?;
         let outbox = Outbox::new(store.clone(), ChannelTable::default())
@@ -471,6 +500,7 @@ impl Daemon {
                     tasks: &tasks,
                     max_inbound_bytes: config.max_inbound_bytes,
                     chat_channels: &config.chat_channels,
+                    cluster: cluster.as_ref(),
                 },
                 ch,
                 &access,
@@ -500,8 +530,16 @@ impl Daemon {
             }
             outbox.route(m);
         }
-        // Messages accepted before a crash but not answered.
-        let inbound = store.pending_inbound()?;
+        // Messages accepted before a crash but not answered (in cluster mode, the chat
+        // channels' ones are in the cluster's journal: their partition's owner resumes them).
+        let mut inbound = store.pending_inbound()?;
+        if cluster.is_some() {
+            inbound.retain(|e| {
+                e.event
+                    .as_ref()
+                    .is_none_or(|ev| !clustered(&config.chat_channels, ev.channel.as_str()))
+            });
+        }
         if !inbound.is_empty() {
             tracing::info!(
                 count = inbound.len(),
@@ -512,6 +550,20 @@ impl Daemon {
             inbox.route(e);
         }
         open.cancel();
+        #[cfg(feature = "cluster")]
+        if let Some(c) = &cluster {
+            let route_inbox = inbox.clone();
+            crate::cluster::inbound::spawn_partitions(
+                c,
+                &crate::cluster::inbound::Consume {
+                    store: store.clone(),
+                    route: Arc::new(move |e| route_inbox.route(e)),
+                    intake: intake.clone(),
+                    done: turns.clone(),
+                },
+                &tasks,
+            );
+        }
         // After the replay: a run journaled before a crash is found again as a duplicate and
         // waits for its replayed turn instead of starting twice.
         let route_inbox = inbox.clone();
@@ -547,7 +599,7 @@ impl Daemon {
             supervisor,
             workspace,
             usage,
-            cluster: None,
+            cluster,
             config: config.clone(),
         })
     }

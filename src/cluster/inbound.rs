@@ -1,0 +1,394 @@
+//! The inbound journal of the cluster (docs/cluster.md): the node that receives a chat message
+//! publishes it to the JetStream stream `WEFT_IN` on the subject of its session's partition
+//! (`weft.in.<n>`, deduplicated by channel + platform event id) and confirms it to the platform
+//! only once JetStream has stored it; each partition is leased (`part.<n>`) and consumed in
+//! order by its holder, which journals the message in its local store, routes it to the
+//! session, and acknowledges it in JetStream only once the turn is finished and its reply
+//! delivered. A message whose owner died before that is delivered again to the next owner.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream::{self, consumer::pull, stream};
+use clawft_channel_core::InboundEvent;
+use futures::StreamExt;
+use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::node::{Cluster, ClusterError};
+use crate::store::{InboxEntry, InboxState, JournalOutcome, Store};
+use crate::types::SessionKey;
+
+/// The stream of the inbound journal.
+pub const IN_STREAM: &str = "WEFT_IN";
+/// How long JetStream remembers a message id to drop a second publication of it: longer than
+/// any platform redelivers an unconfirmed update (Telegram keeps them 24 h).
+pub const DEDUP_WINDOW: Duration = Duration::from_secs(24 * 3600);
+/// Messages of a partition handed to sessions and not yet acknowledged, at most.
+const MAX_IN_FLIGHT: i64 = 256;
+/// Acknowledgements of an answered message tried at most (then the next owner may answer it
+/// again).
+const MAX_ACK_TRIES: u32 = 400;
+/// How often the owner looks for finished turns to acknowledge.
+const ACK_EVERY: Duration = Duration::from_millis(25);
+
+/// The partition of a session key (FNV-1a, stable across builds and machines).
+pub fn partition_of(key: &str, partitions: u32) -> u32 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in key.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    u32::try_from(h % u64::from(partitions.max(1))).unwrap_or(0)
+}
+
+/// The subject of partition `p`.
+pub fn subject(p: u32) -> String {
+    format!("weft.in.{p}")
+}
+
+/// The lease key of partition `p`.
+pub fn lease_key(p: u32) -> String {
+    format!("part.{p}")
+}
+
+/// What is published: the accepted event and its session.
+#[derive(Serialize, Deserialize)]
+struct Envelope {
+    session: SessionKey,
+    event: InboundEvent,
+}
+
+/// Make the stream if missing: replicated on three servers when the cluster has them.
+///
+/// # Errors
+/// JetStream refused or did not answer.
+pub async fn ensure_stream(js: &jetstream::Context) -> Result<(), ClusterError> {
+    if js.get_stream(IN_STREAM).await.is_ok() {
+        return Ok(());
+    }
+    let mut last = String::new();
+    for replicas in [3, 1] {
+        match js
+            .create_stream(stream::Config {
+                name: IN_STREAM.into(),
+                description: Some("weft inbound journal".into()),
+                subjects: vec!["weft.in.>".into()],
+                retention: stream::RetentionPolicy::WorkQueue,
+                storage: stream::StorageType::File,
+                num_replicas: replicas,
+                duplicate_window: DEDUP_WINDOW,
+                ..Default::default()
+            })
+            .await
+        {
+            Ok(_) => return Ok(()),
+            Err(e) => last = e.to_string(),
+        }
+        if js.get_stream(IN_STREAM).await.is_ok() {
+            return Ok(());
+        }
+    }
+    Err(ClusterError::Nats(format!("stream {IN_STREAM}: {last}")))
+}
+
+/// What became of a publication.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Published {
+    /// Stored in the cluster.
+    New,
+    /// The cluster had it already (same channel and event id).
+    Duplicate,
+}
+
+/// Publish accepted events (with their sessions) to their partitions, in this order, and
+/// wait until JetStream has stored each (replicated): one answer per event.
+pub async fn publish(
+    cluster: &Cluster,
+    events: Vec<(SessionKey, InboundEvent)>,
+) -> Vec<Result<Published, String>> {
+    let n = events.len();
+    let Some(js) = cluster.jetstream() else {
+        return vec![Err("the cluster is not reachable yet".to_string()); n];
+    };
+    let partitions = cluster.settings().partitions;
+    let fut = async move {
+        // Sent one after the other (so a chat's messages keep their order in the stream),
+        // then the confirmations awaited together.
+        let mut acks = Vec::with_capacity(events.len());
+        for (session, event) in events {
+            let p = partition_of(session.as_str(), partitions);
+            let id = format!("{}:{}", event.channel, event.event_id);
+            let body = match serde_json::to_vec(&Envelope { session, event }) {
+                Ok(b) => b,
+                Err(e) => {
+                    acks.push(Err(e.to_string()));
+                    continue;
+                }
+            };
+            let sent = js
+                .send_publish(
+                    subject(p),
+                    jetstream::message::PublishMessage::build()
+                        .payload(body.into())
+                        .message_id(id),
+                )
+                .await
+                .map_err(|e| e.to_string());
+            acks.push(sent);
+        }
+        futures::future::join_all(acks.into_iter().map(|a| async move {
+            let ack = a?.await.map_err(|e| e.to_string())?;
+            Ok(if ack.duplicate {
+                Published::Duplicate
+            } else {
+                Published::New
+            })
+        }))
+        .await
+    };
+    match tokio::time::timeout(Duration::from_secs(10), cluster.run_here(fut)).await {
+        Ok(Some(r)) => r,
+        Ok(None) => vec![Err("the cluster stopped".to_string()); n],
+        Err(_) => vec![Err("JetStream did not confirm in time".to_string()); n],
+    }
+}
+
+/// What the partition owners need.
+#[derive(Clone)]
+pub struct Consume {
+    /// The local store (journal, transcripts, outbox: the cache of the partition's state).
+    pub store: Store,
+    /// Route a journaled entry to its session.
+    pub route: Arc<dyn Fn(InboxEntry) -> bool + Send + Sync>,
+    /// Fires to stop taking new messages (first step of shutdown).
+    pub intake: CancellationToken,
+    /// Fires when the turns are over (after the shutdown grace): stop acknowledging too.
+    pub done: CancellationToken,
+}
+
+/// Hold and consume every partition this node can get, on `tasks`.
+pub fn spawn_partitions(cluster: &Cluster, args: &Consume, tasks: &TaskTracker) {
+    for p in 0..cluster.settings().partitions {
+        let c = cluster.clone();
+        let a = args.clone();
+        tasks.spawn(async move { partition_loop(c, p, a).await });
+    }
+}
+
+/// One message handed to a session and not yet acknowledged: its JetStream deliveries.
+type Waiting = HashMap<(String, String), (Vec<jetstream::Message>, u32)>;
+
+async fn partition_loop(cluster: Cluster, p: u32, args: Consume) {
+    let hold = cluster.hold(&lease_key(p));
+    let mut rx = hold.watch();
+    let mut waiting = Waiting::new();
+    loop {
+        // Not the owner (yet, or any more): messages this node answered are still
+        // acknowledged, as soon as NATS takes it, so the next owner does not answer them again.
+        let h = loop {
+            tokio::select! {
+                h = super::leased::held(&mut rx) => break Some(h),
+                () = args.intake.cancelled() => break None,
+                () = tokio::time::sleep(ACK_EVERY), if !waiting.is_empty() => {
+                    ack_finished(&args.store, &mut waiting).await;
+                }
+            }
+        };
+        let Some(Some(h)) = h else { break };
+        tracing::info!(
+            partition = p,
+            token = h.token,
+            "cluster: this node owns the partition"
+        );
+        let r = tokio::select! {
+            r = consume(&cluster, p, &args, &mut waiting) => Some(r),
+            () = super::leased::lost(&mut rx, h.token) => None,
+        };
+        match r {
+            None => tracing::warn!(
+                partition = p,
+                "cluster: partition lease lost: stopped consuming"
+            ),
+            Some(Ok(())) => break,
+            Some(Err(e)) => {
+                tracing::warn!(partition = p, error = %e, "cluster: partition consumer failed; trying again");
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_millis(500)) => {}
+                    () = args.intake.cancelled() => break,
+                }
+            }
+        }
+    }
+    // Shutdown: the turns under way finish within the grace; acknowledge them while the
+    // lease is still ours, so the next owner does not answer them again.
+    if hold.current().is_some() {
+        while !waiting.is_empty() {
+            tokio::select! {
+                () = tokio::time::sleep(ACK_EVERY) => {}
+                () = args.done.cancelled() => break,
+            }
+            if hold.current().is_none() {
+                break;
+            }
+            ack_finished(&args.store, &mut waiting).await;
+        }
+    }
+    hold.release().await;
+}
+
+/// Consume partition `p` from its oldest unacknowledged message until the intake closes.
+async fn consume(
+    cluster: &Cluster,
+    p: u32,
+    args: &Consume,
+    waiting: &mut Waiting,
+) -> Result<(), String> {
+    let js = cluster
+        .jetstream()
+        .ok_or_else(|| "the cluster is not reachable yet".to_string())?;
+    let name = format!("part-{p}");
+    let stream = js.get_stream(IN_STREAM).await.map_err(|e| e.to_string())?;
+    // A work queue keeps exactly the unacknowledged messages: a new consumer starts at the
+    // oldest of them (the previous owner's in-flight turns come first, in order).
+    let _ = stream.delete_consumer(&name).await;
+    let consumer = stream
+        .create_consumer(pull::Config {
+            durable_name: Some(name),
+            filter_subject: subject(p),
+            ack_policy: jetstream::consumer::AckPolicy::Explicit,
+            deliver_policy: jetstream::consumer::DeliverPolicy::All,
+            ack_wait: Duration::from_secs(600),
+            max_ack_pending: MAX_IN_FLIGHT,
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut msgs = consumer
+        .stream()
+        .heartbeat(Duration::from_secs(5))
+        .expires(Duration::from_secs(30))
+        .messages()
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut tick = tokio::time::interval(ACK_EVERY);
+    loop {
+        tokio::select! {
+            m = msgs.next() => match m {
+                None => return Err("the consumer's stream ended".into()),
+                Some(Err(e)) => return Err(e.to_string()),
+                Some(Ok(m)) => take(args, m, waiting).await?,
+            },
+            _ = tick.tick(), if !waiting.is_empty() => ack_finished(&args.store, waiting).await,
+            () = args.intake.cancelled() => return Ok(()),
+        }
+    }
+}
+
+/// Journal a message in the local store and hand it to its session (once on this node).
+async fn take(args: &Consume, m: jetstream::Message, waiting: &mut Waiting) -> Result<(), String> {
+    let env: Envelope = match serde_json::from_slice(&m.payload) {
+        Ok(e) => e,
+        Err(e) => {
+            tracing::error!(error = %e, "cluster: unreadable message in the inbound journal; dropped");
+            let _ = m.ack_with(jetstream::AckKind::Term).await;
+            return Ok(());
+        }
+    };
+    let key = (
+        env.event.channel.to_string(),
+        env.event.event_id.to_string(),
+    );
+    if let Some((w, _)) = waiting.get_mut(&key) {
+        // Delivered again while its turn runs here: acknowledged with it.
+        w.push(m);
+        return Ok(());
+    }
+    match args
+        .store
+        .journal_inbound_async(&env.event, &env.session)
+        .await
+        .map_err(|e| format!("cannot journal: {e}"))?
+    {
+        JournalOutcome::New(entry) => {
+            (args.route)(entry);
+        }
+        JournalOutcome::Duplicate => match args.store.journaled(&key.0, &key.1) {
+            // Journaled on this node before and not finished (a turn interrupted by a restart
+            // or a lease lost and taken back): resumed once, here.
+            Ok(Some(e)) if e.state != InboxState::Done && e.event.is_some() => {
+                (args.route)(e);
+            }
+            Ok(_) => {}
+            Err(e) => return Err(format!("cannot read the journal: {e}")),
+        },
+    }
+    waiting.insert(key, (vec![m], 0));
+    Ok(())
+}
+
+/// Acknowledge the messages whose turn is finished and whose replies are delivered.
+async fn ack_finished(store: &Store, waiting: &mut Waiting) {
+    let Ok(pending) = store.pending_outbound() else {
+        return;
+    };
+    let batches: Vec<_> = waiting
+        .extract_if(|(ch, id), _| {
+            let finished = match store.journaled(ch, id) {
+                Ok(Some(e)) => e.state == InboxState::Done,
+                Ok(None) => true,
+                Err(_) => false,
+            };
+            finished
+                && !pending.iter().any(|o| {
+                    o.channel.as_str() == ch.as_str()
+                        && o.in_reply_to
+                            .as_ref()
+                            .is_some_and(|r| r.as_str() == id.as_str())
+                })
+        })
+        .collect();
+    // All at once: the sooner an answered message is acknowledged, the shorter the window in
+    // which a kill makes the next owner answer it again. One not confirmed is tried again
+    // (NATS away): acknowledging it late still spares the next owner answering it again.
+    let results = futures::future::join_all(batches.iter().map(|(_, (ms, _))| async move {
+        let mut ok = true;
+        for m in ms {
+            if let Err(e) = m.double_ack().await {
+                tracing::debug!(error = %e, "cluster: acknowledgement not confirmed; trying again");
+                ok = false;
+            }
+        }
+        ok
+    }))
+    .await;
+    for ((k, (ms, tries)), ok) in batches.into_iter().zip(results) {
+        // Given up after a while: the consumer is gone (a new owner made its own), which
+        // finds the message answered only when it owned it before.
+        if !ok && tries < MAX_ACK_TRIES {
+            waiting.insert(k, (ms, tries + 1));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn partitions_are_stable_and_spread() {
+        assert_eq!(
+            partition_of("telegram:1", 64),
+            partition_of("telegram:1", 64)
+        );
+        let mut seen = std::collections::HashSet::new();
+        for i in 0..100 {
+            seen.insert(partition_of(&format!("telegram:{i}"), 8));
+        }
+        assert_eq!(seen.len(), 8);
+        assert_eq!(partition_of("x", 1), 0);
+        assert_eq!(partition_of("x", 0), 0);
+    }
+}
