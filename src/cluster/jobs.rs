@@ -81,17 +81,7 @@ impl ClusterJobs {
         Fut: Future<Output = Result<T, String>> + Send + 'static,
         T: Send + 'static,
     {
-        let health = self.cluster.health();
-        if !health.ok {
-            return Err(format!(
-                "the cluster is not reachable: {}",
-                health.reason.unwrap_or_default()
-            ));
-        }
-        let js = self
-            .cluster
-            .jetstream()
-            .ok_or("the cluster is not connected yet")?;
+        let js = self.cluster.healthy_jetstream()?;
         let cell = self.buckets.clone();
         let node = self.cluster.settings().node_id.clone();
         self.cluster

@@ -530,6 +530,23 @@ impl Cluster {
         self.inner.ready.borrow().as_ref().map(|r| r.js.clone())
     }
 
+    /// The JetStream context when the cluster is healthy now, else why not (for the callers
+    /// that would rather fail at once than wait on NATS).
+    ///
+    /// # Errors
+    /// The cluster is not reachable, or NATS has not answered yet.
+    pub fn healthy_jetstream(&self) -> Result<jetstream::Context, String> {
+        let health = self.health();
+        if !health.ok {
+            return Err(format!(
+                "the cluster is not reachable: {}",
+                health.reason.unwrap_or_default()
+            ));
+        }
+        self.jetstream()
+            .ok_or_else(|| "the cluster is not connected yet".to_string())
+    }
+
     /// The lease store, once NATS answered.
     pub fn leases(&self) -> Option<Leases> {
         self.inner.ready.borrow().as_ref().map(|r| r.leases.clone())

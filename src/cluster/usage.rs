@@ -114,17 +114,7 @@ impl ClusterUsage {
     /// # Errors
     /// NATS failed or did not answer, or the cluster is not healthy.
     pub fn others(&self, since: &str) -> Result<Vec<UsageRow>, String> {
-        let health = self.cluster.health();
-        if !health.ok {
-            return Err(format!(
-                "the cluster is not reachable: {}",
-                health.reason.unwrap_or_default()
-            ));
-        }
-        let js = self
-            .cluster
-            .jetstream()
-            .ok_or("the cluster is not connected yet")?;
+        let js = self.cluster.healthy_jetstream()?;
         let cell = self.bucket.clone();
         let mine = format!(
             "usage.{}.",

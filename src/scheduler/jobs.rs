@@ -542,14 +542,7 @@ impl JobStore {
         job.anchor = job.anchor.max(run.scheduled);
         job.next_run = compiled.next_after(job.anchor);
         if finished(&job) {
-            let ns = runs_ns(id);
-            let runs = self.store.state_scan(&ns)?;
-            let mut writes: Vec<(&str, &str, Option<&str>)> = runs
-                .iter()
-                .map(|(k, _)| (ns.as_str(), k.as_str(), None))
-                .collect();
-            writes.push((JOBS_NS, id, None));
-            self.store.state_put_many(&writes)?;
+            self.delete(id)?;
         } else {
             self.store
                 .state_put(JOBS_NS, &job.id, Some(&encode(&job)?))?;

@@ -132,6 +132,24 @@ impl Daemon {
         d
     }
 
+    /// Its exit status once it exits (a `WEFT_FAULT` point killing it), or `None` if it is
+    /// still running after `limit`.
+    pub(crate) async fn exited_within(
+        &mut self,
+        limit: std::time::Duration,
+    ) -> Option<std::process::ExitStatus> {
+        let deadline = std::time::Instant::now() + limit;
+        loop {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                return Some(st);
+            }
+            if std::time::Instant::now() >= deadline {
+                return None;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
+
     pub(crate) fn kill9(mut self) {
         self.child.kill().unwrap(); // SIGKILL
         self.child.wait().unwrap();
