@@ -411,7 +411,13 @@ impl UsageLedger {
         turn: &[CallTally],
         now_ms: u64,
     ) -> Result<(), Refusal> {
-        let remote = self.remote_rows(now_ms);
+        // The other gateways' counters matter only to a budget: without one, no NATS round
+        // trip (and no copy of the counters) on a turn's way in.
+        let remote = if self.any_budget() {
+            self.remote_rows(now_ms)
+        } else {
+            None
+        };
         let mut st = self.state();
         st.roll(now_ms);
         if !user.is_empty() {
@@ -676,6 +682,39 @@ impl UsageLedger {
     /// The configured budgets and prices.
     pub fn config(&self) -> UsageConfig {
         self.config.read_locked().clone()
+    }
+
+    /// Whether any budget is set (`budgets.*` or an agent's own).
+    fn any_budget(&self) -> bool {
+        let c = self.config.read_locked();
+        // Every field named: a new kind of budget must be added here.
+        let crate::config::usage::BudgetsFile {
+            daily_usd,
+            monthly_usd,
+            per_session_daily_usd,
+            per_user_daily_usd,
+            daily_tokens,
+            monthly_tokens,
+            per_session_daily_tokens,
+            per_user_daily_tokens,
+        } = &c.budgets;
+        !c.agents.is_empty()
+            || [
+                daily_usd,
+                monthly_usd,
+                per_session_daily_usd,
+                per_user_daily_usd,
+            ]
+            .iter()
+            .any(|b| b.is_some())
+            || [
+                daily_tokens,
+                monthly_tokens,
+                per_session_daily_tokens,
+                per_user_daily_tokens,
+            ]
+            .iter()
+            .any(|b| b.is_some())
     }
 
     fn budgets(&self) -> crate::config::usage::Budgets {
