@@ -216,18 +216,11 @@ impl Nats {
 
 /// `weft cluster status --json` with the config of `dir`.
 pub(crate) fn cluster_status(dir: &Path) -> Value {
-    let out = weft(dir)
-        .arg("--config")
-        .arg(dir.join("config.json"))
-        .args(["cluster", "status", "--json"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    crate::process::weft_json(
+        dir,
+        &dir.join("config.json"),
+        &["cluster", "status", "--json"],
+    )
 }
 
 /// `n` gateways (`n1`, `n2`, …) with these `channels`, in cluster mode on `nats` (lease TTL

@@ -37,6 +37,23 @@ pub fn write_config(dir: &Path, v: &Value) -> PathBuf {
     p
 }
 
+/// `weft --config CFG ARGS` run in `dir` (its HOME), which must succeed; its stdout parsed as
+/// JSON (ARGS end with `--json`).
+pub(crate) fn weft_json(dir: &Path, cfg: &Path, args: &[&str]) -> Value {
+    let out = weft(dir)
+        .arg("--config")
+        .arg(cfg)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 pub(crate) struct Daemon {
     pub(crate) child: Child,
     /// The API with the gateway's control token (read from `control.json` in its store).

@@ -320,18 +320,7 @@ fn negative_budgets_and_prices_are_refused_at_load_with_the_key() {
 }
 
 fn weft_usage(dir: &Path, cfg: &Path, by: &str) -> Value {
-    let out = weft(dir)
-        .arg("--config")
-        .arg(cfg)
-        .args(["usage", "--by", by, "--json"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    crate::process::weft_json(dir, cfg, &["usage", "--by", by, "--json"])
 }
 
 /// The process: `weft usage` through the running gateway and from the store, the spend
