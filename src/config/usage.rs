@@ -47,6 +47,13 @@ pub struct BudgetsFile {
     pub per_user_daily_tokens: Option<u64>,
 }
 
+impl BudgetsFile {
+    /// Whether no limit is set.
+    pub fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
 /// `agents.NAME.budgets` (and `agents.defaults.budgets`, each agent's own): limits of one
 /// agent's spend, all its conversations and subagents together. Days and months are UTC.
 #[derive(Debug, Default, Clone, PartialEq, Deserialize, Serialize, schemars::JsonSchema)]

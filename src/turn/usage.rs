@@ -687,34 +687,7 @@ impl UsageLedger {
     /// Whether any budget is set (`budgets.*` or an agent's own).
     fn any_budget(&self) -> bool {
         let c = self.config.read_locked();
-        // Every field named: a new kind of budget must be added here.
-        let crate::config::usage::BudgetsFile {
-            daily_usd,
-            monthly_usd,
-            per_session_daily_usd,
-            per_user_daily_usd,
-            daily_tokens,
-            monthly_tokens,
-            per_session_daily_tokens,
-            per_user_daily_tokens,
-        } = &c.budgets;
-        !c.agents.is_empty()
-            || [
-                daily_usd,
-                monthly_usd,
-                per_session_daily_usd,
-                per_user_daily_usd,
-            ]
-            .iter()
-            .any(|b| b.is_some())
-            || [
-                daily_tokens,
-                monthly_tokens,
-                per_session_daily_tokens,
-                per_user_daily_tokens,
-            ]
-            .iter()
-            .any(|b| b.is_some())
+        !c.budgets.is_empty() || c.agents.values().any(|b| !b.is_empty())
     }
 
     fn budgets(&self) -> crate::config::usage::Budgets {
