@@ -1,7 +1,8 @@
 """A real SMTP server (aiosmtpd) for the email channel's tests that delivers every accepted
 message into the recipient's Maildir: <root>/<local part>/Maildir/new, owned by the mail uid
 Dovecot serves them as. Recipients whose local part starts with `slow` are answered
-`451 4.7.0` (a rate limit) on the first attempt of each message.
+`451 4.7.0` (a rate limit) on the first attempt of each message (a message is known by its
+Message-ID, as a retry rebuilds the mail and its Date header may have moved on).
 
 Usage: python smtp_maildir.py ROOT PORT UID GID. Prints `ready` once listening; stops when its
 stdin closes (the test binary ended).
@@ -9,6 +10,7 @@ stdin closes (the test binary ended).
 
 import hashlib
 import os
+import re
 import sys
 import time
 import uuid
@@ -34,7 +36,8 @@ class Maildir:
 
     async def handle_DATA(self, server, session, envelope):
         data = envelope.original_content
-        digest = hashlib.sha256(data).hexdigest()
+        mid = re.search(rb"(?im)^message-id:\s*(\S+)", data)
+        digest = mid.group(1) if mid else hashlib.sha256(data).hexdigest()
         slow = [r for r in envelope.rcpt_tos if r.lower().startswith("slow")]
         if slow and digest not in self.throttled:
             self.throttled.add(digest)
