@@ -25,6 +25,8 @@ pub mod leased;
 #[cfg(feature = "cluster")]
 pub mod node;
 #[cfg(feature = "cluster")]
+pub mod session_log;
+#[cfg(feature = "cluster")]
 pub mod state;
 #[cfg(feature = "cluster")]
 pub mod status;
