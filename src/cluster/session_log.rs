@@ -113,10 +113,9 @@ impl SessionLog {
     /// Whether every record of the inbound message (channel, event id) handed to the log is
     /// stored in it (its turn, and the delivery of its replies).
     pub fn settled(&self, channel: &str, event_id: &str) -> bool {
-        !self
-            .locked()
+        self.locked()
             .unreplied_key(channel, event_id)
-            .is_some_and(|n| n > 0)
+            .is_none_or(|n| n == 0)
     }
 
     fn settle(&self, key: Option<&Inbound>) {
@@ -139,7 +138,8 @@ impl SessionLog {
         }
         g.writers.remove(&p);
         let parts = self.partitions;
-        g.covered.retain(|s, _| partition_of(s.as_str(), parts) != p);
+        g.covered
+            .retain(|s, _| partition_of(s.as_str(), parts) != p);
     }
 }
 
@@ -167,8 +167,10 @@ impl Replica for SessionLog {
         let Some((_, tx)) = g.writers.get(&p).cloned() else {
             return;
         };
-        g.covered
-            .insert(rec.session.clone(), rec.from_seq + rec.messages.len() as u64);
+        g.covered.insert(
+            rec.session.clone(),
+            rec.from_seq + rec.messages.len() as u64,
+        );
         for r in &rec.replies {
             g.replies.insert(r.id.clone(), (p, rec.inbound.clone()));
         }
@@ -186,10 +188,10 @@ impl Replica for SessionLog {
         let Some((p, key)) = g.replies.remove(id) else {
             return;
         };
-        let sent = g
-            .writers
-            .get(&p)
-            .is_some_and(|(_, tx)| tx.send((Record::Delivered(id.to_string()), key.clone())).is_ok());
+        let sent = g.writers.get(&p).is_some_and(|(_, tx)| {
+            tx.send((Record::Delivered(id.to_string()), key.clone()))
+                .is_ok()
+        });
         if !sent {
             // Not writable here any more (the partition moved): nothing more to wait for.
             drop(g);
@@ -229,17 +231,10 @@ pub async fn replay(
 ) -> Result<(u64, Vec<OutboundMessage>), LogError> {
     let nats = |e: &dyn std::fmt::Display| LogError::Nats(e.to_string());
     let subj = subject(p);
-    let stream = js
-        .get_stream(STATE_STREAM)
-        .await
-        .map_err(|e| nats(&e))?;
+    let stream = js.get_stream(STATE_STREAM).await.map_err(|e| nats(&e))?;
     let last = match stream.get_last_raw_message_by_subject(&subj).await {
         Ok(m) => m.sequence,
-        Err(e)
-            if e.kind() == jetstream::stream::LastRawMessageErrorKind::NoMessageFound =>
-        {
-            0
-        }
+        Err(e) if e.kind() == jetstream::stream::LastRawMessageErrorKind::NoMessageFound => 0,
         Err(e) => return Err(nats(&e)),
     };
     let key = p.to_string();
@@ -425,7 +420,10 @@ async fn append(
                 tracing::debug!(partition = p, error = %e, "cluster: session log append not confirmed; trying again");
             }
             Err(_) => {
-                tracing::debug!(partition = p, "cluster: session log append timed out; trying again");
+                tracing::debug!(
+                    partition = p,
+                    "cluster: session log append timed out; trying again"
+                );
             }
         }
         tokio::select! {

@@ -319,7 +319,8 @@ mod tests {
         let s = Store::memory();
         let seen = Arc::new(Seen::default());
         s.set_replica(seen.clone());
-        let crate::store::JournalOutcome::New(entry) = s.journal_inbound(&ev("e1"), &key()).unwrap()
+        let crate::store::JournalOutcome::New(entry) =
+            s.journal_inbound(&ev("e1"), &key()).unwrap()
         else {
             panic!("not new")
         };

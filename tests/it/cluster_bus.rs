@@ -197,6 +197,12 @@ async fn messages_of_killed_nodes_are_answered_by_the_next_partition_owner() {
     }
     let survivor = (0..3).find(|i| nodes[*i].is_some()).unwrap();
     let log = crate::process::log_of(dirs[survivor].path());
+    // How long the takeovers' replays of the session log took (for docs/cluster.md).
+    let replays: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("session log replayed"))
+        .collect();
+    eprintln!("session log replays on the node left: {replays:#?}");
     assert!(
         log.matches("this node owns the partition").count() >= 8,
         "{log}"
@@ -246,7 +252,10 @@ async fn a_stale_session_log_writer_is_fenced_out() {
             session: session.clone(),
             inbound: Some(("telegram".into(), format!("e-{text}"))),
             from_seq: from,
-            messages: vec![Message::user(text), Message::assistant(format!("answer: {text}"))],
+            messages: vec![
+                Message::user(text),
+                Message::assistant(format!("answer: {text}")),
+            ],
             window: None,
             replies: Vec::new(),
         })
@@ -304,8 +313,15 @@ async fn a_stale_session_log_writer_is_fenced_out() {
         .unwrap()
         .unwrap();
     assert!(matches!(r, Err(LogError::Fenced(3))), "{r:?}");
-    assert!(tx_a.send((turn(4, "after"), None)).is_err(), "writer A still takes records");
-    assert_eq!(last_of(s.clone()).await, b_last, "a stale record was stored");
+    assert!(
+        tx_a.send((turn(4, "after"), None)).is_err(),
+        "writer A still takes records"
+    );
+    assert_eq!(
+        last_of(s.clone()).await,
+        b_last,
+        "a stale record was stored"
+    );
 
     // A third node replaying the log has B's history, not A's stale turn.
     let store_c = Store::memory();
