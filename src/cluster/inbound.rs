@@ -256,7 +256,7 @@ async fn consume(
     // The partition's sessions as the log has them, then its writer (fenced by the last
     // record); the replies recorded and never delivered are sent (once, from here).
     let fenced = CancellationToken::new();
-    let _writer = match &args.log {
+    let mut writer = match &args.log {
         Some(log) => {
             let started = std::time::Instant::now();
             let (last, replies) = super::session_log::replay(log, &js, &args.store, p)
@@ -269,7 +269,9 @@ async fn consume(
                 ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
                 "cluster: session log replayed"
             );
-            let stop = CancellationToken::new();
+            // Stopped when this consumer ends (lease lost, an error), or at shutdown once the
+            // turns are over (their records are written while the lease is ours).
+            let stop = args.done.child_token();
             super::session_log::start_writer(
                 log,
                 cluster,
@@ -319,7 +321,13 @@ async fn consume(
                 Some(Ok(m)) => take(args, m, waiting).await?,
             },
             _ = tick.tick(), if !waiting.is_empty() => ack_finished(&args.store, args.log.as_ref(), waiting).await,
-            () = args.intake.cancelled() => return Ok(()),
+            () = args.intake.cancelled() => {
+                // Shutdown: the turns under way are still recorded (until they are over).
+                if let Some(w) = writer.take() {
+                    w.disarm();
+                }
+                return Ok(());
+            }
             () = fenced.cancelled() => return Err("the session log is written by another node".into()),
         }
     }

@@ -178,8 +178,21 @@ impl Replica for SessionLog {
             *g.unsettled.entry(k.clone()).or_insert(0) += 1 + rec.replies.len() as u32;
         }
         let key = rec.inbound.clone();
-        if tx.send((Record::Turn(rec), key)).is_err() {
+        let ids: Vec<String> = rec.replies.iter().map(|r| r.id.clone()).collect();
+        if tx.send((Record::Turn(rec), key.clone())).is_err() {
+            // The writer stopped: not recorded, nothing to wait for.
             g.writers.remove(&p);
+            for id in &ids {
+                g.replies.remove(id);
+            }
+            if let Some(k) = &key {
+                if let Some(n) = g.unsettled.get_mut(k) {
+                    *n = n.saturating_sub(1 + ids.len() as u32);
+                    if *n == 0 {
+                        g.unsettled.remove(k);
+                    }
+                }
+            }
         }
     }
 
@@ -364,7 +377,11 @@ pub async fn write_loop(
     loop {
         let first = tokio::select! {
             q = rx.recv() => q,
-            () = stop.cancelled() => None,
+            () = stop.cancelled() => {
+                // What was handed over before the stop is still written (one attempt).
+                rx.close();
+                rx.try_recv().ok()
+            }
         };
         let Some(first) = first else {
             return Ok(());
