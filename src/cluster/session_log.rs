@@ -29,6 +29,8 @@ use crate::types::SessionKey;
 pub const STATE_STREAM: &str = "WEFT_STATE";
 /// The store namespace of the last record applied per partition.
 const APPLIED_NS: &str = "cluster-state-applied";
+/// How long the replay waits for the next record at most.
+const READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// Records sent in one JetStream message at most.
 const MAX_BATCH: usize = 64;
 
@@ -273,7 +275,12 @@ pub async fn replay(
             .await
             .map_err(|e| nats(&e))?;
         let mut msgs = consumer.messages().await.map_err(|e| nats(&e))?;
-        while let Some(m) = msgs.next().await {
+        // A replay that stalls (NATS away) fails and is tried again, rather than hold the
+        // partition unconsumed.
+        while let Some(m) = tokio::time::timeout(READ_TIMEOUT, msgs.next())
+            .await
+            .map_err(|_| LogError::Nats("the replay stalled".into()))?
+        {
             let m = m.map_err(|e| nats(&e))?;
             let seq = m.info().map_err(|e| nats(&e))?.stream_sequence;
             let records: Vec<Record> = match serde_json::from_slice(&m.payload) {
