@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::{self, consumer::pull, stream};
-use clawft_channel_core::InboundEvent;
+use clawft_channel_core::{InboundEvent, OutboundMessage};
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
@@ -167,6 +167,10 @@ pub struct Consume {
     pub intake: CancellationToken,
     /// Fires when the turns are over (after the shutdown grace): stop acknowledging too.
     pub done: CancellationToken,
+    /// The session log: replayed before consuming, written while consuming.
+    pub log: Option<super::session_log::SessionLog>,
+    /// Send a reply the session log holds undelivered (put in the store's outbox already).
+    pub send: Arc<dyn Fn(OutboundMessage) + Send + Sync>,
 }
 
 /// Hold and consume every partition this node can get, on `tasks`.
@@ -193,7 +197,7 @@ async fn partition_loop(cluster: Cluster, p: u32, args: Consume) {
                 h = super::leased::held(&mut rx) => break Some(h),
                 () = args.intake.cancelled() => break None,
                 () = tokio::time::sleep(ACK_EVERY), if !waiting.is_empty() => {
-                    ack_finished(&args.store, &mut waiting).await;
+                    ack_finished(&args.store, args.log.as_ref(), &mut waiting).await;
                 }
             }
         };
@@ -233,7 +237,7 @@ async fn partition_loop(cluster: Cluster, p: u32, args: Consume) {
             if hold.current().is_none() {
                 break;
             }
-            ack_finished(&args.store, &mut waiting).await;
+            ack_finished(&args.store, args.log.as_ref(), &mut waiting).await;
         }
     }
     hold.release().await;
@@ -249,6 +253,41 @@ async fn consume(
     let js = cluster
         .jetstream()
         .ok_or_else(|| "the cluster is not reachable yet".to_string())?;
+    // The partition's sessions as the log has them, then its writer (fenced by the last
+    // record); the replies recorded and never delivered are sent (once, from here).
+    let fenced = CancellationToken::new();
+    let mut writer = match &args.log {
+        Some(log) => {
+            let started = std::time::Instant::now();
+            let (last, replies) = super::session_log::replay(log, &js, &args.store, p)
+                .await
+                .map_err(|e| e.to_string())?;
+            tracing::info!(
+                partition = p,
+                last,
+                resent = replies.len(),
+                ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+                "cluster: session log replayed"
+            );
+            // Stopped when this consumer ends (lease lost, an error), or at shutdown once the
+            // turns are over (their records are written while the lease is ours).
+            let stop = args.done.child_token();
+            super::session_log::start_writer(
+                log,
+                cluster,
+                js.clone(),
+                p,
+                last,
+                stop.clone(),
+                fenced.clone(),
+            );
+            for r in replies {
+                (args.send)(r);
+            }
+            Some(stop.drop_guard())
+        }
+        None => None,
+    };
     let name = format!("part-{p}");
     let stream = js.get_stream(IN_STREAM).await.map_err(|e| e.to_string())?;
     // A work queue keeps exactly the unacknowledged messages: a new consumer starts at the
@@ -281,8 +320,15 @@ async fn consume(
                 Some(Err(e)) => return Err(e.to_string()),
                 Some(Ok(m)) => take(args, m, waiting).await?,
             },
-            _ = tick.tick(), if !waiting.is_empty() => ack_finished(&args.store, waiting).await,
-            () = args.intake.cancelled() => return Ok(()),
+            _ = tick.tick(), if !waiting.is_empty() => ack_finished(&args.store, args.log.as_ref(), waiting).await,
+            () = args.intake.cancelled() => {
+                // Shutdown: the turns under way are still recorded (until they are over).
+                if let Some(w) = writer.take() {
+                    w.disarm();
+                }
+                return Ok(());
+            }
+            () = fenced.cancelled() => return Err("the session log is written by another node".into()),
         }
     }
 }
@@ -330,7 +376,11 @@ async fn take(args: &Consume, m: jetstream::Message, waiting: &mut Waiting) -> R
 }
 
 /// Acknowledge the messages whose turn is finished and whose replies are delivered.
-async fn ack_finished(store: &Store, waiting: &mut Waiting) {
+async fn ack_finished(
+    store: &Store,
+    log: Option<&super::session_log::SessionLog>,
+    waiting: &mut Waiting,
+) {
     let Ok(pending) = store.pending_outbound() else {
         return;
     };
@@ -341,7 +391,10 @@ async fn ack_finished(store: &Store, waiting: &mut Waiting) {
                 Ok(None) => true,
                 Err(_) => false,
             };
+            // ... and whose records are stored in the session log: a message is either answered
+            // again (its turn not recorded) or its recorded reply sent again, never both.
             finished
+                && log.is_none_or(|l| l.settled(ch, id))
                 && !pending.iter().any(|o| {
                     o.channel.as_str() == ch.as_str()
                         && o.in_reply_to

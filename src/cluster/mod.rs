@@ -4,7 +4,9 @@
 //! ([`fence`], [`lease`]), and one connection per bot account across the cluster: a channel's
 //! long-lived connection runs only on the node holding its lease ([`leased`]), its resume state
 //! in the cluster, its writes fenced by the lease ([`state`]); the inbound journal in JetStream
-//! with session partitions leased to and consumed by their owner ([`inbound`]). [`status`] is
+//! with session partitions leased to and consumed by their owner ([`inbound`]), and the
+//! partitions' session state in the session log the owner writes and its successor replays
+//! ([`session_log`]). [`status`] is
 //! what `weft cluster status` and `weft doctor` read. Shared state: the scheduled jobs and their
 //! once-per-occurrence claims ([`jobs`]) and the usage counters the budgets add up ([`usage`]).
 //!
@@ -24,6 +26,8 @@ pub mod lease;
 pub mod leased;
 #[cfg(feature = "cluster")]
 pub mod node;
+#[cfg(feature = "cluster")]
+pub mod session_log;
 #[cfg(feature = "cluster")]
 pub mod state;
 #[cfg(feature = "cluster")]

@@ -320,6 +320,7 @@ impl Cluster {
             let made = async {
                 let b = buckets(&js, s.lease_ttl).await?;
                 super::inbound::ensure_stream(&js).await?;
+                super::session_log::ensure_stream(&js).await?;
                 Ok::<_, ClusterError>(b)
             };
             match made.await {

@@ -553,6 +553,10 @@ impl Daemon {
         #[cfg(feature = "cluster")]
         if let Some(c) = &cluster {
             let route_inbox = inbox.clone();
+            // The partitions' sessions are recorded in the cluster's session log.
+            let log = crate::cluster::session_log::SessionLog::new(c.settings().partitions);
+            store.set_replica(Arc::new(log.clone()));
+            let send_outbox = outbox.clone();
             crate::cluster::inbound::spawn_partitions(
                 c,
                 &crate::cluster::inbound::Consume {
@@ -560,6 +564,8 @@ impl Daemon {
                     route: Arc::new(move |e| route_inbox.route(e)),
                     intake: intake.clone(),
                     done: turns.clone(),
+                    log: Some(log),
+                    send: Arc::new(move |m| send_outbox.route(m)),
                 },
                 &tasks,
             );

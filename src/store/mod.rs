@@ -16,6 +16,7 @@ mod commit;
 pub mod health;
 pub mod integrity;
 pub mod kv;
+pub mod replica;
 pub mod usage;
 pub mod window;
 
@@ -303,6 +304,8 @@ pub(crate) struct Core {
     recorded: AtomicU64,
     /// Changes announced to whoever shows them live ([`Store::announce`]).
     changes: tokio::sync::broadcast::Sender<Change>,
+    /// Where finished turns and deliveries are told (cluster mode), [`replica`].
+    replica: std::sync::OnceLock<Arc<dyn replica::Replica>>,
 }
 
 /// A change of a stored value, announced after it is written (the control UI shows the canvas
@@ -417,6 +420,7 @@ impl Store {
             writes: AtomicU64::new(0),
             recorded: AtomicU64::new(0),
             changes: tokio::sync::broadcast::channel(64).0,
+            replica: std::sync::OnceLock::new(),
         });
         let commit = Arc::new(commit::GroupCommit::start(core.clone()));
         Self {
@@ -875,6 +879,13 @@ impl Store {
         reply: Option<&OutboundMessage>,
         mut ops: Vec<Op>,
     ) -> Result<(), StoreError> {
+        // Cluster mode: the turn goes to the session log before the local batch, so its
+        // message is never acknowledged in the cluster before its record is on its way.
+        if let Some(r) = self.replica() {
+            if let Some(rec) = self.turn_record(r.as_ref(), session, entry, msgs, reply)? {
+                r.turn(rec);
+            }
+        }
         if !msgs.is_empty() {
             self.append_ops(session, msgs, &mut ops)?;
         }
@@ -923,6 +934,11 @@ impl Store {
     /// # Errors
     /// Backend failure.
     pub fn outbound_done(&self, id: &str) -> Result<(), StoreError> {
+        // Cluster mode: the delivery goes to the session log at once, concurrently with the
+        // local removal and its flush.
+        if let Some(r) = self.replica() {
+            r.delivered(id);
+        }
         self.apply(vec![Op::Del(outbox_key(id))])
     }
 

@@ -99,6 +99,8 @@ pub struct SentMessage {
     pub parse_mode: Option<String>,
     /// The message this replies to (`reply_parameters.message_id` / `reply_to_message_id`).
     pub reply_to: Option<i64>,
+    /// When the fake accepted it (just before answering the request).
+    pub at: std::time::Instant,
 }
 
 /// A `sendChatAction` call.
@@ -1232,6 +1234,7 @@ fn send_or_edit(sh: &Arc<Shared>, method: &str, params: &Value) -> Response {
         visible: visible.clone(),
         parse_mode,
         reply_to,
+        at: std::time::Instant::now(),
     });
     drop(st);
     sh.changed.notify_waiters();
@@ -1543,6 +1546,7 @@ fn receive_upload(
         visible: shown,
         parse_mode: None,
         reply_to,
+        at: std::time::Instant::now(),
     });
     st.uploads.push(Upload {
         method: method.to_string(),

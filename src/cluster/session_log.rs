@@ -1,0 +1,458 @@
+//! The session log of the cluster (docs/cluster.md, "Session state"): the JetStream stream
+//! `WEFT_STATE`, one subject per session partition (`weft.state.<n>`), authoritative for the
+//! partition's sessions; each node's local store is its cache. The partition's owner appends a
+//! `Turn` record when a turn finishes (the transcript messages it appended, the prompt window,
+//! the inbound message it answered, the replies it put in the outbox) and a `Delivered` record
+//! as soon as the platform accepted a reply. Every append names the last sequence number the
+//! writer knows for the subject (`Nats-Expected-Last-Subject-Sequence`): a node that lost the
+//! partition cannot write after the new owner did; refused, its writer stops and the node stops
+//! consuming the partition. A new owner first replays the subject from the last record its
+//! store applied into its store ([`replay`]), then consumes the partition's inbound messages.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use async_nats::jetstream::{self, consumer::pull, context::PublishErrorKind, stream};
+use clawft_channel_core::OutboundMessage;
+use futures::StreamExt;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::inbound::partition_of;
+use super::node::{Cluster, ClusterError};
+use crate::store::replica::{Record, Replica, TurnRecord};
+use crate::store::Store;
+use crate::types::SessionKey;
+
+/// The stream of the session log.
+pub const STATE_STREAM: &str = "WEFT_STATE";
+/// The store namespace of the last record applied per partition.
+const APPLIED_NS: &str = "cluster-state-applied";
+/// How long the replay waits for the next record at most.
+const READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// Records sent in one JetStream message at most.
+const MAX_BATCH: usize = 64;
+
+/// The subject of partition `p`.
+pub fn subject(p: u32) -> String {
+    format!("weft.state.{p}")
+}
+
+/// Make the stream if missing: replicated on three servers when the cluster has them; kept
+/// without age limit (the replay starts from what a node applied last).
+///
+/// # Errors
+/// JetStream refused or did not answer.
+pub async fn ensure_stream(js: &jetstream::Context) -> Result<(), ClusterError> {
+    if js.get_stream(STATE_STREAM).await.is_ok() {
+        return Ok(());
+    }
+    let mut last = String::new();
+    for replicas in [3, 1] {
+        match js
+            .create_stream(stream::Config {
+                name: STATE_STREAM.into(),
+                description: Some("weft session log".into()),
+                subjects: vec!["weft.state.>".into()],
+                retention: stream::RetentionPolicy::Limits,
+                storage: stream::StorageType::File,
+                num_replicas: replicas,
+                ..Default::default()
+            })
+            .await
+        {
+            Ok(_) => return Ok(()),
+            Err(e) => last = e.to_string(),
+        }
+        if js.get_stream(STATE_STREAM).await.is_ok() {
+            return Ok(());
+        }
+    }
+    Err(ClusterError::Nats(format!("stream {STATE_STREAM}: {last}")))
+}
+
+/// An inbound message (channel, platform event id).
+type Inbound = (String, String);
+
+/// A record on its way, with the inbound message it settles once stored.
+type Queued = (Record, Option<Inbound>);
+
+#[derive(Default)]
+struct Inner {
+    /// The writers of the partitions owned and replayed.
+    writers: HashMap<u32, (u64, mpsc::UnboundedSender<Queued>)>,
+    /// Writers started so far (tells a writer's entry from its successor's).
+    started: u64,
+    /// Per session, the first transcript sequence number not in the log.
+    covered: HashMap<SessionKey, u64>,
+    /// Replies recorded and not yet delivered: their partition and inbound message.
+    replies: HashMap<String, (u32, Option<Inbound>)>,
+    /// Records of an inbound message not yet stored in the log.
+    unsettled: HashMap<Inbound, u32>,
+}
+
+/// The session log of this node: the store's [`Replica`] in cluster mode.
+#[derive(Clone)]
+pub struct SessionLog {
+    partitions: u32,
+    inner: Arc<Mutex<Inner>>,
+}
+
+impl SessionLog {
+    /// The log of a cluster of `partitions` partitions.
+    pub fn new(partitions: u32) -> Self {
+        Self {
+            partitions,
+            inner: Arc::default(),
+        }
+    }
+
+    fn locked(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether every record of the inbound message (channel, event id) handed to the log is
+    /// stored in it (its turn, and the delivery of its replies).
+    pub fn settled(&self, channel: &str, event_id: &str) -> bool {
+        self.locked()
+            .unreplied_key(channel, event_id)
+            .is_none_or(|n| n == 0)
+    }
+
+    fn settle(&self, key: Option<&Inbound>) {
+        if let Some(k) = key {
+            let mut g = self.locked();
+            if let Some(n) = g.unsettled.get_mut(k) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    g.unsettled.remove(k);
+                }
+            }
+        }
+    }
+
+    /// Partition `p` is not written by this node any more.
+    fn stop_writing(&self, p: u32, generation: u64) {
+        let mut g = self.locked();
+        if g.writers.get(&p).is_none_or(|(n, _)| *n != generation) {
+            return;
+        }
+        g.writers.remove(&p);
+        let parts = self.partitions;
+        g.covered
+            .retain(|s, _| partition_of(s.as_str(), parts) != p);
+    }
+}
+
+impl Inner {
+    fn unreplied_key(&self, channel: &str, event_id: &str) -> Option<u32> {
+        self.unsettled
+            .get(&(channel.to_string(), event_id.to_string()))
+            .copied()
+    }
+}
+
+impl Replica for SessionLog {
+    fn covered(&self, session: &SessionKey) -> u64 {
+        self.locked().covered.get(session).copied().unwrap_or(0)
+    }
+
+    fn records(&self, session: &SessionKey) -> bool {
+        let p = partition_of(session.as_str(), self.partitions);
+        self.locked().writers.contains_key(&p)
+    }
+
+    fn turn(&self, rec: TurnRecord) {
+        let p = partition_of(rec.session.as_str(), self.partitions);
+        let mut g = self.locked();
+        let Some((_, tx)) = g.writers.get(&p).cloned() else {
+            return;
+        };
+        g.covered.insert(
+            rec.session.clone(),
+            rec.from_seq + rec.messages.len() as u64,
+        );
+        for r in &rec.replies {
+            g.replies.insert(r.id.clone(), (p, rec.inbound.clone()));
+        }
+        if let Some(k) = &rec.inbound {
+            *g.unsettled.entry(k.clone()).or_insert(0) += 1 + rec.replies.len() as u32;
+        }
+        let key = rec.inbound.clone();
+        let ids: Vec<String> = rec.replies.iter().map(|r| r.id.clone()).collect();
+        if tx.send((Record::Turn(rec), key.clone())).is_err() {
+            // The writer stopped: not recorded, nothing to wait for.
+            g.writers.remove(&p);
+            for id in &ids {
+                g.replies.remove(id);
+            }
+            if let Some(k) = &key {
+                if let Some(n) = g.unsettled.get_mut(k) {
+                    *n = n.saturating_sub(1 + ids.len() as u32);
+                    if *n == 0 {
+                        g.unsettled.remove(k);
+                    }
+                }
+            }
+        }
+    }
+
+    fn delivered(&self, id: &str) {
+        let mut g = self.locked();
+        let Some((p, key)) = g.replies.remove(id) else {
+            return;
+        };
+        let sent = g.writers.get(&p).is_some_and(|(_, tx)| {
+            tx.send((Record::Delivered(id.to_string()), key.clone()))
+                .is_ok()
+        });
+        if !sent {
+            // Not writable here any more (the partition moved): nothing more to wait for.
+            drop(g);
+            self.settle(key.as_ref());
+        }
+    }
+}
+
+/// Why a partition's log could not be written or read.
+#[derive(Debug, thiserror::Error)]
+pub enum LogError {
+    /// Another node wrote after the last record this node knows: it owns the partition now.
+    #[error("fenced: another node wrote partition {0}'s session log")]
+    Fenced(u32),
+    /// NATS refused or did not answer.
+    #[error("session log: {0}")]
+    Nats(String),
+    /// The local store failed.
+    #[error("session log: local store: {0}")]
+    Store(String),
+    /// The node stopped consuming the partition.
+    #[error("stopped")]
+    Stopped,
+}
+
+/// Replay partition `p`'s log into `store` from the record after the last one it applied, to
+/// the end. Returns the subject's last sequence number (the writer's fence) and the replies
+/// recorded but not delivered (now in the store's outbox, to send).
+///
+/// # Errors
+/// NATS or the store failed: the partition is not consumed (tried again).
+pub async fn replay(
+    log: &SessionLog,
+    js: &jetstream::Context,
+    store: &Store,
+    p: u32,
+) -> Result<(u64, Vec<OutboundMessage>), LogError> {
+    let nats = |e: &dyn std::fmt::Display| LogError::Nats(e.to_string());
+    let subj = subject(p);
+    let stream = js.get_stream(STATE_STREAM).await.map_err(|e| nats(&e))?;
+    let last = match stream.get_last_raw_message_by_subject(&subj).await {
+        Ok(m) => m.sequence,
+        Err(e) if e.kind() == jetstream::stream::LastRawMessageErrorKind::NoMessageFound => 0,
+        Err(e) => return Err(nats(&e)),
+    };
+    let key = p.to_string();
+    let mark = (APPLIED_NS, key.as_str());
+    let mut applied = store
+        .applied_mark(mark)
+        .map_err(|e| LogError::Store(e.to_string()))?;
+    if applied > last {
+        // The stream was made again: everything in it is new here.
+        applied = 0;
+    }
+    let mut queued: HashMap<String, OutboundMessage> = HashMap::new();
+    let mut covered: HashMap<SessionKey, u64> = HashMap::new();
+    if last > applied {
+        let consumer = stream
+            .create_consumer(pull::OrderedConfig {
+                filter_subject: subj.clone(),
+                deliver_policy: jetstream::consumer::DeliverPolicy::ByStartSequence {
+                    start_sequence: applied + 1,
+                },
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| nats(&e))?;
+        let mut msgs = consumer.messages().await.map_err(|e| nats(&e))?;
+        // A replay that stalls (NATS away) fails and is tried again, rather than hold the
+        // partition unconsumed.
+        while let Some(m) = tokio::time::timeout(READ_TIMEOUT, msgs.next())
+            .await
+            .map_err(|_| LogError::Nats("the replay stalled".into()))?
+        {
+            let m = m.map_err(|e| nats(&e))?;
+            let seq = m.info().map_err(|e| nats(&e))?.stream_sequence;
+            let records: Vec<Record> = match serde_json::from_slice(&m.payload) {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::error!(partition = p, seq, error = %e, "cluster: unreadable session log record; skipped");
+                    Vec::new()
+                }
+            };
+            for r in &records {
+                match r {
+                    Record::Turn(t) => {
+                        covered.insert(t.session.clone(), t.from_seq + t.messages.len() as u64);
+                    }
+                    Record::Delivered(id) => {
+                        queued.remove(id);
+                    }
+                }
+                let put = store
+                    .apply_remote(r, mark, seq)
+                    .map_err(|e| LogError::Store(e.to_string()))?;
+                for o in put {
+                    queued.insert(o.id.clone(), o);
+                }
+            }
+            if records.is_empty() {
+                store
+                    .apply_remote(&Record::Delivered(String::new()), mark, seq)
+                    .map_err(|e| LogError::Store(e.to_string()))?;
+            }
+            if seq >= last {
+                break;
+            }
+        }
+        store
+            .flush_async()
+            .await
+            .map_err(|e| LogError::Store(e.to_string()))?;
+    }
+    let mut g = log.locked();
+    g.covered.extend(covered);
+    for o in queued.values() {
+        // A replayed reply, delivered here: its delivery is recorded too.
+        g.replies.insert(o.id.clone(), (p, None));
+    }
+    Ok((last, queued.into_values().collect()))
+}
+
+/// Start writing partition `p`'s log from sequence `last` (the end of the replay). The writer
+/// ends when `stop` fires or when it is fenced (then `fenced` fires).
+pub fn start_writer(
+    log: &SessionLog,
+    cluster: &Cluster,
+    js: jetstream::Context,
+    p: u32,
+    last: u64,
+    stop: CancellationToken,
+    fenced: CancellationToken,
+) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let generation = {
+        let mut g = log.locked();
+        g.started += 1;
+        let n = g.started;
+        g.writers.insert(p, (n, tx));
+        n
+    };
+    let log = log.clone();
+    cluster.spawn(async move {
+        let r = write_loop(&log, &js, p, last, rx, &stop).await;
+        log.stop_writing(p, generation);
+        match r {
+            Ok(()) | Err(LogError::Stopped) => {}
+            Err(e) => {
+                tracing::error!(partition = p, error = %e, "cluster: session log writer stopped; this node stops acting on the partition");
+                fenced.cancel();
+            }
+        }
+    });
+}
+
+/// Append what comes on `rx` to the subject of `p`, each batch fenced by the last sequence.
+///
+/// # Errors
+/// [`LogError::Fenced`] when another node wrote in between.
+pub async fn write_loop(
+    log: &SessionLog,
+    js: &jetstream::Context,
+    p: u32,
+    mut last: u64,
+    mut rx: mpsc::UnboundedReceiver<Queued>,
+    stop: &CancellationToken,
+) -> Result<(), LogError> {
+    let subj = subject(p);
+    let writer = format!(
+        "{}-{}-{p}",
+        std::process::id(),
+        clawft_channel_core::now_ms()
+    );
+    let mut n: u64 = 0;
+    loop {
+        let first = tokio::select! {
+            q = rx.recv() => q,
+            () = stop.cancelled() => {
+                // What was handed over before the stop is still written (one attempt).
+                rx.close();
+                rx.try_recv().ok()
+            }
+        };
+        let Some(first) = first else {
+            return Ok(());
+        };
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match rx.try_recv() {
+                Ok(q) => batch.push(q),
+                Err(_) => break,
+            }
+        }
+        let records: Vec<&Record> = batch.iter().map(|(r, _)| r).collect();
+        let body = serde_json::to_vec(&records).map_err(|e| LogError::Nats(e.to_string()))?;
+        n += 1;
+        let id = format!("{writer}-{n}");
+        last = append(js, &subj, p, &id, body, last, stop).await?;
+        for (_, k) in &batch {
+            log.settle(k.as_ref());
+        }
+    }
+}
+
+/// Append one batch with the fence `last`; tried again while NATS does not answer. Returns the
+/// batch's sequence number.
+async fn append(
+    js: &jetstream::Context,
+    subj: &str,
+    p: u32,
+    id: &str,
+    body: Vec<u8>,
+    last: u64,
+    stop: &CancellationToken,
+) -> Result<u64, LogError> {
+    let body = bytes::Bytes::from(body);
+    loop {
+        let sent = async {
+            js.send_publish(
+                subj.to_string(),
+                jetstream::message::PublishMessage::build()
+                    .payload(body.clone())
+                    .message_id(id)
+                    .expected_last_subject_sequence(last),
+            )
+            .await?
+            .await
+        };
+        match tokio::time::timeout(Duration::from_secs(10), sent).await {
+            Ok(Ok(ack)) => return Ok(ack.sequence),
+            Ok(Err(e)) if e.kind() == PublishErrorKind::WrongLastSequence => {
+                return Err(LogError::Fenced(p));
+            }
+            Ok(Err(e)) => {
+                tracing::debug!(partition = p, error = %e, "cluster: session log append not confirmed; trying again");
+            }
+            Err(_) => {
+                tracing::debug!(
+                    partition = p,
+                    "cluster: session log append timed out; trying again"
+                );
+            }
+        }
+        tokio::select! {
+            () = tokio::time::sleep(Duration::from_millis(200)) => {}
+            () = stop.cancelled() => return Err(LogError::Stopped),
+        }
+    }
+}
