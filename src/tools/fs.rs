@@ -538,6 +538,8 @@ impl Tool for WriteFile {
         let max_backup = self.max_bytes;
         blocking(move || {
             let rel = a.path.as_str();
+            // Cluster mode: a context file or memory document is the cluster's copy.
+            let shared = super::shared_docs::begin(super::shared_docs::Scope::Agent, rel)?;
             let (dir, name) = ws.open_parent(rel, true)?;
             let existing = check_replaceable(&ws, &dir, &name, rel)?;
             let mut backup = None;
@@ -554,6 +556,9 @@ impl Tool for WriteFile {
             }
             let mode = existing.map_or(0o644, |e| e.mode);
             write_atomic(&dir, &name, a.content.as_bytes(), mode, existing, rel)?;
+            if let Some(p) = shared {
+                p.finish(a.content.as_bytes())?;
+            }
             if super::memory::is_memory_path(rel) {
                 super::memory::touched();
             }
@@ -679,6 +684,7 @@ impl Tool for EditFile {
         let (max_read, max_write) = (self.max_read, self.max_write);
         blocking(move || {
             let rel = a.path.as_str();
+            let shared = super::shared_docs::begin(super::shared_docs::Scope::Agent, rel)?;
             let (dir, name) = ws.open_parent(rel, false)?;
             let Some(existing) = check_replaceable(&ws, &dir, &name, rel)? else {
                 return Err(ToolError::FileNotFound(format!(
@@ -744,6 +750,9 @@ impl Tool for EditFile {
                 )));
             }
             write_atomic(&dir, &name, new.as_bytes(), existing.mode, Some(existing), rel)?;
+            if let Some(p) = shared {
+                p.finish(new.as_bytes())?;
+            }
             if super::memory::is_memory_path(rel) {
                 super::memory::touched();
             }

@@ -358,6 +358,41 @@ impl Tool for MemoryWrite {
             let _guard = WRITE_LOCK.locked();
             let ws = scope_workspace(&ctx, true)?
                 .ok_or_else(|| ToolError::ExecutionFailed("no memory directory".into()))?;
+            // Cluster mode: from the shared copy, retried when another node wrote meanwhile.
+            let scope = match ctx.user_dir.as_deref() {
+                Some(d) => super::shared_docs::Scope::User(user_name(d)),
+                None => super::shared_docs::Scope::Agent,
+            };
+            let mut tries = 0;
+            loop {
+                tries += 1;
+                let pending = super::shared_docs::begin(scope, &file)?;
+                let out = write_memory(&ws, &file, &a, max)?;
+                let Some(p) = pending else {
+                    break Ok(out);
+                };
+                match p.finish(out.1.as_bytes()) {
+                    Ok(()) => break Ok(out),
+                    Err(e) if tries < 5 && e.to_string().contains("another node") => continue,
+                    Err(e) => break Err(e),
+                }
+            }
+            .map(|(v, _)| v)
+        })
+        .await
+    }
+}
+
+/// Write `a` to memory document `file` of `ws`; the result and the file's new content.
+fn write_memory(
+    ws: &Workspace,
+    file: &str,
+    a: &MemoryWriteArgs,
+    max: u64,
+) -> Result<(Value, String), ToolError> {
+    {
+        {
+            let file = file.to_string();
             let (dir, name) = ws.open_parent(&file, true)?;
             let existing = check_replaceable(&ws, &dir, &name, &file)?;
             let (data, mode_name) = match (a.mode, existing) {
@@ -396,12 +431,14 @@ impl Tool for MemoryWrite {
             let mode = existing.map_or(0o644, |e| e.mode);
             write_atomic(&dir, &name, data.as_bytes(), mode, existing, &file)?;
             touched();
-            Ok(json!({
-                "message": format!("Successfully wrote {} bytes to memory (mode: {mode_name})", a.content.len()),
-                "path": ws.root().join(&file).display().to_string(),
-            }))
-        })
-        .await
+            Ok((
+                json!({
+                    "message": format!("Successfully wrote {} bytes to memory (mode: {mode_name})", a.content.len()),
+                    "path": ws.root().join(&file).display().to_string(),
+                }),
+                data,
+            ))
+        }
     }
 }
 
