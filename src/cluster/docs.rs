@@ -158,8 +158,7 @@ impl ClusterDocs {
                     };
                     let data = (e.operation == kv::Operation::Put).then(|| e.value.to_vec());
                     let f = apply.clone();
-                    let _ =
-                        tokio::task::spawn_blocking(move || f(e.key, data, e.revision)).await;
+                    let _ = tokio::task::spawn_blocking(move || f(e.key, data, e.revision)).await;
                 }
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }

@@ -373,7 +373,10 @@ impl Tool for MemoryWrite {
                 };
                 match p.finish(out.1.as_bytes()) {
                     Ok(()) => break Ok(out),
-                    Err(e) if tries < 5 && e.to_string().contains("another node") => continue,
+                    Err(e) if tries < 5 && e.to_string().contains("another node") => {
+                        tracing::info!(file = %file, "memory document changed on another node meanwhile: writing again");
+                        continue;
+                    }
                     Err(e) => break Err(e),
                 }
             }

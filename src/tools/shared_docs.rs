@@ -94,7 +94,11 @@ pub fn active() -> bool {
 /// context file at the top, or a Markdown file under `memory/`.
 pub fn is_shared(rel: &str) -> bool {
     let rel = rel.trim_start_matches("./");
-    if rel.contains('\0') || rel.split('/').any(|c| c.is_empty() || c == "." || c == "..") {
+    if rel.contains('\0')
+        || rel
+            .split('/')
+            .any(|c| c.is_empty() || c == "." || c == "..")
+    {
         return false;
     }
     CONTEXT_FILES.contains(&rel) || (rel.starts_with("memory/") && rel.ends_with(".md"))
@@ -164,8 +168,10 @@ fn write_local(ws: &Workspace, rel: &str, data: Option<&[u8]>) -> Result<(), Too
             let mode = existing.map_or(0o644, |e| e.mode);
             write_atomic(&dir, &name, d, mode, existing, rel)
         }
-        None if existing.is_some() => rustix::fs::unlinkat(&dir, name.as_str(), rustix::fs::AtFlags::empty())
-            .map_err(|e| super::workspace::map_errno(rel, e)),
+        None if existing.is_some() => {
+            rustix::fs::unlinkat(&dir, name.as_str(), rustix::fs::AtFlags::empty())
+                .map_err(|e| super::workspace::map_errno(rel, e))
+        }
         None => Ok(()),
     }
 }
@@ -239,7 +245,11 @@ pub fn upload_missing() -> Vec<String> {
     done
 }
 
-fn list_into(root: &std::path::Path, user: Option<String>, out: &mut Vec<(Option<String>, String)>) {
+fn list_into(
+    root: &std::path::Path,
+    user: Option<String>,
+    out: &mut Vec<(Option<String>, String)>,
+) {
     for f in CONTEXT_FILES {
         if root.join(f).is_file() {
             out.push((user.clone(), (*f).to_string()));
@@ -380,8 +390,13 @@ mod tests {
                 Scope::User(u) => assert_eq!(user.as_deref(), Some(u)),
             }
         }
-        assert_ne!(key_of(Scope::Agent, "a/b.md"), key_of(Scope::Agent, "a.b.md"));
+        assert_ne!(
+            key_of(Scope::Agent, "a/b.md"),
+            key_of(Scope::Agent, "a.b.md")
+        );
         assert!(is_shared("USER.md") && is_shared("./MEMORY.md") && is_shared("memory/x.md"));
-        assert!(!is_shared("notes.md") && !is_shared("memory/../x.md") && !is_shared("memory/x.txt"));
+        assert!(
+            !is_shared("notes.md") && !is_shared("memory/../x.md") && !is_shared("memory/x.txt")
+        );
     }
 }

@@ -159,7 +159,11 @@ async fn memory_and_context_files_are_shared_and_workspace_files_are_per_node() 
     );
     let v = js.get_key_value("weft_docs").await.unwrap();
     let soul = v.get("ws.SOUL=2Emd").await.unwrap().unwrap();
-    assert_eq!(&soul[..], b"Soul of node one.", "the cluster's copy was replaced");
+    assert_eq!(
+        &soul[..],
+        b"Soul of node one.",
+        "the cluster's copy was replaced"
+    );
 
     // Node 1: alice's memory, her USER.md, and a workspace file of its own.
     let (r, sys1) = turn(
@@ -185,7 +189,8 @@ async fn memory_and_context_files_are_shared_and_workspace_files_are_per_node() 
     let agents2 = d2.join("ws/AGENTS.md");
     assert!(
         wait_until(Duration::from_secs(10), || user2.is_file()
-            && std::fs::read_to_string(&agents2).is_ok_and(|s| s == "Answer in haiku."))
+            && std::fs::read_to_string(&agents2)
+                .is_ok_and(|s| s == "Answer in haiku."))
         .await,
         "{}",
         logs_of(&dirs)
@@ -195,7 +200,7 @@ async fn memory_and_context_files_are_shared_and_workspace_files_are_per_node() 
         &n2.api,
         "c2",
         json!([
-            ["g", "memory_get", {"path": "memory/MEMORY.md"}],
+            ["g", "memory_get", {"path": "users/http-alice/memory/MEMORY.md"}],
             ["s", "memory_search", {"query": "dentist"}],
             ["r", "read_file", {"path": "report.txt"}],
         ]),
@@ -244,7 +249,7 @@ async fn memory_and_context_files_are_shared_and_workspace_files_are_per_node() 
         &llm,
         &n1.api,
         "c3",
-        json!([["g", "memory_get", {"path": "memory/MEMORY.md"}]]),
+        json!([["g", "memory_get", {"path": "users/http-alice/memory/MEMORY.md"}]]),
     )
     .await;
     let text = result(&r, "g")["content"]
@@ -267,7 +272,7 @@ async fn memory_and_context_files_are_shared_and_workspace_files_are_per_node() 
         &llm,
         &gw.api,
         "solo",
-        json!([["g", "memory_get", {"path": "memory/MEMORY.md"}]]),
+        json!([["g", "memory_get", {"path": "users/http-alice/memory/MEMORY.md"}]]),
     )
     .await;
     assert!(!sys.contains(PER_NODE), "{sys}");
