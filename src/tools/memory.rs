@@ -393,56 +393,51 @@ fn write_memory(
     a: &MemoryWriteArgs,
     max: u64,
 ) -> Result<(Value, String), ToolError> {
-    {
-        {
-            let file = file.to_string();
-            let (dir, name) = ws.open_parent(&file, true)?;
-            let existing = check_replaceable(&ws, &dir, &name, &file)?;
-            let (data, mode_name) = match (a.mode, existing) {
-                (MemoryMode::Append, Some(_)) => {
-                    let fd = rustix::fs::openat(
-                        &dir,
-                        name.as_str(),
-                        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
-                        Mode::empty(),
-                    )
-                    .map_err(|e| super::workspace::map_errno(&file, e))?;
-                    let (old, cut) = read_up_to(std::fs::File::from(fd), max, &file)?;
-                    if cut {
-                        return Err(ToolError::InvalidArgs(format!(
+    let (dir, name) = ws.open_parent(file, true)?;
+    let existing = check_replaceable(ws, &dir, &name, file)?;
+    let (data, mode_name) = match (a.mode, existing) {
+        (MemoryMode::Append, Some(_)) => {
+            let fd = rustix::fs::openat(
+                &dir,
+                name.as_str(),
+                OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+                Mode::empty(),
+            )
+            .map_err(|e| super::workspace::map_errno(file, e))?;
+            let (old, cut) = read_up_to(std::fs::File::from(fd), max, file)?;
+            if cut {
+                return Err(ToolError::InvalidArgs(format!(
                             "the memory file is already larger than {max} bytes; condense it with mode=overwrite"
                         )));
-                    }
-                    let sep = if old.is_empty() || old.ends_with("\n\n") {
-                        ""
-                    } else if old.ends_with('\n') {
-                        "\n"
-                    } else {
-                        "\n\n"
-                    };
-                    (format!("{old}{sep}{}", a.content), "append")
-                }
-                (MemoryMode::Append, None) => (a.content.clone(), "append"),
-                (MemoryMode::Overwrite, _) => (a.content.clone(), "overwrite"),
+            }
+            let sep = if old.is_empty() || old.ends_with("\n\n") {
+                ""
+            } else if old.ends_with('\n') {
+                "\n"
+            } else {
+                "\n\n"
             };
-            if data.len() as u64 > max {
-                return Err(ToolError::InvalidArgs(format!(
+            (format!("{old}{sep}{}", a.content), "append")
+        }
+        (MemoryMode::Append, None) => (a.content.clone(), "append"),
+        (MemoryMode::Overwrite, _) => (a.content.clone(), "overwrite"),
+    };
+    if data.len() as u64 > max {
+        return Err(ToolError::InvalidArgs(format!(
                     "the memory file would be {} bytes; the limit is {max}. Condense it with mode=overwrite",
                     data.len()
                 )));
-            }
-            let mode = existing.map_or(0o644, |e| e.mode);
-            write_atomic(&dir, &name, data.as_bytes(), mode, existing, &file)?;
-            touched();
-            Ok((
-                json!({
-                    "message": format!("Successfully wrote {} bytes to memory (mode: {mode_name})", a.content.len()),
-                    "path": ws.root().join(&file).display().to_string(),
-                }),
-                data,
-            ))
-        }
     }
+    let mode = existing.map_or(0o644, |e| e.mode);
+    write_atomic(&dir, &name, data.as_bytes(), mode, existing, file)?;
+    touched();
+    Ok((
+        json!({
+            "message": format!("Successfully wrote {} bytes to memory (mode: {mode_name})", a.content.len()),
+            "path": ws.root().join(file).display().to_string(),
+        }),
+        data,
+    ))
 }
 
 #[cfg(test)]
