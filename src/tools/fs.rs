@@ -539,7 +539,7 @@ impl Tool for WriteFile {
         blocking(move || {
             let rel = a.path.as_str();
             // Cluster mode: a context file or memory document is the cluster's copy.
-            let shared = super::shared_docs::begin(super::shared_docs::Scope::Agent, rel)?;
+            let shared = super::shared_docs::begin(&ws, super::shared_docs::Scope::Agent, rel)?;
             let (dir, name) = ws.open_parent(rel, true)?;
             let existing = check_replaceable(&ws, &dir, &name, rel)?;
             let mut backup = None;
@@ -684,7 +684,7 @@ impl Tool for EditFile {
         let (max_read, max_write) = (self.max_read, self.max_write);
         blocking(move || {
             let rel = a.path.as_str();
-            let shared = super::shared_docs::begin(super::shared_docs::Scope::Agent, rel)?;
+            let shared = super::shared_docs::begin(&ws, super::shared_docs::Scope::Agent, rel)?;
             let (dir, name) = ws.open_parent(rel, false)?;
             let Some(existing) = check_replaceable(&ws, &dir, &name, rel)? else {
                 return Err(ToolError::FileNotFound(format!(

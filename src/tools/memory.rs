@@ -366,7 +366,7 @@ impl Tool for MemoryWrite {
             let mut tries = 0;
             loop {
                 tries += 1;
-                let pending = super::shared_docs::begin(scope, &file)?;
+                let pending = super::shared_docs::begin(&ctx.workspace, scope, &file)?;
                 let out = write_memory(&ws, &file, &a, max)?;
                 let Some(p) = pending else {
                     break Ok(out);

@@ -289,15 +289,19 @@ fn unavailable(e: &str) -> ToolError {
     ))
 }
 
-/// Before changing shared document `rel` of `scope`: bring the local copy up to the store's
-/// revision. `None` when `rel` is not shared or there is no shared store.
+/// Before changing shared document `rel` of `scope` of the agent working in `agent`: bring the
+/// local copy up to the store's revision. `None` when `rel` is not shared, there is no shared
+/// store, or `agent` is not the workspace shared (another agent's).
 ///
 /// # Errors
 /// The store did not answer or the local copy could not be written.
-pub fn begin(scope: Scope<'_>, rel: &str) -> Result<Option<Pending>, ToolError> {
+pub fn begin(agent: &Workspace, scope: Scope<'_>, rel: &str) -> Result<Option<Pending>, ToolError> {
     let Some(docs) = DOCS.get() else {
         return Ok(None);
     };
+    if agent.root() != docs.workspace.root() {
+        return Ok(None);
+    }
     let rel = rel.trim_start_matches("./");
     if !is_shared(rel) {
         return Ok(None);
