@@ -51,6 +51,12 @@ async fn open(
     .map_err(|e| e.to_string())
 }
 
+/// Whether a failed write lost a race with another writer: JetStream refused it for its
+/// expected last sequence (the create of a key written meanwhile reports it as another kind).
+fn lost_race(e: &str) -> bool {
+    e.contains("wrong last sequence")
+}
+
 impl ClusterDocs {
     /// The shared documents of `cluster`.
     pub fn new(cluster: Cluster) -> Self {
@@ -108,6 +114,7 @@ impl ClusterDocs {
                             Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => {
                                 Ok(Written::Conflict)
                             }
+                            Err(e) if lost_race(&e.to_string()) => Ok(Written::Conflict),
                             Err(e) => Err(e.to_string()),
                         };
                     }
@@ -116,6 +123,7 @@ impl ClusterDocs {
                         Err(e) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => {
                             Ok(Written::Conflict)
                         }
+                        Err(e) if lost_race(&e.to_string()) => Ok(Written::Conflict),
                         Err(e) => Err(e.to_string()),
                     }
                 },

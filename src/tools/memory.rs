@@ -367,7 +367,16 @@ impl Tool for MemoryWrite {
             loop {
                 tries += 1;
                 let pending = super::shared_docs::begin(&ctx.workspace, scope, &file)?;
-                let out = write_memory(&ws, &file, &a, max)?;
+                let out = match (write_memory(&ws, &file, &a, max), &pending) {
+                    (Ok(out), _) => out,
+                    // The cluster's newer copy landed in the file while it was being written.
+                    (Err(ToolError::ExecutionFailed(m)), Some(_))
+                        if tries < 5 && m.contains("replaced by someone else") =>
+                    {
+                        continue;
+                    }
+                    (Err(e), _) => break Err(e),
+                };
                 let Some(p) = pending else {
                     break Ok(out);
                 };
