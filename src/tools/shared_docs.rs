@@ -230,9 +230,16 @@ pub fn upload_missing() -> Vec<String> {
         let Ok(ws) = scope_ws(docs, user.as_deref()) else {
             continue;
         };
-        let Ok(Some(data)) = ws.read_beneath(&rel, MAX_SHARED_BYTES as u64) else {
+        let Ok(Some(data)) = ws.read_beneath(&rel, MAX_SHARED_BYTES as u64 + 1) else {
             continue;
         };
+        if data.len() > MAX_SHARED_BYTES {
+            tracing::warn!(
+                file = %rel,
+                "not shared with the cluster: larger than {MAX_SHARED_BYTES} bytes"
+            );
+            continue;
+        }
         let key = key_of(user.as_deref().map_or(Scope::Agent, Scope::User), &rel);
         if let Ok(Put::Written(rev)) = docs.store.put(&key, &data, 0) {
             docs.revs.locked().insert(key, rev);

@@ -263,6 +263,11 @@ async fn memory_and_context_files_are_shared_and_workspace_files_are_per_node() 
         );
     }
     assert!(text.contains("Dentist every second Friday."), "{text}");
+    // Informational: how many of the appends met another node's write and wrote again.
+    let retries = logs_of(&dirs)
+        .matches("changed on another node meanwhile")
+        .count();
+    eprintln!("concurrent appends written again after a conflict: {retries}");
     drop((n1, n2));
 
     // A single node does not get the per-node line.
