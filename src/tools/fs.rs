@@ -540,6 +540,9 @@ impl Tool for WriteFile {
             let rel = a.path.as_str();
             // Cluster mode: a context file or memory document is the cluster's copy.
             let shared = super::shared_docs::begin(&ws, super::shared_docs::Scope::Agent, rel)?;
+            if let Some(p) = &shared {
+                p.check_size(a.content.len())?;
+            }
             let (dir, name) = ws.open_parent(rel, true)?;
             let existing = check_replaceable(&ws, &dir, &name, rel)?;
             let mut backup = None;
@@ -748,6 +751,9 @@ impl Tool for EditFile {
                     "the edited file would be {} bytes; the limit is {max_write}",
                     new.len()
                 )));
+            }
+            if let Some(p) = &shared {
+                p.check_size(new.len())?;
             }
             write_atomic(&dir, &name, new.as_bytes(), existing.mode, Some(existing), rel)?;
             if let Some(p) = shared {

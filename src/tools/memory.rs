@@ -367,7 +367,12 @@ impl Tool for MemoryWrite {
             loop {
                 tries += 1;
                 let pending = super::shared_docs::begin(&ctx.workspace, scope, &file)?;
-                let out = match (write_memory(&ws, &file, &a, max), &pending) {
+                let limit = if pending.is_some() {
+                    max.min(super::shared_docs::MAX_SHARED_BYTES as u64)
+                } else {
+                    max
+                };
+                let out = match (write_memory(&ws, &file, &a, limit), &pending) {
                     (Ok(out), _) => out,
                     // The cluster's newer copy landed in the file while it was being written.
                     (Err(ToolError::ExecutionFailed(m)), Some(_))

@@ -335,6 +335,38 @@ pub fn begin(agent: &Workspace, scope: Scope<'_>, rel: &str) -> Result<Option<Pe
 }
 
 impl Pending {
+    /// Refuse `len` bytes before anything is written (the store's size limit).
+    ///
+    /// # Errors
+    /// `InvalidArgs` saying the limit.
+    pub fn check_size(&self, len: usize) -> Result<(), ToolError> {
+        if len > MAX_SHARED_BYTES {
+            return Err(ToolError::InvalidArgs(format!(
+                "`{}` would be {len} bytes; in cluster mode memory and context files are limited to {MAX_SHARED_BYTES} bytes",
+                self.rel
+            )));
+        }
+        Ok(())
+    }
+
+    /// Put the local copy back to the store's current revision (nothing of this change kept).
+    fn restore(&self, docs: &Docs) -> Result<(), ToolError> {
+        let Ok(current) = docs.store.get(&self.key) else {
+            // Re-read at the next chance.
+            docs.revs.locked().remove(&self.key);
+            return Ok(());
+        };
+        // Absent from the store: the local file is left as it is (it may predate the cluster).
+        let Some((d, r)) = current else {
+            return Ok(());
+        };
+        let ws = scope_ws(docs, self.user.as_deref())?;
+        write_local(&ws, &self.rel, Some(&d))?;
+        docs.revs.locked().insert(self.key.clone(), r);
+        super::memory::touched();
+        Ok(())
+    }
+
     /// Publish the local copy's new content `data`, written from the revision [`begin`] saw.
     /// On a conflict the local copy is put back to the store's current revision.
     ///
@@ -346,6 +378,8 @@ impl Pending {
             return Ok(());
         };
         if data.len() > MAX_SHARED_BYTES {
+            let _g = LOCK.locked();
+            self.restore(docs)?;
             return Err(ToolError::InvalidArgs(format!(
                 "`{}` would be {} bytes; shared memory and context files are limited to {MAX_SHARED_BYTES} bytes",
                 self.rel,
@@ -359,14 +393,7 @@ impl Pending {
                 Ok(())
             }
             Ok(Put::Conflict) => {
-                if let Ok(current) = docs.store.get(&self.key) {
-                    docs.revs.locked().remove(&self.key);
-                    let ws = scope_ws(docs, self.user.as_deref())?;
-                    let (d, r) = current.map_or((None, 0), |(d, r)| (Some(d), r));
-                    write_local(&ws, &self.rel, d.as_deref())?;
-                    docs.revs.locked().insert(self.key.clone(), r);
-                    super::memory::touched();
-                }
+                self.restore(docs)?;
                 Err(ToolError::ExecutionFailed(format!(
                     "`{}` was changed on another node of the cluster meanwhile; your change was not saved. Read it again and redo the change",
                     self.rel
