@@ -3,11 +3,13 @@
 
 use std::sync::Arc;
 
+use crate::cluster::docs::{ClusterDocs, Written};
 use crate::cluster::jobs::{Claimed, ClusterJobs, Known};
 use crate::cluster::usage::ClusterUsage;
 use crate::cluster::Cluster;
 use crate::scheduler::shared::{SharedJobs, SharedState};
 use crate::store::usage::UsageRow;
+use crate::tools::shared_docs::{Put, SharedDocs};
 use crate::turn::usage::SharedUsage;
 
 impl SharedUsage for ClusterUsage {
@@ -53,6 +55,53 @@ impl SharedJobs for ClusterJobs {
     }
 }
 
+impl SharedDocs for ClusterDocs {
+    fn get(&self, key: &str) -> Result<Option<(Vec<u8>, u64)>, String> {
+        ClusterDocs::get(self, key)
+    }
+
+    fn put(&self, key: &str, data: &[u8], expected: u64) -> Result<Put, String> {
+        Ok(match ClusterDocs::put(self, key, data, expected)? {
+            Written::Rev(r) => Put::Written(r),
+            Written::Conflict => Put::Conflict,
+        })
+    }
+}
+
+/// Share the agent's memory documents and context files: the cluster's copy is authoritative,
+/// the workspace keeps a local copy current. Once NATS answers, the local documents the
+/// cluster lacks are uploaded (never over the cluster's), then the bucket is watched.
+fn share_docs(daemon: &super::Daemon, cluster: &Cluster) {
+    let ws = match super::open_workspace(daemon.config()) {
+        Ok(ws) => ws,
+        Err(e) => {
+            tracing::warn!(error = %e, "memory documents not shared with the cluster");
+            return;
+        }
+    };
+    let docs = ClusterDocs::new(cluster.clone());
+    crate::tools::shared_docs::install(Arc::new(docs.clone()), ws);
+    let spawned = std::thread::Builder::new()
+        .name("weft-docs-join".into())
+        .spawn(move || {
+            while !docs.healthy() {
+                std::thread::sleep(std::time::Duration::from_millis(200));
+            }
+            let up = crate::tools::shared_docs::upload_missing();
+            if !up.is_empty() {
+                tracing::info!(files = ?up, "local memory documents uploaded to the cluster");
+            }
+            docs.watch(|key, data, rev| {
+                if let Err(e) = crate::tools::shared_docs::apply(&key, data.as_deref(), rev) {
+                    tracing::warn!(key = %key, error = %e, "shared document not written locally");
+                }
+            });
+        });
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "memory documents not shared with the cluster");
+    }
+}
+
 /// Share this node's state with the cluster: call right after the daemon started, before its
 /// timers first run (they start at the daemon's first await).
 pub fn share(daemon: &super::Daemon, cluster: &Cluster) {
@@ -63,4 +112,5 @@ pub fn share(daemon: &super::Daemon, cluster: &Cluster) {
     daemon
         .usage()
         .set_shared(Arc::new(ClusterUsage::new(cluster.clone())));
+    share_docs(daemon, cluster);
 }

@@ -282,6 +282,9 @@ impl Shared {
     }
 }
 
+/// The line the system prompt gets in cluster mode: workspace files are per node.
+pub const PER_NODE_FILES: &str = "\nCluster: files you write (except memory and context files) stay on this node; a later turn may run on another node without them.";
+
 /// One agent's own parts: its workspace and its tools (replaced on a reload).
 struct AgentRuntime {
     workspace: Arc<Workspace>,
@@ -309,8 +312,12 @@ impl AgentRuntime {
 
     /// The turn dependencies of the agent `config` is for.
     fn deps(&self, config: &Config, model: DynModel, shared: &Shared) -> TurnDeps {
+        let mut base = crate::session::prompt::system_prompt(None, self.workspace.root());
+        if config.cluster.is_some() {
+            base.push_str(PER_NODE_FILES);
+        }
         let context = Arc::new(crate::turn::context::ContextPrompt::new(
-            &crate::session::prompt::system_prompt(None, self.workspace.root()),
+            &base,
             config.agent.system_prompt.as_deref(),
             self.workspace.clone(),
         ));

@@ -10,9 +10,9 @@ pub fn system_prompt(custom: Option<&str>, workspace: &Path) -> String {
     }
     format!(
         "You are weft, a helpful assistant reached through a chat channel. \
-You can act through the tools you are given; call them when they help, and answer plainly when they do not. \
+Use your tools when they help. \
 File tools work inside the workspace directory {}; give paths relative to it. \
-A tool result with an `error` field means the call failed: read `error_code`, then fix the arguments or choose another approach. \
+A tool result with an `error` field failed: read `error_code`, then fix the arguments or try another way. \
 Keep replies concise and use Markdown sparingly.",
         workspace.display()
     )

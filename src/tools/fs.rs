@@ -538,6 +538,11 @@ impl Tool for WriteFile {
         let max_backup = self.max_bytes;
         blocking(move || {
             let rel = a.path.as_str();
+            // Cluster mode: a context file or memory document is the cluster's copy.
+            let shared = super::shared_docs::begin(&ws, super::shared_docs::Scope::Agent, rel)?;
+            if let Some(p) = &shared {
+                p.check_size(a.content.len())?;
+            }
             let (dir, name) = ws.open_parent(rel, true)?;
             let existing = check_replaceable(&ws, &dir, &name, rel)?;
             let mut backup = None;
@@ -554,6 +559,9 @@ impl Tool for WriteFile {
             }
             let mode = existing.map_or(0o644, |e| e.mode);
             write_atomic(&dir, &name, a.content.as_bytes(), mode, existing, rel)?;
+            if let Some(p) = shared {
+                p.finish(a.content.as_bytes())?;
+            }
             if super::memory::is_memory_path(rel) {
                 super::memory::touched();
             }
@@ -679,6 +687,7 @@ impl Tool for EditFile {
         let (max_read, max_write) = (self.max_read, self.max_write);
         blocking(move || {
             let rel = a.path.as_str();
+            let shared = super::shared_docs::begin(&ws, super::shared_docs::Scope::Agent, rel)?;
             let (dir, name) = ws.open_parent(rel, false)?;
             let Some(existing) = check_replaceable(&ws, &dir, &name, rel)? else {
                 return Err(ToolError::FileNotFound(format!(
@@ -743,7 +752,13 @@ impl Tool for EditFile {
                     new.len()
                 )));
             }
+            if let Some(p) = &shared {
+                p.check_size(new.len())?;
+            }
             write_atomic(&dir, &name, new.as_bytes(), existing.mode, Some(existing), rel)?;
+            if let Some(p) = shared {
+                p.finish(new.as_bytes())?;
+            }
             if super::memory::is_memory_path(rel) {
                 super::memory::touched();
             }

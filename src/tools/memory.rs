@@ -358,51 +358,100 @@ impl Tool for MemoryWrite {
             let _guard = WRITE_LOCK.locked();
             let ws = scope_workspace(&ctx, true)?
                 .ok_or_else(|| ToolError::ExecutionFailed("no memory directory".into()))?;
-            let (dir, name) = ws.open_parent(&file, true)?;
-            let existing = check_replaceable(&ws, &dir, &name, &file)?;
-            let (data, mode_name) = match (a.mode, existing) {
-                (MemoryMode::Append, Some(_)) => {
-                    let fd = rustix::fs::openat(
-                        &dir,
-                        name.as_str(),
-                        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
-                        Mode::empty(),
-                    )
-                    .map_err(|e| super::workspace::map_errno(&file, e))?;
-                    let (old, cut) = read_up_to(std::fs::File::from(fd), max, &file)?;
-                    if cut {
-                        return Err(ToolError::InvalidArgs(format!(
-                            "the memory file is already larger than {max} bytes; condense it with mode=overwrite"
-                        )));
-                    }
-                    let sep = if old.is_empty() || old.ends_with("\n\n") {
-                        ""
-                    } else if old.ends_with('\n') {
-                        "\n"
-                    } else {
-                        "\n\n"
-                    };
-                    (format!("{old}{sep}{}", a.content), "append")
-                }
-                (MemoryMode::Append, None) => (a.content.clone(), "append"),
-                (MemoryMode::Overwrite, _) => (a.content.clone(), "overwrite"),
+            // Cluster mode: from the shared copy, retried when another node wrote meanwhile.
+            let scope = match ctx.user_dir.as_deref() {
+                Some(d) => super::shared_docs::Scope::User(user_name(d)),
+                None => super::shared_docs::Scope::Agent,
             };
-            if data.len() as u64 > max {
-                return Err(ToolError::InvalidArgs(format!(
-                    "the memory file would be {} bytes; the limit is {max}. Condense it with mode=overwrite",
-                    data.len()
-                )));
+            let mut tries = 0;
+            loop {
+                tries += 1;
+                let pending = super::shared_docs::begin(&ctx.workspace, scope, &file)?;
+                let limit = if pending.is_some() {
+                    max.min(super::shared_docs::MAX_SHARED_BYTES as u64)
+                } else {
+                    max
+                };
+                let out = match (write_memory(&ws, &file, &a, limit), &pending) {
+                    (Ok(out), _) => out,
+                    // The cluster's newer copy landed in the file while it was being written.
+                    (Err(ToolError::ExecutionFailed(m)), Some(_))
+                        if tries < 5 && m.contains("replaced by someone else") =>
+                    {
+                        continue;
+                    }
+                    (Err(e), _) => break Err(e),
+                };
+                let Some(p) = pending else {
+                    break Ok(out);
+                };
+                match p.finish(out.1.as_bytes()) {
+                    Ok(()) => break Ok(out),
+                    Err(e) if tries < 5 && e.to_string().contains("another node") => {
+                        tracing::info!(file = %file, "memory document changed on another node meanwhile: writing again");
+                        continue;
+                    }
+                    Err(e) => break Err(e),
+                }
             }
-            let mode = existing.map_or(0o644, |e| e.mode);
-            write_atomic(&dir, &name, data.as_bytes(), mode, existing, &file)?;
-            touched();
-            Ok(json!({
-                "message": format!("Successfully wrote {} bytes to memory (mode: {mode_name})", a.content.len()),
-                "path": ws.root().join(&file).display().to_string(),
-            }))
+            .map(|(v, _)| v)
         })
         .await
     }
+}
+
+/// Write `a` to memory document `file` of `ws`; the result and the file's new content.
+fn write_memory(
+    ws: &Workspace,
+    file: &str,
+    a: &MemoryWriteArgs,
+    max: u64,
+) -> Result<(Value, String), ToolError> {
+    let (dir, name) = ws.open_parent(file, true)?;
+    let existing = check_replaceable(ws, &dir, &name, file)?;
+    let (data, mode_name) = match (a.mode, existing) {
+        (MemoryMode::Append, Some(_)) => {
+            let fd = rustix::fs::openat(
+                &dir,
+                name.as_str(),
+                OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+                Mode::empty(),
+            )
+            .map_err(|e| super::workspace::map_errno(file, e))?;
+            let (old, cut) = read_up_to(std::fs::File::from(fd), max, file)?;
+            if cut {
+                return Err(ToolError::InvalidArgs(format!(
+                            "the memory file is already larger than {max} bytes; condense it with mode=overwrite"
+                        )));
+            }
+            let sep = if old.is_empty() || old.ends_with("\n\n") {
+                ""
+            } else if old.ends_with('\n') {
+                "\n"
+            } else {
+                "\n\n"
+            };
+            (format!("{old}{sep}{}", a.content), "append")
+        }
+        (MemoryMode::Append, None) => (a.content.clone(), "append"),
+        (MemoryMode::Overwrite, _) => (a.content.clone(), "overwrite"),
+    };
+    if data.len() as u64 > max {
+        return Err(ToolError::InvalidArgs(format!(
+                    "the memory file would be {} bytes; the limit is {max}. Condense it with mode=overwrite",
+                    data.len()
+                )));
+    }
+    let mode = existing.map_or(0o644, |e| e.mode);
+    write_atomic(&dir, &name, data.as_bytes(), mode, existing, file)?;
+    touched();
+    Ok((
+        json!({
+            "message": format!("Successfully wrote {} bytes to memory (mode: {mode_name})", a.content.len()),
+            "path": ws.root().join(file).display().to_string(),
+        }),
+        data,
+    ))
 }
 
 #[cfg(test)]

@@ -21,6 +21,7 @@ pub mod sandbox;
 pub mod scrub;
 pub mod search;
 pub mod sessions;
+pub mod shared_docs;
 pub mod shell_policy;
 pub mod truncate;
 pub mod web;

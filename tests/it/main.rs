@@ -14,6 +14,8 @@ mod cluster;
 #[cfg(feature = "cluster")]
 mod cluster_bus;
 #[cfg(feature = "cluster")]
+mod cluster_docs;
+#[cfg(feature = "cluster")]
 mod cluster_state;
 mod common;
 mod context_files;
