@@ -13,6 +13,8 @@
 pub mod settings;
 
 #[cfg(feature = "cluster")]
+pub mod balance;
+#[cfg(feature = "cluster")]
 pub mod fence;
 #[cfg(feature = "cluster")]
 pub mod inbound;
