@@ -208,10 +208,10 @@ mod tests {
 
     #[test]
     fn every_partition_has_one_owner_within_the_target() {
-        for (parts, n) in [(8u32, 3usize), (8, 4), (64, 3), (64, 5), (1, 3), (3, 8)] {
-            let nodes = live(n);
+        for (parts, n) in [(8u32, 3u32), (8, 4), (64, 3), (64, 5), (1, 3), (3, 8)] {
+            let nodes = live(n as usize);
             let mut seen = BTreeSet::new();
-            let target = parts.div_ceil(u32::try_from(n).unwrap());
+            let target = parts.div_ceil(n);
             for me in &nodes {
                 let mine = assignment(me, parts, &nodes);
                 assert!(mine.len() as u32 <= target, "{parts}/{n}: {mine:?}");
