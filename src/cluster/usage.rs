@@ -5,12 +5,12 @@
 //! model). Each node writes only its own keys, so writes never conflict: it keeps its day's
 //! counters in memory, adds each turn's rows to them and replaces the day's entry in the
 //! background (coalesced: the latest counters win). A budget check adds the other nodes'
-//! entries of the month as last read; they are read again in the background when older than a
-//! couple of seconds, so a check never waits on NATS.
+//! entries of the month as a watch on the bucket last told them (within milliseconds of their
+//! publication), so a check never waits on NATS.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_nats::jetstream::kv;
 use tokio::sync::Notify;
@@ -38,18 +38,14 @@ struct Mine {
     dirty: bool,
 }
 
-/// The other nodes' counters as last read.
+/// The other nodes' counters, kept up to date by a watch on the bucket.
 #[derive(Default)]
 struct Others {
-    since: String,
-    read_at: Option<Instant>,
-    rows: Vec<UsageRow>,
-    reading: bool,
+    /// Key (`usage.<node>.<day>`) → its rows.
+    rows: HashMap<String, Vec<UsageRow>>,
+    /// The watch was established once (the map holds what the bucket held then, and after).
+    ready: bool,
 }
-
-/// How long the other nodes' counters are used before they are read again (in the
-/// background: a budget check never waits on NATS).
-pub const FRESH: Duration = Duration::from_secs(2);
 
 /// The cluster's shared usage counters (cheap to clone).
 #[derive(Clone)]
@@ -89,6 +85,8 @@ impl ClusterUsage {
         };
         let p = u.clone();
         u.cluster.spawn(async move { p.publisher().await });
+        let w = u.clone();
+        u.cluster.spawn(async move { w.watcher().await });
         u
     }
 
@@ -176,83 +174,76 @@ impl ClusterUsage {
         self.wake.notify_one();
     }
 
-    /// The other nodes' counters of `since` (`YYYY-MM-DD`) or later as last read, never
-    /// waiting on NATS: read again in the background when older than [`FRESH`].
+    /// The other nodes' counters of `since` (`YYYY-MM-DD`) or later, as the watch on the
+    /// bucket last told them: never waits on NATS (the last known counters while the
+    /// cluster is away).
     ///
     /// # Errors
-    /// Not read yet (the first read is under way), or the cluster is not healthy.
+    /// The counters were never read yet (the cluster is not reachable, or the watch is being
+    /// set up).
     pub fn others(&self, since: &str) -> Result<Vec<UsageRow>, String> {
-        let mut o = self.others.locked();
-        if o.since != since {
-            *o = Others {
-                since: since.to_string(),
-                reading: o.reading,
-                ..Others::default()
-            };
+        let o = self.others.locked();
+        if !o.ready {
+            return Err("the other nodes' usage is not read yet".into());
         }
-        let stale = o.read_at.is_none_or(|at| at.elapsed() >= FRESH);
-        if stale && !o.reading {
-            o.reading = true;
-            let me = self.clone();
-            let s = since.to_string();
-            self.cluster.spawn(async move { me.refresh(s).await });
-        }
-        match o.read_at {
-            Some(_) => Ok(o.rows.clone()),
-            None => Err("the other nodes' usage is being read".into()),
-        }
+        Ok(o.rows
+            .iter()
+            .filter(|(k, _)| *k.rsplit('.').next().unwrap_or_default() >= *since)
+            .flat_map(|(_, rows)| rows.iter().cloned())
+            .collect())
     }
 
-    async fn refresh(self, since: String) {
-        let read = match self.cluster.healthy_jetstream() {
-            Ok(js) => tokio::time::timeout(WAIT, self.read_others(js, &since))
-                .await
-                .unwrap_or_else(|_| Err("NATS did not answer in time".into())),
-            Err(e) => Err(e),
-        };
-        let mut o = self.others.locked();
-        o.reading = false;
-        match read {
-            Ok(rows) if o.since == since => {
-                o.rows = rows;
-                o.read_at = Some(Instant::now());
-            }
-            Ok(_) => {}
-            Err(e) => tracing::debug!(error = %e, "cluster: the other nodes' usage not read"),
-        }
-    }
-
-    async fn read_others(
-        &self,
-        js: async_nats::jetstream::Context,
-        since: &str,
-    ) -> Result<Vec<UsageRow>, String> {
+    /// Keep [`Others`] up to date: every other node's key of the bucket, as it changes.
+    async fn watcher(self) {
         use futures::StreamExt;
         let mine = format!(
             "usage.{}.",
             super::key_part(&self.cluster.settings().node_id)
         );
-        let b = open(&self.bucket, js).await?;
-        let mut keys = b.keys().await.map_err(|e| e.to_string())?;
-        let mut wanted = Vec::new();
-        while let Some(k) = keys.next().await {
-            let k = k.map_err(|e| e.to_string())?;
-            let day = k.rsplit('.').next().unwrap_or_default();
-            if k.starts_with("usage.") && !k.starts_with(&mine) && *day >= *since {
-                wanted.push(k);
-            }
-        }
-        let mut out = Vec::new();
-        for k in wanted {
-            if let Some(v) = b.get(&k).await.map_err(|e| e.to_string())? {
-                match serde_json::from_slice::<Vec<UsageRow>>(&v) {
-                    Ok(rows) => out.extend(rows),
-                    Err(e) => {
-                        tracing::warn!(key = %k, error = %e, "cluster: usage counters undecodable; skipped")
+        loop {
+            let Some(js) = self.cluster.jetstream_ready().await else {
+                return;
+            };
+            let watch = async {
+                let b = open(&self.bucket, js).await?;
+                b.watch_with_history("usage.>")
+                    .await
+                    .map_err(|e| e.to_string())
+            };
+            match tokio::time::timeout(WAIT, watch).await {
+                Ok(Ok(mut w)) => {
+                    self.others.locked().ready = true;
+                    while let Some(e) = w.next().await {
+                        let e = match e {
+                            Ok(e) => e,
+                            Err(e) => {
+                                tracing::debug!(error = %e, "cluster: usage watch failed");
+                                break;
+                            }
+                        };
+                        if e.key.starts_with(&mine) {
+                            continue;
+                        }
+                        let mut o = self.others.locked();
+                        if e.operation != kv::Operation::Put {
+                            o.rows.remove(&e.key);
+                            continue;
+                        }
+                        match serde_json::from_slice::<Vec<UsageRow>>(&e.value) {
+                            Ok(rows) => {
+                                o.rows.insert(e.key, rows);
+                            }
+                            Err(err) => {
+                                tracing::warn!(key = %e.key, error = %err, "cluster: usage counters undecodable; skipped")
+                            }
+                        }
                     }
                 }
+                Ok(Err(e)) => tracing::debug!(error = %e, "cluster: usage watch not set up"),
+                Err(_) => tracing::debug!("cluster: usage watch not set up in time"),
             }
+            // Watched again shortly (the last counters stay in use meanwhile).
+            tokio::time::sleep(Duration::from_secs(1)).await;
         }
-        Ok(out)
     }
 }
