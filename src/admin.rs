@@ -625,7 +625,16 @@ impl clawft_channel_http::Admin for AdminApi {
                 None => nodes::NodeHub::new(r.store.clone()).command(other, &body),
             },
             other => match other.strip_prefix("cron/") {
-                Some(c) => cron::command(&r.scheduler, &r.channels().names(), c, &body),
+                // On the blocking pool: shared jobs (cluster mode) wait on the cluster.
+                Some(c) => {
+                    let (scheduler, names, c) =
+                        (r.scheduler.clone(), r.channels().names(), c.to_string());
+                    tokio::task::spawn_blocking(move || {
+                        cron::command(&scheduler, &names, &c, &body)
+                    })
+                    .await
+                    .map_err(internal)?
+                }
                 None => pairing_command(&r.store, other, &body),
             },
         }

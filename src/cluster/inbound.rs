@@ -173,74 +173,158 @@ pub struct Consume {
     pub send: Arc<dyn Fn(OutboundMessage) + Send + Sync>,
 }
 
-/// Hold and consume every partition this node can get, on `tasks`.
+/// How long a node handing a partition over waits for its turns under way to be answered
+/// and acknowledged before it releases the lease (the next owner answers those still open).
+const HANDOVER_WAIT: Duration = Duration::from_secs(10);
+
+/// Hold and consume this node's share of the partitions ([`super::balance`]), on `tasks`.
 pub fn spawn_partitions(cluster: &Cluster, args: &Consume, tasks: &TaskTracker) {
+    let wanted = super::balance::start(cluster, args.done.clone());
     for p in 0..cluster.settings().partitions {
         let c = cluster.clone();
         let a = args.clone();
-        tasks.spawn(async move { partition_loop(c, p, a).await });
+        let w = wanted.clone();
+        tasks.spawn(async move { partition_loop(c, p, a, w).await });
     }
 }
 
 /// One message handed to a session and not yet acknowledged: its JetStream deliveries.
 type Waiting = HashMap<(String, String), (Vec<jetstream::Message>, u32)>;
 
-async fn partition_loop(cluster: Cluster, p: u32, args: Consume) {
-    let hold = cluster.hold(&lease_key(p));
-    let mut rx = hold.watch();
+/// Why a partition's owner stops consuming it.
+enum Stop {
+    /// The node shuts down.
+    Shutdown,
+    /// The partition is another node's share now; the session log's writer, kept until the
+    /// turns under way are recorded.
+    Handover(Option<tokio_util::sync::DropGuard>),
+}
+
+async fn partition_loop(
+    cluster: Cluster,
+    p: u32,
+    args: Consume,
+    mut wanted: super::balance::Wanted,
+) {
     let mut waiting = Waiting::new();
     loop {
-        // Not the owner (yet, or any more): messages this node answered are still
-        // acknowledged, as soon as NATS takes it, so the next owner does not answer them again.
-        let h = loop {
+        // Not this node's share: messages this node answered are still acknowledged, as soon
+        // as NATS takes it, so the next owner does not answer them again.
+        let go = loop {
             tokio::select! {
-                h = super::leased::held(&mut rx) => break Some(h),
-                () = args.intake.cancelled() => break None,
+                w = super::balance::wanted(&mut wanted, p) => break w,
+                () = args.intake.cancelled() => break false,
                 () = tokio::time::sleep(ACK_EVERY), if !waiting.is_empty() => {
                     ack_finished(&args.store, args.log.as_ref(), &mut waiting).await;
                 }
             }
         };
-        let Some(Some(h)) = h else { break };
+        if !go {
+            break;
+        }
+        let hold = cluster.hold(&lease_key(p));
+        let stop = own(&cluster, p, &args, &hold, &mut wanted, &mut waiting).await;
+        match stop {
+            Stop::Shutdown => {
+                // The turns under way finish within the grace; acknowledge them while the
+                // lease is still ours, so the next owner does not answer them again.
+                drain(&args, &hold, &mut waiting, None).await;
+                hold.release().await;
+                break;
+            }
+            Stop::Handover(writer) => {
+                let n = waiting.len();
+                drain(&args, &hold, &mut waiting, Some(HANDOVER_WAIT)).await;
+                drop(writer);
+                tracing::info!(
+                    partition = p,
+                    in_flight = n,
+                    left = waiting.len(),
+                    "cluster: partition handed over to its new owner"
+                );
+                hold.release().await;
+            }
+        }
+    }
+}
+
+/// Acknowledge the turns under way as they finish, while the lease is this node's: until none
+/// is left, the turns are over (`done`), or `bound` has passed.
+async fn drain(
+    args: &Consume,
+    hold: &super::node::LeaseHold,
+    waiting: &mut Waiting,
+    bound: Option<Duration>,
+) {
+    if hold.current().is_none() {
+        return;
+    }
+    let deadline = bound.map(|b| tokio::time::Instant::now() + b);
+    while !waiting.is_empty() {
+        tokio::select! {
+            () = tokio::time::sleep(ACK_EVERY) => {}
+            () = args.done.cancelled() => break,
+        }
+        if hold.current().is_none() || deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
+            break;
+        }
+        ack_finished(&args.store, args.log.as_ref(), waiting).await;
+    }
+}
+
+/// Take the lease of `p` and consume it while it is this node's and wanted here.
+async fn own(
+    cluster: &Cluster,
+    p: u32,
+    args: &Consume,
+    hold: &super::node::LeaseHold,
+    wanted: &mut super::balance::Wanted,
+    waiting: &mut Waiting,
+) -> Stop {
+    let mut rx = hold.watch();
+    // The session log's writer of the last consumer: it outlives a consumer stopped for a
+    // handover, so the turns under way are still recorded (and then acknowledged).
+    let mut writer = None;
+    loop {
+        let h = loop {
+            tokio::select! {
+                h = super::leased::held(&mut rx) => break h,
+                () = args.intake.cancelled() => return Stop::Shutdown,
+                () = super::balance::unwanted(wanted, p) => return Stop::Handover(None),
+                () = tokio::time::sleep(ACK_EVERY), if !waiting.is_empty() => {
+                    ack_finished(&args.store, args.log.as_ref(), waiting).await;
+                }
+            }
+        };
+        let Some(h) = h else { return Stop::Shutdown };
         tracing::info!(
             partition = p,
             token = h.token,
             "cluster: this node owns the partition"
         );
         let r = tokio::select! {
-            r = consume(&cluster, p, &args, &mut waiting) => Some(r),
+            r = consume(cluster, p, args, waiting, &mut writer) => Some(r),
             () = super::leased::lost(&mut rx, h.token) => None,
+            () = super::balance::unwanted(wanted, p) => return Stop::Handover(writer.take()),
         };
+        // Lost or failed: this writer stops (the next owner, or the next consumer here after
+        // a replay, writes the partition's records).
+        writer = None;
         match r {
             None => tracing::warn!(
                 partition = p,
                 "cluster: partition lease lost: stopped consuming"
             ),
-            Some(Ok(())) => break,
+            Some(Ok(())) => return Stop::Shutdown,
             Some(Err(e)) => {
                 tracing::warn!(partition = p, error = %e, "cluster: partition consumer failed; trying again");
                 tokio::select! {
                     () = tokio::time::sleep(Duration::from_millis(500)) => {}
-                    () = args.intake.cancelled() => break,
+                    () = args.intake.cancelled() => return Stop::Shutdown,
                 }
             }
         }
     }
-    // Shutdown: the turns under way finish within the grace; acknowledge them while the
-    // lease is still ours, so the next owner does not answer them again.
-    if hold.current().is_some() {
-        while !waiting.is_empty() {
-            tokio::select! {
-                () = tokio::time::sleep(ACK_EVERY) => {}
-                () = args.done.cancelled() => break,
-            }
-            if hold.current().is_none() {
-                break;
-            }
-            ack_finished(&args.store, args.log.as_ref(), &mut waiting).await;
-        }
-    }
-    hold.release().await;
 }
 
 /// Consume partition `p` from its oldest unacknowledged message until the intake closes.
@@ -249,6 +333,7 @@ async fn consume(
     p: u32,
     args: &Consume,
     waiting: &mut Waiting,
+    writer_slot: &mut Option<tokio_util::sync::DropGuard>,
 ) -> Result<(), String> {
     let js = cluster
         .jetstream()
@@ -256,7 +341,7 @@ async fn consume(
     // The partition's sessions as the log has them, then its writer (fenced by the last
     // record); the replies recorded and never delivered are sent (once, from here).
     let fenced = CancellationToken::new();
-    let mut writer = match &args.log {
+    *writer_slot = match &args.log {
         Some(log) => {
             let started = std::time::Instant::now();
             let (last, replies) = super::session_log::replay(log, &js, &args.store, p)
@@ -269,8 +354,9 @@ async fn consume(
                 ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
                 "cluster: session log replayed"
             );
-            // Stopped when this consumer ends (lease lost, an error), or at shutdown once the
-            // turns are over (their records are written while the lease is ours).
+            // Stopped when this consumer ends (lease lost, an error), after a handover's wait,
+            // or at shutdown once the turns are over (their records are written while the
+            // lease is ours).
             let stop = args.done.child_token();
             super::session_log::start_writer(
                 log,
@@ -292,6 +378,10 @@ async fn consume(
     let stream = js.get_stream(IN_STREAM).await.map_err(|e| e.to_string())?;
     // A work queue keeps exactly the unacknowledged messages: a new consumer starts at the
     // oldest of them (the previous owner's in-flight turns come first, in order).
+    let creating = super::balance::CONSUMER_CREATION
+        .acquire()
+        .await
+        .map_err(|e| e.to_string())?;
     let _ = stream.delete_consumer(&name).await;
     let consumer = stream
         .create_consumer(pull::Config {
@@ -305,6 +395,7 @@ async fn consume(
         })
         .await
         .map_err(|e| e.to_string())?;
+    drop(creating);
     let mut msgs = consumer
         .stream()
         .heartbeat(Duration::from_secs(5))
@@ -323,7 +414,7 @@ async fn consume(
             _ = tick.tick(), if !waiting.is_empty() => ack_finished(&args.store, args.log.as_ref(), waiting).await,
             () = args.intake.cancelled() => {
                 // Shutdown: the turns under way are still recorded (until they are over).
-                if let Some(w) = writer.take() {
+                if let Some(w) = writer_slot.take() {
                     w.disarm();
                 }
                 return Ok(());

@@ -16,6 +16,8 @@
 pub mod settings;
 
 #[cfg(feature = "cluster")]
+pub mod balance;
+#[cfg(feature = "cluster")]
 pub mod docs;
 #[cfg(feature = "cluster")]
 pub mod fence;

@@ -526,6 +526,11 @@ impl Cluster {
         self.inner.ready.borrow().as_ref().map(|r| r.state.clone())
     }
 
+    /// The JetStream context as soon as NATS answers (`None`: the cluster stopped first).
+    pub async fn jetstream_ready(&self) -> Option<jetstream::Context> {
+        self.ready().await.map(|r| r.js)
+    }
+
     /// The JetStream context, once NATS answered.
     pub fn jetstream(&self) -> Option<jetstream::Context> {
         self.inner.ready.borrow().as_ref().map(|r| r.js.clone())

@@ -2,10 +2,13 @@
 //!
 //! Bucket [`USAGE_BUCKET`] (entries expire after [`USAGE_KEPT`]): `usage.<node>.<day>` → that
 //! node's counters of that UTC day (a JSON array of usage rows, one per session, user and
-//! model). Each node writes only its own keys, so writes never conflict: it replaces the day's
-//! entry after each turn (in the background, the latest counters winning). A budget check adds
-//! the other nodes' entries of the month, read again at most every couple of seconds.
+//! model). Each node writes only its own keys, so writes never conflict: it keeps its day's
+//! counters in memory, adds each turn's rows to them and replaces the day's entry in the
+//! background (coalesced: the latest counters win). A budget check adds the other nodes'
+//! entries of the month as a watch on the bucket last told them (within milliseconds of their
+//! publication), so a check never waits on NATS.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -23,16 +26,34 @@ pub const USAGE_KEPT: Duration = Duration::from_secs(63 * 24 * 3600);
 /// How long a read waits for NATS.
 pub const WAIT: Duration = Duration::from_secs(2);
 
-/// Counters waiting to be published: (day, rows as JSON).
-type Pending = (String, Vec<u8>);
+/// A session's, user's and model's row of the day.
+type RowKey = (String, String, String);
+
+/// This node's counters of its current day, as published.
+#[derive(Default)]
+struct Mine {
+    day: String,
+    rows: HashMap<RowKey, UsageRow>,
+    /// Changed since last published.
+    dirty: bool,
+}
+
+/// The other nodes' counters, kept up to date by a watch on the bucket.
+#[derive(Default)]
+struct Others {
+    /// Key (`usage.<node>.<day>`) → its rows.
+    rows: HashMap<String, Vec<UsageRow>>,
+    /// The watch was established once (the map holds what the bucket held then, and after).
+    ready: bool,
+}
 
 /// The cluster's shared usage counters (cheap to clone).
 #[derive(Clone)]
 pub struct ClusterUsage {
     cluster: Cluster,
     bucket: Arc<tokio::sync::OnceCell<kv::Store>>,
-    /// The latest counters to publish: (day, rows as JSON).
-    pending: Arc<Mutex<Option<Pending>>>,
+    mine: Arc<Mutex<Mine>>,
+    others: Arc<Mutex<Others>>,
     wake: Arc<Notify>,
 }
 
@@ -48,29 +69,46 @@ async fn open(
     .map_err(|e| e.to_string())
 }
 
+fn key_of(r: &UsageRow) -> RowKey {
+    (r.session.clone(), r.user.clone(), r.model.clone())
+}
+
 impl ClusterUsage {
     /// The shared usage of `cluster`; starts the publisher.
     pub fn new(cluster: Cluster) -> Self {
         let u = Self {
             cluster,
             bucket: Arc::new(tokio::sync::OnceCell::new()),
-            pending: Arc::new(Mutex::new(None)),
+            mine: Arc::new(Mutex::new(Mine::default())),
+            others: Arc::new(Mutex::new(Others::default())),
             wake: Arc::new(Notify::new()),
         };
         let p = u.clone();
         u.cluster.spawn(async move { p.publisher().await });
+        let w = u.clone();
+        u.cluster.spawn(async move { w.watcher().await });
         u
+    }
+
+    /// The day's counters to publish, when they changed (serialised here, on the cluster's
+    /// runtime, at most once per publication however many turns added to them).
+    fn take_dirty(&self) -> Option<(String, Vec<u8>)> {
+        let (day, rows) = {
+            let mut m = self.mine.locked();
+            if !m.dirty {
+                return None;
+            }
+            m.dirty = false;
+            (m.day.clone(), m.rows.values().cloned().collect::<Vec<_>>())
+        };
+        serde_json::to_vec(&rows).ok().map(|b| (day, b))
     }
 
     async fn publisher(self) {
         let me = super::key_part(&self.cluster.settings().node_id);
         loop {
             self.wake.notified().await;
-            loop {
-                let next = self.pending.locked().take();
-                let Some((day, body)) = next else {
-                    break;
-                };
+            while let Some((day, body)) = self.take_dirty() {
                 let key = format!("usage.{me}.{}", super::key_part(&day));
                 let put = async {
                     let js = self
@@ -78,20 +116,18 @@ impl ClusterUsage {
                         .jetstream()
                         .ok_or("the cluster is not connected yet")?;
                     let b = open(&self.bucket, js).await?;
-                    b.put(&key, body.clone().into())
-                        .await
-                        .map_err(|e| e.to_string())
+                    b.put(&key, body.into()).await.map_err(|e| e.to_string())
                 };
                 if let Err(e) = tokio::time::timeout(WAIT, put)
                     .await
                     .unwrap_or_else(|_| Err("NATS did not answer in time".into()))
                 {
                     tracing::warn!(error = %e, "cluster: usage counters not published; retrying");
-                    // Keep them unless newer ones came meanwhile, and try again shortly.
+                    // Published again (with whatever came meanwhile) shortly.
                     {
-                        let mut p = self.pending.locked();
-                        if p.is_none() {
-                            *p = Some((day, body));
+                        let mut m = self.mine.locked();
+                        if m.day == day {
+                            m.dirty = true;
                         }
                     }
                     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -100,54 +136,114 @@ impl ClusterUsage {
         }
     }
 
-    /// Publish this node's counters of `day` (in the background; the latest win).
+    /// Publish this node's counters of `day`: all of them, replacing what was published (in
+    /// the background).
     pub fn publish(&self, day: &str, rows: &[UsageRow]) {
-        let Ok(body) = serde_json::to_vec(rows) else {
-            return;
-        };
-        *self.pending.locked() = Some((day.to_string(), body));
+        {
+            let mut m = self.mine.locked();
+            m.day = day.to_string();
+            m.rows.clear();
+            for r in rows.iter().filter(|r| r.day == day) {
+                m.rows
+                    .entry(key_of(r))
+                    .and_modify(|x| x.add(r))
+                    .or_insert_with(|| r.clone());
+            }
+            m.dirty = true;
+        }
         self.wake.notify_one();
     }
 
-    /// The other nodes' counters of `since` (`YYYY-MM-DD`) or later.
+    /// Add `rows` to this node's counters of `day` (a new day starts from nothing) and publish
+    /// them in the background: the cost is the turn's rows, not the day's.
+    pub fn add(&self, day: &str, rows: &[UsageRow]) {
+        {
+            let mut m = self.mine.locked();
+            if m.day != day {
+                m.day = day.to_string();
+                m.rows.clear();
+            }
+            for r in rows.iter().filter(|r| r.day == day) {
+                m.rows
+                    .entry(key_of(r))
+                    .and_modify(|x| x.add(r))
+                    .or_insert_with(|| r.clone());
+            }
+            m.dirty = true;
+        }
+        self.wake.notify_one();
+    }
+
+    /// The other nodes' counters of `since` (`YYYY-MM-DD`) or later, as the watch on the
+    /// bucket last told them: never waits on NATS (the last known counters while the
+    /// cluster is away).
     ///
     /// # Errors
-    /// NATS failed or did not answer, or the cluster is not healthy.
+    /// The counters were never read yet (the cluster is not reachable, or the watch is being
+    /// set up).
     pub fn others(&self, since: &str) -> Result<Vec<UsageRow>, String> {
-        let js = self.cluster.healthy_jetstream()?;
-        let cell = self.bucket.clone();
+        let o = self.others.locked();
+        if !o.ready {
+            return Err("the other nodes' usage is not read yet".into());
+        }
+        Ok(o.rows
+            .iter()
+            .filter(|(k, _)| *k.rsplit('.').next().unwrap_or_default() >= *since)
+            .flat_map(|(_, rows)| rows.iter().cloned())
+            .collect())
+    }
+
+    /// Keep [`Others`] up to date: every other node's key of the bucket, as it changes.
+    async fn watcher(self) {
+        use futures::StreamExt;
         let mine = format!(
             "usage.{}.",
             super::key_part(&self.cluster.settings().node_id)
         );
-        let since = since.to_string();
-        self.cluster
-            .block_on(
-                async move {
-                    use futures::StreamExt;
-                    let b = open(&cell, js).await?;
-                    let mut keys = b.keys().await.map_err(|e| e.to_string())?;
-                    let mut wanted = Vec::new();
-                    while let Some(k) = keys.next().await {
-                        let k = k.map_err(|e| e.to_string())?;
-                        let day = k.rsplit('.').next().unwrap_or_default();
-                        if k.starts_with("usage.") && !k.starts_with(&mine) && *day >= *since {
-                            wanted.push(k);
+        loop {
+            let Some(js) = self.cluster.jetstream_ready().await else {
+                return;
+            };
+            let watch = async {
+                let b = open(&self.bucket, js).await?;
+                b.watch_with_history("usage.>")
+                    .await
+                    .map_err(|e| e.to_string())
+            };
+            match tokio::time::timeout(WAIT, watch).await {
+                Ok(Ok(mut w)) => {
+                    self.others.locked().ready = true;
+                    while let Some(e) = w.next().await {
+                        let e = match e {
+                            Ok(e) => e,
+                            Err(e) => {
+                                tracing::debug!(error = %e, "cluster: usage watch failed");
+                                break;
+                            }
+                        };
+                        if e.key.starts_with(&mine) {
+                            continue;
                         }
-                    }
-                    let mut out = Vec::new();
-                    for k in wanted {
-                        if let Some(v) = b.get(&k).await.map_err(|e| e.to_string())? {
-                            match serde_json::from_slice::<Vec<UsageRow>>(&v) {
-                                Ok(rows) => out.extend(rows),
-                                Err(e) => tracing::warn!(key = %k, error = %e, "cluster: usage counters undecodable; skipped"),
+                        let mut o = self.others.locked();
+                        if e.operation != kv::Operation::Put {
+                            o.rows.remove(&e.key);
+                            continue;
+                        }
+                        match serde_json::from_slice::<Vec<UsageRow>>(&e.value) {
+                            Ok(rows) => {
+                                o.rows.insert(e.key, rows);
+                            }
+                            Err(err) => {
+                                tracing::warn!(key = %e.key, error = %err, "cluster: usage counters undecodable; skipped")
                             }
                         }
                     }
-                    Ok(out)
-                },
-                WAIT,
-            )
-            .ok_or_else(|| "NATS did not answer in time".to_string())?
+                }
+                Ok(Err(e)) => tracing::debug!(error = %e, "cluster: usage watch not set up"),
+                Err(_) => tracing::debug!("cluster: usage watch not set up in time"),
+            }
+            // Watched again shortly (the last counters stay in use meanwhile).
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
     }
 }

@@ -17,6 +17,10 @@ impl SharedUsage for ClusterUsage {
         ClusterUsage::publish(self, day, &rows);
     }
 
+    fn add(&self, day: &str, rows: &[UsageRow]) {
+        ClusterUsage::add(self, day, rows);
+    }
+
     fn others(&self, since: &str) -> Result<Vec<UsageRow>, String> {
         ClusterUsage::others(self, since)
     }

@@ -262,7 +262,21 @@ impl Scheduler {
     /// The timer: start the due runs, sleep until the next one (or a change), until `stop`.
     pub async fn run(self: Arc<Self>, stop: CancellationToken) {
         loop {
-            let next = self.tick(Utc::now());
+            // Shared jobs (cluster mode): reading the shared copy and claiming occurrences
+            // wait on the cluster (a few seconds at worst); on the blocking pool, not on the
+            // daemon's thread, so chats never wait on them.
+            let next = if self.jobs.is_shared() {
+                let me = self.clone();
+                match tokio::task::spawn_blocking(move || me.tick(Utc::now())).await {
+                    Ok(n) => n,
+                    Err(e) => {
+                        tracing::error!(error = %e, "scheduled jobs tick failed");
+                        Some(Utc::now() + chrono::TimeDelta::seconds(60))
+                    }
+                }
+            } else {
+                self.tick(Utc::now())
+            };
             let sleep = match next {
                 Some(t) => (t - Utc::now())
                     .to_std()

@@ -362,6 +362,25 @@ impl Tool for CronTool {
         Effect::Writes
     }
     async fn execute(&self, args: Value, ctx: &ToolContext) -> Result<Value, ToolError> {
+        if self.scheduler.jobs().is_shared() {
+            // Shared jobs (cluster mode): the change waits on the cluster (a few seconds at
+            // worst), on the blocking pool rather than the daemon's thread.
+            let scheduler = self.scheduler.clone();
+            let session = ctx.session.clone();
+            let sender = ctx.sender.clone();
+            return tokio::task::spawn_blocking(move || {
+                apply(
+                    &scheduler,
+                    args,
+                    Caller::Session {
+                        session: &session,
+                        sender: sender.as_deref(),
+                    },
+                )
+            })
+            .await
+            .map_err(|e| ToolError::ExecutionFailed(e.to_string()))?;
+        }
         apply(
             &self.scheduler,
             args,

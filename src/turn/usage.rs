@@ -59,6 +59,9 @@ pub trait SharedUsage: Send + Sync {
     /// Publish this gateway's counters of `day` (all of them; they replace the last ones).
     /// Must not block.
     fn publish(&self, day: &str, rows: Vec<UsageRow>);
+    /// Add the rows of one turn to this gateway's counters of `day` (a new day starts from
+    /// nothing) and publish them. Must not block, nor cost more than the rows given.
+    fn add(&self, day: &str, rows: &[UsageRow]);
     /// The other gateways' counters of `since` (a `YYYY-MM-DD` day) or later.
     ///
     /// # Errors
@@ -207,7 +210,19 @@ impl UsageLedger {
     /// Count the other gateways' usage against the budgets too, and publish this one's
     /// (cluster mode; set once).
     pub fn set_shared(&self, shared: Arc<dyn SharedUsage>) {
-        let _ = self.shared.set(shared);
+        let day = day_of(clawft_channel_core::now_ms());
+        let sh = shared.clone();
+        if self.shared.set(shared).is_err() {
+            return;
+        }
+        // This gateway's counters of today, once; each turn then adds its own rows.
+        match self.store.usage_rows(&day) {
+            Ok(mut mine) => {
+                mine.retain(|r| r.day == day);
+                sh.publish(&day, mine);
+            }
+            Err(e) => tracing::warn!(error = %e, "this node's usage not published"),
+        }
     }
 
     /// The other gateways' counters of this month (cluster mode), read again when older than
@@ -600,13 +615,7 @@ impl UsageLedger {
         let day = st.day.clone();
         drop(st);
         if let Some(sh) = self.shared.get() {
-            match self.store.usage_rows(&day) {
-                Ok(mut mine) => {
-                    mine.retain(|r| r.day == day);
-                    sh.publish(&day, mine);
-                }
-                Err(e) => tracing::warn!(error = %e, "this node's usage not published"),
-            }
+            sh.add(&day, rows);
         }
         for r in rows {
             let micro = (r.cost_usd * 1_000_000.0).round();
