@@ -6,12 +6,17 @@
 //! in the cluster, its writes fenced by the lease ([`state`]); the inbound journal in JetStream
 //! with session partitions leased to and consumed by their owner ([`inbound`]). [`status`] is
 //! what `weft cluster status` and `weft doctor` read. Shared state: the scheduled jobs and their
-//! once-per-occurrence claims ([`jobs`]) and the usage counters the budgets add up ([`usage`]).
+//! once-per-occurrence claims ([`jobs`]), the usage counters the budgets add up ([`usage`]) and
+//! pairing ([`access`]) and approvals ([`approvals`]).
 //!
 //! Everything but [`settings`] needs the `cluster` cargo feature.
 
 pub mod settings;
 
+#[cfg(feature = "cluster")]
+pub mod access;
+#[cfg(feature = "cluster")]
+pub mod approvals;
 #[cfg(feature = "cluster")]
 pub mod fence;
 #[cfg(feature = "cluster")]
