@@ -14,13 +14,29 @@ use serde_json::{json, Value};
 use crate::cluster::{cluster_status, logs_of, start_nodes_with, Nats, T};
 use crate::common::{echo_model, wait_until};
 use crate::fake_llm::{FakeLlm, Reply};
-use crate::process::{free_port, gateway_config, weft_json, Daemon};
+use crate::process::{free_port, gateway_config, weft, weft_json, Daemon};
 
-/// `weft ARGS --json` on node `dir`.
+/// `weft ARGS --json` on node `dir`. Tried again while the CLI does not find the gateway in
+/// time (a loaded machine: its HTTP API answers late), which it reports as a failure.
 fn weft_on(dir: &tempfile::TempDir, args: &[&str]) -> Value {
     let mut all = args.to_vec();
     all.push("--json");
-    weft_json(dir.path(), &dir.path().join("config.json"), &all)
+    let cfg = dir.path().join("config.json");
+    for _ in 0..20 {
+        let out = weft(dir.path())
+            .arg("--config")
+            .arg(&cfg)
+            .args(&all)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        if out.status.success() {
+            return serde_json::from_slice(&out.stdout).unwrap();
+        }
+        assert!(err.contains("no gateway of this store answers"), "{err}");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    weft_json(dir.path(), &cfg, &all)
 }
 
 /// The index of the node holding the Telegram connection, as node `dir` sees it.
