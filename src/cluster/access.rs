@@ -109,14 +109,18 @@ impl ClusterAccess {
         };
         let js = self.cluster.healthy_jetstream().map_err(refused)?;
         let cell = self.bucket.clone();
+        // Dropped at the deadline on the cluster's thread too, so a write that timed out is
+        // not made later.
+        let write = async move {
+            let b = open(&cell, js).await?;
+            f(b).await
+        };
         self.cluster
             .block_on(
-                async move {
-                    let b = open(&cell, js).await?;
-                    f(b).await
-                },
-                WAIT,
+                async move { tokio::time::timeout(WAIT, write).await },
+                WAIT + Duration::from_millis(500),
             )
+            .and_then(Result::ok)
             .unwrap_or_else(|| Err("NATS did not answer in time".into()))
             .map_err(refused)
     }

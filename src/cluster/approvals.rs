@@ -106,8 +106,13 @@ impl ClusterApprovals {
     {
         let js = self.cluster.healthy_jetstream()?;
         let cell = self.bucket.clone();
+        let run = async move { f(open(&cell, js).await?).await };
         self.cluster
-            .block_on(async move { f(open(&cell, js).await?).await }, wait)
+            .block_on(
+                async move { tokio::time::timeout(wait, run).await },
+                wait + Duration::from_millis(500),
+            )
+            .and_then(Result::ok)
             .unwrap_or_else(|| Err("NATS did not answer in time".into()))
     }
 

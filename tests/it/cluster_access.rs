@@ -177,7 +177,39 @@ async fn a_sender_paired_on_one_node_is_admitted_and_revoked_everywhere() {
         0,
         "a revoked sender was answered"
     );
-    drop(nats);
+
+    // NATS gone: approving is refused, saying why, and nothing changes.
+    let code = codes(&tg, 222)[1].clone();
+    let listed = |d: &tempfile::TempDir| {
+        weft_on(d, &["pairing", "list"])["pending"]
+            .as_array()
+            .is_some_and(|p| p.iter().any(|p| p["code"] == code.as_str()))
+    };
+    assert!(
+        wait_until(T, || listed(&dirs[other])).await,
+        "{}",
+        logs_of(&dirs)
+    );
+    let mut nats = nats;
+    for s in &mut nats.servers {
+        s.kill();
+    }
+    let cfg = dirs[other].path().join("config.json");
+    let out = weft(dirs[other].path())
+        .arg("--config")
+        .arg(&cfg)
+        .args(["pairing", "approve", &code])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "approved without NATS");
+    assert!(
+        err.contains("pairing approval refused") && err.contains("nothing was changed"),
+        "{err}"
+    );
+    assert!(listed(&dirs[other]), "the code went away");
+    let v = weft_on(&dirs[other], &["pairing", "list"]);
+    assert!(v["paired"].as_array().is_some_and(Vec::is_empty), "{v}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
