@@ -583,7 +583,14 @@ impl clawft_channel_http::Admin for AdminApi {
                     .map_err(|e| AdminError::Internal(format!("outbox: {e}")))?;
                 Ok(json!({"status": "queued", "id": id}))
             }
-            "approvals/list" => Ok(json!({"approvals": r.approvals.list_all()})),
+            "approvals/list" => {
+                // In cluster mode this reads the other nodes' questions from NATS.
+                let a = r.approvals.clone();
+                let all = tokio::task::spawn_blocking(move || a.list_all())
+                    .await
+                    .map_err(internal)?;
+                Ok(json!({ "approvals": all }))
+            }
             "logs/tail" => {
                 let after = body["after"].as_u64().unwrap_or(0);
                 let level = body["level"].as_str().filter(|l| !l.is_empty());
@@ -606,7 +613,13 @@ impl clawft_channel_http::Admin for AdminApi {
                         ))
                     }
                 };
-                match r.approvals.answer_anywhere(id, decision) {
+                // In cluster mode this may wait for another node to take the answer.
+                let (a, owned) = (r.approvals.clone(), id.to_string());
+                let answered =
+                    tokio::task::spawn_blocking(move || a.answer_anywhere(&owned, decision))
+                        .await
+                        .map_err(internal)?;
+                match answered {
                     Ok(text) => Ok(json!({"id": id, "answered": text})),
                     Err(crate::approval::AnswerError::Cluster(e)) => {
                         Err(AdminError::Unavailable(e))
@@ -688,7 +701,19 @@ impl clawft_channel_http::Admin for AdminApi {
             },
             other => match other.strip_prefix("cron/") {
                 Some(c) => cron::command(&r.scheduler, &r.channels().names(), c, &body),
-                None => shared_pairing_command(&r.store, self.shared_access.get(), other, &body),
+                None => {
+                    // In cluster mode approving and revoking wait for NATS.
+                    let (store, slot, name) = (
+                        r.store.clone(),
+                        self.shared_access.clone(),
+                        other.to_string(),
+                    );
+                    tokio::task::spawn_blocking(move || {
+                        shared_pairing_command(&store, slot.get(), &name, &body)
+                    })
+                    .await
+                    .map_err(internal)?
+                }
             },
         }
     }
