@@ -160,12 +160,22 @@ fn usage_totals(r: &UsageRow) -> Value {
 /// # Errors
 /// An unknown `by` (bad request) or a store failure.
 pub fn usage_json(store: &Store, by: &str, days: u64) -> Result<Value, AdminError> {
+    let since = usage_since(days);
+    usage_of(store.usage_rows(&since).map_err(internal)?, by, &since)
+}
+
+/// The first day of the last `days` days (UTC).
+fn usage_since(days: u64) -> String {
     let now = clawft_channel_core::now_ms();
     let back = days.max(1).saturating_sub(1).saturating_mul(86_400_000);
-    let since = crate::store::usage::day_of(now.saturating_sub(back));
+    crate::store::usage::day_of(now.saturating_sub(back))
+}
+
+/// `rows` grouped `by` day, session, model, user or agent, with their total.
+fn usage_of(rows: Vec<UsageRow>, by: &str, since: &str) -> Result<Value, AdminError> {
     let mut groups: std::collections::BTreeMap<String, UsageRow> = Default::default();
     let mut total = UsageRow::default();
-    for r in store.usage_rows(&since).map_err(internal)? {
+    for r in rows {
         let key = match by {
             "day" => r.day.clone(),
             "session" => r.session.clone(),
@@ -191,6 +201,43 @@ pub fn usage_json(store: &Store, by: &str, days: u64) -> Result<Value, AdminErro
         }).collect::<Vec<_>>(),
         "total": usage_totals(&total),
     }))
+}
+
+/// `weft usage` in cluster mode: this node's rows (from its store) and every other node's (as
+/// they published them), with a total per node under `nodes`. When NATS cannot be read, this
+/// node's alone, with `cluster_error` saying why.
+#[cfg(feature = "cluster")]
+async fn cluster_usage_json(
+    cluster: &crate::cluster::Cluster,
+    store: &Store,
+    by: &str,
+    days: u64,
+) -> Result<Value, AdminError> {
+    let since = usage_since(days);
+    let me = cluster.settings().node_id.clone();
+    let mine = store.usage_rows(&since).map_err(internal)?;
+    let mut nodes = match crate::cluster::usage::by_node(cluster, &since).await {
+        Ok(n) => n,
+        Err(e) => {
+            let mut v = usage_of(mine, by, &since)?;
+            v["cluster_error"] = json!(format!("only this node's usage: {e}"));
+            return Ok(v);
+        }
+    };
+    nodes.insert(me, mine);
+    let per_node: serde_json::Map<String, Value> = nodes
+        .iter()
+        .map(|(n, rows)| {
+            let mut t = UsageRow::default();
+            for r in rows {
+                t.add(r);
+            }
+            (n.clone(), usage_totals(&t))
+        })
+        .collect();
+    let mut v = usage_of(nodes.into_values().flatten().collect(), by, &since)?;
+    v["nodes"] = Value::Object(per_node);
+    Ok(v)
 }
 
 fn internal(e: impl std::fmt::Display) -> AdminError {
@@ -239,6 +286,8 @@ pub struct AdminApi {
     inspect: Arc<OnceLock<inspect::Inspect>>,
     /// This node in the cluster (cluster mode): its health gates `/readyz`.
     cluster: Arc<OnceLock<crate::cluster::Cluster>>,
+    /// Pairing shared with the cluster (cluster mode).
+    shared_access: crate::ingress::access::SharedSlot,
 }
 
 impl AdminApi {
@@ -254,11 +303,15 @@ impl AdminApi {
             reloads: Arc::new(OnceLock::new()),
             inspect: Arc::new(OnceLock::new()),
             cluster: Arc::new(OnceLock::new()),
+            shared_access: crate::ingress::access::SharedSlot::default(),
         }
     }
 
     /// Report the health of this node in the cluster (`/readyz`, `weft status`).
     pub fn set_cluster(&self, cluster: crate::cluster::Cluster) {
+        #[cfg(feature = "cluster")]
+        self.shared_access
+            .set(crate::daemon::cluster_state::shared_access(&cluster));
         let _ = self.cluster.set(cluster);
     }
 
@@ -530,7 +583,14 @@ impl clawft_channel_http::Admin for AdminApi {
                     .map_err(|e| AdminError::Internal(format!("outbox: {e}")))?;
                 Ok(json!({"status": "queued", "id": id}))
             }
-            "approvals/list" => Ok(json!({"approvals": r.approvals.list()})),
+            "approvals/list" => {
+                // In cluster mode this reads the other nodes' questions from NATS.
+                let a = r.approvals.clone();
+                let all = tokio::task::spawn_blocking(move || a.list_all())
+                    .await
+                    .map_err(internal)?;
+                Ok(json!({ "approvals": all }))
+            }
             "logs/tail" => {
                 let after = body["after"].as_u64().unwrap_or(0);
                 let level = body["level"].as_str().filter(|l| !l.is_empty());
@@ -553,8 +613,17 @@ impl clawft_channel_http::Admin for AdminApi {
                         ))
                     }
                 };
-                match r.approvals.answer_any(id, decision) {
+                // In cluster mode this may wait for another node to take the answer.
+                let (a, owned) = (r.approvals.clone(), id.to_string());
+                let answered =
+                    tokio::task::spawn_blocking(move || a.answer_anywhere(&owned, decision))
+                        .await
+                        .map_err(internal)?;
+                match answered {
                     Ok(text) => Ok(json!({"id": id, "answered": text})),
+                    Err(crate::approval::AnswerError::Cluster(e)) => {
+                        Err(AdminError::Unavailable(e))
+                    }
                     Err(_) => {
                         let known = r.approvals.list().into_iter().find(|a| a.id == id);
                         Err(AdminError::BadRequest(match known {
@@ -584,11 +653,17 @@ impl clawft_channel_http::Admin for AdminApi {
                     .ok_or_else(|| bad_request("`session` (a session key) is required"))?;
                 crate::tools::canvas::canvas_json(&r.store, session).map_err(internal)
             }
-            "usage" => usage_json(
-                &r.store,
-                body["by"].as_str().unwrap_or("day"),
-                body["days"].as_u64().unwrap_or(30),
-            ),
+            "usage" => {
+                let (by, days) = (
+                    body["by"].as_str().unwrap_or("day"),
+                    body["days"].as_u64().unwrap_or(30),
+                );
+                #[cfg(feature = "cluster")]
+                if let Some(c) = self.cluster.get() {
+                    return cluster_usage_json(c, &r.store, by, days).await;
+                }
+                usage_json(&r.store, by, days)
+            }
             "mcp/restart" => {
                 let name = body["name"]
                     .as_str()
@@ -635,7 +710,19 @@ impl clawft_channel_http::Admin for AdminApi {
                     .await
                     .map_err(internal)?
                 }
-                None => pairing_command(&r.store, other, &body),
+                None => {
+                    // In cluster mode approving and revoking wait for NATS.
+                    let (store, slot, name) = (
+                        r.store.clone(),
+                        self.shared_access.clone(),
+                        other.to_string(),
+                    );
+                    tokio::task::spawn_blocking(move || {
+                        shared_pairing_command(&store, slot.get(), &name, &body)
+                    })
+                    .await
+                    .map_err(internal)?
+                }
             },
         }
     }
@@ -678,6 +765,19 @@ pub fn operator_message(
 /// # Errors
 /// Unknown command, bad arguments or store failure, as text.
 pub fn pairing_command(store: &Store, name: &str, body: &Value) -> Result<Value, AdminError> {
+    shared_pairing_command(store, None, name, body)
+}
+
+/// [`pairing_command`], writing the cluster's records first when `shared`.
+///
+/// # Errors
+/// Unknown command, bad arguments, the cluster unreachable or store failure, as text.
+pub fn shared_pairing_command(
+    store: &Store,
+    shared: Option<&dyn crate::ingress::access::SharedAccess>,
+    name: &str,
+    body: &Value,
+) -> Result<Value, AdminError> {
     use crate::ingress::access;
     match name {
         "pairing/list" => Ok(json!({
@@ -690,15 +790,22 @@ pub fn pairing_command(store: &Store, name: &str, body: &Value) -> Result<Value,
             let code = body["code"]
                 .as_str()
                 .ok_or_else(|| bad_request("`code` is required"))?;
-            let who =
-                access::approve(store, code, clawft_channel_core::now_ms()).map_err(bad_request)?;
+            let who = access::approve(store, shared, code, clawft_channel_core::now_ms()).map_err(
+                |e| match e {
+                    access::PairingError::Shared(m) => AdminError::Unavailable(m),
+                    e => bad_request(e),
+                },
+            )?;
             Ok(json!({"approved": who}))
         }
         "pairing/revoke" => {
             let who = body["who"]
                 .as_str()
                 .ok_or_else(|| bad_request("`who` (channel:user) is required"))?;
-            let was = access::revoke(store, who).map_err(internal)?;
+            let was = access::revoke(store, shared, who).map_err(|e| match e {
+                access::PairingError::Shared(m) => AdminError::Unavailable(m),
+                e => internal(e),
+            })?;
             Ok(json!({"revoked": was}))
         }
         other => Err(bad_request(format!("unknown admin command `{other}`"))),

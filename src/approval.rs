@@ -28,6 +28,17 @@ use crate::types::SessionKey;
 #[error("No pending approval `{0}` in this chat (it may have timed out).")]
 pub struct NotPending(pub String);
 
+/// Why the operator's answer was not given.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AnswerError {
+    /// No gateway asks it.
+    #[error(transparent)]
+    NotPending(NotPending),
+    /// It waits on another gateway of the cluster, which the answer could not reach.
+    #[error("{0}")]
+    Cluster(String),
+}
+
 /// The user's answer (the chat commands' type).
 pub use clawft_channel_core::command::Decision;
 
@@ -42,7 +53,7 @@ struct Pending {
 const RECENT_APPROVALS: usize = 100;
 
 /// Where an approval stands.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ApprovalState {
     /// Asked; the tool call waits for the answer.
@@ -72,8 +83,11 @@ impl ApprovalState {
 }
 
 /// One approval as `weft approvals list` and the admin API show it.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ApprovalInfo {
+    /// The gateway where it waits, when another gateway of the cluster asked it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
     /// The id the user answers with.
     pub id: String,
     /// The session (chat) that asked.
@@ -106,6 +120,63 @@ impl crate::tools::shell_policy::Approver for Approvals {
             Decision::Deny => Approval::Deny,
         }
     }
+
+    async fn always_allowed(&self, session: &SessionKey, command: &str) -> bool {
+        match self.shared.get() {
+            Some(sh) => sh.always(session.as_str(), command).await,
+            None => false,
+        }
+    }
+
+    fn remember_always(&self, session: &SessionKey, command: &str) {
+        if let Some(sh) = self.shared.get() {
+            sh.remember_always(session.as_str(), command);
+        }
+    }
+}
+
+/// Approvals shared with the other gateways of a cluster: questions asked here are listed and
+/// answered on every gateway, and "always" decisions follow the session to another gateway.
+#[async_trait::async_trait]
+pub trait SharedApprovals: Send + Sync {
+    /// Question `info` waits here. Must not block.
+    fn asked(&self, info: &ApprovalInfo);
+    /// Question `id` no longer waits here. Must not block.
+    fn settled(&self, id: &str);
+    /// The questions waiting on the other gateways.
+    ///
+    /// # Errors
+    /// They cannot be read now.
+    fn others(&self) -> Result<Vec<ApprovalInfo>, String>;
+    /// Answer question `id`, waiting on another gateway: the gateway that took the answer, or
+    /// `None` when no gateway asks it. Blocks until the asking gateway took it.
+    ///
+    /// # Errors
+    /// The answer could not be given (the cluster unreachable, the asking gateway silent).
+    fn forward(&self, id: &str, d: Decision) -> Result<Option<String>, String>;
+    /// Whether `command` was always allowed in `session` (on any gateway).
+    async fn always(&self, session: &str, command: &str) -> bool;
+    /// Remember that `command` is always allowed in `session`. Must not block.
+    fn remember_always(&self, session: &str, command: &str);
+}
+
+/// A decision as the cluster's records spell it.
+pub fn decision_str(d: Decision) -> &'static str {
+    match d {
+        Decision::Once => "once",
+        Decision::Always => "always",
+        Decision::Deny => "deny",
+    }
+}
+
+/// [`decision_str`] read back.
+pub fn parse_decision(s: &str) -> Option<Decision> {
+    match s {
+        "once" => Some(Decision::Once),
+        "always" => Some(Decision::Always),
+        "deny" => Some(Decision::Deny),
+        _ => None,
+    }
 }
 
 /// Pending approval requests, shared by the tools that ask and the sessions that answer.
@@ -114,6 +185,8 @@ pub struct Approvals {
     pending: Mutex<HashMap<String, Pending>>,
     /// Answered and expired requests, newest last.
     recent: Mutex<VecDeque<ApprovalInfo>>,
+    /// The other gateways of the cluster (cluster mode).
+    shared: std::sync::OnceLock<Arc<dyn SharedApprovals>>,
 }
 
 /// Removes a request when its asker stops waiting; unanswered, it is kept as expired.
@@ -124,6 +197,9 @@ impl Drop for Forget<'_> {
         let gone = self.0.lock().remove(&self.1);
         if let Some(p) = gone {
             self.0.remember(&self.1, &p, ApprovalState::Expired);
+            if let Some(sh) = self.0.shared.get() {
+                sh.settled(&self.1);
+            }
         }
     }
 }
@@ -135,11 +211,19 @@ impl Approvals {
             sink,
             pending: Mutex::new(HashMap::new()),
             recent: Mutex::new(VecDeque::new()),
+            shared: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Share the questions and "always" decisions with the other gateways of the cluster
+    /// (the first call wins).
+    pub fn set_shared(&self, shared: Arc<dyn SharedApprovals>) {
+        let _ = self.shared.set(shared);
     }
 
     fn remember(&self, id: &str, p: &Pending, state: ApprovalState) {
         self.push_recent(ApprovalInfo {
+            node: None,
             id: id.to_string(),
             session: p.session.to_string(),
             command: p.command.clone(),
@@ -207,6 +291,16 @@ impl Approvals {
             tracing::warn!(error = %e, "could not ask for approval; denying");
             return Decision::Deny;
         }
+        if let Some(sh) = self.shared.get() {
+            sh.asked(&ApprovalInfo {
+                node: None,
+                id: id.clone(),
+                session: session.to_string(),
+                command: what.to_string(),
+                asked_ms: now_ms(),
+                state: ApprovalState::Pending,
+            });
+        }
         rx.await.unwrap_or(Decision::Deny)
     }
 
@@ -232,6 +326,58 @@ impl Approvals {
         self.resolve(None, id, d)
     }
 
+    /// [`Approvals::answer_any`], or, when the question waits on another gateway of the
+    /// cluster, answered there (blocks until that gateway took the answer).
+    ///
+    /// # Errors
+    /// No gateway asks it, or the cluster could not carry the answer.
+    pub fn answer_anywhere(&self, id: &str, d: Decision) -> Result<String, AnswerError> {
+        match (self.resolve(None, id, d), self.shared.get()) {
+            (Ok(text), _) => Ok(text),
+            (Err(e), None) => Err(AnswerError::NotPending(e)),
+            (Err(e), Some(sh)) => match sh.forward(id, d).map_err(AnswerError::Cluster)? {
+                Some(node) => Ok(format!(
+                    "{} (asked on node {node})",
+                    match d {
+                        Decision::Once => format!("Approved `{id}` once."),
+                        Decision::Always =>
+                            format!("Approved `{id}`; this command will not be asked again."),
+                        Decision::Deny => format!("Denied `{id}`."),
+                    }
+                )),
+                None => Err(AnswerError::NotPending(e)),
+            },
+        }
+    }
+
+    /// An answer the cluster brought for question `id` (given on another gateway): whether it
+    /// was waiting here.
+    pub fn answer_from_cluster(&self, id: &str, decision: &str) -> bool {
+        parse_decision(decision).is_some_and(|d| self.resolve(None, id, d).is_ok())
+    }
+
+    /// [`Approvals::list`] plus the questions waiting on the other gateways of the cluster
+    /// (those with `node`), pending ones first.
+    pub fn list_all(&self) -> Vec<ApprovalInfo> {
+        let mut out = self.list();
+        if let Some(sh) = self.shared.get() {
+            match sh.others() {
+                Ok(mut others) => {
+                    let at = out
+                        .iter()
+                        .position(|a| a.state != ApprovalState::Pending)
+                        .unwrap_or(out.len());
+                    others.sort_by_key(|a| a.asked_ms);
+                    out.splice(at..at, others);
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "the other gateways' approvals cannot be listed")
+                }
+            }
+        }
+        out
+    }
+
     fn resolve(
         &self,
         session: Option<&SessionKey>,
@@ -253,6 +399,9 @@ impl Approvals {
             Decision::Deny => ApprovalState::Denied,
         };
         self.remember(id, &p, state);
+        if let Some(sh) = self.shared.get() {
+            sh.settled(id);
+        }
         let _ = p.tx.send(d);
         Ok(match d {
             Decision::Once => format!("Approved `{id}` once."),
@@ -267,6 +416,7 @@ impl Approvals {
             .lock()
             .iter()
             .map(|(id, p)| ApprovalInfo {
+                node: None,
                 id: id.clone(),
                 session: p.session.to_string(),
                 command: p.command.clone(),
@@ -289,6 +439,7 @@ impl Approvals {
             return false;
         };
         self.push_recent(ApprovalInfo {
+            node: None,
             id: ask.approval_id.clone(),
             session: format!("{}:{}", msg.channel.as_str(), msg.chat.as_str()),
             command: ask.command.clone(),

@@ -91,12 +91,17 @@ fn table(rows: &[Value]) -> String {
             Some(0) | None => "before restart".to_string(),
             ms => super::human::utc_minute(ms),
         };
+        // A question waiting on another node of the cluster says where.
+        let session = match r["node"].as_str() {
+            Some(n) => format!("{} (node {n})", s("session")),
+            None => s("session"),
+        };
         out.push_str(&format!(
             "{:<10} {:<16} {:<17} {:<24} {}\n",
             s("id"),
             s("state").replace('_', " "),
             asked,
-            s("session"),
+            session,
             s("command").replace('\n', " ")
         ));
     }

@@ -21,6 +21,11 @@ pub async fn run(config: &Config, action: PairingAction) -> Result<(), CliError>
     };
     let v = match backend(config).await? {
         Backend::Gateway(c) => c.post(&format!("/v1/admin/{name}"), &body).await?,
+        Backend::Store(_) if config.cluster.is_some() && name != "pairing/list" => {
+            return Err(CliError::msg(
+                "in cluster mode pairing changes go through a running gateway (it writes them to the cluster); start `weft gateway` with this config, or run the command on a node where it runs",
+            ))
+        }
         Backend::Store(s) => pairing_command(&s, name, &body).map_err(CliError::msg)?,
     };
     if as_json {

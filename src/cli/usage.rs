@@ -95,6 +95,13 @@ fn table(v: &Value, by: &str) -> String {
         out.push_str(&line(key, r));
     }
     out.push_str(&line("total", &v["total"]));
+    // Cluster mode: each node's share.
+    for (node, t) in v["nodes"].as_object().into_iter().flatten() {
+        out.push_str(&line(&format!("  node {node}"), t));
+    }
+    if let Some(e) = v["cluster_error"].as_str() {
+        out.push_str(&format!("({e})\n"));
+    }
     out.push_str(&format!(
         "(UTC days since {}; * = some calls' tokens were estimated, the provider reported none)\n",
         v["since"].as_str().unwrap_or("?")

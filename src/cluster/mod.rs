@@ -8,13 +8,18 @@
 //! partitions' session state in the session log the owner writes and its successor replays
 //! ([`session_log`]). [`status`] is
 //! what `weft cluster status` and `weft doctor` read. Shared state: the scheduled jobs and their
-//! once-per-occurrence claims ([`jobs`]) and the usage counters the budgets add up ([`usage`]), the memory documents and context
-//! files ([`docs`]).
+//! once-per-occurrence claims ([`jobs`]), the usage counters the budgets add up ([`usage`]),
+//! pairing ([`access`]), approvals ([`approvals`]) and the memory documents and context files
+//! ([`docs`]).
 //!
 //! Everything but [`settings`] needs the `cluster` cargo feature.
 
 pub mod settings;
 
+#[cfg(feature = "cluster")]
+pub mod access;
+#[cfg(feature = "cluster")]
+pub mod approvals;
 #[cfg(feature = "cluster")]
 pub mod balance;
 #[cfg(feature = "cluster")]

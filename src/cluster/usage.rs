@@ -247,3 +247,56 @@ impl ClusterUsage {
         }
     }
 }
+
+/// Every node's counters of `since` (`YYYY-MM-DD`) or later, by node id (`weft usage` in
+/// cluster mode).
+///
+/// # Errors
+/// NATS failed or did not answer, or the cluster is not healthy.
+pub async fn by_node(
+    cluster: &Cluster,
+    since: &str,
+) -> Result<std::collections::BTreeMap<String, Vec<UsageRow>>, String> {
+    let js = cluster.healthy_jetstream()?;
+    let since = since.to_string();
+    let read = async move {
+        use futures::StreamExt;
+        let b = super::node::bucket(&js, USAGE_BUCKET, USAGE_KEPT, "weft usage counters")
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut keys = b.keys().await.map_err(|e| e.to_string())?;
+        let mut wanted = Vec::new();
+        while let Some(k) = keys.next().await {
+            let k = k.map_err(|e| e.to_string())?;
+            let Some((node, day)) = k
+                .strip_prefix("usage.")
+                .and_then(|rest| rest.rsplit_once('.'))
+            else {
+                continue;
+            };
+            let Some(node) = super::access::unkey_part(node) else {
+                continue;
+            };
+            if *day >= *since {
+                wanted.push((node, k.clone()));
+            }
+        }
+        let mut out = std::collections::BTreeMap::<String, Vec<UsageRow>>::new();
+        for (node, k) in wanted {
+            if let Some(v) = b.get(&k).await.map_err(|e| e.to_string())? {
+                match serde_json::from_slice::<Vec<UsageRow>>(&v) {
+                    Ok(rows) => out.entry(node).or_default().extend(rows),
+                    Err(e) => {
+                        tracing::warn!(key = %k, error = %e, "cluster: usage counters undecodable; skipped");
+                    }
+                }
+            }
+        }
+        Ok(out)
+    };
+    cluster
+        .run_here(async move { tokio::time::timeout(WAIT, read).await })
+        .await
+        .ok_or_else(|| "the cluster's thread stopped".to_string())?
+        .map_err(|_| "NATS did not answer in time".to_string())?
+}

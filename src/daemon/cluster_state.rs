@@ -3,10 +3,14 @@
 
 use std::sync::Arc;
 
+use crate::approval::{ApprovalInfo, Decision, SharedApprovals};
+use crate::cluster::access::ClusterAccess;
+use crate::cluster::approvals::ClusterApprovals;
 use crate::cluster::docs::{ClusterDocs, Written};
 use crate::cluster::jobs::{Claimed, ClusterJobs, Known};
 use crate::cluster::usage::ClusterUsage;
 use crate::cluster::Cluster;
+use crate::ingress::access::SharedAccess;
 use crate::scheduler::shared::{SharedJobs, SharedState};
 use crate::store::usage::UsageRow;
 use crate::tools::shared_docs::{Put, SharedDocs};
@@ -24,6 +28,61 @@ impl SharedUsage for ClusterUsage {
     fn others(&self, since: &str) -> Result<Vec<UsageRow>, String> {
         ClusterUsage::others(self, since)
     }
+}
+
+impl SharedAccess for ClusterAccess {
+    fn pending(&self, code: &str, record: Option<&str>) {
+        self.publish_pending(code, record);
+    }
+
+    fn approve(&self, code: &str, who: &str, value: &str) -> Result<(), String> {
+        ClusterAccess::approve(self, code, who, value)
+    }
+
+    fn revoke(&self, who: &str) -> Result<(), String> {
+        ClusterAccess::revoke(self, who)
+    }
+}
+
+#[async_trait::async_trait]
+impl SharedApprovals for ClusterApprovals {
+    fn asked(&self, info: &ApprovalInfo) {
+        if let Ok(record) = serde_json::to_string(info) {
+            ClusterApprovals::asked(self, &info.id, &record);
+        }
+    }
+
+    fn settled(&self, id: &str) {
+        ClusterApprovals::settled(self, id);
+    }
+
+    fn others(&self) -> Result<Vec<ApprovalInfo>, String> {
+        Ok(ClusterApprovals::others(self)?
+            .into_iter()
+            .filter_map(|(node, record)| {
+                let mut a = serde_json::from_str::<ApprovalInfo>(&record).ok()?;
+                a.node = Some(node);
+                Some(a)
+            })
+            .collect())
+    }
+
+    fn forward(&self, id: &str, d: Decision) -> Result<Option<String>, String> {
+        ClusterApprovals::forward(self, id, crate::approval::decision_str(d))
+    }
+
+    async fn always(&self, session: &str, command: &str) -> bool {
+        ClusterApprovals::always(self, session, command).await
+    }
+
+    fn remember_always(&self, session: &str, command: &str) {
+        ClusterApprovals::remember_always(self, session, command);
+    }
+}
+
+/// The cluster's pairing records, for the admin commands.
+pub fn shared_access(cluster: &Cluster) -> Arc<dyn SharedAccess> {
+    Arc::new(ClusterAccess::new(cluster.clone()))
 }
 
 impl SharedJobs for ClusterJobs {
@@ -117,4 +176,18 @@ pub fn share(daemon: &super::Daemon, cluster: &Cluster) {
         .usage()
         .set_shared(Arc::new(ClusterUsage::new(cluster.clone())));
     share_docs(daemon, cluster);
+    let access = ClusterAccess::new(cluster.clone());
+    access.mirror(
+        daemon.store().clone(),
+        crate::ingress::access::PENDING,
+        crate::ingress::access::PAIRED,
+    );
+    daemon.shared_access().set(Arc::new(access));
+    let approvals = ClusterApprovals::new(cluster.clone());
+    let here = Arc::downgrade(daemon.approvals());
+    approvals.watch_answers(Arc::new(move |id: &str, decision: &str| {
+        here.upgrade()
+            .is_some_and(|a| a.answer_from_cluster(id, decision))
+    }));
+    daemon.approvals().set_shared(Arc::new(approvals));
 }

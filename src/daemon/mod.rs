@@ -119,6 +119,8 @@ pub struct Daemon {
     usage: Arc<crate::turn::usage::UsageLedger>,
     /// This node in the cluster (cluster mode), for channels started on a reload.
     cluster: Option<crate::cluster::Cluster>,
+    /// Pairing shared with the cluster (cluster mode; set by `cluster_state::share`).
+    shared_access: crate::ingress::access::SharedSlot,
     config: Config,
 }
 
@@ -492,7 +494,8 @@ impl Daemon {
         .await
         .map_err(|e| DaemonError::Spawn(format!("subagent supervisor: {e}")))?;
 
-        let access = Arc::new(access_rules(config));
+        let shared_access = crate::ingress::access::SharedSlot::default();
+        let access = Arc::new(access_rules(config).with_shared(shared_access.clone()));
         let stop_channels = CancellationToken::new();
         let open = CancellationToken::new();
         for ch in channels {
@@ -613,6 +616,7 @@ impl Daemon {
             workspace,
             usage,
             cluster,
+            shared_access,
             config: config.clone(),
         })
     }
@@ -620,6 +624,11 @@ impl Daemon {
     /// This node in the cluster: channels started by a reload run behind their leases too.
     pub fn set_cluster(&mut self, cluster: Option<crate::cluster::Cluster>) {
         self.cluster = cluster;
+    }
+
+    /// Where pairing is shared with the cluster (cluster mode).
+    pub fn shared_access(&self) -> &crate::ingress::access::SharedSlot {
+        &self.shared_access
     }
 
     /// The pending and recent approvals (for the admin API).
@@ -841,7 +850,11 @@ impl Daemon {
         }
         // Agents and bindings change at the next restart: a restarted channel keeps routing
         // to the agents that run.
-        let access = Arc::new(access_rules(new).with_bindings(self.config.bindings.clone()));
+        let access = Arc::new(
+            access_rules(new)
+                .with_bindings(self.config.bindings.clone())
+                .with_shared(self.shared_access.clone()),
+        );
         for c in &new.chat_channels {
             let name = c.id();
             let name = name.as_str();

@@ -10,6 +10,7 @@
 //! cannot make the bot spam; the code is random (from the OS generator).
 
 use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, OnceLock};
 
 use clawft_channel_core::InboundEvent;
 use serde::{Deserialize, Serialize};
@@ -17,9 +18,9 @@ use serde::{Deserialize, Serialize};
 use crate::store::{Store, StoreError};
 
 /// Store namespace of admitted (paired) senders: key `channel:user`.
-const PAIRED: &str = "paired";
+pub const PAIRED: &str = "paired";
 /// Store namespace of pending codes: key = code.
-const PENDING: &str = "pairing";
+pub const PENDING: &str = "pairing";
 /// How long a code stays valid.
 const CODE_TTL_MS: u64 = 3_600_000;
 
@@ -73,12 +74,59 @@ pub fn terminal_chat(chat: &str) -> (&str, Option<&str>) {
     }
 }
 
+/// Pairing shared with other gateways (cluster mode): authoritative for codes and paired
+/// senders; the local store's pairing namespaces are kept a copy of it by whoever implements
+/// this, so checks read the local store.
+pub trait SharedAccess: Send + Sync {
+    /// Publish code `code` issued (`Some`, its record) or dropped as expired (`None`). Must not
+    /// block.
+    fn pending(&self, code: &str, record: Option<&str>);
+    /// Admit `who` (`channel:user`, recorded as `value`) and drop code `code`.
+    ///
+    /// # Errors
+    /// The shared records could not be written (nothing was admitted).
+    fn approve(&self, code: &str, who: &str, value: &str) -> Result<(), String>;
+    /// Remove paired sender `who`.
+    ///
+    /// # Errors
+    /// The shared records could not be written (nothing was removed).
+    fn revoke(&self, who: &str) -> Result<(), String>;
+}
+
+/// Where the daemon puts its [`SharedAccess`] once it joined a cluster (shared by every
+/// [`Access`] it builds, also on a reload).
+#[derive(Clone, Default)]
+pub struct SharedSlot(Arc<OnceLock<Arc<dyn SharedAccess>>>);
+
+impl SharedSlot {
+    /// Share pairing through `shared` from now on (the first call wins).
+    pub fn set(&self, shared: Arc<dyn SharedAccess>) {
+        let _ = self.0.set(shared);
+    }
+
+    /// The shared pairing, in cluster mode.
+    pub fn get(&self) -> Option<&dyn SharedAccess> {
+        self.0.get().map(AsRef::as_ref)
+    }
+}
+
+impl std::fmt::Debug for SharedSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.get().is_some() {
+            "SharedSlot(shared)"
+        } else {
+            "SharedSlot(local)"
+        })
+    }
+}
+
 /// Access rules of every channel, with the store for pairing.
 #[derive(Clone, Debug, Default)]
 pub struct Access {
     rules: HashMap<String, AccessRule>,
     per_user: std::collections::HashSet<String>,
     bindings: crate::config::agents::Bindings,
+    shared: SharedSlot,
 }
 
 fn code() -> String {
@@ -98,7 +146,14 @@ impl Access {
             rules,
             per_user: std::collections::HashSet::new(),
             bindings: crate::config::agents::Bindings::default(),
+            shared: SharedSlot::default(),
         }
+    }
+
+    /// Pairing shared with other gateways through `slot` (cluster mode).
+    pub fn with_shared(mut self, slot: SharedSlot) -> Self {
+        self.shared = slot;
+        self
     }
 
     /// Which agent serves which messages (`[[bindings]]`).
@@ -211,6 +266,9 @@ impl Access {
             if now_ms.saturating_sub(p.created_ms) > CODE_TTL_MS {
                 // Durable with the next flush (the pump's, or the notice's below).
                 store.state_put_unflushed(PENDING, &c, None)?;
+                if let Some(sh) = self.shared.get() {
+                    sh.pending(&c, None);
+                }
             } else if p.channel == ev.channel.as_str() && p.user == user {
                 return Ok(Verdict::Denied { reply: None });
             }
@@ -228,6 +286,9 @@ impl Access {
         // only once a flush taken after this write is done, so a code nobody saw may be lost
         // in a crash, never a code that was shown.
         store.state_put_unflushed(PENDING, &c, Some(&text))?;
+        if let Some(sh) = self.shared.get() {
+            sh.pending(&c, Some(&text));
+        }
         tracing::info!(channel = %ev.channel, user, code = %c, "pairing code issued");
         Ok(Verdict::Denied {
             reply: Some(format!(
@@ -270,13 +331,22 @@ pub enum PairingError {
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// The cluster's records could not be written (nothing changed).
+    #[error("{0}")]
+    Shared(String),
 }
 
-/// Admit the sender of pending code `code`. Returns `channel:user`.
+/// Admit the sender of pending code `code` (in the cluster first, when `shared`). Returns
+/// `channel:user`.
 ///
 /// # Errors
-/// Unknown or expired code, or store failure.
-pub fn approve(store: &Store, code: &str, now_ms: u64) -> Result<String, PairingError> {
+/// Unknown or expired code, the cluster could not be written, or store failure.
+pub fn approve(
+    store: &Store,
+    shared: Option<&dyn SharedAccess>,
+    code: &str,
+    now_ms: u64,
+) -> Result<String, PairingError> {
     let code = code.trim().to_uppercase();
     let Some(p) = store
         .state_get(PENDING, &code)?
@@ -286,6 +356,10 @@ pub fn approve(store: &Store, code: &str, now_ms: u64) -> Result<String, Pairing
         return Err(PairingError::UnknownCode(code));
     };
     let who = crate::types::SenderId::new(&p.channel, &p.user);
+    if let Some(sh) = shared {
+        sh.approve(&code, who.as_str(), &now_ms.to_string())
+            .map_err(PairingError::Shared)?;
+    }
     store
         .state_put(PAIRED, who.as_str(), Some(&now_ms.to_string()))
         .and_then(|()| store.state_put(PENDING, &code, None))?;
@@ -304,12 +378,20 @@ pub fn paired(store: &Store) -> Result<Vec<String>, StoreError> {
         .collect())
 }
 
-/// Remove a paired sender (`channel:user`). Whether it was paired.
+/// Remove a paired sender (`channel:user`; in the cluster first, when `shared`). Whether it
+/// was paired.
 ///
 /// # Errors
-/// Store failure.
-pub fn revoke(store: &Store, who: &str) -> Result<bool, StoreError> {
+/// The cluster could not be written, or store failure.
+pub fn revoke(
+    store: &Store,
+    shared: Option<&dyn SharedAccess>,
+    who: &str,
+) -> Result<bool, PairingError> {
     let was = store.state_get(PAIRED, who)?.is_some();
+    if let Some(sh) = shared {
+        sh.revoke(who).map_err(PairingError::Shared)?;
+    }
     store.state_put(PAIRED, who, None)?;
     Ok(was)
 }
@@ -381,9 +463,9 @@ mod tests {
         assert_eq!(p.len(), 1);
         assert!(text.contains(&p[0].code));
         // A wrong code does nothing; the right one admits exactly that sender on that channel.
-        assert!(approve(&store, "NOPE1234", 30).is_err());
+        assert!(approve(&store, None, "NOPE1234", 30).is_err());
         assert_eq!(
-            approve(&store, &p[0].code.to_lowercase(), 30).unwrap(),
+            approve(&store, None, &p[0].code.to_lowercase(), 30).unwrap(),
             "telegram:7"
         );
         assert_eq!(
@@ -396,7 +478,7 @@ mod tests {
         );
         assert!(pending(&store).unwrap().is_empty());
         assert_eq!(paired(&store).unwrap(), ["telegram:7"]);
-        assert!(revoke(&store, "telegram:7").unwrap());
+        assert!(revoke(&store, None, "telegram:7").unwrap());
         assert_ne!(
             a.check(&store, &ev("telegram", "7"), 50).unwrap(),
             Verdict::Allowed
@@ -415,7 +497,7 @@ mod tests {
         )]));
         a.check(&store, &ev("telegram", "7"), 0).unwrap();
         let code = pending(&store).unwrap()[0].code.clone();
-        assert!(approve(&store, &code, CODE_TTL_MS + 1).is_err());
+        assert!(approve(&store, None, &code, CODE_TTL_MS + 1).is_err());
         // After expiry a new code is issued.
         let v = a
             .check(&store, &ev("telegram", "7"), CODE_TTL_MS + 2)

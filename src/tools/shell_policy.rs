@@ -130,6 +130,16 @@ pub enum Approval {
 pub trait Approver: Send + Sync {
     /// Decide on `command` (as the model wrote it) for `session`.
     async fn approve(&self, session: &SessionKey, command: &str) -> Approval;
+
+    /// Whether `command` was always allowed in `session` where this gate cannot see it (on
+    /// another gateway of a cluster): then nobody is asked.
+    async fn always_allowed(&self, _session: &SessionKey, _command: &str) -> bool {
+        false
+    }
+
+    /// `command` is now always allowed in `session`: remember it beyond this gate, if the
+    /// approver can (another gateway of a cluster may run the session next). Must not block.
+    fn remember_always(&self, _session: &SessionKey, _command: &str) {}
 }
 
 /// Normalise a command line for matching (see the module docs). Idempotent.
@@ -539,6 +549,10 @@ impl CommandGate {
                         "this command needs a human's approval but no approver is configured; ask the user to run it or to change the exec policy".into(),
                     ));
                 };
+                if approver.always_allowed(session, &key).await {
+                    self.remember(session, key);
+                    return Ok(());
+                }
                 let answer = tokio::select! {
                     a = tokio::time::timeout(self.approval_timeout, approver.approve(session, command)) => a.ok(),
                     () = cancel.cancelled() => return Err(ToolError::Cancelled),
@@ -546,6 +560,7 @@ impl CommandGate {
                 match answer {
                     Some(Approval::AllowOnce) => Ok(()),
                     Some(Approval::AllowAlways) => {
+                        approver.remember_always(session, &key);
                         self.remember(session, key);
                         Ok(())
                     }

@@ -12,6 +12,8 @@ mod cli_polish;
 #[cfg(feature = "cluster")]
 mod cluster;
 #[cfg(feature = "cluster")]
+mod cluster_access;
+#[cfg(feature = "cluster")]
 mod cluster_balance;
 #[cfg(feature = "cluster")]
 mod cluster_bus;
