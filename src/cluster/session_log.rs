@@ -90,6 +90,10 @@ struct Inner {
     replies: HashMap<String, (u32, Option<Inbound>)>,
     /// Records of an inbound message not yet stored in the log.
     unsettled: HashMap<Inbound, u32>,
+    /// Per partition, the records a stopped writer could not store, with the last sequence
+    /// it knew: the next writer of the partition here stores them first if nobody wrote in
+    /// between (else they are dropped: the node that wrote answered those messages).
+    stash: HashMap<u32, (u64, Vec<Queued>)>,
 }
 
 /// The session log of this node: the store's [`Replica`] in cluster mode.
@@ -340,18 +344,56 @@ pub fn start_writer(
     stop: CancellationToken,
     fenced: CancellationToken,
 ) {
-    let (tx, rx) = mpsc::unbounded_channel();
+    let (tx, mut rx) = mpsc::unbounded_channel();
     let generation = {
         let mut g = log.locked();
         g.started += 1;
         let n = g.started;
+        // What the last writer here could not store goes first, when the log is still where
+        // that writer left it (nobody else wrote the partition meanwhile).
+        if let Some((at, left)) = g.stash.remove(&p) {
+            if at == last {
+                tracing::info!(
+                    partition = p,
+                    records = left.len(),
+                    "cluster: session log records of the last writer written now"
+                );
+                for q in left {
+                    let _ = tx.send(q);
+                }
+            } else {
+                tracing::warn!(
+                    partition = p,
+                    records = left.len(),
+                    "cluster: session log records of the last writer dropped: another node wrote the partition since"
+                );
+                let keys: Vec<Inbound> = left.into_iter().filter_map(|(_, k)| k).collect();
+                for k in keys {
+                    if let Some(n) = g.unsettled.get_mut(&k) {
+                        *n = n.saturating_sub(1);
+                        if *n == 0 {
+                            g.unsettled.remove(&k);
+                        }
+                    }
+                }
+            }
+        }
         g.writers.insert(p, (n, tx));
         n
     };
     let log = log.clone();
     cluster.spawn(async move {
-        let r = write_loop(&log, &js, p, last, rx, &stop).await;
+        let (mut at, mut pending) = (last, Vec::new());
+        let r = write_batches(&log, &js, p, &mut at, &mut rx, &mut pending, &stop).await;
         log.stop_writing(p, generation);
+        // Kept for the next writer of the partition on this node.
+        rx.close();
+        while let Ok(q) = rx.try_recv() {
+            pending.push(q);
+        }
+        if !pending.is_empty() {
+            log.locked().stash.insert(p, (at, pending));
+        }
         match r {
             Ok(()) | Err(LogError::Stopped) => {}
             Err(e) => {
@@ -374,6 +416,21 @@ pub async fn write_loop(
     mut rx: mpsc::UnboundedReceiver<Queued>,
     stop: &CancellationToken,
 ) -> Result<(), LogError> {
+    let mut pending = Vec::new();
+    write_batches(log, js, p, &mut last, &mut rx, &mut pending, stop).await
+}
+
+/// [`write_loop`], leaving in `pending` the batch it could not store and in `last` the last
+/// sequence it knows.
+async fn write_batches(
+    log: &SessionLog,
+    js: &jetstream::Context,
+    p: u32,
+    last: &mut u64,
+    rx: &mut mpsc::UnboundedReceiver<Queued>,
+    pending: &mut Vec<Queued>,
+    stop: &CancellationToken,
+) -> Result<(), LogError> {
     let subj = subject(p);
     let writer = format!(
         "{}-{}-{p}",
@@ -393,19 +450,19 @@ pub async fn write_loop(
         let Some(first) = first else {
             return Ok(());
         };
-        let mut batch = vec![first];
-        while batch.len() < MAX_BATCH {
+        pending.push(first);
+        while pending.len() < MAX_BATCH {
             match rx.try_recv() {
-                Ok(q) => batch.push(q),
+                Ok(q) => pending.push(q),
                 Err(_) => break,
             }
         }
-        let records: Vec<&Record> = batch.iter().map(|(r, _)| r).collect();
+        let records: Vec<&Record> = pending.iter().map(|(r, _)| r).collect();
         let body = serde_json::to_vec(&records).map_err(|e| LogError::Nats(e.to_string()))?;
         n += 1;
         let id = format!("{writer}-{n}");
-        last = append(js, &subj, p, &id, body, last, stop).await?;
-        for (_, k) in &batch {
+        *last = append(js, &subj, p, &id, body, *last, stop).await?;
+        for (_, k) in pending.drain(..) {
             log.settle(k.as_ref());
         }
     }

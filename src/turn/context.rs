@@ -427,6 +427,21 @@ mod tests {
         (d, w)
     }
 
+    /// Cluster mode shares the context files by name: a file added to the prompt's list must
+    /// be shared too, or each node would keep its own.
+    #[test]
+    fn every_context_file_is_shared_in_cluster_mode() {
+        let shared = crate::tools::shared_docs::CONTEXT_FILES;
+        for f in AGENT_FILES
+            .iter()
+            .chain(SUBAGENT_FILES)
+            .chain(PER_USER_FILES)
+            .chain([&HEARTBEAT_FILE])
+        {
+            assert!(shared.contains(f), "{f} is not shared in cluster mode");
+        }
+    }
+
     #[test]
     fn order_headings_and_no_files_means_base_only() {
         let (d, w) = ws();

@@ -3,7 +3,7 @@
 //! each), a fourth node joining takes its share while messages flow (each answered once), and
 //! a node killed with SIGKILL has its partitions taken by the others after the lease TTL.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -11,6 +11,7 @@ use clawft_channel_telegram::fake::FakeTelegram;
 use serde_json::json;
 
 use crate::cluster::{cluster_status, logs_of, start_nodes_with, Nats};
+use crate::cluster_bus::{answered, push_round_to, replies};
 use crate::common::{echo_model, wait_until};
 use crate::fake_llm::FakeLlm;
 use crate::process::{free_port, gateway_config, Daemon};
@@ -18,31 +19,8 @@ use crate::process::{free_port, gateway_config, Daemon};
 const CHATS: i64 = 40;
 const PARTITIONS: u64 = 8;
 
-/// The replies per message text (`answer: <text>`).
-fn replies(tg: &FakeTelegram) -> HashMap<String, usize> {
-    let mut out = HashMap::new();
-    for m in tg.sent() {
-        if let Some(t) = m.visible.strip_prefix("answer: ") {
-            *out.entry(t.to_string()).or_insert(0) += 1;
-        }
-    }
-    out
-}
-
-fn answered(tg: &FakeTelegram, texts: &[String]) -> usize {
-    let r = replies(tg);
-    texts.iter().filter(|t| r.contains_key(*t)).count()
-}
-
 fn push_round(tg: &FakeTelegram, round: usize) -> Vec<String> {
-    (0..CHATS)
-        .map(|c| {
-            let chat = 2000 + c;
-            let text = format!("c{chat} r{round}");
-            tg.push_user_message(chat, chat, &text);
-            text
-        })
-        .collect()
+    push_round_to(tg, round, 2000..2000 + CHATS)
 }
 
 /// Partitions held per node, as `weft cluster status --json` shows them.

@@ -19,7 +19,7 @@ const CHATS: i64 = 100;
 const WINDOW: Duration = Duration::from_millis(300);
 
 /// The replies per message text (`answer: <text>`).
-fn replies(tg: &FakeTelegram) -> HashMap<String, usize> {
+pub(crate) fn replies(tg: &FakeTelegram) -> HashMap<String, usize> {
     let mut out = HashMap::new();
     for m in tg.sent() {
         if let Some(t) = m.visible.strip_prefix("answer: ") {
@@ -29,21 +29,29 @@ fn replies(tg: &FakeTelegram) -> HashMap<String, usize> {
     out
 }
 
-fn answered(tg: &FakeTelegram, texts: &[String]) -> usize {
+/// How many of `texts` were answered at least once.
+pub(crate) fn answered(tg: &FakeTelegram, texts: &[String]) -> usize {
     let r = replies(tg);
     texts.iter().filter(|t| r.contains_key(*t)).count()
 }
 
-/// Push one message to each chat (round `round`): their texts.
-fn push_round(tg: &FakeTelegram, round: usize) -> Vec<String> {
-    (0..CHATS)
-        .map(|c| {
-            let chat = 1000 + c;
+/// Push one message to each of the chats `chats` (round `round`): their texts.
+pub(crate) fn push_round_to(
+    tg: &FakeTelegram,
+    round: usize,
+    chats: std::ops::Range<i64>,
+) -> Vec<String> {
+    chats
+        .map(|chat| {
             let text = format!("c{chat} r{round}");
             tg.push_user_message(chat, chat, &text);
             text
         })
         .collect()
+}
+
+fn push_round(tg: &FakeTelegram, round: usize) -> Vec<String> {
+    push_round_to(tg, round, 1000..1000 + CHATS)
 }
 
 fn telegram_holder(dir: &std::path::Path) -> Option<usize> {
@@ -168,7 +176,8 @@ async fn messages_of_killed_nodes_are_answered_by_the_next_partition_owner() {
         assert_eq!(*n, 2, "{text} answered {n} times");
         assert!(
             before.is_some_and(|b| b <= WINDOW),
-            "{text} answered twice, its first copy {before:?} before a kill (window {WINDOW:?})"
+            "{text} answered twice, its first copy {before:?} before a kill (window {WINDOW:?})\n{}",
+            logs_of(&dirs)
         );
     }
     // History continues on the new owner: the request of each chat's round-3 message (the
