@@ -100,6 +100,21 @@ pub(crate) struct Nats {
     bin: PathBuf,
     pub(crate) servers: Vec<Server>,
     _dir: tempfile::TempDir,
+    /// This cluster's share of the NATS servers allowed to run at once (released after the
+    /// servers are stopped).
+    _slots: tokio::sync::OwnedSemaphorePermit,
+}
+
+/// NATS servers running at once across the cluster tests: three three-server clusters. More
+/// (fourteen clusters start in this binary, beside the rest of the suite) starve a two-core
+/// machine until JetStream cannot elect its leaders in time.
+const SERVER_SLOTS: u32 = 9;
+
+fn server_slots() -> std::sync::Arc<tokio::sync::Semaphore> {
+    static S: std::sync::OnceLock<std::sync::Arc<tokio::sync::Semaphore>> =
+        std::sync::OnceLock::new();
+    S.get_or_init(|| std::sync::Arc::new(tokio::sync::Semaphore::new(SERVER_SLOTS as usize)))
+        .clone()
 }
 
 impl Drop for Nats {
@@ -113,6 +128,10 @@ impl Drop for Nats {
 impl Nats {
     pub(crate) async fn start(n: usize) -> Option<Self> {
         let bin = nats_server()?;
+        let slots = server_slots()
+            .acquire_many_owned(u32::try_from(n).unwrap().min(SERVER_SLOTS))
+            .await
+            .unwrap();
         let dir = tempfile::tempdir().unwrap();
         let ports: Vec<(u16, u16)> = (0..n).map(|_| (free_port(), free_port())).collect();
         let routes = if n > 1 {
@@ -141,6 +160,7 @@ impl Nats {
             bin,
             servers,
             _dir: dir,
+            _slots: slots,
         };
         for i in 0..n {
             nats.restart(i);
@@ -168,7 +188,8 @@ impl Nats {
 
     /// Until JetStream takes a replicated write (the cluster elected its meta leader).
     async fn wait_jetstream(&self) {
-        let deadline = Instant::now() + T;
+        // Three servers electing their meta leader on a loaded machine: up to a minute.
+        let deadline = Instant::now() + 2 * T;
         let replicas = self.servers.len().min(3);
         loop {
             let why;
