@@ -8,12 +8,11 @@
 //! as fast as the watch delivers it. Approving and revoking write the bucket first and are
 //! refused when NATS does not answer; a code issued by a node is published in the background.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::kv;
 
-use super::node::Cluster;
+use super::node::{Cluster, LazyBucket};
 use crate::store::Store;
 
 /// The key-value bucket of pairing.
@@ -70,23 +69,11 @@ fn local_of(key: &str) -> Option<(bool, String)> {
     ))
 }
 
-async fn open(
-    cell: &tokio::sync::OnceCell<kv::Store>,
-    js: async_nats::jetstream::Context,
-) -> Result<kv::Store, String> {
-    cell.get_or_try_init(|| async {
-        super::node::bucket(&js, ACCESS_BUCKET, Duration::ZERO, "weft pairing").await
-    })
-    .await
-    .cloned()
-    .map_err(|e| e.to_string())
-}
-
 /// The cluster's pairing records (cheap to clone).
 #[derive(Clone)]
 pub struct ClusterAccess {
     cluster: Cluster,
-    bucket: Arc<tokio::sync::OnceCell<kv::Store>>,
+    bucket: LazyBucket,
 }
 
 impl ClusterAccess {
@@ -94,7 +81,7 @@ impl ClusterAccess {
     pub fn new(cluster: Cluster) -> Self {
         Self {
             cluster,
-            bucket: Arc::new(tokio::sync::OnceCell::new()),
+            bucket: LazyBucket::new(ACCESS_BUCKET, Duration::ZERO, "weft pairing"),
         }
     }
 
@@ -112,7 +99,7 @@ impl ClusterAccess {
         // Dropped at the deadline on the cluster's thread too, so a write that timed out is
         // not made later.
         let write = async move {
-            let b = open(&cell, js).await?;
+            let b = cell.open(&js).await?;
             f(b).await
         };
         self.cluster
@@ -137,7 +124,7 @@ impl ClusterAccess {
                         .cluster
                         .jetstream()
                         .ok_or("the cluster is not connected yet")?;
-                    let b = open(&c.bucket, js).await?;
+                    let b = c.bucket.open(&js).await?;
                     match &value {
                         Some(v) => b
                             .put(&key, v.clone())
@@ -213,7 +200,7 @@ impl ClusterAccess {
             .cluster
             .jetstream()
             .ok_or("the cluster is not connected yet")?;
-        let b = open(&self.bucket, js).await?;
+        let b = self.bucket.open(&js).await?;
         let mut watch = b.watch_with_history(">").await.map_err(|e| e.to_string())?;
         while let Some(entry) = watch.next().await {
             let entry = entry.map_err(|e| e.to_string())?;

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream::kv;
 
-use super::node::Cluster;
+use super::node::{Cluster, LazyBucket};
 
 /// The key-value bucket of the approvals.
 pub const APPROVAL_BUCKET: &str = "weft_approvals";
@@ -26,18 +26,6 @@ pub const TAKEN_WAIT: Duration = Duration::from_secs(6);
 
 /// What the watcher hands an answer to: (approval id, decision); whether it was pending here.
 pub type OnAnswer = Arc<dyn Fn(&str, &str) -> bool + Send + Sync>;
-
-async fn open(
-    cell: &tokio::sync::OnceCell<kv::Store>,
-    js: async_nats::jetstream::Context,
-) -> Result<kv::Store, String> {
-    cell.get_or_try_init(|| async {
-        super::node::bucket(&js, APPROVAL_BUCKET, APPROVALS_KEPT, "weft approvals").await
-    })
-    .await
-    .cloned()
-    .map_err(|e| e.to_string())
-}
 
 fn always_key(session: &str, command: &str) -> String {
     let d = ring::digest::digest(&ring::digest::SHA256, command.as_bytes());
@@ -54,7 +42,7 @@ fn always_key(session: &str, command: &str) -> String {
 #[derive(Clone)]
 pub struct ClusterApprovals {
     cluster: Cluster,
-    bucket: Arc<tokio::sync::OnceCell<kv::Store>>,
+    bucket: LazyBucket,
 }
 
 impl ClusterApprovals {
@@ -62,7 +50,7 @@ impl ClusterApprovals {
     pub fn new(cluster: Cluster) -> Self {
         Self {
             cluster,
-            bucket: Arc::new(tokio::sync::OnceCell::new()),
+            bucket: LazyBucket::new(APPROVAL_BUCKET, APPROVALS_KEPT, "weft approvals"),
         }
     }
 
@@ -84,7 +72,7 @@ impl ClusterApprovals {
                         .cluster
                         .jetstream()
                         .ok_or("the cluster is not connected yet")?;
-                    f(open(&c.bucket, js).await?).await
+                    f(c.bucket.open(&js).await?).await
                 };
                 match tokio::time::timeout(WAIT, done).await {
                     Ok(Ok(())) => return,
@@ -92,6 +80,19 @@ impl ClusterApprovals {
                     Err(_) => tracing::warn!(what, "cluster: approval record not written in time; retrying"),
                 }
                 tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        });
+    }
+
+    /// Put `body` under `key` in the background ([`Self::background`]).
+    fn put_background(&self, what: &'static str, key: String, body: String) {
+        self.background(what, move |b| {
+            let (key, body) = (key.clone(), body.clone());
+            async move {
+                b.put(&key, body.into())
+                    .await
+                    .map(drop)
+                    .map_err(|e| e.to_string())
             }
         });
     }
@@ -106,7 +107,7 @@ impl ClusterApprovals {
     {
         let js = self.cluster.healthy_jetstream()?;
         let cell = self.bucket.clone();
-        let run = async move { f(open(&cell, js).await?).await };
+        let run = async move { f(cell.open(&js).await?).await };
         self.cluster
             .block_on(
                 async move { tokio::time::timeout(wait, run).await },
@@ -120,15 +121,7 @@ impl ClusterApprovals {
     pub fn asked(&self, id: &str, record: &str) {
         let key = format!("ask.{}", super::key_part(id));
         let body = serde_json::json!({"node": self.me(), "record": record}).to_string();
-        self.background("ask", move |b| {
-            let (key, body) = (key.clone(), body.clone());
-            async move {
-                b.put(&key, body.into())
-                    .await
-                    .map(drop)
-                    .map_err(|e| e.to_string())
-            }
-        });
+        self.put_background("ask", key, body);
     }
 
     /// Question `id` is no longer waiting here.
@@ -240,7 +233,7 @@ impl ClusterApprovals {
             .cluster
             .jetstream()
             .ok_or("the cluster is not connected yet")?;
-        let b = open(&self.bucket, js).await?;
+        let b = self.bucket.open(&js).await?;
         let mut watch = b
             .watch_with_history("answer.>")
             .await
@@ -269,15 +262,7 @@ impl ClusterApprovals {
     pub fn remember_always(&self, session: &str, command: &str) {
         let key = always_key(session, command);
         let body = command.to_string();
-        self.background("always", move |b| {
-            let (key, body) = (key.clone(), body.clone());
-            async move {
-                b.put(&key, body.into())
-                    .await
-                    .map(drop)
-                    .map_err(|e| e.to_string())
-            }
-        });
+        self.put_background("always", key, body);
     }
 
     /// Whether `command` was always allowed in `session` on any node. `false` when NATS
@@ -290,7 +275,7 @@ impl ClusterApprovals {
         let command = command.to_string();
         let cell = self.bucket.clone();
         let read = async move {
-            let b = open(&cell, js).await?;
+            let b = cell.open(&js).await?;
             Ok::<_, String>(
                 b.get(&key)
                     .await

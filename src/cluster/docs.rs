@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use async_nats::jetstream::kv;
 
-use super::node::Cluster;
+use super::node::{Cluster, LazyBucket};
 
 /// The key-value bucket of the shared documents (`ws.<path>`, `user.<name>.<path>`).
 pub const DOCS_BUCKET: &str = "weft_docs";
@@ -30,25 +30,7 @@ pub enum Written {
 #[derive(Clone)]
 pub struct ClusterDocs {
     cluster: Cluster,
-    bucket: Arc<tokio::sync::OnceCell<kv::Store>>,
-}
-
-async fn open(
-    cell: &tokio::sync::OnceCell<kv::Store>,
-    js: &async_nats::jetstream::Context,
-) -> Result<kv::Store, String> {
-    cell.get_or_try_init(|| async {
-        super::node::bucket(
-            js,
-            DOCS_BUCKET,
-            Duration::ZERO,
-            "weft memory documents and context files",
-        )
-        .await
-    })
-    .await
-    .cloned()
-    .map_err(|e| e.to_string())
+    bucket: LazyBucket,
 }
 
 /// Whether a failed write lost a race with another writer: JetStream refused it for its
@@ -62,7 +44,11 @@ impl ClusterDocs {
     pub fn new(cluster: Cluster) -> Self {
         Self {
             cluster,
-            bucket: Arc::new(tokio::sync::OnceCell::new()),
+            bucket: LazyBucket::new(
+                DOCS_BUCKET,
+                Duration::ZERO,
+                "weft memory documents and context files",
+            ),
         }
     }
 
@@ -82,7 +68,7 @@ impl ClusterDocs {
         self.cluster
             .block_on(
                 async move {
-                    let b = open(&cell, &js).await?;
+                    let b = cell.open(&js).await?;
                     Ok(match b.entry(&key).await.map_err(|e| e.to_string())? {
                         Some(e) if e.operation == kv::Operation::Put => {
                             Some((e.value.to_vec(), e.revision))
@@ -107,7 +93,7 @@ impl ClusterDocs {
         self.cluster
             .block_on(
                 async move {
-                    let b = open(&cell, &js).await?;
+                    let b = cell.open(&js).await?;
                     if expected == 0 {
                         return match b.create(&key, data).await {
                             Ok(rev) => Ok(Written::Rev(rev)),
@@ -148,7 +134,7 @@ impl ClusterDocs {
                     tokio::time::sleep(Duration::from_millis(200)).await;
                     continue;
                 };
-                let watch = match open(&me.bucket, &js).await {
+                let watch = match me.bucket.open(&js).await {
                     Ok(b) => b.watch_with_history(">").await.map_err(|e| e.to_string()),
                     Err(e) => Err(e),
                 };

@@ -164,6 +164,40 @@ pub async fn bucket(
     Err(ClusterError::Nats(format!("bucket {name}: {last}")))
 }
 
+/// A key-value bucket of the cluster made or opened on first use ([`bucket`]), then kept
+/// (cheap to clone: the clones share it).
+#[derive(Clone)]
+pub struct LazyBucket {
+    name: &'static str,
+    max_age: Duration,
+    description: &'static str,
+    cell: Arc<tokio::sync::OnceCell<kv::Store>>,
+}
+
+impl LazyBucket {
+    /// Bucket `name`, its entries kept `max_age` (zero: forever).
+    pub fn new(name: &'static str, max_age: Duration, description: &'static str) -> Self {
+        Self {
+            name,
+            max_age,
+            description,
+            cell: Arc::new(tokio::sync::OnceCell::new()),
+        }
+    }
+
+    /// The bucket, made or opened through `js` the first time.
+    ///
+    /// # Errors
+    /// JetStream refused or did not answer.
+    pub async fn open(&self, js: &jetstream::Context) -> Result<kv::Store, String> {
+        self.cell
+            .get_or_try_init(|| bucket(js, self.name, self.max_age, self.description))
+            .await
+            .cloned()
+            .map_err(|e| e.to_string())
+    }
+}
+
 /// The node's health as `/readyz` and `weft status` show it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Health {

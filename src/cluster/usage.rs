@@ -15,7 +15,7 @@ use std::time::Duration;
 use async_nats::jetstream::kv;
 use tokio::sync::Notify;
 
-use super::node::Cluster;
+use super::node::{Cluster, LazyBucket};
 use crate::store::usage::UsageRow;
 use crate::types::MutexExt;
 
@@ -51,22 +51,10 @@ struct Others {
 #[derive(Clone)]
 pub struct ClusterUsage {
     cluster: Cluster,
-    bucket: Arc<tokio::sync::OnceCell<kv::Store>>,
+    bucket: LazyBucket,
     mine: Arc<Mutex<Mine>>,
     others: Arc<Mutex<Others>>,
     wake: Arc<Notify>,
-}
-
-async fn open(
-    cell: &tokio::sync::OnceCell<kv::Store>,
-    js: async_nats::jetstream::Context,
-) -> Result<kv::Store, String> {
-    cell.get_or_try_init(|| async {
-        super::node::bucket(&js, USAGE_BUCKET, USAGE_KEPT, "weft usage counters").await
-    })
-    .await
-    .cloned()
-    .map_err(|e| e.to_string())
 }
 
 fn key_of(r: &UsageRow) -> RowKey {
@@ -78,7 +66,7 @@ impl ClusterUsage {
     pub fn new(cluster: Cluster) -> Self {
         let u = Self {
             cluster,
-            bucket: Arc::new(tokio::sync::OnceCell::new()),
+            bucket: LazyBucket::new(USAGE_BUCKET, USAGE_KEPT, "weft usage counters"),
             mine: Arc::new(Mutex::new(Mine::default())),
             others: Arc::new(Mutex::new(Others::default())),
             wake: Arc::new(Notify::new()),
@@ -115,7 +103,7 @@ impl ClusterUsage {
                         .cluster
                         .jetstream()
                         .ok_or("the cluster is not connected yet")?;
-                    let b = open(&self.bucket, js).await?;
+                    let b = self.bucket.open(&js).await?;
                     b.put(&key, body.into()).await.map_err(|e| e.to_string())
                 };
                 if let Err(e) = tokio::time::timeout(WAIT, put)
@@ -139,27 +127,21 @@ impl ClusterUsage {
     /// Publish this node's counters of `day`: all of them, replacing what was published (in
     /// the background).
     pub fn publish(&self, day: &str, rows: &[UsageRow]) {
-        {
-            let mut m = self.mine.locked();
-            m.day = day.to_string();
-            m.rows.clear();
-            for r in rows.iter().filter(|r| r.day == day) {
-                m.rows
-                    .entry(key_of(r))
-                    .and_modify(|x| x.add(r))
-                    .or_insert_with(|| r.clone());
-            }
-            m.dirty = true;
-        }
-        self.wake.notify_one();
+        self.merge(day, rows, true);
     }
 
     /// Add `rows` to this node's counters of `day` (a new day starts from nothing) and publish
     /// them in the background: the cost is the turn's rows, not the day's.
     pub fn add(&self, day: &str, rows: &[UsageRow]) {
+        self.merge(day, rows, false);
+    }
+
+    /// Add `rows` of `day` to this node's counters, which start from nothing when `replace`
+    /// or when `day` is a new day, and wake the publisher.
+    fn merge(&self, day: &str, rows: &[UsageRow], replace: bool) {
         {
             let mut m = self.mine.locked();
-            if m.day != day {
+            if replace || m.day != day {
                 m.day = day.to_string();
                 m.rows.clear();
             }
@@ -205,7 +187,7 @@ impl ClusterUsage {
                 return;
             };
             let watch = async {
-                let b = open(&self.bucket, js).await?;
+                let b = self.bucket.open(&js).await?;
                 b.watch_with_history("usage.>")
                     .await
                     .map_err(|e| e.to_string())
