@@ -178,6 +178,19 @@ impl Nats {
         self.servers.iter().map(Server::url).collect()
     }
 
+    /// A JetStream client of this cluster (the tests' own look at its buckets).
+    pub(crate) async fn jetstream(&self) -> async_nats::jetstream::Context {
+        let client = async_nats::connect(
+            self.urls()
+                .iter()
+                .map(|u| u.parse::<async_nats::ServerAddr>().unwrap())
+                .collect::<Vec<_>>(),
+        )
+        .await
+        .unwrap();
+        async_nats::jetstream::new(client)
+    }
+
     fn logs(&self) -> String {
         self.servers
             .iter()
@@ -263,24 +276,36 @@ pub(crate) async fn start_nodes_with(
     channels: Value,
     extra: Value,
 ) -> (Vec<tempfile::TempDir>, Vec<Option<Daemon>>) {
+    start_nodes_merged(
+        n,
+        nats,
+        llm,
+        json!({"channels": channels, "cluster": extra}),
+    )
+    .await
+}
+
+/// `n` gateways (`n1`, `n2`, …) in cluster mode on `nats` (lease TTL 4 s) with `extra`
+/// merged into their config.
+pub(crate) async fn start_nodes_merged(
+    n: usize,
+    nats: &Nats,
+    llm: &FakeLlm,
+    extra: Value,
+) -> (Vec<tempfile::TempDir>, Vec<Option<Daemon>>) {
     let mut dirs = Vec::new();
     let mut nodes = Vec::new();
     for i in 1..=n {
         let dir = tempfile::tempdir().unwrap();
         let port = free_port();
-        let mut cluster =
-            json!({"nats_url": nats.urls(), "node_id": format!("n{i}"), "lease_ttl_secs": 4});
-        for (k, v) in extra.as_object().into_iter().flatten() {
-            cluster[k] = v.clone();
-        }
         let cfg = gateway_config(
             dir.path(),
             llm,
             port,
-            json!({
-                "channels": channels,
-                "cluster": cluster,
-            }),
+            crate::common::merged(
+                json!({"cluster": {"nats_url": nats.urls(), "node_id": format!("n{i}"), "lease_ttl_secs": 4}}),
+                extra.clone(),
+            ),
         );
         nodes.push(Some(Daemon::start(dir.path(), &cfg, port).await));
         dirs.push(dir);

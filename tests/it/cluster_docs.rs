@@ -13,6 +13,7 @@ use serde_json::{json, Value};
 use crate::cluster::{logs_of, Nats};
 use crate::common::{config, messages, tool_results, wait_until, Api, TestGateway};
 use crate::fake_llm::{FakeLlm, Reply};
+use crate::memory::chat_as;
 use crate::process::{free_port, gateway_config, Daemon};
 
 const PER_NODE: &str = "files you write (except memory and context files) stay on this node";
@@ -26,18 +27,6 @@ async fn node(i: usize, dir: &Path, nats: &Nats, llm: &FakeLlm) -> Daemon {
         json!({"cluster": {"nats_url": nats.urls(), "node_id": format!("n{i}"), "lease_ttl_secs": 4}}),
     );
     Daemon::start(dir, &cfg, port).await
-}
-
-async fn chat_as(api: &Api, chat: &str, sender: &str, content: &str) -> (u16, Value) {
-    let r = api
-        .http
-        .post(format!("{}/v1/chat", api.base))
-        .json(&json!({ "chat_id": chat, "content": content, "sender": sender }))
-        .send()
-        .await
-        .unwrap();
-    let status = r.status().as_u16();
-    (status, r.json().await.unwrap_or(Value::Null))
 }
 
 fn last_user(req: &Value) -> String {
@@ -121,15 +110,7 @@ async fn memory_and_context_files_are_shared_and_workspace_files_are_per_node() 
     }
     let n1 = node(1, d1, &nats, &llm).await;
     // Node 1's SOUL.md is uploaded when it joins.
-    let client = async_nats::connect(
-        nats.urls()
-            .iter()
-            .map(|u| u.parse::<async_nats::ServerAddr>().unwrap())
-            .collect::<Vec<_>>(),
-    )
-    .await
-    .unwrap();
-    let js = async_nats::jetstream::new(client);
+    let js = nats.jetstream().await;
     let mut uploaded = None;
     for _ in 0..100 {
         if let Ok(kv) = js.get_key_value("weft_docs").await {

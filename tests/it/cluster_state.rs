@@ -9,38 +9,11 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::cluster::{logs_of, Nats};
+use crate::cluster::{logs_of, start_nodes_merged, Nats};
 use crate::common::{echo_model, Api};
 use crate::fake_llm::{FakeLlm, Reply};
-use crate::process::{free_port, gateway_config, log_of, Daemon};
+use crate::process::{log_of, Daemon};
 use futures::StreamExt;
-
-/// `n` gateways (`n1`, `n2`, …) in cluster mode on `nats` with `extra` config.
-async fn nodes(
-    n: usize,
-    nats: &Nats,
-    llm: &FakeLlm,
-    extra: Value,
-) -> (Vec<tempfile::TempDir>, Vec<Option<Daemon>>) {
-    let mut dirs = Vec::new();
-    let mut out = Vec::new();
-    for i in 1..=n {
-        let dir = tempfile::tempdir().unwrap();
-        let port = free_port();
-        let cfg = gateway_config(
-            dir.path(),
-            llm,
-            port,
-            crate::common::merged(
-                json!({"cluster": {"nats_url": nats.urls(), "node_id": format!("n{i}"), "lease_ttl_secs": 4}}),
-                extra.clone(),
-            ),
-        );
-        out.push(Some(Daemon::start(dir.path(), &cfg, port).await));
-        dirs.push(dir);
-    }
-    (dirs, out)
-}
 
 /// POST `body` to `path` of `api` → (status, body).
 async fn post(api: &Api, path: &str, body: &Value) -> (u16, Value) {
@@ -77,7 +50,7 @@ async fn a_job_fires_once_per_occurrence_across_three_nodes_and_after_a_kill() {
     };
     let llm = FakeLlm::start().await;
     echo_model(&llm);
-    let (dirs, mut nodes) = nodes(
+    let (dirs, mut nodes) = start_nodes_merged(
         3,
         &_nats,
         &llm,
@@ -205,7 +178,7 @@ async fn a_budget_reached_through_one_node_is_enforced_on_another() {
     let llm = FakeLlm::start().await;
     // $1 per output token: this reply costs $10, over the $5 daily budget.
     llm.push(Reply::Text("x".repeat(40)));
-    let (dirs, nodes) = nodes(
+    let (dirs, nodes) = start_nodes_merged(
         2,
         &nats,
         &llm,
@@ -219,15 +192,7 @@ async fn a_budget_reached_through_one_node_is_enforced_on_another() {
     assert_eq!(v["reply"], "x".repeat(40));
 
     // Until node 1's counters are in the cluster.
-    let client = async_nats::connect(
-        nats.urls()
-            .iter()
-            .map(|u| u.parse::<async_nats::ServerAddr>().unwrap())
-            .collect::<Vec<_>>(),
-    )
-    .await
-    .unwrap();
-    let js = async_nats::jetstream::new(client);
+    let js = nats.jetstream().await;
     let mut published = false;
     for _ in 0..100 {
         if let Ok(kv) = js.get_key_value("weft_usage").await {

@@ -13,7 +13,7 @@ use crate::common::{
 use crate::fake_llm::{FakeLlm, Reply};
 
 /// POST /v1/chat as `sender` → (status, body).
-async fn chat_as(api: &Api, chat: &str, sender: &str, content: &str) -> (u16, Value) {
+pub(crate) async fn chat_as(api: &Api, chat: &str, sender: &str, content: &str) -> (u16, Value) {
     let r = api
         .http
         .post(format!("{}/v1/chat", api.base))
