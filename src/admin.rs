@@ -8,6 +8,7 @@ pub mod hooks;
 pub mod inspect;
 pub mod nodes;
 pub mod ops;
+pub mod request;
 pub mod sessions;
 
 use std::sync::{Arc, OnceLock};
@@ -24,6 +25,7 @@ use crate::store::Store;
 use crate::types::RwLockExt;
 use crate::types::SessionKey;
 use clawft_channel_http::AdminError;
+use request::{AdminRequest, PairingRequest};
 
 /// Timeout of a `Clear` call through the bus.
 const CLEAR_TIMEOUT_MS: u64 = 35_000;
@@ -556,26 +558,23 @@ impl clawft_channel_http::Admin for AdminApi {
     }
 
     async fn command(&self, name: &str, body: Value) -> Result<Value, AdminError> {
-        if let Some(done) = self.inspect_command(name, &body).await {
-            return done;
-        }
-        let r = self.running.get().ok_or_else(starting)?;
-        match name {
-            "send" => {
-                let field = |k: &str| {
-                    body[k].as_str().map(str::to_string).ok_or_else(|| {
-                        AdminError::BadRequest(format!("`{k}` (a string) is required"))
-                    })
-                };
-                let channel = field("channel")?;
-                let running = r.channels().names();
-                if !running.contains(&channel) {
+        let running = || self.running.get().ok_or_else(starting);
+        match AdminRequest::parse(name, body)? {
+            AdminRequest::Inspect(req) => self.inspect_command(req).await,
+            AdminRequest::Send {
+                channel,
+                chat_id,
+                content,
+            } => {
+                let r = running()?;
+                let names = r.channels().names();
+                if !names.contains(&channel) {
                     return Err(AdminError::BadRequest(format!(
                         "no channel `{channel}` is running; running channels: {}",
-                        running.join(", ")
+                        names.join(", ")
                     )));
                 }
-                let msg = operator_message(&channel, &field("chat_id")?, &field("content")?)?;
+                let msg = operator_message(&channel, &chat_id, &content)?;
                 let id = msg.id.clone();
                 r.outbox
                     .send_durable(msg)
@@ -583,7 +582,8 @@ impl clawft_channel_http::Admin for AdminApi {
                     .map_err(|e| AdminError::Internal(format!("outbox: {e}")))?;
                 Ok(json!({"status": "queued", "id": id}))
             }
-            "approvals/list" => {
+            AdminRequest::ApprovalsList => {
+                let r = running()?;
                 // In cluster mode this reads the other nodes' questions from NATS.
                 let a = r.approvals.clone();
                 let all = tokio::task::spawn_blocking(move || a.list_all())
@@ -591,30 +591,15 @@ impl clawft_channel_http::Admin for AdminApi {
                     .map_err(internal)?;
                 Ok(json!({ "approvals": all }))
             }
-            "logs/tail" => {
-                let after = body["after"].as_u64().unwrap_or(0);
-                let level = body["level"].as_str().filter(|l| !l.is_empty());
-                let lines = crate::telemetry::recent().tail(after, level, 500);
+            AdminRequest::LogsTail { after, level } => {
+                let lines = crate::telemetry::recent().tail(after, level.as_deref(), 500);
                 let next = lines.last().map_or(after, |l| l.seq);
                 Ok(json!({"lines": lines, "next": next}))
             }
-            "approvals/answer" => {
-                use crate::approval::Decision;
-                let id = body["id"]
-                    .as_str()
-                    .ok_or_else(|| bad_request("`id` (a string) is required"))?;
-                let decision = match body["decision"].as_str() {
-                    Some("approve") => Decision::Once,
-                    Some("always") => Decision::Always,
-                    Some("deny") => Decision::Deny,
-                    _ => {
-                        return Err(bad_request(
-                            "`decision` must be \"approve\", \"always\" or \"deny\"",
-                        ))
-                    }
-                };
+            AdminRequest::ApprovalsAnswer { id, decision } => {
+                let r = running()?;
                 // In cluster mode this may wait for another node to take the answer.
-                let (a, owned) = (r.approvals.clone(), id.to_string());
+                let (a, owned) = (r.approvals.clone(), id.clone());
                 let answered =
                     tokio::task::spawn_blocking(move || a.answer_anywhere(&owned, decision))
                         .await
@@ -636,56 +621,50 @@ impl clawft_channel_http::Admin for AdminApi {
                     }
                 }
             }
-            "mcp/list" => Ok(mcp_json(r.mcp().as_deref())),
-            "sessions/search" => {
+            AdminRequest::McpList => Ok(mcp_json(running()?.mcp().as_deref())),
+            AdminRequest::SessionsSearch(query) => {
+                let r = running()?;
                 let store = r.store.clone();
-                tokio::task::spawn_blocking(move || sessions::search(&store, &body))
+                tokio::task::spawn_blocking(move || sessions::search(&store, &query))
                     .await
                     .map_err(internal)?
             }
-            "sessions/compact" => {
+            AdminRequest::SessionsCompact { session } => {
+                let r = running()?;
                 let inbox = crate::bus::Inbox::new(r.bus.clone());
-                sessions::compact(&r.store, &r.channels().names(), |e| inbox.route(e), &body)
+                sessions::compact(
+                    &r.store,
+                    &r.channels().names(),
+                    |e| inbox.route(e),
+                    &session,
+                )
             }
-            "canvas/get" => {
-                let session = body["session"]
-                    .as_str()
-                    .ok_or_else(|| bad_request("`session` (a session key) is required"))?;
-                crate::tools::canvas::canvas_json(&r.store, session).map_err(internal)
+            AdminRequest::CanvasGet { session } => {
+                crate::tools::canvas::canvas_json(&running()?.store, &session).map_err(internal)
             }
-            "usage" => {
-                let (by, days) = (
-                    body["by"].as_str().unwrap_or("day"),
-                    body["days"].as_u64().unwrap_or(30),
-                );
+            AdminRequest::Usage { by, days } => {
+                let r = running()?;
                 #[cfg(feature = "cluster")]
                 if let Some(c) = self.cluster.get() {
-                    return cluster_usage_json(c, &r.store, by, days).await;
+                    return cluster_usage_json(c, &r.store, &by, days).await;
                 }
-                usage_json(&r.store, by, days)
+                usage_json(&r.store, &by, days)
             }
-            "mcp/restart" => {
-                let name = body["name"]
-                    .as_str()
-                    .ok_or_else(|| bad_request("`name` is required"))?;
+            AdminRequest::McpRestart { name } => {
+                let r = running()?;
                 let m = r
                     .mcp()
                     .ok_or_else(|| bad_request("no MCP servers are configured"))?;
-                m.restart(name).map_err(bad_request)?;
+                m.restart(&name).map_err(bad_request)?;
                 Ok(json!({"restarting": name}))
             }
-            "store/check" => {
+            AdminRequest::StoreCheck => {
+                let r = running()?;
                 let report = crate::store::backup::check(&r.store).map_err(internal)?;
                 serde_json::to_value(report).map_err(internal)
             }
-            "store/backup" => {
-                let path = body["path"]
-                    .as_str()
-                    .ok_or_else(|| bad_request("`path` (an absolute path) is required"))?;
-                let path = std::path::PathBuf::from(path);
-                if !path.is_absolute() {
-                    return Err(bad_request("`path` must be absolute"));
-                }
+            AdminRequest::StoreBackup { path } => {
+                let r = running()?;
                 let store = r.store.clone();
                 let to = path.clone();
                 let n =
@@ -695,35 +674,32 @@ impl clawft_channel_http::Admin for AdminApi {
                         .map_err(internal)?;
                 Ok(json!({"path": path.display().to_string(), "records": n}))
             }
-            other if other.starts_with("nodes/") => match self.nodes.get() {
-                Some(hub) => hub.command(other, &body),
-                None => nodes::NodeHub::new(r.store.clone()).command(other, &body),
+            AdminRequest::NodesList => Ok(match self.nodes.get() {
+                Some(hub) => hub.list_json(),
+                None => nodes::NodeHub::new(running()?.store.clone()).list_json(),
+            }),
+            AdminRequest::Node { id, decision } => match self.nodes.get() {
+                Some(hub) => hub.decide(&id, decision),
+                None => nodes::NodeHub::new(running()?.store.clone()).decide(&id, decision),
             },
-            other => match other.strip_prefix("cron/") {
-                // On the blocking pool: shared jobs (cluster mode) wait on the cluster.
-                Some(c) => {
-                    let (scheduler, names, c) =
-                        (r.scheduler.clone(), r.channels().names(), c.to_string());
-                    tokio::task::spawn_blocking(move || {
-                        cron::command(&scheduler, &names, &c, &body)
-                    })
+            // On the blocking pool: shared jobs (cluster mode) wait on the cluster.
+            AdminRequest::Cron { action, args } => {
+                let r = running()?;
+                let (scheduler, names) = (r.scheduler.clone(), r.channels().names());
+                tokio::task::spawn_blocking(move || {
+                    cron::command(&scheduler, &names, &action, &args)
+                })
+                .await
+                .map_err(internal)?
+            }
+            AdminRequest::Pairing(req) => {
+                let r = running()?;
+                // In cluster mode approving and revoking wait for NATS.
+                let (store, slot) = (r.store.clone(), self.shared_access.clone());
+                tokio::task::spawn_blocking(move || shared_pairing(&store, slot.get(), &req))
                     .await
                     .map_err(internal)?
-                }
-                None => {
-                    // In cluster mode approving and revoking wait for NATS.
-                    let (store, slot, name) = (
-                        r.store.clone(),
-                        self.shared_access.clone(),
-                        other.to_string(),
-                    );
-                    tokio::task::spawn_blocking(move || {
-                        shared_pairing_command(&store, slot.get(), &name, &body)
-                    })
-                    .await
-                    .map_err(internal)?
-                }
-            },
+            }
         }
     }
 }
@@ -765,31 +741,30 @@ pub fn operator_message(
 /// # Errors
 /// Unknown command, bad arguments or store failure, as text.
 pub fn pairing_command(store: &Store, name: &str, body: &Value) -> Result<Value, AdminError> {
-    shared_pairing_command(store, None, name, body)
+    let AdminRequest::Pairing(req) = AdminRequest::parse(name, body.clone())? else {
+        return Err(bad_request(format!("unknown admin command `{name}`")));
+    };
+    shared_pairing(store, None, &req)
 }
 
-/// [`pairing_command`], writing the cluster's records first when `shared`.
+/// A pairing command on `store`, writing the cluster's records first when `shared`.
 ///
 /// # Errors
-/// Unknown command, bad arguments, the cluster unreachable or store failure, as text.
-pub fn shared_pairing_command(
+/// Bad arguments, the cluster unreachable or store failure.
+pub fn shared_pairing(
     store: &Store,
     shared: Option<&dyn crate::ingress::access::SharedAccess>,
-    name: &str,
-    body: &Value,
+    req: &PairingRequest,
 ) -> Result<Value, AdminError> {
     use crate::ingress::access;
-    match name {
-        "pairing/list" => Ok(json!({
+    match req {
+        PairingRequest::List => Ok(json!({
             "pending": access::pending(store).map_err(internal)?.iter().map(|p| json!({
                 "code": p.code, "channel": p.channel, "user": p.user, "chat": p.chat, "created_ms": p.created_ms,
             })).collect::<Vec<_>>(),
             "paired": access::paired(store).map_err(internal)?,
         })),
-        "pairing/approve" => {
-            let code = body["code"]
-                .as_str()
-                .ok_or_else(|| bad_request("`code` is required"))?;
+        PairingRequest::Approve { code } => {
             let who = access::approve(store, shared, code, clawft_channel_core::now_ms()).map_err(
                 |e| match e {
                     access::PairingError::Shared(m) => AdminError::Unavailable(m),
@@ -798,16 +773,12 @@ pub fn shared_pairing_command(
             )?;
             Ok(json!({"approved": who}))
         }
-        "pairing/revoke" => {
-            let who = body["who"]
-                .as_str()
-                .ok_or_else(|| bad_request("`who` (channel:user) is required"))?;
+        PairingRequest::Revoke { who } => {
             let was = access::revoke(store, shared, who).map_err(|e| match e {
                 access::PairingError::Shared(m) => AdminError::Unavailable(m),
                 e => internal(e),
             })?;
             Ok(json!({"revoked": was}))
         }
-        other => Err(bad_request(format!("unknown admin command `{other}`"))),
     }
 }

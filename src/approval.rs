@@ -16,7 +16,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
-use clawft_channel_core::{ChannelId, ChatId, ThreadId};
+use clawft_channel_core::{ChannelId, ChatId, Surface, ThreadId};
 use tokio::sync::oneshot;
 
 use crate::tools::message::MessageSink;
@@ -270,8 +270,17 @@ impl Approvals {
         }
         // The terminal through a gateway: no `cli` channel runs there; the terminal's stream
         // on the HTTP API carries the question.
-        let terminal = channel == "cli" && !self.sink.channels().iter().any(|c| c == "cli");
-        let channel = if terminal { "http" } else { channel };
+        let terminal = Surface::of(channel) == Some(Surface::Terminal)
+            && !self
+                .sink
+                .channels()
+                .iter()
+                .any(|c| c == Surface::Terminal.id());
+        let channel = if terminal {
+            Surface::Http.id()
+        } else {
+            channel
+        };
         let msg = clawft_channel_core::OutboundMessage::proactive_body(
             ChannelId::new(channel),
             ChatId::new(chat),

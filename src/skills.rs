@@ -323,7 +323,7 @@ impl UseSkill {
 #[async_trait]
 impl Tool for UseSkill {
     fn name(&self) -> &str {
-        "use_skill"
+        crate::tools::builtin::Builtin::UseSkill.name()
     }
     fn description(&self) -> &str {
         "Activate a skill listed in the system prompt: returns its instructions, and the tools it needs become available for the rest of this turn. Returns: {name, instructions, allowed_tools}"
@@ -374,7 +374,7 @@ async fn load_off_thread(
 }
 
 /// The name of the skill search tool.
-pub const SKILL_SEARCH: &str = "skill_search";
+pub const SKILL_SEARCH: &str = crate::tools::builtin::Builtin::SkillSearch.name();
 
 /// Arguments of `skill_search`.
 #[derive(Debug, Deserialize, JsonSchema)]

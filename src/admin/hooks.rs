@@ -185,7 +185,11 @@ pub fn handle(
             (c.to_string(), chat.to_string(), t.map(str::to_string))
         }
         // A session id that is not a chat: answered in the HTTP mailbox of that id.
-        _ => ("http".to_string(), hook.session.as_str().to_string(), None),
+        _ => (
+            clawft_channel_core::Surface::Http.id().to_string(),
+            hook.session.as_str().to_string(),
+            None,
+        ),
     };
     let event_id = format!("{EVENT_PREFIX}{}:{delivery}", hook.name);
     let ev = InboundEvent {

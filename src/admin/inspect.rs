@@ -135,21 +135,28 @@ impl AdminApi {
             .unwrap_or_else(|p| p.into_inner().clone())
     }
 
-    /// `config/*`, `agents/*` and `memory/*`; `None` for another command.
+    /// `config/*`, `agents/*` and `memory/*`.
     pub(super) async fn inspect_command(
         &self,
-        name: &str,
-        body: &Value,
-    ) -> Option<Result<Value, AdminError>> {
-        Some(match name {
-            "config/show" => Ok(self.config_show()),
-            "config/validate" => Ok(self.config_validate()),
-            "config/reload" => self.config_reload().await,
-            "agents/list" => self.agents_list(),
-            "memory/list" => self.memory_list(body),
-            "memory/search" => self.memory_search(body).await,
-            _ => return None,
-        })
+        req: super::request::InspectRequest,
+    ) -> Result<Value, AdminError> {
+        use super::request::InspectRequest;
+        match req {
+            InspectRequest::ConfigShow => Ok(self.config_show()),
+            InspectRequest::ConfigValidate => Ok(self.config_validate()),
+            InspectRequest::ConfigReload => self.config_reload().await,
+            InspectRequest::AgentsList => self.agents_list(),
+            InspectRequest::MemoryList { agent } => self.memory_list(agent.as_deref()),
+            InspectRequest::MemorySearch {
+                agent,
+                query,
+                max,
+                prefix,
+            } => {
+                self.memory_search(agent.as_deref(), &query, max, prefix.as_deref())
+                    .await
+            }
+        }
     }
 
     fn config_show(&self) -> Value {
@@ -248,13 +255,10 @@ impl AdminApi {
         Ok(v)
     }
 
-    /// The agent `body.agent` names (the default one without), and its parts.
-    fn agent_parts(&self, body: &Value) -> Result<(&Inspect, &AgentParts), AdminError> {
+    /// The agent `agent` names (the default one without), and its parts.
+    fn agent_parts(&self, agent: Option<&str>) -> Result<(&Inspect, &AgentParts), AdminError> {
         let parts = self.inspect.get().ok_or_else(super::starting)?;
-        let name = body["agent"]
-            .as_str()
-            .filter(|s| !s.is_empty())
-            .unwrap_or(DEFAULT_AGENT);
+        let name = agent.unwrap_or(DEFAULT_AGENT);
         let agent = parts
             .agents
             .iter()
@@ -263,8 +267,8 @@ impl AdminApi {
         Ok((parts, agent))
     }
 
-    fn memory_list(&self, body: &Value) -> Result<Value, AdminError> {
-        let (_, a) = self.agent_parts(body)?;
+    fn memory_list(&self, agent: Option<&str>) -> Result<Value, AdminError> {
+        let (_, a) = self.agent_parts(agent)?;
         let docs = crate::memory::service::list_documents(&a.workspace);
         Ok(json!({
             "agent": a.name,
@@ -277,17 +281,21 @@ impl AdminApi {
     }
 
     /// `memory/search {query, agent?, max?, prefix?}`: as `weft memory search`.
-    async fn memory_search(&self, body: &Value) -> Result<Value, AdminError> {
-        let (parts, a) = self.agent_parts(body)?;
-        let query = body["query"]
-            .as_str()
-            .map(str::trim)
-            .filter(|q| !q.is_empty())
-            .ok_or_else(|| bad_request("`query` (the words to look for) is required"))?;
-        let max = body["max"].as_u64().unwrap_or(8).clamp(1, 50) as usize;
+    async fn memory_search(
+        &self,
+        agent: Option<&str>,
+        query: &str,
+        max: usize,
+        prefix: Option<&str>,
+    ) -> Result<Value, AdminError> {
+        let (parts, a) = self.agent_parts(agent)?;
         let ctx = ToolContext {
             workspace: a.workspace.clone(),
-            session: SessionKey::from_parts(&["cli", "memory"]).map_err(internal)?,
+            session: SessionKey::from_parts(&[
+                clawft_channel_core::Surface::Terminal.id(),
+                "memory",
+            ])
+            .map_err(internal)?,
             cancel: CancellationToken::new(),
             user_dir: None,
             sender: None,
@@ -296,7 +304,7 @@ impl AdminApi {
         };
         let memory = parts.memory.upgrade().ok_or_else(stopping)?;
         let out = memory
-            .search(&ctx, query, max, body["prefix"].as_str())
+            .search(&ctx, query, max, prefix)
             .await
             .map_err(internal)?;
         serde_json::to_value(out).map_err(internal)

@@ -208,6 +208,40 @@ impl Frame {
     }
 }
 
+/// Where a node's pairing stands (stored as `pending`, `approved`, `denied`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NodeState {
+    /// It connected; the operator has not answered yet.
+    Pending,
+    /// The operator approved its key: it may connect and be used.
+    Approved,
+    /// The operator denied its key: its connections are refused.
+    Denied,
+}
+
+impl NodeState {
+    /// As stored and shown (`pending`, `approved`, `denied`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NodeState::Pending => "pending",
+            NodeState::Approved => "approved",
+            NodeState::Denied => "denied",
+        }
+    }
+}
+
+/// What the operator does to a node's pairing (`weft nodes approve|deny|revoke`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeDecision {
+    /// Approve its key.
+    Approve,
+    /// Deny its key.
+    Deny,
+    /// Forget it: its next connection is a new pending request.
+    Revoke,
+}
+
 /// A node as the store keeps it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct NodeRecord {
@@ -219,8 +253,8 @@ pub struct NodeRecord {
     pub fingerprint: String,
     /// Its name at the last handshake.
     pub name: String,
-    /// `pending`, `approved` or `denied`.
-    pub state: String,
+    /// Whether the operator approved it.
+    pub state: NodeState,
     /// What it offered at the last handshake.
     pub offers: Vec<String>,
     /// First seen.
@@ -406,42 +440,41 @@ impl NodeHub {
         }
     }
 
-    /// `nodes/list|approve|deny|revoke` of the admin API.
+    /// `nodes/list` of the admin API: every node with whether it is online, and the gateway's
+    /// fingerprint.
+    pub fn list_json(&self) -> Value {
+        json!({"nodes": self.records().iter().map(|r| {
+            let mut v = serde_json::to_value(r).unwrap_or(Value::Null);
+            v["online"] = json!(self.is_online(&r.id));
+            v
+        }).collect::<Vec<_>>(), "gateway_fingerprint": self.gateway_fingerprint()})
+    }
+
+    /// `nodes/approve|deny|revoke {id}` of the admin API.
     ///
     /// # Errors
-    /// Unknown command or node, store failure.
-    pub fn command(&self, name: &str, body: &Value) -> Result<Value, AdminError> {
-        if name == "nodes/list" {
-            return Ok(json!({"nodes": self.records().iter().map(|r| {
-                let mut v = serde_json::to_value(r).unwrap_or(Value::Null);
-                v["online"] = json!(self.is_online(&r.id));
-                v
-            }).collect::<Vec<_>>(), "gateway_fingerprint": self.gateway_fingerprint()}));
-        }
-        let who = body["id"]
-            .as_str()
-            .ok_or_else(|| AdminError::BadRequest("`id` (a node id) is required".into()))?;
+    /// Unknown node, store failure.
+    pub fn decide(&self, who: &str, decision: NodeDecision) -> Result<Value, AdminError> {
         let mut r = self.find(who).map_err(AdminError::BadRequest)?;
-        let state = match name {
-            "nodes/approve" => "approved",
-            "nodes/deny" => "denied",
-            "nodes/revoke" => "revoked",
-            other => {
-                return Err(AdminError::BadRequest(format!(
-                    "unknown admin command `{other}`"
-                )))
+        let state = match decision {
+            NodeDecision::Revoke => {
+                // Forgotten: its next connection is a new pending request.
+                self.store
+                    .state_put(NS, &r.id, None)
+                    .map_err(|e| AdminError::Internal(e.to_string()))?;
+                "revoked"
+            }
+            NodeDecision::Approve | NodeDecision::Deny => {
+                r.state = if decision == NodeDecision::Approve {
+                    NodeState::Approved
+                } else {
+                    NodeState::Denied
+                };
+                self.save(&r).map_err(AdminError::Internal)?;
+                r.state.as_str()
             }
         };
-        if state == "revoked" {
-            // Forgotten: its next connection is a new pending request.
-            self.store
-                .state_put(NS, &r.id, None)
-                .map_err(|e| AdminError::Internal(e.to_string()))?;
-        } else {
-            r.state = state.into();
-            self.save(&r).map_err(AdminError::Internal)?;
-        }
-        if state != "approved" {
+        if decision != NodeDecision::Approve {
             self.disconnect(&r.id);
         }
         tracing::info!(node = %r.id, name = %r.name, state, "node pairing changed");
@@ -653,7 +686,7 @@ impl NodeHub {
             && self
                 .records()
                 .iter()
-                .filter(|r| r.state == "pending")
+                .filter(|r| r.state == NodeState::Pending)
                 .count()
                 >= MAX_PENDING
         {
@@ -669,7 +702,7 @@ impl NodeHub {
             key: key.to_string(),
             fingerprint: fp.clone(),
             name: name.to_string(),
-            state: "pending".into(),
+            state: NodeState::Pending,
             offers: Vec::new(),
             created_ms: now,
             seen_ms: now,
@@ -680,9 +713,9 @@ impl NodeHub {
         r.seen_ms = now;
         r.addr = addr.to_string();
         let _ = self.save(&r);
-        match r.state.as_str() {
-            "approved" => {}
-            "denied" => {
+        match r.state {
+            NodeState::Approved => {}
+            NodeState::Denied => {
                 return Err(refuse(
                     "denied",
                     "the gateway's operator denied this node's key",
@@ -690,7 +723,7 @@ impl NodeHub {
                     Some(&fp),
                 ))
             }
-            _ => {
+            NodeState::Pending => {
                 return Err(refuse(
                     "pending",
                     &format!("waiting for approval: on the gateway run `weft nodes approve {id}` after checking the fingerprint {fp}"),
@@ -719,7 +752,7 @@ async fn connect(State(hub): State<Arc<NodeHub>>, ws: WebSocketUpgrade) -> Respo
 #[async_trait]
 impl crate::tools::nodes::NodeControl for NodeHub {
     fn list(&self) -> Value {
-        json!({"nodes": self.records().into_iter().filter(|r| r.state == "approved").map(|r| json!({
+        json!({"nodes": self.records().into_iter().filter(|r| r.state == NodeState::Approved).map(|r| json!({
             "id": r.id,
             "name": r.name,
             "online": self.is_online(&r.id),
@@ -745,7 +778,7 @@ impl crate::tools::nodes::NodeControl for NodeHub {
             let names: Vec<String> = self
                 .records()
                 .into_iter()
-                .filter(|r| r.state == "approved")
+                .filter(|r| r.state == NodeState::Approved)
                 .map(|r| r.name)
                 .collect();
             return Err(if names.iter().any(|n| n == node) {

@@ -80,28 +80,62 @@ fn snippet(text: &str, q: &str) -> Option<String> {
     ))
 }
 
-/// `sessions/search {q?, channel?, offset?, limit?}`: the stored sessions, most recently
-/// updated first, that match `q` (in the key, the channel, a user who wrote in it, or the
-/// text of its transcript) and `channel`; one page of them, each with its window and usage.
+/// The arguments of `sessions/search {q?, channel?, offset?, limit?}`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SearchQuery {
+    /// Words to find (lowercased; empty: every session).
+    pub q: String,
+    /// Only sessions of this channel (empty: any).
+    pub channel: String,
+    /// Matches skipped (the page's start).
+    pub offset: usize,
+    /// Matches returned (1 to [`MAX_LIMIT`]).
+    pub limit: usize,
+}
+
+impl SearchQuery {
+    /// The query of a request body.
+    ///
+    /// # Errors
+    /// `limit` out of range or `q` too long (400).
+    pub fn of(body: &Value) -> Result<Self, AdminError> {
+        let q = body["q"].as_str().unwrap_or("").trim().to_lowercase();
+        let limit = match body["limit"].as_u64() {
+            None => DEFAULT_LIMIT,
+            Some(n) if (1..=MAX_LIMIT as u64).contains(&n) => {
+                usize::try_from(n).unwrap_or(MAX_LIMIT)
+            }
+            Some(n) => {
+                return Err(bad_request(format!(
+                    "`limit` must be 1 to {MAX_LIMIT}, got {n}"
+                )))
+            }
+        };
+        if q.len() > 200 {
+            return Err(bad_request("`q` is at most 200 bytes"));
+        }
+        Ok(Self {
+            q,
+            channel: body["channel"].as_str().unwrap_or("").trim().to_string(),
+            offset: usize::try_from(body["offset"].as_u64().unwrap_or(0)).unwrap_or(usize::MAX),
+            limit,
+        })
+    }
+}
+
+/// `sessions/search`: the stored sessions, most recently updated first, that match `q` (in
+/// the key, the channel, a user who wrote in it, or the text of its transcript) and
+/// `channel`; one page of them, each with its window and usage.
 ///
 /// # Errors
-/// A bad argument or a store failure.
-pub fn search(store: &Store, body: &Value) -> Result<Value, AdminError> {
-    let q = body["q"].as_str().unwrap_or("").trim().to_lowercase();
-    let channel = body["channel"].as_str().unwrap_or("").trim().to_string();
-    let offset = usize::try_from(body["offset"].as_u64().unwrap_or(0)).unwrap_or(usize::MAX);
-    let limit = match body["limit"].as_u64() {
-        None => DEFAULT_LIMIT,
-        Some(n) if (1..=MAX_LIMIT as u64).contains(&n) => usize::try_from(n).unwrap_or(MAX_LIMIT),
-        Some(n) => {
-            return Err(bad_request(format!(
-                "`limit` must be 1 to {MAX_LIMIT}, got {n}"
-            )))
-        }
-    };
-    if q.len() > 200 {
-        return Err(bad_request("`q` is at most 200 bytes"));
-    }
+/// A store failure.
+pub fn search(store: &Store, query: &SearchQuery) -> Result<Value, AdminError> {
+    let SearchQuery {
+        q,
+        channel,
+        offset,
+        limit,
+    } = query.clone();
     let mut metas = store.sessions().map_err(internal)?;
     metas.sort_by(|a, b| b.updated_ms.cmp(&a.updated_ms).then(a.key.cmp(&b.key)));
     let usage = usage_by_session(store)?;
@@ -186,12 +220,9 @@ pub fn compact(
     store: &Store,
     running: &[String],
     route: impl FnOnce(crate::store::InboxEntry) -> bool,
-    body: &Value,
+    session: &str,
 ) -> Result<Value, AdminError> {
-    let key = body["session"]
-        .as_str()
-        .ok_or_else(|| bad_request("`session` (a session key) is required"))?;
-    let key = SessionKey::parse(key).map_err(bad_request)?;
+    let key = SessionKey::parse(session).map_err(bad_request)?;
     if store.session_meta(&key).map_err(internal)?.is_none() {
         return Err(bad_request(format!("no session `{key}` is stored")));
     }
@@ -246,7 +277,7 @@ mod tests {
             store.append_messages(&key, &msgs).unwrap();
         }
         let t = std::time::Instant::now();
-        let v = search(&store, &json!({"q": "zebra"})).unwrap();
+        let v = search(&store, &SearchQuery::of(&json!({"q": "zebra"})).unwrap()).unwrap();
         let took = t.elapsed();
         // 3,000 × 20 KB = 60 MB of text: the budget (32 MB) stops the text search.
         assert_eq!(v["text_search_incomplete"], true, "{v}");
@@ -255,11 +286,8 @@ mod tests {
         let mut seen = std::collections::HashSet::new();
         let mut offset = 0;
         for _ in 0..3 {
-            let v = search(
-                &store,
-                &json!({"q": "telegram:", "limit": 100, "offset": offset}),
-            )
-            .unwrap();
+            let q = json!({"q": "telegram:", "limit": 100, "offset": offset});
+            let v = search(&store, &SearchQuery::of(&q).unwrap()).unwrap();
             let rows = v["sessions"].as_array().unwrap();
             assert_eq!(rows.len(), 100);
             for r in rows {
@@ -272,7 +300,11 @@ mod tests {
         }
         assert_eq!(offset, 300);
         // Within the budget, the text is found.
-        let v = search(&store, &json!({"q": "zebra2007", "channel": "telegram"})).unwrap();
+        let v = search(
+            &store,
+            &SearchQuery::of(&json!({"q": "zebra2007", "channel": "telegram"})).unwrap(),
+        )
+        .unwrap();
         let found: Vec<&str> = v["sessions"]
             .as_array()
             .unwrap()

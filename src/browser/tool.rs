@@ -240,7 +240,7 @@ pub fn png_size(png: &[u8]) -> Option<(u32, u32)> {
 #[async_trait]
 impl Tool for BrowserTool {
     fn name(&self) -> &str {
-        "browser"
+        crate::tools::builtin::Builtin::Browser.name()
     }
 
     fn description(&self) -> &str {

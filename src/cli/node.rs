@@ -152,17 +152,29 @@ pub enum NodesAction {
 /// # Errors
 /// Unknown node, no access to gateway or store.
 pub async fn nodes(config: &Config, action: NodesAction) -> Result<(), CliError> {
-    let (name, body, as_json) = match action {
-        NodesAction::List { json } => ("nodes/list", Value::Null, json),
-        NodesAction::Approve { id, json } => ("nodes/approve", json!({ "id": id }), json),
-        NodesAction::Deny { id, json } => ("nodes/deny", json!({ "id": id }), json),
-        NodesAction::Revoke { id, json } => ("nodes/revoke", json!({ "id": id }), json),
+    use crate::admin::nodes::NodeDecision;
+    let (name, decision, as_json) = match action {
+        NodesAction::List { json } => ("nodes/list", None, json),
+        NodesAction::Approve { id, json } => {
+            ("nodes/approve", Some((id, NodeDecision::Approve)), json)
+        }
+        NodesAction::Deny { id, json } => ("nodes/deny", Some((id, NodeDecision::Deny)), json),
+        NodesAction::Revoke { id, json } => {
+            ("nodes/revoke", Some((id, NodeDecision::Revoke)), json)
+        }
     };
+    let body = decision
+        .as_ref()
+        .map_or(Value::Null, |(id, _)| json!({ "id": id }));
     let v = match backend(config).await? {
         Backend::Gateway(c) => c.post(&format!("/v1/admin/{name}"), &body).await?,
-        Backend::Store(s) => NodeHub::new(s)
-            .command(name, &body)
-            .map_err(CliError::msg)?,
+        Backend::Store(s) => {
+            let hub = NodeHub::new(s);
+            match decision {
+                Some((id, d)) => hub.decide(&id, d).map_err(CliError::msg)?,
+                None => hub.list_json(),
+            }
+        }
     };
     if as_json {
         println!(

@@ -38,7 +38,7 @@ impl TerminalChannel {
         let (out, rx) = mpsc::unbounded_channel();
         (
             Arc::new(Self {
-                id: ChannelId::new("cli"),
+                id: clawft_channel_core::Surface::Terminal.channel(),
                 listener: Mutex::new(None),
                 ready: Notify::new(),
                 out,

@@ -363,9 +363,9 @@ pub struct RegistryParts {
     pub memory: Option<Arc<crate::memory::service::MemoryService>>,
     /// The scheduler (`cron`).
     pub scheduler: Option<Arc<crate::scheduler::Scheduler>>,
-    /// The running gateway's controls (`gateway`; opt-in, see `tools::policy::OPT_IN`).
+    /// The running gateway's controls (`gateway`; opt-in, see `tools::builtin::Builtin::opt_in`).
     pub gateway: Option<crate::tools::gateway::GatewaySlot>,
-    /// The connected nodes (`nodes`; opt-in, see `tools::policy::OPT_IN`).
+    /// The connected nodes (`nodes`; opt-in, see `tools::builtin::Builtin::opt_in`).
     pub nodes: Option<crate::tools::nodes::NodesSlot>,
     /// The background processes of every session (`process`).
     pub processes: Option<Arc<exec::process::ProcessTable>>,

@@ -34,7 +34,7 @@ use crate::session::{SessionHooks, SessionMsg, SessionStatus};
 use crate::store::{Store, StoreError};
 use crate::tools::message::MessageSink;
 use crate::tools::Workspace;
-use crate::turn::TurnDeps;
+use crate::turn::AgentDeps;
 use crate::types::RwLockExt;
 
 /// Timeout of calls to actors from the daemon (status, drain steps).
@@ -313,7 +313,7 @@ impl AgentRuntime {
     }
 
     /// The turn dependencies of the agent `config` is for.
-    fn deps(&self, config: &Config, model: DynModel, shared: &Shared) -> TurnDeps {
+    fn deps(&self, config: &Config, model: DynModel, shared: &Shared) -> Arc<AgentDeps> {
         let mut base = crate::session::prompt::system_prompt(None, self.workspace.root());
         if config.cluster.is_some() {
             base.push_str(PER_NODE_FILES);
@@ -323,12 +323,11 @@ impl AgentRuntime {
             config.agent.system_prompt.as_deref(),
             self.workspace.clone(),
         ));
-        TurnDeps {
+        Arc::new(AgentDeps {
             model,
             tools: self.tools.clone(),
             store: shared.store.clone(),
             agent: Arc::new(config.agent.clone()),
-            system_prompt: context.current(),
             context,
             workspace: self.workspace.clone(),
             connect_hint: connect_hint(config).map(Into::into),
@@ -336,13 +335,7 @@ impl AgentRuntime {
             skills_global: Some(config.home.join("skills")),
             usage: shared.usage.clone(),
             memory_scope: config.memory.scope,
-            user_dir: None,
-            sender: None,
-            request_model: None,
-            turn_event: None,
-            preload: Arc::new([]),
-            voice: config.agent.reply_with_voice,
-        }
+        })
     }
 }
 

@@ -12,7 +12,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, OnceLock};
 
-use clawft_channel_core::InboundEvent;
+use clawft_channel_core::{InboundEvent, Surface};
 use serde::{Deserialize, Serialize};
 
 use crate::store::{Store, StoreError};
@@ -181,22 +181,24 @@ impl Access {
         // The terminal (in process, or the local CLI through the HTTP API with the control
         // token, checked by the channel): its own session, the one `weft agent` uses without
         // a gateway. `weft agent --agent NAME` names the agent as `SESSION@NAME`.
-        let terminal = ev.channel.as_str() == "cli"
-            || (ev.channel.as_str() == "http"
+        let surface = ev.channel.surface();
+        let terminal = surface == Some(Surface::Terminal)
+            || (surface == Some(Surface::Http)
                 && ev.sender.as_str() == clawft_channel_http::TERMINAL_SENDER);
         if terminal {
             let (chat, agent) = terminal_chat(ev.chat.as_str());
-            let key = SessionKey::from_parts(&["cli", chat])?;
-            let agent = agent.unwrap_or_else(|| self.agent_for(ev, "cli"));
+            let key = SessionKey::from_parts(&[Surface::Terminal.id(), chat])?;
+            let agent = agent.unwrap_or_else(|| self.agent_for(ev, Surface::Terminal.id()));
             return key.with_agent(agent);
         }
         // `POST /v1/chat/completions` (only callers holding the API's token reach it): chat
         // `SESSION@AGENT` with the agent its `model` named, filed under `http:SESSION`, the
         // session `/v1/chat` uses for that chat id, served by that agent.
-        if ev.channel.as_str() == "http" && ev.sender.as_str() == clawft_channel_http::OPENAI_SENDER
+        if surface == Some(Surface::Http)
+            && ev.sender.as_str() == clawft_channel_http::OPENAI_SENDER
         {
             let (chat, agent) = terminal_chat(ev.chat.as_str());
-            let key = SessionKey::from_parts(&["http", chat])?;
+            let key = SessionKey::from_parts(&[Surface::Http.id(), chat])?;
             return key.with_agent(agent.unwrap_or(crate::types::session_key::DEFAULT_AGENT));
         }
         // The control UI's web chat (only operators reach it): chat `CHAT@AGENT` names the

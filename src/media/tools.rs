@@ -115,7 +115,7 @@ impl TtsTool {
 #[async_trait]
 impl Tool for TtsTool {
     fn name(&self) -> &str {
-        "tts"
+        crate::tools::builtin::Builtin::Tts.name()
     }
     fn description(&self) -> &str {
         "Text to speech: say text aloud as a voice note, saved in the workspace and sent to this chat with your reply."
@@ -192,7 +192,7 @@ impl ImageTool {
 #[async_trait]
 impl Tool for ImageTool {
     fn name(&self) -> &str {
-        "image"
+        crate::tools::builtin::Builtin::Image.name()
     }
     fn description(&self) -> &str {
         "Generate images from a prompt: saved in the workspace and sent to this chat with your reply."

@@ -47,7 +47,7 @@ impl MemorySearch {
 #[async_trait]
 impl Tool for MemorySearch {
     fn name(&self) -> &str {
-        "memory_search"
+        crate::tools::builtin::Builtin::MemorySearch.name()
     }
     fn description(&self) -> &str {
         "Search saved memory (MEMORY.md, memory/ notes); best first."
@@ -123,7 +123,7 @@ impl MemoryGet {
 #[async_trait]
 impl Tool for MemoryGet {
     fn name(&self) -> &str {
-        "memory_get"
+        crate::tools::builtin::Builtin::MemoryGet.name()
     }
     fn description(&self) -> &str {
         "Read a memory document (a path from memory_search), or `lines` lines from `from_line`. Returns: {path, from_line, to_line, total_lines, content}"

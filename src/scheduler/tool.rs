@@ -345,7 +345,7 @@ pub fn apply(scheduler: &Scheduler, args: Value, caller: Caller<'_>) -> Result<V
 #[async_trait]
 impl Tool for CronTool {
     fn name(&self) -> &str {
-        "cron"
+        crate::tools::builtin::Builtin::Cron.name()
     }
     fn description(&self) -> &str {
         "Schedule work in this chat: a reminder (deliver text: sent as is) or a task (deliver turn: you get the message then). Actions: add, list, update (enabled false/true pauses/resumes), remove, run (now), runs (history). Times need the user's offset or tz."

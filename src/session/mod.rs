@@ -33,7 +33,7 @@ use crate::llm::{Message, Role};
 use crate::scheduler::jobs::Outcome as RunOutcome;
 use crate::scheduler::runtime::heartbeat_reply;
 use crate::store::{InboxEntry, InboxState};
-use crate::turn::{TurnDeps, TurnEvent, TurnOutcome, TurnStatus};
+use crate::turn::{AgentDeps, TurnDeps, TurnEvent, TurnOutcome, TurnStatus};
 use crate::types::session_key::{is_gateway_event, SYSTEM_SENDER};
 use crate::types::SessionKey;
 use clawft_channel_core::command::{self, ChatCommand};
@@ -139,8 +139,8 @@ pub type OnIdle = Arc<dyn Fn(SessionKey, u64) + Send + Sync>;
 pub struct SessionArgs {
     /// Its key.
     pub key: SessionKey,
-    /// Shared turn dependencies.
-    pub deps: TurnDeps,
+    /// Its agent's dependencies (shared by the agent's sessions).
+    pub deps: Arc<AgentDeps>,
     /// Outbox, approvals, subagents.
     pub hooks: SessionHooks,
     /// Idle reports.
@@ -535,12 +535,12 @@ fn maybe_start(myself: &ActorRef<SessionMsg>, state: &mut SessionState) {
     }
     // The system prompt as of this turn (this user's files): one stat per context file, a read
     // only on a change.
-    let mut deps = state.args.deps.for_turn_by(memory_user(&ev));
-    deps.turn_event = Some(ev.event_id.as_str().into());
+    let mut deps = state.args.deps.for_turn(memory_user(&ev));
+    deps.turn.turn_event = Some(ev.event_id.as_str().into());
     let heartbeat = ev.origin == clawft_channel_core::Origin::Heartbeat;
     if heartbeat {
         // `heartbeat.model`: a cheaper model for the periodic check.
-        deps.request_model = state
+        deps.turn.request_model = state
             .args
             .hooks
             .scheduler
@@ -551,10 +551,10 @@ fn maybe_start(myself: &ActorRef<SessionMsg>, state: &mut SessionState) {
     }
     if !heartbeat {
         if let Some(m) = &state.model {
-            deps.request_model = Some(m.as_str().into());
+            deps.turn.request_model = Some(m.as_str().into());
         }
     }
-    deps.voice = state.voice.unwrap_or(deps.agent.reply_with_voice);
+    deps.turn.voice = state.voice.unwrap_or(deps.shared.agent.reply_with_voice);
     if compact {
         // `/compact`: nothing is appended to the transcript.
     } else if entry.state == InboxState::Pending {
@@ -628,8 +628,9 @@ fn maybe_start(myself: &ActorRef<SessionMsg>, state: &mut SessionState) {
 /// The chat user whose memory a turn uses under `memory.scope = "user"`: `None` for the
 /// terminal (`cli`, the operator's) and the gateway's own messages, which use the agent's.
 fn memory_user(ev: &clawft_channel_core::InboundEvent) -> Option<(&str, &str)> {
-    ((ev.origin.is_user() || ev.sender.as_str() != SYSTEM_SENDER) && ev.channel.as_str() != "cli")
-        .then(|| (ev.channel.as_str(), ev.sender.as_str()))
+    ((ev.origin.is_user() || ev.sender.as_str() != SYSTEM_SENDER)
+        && ev.channel.surface() != Some(clawft_channel_core::Surface::Terminal))
+    .then(|| (ev.channel.as_str(), ev.sender.as_str()))
 }
 
 /// Who a turn's spend is counted against for `budgets.per_user_daily_*`: `channel:sender`

@@ -179,7 +179,7 @@ struct SessionsList(Arc<Shared>);
 #[async_trait]
 impl Tool for SessionsList {
     fn name(&self) -> &str {
-        "sessions_list"
+        crate::tools::builtin::Builtin::SessionsList.name()
     }
     fn description(&self) -> &str {
         "List the conversations this one may see (by default the current user's own), latest activity first. Returns: {sessions: [{session_key, channel, chat_id, current, messages, last_activity}], more}"
@@ -269,7 +269,7 @@ struct SessionsHistory(Arc<Shared>);
 #[async_trait]
 impl Tool for SessionsHistory {
     fn name(&self) -> &str {
-        "sessions_history"
+        crate::tools::builtin::Builtin::SessionsHistory.name()
     }
     fn description(&self) -> &str {
         "Read a visible conversation's transcript (sessions_list), latest page first. Returns: {messages: [{index, role, text, tools}], next_before, total}"
@@ -355,7 +355,7 @@ struct SessionsSend(Arc<Shared>);
 #[async_trait]
 impl Tool for SessionsSend {
     fn name(&self) -> &str {
-        "sessions_send"
+        crate::tools::builtin::Builtin::SessionsSend.name()
     }
     fn description(&self) -> &str {
         "Hand a message to another visible conversation (sessions_list) as an incoming message; its assistant replies in that chat, not here. Returns: {status: sent|duplicate}"
@@ -466,7 +466,7 @@ fn row_json(r: &crate::store::usage::UsageRow) -> Value {
 #[async_trait]
 impl Tool for SessionStatus {
     fn name(&self) -> &str {
-        "session_status"
+        crate::tools::builtin::Builtin::SessionStatus.name()
     }
     fn description(&self) -> &str {
         "Show this conversation's status: agent, model, tokens and cost today, budgets left and queue."

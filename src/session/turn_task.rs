@@ -22,182 +22,280 @@ pub(super) struct TurnPlan {
 
 /// Run the turn of `plan` in a tracked task; the session is busy until it reports back.
 pub(super) fn spawn(myself: &ActorRef<SessionMsg>, state: &mut SessionState, plan: TurnPlan) {
-    let TurnPlan {
-        entry,
-        ev,
-        deps,
-        compact,
-        heartbeat,
-        user,
-    } = plan;
     let cancel = state.args.shutdown.child_token();
     state.running = Some(RunningTurn {
         cancel: cancel.clone(),
     });
-    let key = state.args.key.clone();
+    let task = TurnTask {
+        key: state.args.key.clone(),
+        outbox: state.args.hooks.outbox.clone(),
+        hooks: state.args.hooks.clone(),
+        stream: state.args.stream,
+        cancel,
+    };
     let history = state.transcript.clone();
     let win = state.window.clone();
     let me = myself.clone();
-    let outbox = state.args.hooks.outbox.clone();
-    let hooks = state.args.hooks.clone();
-    let stream = state.args.stream;
     let span = tracing::Span::current();
-    state.args.tasks.spawn(
-        async move {
-            let (events_tx, forwarder) = if stream {
-                let (tx, rx) = mpsc::channel(256);
-                let f = tokio::spawn(forward_events(rx, outbox.clone(), entry.clone()));
-                (Some(tx), Some(f))
+    state
+        .args
+        .tasks
+        .spawn(async move { task.run(me, plan, history, win).await }.instrument(span));
+}
+
+/// What the turn task holds of its session: owned copies, the actor's state is never touched.
+struct TurnTask {
+    key: SessionKey,
+    outbox: Outbox,
+    hooks: SessionHooks,
+    /// Whether the session's channel streams (deltas and progress are forwarded).
+    stream: bool,
+    /// The turn's own token (a child of the session's shutdown token).
+    cancel: CancellationToken,
+}
+
+impl TurnTask {
+    /// Run the turn, compose its reply, record its end durably and report back.
+    async fn run(
+        self,
+        me: ActorRef<SessionMsg>,
+        plan: TurnPlan,
+        history: Vec<Message>,
+        win: window::WindowState,
+    ) {
+        let TurnPlan {
+            entry,
+            ev,
+            deps,
+            compact,
+            heartbeat,
+            user,
+        } = plan;
+        let (mut outcome, window, reload) = self
+            .run_turn(&deps, &entry, &ev, compact, history, win)
+            .await;
+        count_turn(&self.key, &outcome.status);
+        let reply = self
+            .compose_reply(&deps, &entry, &ev, heartbeat, &mut outcome)
+            .await;
+        self.record_end(&deps, &entry, &user, &outcome, reply.as_ref())
+            .await;
+        let (run, detail) = run_outcome(&outcome.status);
+        tell_scheduler(&self.hooks, &ev, run, detail);
+        let _ = me.cast(SessionMsg::TurnFinished {
+            outcome: Box::new(outcome),
+            reply,
+            reload,
+            window: window.map(Box::new),
+        });
+    }
+
+    /// The turn itself (or `/compact`), with its deltas and progress forwarded to a streaming
+    /// chat and the typing indicator kept alive; a panic is caught and becomes a failed turn
+    /// whose session reloads its transcript (`true`).
+    async fn run_turn(
+        &self,
+        deps: &TurnDeps,
+        entry: &InboxEntry,
+        ev: &clawft_channel_core::InboundEvent,
+        compact: bool,
+        history: Vec<Message>,
+        win: window::WindowState,
+    ) -> (TurnOutcome, Option<window::WindowUpdate>, bool) {
+        let (events_tx, forwarder) = if self.stream {
+            let (tx, rx) = mpsc::channel(256);
+            let f = tokio::spawn(forward_events(rx, self.outbox.clone(), entry.clone()));
+            (Some(tx), Some(f))
+        } else {
+            (None, None)
+        };
+        // The typing indicator, refreshed while the turn runs (platforms expire it ~5 s).
+        let typing_done = CancellationToken::new();
+        let typing = tokio::spawn(typing_ticker(
+            self.outbox.clone(),
+            ev.clone(),
+            typing_done.clone(),
+        ));
+        let run = async {
+            if compact {
+                window::compact_now(deps, &self.key, win, history, &self.cancel).await
             } else {
-                (None, None)
-            };
-            // The typing indicator, refreshed while the turn runs (platforms expire it ~5 s).
-            let typing_done = CancellationToken::new();
-            let ev_done = ev.clone();
-            let typing = tokio::spawn(typing_ticker(
-                outbox.clone(),
-                ev,
-                typing_done.clone(),
-            ));
-            let run = async {
-                if compact {
-                    window::compact_now(&deps, &key, win, history, &cancel).await
-                } else {
-                    window::run_windowed(&deps, &key, win, history, events_tx.as_ref(), &cancel)
-                        .await
-                }
-            };
-            let (outcome, window, reload) = match AssertUnwindSafe(run).catch_unwind().await {
-                Ok((o, w)) => (o, w, false),
-                Err(_) => {
-                    tracing::error!("turn panicked; the session reloads its transcript");
-                    (TurnOutcome::failed("Internal error: this turn crashed. Your message was received; try again."), None, true)
-                }
-            };
-            typing_done.cancel();
-            let _ = typing.await;
-            drop(events_tx);
-            if let Some(f) = forwarder {
-                let _ = f.await;
+                window::run_windowed(
+                    deps,
+                    &self.key,
+                    win,
+                    history,
+                    events_tx.as_ref(),
+                    &self.cancel,
+                )
+                .await
             }
-            crate::metrics::inc(
-                "clawft_turns_total",
-                &[
-                    ("agent", key.agent()),
-                    (
-                        "status",
-                        match outcome.status {
-                            TurnStatus::Completed => "completed",
-                            TurnStatus::IterationLimit => "iteration_limit",
-                            TurnStatus::Cancelled => "cancelled",
-                            TurnStatus::Failed(_) => "failed",
-                            TurnStatus::OverBudget(_) => "over_budget",
-                        },
+        };
+        let ran = match AssertUnwindSafe(run).catch_unwind().await {
+            Ok((o, w)) => (o, w, false),
+            Err(_) => {
+                tracing::error!("turn panicked; the session reloads its transcript");
+                (
+                    TurnOutcome::failed(
+                        "Internal error: this turn crashed. Your message was received; try again.",
                     ),
-                ],
-                1,
-            );
-            let kind = match outcome.status {
-                TurnStatus::Completed => OutboundKind::Final,
-                TurnStatus::IterationLimit
-                | TurnStatus::Cancelled
-                | TurnStatus::Failed(_)
-                | TurnStatus::OverBudget(_) => OutboundKind::Error,
-            };
-            // A heartbeat with nothing to report is answered (the entry is done) but not sent.
-            let text = if heartbeat && kind == OutboundKind::Final {
-                heartbeat_reply(&outcome.reply)
-            } else {
-                Some(outcome.reply.clone())
-            };
-            if text.is_none() {
-                if let Some(s) = &hooks.scheduler {
-                    s.heartbeat_quiet();
-                }
+                    None,
+                    true,
+                )
             }
-            // The turn's tokens, for clients that report them (the OpenAI-compatible API).
-            let usage = clawft_channel_core::Usage {
-                prompt_tokens: outcome.usage.input_tokens,
-                completion_tokens: outcome.usage.output_tokens,
-            };
-            let reason = match outcome.status {
-                TurnStatus::OverBudget(_) => clawft_channel_core::ErrorReason::OverBudget,
-                _ => clawft_channel_core::ErrorReason::Failed,
-            };
-            let body = |text| match kind {
-                OutboundKind::Error => OutboundBody::Error { text, reason },
-                _ => OutboundBody::Reply {
-                    text,
-                    usage: Some(usage),
-                },
-            };
-            let mut outcome = outcome;
-            let mut reply = text.and_then(|t| reply_to(&entry, body(t))).map(|mut r| {
-                if r.kind() == OutboundKind::Final {
-                    attach_media_lines(&outbox, &deps.workspace, &mut r);
-                }
-                r
-            });
-            // Files the turn's tools made go out also when the turn then failed (a budget
-            // reached after the image was paid for): they were made for this chat.
-            if let Some(r) = reply.as_mut().filter(|r| {
-                matches!(r.kind(), OutboundKind::Final | OutboundKind::Error)
-            }) {
-                let mut files = std::mem::take(&mut outcome.files);
-                if r.kind() == OutboundKind::Final
-                    && deps.voice == crate::types::VoiceReplies::ToVoice
-                    && asked_by_voice(&ev_done)
-                    && !files.iter().any(|f| is_audio_path(f))
-                {
-                    if let Some(media) = hooks.media.as_ref().filter(|m| m.speaks()) {
-                        if let Some((path, used)) =
-                            voice_reply(media, &deps.workspace, r.text(), &cancel).await
-                        {
-                            deps.usage.tally_media(&mut outcome.by_model, &[used]);
-                            files.push(path);
-                        }
-                    }
-                }
-                attach_made_files(&outbox, &deps.workspace, r, &files);
+        };
+        typing_done.cancel();
+        let _ = typing.await;
+        drop(events_tx);
+        if let Some(f) = forwarder {
+            let _ = f.await;
+        }
+        ran
+    }
+
+    /// The reply to put in the outbox: the answer or the failure, each decoration by its own
+    /// function (the `MEDIA:` lines, a spoken answer, the files the tools made). `None`: a
+    /// heartbeat with nothing to report (answered, not sent).
+    async fn compose_reply(
+        &self,
+        deps: &TurnDeps,
+        entry: &InboxEntry,
+        ev: &clawft_channel_core::InboundEvent,
+        heartbeat: bool,
+        outcome: &mut TurnOutcome,
+    ) -> Option<OutboundMessage> {
+        let Some(body) = reply_body(outcome, heartbeat) else {
+            if let Some(s) = &self.hooks.scheduler {
+                s.heartbeat_quiet();
             }
-            let skip = outcome.messages.len().saturating_sub(outcome.unpersisted);
-            let tail = &outcome.messages[skip..];
-            let finished = deps
+            return None;
+        };
+        let mut reply = reply_to(entry, body)?;
+        if reply.kind() == OutboundKind::Final {
+            attach_media_lines(&self.outbox, &deps.shared.workspace, &mut reply);
+        }
+        // Files the turn's tools made go out also when the turn then failed (a budget
+        // reached after the image was paid for): they were made for this chat.
+        let mut files = std::mem::take(&mut outcome.files);
+        if let Some(spoken) = self.spoken_reply(deps, ev, &reply, &files).await {
+            deps.shared
                 .usage
-                .finish_turn(key.as_str(), &user, &outcome.by_model, |ops| {
-                    deps.store
-                        .finish_turn_unflushed(&key, Some(&entry), tail, reply.as_ref(), ops)
+                .tally_media(&mut outcome.by_model, &[spoken.1]);
+            files.push(spoken.0);
+        }
+        attach_made_files(&self.outbox, &deps.shared.workspace, &mut reply, &files);
+        Some(reply)
+    }
+
+    /// The answer spoken (`reply_with_voice = "to_voice"`, to a message sent as a voice note,
+    /// when the tools made no audio): the file and its spend.
+    async fn spoken_reply(
+        &self,
+        deps: &TurnDeps,
+        ev: &clawft_channel_core::InboundEvent,
+        reply: &OutboundMessage,
+        files: &[String],
+    ) -> Option<(String, crate::tools::MediaUse)> {
+        let wanted = reply.kind() == OutboundKind::Final
+            && deps.turn.voice == crate::types::VoiceReplies::ToVoice
+            && asked_by_voice(ev)
+            && !files.iter().any(|f| is_audio_path(f));
+        let media = self.hooks.media.as_ref().filter(|m| wanted && m.speaks())?;
+        voice_reply(media, &deps.shared.workspace, reply.text(), &self.cancel).await
+    }
+
+    /// Write the end of the turn in one batch (the messages not yet stored, the journal entry
+    /// done, the reply in the outbox, the usage) and await its flush, shared with every
+    /// session finishing now (group commit): durable before the reply is routed.
+    async fn record_end(
+        &self,
+        deps: &TurnDeps,
+        entry: &InboxEntry,
+        user: &str,
+        outcome: &TurnOutcome,
+        reply: Option<&OutboundMessage>,
+    ) {
+        let skip = outcome.messages.len().saturating_sub(outcome.unpersisted);
+        let tail = &outcome.messages[skip..];
+        let finished =
+            deps.shared
+                .usage
+                .finish_turn(self.key.as_str(), user, &outcome.by_model, |ops| {
+                    deps.shared.store.finish_turn_unflushed(
+                        &self.key,
+                        Some(entry),
+                        tail,
+                        reply,
+                        ops,
+                    )
                 });
-            // Durable before the reply is routed: one flush shared with every session
-            // finishing now (group commit).
-            let finished = match finished {
-                Ok(()) => deps.store.flush_async().await,
-                Err(e) => Err(e),
+        let finished = match finished {
+            Ok(()) => deps.shared.store.flush_async().await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = finished {
+            tracing::error!(error = %e, "could not record the end of the turn");
+        }
+    }
+}
+
+/// Count the turn in `clawft_turns_total` by agent and status.
+fn count_turn(key: &SessionKey, status: &TurnStatus) {
+    let status = match status {
+        TurnStatus::Completed => "completed",
+        TurnStatus::IterationLimit => "iteration_limit",
+        TurnStatus::Cancelled => "cancelled",
+        TurnStatus::Failed(_) => "failed",
+        TurnStatus::OverBudget(_) => "over_budget",
+    };
+    crate::metrics::inc(
+        "clawft_turns_total",
+        &[("agent", key.agent()), ("status", status)],
+        1,
+    );
+}
+
+/// The body of the reply to a turn that ended so: the answer with the turn's tokens (for
+/// clients that report them), or the failure with its reason; `None` for a heartbeat with
+/// nothing to report.
+fn reply_body(outcome: &TurnOutcome, heartbeat: bool) -> Option<OutboundBody> {
+    let reason = match outcome.status {
+        TurnStatus::Completed => {
+            let text = if heartbeat {
+                heartbeat_reply(&outcome.reply)?
+            } else {
+                outcome.reply.clone()
             };
-            if let Err(e) = finished {
-                tracing::error!(error = %e, "could not record the end of the turn");
-            }
-            let (run, detail) = match &outcome.status {
-                TurnStatus::Completed => (RunOutcome::Ok, None),
-                TurnStatus::Cancelled => (RunOutcome::Cancelled, None),
-                TurnStatus::IterationLimit => (
-                    RunOutcome::Failed,
-                    Some("stopped at the tool-call iteration limit".to_string()),
-                ),
-                TurnStatus::Failed(e) | TurnStatus::OverBudget(e) => {
-                    (RunOutcome::Failed, Some(e.clone()))
-                }
-            };
-            tell_scheduler(&hooks, &ev_done, run, detail);
-            let _ = me.cast(SessionMsg::TurnFinished {
-                outcome: Box::new(outcome),
-                reply,
-                reload,
-                window: window.map(Box::new),
+            return Some(OutboundBody::Reply {
+                text,
+                usage: Some(clawft_channel_core::Usage {
+                    prompt_tokens: outcome.usage.input_tokens,
+                    completion_tokens: outcome.usage.output_tokens,
+                }),
             });
         }
-        .instrument(span),
-    );
+        TurnStatus::OverBudget(_) => clawft_channel_core::ErrorReason::OverBudget,
+        TurnStatus::IterationLimit | TurnStatus::Cancelled | TurnStatus::Failed(_) => {
+            clawft_channel_core::ErrorReason::Failed
+        }
+    };
+    Some(OutboundBody::Error {
+        text: outcome.reply.clone(),
+        reason,
+    })
+}
+
+/// What the scheduler records of a run that ended so.
+fn run_outcome(status: &TurnStatus) -> (RunOutcome, Option<String>) {
+    match status {
+        TurnStatus::Completed => (RunOutcome::Ok, None),
+        TurnStatus::Cancelled => (RunOutcome::Cancelled, None),
+        TurnStatus::IterationLimit => (
+            RunOutcome::Failed,
+            Some("stopped at the tool-call iteration limit".to_string()),
+        ),
+        TurnStatus::Failed(e) | TurnStatus::OverBudget(e) => (RunOutcome::Failed, Some(e.clone())),
+    }
 }
 
 /// `MEDIA: path` lines of a final reply become its attachments (copied out of the workspace

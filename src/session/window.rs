@@ -18,7 +18,8 @@ use tokio_util::sync::CancellationToken;
 use crate::llm::{tokens, ChatRequest, Message, Role};
 use crate::store::window::Compaction;
 use crate::store::Store;
-use crate::turn::{run_turn, TurnDeps, TurnEvent, TurnOutcome, TurnStatus};
+use crate::tools::builtin::Builtin;
+use crate::turn::{run_turn, AgentDeps, TurnDeps, TurnEvent, TurnOutcome, TurnStatus};
 use crate::types::MutexExt;
 use crate::types::SessionKey;
 
@@ -144,12 +145,12 @@ struct Budget {
 impl Budget {
     /// The budget of a request over the window `msgs` (the tools they load are counted).
     fn of(deps: &TurnDeps, state: &WindowState, msgs: &[Message]) -> Self {
-        let s = &deps.agent.window;
+        let s = &deps.shared.agent.window;
         let window = state
             .learned_window
             .map_or(s.context_window, |l| l.min(s.context_window))
             .max(512);
-        let reserve = reserve(&deps.agent, window);
+        let reserve = reserve(&deps.shared.agent, window);
         #[allow(
             clippy::cast_possible_truncation,
             clippy::cast_sign_loss,
@@ -206,17 +207,17 @@ struct CachedOverhead {
 /// [`OVERHEAD_TTL`].
 fn overhead(deps: &TurnDeps) -> u64 {
     static CACHE: std::sync::Mutex<Vec<CachedOverhead>> = std::sync::Mutex::new(Vec::new());
-    let registry = deps.tools.current();
+    let registry = deps.shared.tools.current();
     let now = std::time::Instant::now();
     let same = |c: &CachedOverhead| {
         std::ptr::eq(c.registry.as_ptr(), std::sync::Arc::as_ptr(&registry))
             && std::ptr::addr_eq(
                 c.system.as_ptr(),
-                std::sync::Arc::as_ptr(&deps.system_prompt),
+                std::sync::Arc::as_ptr(&deps.turn.system_prompt),
             )
             && std::ptr::eq(
                 c.workspace.as_ptr(),
-                std::sync::Arc::as_ptr(&deps.workspace),
+                std::sync::Arc::as_ptr(&deps.shared.workspace),
             )
     };
     {
@@ -229,19 +230,24 @@ fn overhead(deps: &TurnDeps) -> u64 {
         }
     }
     let skills = crate::skills::SkillDirs {
-        global: deps.skills_global.clone(),
-        workspace: deps.workspace.clone(),
+        global: deps.shared.skills_global.clone(),
+        workspace: deps.shared.workspace.clone(),
     }
     .load();
-    let tokens = overhead_of(&registry, &deps.system_prompt, &skills, &deps.preload);
+    let tokens = overhead_of(
+        &registry,
+        &deps.turn.system_prompt,
+        &skills,
+        &deps.turn.preload,
+    );
     let mut cache = CACHE.locked();
     cache.retain(|c| {
         !same(c) && c.registry.strong_count() > 0 && now.duration_since(c.at) < OVERHEAD_TTL
     });
     cache.push(CachedOverhead {
         registry: std::sync::Arc::downgrade(&registry),
-        system: std::sync::Arc::downgrade(&deps.system_prompt),
-        workspace: std::sync::Arc::downgrade(&deps.workspace),
+        system: std::sync::Arc::downgrade(&deps.turn.system_prompt),
+        workspace: std::sync::Arc::downgrade(&deps.shared.workspace),
         at: now,
         tokens,
     });
@@ -288,15 +294,15 @@ pub fn fits_one_exchange(agent: &crate::config::AgentConfig, overhead: u64) -> R
 ///
 /// # Errors
 /// See [`fits_one_exchange`].
-pub fn check_fits(deps: &TurnDeps) -> Result<(), String> {
-    fits_one_exchange(&deps.agent, overhead(deps))
+pub fn check_fits(deps: &Arc<AgentDeps>) -> Result<(), String> {
+    fits_one_exchange(&deps.agent, overhead(&deps.for_turn(None)))
 }
 
 /// Estimated tokens of the schemas of the tools `msgs` load beyond the core ones
 /// (`turn::offer`): what a request over them sends on top of [`overhead`].
 fn loaded_overhead(deps: &TurnDeps, msgs: &[Message]) -> u64 {
-    let registry = deps.tools.current();
-    let loaded = crate::turn::offer::loaded_by(&registry, &deps.preload, msgs);
+    let registry = deps.shared.tools.current();
+    let loaded = crate::turn::offer::loaded_by(&registry, &deps.turn.preload, msgs);
     if loaded.is_empty() {
         return 0;
     }
@@ -388,6 +394,7 @@ async fn compact(
         return Err(NotCompacted::Nothing);
     }
     let base = deps
+        .shared
         .store
         .next_seq(key)
         .map_err(|e| NotCompacted::Failed(e.to_string()))?
@@ -420,6 +427,7 @@ async fn compact(
         count: c.count + 1,
     };
     let durable = deps
+        .shared
         .store
         .put_compaction(key, &record)
         .map_err(|e| NotCompacted::Failed(e.to_string()))?;
@@ -456,17 +464,21 @@ async fn flush(
     cancel: &CancellationToken,
 ) -> bool {
     let has_memory = deps
+        .shared
         .tools
         .current()
         .allowed_names()
         .iter()
-        .any(|t| t == "memory_write");
+        .any(|t| t == Builtin::MemoryWrite.name());
     if !has_memory || before.is_empty() {
         return false;
     }
     let mut silent = deps.clone();
-    silent.store = Store::memory();
-    silent.preload = Arc::from(["memory_write".to_string()]);
+    silent.shared = Arc::new(AgentDeps {
+        store: Store::memory(),
+        ..(*deps.shared).clone()
+    });
+    silent.turn.preload = Arc::from([Builtin::MemoryWrite.name().to_string()]);
     let mut h = history(state, before);
     h.push(Message::user(FLUSH_PROMPT));
     let o = run_turn(&silent, key, &h, None, cancel).await;
@@ -552,7 +564,13 @@ async fn summarise(
         prompt.push_str(&text);
         prompt.push_str("Write the updated summary now.");
         let req = ChatRequest {
-            model: deps.agent.window.summary_model.clone().unwrap_or_default(),
+            model: deps
+                .shared
+                .agent
+                .window
+                .summary_model
+                .clone()
+                .unwrap_or_default(),
             messages: vec![Message::system(SUMMARY_SYSTEM), Message::user(prompt)],
             tools: Arc::new([]),
             max_tokens: Some(u32::try_from(cap).unwrap_or(2048)),
@@ -561,7 +579,7 @@ async fn summarise(
         let r = tokio::select! {
             biased;
             () = cancel.cancelled() => return Err(NotCompacted::Cancelled),
-            r = deps.model.complete(&req, None) => r,
+            r = deps.shared.model.complete(&req, None) => r,
         };
         match r {
             Ok(r) if !r.content.trim().is_empty() => {
@@ -612,7 +630,7 @@ pub async fn run_windowed(
     let mut compacted = false;
     // MCP servers still on their first connection attempt: wait (bounded, as `run_turn` does)
     // before the budget is estimated, so their tool schemas are counted in it.
-    let registry = deps.tools.current();
+    let registry = deps.shared.tools.current();
     tokio::select! {
         () = registry.first_connect() => {}
         () = cancel.cancelled() => {}

@@ -9,18 +9,19 @@ use tokio_util::sync::CancellationToken;
 use crate::config::subagents::SubagentSettings;
 
 use crate::llm::Message;
+use crate::tools::builtin::Builtin;
 use crate::tools::policy::Pattern;
-use crate::turn::{run_turn, TurnDeps, TurnStatus};
+use crate::turn::{run_turn, AgentDeps, TurnDeps, TurnStatus};
 use crate::types::SessionKey;
 
 /// The parent's dependencies, narrowed for a child at `depth`.
-pub(super) fn child_deps(base: &TurnDeps, s: &SubagentSettings, depth: u32) -> TurnDeps {
+pub(super) fn child_deps(base: &AgentDeps, s: &SubagentSettings, depth: u32) -> TurnDeps {
     let mut deny: Vec<Pattern> = ALWAYS_DENIED
         .iter()
         .map(|n| Pattern::Name((*n).to_string()))
         .collect();
     if !s.allow_memory_write {
-        deny.push(Pattern::Name("memory_write".into()));
+        deny.push(Pattern::Name(Builtin::MemoryWrite.name().into()));
     }
     if depth >= s.max_spawn_depth {
         deny.extend(LEAF_DENIED.iter().map(|n| Pattern::Name((*n).to_string())));
@@ -43,13 +44,13 @@ pub(super) fn child_deps(base: &TurnDeps, s: &SubagentSettings, depth: u32) -> T
         }
     );
     let context = base.context.for_subagent(&suffix);
-    TurnDeps {
+    Arc::new(AgentDeps {
         tools: crate::tools::registry::ToolsHandle::new(registry),
         agent: Arc::new(agent),
-        system_prompt: context.current(),
         context: Arc::new(context),
         ..base.clone()
-    }
+    })
+    .for_turn(None)
 }
 
 pub(super) async fn run_child(
@@ -61,7 +62,11 @@ pub(super) async fn run_child(
 ) -> ChildResult {
     let started = Instant::now();
     let user = Message::user(crate::types::sanitize_content(task));
-    if let Err(e) = deps.store.append_messages(key, std::slice::from_ref(&user)) {
+    if let Err(e) = deps
+        .shared
+        .store
+        .append_messages(key, std::slice::from_ref(&user))
+    {
         return ChildResult {
             status: TurnStatus::Failed(format!("store failed: {e}")),
             reply: String::new(),
@@ -82,11 +87,11 @@ pub(super) async fn run_child(
     match outcome {
         Some(o) => {
             let skip = o.messages.len().saturating_sub(o.unpersisted);
-            if let Err(e) = deps.store.append_messages(key, &o.messages[skip..]) {
+            if let Err(e) = deps.shared.store.append_messages(key, &o.messages[skip..]) {
                 tracing::error!(error = %e, "could not store the subagent's answer");
             }
             // Counted against the day's and the month's budgets (its own session key; no user).
-            if let Err(e) = deps.usage.record(key.as_str(), "", &o.by_model) {
+            if let Err(e) = deps.shared.usage.record(key.as_str(), "", &o.by_model) {
                 tracing::error!(error = %e, "could not store the subagent's usage");
             }
             ChildResult {

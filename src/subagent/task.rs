@@ -5,6 +5,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;
 
+use crate::tools::builtin::Builtin;
 use crate::turn::TurnStatus;
 use crate::types::session_key::subagent_key as session_key_of;
 use crate::types::SessionKey;
@@ -25,24 +26,24 @@ pub(super) const SWEEP_EVERY: Duration = Duration::from_secs(60);
 /// Tools no subagent may use, at any depth (seed 004's list, in this gateway's names): the
 /// parent talks to the user, not its children.
 pub const ALWAYS_DENIED: &[&str] = &[
-    "gateway",
-    "nodes",
+    Builtin::Gateway.name(),
+    Builtin::Nodes.name(),
     "agents_list",
     "whatsapp_login",
-    "session_status",
-    "cron",
-    "sessions_send",
-    "memory_search",
-    "memory_get",
-    "message",
+    Builtin::SessionStatus.name(),
+    Builtin::Cron.name(),
+    Builtin::SessionsSend.name(),
+    Builtin::MemorySearch.name(),
+    Builtin::MemoryGet.name(),
+    Builtin::Message.name(),
 ];
 /// Tools denied at the deepest level (besides `subagents` spawn/run, refused by the
 /// supervisor).
 pub const LEAF_DENIED: &[&str] = &[
-    "spawn",
+    Builtin::Spawn.name(),
     "sessions_spawn",
-    "sessions_list",
-    "sessions_history",
+    Builtin::SessionsList.name(),
+    Builtin::SessionsHistory.name(),
 ];
 
 /// Lifecycle state.

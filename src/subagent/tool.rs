@@ -160,7 +160,7 @@ fn need<'a>(v: &'a Option<String>, what: &str, action: &str) -> Result<&'a str, 
 #[async_trait]
 impl Tool for SubagentsTool {
     fn name(&self) -> &str {
-        "subagents"
+        crate::tools::builtin::Builtin::Subagents.name()
     }
 
     fn description(&self) -> &str {

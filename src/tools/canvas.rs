@@ -229,7 +229,7 @@ fn page(title: &str, html: Option<String>, markdown: Option<String>) -> Result<S
 #[async_trait]
 impl Tool for CanvasTool {
     fn name(&self) -> &str {
-        "canvas"
+        crate::tools::builtin::Builtin::Canvas.name()
     }
     fn description(&self) -> &str {
         "Show a visual page to the person in the control UI's canvas, next to the chat: present (a new page: title plus html or markdown), update (replace the page), hide, snapshot (a PNG of it, when a browser is configured). Scripts in the page run sandboxed, without network. Returns: the canvas's state."

@@ -2,7 +2,7 @@
 //! others into the turn when the model needs them (docs/tools.md, "Core tools and
 //! `tool_search`").
 //!
-//! Every request carries the **core** tools ([`CORE_TOOLS`], plus the operator's pins
+//! Every request carries the **core** tools ([`super::builtin::Builtin::core`], plus the operator's pins
 //! `agents.*.tools.always`) with their schemas; the other allowed tools are listed by name and
 //! one line in the system prompt ([`list_section`]). `tool_search` ranks every allowed tool by
 //! BM25 over its name, description and parameter names ([`rank`]); the turn appends the
@@ -20,27 +20,7 @@ use serde_json::Value;
 use super::{schema_of, Effect, Tool, ToolContext, ToolError};
 
 /// The name of the search tool.
-pub const TOOL_SEARCH: &str = "tool_search";
-
-/// Tools always offered in full: what a chat assistant uses in most turns (the file tools,
-/// a shell, the web, sending a message, searching memory), the search tool itself, and the
-/// skill tools (left out when the agent has no skills: `turn::offer::omitted`).
-pub const CORE_TOOLS: &[&str] = &[
-    "read_file",
-    "write_file",
-    "edit_file",
-    "list_directory",
-    "glob",
-    "grep",
-    "exec_shell",
-    "web_fetch",
-    "web_search",
-    "message",
-    "memory_search",
-    TOOL_SEARCH,
-    "use_skill",
-    "skill_search",
-];
+pub const TOOL_SEARCH: &str = super::builtin::Builtin::ToolSearch.name();
 
 /// Tools found by one `tool_search` at most (default 3).
 const MAX_RESULTS: usize = 8;

@@ -159,7 +159,7 @@ pub struct ReadFile;
 #[async_trait]
 impl Tool for ReadFile {
     fn name(&self) -> &str {
-        "read_file"
+        crate::tools::builtin::Builtin::ReadFile.name()
     }
     fn description(&self) -> &str {
         "Read a text file in the workspace."
@@ -246,7 +246,7 @@ pub struct ListDirectory;
 #[async_trait]
 impl Tool for ListDirectory {
     fn name(&self) -> &str {
-        "list_directory"
+        crate::tools::builtin::Builtin::ListDirectory.name()
     }
     fn description(&self) -> &str {
         "List a workspace directory."
@@ -514,7 +514,7 @@ fn open_regular(dir: &OwnedFd, name: &str, rel: &str) -> Result<std::fs::File, T
 #[async_trait]
 impl Tool for WriteFile {
     fn name(&self) -> &str {
-        "write_file"
+        crate::tools::builtin::Builtin::WriteFile.name()
     }
     fn description(&self) -> &str {
         "Create or replace a whole file in the workspace (to change part of one, use edit_file)."
@@ -665,7 +665,7 @@ fn loose_match(hay: &str, needle: &str, drop_ws: bool, lower: bool) -> Option<(u
 #[async_trait]
 impl Tool for EditFile {
     fn name(&self) -> &str {
-        "edit_file"
+        crate::tools::builtin::Builtin::EditFile.name()
     }
     fn description(&self) -> &str {
         "Replace exact text in a workspace file."

@@ -1,5 +1,5 @@
 //! The `gateway` tool (seed 004, group `automation`): an agent the operator opted in
-//! (`also_allow = ["gateway"]`, [`super::policy::OPT_IN`]) reads the gateway's status and asks
+//! (`also_allow = ["gateway"]`, [`super::builtin::Builtin::opt_in`]) reads the gateway's status and asks
 //! for a configuration reload, nothing else. Denied by default and to every subagent.
 //!
 //! The tool sits below the daemon: it talks to the running gateway through [`GatewayControl`],
@@ -48,7 +48,7 @@ impl GatewayTool {
 #[async_trait]
 impl Tool for GatewayTool {
     fn name(&self) -> &str {
-        "gateway"
+        crate::tools::builtin::Builtin::Gateway.name()
     }
     fn description(&self) -> &str {
         "Read the gateway's status (version, uptime, channels, sessions, scheduled jobs, store health) or reload its configuration file (as SIGHUP does) after the operator edited it. Actions: status, reload. Returns: the status, or the changes the reload applied."

@@ -159,7 +159,7 @@ impl MemoryRead {
 #[async_trait]
 impl Tool for MemoryRead {
     fn name(&self) -> &str {
-        "memory_read"
+        crate::tools::builtin::Builtin::MemoryRead.name()
     }
     fn description(&self) -> &str {
         "Read the long-term memory file (memory/MEMORY.md). With query, only the paragraphs containing it (case-insensitive). Returns: {content, message?, truncated?} or, with query, {query, matches, count}"
@@ -330,7 +330,7 @@ impl Default for MemoryWrite {
 #[async_trait]
 impl Tool for MemoryWrite {
     fn name(&self) -> &str {
-        "memory_write"
+        crate::tools::builtin::Builtin::MemoryWrite.name()
     }
     fn description(&self) -> &str {
         "Save long-term notes to memory: append (default) or overwrite. Returns: {message, path}"

@@ -205,7 +205,7 @@ pub fn route_listed(allow: &[String], channel: &str, chat: &str) -> bool {
 #[async_trait]
 impl Tool for MessageTool {
     fn name(&self) -> &str {
-        "message"
+        crate::tools::builtin::Builtin::Message.name()
     }
     fn description(&self) -> &str {
         "Send a message (and workspace files) to this chat or an allowed one. To attach files to your reply instead, add lines `MEDIA: path`."
@@ -272,6 +272,7 @@ impl Tool for MessageTool {
         self.sink
             .send(msg)
             .map_err(|e| ToolError::ExecutionFailed(format!("could not queue the message: {e}")))?;
+        ctx.turn.report(super::TurnEffect::MessageSent);
         Ok(json!({
             "status": "sent",
             "channel": a.channel,

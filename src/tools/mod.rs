@@ -4,6 +4,7 @@
 //! Tools never see the transcript or the store; the registry turns every model-visible failure
 //! into a tool result so the loop carries on.
 
+pub mod builtin;
 pub mod canvas;
 pub mod discovery;
 pub mod exec;
@@ -163,6 +164,20 @@ pub struct TurnScope {
     files: std::sync::Mutex<Vec<String>>,
     /// Paid media calls not yet counted against the budgets.
     spent: std::sync::Mutex<Vec<MediaUse>>,
+    /// What the calls did that the turn acts on, not yet taken by it.
+    effects: std::sync::Mutex<Vec<TurnEffect>>,
+}
+
+/// Something a call did that the turn acts on, reported by the tool itself (the turn never
+/// recognises a tool by its name).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TurnEffect {
+    /// A message reached the chat (`message`): the turn has said what it had to say, so an
+    /// empty final answer ends it instead of counting as a failed answer.
+    MessageSent,
+    /// The tools offered may have changed (`tool_search` loaded some, `use_skill` exposed
+    /// some): the next request's tool list is worked out again.
+    ToolsLoaded,
 }
 
 /// One paid call that is not an LLM call (speech, images): counted against the budgets at the
@@ -197,6 +212,7 @@ impl TurnScope {
             voice,
             files: std::sync::Mutex::default(),
             spent: std::sync::Mutex::default(),
+            effects: std::sync::Mutex::default(),
         })
     }
 
@@ -225,12 +241,28 @@ impl TurnScope {
 
     /// Offer `names` for the rest of the turn.
     pub fn expose(&self, names: impl IntoIterator<Item = String>) {
-        let mut e = self.exposed.locked();
-        for n in names {
-            if !e.contains(&n) {
-                e.push(n);
+        {
+            let mut e = self.exposed.locked();
+            for n in names {
+                if !e.contains(&n) {
+                    e.push(n);
+                }
             }
         }
+        self.report(TurnEffect::ToolsLoaded);
+    }
+
+    /// Report what a call did ([`TurnEffect`]).
+    pub fn report(&self, effect: TurnEffect) {
+        let mut e = self.effects.locked();
+        if !e.contains(&effect) {
+            e.push(effect);
+        }
+    }
+
+    /// The effects reported since the last call, taken.
+    pub fn take_effects(&self) -> Vec<TurnEffect> {
+        std::mem::take(&mut *self.effects.locked())
     }
 
     /// Every name exposed so far, in the order they were.

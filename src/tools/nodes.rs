@@ -1,6 +1,6 @@
 //! The `nodes` tool (seed 004): the user's other machines paired with the gateway (`weft node`
 //! on each). The model lists them, describes one, runs a command in its workspace (in the
-//! node's own jail), and reads, writes or lists files there. Opt-in ([`super::policy::OPT_IN`])
+//! node's own jail), and reads, writes or lists files there. Opt-in ([`super::builtin::Builtin::opt_in`])
 //! and denied to every subagent.
 //!
 //! The tool sits below the gateway: it talks to the connected nodes through [`NodeControl`],
@@ -129,7 +129,7 @@ fn need(v: Option<String>, what: &str, action: &str) -> Result<String, ToolError
 #[async_trait]
 impl Tool for NodesTool {
     fn name(&self) -> &str {
-        "nodes"
+        crate::tools::builtin::Builtin::Nodes.name()
     }
     fn description(&self) -> &str {
         "Work on the user's other machines paired with the gateway (nodes). Actions: list (nodes, online or not, and what each offers), describe (OS, load, disk, uptime of `node`), run (`command` in the node's workspace, sandboxed there; `timeout` seconds, default 60), read (`path`), write (`path`, `content`), list_files (`path`, `.` for the root), notify (a desktop notification on `node`: `message`, optional `title`, `urgency` low/normal/critical). Paths are relative to the node's workspace. Returns: text from the node, or why it failed."

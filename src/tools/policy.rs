@@ -11,7 +11,7 @@
 //! 3. or any layer's `also_allow` matches it (additive),
 //! 4. and no layer's `deny` matches it: **deny always wins**.
 //!
-//! **Opt-in tools** ([`OPT_IN`]: `gateway`) are denied by default, whatever the profile and the
+//! **Opt-in tools** ([`Builtin::opt_in`]: `gateway`) are denied by default, whatever the profile and the
 //! `allow` lists say: one is allowed only when some layer's `also_allow` names it (its exact name,
 //! or `group:automation`; a wildcard such as `*` does not count), and a `deny` still wins.
 //!
@@ -28,52 +28,12 @@ use std::collections::BTreeSet;
 
 use serde::{Deserialize, Serialize};
 
+use super::builtin::{Builtin, Group};
 use crate::types::SettingError;
-
-/// Tool groups and their members.
-pub const GROUPS: &[(&str, &[&str])] = &[
-    (
-        "fs",
-        &[
-            "read_file",
-            "write_file",
-            "edit_file",
-            "list_directory",
-            "glob",
-            "grep",
-        ],
-    ),
-    ("runtime", &["exec_shell", "spawn", "process"]),
-    ("web", &["web_search", "web_fetch"]),
-    (
-        "memory",
-        &["memory_read", "memory_write", "memory_search", "memory_get"],
-    ),
-    ("messaging", &["message"]),
-    (
-        "sessions",
-        &[
-            "sessions_list",
-            "sessions_history",
-            "sessions_send",
-            "session_status",
-            "subagents",
-            "use_skill",
-        ],
-    ),
-    ("automation", &["cron", "gateway"]),
-    ("ui", &["canvas"]),
-    ("nodes", &["nodes"]),
-];
 
 /// The group of the custom tools (`tools.custom.NAME`): its members are known once the
 /// configuration is read, so [`ToolPolicy::expand_custom`] replaces it by their names.
 pub const CUSTOM_GROUP: &str = "custom";
-
-/// Tools denied unless a layer's `also_allow` names them (by name or `group:automation`):
-/// `gateway` reads the gateway's status and reloads its configuration, an operator's power;
-/// `nodes` acts on the user's other machines.
-pub const OPT_IN: &[&str] = &["gateway", "nodes"];
 
 /// Whether `p` opts `tool` in: its exact name (no wildcard) or a group that lists it.
 fn opts_in(p: &Pattern, tool: &str) -> bool {
@@ -88,25 +48,24 @@ pub fn group_of(tool: &str) -> Option<&'static str> {
     if tool.contains("__") {
         return Some("mcp");
     }
-    GROUPS
-        .iter()
-        .find(|(_, members)| members.contains(&tool))
-        .map(|(g, _)| *g)
+    Builtin::named(tool)
+        .and_then(Builtin::group)
+        .map(Group::name)
 }
 
 /// The session tools of the `messaging` profile (seed 004's table).
-const MESSAGING_SESSION_TOOLS: &[&str] = &[
-    "sessions_list",
-    "sessions_history",
-    "sessions_send",
-    "session_status",
+const MESSAGING_SESSION_TOOLS: [Builtin; 4] = [
+    Builtin::SessionsList,
+    Builtin::SessionsHistory,
+    Builtin::SessionsSend,
+    Builtin::SessionStatus,
 ];
 
 /// A named starting set of tools.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Profile {
-    /// Every registered tool but the opt-in ones ([`OPT_IN`]: `gateway`); `cron` is included
+    /// Every registered tool but the opt-in ones ([`Builtin::opt_in`]: `gateway`); `cron` is included
     /// (it manages the session's own jobs only).
     Full,
     /// Files, runtime, memory, sessions, web, and `image`.
@@ -130,21 +89,29 @@ impl Profile {
     }
 
     fn includes(self, tool: &str) -> bool {
-        let in_groups = |groups: &[&str]| {
-            groups
-                .iter()
-                .any(|g| Pattern::Group((*g).to_string()).matches(tool))
+        let builtin = Builtin::named(tool);
+        let in_groups = |groups: &[Group]| {
+            builtin
+                .and_then(Builtin::group)
+                .is_some_and(|g| groups.contains(&g))
         };
         match self {
             Profile::Full => true,
             // Seed 004's `coding` also names `image`.
             Profile::Coding => {
-                in_groups(&["fs", "runtime", "memory", "sessions", "web"]) || tool == "image"
+                in_groups(&[
+                    Group::Fs,
+                    Group::Runtime,
+                    Group::Memory,
+                    Group::Sessions,
+                    Group::Web,
+                ]) || builtin == Some(Builtin::Image)
             }
             Profile::Messaging => {
-                in_groups(&["messaging"]) || MESSAGING_SESSION_TOOLS.contains(&tool)
+                in_groups(&[Group::Messaging])
+                    || builtin.is_some_and(|b| MESSAGING_SESSION_TOOLS.contains(&b))
             }
-            Profile::Minimal => tool == "session_status",
+            Profile::Minimal => builtin == Some(Builtin::SessionStatus),
         }
     }
 }
@@ -188,9 +155,9 @@ impl Pattern {
             let known = g == "mcp"
                 || g == CUSTOM_GROUP
                 || g.strip_prefix("mcp:").is_some_and(|n| !n.is_empty())
-                || GROUPS.iter().any(|(name, _)| *name == g);
+                || Group::named(g).is_some();
             if !known {
-                let names: Vec<&str> = GROUPS.iter().map(|(n, _)| *n).collect();
+                let names: Vec<&str> = Group::ALL.iter().map(|g| g.name()).collect();
                 return Err(PatternError::UnknownGroup {
                     pattern: s.to_string(),
                     expected: format!(
@@ -213,9 +180,7 @@ impl Pattern {
                 Some(server) => tool
                     .strip_prefix(server)
                     .is_some_and(|rest| rest.starts_with("__")),
-                None => GROUPS
-                    .iter()
-                    .any(|(name, members)| name == g && members.contains(&tool)),
+                None => Group::named(g).is_some_and(|g| g.has(tool)),
             },
         }
     }
@@ -433,7 +398,7 @@ impl ToolPolicy {
 
     /// Whether the model may see and call `tool`.
     pub fn allows(&self, tool: &str) -> bool {
-        if OPT_IN.contains(&tool) {
+        if super::builtin::is_opt_in(tool) {
             return self
                 .layers()
                 .any(|l| l.also_allow.iter().any(|p| opts_in(p, tool)))

@@ -237,10 +237,10 @@ impl ToolRegistry {
     }
 
     /// Whether `name` is offered in full in every request: a core tool
-    /// ([`discovery::CORE_TOOLS`]) or one the policy pins (`always`). Without `tool_search`
+    /// ([`super::builtin::Builtin::core`]) or one the policy pins (`always`). Without `tool_search`
     /// (denied or not registered) every tool is: nothing could load the others.
     fn is_core(&self, name: &str, has_search: bool) -> bool {
-        !has_search || discovery::CORE_TOOLS.contains(&name) || self.policy.pinned(name)
+        !has_search || super::builtin::is_core(name) || self.policy.pinned(name)
     }
 
     fn has_search(&self, exposed: &[String]) -> bool {
@@ -459,6 +459,7 @@ impl ToolRegistry {
             }
             if name == discovery::TOOL_SEARCH {
                 // Answered here: the registry knows every tool and the policy.
+                ctx.turn.report(super::TurnEffect::ToolsLoaded);
                 return self.search_tools(args, exposed);
             }
             let call_ctx = ToolContext {

@@ -267,7 +267,7 @@ impl Glob {
 #[async_trait]
 impl Tool for Glob {
     fn name(&self) -> &str {
-        "glob"
+        crate::tools::builtin::Builtin::Glob.name()
     }
     fn description(&self) -> &str {
         "Find workspace files by path pattern (skips hidden and ignored files)."
@@ -529,7 +529,7 @@ fn show_line(bytes: &[u8], max: usize) -> String {
 #[async_trait]
 impl Tool for Grep {
     fn name(&self) -> &str {
-        "grep"
+        crate::tools::builtin::Builtin::Grep.name()
     }
     fn description(&self) -> &str {
         "Search workspace file contents with a regex (skips hidden, ignored and binary files)."

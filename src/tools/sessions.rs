@@ -146,7 +146,9 @@ pub struct Viewer<'a> {
 impl Viewer<'_> {
     /// The terminal or the control token: no chat user, on the `cli` channel.
     pub fn is_operator(&self) -> bool {
-        self.sender.is_none() && self.session.channel() == "cli"
+        self.sender.is_none()
+            && clawft_channel_core::Surface::of(self.session.channel())
+                == Some(clawft_channel_core::Surface::Terminal)
     }
 
     /// The chat user as recorded among a session's participants (`channel:sender`).

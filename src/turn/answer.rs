@@ -52,11 +52,11 @@ pub(super) async fn complete(
                 spent.add(&r.usage);
                 crate::metrics::inc(
                     "clawft_llm_errors_total",
-                    &[("provider", deps.model.name()), ("kind", "empty")],
+                    &[("provider", deps.shared.model.name()), ("kind", "empty")],
                     1,
                 );
                 LlmError::Empty {
-                    provider: deps.model.name().to_string(),
+                    provider: deps.shared.model.name().to_string(),
                 }
             }
             Err(e) => e,
@@ -78,13 +78,21 @@ pub(super) async fn complete(
 pub(super) fn hint_for(e: &LlmError, deps: &super::TurnDeps) -> Option<String> {
     match e {
         LlmError::Connect { provider, .. } => deps
+            .shared
             .connect_hint
             .as_deref()
             .map(str::to_string)
-            .or_else(|| deps.provider_hints.get(provider).map(|h| h.connect.clone())),
-        LlmError::Auth { provider, .. } => {
-            deps.provider_hints.get(provider).map(|h| h.auth.clone())
-        }
+            .or_else(|| {
+                deps.shared
+                    .provider_hints
+                    .get(provider)
+                    .map(|h| h.connect.clone())
+            }),
+        LlmError::Auth { provider, .. } => deps
+            .shared
+            .provider_hints
+            .get(provider)
+            .map(|h| h.auth.clone()),
         _ => None,
     }
 }

@@ -12,11 +12,12 @@
 
 use crate::llm::{Message, Role, ToolSpec};
 use crate::skills::Skill;
-use crate::tools::discovery::{self, TOOL_SEARCH};
+use crate::tools::builtin::Builtin;
+use crate::tools::discovery;
 use crate::tools::registry::ToolRegistry;
 
 /// The skill tools: offered in full only when the agent has skills.
-pub const SKILL_TOOLS: &[&str] = &["use_skill", crate::skills::SKILL_SEARCH];
+pub const SKILL_TOOLS: &[&str] = &[Builtin::UseSkill.name(), Builtin::SkillSearch.name()];
 
 /// The names of the tools `messages` load, in order of first appearance (see the module
 /// docs), and the tools of `preload` first.
@@ -37,8 +38,8 @@ pub fn loaded_by(registry: &ToolRegistry, preload: &[String], messages: &[Messag
         if m.role != Role::Tool {
             continue;
         }
-        match m.name.as_deref() {
-            Some(TOOL_SEARCH) => {
+        match m.name.as_deref().and_then(Builtin::named) {
+            Some(Builtin::ToolSearch) => {
                 let Ok(v) = serde_json::from_str::<serde_json::Value>(&m.content) else {
                     continue;
                 };
@@ -48,7 +49,7 @@ pub fn loaded_by(registry: &ToolRegistry, preload: &[String], messages: &[Messag
                     }
                 }
             }
-            Some("use_skill") => {
+            Some(Builtin::UseSkill) => {
                 let Ok(v) = serde_json::from_str::<serde_json::Value>(&m.content) else {
                     continue;
                 };

@@ -64,13 +64,13 @@ pub(super) fn record_usage(
     used: crate::llm::Usage,
 ) {
     out.usage.add(&used);
-    let provider = deps.model.name();
+    let provider = deps.shared.model.name();
     let model = if answered_by.is_empty() {
         provider
     } else {
         answered_by
     };
-    deps.usage.tally(&mut out.by_model, model, &used);
+    deps.shared.usage.tally(&mut out.by_model, model, &used);
     for (kind, n) in [
         ("input", used.input_tokens),
         ("output", used.output_tokens),

@@ -71,6 +71,51 @@ string_id!(
     PlatformEventId
 );
 
+/// The gateway's own surfaces, which are channels too but not chat platforms: the terminal
+/// (`cli`), the HTTP API (`http`) and the control UI's web chat (`web`). Their channel ids
+/// are fixed; everything that treats one of them specially asks [`ChannelId::surface`]
+/// instead of comparing ids.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Surface {
+    /// The terminal: `weft agent` in process, or through a gateway's HTTP API with the
+    /// control token. Its messages are the operator's.
+    Terminal,
+    /// The HTTP API (`/v1/chat`, the OpenAI-compatible endpoint).
+    Http,
+    /// The control UI's web chat.
+    Web,
+}
+
+impl Surface {
+    /// Its channel id.
+    pub const fn id(self) -> &'static str {
+        match self {
+            Surface::Terminal => "cli",
+            Surface::Http => "http",
+            Surface::Web => "web",
+        }
+    }
+
+    /// Its channel id as a [`ChannelId`].
+    pub fn channel(self) -> ChannelId {
+        ChannelId::new(self.id())
+    }
+
+    /// The surface whose channel id is `id`, if any.
+    pub fn of(id: &str) -> Option<Surface> {
+        [Surface::Terminal, Surface::Http, Surface::Web]
+            .into_iter()
+            .find(|s| s.id() == id)
+    }
+}
+
+impl ChannelId {
+    /// Which of the gateway's own surfaces this channel is (`None`: a chat platform).
+    pub fn surface(&self) -> Option<Surface> {
+        Surface::of(&self.0)
+    }
+}
+
 /// Who an inbound event comes from: a person on a channel, or the gateway itself. Carried
 /// with the event through the journal and the turn, so nothing downstream guesses it from the
 /// event id. Ingress refuses anything but [`Origin::User`] from a channel: only the gateway

@@ -29,7 +29,8 @@ use axum::{Json, Router};
 use clawft_channel_core::lock::MutexExt;
 use clawft_channel_core::{
     now_ms, Ack, Capabilities, Channel, ChannelError, ChannelId, ChatId, InboundDelivery,
-    InboundEvent, OutboundBody, OutboundKind, OutboundMessage, PlatformEventId, SentRef, UserId,
+    InboundEvent, OutboundBody, OutboundKind, OutboundMessage, PlatformEventId, SentRef, Surface,
+    UserId,
 };
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot};
@@ -792,7 +793,7 @@ fn parse_chat(
         .ok_or_else(|| refuse(StatusCode::BAD_REQUEST, "`content` must be a string"))?;
     let terminal = match v.get("channel") {
         None | Some(Value::Null) => false,
-        Some(Value::String(c)) if c == "cli" => true,
+        Some(Value::String(c)) if Surface::of(c) == Some(Surface::Terminal) => true,
         Some(other) => {
             return Err(refuse(
                 StatusCode::BAD_REQUEST,

@@ -57,7 +57,7 @@ pub const COOKIE: &str = "weft_ui";
 /// The header carrying the CSRF token.
 pub const CSRF_HEADER: &str = "x-csrf-token";
 /// The channel id of the web chat.
-pub const WEB_CHANNEL: &str = "web";
+pub const WEB_CHANNEL: &str = clawft_channel_core::Surface::Web.id();
 /// The sender id of messages typed in the web chat.
 pub const WEB_SENDER: &str = "operator";
 

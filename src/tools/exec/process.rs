@@ -680,7 +680,7 @@ fn log(p: &Proc, lines: usize, cap: usize) -> Value {
 #[async_trait]
 impl Tool for ProcessTool {
     fn name(&self) -> &str {
-        "process"
+        crate::tools::builtin::Builtin::Process.name()
     }
     fn description(&self) -> &str {
         &self.description

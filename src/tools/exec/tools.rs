@@ -74,7 +74,7 @@ impl ExecShell {
 #[async_trait]
 impl Tool for ExecShell {
     fn name(&self) -> &str {
-        "exec_shell"
+        crate::tools::builtin::Builtin::ExecShell.name()
     }
     fn description(&self) -> &str {
         &self.description
@@ -149,7 +149,7 @@ impl Spawn {
 #[async_trait]
 impl Tool for Spawn {
     fn name(&self) -> &str {
-        "spawn"
+        crate::tools::builtin::Builtin::Spawn.name()
     }
     fn description(&self) -> &str {
         &self.description

@@ -384,7 +384,7 @@ impl WebFetch {
 #[async_trait]
 impl Tool for WebFetch {
     fn name(&self) -> &str {
-        "web_fetch"
+        crate::tools::builtin::Builtin::WebFetch.name()
     }
     fn description(&self) -> &str {
         // Redirects, the size cap and refused addresses are told in the result or the error

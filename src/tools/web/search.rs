@@ -335,7 +335,7 @@ impl WebSearch {
 #[async_trait]
 impl Tool for WebSearch {
     fn name(&self) -> &str {
-        "web_search"
+        crate::tools::builtin::Builtin::WebSearch.name()
     }
     fn description(&self) -> &str {
         "Search the web: titles, URLs and snippets (read a page with web_fetch)."
