@@ -699,7 +699,7 @@ fn resolve_agent(
                 zone: std::sync::Arc::new(crate::types::tz::Zone::load(name).map_err(
                     |detail| ConfigError::Invalid {
                         key: "agents.defaults.timezone".into(),
-                        detail,
+                        detail: detail.to_string(),
                     },
                 )?),
             },

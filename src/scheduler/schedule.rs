@@ -165,7 +165,7 @@ impl Schedule {
                 let name = tz.as_deref().unwrap_or("UTC");
                 let zone = Zone::load(name).map_err(|detail| ScheduleError::UnknownTimeZone {
                     tz: name.to_string(),
-                    detail,
+                    detail: detail.to_string(),
                 })?;
                 CompiledKind::Cron(Box::new(cron), zone)
             }

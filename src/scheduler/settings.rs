@@ -218,7 +218,7 @@ impl HeartbeatFile {
             Some(a) => {
                 let tz = a.tz.clone().unwrap_or_else(|| "UTC".into());
                 super::tz::Zone::load(&tz)
-                    .map_err(|e| crate::types::SettingError::new("heartbeat.active_hours.tz", e))?;
+                    .map_err(|e| crate::types::SettingError::new("heartbeat.active_hours.tz", e.to_string()))?;
                 let h = ActiveHours {
                     start: parse_hhmm("heartbeat.active_hours.start", &a.start)?,
                     end: parse_hhmm("heartbeat.active_hours.end", &a.end)?,

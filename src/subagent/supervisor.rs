@@ -28,7 +28,7 @@ pub enum SupervisorMsg {
         /// The request.
         req: SpawnRequest,
         /// The record, or which limit refused it.
-        reply: RpcReplyPort<Result<Spawned, String>>,
+        reply: RpcReplyPort<Result<Spawned, SpawnRefused>>,
     },
     /// From a child's task when its run ends.
     Finished {
@@ -64,7 +64,7 @@ pub enum SupervisorMsg {
         /// Why.
         reason: CancelReason,
         /// The ids cancelled, or why nothing was.
-        reply: RpcReplyPort<Result<Vec<String>, String>>,
+        reply: RpcReplyPort<Result<Vec<String>, CancelRefused>>,
     },
     /// `/stop` or `/new` in a chat session: cancel its whole tree.
     CancelSession {
@@ -409,7 +409,7 @@ pub(super) fn spawn(
     myself: &ActorRef<SupervisorMsg>,
     state: &mut SupervisorState,
     req: SpawnRequest,
-) -> Result<Spawned, String> {
+) -> Result<Spawned, SpawnRefused> {
     let mut s = state.args.hub.settings();
     // The caller's agent's own limits (`agents.NAME.subagents`); how many run at once stays
     // the gateway's.
@@ -419,27 +419,26 @@ pub(super) fn spawn(
         s.max_concurrent = max_concurrent;
     }
     if state.shutting_down {
-        return Err("the gateway is shutting down; no new subagents start".into());
+        return Err(SpawnRefused::ShuttingDown);
     }
     let (depth, root) = match task_id_of(&req.caller) {
         Some(pid) => {
             let p = state
                 .records
                 .get(pid)
-                .ok_or_else(|| format!("unknown parent task {pid}"))?;
+                .ok_or_else(|| SpawnRefused::UnknownParent(pid.to_string()))?;
             (p.depth + 1, p.root.clone())
         }
         None => (1, req.caller.to_string()),
     };
     if depth > s.max_spawn_depth {
         return Err(if s.max_spawn_depth == 0 {
-            "subagents are disabled (tools.subagents.max_spawn_depth = 0)".into()
+            SpawnRefused::Disabled
         } else {
-            format!(
-                "max_spawn_depth ({}) reached: a subagent at depth {} cannot spawn more subagents (tools.subagents.max_spawn_depth); do the work yourself",
-                s.max_spawn_depth,
-                depth - 1
-            )
+            SpawnRefused::Depth {
+                max: s.max_spawn_depth,
+                depth: depth - 1,
+            }
         });
     }
     let children = state
@@ -448,17 +447,16 @@ pub(super) fn spawn(
         .filter(|r| r.parent == req.caller.as_str() && r.status.is_active())
         .count();
     if children >= s.max_children_per_agent {
-        return Err(format!(
-            "max_children_per_agent ({}) reached: this agent already has {children} running subagents (tools.subagents.max_children_per_agent); wait for one to finish or cancel one",
-            s.max_children_per_agent
-        ));
+        return Err(SpawnRefused::Children {
+            max: s.max_children_per_agent,
+            running: children,
+        });
     }
     if state.running.len() >= s.max_concurrent {
-        return Err(format!(
-            "max_concurrent ({}) reached: {} subagents are running across all sessions (tools.subagents.max_concurrent); try again when one has finished",
-            s.max_concurrent,
-            state.running.len()
-        ));
+        return Err(SpawnRefused::Concurrent {
+            max: s.max_concurrent,
+            running: state.running.len(),
+        });
     }
     let hour_ago = now_ms().saturating_sub(3_600_000);
     let recent = state
@@ -467,14 +465,14 @@ pub(super) fn spawn(
         .filter(|r| r.root == root && r.created_ms >= hour_ago)
         .count();
     if recent >= s.max_spawns_per_hour {
-        return Err(format!(
-            "max_spawns_per_hour ({}) reached: this chat started {recent} subagents in the last hour (tools.subagents.max_spawns_per_hour); finish the work without more subagents",
-            s.max_spawns_per_hour
-        ));
+        return Err(SpawnRefused::PerHour {
+            max: s.max_spawns_per_hour,
+            recent,
+        });
     }
     let task = req.task.trim().to_string();
     if task.is_empty() {
-        return Err("`task` is empty: say what the subagent should do".into());
+        return Err(SpawnRefused::EmptyTask);
     }
     let id = uuid::Uuid::now_v7().to_string();
     let label = req
@@ -504,7 +502,7 @@ pub(super) fn spawn(
     // The child is its parent's agent's: its key says so, for its own children.
     let key = session_key_of(&id)
         .and_then(|k| k.with_agent(req.caller.agent()).ok())
-        .ok_or("invalid task id")?;
+        .ok_or(SpawnRefused::InvalidId)?;
     let parent_cancel = task_id_of(&req.caller)
         .and_then(|pid| state.running.get(pid))
         .map_or_else(|| state.args.root_cancel.clone(), |p| p.cancel.clone());
@@ -668,7 +666,7 @@ pub(super) fn cancel(
     caller: &SessionKey,
     target: &CancelTarget,
     reason: &CancelReason,
-) -> Result<Vec<String>, String> {
+) -> Result<Vec<String>, CancelRefused> {
     let mine: Vec<TaskRecord> = state
         .records
         .values()
@@ -678,15 +676,16 @@ pub(super) fn cancel(
     let ids: Vec<String> = match target {
         CancelTarget::Id(id) => {
             let Some(r) = state.records.get(id) else {
-                return Err(format!(
-                    "no subagent task `{id}`; call subagents list for the ids"
-                ));
+                return Err(CancelRefused::Unknown(id.clone()));
             };
             if !is_descendant_of(state, r, caller.as_str()) {
-                return Err(format!("task `{id}` is not one of your subagents"));
+                return Err(CancelRefused::NotYours(id.clone()));
             }
             if !r.status.is_active() {
-                return Err(format!("task `{id}` is already {}", r.status.as_str()));
+                return Err(CancelRefused::Ended {
+                    id: id.clone(),
+                    status: r.status.as_str(),
+                });
             }
             vec![id.clone()]
         }

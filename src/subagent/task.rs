@@ -46,6 +46,77 @@ pub const LEAF_DENIED: &[&str] = &[
     Builtin::SessionsHistory.name(),
 ];
 
+/// Why a subagent was not started (told to the model that asked, which may work alone).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SpawnRefused {
+    /// The gateway is stopping.
+    #[error("the gateway is shutting down; no new subagents start")]
+    ShuttingDown,
+    /// The calling task is not known.
+    #[error("unknown parent task {0}")]
+    UnknownParent(String),
+    /// `max_spawn_depth = 0`.
+    #[error("subagents are disabled (tools.subagents.max_spawn_depth = 0)")]
+    Disabled,
+    /// The caller is at the deepest level.
+    #[error("max_spawn_depth ({max}) reached: a subagent at depth {depth} cannot spawn more subagents (tools.subagents.max_spawn_depth); do the work yourself")]
+    Depth {
+        /// The limit.
+        max: u32,
+        /// The caller's depth.
+        depth: u32,
+    },
+    /// The caller has as many running children as allowed.
+    #[error("max_children_per_agent ({max}) reached: this agent already has {running} running subagents (tools.subagents.max_children_per_agent); wait for one to finish or cancel one")]
+    Children {
+        /// The limit.
+        max: usize,
+        /// Its running children.
+        running: usize,
+    },
+    /// As many subagents run across the gateway as allowed.
+    #[error("max_concurrent ({max}) reached: {running} subagents are running across all sessions (tools.subagents.max_concurrent); try again when one has finished")]
+    Concurrent {
+        /// The limit.
+        max: usize,
+        /// Running now.
+        running: usize,
+    },
+    /// The chat started as many as allowed in the last hour.
+    #[error("max_spawns_per_hour ({max}) reached: this chat started {recent} subagents in the last hour (tools.subagents.max_spawns_per_hour); finish the work without more subagents")]
+    PerHour {
+        /// The limit.
+        max: usize,
+        /// Started in the last hour.
+        recent: usize,
+    },
+    /// Nothing to do.
+    #[error("`task` is empty: say what the subagent should do")]
+    EmptyTask,
+    /// The new task's id makes no session key (never with uuids).
+    #[error("invalid task id")]
+    InvalidId,
+}
+
+/// Why a cancel cancelled nothing.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CancelRefused {
+    /// No task has this id.
+    #[error("no subagent task `{0}`; call subagents list for the ids")]
+    Unknown(String),
+    /// The task is not in the caller's tree.
+    #[error("task `{0}` is not one of your subagents")]
+    NotYours(String),
+    /// The task already ended.
+    #[error("task `{id}` is already {status}")]
+    Ended {
+        /// The task.
+        id: String,
+        /// How it ended.
+        status: &'static str,
+    },
+}
+
 /// Lifecycle state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -87,7 +87,7 @@ fn call_err(e: impl std::fmt::Display) -> ToolError {
 async fn spawn(actor: &SupervisorRef, req: SpawnRequest) -> Result<super::Spawned, ToolError> {
     ractor::call_t!(actor, |reply| SupervisorMsg::Spawn { req, reply }, CALL_MS)
         .map_err(call_err)?
-        .map_err(ToolError::PermissionDenied)
+        .map_err(|e| ToolError::PermissionDenied(e.to_string()))
 }
 
 /// One task of `caller`'s tree with its subtree's usage, or `None`.
@@ -139,7 +139,7 @@ async fn cancel(
         CALL_MS
     )
     .map_err(call_err)?
-    .map_err(ToolError::InvalidArgs)
+    .map_err(|e| ToolError::InvalidArgs(e.to_string()))
 }
 
 fn full(r: &TaskRecord, usage: Option<super::TaskUsage>) -> Value {

@@ -46,6 +46,34 @@ enum RuleDate {
     Month(u32, u32, u32),
 }
 
+/// Why a time zone could not be loaded (the message says which, for the setting's error).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ZoneError {
+    /// The name is not a zone name (`Europe/Berlin`).
+    #[error("not a zone name")]
+    NotAName,
+    /// No file of that name in the zone directory.
+    #[error("no file {0}")]
+    Missing(String),
+    /// Something that is not a zone file is there.
+    #[error("{0} is not a zone file")]
+    NotAFile(String),
+    /// The file could not be read, or is not a TZif file.
+    #[error("{path}: {detail}")]
+    Io {
+        /// The file.
+        path: String,
+        /// What went wrong.
+        detail: String,
+    },
+    /// The TZif data is damaged.
+    #[error("{0}")]
+    Malformed(&'static str),
+    /// The footer's POSIX rule does not parse.
+    #[error("bad TZ rule `{0}`")]
+    Rule(String),
+}
+
 impl Zone {
     /// UTC.
     pub fn utc() -> Self {
@@ -61,7 +89,7 @@ impl Zone {
     /// # Errors
     /// A name that is not a zone name, a file that is missing or not a TZif file: the message
     /// says which.
-    pub fn load(name: &str) -> Result<Self, String> {
+    pub fn load(name: &str) -> Result<Self, ZoneError> {
         if name.eq_ignore_ascii_case("utc") {
             return Ok(Self::utc());
         }
@@ -72,7 +100,7 @@ impl Zone {
     ///
     /// # Errors
     /// As [`Zone::load`].
-    pub fn load_from(dir: &Path, name: &str) -> Result<Self, String> {
+    pub fn load_from(dir: &Path, name: &str) -> Result<Self, ZoneError> {
         let valid = !name.is_empty()
             && !name.starts_with('/')
             && name
@@ -82,41 +110,48 @@ impl Zone {
                 .chars()
                 .all(|c| c.is_ascii_alphanumeric() || matches!(c, '/' | '_' | '-' | '+'));
         if !valid {
-            return Err("not a zone name".into());
+            return Err(ZoneError::NotAName);
         }
         let path = dir.join(name);
+        let io = |e: std::io::Error| ZoneError::Io {
+            path: path.display().to_string(),
+            detail: e.to_string(),
+        };
         let meta = std::fs::metadata(&path).map_err(|e| match e.kind() {
-            std::io::ErrorKind::NotFound => format!("no file {}", path.display()),
-            _ => format!("{}: {e}", path.display()),
+            std::io::ErrorKind::NotFound => ZoneError::Missing(path.display().to_string()),
+            _ => io(e),
         })?;
         if !meta.is_file() || meta.len() > MAX_FILE_BYTES {
-            return Err(format!("{} is not a zone file", path.display()));
+            return Err(ZoneError::NotAFile(path.display().to_string()));
         }
-        let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-        Self::parse(&bytes).map_err(|e| format!("{}: {e}", path.display()))
+        let bytes = std::fs::read(&path).map_err(io)?;
+        Self::parse(&bytes).map_err(|e| ZoneError::Io {
+            path: path.display().to_string(),
+            detail: e.to_string(),
+        })
     }
 
     /// Parse a TZif file.
     ///
     /// # Errors
     /// Not a TZif file, or a truncated one.
-    pub fn parse(bytes: &[u8]) -> Result<Self, String> {
+    pub fn parse(bytes: &[u8]) -> Result<Self, ZoneError> {
         let ((version, counts), rest) = header(bytes)?;
         if version == 0 {
             return block(rest, counts, 4).map(|(zone, _)| zone);
         }
         // Version 2+: skip the 32-bit block, read the 64-bit one and the footer rule.
         let skip = block_len(counts, 4);
-        let rest = rest.get(skip..).ok_or("truncated version 1 block")?;
+        let rest = rest.get(skip..).ok_or(ZoneError::Malformed("truncated version 1 block"))?;
         let ((_, counts2), rest) = header(rest)?;
         let (mut zone, rest) = block(rest, counts2, 8)?;
         let footer = rest
             .strip_prefix(b"\n")
             .and_then(|r| r.iter().position(|b| *b == b'\n').map(|end| &r[..end]))
-            .ok_or("missing footer")?;
+            .ok_or(ZoneError::Malformed("missing footer"))?;
         if !footer.is_empty() {
-            let text = std::str::from_utf8(footer).map_err(|_| "footer is not text")?;
-            zone.rule = Some(PosixTz::parse(text).ok_or_else(|| format!("bad TZ rule `{text}`"))?);
+            let text = std::str::from_utf8(footer).map_err(|_| ZoneError::Malformed("footer is not text"))?;
+            zone.rule = Some(PosixTz::parse(text).ok_or_else(|| ZoneError::Rule(text.to_string()))?);
         }
         Ok(zone)
     }
@@ -173,14 +208,14 @@ type Counts = [usize; 6];
 
 /// The header: version (0 for `\0`, else the digit) and the six counts (isutcnt, isstdcnt,
 /// leapcnt, timecnt, typecnt, charcnt).
-fn header(b: &[u8]) -> Result<((u8, Counts), &[u8]), String> {
+fn header(b: &[u8]) -> Result<((u8, Counts), &[u8]), ZoneError> {
     if b.len() < 44 || &b[..4] != b"TZif" {
-        return Err("not a TZif zone file".into());
+        return Err(ZoneError::Malformed("not a TZif zone file"));
     }
     let version = match b[4] {
         0 => 0,
         v @ b'2'..=b'9' => v - b'0',
-        _ => return Err("unknown TZif version".into()),
+        _ => return Err(ZoneError::Malformed("unknown TZif version")),
     };
     let mut counts = [0usize; 6];
     for (i, c) in counts.iter_mut().enumerate() {
@@ -196,18 +231,20 @@ fn block_len(c: Counts, time_size: usize) -> usize {
 }
 
 /// The transitions and types of a data block; what follows it.
-fn block(b: &[u8], c: Counts, time_size: usize) -> Result<(Zone, &[u8]), String> {
+fn block(b: &[u8], c: Counts, time_size: usize) -> Result<(Zone, &[u8]), ZoneError> {
     let [_, _, _, time, typ, _] = c;
     let len = block_len(c, time_size);
-    let data = b.get(..len).ok_or("truncated data block")?;
+    let data = b.get(..len).ok_or(ZoneError::Malformed("truncated data block"))?;
     if typ == 0 {
-        return Err("no local time types".into());
+        return Err(ZoneError::Malformed("no local time types"));
     }
     let times = &data[..time * time_size];
     let indices = &data[time * time_size..time * (time_size + 1)];
     let types = &data[time * (time_size + 1)..time * (time_size + 1) + typ * 6];
-    let offset_of = |i: usize| -> Result<i32, String> {
-        let t = types.get(i * 6..i * 6 + 4).ok_or("bad type index")?;
+    let offset_of = |i: usize| -> Result<i32, ZoneError> {
+        let t = types
+            .get(i * 6..i * 6 + 4)
+            .ok_or(ZoneError::Malformed("bad type index"))?;
         Ok(i32::from_be_bytes([t[0], t[1], t[2], t[3]]))
     };
     let mut transitions = Vec::with_capacity(time);
@@ -460,13 +497,13 @@ mod tests {
         assert_eq!(berlin.offset_at(ts(2080, 7, 1, 0, 0)), 7200);
         assert_eq!(Zone::load("UTC").unwrap(), Zone::utc());
         for bad in ["../etc/passwd", "/etc/passwd", "Europe/../x", "", "a b"] {
-            assert_eq!(Zone::load(bad).unwrap_err(), "not a zone name", "{bad}");
+            assert_eq!(Zone::load(bad).unwrap_err().to_string(), "not a zone name", "{bad}");
         }
         assert!(Zone::load("Europe/Atlantis")
-            .unwrap_err()
+            .unwrap_err().to_string()
             .contains("no file"));
         assert!(Zone::load("Europe")
-            .unwrap_err()
+            .unwrap_err().to_string()
             .contains("is not a zone file"));
     }
 
@@ -474,11 +511,11 @@ mod tests {
     fn a_missing_database_is_an_error_not_utc() {
         let dir = tempfile::tempdir().unwrap();
         assert!(Zone::load_from(dir.path(), "Europe/Berlin")
-            .unwrap_err()
+            .unwrap_err().to_string()
             .starts_with("no file"));
         std::fs::write(dir.path().join("Bad"), b"not a zone").unwrap();
         assert!(Zone::load_from(dir.path(), "Bad")
-            .unwrap_err()
+            .unwrap_err().to_string()
             .contains("not a TZif"));
     }
 
