@@ -673,17 +673,18 @@ impl Vectors {
         end_line: u32,
         hash: u64,
         v: Vec<f32>,
-    ) -> Result<(), String> {
+    ) -> Result<(), VectorsError> {
         if v.len() != self.dims {
             return Err(format!(
                 "a vector of {} dimensions for a store of {} ({}): the model or memory.embeddings.dimensions changed; embed again",
                 v.len(),
                 self.dims,
                 self.model
-            ));
+            ).into());
         }
-        let v = normalise(v)
-            .ok_or_else(|| "a vector that is all zeros or holds a non-finite number".to_string())?;
+        let v = normalise(v).ok_or(VectorsError(
+            "a vector that is all zeros or holds a non-finite number".into(),
+        ))?;
         let entry = Entry {
             start_line,
             end_line,
@@ -814,7 +815,7 @@ impl Vectors {
     /// Another format or version, a checksum mismatch, truncated or trailing bytes, sizes out
     /// of range, paths out of order: the caller drops the file and embeds again. Nothing is
     /// allocated beyond what the bytes themselves hold.
-    pub fn decode(bytes: &[u8]) -> Result<Self, String> {
+    pub fn decode(bytes: &[u8]) -> Result<Self, VectorsError> {
         let body_len = bytes
             .len()
             .checked_sub(4)
@@ -828,9 +829,9 @@ impl Vectors {
         };
         let version = r.u32()?;
         if version != VERSION {
-            return Err(format!(
-                "vectors: format version {version}, this build reads {VERSION}"
-            ));
+            return Err(
+                format!("vectors: format version {version}, this build reads {VERSION}").into(),
+            );
         }
         if crc32fast::hash(body).to_le_bytes() != crc {
             return Err("vectors: checksum mismatch (corrupt or truncated)".into());
@@ -838,7 +839,7 @@ impl Vectors {
         let model = r.str()?;
         let dims = r.u32()? as usize;
         if dims == 0 || dims > MAX_DIMS {
-            return Err(format!("vectors: {dims} dimensions (1..={MAX_DIMS})"));
+            return Err(format!("vectors: {dims} dimensions (1..={MAX_DIMS})").into());
         }
         let mut out = Vectors::new(&model, dims);
         let nfiles = r.u32()?;
@@ -851,11 +852,11 @@ impl Vectors {
                 .next_back()
                 .is_some_and(|last| *last >= path)
             {
-                return Err(format!("vectors: path `{path}` out of order or repeated"));
+                return Err(format!("vectors: path `{path}` out of order or repeated").into());
             }
             let n = r.u32()? as usize;
             if n == 0 || n.checked_mul(entry_bytes).is_none_or(|b| b > r.buf.len()) {
-                return Err(format!("vectors: bad entry count {n} for `{path}`"));
+                return Err(format!("vectors: bad entry count {n} for `{path}`").into());
             }
             let mut es: Vec<Entry> = Vec::with_capacity(n);
             for _ in 0..n {
@@ -868,13 +869,13 @@ impl Vectors {
                     .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
                     .collect();
                 if v.iter().any(|x| !x.is_finite()) {
-                    return Err(format!("vectors: a non-finite number in `{path}`"));
+                    return Err(format!("vectors: a non-finite number in `{path}`").into());
                 }
                 if es
                     .last()
                     .is_some_and(|l| (l.start_line, l.hash) >= (start_line, hash))
                 {
-                    return Err(format!("vectors: entries of `{path}` out of order"));
+                    return Err(format!("vectors: entries of `{path}` out of order").into());
                 }
                 es.push(Entry {
                     start_line,
@@ -887,7 +888,7 @@ impl Vectors {
             out.files.insert(path, es);
         }
         if !r.buf.is_empty() {
-            return Err(format!("vectors: {} trailing bytes", r.buf.len()));
+            return Err(format!("vectors: {} trailing bytes", r.buf.len()).into());
         }
         Ok(out)
     }
@@ -918,13 +919,31 @@ fn put_str(out: &mut Vec<u8>, s: &str) {
     out.extend_from_slice(s.as_bytes());
 }
 
+/// Why vectors were refused: one of the wrong size, or a vector file that does not decode (the
+/// caller drops it and embeds again).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct VectorsError(String);
+
+impl From<String> for VectorsError {
+    fn from(s: String) -> Self {
+        Self(s)
+    }
+}
+
+impl From<&str> for VectorsError {
+    fn from(s: &str) -> Self {
+        Self(s.to_string())
+    }
+}
+
 /// A bounds-checked cursor over the encoded bytes.
 struct Reader<'a> {
     buf: &'a [u8],
 }
 
 impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], VectorsError> {
         if n > self.buf.len() {
             return Err("vectors: truncated".into());
         }
@@ -933,24 +952,25 @@ impl<'a> Reader<'a> {
         Ok(head)
     }
 
-    fn u32(&mut self) -> Result<u32, String> {
+    fn u32(&mut self) -> Result<u32, VectorsError> {
         let b = self.take(4)?;
         Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
     }
 
-    fn u64(&mut self) -> Result<u64, String> {
+    fn u64(&mut self) -> Result<u64, VectorsError> {
         let b = self.take(8)?;
         let mut a = [0u8; 8];
         a.copy_from_slice(b);
         Ok(u64::from_le_bytes(a))
     }
 
-    fn str(&mut self) -> Result<String, String> {
+    fn str(&mut self) -> Result<String, VectorsError> {
         let n = self.u32()? as usize;
         if n > MAX_NAME {
-            return Err(format!("vectors: a name of {n} bytes (at most {MAX_NAME})"));
+            return Err(format!("vectors: a name of {n} bytes (at most {MAX_NAME})").into());
         }
-        String::from_utf8(self.take(n)?.to_vec()).map_err(|_| "vectors: a name is not UTF-8".into())
+        String::from_utf8(self.take(n)?.to_vec())
+            .map_err(|_| VectorsError("vectors: a name is not UTF-8".into()))
     }
 }
 
@@ -1139,7 +1159,10 @@ mod tests {
     #[test]
     fn vectors_insert_rejects_wrong_dims_and_bad_numbers() {
         let mut v = Vectors::new("text-embedding-3-small", 4);
-        let e = v.insert("a.md", 1, 1, 1, vec![1.0; 3]).unwrap_err();
+        let e = v
+            .insert("a.md", 1, 1, 1, vec![1.0; 3])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("3 dimensions") && e.contains("of 4"), "{e}");
         assert!(v.insert("a.md", 1, 1, 1, vec![0.0; 4]).is_err());
         assert!(v
@@ -1239,12 +1262,15 @@ mod tests {
         put_u32(&mut forged, u32::MAX as usize);
         let crc = crc32fast::hash(&forged);
         forged.extend_from_slice(&crc.to_le_bytes());
-        let e = Vectors::decode(&forged).unwrap_err();
+        let e = Vectors::decode(&forged).unwrap_err().to_string();
         assert!(e.contains("entry count"), "{e}");
         // Another version is refused by name.
         let mut other = bytes;
         other[8] = 2;
-        assert!(Vectors::decode(&other).unwrap_err().contains("version 2"));
+        assert!(Vectors::decode(&other)
+            .unwrap_err()
+            .to_string()
+            .contains("version 2"));
     }
 
     #[test]
@@ -1281,7 +1307,7 @@ mod tests {
         for (mutate, key) in cases {
             let mut s = settings();
             mutate(&mut s);
-            let e = s.check().unwrap_err();
+            let e = s.check().unwrap_err().to_string();
             assert!(e.starts_with(key), "{e}");
             assert!(Embedder::new(&s, None).is_err());
         }

@@ -668,7 +668,9 @@ impl MemoryService {
             let mut guard = root.vectors.write_locked();
             for (c, v) in group.iter().zip(vecs) {
                 let store = guard.get_or_insert_with(|| Vectors::new(embedder.model(), v.len()));
-                store.insert(&c.path, c.start_line, c.end_line, c.hash, v)?;
+                store
+                    .insert(&c.path, c.start_line, c.end_line, c.hash, v)
+                    .map_err(|e| e.to_string())?;
             }
         }
         let r = root.clone();

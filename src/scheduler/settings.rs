@@ -217,8 +217,9 @@ impl HeartbeatFile {
             None => None,
             Some(a) => {
                 let tz = a.tz.clone().unwrap_or_else(|| "UTC".into());
-                super::tz::Zone::load(&tz)
-                    .map_err(|e| crate::types::SettingError::new("heartbeat.active_hours.tz", e.to_string()))?;
+                super::tz::Zone::load(&tz).map_err(|e| {
+                    crate::types::SettingError::new("heartbeat.active_hours.tz", e.to_string())
+                })?;
                 let h = ActiveHours {
                     start: parse_hhmm("heartbeat.active_hours.start", &a.start)?,
                     end: parse_hhmm("heartbeat.active_hours.end", &a.end)?,

@@ -142,7 +142,9 @@ impl Zone {
         }
         // Version 2+: skip the 32-bit block, read the 64-bit one and the footer rule.
         let skip = block_len(counts, 4);
-        let rest = rest.get(skip..).ok_or(ZoneError::Malformed("truncated version 1 block"))?;
+        let rest = rest
+            .get(skip..)
+            .ok_or(ZoneError::Malformed("truncated version 1 block"))?;
         let ((_, counts2), rest) = header(rest)?;
         let (mut zone, rest) = block(rest, counts2, 8)?;
         let footer = rest
@@ -150,8 +152,10 @@ impl Zone {
             .and_then(|r| r.iter().position(|b| *b == b'\n').map(|end| &r[..end]))
             .ok_or(ZoneError::Malformed("missing footer"))?;
         if !footer.is_empty() {
-            let text = std::str::from_utf8(footer).map_err(|_| ZoneError::Malformed("footer is not text"))?;
-            zone.rule = Some(PosixTz::parse(text).ok_or_else(|| ZoneError::Rule(text.to_string()))?);
+            let text = std::str::from_utf8(footer)
+                .map_err(|_| ZoneError::Malformed("footer is not text"))?;
+            zone.rule =
+                Some(PosixTz::parse(text).ok_or_else(|| ZoneError::Rule(text.to_string()))?);
         }
         Ok(zone)
     }
@@ -234,7 +238,9 @@ fn block_len(c: Counts, time_size: usize) -> usize {
 fn block(b: &[u8], c: Counts, time_size: usize) -> Result<(Zone, &[u8]), ZoneError> {
     let [_, _, _, time, typ, _] = c;
     let len = block_len(c, time_size);
-    let data = b.get(..len).ok_or(ZoneError::Malformed("truncated data block"))?;
+    let data = b
+        .get(..len)
+        .ok_or(ZoneError::Malformed("truncated data block"))?;
     if typ == 0 {
         return Err(ZoneError::Malformed("no local time types"));
     }
@@ -497,13 +503,19 @@ mod tests {
         assert_eq!(berlin.offset_at(ts(2080, 7, 1, 0, 0)), 7200);
         assert_eq!(Zone::load("UTC").unwrap(), Zone::utc());
         for bad in ["../etc/passwd", "/etc/passwd", "Europe/../x", "", "a b"] {
-            assert_eq!(Zone::load(bad).unwrap_err().to_string(), "not a zone name", "{bad}");
+            assert_eq!(
+                Zone::load(bad).unwrap_err().to_string(),
+                "not a zone name",
+                "{bad}"
+            );
         }
         assert!(Zone::load("Europe/Atlantis")
-            .unwrap_err().to_string()
+            .unwrap_err()
+            .to_string()
             .contains("no file"));
         assert!(Zone::load("Europe")
-            .unwrap_err().to_string()
+            .unwrap_err()
+            .to_string()
             .contains("is not a zone file"));
     }
 
@@ -511,11 +523,13 @@ mod tests {
     fn a_missing_database_is_an_error_not_utc() {
         let dir = tempfile::tempdir().unwrap();
         assert!(Zone::load_from(dir.path(), "Europe/Berlin")
-            .unwrap_err().to_string()
+            .unwrap_err()
+            .to_string()
             .starts_with("no file"));
         std::fs::write(dir.path().join("Bad"), b"not a zone").unwrap();
         assert!(Zone::load_from(dir.path(), "Bad")
-            .unwrap_err().to_string()
+            .unwrap_err()
+            .to_string()
             .contains("not a TZif"));
     }
 
