@@ -57,9 +57,9 @@ impl Backoff {
         self.nth(self.steps)
     }
 
-    /// An attempt made at once (the platform asked to reconnect now): counted, without using
-    /// up a delay.
-    pub fn immediate(&mut self) {
+    /// An attempt made without the backoff's delay (at once, or after a wait the platform
+    /// set): counted, and the next delay is not doubled for it.
+    pub fn count_attempt(&mut self) {
         self.attempt = self.attempt.saturating_add(1);
     }
 
@@ -102,10 +102,10 @@ mod tests {
     }
 
     #[test]
-    fn an_immediate_attempt_is_counted_without_using_a_delay() {
+    fn an_attempt_without_a_delay_is_counted_and_does_not_double_it() {
         let mut b = Backoff::new(S, 60 * S);
         assert_eq!(b.next_delay(), S);
-        b.immediate();
+        b.count_attempt();
         assert_eq!(b.attempt(), 2);
         assert_eq!(b.next_delay(), 2 * S);
     }
