@@ -40,7 +40,12 @@ pub(super) fn spawn(myself: &ActorRef<SessionMsg>, state: &mut SessionState, pla
     let me = myself.clone();
     let outbox = state.args.hooks.outbox.clone();
     let hooks = state.args.hooks.clone();
-    let stream = state.args.stream;
+    // Streamed from the provider when the agent streams and the chat's channel takes deltas
+    // (the outbox decides; the terminal served through the HTTP API streams as it does).
+    let stream = deps.agent.stream
+        && outbox
+            .channels()
+            .takes(ev.channel.as_str(), OutboundKind::Delta);
     let span = tracing::Span::current();
     state.args.tasks.spawn(
         async move {
