@@ -144,8 +144,9 @@ async fn kinds_the_channel_does_not_take_send_nothing_and_build_no_target() {
         progress: true,
         ..caps(true)
     };
-    let sent = p.send(&all, &msg(OutboundKind::Progress, "p", "grep"), refuse);
-    assert_eq!(sent.await.unwrap(), SentRef::Nothing);
+    let progress = msg(OutboundKind::Progress, "p", "grep");
+    let sent = p.send(&all, &progress, refuse).await;
+    assert_eq!(sent.unwrap(), SentRef::Nothing);
     // A delta that answers no event has no draft to go to.
     let mut orphan = msg(OutboundKind::Delta, "o", "hi");
     orphan.in_reply_to = None;
@@ -154,8 +155,9 @@ async fn kinds_the_channel_does_not_take_send_nothing_and_build_no_target() {
         SentRef::Nothing
     );
     // A final is refused by the target it needs.
-    let fin = p.send(&caps(true), &msg(OutboundKind::Final, "f", "hi"), refuse);
-    assert!(matches!(fin.await, Err(ChannelError::Rejected(_))));
+    let fin = msg(OutboundKind::Final, "f", "hi");
+    let sent = p.send(&caps(true), &fin, refuse).await;
+    assert!(matches!(sent, Err(ChannelError::Rejected(_))));
 }
 
 #[tokio::test]
