@@ -629,14 +629,6 @@ impl SentRef {
             Self::Message(m) => Self::Message(m),
         }
     }
-
-    /// The message id, if something was sent.
-    pub fn id(&self) -> Option<&str> {
-        match self {
-            Self::Nothing => None,
-            Self::Message(m) => Some(&m.0),
-        }
-    }
 }
 
 impl From<String> for SentRef {
