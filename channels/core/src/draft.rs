@@ -1,5 +1,6 @@
 //! Streamed replies shown as one draft message, shared by the platform adapters (Telegram,
-//! Discord, Slack).
+//! Discord, Slack, Matrix; Signal for its finals) through their one send path
+//! ([`crate::send`]).
 //!
 //! The state machine lives in [`DraftBook`]; the platform supplies rendering and its API calls
 //! through [`DraftPlatform`]:
