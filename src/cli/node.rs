@@ -631,8 +631,9 @@ pub async fn run(config: &Config, opts: NodeOptions) -> Result<(), CliError> {
         host.offers.join(",")
     );
     // A connection that stayed up a minute starts the backoff again.
-    let mut backoff = clawft_channel_core::backoff::Backoff::new(Duration::from_millis(500), MAX_BACKOFF)
-        .reset_after(Duration::from_secs(60));
+    let mut backoff =
+        clawft_channel_core::backoff::Backoff::new(Duration::from_millis(500), MAX_BACKOFF)
+            .reset_after(Duration::from_secs(60));
     loop {
         let started = std::time::Instant::now();
         let wait = match session(&link, &key, &host).await {

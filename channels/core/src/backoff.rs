@@ -45,9 +45,7 @@ impl Backoff {
     /// The `n`th delay (counted from 1): `initial` doubled `n - 1` times, at most `max`.
     pub fn nth(&self, n: u32) -> Duration {
         let doublings = n.saturating_sub(1).min(31);
-        self.initial
-            .saturating_mul(1u32 << doublings)
-            .min(self.max)
+        self.initial.saturating_mul(1u32 << doublings).min(self.max)
     }
 
     /// The delay before the next attempt, which is counted; the delay after it is doubled.

@@ -166,16 +166,25 @@ async fn a_streamed_reply_is_drafted_finished_and_followed_by_its_files() {
     let p = path(&state);
     let fake = Fake::default();
     let sent = p
-        .send(&caps(true), &msg(OutboundKind::Delta, "d1", "Hello"), || {
-            Ok(fake.clone())
-        })
+        .send(
+            &caps(true),
+            &msg(OutboundKind::Delta, "d1", "Hello"),
+            || Ok(fake.clone()),
+        )
         .await
         .unwrap();
     assert_eq!(sent, SentRef::message("100"));
     let mut fin = msg(OutboundKind::Final, "f", "Hello\n\nworld");
     fin.attachments = vec![file("a.txt"), file("b.txt")];
-    let sent = p.send(&caps(true), &fin, || Ok(fake.clone())).await.unwrap();
-    assert_eq!(sent, SentRef::message("100"), "the first message of the text");
+    let sent = p
+        .send(&caps(true), &fin, || Ok(fake.clone()))
+        .await
+        .unwrap();
+    assert_eq!(
+        sent,
+        SentRef::message("100"),
+        "the first message of the text"
+    );
     assert_eq!(
         fake.ops(),
         vec![
@@ -189,7 +198,10 @@ async fn a_streamed_reply_is_drafted_finished_and_followed_by_its_files() {
     // Delivered: a resend (after a crash, before the outbox forgot it) sends nothing again.
     let again = path(&state);
     let other = Fake::default();
-    let sent = again.send(&caps(true), &fin, || Ok(other.clone())).await.unwrap();
+    let sent = again
+        .send(&caps(true), &fin, || Ok(other.clone()))
+        .await
+        .unwrap();
     assert_eq!(sent, SentRef::message("100"));
     assert_eq!(other.ops(), Vec::new());
     // Settled: the journal forgets it.
@@ -209,8 +221,14 @@ async fn a_reply_of_files_only_answers_with_its_first_file_which_quotes_the_user
         .unwrap()
         .push_back(ChannelError::Transient("reset".into()));
     // The first upload fails: nothing is counted, the retry starts with it again.
-    assert!(p.send(&caps(false), &fin, || Ok(fake.clone())).await.is_err());
-    let sent = p.send(&caps(false), &fin, || Ok(fake.clone())).await.unwrap();
+    assert!(p
+        .send(&caps(false), &fin, || Ok(fake.clone()))
+        .await
+        .is_err());
+    let sent = p
+        .send(&caps(false), &fin, || Ok(fake.clone()))
+        .await
+        .unwrap();
     assert_eq!(sent, SentRef::message("500"));
     assert_eq!(
         fake.ops(),
@@ -226,9 +244,10 @@ async fn files_already_counted_are_not_sent_again_and_a_failure_keeps_the_count(
     let mut fin = msg(OutboundKind::Final, "f", "text went first");
     fin.attachments = vec![file("a"), file("b"), file("c")];
     journal.set_files_sent("f", 1);
-    fake.fail_files.lock().unwrap().extend([
-        ChannelError::Rejected("no".into()),
-    ]);
+    fake.fail_files
+        .lock()
+        .unwrap()
+        .extend([ChannelError::Rejected("no".into())]);
     assert!(send_files(&journal, &fake, &fin, true).await.is_err());
     assert_eq!(journal.files_sent("f"), 1);
     let first = send_files(&journal, &fake, &fin, true).await.unwrap();

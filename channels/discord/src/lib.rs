@@ -348,39 +348,6 @@ impl DiscordChannel {
             .to_string())
     }
 
-    /// Send attachment `index` of durable message `msg_id` (after its text), deduplicated by
-    /// a nonce from the outbound id and the index. A file over [`MAX_UPLOAD_BYTES`] (or the
-    /// chat's lower limit) is replaced by a note. Answers the message posted (empty when
-    /// Discord's answer did not say).
-    async fn send_file(
-        &self,
-        channel: &str,
-        msg_id: &str,
-        index: usize,
-        file: &OutboundFile,
-    ) -> Result<String, ChannelError> {
-        let nonce = nonce(&format!("file:{msg_id}"), index);
-        if file.size > MAX_UPLOAD_BYTES {
-            let note = too_big_note(file, file.size, Some(MAX_UPLOAD_BYTES));
-            return self.post(channel, &note, Some(nonce), None).await;
-        }
-        let bytes = media::read_file(file).await?;
-        let len = u64::try_from(bytes.len()).unwrap_or(u64::MAX);
-        if len > MAX_UPLOAD_BYTES {
-            // It grew after it was queued.
-            let note = too_big_note(file, len, Some(MAX_UPLOAD_BYTES));
-            return self.post(channel, &note, Some(nonce), None).await;
-        }
-        match self.upload(channel, file, bytes, nonce.clone()).await {
-            // A chat whose limit is lower than ours: a note as well.
-            Err(e) if rest::is_too_large(&e) => {
-                let note = too_big_note(file, len, None);
-                self.post(channel, &note, Some(nonce), None).await
-            }
-            r => r,
-        }
-    }
-
     fn target_of<'a>(&'a self, msg: &'a OutboundMessage) -> Result<Target<'a>, ChannelError> {
         Ok(Target {
             ch: self,
@@ -462,18 +429,50 @@ impl DraftPlatform for Target<'_> {
 
 #[async_trait]
 impl SendFiles for Target<'_> {
-    /// Files never quote: the reply's text (or its first file) stands alone.
+    /// Each file is its own message (quoting nothing), deduplicated by a nonce from the
+    /// outbound id and the file's index. A file over [`MAX_UPLOAD_BYTES`] (or the chat's lower
+    /// limit) is replaced by a note.
     async fn send_file(
         &self,
         index: usize,
         file: &OutboundFile,
         _first: bool,
     ) -> Result<SentRef, ChannelError> {
-        let mid = self
+        let nonce = nonce(&format!("file:{}", self.msg_id), index);
+        if file.size > MAX_UPLOAD_BYTES {
+            let note = too_big_note(file, file.size, Some(MAX_UPLOAD_BYTES));
+            return self
+                .ch
+                .post(&self.channel, &note, Some(nonce), None)
+                .await
+                .map(SentRef::from);
+        }
+        let bytes = media::read_file(file).await?;
+        let len = u64::try_from(bytes.len()).unwrap_or(u64::MAX);
+        if len > MAX_UPLOAD_BYTES {
+            // It grew after it was queued.
+            let note = too_big_note(file, len, Some(MAX_UPLOAD_BYTES));
+            return self
+                .ch
+                .post(&self.channel, &note, Some(nonce), None)
+                .await
+                .map(SentRef::from);
+        }
+        match self
             .ch
-            .send_file(&self.channel, self.msg_id, index, file)
-            .await?;
-        Ok(SentRef::from(mid))
+            .upload(&self.channel, file, bytes, nonce.clone())
+            .await
+        {
+            // A chat whose limit is lower than ours: a note as well.
+            Err(e) if rest::is_too_large(&e) => {
+                let note = too_big_note(file, len, None);
+                self.ch
+                    .post(&self.channel, &note, Some(nonce), None)
+                    .await
+                    .map(SentRef::from)
+            }
+            r => r.map(SentRef::from),
+        }
     }
 }
 

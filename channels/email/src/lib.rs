@@ -34,8 +34,8 @@ use clawft_channel_core::lock::MutexExt;
 use clawft_channel_core::media::{MediaKind, MediaRef, MediaRequest};
 use clawft_channel_core::{
     now_ms, Ack, Capabilities, Channel, ChannelError, ChannelId, ChatId, InboundDelivery,
-    InboundEvent, MemoryState, OutboundMessage, PlatformEventId, SentRef, StateStore,
-    ThreadId, UserId,
+    InboundEvent, MemoryState, OutboundMessage, PlatformEventId, SentRef, StateStore, ThreadId,
+    UserId,
 };
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;

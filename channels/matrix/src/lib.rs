@@ -327,7 +327,6 @@ impl Target<'_> {
             (None, None) => {}
         }
     }
-
 }
 
 fn text_content(r: &Rendered) -> Value {

@@ -245,7 +245,6 @@ impl SignalChannel {
     }
 }
 
-
 /// One outbound message's target, for the draft book.
 struct Target<'a> {
     ch: &'a SignalChannel,

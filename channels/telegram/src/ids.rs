@@ -140,7 +140,10 @@ mod tests {
         );
         assert!(Topic::of(Some(&ThreadId::new("x"))).is_err());
         let ev = UpdateId(900).event_id();
-        assert_eq!((ev.as_str(), UpdateId::of(&ev)), ("900", Some(UpdateId(900))));
+        assert_eq!(
+            (ev.as_str(), UpdateId::of(&ev)),
+            ("900", Some(UpdateId(900)))
+        );
         assert_eq!(UpdateId::of(&PlatformEventId::new("cron:1")), None);
         assert_eq!(UpdateId(900).next(), UpdateId(901));
     }

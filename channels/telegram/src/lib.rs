@@ -38,8 +38,8 @@ use clawft_channel_core::backoff::Backoff;
 use clawft_channel_core::bounded::BoundedMap;
 use clawft_channel_core::draft::{DraftOptions, DraftPlatform, Edited, Slot};
 use clawft_channel_core::lock::MutexExt;
-use clawft_channel_core::media::{MediaRef, MediaRequest, OutboundFile};
-use clawft_channel_core::send::{SendFiles, SendPath, SendPlatform};
+use clawft_channel_core::media::{MediaRef, MediaRequest};
+use clawft_channel_core::send::{SendPath, SendPlatform};
 use clawft_channel_core::text::{split_markdown, Measure};
 use clawft_channel_core::{
     now_ms, Ack, Capabilities, Channel, ChannelError, ChannelId, ChatId, InboundDelivery,
@@ -241,21 +241,6 @@ impl DraftPlatform for Target<'_> {
         } else {
             Edited::Gone
         })
-    }
-}
-
-#[async_trait]
-impl SendFiles for Target<'_> {
-    /// The first file of a reply without text quotes the user's message (in groups).
-    async fn send_file(
-        &self,
-        _index: usize,
-        file: &OutboundFile,
-        first: bool,
-    ) -> Result<SentRef, ChannelError> {
-        let reply_to = self.reply_to.filter(|_| first);
-        let id = self.ch.upload_file(self, reply_to, file).await?;
-        Ok(SentRef::of(id.as_ref()))
     }
 }
 

@@ -14,10 +14,12 @@
 
 use std::time::Duration;
 
+use async_trait::async_trait;
 use clawft_channel_core::media::{
     read_file, MediaKind, MediaRef, MediaRequest, Multipart, OutboundFile,
 };
-use clawft_channel_core::ChannelError;
+use clawft_channel_core::send::SendFiles;
+use clawft_channel_core::{ChannelError, SentRef};
 use serde_json::Value;
 
 use crate::api::{CallError, GetFile};
@@ -99,6 +101,61 @@ fn upload_deadline(len: u64) -> Duration {
     Duration::from_secs(60 + len / (256 * 1024))
 }
 
+#[async_trait]
+impl SendFiles for Target<'_> {
+    /// Upload one attachment with the method its kind and type call for; a file over the
+    /// limit, or one Telegram refuses, becomes a note. The first file of a reply without text
+    /// quotes the user's message (in groups). Answers the message id, when Telegram said it.
+    async fn send_file(
+        &self,
+        _index: usize,
+        file: &OutboundFile,
+        first: bool,
+    ) -> Result<SentRef, ChannelError> {
+        let reply_to = self.reply_to.filter(|_| first);
+        let limit = self.ch.cfg.max_upload_bytes;
+        if file.size > limit {
+            let note = too_big_note(&file.name, file.size, limit);
+            return self.ch.note(self, reply_to, &note).await;
+        }
+        let bytes = read_file(file).await?;
+        let len = u64::try_from(bytes.len()).unwrap_or(u64::MAX);
+        if len > limit {
+            let note = too_big_note(&file.name, len, limit);
+            return self.ch.note(self, reply_to, &note).await;
+        }
+        let (method, field) = upload_method(file, len);
+        let mut r = self
+            .ch
+            .upload(self, reply_to, file, &bytes, method, field)
+            .await;
+        if method == "sendPhoto" && r.as_ref().is_err_and(|e| self.ch.refused(e)) {
+            // Photos Telegram will not process (extreme proportions, odd encodings) still go,
+            // as a file.
+            r = self
+                .ch
+                .upload(self, reply_to, file, &bytes, "sendDocument", "document")
+                .await;
+        }
+        match r {
+            Ok(id) => Ok(SentRef::of(id.as_ref())),
+            Err(CallError::TooLarge) => {
+                let note = too_big_note(&file.name, len, limit);
+                self.ch.note(self, reply_to, &note).await
+            }
+            // One file Telegram refuses does not cost the others: a note says so (if the chat
+            // itself refuses, the note fails the same way).
+            Err(e) => match self.ch.classify(&e) {
+                ChannelError::Rejected(why) => {
+                    let note = refused_note(&file.name, &why);
+                    self.ch.note(self, reply_to, &note).await
+                }
+                other => Err(other),
+            },
+        }
+    }
+}
+
 impl TelegramChannel {
     /// Where to download `media`: `getFile`, then the Bot API's file URL (with the token, on
     /// the configured origin). A reference that names its own URL (Telegram payloads never
@@ -159,67 +216,21 @@ impl TelegramChannel {
         })
     }
 
-    /// Upload one attachment of a final reply (`reply_to`: the user's message it quotes),
-    /// with the method its kind and type call for; a file over the limit, or one Telegram
-    /// refuses, becomes a note. Answers the message id, when Telegram said it.
-    pub(super) async fn upload_file(
-        &self,
-        target: &Target<'_>,
-        reply_to: Option<MessageId>,
-        file: &OutboundFile,
-    ) -> Result<Option<MessageId>, ChannelError> {
-        let limit = self.cfg.max_upload_bytes;
-        if file.size > limit {
-            let note = too_big_note(&file.name, file.size, limit);
-            return self.note(target, reply_to, &note).await.map(Some);
-        }
-        let bytes = read_file(file).await?;
-        let len = u64::try_from(bytes.len()).unwrap_or(u64::MAX);
-        if len > limit {
-            let note = too_big_note(&file.name, len, limit);
-            return self.note(target, reply_to, &note).await.map(Some);
-        }
-        let (method, field) = upload_method(file, len);
-        let mut r = self
-            .upload(target, reply_to, file, &bytes, method, field)
-            .await;
-        if method == "sendPhoto" && r.as_ref().is_err_and(|e| self.refused(e)) {
-            // Photos Telegram will not process (extreme proportions, odd encodings) still go,
-            // as a file.
-            r = self
-                .upload(target, reply_to, file, &bytes, "sendDocument", "document")
-                .await;
-        }
-        match r {
-            Ok(id) => Ok(id),
-            Err(CallError::TooLarge) => {
-                let note = too_big_note(&file.name, len, limit);
-                self.note(target, reply_to, &note).await.map(Some)
-            }
-            // One file Telegram refuses does not cost the others: a note says so (if the chat
-            // itself refuses, the note fails the same way).
-            Err(e) => match self.classify(&e) {
-                ChannelError::Rejected(why) => {
-                    let note = refused_note(&file.name, &why);
-                    self.note(target, reply_to, &note).await.map(Some)
-                }
-                other => Err(other),
-            },
-        }
-    }
-
+    /// Post a short plain note in place of a file.
     async fn note(
         &self,
         target: &Target<'_>,
         reply_to: Option<MessageId>,
         text: &str,
-    ) -> Result<MessageId, ChannelError> {
+    ) -> Result<SentRef, ChannelError> {
         let chunk = Chunk {
             html: None,
             plain: text.to_string(),
         };
-        self.post(&target.chat, target.thread, reply_to, &chunk)
-            .await
+        let id = self
+            .post(&target.chat, target.thread, reply_to, &chunk)
+            .await?;
+        Ok(SentRef::message(id.to_string()))
     }
 
     fn refused(&self, e: &CallError) -> bool {
