@@ -93,8 +93,7 @@ pub struct BusArgs {
     pub agents: crate::turn::Agents,
     /// The store (`Clear` of a session not in memory).
     pub store: crate::store::Store,
-    /// What sessions use beside their turns (outbox, approvals, subagent tree); the outbox's
-    /// channel table also says whether a channel streams.
+    /// What sessions use beside their turns (outbox, approvals, subagent tree).
     pub hooks: SessionHooks,
     /// Tracks turn tasks.
     pub tasks: TaskTracker,
@@ -104,8 +103,6 @@ pub struct BusArgs {
     pub idle: Duration,
     /// Session queue bound.
     pub max_queue: usize,
-    /// Stream from the provider when the channel can show it.
-    pub stream: bool,
     /// Most sessions in memory (`sessions.max_in_memory`); idle ones over it are evicted.
     pub max_live: usize,
 }
@@ -281,14 +278,6 @@ async fn route_inbound(myself: &ActorRef<BusMsg>, state: &mut BusState, entry: I
         }
         return;
     }
-    // The channel the replies go to (the terminal's session served through the HTTP API
-    // streams as the HTTP API does).
-    let streaming = state.args.hooks.outbox.channels().is_streaming(
-        entry
-            .event
-            .as_ref()
-            .map_or(key.channel(), |e| e.channel.as_str()),
-    );
     let bus = myself.clone();
     let args = SessionArgs {
         key: key.clone(),
@@ -299,7 +288,6 @@ async fn route_inbound(myself: &ActorRef<BusMsg>, state: &mut BusState, entry: I
         }),
         tasks: state.args.tasks.clone(),
         shutdown: state.args.shutdown.clone(),
-        stream: streaming && state.args.stream,
         idle: state.args.idle,
         max_queue: state.args.max_queue,
     };

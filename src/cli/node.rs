@@ -642,29 +642,31 @@ pub async fn run(config: &Config, opts: NodeOptions) -> Result<(), CliError> {
         host.workspace.root().display(),
         host.offers.join(",")
     );
-    let mut backoff = Duration::from_millis(500);
+    // A connection that stayed up a minute starts the backoff again.
+    let mut backoff =
+        clawft_channel_core::backoff::Backoff::new(Duration::from_millis(500), MAX_BACKOFF)
+            .reset_after(Duration::from_secs(60));
     loop {
         let started = std::time::Instant::now();
         let wait = match session(&link, &key, &host).await {
             Ok(Ended::Pending(msg)) => {
                 eprintln!("weft node: {msg}");
+                backoff.next_delay();
                 PENDING_RETRY
             }
             Ok(Ended::Denied(msg)) => return Err(CliError::Failed(msg)),
             Ok(Ended::Closed) => {
                 eprintln!("weft node: connection closed; reconnecting");
-                if started.elapsed() > Duration::from_secs(60) {
-                    backoff = Duration::from_millis(500);
-                }
-                backoff
+                backoff.ended(started.elapsed());
+                backoff.next_delay()
             }
             Err(e) => {
-                eprintln!("weft node: {e}; retrying in {} s", backoff.as_secs_f32());
-                backoff
+                let delay = backoff.next_delay();
+                eprintln!("weft node: {e}; retrying in {} s", delay.as_secs_f32());
+                delay
             }
         };
         tokio::time::sleep(wait).await;
-        backoff = (backoff * 2).min(MAX_BACKOFF);
     }
 }
 

@@ -116,6 +116,6 @@ impl Channel for TerminalChannel {
         self.out
             .send(msg.clone())
             .map_err(|_| ChannelError::Gone("terminal closed".into()))?;
-        Ok(SentRef(msg.id.clone()))
+        Ok(SentRef::message(msg.id.clone()))
     }
 }

@@ -183,7 +183,6 @@ async fn start_channel(
 ) -> Result<(), DaemonError> {
     let id = ch.id().to_string();
     let caps = ch.capabilities();
-    let (streaming, progress) = (caps.streaming, caps.progress);
     let adapter = Arc::downgrade(&ch);
     let stop = kit.stop.child_token();
     let (actor, _) = Actor::spawn(
@@ -227,8 +226,7 @@ async fn start_channel(
         &id,
         ChannelEntry {
             actor,
-            streaming,
-            progress,
+            caps,
             stop,
             adapter,
         },
@@ -465,7 +463,6 @@ impl Daemon {
                 shutdown: turns.clone(),
                 idle: config.sessions.idle,
                 max_queue: config.sessions.max_queue,
-                stream: config.agent.stream,
                 max_live: config.sessions.max_in_memory,
             },
         )

@@ -6,7 +6,9 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, OnceLock, RwLock};
 
-use clawft_channel_core::{ChannelId, ChatId, OutboundKind, OutboundMessage, ThreadId};
+use clawft_channel_core::{
+    Capabilities, ChannelId, ChatId, OutboundKind, OutboundMessage, ThreadId,
+};
 use tokio_util::sync::CancellationToken;
 
 use super::{ChannelMsg, ChannelRef};
@@ -19,28 +21,15 @@ use crate::types::SessionKey;
 pub struct ChannelEntry {
     /// Its actor (outbox worker, typing, state).
     pub actor: ChannelRef,
-    /// Whether it shows deltas (its capabilities' `streaming`).
-    pub streaming: bool,
-    /// Whether it shows tool progress (its capabilities' `progress`).
-    pub progress: bool,
+    /// Its adapter's capabilities, read when it started: what it takes besides durable
+    /// messages (deltas, tool progress).
+    pub caps: Capabilities,
     /// Stops its listener and outbox (a child of the daemon's channel token).
     pub stop: CancellationToken,
     /// The adapter itself (sessions ask it where an attachment is). Weak: adapters may hold
     /// handles that hold this table (the HTTP API holds the outbox), and a cycle would keep
     /// the store open after shutdown. The channel's actor and listener hold it strongly.
     pub adapter: std::sync::Weak<dyn clawft_channel_core::Channel>,
-}
-
-impl ChannelEntry {
-    /// Whether messages of `kind` go to this channel: durable ones always, deltas only when it
-    /// streams, progress notes only when it shows them.
-    pub fn takes(&self, kind: OutboundKind) -> bool {
-        match kind {
-            OutboundKind::Final | OutboundKind::Error => true,
-            OutboundKind::Delta => self.streaming,
-            OutboundKind::Progress => self.progress,
-        }
-    }
 }
 
 /// The channels running now, by id: the one table the daemon, the outbox, the `message` tool
@@ -86,9 +75,11 @@ impl ChannelTable {
             .collect()
     }
 
-    /// Whether `id` runs and shows deltas.
-    pub fn is_streaming(&self, id: &str) -> bool {
-        self.read().get(id).is_some_and(|e| e.streaming)
+    /// Whether channel `id` runs and takes messages of `kind` ([`Capabilities::takes`]): the
+    /// one place that decides whether a chat streams. The outbox routes by it, and a turn asks
+    /// it before it has the provider stream.
+    pub fn takes(&self, id: &str, kind: OutboundKind) -> bool {
+        self.read().get(id).is_some_and(|e| e.caps.takes(kind))
     }
 }
 
@@ -129,7 +120,7 @@ async fn route_when_durable(
 fn route_to(channels: &ChannelTable, msg: OutboundMessage) {
     match channels.get(msg.channel.as_str()) {
         // A channel gets only what its capabilities say it takes.
-        Some(e) if !e.takes(msg.kind()) => {}
+        Some(e) if !e.caps.takes(msg.kind()) => {}
         Some(e) => {
             if e.actor.cast(ChannelMsg::Send(msg)).is_err() {
                 tracing::warn!("channel actor gone; reply stays in the outbox");

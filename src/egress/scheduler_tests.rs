@@ -85,7 +85,7 @@ impl Channel for Recorder {
             .lock()
             .unwrap()
             .push((chat, msg.text().to_string()));
-        Ok(SentRef(String::new()))
+        Ok(SentRef::Nothing)
     }
     fn settled(&self, msg: &OutboundMessage) {
         self.settled.lock().unwrap().push(msg.id.clone());

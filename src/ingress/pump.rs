@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use clawft_channel_core::backoff::Backoff;
 use clawft_channel_core::{Ack, Channel, InboundDelivery, InboundEvent, OutboundMessage};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -61,7 +62,7 @@ async fn listen_loop(
     tx: mpsc::Sender<InboundDelivery>,
     stop: CancellationToken,
 ) {
-    let mut backoff = Duration::from_secs(1);
+    let mut backoff = Backoff::new(Duration::from_secs(1), MAX_LISTEN_BACKOFF);
     loop {
         let r = channel.listen(tx.clone(), stop.clone()).await;
         if stop.is_cancelled() {
@@ -78,11 +79,11 @@ async fn listen_loop(
                 tracing::error!(error = %e, kind = e.kind(), "channel listener failed; restarting")
             }
         }
+        let delay = backoff.next_delay();
         tokio::select! {
             () = stop.cancelled() => return,
-            () = tokio::time::sleep(backoff) => {}
+            () = tokio::time::sleep(delay) => {}
         }
-        backoff = (backoff * 2).min(MAX_LISTEN_BACKOFF);
     }
 }
 

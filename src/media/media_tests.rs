@@ -97,7 +97,7 @@ impl Channel for Chan {
         Ok(())
     }
     async fn send(&self, _msg: &OutboundMessage) -> Result<SentRef, ChannelError> {
-        Ok(SentRef(String::new()))
+        Ok(SentRef::Nothing)
     }
     async fn media_request(&self, m: &MediaRef) -> Result<MediaRequest, ChannelError> {
         let url = m.url.clone().unwrap_or_default();

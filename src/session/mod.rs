@@ -149,8 +149,6 @@ pub struct SessionArgs {
     pub tasks: TaskTracker,
     /// Parent of every turn's cancellation token.
     pub shutdown: CancellationToken,
-    /// Stream deltas and progress (the channel can show them).
-    pub stream: bool,
     /// Idle time before the session leaves memory.
     pub idle: Duration,
     /// Most queued messages.

@@ -26,11 +26,18 @@ pub(super) fn spawn(myself: &ActorRef<SessionMsg>, state: &mut SessionState, pla
     state.running = Some(RunningTurn {
         cancel: cancel.clone(),
     });
+    let outbox = state.args.hooks.outbox.clone();
+    // Streamed from the provider when the agent streams and the chat's channel takes deltas
+    // (the outbox decides; the terminal served through the HTTP API streams as it does).
+    let stream = plan.deps.shared.agent.stream
+        && outbox
+            .channels()
+            .takes(plan.ev.channel.as_str(), OutboundKind::Delta);
     let task = TurnTask {
         key: state.args.key.clone(),
-        outbox: state.args.hooks.outbox.clone(),
+        outbox,
         hooks: state.args.hooks.clone(),
-        stream: state.args.stream,
+        stream,
         cancel,
     };
     let history = state.transcript.clone();

@@ -1,5 +1,6 @@
 //! Streamed replies shown as one draft message, shared by the platform adapters (Telegram,
-//! Discord, Slack).
+//! Discord, Slack, Matrix; Signal for its finals) through their one send path
+//! ([`crate::send`]).
 //!
 //! The state machine lives in [`DraftBook`]; the platform supplies rendering and its API calls
 //! through [`DraftPlatform`]:
@@ -188,10 +189,6 @@ impl<Id, T> fmt::Debug for DraftBook<Id, T> {
     }
 }
 
-fn sent_ref<Id: fmt::Display>(id: Option<&Id>) -> SentRef {
-    SentRef(id.map(ToString::to_string).unwrap_or_default())
-}
-
 impl<Id, T> DraftBook<Id, T>
 where
     Id: Clone + fmt::Display + std::str::FromStr + Send + Sync + 'static,
@@ -239,7 +236,7 @@ where
     }
 
     /// Append a streamed fragment to its draft and show it when due. Answers the draft's
-    /// message id (empty before it is posted, or when the fragment was dropped).
+    /// message id ([`SentRef::Nothing`] before it is posted, or when the fragment was dropped).
     ///
     /// # Errors
     /// The platform's failure to post or edit (the text stays appended; a `retry_after` pauses
@@ -253,13 +250,13 @@ where
         P: DraftPlatform<Id = Id, Text = T>,
     {
         let Some(key) = DraftKey::of(msg) else {
-            return Ok(SentRef(String::new()));
+            return Ok(SentRef::Nothing);
         };
         let draft = {
             let mut book = self.lock();
             if book.finished.contains_key(&key) {
                 // A late fragment of a reply already delivered.
-                return Ok(SentRef(String::new()));
+                return Ok(SentRef::Nothing);
             }
             match book.drafts.get(&key) {
                 Some(d) => d.clone(),
@@ -276,7 +273,7 @@ where
         };
         let mut d = draft.lock().await;
         if d.closed {
-            return Ok(SentRef(String::new()));
+            return Ok(SentRef::Nothing);
         }
         if msg.is_restart() {
             // The text so far is withdrawn; the next deltas show the new attempt.
@@ -289,13 +286,13 @@ where
             || d.last_attempt
                 .is_none_or(|t| now.duration_since(t) >= self.opts.edit_interval);
         if !due || d.paused_until.is_some_and(|t| now < t) {
-            return Ok(sent_ref(d.message_id.as_ref()));
+            return Ok(SentRef::of(d.message_id.as_ref()));
         }
         let Some(preview) = platform.preview(&d.text) else {
-            return Ok(sent_ref(d.message_id.as_ref()));
+            return Ok(SentRef::of(d.message_id.as_ref()));
         };
         if d.shown.as_ref() == Some(&preview) {
-            return Ok(sent_ref(d.message_id.as_ref()));
+            return Ok(SentRef::of(d.message_id.as_ref()));
         }
         d.last_attempt = Some(now);
         let r = match d.message_id.clone() {
@@ -313,7 +310,7 @@ where
             Ok(id) => {
                 d.message_id = id;
                 d.shown = Some(preview);
-                Ok(sent_ref(d.message_id.as_ref()))
+                Ok(SentRef::of(d.message_id.as_ref()))
             }
             Err(e) => {
                 if let Some(wait) = e.retry_after() {
@@ -387,7 +384,7 @@ where
             }
         }
         self.close(key.as_ref(), guard.as_deref_mut());
-        Ok(sent_ref(delivered.first().and_then(Option::as_ref)))
+        Ok(SentRef::of(delivered.first().and_then(Option::as_ref)))
     }
 
     /// The final took the reply over: the draft is closed and forgotten, late deltas dropped.

@@ -14,12 +14,14 @@ use tokio_util::sync::CancellationToken;
 
 use crate::lock::MutexExt;
 
+pub mod backoff;
 pub mod bounded;
 pub mod command;
 pub mod draft;
 pub mod draft_journal;
 pub mod lock;
 pub mod media;
+pub mod send;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod text;
@@ -628,9 +630,85 @@ impl From<WireOutbound> for OutboundMessage {
     }
 }
 
-/// The platform's reference to a message it accepted.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SentRef(pub String);
+/// The platform's id of a message it accepted (Telegram `message_id`, Discord snowflake, Slack
+/// `ts`, Matrix event id, Signal timestamp, WhatsApp `wamid`, a mail's `Message-ID`), as text.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct MessageRef(pub String);
+
+/// What one [`Channel::send`] delivered: the platform's reference to the (first) message it
+/// accepted, or nothing (a kind the channel does not show, a delta dropped or not yet shown, a
+/// reply that renders to nothing). Written as the message id, or `""` for nothing, wherever it
+/// is serialised.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "String", into = "String")]
+pub enum SentRef {
+    /// Nothing was sent (or the platform's answer did not say what).
+    #[default]
+    Nothing,
+    /// The platform accepted this message.
+    Message(MessageRef),
+}
+
+impl SentRef {
+    /// The platform accepted message `id`.
+    pub fn message(id: impl Into<String>) -> Self {
+        Self::Message(MessageRef(id.into()))
+    }
+
+    /// A platform id that may be missing: nothing when there is none.
+    pub fn of<Id: fmt::Display>(id: Option<&Id>) -> Self {
+        id.map_or(Self::Nothing, |i| Self::message(i.to_string()))
+    }
+
+    /// Whether nothing was sent.
+    pub fn is_nothing(&self) -> bool {
+        matches!(self, Self::Nothing)
+    }
+
+    /// This, or `other` when this is nothing.
+    #[must_use]
+    pub fn or(self, other: SentRef) -> SentRef {
+        match self {
+            Self::Nothing => other,
+            Self::Message(m) => Self::Message(m),
+        }
+    }
+}
+
+impl From<String> for SentRef {
+    fn from(s: String) -> Self {
+        if s.is_empty() {
+            Self::Nothing
+        } else {
+            Self::message(s)
+        }
+    }
+}
+
+impl From<SentRef> for String {
+    fn from(s: SentRef) -> Self {
+        match s {
+            SentRef::Nothing => String::new(),
+            SentRef::Message(m) => m.0,
+        }
+    }
+}
+
+/// Tests written when a send answered a bare string read it as `sent.0` (`""` for nothing):
+/// they still can, and only they (production code matches on [`SentRef`]).
+#[cfg(any(test, feature = "testing"))]
+impl std::ops::Deref for SentRef {
+    type Target = MessageRef;
+
+    fn deref(&self) -> &MessageRef {
+        static NOTHING: MessageRef = MessageRef(String::new());
+        match self {
+            Self::Nothing => &NOTHING,
+            Self::Message(m) => m,
+        }
+    }
+}
 
 /// What a platform supports beyond plain text.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -643,6 +721,19 @@ pub struct Capabilities {
     pub max_message_bytes: usize,
     /// Largest file it uploads, in bytes (0: it sends no files).
     pub max_upload_bytes: u64,
+}
+
+impl Capabilities {
+    /// Whether messages of `kind` reach this channel: durable ones always, deltas (and
+    /// restarts) only when it streams, tool progress only when it shows it. The one rule the
+    /// outbox routes by (and the shared send path keeps to, for a caller that skips the outbox).
+    pub fn takes(&self, kind: OutboundKind) -> bool {
+        match kind {
+            OutboundKind::Final | OutboundKind::Error => true,
+            OutboundKind::Delta => self.streaming,
+            OutboundKind::Progress => self.progress,
+        }
+    }
 }
 
 impl Default for Capabilities {

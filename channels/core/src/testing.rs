@@ -128,6 +128,6 @@ impl Channel for FakeChannel {
         let n = inner.sent.len();
         drop(inner);
         self.changed.notify_waiters();
-        Ok(SentRef(format!("fake-{n}")))
+        Ok(SentRef::message(format!("fake-{n}")))
     }
 }

@@ -19,6 +19,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use clawft_channel_core::backoff::Backoff;
 use clawft_channel_core::lock::MutexExt;
 use clawft_channel_core::media::{MediaKind, MediaRef};
 use clawft_channel_core::{
@@ -260,8 +261,7 @@ pub(crate) async fn run(
     cancel: CancellationToken,
 ) -> Result<(), ChannelError> {
     let min = inner.cfg.reconnect_backoff.max(Duration::from_millis(1));
-    let mut backoff = min;
-    let mut attempt = 0u32;
+    let mut backoff = Backoff::new(min, MAX_BACKOFF).reset_after(STABLE_AFTER);
     let mut session = Session::load(&inner);
     let mut gateway: Option<String> = inner.cfg.gateway_url.clone();
     inner.set_status("connecting");
@@ -277,9 +277,10 @@ pub(crate) async fn run(
             &mut healthy,
         )
         .await;
-        if healthy || started.elapsed() >= STABLE_AFTER {
-            backoff = min;
-            attempt = 0;
+        if healthy {
+            backoff.reset();
+        } else {
+            backoff.ended(started.elapsed());
         }
         let (reason, delay) = match end {
             End::Cancelled => {
@@ -293,18 +294,18 @@ pub(crate) async fn run(
                 });
                 return Err(e);
             }
-            End::Reconnect(r) => {
-                let d = backoff;
-                backoff = (backoff * 2).min(MAX_BACKOFF);
-                (r, d)
+            End::Reconnect(r) => (r, backoff.next_delay()),
+            End::ReconnectNow(r) => {
+                backoff.count_attempt();
+                (r, Duration::ZERO)
             }
-            End::ReconnectNow(r) => (r, Duration::ZERO),
             End::InvalidSession(r) => {
+                backoff.count_attempt();
                 let (lo, hi) = INVALID_SESSION_WAIT;
                 (r, lo + (hi - lo).mul_f64(jitter()))
             }
         };
-        attempt += 1;
+        let attempt = backoff.attempt();
         tracing::info!(attempt, reason = %reason, delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX), "discord: reconnecting");
         inner.set_status(format!("reconnecting (attempt {attempt}): {reason}"));
         tokio::select! {

@@ -17,13 +17,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use clawft_channel_core::draft::{DraftBook, DraftOptions, DraftPlatform, Edited, Slot};
-use clawft_channel_core::draft_journal::DraftJournal;
+use clawft_channel_core::draft::{DraftOptions, DraftPlatform, Edited, Slot};
 use clawft_channel_core::lock::MutexExt;
 use clawft_channel_core::media::{self, MediaRef, MediaRequest, Multipart, OutboundFile};
+use clawft_channel_core::send::{SendFiles, SendPath, SendPlatform};
 use clawft_channel_core::{
-    Capabilities, Channel, ChannelError, ChannelId, ChatId, InboundDelivery, OutboundKind,
-    OutboundMessage, PlatformEventId, SentRef, StateStore, ThreadId,
+    Capabilities, Channel, ChannelError, ChannelId, ChatId, InboundDelivery, OutboundMessage,
+    PlatformEventId, SentRef, StateStore, ThreadId,
 };
 use reqwest::Method;
 use serde_json::{json, Value};
@@ -112,10 +112,9 @@ pub(crate) struct Inner {
     cfg: DiscordConfig,
     rest: rest::Rest,
     status: Mutex<String>,
-    /// Streamed drafts and the delivery progress of final replies.
-    drafts: DraftBook<String, String>,
-    /// How many attachments of each final reply were delivered (`files:<id>`).
-    files: DraftJournal,
+    /// Streamed drafts, the delivery progress of final replies and the attachments delivered
+    /// (`files:<id>`).
+    send: SendPath<String, String>,
     /// The origin of the configured REST base: attachment URLs on it are fetched directly.
     api_origin: reqwest::Url,
     bot: Mutex<Option<BotUser>>,
@@ -226,13 +225,14 @@ impl DiscordChannel {
         let rest = rest::Rest::new(base, cfg.token.trim())?;
         Ok(Self {
             inner: Arc::new(Inner {
-                drafts: DraftBook::new(DraftOptions {
-                    edit_interval: cfg.edit_interval,
-                    capacity: REMEMBERED,
-                    skip_repeated_deltas: false,
-                })
-                .with_journal(cfg.state.clone()),
-                files: DraftJournal::new(cfg.state.clone()),
+                send: SendPath::new(
+                    DraftOptions {
+                        edit_interval: cfg.edit_interval,
+                        capacity: REMEMBERED,
+                        skip_repeated_deltas: false,
+                    },
+                    cfg.state.clone(),
+                ),
                 api_origin,
                 cfg,
                 rest,
@@ -348,57 +348,6 @@ impl DiscordChannel {
             .to_string())
     }
 
-    /// Send the attachments of durable `msg` after its text, in order, skipping those an
-    /// earlier attempt delivered (journaled after each one). A file over
-    /// [`MAX_UPLOAD_BYTES`] is replaced by a note. Answers the first message posted, if any.
-    async fn send_files(
-        &self,
-        channel: &str,
-        msg: &OutboundMessage,
-    ) -> Result<Option<String>, ChannelError> {
-        let journal = &self.inner.files;
-        let mut first = None;
-        for (i, file) in msg
-            .attachments
-            .iter()
-            .enumerate()
-            .skip(journal.files_sent(&msg.id))
-        {
-            let nonce = nonce(&format!("file:{}", msg.id), i);
-            let mid = if file.size > MAX_UPLOAD_BYTES {
-                self.post(
-                    channel,
-                    &too_big_note(file, file.size, Some(MAX_UPLOAD_BYTES)),
-                    Some(nonce),
-                    None,
-                )
-                .await?
-            } else {
-                let bytes = media::read_file(file).await?;
-                let len = u64::try_from(bytes.len()).unwrap_or(u64::MAX);
-                if len > MAX_UPLOAD_BYTES {
-                    // It grew after it was queued.
-                    let note = too_big_note(file, len, Some(MAX_UPLOAD_BYTES));
-                    self.post(channel, &note, Some(nonce), None).await?
-                } else {
-                    match self.upload(channel, file, bytes, nonce.clone()).await {
-                        // A chat whose limit is lower than ours: a note as well.
-                        Err(e) if rest::is_too_large(&e) => {
-                            let note = too_big_note(file, len, None);
-                            self.post(channel, &note, Some(nonce), None).await?
-                        }
-                        r => r?,
-                    }
-                }
-            };
-            journal.set_files_sent(&msg.id, i + 1);
-            if first.is_none() && !mid.is_empty() {
-                first = Some(mid);
-            }
-        }
-        Ok(first)
-    }
-
     fn target_of<'a>(&'a self, msg: &'a OutboundMessage) -> Result<Target<'a>, ChannelError> {
         Ok(Target {
             ch: self,
@@ -479,6 +428,61 @@ impl DraftPlatform for Target<'_> {
 }
 
 #[async_trait]
+impl SendFiles for Target<'_> {
+    /// Each file is its own message (quoting nothing), deduplicated by a nonce from the
+    /// outbound id and the file's index. A file over [`MAX_UPLOAD_BYTES`] (or the chat's lower
+    /// limit) is replaced by a note.
+    async fn send_file(
+        &self,
+        index: usize,
+        file: &OutboundFile,
+        _first: bool,
+    ) -> Result<SentRef, ChannelError> {
+        let nonce = nonce(&format!("file:{}", self.msg_id), index);
+        if file.size > MAX_UPLOAD_BYTES {
+            let note = too_big_note(file, file.size, Some(MAX_UPLOAD_BYTES));
+            return self
+                .ch
+                .post(&self.channel, &note, Some(nonce), None)
+                .await
+                .map(SentRef::from);
+        }
+        let bytes = media::read_file(file).await?;
+        let len = u64::try_from(bytes.len()).unwrap_or(u64::MAX);
+        if len > MAX_UPLOAD_BYTES {
+            // It grew after it was queued.
+            let note = too_big_note(file, len, Some(MAX_UPLOAD_BYTES));
+            return self
+                .ch
+                .post(&self.channel, &note, Some(nonce), None)
+                .await
+                .map(SentRef::from);
+        }
+        match self
+            .ch
+            .upload(&self.channel, file, bytes, nonce.clone())
+            .await
+        {
+            // A chat whose limit is lower than ours: a note as well.
+            Err(e) if rest::is_too_large(&e) => {
+                let note = too_big_note(file, len, None);
+                self.ch
+                    .post(&self.channel, &note, Some(nonce), None)
+                    .await
+                    .map(SentRef::from)
+            }
+            r => r.map(SentRef::from),
+        }
+    }
+}
+
+impl SendPlatform for Target<'_> {
+    fn render(&self, markdown: &str) -> Vec<String> {
+        render::render_chunks(markdown)
+    }
+}
+
+#[async_trait]
 impl Channel for DiscordChannel {
     fn id(&self) -> &ChannelId {
         &self.inner.cfg.id
@@ -503,30 +507,11 @@ impl Channel for DiscordChannel {
     }
 
     async fn send(&self, msg: &OutboundMessage) -> Result<SentRef, ChannelError> {
-        match msg.kind() {
-            OutboundKind::Progress => Ok(SentRef(String::new())),
-            OutboundKind::Delta if !self.inner.cfg.stream_edits => Ok(SentRef(String::new())),
-            OutboundKind::Delta => {
-                // Deltas belong to a reply; without one there is nothing to stream into.
-                if msg.in_reply_to.is_none() {
-                    return Ok(SentRef(String::new()));
-                }
-                self.inner.drafts.delta(&self.target_of(msg)?, msg).await
-            }
-            OutboundKind::Final | OutboundKind::Error => {
-                let target = self.target_of(msg)?;
-                let chunks = render::render_chunks(msg.text());
-                let sent = self.inner.drafts.finish(&target, msg, chunks).await?;
-                if msg.attachments.is_empty() {
-                    return Ok(sent);
-                }
-                let first_file = self.send_files(&target.channel, msg).await?;
-                Ok(match first_file {
-                    Some(mid) if sent.0.is_empty() => SentRef(mid),
-                    _ => sent,
-                })
-            }
-        }
+        let caps = self.capabilities();
+        self.inner
+            .send
+            .send(&caps, msg, || self.target_of(msg))
+            .await
     }
 
     async fn typing(&self, chat: &ChatId, thread: Option<&ThreadId>) -> Result<(), ChannelError> {
@@ -569,7 +554,7 @@ impl Channel for DiscordChannel {
     }
 
     fn settled(&self, msg: &OutboundMessage) {
-        self.inner.drafts.settled(msg);
+        self.inner.send.settled(msg);
     }
 }
 

@@ -29,12 +29,13 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use base64::Engine as _;
+use clawft_channel_core::backoff::Backoff;
 use clawft_channel_core::lock::MutexExt;
 use clawft_channel_core::media::{MediaKind, MediaRef, MediaRequest};
 use clawft_channel_core::{
     now_ms, Ack, Capabilities, Channel, ChannelError, ChannelId, ChatId, InboundDelivery,
-    InboundEvent, MemoryState, OutboundKind, OutboundMessage, PlatformEventId, SentRef, StateStore,
-    ThreadId, UserId,
+    InboundEvent, MemoryState, OutboundMessage, PlatformEventId, SentRef, StateStore, ThreadId,
+    UserId,
 };
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
@@ -53,7 +54,7 @@ use imap::{IdleEnd, Imap, ImapError};
 
 /// State key of the cursor (`UIDVALIDITY:next UID`).
 pub const CURSOR_KEY: &str = "cursor";
-/// Longest reconnect backoff.
+/// Longest reconnect backoff (5 min): the delay starts at 1 s and doubles up to it.
 const MAX_BACKOFF: Duration = Duration::from_secs(300);
 /// Most `References` kept per thread.
 const MAX_REFERENCES: usize = 20;
@@ -182,10 +183,6 @@ enum Step {
 pub struct EmailChannel {
     cfg: EmailConfig,
     status: Mutex<String>,
-}
-
-fn backoff(attempt: u32) -> Duration {
-    Duration::from_secs(1u64 << attempt.saturating_sub(1).min(8)).min(MAX_BACKOFF)
 }
 
 /// Whether `s` looks like a mail address usable as a chat id.
@@ -327,7 +324,7 @@ impl EmailChannel {
         &self,
         tx: &mpsc::Sender<InboundDelivery>,
         cancel: &CancellationToken,
-        attempt: &mut u32,
+        backoff: &mut Backoff,
     ) -> Result<(), ChannelError> {
         let mut imap = tokio::select! {
             r = self.connect() => r?,
@@ -338,7 +335,7 @@ impl EmailChannel {
             .await
             .map_err(|e| self.imap_error(e))?;
         self.set_status(format!("connected as {}", self.cfg.address));
-        *attempt = 0;
+        backoff.reset();
         loop {
             let uids = match self.cursor() {
                 Some((v, next)) if v == sel.validity => imap
@@ -613,9 +610,9 @@ impl Channel for EmailChannel {
         tx: mpsc::Sender<InboundDelivery>,
         cancel: CancellationToken,
     ) -> Result<(), ChannelError> {
-        let mut attempt = 0u32;
+        let mut backoff = Backoff::new(Duration::from_secs(1), MAX_BACKOFF);
         loop {
-            let err = match self.session(&tx, &cancel, &mut attempt).await {
+            let err = match self.session(&tx, &cancel, &mut backoff).await {
                 Ok(()) => return Ok(()),
                 Err(e) => e,
             };
@@ -623,8 +620,8 @@ impl Channel for EmailChannel {
                 self.set_status(format!("auth failed: {m}"));
                 return Err(err);
             }
-            attempt = attempt.saturating_add(1);
-            let delay = backoff(attempt);
+            let delay = backoff.next_delay();
+            let attempt = backoff.attempt();
             tracing::warn!(attempt, ?delay, error = %err, "email: IMAP failed; reconnecting");
             self.set_status(format!("reconnecting (attempt {attempt}): {err}"));
             tokio::select! {
@@ -635,12 +632,13 @@ impl Channel for EmailChannel {
     }
 
     async fn send(&self, msg: &OutboundMessage) -> Result<SentRef, ChannelError> {
-        if !matches!(msg.kind(), OutboundKind::Final | OutboundKind::Error) {
-            return Ok(SentRef(String::new()));
+        // Deltas and progress: a mail is sent whole.
+        if !self.capabilities().takes(msg.kind()) {
+            return Ok(SentRef::Nothing);
         }
         let sent_key = format!("sent.{}", msg.id);
         if let Some(mid) = self.cfg.state.get(&sent_key).filter(|v| !v.is_empty()) {
-            return Ok(SentRef(mid));
+            return Ok(SentRef::message(mid));
         }
         let to = msg.chat.as_str();
         if !is_address(to) {
@@ -654,7 +652,7 @@ impl Channel for EmailChannel {
                 Ok(true) => {
                     tracing::info!(message_id = %mid, "already in the sent mailbox: not sent again");
                     let _ = self.cfg.state.put(&sent_key, &mid);
-                    return Ok(SentRef(mid));
+                    return Ok(SentRef::message(mid));
                 }
                 Ok(false) => {}
                 Err(e) => return Err(e),
@@ -743,7 +741,7 @@ impl Channel for EmailChannel {
                 tracing::warn!(error = %e, "could not keep a copy in the sent mailbox");
             }
         }
-        Ok(SentRef(mid))
+        Ok(SentRef::message(mid))
     }
 
     async fn media_request(&self, media: &MediaRef) -> Result<MediaRequest, ChannelError> {

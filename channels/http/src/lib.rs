@@ -1105,7 +1105,7 @@ impl HttpChannel {
             .mail
             .append(msg.chat.as_str(), mail_entry(msg), MAILBOX_PER_CHAT)
             .map_err(|e| ChannelError::Transient(format!("mailbox: {e}")))?;
-        Ok(SentRef(msg.id.clone()))
+        Ok(SentRef::message(msg.id.clone()))
     }
 }
 
@@ -1212,7 +1212,7 @@ impl Channel for HttpChannel {
                     let _ = tx.send(msg.clone()).await;
                 }
                 if terminal {
-                    return Ok(SentRef(msg.id.clone()));
+                    return Ok(SentRef::message(msg.id.clone()));
                 }
             }
             // A proactive message: keep it for `GET /v1/chats/{chat_id}/messages`.
@@ -1233,7 +1233,7 @@ impl Channel for HttpChannel {
                 Some(Waiter::Stream { tx, .. }) => tx.clone(),
                 Some(Waiter::Once(_)) if !msg.kind().is_durable() => {
                     // A plain request does not want deltas or progress.
-                    return Ok(SentRef(msg.id.clone()));
+                    return Ok(SentRef::message(msg.id.clone()));
                 }
                 Some(Waiter::Once(_)) => {
                     let sent = match g.waiters.remove(reply_to) {
@@ -1243,7 +1243,7 @@ impl Channel for HttpChannel {
                     drop(g);
                     // The client left in the meantime: the reply waits in the mailbox.
                     return if sent {
-                        Ok(SentRef(msg.id.clone()))
+                        Ok(SentRef::message(msg.id.clone()))
                     } else {
                         self.keep(msg)
                     };
@@ -1262,7 +1262,7 @@ impl Channel for HttpChannel {
             }
         };
         match stream_tx.send(msg.clone()).await {
-            Ok(()) => Ok(SentRef(msg.id.clone())),
+            Ok(()) => Ok(SentRef::message(msg.id.clone())),
             Err(_) if msg.kind().is_durable() => self.keep(msg),
             Err(_) => Err(ChannelError::Gone("stream closed".into())),
         }

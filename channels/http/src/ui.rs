@@ -1087,6 +1087,6 @@ impl Channel for WebChannel {
     async fn send(&self, msg: &OutboundMessage) -> Result<SentRef, ChannelError> {
         // Pages that are open see it at once; the transcript keeps it for the others.
         let _ = self.events.send(event_json(msg).to_string());
-        Ok(SentRef(msg.id.clone()))
+        Ok(SentRef::message(msg.id.clone()))
     }
 }

@@ -42,15 +42,15 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use clawft_channel_core::draft::{DraftBook, DraftOptions, DraftPlatform, Edited, Slot};
-use clawft_channel_core::draft_journal::DraftJournal;
+use clawft_channel_core::draft::{DraftOptions, DraftPlatform, Edited, Slot};
 use clawft_channel_core::lock::MutexExt;
 use clawft_channel_core::media::{MediaKind, MediaRef, MediaRequest, OutboundFile};
+use clawft_channel_core::send::{SendFiles, SendPath, SendPlatform};
 use clawft_channel_core::text::{split_markdown, Measure};
 pub use clawft_channel_core::GroupMode;
 use clawft_channel_core::{
     Capabilities, Channel, ChannelError, ChannelId, ChatId, InboundDelivery, MemoryState,
-    OutboundKind, OutboundMessage, PlatformEventId, SentRef, StateStore, ThreadId,
+    OutboundMessage, PlatformEventId, SentRef, StateStore, ThreadId,
 };
 use reqwest::{Method, Url};
 use serde_json::{json, Value};
@@ -159,8 +159,8 @@ pub(crate) struct Inner {
     pub(crate) authenticated_media: AtomicBool,
     /// Joined members per room (a room of two is a DM).
     pub(crate) members: Mutex<HashMap<String, u64>>,
-    drafts: DraftBook<String, Rendered>,
-    journal: DraftJournal,
+    /// Streamed drafts, the delivery progress of final replies and the attachments delivered.
+    send: SendPath<String, Rendered>,
 }
 
 impl Inner {
@@ -266,13 +266,14 @@ impl MatrixChannel {
         let api = api::Client::new(base, cfg.access_token.clone())?;
         Ok(Self {
             inner: Arc::new(Inner {
-                journal: DraftJournal::new(cfg.state.clone()),
-                drafts: DraftBook::new(DraftOptions {
-                    edit_interval: cfg.edit_interval,
-                    capacity: PROGRESS_KEPT,
-                    skip_repeated_deltas: true,
-                })
-                .with_journal(cfg.state.clone()),
+                send: SendPath::new(
+                    DraftOptions {
+                        edit_interval: cfg.edit_interval,
+                        capacity: PROGRESS_KEPT,
+                        skip_repeated_deltas: true,
+                    },
+                    cfg.state.clone(),
+                ),
                 me: Mutex::new(None),
                 authenticated_media: AtomicBool::new(true),
                 members: Mutex::new(HashMap::new()),
@@ -291,68 +292,6 @@ impl MatrixChannel {
             reply_to: msg.in_reply_to.as_ref().map(PlatformEventId::as_str),
             outbound: &msg.id,
         }
-    }
-
-    /// Upload and post the attachments of final `msg` not yet delivered, journaling the count
-    /// after each; a file over the limit becomes a note.
-    async fn send_files(&self, msg: &OutboundMessage) -> Result<(), ChannelError> {
-        let journal = &self.inner.journal;
-        let done = journal.files_sent(&msg.id);
-        let t = self.target(msg);
-        for (i, f) in msg.attachments.iter().enumerate().skip(done) {
-            let txn = format!("{}-f{i}", msg.id);
-            self.send_file(&t, &txn, f).await?;
-            journal.set_files_sent(&msg.id, i + 1);
-        }
-        Ok(())
-    }
-
-    async fn send_file(
-        &self,
-        t: &Target<'_>,
-        txn: &str,
-        f: &OutboundFile,
-    ) -> Result<(), ChannelError> {
-        let limit = self.inner.cfg.max_upload_bytes;
-        let bytes = if f.size > limit {
-            None
-        } else {
-            Some(clawft_channel_core::media::read_file(f).await?)
-        };
-        let Some(bytes) = bytes.filter(|b| b.len() as u64 <= limit) else {
-            let note = format!(
-                "{} ({} KB) is over the {} KB limit for files sent to Matrix, so it was not sent.",
-                f.name,
-                f.size.div_ceil(1024),
-                limit / 1024
-            );
-            let mut content = json!({"msgtype": "m.notice", "body": note});
-            t.relate(&mut content, false);
-            self.inner
-                .send_event(&t.room, "m.room.message", txn, &content)
-                .await?;
-            return Ok(());
-        };
-        let size = bytes.len();
-        let uri = self.inner.api.upload(&f.name, &f.mime, bytes).await?;
-        let msgtype = match f.kind {
-            MediaKind::Image => "m.image",
-            MediaKind::Voice | MediaKind::Audio => "m.audio",
-            MediaKind::Video => "m.video",
-            MediaKind::Document => "m.file",
-        };
-        let mut content = json!({
-            "msgtype": msgtype,
-            "body": f.name,
-            "filename": f.name,
-            "url": uri,
-            "info": {"mimetype": f.mime, "size": size},
-        });
-        t.relate(&mut content, false);
-        self.inner
-            .send_event(&t.room, "m.room.message", txn, &content)
-            .await
-            .map(drop)
     }
 }
 
@@ -438,6 +377,67 @@ impl DraftPlatform for Target<'_> {
             .send_event(&self.room, "m.room.message", &txn, &content)
             .await?;
         Ok(Edited::Done)
+    }
+}
+
+#[async_trait]
+impl SendFiles for Target<'_> {
+    /// Upload the file and post it in the room and thread (no quote), with transaction id
+    /// `<outbound id>-f<index>` (a resend reuses it); a file over the limit becomes a notice.
+    async fn send_file(
+        &self,
+        index: usize,
+        f: &OutboundFile,
+        _first: bool,
+    ) -> Result<SentRef, ChannelError> {
+        let txn = format!("{}-f{index}", self.outbound);
+        let limit = self.inner.cfg.max_upload_bytes;
+        let bytes = if f.size > limit {
+            None
+        } else {
+            Some(clawft_channel_core::media::read_file(f).await?)
+        };
+        let Some(bytes) = bytes.filter(|b| b.len() as u64 <= limit) else {
+            let note = format!(
+                "{} ({} KB) is over the {} KB limit for files sent to Matrix, so it was not sent.",
+                f.name,
+                f.size.div_ceil(1024),
+                limit / 1024
+            );
+            let mut content = json!({"msgtype": "m.notice", "body": note});
+            self.relate(&mut content, false);
+            return self
+                .inner
+                .send_event(&self.room, "m.room.message", &txn, &content)
+                .await
+                .map(SentRef::from);
+        };
+        let size = bytes.len();
+        let uri = self.inner.api.upload(&f.name, &f.mime, bytes).await?;
+        let msgtype = match f.kind {
+            MediaKind::Image => "m.image",
+            MediaKind::Voice | MediaKind::Audio => "m.audio",
+            MediaKind::Video => "m.video",
+            MediaKind::Document => "m.file",
+        };
+        let mut content = json!({
+            "msgtype": msgtype,
+            "body": f.name,
+            "filename": f.name,
+            "url": uri,
+            "info": {"mimetype": f.mime, "size": size},
+        });
+        self.relate(&mut content, false);
+        self.inner
+            .send_event(&self.room, "m.room.message", &txn, &content)
+            .await
+            .map(SentRef::from)
+    }
+}
+
+impl SendPlatform for Target<'_> {
+    fn render(&self, markdown: &str) -> Vec<Rendered> {
+        chunks(markdown)
     }
 }
 
@@ -529,21 +529,11 @@ impl Channel for MatrixChannel {
     }
 
     async fn send(&self, msg: &OutboundMessage) -> Result<SentRef, ChannelError> {
-        match msg.kind() {
-            OutboundKind::Progress => Ok(SentRef(String::new())),
-            OutboundKind::Delta if !self.inner.cfg.stream_edits => Ok(SentRef(String::new())),
-            OutboundKind::Delta => self.inner.drafts.delta(&self.target(msg), msg).await,
-            OutboundKind::Final | OutboundKind::Error => {
-                let chunks = chunks(msg.text());
-                let sent = self
-                    .inner
-                    .drafts
-                    .finish(&self.target(msg), msg, chunks)
-                    .await?;
-                self.send_files(msg).await?;
-                Ok(sent)
-            }
-        }
+        let caps = self.capabilities();
+        self.inner
+            .send
+            .send(&caps, msg, || Ok(self.target(msg)))
+            .await
     }
 
     async fn typing(&self, chat: &ChatId, _thread: Option<&ThreadId>) -> Result<(), ChannelError> {
@@ -597,7 +587,7 @@ impl Channel for MatrixChannel {
     }
 
     fn settled(&self, msg: &OutboundMessage) {
-        self.inner.drafts.settled(msg);
+        self.inner.send.settled(msg);
     }
 }
 

@@ -5,6 +5,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use clawft_channel_core::backoff::Backoff;
 use clawft_channel_core::lock::MutexExt;
 use clawft_channel_core::media::{MediaKind, MediaRef};
 use clawft_channel_core::{
@@ -51,7 +52,7 @@ pub(crate) async fn run(
     inner.set_status(format!("connected as {me}"));
     let state = inner.cfg.state.clone();
     let mut since = state.get(SINCE_KEY).filter(|s| !s.is_empty());
-    let mut backoff = inner.cfg.backoff_min;
+    let mut backoff = Backoff::new(inner.cfg.backoff_min, inner.cfg.backoff_max);
     loop {
         let timeout = if since.is_some() {
             inner.cfg.sync_timeout
@@ -79,20 +80,20 @@ pub(crate) async fn run(
                             tracing::warn!(channel = %inner.cfg.id, error = %e, "the sync position was not stored");
                         }
                         since = Some(next);
-                        backoff = inner.cfg.backoff_min;
+                        backoff.reset();
                         inner.set_status(format!("connected as {me}"));
                         continue;
                     }
                 }
             }
         };
-        tracing::warn!(channel = %inner.cfg.id, error = %failed, retry_in = ?backoff, "matrix sync failed");
+        let delay = backoff.next_delay();
+        tracing::warn!(channel = %inner.cfg.id, error = %failed, retry_in = ?delay, "matrix sync failed");
         inner.set_status(format!("reconnecting: {failed}"));
         tokio::select! {
             () = cancel.cancelled() => return Ok(()),
-            () = tokio::time::sleep(backoff) => {}
+            () = tokio::time::sleep(delay) => {}
         }
-        backoff = (backoff * 2).min(inner.cfg.backoff_max);
     }
 }
 

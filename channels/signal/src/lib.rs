@@ -39,13 +39,13 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use base64::Engine;
-use clawft_channel_core::draft::{DraftBook, DraftOptions, DraftPlatform, Edited, Slot};
-use clawft_channel_core::draft_journal::DraftJournal;
+use clawft_channel_core::draft::{DraftOptions, DraftPlatform, Edited, Slot};
 use clawft_channel_core::lock::MutexExt;
 use clawft_channel_core::media::{MediaRef, MediaRequest, OutboundFile};
+use clawft_channel_core::send::{SendFiles, SendPath, SendPlatform};
 use clawft_channel_core::{
     Capabilities, Channel, ChannelError, ChannelId, ChatId, InboundDelivery, MemoryState,
-    OutboundKind, OutboundMessage, SentRef, StateStore, ThreadId,
+    OutboundMessage, SentRef, StateStore, ThreadId,
 };
 use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
@@ -151,10 +151,9 @@ pub(crate) struct Inner {
     pub(crate) rpc: Rpc,
     pub(crate) http: reqwest::Client,
     pub(crate) status: Mutex<String>,
-    /// Delivery progress of final replies (no drafts: Signal replies are not streamed).
-    book: DraftBook<u64, Rendered>,
-    /// How many attachments of each final reply were delivered (`files:<id>`).
-    journal: DraftJournal,
+    /// Delivery progress of final replies and the attachments delivered (`files:<id>`); no
+    /// drafts: Signal replies are not streamed.
+    send: SendPath<u64, Rendered>,
     /// The loopback file endpoint for inbound attachments, started on first use.
     files: files::FileServer,
 }
@@ -208,13 +207,14 @@ impl SignalChannel {
         let rpc = Rpc::new(http.clone(), &cfg.api_url, &cfg.number);
         Ok(Self {
             inner: Arc::new(Inner {
-                journal: DraftJournal::new(cfg.state.clone()),
-                book: DraftBook::new(DraftOptions {
-                    edit_interval: Duration::from_secs(1),
-                    capacity: PROGRESS_KEPT,
-                    skip_repeated_deltas: true,
-                })
-                .with_journal(cfg.state.clone()),
+                send: SendPath::new(
+                    DraftOptions {
+                        edit_interval: Duration::from_secs(1),
+                        capacity: PROGRESS_KEPT,
+                        skip_repeated_deltas: true,
+                    },
+                    cfg.state.clone(),
+                ),
                 rpc,
                 http,
                 cfg,
@@ -238,56 +238,10 @@ impl SignalChannel {
         p
     }
 
-    /// `send`; answers the timestamp Signal gave the message.
-    async fn send_raw(&self, p: Map<String, Value>) -> Result<u64, ChannelError> {
+    /// `send`; answers the timestamp Signal gave the message (if signal-cli said it).
+    async fn send_raw(&self, p: Map<String, Value>) -> Result<Option<u64>, ChannelError> {
         let r = self.inner.rpc.call("send", p).await?;
-        Ok(r.get("timestamp").and_then(Value::as_u64).unwrap_or(0))
-    }
-
-    /// Send the attachments of final `msg` not yet delivered, in order, counting each.
-    async fn send_files(&self, msg: &OutboundMessage) -> Result<(), ChannelError> {
-        let journal = &self.inner.journal;
-        let done = journal.files_sent(&msg.id);
-        for (i, f) in msg.attachments.iter().enumerate().skip(done) {
-            self.send_file(msg.chat.as_str(), f).await?;
-            journal.set_files_sent(&msg.id, i + 1);
-        }
-        Ok(())
-    }
-
-    async fn send_file(&self, chat: &str, f: &OutboundFile) -> Result<(), ChannelError> {
-        let limit = self.inner.cfg.max_upload_bytes;
-        let note = |size: u64| {
-            format!(
-                "{} ({} KB) is over the {} KB limit for files sent to Signal, so it was not sent.",
-                f.name,
-                size.div_ceil(1024),
-                limit / 1024
-            )
-        };
-        let mut p = Self::target_params(chat);
-        if f.size > limit {
-            p.insert("message".into(), Value::String(note(f.size)));
-            return self.send_raw(p).await.map(drop);
-        }
-        let bytes = clawft_channel_core::media::read_file(f).await?;
-        if bytes.len() as u64 > limit {
-            p.insert("message".into(), Value::String(note(bytes.len() as u64)));
-            return self.send_raw(p).await.map(drop);
-        }
-        // signal-cli's data URI: `data:<mime>;filename=<name>;base64,<data>`.
-        let name: String = f
-            .name
-            .chars()
-            .map(|c| if matches!(c, ';' | ',' | '/') { '_' } else { c })
-            .collect();
-        let uri = format!(
-            "data:{};filename={name};base64,{}",
-            f.mime,
-            base64::engine::general_purpose::STANDARD.encode(&bytes)
-        );
-        p.insert("attachments".into(), json!([uri]));
-        self.send_raw(p).await.map(drop)
+        Ok(r.get("timestamp").and_then(Value::as_u64))
     }
 }
 
@@ -327,12 +281,64 @@ impl DraftPlatform for Target<'_> {
                 }
             }
         }
-        self.ch.send_raw(p).await.map(Some)
+        self.ch.send_raw(p).await
     }
 
     /// Never reached (no drafts); a message to replace is posted again.
     async fn edit(&self, _id: &u64, _text: &Rendered) -> Result<Edited, ChannelError> {
         Ok(Edited::Gone)
+    }
+}
+
+#[async_trait]
+impl SendFiles for Target<'_> {
+    /// Each file is its own `send` (a `data:` URI, so signal-cli may run on another host),
+    /// quoting nothing; a file over the limit becomes a note. Answers its timestamp.
+    async fn send_file(
+        &self,
+        _index: usize,
+        f: &OutboundFile,
+        _first: bool,
+    ) -> Result<SentRef, ChannelError> {
+        let sent = |ts: Option<u64>| SentRef::of(ts.as_ref());
+        let limit = self.ch.inner.cfg.max_upload_bytes;
+        let note = |size: u64| {
+            format!(
+                "{} ({} KB) is over the {} KB limit for files sent to Signal, so it was not sent.",
+                f.name,
+                size.div_ceil(1024),
+                limit / 1024
+            )
+        };
+        let mut p = SignalChannel::target_params(self.msg.chat.as_str());
+        if f.size > limit {
+            p.insert("message".into(), Value::String(note(f.size)));
+            return self.ch.send_raw(p).await.map(sent);
+        }
+        let bytes = clawft_channel_core::media::read_file(f).await?;
+        if bytes.len() as u64 > limit {
+            p.insert("message".into(), Value::String(note(bytes.len() as u64)));
+            return self.ch.send_raw(p).await.map(sent);
+        }
+        // signal-cli's data URI: `data:<mime>;filename=<name>;base64,<data>`.
+        let name: String = f
+            .name
+            .chars()
+            .map(|c| if matches!(c, ';' | ',' | '/') { '_' } else { c })
+            .collect();
+        let uri = format!(
+            "data:{};filename={name};base64,{}",
+            f.mime,
+            base64::engine::general_purpose::STANDARD.encode(&bytes)
+        );
+        p.insert("attachments".into(), json!([uri]));
+        self.ch.send_raw(p).await.map(sent)
+    }
+}
+
+impl SendPlatform for Target<'_> {
+    fn render(&self, markdown: &str) -> Vec<Rendered> {
+        render::chunks(markdown)
     }
 }
 
@@ -360,16 +366,11 @@ impl Channel for SignalChannel {
     }
 
     async fn send(&self, msg: &OutboundMessage) -> Result<SentRef, ChannelError> {
-        match msg.kind() {
-            OutboundKind::Progress | OutboundKind::Delta => Ok(SentRef(String::new())),
-            OutboundKind::Final | OutboundKind::Error => {
-                let chunks = render::chunks(msg.text());
-                let target = Target { ch: self, msg };
-                let sent = self.inner.book.finish(&target, msg, chunks).await?;
-                self.send_files(msg).await?;
-                Ok(sent)
-            }
-        }
+        let caps = self.capabilities();
+        self.inner
+            .send
+            .send(&caps, msg, || Ok(Target { ch: self, msg }))
+            .await
     }
 
     async fn typing(&self, chat: &ChatId, _thread: Option<&ThreadId>) -> Result<(), ChannelError> {
@@ -391,6 +392,6 @@ impl Channel for SignalChannel {
     }
 
     fn settled(&self, msg: &OutboundMessage) {
-        self.inner.book.settled(msg);
+        self.inner.send.settled(msg);
     }
 }

@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use clawft_channel_core::backoff::Backoff;
 use clawft_channel_core::{now_ms, Ack, ChannelError, InboundDelivery};
 use futures::StreamExt;
 use serde_json::Value;
@@ -85,7 +86,7 @@ pub(crate) async fn run(
     tx: mpsc::Sender<InboundDelivery>,
     cancel: CancellationToken,
 ) -> Result<(), ChannelError> {
-    let mut backoff = inner.cfg.backoff_min;
+    let mut backoff = Backoff::new(inner.cfg.backoff_min, inner.cfg.backoff_max);
     loop {
         if cancel.is_cancelled() {
             return Ok(());
@@ -94,7 +95,7 @@ pub(crate) async fn run(
             Ok(End::Cancelled) => return Ok(()),
             Ok(End::Lost { why, delivered }) => {
                 if delivered {
-                    backoff = inner.cfg.backoff_min;
+                    backoff.reset();
                 }
                 inner.set_status(format!("reconnecting: {why}"));
                 tracing::info!(channel = %inner.cfg.id, reason = %why, "signal events stream lost, reconnecting");
@@ -107,11 +108,11 @@ pub(crate) async fn run(
                 }
             }
         }
+        let delay = backoff.next_delay();
         tokio::select! {
             () = cancel.cancelled() => return Ok(()),
-            () = tokio::time::sleep(backoff) => {}
+            () = tokio::time::sleep(delay) => {}
         }
-        backoff = (backoff * 2).min(inner.cfg.backoff_max);
     }
 }
 

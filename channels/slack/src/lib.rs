@@ -49,10 +49,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use clawft_channel_core::draft::{DraftBook, DraftOptions, DraftPlatform, Edited, Slot};
-use clawft_channel_core::draft_journal::DraftJournal;
+use clawft_channel_core::draft::{DraftOptions, DraftPlatform, Edited, Slot};
 use clawft_channel_core::lock::MutexExt;
 use clawft_channel_core::media::{MediaRef, MediaRequest, OutboundFile};
+use clawft_channel_core::send::{SendFiles, SendPath, SendPlatform};
 use clawft_channel_core::text::{split_markdown, Measure};
 use clawft_channel_core::{
     Capabilities, Channel, ChannelError, ChannelId, ChatId, InboundDelivery, MemoryState,
@@ -177,10 +177,9 @@ pub(crate) struct Inner {
     pub(crate) api: WebApi,
     pub(crate) tls: Arc<rustls::ClientConfig>,
     pub(crate) status: Mutex<String>,
-    /// Streamed drafts and the delivery progress of final replies.
-    drafts: DraftBook<String, String>,
-    /// How many attachments of each final reply were delivered (`files:<id>`).
-    journal: DraftJournal,
+    /// Streamed drafts, the delivery progress of final replies and the attachments delivered
+    /// (`files:<id>`).
+    send: SendPath<String, String>,
     /// The origin of `api_url` (the fakes' 127.0.0.1 in tests): trusted for downloads and
     /// uploads.
     api_origin: reqwest::Url,
@@ -235,15 +234,16 @@ impl SlackChannel {
         let tls = socket::tls_config()?;
         Ok(Self {
             inner: Arc::new(Inner {
-                journal: DraftJournal::new(cfg.state.clone()),
                 api_origin: url,
-                drafts: DraftBook::new(DraftOptions {
-                    edit_interval: cfg.edit_interval,
-                    capacity: PROGRESS_KEPT,
-                    // A retried delta is not appended twice.
-                    skip_repeated_deltas: true,
-                })
-                .with_journal(cfg.state.clone()),
+                send: SendPath::new(
+                    DraftOptions {
+                        edit_interval: cfg.edit_interval,
+                        capacity: PROGRESS_KEPT,
+                        // A retried delta is not appended twice.
+                        skip_repeated_deltas: true,
+                    },
+                    cfg.state.clone(),
+                ),
                 cfg,
                 api,
                 tls,
@@ -308,19 +308,8 @@ impl SlackChannel {
         (on_api, on_api || file_host)
     }
 
-    /// Upload the attachments of final `msg` not yet delivered, in order, journaling the count
-    /// after each; a file over the limit becomes a note.
-    async fn send_files(&self, msg: &OutboundMessage) -> Result<(), ChannelError> {
-        let journal = &self.inner.journal;
-        let done = journal.files_sent(&msg.id);
-        let thread = msg.thread.as_ref().map(ThreadId::as_str);
-        for (i, f) in msg.attachments.iter().enumerate().skip(done) {
-            self.send_file(msg.chat.as_str(), thread, f).await?;
-            journal.set_files_sent(&msg.id, i + 1);
-        }
-        Ok(())
-    }
-
+    /// Upload one attachment of a final reply into its chat and thread; a file over the limit
+    /// (or empty) becomes a note.
     async fn send_file(
         &self,
         chat: &str,
@@ -421,6 +410,26 @@ impl DraftPlatform for Target<'_> {
     }
 }
 
+#[async_trait]
+impl SendFiles for Target<'_> {
+    /// Slack's upload answers no message `ts`: a file is delivered, nothing to refer to.
+    async fn send_file(
+        &self,
+        _index: usize,
+        file: &OutboundFile,
+        _first: bool,
+    ) -> Result<SentRef, ChannelError> {
+        self.ch.send_file(self.chat, self.thread, file).await?;
+        Ok(SentRef::Nothing)
+    }
+}
+
+impl SendPlatform for Target<'_> {
+    fn render(&self, markdown: &str) -> Vec<String> {
+        chunks(markdown)
+    }
+}
+
 /// The note posted instead of a file over the upload limit.
 fn too_big_note(name: &str, size: u64, limit: u64) -> String {
     format!(
@@ -500,22 +509,12 @@ impl Channel for SlackChannel {
     }
 
     async fn send(&self, msg: &OutboundMessage) -> Result<SentRef, ChannelError> {
-        match msg.kind() {
-            OutboundKind::Progress => Ok(SentRef(String::new())),
-            OutboundKind::Delta if !self.inner.cfg.stream_edits => Ok(SentRef(String::new())),
-            // Repeated delta ids and deltas without `in_reply_to` are ignored by the book.
-            OutboundKind::Delta => self.inner.drafts.delta(&self.target(msg), msg).await,
-            OutboundKind::Final | OutboundKind::Error => {
-                let chunks = chunks(msg.text());
-                let sent = self
-                    .inner
-                    .drafts
-                    .finish(&self.target(msg), msg, chunks)
-                    .await?;
-                self.send_files(msg).await?;
-                Ok(sent)
-            }
-        }
+        let caps = self.capabilities();
+        // Repeated delta ids are ignored by the draft book.
+        self.inner
+            .send
+            .send(&caps, msg, || Ok(self.target(msg)))
+            .await
     }
 
     async fn media_request(&self, media: &MediaRef) -> Result<MediaRequest, ChannelError> {
@@ -550,6 +549,6 @@ impl Channel for SlackChannel {
     }
 
     fn settled(&self, msg: &OutboundMessage) {
-        self.inner.drafts.settled(msg);
+        self.inner.send.settled(msg);
     }
 }

@@ -12,6 +12,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use clawft_channel_core::backoff::Backoff;
 use clawft_channel_core::{
     now_ms, ChannelError, ChannelId, ChatId, InboundDelivery, InboundEvent, PlatformEventId,
     ThreadId, UserId,
@@ -69,8 +70,7 @@ pub(crate) async fn run(
     cancel: CancellationToken,
 ) -> Result<(), ChannelError> {
     let cfg = &inner.cfg;
-    let mut attempt: u32 = 0;
-    let mut backoff = cfg.backoff_min;
+    let mut backoff = Backoff::new(cfg.backoff_min, cfg.backoff_max);
     loop {
         if cancel.is_cancelled() || tx.is_closed() {
             inner.set_status("stopped");
@@ -87,10 +87,14 @@ pub(crate) async fn run(
                 immediate,
             }) => {
                 if healthy {
-                    attempt = 0;
-                    backoff = cfg.backoff_min;
+                    backoff.reset();
                 }
-                let delay = if immediate { Duration::ZERO } else { backoff };
+                let delay = if immediate {
+                    backoff.count_attempt();
+                    Duration::ZERO
+                } else {
+                    backoff.next_delay()
+                };
                 (why, delay)
             }
             Err(e @ ChannelError::Auth(_)) => {
@@ -103,16 +107,13 @@ pub(crate) async fn run(
                 return Err(e);
             }
             Err(e) => {
-                let delay = e.retry_after().unwrap_or(backoff).max(backoff);
-                (e.to_string(), delay)
+                let delay = backoff.next_delay();
+                (e.to_string(), e.retry_after().unwrap_or(delay).max(delay))
             }
         };
-        attempt += 1;
+        let attempt = backoff.attempt();
         inner.set_status(format!("reconnecting (attempt {attempt}): {why}"));
         tracing::warn!(channel = %cfg.id, attempt, delay_ms = delay.as_millis() as u64, reason = %why, "Slack Socket Mode reconnecting");
-        if !delay.is_zero() {
-            backoff = (backoff * 2).min(cfg.backoff_max);
-        }
         tokio::select! {
             () = cancel.cancelled() => {
                 inner.set_status("stopped");

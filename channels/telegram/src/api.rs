@@ -16,6 +16,8 @@ use teloxide_core::requests::{JsonRequest, Payload};
 use teloxide_core::types::{ChatId, Seconds};
 use teloxide_core::{ApiError, Bot, RequestError};
 
+use crate::ids::{Chat, MessageId, Topic, UpdateId};
+
 /// Timeout of every call but `getUpdates`.
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// How much longer than its long-poll `timeout` a `getUpdates` may take before the watchdog
@@ -35,7 +37,7 @@ impl Payload for GetMe {
 #[derive(Debug, Serialize)]
 pub(crate) struct GetUpdates {
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub offset: Option<i64>,
+    pub offset: Option<UpdateId>,
     pub timeout: u64,
     pub allowed_updates: Vec<&'static str>,
 }
@@ -47,18 +49,18 @@ impl Payload for GetUpdates {
 
 #[derive(Debug, Serialize)]
 pub(crate) struct ReplyParameters {
-    pub message_id: i64,
+    pub message_id: MessageId,
     pub allow_sending_without_reply: bool,
 }
 
 #[derive(Debug, Serialize)]
 pub(crate) struct SendMessage {
-    pub chat_id: Value,
+    pub chat_id: Chat,
     pub text: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub parse_mode: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub message_thread_id: Option<i64>,
+    pub message_thread_id: Option<Topic>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reply_parameters: Option<ReplyParameters>,
 }
@@ -66,7 +68,7 @@ pub(crate) struct SendMessage {
 /// The part of a sent `Message` we need.
 #[derive(Debug, Deserialize)]
 pub(crate) struct SentMessage {
-    pub message_id: i64,
+    pub message_id: MessageId,
 }
 
 impl Payload for SendMessage {
@@ -76,8 +78,8 @@ impl Payload for SendMessage {
 
 #[derive(Debug, Serialize)]
 pub(crate) struct EditMessageText {
-    pub chat_id: Value,
-    pub message_id: i64,
+    pub chat_id: Chat,
+    pub message_id: MessageId,
     pub text: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub parse_mode: Option<&'static str>,
@@ -90,10 +92,10 @@ impl Payload for EditMessageText {
 
 #[derive(Debug, Serialize)]
 pub(crate) struct SendChatAction {
-    pub chat_id: Value,
+    pub chat_id: Chat,
     pub action: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub message_thread_id: Option<i64>,
+    pub message_thread_id: Option<Topic>,
 }
 
 impl Payload for SendChatAction {
@@ -459,7 +461,7 @@ impl Api {
     /// One long poll.
     pub async fn get_updates(
         &self,
-        offset: Option<i64>,
+        offset: Option<UpdateId>,
         timeout: Duration,
     ) -> Result<Vec<Value>, CallError> {
         self.call(

@@ -34,22 +34,23 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use clawft_channel_core::backoff::Backoff;
 use clawft_channel_core::bounded::BoundedMap;
-use clawft_channel_core::draft::{DraftBook, DraftOptions, DraftPlatform, Edited, Slot};
-use clawft_channel_core::draft_journal::DraftJournal;
+use clawft_channel_core::draft::{DraftOptions, DraftPlatform, Edited, Slot};
 use clawft_channel_core::lock::MutexExt;
 use clawft_channel_core::media::{MediaRef, MediaRequest};
+use clawft_channel_core::send::{SendPath, SendPlatform};
 use clawft_channel_core::text::{split_markdown, Measure};
 use clawft_channel_core::{
     now_ms, Ack, Capabilities, Channel, ChannelError, ChannelId, ChatId, InboundDelivery,
-    InboundEvent, MemoryState, OutboundKind, OutboundMessage, PlatformEventId, SentRef, StateStore,
-    ThreadId, UserId,
+    InboundEvent, MemoryState, OutboundMessage, SentRef, StateStore, ThreadId, UserId,
 };
 use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 mod api;
+mod ids;
 pub mod inbound;
 mod media;
 pub mod render;
@@ -58,6 +59,7 @@ pub mod render;
 pub mod fake;
 
 use api::{Api, CallError, EditMessageText, Me, ReplyParameters, SendChatAction, SendMessage};
+use ids::{Chat, MessageId, Topic, UpdateId};
 
 /// Telegram's limit per message, in UTF-16 code units of the text after entity parsing.
 pub const MAX_MESSAGE_UTF16: usize = 4096;
@@ -150,7 +152,7 @@ impl fmt::Debug for TelegramConfig {
 /// The message a delivered update came from.
 #[derive(Clone, Copy)]
 struct Origin {
-    message_id: i64,
+    message_id: MessageId,
     group: bool,
 }
 
@@ -196,26 +198,25 @@ pub struct TelegramChannel {
     cfg: TelegramConfig,
     api: Api,
     status: Mutex<String>,
-    origins: Mutex<BoundedMap<PlatformEventId, Origin>>,
-    /// Streamed drafts and the delivery progress of final replies (journaled in the state
-    /// store, so a resend after a restart edits instead of posting again).
-    drafts: DraftBook<i64, Chunk>,
-    /// How many attachments of each final reply were uploaded (same state store).
-    journal: DraftJournal,
+    origins: Mutex<BoundedMap<UpdateId, Origin>>,
+    /// Streamed drafts, the delivery progress of final replies and the attachments uploaded
+    /// (journaled in the state store, so a resend after a restart edits instead of posting
+    /// again).
+    send: SendPath<MessageId, Chunk>,
 }
 
 /// The Telegram side of a streamed draft or final reply: where one outbound message goes.
 struct Target<'a> {
     ch: &'a TelegramChannel,
-    chat: Value,
-    thread: Option<i64>,
+    chat: Chat,
+    thread: Option<Topic>,
     /// The user's message the draft and the first chunk quote (groups only).
-    reply_to: Option<i64>,
+    reply_to: Option<MessageId>,
 }
 
 #[async_trait]
 impl DraftPlatform for Target<'_> {
-    type Id = i64;
+    type Id = MessageId;
     type Text = Chunk;
 
     /// The draft shows the first chunk of the text so far; the final reply posts the rest.
@@ -223,7 +224,7 @@ impl DraftPlatform for Target<'_> {
         plan_chunks(markdown).into_iter().next()
     }
 
-    async fn post(&self, slot: Slot, chunk: &Chunk) -> Result<Option<i64>, ChannelError> {
+    async fn post(&self, slot: Slot, chunk: &Chunk) -> Result<Option<MessageId>, ChannelError> {
         let reply_to = match slot {
             Slot::Draft | Slot::Chunk(0) => self.reply_to,
             Slot::Chunk(_) => None,
@@ -234,7 +235,7 @@ impl DraftPlatform for Target<'_> {
             .map(Some)
     }
 
-    async fn edit(&self, id: &i64, chunk: &Chunk) -> Result<Edited, ChannelError> {
+    async fn edit(&self, id: &MessageId, chunk: &Chunk) -> Result<Edited, ChannelError> {
         Ok(if self.ch.edit(&self.chat, *id, chunk).await? {
             Edited::Done
         } else {
@@ -243,28 +244,10 @@ impl DraftPlatform for Target<'_> {
     }
 }
 
-fn parse_chat(chat: &ChatId) -> Value {
-    match chat.as_str().parse::<i64>() {
-        Ok(n) => Value::from(n),
-        Err(_) => Value::from(chat.as_str()),
+impl SendPlatform for Target<'_> {
+    fn render(&self, markdown: &str) -> Vec<Chunk> {
+        plan_chunks(markdown)
     }
-}
-
-fn parse_thread(thread: Option<&ThreadId>) -> Result<Option<i64>, ChannelError> {
-    thread
-        .map(|t| {
-            t.as_str().parse::<i64>().map_err(|_| {
-                ChannelError::Rejected(format!(
-                    "Telegram thread ids are numeric message_thread_ids, got `{t}`"
-                ))
-            })
-        })
-        .transpose()
-}
-
-fn backoff(attempt: u32) -> Duration {
-    let secs = 1u64 << attempt.saturating_sub(1).min(6);
-    Duration::from_secs(secs).min(MAX_BACKOFF)
 }
 
 /// What the processing of one batch ended with.
@@ -326,13 +309,14 @@ impl TelegramChannel {
         let mut cfg = cfg;
         cfg.poll_timeout = cfg.poll_timeout.max(Duration::from_secs(1));
         Ok(Self {
-            drafts: DraftBook::new(DraftOptions {
-                edit_interval: cfg.edit_interval,
-                capacity: MAX_REMEMBERED,
-                skip_repeated_deltas: false,
-            })
-            .with_journal(cfg.state.clone()),
-            journal: DraftJournal::new(cfg.state.clone()),
+            send: SendPath::new(
+                DraftOptions {
+                    edit_interval: cfg.edit_interval,
+                    capacity: MAX_REMEMBERED,
+                    skip_repeated_deltas: false,
+                },
+                cfg.state.clone(),
+            ),
             cfg,
             api,
             status: Mutex::new("not started".into()),
@@ -359,9 +343,9 @@ impl TelegramChannel {
         }
     }
 
-    fn save_offset(&self, offset: Option<i64>) {
+    fn save_offset(&self, offset: Option<UpdateId>) {
         if let Some(o) = offset {
-            if let Err(e) = self.cfg.state.put(OFFSET_KEY, &o.to_string()) {
+            if let Err(e) = self.cfg.state.put(OFFSET_KEY, &o.0.to_string()) {
                 tracing::warn!(error = %e, "could not store the Telegram offset");
             }
         }
@@ -372,13 +356,13 @@ impl TelegramChannel {
         &self,
         me: &Me,
         updates: Vec<Value>,
-        offset: &mut Option<i64>,
+        offset: &mut Option<UpdateId>,
         tx: &mpsc::Sender<InboundDelivery>,
         cancel: &CancellationToken,
     ) -> Flow {
-        let mut updates: Vec<(i64, Value)> = updates
+        let mut updates: Vec<(UpdateId, Value)> = updates
             .into_iter()
-            .filter_map(|u| inbound::update_id(&u).map(|id| (id, u)))
+            .filter_map(|u| inbound::update_id(&u).map(|id| (UpdateId(id), u)))
             .collect();
         updates.sort_by_key(|(id, _)| *id);
         for (id, update) in updates {
@@ -388,16 +372,15 @@ impl TelegramChannel {
             let incoming = match inbound::decide(&update, me, self.cfg.group_mode) {
                 inbound::Decision::Deliver(i) => i,
                 inbound::Decision::Skip(why) => {
-                    tracing::debug!(update_id = id, why, "telegram update skipped");
-                    *offset = Some(id + 1);
+                    tracing::debug!(update_id = id.0, why, "telegram update skipped");
+                    *offset = Some(id.next());
                     continue;
                 }
             };
-            let event_id = PlatformEventId::new(id.to_string());
             self.origins.locked().insert(
-                event_id.clone(),
+                id,
                 Origin {
-                    message_id: incoming.message_id,
+                    message_id: MessageId(incoming.message_id),
                     group: incoming.group,
                 },
             );
@@ -406,7 +389,7 @@ impl TelegramChannel {
                 chat: ChatId::new(incoming.chat.to_string()),
                 thread: incoming.thread.map(|t| ThreadId::new(t.to_string())),
                 sender: UserId::new(incoming.sender.to_string()),
-                event_id,
+                event_id: id.event_id(),
                 content: incoming.text,
                 received_at_ms: now_ms(),
                 attachments: incoming.attachments,
@@ -424,7 +407,7 @@ impl TelegramChannel {
                 Ok(Ack::Accepted | Ack::Duplicate) => {}
                 Ok(Ack::Rejected(why)) => {
                     tracing::info!(
-                        update_id = id,
+                        update_id = id.0,
                         why,
                         "telegram message refused by the daemon"
                     );
@@ -432,7 +415,7 @@ impl TelegramChannel {
                 // Not stored: the update is fetched again (the offset stays).
                 Ok(Ack::Unavailable(why)) => {
                     tracing::warn!(
-                        update_id = id,
+                        update_id = id.0,
                         why,
                         "the daemon cannot store messages now; the update will be fetched again"
                     );
@@ -440,7 +423,7 @@ impl TelegramChannel {
                 }
                 Err(_) => return Flow::Unacked,
             }
-            *offset = Some(id + 1);
+            *offset = Some(id.next());
         }
         Flow::Continue
     }
@@ -448,11 +431,11 @@ impl TelegramChannel {
     /// Post one chunk; HTML refused by Telegram's parser is resent as plain text.
     async fn post(
         &self,
-        chat: &Value,
-        thread: Option<i64>,
-        reply_to: Option<i64>,
+        chat: &Chat,
+        thread: Option<Topic>,
+        reply_to: Option<MessageId>,
         chunk: &Chunk,
-    ) -> Result<i64, ChannelError> {
+    ) -> Result<MessageId, ChannelError> {
         let msg = |text: String, parse_mode| SendMessage {
             chat_id: chat.clone(),
             text,
@@ -482,8 +465,8 @@ impl TelegramChannel {
     /// Edit a message into a chunk. `Ok(false)` when the message can no longer be edited.
     async fn edit(
         &self,
-        chat: &Value,
-        message_id: i64,
+        chat: &Chat,
+        message_id: MessageId,
         chunk: &Chunk,
     ) -> Result<bool, ChannelError> {
         let edit = |text: String, parse_mode| EditMessageText {
@@ -513,18 +496,19 @@ impl TelegramChannel {
         }
     }
 
-    fn reply_target(&self, msg: &OutboundMessage) -> Option<i64> {
-        let id = msg.in_reply_to.as_ref()?;
-        let origins = self.origins.locked();
-        origins.get(id).filter(|o| o.group).map(|o| o.message_id)
-    }
-
+    /// Where `msg` goes; the user's message it quotes in a group, if the update it answers
+    /// was delivered by this process.
     fn target(&self, msg: &OutboundMessage) -> Result<Target<'_>, ChannelError> {
+        let update = msg.in_reply_to.as_ref().and_then(UpdateId::of);
+        let reply_to = update.and_then(|u| {
+            let origins = self.origins.locked();
+            origins.get(&u).filter(|o| o.group).map(|o| o.message_id)
+        });
         Ok(Target {
             ch: self,
-            chat: parse_chat(&msg.chat),
-            thread: parse_thread(msg.thread.as_ref())?,
-            reply_to: self.reply_target(msg),
+            chat: Chat::of(&msg.chat),
+            thread: Topic::of(msg.thread.as_ref())?,
+            reply_to,
         })
     }
 }
@@ -549,13 +533,14 @@ impl Channel for TelegramChannel {
         tx: mpsc::Sender<InboundDelivery>,
         cancel: CancellationToken,
     ) -> Result<(), ChannelError> {
-        let mut offset: Option<i64> = self
+        let mut offset: Option<UpdateId> = self
             .cfg
             .state
             .get(OFFSET_KEY)
-            .and_then(|s| s.trim().parse().ok());
+            .and_then(|s| s.trim().parse().ok())
+            .map(UpdateId);
         let mut me: Option<Me> = None;
-        let mut attempt: u32 = 0;
+        let mut backoff = Backoff::new(Duration::from_secs(1), MAX_BACKOFF);
         self.set_status("connecting");
         loop {
             let failure: String;
@@ -568,8 +553,8 @@ impl Channel for TelegramChannel {
                 };
                 match polled {
                     Ok(updates) => {
-                        if attempt > 0 {
-                            attempt = 0;
+                        if backoff.attempt() > 0 {
+                            backoff.reset();
                             self.set_status(format!("connected as @{}", bot.username));
                         }
                         if updates.is_empty() {
@@ -632,7 +617,7 @@ impl Channel for TelegramChannel {
                         tracing::info!(bot = %m.username, "Telegram connected");
                         self.set_status(format!("connected as @{}", m.username));
                         me = Some(m);
-                        attempt = 0;
+                        backoff.reset();
                         continue;
                     }
                     Err(e) => {
@@ -646,8 +631,8 @@ impl Channel for TelegramChannel {
                     }
                 }
             }
-            attempt = attempt.saturating_add(1);
-            let delay = backoff(attempt).max(wait.unwrap_or_default());
+            let delay = backoff.next_delay().max(wait.unwrap_or_default());
+            let attempt = backoff.attempt();
             tracing::warn!(attempt, ?delay, error = %failure, "Telegram polling failed; retrying");
             self.set_status(format!("reconnecting (attempt {attempt}): {failure}"));
             tokio::select! {
@@ -658,38 +643,15 @@ impl Channel for TelegramChannel {
     }
 
     async fn send(&self, msg: &OutboundMessage) -> Result<SentRef, ChannelError> {
-        match msg.kind() {
-            OutboundKind::Progress => Ok(SentRef(String::new())),
-            OutboundKind::Delta if !self.cfg.stream_edits => Ok(SentRef(String::new())),
-            OutboundKind::Delta => {
-                // Deltas belong to a reply; without one there is nothing to stream into.
-                if msg.in_reply_to.is_none() {
-                    return Ok(SentRef(String::new()));
-                }
-                self.drafts.delta(&self.target(msg)?, msg).await
-            }
-            OutboundKind::Final | OutboundKind::Error => {
-                let target = self.target(msg)?;
-                let chunks = plan_chunks(msg.text());
-                let sent = self.drafts.finish(&target, msg, chunks).await?;
-                if msg.attachments.is_empty() {
-                    return Ok(sent);
-                }
-                let first_file = self.send_files(&target, msg, sent.0.is_empty()).await?;
-                Ok(if sent.0.is_empty() {
-                    first_file.map_or(sent, |id| SentRef(id.to_string()))
-                } else {
-                    sent
-                })
-            }
-        }
+        let caps = self.capabilities();
+        self.send.send(&caps, msg, || self.target(msg)).await
     }
 
     async fn typing(&self, chat: &ChatId, thread: Option<&ThreadId>) -> Result<(), ChannelError> {
         let action = SendChatAction {
-            chat_id: parse_chat(chat),
+            chat_id: Chat::of(chat),
             action: "typing",
-            message_thread_id: parse_thread(thread)?,
+            message_thread_id: Topic::of(thread)?,
         };
         self.api
             .call_default(action)
@@ -707,7 +669,7 @@ impl Channel for TelegramChannel {
     }
 
     fn settled(&self, msg: &OutboundMessage) {
-        self.drafts.settled(msg);
+        self.send.settled(msg);
     }
 }
 

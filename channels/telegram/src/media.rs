@@ -7,19 +7,23 @@
 //!   too big", reported as [`ChannelError::Rejected`].
 //! - **Upload.** After the text of a final reply, each attachment is uploaded in order with the
 //!   method its kind and type call for (`sendPhoto`, `sendVoice`, `sendAudio`, `sendVideo`,
-//!   else `sendDocument`), one `multipart/form-data` request per file. The count uploaded is
-//!   journaled after each one, so a retry of the same reply uploads only the others. A file
-//!   over the upload limit (50 MB for bots) is replaced by a short note in the chat.
+//!   else `sendDocument`), one `multipart/form-data` request per file. The shared send path
+//!   (`clawft_channel_core::send`) journals the count uploaded after each one, so a retry of
+//!   the same reply uploads only the others. A file over the upload limit (50 MB for bots) is
+//!   replaced by a short note in the chat.
 
 use std::time::Duration;
 
+use async_trait::async_trait;
 use clawft_channel_core::media::{
     read_file, MediaKind, MediaRef, MediaRequest, Multipart, OutboundFile,
 };
-use clawft_channel_core::{ChannelError, OutboundMessage};
+use clawft_channel_core::send::SendFiles;
+use clawft_channel_core::{ChannelError, SentRef};
 use serde_json::Value;
 
 use crate::api::{CallError, GetFile};
+use crate::ids::MessageId;
 use crate::{Chunk, Target, TelegramChannel};
 
 /// `sendPhoto` takes photos up to 10 MB; bigger ones go as documents.
@@ -97,10 +101,58 @@ fn upload_deadline(len: u64) -> Duration {
     Duration::from_secs(60 + len / (256 * 1024))
 }
 
-fn chat_field(chat: &Value) -> String {
-    match chat {
-        Value::String(s) => s.clone(),
-        other => other.to_string(),
+#[async_trait]
+impl SendFiles for Target<'_> {
+    /// Upload one attachment with the method its kind and type call for; a file over the
+    /// limit, or one Telegram refuses, becomes a note. The first file of a reply without text
+    /// quotes the user's message (in groups). Answers the message id, when Telegram said it.
+    async fn send_file(
+        &self,
+        _index: usize,
+        file: &OutboundFile,
+        first: bool,
+    ) -> Result<SentRef, ChannelError> {
+        let reply_to = self.reply_to.filter(|_| first);
+        let limit = self.ch.cfg.max_upload_bytes;
+        if file.size > limit {
+            let note = too_big_note(&file.name, file.size, limit);
+            return self.ch.note(self, reply_to, &note).await;
+        }
+        let bytes = read_file(file).await?;
+        let len = u64::try_from(bytes.len()).unwrap_or(u64::MAX);
+        if len > limit {
+            let note = too_big_note(&file.name, len, limit);
+            return self.ch.note(self, reply_to, &note).await;
+        }
+        let (method, field) = upload_method(file, len);
+        let mut r = self
+            .ch
+            .upload(self, reply_to, file, &bytes, method, field)
+            .await;
+        if method == "sendPhoto" && r.as_ref().is_err_and(|e| self.ch.refused(e)) {
+            // Photos Telegram will not process (extreme proportions, odd encodings) still go,
+            // as a file.
+            r = self
+                .ch
+                .upload(self, reply_to, file, &bytes, "sendDocument", "document")
+                .await;
+        }
+        match r {
+            Ok(id) => Ok(SentRef::of(id.as_ref())),
+            Err(CallError::TooLarge) => {
+                let note = too_big_note(&file.name, len, limit);
+                self.ch.note(self, reply_to, &note).await
+            }
+            // One file Telegram refuses does not cost the others: a note says so (if the chat
+            // itself refuses, the note fails the same way).
+            Err(e) => match self.ch.classify(&e) {
+                ChannelError::Rejected(why) => {
+                    let note = refused_note(&file.name, &why);
+                    self.ch.note(self, reply_to, &note).await
+                }
+                other => Err(other),
+            },
+        }
     }
 }
 
@@ -164,87 +216,21 @@ impl TelegramChannel {
         })
     }
 
-    /// Upload the attachments of final `msg` not uploaded yet, in order, journaling each.
-    /// `reply_first`: no text was posted, so the first file quotes the user's message (in
-    /// groups). Answers the message id of the first file uploaded by this call.
-    pub(super) async fn send_files(
-        &self,
-        target: &Target<'_>,
-        msg: &OutboundMessage,
-        reply_first: bool,
-    ) -> Result<Option<i64>, ChannelError> {
-        let limit = self.cfg.max_upload_bytes;
-        let mut first = None;
-        let done = self.journal.files_sent(&msg.id);
-        for (i, file) in msg.attachments.iter().enumerate().skip(done) {
-            let reply_to = if reply_first && i == 0 {
-                target.reply_to
-            } else {
-                None
-            };
-            let id = if file.size > limit {
-                self.note(
-                    target,
-                    reply_to,
-                    &too_big_note(&file.name, file.size, limit),
-                )
-                .await?
-            } else {
-                let bytes = read_file(file).await?;
-                let len = u64::try_from(bytes.len()).unwrap_or(u64::MAX);
-                if len > limit {
-                    self.note(target, reply_to, &too_big_note(&file.name, len, limit))
-                        .await?
-                } else {
-                    let (method, field) = upload_method(file, len);
-                    let mut r = self
-                        .upload(target, reply_to, file, &bytes, method, field)
-                        .await;
-                    if method == "sendPhoto" && r.as_ref().is_err_and(|e| self.refused(e)) {
-                        // Photos Telegram will not process (extreme proportions, odd
-                        // encodings) still go, as a file.
-                        r = self
-                            .upload(target, reply_to, file, &bytes, "sendDocument", "document")
-                            .await;
-                    }
-                    match r {
-                        Ok(id) => id,
-                        Err(CallError::TooLarge) => {
-                            self.note(target, reply_to, &too_big_note(&file.name, len, limit))
-                                .await?
-                        }
-                        // One file Telegram refuses does not cost the others: a note says
-                        // so (if the chat itself refuses, the note fails the same way).
-                        Err(e) => match self.classify(&e) {
-                            ChannelError::Rejected(why) => {
-                                self.note(target, reply_to, &refused_note(&file.name, &why))
-                                    .await?
-                            }
-                            other => return Err(other),
-                        },
-                    }
-                }
-            };
-            self.journal.set_files_sent(&msg.id, i + 1);
-            if first.is_none() {
-                first = Some(id);
-            }
-        }
-        Ok(first)
-    }
-
+    /// Post a short plain note in place of a file.
     async fn note(
         &self,
         target: &Target<'_>,
-        reply_to: Option<i64>,
+        reply_to: Option<MessageId>,
         text: &str,
-    ) -> Result<i64, ChannelError> {
+    ) -> Result<SentRef, ChannelError> {
         let chunk = Chunk {
             html: None,
             plain: text.to_string(),
         };
-        self.post(&target.chat, target.thread, reply_to, &chunk)
-            .await
+        let id = self
+            .post(&target.chat, target.thread, reply_to, &chunk)
+            .await?;
+        Ok(SentRef::message(id.to_string()))
     }
 
     fn refused(&self, e: &CallError) -> bool {
@@ -254,14 +240,14 @@ impl TelegramChannel {
     async fn upload(
         &self,
         target: &Target<'_>,
-        reply_to: Option<i64>,
+        reply_to: Option<MessageId>,
         file: &OutboundFile,
         bytes: &[u8],
         method: &str,
         field: &str,
-    ) -> Result<i64, CallError> {
+    ) -> Result<Option<MessageId>, CallError> {
         let len = u64::try_from(bytes.len()).unwrap_or(u64::MAX);
-        let mut form = Multipart::new().text("chat_id", &chat_field(&target.chat));
+        let mut form = Multipart::new().text("chat_id", &target.chat.to_string());
         if let Some(t) = target.thread {
             form = form.text("message_thread_id", &t.to_string());
         }
@@ -279,7 +265,7 @@ impl TelegramChannel {
         Ok(sent
             .get("message_id")
             .and_then(Value::as_i64)
-            .unwrap_or_default())
+            .map(MessageId))
     }
 }
 

@@ -38,10 +38,11 @@ use axum::Router;
 use clawft_channel_core::draft_journal::DraftJournal;
 use clawft_channel_core::lock::MutexExt;
 use clawft_channel_core::media::{MediaKind, MediaRef, MediaRequest, OutboundFile};
+use clawft_channel_core::send::{send_files, SendFiles};
 use clawft_channel_core::text::{split_markdown, Measure};
 use clawft_channel_core::{
     Ack, Capabilities, Channel, ChannelError, ChannelId, ChatId, InboundDelivery, InboundEvent,
-    OutboundKind, OutboundMessage, PlatformEventId, SentRef, StateStore, ThreadId, UserId,
+    OutboundMessage, PlatformEventId, SentRef, StateStore, ThreadId, UserId,
 };
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
@@ -524,16 +525,6 @@ impl WhatsAppChannel {
         Ok(marker)
     }
 
-    async fn send_files(&self, msg: &OutboundMessage) -> Result<(), ChannelError> {
-        let journal = &self.inner.journal;
-        let done = journal.files_sent(&msg.id);
-        for (i, f) in msg.attachments.iter().enumerate().skip(done) {
-            self.send_file(msg.chat.as_str(), f).await?;
-            journal.set_files_sent(&msg.id, i + 1);
-        }
-        Ok(())
-    }
-
     async fn note(&self, to: &str, text: &str) -> Result<(), ChannelError> {
         let body = self.message(to, "text", json!({ "body": text }), None);
         self.inner
@@ -579,6 +570,27 @@ impl WhatsAppChannel {
     }
 }
 
+/// Where the files of one reply go: its chat.
+struct Files<'a> {
+    ch: &'a WhatsAppChannel,
+    to: &'a str,
+}
+
+#[async_trait]
+impl SendFiles for Files<'_> {
+    /// Uploaded to the media endpoint, then sent as its own message, quoting nothing; a file
+    /// over WhatsApp's limit for its kind (or refused) becomes a note.
+    async fn send_file(
+        &self,
+        _index: usize,
+        file: &OutboundFile,
+        _first: bool,
+    ) -> Result<SentRef, ChannelError> {
+        self.ch.send_file(self.to, file).await?;
+        Ok(SentRef::Nothing)
+    }
+}
+
 #[async_trait]
 impl Channel for WhatsAppChannel {
     fn id(&self) -> &ChannelId {
@@ -610,17 +622,20 @@ impl Channel for WhatsAppChannel {
     }
 
     async fn send(&self, msg: &OutboundMessage) -> Result<SentRef, ChannelError> {
-        match msg.kind() {
-            OutboundKind::Progress | OutboundKind::Delta => Ok(SentRef(String::new())),
-            OutboundKind::Final | OutboundKind::Error => {
-                let first = self.send_text(msg).await?;
-                let templated = first.as_deref().is_some_and(|f| f.starts_with("template:"));
-                if !templated {
-                    self.send_files(msg).await?;
-                }
-                Ok(SentRef(first.unwrap_or_default()))
-            }
+        // Deltas and progress: WhatsApp shows neither.
+        if !self.capabilities().takes(msg.kind()) {
+            return Ok(SentRef::Nothing);
         }
+        let first = self.send_text(msg).await?;
+        let templated = first.as_deref().is_some_and(|f| f.starts_with("template:"));
+        if !templated {
+            let files = Files {
+                ch: self,
+                to: msg.chat.as_str(),
+            };
+            send_files(&self.inner.journal, &files, msg, false).await?;
+        }
+        Ok(SentRef::of(first.as_ref()))
     }
 
     async fn typing(&self, chat: &ChatId, _thread: Option<&ThreadId>) -> Result<(), ChannelError> {

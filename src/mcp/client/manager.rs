@@ -60,11 +60,10 @@ impl Default for McpOptions {
 }
 
 impl McpOptions {
+    /// The delay before reconnect attempt `attempt` (from 1): the channels' backoff.
     fn backoff(&self, attempt: u32) -> Duration {
-        let factor = 1u32 << attempt.saturating_sub(1).min(16);
-        self.backoff_initial
-            .saturating_mul(factor)
-            .min(self.backoff_max)
+        clawft_channel_core::backoff::Backoff::new(self.backoff_initial, self.backoff_max)
+            .nth(attempt)
     }
 }
 
