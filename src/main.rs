@@ -34,7 +34,14 @@ fn main() -> ExitCode {
         }
         _ => (None, None),
     };
-    clawft::telemetry::init_with_file(cli.log_format, default_level, journald, ansi, log_file);
+    clawft::telemetry::init_with_file(
+        cli.log_format,
+        default_level,
+        env.get("RUST_LOG"),
+        journald,
+        ansi,
+        log_file,
+    );
     if let Some(e) = log_file_error {
         tracing::warn!(error = %e, "the log file cannot be written; logging to stderr only");
     }

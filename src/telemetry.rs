@@ -277,23 +277,20 @@ where
         .boxed()
 }
 
-/// Install the global subscriber. `journald` drops timestamps; `ansi` colours the text lines
-/// (see [`ColorChoice::colour`]).
-pub fn init(format: LogFormat, default_level: &str, journald: bool, ansi: bool) {
-    init_with_file(format, default_level, journald, ansi, None);
-}
-
-/// [`init`], with every line also written to `file` (a gateway run by hand keeps its log in
+/// Install the global subscriber, filtered by `RUST_LOG` (`rust_log`, read by the caller) over
+/// `default_level`: `journald` drops timestamps; `ansi` colours the text lines (see
+/// [`ColorChoice::colour`]); every line is also written to `file` (a gateway run by hand keeps its log in
 /// `~/.clawft/logs/gateway.log`, which `weft logs` reads).
 pub fn init_with_file(
     format: LogFormat,
     default_level: &str,
+    rust_log: Option<&str>,
     journald: bool,
     ansi: bool,
     file: Option<RotatingFile>,
 ) {
     let json = format == LogFormat::Json;
-    let filter = filter(std::env::var("RUST_LOG").ok().as_deref(), default_level);
+    let filter = filter(rust_log, default_level);
     let max = max_level(&filter);
     let builder = tracing_subscriber::fmt()
         .with_max_level(max)

@@ -240,8 +240,7 @@ fn s(v: &Value) -> String {
 
 /// The zone of local times: `$TZ` (a zone name), else `/etc/localtime`, else UTC.
 fn local_zone() -> Zone {
-    if let Some(tz) = std::env::var_os("TZ") {
-        let tz = tz.to_string_lossy();
+    if let Some(tz) = crate::config::env::Env::from_process().get("TZ") {
         if let Ok(z) = Zone::load(tz.trim_start_matches(':')) {
             return z;
         }

@@ -57,10 +57,10 @@ pub async fn run(
 /// Open `url` in the desktop's browser when there is a desktop and an opener; otherwise the
 /// printed link is all.
 fn open_browser(url: &str) {
+    let env = crate::config::env::Env::from_process();
     let opener = if cfg!(target_os = "macos") {
         Some("open")
-    } else if std::env::var_os("DISPLAY").is_some() || std::env::var_os("WAYLAND_DISPLAY").is_some()
-    {
+    } else if env.get("DISPLAY").is_some() || env.get("WAYLAND_DISPLAY").is_some() {
         Some("xdg-open")
     } else {
         None

@@ -41,11 +41,13 @@ const NOTIFY_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// `notify-send` on this machine's `PATH`, if installed.
 fn find_notifier() -> Option<PathBuf> {
-    std::env::var_os("PATH").and_then(|path| {
-        std::env::split_paths(&path)
-            .map(|d| d.join(NOTIFIER))
-            .find(|p| p.is_file())
-    })
+    crate::config::env::Env::from_process()
+        .get("PATH")
+        .and_then(|path| {
+            std::env::split_paths(path)
+                .map(|d| d.join(NOTIFIER))
+                .find(|p| p.is_file())
+        })
 }
 
 /// Show a desktop notification with `notifier` (argv only, no shell; bounded text).

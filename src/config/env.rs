@@ -83,6 +83,11 @@ impl Env {
             .map(String::as_str)
             .filter(|v| !v.is_empty())
     }
+    /// The crash point a test asks for (`WEFT_FAULT`; unset in production): the daemon
+    /// SIGKILLs itself there.
+    pub fn fault_point() -> Option<String> {
+        std::env::var("WEFT_FAULT").ok().filter(|v| !v.is_empty())
+    }
     /// The user's home directory.
     pub fn home(&self) -> PathBuf {
         self.get("HOME")

@@ -384,7 +384,7 @@ pub(crate) mod fault {
 
     /// Crash here if `WEFT_FAULT` names `name`.
     pub(crate) fn point(name: &str) {
-        let set = POINT.get_or_init(|| std::env::var("WEFT_FAULT").ok().filter(|v| !v.is_empty()));
+        let set = POINT.get_or_init(crate::config::env::Env::fault_point);
         if set.as_deref() == Some(name) {
             tracing::warn!(point = name, "WEFT_FAULT: killing the process here");
             let _ = rustix::process::kill_process(

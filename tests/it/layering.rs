@@ -207,8 +207,7 @@ fn sibling_refs(code: &str, folder: &str, siblings: &BTreeSet<String>) -> BTreeS
             // `super::super::` goes above the folder.
             let before = &rest[..i];
             rest = &rest[i + marker.len()..];
-            if marker == "super::" && (rest.starts_with("super::") || before.ends_with("super::"))
-            {
+            if marker == "super::" && (rest.starts_with("super::") || before.ends_with("super::")) {
                 continue;
             }
             let names: Vec<String> = match rest.strip_prefix('{') {
@@ -360,9 +359,7 @@ fn no_task_locals() {
     }
     let found: Vec<String> = files
         .iter()
-        .filter(|f| {
-            production_code(&std::fs::read_to_string(f).unwrap()).contains("task_local!")
-        })
+        .filter(|f| production_code(&std::fs::read_to_string(f).unwrap()).contains("task_local!"))
         .map(|f| f.display().to_string())
         .collect();
     assert!(found.is_empty(), "task_local! in {found:?}");
