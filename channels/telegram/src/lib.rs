@@ -53,9 +53,12 @@ mod api;
 pub mod inbound;
 mod media;
 pub mod render;
+mod settings;
 
 #[cfg(any(test, feature = "testing"))]
 pub mod fake;
+
+pub use settings::{Telegram, TelegramFile, TelegramSettings};
 
 use api::{Api, CallError, EditMessageText, Me, ReplyParameters, SendChatAction, SendMessage};
 
