@@ -314,8 +314,8 @@ pub trait ChannelSetup: fmt::Debug + Send + Sync {
     async fn doctor(&self, account: &Account, timeout: Duration) -> Verdict;
 }
 
-/// The token of `key` (a secret setting written as `key`, `key_env` or `key_file`), or the
-/// error saying that an account needs its own.
+/// The token of `key` (a secret setting written as `key`, `key_env` or `key_file`), or
+/// [`missing_token`].
 ///
 /// # Errors
 /// No form of it written; the secret cannot be read.
@@ -325,19 +325,25 @@ pub fn require_token(
     forms: SecretForms,
     secrets: &mut dyn Resolver,
 ) -> Result<Secret, SettingsError> {
-    let name = account.platform();
     secrets
         .secret(&account.key(key), forms)?
-        .ok_or_else(|| match account.name() {
-            None => account.invalid(
-                key,
-                format!("the {name} channel is enabled but has no bot token: set token_env or token_file (or enabled = false), or give each bot a section channels.{name}.accounts.NAME with its token"),
-            ),
-            Some(a) => account.invalid(
-                key,
-                format!("the {name} account {a} has no bot token: each account is its own bot and needs its own token (token_env or token_file; it is not inherited from channels.{name}), or set enabled = false"),
-            ),
-        })
+        .ok_or_else(|| missing_token(account, key))
+}
+
+/// The error of an account without its token `key`: each account is its own bot, and the
+/// token of the platform's own section is not inherited.
+pub fn missing_token(account: &Account, key: &str) -> SettingsError {
+    let name = account.platform();
+    match account.name() {
+        None => account.invalid(
+            key,
+            format!("the {name} channel is enabled but has no bot token: set token_env or token_file (or enabled = false), or give each bot a section channels.{name}.accounts.NAME with its token"),
+        ),
+        Some(a) => account.invalid(
+            key,
+            format!("the {name} account {a} has no bot token: each account is its own bot and needs its own token (token_env or token_file; it is not inherited from channels.{name}), or set enabled = false"),
+        ),
+    }
 }
 
 /// Refuse a URL setting that is not `http://` or `https://`.
