@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use super::env::Env;
 use super::secrets::resolve_service_secret;
-use super::types::ConfigError;
+use super::error::ConfigError;
 use crate::types::session_key::SessionKey;
 use crate::types::Secret;
 
