@@ -302,7 +302,12 @@ async fn channels(config: &Config) -> Vec<Finding> {
             continue;
         }
         out.push(
-            match c.settings.setup().doctor(&c.account_ref(), NET_TIMEOUT).await {
+            match c
+                .settings
+                .setup()
+                .doctor(&c.account_ref(), NET_TIMEOUT)
+                .await
+            {
                 Verdict::Ok(d) => ok(&check, d),
                 Verdict::Warn(d) => warn(&check, d),
                 Verdict::Fail(d) => fail(&check, d),

@@ -3,9 +3,9 @@
 
 use std::collections::BTreeMap;
 
+use super::error::ConfigError;
 use super::file::{AgentDefaultsFile, BindingFile};
 use super::subagents::SubagentsFile;
-use super::error::ConfigError;
 use super::types::{AgentConfig, ProviderConfig};
 use crate::types::session_key::DEFAULT_AGENT;
 

@@ -316,7 +316,13 @@ fn resolve_section<S: PlatformSpec>(
     // The section itself is the account `default` when it has its credentials (or nothing
     // else could run: then their absence is the error).
     if S::names_account(&f.own) || accounts.is_empty() {
-        bots.push(resolve_account::<S>(top.clone(), f.clone(), wrap, owners, secrets)?);
+        bots.push(resolve_account::<S>(
+            top.clone(),
+            f.clone(),
+            wrap,
+            owners,
+            secrets,
+        )?);
     } else {
         refuse_other_keys::<S>(&top, &f, owners)?;
     }
@@ -340,7 +346,9 @@ fn resolve_section<S: PlatformSpec>(
         }
         let merged = inherit::<S>(acc, &f);
         let account = Account::new(platform, Some(&name));
-        bots.push(resolve_account::<S>(account, merged, wrap, owners, secrets)?);
+        bots.push(resolve_account::<S>(
+            account, merged, wrap, owners, secrets,
+        )?);
     }
     check_distinct::<S>(&bots)?;
     Ok(bots)
@@ -411,7 +419,10 @@ fn refuse_other_keys<S: PlatformSpec>(
                 return Err(account
                     .invalid(
                         key,
-                        format!("`{key}` is not a setting of the {} channel", account.platform()),
+                        format!(
+                            "`{key}` is not a setting of the {} channel",
+                            account.platform()
+                        ),
                     )
                     .into());
             }

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use super::env::{merged, env_overrides, override_key, Env};
+use super::env::{env_overrides, merged, override_key, Env};
 use super::error::ConfigError;
 
 /// The origin of one value.

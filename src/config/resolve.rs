@@ -15,8 +15,8 @@ use super::env::{clawft_home, default_path, env_overrides, expand, merged, overr
 use super::error::ConfigError;
 use super::file::{self, ConfigFile};
 use super::loaded::Config;
-use super::providers::{agent_subagents, local_zone, resolve_agent, AgentEnv, ResolvedAgent};
 use super::provenance::Provenance;
+use super::providers::{agent_subagents, local_zone, resolve_agent, AgentEnv, ResolvedAgent};
 use super::secrets::{resolve_secret, resolve_service_secret, ChannelSecrets};
 use super::types::{
     AgentConfig, HttpChannelConfig, ProviderConfig, ProviderSource, SessionLimits, StoreConfig,
@@ -92,13 +92,7 @@ impl Config {
                 source_name: "text".into(),
                 detail: e.to_string(),
             })?;
-        Self::resolve(
-            raw,
-            None,
-            &clawft_home(env),
-            env,
-            Provenance::default(),
-        )
+        Self::resolve(raw, None, &clawft_home(env), env, Provenance::default())
     }
 
     /// Every section of the file resolved, in the order their errors are reported.
@@ -381,7 +375,11 @@ fn resolve_chat(
 
 /// `tools.custom` named in tool policies and subagent deny lists: `custom:NAME` patterns made
 /// the tools' names, once the custom tools are known.
-fn expand_custom_tools(tools: &mut ToolsConfig, agent: &mut AgentConfig, agents: &mut [NamedAgent]) {
+fn expand_custom_tools(
+    tools: &mut ToolsConfig,
+    agent: &mut AgentConfig,
+    agents: &mut [NamedAgent],
+) {
     let custom: Vec<String> = tools.custom.iter().map(|c| c.name.clone()).collect();
     tools.policy.expand_custom(&custom);
     crate::tools::policy::expand_custom_in(&mut tools.subagents.deny, &custom);
@@ -785,12 +783,10 @@ fn resolve_tools(
             let key = format!("tools.custom.{}.env.{k}", c.name);
             let base = |n: &str| format!("tools.custom.{}.env.{n}", c.name);
             let (name, value) = if let Some(n) = k.strip_suffix("_env") {
-                let s =
-                    resolve_secret(&base(n), None, Some(v), None, config_dir, env)?;
+                let s = resolve_secret(&base(n), None, Some(v), None, config_dir, env)?;
                 (n, s)
             } else if let Some(n) = k.strip_suffix("_file") {
-                let s =
-                    resolve_secret(&base(n), None, None, Some(v), config_dir, env)?;
+                let s = resolve_secret(&base(n), None, None, Some(v), config_dir, env)?;
                 (n, s)
             } else {
                 crate::tools::exec::custom::check_env_name(&key, &k)?;

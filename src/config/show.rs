@@ -4,8 +4,8 @@
 
 use std::collections::BTreeMap;
 
-use super::provenance::{is_secret_key, Origin};
 use super::loaded::Config;
+use super::provenance::{is_secret_key, Origin};
 use super::types::ProviderSource;
 
 /// What a secret shows instead of its value.

@@ -499,14 +499,22 @@ mod tests {
     fn a_token_check_never_shows_the_token() {
         let a = Account::new("telegram", None);
         let t = Secret::new("123456:SECRET");
-        let v = token_verdict(&a, Err("GET /bot123456:SECRET/getMe: refused".into()), &t, "token");
+        let v = token_verdict(
+            &a,
+            Err("GET /bot123456:SECRET/getMe: refused".into()),
+            &t,
+            "token",
+        );
         assert_eq!(
             v,
             Verdict::Fail("telegram API unreachable: GET /bot[REDACTED]/getMe: refused".into())
         );
         let v = token_verdict(
             &a,
-            Ok((401, serde_json::json!({"ok": false, "description": "Unauthorized"}))),
+            Ok((
+                401,
+                serde_json::json!({"ok": false, "description": "Unauthorized"}),
+            )),
             &t,
             "token",
         );
@@ -516,7 +524,10 @@ mod tests {
         );
         let v = token_verdict(
             &a,
-            Ok((200, serde_json::json!({"ok": true, "result": {"username": "bot"}}))),
+            Ok((
+                200,
+                serde_json::json!({"ok": true, "result": {"username": "bot"}}),
+            )),
             &t,
             "token",
         );

@@ -69,8 +69,7 @@ impl PlatformSpec for Discord {
     fn inherit(account: DiscordFile, section: &DiscordFile) -> DiscordFile {
         let s = section.clone();
         // `proxy` is the old name of `api_base_url`: an account setting either replaces both.
-        let (api_base_url, proxy) = if account.api_base_url.is_some() || account.proxy.is_some()
-        {
+        let (api_base_url, proxy) = if account.api_base_url.is_some() || account.proxy.is_some() {
             (account.api_base_url, account.proxy)
         } else {
             (s.api_base_url, s.proxy)
@@ -134,8 +133,7 @@ impl PlatformSpec for Discord {
 
     fn user_id(id: &str) -> Result<String, String> {
         // Snowflakes: unsigned 64-bit numbers.
-        if !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit()) && id.parse::<u64>().is_ok()
-        {
+        if !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit()) && id.parse::<u64>().is_ok() {
             return Ok(id.to_string());
         }
         Err(format!(
@@ -163,7 +161,10 @@ impl ChannelSetup for DiscordSettings {
 
     /// `GET /api/v10/users/@me` with the bot token.
     async fn doctor(&self, account: &Account, timeout: Duration) -> Verdict {
-        let base = self.api_base_url.as_deref().unwrap_or("https://discord.com");
+        let base = self
+            .api_base_url
+            .as_deref()
+            .unwrap_or("https://discord.com");
         let url = format!("{}/api/v10/users/@me", base.trim_end_matches('/'));
         let answer = match reqwest::Client::builder()
             .timeout(timeout)

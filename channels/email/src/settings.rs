@@ -216,16 +216,22 @@ impl PlatformSpec for Email {
             mailbox: account.mailbox.or(t.mailbox),
             sent_mailbox: account.sent_mailbox.or(t.sent_mailbox),
             // The two are one choice: an account that makes it does not inherit the other.
-            authserv_id: account.authserv_id.clone().or(if account.sender_auth.is_some() {
-                None
-            } else {
-                t.authserv_id
-            }),
-            sender_auth: account.sender_auth.clone().or(if account.authserv_id.is_some() {
-                None
-            } else {
-                t.sender_auth
-            }),
+            authserv_id: account
+                .authserv_id
+                .clone()
+                .or(if account.sender_auth.is_some() {
+                    None
+                } else {
+                    t.authserv_id
+                }),
+            sender_auth: account
+                .sender_auth
+                .clone()
+                .or(if account.authserv_id.is_some() {
+                    None
+                } else {
+                    t.sender_auth
+                }),
             idle_timeout_secs: account.idle_timeout_secs.or(t.idle_timeout_secs),
             max_mail_mb: account.max_mail_mb.or(t.max_mail_mb),
             max_upload_mb: account.max_upload_mb.or(t.max_upload_mb),
@@ -252,7 +258,8 @@ impl PlatformSpec for Email {
         }
         let imap_host = host(account, "imap_host", f.imap_host)?
             .ok_or_else(|| account.invalid("imap_host", "the email channel reads its mailbox over IMAP: set imap_host (e.g. \"imap.example.org\")"))?;
-        let smtp_host = host(account, "smtp_host", f.smtp_host)?.unwrap_or_else(|| imap_host.clone());
+        let smtp_host =
+            host(account, "smtp_host", f.smtp_host)?.unwrap_or_else(|| imap_host.clone());
         let imap_tls = tls(
             account,
             "imap_tls",
@@ -293,7 +300,9 @@ impl PlatformSpec for Email {
         if !(60..=1740).contains(&idle) {
             return Err(account.invalid(
                 "idle_timeout_secs",
-                format!("must be from 60 to 1740 (servers end an IDLE after 30 minutes), got {idle}"),
+                format!(
+                    "must be from 60 to 1740 (servers end an IDLE after 30 minutes), got {idle}"
+                ),
             ));
         }
         let mb = |k: &str, v: Option<u64>, d: u64| -> Result<u64, SettingsError> {
@@ -307,7 +316,10 @@ impl PlatformSpec for Email {
             Some(p) => {
                 let path = secrets.config_path(p);
                 let pem = std::fs::read(&path).map_err(|e| {
-                    account.invalid("tls_ca_file", format!("cannot read {}: {e}", path.display()))
+                    account.invalid(
+                        "tls_ca_file",
+                        format!("cannot read {}: {e}", path.display()),
+                    )
                 })?;
                 check_ca_pem(&pem).map_err(|e| {
                     account.invalid("tls_ca_file", format!("{}: {e}", path.display()))

@@ -9,8 +9,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use clawft_channel_core::secret::Secret;
 use clawft_channel_core::spec::{
-    missing_token, token_verdict, Account, ChannelSetup, Handles, Intake, PlatformSpec,
-    Resolver, Resume, SecretForms, SettingsError, Verdict, PAIRING_HINT,
+    missing_token, token_verdict, Account, ChannelSetup, Handles, Intake, PlatformSpec, Resolver,
+    Resume, SecretForms, SettingsError, Verdict, PAIRING_HINT,
 };
 use clawft_channel_core::{Channel, ChannelError};
 use serde::{Deserialize, Serialize};

@@ -113,7 +113,10 @@ impl ChannelSetup for TelegramSettings {
 
     /// `getMe` with the token.
     async fn doctor(&self, account: &Account, timeout: Duration) -> Verdict {
-        let base = self.api_url.as_deref().unwrap_or("https://api.telegram.org");
+        let base = self
+            .api_url
+            .as_deref()
+            .unwrap_or("https://api.telegram.org");
         let url = format!(
             "{}/bot{}/getMe",
             base.trim_end_matches('/'),

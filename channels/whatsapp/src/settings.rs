@@ -129,9 +129,7 @@ impl PlatformSpec for WhatsApp {
         let verify_token = secrets.secret(&account.key("verify_token"), forms)?.ok_or_else(|| {
             account.invalid("verify_token", "Meta's webhook handshake needs a verify token (any random string you also enter in the app's Webhooks settings): set verify_token_env or verify_token_file")
         })?;
-        let api_version = f
-            .api_version
-            .unwrap_or_else(|| DEFAULT_API_VERSION.into());
+        let api_version = f.api_version.unwrap_or_else(|| DEFAULT_API_VERSION.into());
         let v = api_version.strip_prefix('v').unwrap_or("");
         if v.split('.').count() != 2
             || !v
