@@ -636,3 +636,7 @@ impl ChannelSetup for AbsentSettings {
         Verdict::Warn(self.unsupported())
     }
 }
+
+#[cfg(test)]
+#[path = "channels_tests.rs"]
+mod tests;

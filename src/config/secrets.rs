@@ -114,7 +114,9 @@ pub(super) fn secret_origin(
     if let Some(var) = env_name {
         let via = match provenance.origin(&format!("{key}_env")) {
             Origin::Env { var: v, .. } => format!("{key}_env set by {v}"),
-            _ => format!("{key}_env"),
+            Origin::File { .. } | Origin::SecretFile { .. } | Origin::Default => {
+                format!("{key}_env")
+            }
         };
         return Origin::Env {
             var: var.to_string(),
