@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use clawft_channel_core::spec::{
-    file_keys, Account, ChannelSetup, Handles, Intake, PlatformSpec, Resolver, Resume, Shared,
-    Verdict,
+    file_keys, Account, ChannelSetup, Handles, Intake, PlatformSpec, Resolver, Resume,
+    SettingsError, Shared, Verdict,
 };
 use clawft_channel_core::{Channel, ChannelError, GroupMode};
 use serde::{Deserialize, Serialize};
@@ -474,8 +474,7 @@ fn resolve_account<S: PlatformSpec>(
         if id.is_empty() {
             continue;
         }
-        let id = S::user_id(&id).map_err(|detail| account.invalid("allow_from", detail))?;
-        allow_from.insert(id);
+        allow_from.insert(S::user_id(&id, &account)?);
     }
     let pairing = f.pairing.unwrap_or(false);
     if allow_from.is_empty() && !pairing {
@@ -611,13 +610,13 @@ impl PlatformSpec for Absent {
         _: AbsentFile,
         account: &Account,
         _: &mut dyn Resolver,
-    ) -> Result<AbsentSettings, clawft_channel_core::spec::SettingsError> {
+    ) -> Result<AbsentSettings, SettingsError> {
         Ok(AbsentSettings {
             platform: account.platform(),
         })
     }
 
-    fn user_id(id: &str) -> Result<String, String> {
+    fn user_id(id: &str, _: &Account) -> Result<String, SettingsError> {
         Ok(id.to_string())
     }
 }

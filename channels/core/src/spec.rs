@@ -233,12 +233,13 @@ pub trait PlatformSpec: 'static {
         secrets: &mut dyn Resolver,
     ) -> Result<Self::Settings, SettingsError>;
 
-    /// An `allow_from` entry (trimmed, not empty) as senders are compared with it, or why no
-    /// sender can ever have it (how to find the right id).
+    /// An `allow_from` entry of `account` (trimmed, not empty) as senders are compared with
+    /// it.
     ///
     /// # Errors
-    /// The id cannot be a sender of this platform: the text says why and what to write.
-    fn user_id(id: &str) -> Result<String, String>;
+    /// The id cannot be a sender of this platform: refused under `allow_from`, saying why and
+    /// how to find the right id.
+    fn user_id(id: &str, account: &Account) -> Result<String, SettingsError>;
 
     /// The error when two accounts of the platform have the same `what` (a key of
     /// [`ChannelSetup::identity`]), written as `first` and `second` (full keys).
@@ -371,11 +372,11 @@ pub fn redact(text: &str, secret: &str) -> String {
 }
 
 /// The verdict of a token check against a platform's "who am I" endpoint: `answer` is its
-/// HTTP status and JSON body, or why it could not be reached. The platform's own error text
+/// HTTP status and JSON body, or why it could not be reached (the HTTP client's error). The platform's own error text
 /// and the name of the bot are shown; the token never is.
-pub fn token_verdict(
+pub fn token_verdict<E: fmt::Display>(
     account: &Account,
-    answer: Result<(u16, serde_json::Value), String>,
+    answer: Result<(u16, serde_json::Value), E>,
     token: &Secret,
     token_key: &str,
 ) -> Verdict {
@@ -383,7 +384,7 @@ pub fn token_verdict(
     match answer {
         Err(e) => Verdict::Fail(format!(
             "{name} API unreachable: {}",
-            redact(&e, token.expose())
+            redact(&e.to_string(), token.expose())
         )),
         Ok((status, body)) => {
             let accepted =
@@ -499,19 +500,15 @@ mod tests {
     fn a_token_check_never_shows_the_token() {
         let a = Account::new("telegram", None);
         let t = Secret::new("123456:SECRET");
-        let v = token_verdict(
-            &a,
-            Err("GET /bot123456:SECRET/getMe: refused".into()),
-            &t,
-            "token",
-        );
+        let e = std::io::Error::other("GET /bot123456:SECRET/getMe: refused");
+        let v = token_verdict(&a, Err(e), &t, "token");
         assert_eq!(
             v,
             Verdict::Fail("telegram API unreachable: GET /bot[REDACTED]/getMe: refused".into())
         );
         let v = token_verdict(
             &a,
-            Ok((
+            Ok::<_, std::io::Error>((
                 401,
                 serde_json::json!({"ok": false, "description": "Unauthorized"}),
             )),
@@ -524,7 +521,7 @@ mod tests {
         );
         let v = token_verdict(
             &a,
-            Ok((
+            Ok::<_, std::io::Error>((
                 200,
                 serde_json::json!({"ok": true, "result": {"username": "bot"}}),
             )),

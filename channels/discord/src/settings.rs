@@ -131,13 +131,16 @@ impl PlatformSpec for Discord {
         })
     }
 
-    fn user_id(id: &str) -> Result<String, String> {
+    fn user_id(id: &str, account: &Account) -> Result<String, SettingsError> {
         // Snowflakes: unsigned 64-bit numbers.
         if !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit()) && id.parse::<u64>().is_ok() {
             return Ok(id.to_string());
         }
-        Err(format!(
+        Err(account.invalid(
+            "allow_from",
+            format!(
             "`{id}` is not a Discord user id: user ids are numbers (snowflakes) like \"123456789012345678\", not names; in Discord turn on Developer Mode and use Copy User ID on the user, {PAIRING_HINT}"
+            ),
         ))
     }
 }
@@ -166,26 +169,21 @@ impl ChannelSetup for DiscordSettings {
             .as_deref()
             .unwrap_or("https://discord.com");
         let url = format!("{}/api/v10/users/@me", base.trim_end_matches('/'));
-        let answer = match reqwest::Client::builder()
-            .timeout(timeout)
-            .connect_timeout(timeout)
-            .build()
-        {
-            Err(e) => Err(e.to_string()),
-            Ok(client) => match client
+        let answer = async {
+            let client = reqwest::Client::builder()
+                .timeout(timeout)
+                .connect_timeout(timeout)
+                .build()?;
+            let r = client
                 .get(url)
                 .header("authorization", format!("Bot {}", self.token.expose()))
                 .send()
-                .await
-            {
-                Err(e) => Err(e.to_string()),
-                Ok(r) => {
-                    let status = r.status().as_u16();
-                    let body = r.bytes().await.unwrap_or_default();
-                    Ok((status, serde_json::from_slice(&body).unwrap_or_default()))
-                }
-            },
-        };
+                .await?;
+            let status = r.status().as_u16();
+            let body = r.bytes().await.unwrap_or_default();
+            Ok::<_, reqwest::Error>((status, serde_json::from_slice(&body).unwrap_or_default()))
+        }
+        .await;
         token_verdict(account, answer, &self.token, "token")
     }
 }

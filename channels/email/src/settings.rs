@@ -181,13 +181,10 @@ fn sender_auth(
 
 /// Whether `pem` holds at least one certificate (checked at load, so a wrong file is an error
 /// naming the key rather than a failed connection later).
-fn check_ca_pem(pem: &[u8]) -> Result<(), String> {
+fn has_certificates(pem: &[u8]) -> bool {
     let text = String::from_utf8_lossy(pem);
     let n = text.matches("-----BEGIN CERTIFICATE-----").count();
-    if n == 0 || n != text.matches("-----END CERTIFICATE-----").count() {
-        return Err("no PEM certificate (-----BEGIN CERTIFICATE-----) in it".into());
-    }
-    Ok(())
+    n > 0 && n == text.matches("-----END CERTIFICATE-----").count()
 }
 
 impl PlatformSpec for Email {
@@ -321,9 +318,15 @@ impl PlatformSpec for Email {
                         format!("cannot read {}: {e}", path.display()),
                     )
                 })?;
-                check_ca_pem(&pem).map_err(|e| {
-                    account.invalid("tls_ca_file", format!("{}: {e}", path.display()))
-                })?;
+                if !has_certificates(&pem) {
+                    return Err(account.invalid(
+                        "tls_ca_file",
+                        format!(
+                            "{}: no PEM certificate (-----BEGIN CERTIFICATE-----) in it",
+                            path.display()
+                        ),
+                    ));
+                }
                 Some(pem)
             }
         };
@@ -352,12 +355,12 @@ impl PlatformSpec for Email {
         })
     }
 
-    fn user_id(id: &str) -> Result<String, String> {
+    fn user_id(id: &str, account: &Account) -> Result<String, SettingsError> {
         let a = id.to_ascii_lowercase();
         if is_address(&a) {
             return Ok(a);
         }
-        Err(format!("`{a}` is not a mail address: allow_from lists the addresses allowed to write to the bot, like alice@example.org"))
+        Err(account.invalid("allow_from", format!("`{a}` is not a mail address: allow_from lists the addresses allowed to write to the bot, like alice@example.org")))
     }
 
     fn same_account(_what: &str, first: &str, second: &str) -> String {

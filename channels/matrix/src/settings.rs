@@ -62,6 +62,13 @@ fn is_user_id(id: &str) -> bool {
     })
 }
 
+/// Why `id` is refused where a Matrix user id is expected, and how to find one.
+fn not_a_user_id(id: &str) -> String {
+    format!(
+        "`{id}` is not a Matrix user id: user ids look like \"@alice:example.org\" (in Element: your name at the top left shows it), not display names, {PAIRING_HINT}"
+    )
+}
+
 impl PlatformSpec for Matrix {
     type File = MatrixFile;
     type Settings = MatrixSettings;
@@ -101,8 +108,8 @@ impl PlatformSpec for Matrix {
                 format!("expected an http:// or https:// URL like https://matrix.example.org, got `{hs}`"),
             ));
         }
-        if let Some(u) = &f.user_id {
-            Matrix::user_id(u).map_err(|detail| account.invalid("user_id", detail))?;
+        if let Some(u) = f.user_id.as_deref().filter(|u| !is_user_id(u)) {
+            return Err(account.invalid("user_id", not_a_user_id(u)));
         }
         // Matrix calls it an access token (`access_token_env`, read into the same keys).
         let forms = SecretForms::new(f.token, f.token_env, f.token_file);
@@ -118,13 +125,11 @@ impl PlatformSpec for Matrix {
         })
     }
 
-    fn user_id(id: &str) -> Result<String, String> {
+    fn user_id(id: &str, account: &Account) -> Result<String, SettingsError> {
         if is_user_id(id) {
             return Ok(id.to_string());
         }
-        Err(format!(
-            "`{id}` is not a Matrix user id: user ids look like \"@alice:example.org\" (in Element: your name at the top left shows it), not display names, {PAIRING_HINT}"
-        ))
+        Err(account.invalid("allow_from", not_a_user_id(id)))
     }
 }
 
@@ -157,26 +162,21 @@ impl ChannelSetup for MatrixSettings {
             "{}/_matrix/client/v3/account/whoami",
             self.homeserver.trim_end_matches('/')
         );
-        let answer = match reqwest::Client::builder()
-            .timeout(timeout)
-            .connect_timeout(timeout)
-            .build()
-        {
-            Err(e) => Err(e.to_string()),
-            Ok(client) => match client
+        let answer = async {
+            let client = reqwest::Client::builder()
+                .timeout(timeout)
+                .connect_timeout(timeout)
+                .build()?;
+            let r = client
                 .get(url)
                 .bearer_auth(self.token.expose())
                 .send()
-                .await
-            {
-                Err(e) => Err(e.to_string()),
-                Ok(r) => {
-                    let status = r.status().as_u16();
-                    let body = r.bytes().await.unwrap_or_default();
-                    Ok((status, serde_json::from_slice(&body).unwrap_or_default()))
-                }
-            },
-        };
+                .await?;
+            let status = r.status().as_u16();
+            let body = r.bytes().await.unwrap_or_default();
+            Ok::<_, reqwest::Error>((status, serde_json::from_slice(&body).unwrap_or_default()))
+        }
+        .await;
         token_verdict(account, answer, &self.token, "token")
     }
 }

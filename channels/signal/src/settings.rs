@@ -94,13 +94,16 @@ impl PlatformSpec for Signal {
         })
     }
 
-    fn user_id(id: &str) -> Result<String, String> {
+    fn user_id(id: &str, account: &Account) -> Result<String, SettingsError> {
         // A phone number (what a sender with one is known by) or an ACI (a UUID).
         if is_e164(id) || is_uuid(id) {
             return Ok(id.to_string());
         }
-        Err(format!(
+        Err(account.invalid(
+            "allow_from",
+            format!(
             "`{id}` is not a Signal sender: write phone numbers in international format like \"+15551234567\" (or a user's ACI, a UUID, for someone without a visible number), {PAIRING_HINT}"
+            ),
         ))
     }
 }

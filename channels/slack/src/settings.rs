@@ -95,7 +95,7 @@ impl PlatformSpec for Slack {
         })
     }
 
-    fn user_id(id: &str) -> Result<String, String> {
+    fn user_id(id: &str, account: &Account) -> Result<String, SettingsError> {
         // Member ids: U… (or W… on Enterprise Grid), upper-case letters and digits.
         if id.len() >= 3
             && (id.starts_with('U') || id.starts_with('W'))
@@ -105,8 +105,11 @@ impl PlatformSpec for Slack {
         {
             return Ok(id.to_string());
         }
-        Err(format!(
+        Err(account.invalid(
+            "allow_from",
+            format!(
             "`{id}` is not a Slack user id: member ids look like \"U0123ABCD\" (or W… on Enterprise Grid), not @names or emails; open the profile, ⋮ → Copy member ID, {PAIRING_HINT}"
+            ),
         ))
     }
 }
@@ -141,26 +144,21 @@ impl ChannelSetup for SlackSettings {
     async fn doctor(&self, account: &Account, timeout: Duration) -> Verdict {
         let base = self.api_url.as_deref().unwrap_or("https://slack.com/api/");
         let url = format!("{}/auth.test", base.trim_end_matches('/'));
-        let answer = match reqwest::Client::builder()
-            .timeout(timeout)
-            .connect_timeout(timeout)
-            .build()
-        {
-            Err(e) => Err(e.to_string()),
-            Ok(client) => match client
+        let answer = async {
+            let client = reqwest::Client::builder()
+                .timeout(timeout)
+                .connect_timeout(timeout)
+                .build()?;
+            let r = client
                 .post(url)
                 .bearer_auth(self.token.expose())
                 .send()
-                .await
-            {
-                Err(e) => Err(e.to_string()),
-                Ok(r) => {
-                    let status = r.status().as_u16();
-                    let body = r.bytes().await.unwrap_or_default();
-                    Ok((status, serde_json::from_slice(&body).unwrap_or_default()))
-                }
-            },
-        };
+                .await?;
+            let status = r.status().as_u16();
+            let body = r.bytes().await.unwrap_or_default();
+            Ok::<_, reqwest::Error>((status, serde_json::from_slice(&body).unwrap_or_default()))
+        }
+        .await;
         token_verdict(account, answer, &self.token, "token")
     }
 }

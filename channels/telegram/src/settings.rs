@@ -78,17 +78,18 @@ impl PlatformSpec for Telegram {
         })
     }
 
-    fn user_id(id: &str) -> Result<String, String> {
+    fn user_id(id: &str, account: &Account) -> Result<String, SettingsError> {
         // User ids are positive; negative numbers are group and channel chat ids.
         let digits = !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit());
         if digits && id.len() <= 16 && !id.starts_with('0') {
             return Ok(id.to_string());
         }
-        Err(if id.starts_with('-') {
+        let why = if id.starts_with('-') {
             format!("`{id}` is a Telegram group or channel id; allow_from lists the user ids of the people who may talk to the bot (positive numbers like 123456789): ask @userinfobot for yours, {PAIRING_HINT}")
         } else {
             format!("`{id}` is not a Telegram user id: user ids are positive numbers like 123456789, not @usernames (which can change hands); ask @userinfobot for yours, {PAIRING_HINT}")
-        })
+        };
+        Err(account.invalid("allow_from", why))
     }
 }
 
@@ -122,21 +123,17 @@ impl ChannelSetup for TelegramSettings {
             base.trim_end_matches('/'),
             self.token.expose()
         );
-        let answer = match reqwest::Client::builder()
-            .timeout(timeout)
-            .connect_timeout(timeout)
-            .build()
-        {
-            Err(e) => Err(e.to_string()),
-            Ok(client) => match client.get(url).send().await {
-                Err(e) => Err(e.to_string()),
-                Ok(r) => {
-                    let status = r.status().as_u16();
-                    let body = r.bytes().await.unwrap_or_default();
-                    Ok((status, serde_json::from_slice(&body).unwrap_or_default()))
-                }
-            },
-        };
+        let answer = async {
+            let client = reqwest::Client::builder()
+                .timeout(timeout)
+                .connect_timeout(timeout)
+                .build()?;
+            let r = client.get(url).send().await?;
+            let status = r.status().as_u16();
+            let body = r.bytes().await.unwrap_or_default();
+            Ok::<_, reqwest::Error>((status, serde_json::from_slice(&body).unwrap_or_default()))
+        }
+        .await;
         token_verdict(account, answer, &self.token, "token")
     }
 }

@@ -184,7 +184,7 @@ impl PlatformSpec for WhatsApp {
         })
     }
 
-    fn user_id(id: &str) -> Result<String, String> {
+    fn user_id(id: &str, account: &Account) -> Result<String, SettingsError> {
         // wa_id: the number in international format, digits only (no `+`).
         if id.bytes().all(|b| b.is_ascii_digit())
             && (7..=15).contains(&id.len())
@@ -192,8 +192,11 @@ impl PlatformSpec for WhatsApp {
         {
             return Ok(id.to_string());
         }
-        Err(format!(
+        Err(account.invalid(
+            "allow_from",
+            format!(
             "`{id}` is not a WhatsApp id: WhatsApp ids are phone numbers in international format, digits only, without `+`, spaces or a leading 0, like \"4915112345678\", {PAIRING_HINT}"
+            ),
         ))
     }
 
@@ -236,26 +239,21 @@ impl ChannelSetup for WhatsAppSettings {
             self.api_version,
             self.phone_number_id
         );
-        let answer = match reqwest::Client::builder()
-            .timeout(timeout)
-            .connect_timeout(timeout)
-            .build()
-        {
-            Err(e) => Err(e.to_string()),
-            Ok(client) => match client
+        let answer = async {
+            let client = reqwest::Client::builder()
+                .timeout(timeout)
+                .connect_timeout(timeout)
+                .build()?;
+            let r = client
                 .get(url)
                 .bearer_auth(self.token.expose())
                 .send()
-                .await
-            {
-                Err(e) => Err(e.to_string()),
-                Ok(r) => {
-                    let status = r.status().as_u16();
-                    let body = r.bytes().await.unwrap_or_default();
-                    Ok((status, serde_json::from_slice(&body).unwrap_or_default()))
-                }
-            },
-        };
+                .await?;
+            let status = r.status().as_u16();
+            let body = r.bytes().await.unwrap_or_default();
+            Ok::<_, reqwest::Error>((status, serde_json::from_slice(&body).unwrap_or_default()))
+        }
+        .await;
         token_verdict(account, answer, &self.token, "token")
     }
 }
