@@ -467,6 +467,36 @@ impl<'de> serde::Deserializer<'de> for &mut Probe {
     }
 }
 
+/// A [`Resolver`] for tests of a platform's settings: secrets written inline are taken as they
+/// are, the `*_env` and `*_file` forms are refused as unreadable; paths are relative to a fixed
+/// directory.
+#[cfg(any(test, feature = "testing"))]
+pub struct InlineSecrets {
+    /// What `config_path` resolves relative paths against.
+    pub config_dir: PathBuf,
+    /// Every secret resolved, in order.
+    pub seen: Vec<Secret>,
+}
+
+#[cfg(any(test, feature = "testing"))]
+impl Resolver for InlineSecrets {
+    fn secret(&mut self, key: &str, forms: SecretForms) -> Result<Option<Secret>, SettingsError> {
+        if forms.env.is_some() || forms.file.is_some() {
+            return Err(SettingsError::Secret {
+                key: key.to_string(),
+                detail: "only inline secrets in this test".into(),
+            });
+        }
+        let s = forms.inline.map(Secret::new);
+        self.seen.extend(s.clone());
+        Ok(s)
+    }
+
+    fn config_path(&self, path: &str) -> PathBuf {
+        self.config_dir.join(path)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -482,7 +512,7 @@ mod tests {
 
     #[test]
     fn the_keys_of_a_file_type_include_its_aliases() {
-        assert_eq!(file_keys::<Own>(), ["token", "access_token", "api_url"]);
+        assert_eq!(file_keys::<Own>(), ["access_token", "token", "api_url"]);
         assert!(file_keys::<String>().is_empty());
     }
 

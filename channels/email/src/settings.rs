@@ -422,3 +422,78 @@ impl ChannelSetup for EmailSettings {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use clawft_channel_core::spec::InlineSecrets;
+
+    fn file() -> EmailFile {
+        EmailFile {
+            imap_host: Some("imap.example.org".into()),
+            address: Some("Bot@Example.org".into()),
+            password: Some("p".into()),
+            authserv_id: Some("MX.example.org".into()),
+            ..EmailFile::default()
+        }
+    }
+
+    fn resolve(f: EmailFile, account: Option<&str>) -> Result<EmailSettings, SettingsError> {
+        let mut secrets = InlineSecrets {
+            config_dir: "/etc/weft".into(),
+            seen: Vec::new(),
+        };
+        Email::resolve(f, &Account::new("email", account), &mut secrets)
+    }
+
+    #[test]
+    fn a_mailbox_gets_its_defaults() {
+        let s = resolve(file(), None).unwrap();
+        assert_eq!(s.address, "bot@example.org");
+        assert_eq!(s.username, "bot@example.org");
+        assert_eq!((s.imap_port, s.imap_tls), (993, TlsMode::Implicit));
+        assert_eq!(s.smtp_host, "imap.example.org");
+        assert_eq!((s.smtp_port, s.smtp_tls), (587, TlsMode::StartTls));
+        assert_eq!(s.sender_auth, SenderAuth::Trusted("mx.example.org".into()));
+        assert_eq!(s.mailbox, "INBOX");
+        assert_eq!(s.idle_timeout, Duration::from_secs(600));
+        assert_eq!(s.max_mail_bytes, 25 * 1024 * 1024);
+        assert_eq!(s.identity(), [("address", "bot@example.org")]);
+    }
+
+    #[test]
+    fn clear_text_is_only_for_loopback_and_errors_name_the_account_key() {
+        let none = |host: &str| EmailFile {
+            imap_host: Some(host.into()),
+            imap_tls: Some("none".into()),
+            ..file()
+        };
+        assert_eq!(resolve(none("127.0.0.1"), None).unwrap().imap_port, 143);
+        let e = resolve(none("imap.example.org"), Some("work")).unwrap_err();
+        let SettingsError::Invalid { key, detail } = e else {
+            panic!("{e}")
+        };
+        assert_eq!(key, "channels.email.accounts.work.imap_tls");
+        assert!(detail.contains("in clear"), "{detail}");
+    }
+
+    #[test]
+    fn an_account_keeps_its_mailbox_and_makes_its_own_sender_choice() {
+        let top = EmailFile {
+            from_name: Some("Assistant".into()),
+            ..file()
+        };
+        let acc = EmailFile {
+            address: Some("work@example.org".into()),
+            sender_auth: Some("unchecked".into()),
+            ..EmailFile::default()
+        };
+        let merged = Email::inherit(acc, &top);
+        assert_eq!(merged.address.as_deref(), Some("work@example.org"));
+        assert_eq!(merged.password, None, "the password is the mailbox's own");
+        assert_eq!(merged.imap_host, top.imap_host);
+        assert_eq!(merged.from_name.as_deref(), Some("Assistant"));
+        assert_eq!(merged.authserv_id, None, "one choice with sender_auth");
+    }
+}
