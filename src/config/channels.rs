@@ -113,7 +113,13 @@ macro_rules! platforms {
                 secrets: &mut dyn Resolver,
             ) -> Result<Vec<ChatChannelConfig>, ConfigError> {
                 let owners = [
-                    $( ($name, file_keys::<<spec::$variant as PlatformSpec>::File>()), )*
+                    $(
+                        Owner {
+                            platform: $name,
+                            keys: file_keys::<<spec::$variant as PlatformSpec>::File>(),
+                            taken_elsewhere: <spec::$variant as PlatformSpec>::taken_elsewhere,
+                        },
+                    )*
                 ];
                 let mut out = Vec::new();
                 $(
@@ -296,12 +302,22 @@ pub fn check_account_name(name: &str) -> Result<(), String> {
     ))
 }
 
+/// A registered platform, as the check of a section's keys sees it.
+struct Owner {
+    /// Its name.
+    platform: &'static str,
+    /// The keys of its own file type.
+    keys: &'static [&'static str],
+    /// Its error when another platform's section sets one of them.
+    taken_elsewhere: fn(&str, &str, &str) -> String,
+}
+
 /// The section of platform `S` (named `platform`), resolved into its enabled bot accounts.
 fn resolve_section<S: PlatformSpec>(
     platform: &'static str,
     file: Option<SectionFile<S::File>>,
     wrap: fn(S::Settings) -> ChannelSettings,
-    owners: &[(&'static str, &'static [&'static str])],
+    owners: &[Owner],
     secrets: &mut dyn Resolver,
 ) -> Result<Vec<ChatChannelConfig>, ConfigError> {
     let Some(mut f) = file else {
@@ -382,25 +398,24 @@ fn inherit<S: PlatformSpec>(
 fn refuse_other_keys<S: PlatformSpec>(
     account: &Account,
     f: &SectionFile<S::File>,
-    owners: &[(&'static str, &'static [&'static str])],
+    owners: &[Owner],
 ) -> Result<(), ConfigError> {
     if S::ANY_KEYS {
         return Ok(());
     }
     if let Some(key) = f.other.keys().next() {
-        let takers: Vec<&str> = owners
+        let takers: Vec<&Owner> = owners
             .iter()
-            .filter(|(_, keys)| keys.contains(&key.as_str()))
-            .map(|(p, _)| *p)
+            .filter(|o| o.keys.contains(&key.as_str()))
             .collect();
         // A secret's `_env` and `_file` forms are named by the secret's key.
         let named = key
             .strip_suffix("_env")
             .or_else(|| key.strip_suffix("_file"))
-            .filter(|base| owners.iter().any(|(_, keys)| keys.contains(base)))
+            .filter(|base| owners.iter().any(|o| o.keys.contains(base)))
             .unwrap_or(key);
         let detail = match takers[..] {
-            [one] => format!("only the {one} channel takes {named}"),
+            [one] => (one.taken_elsewhere)(named, one.platform, account.platform()),
             _ => format!(
                 "`{named}` is not a setting of the {} channel",
                 account.platform()
@@ -436,7 +451,7 @@ fn resolve_account<S: PlatformSpec>(
     account: Account,
     f: SectionFile<S::File>,
     wrap: fn(S::Settings) -> ChannelSettings,
-    owners: &[(&'static str, &'static [&'static str])],
+    owners: &[Owner],
     secrets: &mut dyn Resolver,
 ) -> Result<ChatChannelConfig, ConfigError> {
     refuse_other_keys::<S>(&account, &f, owners)?;

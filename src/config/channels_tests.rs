@@ -143,7 +143,16 @@ fn a_key_of_another_platform_is_refused_naming_the_platform_that_takes_it() {
     // A secret's other forms are named by the secret.
     let (key, detail) = invalid(&with("discord", json!({"app_token_env": "X"})));
     assert_eq!(key, "channels.discord.app_token");
-    assert_eq!(detail, "only the slack channel takes app_token");
+    assert_eq!(
+        detail,
+        "only the slack channel has an app token, not discord"
+    );
+    let (key, detail) = invalid(&with("slack", json!({"gateway_url": "ws://x"})));
+    assert_eq!(key, "channels.slack.gateway_url");
+    assert_eq!(
+        detail,
+        "only the discord channel takes gateway_url; slack takes api_url"
+    );
     // A key no platform takes.
     let (key, detail) = invalid(&with("telegram", json!({"tokn": "1:x"})));
     assert_eq!(key, "channels.telegram.tokn");

@@ -241,6 +241,13 @@ pub trait PlatformSpec: 'static {
     /// how to find the right id.
     fn user_id(id: &str, account: &Account) -> Result<String, SettingsError>;
 
+    /// The error when the section of `platform` sets `key`, a key only this platform (named
+    /// `owner`) takes.
+    fn taken_elsewhere(key: &str, owner: &str, platform: &str) -> String {
+        let _ = platform;
+        format!("only the {owner} channel takes {key}")
+    }
+
     /// The error when two accounts of the platform have the same `what` (a key of
     /// [`ChannelSetup::identity`]), written as `first` and `second` (full keys).
     fn same_account(what: &str, first: &str, second: &str) -> String {

@@ -131,6 +131,11 @@ impl PlatformSpec for Discord {
         })
     }
 
+    /// Its own keys (`api_base_url`, `gateway_url`, `proxy`) elsewhere: the others take `api_url`.
+    fn taken_elsewhere(key: &str, owner: &str, platform: &str) -> String {
+        format!("only the {owner} channel takes {key}; {platform} takes api_url")
+    }
+
     fn user_id(id: &str, account: &Account) -> Result<String, SettingsError> {
         // Snowflakes: unsigned 64-bit numbers.
         if !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit()) && id.parse::<u64>().is_ok() {

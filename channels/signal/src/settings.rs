@@ -94,6 +94,11 @@ impl PlatformSpec for Signal {
         })
     }
 
+    /// Its own key elsewhere is `number` (the account signal-cli runs).
+    fn taken_elsewhere(_key: &str, owner: &str, platform: &str) -> String {
+        format!("only the {owner} channel takes a number, not {platform}")
+    }
+
     fn user_id(id: &str, account: &Account) -> Result<String, SettingsError> {
         // A phone number (what a sender with one is known by) or an ACI (a UUID).
         if is_e164(id) || is_uuid(id) {

@@ -95,6 +95,11 @@ impl PlatformSpec for Slack {
         })
     }
 
+    /// Its own key elsewhere is the app-level token (`app_token`).
+    fn taken_elsewhere(_key: &str, owner: &str, platform: &str) -> String {
+        format!("only the {owner} channel has an app token, not {platform}")
+    }
+
     fn user_id(id: &str, account: &Account) -> Result<String, SettingsError> {
         // Member ids: U… (or W… on Enterprise Grid), upper-case letters and digits.
         if id.len() >= 3
