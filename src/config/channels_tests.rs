@@ -170,3 +170,41 @@ fn a_key_of_another_platform_is_refused_naming_the_platform_that_takes_it() {
     assert_eq!(key, "channels.telegram.accounts.work.homeserver");
     assert_eq!(detail, "only the matrix channel takes homeserver");
 }
+
+/// A build without a platform's cargo feature reads its section without checking the keys it
+/// does not know, and each account is reported (when built, and by `weft doctor`), never run.
+#[tokio::test]
+async fn a_platform_this_build_leaves_out_is_read_but_reported_not_run() {
+    use clawft_channel_core::spec::{Handles, InlineSecrets, Shared, Verdict};
+    let f: SectionFile<AbsentFile> = serde_json::from_value(
+        json!({"token": "x", "gateway_url": "ws://x", "allow_from": ["anyone"]}),
+    )
+    .unwrap();
+    let account = Account::new("discord", None);
+    refuse_other_keys::<Absent>(&account, &f, &[]).unwrap();
+    let mut secrets = InlineSecrets {
+        config_dir: "/".into(),
+        seen: Vec::new(),
+    };
+    let s = Absent::resolve(f.own, &account, &mut secrets).unwrap();
+    let said = "this build of weft has no discord support (cargo feature `discord`)";
+    let handles = Handles {
+        account: account.clone(),
+        shared: Shared {
+            allow_from: std::collections::BTreeSet::new(),
+            group_mode: clawft_channel_core::GroupMode::Mention,
+            stream_edits: false,
+            edit_interval: std::time::Duration::from_secs(1),
+        },
+        state: std::sync::Arc::new(clawft_channel_core::MemoryState::default()),
+        is_paired: std::sync::Arc::new(|_: &str| false),
+    };
+    let Err(e) = s.build(handles) else {
+        panic!("built")
+    };
+    assert_eq!(e.to_string(), said);
+    assert_eq!(
+        s.doctor(&account, std::time::Duration::ZERO).await,
+        Verdict::Warn(said.into())
+    );
+}
