@@ -2,7 +2,7 @@
 //! platform describes itself through its crate's contract
 //! ([`clawft_channel_core::spec::PlatformSpec`]: its own keys, their validation, its
 //! constructor, resume keys and doctor check); this file registers them, one line each in
-//! [`platforms!`], and validates what every chat channel shares: `enabled`, `allow_from`,
+//! `platforms!`, and validates what every chat channel shares: `enabled`, `allow_from`,
 //! `pairing`, `group_mode`, `group_sessions`, `stream_edits`, `edit_interval_ms`,
 //! `max_chats_in_flight` and the bot accounts (`accounts.NAME`).
 //!
