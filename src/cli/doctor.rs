@@ -9,7 +9,7 @@ use serde_json::json;
 
 use super::client::GatewayClient;
 use super::CliError;
-use crate::config::{Config, Platform, ProviderKind};
+use crate::config::{Config, ProviderKind};
 use crate::store::{Store, StoreError};
 
 /// How long one network check may take.
@@ -277,10 +277,12 @@ async fn providers(config: &Config, client: &reqwest::Client) -> Vec<Finding> {
     out
 }
 
-async fn channels(config: &Config, client: &reqwest::Client) -> Vec<Finding> {
+/// Each chat channel: its allow-list, then what its platform checks (a token accepted, a
+/// login, a daemon reachable) unless a secret it needs is not in this shell.
+async fn channels(config: &Config) -> Vec<Finding> {
+    use clawft_channel_core::spec::Verdict;
     let mut out = Vec::new();
     for c in &config.chat_channels {
-        let name = c.platform.name();
         let check = format!("channel {}", c.id());
         if c.allow_from.is_empty() && !c.pairing {
             out.push(warn(
@@ -299,158 +301,20 @@ async fn channels(config: &Config, client: &reqwest::Client) -> Vec<Finding> {
             out.push(deferred_finding(config, &check, d));
             continue;
         }
-        if c.platform == Platform::Signal {
-            out.push(signal_check(c, &check, client).await);
-            continue;
-        }
-        if c.platform == Platform::Email {
-            out.push(email_finding(c, &check).await);
-            continue;
-        }
-        let token = c.token.expose();
-        let r = match c.platform {
-            Platform::Telegram => {
-                let base = c
-                    .api_url
-                    .clone()
-                    .unwrap_or_else(|| "https://api.telegram.org".into());
-                client
-                    .get(format!("{}/bot{token}/getMe", base.trim_end_matches('/')))
-                    .send()
-                    .await
-            }
-            Platform::Discord => {
-                let base = c
-                    .api_base_url
-                    .clone()
-                    .unwrap_or_else(|| "https://discord.com".into());
-                client
-                    .get(format!("{}/api/v10/users/@me", base.trim_end_matches('/')))
-                    .header("authorization", format!("Bot {token}"))
-                    .send()
-                    .await
-            }
-            // Checked above (no token).
-            Platform::Signal => continue,
-            Platform::Email => continue,
-            Platform::Slack => {
-                let base = c
-                    .api_url
-                    .clone()
-                    .unwrap_or_else(|| "https://slack.com/api/".into());
-                client
-                    .post(format!("{}/auth.test", base.trim_end_matches('/')))
-                    .bearer_auth(token)
-                    .send()
-                    .await
-            }
-            Platform::WhatsApp => {
-                let base = c
-                    .api_url
-                    .clone()
-                    .unwrap_or_else(|| "https://graph.facebook.com".into());
-                let (version, phone) = c.whatsapp.as_ref().map_or(("v21.0", ""), |w| {
-                    (w.api_version.as_str(), w.phone_number_id.as_str())
-                });
-                client
-                    .get(format!("{}/{version}/{phone}", base.trim_end_matches('/')))
-                    .bearer_auth(token)
-                    .send()
-                    .await
-            }
-            Platform::Matrix => {
-                let base = c.homeserver.clone().unwrap_or_default();
-                client
-                    .get(format!(
-                        "{}/_matrix/client/v3/account/whoami",
-                        base.trim_end_matches('/')
-                    ))
-                    .bearer_auth(token)
-                    .send()
-                    .await
-            }
-        };
-        out.push(match r {
-            Err(e) => fail(
-                &check,
-                format!("{name} API unreachable: {}", redact(&e.to_string(), token)),
-            ),
-            Ok(r) => {
-                let status = r.status().as_u16();
-                let body: serde_json::Value = r.json().await.unwrap_or_default();
-                let accepted = (200..300).contains(&status) && body["ok"] != json!(false);
-                if accepted {
-                    let who = body["result"]["username"]
-                        .as_str()
-                        .or_else(|| body["username"].as_str())
-                        .or_else(|| body["user"].as_str())
-                        .or_else(|| body["verified_name"].as_str())
-                        .or_else(|| body["user_id"].as_str())
-                        .unwrap_or("?");
-                    ok(&check, format!("token accepted (bot {who})"))
-                } else {
-                    fail(
-                        &check,
-                        format!(
-                            "the {name} API refused the token (HTTP {status}{}): set {} (token_env / token_file)",
-                            body["error"]
-                                .as_str()
-                                .or_else(|| body["description"].as_str())
-                                .map(|e| format!(", {e}"))
-                                .unwrap_or_default(),
-                            c.config_key("token")
-                        ),
-                    )
-                }
-            }
-        });
-    }
-    out
-}
-
-/// signal-cli's daemon: reachable (`GET /api/v1/check`), and running the configured account
-/// (a JSON-RPC `listGroups` for it answers without an account error).
-async fn signal_check(
-    c: &crate::config::ChatChannelConfig,
-    check: &str,
-    client: &reqwest::Client,
-) -> Finding {
-    let base = c
-        .api_url
-        .clone()
-        .unwrap_or_else(|| "http://127.0.0.1:8080".into());
-    let base = base.trim_end_matches('/');
-    let number = c.number.clone().unwrap_or_default();
-    if let Err(e) = client.get(format!("{base}/api/v1/check")).send().await {
-        return fail(
-            check,
-            format!(
-                "signal-cli unreachable at {base} ({e}): run `signal-cli -a {number} daemon --http 127.0.0.1:8080` (or set {})",
-                c.config_key("api_url")
-            ),
+        out.push(
+            match c
+                .settings
+                .setup()
+                .doctor(&c.account_ref(), NET_TIMEOUT)
+                .await
+            {
+                Verdict::Ok(d) => ok(&check, d),
+                Verdict::Warn(d) => warn(&check, d),
+                Verdict::Fail(d) => fail(&check, d),
+            },
         );
     }
-    let req =
-        json!({"jsonrpc": "2.0", "method": "listGroups", "id": 1, "params": {"account": number}});
-    let body: serde_json::Value = match client
-        .post(format!("{base}/api/v1/rpc"))
-        .json(&req)
-        .send()
-        .await
-    {
-        Ok(r) => r.json().await.unwrap_or_default(),
-        Err(e) => return fail(check, format!("signal-cli at {base}: {e}")),
-    };
-    match body["error"]["message"].as_str() {
-        None => ok(check, format!("signal-cli runs {number}")),
-        Some(e) => fail(
-            check,
-            format!(
-                "signal-cli at {base} refused {number} ({e}): register or link it in signal-cli, or fix {}",
-                c.config_key("number")
-            ),
-        ),
-    }
+    out
 }
 
 /// A secret of the service this shell does not hold (it lives in the service's environment):
@@ -480,14 +344,6 @@ fn deferred_finding(config: &Config, check: &str, d: &crate::config::DeferredSec
                 d.reason
             ),
         )
-    }
-}
-
-fn redact(text: &str, secret: &str) -> String {
-    if secret.len() >= 6 {
-        text.replace(secret, "[REDACTED]")
-    } else {
-        text.to_string()
     }
 }
 
@@ -583,7 +439,7 @@ pub async fn check(config: &Config) -> Result<Vec<Finding>, CliError> {
     out.extend(cluster_finding(config).await);
     let client = http()?;
     out.extend(providers(config, &client).await);
-    out.extend(channels(config, &client).await);
+    out.extend(channels(config).await);
     for d in &config.deferred_secrets {
         if !d.key.starts_with("channels.") || d.key == "channels.http.token" {
             out.push(deferred_finding(config, &d.key, d));
@@ -850,51 +706,6 @@ fn skill_exposes(skills: &[crate::skills::Skill], server: &str) -> bool {
             |prefix| probe.starts_with(prefix) || prefix.starts_with(&probe),
         )
     })
-}
-
-/// The email channel: log in to its IMAP server (the password is the channel's token).
-async fn email_finding(c: &crate::config::ChatChannelConfig, check: &str) -> Finding {
-    #[cfg(feature = "email")]
-    {
-        use crate::config::email::MailTls;
-        use clawft_channel_email::{imap::Imap, TlsMode};
-        let Some(e) = c.email.as_deref() else {
-            return fail(check, "channels.email has no settings");
-        };
-        let tls = match e.imap_tls {
-            MailTls::Implicit => TlsMode::Implicit,
-            MailTls::StartTls => TlsMode::StartTls,
-            MailTls::None => TlsMode::None,
-        };
-        match Imap::login(
-            &e.imap_host,
-            e.imap_port,
-            tls,
-            &e.username,
-            c.token.expose(),
-            1 << 20,
-            e.ca_pem.as_deref(),
-        )
-        .await
-        {
-            Ok(imap) => {
-                imap.logout().await;
-                ok(
-                    check,
-                    format!("IMAP login as {} accepted by {}", e.username, e.imap_host),
-                )
-            }
-            Err(err) => fail(check, redact(&err.to_string(), c.token.expose())),
-        }
-    }
-    #[cfg(not(feature = "email"))]
-    {
-        let _ = c;
-        warn(
-            check,
-            "this build of weft has no email support (cargo feature `email`)",
-        )
-    }
 }
 
 #[cfg(test)]

@@ -30,18 +30,6 @@ pub struct Fenced {
     pub node: String,
 }
 
-/// The state keys of a platform that the next connection holder needs.
-pub fn resume_keys(platform: &str) -> &'static [&'static str] {
-    match platform {
-        "telegram" => &["offset"],
-        "discord" => &["session_id", "seq", "resume_url"],
-        "matrix" => &["since"],
-        "signal" => &["events_cursor"],
-        "email" => &["cursor"],
-        _ => &[],
-    }
-}
-
 #[derive(Default)]
 struct Cache {
     /// Resume key → (value, revision) as last read or written; revision 0: absent.
@@ -60,13 +48,19 @@ pub struct ClusterState {
 }
 
 impl ClusterState {
-    /// The state of channel `id` (platform `platform`).
-    pub fn new(cluster: Cluster, id: &str, platform: &str, local: Arc<dyn StateStore>) -> Self {
+    /// The state of channel `id`, whose resume keys (what the next connection holder needs,
+    /// as its platform's contract names them) are `keys`.
+    pub fn new(
+        cluster: Cluster,
+        id: &str,
+        keys: &'static [&'static str],
+        local: Arc<dyn StateStore>,
+    ) -> Self {
         Self {
             cluster,
             local,
             prefix: format!("chan.{}", super::key_part(id)),
-            keys: resume_keys(platform),
+            keys,
             cache: Mutex::new(Cache::default()),
         }
     }

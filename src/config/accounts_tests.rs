@@ -57,15 +57,21 @@ max_chats_in_flight = 1
     };
     assert_eq!(main.account, None);
     assert_eq!(work.account.as_deref(), Some("work"));
-    assert_eq!(work.token.expose(), "222:work");
-    assert_eq!(ops.token.expose(), "333:ops");
+    let tg = |c: &ChatChannelConfig| {
+        let ChannelSettings::Telegram(t) = &c.settings else {
+            panic!("{c:?}")
+        };
+        t.clone()
+    };
+    assert_eq!(tg(work).token.expose(), "222:work");
+    assert_eq!(tg(ops).token.expose(), "333:ops");
     // Inherited whole by `work`.
     for (k, v) in [
         ("allow_from", format!("{:?}", work.allow_from)),
         ("pairing", work.pairing.to_string()),
         ("group_all", work.group_all.to_string()),
         ("per_user_sessions", work.per_user_sessions.to_string()),
-        ("api_url", format!("{:?}", work.api_url)),
+        ("api_url", format!("{:?}", tg(work).api_url)),
         ("stream_edits", work.stream_edits.to_string()),
         ("edit_interval", format!("{:?}", work.edit_interval)),
         ("max_chats_in_flight", work.max_chats_in_flight.to_string()),
@@ -75,14 +81,14 @@ max_chats_in_flight = 1
             "pairing" => main.pairing.to_string(),
             "group_all" => main.group_all.to_string(),
             "per_user_sessions" => main.per_user_sessions.to_string(),
-            "api_url" => format!("{:?}", main.api_url),
+            "api_url" => format!("{:?}", tg(main).api_url),
             "stream_edits" => main.stream_edits.to_string(),
             "edit_interval" => format!("{:?}", main.edit_interval),
             _ => main.max_chats_in_flight.to_string(),
         };
         assert_eq!(v, m, "{k} not inherited");
     }
-    assert_eq!(work.api_url.as_deref(), Some("http://127.0.0.1:9"));
+    assert_eq!(tg(work).api_url.as_deref(), Some("http://127.0.0.1:9"));
     assert_eq!(work.max_chats_in_flight, 3);
     // What `ops` sets is its own; the rest still comes from the section.
     assert_eq!(ops.allow_from.iter().collect::<Vec<_>>(), ["7"]);
@@ -255,19 +261,18 @@ app_token = "xapp-2"
     )
     .unwrap();
     assert_eq!(ids(&c), ["discord.a", "discord.b", "slack", "slack.team2"]);
-    let a = &c.chat_channels[0];
+    let (ChannelSettings::Discord(a), ChannelSettings::Discord(b), ChannelSettings::Slack(t2)) = (
+        &c.chat_channels[0].settings,
+        &c.chat_channels[1].settings,
+        &c.chat_channels[3].settings,
+    ) else {
+        panic!("{:?}", c.chat_channels)
+    };
     assert_eq!(a.api_base_url.as_deref(), Some("http://127.0.0.1:9"));
     assert_eq!(a.gateway_url.as_deref(), Some("ws://127.0.0.1:9/gw"));
     // The old name set on the account replaces the section's base URL.
-    assert_eq!(
-        c.chat_channels[1].api_base_url.as_deref(),
-        Some("http://127.0.0.1:8")
-    );
-    let t2 = &c.chat_channels[3];
-    assert_eq!(
-        t2.app_token.as_ref().map(crate::types::Secret::expose),
-        Some("xapp-2")
-    );
+    assert_eq!(b.api_base_url.as_deref(), Some("http://127.0.0.1:8"));
+    assert_eq!(t2.app_token.expose(), "xapp-2");
     assert_eq!(t2.api_url.as_deref(), Some("http://127.0.0.1:7/api/"));
 }
 

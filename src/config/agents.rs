@@ -3,9 +3,10 @@
 
 use std::collections::BTreeMap;
 
+use super::error::ConfigError;
 use super::file::{AgentDefaultsFile, BindingFile};
 use super::subagents::SubagentsFile;
-use super::types::{AgentConfig, ConfigError, ProviderConfig};
+use super::types::{AgentConfig, ProviderConfig};
 use crate::types::session_key::DEFAULT_AGENT;
 
 /// Longest agent name.
@@ -160,7 +161,7 @@ impl Binding {
 
     /// Whether `r` matches every key it sets.
     pub fn matches(&self, r: &Route<'_>) -> bool {
-        let (channel, account) = super::types::split_channel_id(r.channel_id);
+        let (channel, account) = super::channels::split_channel_id(r.channel_id);
         let got = [
             Some(channel),
             Some(account),

@@ -424,12 +424,18 @@ fn discord_api_base_url_and_gateway_url_with_proxy_as_a_deprecated_alias() {
         &env(&[]),
     )
     .unwrap();
+    let discord = |c: &Config| {
+        let ChannelSettings::Discord(d) = &c.chat_channels[0].settings else {
+            panic!("{:?}", c.chat_channels)
+        };
+        d.clone()
+    };
     assert_eq!(
-        c.chat_channels[0].api_base_url.as_deref(),
+        discord(&c).api_base_url.as_deref(),
         Some("http://127.0.0.1:9/")
     );
     assert_eq!(
-        c.chat_channels[0].gateway_url.as_deref(),
+        discord(&c).gateway_url.as_deref(),
         Some("ws://127.0.0.1:10")
     );
     // The old name still works (with a warning at load).
@@ -440,7 +446,7 @@ fn discord_api_base_url_and_gateway_url_with_proxy_as_a_deprecated_alias() {
     )
     .unwrap();
     assert_eq!(
-        c.chat_channels[0].api_base_url.as_deref(),
+        discord(&c).api_base_url.as_deref(),
         Some("http://127.0.0.1:9/")
     );
     for (extra, key, needle) in [

@@ -1,7 +1,10 @@
-//! [`Env`]: the snapshot of the process environment the loader reads (tests pass their own).
+//! [`Env`]: the snapshot of the process environment the loader reads (tests pass their own),
+//! and what is read from it before the file: the state directory, the default config path, the
+//! `CLAWFT_SECTION__KEY` overrides and their merge with the file. Uses no other file of
+//! `config/`.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 /// A snapshot of the process environment (tests pass their own).
@@ -93,4 +96,77 @@ impl Env {
         self.get("HOME")
             .map_or_else(|| PathBuf::from("/"), PathBuf::from)
     }
+}
+
+/// The credentials file of the service in `$CLAWFT_HOME` (`weft service install
+/// --write-credentials`; read by the unit through `EnvironmentFile=`).
+pub const SERVICE_ENV_FILE: &str = "service.env";
+
+/// `$CLAWFT_HOME` or `~/.clawft`.
+pub fn clawft_home(env: &Env) -> PathBuf {
+    env.get("CLAWFT_HOME")
+        .map_or_else(|| env.home().join(".clawft"), PathBuf::from)
+}
+
+/// Where the config file is looked for when `--config` is not given.
+pub fn default_path(env: &Env) -> PathBuf {
+    let dir = clawft_home(env);
+    let toml = dir.join("config.toml");
+    if toml.exists() {
+        toml
+    } else {
+        dir.join("config.json")
+    }
+}
+
+/// `path` with a leading `~` or `~/` made the home directory.
+pub(super) fn expand(path: &str, env: &Env) -> PathBuf {
+    if path == "~" {
+        env.home()
+    } else if let Some(rest) = path.strip_prefix("~/") {
+        env.home().join(rest)
+    } else {
+        PathBuf::from(path)
+    }
+}
+
+/// The `CLAWFT_<SECTION>__<KEY>` variables of `env` (the config overrides).
+pub(super) fn env_overrides(env: &Env) -> config::Map<String, String> {
+    env.0
+        .iter()
+        .filter(|(k, _)| k.starts_with("CLAWFT_") && k.contains("__"))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+/// The dotted key a `CLAWFT_SECTION__KEY` variable sets (as the `config` crate reads it).
+pub fn override_key(var: &str) -> Option<String> {
+    let rest = var.strip_prefix("CLAWFT_")?;
+    rest.contains("__").then(|| {
+        rest.split("__")
+            .collect::<Vec<_>>()
+            .join(".")
+            .to_lowercase()
+    })
+}
+
+/// The file (if any) and the `CLAWFT_…` overrides, merged as untyped values.
+pub(super) fn merged(
+    file: Option<(&Path, config::FileFormat)>,
+    overrides: &config::Map<String, String>,
+) -> Result<config::Config, config::ConfigError> {
+    let mut builder = config::Config::builder();
+    if let Some((path, format)) = file {
+        builder = builder.add_source(config::File::from(path).format(format));
+    }
+    if !overrides.is_empty() {
+        builder = builder.add_source(
+            config::Environment::with_prefix("CLAWFT")
+                .prefix_separator("_")
+                .separator("__")
+                .try_parsing(true)
+                .source(Some(overrides.clone())),
+        );
+    }
+    builder.build()
 }

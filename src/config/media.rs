@@ -6,8 +6,8 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use super::env::Env;
+use super::error::ConfigError;
 use super::secrets::resolve_service_secret;
-use super::types::ConfigError;
 use crate::media::generate::{
     ImageSettings, SpeechBackend, Transcoder, TtsSettings, DEFAULT_IMAGE_COUNT,
     DEFAULT_TTS_MAX_CHARS, MAX_IMAGE_COUNT,

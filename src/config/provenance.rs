@@ -6,7 +6,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use super::env::Env;
+use super::env::{env_overrides, merged, override_key, Env};
+use super::error::ConfigError;
 
 /// The origin of one value.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -129,17 +130,6 @@ impl Provenance {
     }
 }
 
-/// The dotted key a `CLAWFT_SECTION__KEY` variable sets (as the `config` crate reads it).
-pub fn override_key(var: &str) -> Option<String> {
-    let rest = var.strip_prefix("CLAWFT_")?;
-    rest.contains("__").then(|| {
-        rest.split("__")
-            .collect::<Vec<_>>()
-            .join(".")
-            .to_lowercase()
-    })
-}
-
 fn override_keys(env: &Env) -> BTreeMap<String, String> {
     env.0
         .iter()
@@ -190,44 +180,6 @@ pub struct ProviderHints {
     pub connect: String,
 }
 
-impl super::Config {
-    /// Each provider's [`ProviderHints`], by provider name.
-    pub fn provider_hints(&self) -> BTreeMap<String, ProviderHints> {
-        self.providers
-            .iter()
-            .map(|p| {
-                let name = &p.name;
-                let key = format!("providers.{name}.api_key");
-                let auth = match (&p.api_key, self.provenance.origin(&key)) {
-                    (None, _) => format!(
-                        "No API key is set for provider `{name}`: set {key} (or api_key_env / api_key_file) in {}",
-                        self.path.as_ref().map_or_else(
-                            || "the config file".to_string(),
-                            |p| p.display().to_string()
-                        )
-                    ),
-                    (Some(_), Origin::Default) => {
-                        format!("Check the API key of provider `{name}` ({key})")
-                    }
-                    (Some(_), origin) => format!(
-                        "The API key of provider `{name}` came from {origin}: fix or replace it there"
-                    ),
-                };
-                let url = crate::types::scrub::redact_url(&p.base_url);
-                let connect = match self.provenance.origin(&format!("providers.{name}.base_url")) {
-                    Origin::Default => format!(
-                        "Provider `{name}` uses its default base URL {url}; set providers.{name}.base_url for another server"
-                    ),
-                    origin => format!(
-                        "The base URL of provider `{name}` ({url}) came from {origin}: check that a server answers there"
-                    ),
-                };
-                (name.clone(), ProviderHints { auth, connect })
-            })
-            .collect()
-    }
-}
-
 /// Every leaf value the file and the `CLAWFT_…` overrides set (dotted key → value as text,
 /// secrets included: callers mask them), for `weft config show`.
 pub fn set_values(file: Option<&Path>, env: &Env) -> BTreeMap<String, String> {
@@ -236,7 +188,7 @@ pub fn set_values(file: Option<&Path>, env: &Env) -> BTreeMap<String, String> {
         _ => config::FileFormat::Json,
     };
     let file = file.filter(|p| p.exists()).map(|p| (p, format(p)));
-    let merged = super::resolve::merged(file, &super::resolve::env_overrides(env));
+    let merged = merged(file, &env_overrides(env));
     let mut out = BTreeMap::new();
     if let Ok(map) = merged.and_then(|c| c.cache.into_table()) {
         for (k, v) in map {
@@ -290,10 +242,9 @@ pub fn is_secret_key(key: &str) -> bool {
         || under("env")
 }
 
-impl super::ConfigError {
+impl ConfigError {
     /// This error with where its key was set (a `CLAWFT_…` variable or the file), when known.
     pub(super) fn located(self, provenance: &Provenance) -> Self {
-        use super::ConfigError;
         let suffix = |key: &str| match provenance.origin(key) {
             Origin::Default => String::new(),
             o @ Origin::File { .. } => format!(" (set as {o})"),
@@ -308,7 +259,7 @@ impl super::ConfigError {
                 let detail = format!("{detail}{}", suffix(&key));
                 ConfigError::Secret { key, detail }
             }
-            e => e,
+            e @ (ConfigError::Missing(_) | ConfigError::Parse { .. }) => e,
         }
     }
 }

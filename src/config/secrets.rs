@@ -1,11 +1,19 @@
 //! Secrets by indirection: inline values (refused where they do not belong), `*_env`
-//! variables and `*_file` files (relative to `$CREDENTIALS_DIRECTORY`).
+//! variables and `*_file` files (relative to `$CREDENTIALS_DIRECTORY`), for the gateway's own
+//! settings and, through [`ChannelSecrets`], for the chat platforms' crates.
 
-use super::{env::*, resolve::*, types::*};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
+use clawft_channel_core::spec::{Resolver, SecretForms, SettingsError};
+
+use super::env::{expand, DeferredSecret, Env};
+use super::provenance::{Origin, Provenance};
 use crate::types::Secret;
 
+/// The secret of setting `key` from whichever of its forms is set; `None` when none is.
+///
+/// # Errors
+/// More than one form set; the variable unset; the file unreadable or empty.
 pub(super) fn resolve_secret(
     key: &str,
     inline: Option<String>,
@@ -13,13 +21,13 @@ pub(super) fn resolve_secret(
     file: Option<String>,
     config_dir: &Path,
     env: &Env,
-) -> Result<Option<Secret>, ConfigError> {
+) -> Result<Option<Secret>, SettingsError> {
     let set = [inline.is_some(), env_name.is_some(), file.is_some()]
         .iter()
         .filter(|b| **b)
         .count();
     if set > 1 {
-        return Err(ConfigError::Invalid {
+        return Err(SettingsError::Invalid {
             key: key.into(),
             detail: format!("set only one of `{key}`, `{key}_env`, `{key}_file`"),
         });
@@ -30,7 +38,7 @@ pub(super) fn resolve_secret(
     if let Some(name) = env_name {
         return match env.get(&name) {
             Some(v) => Ok(Some(Secret::new(v))),
-            None => Err(ConfigError::Secret {
+            None => Err(SettingsError::Secret {
                 key: format!("{key}_env"),
                 detail: format!("environment variable {name} is not set"),
             }),
@@ -47,11 +55,11 @@ pub(super) fn resolve_secret(
         };
         return match std::fs::read_to_string(&p) {
             Ok(v) if !v.trim().is_empty() => Ok(Some(Secret::from_file(v.trim(), p))),
-            Ok(_) => Err(ConfigError::Secret {
+            Ok(_) => Err(SettingsError::Secret {
                 key: format!("{key}_file"),
                 detail: format!("{} is empty", p.display()),
             }),
-            Err(e) => Err(ConfigError::Secret {
+            Err(e) => Err(SettingsError::Secret {
                 key: format!("{key}_file"),
                 detail: format!("{}: {e}", p.display()),
             }),
@@ -72,10 +80,10 @@ pub(super) fn resolve_service_secret(
     file: Option<String>,
     config_dir: &Path,
     env: &Env,
-) -> Result<Option<Secret>, ConfigError> {
+) -> Result<Option<Secret>, SettingsError> {
     let var = env_name.clone();
     match resolve_secret(key, inline, env_name, file, config_dir, env) {
-        Err(ConfigError::Secret { key: via, detail })
+        Err(SettingsError::Secret { key: via, detail })
             if env.defer(DeferredSecret {
                 key: key.to_string(),
                 var,
@@ -95,9 +103,8 @@ pub(super) fn secret_origin(
     key: &str,
     env_name: Option<&str>,
     secret: Option<&crate::types::Secret>,
-    provenance: &super::provenance::Provenance,
-) -> super::provenance::Origin {
-    use super::provenance::Origin;
+    provenance: &Provenance,
+) -> Origin {
     if let Some(file) = secret.and_then(crate::types::Secret::file) {
         return Origin::SecretFile {
             file: file.to_path_buf(),
@@ -107,7 +114,9 @@ pub(super) fn secret_origin(
     if let Some(var) = env_name {
         let via = match provenance.origin(&format!("{key}_env")) {
             Origin::Env { var: v, .. } => format!("{key}_env set by {v}"),
-            _ => format!("{key}_env"),
+            Origin::File { .. } | Origin::SecretFile { .. } | Origin::Default => {
+                format!("{key}_env")
+            }
         };
         return Origin::Env {
             var: var.to_string(),
@@ -115,4 +124,36 @@ pub(super) fn secret_origin(
         };
     }
     provenance.origin(key)
+}
+
+/// The chat platforms' secrets (their crates' settings ask for them through [`Resolver`]):
+/// service secrets, each registered with the scrubber.
+pub(super) struct ChannelSecrets<'a> {
+    /// The config file's directory (`*_file` without `$CREDENTIALS_DIRECTORY`, other files).
+    pub config_dir: &'a Path,
+    /// The environment.
+    pub env: &'a Env,
+    /// Every secret value, for the scrubber.
+    pub secrets: &'a mut Vec<Secret>,
+}
+
+impl Resolver for ChannelSecrets<'_> {
+    fn secret(&mut self, key: &str, forms: SecretForms) -> Result<Option<Secret>, SettingsError> {
+        let s = resolve_service_secret(
+            key,
+            forms.inline,
+            forms.env,
+            forms.file,
+            self.config_dir,
+            self.env,
+        )?;
+        if let Some(s) = s.as_ref().filter(|s| !s.expose().is_empty()) {
+            self.secrets.push(s.clone());
+        }
+        Ok(s)
+    }
+
+    fn config_path(&self, path: &str) -> PathBuf {
+        self.config_dir.join(path)
+    }
 }

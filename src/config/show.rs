@@ -4,8 +4,9 @@
 
 use std::collections::BTreeMap;
 
+use super::loaded::Config;
 use super::provenance::{is_secret_key, Origin};
-use super::{Config, ProviderSource};
+use super::types::ProviderSource;
 
 /// What a secret shows instead of its value.
 pub const MASKED: &str = "******** (set)";
@@ -204,9 +205,9 @@ pub fn rows(config: &Config, set: &BTreeMap<String, String>) -> Vec<Row> {
             Some(d) => format!("(not in this shell; the service reads it) {}", d.reason),
             None => MASKED.into(),
         };
-        match &c.number {
+        match c.settings.setup().account_label() {
             // Signal has no token: its account is the number.
-            Some(n) => push(k("number"), n.clone(), p.origin(&k("number"))),
+            Some((key, value)) => push(k(key), value, p.origin(&k(key))),
             None => push(token.clone(), shown, p.origin(&token)),
         }
         let allow: Vec<&str> = c.allow_from.iter().map(String::as_str).collect();

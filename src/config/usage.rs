@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::ConfigError;
+use super::error::ConfigError;
 
 /// `prices."MODEL"`: USD per million tokens.
 #[derive(Debug, Default, Clone, Deserialize, Serialize, schemars::JsonSchema)]

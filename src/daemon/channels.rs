@@ -1,10 +1,12 @@
-//! The chat platform adapters of this build (cargo features `telegram`, `discord`, `slack`,
-//! `signal`),
-//! built from `channels.*` config, the store-backed [`StateStore`] they keep offsets in, and
-//! the HTTP chats' mailboxes in the store ([`StoreMail`]).
+//! The chat platform adapters, each built through its platform's contract from its
+//! `channels.*` settings, the store-backed [`StateStore`] they keep offsets in (in cluster
+//! mode the resume keys in the cluster, behind the connection's lease), and the HTTP chats'
+//! mailboxes in the store ([`StoreMail`]). Knows no platform: a platform this build has no
+//! cargo feature for is reported by its contract when built.
 
 use std::sync::Arc;
 
+use clawft_channel_core::spec::{Handles, PairedCheck};
 use clawft_channel_core::{Channel, StateStore};
 use clawft_channel_http::{MailEntry, MailStore};
 
@@ -205,8 +207,8 @@ fn prune_replies(store: &Store) {
 /// others (and the HTTP API) still run.
 ///
 /// In cluster mode (`cluster`), each channel's long-lived connection runs behind its lease
-/// (only on the node holding it) and keeps its resume state in the cluster; WhatsApp (webhooks
-/// on every node) runs as in single-node mode.
+/// (only on the node holding it) and keeps its resume state in the cluster; a platform whose
+/// messages arrive as webhooks (WhatsApp: on every node) runs as in single-node mode.
 pub fn chat_channels(
     config: &Config,
     store: &Store,
@@ -219,19 +221,35 @@ pub fn chat_channels(
         .collect()
 }
 
-/// Build one chat channel; `None` (reported) when it cannot be built.
+/// Build one chat channel through its platform's contract; `None` (reported) when it cannot
+/// be built.
 pub fn chat_channel(
     c: &crate::config::ChatChannelConfig,
     store: &Store,
     cluster: Option<&crate::cluster::Cluster>,
 ) -> Option<Arc<dyn Channel>> {
-    let state: Arc<dyn StateStore> = Arc::new(StoreState::new(store.clone(), &c.id()));
+    let id = c.id();
+    let state: Arc<dyn StateStore> = Arc::new(StoreState::new(store.clone(), &id));
+    let paired: PairedCheck = {
+        let (store, id) = (store.clone(), id.clone());
+        Arc::new(move |user: &str| crate::ingress::access::is_paired(&store, &id, user))
+    };
+    let handles = |state: Arc<dyn StateStore>| Handles {
+        account: c.account_ref(),
+        shared: c.shared(),
+        state,
+        is_paired: paired,
+    };
+    let setup = c.settings.setup();
     #[cfg(feature = "cluster")]
-    if let Some(cl) = cluster.filter(|_| c.platform != crate::config::Platform::WhatsApp) {
+    if let (Some(cl), intake @ clawft_channel_core::spec::Intake::Connection(_)) =
+        (cluster, c.settings.intake())
+    {
+        // The long-lived connection runs behind its lease, its resume state in the cluster.
         use crate::cluster::{leased::LeasedChannel, state::ClusterState};
-        let id = c.id();
-        let st = Arc::new(ClusterState::new(cl.clone(), &id, c.platform.name(), state));
-        return match build(c, st.clone(), store) {
+        let keys = intake.resume_keys();
+        let st = Arc::new(ClusterState::new(cl.clone(), &id, keys, state));
+        return match setup.build(handles(st.clone())) {
             Ok(ch) => Some(Arc::new(LeasedChannel::new(ch, cl.clone(), &id, Some(st)))),
             Err(e) => {
                 tracing::error!(channel = %id, error = %e, "channel not started");
@@ -241,220 +259,13 @@ pub fn chat_channel(
     }
     #[cfg(not(feature = "cluster"))]
     let _ = cluster;
-    match build(c, state, store) {
+    match setup.build(handles(state)) {
         Ok(ch) => Some(ch),
         Err(e) => {
-            tracing::error!(channel = %c.id(), error = %e, "channel not started");
+            tracing::error!(channel = %id, error = %e, "channel not started");
             None
         }
     }
-}
-
-fn build(
-    c: &crate::config::ChatChannelConfig,
-    state: Arc<dyn StateStore>,
-    store: &Store,
-) -> Result<Arc<dyn Channel>, String> {
-    #[cfg(any(
-        feature = "telegram",
-        feature = "discord",
-        feature = "slack",
-        feature = "whatsapp",
-        feature = "matrix",
-        feature = "signal",
-        feature = "email"
-    ))]
-    use crate::config::Platform;
-    match c.platform {
-        #[cfg(feature = "telegram")]
-        Platform::Telegram => {
-            use clawft_channel_telegram::{GroupMode, TelegramChannel, TelegramConfig};
-            let mut t = TelegramConfig::new(c.token.expose());
-            if let Some(u) = &c.api_url {
-                t.api_url.clone_from(u);
-            }
-            t.group_mode = if c.group_all {
-                GroupMode::All
-            } else {
-                GroupMode::Mention
-            };
-            t.stream_edits = c.stream_edits;
-            t.edit_interval = c.edit_interval;
-            t.state = state;
-            t.id = clawft_channel_core::ChannelId::new(c.id());
-            Ok(Arc::new(
-                TelegramChannel::new(t).map_err(|e| e.to_string())?,
-            ))
-        }
-        #[cfg(feature = "discord")]
-        Platform::Discord => {
-            use clawft_channel_discord::{DiscordChannel, DiscordConfig, GroupMode};
-            let mut d = DiscordConfig::new(c.token.expose(), state);
-            d.api_base_url.clone_from(&c.api_base_url);
-            d.gateway_url.clone_from(&c.gateway_url);
-            d.group_mode = if c.group_all {
-                GroupMode::All
-            } else {
-                GroupMode::Mention
-            };
-            d.stream_edits = c.stream_edits;
-            d.edit_interval = c.edit_interval;
-            d.id = clawft_channel_core::ChannelId::new(c.id());
-            Ok(Arc::new(DiscordChannel::new(d).map_err(|e| e.to_string())?))
-        }
-        #[cfg(feature = "slack")]
-        Platform::Slack => {
-            use clawft_channel_slack::{GroupMode, SlackChannel, SlackConfig};
-            let mut s = SlackConfig {
-                token: c.token.expose().to_string(),
-                app_token: c
-                    .app_token
-                    .as_ref()
-                    .map(|t| t.expose().to_string())
-                    .unwrap_or_default(),
-                group_mode: if c.group_all {
-                    GroupMode::All
-                } else {
-                    GroupMode::Mention
-                },
-                stream_edits: c.stream_edits,
-                edit_interval: c.edit_interval,
-                state,
-                id: clawft_channel_core::ChannelId::new(c.id()),
-                ..SlackConfig::default()
-            };
-            if let Some(u) = &c.api_url {
-                s.api_url.clone_from(u);
-            }
-            Ok(Arc::new(SlackChannel::new(s).map_err(|e| e.to_string())?))
-        }
-        #[cfg(feature = "whatsapp")]
-        Platform::WhatsApp => {
-            use clawft_channel_whatsapp::{Template, WhatsAppChannel, WhatsAppConfig};
-            let w = c
-                .whatsapp
-                .as_ref()
-                .ok_or("channels.whatsapp: the WhatsApp settings are missing")?;
-            let cfg = WhatsAppConfig {
-                id: clawft_channel_core::ChannelId::new(c.id()),
-                access_token: c.token.expose().to_string(),
-                app_secret: w.app_secret.expose().to_string(),
-                verify_token: w.verify_token.expose().to_string(),
-                phone_number_id: w.phone_number_id.clone(),
-                api_url: c
-                    .api_url
-                    .clone()
-                    .unwrap_or_else(|| clawft_channel_whatsapp::DEFAULT_API_URL.into()),
-                api_version: w.api_version.clone(),
-                template: w.template.as_ref().map(|(name, language)| Template {
-                    name: name.clone(),
-                    language: language.clone(),
-                }),
-                token_key: c.config_key("token"),
-                state,
-            };
-            Ok(Arc::new(
-                WhatsAppChannel::new(cfg).map_err(|e| e.to_string())?,
-            ))
-        }
-        #[cfg(feature = "matrix")]
-        Platform::Matrix => {
-            use clawft_channel_matrix::{GroupMode, MatrixChannel, MatrixConfig};
-            let m = MatrixConfig {
-                id: clawft_channel_core::ChannelId::new(c.id()),
-                homeserver: c.homeserver.clone().unwrap_or_default(),
-                access_token: c.token.expose().to_string(),
-                user_id: c.user_id.clone(),
-                invite_from: c.allow_from.clone(),
-                // Paired users may invite the bot too.
-                invite_paired: Some({
-                    let (store, id) = (store.clone(), c.id());
-                    Arc::new(move |user: &str| crate::ingress::access::is_paired(&store, &id, user))
-                }),
-                group_mode: if c.group_all {
-                    GroupMode::All
-                } else {
-                    GroupMode::Mention
-                },
-                stream_edits: c.stream_edits,
-                edit_interval: c.edit_interval,
-                state,
-                ..MatrixConfig::default()
-            };
-            Ok(Arc::new(MatrixChannel::new(m).map_err(|e| e.to_string())?))
-        }
-        #[cfg(feature = "signal")]
-        Platform::Signal => {
-            use clawft_channel_signal::{GroupMode, SignalChannel, SignalConfig};
-            let mut s = SignalConfig {
-                number: c.number.clone().unwrap_or_default(),
-                group_mode: if c.group_all {
-                    GroupMode::All
-                } else {
-                    GroupMode::Mention
-                },
-                state,
-                id: clawft_channel_core::ChannelId::new(c.id()),
-                ..SignalConfig::default()
-            };
-            if let Some(u) = &c.api_url {
-                s.api_url.clone_from(u);
-            }
-            Ok(Arc::new(SignalChannel::new(s).map_err(|e| e.to_string())?))
-        }
-        #[cfg(feature = "email")]
-        Platform::Email => Ok(Arc::new(email_channel(c, state)?)),
-        #[allow(unreachable_patterns)]
-        other => {
-            let _ = (state, store);
-            Err(format!(
-                "this build of weft has no {} support (cargo feature `{}`)",
-                other.name(),
-                other.name()
-            ))
-        }
-    }
-}
-
-/// The email channel of `[channels.email]`.
-#[cfg(feature = "email")]
-fn email_channel(
-    c: &crate::config::ChatChannelConfig,
-    state: Arc<dyn StateStore>,
-) -> Result<clawft_channel_email::EmailChannel, String> {
-    use crate::config::email::{MailTls, SenderAuthSetting};
-    use clawft_channel_email::{EmailChannel, EmailConfig, SenderAuth, TlsMode};
-    let e = c.email.as_deref().ok_or("channels.email has no settings")?;
-    let tls = |t: MailTls| match t {
-        MailTls::Implicit => TlsMode::Implicit,
-        MailTls::StartTls => TlsMode::StartTls,
-        MailTls::None => TlsMode::None,
-    };
-    EmailChannel::new(EmailConfig {
-        id: clawft_channel_core::ChannelId::new(c.id()),
-        imap_host: e.imap_host.clone(),
-        imap_port: e.imap_port,
-        imap_tls: tls(e.imap_tls),
-        smtp_host: e.smtp_host.clone(),
-        smtp_port: e.smtp_port,
-        smtp_tls: tls(e.smtp_tls),
-        username: e.username.clone(),
-        password: c.token.expose().to_string(),
-        address: e.address.clone(),
-        from_name: e.from_name.clone(),
-        mailbox: e.mailbox.clone(),
-        sent_mailbox: e.sent_mailbox.clone(),
-        sender_auth: match &e.sender_auth {
-            SenderAuthSetting::Trusted(id) => SenderAuth::Trusted(id.clone()),
-            SenderAuthSetting::Unchecked => SenderAuth::Unchecked,
-        },
-        idle_timeout: e.idle_timeout,
-        max_mail_bytes: e.max_mail_bytes,
-        max_upload_bytes: e.max_upload_bytes,
-        ca_pem: e.ca_pem.clone(),
-        state,
-    })
-    .map_err(|e| e.to_string())
 }
 
 #[cfg(test)]

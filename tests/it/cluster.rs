@@ -676,13 +676,13 @@ async fn resume_state_is_fenced_by_the_lease_and_read_by_the_next_holder() {
     let sa = ClusterState::new(
         a.clone(),
         "telegram",
-        "telegram",
+        &[clawft_channel_telegram::OFFSET_KEY],
         Arc::new(MemoryState::default()),
     );
     let sb = ClusterState::new(
         b.clone(),
         "telegram",
-        "telegram",
+        &[clawft_channel_telegram::OFFSET_KEY],
         Arc::new(MemoryState::default()),
     );
     let ha = a.hold("conn.telegram.default");

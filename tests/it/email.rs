@@ -1062,7 +1062,9 @@ fn email_accounts_name_their_own_keys_and_need_their_own_mailbox() {
     .unwrap();
     let work = &c.chat_channels[1];
     assert_eq!(work.id(), "email.work");
-    let e = work.email.as_deref().unwrap();
+    let clawft::config::ChannelSettings::Email(e) = &work.settings else {
+        panic!("{work:?}")
+    };
     assert_eq!(
         (e.imap_host.as_str(), e.username.as_str()),
         ("imap.example.org", "work@example.org")

@@ -2,7 +2,9 @@
 //! Discord) implements and what the daemon's ingress/egress consume.
 //!
 //! This crate depends on neither the root `clawft` crate nor ractor: an adapter only pushes
-//! [`InboundDelivery`]s into a channel and sends already-rendered [`OutboundMessage`]s.
+//! [`InboundDelivery`]s into a channel and sends already-rendered [`OutboundMessage`]s. A
+//! platform crate describes itself to the gateway through [`spec`] (its settings, constructor,
+//! resume keys and doctor check).
 
 use std::fmt;
 use std::time::Duration;
@@ -21,7 +23,9 @@ pub mod draft;
 pub mod draft_journal;
 pub mod lock;
 pub mod media;
+pub mod secret;
 pub mod send;
+pub mod spec;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod text;

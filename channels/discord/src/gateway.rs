@@ -36,7 +36,7 @@ use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_util::sync::CancellationToken;
 
-use crate::{GroupMode, Inner};
+use crate::{GroupMode, Inner, RESUME_URL_KEY, SEQ_KEY, SESSION_ID_KEY};
 
 /// GUILD_MESSAGES | DIRECT_MESSAGES | MESSAGE_CONTENT.
 pub(crate) const INTENTS: u64 = (1 << 9) | (1 << 12) | (1 << 15);
@@ -76,25 +76,25 @@ impl Session {
     fn load(inner: &Inner) -> Self {
         let st = &inner.cfg.state;
         Self {
-            id: st.get("session_id").filter(|s| !s.is_empty()),
-            seq: st.get("seq").and_then(|s| s.parse().ok()).unwrap_or(0),
-            resume_url: st.get("resume_url").filter(|s| !s.is_empty()),
+            id: st.get(SESSION_ID_KEY).filter(|s| !s.is_empty()),
+            seq: st.get(SEQ_KEY).and_then(|s| s.parse().ok()).unwrap_or(0),
+            resume_url: st.get(RESUME_URL_KEY).filter(|s| !s.is_empty()),
         }
     }
 
     fn save(&self, inner: &Inner) {
         let st = &inner.cfg.state;
         let r = st
-            .put("session_id", self.id.as_deref().unwrap_or(""))
-            .and_then(|()| st.put("resume_url", self.resume_url.as_deref().unwrap_or("")))
-            .and_then(|()| st.put("seq", &self.seq.to_string()));
+            .put(SESSION_ID_KEY, self.id.as_deref().unwrap_or(""))
+            .and_then(|()| st.put(RESUME_URL_KEY, self.resume_url.as_deref().unwrap_or("")))
+            .and_then(|()| st.put(SEQ_KEY, &self.seq.to_string()));
         if let Err(e) = r {
             tracing::warn!(error = %e, "discord: cannot store the gateway session");
         }
     }
 
     fn save_seq(&self, inner: &Inner) {
-        if let Err(e) = inner.cfg.state.put("seq", &self.seq.to_string()) {
+        if let Err(e) = inner.cfg.state.put(SEQ_KEY, &self.seq.to_string()) {
             tracing::warn!(error = %e, "discord: cannot store the gateway sequence");
         }
     }

@@ -35,8 +35,17 @@ pub mod fake;
 mod gateway;
 pub mod render;
 mod rest;
+mod settings;
 
 pub use gateway::{parse_message, BotUser};
+pub use settings::{Discord, DiscordFile, DiscordSettings};
+
+/// State key of the gateway session id RESUME continues.
+pub const SESSION_ID_KEY: &str = "session_id";
+/// State key of the last sequence number the daemon acknowledged.
+pub const SEQ_KEY: &str = "seq";
+/// State key of the URL Discord named for resuming the session.
+pub const RESUME_URL_KEY: &str = "resume_url";
 
 /// Streaming drafts, finished replies and outbound progress entries remembered (each): a late
 /// retry is not resent, a turn whose final never came is evicted.

@@ -45,10 +45,12 @@ pub mod auth;
 pub mod imap;
 pub mod mime;
 pub mod net;
+mod settings;
 pub mod smtp;
 
 pub use auth::SenderAuth;
 pub use net::TlsMode;
+pub use settings::{Email, EmailFile, EmailSettings};
 
 use imap::{IdleEnd, Imap, ImapError};
 

@@ -59,7 +59,11 @@ use tokio_util::sync::CancellationToken;
 
 mod api;
 pub mod render;
+mod settings;
 mod sync;
+
+pub use settings::{Matrix, MatrixFile, MatrixSettings};
+pub use sync::SINCE_KEY;
 
 pub use api::classify;
 use render::Rendered;

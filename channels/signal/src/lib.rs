@@ -57,9 +57,12 @@ pub mod fake;
 mod files;
 pub mod render;
 mod rpc;
+mod settings;
 mod sse;
 #[cfg(test)]
 mod tests;
+
+pub use settings::{Signal, SignalFile, SignalSettings};
 
 use render::Rendered;
 

@@ -69,9 +69,12 @@ pub mod fake;
 #[cfg(test)]
 mod media_tests;
 pub mod render;
+mod settings;
 mod socket;
 #[cfg(test)]
 mod tests;
+
+pub use settings::{Slack, SlackFile, SlackSettings};
 
 use api::{Gate, Token, WebApi};
 

@@ -54,9 +54,12 @@ mod ids;
 pub mod inbound;
 mod media;
 pub mod render;
+mod settings;
 
 #[cfg(any(test, feature = "testing"))]
 pub mod fake;
+
+pub use settings::{Telegram, TelegramFile, TelegramSettings};
 
 use api::{Api, CallError, EditMessageText, Me, ReplyParameters, SendChatAction, SendMessage};
 use ids::{Chat, MessageId, Topic, UpdateId};

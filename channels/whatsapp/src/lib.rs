@@ -52,8 +52,11 @@ mod api;
 #[cfg(any(test, feature = "testing"))]
 pub mod fake;
 pub mod render;
+mod settings;
 #[cfg(test)]
 mod tests;
+
+pub use settings::{WhatsApp, WhatsAppFile, WhatsAppSettings};
 
 use api::{Graph, OUTSIDE_WINDOW};
 
