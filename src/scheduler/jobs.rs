@@ -7,7 +7,7 @@
 //! `sched.runs.<job id>`/`<scheduled time>` → its [`RunRecord`]s (the last
 //! [`RUNS_KEPT`]), written in the same atomic batch as the job they update.
 
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
 use chrono::{DateTime, NaiveDate, Utc};
 use serde::{Deserialize, Serialize};
@@ -15,7 +15,8 @@ use serde::{Deserialize, Serialize};
 use super::catchup::{self, CatchUp, Plan, Run, RunId};
 use super::schedule::{Schedule, ScheduleError};
 use super::settings::SchedulerSettings;
-use super::shared::{SharedJobs, SharedState};
+use super::shared::{Claim, SharedJobs, SharedState};
+use crate::store::shared::{SharedError, SharedErrorKind};
 use crate::store::{Store, StoreError};
 use crate::types::MutexExt;
 use crate::types::SessionKey;
@@ -293,7 +294,7 @@ pub struct JobStore {
     limits: SchedulerSettings,
     lock: Arc<Mutex<()>>,
     /// The shared copy (cluster mode): authoritative for the definitions; the store caches it.
-    shared: Arc<OnceLock<Arc<dyn SharedJobs>>>,
+    shared: Option<SharedJobs>,
 }
 
 fn runs_ns(job: &str) -> String {
@@ -381,18 +382,21 @@ impl JobStore {
             store,
             limits,
             lock: Arc::new(Mutex::new(())),
-            shared: Arc::new(OnceLock::new()),
+            shared: None,
         }
     }
 
-    /// Share the jobs with the other gateways through `shared` (cluster mode; set once).
-    pub fn set_shared(&self, shared: Arc<dyn SharedJobs>) {
-        let _ = self.shared.set(shared);
+    /// These jobs shared with the other gateways through `shared` (cluster mode), given before
+    /// the job store is used.
+    #[must_use]
+    pub fn sharing(mut self, shared: Option<SharedJobs>) -> Self {
+        self.shared = shared;
+        self
     }
 
     /// Whether the jobs are shared (cluster mode).
     pub fn is_shared(&self) -> bool {
-        self.shared.get().is_some()
+        self.shared.is_some()
     }
 
     /// The limits in force.
@@ -429,10 +433,10 @@ impl JobStore {
     fn save(&self, job: &Job) -> Result<(), JobError> {
         let text = encode(job)?;
         self.store.state_put(JOBS_NS, &job.id, Some(&text))?;
-        if let Some(sh) = self.shared.get() {
+        if let Some(sh) = &self.shared {
             // Not lost when this fails: the next sync publishes a local job the shared copy
             // never had.
-            if let Err(e) = sh.publish(&job.id, Some(&text)) {
+            if let Err(e) = sh.publish(job) {
                 tracing::warn!(job = %job.id, error = %e, "scheduled job not shared yet; retried");
             }
         }
@@ -444,8 +448,8 @@ impl JobStore {
     /// this node only until the next sync undoes it.
     fn save_asked(&self, job: &Job) -> Result<(), JobError> {
         let text = encode(job)?;
-        if let Some(sh) = self.shared.get() {
-            sh.publish(&job.id, Some(&text)).map_err(|e| {
+        if let Some(sh) = &self.shared {
+            sh.publish(job).map_err(|e| {
                 JobError::Store(StoreError::Backend(format!(
                     "the job could not be saved in the cluster ({e}); try again"
                 )))
@@ -460,7 +464,7 @@ impl JobStore {
     /// guard). The definition comes from the shared copy; the position in the schedule is the
     /// later of the two. Unreachable: the cache is used as it is.
     fn sync(&self) -> Result<(), JobError> {
-        let Some(sh) = self.shared.get() else {
+        let Some(sh) = &self.shared else {
             return Ok(());
         };
         let remote = match sh.all() {
@@ -471,14 +475,7 @@ impl JobStore {
             }
         };
         let mut seen = std::collections::HashSet::new();
-        for text in remote {
-            let r: Job = match serde_json::from_str(&text) {
-                Ok(j) => j,
-                Err(e) => {
-                    tracing::warn!(error = %e, "shared job record undecodable; skipped");
-                    continue;
-                }
-            };
+        for r in remote {
             seen.insert(r.id.clone());
             let merged = match self.load(&r.id) {
                 Ok(Some(l)) => merge(l, r.clone()),
@@ -506,7 +503,10 @@ impl JobStore {
                 }
                 Ok(SharedState::Absent) => {
                     // Made here before cluster mode, or its publication failed: share it.
-                    if let Err(e) = sh.publish(&id, Some(&text)) {
+                    let published = serde_json::from_str::<Job>(&text)
+                        .map_err(|e| e.to_string())
+                        .and_then(|job| sh.publish(&job).map_err(|e| e.to_string()));
+                    if let Err(e) = published {
                         tracing::warn!(job = %id, error = %e, "scheduled job not shared yet");
                     }
                 }
@@ -521,9 +521,12 @@ impl JobStore {
     ///
     /// # Errors
     /// The shared copy is not reachable: nobody can tell; do not run it now.
-    pub fn claim(&self, id: &str, run: &Run) -> Result<Option<String>, String> {
-        match self.shared.get() {
-            Some(sh) if !run.manual => sh.claim(id, &run_key(run)),
+    pub fn claim(&self, id: &str, run: &Run) -> Result<Option<String>, SharedError> {
+        match &self.shared {
+            Some(sh) if !run.manual => Ok(match sh.claim(id, &run_key(run))? {
+                Claim::Mine => None,
+                Claim::Taken(node) => Some(node),
+            }),
             _ => Ok(None),
         }
     }
@@ -690,8 +693,8 @@ impl JobStore {
     pub fn remove(&self, id: &str, owner: Option<&SessionKey>) -> Result<Job, JobError> {
         let _g = self.guard();
         let job = self.load_owned(id, owner)?;
-        if let Some(sh) = self.shared.get() {
-            sh.publish(id, None).map_err(|e| {
+        if let Some(sh) = &self.shared {
+            sh.remove(id).map_err(|e| {
                 JobError::Store(StoreError::Backend(format!(
                     "the job could not be removed from the cluster ({e}); try again"
                 )))
@@ -711,8 +714,8 @@ impl JobStore {
             .collect();
         writes.push((JOBS_NS, id, None));
         self.store.state_put_many(&writes)?;
-        if let Some(sh) = self.shared.get() {
-            if let Err(e) = sh.publish(id, None) {
+        if let Some(sh) = &self.shared {
+            if let Err(e) = sh.remove(id) {
                 tracing::warn!(job = %id, error = %e, "scheduled job removal not shared");
             }
         }
@@ -914,10 +917,10 @@ impl JobStore {
         writes.push((ns.as_str(), key.as_str(), Some(record_text.as_str())));
         writes.push((JOBS_NS, id, Some(job_text.as_str())));
         self.store.state_put_many(&writes)?;
-        if let Some(sh) = self.shared.get() {
+        if let Some(sh) = &self.shared {
             let shared = sh
-                .add_run(id, &record_text, RUNS_KEPT)
-                .and_then(|()| sh.publish(id, Some(&job_text)));
+                .add_run(id, &record, RUNS_KEPT)
+                .and_then(|()| sh.publish(&job));
             if let Err(e) = shared {
                 tracing::warn!(job = %id, error = %e, "scheduled run not shared");
             }
@@ -935,18 +938,14 @@ impl JobStore {
     /// [`JobError::NotFound`]; a store failure or a corrupt record.
     pub fn runs(&self, id: &str, owner: Option<&SessionKey>) -> Result<Vec<RunRecord>, JobError> {
         self.load_owned(id, owner)?;
-        if let Some(sh) = self.shared.get() {
+        if let Some(sh) = &self.shared {
             match sh.runs(id) {
-                Ok(list) => {
-                    return list
-                        .iter()
-                        .map(|v| {
-                            serde_json::from_str(v).map_err(|e| JobError::Corrupt {
-                                key: format!("cluster runs of {id}"),
-                                detail: e.to_string(),
-                            })
-                        })
-                        .collect()
+                Ok(list) => return Ok(list),
+                Err(e) if e.kind() == SharedErrorKind::Invalid => {
+                    return Err(JobError::Corrupt {
+                        key: format!("cluster runs of {id}"),
+                        detail: e.to_string(),
+                    })
                 }
                 Err(e) => {
                     tracing::warn!(job = %id, error = %e, "shared run history not reachable; showing this gateway's");
