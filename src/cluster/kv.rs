@@ -26,12 +26,15 @@ use crate::types::MutexExt;
 /// How long a watch waits before it is made again after NATS went away.
 const REWATCH_AFTER: Duration = Duration::from_secs(1);
 
+/// A bucket, once made or opened.
+type Opened = Arc<OnceCell<kv::Store>>;
+
 /// The shared-state seam on the buckets of `cluster` (cheap to clone).
 #[derive(Clone)]
 pub struct ClusterKv {
     cluster: Cluster,
-    /// Each bucket, once made or opened.
-    buckets: Arc<Mutex<HashMap<&'static str, Arc<OnceCell<kv::Store>>>>>,
+    /// Each bucket by name.
+    buckets: Arc<Mutex<HashMap<&'static str, Opened>>>,
 }
 
 /// What a failed write ran into, from the error's kinds down its sources: a write that lost a
@@ -70,7 +73,7 @@ impl ClusterKv {
         }
     }
 
-    fn cell(&self, bucket: Bucket) -> Arc<OnceCell<kv::Store>> {
+    fn cell(&self, bucket: Bucket) -> Opened {
         self.buckets
             .locked()
             .entry(bucket.name)

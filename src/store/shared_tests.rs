@@ -20,8 +20,11 @@ struct MemState {
     /// (bucket, key) → (value or delete marker, revision).
     records: BTreeMap<(&'static str, String), (Option<Bytes>, u64)>,
     revisions: BTreeMap<&'static str, u64>,
-    watchers: Vec<(&'static str, String, mpsc::Sender<Watched<String, Bytes>>)>,
+    watchers: Vec<Watcher>,
 }
+
+/// A watch: its bucket, its key prefix, where its changes go.
+type Watcher = (&'static str, String, mpsc::Sender<Watched<String, Bytes>>);
 
 impl MemReplicated {
     fn check(&self) -> Result<(), SharedError> {
