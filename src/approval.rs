@@ -179,7 +179,9 @@ mod json_text {
         s.serialize_str(&text)
     }
 
-    pub fn deserialize<'de, T: DeserializeOwned, D: Deserializer<'de>>(d: D) -> Result<T, D::Error> {
+    pub fn deserialize<'de, T: DeserializeOwned, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<T, D::Error> {
         let text = String::deserialize(d)?;
         serde_json::from_str(&text).map_err(D::Error::custom)
     }
@@ -203,7 +205,8 @@ mod decision_text {
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Decision, D::Error> {
         let text = String::deserialize(d)?;
-        super::parse_decision(&text).ok_or_else(|| D::Error::custom(format!("not a decision: {text}")))
+        super::parse_decision(&text)
+            .ok_or_else(|| D::Error::custom(format!("not a decision: {text}")))
     }
 }
 
@@ -337,7 +340,11 @@ impl SharedApprovals {
                     continue;
                 };
                 if a.resolve(None, id, value.0).is_ok() {
-                    tracing::info!(id, decision = decision_str(value.0), "cluster: approval answered on another node");
+                    tracing::info!(
+                        id,
+                        decision = decision_str(value.0),
+                        "cluster: approval answered on another node"
+                    );
                 }
             }
         });

@@ -796,7 +796,9 @@ impl Browser {
                     .collect()
             })
             .unwrap_or_default();
-        self.secret_refs.locked().insert(session.to_string(), secret);
+        self.secret_refs
+            .locked()
+            .insert(session.to_string(), secret);
         let mut out = json!({
             "url": state["url"],
             "title": v["title"],
@@ -1264,7 +1266,12 @@ impl Browser {
     }
 
     /// The open tabs; `switch` makes tab `index` (1-based) current, `close` closes it.
-    pub async fn tabs(self: &Arc<Self>, session: &str, switch: Option<usize>, close: Option<usize>) -> Outcome {
+    pub async fn tabs(
+        self: &Arc<Self>,
+        session: &str,
+        switch: Option<usize>,
+        close: Option<usize>,
+    ) -> Outcome {
         self.with(session, move |cdp, tab, me, session| async move {
             let mut tab = tab;
             let out = async {

@@ -182,8 +182,13 @@ impl BrowserTool {
             Action::Back => b.back(session).await,
             Action::Wait => {
                 let secs = a.timeout.unwrap_or(10).clamp(1, 120);
-                b.wait_for(session, a.text.clone(), a.reference, Duration::from_secs(secs))
-                    .await
+                b.wait_for(
+                    session,
+                    a.text.clone(),
+                    a.reference,
+                    Duration::from_secs(secs),
+                )
+                .await
             }
             Action::Close => {
                 b.close_session(session).await;

@@ -27,8 +27,8 @@ use super::error::ClusterError;
 use super::node::Cluster;
 use super::session_log::SessionLog;
 pub use super::streams::{
-    ensure_inbound as ensure_stream, in_subject as subject, lease_key, partition_of,
-    DEDUP_WINDOW, IN_STREAM,
+    ensure_inbound as ensure_stream, in_subject as subject, lease_key, partition_of, DEDUP_WINDOW,
+    IN_STREAM,
 };
 use crate::store::shared::SharedError;
 use crate::store::{InboxEntry, InboxState, JournalOutcome, Store};
@@ -110,7 +110,12 @@ pub async fn publish(
     match tokio::time::timeout(Duration::from_secs(10), cluster.run_here(fut)).await {
         Ok(Some(r)) => r,
         Ok(None) => vec![Err(SharedError::unavailable("the cluster stopped")); n],
-        Err(_) => vec![Err(SharedError::unavailable("JetStream did not confirm in time")); n],
+        Err(_) => vec![
+            Err(SharedError::unavailable(
+                "JetStream did not confirm in time"
+            ));
+            n
+        ],
     }
 }
 
@@ -181,10 +186,15 @@ impl<M> InFlight<M> {
         self.waiting.len()
     }
 
-    /// Add delivery `m` of message `key`: acknowledged with its other deliveries.
-    fn add(&mut self, key: (String, String), m: M) {
-        self.waiting.entry(key).or_insert_with(|| (Vec::new(), 0)).0.push(m);
-        self.due = true;
+    /// Add delivery `m` of message `key`: acknowledged with its other deliveries. `settled`:
+    /// it may be settled already (answered before), so look at once.
+    fn add(&mut self, key: (String, String), m: M, settled: bool) {
+        self.waiting
+            .entry(key)
+            .or_insert_with(|| (Vec::new(), 0))
+            .0
+            .push(m);
+        self.due |= settled;
     }
 
     /// Resolves when one of the messages may have settled: at once when due, else on the
@@ -223,28 +233,39 @@ impl InFlight<jetstream::Message> {
     /// Acknowledge the messages whose turn is finished and whose replies are delivered.
     async fn ack_finished(&mut self, store: &Store, log: Option<&SessionLog>) {
         self.retry = false;
-        let Ok(pending) = store.pending_outbound() else {
-            self.retry = true;
-            return;
-        };
-        let batches: Vec<_> = self
+        // The cheap checks first: the turn finished, and its records are stored in the session
+        // log (a message is either answered again, its turn not recorded, or its recorded
+        // reply sent again, never both). Only then is the outbox read.
+        let finished: std::collections::HashSet<(String, String)> = self
             .waiting
-            .extract_if(|(ch, id), _| {
-                let finished = match store.journaled(ch, id) {
+            .keys()
+            .filter(|(ch, id)| {
+                let done = match store.journaled(ch, id) {
                     Ok(Some(e)) => e.state == InboxState::Done,
                     Ok(None) => true,
                     Err(_) => false,
                 };
-                // ... and whose records are stored in the session log: a message is either
-                // answered again (its turn not recorded) or its recorded reply sent again,
-                // never both.
-                finished
-                    && log.is_none_or(|l| l.settled(ch, id))
+                done && log.is_none_or(|l| l.settled(ch, id))
+            })
+            .cloned()
+            .collect();
+        if finished.is_empty() {
+            return;
+        }
+        let Ok(pending) = store.pending_outbound() else {
+            self.retry = true;
+            return;
+        };
+        // ... and whose replies are delivered.
+        let batches: Vec<_> = self
+            .waiting
+            .extract_if(|key, _| {
+                finished.contains(key)
                     && !pending.iter().any(|o| {
-                        o.channel.as_str() == ch.as_str()
+                        o.channel.as_str() == key.0.as_str()
                             && o.in_reply_to
                                 .as_ref()
-                                .is_some_and(|r| r.as_str() == id.as_str())
+                                .is_some_and(|r| r.as_str() == key.1.as_str())
                     })
             })
             .collect();
@@ -538,27 +559,30 @@ async fn take(
     );
     if flight.waiting.contains_key(&key) {
         // Delivered again while its turn runs here: acknowledged with it.
-        flight.add(key, m);
+        flight.add(key, m, false);
         return Ok(());
     }
-    match args
+    let answered = match args
         .store
         .journal_inbound_async(&env.event, &env.session)
         .await?
     {
         JournalOutcome::New(entry) => {
             (args.route)(entry);
+            false
         }
         JournalOutcome::Duplicate => match args.store.journaled(&key.0, &key.1)? {
             // Journaled on this node before and not finished (a turn interrupted by a restart
             // or a lease lost and taken back): resumed once, here.
             Some(e) if e.state != InboxState::Done && e.event.is_some() => {
                 (args.route)(e);
+                false
             }
-            Some(_) | None => {}
+            // Answered here before: acknowledged as soon as its records are stored.
+            Some(_) | None => true,
         },
-    }
-    flight.add(key, m);
+    };
+    flight.add(key, m, answered);
     Ok(())
 }
 
@@ -579,11 +603,12 @@ mod tests {
                 .await
                 .is_err()
         );
-        flight.add(("telegram".into(), "e1".into()), ());
-        // Added: looked at once, at once (it may be a duplicate of an answered message).
+        flight.add(("telegram".into(), "e0".into()), (), true);
+        // An answered message delivered again: looked at once, at once.
         tokio::time::timeout(Duration::from_millis(1), flight.changed())
             .await
             .unwrap();
+        flight.add(("telegram".into(), "e1".into()), (), false);
         // Then nothing until something settles: no polling.
         assert!(
             tokio::time::timeout(Duration::from_secs(600), flight.changed())

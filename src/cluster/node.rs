@@ -112,13 +112,7 @@ pub async fn buckets(
 ) -> Result<(kv::Store, kv::Store, kv::Store), ClusterError> {
     let leases = bucket(js, LEASE_BUCKET, ttl, "weft leases").await?;
     let nodes = bucket(js, NODE_BUCKET, ttl * 3, "weft node registry").await?;
-    let state = bucket(
-        js,
-        STATE_BUCKET,
-        Duration::ZERO,
-        "weft channel state",
-    )
-    .await?;
+    let state = bucket(js, STATE_BUCKET, Duration::ZERO, "weft channel state").await?;
     Ok((leases, nodes, state))
 }
 

@@ -20,8 +20,10 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::node::Cluster;
-pub use super::streams::{ensure_session_log as ensure_stream, state_subject as subject, STATE_STREAM};
 use super::streams::partition_of;
+pub use super::streams::{
+    ensure_session_log as ensure_stream, state_subject as subject, STATE_STREAM,
+};
 use crate::store::replica::{Record, Replica, TurnRecord};
 use crate::store::shared::SharedErrorKind;
 use crate::store::Store;

@@ -64,7 +64,10 @@ async fn ensure(js: &jetstream::Context, config: stream::Config) -> Result<(), C
             return Ok(());
         }
     }
-    Err(ClusterError::Nats(format!("stream {}: {last}", config.name)))
+    Err(ClusterError::Nats(format!(
+        "stream {}: {last}",
+        config.name
+    )))
 }
 
 /// Make the inbound journal's stream if missing (a work queue kept on file, deduplicated for

@@ -51,9 +51,8 @@ impl SharedState {
 pub fn seam(cluster: Option<&Cluster>) -> Option<Arc<dyn Replicated>> {
     #[cfg(feature = "cluster")]
     {
-        cluster.map(|c| {
-            Arc::new(crate::cluster::kv::ClusterKv::new(c.clone())) as Arc<dyn Replicated>
-        })
+        cluster
+            .map(|c| Arc::new(crate::cluster::kv::ClusterKv::new(c.clone())) as Arc<dyn Replicated>)
     }
     #[cfg(not(feature = "cluster"))]
     {

@@ -386,7 +386,8 @@ impl Daemon {
         let workspace = open_workspace(config)?;
         let docs = match &shared_state.seam {
             Some(seam) => {
-                let d = crate::tools::shared_docs::MemoryDocs::shared(seam.clone(), workspace.clone());
+                let d =
+                    crate::tools::shared_docs::MemoryDocs::shared(seam.clone(), workspace.clone());
                 tokio::spawn(d.clone().follow());
                 d
             }

@@ -172,12 +172,18 @@ impl SharedAccess {
     /// Keep the local store's pairing namespaces ([`PENDING`], [`PAIRED`]) a copy of the
     /// cluster's records, from now on (spawned on the current runtime).
     pub fn mirror(&self, store: &Store) {
-        tokio::spawn(mirror_into(self.pending.watch(), store.clone(), PENDING, |c| {
-            serde_json::to_string(c).ok()
-        }));
-        tokio::spawn(mirror_into(self.paired.watch(), store.clone(), PAIRED, |at| {
-            Some(at.to_string())
-        }));
+        tokio::spawn(mirror_into(
+            self.pending.watch(),
+            store.clone(),
+            PENDING,
+            |c| serde_json::to_string(c).ok(),
+        ));
+        tokio::spawn(mirror_into(
+            self.paired.watch(),
+            store.clone(),
+            PAIRED,
+            |at| Some(at.to_string()),
+        ));
     }
 }
 

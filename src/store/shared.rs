@@ -476,7 +476,12 @@ impl<V: Payload> Shared<V> {
     /// # Errors
     /// [`SharedErrorKind::Conflict`] when another write came first; the cluster failed, or
     /// the value is too large.
-    pub async fn update(&self, parts: &[&str], value: &V, revision: u64) -> Result<u64, SharedError> {
+    pub async fn update(
+        &self,
+        parts: &[&str],
+        value: &V,
+        revision: u64,
+    ) -> Result<u64, SharedError> {
         let body = value.encode()?;
         self.seam
             .update(self.bucket, self.key(parts), body, revision)

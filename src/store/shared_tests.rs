@@ -219,7 +219,12 @@ async fn typed_records_round_trip_with_revisions_and_conflicts() {
     let text: Shared<String> = Shared::new(seam.clone(), B, "t");
     text.put(&["k"], &"once".to_string()).await.unwrap();
     assert_eq!(
-        seam.entry(B, "t.k".into()).await.unwrap().value().unwrap().value,
+        seam.entry(B, "t.k".into())
+            .await
+            .unwrap()
+            .value()
+            .unwrap()
+            .value,
         Bytes::from_static(b"once")
     );
 }

@@ -23,11 +23,12 @@ fn keys_round_trip_and_only_documents_are_shared() {
         key_of(Scope::Agent, "a.b.md")
     );
     assert!(is_shared("USER.md") && is_shared("./MEMORY.md") && is_shared("memory/x.md"));
-    assert!(
-        !is_shared("notes.md") && !is_shared("memory/../x.md") && !is_shared("memory/x.txt")
-    );
+    assert!(!is_shared("notes.md") && !is_shared("memory/../x.md") && !is_shared("memory/x.txt"));
     // The keys the cluster has always used.
-    assert_eq!(key_of(Scope::Agent, "memory/a b.md"), "ws.memory=2Fa=20b=2Emd");
+    assert_eq!(
+        key_of(Scope::Agent, "memory/a b.md"),
+        "ws.memory=2Fa=20b=2Emd"
+    );
     assert_eq!(
         key_of(Scope::User("telegram-42"), "USER.md"),
         "user.telegram-42.USER=2Emd"
@@ -47,11 +48,16 @@ fn a_write_over_another_nodes_change_is_a_typed_conflict() {
     p.finish(b"mine").unwrap();
     let p = docs.begin(&ws, Scope::Agent, "MEMORY.md").unwrap().unwrap();
     // Another node writes in between.
-    let now = shared::wait(other.get(&["ws", "MEMORY.md"])).unwrap().unwrap();
+    let now = shared::wait(other.get(&["ws", "MEMORY.md"]))
+        .unwrap()
+        .unwrap();
     shared::wait(other.update(&["ws", "MEMORY.md"], &b"theirs".to_vec(), now.revision)).unwrap();
     std::fs::write(dir.path().join("MEMORY.md"), "mine, changed").unwrap();
     let e = p.finish(b"mine, changed").unwrap_err();
-    assert!(matches!(e, DocError::Conflict(ref r) if r == "MEMORY.md"), "{e:?}");
+    assert!(
+        matches!(e, DocError::Conflict(ref r) if r == "MEMORY.md"),
+        "{e:?}"
+    );
     assert_eq!(
         std::fs::read_to_string(dir.path().join("MEMORY.md")).unwrap(),
         "theirs"

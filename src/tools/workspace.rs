@@ -466,7 +466,9 @@ pub fn write_atomic(
 #[derive(Debug, thiserror::Error)]
 pub enum WriteError {
     /// The entry changed between the check and the write (another writer replaced it).
-    #[error("`{0}` was replaced by someone else while it was being written; read it again and retry")]
+    #[error(
+        "`{0}` was replaced by someone else while it was being written; read it again and retry"
+    )]
     Replaced(String),
     /// Any other failure.
     #[error(transparent)]

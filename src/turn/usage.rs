@@ -9,12 +9,12 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use super::shared_usage::SharedUsage;
 use crate::config::usage::UsageConfig;
 use crate::llm::{ChatRequest, ChatResponse, Usage};
 use crate::store::kv::Op;
 use crate::store::usage::{day_of, month_start, UsageRow};
 use crate::store::{Store, StoreError};
-use super::shared_usage::SharedUsage;
 use crate::types::session_key::agent_of;
 use crate::types::{MutexExt, RwLockExt};
 
