@@ -10,7 +10,7 @@ use std::sync::Arc;
 use crate::approval::SharedApprovals;
 use crate::cluster::Cluster;
 use crate::ingress::access::SharedAccess;
-use crate::scheduler::shared::SharedJobs;
+use crate::scheduler::jobs::SharedJobs;
 use crate::store::shared::Replicated;
 use crate::turn::shared_usage::SharedUsage;
 

@@ -15,8 +15,8 @@ use serde::{Deserialize, Serialize};
 use super::catchup::{self, CatchUp, Plan, Run, RunId};
 use super::schedule::{Schedule, ScheduleError};
 use super::settings::SchedulerSettings;
-use super::shared::{Claim, SharedJobs, SharedState};
-use crate::store::shared::{SharedError, SharedErrorKind};
+use super::shared::{Claim, SharedState, CLAIMS_BUCKET, JOBS_BUCKET};
+use crate::store::shared::{self as seam, Entry, Replicated, Shared, SharedError, SharedErrorKind};
 use crate::store::{Store, StoreError};
 use crate::types::MutexExt;
 use crate::types::SessionKey;
@@ -963,6 +963,154 @@ impl JobStore {
                 })
             })
             .collect()
+    }
+}
+
+/// Times the shared run history is read and written again when another node wrote it in
+/// between.
+const HISTORY_TRIES: usize = 5;
+
+impl seam::Payload for Job {}
+
+/// A job's shared run history, oldest first.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(transparent)]
+pub struct RunHistory(pub Vec<RunRecord>);
+
+impl seam::Payload for RunHistory {}
+
+/// The shared copy of the jobs (cheap to clone).
+#[derive(Clone)]
+pub struct SharedJobs {
+    jobs: Shared<Job>,
+    runs: Shared<RunHistory>,
+    claims: Shared<String>,
+}
+
+impl SharedJobs {
+    /// The jobs kept through `seam`.
+    pub fn new(seam: Arc<dyn Replicated>) -> Self {
+        Self {
+            jobs: Shared::new(seam.clone(), JOBS_BUCKET, "job"),
+            runs: Shared::new(seam.clone(), JOBS_BUCKET, "runs"),
+            claims: Shared::new(seam, CLAIMS_BUCKET, "claim"),
+        }
+    }
+
+    /// Write `job`.
+    ///
+    /// # Errors
+    /// The cluster did not take it.
+    pub fn publish(&self, job: &Job) -> Result<(), SharedError> {
+        seam::wait(self.jobs.put(&[&job.id], job)).map(drop)
+    }
+
+    /// Remove job `id` and its run history.
+    ///
+    /// # Errors
+    /// The cluster did not take it.
+    pub fn remove(&self, id: &str) -> Result<(), SharedError> {
+        seam::wait(async {
+            self.jobs.delete(&[id]).await?;
+            self.runs.delete(&[id]).await
+        })
+    }
+
+    /// Every shared job (a record that does not decode is logged and left out).
+    ///
+    /// # Errors
+    /// The cluster did not answer.
+    pub fn all(&self) -> Result<Vec<Job>, SharedError> {
+        seam::wait(async {
+            let mut out = Vec::new();
+            for k in self.jobs.keys().await? {
+                let parts: Vec<&str> = k.iter().map(String::as_str).collect();
+                match self.jobs.get(&parts).await {
+                    Ok(Some(v)) => out.push(v.value),
+                    Ok(None) => {}
+                    Err(e) if e.kind() == SharedErrorKind::Invalid => {
+                        tracing::warn!(job = ?k, error = %e, "shared job record undecodable; skipped");
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            Ok(out)
+        })
+    }
+
+    /// What the shared copy knows of job `id`.
+    ///
+    /// # Errors
+    /// The cluster did not answer.
+    pub fn state(&self, id: &str) -> Result<SharedState, SharedError> {
+        Ok(match seam::wait(self.jobs.entry(&[id]))? {
+            Entry::Absent => SharedState::Absent,
+            Entry::Present(_) => SharedState::Present,
+            Entry::Removed(_) => SharedState::Removed,
+        })
+    }
+
+    /// Claim occurrence `run` (its scheduled time) of job `id` for this gateway.
+    ///
+    /// # Errors
+    /// The cluster did not answer: nobody can tell who runs it; it must not run now.
+    pub fn claim(&self, id: &str, run: &str) -> Result<Claim, SharedError> {
+        let me = self.claims.node().to_string();
+        seam::wait(async {
+            match self.claims.update(&[id, run], &me, 0).await {
+                Ok(_) => Ok(Claim::Mine),
+                Err(e) if e.kind() == SharedErrorKind::Conflict => {
+                    let holder = self
+                        .claims
+                        .get(&[id, run])
+                        .await?
+                        .map(|v| v.value)
+                        .unwrap_or_default();
+                    Ok(if holder == me {
+                        Claim::Mine
+                    } else {
+                        Claim::Taken(holder)
+                    })
+                }
+                Err(e) => Err(e),
+            }
+        })
+    }
+
+    /// Add `record` to job `id`'s history, keeping the last `keep`.
+    ///
+    /// # Errors
+    /// The cluster did not answer, or the history kept changing.
+    pub fn add_run(&self, id: &str, record: &RunRecord, keep: usize) -> Result<(), SharedError> {
+        seam::wait(async {
+            for _ in 0..HISTORY_TRIES {
+                let now = self.runs.entry(&[id]).await?;
+                let rev = now.revision();
+                let mut list = now.value().map(|v| v.value).unwrap_or_default();
+                list.0.push(record.clone());
+                let excess = list.0.len().saturating_sub(keep);
+                list.0.drain(..excess);
+                match self.runs.update(&[id], &list, rev).await {
+                    Ok(_) => return Ok(()),
+                    Err(e) if e.kind() == SharedErrorKind::Conflict => continue,
+                    Err(e) => return Err(e),
+                }
+            }
+            Err(SharedError::new(
+                SharedErrorKind::Conflict,
+                "the run history kept changing",
+            ))
+        })
+    }
+
+    /// Job `id`'s shared run records, oldest first.
+    ///
+    /// # Errors
+    /// The cluster did not answer, or the history does not decode.
+    pub fn runs(&self, id: &str) -> Result<Vec<RunRecord>, SharedError> {
+        Ok(seam::wait(self.runs.get(&[id]))?
+            .map(|v| v.value.0)
+            .unwrap_or_default())
     }
 }
 
