@@ -12,6 +12,10 @@
 //! `weft approvals approve ID`, the admin API). A question still queued for delivery when the
 //! daemon stopped is never asked again after a restart: nobody is waiting for its answer any
 //! more ([`Approvals::expired_at_start`]).
+//!
+//! In cluster mode the questions, the answers given on other gateways and the "always"
+//! decisions are a piece of shared state ([`SharedApprovals`], bucket [`APPROVAL_BUCKET`]),
+//! given to [`Approvals::sharing`] when it is made.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};

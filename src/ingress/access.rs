@@ -8,6 +8,10 @@
 //! their chat; the operator runs `weft pairing approve CODE`, which admits that sender id on that
 //! channel from then on. Codes expire after an hour; one code per sender at a time, so a stranger
 //! cannot make the bot spam; the code is random (from the OS generator).
+//!
+//! In cluster mode pairing is a piece of shared state ([`SharedAccess`], bucket
+//! [`ACCESS_BUCKET`]) given to [`Access::with_shared`]; the local store keeps a copy of it, so a
+//! check never waits on NATS.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;

@@ -105,13 +105,10 @@ impl StoreError {
 
 fn io_kind(e: &std::io::Error) -> &'static str {
     use std::io::ErrorKind;
-    // sled hands back copies of its first I/O error that keep only the kind and the text.
-    let text = e.to_string();
+    // sled hands back copies of its first I/O error that keep its kind (and its text).
     match e.kind() {
         ErrorKind::StorageFull => "no_space",
         ErrorKind::FileTooLarge => "file_too_large",
-        _ if text.contains("No space left") || text.contains("StorageFull") => "no_space",
-        _ if text.contains("File too large") || text.contains("FileTooLarge") => "file_too_large",
         _ => "io",
     }
 }

@@ -4,6 +4,9 @@
 //!
 //! Days and months are UTC. It never flushes the store: a turn's counters ride the turn's own
 //! flush, and calls recorded outside a turn ([`UsageLedger::record`]) ride the next one.
+//!
+//! In cluster mode the ledger is given the cluster's counters ([`super::shared_usage`]) when
+//! it is made ([`UsageLedger::sharing`]): budgets then count the whole cluster's spend.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
