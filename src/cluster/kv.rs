@@ -11,7 +11,9 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use async_nats::jetstream::{self, context::PublishError, context::PublishErrorKind, kv};
+use async_nats::jetstream::{
+    self, context::PublishError, context::PublishErrorKind, kv, ErrorCode,
+};
 use async_trait::async_trait;
 use bytes::Bytes;
 use futures::StreamExt;
@@ -37,12 +39,23 @@ pub struct ClusterKv {
     buckets: Arc<Mutex<HashMap<&'static str, Opened>>>,
 }
 
-/// What a failed write ran into, from the error's kinds down its sources: a write that lost a
-/// race (JetStream refused it for its expected last sequence), a message over the server's
-/// limit, or NATS not answering.
-fn classify(e: &(dyn std::error::Error + 'static)) -> SharedErrorKind {
+/// What a failed write ran into, from the error's kinds and the server's error codes down its
+/// sources: a write that lost a race (JetStream refused it for its expected last sequence: the
+/// client's kind, or the server's code where the client has no kind for it, as for 10164 of
+/// newer servers), a message over the server's limit, or NATS not answering.
+pub(super) fn classify(e: &(dyn std::error::Error + 'static)) -> SharedErrorKind {
     let mut cur = Some(e);
     while let Some(x) = cur {
+        if let Some(j) = x.downcast_ref::<jetstream::Error>() {
+            match j.error_code() {
+                ErrorCode::STREAM_WRONG_LAST_SEQUENCE
+                | ErrorCode::STREAM_WRONG_LAST_SEQUENCE_CONSTANT => {
+                    return SharedErrorKind::Conflict
+                }
+                ErrorCode::STREAM_MESSAGE_EXCEEDS_MAXIMUM => return SharedErrorKind::TooLarge,
+                _ => {}
+            }
+        }
         if let Some(p) = x.downcast_ref::<PublishError>() {
             match p.kind() {
                 PublishErrorKind::WrongLastSequence => return SharedErrorKind::Conflict,
@@ -156,6 +169,8 @@ impl Replicated for ClusterKv {
         self.run(bucket, move |b| async move {
             if revision == 0 {
                 return b.create(&key, value).await.map_err(|e| match e.kind() {
+                    // The key exists, or another writer created it meanwhile (a lost race
+                    // JetStream reports down the error's sources: `failed`).
                     kv::CreateErrorKind::AlreadyExists => {
                         SharedError::new(SharedErrorKind::Conflict, format!("{key} exists"))
                     }
@@ -279,5 +294,40 @@ impl Replicated for ClusterKv {
             }
         });
         rx
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn server_error(code: u64) -> jetstream::Error {
+        serde_json::from_value(
+            serde_json::json!({"code": 400, "err_code": code, "description": "wrong last sequence"}),
+        )
+        .unwrap()
+    }
+
+    /// A lost race is a conflict whichever way the client reports it: its own kind, or the
+    /// server's code under a kind it has none for (10164 of newer servers, seen as "failed
+    /// getting entry: publish failed: wrong last sequence" on a create of a deleted key).
+    #[test]
+    fn lost_races_and_oversized_messages_are_told_by_kind_and_code() {
+        let ours = PublishError::new(PublishErrorKind::WrongLastSequence);
+        assert_eq!(classify(&ours), SharedErrorKind::Conflict);
+        for code in [10071, 10164] {
+            let publish = PublishError::with_source(PublishErrorKind::Other, server_error(code));
+            let update = kv::UpdateError::with_source(kv::UpdateErrorKind::Other, publish);
+            let create = kv::CreateError::with_source(kv::CreateErrorKind::Other, update);
+            assert_eq!(classify(&create), SharedErrorKind::Conflict, "{code}");
+        }
+        let big = PublishError::with_source(PublishErrorKind::Other, server_error(10054));
+        assert_eq!(classify(&big), SharedErrorKind::TooLarge);
+        let away = kv::PutError::with_source(
+            kv::PutErrorKind::Ack,
+            PublishError::new(PublishErrorKind::StreamNotFound),
+        );
+        assert_eq!(classify(&away), SharedErrorKind::Unavailable);
     }
 }

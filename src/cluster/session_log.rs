@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use async_nats::jetstream::{self, consumer::pull, context::PublishErrorKind};
+use async_nats::jetstream::{self, consumer::pull};
 use clawft_channel_core::OutboundMessage;
 use futures::StreamExt;
 use tokio::sync::{mpsc, watch};
@@ -490,7 +490,8 @@ async fn append(
         };
         match tokio::time::timeout(Duration::from_secs(10), sent).await {
             Ok(Ok(ack)) => return Ok(ack.sequence),
-            Ok(Err(e)) if e.kind() == PublishErrorKind::WrongLastSequence => {
+            // Another writer's record came first (the client's kind, or the server's code).
+            Ok(Err(e)) if super::kv::classify(&e) == SharedErrorKind::Conflict => {
                 return Err(LogError::Fenced(p));
             }
             Ok(Err(e)) => {
