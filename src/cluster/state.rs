@@ -151,17 +151,21 @@ pub async fn write_fenced(
         .map_err(|e| SharedError::new(SharedErrorKind::Invalid, e))?
         .into();
     for _ in 0..3 {
+        // Whether the write lost a race: the client's kind, or the server's code down the
+        // error's sources.
         let r = if rev == 0 {
             kv.create(key, body.clone()).await.map_err(|e| {
                 (
-                    e.kind() == kv::CreateErrorKind::AlreadyExists,
+                    e.kind() == kv::CreateErrorKind::AlreadyExists
+                        || super::kv::classify(&e) == SharedErrorKind::Conflict,
                     SharedError::unavailable(e),
                 )
             })
         } else {
             kv.update(key, body.clone(), rev).await.map_err(|e| {
                 (
-                    e.kind() == kv::UpdateErrorKind::WrongLastRevision,
+                    e.kind() == kv::UpdateErrorKind::WrongLastRevision
+                        || super::kv::classify(&e) == SharedErrorKind::Conflict,
                     SharedError::unavailable(e),
                 )
             })
