@@ -218,7 +218,12 @@ async fn cluster_usage_json(
     let since = usage_since(days);
     let me = cluster.settings().node_id.clone();
     let mine = store.usage_rows(&since).map_err(internal)?;
-    let mut nodes = match crate::cluster::usage::by_node(cluster, &since).await {
+    let seam = crate::daemon::cluster_state::seam(Some(cluster));
+    let read = match seam {
+        Some(seam) => crate::turn::shared_usage::by_node(seam, &since).await,
+        None => Ok(Default::default()),
+    };
+    let mut nodes = match read {
         Ok(n) => n,
         Err(e) => {
             let mut v = usage_of(mine, by, &since)?;
@@ -288,8 +293,6 @@ pub struct AdminApi {
     inspect: Arc<OnceLock<inspect::Inspect>>,
     /// This node in the cluster (cluster mode): its health gates `/readyz`.
     cluster: Arc<OnceLock<crate::cluster::Cluster>>,
-    /// Pairing shared with the cluster (cluster mode).
-    shared_access: crate::ingress::access::SharedSlot,
 }
 
 impl AdminApi {
@@ -305,15 +308,11 @@ impl AdminApi {
             reloads: Arc::new(OnceLock::new()),
             inspect: Arc::new(OnceLock::new()),
             cluster: Arc::new(OnceLock::new()),
-            shared_access: crate::ingress::access::SharedSlot::default(),
         }
     }
 
     /// Report the health of this node in the cluster (`/readyz`, `weft status`).
     pub fn set_cluster(&self, cluster: crate::cluster::Cluster) {
-        #[cfg(feature = "cluster")]
-        self.shared_access
-            .set(crate::daemon::cluster_state::shared_access(&cluster));
         let _ = self.cluster.set(cluster);
     }
 
@@ -607,7 +606,7 @@ impl clawft_channel_http::Admin for AdminApi {
                 match answered {
                     Ok(text) => Ok(json!({"id": id, "answered": text})),
                     Err(crate::approval::AnswerError::Cluster(e)) => {
-                        Err(AdminError::Unavailable(e))
+                        Err(AdminError::Unavailable(e.to_string()))
                     }
                     Err(_) => {
                         let known = r.approvals.list().into_iter().find(|a| a.id == id);
@@ -695,8 +694,10 @@ impl clawft_channel_http::Admin for AdminApi {
             AdminRequest::Pairing(req) => {
                 let r = running()?;
                 // In cluster mode approving and revoking wait for NATS.
-                let (store, slot) = (r.store.clone(), self.shared_access.clone());
-                tokio::task::spawn_blocking(move || shared_pairing(&store, slot.get(), &req))
+                let shared = crate::daemon::cluster_state::seam(self.cluster.get())
+                    .map(crate::ingress::access::SharedAccess::new);
+                let store = r.store.clone();
+                tokio::task::spawn_blocking(move || shared_pairing(&store, shared.as_ref(), &req))
                     .await
                     .map_err(internal)?
             }
@@ -753,7 +754,7 @@ pub fn pairing_command(store: &Store, name: &str, body: &Value) -> Result<Value,
 /// Bad arguments, the cluster unreachable or store failure.
 pub fn shared_pairing(
     store: &Store,
-    shared: Option<&dyn crate::ingress::access::SharedAccess>,
+    shared: Option<&crate::ingress::access::SharedAccess>,
     req: &PairingRequest,
 ) -> Result<Value, AdminError> {
     use crate::ingress::access;
@@ -767,7 +768,7 @@ pub fn shared_pairing(
         PairingRequest::Approve { code } => {
             let who = access::approve(store, shared, code, clawft_channel_core::now_ms()).map_err(
                 |e| match e {
-                    access::PairingError::Shared(m) => AdminError::Unavailable(m),
+                    access::PairingError::Shared(m) => AdminError::Unavailable(m.to_string()),
                     e => bad_request(e),
                 },
             )?;
@@ -775,7 +776,7 @@ pub fn shared_pairing(
         }
         PairingRequest::Revoke { who } => {
             let was = access::revoke(store, shared, who).map_err(|e| match e {
-                access::PairingError::Shared(m) => AdminError::Unavailable(m),
+                access::PairingError::Shared(m) => AdminError::Unavailable(m.to_string()),
                 e => internal(e),
             })?;
             Ok(json!({"revoked": was}))

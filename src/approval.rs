@@ -12,6 +12,10 @@
 //! `weft approvals approve ID`, the admin API). A question still queued for delivery when the
 //! daemon stopped is never asked again after a restart: nobody is waiting for its answer any
 //! more ([`Approvals::expired_at_start`]).
+//!
+//! In cluster mode the questions, the answers given on other gateways and the "always"
+//! decisions are a piece of shared state ([`SharedApprovals`], bucket [`APPROVAL_BUCKET`]),
+//! given to [`Approvals::sharing`] when it is made.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -19,6 +23,9 @@ use std::sync::{Arc, Mutex};
 use clawft_channel_core::{ChannelId, ChatId, Surface, ThreadId};
 use tokio::sync::oneshot;
 
+use crate::store::shared::{
+    self, Bucket, Payload, Replicated, Shared, SharedError, SharedErrorKind, Watched,
+};
 use crate::tools::message::MessageSink;
 use crate::types::MutexExt;
 use crate::types::SessionKey;
@@ -36,7 +43,7 @@ pub enum AnswerError {
     NotPending(NotPending),
     /// It waits on another gateway of the cluster, which the answer could not reach.
     #[error("{0}")]
-    Cluster(String),
+    Cluster(SharedError),
 }
 
 /// The user's answer (the chat commands' type).
@@ -122,42 +129,256 @@ impl crate::tools::shell_policy::Approver for Approvals {
     }
 
     async fn always_allowed(&self, session: &SessionKey, command: &str) -> bool {
-        match self.shared.get() {
+        match &self.shared {
             Some(sh) => sh.always(session.as_str(), command).await,
             None => false,
         }
     }
 
     fn remember_always(&self, session: &SessionKey, command: &str) {
-        if let Some(sh) = self.shared.get() {
+        if let Some(sh) = &self.shared {
             sh.remember_always(session.as_str(), command);
         }
     }
 }
 
+/// The bucket of the approvals shared with the other gateways of a cluster (entries kept 90
+/// days, how long an "always" decision lasts after it was given):
+/// - `ask.<id>` → a question waiting on a gateway ([`Asked`]), published by it when asked and
+///   deleted when answered or given up, so every gateway lists it;
+/// - `answer.<id>` → `once`, `always` or `deny`: an answer given on another gateway; the asking
+///   gateway watches these keys, hands the answer to the waiting call and deletes both keys;
+/// - `always.<session>.<digest of the command>` → the command: an "always" decision, read by
+///   whichever gateway runs the session next.
+pub const APPROVAL_BUCKET: Bucket = Bucket {
+    name: "weft_approvals",
+    max_age: std::time::Duration::from_secs(90 * 24 * 3600),
+    description: "weft approvals",
+    wait: std::time::Duration::from_secs(2),
+};
+
+/// How long an answer given on another gateway waits for the asking gateway to take it.
+const TAKEN_WAIT: std::time::Duration = std::time::Duration::from_secs(6);
+
+/// A question waiting on a gateway, as the cluster holds it: `{"node": …, "record": "<the
+/// approval as JSON>"}`.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Asked {
+    /// The gateway where it waits.
+    pub node: String,
+    /// The approval (a JSON text inside the record, as the first version wrote it).
+    #[serde(with = "json_text")]
+    pub record: ApprovalInfo,
+}
+
+impl Payload for Asked {}
+
+/// A value kept as a JSON text inside JSON.
+mod json_text {
+    use serde::de::{DeserializeOwned, Error as _};
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub fn serialize<T: Serialize, S: Serializer>(v: &T, s: S) -> Result<S::Ok, S::Error> {
+        let text = serde_json::to_string(v).map_err(serde::ser::Error::custom)?;
+        s.serialize_str(&text)
+    }
+
+    pub fn deserialize<'de, T: DeserializeOwned, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<T, D::Error> {
+        let text = String::deserialize(d)?;
+        serde_json::from_str(&text).map_err(D::Error::custom)
+    }
+}
+
+/// An answer given on another gateway, as the cluster holds it: `once`, `always` or `deny`
+/// (bare text).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(transparent)]
+struct Answer(#[serde(with = "decision_text")] Decision);
+
+mod decision_text {
+    use serde::de::Error as _;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    use super::Decision;
+
+    pub fn serialize<S: Serializer>(d: &Decision, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(super::decision_str(*d))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Decision, D::Error> {
+        let text = String::deserialize(d)?;
+        super::parse_decision(&text)
+            .ok_or_else(|| D::Error::custom(format!("not a decision: {text}")))
+    }
+}
+
+impl Payload for Answer {
+    fn encode(&self) -> Result<bytes::Bytes, SharedError> {
+        Ok(bytes::Bytes::from_static(decision_str(self.0).as_bytes()))
+    }
+
+    fn decode(b: &[u8]) -> Result<Self, SharedError> {
+        std::str::from_utf8(b)
+            .ok()
+            .and_then(parse_decision)
+            .map(Answer)
+            .ok_or_else(|| SharedError::new(SharedErrorKind::Invalid, "not a decision"))
+    }
+}
+
 /// Approvals shared with the other gateways of a cluster: questions asked here are listed and
 /// answered on every gateway, and "always" decisions follow the session to another gateway.
-#[async_trait::async_trait]
-pub trait SharedApprovals: Send + Sync {
-    /// Question `info` waits here. Must not block.
-    fn asked(&self, info: &ApprovalInfo);
-    /// Question `id` no longer waits here. Must not block.
-    fn settled(&self, id: &str);
-    /// The questions waiting on the other gateways.
-    ///
-    /// # Errors
-    /// They cannot be read now.
-    fn others(&self) -> Result<Vec<ApprovalInfo>, String>;
+/// Cheap to clone.
+#[derive(Clone)]
+pub struct SharedApprovals {
+    asks: Shared<Asked>,
+    answers: Shared<Answer>,
+    always: Shared<String>,
+}
+
+/// The key parts of the "always" decision for `command` in `session`.
+fn always_parts(session: &str, command: &str) -> [String; 2] {
+    let d = ring::digest::digest(&ring::digest::SHA256, command.as_bytes());
+    let hex: String = d
+        .as_ref()
+        .iter()
+        .take(16)
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    [session.to_string(), hex]
+}
+
+impl SharedApprovals {
+    /// The approvals kept through `seam`.
+    pub fn new(seam: Arc<dyn Replicated>) -> Self {
+        Self {
+            asks: Shared::new(seam.clone(), APPROVAL_BUCKET, "ask"),
+            answers: Shared::new(seam.clone(), APPROVAL_BUCKET, "answer"),
+            always: Shared::new(seam, APPROVAL_BUCKET, "always"),
+        }
+    }
+
+    /// Question `info` waits here (published in the background).
+    fn asked(&self, info: &ApprovalInfo) {
+        let asks = self.asks.clone();
+        let asked = Asked {
+            node: asks.node().to_string(),
+            record: info.clone(),
+        };
+        shared::in_background("approval asked", move || {
+            let (asks, asked) = (asks.clone(), asked.clone());
+            async move { asks.put(&[&asked.record.id], &asked).await.map(drop) }
+        });
+    }
+
+    /// Question `id` no longer waits here (dropped in the background).
+    fn settled(&self, id: &str) {
+        let (asks, answers, id) = (self.asks.clone(), self.answers.clone(), id.to_string());
+        shared::in_background("approval settled", move || {
+            let (asks, answers, id) = (asks.clone(), answers.clone(), id.clone());
+            async move {
+                asks.delete(&[&id]).await?;
+                answers.purge(&[&id]).await
+            }
+        });
+    }
+
+    /// The questions waiting on the other gateways. Blocking.
+    fn others(&self) -> Result<Vec<ApprovalInfo>, SharedError> {
+        let me = self.asks.node().to_string();
+        shared::wait(async {
+            let mut out = Vec::new();
+            for k in self.asks.keys().await? {
+                let parts: Vec<&str> = k.iter().map(String::as_str).collect();
+                match self.asks.get(&parts).await {
+                    Ok(Some(v)) if v.value.node != me => {
+                        let mut a = v.value.record;
+                        a.node = Some(v.value.node);
+                        out.push(a);
+                    }
+                    Ok(_) => {}
+                    Err(e) if e.kind() == SharedErrorKind::Invalid => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            Ok(out)
+        })
+    }
+
     /// Answer question `id`, waiting on another gateway: the gateway that took the answer, or
     /// `None` when no gateway asks it. Blocks until the asking gateway took it.
-    ///
-    /// # Errors
-    /// The answer could not be given (the cluster unreachable, the asking gateway silent).
-    fn forward(&self, id: &str, d: Decision) -> Result<Option<String>, String>;
-    /// Whether `command` was always allowed in `session` (on any gateway).
-    async fn always(&self, session: &str, command: &str) -> bool;
-    /// Remember that `command` is always allowed in `session`. Must not block.
-    fn remember_always(&self, session: &str, command: &str);
+    fn forward(&self, id: &str, d: Decision) -> Result<Option<String>, SharedError> {
+        let Some(asked) = shared::wait(self.asks.get(&[id]))? else {
+            return Ok(None);
+        };
+        let node = asked.value.node;
+        shared::wait(self.answers.put(&[id], &Answer(d)))?;
+        let start = std::time::Instant::now();
+        while start.elapsed() < TAKEN_WAIT {
+            if shared::wait(self.asks.get(&[id]))?.is_none() {
+                return Ok(Some(node));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        let _ = shared::wait(self.answers.purge(&[id]));
+        Err(SharedError::unavailable(format!(
+            "node {node}, where the question waits, did not take the answer in time"
+        )))
+    }
+
+    /// Hand the answers given on other gateways to `approvals` while it lives (spawned on the
+    /// current runtime).
+    fn watch_answers(&self, approvals: std::sync::Weak<Approvals>) {
+        let mut watch = self.answers.watch();
+        tokio::spawn(async move {
+            while let Some(w) = watch.next().await {
+                let Watched::Put { key, value, .. } = w else {
+                    continue;
+                };
+                let Some(a) = approvals.upgrade() else {
+                    return;
+                };
+                let [id] = key.as_slice() else {
+                    continue;
+                };
+                if a.resolve(None, id, value.0).is_ok() {
+                    tracing::info!(
+                        id,
+                        decision = decision_str(value.0),
+                        "cluster: approval answered on another node"
+                    );
+                }
+            }
+        });
+    }
+
+    /// Whether `command` was always allowed in `session` on any gateway. `false` when the
+    /// cluster cannot tell (the user is then asked).
+    async fn always(&self, session: &str, command: &str) -> bool {
+        if !self.always.healthy() {
+            return false;
+        }
+        let [s, d] = always_parts(session, command);
+        matches!(self.always.get(&[&s, &d]).await, Ok(Some(v)) if v.value == command)
+    }
+
+    /// Remember that `command` is always allowed in `session`, in the cluster (background).
+    fn remember_always(&self, session: &str, command: &str) {
+        let (always, parts, command) = (
+            self.always.clone(),
+            always_parts(session, command),
+            command.to_string(),
+        );
+        shared::in_background("approval always", move || {
+            let (always, parts, command) = (always.clone(), parts.clone(), command.clone());
+            async move {
+                let [s, d] = &parts;
+                always.put(&[s, d], &command).await.map(drop)
+            }
+        });
+    }
 }
 
 /// A decision as the cluster's records spell it.
@@ -186,7 +407,7 @@ pub struct Approvals {
     /// Answered and expired requests, newest last.
     recent: Mutex<VecDeque<ApprovalInfo>>,
     /// The other gateways of the cluster (cluster mode).
-    shared: std::sync::OnceLock<Arc<dyn SharedApprovals>>,
+    shared: Option<SharedApprovals>,
 }
 
 /// Removes a request when its asker stops waiting; unanswered, it is kept as expired.
@@ -197,7 +418,7 @@ impl Drop for Forget<'_> {
         let gone = self.0.lock().remove(&self.1);
         if let Some(p) = gone {
             self.0.remember(&self.1, &p, ApprovalState::Expired);
-            if let Some(sh) = self.0.shared.get() {
+            if let Some(sh) = &self.0.shared {
                 sh.settled(&self.1);
             }
         }
@@ -211,14 +432,23 @@ impl Approvals {
             sink,
             pending: Mutex::new(HashMap::new()),
             recent: Mutex::new(VecDeque::new()),
-            shared: std::sync::OnceLock::new(),
+            shared: None,
         }
     }
 
-    /// Share the questions and "always" decisions with the other gateways of the cluster
-    /// (the first call wins).
-    pub fn set_shared(&self, shared: Arc<dyn SharedApprovals>) {
-        let _ = self.shared.set(shared);
+    /// Approvals whose questions go out through `sink`, shared with the other gateways of the
+    /// cluster through `shared` (cluster mode): the answers given there reach the questions
+    /// waiting here (watched on the current runtime).
+    pub fn sharing(sink: Arc<dyn MessageSink>, shared: Option<SharedApprovals>) -> Arc<Self> {
+        let watched = shared.clone();
+        let me = Arc::new(Self {
+            shared,
+            ..Self::new(sink)
+        });
+        if let Some(sh) = watched {
+            sh.watch_answers(Arc::downgrade(&me));
+        }
+        me
     }
 
     fn remember(&self, id: &str, p: &Pending, state: ApprovalState) {
@@ -300,7 +530,7 @@ impl Approvals {
             tracing::warn!(error = %e, "could not ask for approval; denying");
             return Decision::Deny;
         }
-        if let Some(sh) = self.shared.get() {
+        if let Some(sh) = &self.shared {
             sh.asked(&ApprovalInfo {
                 node: None,
                 id: id.clone(),
@@ -341,7 +571,7 @@ impl Approvals {
     /// # Errors
     /// No gateway asks it, or the cluster could not carry the answer.
     pub fn answer_anywhere(&self, id: &str, d: Decision) -> Result<String, AnswerError> {
-        match (self.resolve(None, id, d), self.shared.get()) {
+        match (self.resolve(None, id, d), &self.shared) {
             (Ok(text), _) => Ok(text),
             (Err(e), None) => Err(AnswerError::NotPending(e)),
             (Err(e), Some(sh)) => match sh.forward(id, d).map_err(AnswerError::Cluster)? {
@@ -359,17 +589,11 @@ impl Approvals {
         }
     }
 
-    /// An answer the cluster brought for question `id` (given on another gateway): whether it
-    /// was waiting here.
-    pub fn answer_from_cluster(&self, id: &str, decision: &str) -> bool {
-        parse_decision(decision).is_some_and(|d| self.resolve(None, id, d).is_ok())
-    }
-
     /// [`Approvals::list`] plus the questions waiting on the other gateways of the cluster
     /// (those with `node`), pending ones first.
     pub fn list_all(&self) -> Vec<ApprovalInfo> {
         let mut out = self.list();
-        if let Some(sh) = self.shared.get() {
+        if let Some(sh) = &self.shared {
             match sh.others() {
                 Ok(mut others) => {
                     let at = out
@@ -408,7 +632,7 @@ impl Approvals {
             Decision::Deny => ApprovalState::Denied,
         };
         self.remember(id, &p, state);
-        if let Some(sh) = self.shared.get() {
+        if let Some(sh) = &self.shared {
             sh.settled(id);
         }
         let _ = p.tx.send(d);

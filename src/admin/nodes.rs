@@ -33,7 +33,7 @@ use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
-use crate::store::Store;
+use crate::store::{Store, StoreError};
 use crate::types::MutexExt;
 use clawft_channel_http::AdminError;
 
@@ -388,11 +388,10 @@ impl NodeHub {
             .and_then(|s| serde_json::from_str(&s).ok())
     }
 
-    fn save(&self, r: &NodeRecord) -> Result<(), String> {
-        let text = serde_json::to_string(r).map_err(|e| e.to_string())?;
-        self.store
-            .state_put(NS, &r.id, Some(&text))
-            .map_err(|e| e.to_string())
+    /// Write `r` (applied now, durable with the next flush: the caller makes it durable).
+    fn write(&self, r: &NodeRecord) -> Result<(), StoreError> {
+        let text = serde_json::to_string(r).map_err(|e| StoreError::Backend(e.to_string()))?;
+        self.store.state_put_unflushed(NS, &r.id, Some(&text))
     }
 
     /// Every record, by name.
@@ -470,7 +469,9 @@ impl NodeHub {
                 } else {
                     NodeState::Denied
                 };
-                self.save(&r).map_err(AdminError::Internal)?;
+                self.write(&r)
+                    .and_then(|()| self.store.flush())
+                    .map_err(|e| AdminError::Internal(e.to_string()))?;
                 r.state.as_str()
             }
         };
@@ -534,6 +535,10 @@ impl NodeHub {
                 None,
             )),
         };
+        // The node's record (seen, pending, its offers) is durable before it is answered.
+        if let Err(e) = self.store.flush_ticket().await {
+            tracing::warn!(%addr, error = %e, "node record not flushed");
+        }
         let conn = match admitted {
             Ok(c) => c,
             Err(f) => {
@@ -712,7 +717,10 @@ impl NodeHub {
         r.offers.clone_from(&offers);
         r.seen_ms = now;
         r.addr = addr.to_string();
-        let _ = self.save(&r);
+        // Made durable by the connection before it answers (a flush ticket, not a wait here).
+        if let Err(e) = self.write(&r) {
+            tracing::warn!(node = %r.id, error = %e, "node record not written");
+        }
         match r.state {
             NodeState::Approved => {}
             NodeState::Denied => {

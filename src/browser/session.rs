@@ -134,15 +134,8 @@ pub struct Browser {
     context_proxy: std::sync::Mutex<Option<String>>,
 }
 
-tokio::task_local! {
-    /// The chat session an action runs for (set by the tool around each call).
-    pub static SESSION: String;
-}
-
-/// The session the running action is for (empty outside a tool call).
-fn current_session() -> String {
-    SESSION.try_with(Clone::clone).unwrap_or_default()
-}
+/// The "session" of work done outside any chat session's tabs (rendering a canvas).
+const NO_SESSION: &str = "";
 
 /// The shell line that starts Chromium with our pipes on its fds 3 and 4 (where
 /// `--remote-debugging-pipe` speaks CDP), its own stdio closed.
@@ -263,8 +256,8 @@ impl Browser {
 
     /// Close the current chat session's tabs and browser context (the `close` action); the
     /// whole browser when no other session has a tab open in it.
-    pub async fn close_session(self: &Arc<Self>) {
-        let me = current_session();
+    pub async fn close_session(self: &Arc<Self>, session: &str) {
+        let me = session.to_string();
         let mut guard = self.state.lock().await;
         let Some(r) = guard.as_mut() else {
             drop(guard);
@@ -293,7 +286,7 @@ impl Browser {
             return self.close().await;
         }
         r.tabs.remove(&me);
-        let mine: Vec<Value> = self.own_pages(pages);
+        let mine: Vec<Value> = self.own_pages(session, pages);
         let bounded = |m: &'static str, p: Value| {
             let cdp = cdp.clone();
             async move {
@@ -316,10 +309,11 @@ impl Browser {
         *self.last_used.locked() = Instant::now();
     }
 
-    /// Run `f` on the running browser (started if needed) with the current tab.
-    async fn with<F, Fut>(self: &Arc<Self>, f: F) -> Outcome
+    /// Run `f` on the running browser (started if needed) with chat session `session`'s
+    /// current tab (`f` is given the session too).
+    async fn with<F, Fut>(self: &Arc<Self>, session: &str, f: F) -> Outcome
     where
-        F: FnOnce(Arc<Cdp>, Option<Tab>, Arc<Self>) -> Fut,
+        F: FnOnce(Arc<Cdp>, Option<Tab>, Arc<Self>, String) -> Fut,
         Fut: std::future::Future<Output = (Option<Tab>, Outcome)>,
     {
         self.touch();
@@ -351,9 +345,9 @@ impl Browser {
             return Err(BrowserError::Failed("the browser did not start".into()));
         };
         let cdp = running.cdp.clone();
-        let key = current_session();
+        let key = session.to_string();
         let tab = running.tabs.get(&key).cloned();
-        let (tab, out) = f(cdp, tab, self.clone()).await;
+        let (tab, out) = f(cdp, tab, self.clone(), key.clone()).await;
         match tab {
             Some(t) => {
                 running.tabs.insert(key, t);
@@ -596,13 +590,13 @@ impl Browser {
     // ---- actions ----
 
     /// Go to `url` in the current tab (a new one when none is open, or when `new_tab`).
-    pub async fn open(self: &Arc<Self>, url: &str, new_tab: bool) -> Outcome {
+    pub async fn open(self: &Arc<Self>, session: &str, url: &str, new_tab: bool) -> Outcome {
         let url = check_url(url)?;
-        self.with(move |cdp, tab, me| async move {
+        self.with(session, move |cdp, tab, me, session| async move {
             let tab = match tab {
                 Some(t) if !new_tab => Ok(t),
-                Some(_) => me.new_tab(&cdp, false).await,
-                None => me.new_tab(&cdp, !new_tab).await,
+                Some(_) => me.new_tab(&cdp, &session, false).await,
+                None => me.new_tab(&cdp, &session, !new_tab).await,
             };
             let mut tab = match tab {
                 Ok(t) => t,
@@ -616,11 +610,11 @@ impl Browser {
 
     /// The current session's browser context, made on first use (`None` with
     /// `persist_profile`: the profile's own context, shared by the agent's sessions).
-    async fn context(&self, cdp: &Cdp) -> Result<Option<String>, BrowserError> {
+    async fn context(&self, cdp: &Cdp, session: &str) -> Result<Option<String>, BrowserError> {
         if self.settings.persist_profile {
             return Ok(None);
         }
-        let me = current_session();
+        let me = session.to_string();
         if let Some(c) = self.contexts.locked().get(&me) {
             return Ok(Some(c.clone()));
         }
@@ -637,8 +631,8 @@ impl Browser {
         Ok(Some(id))
     }
 
-    async fn new_tab(&self, cdp: &Cdp, reuse: bool) -> Result<Tab, BrowserError> {
-        let context = self.context(cdp).await?;
+    async fn new_tab(&self, cdp: &Cdp, session: &str, reuse: bool) -> Result<Tab, BrowserError> {
+        let context = self.context(cdp, session).await?;
         let all = page_targets(cdp).await?;
         let pages: Vec<Value> = match &context {
             Some(c) => all
@@ -649,7 +643,7 @@ impl Browser {
         };
         // The blank page the browser starts with (or the last tab left) serves first.
         if reuse {
-            let me = current_session();
+            let me = session;
             let owners = self.owners.locked().clone();
             let free = pages.iter().find(|p| {
                 p["targetId"]
@@ -660,10 +654,10 @@ impl Browser {
                         .is_none_or(|o| !owners.contains_key(o))
             });
             if let Some(id) = free.and_then(|p| p["targetId"].as_str()) {
-                return self.attach(cdp, id).await;
+                return self.attach(cdp, session, id).await;
             }
         }
-        let mine = self.own_pages(pages).len();
+        let mine = self.own_pages(session, pages).len();
         if mine >= self.settings.max_tabs {
             return Err(BrowserError::Refused(format!(
                 "{mine} tabs are open, the most allowed (tools.browser.max_tabs): close one first"
@@ -675,10 +669,10 @@ impl Browser {
         }
         let created = cdp.call(None, "Target.createTarget", params).await?;
         let target = str_field(&created, "targetId")?;
-        self.attach(cdp, &target).await
+        self.attach(cdp, session, &target).await
     }
 
-    async fn attach(&self, cdp: &Cdp, target: &str) -> Result<Tab, BrowserError> {
+    async fn attach(&self, cdp: &Cdp, owner: &str, target: &str) -> Result<Tab, BrowserError> {
         let attached = cdp
             .call(
                 None,
@@ -689,7 +683,7 @@ impl Browser {
         let session = str_field(&attached, "sessionId")?;
         self.owners
             .locked()
-            .insert(target.to_string(), current_session());
+            .insert(target.to_string(), owner.to_string());
         let s = Some(session.as_str());
         cdp.call(s, "Page.enable", json!({})).await?;
         cdp.call(
@@ -777,18 +771,18 @@ impl Browser {
     }
 
     /// The page as text with numbered references.
-    pub async fn snapshot(self: &Arc<Self>) -> Outcome {
-        self.with(|cdp, tab, me| async move {
+    pub async fn snapshot(self: &Arc<Self>, session: &str) -> Outcome {
+        self.with(session, |cdp, tab, me, session| async move {
             let Some(mut tab) = tab else {
                 return (None, Err(no_tab()));
             };
-            let out = me.snapshot_of(&cdp, &mut tab).await;
+            let out = me.snapshot_of(&cdp, &session, &mut tab).await;
             (Some(tab), out)
         })
         .await
     }
 
-    async fn snapshot_of(&self, cdp: &Cdp, tab: &mut Tab) -> Outcome {
+    async fn snapshot_of(&self, cdp: &Cdp, session: &str, tab: &mut Tab) -> Outcome {
         let state = self.page_state(cdp, tab).await?;
         let world = self.world(cdp, tab, true).await?;
         let max = self.settings.max_snapshot_chars;
@@ -802,7 +796,9 @@ impl Browser {
                     .collect()
             })
             .unwrap_or_default();
-        self.secret_refs.locked().insert(current_session(), secret);
+        self.secret_refs
+            .locked()
+            .insert(session.to_string(), secret);
         let mut out = json!({
             "url": state["url"],
             "title": v["title"],
@@ -858,10 +854,11 @@ impl Browser {
         let v = eval_in(cdp, &tab.session, world, &expr)
             .await
             .map_err(|e| match e {
-                BrowserError::Failed(m) if m.contains("context") => BrowserError::Invalid(
+                // The snapshot's world is gone: the page changed since.
+                EvalError::Refused(_) => BrowserError::Invalid(
                     "the page changed since the last snapshot: take a new snapshot".into(),
                 ),
-                e => e,
+                e @ (EvalError::Closed | EvalError::Threw(_)) => e.into(),
             })?;
         if v.get("missing").is_some() {
             return Err(BrowserError::Invalid(format!(
@@ -872,8 +869,8 @@ impl Browser {
     }
 
     /// Click reference `r`.
-    pub async fn click(self: &Arc<Self>, r: u32) -> Outcome {
-        self.with(move |cdp, tab, me| async move {
+    pub async fn click(self: &Arc<Self>, session: &str, r: u32) -> Outcome {
+        self.with(session, move |cdp, tab, me, _session| async move {
             let Some(mut tab) = tab else {
                 return (None, Err(no_tab()));
             };
@@ -942,12 +939,13 @@ impl Browser {
     /// Enter when `submit`.
     pub async fn type_text(
         self: &Arc<Self>,
+        session: &str,
         r: u32,
         text: String,
         append: bool,
         submit: bool,
     ) -> Outcome {
-        self.with(move |cdp, tab, me| async move {
+        self.with(session, move |cdp, tab, me, _session| async move {
             let Some(mut tab) = tab else {
                 return (None, Err(no_tab()));
             };
@@ -973,8 +971,8 @@ impl Browser {
 
     /// The pages of `all` that belong to the current session: those it opened, and those a
     /// page of its opened.
-    fn own_pages(&self, all: Vec<Value>) -> Vec<Value> {
-        let me = current_session();
+    fn own_pages(&self, session: &str, all: Vec<Value>) -> Vec<Value> {
+        let me = session;
         let owners = self.owners.locked().clone();
         let by_id: std::collections::HashMap<String, Value> = all
             .iter()
@@ -1041,8 +1039,8 @@ impl Browser {
     }
 
     /// Choose `value` (an option's value or label) in the select of reference `r`.
-    pub async fn select(self: &Arc<Self>, r: u32, value: String) -> Outcome {
-        self.with(move |cdp, tab, me| async move {
+    pub async fn select(self: &Arc<Self>, session: &str, r: u32, value: String) -> Outcome {
+        self.with(session, move |cdp, tab, me, _session| async move {
             let Some(mut tab) = tab else {
                 return (None, Err(no_tab()));
             };
@@ -1065,8 +1063,8 @@ impl Browser {
     }
 
     /// Press a key (`Enter`, `Tab`, `Escape`, arrows, ...) in the focused element.
-    pub async fn press(self: &Arc<Self>, key: String) -> Outcome {
-        self.with(move |cdp, tab, me| async move {
+    pub async fn press(self: &Arc<Self>, session: &str, key: String) -> Outcome {
+        self.with(session, move |cdp, tab, me, _session| async move {
             let Some(mut tab) = tab else {
                 return (None, Err(no_tab()));
             };
@@ -1099,8 +1097,8 @@ impl Browser {
     }
 
     /// Scroll the page by `dy` pixels (down when positive), or reference `r` into view.
-    pub async fn scroll(self: &Arc<Self>, r: Option<u32>, dy: i64) -> Outcome {
-        self.with(move |cdp, tab, me| async move {
+    pub async fn scroll(self: &Arc<Self>, session: &str, r: Option<u32>, dy: i64) -> Outcome {
+        self.with(session, move |cdp, tab, me, _session| async move {
             let Some(mut tab) = tab else {
                 return (None, Err(no_tab()));
             };
@@ -1126,9 +1124,11 @@ impl Browser {
     /// A PNG of the tab (the viewport, or the whole page when `full`).
     pub async fn screenshot(
         self: &Arc<Self>,
+        session: &str,
         full: bool,
     ) -> Result<(Vec<u8>, Value), BrowserError> {
         self.capture(
+            session,
             "Page.captureScreenshot",
             json!({"format": "png", "captureBeyondViewport": full, "fromSurface": true}),
         )
@@ -1160,7 +1160,7 @@ impl Browser {
         let mut bytes = Vec::new();
         {
             let bytes = &mut bytes;
-            self.with(move |cdp, tab, _me| async move {
+            self.with(NO_SESSION, move |cdp, tab, _me, _session| async move {
                 let out = async {
                     let created = cdp
                         .call(None, "Target.createTarget", json!({"url": "about:blank"}))
@@ -1230,8 +1230,8 @@ impl Browser {
     }
 
     /// A PDF of the tab.
-    pub async fn pdf(self: &Arc<Self>) -> Result<(Vec<u8>, Value), BrowserError> {
-        self.capture("Page.printToPDF", json!({"printBackground": true}))
+    pub async fn pdf(self: &Arc<Self>, session: &str) -> Result<(Vec<u8>, Value), BrowserError> {
+        self.capture(session, "Page.printToPDF", json!({"printBackground": true}))
             .await
     }
 
@@ -1239,6 +1239,7 @@ impl Browser {
     /// capped at `max_capture_bytes`, with the page's state.
     async fn capture(
         self: &Arc<Self>,
+        session: &str,
         method: &'static str,
         params: Value,
     ) -> Result<(Vec<u8>, Value), BrowserError> {
@@ -1246,7 +1247,7 @@ impl Browser {
         let mut bytes = Vec::new();
         let out = {
             let bytes = &mut bytes;
-            self.with(move |cdp, tab, me| async move {
+            self.with(session, move |cdp, tab, me, _session| async move {
                 let Some(mut tab) = tab else {
                     return (None, Err(no_tab()));
                 };
@@ -1265,11 +1266,16 @@ impl Browser {
     }
 
     /// The open tabs; `switch` makes tab `index` (1-based) current, `close` closes it.
-    pub async fn tabs(self: &Arc<Self>, switch: Option<usize>, close: Option<usize>) -> Outcome {
-        self.with(move |cdp, tab, me| async move {
+    pub async fn tabs(
+        self: &Arc<Self>,
+        session: &str,
+        switch: Option<usize>,
+        close: Option<usize>,
+    ) -> Outcome {
+        self.with(session, move |cdp, tab, me, session| async move {
             let mut tab = tab;
             let out = async {
-                let pages = me.own_pages(page_targets(&cdp).await?);
+                let pages = me.own_pages(&session, page_targets(&cdp).await?);
                 let pick = |i: usize| {
                     pages.get(i.wrapping_sub(1)).cloned().ok_or_else(|| {
                         BrowserError::Invalid(format!("there is no tab {i} ({} open)", pages.len()))
@@ -1294,13 +1300,13 @@ impl Browser {
                     let t = pick(i)?;
                     let id = t["targetId"].as_str().unwrap_or_default().to_string();
                     if tab.as_ref().map(|c| c.target.as_str()) != Some(id.as_str()) {
-                        tab = Some(me.attach(&cdp, &id).await?);
+                        tab = Some(me.attach(&cdp, &session, &id).await?);
                     }
                     let _ = cdp
                         .call(None, "Target.activateTarget", json!({"targetId": id}))
                         .await;
                 }
-                let pages = me.own_pages(page_targets(&cdp).await?);
+                let pages = me.own_pages(&session, page_targets(&cdp).await?);
                 let current = tab.as_ref().map(|t| t.target.clone());
                 let list: Vec<Value> = pages
                     .iter()
@@ -1323,8 +1329,8 @@ impl Browser {
     }
 
     /// Go back one page in the tab's history.
-    pub async fn back(self: &Arc<Self>) -> Outcome {
-        self.with(|cdp, tab, me| async move {
+    pub async fn back(self: &Arc<Self>, session: &str) -> Outcome {
+        self.with(session, |cdp, tab, me, _session| async move {
             let Some(mut tab) = tab else {
                 return (None, Err(no_tab()));
             };
@@ -1362,11 +1368,12 @@ impl Browser {
     /// Wait until `text` is on the page or reference `r` is, within `timeout`.
     pub async fn wait_for(
         self: &Arc<Self>,
+        session: &str,
         text: Option<String>,
         r: Option<u32>,
         timeout: Duration,
     ) -> Outcome {
-        self.with(move |cdp, tab, me| async move {
+        self.with(session, move |cdp, tab, me, _session| async move {
             let Some(mut tab) = tab else {
                 return (None, Err(no_tab()));
             };
@@ -1424,8 +1431,8 @@ impl Browser {
     }
 
     /// Run the model's own `script` in the page (only when the operator allowed it).
-    pub async fn evaluate(self: &Arc<Self>, script: String) -> Outcome {
-        self.with(move |cdp, tab, me| async move {
+    pub async fn evaluate(self: &Arc<Self>, session: &str, script: String) -> Outcome {
+        self.with(session, move |cdp, tab, me, _session| async move {
             let Some(mut tab) = tab else {
                 return (None, Err(no_tab()));
             };
@@ -1455,13 +1462,13 @@ impl Browser {
 
     /// After an action ran out of time or was stopped: a page stuck in a script cannot answer
     /// any more, so its tab is closed (the next action opens a new one).
-    pub async fn abandon_tab(&self) {
+    pub async fn abandon_tab(&self, session: &str) {
         let Ok(mut guard) = tokio::time::timeout(Duration::from_secs(5), self.state.lock()).await
         else {
             return;
         };
         let Some(r) = guard.as_mut() else { return };
-        let key = current_session();
+        let key = session.to_string();
         let Some(t) = r.tabs.remove(&key) else { return };
         let answers = tokio::time::timeout(
             PROBE_TIMEOUT,
@@ -1578,22 +1585,48 @@ async fn page_targets(cdp: &Cdp) -> Result<Vec<Value>, BrowserError> {
         .unwrap_or_default())
 }
 
-async fn eval_in(cdp: &Cdp, session: &str, world: i64, expr: &str) -> Result<Value, BrowserError> {
+/// Why a script did not run in a page's world.
+#[derive(Debug)]
+enum EvalError {
+    /// The browser refused the call: for an evaluation in a world we made, the world is gone
+    /// (the page navigated or was replaced since).
+    Refused(CdpError),
+    /// The browser is gone.
+    Closed,
+    /// The script ran and threw.
+    Threw(String),
+}
+
+impl From<EvalError> for BrowserError {
+    fn from(e: EvalError) -> Self {
+        match e {
+            EvalError::Refused(c) => c.into(),
+            EvalError::Closed => CdpError::Closed.into(),
+            EvalError::Threw(m) => BrowserError::Failed(format!("page script failed: {m}")),
+        }
+    }
+}
+
+async fn eval_in(cdp: &Cdp, session: &str, world: i64, expr: &str) -> Result<Value, EvalError> {
     let v = cdp
         .call(
             Some(session),
             "Runtime.evaluate",
             json!({"expression": expr, "contextId": world, "returnByValue": true, "awaitPromise": true}),
         )
-        .await?;
+        .await
+        .map_err(|e| match e {
+            CdpError::Closed => EvalError::Closed,
+            e @ CdpError::Protocol { .. } => EvalError::Refused(e),
+        })?;
     if let Some(ex) = v.get("exceptionDetails") {
-        return Err(BrowserError::Failed(format!(
-            "page script failed: {}",
+        return Err(EvalError::Threw(
             ex["exception"]["description"]
                 .as_str()
                 .or(ex["text"].as_str())
                 .unwrap_or("exception")
-        )));
+                .to_string(),
+        ));
     }
     Ok(v["result"]["value"].clone())
 }
@@ -1723,8 +1756,23 @@ pub fn check_url(url: &str) -> Result<String, BrowserError> {
     Ok(parsed.to_string())
 }
 
+/// Chromium's net errors (`net::ERR_…`, the `errorText` of a navigation) that the egress
+/// proxy causes when it refuses an address: the tunnel or the proxy connection refused.
+const PROXY_REFUSALS: &[&str] = &[
+    "net::ERR_TUNNEL_CONNECTION_FAILED",
+    "net::ERR_PROXY_CONNECTION_FAILED",
+    "net::ERR_PROXY_AUTH_UNSUPPORTED",
+    "net::ERR_PROXY_AUTH_REQUESTED",
+    "net::ERR_PROXY_AUTH_REQUESTED_WITH_NO_CONNECTION",
+    "net::ERR_PROXY_CERTIFICATE_INVALID",
+    "net::ERR_PROXY_HTTP_1_1_REQUIRED",
+    "net::ERR_MANDATORY_PROXY_CONFIGURATION_FAILED",
+    "net::ERR_NO_SUPPORTED_PROXIES",
+];
+
+/// What a navigation's `errorText` (a Chromium net error code) tells the model.
 fn navigation_error(e: &str) -> String {
-    if e.contains("TUNNEL_CONNECTION_FAILED") || e.contains("PROXY") {
+    if PROXY_REFUSALS.contains(&e) {
         format!("{e}: the address was refused by the gateway's network rules (tools.browser.allow_private, allow_domains) or could not be reached")
     } else {
         e.to_string()

@@ -98,7 +98,12 @@ impl BrowserTool {
         &self.browser
     }
 
-    async fn run(&self, a: BrowserArgs, ctx: &ToolContext) -> Result<Value, BrowserError> {
+    async fn run(
+        &self,
+        a: BrowserArgs,
+        ctx: &ToolContext,
+        session: &str,
+    ) -> Result<Value, BrowserError> {
         let b = &self.browser;
         let need_ref = || {
             a.reference.ok_or_else(|| {
@@ -117,10 +122,10 @@ impl BrowserTool {
                     .url
                     .as_deref()
                     .ok_or_else(|| BrowserError::Invalid("open needs `url`".into()))?;
-                b.open(url, a.new_tab.unwrap_or(false)).await
+                b.open(session, url, a.new_tab.unwrap_or(false)).await
             }
-            Action::Snapshot => b.snapshot().await,
-            Action::Click => b.click(need_ref()?).await,
+            Action::Snapshot => b.snapshot(session).await,
+            Action::Click => b.click(session, need_ref()?).await,
             Action::Type => {
                 let text = a
                     .text
@@ -130,6 +135,7 @@ impl BrowserTool {
                     b.remember_typed(&text);
                 }
                 b.type_text(
+                    session,
                     need_ref()?,
                     text,
                     a.append.unwrap_or(false),
@@ -142,18 +148,18 @@ impl BrowserTool {
                     .value
                     .clone()
                     .ok_or_else(|| BrowserError::Invalid("select needs `value`".into()))?;
-                b.select(need_ref()?, value).await
+                b.select(session, need_ref()?, value).await
             }
             Action::Press => {
                 let key = a
                     .key
                     .clone()
                     .ok_or_else(|| BrowserError::Invalid("press needs `key`".into()))?;
-                b.press(key).await
+                b.press(session, key).await
             }
-            Action::Scroll => b.scroll(a.reference, a.dy.unwrap_or(700)).await,
+            Action::Scroll => b.scroll(session, a.reference, a.dy.unwrap_or(700)).await,
             Action::Screenshot => {
-                let (png, mut out) = b.screenshot(a.full_page.unwrap_or(false)).await?;
+                let (png, mut out) = b.screenshot(session, a.full_page.unwrap_or(false)).await?;
                 let rel = save(ctx, "png", &png)?;
                 if let Some((w, h)) = png_size(&png) {
                     out["width"] = json!(w);
@@ -166,21 +172,26 @@ impl BrowserTool {
                 Ok(out)
             }
             Action::Pdf => {
-                let (pdf, mut out) = b.pdf().await?;
+                let (pdf, mut out) = b.pdf(session).await?;
                 let rel = save(ctx, "pdf", &pdf)?;
                 out["path"] = json!(rel);
                 out["bytes"] = json!(pdf.len());
                 Ok(out)
             }
-            Action::Tabs => b.tabs(a.switch, a.close).await,
-            Action::Back => b.back().await,
+            Action::Tabs => b.tabs(session, a.switch, a.close).await,
+            Action::Back => b.back(session).await,
             Action::Wait => {
                 let secs = a.timeout.unwrap_or(10).clamp(1, 120);
-                b.wait_for(a.text.clone(), a.reference, Duration::from_secs(secs))
-                    .await
+                b.wait_for(
+                    session,
+                    a.text.clone(),
+                    a.reference,
+                    Duration::from_secs(secs),
+                )
+                .await
             }
             Action::Close => {
-                b.close_session().await;
+                b.close_session(session).await;
                 Ok(json!({"closed": true}))
             }
             Action::Evaluate => {
@@ -193,7 +204,7 @@ impl BrowserTool {
                     .script
                     .clone()
                     .ok_or_else(|| BrowserError::Invalid("evaluate needs `script`".into()))?;
-                b.evaluate(script).await
+                b.evaluate(session, script).await
             }
         }
     }
@@ -280,16 +291,9 @@ impl Tool for BrowserTool {
     }
 
     async fn execute(&self, args: Value, ctx: &ToolContext) -> Result<Value, ToolError> {
-        // Each chat session has its own tabs in the agent's browser.
-        super::session::SESSION
-            .scope(ctx.session.to_string(), self.execute_in_session(args, ctx))
-            .await
-    }
-}
-
-impl BrowserTool {
-    async fn execute_in_session(&self, args: Value, ctx: &ToolContext) -> Result<Value, ToolError> {
         let a: BrowserArgs = parse_args(self.name(), args)?;
+        // Each chat session has its own tabs in the agent's browser.
+        let session = ctx.session.to_string();
         let mut limit = self.browser.settings().action_timeout;
         if matches!(
             a.action,
@@ -308,7 +312,7 @@ impl BrowserTool {
         let out = tokio::select! {
             biased;
             () = ctx.cancel.cancelled() => None,
-            r = tokio::time::timeout(limit, self.run(a, ctx)) => Some(r),
+            r = tokio::time::timeout(limit, self.run(a, ctx, &session)) => Some(r),
         };
         // Credentials typed into pages never come back in results (a page echoing them, an
         // error quoting them).
@@ -325,11 +329,11 @@ impl BrowserTool {
             }),
             Some(Err(_)) => {
                 // A page stuck in a script cannot answer: its tab is closed (bounded).
-                self.browser.abandon_tab().await;
+                self.browser.abandon_tab(&session).await;
                 Err(ToolError::Timeout(limit.as_secs()))
             }
             None => {
-                self.browser.abandon_tab().await;
+                self.browser.abandon_tab(&session).await;
                 Err(ToolError::Cancelled)
             }
         }

@@ -151,11 +151,6 @@ impl Gateway {
         let daemon = Daemon::start_in(&config, store, model, channels, cluster.clone())
             .await
             .map_err(CliError::msg)?;
-        // Before the daemon's timers first run (no await since it started).
-        #[cfg(feature = "cluster")]
-        if let Some(c) = &cluster {
-            crate::daemon::cluster_state::share(&daemon, c);
-        }
         admin.attach(
             daemon.bus().clone(),
             daemon.store().clone(),

@@ -49,7 +49,7 @@ pub enum MemoryAction {
 /// The workspace cannot be opened, a bad `--user`, or the index cannot be written.
 pub async fn run(config: &Config, action: MemoryAction) -> Result<(), CliError> {
     let ws = Arc::new(super::open_workspace(config)?);
-    let service = crate::daemon::build::memory_service(config, None);
+    let service = crate::daemon::build::memory_service(config, None, Default::default());
     match action {
         MemoryAction::Search {
             query,

@@ -16,6 +16,7 @@ use tokio::sync::{watch, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use super::node::{Cluster, NodeInfo};
+use crate::store::shared::SharedError;
 
 /// Partition consumers created at once by this node (JetStream answers the creation of an
 /// R3 consumer only once the three servers agreed; dozens at once timed out at start).
@@ -86,17 +87,17 @@ async fn live_nodes(
     nodes: &kv::Store,
     me: &str,
     fresh: Duration,
-) -> Result<BTreeSet<String>, String> {
+) -> Result<BTreeSet<String>, SharedError> {
     let now = clawft_channel_core::now_ms();
     let fresh_ms = u64::try_from(fresh.as_millis()).unwrap_or(u64::MAX);
     let mut out = BTreeSet::from([me.to_string()]);
-    let mut keys = nodes.keys().await.map_err(|e| e.to_string())?;
+    let mut keys = nodes.keys().await.map_err(SharedError::unavailable)?;
     let mut found = Vec::new();
     while let Some(k) = keys.next().await {
-        found.push(k.map_err(|e| e.to_string())?);
+        found.push(k.map_err(SharedError::unavailable)?);
     }
     for k in found {
-        if let Some(v) = nodes.get(&k).await.map_err(|e| e.to_string())? {
+        if let Some(v) = nodes.get(&k).await.map_err(SharedError::unavailable)? {
             if let Ok(n) = serde_json::from_slice::<NodeInfo>(&v) {
                 if now.saturating_sub(n.seen_ms) < fresh_ms {
                     out.insert(n.node);
@@ -130,17 +131,17 @@ async fn run(cluster: Cluster, tx: watch::Sender<BTreeSet<u32>>, stop: Cancellat
         let read = async {
             let js = cluster
                 .jetstream()
-                .ok_or_else(|| "the cluster is not connected yet".to_string())?;
+                .ok_or_else(|| SharedError::unavailable("the cluster is not connected yet"))?;
             if bucket.is_none() {
                 bucket = Some(
-                    js.get_key_value(super::NODE_BUCKET)
+                    js.get_key_value(super::node::NODE_BUCKET)
                         .await
-                        .map_err(|e| e.to_string())?,
+                        .map_err(SharedError::unavailable)?,
                 );
             }
             match &bucket {
                 Some(b) => live_nodes(b, &s.node_id, fresh).await,
-                None => Err("no registry".to_string()),
+                None => Err(SharedError::unavailable("no registry")),
             }
         };
         match tokio::time::timeout(every.max(Duration::from_secs(1)), read).await {

@@ -5,93 +5,48 @@
 //! order by its holder, which journals the message in its local store, routes it to the
 //! session, and acknowledges it in JetStream only once the turn is finished and its reply
 //! delivered. A message whose owner died before that is delivered again to the next owner.
+//!
+//! The owner looks at its messages under way only when something could have settled one: the
+//! store's event of a turn finished or a reply delivered ([`Store::settled`]), or the session
+//! log's of a record stored ([`SessionLog::stored`]); it never polls the store. The streams
+//! and the partition helpers live in [`super::streams`], below this file.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_nats::jetstream::{self, consumer::pull, stream};
+use async_nats::jetstream::{self, consumer::pull};
 use clawft_channel_core::{InboundEvent, OutboundMessage};
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::node::{Cluster, ClusterError};
+use super::error::ClusterError;
+use super::node::Cluster;
+use super::session_log::SessionLog;
+pub use super::streams::{
+    ensure_inbound as ensure_stream, in_subject as subject, lease_key, partition_of, DEDUP_WINDOW,
+    IN_STREAM,
+};
+use crate::store::shared::SharedError;
 use crate::store::{InboxEntry, InboxState, JournalOutcome, Store};
 use crate::types::SessionKey;
 
-/// The stream of the inbound journal.
-pub const IN_STREAM: &str = "WEFT_IN";
-/// How long JetStream remembers a message id to drop a second publication of it: longer than
-/// any platform redelivers an unconfirmed update (Telegram keeps them 24 h).
-pub const DEDUP_WINDOW: Duration = Duration::from_secs(24 * 3600);
 /// Messages of a partition handed to sessions and not yet acknowledged, at most.
 const MAX_IN_FLIGHT: i64 = 256;
 /// Acknowledgements of an answered message tried at most (then the next owner may answer it
 /// again).
 const MAX_ACK_TRIES: u32 = 400;
-/// How often the owner looks for finished turns to acknowledge.
-const ACK_EVERY: Duration = Duration::from_millis(25);
-
-/// The partition of a session key (FNV-1a, stable across builds and machines).
-pub fn partition_of(key: &str, partitions: u32) -> u32 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in key.bytes() {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    u32::try_from(h % u64::from(partitions.max(1))).unwrap_or(0)
-}
-
-/// The subject of partition `p`.
-pub fn subject(p: u32) -> String {
-    format!("weft.in.{p}")
-}
-
-/// The lease key of partition `p`.
-pub fn lease_key(p: u32) -> String {
-    format!("part.{p}")
-}
+/// How soon an acknowledgement JetStream did not confirm (NATS away) is tried again.
+const ACK_RETRY: Duration = Duration::from_millis(25);
 
 /// What is published: the accepted event and its session.
 #[derive(Serialize, Deserialize)]
 struct Envelope {
     session: SessionKey,
     event: InboundEvent,
-}
-
-/// Make the stream if missing: replicated on three servers when the cluster has them.
-///
-/// # Errors
-/// JetStream refused or did not answer.
-pub async fn ensure_stream(js: &jetstream::Context) -> Result<(), ClusterError> {
-    if js.get_stream(IN_STREAM).await.is_ok() {
-        return Ok(());
-    }
-    let mut last = String::new();
-    for replicas in [3, 1] {
-        match js
-            .create_stream(stream::Config {
-                name: IN_STREAM.into(),
-                description: Some("weft inbound journal".into()),
-                subjects: vec!["weft.in.>".into()],
-                retention: stream::RetentionPolicy::WorkQueue,
-                storage: stream::StorageType::File,
-                num_replicas: replicas,
-                duplicate_window: DEDUP_WINDOW,
-                ..Default::default()
-            })
-            .await
-        {
-            Ok(_) => return Ok(()),
-            Err(e) => last = e.to_string(),
-        }
-        if js.get_stream(IN_STREAM).await.is_ok() {
-            return Ok(());
-        }
-    }
-    Err(ClusterError::Nats(format!("stream {IN_STREAM}: {last}")))
 }
 
 /// What became of a publication.
@@ -108,10 +63,10 @@ pub enum Published {
 pub async fn publish(
     cluster: &Cluster,
     events: Vec<(SessionKey, InboundEvent)>,
-) -> Vec<Result<Published, String>> {
+) -> Vec<Result<Published, SharedError>> {
     let n = events.len();
     let Some(js) = cluster.jetstream() else {
-        return vec![Err("the cluster is not reachable yet".to_string()); n];
+        return vec![Err(SharedError::unavailable("the cluster is not reachable yet")); n];
     };
     let partitions = cluster.settings().partitions;
     let fut = async move {
@@ -124,7 +79,10 @@ pub async fn publish(
             let body = match serde_json::to_vec(&Envelope { session, event }) {
                 Ok(b) => b,
                 Err(e) => {
-                    acks.push(Err(e.to_string()));
+                    acks.push(Err(SharedError::new(
+                        crate::store::shared::SharedErrorKind::Invalid,
+                        e,
+                    )));
                     continue;
                 }
             };
@@ -136,11 +94,11 @@ pub async fn publish(
                         .message_id(id),
                 )
                 .await
-                .map_err(|e| e.to_string());
+                .map_err(|e| SharedError::unavailable(&e));
             acks.push(sent);
         }
         futures::future::join_all(acks.into_iter().map(|a| async move {
-            let ack = a?.await.map_err(|e| e.to_string())?;
+            let ack = a?.await.map_err(|e| SharedError::unavailable(&e))?;
             Ok(if ack.duplicate {
                 Published::Duplicate
             } else {
@@ -151,8 +109,13 @@ pub async fn publish(
     };
     match tokio::time::timeout(Duration::from_secs(10), cluster.run_here(fut)).await {
         Ok(Some(r)) => r,
-        Ok(None) => vec![Err("the cluster stopped".to_string()); n],
-        Err(_) => vec![Err("JetStream did not confirm in time".to_string()); n],
+        Ok(None) => vec![Err(SharedError::unavailable("the cluster stopped")); n],
+        Err(_) => vec![
+            Err(SharedError::unavailable(
+                "JetStream did not confirm in time"
+            ));
+            n
+        ],
     }
 }
 
@@ -168,7 +131,7 @@ pub struct Consume {
     /// Fires when the turns are over (after the shutdown grace): stop acknowledging too.
     pub done: CancellationToken,
     /// The session log: replayed before consuming, written while consuming.
-    pub log: Option<super::session_log::SessionLog>,
+    pub log: Option<SessionLog>,
     /// Send a reply the session log holds undelivered (put in the store's outbox already).
     pub send: Arc<dyn Fn(OutboundMessage) + Send + Sync>,
 }
@@ -188,8 +151,149 @@ pub fn spawn_partitions(cluster: &Cluster, args: &Consume, tasks: &TaskTracker) 
     }
 }
 
-/// One message handed to a session and not yet acknowledged: its JetStream deliveries.
-type Waiting = HashMap<(String, String), (Vec<jetstream::Message>, u32)>;
+/// The messages of a partition handed to sessions and not yet acknowledged (`M`: a JetStream
+/// delivery), and what tells the owner that one of them may have settled.
+struct InFlight<M> {
+    /// (channel, event id) → its deliveries and the acknowledgements tried so far.
+    waiting: HashMap<(String, String), (Vec<M>, u32)>,
+    /// Moves when a turn finished or a reply was delivered ([`Store::settled`]).
+    store: watch::Receiver<u64>,
+    /// Moves when the session log stored a record ([`SessionLog::stored`]).
+    log: Option<watch::Receiver<u64>>,
+    /// Look now: a message was added (it may be settled already: a duplicate delivery of an
+    /// answered one), or the loop looking at them started again.
+    due: bool,
+    /// An acknowledgement was not confirmed (NATS away): try again soon.
+    retry: bool,
+}
+
+impl<M> InFlight<M> {
+    fn new(store: &Store, log: Option<&SessionLog>) -> Self {
+        Self {
+            waiting: HashMap::new(),
+            store: store.settled(),
+            log: log.map(SessionLog::stored),
+            due: false,
+            retry: false,
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.waiting.is_empty()
+    }
+
+    fn len(&self) -> usize {
+        self.waiting.len()
+    }
+
+    /// Add delivery `m` of message `key`: acknowledged with its other deliveries. `settled`:
+    /// it may be settled already (answered before), so look at once.
+    fn add(&mut self, key: (String, String), m: M, settled: bool) {
+        self.waiting
+            .entry(key)
+            .or_insert_with(|| (Vec::new(), 0))
+            .0
+            .push(m);
+        self.due |= settled;
+    }
+
+    /// Resolves when one of the messages may have settled: at once when due, else on the
+    /// store's or the session log's event, or when an unconfirmed acknowledgement is to be
+    /// tried again. Never while none waits: nothing is polled.
+    async fn changed(&mut self) {
+        if self.waiting.is_empty() {
+            return std::future::pending().await;
+        }
+        if std::mem::take(&mut self.due) {
+            return;
+        }
+        let (store, log, retry) = (&mut self.store, &mut self.log, self.retry);
+        let logged = async move {
+            match log {
+                Some(rx) => {
+                    if rx.changed().await.is_err() {
+                        std::future::pending::<()>().await;
+                    }
+                }
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            r = store.changed() => if r.is_err() {
+                // The store is gone (shutdown): only retries are left to wait for.
+                std::future::pending::<()>().await;
+            },
+            () = logged => {}
+            () = tokio::time::sleep(ACK_RETRY), if retry => {}
+        }
+    }
+}
+
+impl InFlight<jetstream::Message> {
+    /// Acknowledge the messages whose turn is finished and whose replies are delivered.
+    async fn ack_finished(&mut self, store: &Store, log: Option<&SessionLog>) {
+        self.retry = false;
+        // The cheap checks first: the turn finished, and its records are stored in the session
+        // log (a message is either answered again, its turn not recorded, or its recorded
+        // reply sent again, never both). Only then is the outbox read.
+        let finished: std::collections::HashSet<(String, String)> = self
+            .waiting
+            .keys()
+            .filter(|(ch, id)| {
+                let done = match store.journaled(ch, id) {
+                    Ok(Some(e)) => e.state == InboxState::Done,
+                    Ok(None) => true,
+                    Err(_) => false,
+                };
+                done && log.is_none_or(|l| l.settled(ch, id))
+            })
+            .cloned()
+            .collect();
+        if finished.is_empty() {
+            return;
+        }
+        let Ok(pending) = store.pending_outbound() else {
+            self.retry = true;
+            return;
+        };
+        // ... and whose replies are delivered.
+        let batches: Vec<_> = self
+            .waiting
+            .extract_if(|key, _| {
+                finished.contains(key)
+                    && !pending.iter().any(|o| {
+                        o.channel.as_str() == key.0.as_str()
+                            && o.in_reply_to
+                                .as_ref()
+                                .is_some_and(|r| r.as_str() == key.1.as_str())
+                    })
+            })
+            .collect();
+        // All at once: the sooner an answered message is acknowledged, the shorter the window
+        // in which a kill makes the next owner answer it again. One not confirmed is tried
+        // again (NATS away): acknowledging it late still spares the next owner answering it
+        // again.
+        let results = futures::future::join_all(batches.iter().map(|(_, (ms, _))| async move {
+            let mut ok = true;
+            for m in ms {
+                if let Err(e) = m.double_ack().await {
+                    tracing::debug!(error = %e, "cluster: acknowledgement not confirmed; trying again");
+                    ok = false;
+                }
+            }
+            ok
+        }))
+        .await;
+        for ((k, (ms, tries)), ok) in batches.into_iter().zip(results) {
+            // Given up after a while: the consumer is gone (a new owner made its own), which
+            // finds the message answered only when it owned it before.
+            if !ok && tries < MAX_ACK_TRIES {
+                self.waiting.insert(k, (ms, tries + 1));
+                self.retry = true;
+            }
+        }
+    }
+}
 
 /// Why a partition's owner stops consuming it.
 enum Stop {
@@ -206,16 +310,17 @@ async fn partition_loop(
     args: Consume,
     mut wanted: super::balance::Wanted,
 ) {
-    let mut waiting = Waiting::new();
+    let mut flight = InFlight::new(&args.store, args.log.as_ref());
     loop {
         // Not this node's share: messages this node answered are still acknowledged, as soon
         // as NATS takes it, so the next owner does not answer them again.
+        flight.due = true;
         let go = loop {
             tokio::select! {
                 w = super::balance::wanted(&mut wanted, p) => break w,
                 () = args.intake.cancelled() => break false,
-                () = tokio::time::sleep(ACK_EVERY), if !waiting.is_empty() => {
-                    ack_finished(&args.store, args.log.as_ref(), &mut waiting).await;
+                () = flight.changed() => {
+                    flight.ack_finished(&args.store, args.log.as_ref()).await;
                 }
             }
         };
@@ -223,23 +328,23 @@ async fn partition_loop(
             break;
         }
         let hold = cluster.hold(&lease_key(p));
-        let stop = own(&cluster, p, &args, &hold, &mut wanted, &mut waiting).await;
+        let stop = own(&cluster, p, &args, &hold, &mut wanted, &mut flight).await;
         match stop {
             Stop::Shutdown => {
                 // The turns under way finish within the grace; acknowledge them while the
                 // lease is still ours, so the next owner does not answer them again.
-                drain(&args, &hold, &mut waiting, None).await;
+                drain(&args, &hold, &mut flight, None).await;
                 hold.release().await;
                 break;
             }
             Stop::Handover(writer) => {
-                let n = waiting.len();
-                drain(&args, &hold, &mut waiting, Some(HANDOVER_WAIT)).await;
+                let n = flight.len();
+                drain(&args, &hold, &mut flight, Some(HANDOVER_WAIT)).await;
                 drop(writer);
                 tracing::info!(
                     partition = p,
                     in_flight = n,
-                    left = waiting.len(),
+                    left = flight.len(),
                     "cluster: partition handed over to its new owner"
                 );
                 hold.release().await;
@@ -249,26 +354,35 @@ async fn partition_loop(
 }
 
 /// Acknowledge the turns under way as they finish, while the lease is this node's: until none
-/// is left, the turns are over (`done`), or `bound` has passed.
+/// is left, the turns are over (`done`), the lease is lost, or `bound` has passed.
 async fn drain(
     args: &Consume,
     hold: &super::node::LeaseHold,
-    waiting: &mut Waiting,
+    flight: &mut InFlight<jetstream::Message>,
     bound: Option<Duration>,
 ) {
-    if hold.current().is_none() {
+    let Some(h) = hold.current() else {
         return;
-    }
-    let deadline = bound.map(|b| tokio::time::Instant::now() + b);
-    while !waiting.is_empty() {
+    };
+    let mut rx = hold.watch();
+    let lost = super::leased::lost(&mut rx, h.token);
+    tokio::pin!(lost);
+    let deadline = async {
+        match bound {
+            Some(b) => tokio::time::sleep(b).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(deadline);
+    flight.due = true;
+    while !flight.is_empty() {
         tokio::select! {
-            () = tokio::time::sleep(ACK_EVERY) => {}
+            () = flight.changed() => {}
             () = args.done.cancelled() => break,
+            () = &mut lost => break,
+            () = &mut deadline => break,
         }
-        if hold.current().is_none() || deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
-            break;
-        }
-        ack_finished(&args.store, args.log.as_ref(), waiting).await;
+        flight.ack_finished(&args.store, args.log.as_ref()).await;
     }
 }
 
@@ -279,20 +393,21 @@ async fn own(
     args: &Consume,
     hold: &super::node::LeaseHold,
     wanted: &mut super::balance::Wanted,
-    waiting: &mut Waiting,
+    flight: &mut InFlight<jetstream::Message>,
 ) -> Stop {
     let mut rx = hold.watch();
     // The session log's writer of the last consumer: it outlives a consumer stopped for a
     // handover, so the turns under way are still recorded (and then acknowledged).
     let mut writer = None;
     loop {
+        flight.due = true;
         let h = loop {
             tokio::select! {
                 h = super::leased::held(&mut rx) => break h,
                 () = args.intake.cancelled() => return Stop::Shutdown,
                 () = super::balance::unwanted(wanted, p) => return Stop::Handover(None),
-                () = tokio::time::sleep(ACK_EVERY), if !waiting.is_empty() => {
-                    ack_finished(&args.store, args.log.as_ref(), waiting).await;
+                () = flight.changed() => {
+                    flight.ack_finished(&args.store, args.log.as_ref()).await;
                 }
             }
         };
@@ -303,7 +418,7 @@ async fn own(
             "cluster: this node owns the partition"
         );
         let r = tokio::select! {
-            r = consume(cluster, p, args, waiting, &mut writer) => Some(r),
+            r = consume(cluster, p, args, flight, &mut writer) => Some(r),
             () = super::leased::lost(&mut rx, h.token) => None,
             () = super::balance::unwanted(wanted, p) => return Stop::Handover(writer.take()),
         };
@@ -332,12 +447,13 @@ async fn consume(
     cluster: &Cluster,
     p: u32,
     args: &Consume,
-    waiting: &mut Waiting,
+    flight: &mut InFlight<jetstream::Message>,
     writer_slot: &mut Option<tokio_util::sync::DropGuard>,
-) -> Result<(), String> {
+) -> Result<(), ClusterError> {
+    let nats = |e: &dyn std::fmt::Display| ClusterError::Nats(e.to_string());
     let js = cluster
         .jetstream()
-        .ok_or_else(|| "the cluster is not reachable yet".to_string())?;
+        .ok_or_else(|| ClusterError::Nats("the cluster is not reachable yet".into()))?;
     // The partition's sessions as the log has them, then its writer (fenced by the last
     // record); the replies recorded and never delivered are sent (once, from here).
     let fenced = CancellationToken::new();
@@ -346,7 +462,7 @@ async fn consume(
             let started = std::time::Instant::now();
             let (last, replies) = super::session_log::replay(log, &js, &args.store, p)
                 .await
-                .map_err(|e| e.to_string())?;
+                .map_err(|e| nats(&e))?;
             tracing::info!(
                 partition = p,
                 last,
@@ -375,13 +491,13 @@ async fn consume(
         None => None,
     };
     let name = format!("part-{p}");
-    let stream = js.get_stream(IN_STREAM).await.map_err(|e| e.to_string())?;
+    let stream = js.get_stream(IN_STREAM).await.map_err(|e| nats(&e))?;
     // A work queue keeps exactly the unacknowledged messages: a new consumer starts at the
     // oldest of them (the previous owner's in-flight turns come first, in order).
     let creating = super::balance::CONSUMER_CREATION
         .acquire()
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| nats(&e))?;
     let _ = stream.delete_consumer(&name).await;
     let consumer = stream
         .create_consumer(pull::Config {
@@ -394,7 +510,7 @@ async fn consume(
             ..Default::default()
         })
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| nats(&e))?;
     drop(creating);
     let mut msgs = consumer
         .stream()
@@ -402,16 +518,15 @@ async fn consume(
         .expires(Duration::from_secs(30))
         .messages()
         .await
-        .map_err(|e| e.to_string())?;
-    let mut tick = tokio::time::interval(ACK_EVERY);
+        .map_err(|e| nats(&e))?;
     loop {
         tokio::select! {
             m = msgs.next() => match m {
-                None => return Err("the consumer's stream ended".into()),
-                Some(Err(e)) => return Err(e.to_string()),
-                Some(Ok(m)) => take(args, m, waiting).await?,
+                None => return Err(ClusterError::Nats("the consumer's stream ended".into())),
+                Some(Err(e)) => return Err(nats(&e)),
+                Some(Ok(m)) => take(args, m, flight).await?,
             },
-            _ = tick.tick(), if !waiting.is_empty() => ack_finished(&args.store, args.log.as_ref(), waiting).await,
+            () = flight.changed() => flight.ack_finished(&args.store, args.log.as_ref()).await,
             () = args.intake.cancelled() => {
                 // Shutdown: the turns under way are still recorded (until they are over).
                 if let Some(w) = writer_slot.take() {
@@ -419,13 +534,17 @@ async fn consume(
                 }
                 return Ok(());
             }
-            () = fenced.cancelled() => return Err("the session log is written by another node".into()),
+            () = fenced.cancelled() => return Err(ClusterError::Nats("the session log is written by another node".into())),
         }
     }
 }
 
 /// Journal a message in the local store and hand it to its session (once on this node).
-async fn take(args: &Consume, m: jetstream::Message, waiting: &mut Waiting) -> Result<(), String> {
+async fn take(
+    args: &Consume,
+    m: jetstream::Message,
+    flight: &mut InFlight<jetstream::Message>,
+) -> Result<(), ClusterError> {
     let env: Envelope = match serde_json::from_slice(&m.payload) {
         Ok(e) => e,
         Err(e) => {
@@ -438,101 +557,78 @@ async fn take(args: &Consume, m: jetstream::Message, waiting: &mut Waiting) -> R
         env.event.channel.to_string(),
         env.event.event_id.to_string(),
     );
-    if let Some((w, _)) = waiting.get_mut(&key) {
+    if flight.waiting.contains_key(&key) {
         // Delivered again while its turn runs here: acknowledged with it.
-        w.push(m);
+        flight.add(key, m, false);
         return Ok(());
     }
-    match args
+    let answered = match args
         .store
         .journal_inbound_async(&env.event, &env.session)
-        .await
-        .map_err(|e| format!("cannot journal: {e}"))?
+        .await?
     {
         JournalOutcome::New(entry) => {
             (args.route)(entry);
+            false
         }
-        JournalOutcome::Duplicate => match args.store.journaled(&key.0, &key.1) {
+        JournalOutcome::Duplicate => match args.store.journaled(&key.0, &key.1)? {
             // Journaled on this node before and not finished (a turn interrupted by a restart
             // or a lease lost and taken back): resumed once, here.
-            Ok(Some(e)) if e.state != InboxState::Done && e.event.is_some() => {
+            Some(e) if e.state != InboxState::Done && e.event.is_some() => {
                 (args.route)(e);
+                false
             }
-            Ok(_) => {}
-            Err(e) => return Err(format!("cannot read the journal: {e}")),
+            // Answered here before: acknowledged as soon as its records are stored.
+            Some(_) | None => true,
         },
-    }
-    waiting.insert(key, (vec![m], 0));
-    Ok(())
-}
-
-/// Acknowledge the messages whose turn is finished and whose replies are delivered.
-async fn ack_finished(
-    store: &Store,
-    log: Option<&super::session_log::SessionLog>,
-    waiting: &mut Waiting,
-) {
-    let Ok(pending) = store.pending_outbound() else {
-        return;
     };
-    let batches: Vec<_> = waiting
-        .extract_if(|(ch, id), _| {
-            let finished = match store.journaled(ch, id) {
-                Ok(Some(e)) => e.state == InboxState::Done,
-                Ok(None) => true,
-                Err(_) => false,
-            };
-            // ... and whose records are stored in the session log: a message is either answered
-            // again (its turn not recorded) or its recorded reply sent again, never both.
-            finished
-                && log.is_none_or(|l| l.settled(ch, id))
-                && !pending.iter().any(|o| {
-                    o.channel.as_str() == ch.as_str()
-                        && o.in_reply_to
-                            .as_ref()
-                            .is_some_and(|r| r.as_str() == id.as_str())
-                })
-        })
-        .collect();
-    // All at once: the sooner an answered message is acknowledged, the shorter the window in
-    // which a kill makes the next owner answer it again. One not confirmed is tried again
-    // (NATS away): acknowledging it late still spares the next owner answering it again.
-    let results = futures::future::join_all(batches.iter().map(|(_, (ms, _))| async move {
-        let mut ok = true;
-        for m in ms {
-            if let Err(e) = m.double_ack().await {
-                tracing::debug!(error = %e, "cluster: acknowledgement not confirmed; trying again");
-                ok = false;
-            }
-        }
-        ok
-    }))
-    .await;
-    for ((k, (ms, tries)), ok) in batches.into_iter().zip(results) {
-        // Given up after a while: the consumer is gone (a new owner made its own), which
-        // finds the message answered only when it owned it before.
-        if !ok && tries < MAX_ACK_TRIES {
-            waiting.insert(k, (ms, tries + 1));
-        }
-    }
+    flight.add(key, m, answered);
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
     use super::*;
 
-    #[test]
-    fn partitions_are_stable_and_spread() {
-        assert_eq!(
-            partition_of("telegram:1", 64),
-            partition_of("telegram:1", 64)
+    /// The owner looks at its messages under way only when the store says a turn finished
+    /// (or a reply was delivered): minutes without an event cost nothing.
+    #[tokio::test(start_paused = true)]
+    async fn messages_under_way_are_looked_at_on_events_not_on_a_timer() {
+        let store = Store::memory();
+        let mut flight: InFlight<()> = InFlight::new(&store, None);
+        // Nothing waits: never resolves.
+        assert!(
+            tokio::time::timeout(Duration::from_secs(60), flight.changed())
+                .await
+                .is_err()
         );
-        let mut seen = std::collections::HashSet::new();
-        for i in 0..100 {
-            seen.insert(partition_of(&format!("telegram:{i}"), 8));
-        }
-        assert_eq!(seen.len(), 8);
-        assert_eq!(partition_of("x", 1), 0);
-        assert_eq!(partition_of("x", 0), 0);
+        flight.add(("telegram".into(), "e0".into()), (), true);
+        // An answered message delivered again: looked at once, at once.
+        tokio::time::timeout(Duration::from_millis(1), flight.changed())
+            .await
+            .unwrap();
+        flight.add(("telegram".into(), "e1".into()), (), false);
+        // Then nothing until something settles: no polling.
+        assert!(
+            tokio::time::timeout(Duration::from_secs(600), flight.changed())
+                .await
+                .is_err(),
+            "woke without an event"
+        );
+        // A turn finishes: the event wakes the owner.
+        let session = SessionKey::parse("telegram:c1").unwrap();
+        let wake = tokio::spawn(async move {
+            flight.changed().await;
+            flight
+        });
+        tokio::task::yield_now().await;
+        store
+            .finish_turn_unflushed(&session, None, &[], None, Vec::new())
+            .unwrap();
+        tokio::time::timeout(Duration::from_millis(1), wake)
+            .await
+            .unwrap()
+            .unwrap();
     }
 }

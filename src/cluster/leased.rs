@@ -18,7 +18,15 @@ use tokio_util::sync::CancellationToken;
 
 use super::node::{Cluster, Holding};
 use super::state::ClusterState;
+use crate::store::shared::key_part;
 use crate::types::MutexExt;
+
+/// The lease key of the connection of channel `id` (`telegram`, `telegram.NAME`):
+/// `conn.<platform>.<account>` (`default` for the channel's own account).
+pub fn connection_lease_key(id: &str) -> String {
+    let (platform, account) = id.split_once('.').unwrap_or((id, "default"));
+    format!("conn.{}.{}", key_part(platform), key_part(account))
+}
 
 /// A channel behind a connection lease.
 pub struct LeasedChannel {
@@ -41,7 +49,7 @@ impl LeasedChannel {
         Self {
             inner,
             cluster,
-            key: super::connection_lease_key(id),
+            key: connection_lease_key(id),
             state,
             status: Mutex::new("standby: waiting for the cluster".into()),
         }
@@ -170,5 +178,16 @@ impl Channel for LeasedChannel {
 
     fn settled(&self, msg: &OutboundMessage) {
         self.inner.settled(msg);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_valid_and_distinct() {
+        assert_eq!(connection_lease_key("telegram"), "conn.telegram.default");
+        assert_eq!(connection_lease_key("telegram.bot2"), "conn.telegram.bot2");
     }
 }

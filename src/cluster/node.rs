@@ -1,7 +1,8 @@
 //! This node in the cluster: the NATS connection on a runtime of its own (the daemon's
-//! runtime has one thread, and channel state writes wait on NATS synchronously), the buckets,
-//! the heartbeat in the node registry, the health `/readyz` reports, and the leases it holds
-//! ([`Cluster::hold`]).
+//! runtime has one thread, and channel state writes wait on NATS synchronously), the buckets
+//! and streams it sets up, the heartbeat in the node registry, the health `/readyz` reports,
+//! and the leases it holds ([`Cluster::hold`]). It imports none of the pieces that run on it
+//! (partitions, the session log, shared state): they take a [`Cluster`].
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -14,18 +15,18 @@ use tokio_util::sync::CancellationToken;
 use super::fence::{Fence, Held};
 use super::lease::{LeaseError, Leases};
 use super::settings::{ClusterSettings, NatsAuth};
+use crate::store::shared::{key_part, SharedError};
 use crate::types::MutexExt;
 
-/// A cluster operation that failed.
-#[derive(Debug, thiserror::Error)]
-pub enum ClusterError {
-    /// The client could not be set up (credentials file, TLS files).
-    #[error("cluster: {0}")]
-    Setup(String),
-    /// NATS or JetStream did not answer or refused.
-    #[error("NATS: {0}")]
-    Nats(String),
-}
+pub use super::error::ClusterError;
+
+/// The key-value bucket of the leases (history 1, max age = the lease TTL).
+pub const LEASE_BUCKET: &str = "weft_leases";
+/// The key-value bucket of the node registry (entries expire after three TTLs without a
+/// heartbeat).
+pub const NODE_BUCKET: &str = "weft_nodes";
+/// The key-value bucket of the channels' resume state (no expiry).
+pub const STATE_BUCKET: &str = "weft_channel_state";
 
 /// What the registry says about a node.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -109,15 +110,9 @@ pub async fn buckets(
     js: &jetstream::Context,
     ttl: Duration,
 ) -> Result<(kv::Store, kv::Store, kv::Store), ClusterError> {
-    let leases = bucket(js, super::LEASE_BUCKET, ttl, "weft leases").await?;
-    let nodes = bucket(js, super::NODE_BUCKET, ttl * 3, "weft node registry").await?;
-    let state = bucket(
-        js,
-        super::STATE_BUCKET,
-        Duration::ZERO,
-        "weft channel state",
-    )
-    .await?;
+    let leases = bucket(js, LEASE_BUCKET, ttl, "weft leases").await?;
+    let nodes = bucket(js, NODE_BUCKET, ttl * 3, "weft node registry").await?;
+    let state = bucket(js, STATE_BUCKET, Duration::ZERO, "weft channel state").await?;
     Ok((leases, nodes, state))
 }
 
@@ -162,40 +157,6 @@ pub async fn bucket(
         }
     }
     Err(ClusterError::Nats(format!("bucket {name}: {last}")))
-}
-
-/// A key-value bucket of the cluster made or opened on first use ([`bucket`]), then kept
-/// (cheap to clone: the clones share it).
-#[derive(Clone)]
-pub struct LazyBucket {
-    name: &'static str,
-    max_age: Duration,
-    description: &'static str,
-    cell: Arc<tokio::sync::OnceCell<kv::Store>>,
-}
-
-impl LazyBucket {
-    /// Bucket `name`, its entries kept `max_age` (zero: forever).
-    pub fn new(name: &'static str, max_age: Duration, description: &'static str) -> Self {
-        Self {
-            name,
-            max_age,
-            description,
-            cell: Arc::new(tokio::sync::OnceCell::new()),
-        }
-    }
-
-    /// The bucket, made or opened through `js` the first time.
-    ///
-    /// # Errors
-    /// JetStream refused or did not answer.
-    pub async fn open(&self, js: &jetstream::Context) -> Result<kv::Store, String> {
-        self.cell
-            .get_or_try_init(|| bucket(js, self.name, self.max_age, self.description))
-            .await
-            .cloned()
-            .map_err(|e| e.to_string())
-    }
 }
 
 /// The node's health as `/readyz` and `weft status` show it.
@@ -353,8 +314,8 @@ impl Cluster {
         let (leases, nodes, state) = loop {
             let made = async {
                 let b = buckets(&js, s.lease_ttl).await?;
-                super::inbound::ensure_stream(&js).await?;
-                super::session_log::ensure_stream(&js).await?;
+                super::streams::ensure_inbound(&js).await?;
+                super::streams::ensure_session_log(&js).await?;
                 Ok::<_, ClusterError>(b)
             };
             match made.await {
@@ -374,7 +335,7 @@ impl Cluster {
             js: js.clone(),
         }));
         let started_ms = clawft_channel_core::now_ms();
-        let key = super::key_part(&s.node_id);
+        let key = key_part(&s.node_id);
         let grace = s.lease_ttl.saturating_sub(self.inner.fence.margin());
         let mut last_ok = Instant::now();
         loop {
@@ -546,13 +507,19 @@ impl Cluster {
         self.inner.rt.spawn(fut);
     }
 
-    /// Run `fut` on the cluster's runtime and await it from another runtime.
+    /// Run `fut` on the cluster's runtime and await it from anywhere (another runtime, or a
+    /// plain thread through [`crate::store::shared::wait`]); `None` when the cluster stopped
+    /// first.
     pub async fn run_here<F>(&self, fut: F) -> Option<F::Output>
     where
         F: std::future::Future + Send + 'static,
         F::Output: Send + 'static,
     {
-        self.inner.rt.spawn(fut).await.ok()
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.inner.rt.spawn(async move {
+            let _ = tx.send(fut.await);
+        });
+        rx.await.ok()
     }
 
     /// The channel state bucket, once NATS answered.
@@ -575,16 +542,16 @@ impl Cluster {
     ///
     /// # Errors
     /// The cluster is not reachable, or NATS has not answered yet.
-    pub fn healthy_jetstream(&self) -> Result<jetstream::Context, String> {
+    pub fn healthy_jetstream(&self) -> Result<jetstream::Context, SharedError> {
         let health = self.health();
         if !health.ok {
-            return Err(format!(
+            return Err(SharedError::unavailable(format!(
                 "the cluster is not reachable: {}",
                 health.reason.unwrap_or_default()
-            ));
+            )));
         }
         self.jetstream()
-            .ok_or_else(|| "the cluster is not connected yet".to_string())
+            .ok_or_else(|| SharedError::unavailable("the cluster is not connected yet"))
     }
 
     /// The lease store, once NATS answered.

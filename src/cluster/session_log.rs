@@ -13,64 +13,28 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use async_nats::jetstream::{self, consumer::pull, context::PublishErrorKind, stream};
+use async_nats::jetstream::{self, consumer::pull};
 use clawft_channel_core::OutboundMessage;
 use futures::StreamExt;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
-use super::inbound::partition_of;
-use super::node::{Cluster, ClusterError};
+use super::node::Cluster;
+use super::streams::partition_of;
+pub use super::streams::{
+    ensure_session_log as ensure_stream, state_subject as subject, STATE_STREAM,
+};
 use crate::store::replica::{Record, Replica, TurnRecord};
+use crate::store::shared::SharedErrorKind;
 use crate::store::Store;
 use crate::types::SessionKey;
 
-/// The stream of the session log.
-pub const STATE_STREAM: &str = "WEFT_STATE";
 /// The store namespace of the last record applied per partition.
 const APPLIED_NS: &str = "cluster-state-applied";
 /// How long the replay waits for the next record at most.
 const READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// Records sent in one JetStream message at most.
 const MAX_BATCH: usize = 64;
-
-/// The subject of partition `p`.
-pub fn subject(p: u32) -> String {
-    format!("weft.state.{p}")
-}
-
-/// Make the stream if missing: replicated on three servers when the cluster has them; kept
-/// without age limit (the replay starts from what a node applied last).
-///
-/// # Errors
-/// JetStream refused or did not answer.
-pub async fn ensure_stream(js: &jetstream::Context) -> Result<(), ClusterError> {
-    if js.get_stream(STATE_STREAM).await.is_ok() {
-        return Ok(());
-    }
-    let mut last = String::new();
-    for replicas in [3, 1] {
-        match js
-            .create_stream(stream::Config {
-                name: STATE_STREAM.into(),
-                description: Some("weft session log".into()),
-                subjects: vec!["weft.state.>".into()],
-                retention: stream::RetentionPolicy::Limits,
-                storage: stream::StorageType::File,
-                num_replicas: replicas,
-                ..Default::default()
-            })
-            .await
-        {
-            Ok(_) => return Ok(()),
-            Err(e) => last = e.to_string(),
-        }
-        if js.get_stream(STATE_STREAM).await.is_ok() {
-            return Ok(());
-        }
-    }
-    Err(ClusterError::Nats(format!("stream {STATE_STREAM}: {last}")))
-}
 
 /// An inbound message (channel, platform event id).
 type Inbound = (String, String);
@@ -101,6 +65,8 @@ struct Inner {
 pub struct SessionLog {
     partitions: u32,
     inner: Arc<Mutex<Inner>>,
+    /// Moves when records of inbound messages were stored (or given up): [`SessionLog::stored`].
+    stored: Arc<watch::Sender<u64>>,
 }
 
 impl SessionLog {
@@ -109,7 +75,18 @@ impl SessionLog {
         Self {
             partitions,
             inner: Arc::default(),
+            stored: Arc::new(watch::channel(0).0),
         }
+    }
+
+    /// An event that moves when an inbound message's records were stored in the log (or will
+    /// not be: its writer stopped), so [`SessionLog::settled`] may have changed.
+    pub fn stored(&self) -> watch::Receiver<u64> {
+        self.stored.subscribe()
+    }
+
+    fn tell_stored(&self) {
+        self.stored.send_modify(|n| *n = n.wrapping_add(1));
     }
 
     fn locked(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -126,13 +103,16 @@ impl SessionLog {
 
     fn settle(&self, key: Option<&Inbound>) {
         if let Some(k) = key {
-            let mut g = self.locked();
-            if let Some(n) = g.unsettled.get_mut(k) {
-                *n = n.saturating_sub(1);
-                if *n == 0 {
-                    g.unsettled.remove(k);
+            {
+                let mut g = self.locked();
+                if let Some(n) = g.unsettled.get_mut(k) {
+                    *n = n.saturating_sub(1);
+                    if *n == 0 {
+                        g.unsettled.remove(k);
+                    }
                 }
             }
+            self.tell_stored();
         }
     }
 
@@ -199,6 +179,8 @@ impl Replica for SessionLog {
                     }
                 }
             }
+            drop(g);
+            self.tell_stored();
         }
     }
 
@@ -219,7 +201,8 @@ impl Replica for SessionLog {
     }
 }
 
-/// Why a partition's log could not be written or read.
+/// Why a partition's log could not be written or read ([`LogError::kind`]: the shared-state
+/// kind it is).
 #[derive(Debug, thiserror::Error)]
 pub enum LogError {
     /// Another node wrote after the last record this node knows: it owns the partition now.
@@ -234,6 +217,18 @@ pub enum LogError {
     /// The node stopped consuming the partition.
     #[error("stopped")]
     Stopped,
+}
+
+impl LogError {
+    /// The kind of failure, as the shared-state seam names it.
+    pub fn kind(&self) -> SharedErrorKind {
+        match self {
+            LogError::Fenced(_) => SharedErrorKind::Fenced,
+            LogError::Nats(_) | LogError::Store(_) | LogError::Stopped => {
+                SharedErrorKind::Unavailable
+            }
+        }
+    }
 }
 
 /// Replay partition `p`'s log into `store` from the record after the last one it applied, to
@@ -381,6 +376,7 @@ pub fn start_writer(
         g.writers.insert(p, (n, tx));
         n
     };
+    log.tell_stored();
     let log = log.clone();
     cluster.spawn(async move {
         let (mut at, mut pending) = (last, Vec::new());
@@ -494,7 +490,8 @@ async fn append(
         };
         match tokio::time::timeout(Duration::from_secs(10), sent).await {
             Ok(Ok(ack)) => return Ok(ack.sequence),
-            Ok(Err(e)) if e.kind() == PublishErrorKind::WrongLastSequence => {
+            // Another writer's record came first (the client's kind, or the server's code).
+            Ok(Err(e)) if super::kv::classify(&e) == SharedErrorKind::Conflict => {
                 return Err(LogError::Fenced(p));
             }
             Ok(Err(e)) => {

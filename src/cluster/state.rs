@@ -17,6 +17,7 @@ use clawft_channel_core::{StateError, StateStore};
 use serde::{Deserialize, Serialize};
 
 use super::node::{Cluster, Holding};
+use crate::store::shared::{key_part, SharedError, SharedErrorKind};
 use crate::types::MutexExt;
 
 /// The stored form of a value.
@@ -59,14 +60,14 @@ impl ClusterState {
         Self {
             cluster,
             local,
-            prefix: format!("chan.{}", super::key_part(id)),
+            prefix: format!("chan.{}", key_part(id)),
             keys,
             cache: Mutex::new(Cache::default()),
         }
     }
 
     fn kv_key(&self, key: &str) -> String {
-        format!("{}.{}", self.prefix, super::key_part(key))
+        format!("{}.{}", self.prefix, key_part(key))
     }
 
     fn remote(&self, key: &str) -> bool {
@@ -82,11 +83,11 @@ impl ClusterState {
         &self,
         holding: Holding,
         watch: tokio::sync::watch::Receiver<Option<Holding>>,
-    ) -> Result<(), String> {
+    ) -> Result<(), SharedError> {
         let kv = self
             .cluster
             .state_bucket()
-            .ok_or("the cluster is not connected")?;
+            .ok_or_else(|| SharedError::unavailable("the cluster is not connected"))?;
         let keys: Vec<String> = self.keys.iter().map(|k| self.kv_key(k)).collect();
         let names: Vec<&'static str> = self.keys.to_vec();
         let got = self
@@ -96,10 +97,10 @@ impl ClusterState {
                 for k in keys {
                     out.push(read(&kv, &k).await?);
                 }
-                Ok::<_, String>(out)
+                Ok::<_, SharedError>(out)
             })
             .await
-            .ok_or("the cluster runtime stopped")??;
+            .ok_or_else(|| SharedError::unavailable("the cluster runtime stopped"))??;
         let mut c = self.cache.locked();
         c.values = names
             .into_iter()
@@ -116,8 +117,8 @@ impl ClusterState {
     }
 }
 
-async fn read(kv: &kv::Store, key: &str) -> Result<(Option<Fenced>, u64), String> {
-    let e = kv.entry(key).await.map_err(|e| e.to_string())?;
+async fn read(kv: &kv::Store, key: &str) -> Result<(Option<Fenced>, u64), SharedError> {
+    let e = kv.entry(key).await.map_err(SharedError::unavailable)?;
     Ok(match e {
         Some(e) if e.operation == kv::Operation::Put => {
             (serde_json::from_slice(&e.value).ok(), e.revision)
@@ -132,29 +133,34 @@ async fn read(kv: &kv::Store, key: &str) -> Result<(Option<Fenced>, u64), String
 /// revision.
 ///
 /// # Errors
-/// Refused (a later token wrote it: this writer is fenced off), or NATS failed.
+/// [`SharedErrorKind::Fenced`] (a later token wrote it: this writer is fenced off),
+/// [`SharedErrorKind::Conflict`] (the value kept changing), or NATS failed.
 pub async fn write_fenced(
     kv: &kv::Store,
     key: &str,
     value: Fenced,
     mut rev: u64,
-) -> Result<u64, String> {
+) -> Result<u64, SharedError> {
     let body: bytes::Bytes = serde_json::to_vec(&value)
-        .map_err(|e| e.to_string())?
+        .map_err(|e| SharedError::new(SharedErrorKind::Invalid, e))?
         .into();
     for _ in 0..3 {
+        // Whether the write lost a race: the client's kind, or the server's code down the
+        // error's sources.
         let r = if rev == 0 {
             kv.create(key, body.clone()).await.map_err(|e| {
                 (
-                    e.kind() == kv::CreateErrorKind::AlreadyExists,
-                    e.to_string(),
+                    e.kind() == kv::CreateErrorKind::AlreadyExists
+                        || super::kv::classify(&e) == SharedErrorKind::Conflict,
+                    SharedError::unavailable(e),
                 )
             })
         } else {
             kv.update(key, body.clone(), rev).await.map_err(|e| {
                 (
-                    e.kind() == kv::UpdateErrorKind::WrongLastRevision,
-                    e.to_string(),
+                    e.kind() == kv::UpdateErrorKind::WrongLastRevision
+                        || super::kv::classify(&e) == SharedErrorKind::Conflict,
+                    SharedError::unavailable(e),
                 )
             })
         };
@@ -163,9 +169,12 @@ pub async fn write_fenced(
             Err((true, _)) => {
                 let (cur, cur_rev) = read(kv, key).await?;
                 if let Some(c) = cur.filter(|c| c.token > value.token) {
-                    return Err(format!(
-                        "fenced: written by node {} under a later lease (token {} > {})",
-                        c.node, c.token, value.token
+                    return Err(SharedError::new(
+                        SharedErrorKind::Fenced,
+                        format!(
+                            "fenced: written by node {} under a later lease (token {} > {})",
+                            c.node, c.token, value.token
+                        ),
                     ));
                 }
                 rev = cur_rev;
@@ -173,7 +182,10 @@ pub async fn write_fenced(
             Err((false, e)) => return Err(e),
         }
     }
-    Err("the value kept changing".into())
+    Err(SharedError::new(
+        SharedErrorKind::Conflict,
+        "the value kept changing",
+    ))
 }
 
 /// How long a state write may wait for NATS.
@@ -230,7 +242,7 @@ impl StateStore for ClusterState {
                 wait,
             )
             .ok_or_else(|| StateError("NATS did not answer in time".into()))?
-            .map_err(StateError)?;
+            .map_err(|e| StateError(e.to_string()))?;
         self.cache
             .locked()
             .values

@@ -338,10 +338,12 @@ pub fn users_dir_of(config: &Config, name: &str) -> std::path::PathBuf {
 }
 
 /// The memory search service of `config` (snapshots beneath the state directory; past
-/// conversations from `store` when `memory.search_transcripts`).
+/// conversations from `store` when `memory.search_transcripts`), watching the writes of
+/// `docs`, the memory documents the tools it is built with write.
 pub fn memory_service(
     config: &Config,
     store: Option<crate::store::Store>,
+    docs: crate::tools::shared_docs::MemoryDocs,
 ) -> Arc<crate::memory::service::MemoryService> {
     Arc::new(
         crate::memory::service::MemoryService::new(
@@ -349,7 +351,8 @@ pub fn memory_service(
             config.memory.clone(),
             store,
         )
-        .with_max_file_bytes(config.tools.files.memory_max_bytes),
+        .with_max_file_bytes(config.tools.files.memory_max_bytes)
+        .with_docs(docs),
     )
 }
 
@@ -417,10 +420,14 @@ pub fn build_registry(
     for src in sources {
         reg = reg.with_source(src);
     }
-    for t in fs::file_tools(&config.tools.files, config.tools.memory_fallback.clone()) {
+    let memory = memory.unwrap_or_else(|| memory_service(config, None, Default::default()));
+    for t in fs::file_tools_writing(
+        &config.tools.files,
+        config.tools.memory_fallback.clone(),
+        memory.docs(),
+    ) {
         reg.register(t);
     }
-    let memory = memory.unwrap_or_else(|| memory_service(config, None));
     reg.register(Arc::new(crate::memory::tools::MemorySearch::new(
         memory.clone(),
     )));

@@ -9,7 +9,6 @@
 
 pub mod build;
 pub mod channels;
-#[cfg(feature = "cluster")]
 pub mod cluster_state;
 
 pub use build::{
@@ -119,8 +118,8 @@ pub struct Daemon {
     usage: Arc<crate::turn::usage::UsageLedger>,
     /// This node in the cluster (cluster mode), for channels started on a reload.
     cluster: Option<crate::cluster::Cluster>,
-    /// Pairing shared with the cluster (cluster mode; set by `cluster_state::share`).
-    shared_access: crate::ingress::access::SharedSlot,
+    /// Pairing shared with the cluster (cluster mode), for the access rules of a reload.
+    shared_access: Option<crate::ingress::access::SharedAccess>,
     config: Config,
 }
 
@@ -363,18 +362,41 @@ impl Daemon {
         channels: Vec<Arc<dyn Channel>>,
         cluster: Option<crate::cluster::Cluster>,
     ) -> Result<Self, DaemonError> {
+        // Cluster mode: what this node shares with the others, given to each piece below at
+        // construction; the store tells finished turns to the session log from here on.
+        let shared_state = cluster_state::SharedState::of(cluster.as_ref());
+        #[cfg(feature = "cluster")]
+        let log = cluster
+            .as_ref()
+            .map(|c| crate::cluster::session_log::SessionLog::new(c.settings().partitions));
+        #[cfg(feature = "cluster")]
+        let store = match &log {
+            Some(l) => store.with_replica(Arc::new(l.clone())),
+            None => store,
+        };
         let workspace = open_workspace(config)?;
+        let docs = match &shared_state.seam {
+            Some(seam) => {
+                let d =
+                    crate::tools::shared_docs::MemoryDocs::shared(seam.clone(), workspace.clone());
+                tokio::spawn(d.clone().follow());
+                d
+            }
+            None => crate::tools::shared_docs::MemoryDocs::default(),
+        };
         let outbox = Outbox::new(store.clone(), ChannelTable::default())
             .with_files(config.home.join("outbox-files"));
-        let approvals = Arc::new(crate::approval::Approvals::new(
-            Arc::new(outbox.clone()) as Arc<dyn MessageSink>
-        ));
+        let approvals = crate::approval::Approvals::sharing(
+            Arc::new(outbox.clone()) as Arc<dyn MessageSink>,
+            shared_state.approvals.clone(),
+        );
         let mcp = start_mcp(config);
-        let memory = crate::daemon::build::memory_service(config, Some(store.clone()));
+        let memory = crate::daemon::build::memory_service(config, Some(store.clone()), docs);
         let subagents = crate::subagent::SubagentHub::new(config.tools.subagents.clone());
-        let scheduler = crate::scheduler::Scheduler::new(
+        let scheduler = crate::scheduler::Scheduler::over(
+            crate::scheduler::JobStore::new(store.clone(), config.scheduler)
+                .sharing(shared_state.jobs.clone()),
             store.clone(),
-            config.scheduler,
             Some(Arc::new(outbox.clone()) as Arc<dyn MessageSink>),
             config.tools.message_allow.clone(),
             config.heartbeat.clone(),
@@ -383,10 +405,10 @@ impl Daemon {
         let gateway = crate::tools::gateway::GatewaySlot::default();
         let nodes = crate::tools::nodes::NodesSlot::default();
         let processes = crate::tools::exec::process::ProcessTable::new();
-        let usage = Arc::new(crate::turn::usage::UsageLedger::load(
-            store.clone(),
-            config.usage.clone(),
-        )?);
+        let usage = Arc::new(
+            crate::turn::usage::UsageLedger::load(store.clone(), config.usage.clone())?
+                .sharing(shared_state.usage.clone()),
+        );
         let sessions = crate::session::tools::SessionDirectory::new(store.clone());
         sessions.set_usage(usage.clone());
         let media = Arc::new(
@@ -484,7 +506,10 @@ impl Daemon {
         .await
         .map_err(|e| DaemonError::Spawn(format!("subagent supervisor: {e}")))?;
 
-        let shared_access = crate::ingress::access::SharedSlot::default();
+        let shared_access = shared_state.access.clone();
+        if let Some(a) = &shared_access {
+            a.mirror(&store);
+        }
         let access = Arc::new(access_rules(config).with_shared(shared_access.clone()));
         let stop_channels = CancellationToken::new();
         let open = CancellationToken::new();
@@ -551,11 +576,9 @@ impl Daemon {
         }
         open.cancel();
         #[cfg(feature = "cluster")]
-        if let Some(c) = &cluster {
+        if let (Some(c), Some(log)) = (&cluster, log) {
             let route_inbox = inbox.clone();
             // The partitions' sessions are recorded in the cluster's session log.
-            let log = crate::cluster::session_log::SessionLog::new(c.settings().partitions);
-            store.set_replica(Arc::new(log.clone()));
             let send_outbox = outbox.clone();
             crate::cluster::inbound::spawn_partitions(
                 c,
@@ -614,11 +637,6 @@ impl Daemon {
     /// This node in the cluster: channels started by a reload run behind their leases too.
     pub fn set_cluster(&mut self, cluster: Option<crate::cluster::Cluster>) {
         self.cluster = cluster;
-    }
-
-    /// Where pairing is shared with the cluster (cluster mode).
-    pub fn shared_access(&self) -> &crate::ingress::access::SharedSlot {
-        &self.shared_access
     }
 
     /// The pending and recent approvals (for the admin API).

@@ -8,13 +8,18 @@
 //! their chat; the operator runs `weft pairing approve CODE`, which admits that sender id on that
 //! channel from then on. Codes expire after an hour; one code per sender at a time, so a stranger
 //! cannot make the bot spam; the code is random (from the OS generator).
+//!
+//! In cluster mode pairing is a piece of shared state ([`SharedAccess`], bucket
+//! [`ACCESS_BUCKET`]) given to [`Access::with_shared`]; the local store keeps a copy of it, so a
+//! check never waits on NATS.
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use clawft_channel_core::{InboundEvent, Surface};
 use serde::{Deserialize, Serialize};
 
+use crate::store::shared::{self, Bucket, Payload, Replicated, Shared, SharedError, Watched};
 use crate::store::{Store, StoreError};
 
 /// Store namespace of admitted (paired) senders: key `channel:user`.
@@ -74,49 +79,140 @@ pub fn terminal_chat(chat: &str) -> (&str, Option<&str>) {
     }
 }
 
+/// The bucket of pairing (no expiry), authoritative in cluster mode: `pending.<code>` → a
+/// pending request ([`Pending`]) and `paired.<channel>.<user>` → an admitted sender (when, in
+/// ms).
+pub const ACCESS_BUCKET: Bucket = Bucket {
+    name: "weft_access",
+    max_age: std::time::Duration::ZERO,
+    description: "weft pairing",
+    wait: std::time::Duration::from_secs(3),
+};
+
+impl Payload for Pending {}
+
 /// Pairing shared with other gateways (cluster mode): authoritative for codes and paired
-/// senders; the local store's pairing namespaces are kept a copy of it by whoever implements
-/// this, so checks read the local store.
-pub trait SharedAccess: Send + Sync {
-    /// Publish code `code` issued (`Some`, its record) or dropped as expired (`None`). Must not
-    /// block.
-    fn pending(&self, code: &str, record: Option<&str>);
-    /// Admit `who` (`channel:user`, recorded as `value`) and drop code `code`.
-    ///
-    /// # Errors
-    /// The shared records could not be written (nothing was admitted).
-    fn approve(&self, code: &str, who: &str, value: &str) -> Result<(), String>;
-    /// Remove paired sender `who`.
-    ///
-    /// # Errors
-    /// The shared records could not be written (nothing was removed).
-    fn revoke(&self, who: &str) -> Result<(), String>;
+/// senders. Each gateway keeps its local store's pairing namespaces a copy of it
+/// ([`SharedAccess::mirror`]), so the check of each message reads the local store and never
+/// waits on NATS. Cheap to clone.
+#[derive(Clone)]
+pub struct SharedAccess {
+    pending: Shared<Pending>,
+    paired: Shared<u64>,
 }
 
-/// Where the daemon puts its [`SharedAccess`] once it joined a cluster (shared by every
-/// [`Access`] it builds, also on a reload).
-#[derive(Clone, Default)]
-pub struct SharedSlot(Arc<OnceLock<Arc<dyn SharedAccess>>>);
-
-impl SharedSlot {
-    /// Share pairing through `shared` from now on (the first call wins).
-    pub fn set(&self, shared: Arc<dyn SharedAccess>) {
-        let _ = self.0.set(shared);
-    }
-
-    /// The shared pairing, in cluster mode.
-    pub fn get(&self) -> Option<&dyn SharedAccess> {
-        self.0.get().map(AsRef::as_ref)
-    }
-}
-
-impl std::fmt::Debug for SharedSlot {
+impl std::fmt::Debug for SharedAccess {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(if self.0.get().is_some() {
-            "SharedSlot(shared)"
-        } else {
-            "SharedSlot(local)"
+        f.write_str("SharedAccess")
+    }
+}
+
+/// The key parts of paired sender `who` (`channel:user`).
+fn sender_parts(who: &str) -> [&str; 2] {
+    let (channel, user) = who.split_once(':').unwrap_or((who, ""));
+    [channel, user]
+}
+
+impl SharedAccess {
+    /// Pairing kept through `seam`.
+    pub fn new(seam: Arc<dyn Replicated>) -> Self {
+        Self {
+            pending: Shared::new(seam.clone(), ACCESS_BUCKET, "pending"),
+            paired: Shared::new(seam, ACCESS_BUCKET, "paired"),
+        }
+    }
+
+    /// Publish code `code` issued (`Some`, its record) or dropped as expired (`None`), in the
+    /// background.
+    pub fn publish_pending(&self, code: &str, record: Option<&Pending>) {
+        let (pending, code, record) = (self.pending.clone(), code.to_string(), record.cloned());
+        shared::in_background("pairing code", move || {
+            let (pending, code, record) = (pending.clone(), code.clone(), record.clone());
+            async move {
+                match &record {
+                    Some(r) => pending.put(&[&code], r).await.map(drop),
+                    None => pending.delete(&[&code]).await,
+                }
+            }
+        });
+    }
+
+    /// The refusal of a pairing change the cluster did not take.
+    fn refused(what: &str, e: &SharedError) -> SharedError {
+        SharedError::new(
+            e.kind(),
+            format!("{what} refused: {e} (pairing changes need the cluster; nothing was changed)"),
+        )
+    }
+
+    /// Admit `who` (`channel:user`, paired at `at_ms`) and drop code `code`, in the cluster.
+    /// Blocking: call it off the runtime.
+    ///
+    /// # Errors
+    /// The cluster did not take it (then nothing was admitted).
+    pub fn approve(&self, code: &str, who: &str, at_ms: u64) -> Result<(), SharedError> {
+        shared::wait(async {
+            self.paired.put(&sender_parts(who), &at_ms).await?;
+            // Admitted from here; a code left behind (NATS lost just now) admits the same
+            // sender again, and expires.
+            if let Err(e) = self.pending.delete(&[code]).await {
+                tracing::warn!(error = %e, "cluster: approved pairing code not dropped");
+            }
+            Ok(())
         })
+        .map_err(|e| Self::refused("pairing approval", &e))
+    }
+
+    /// Remove paired sender `who` (`channel:user`) in the cluster. Blocking: call it off the
+    /// runtime.
+    ///
+    /// # Errors
+    /// The cluster did not take it (then nothing was removed).
+    pub fn revoke(&self, who: &str) -> Result<(), SharedError> {
+        shared::wait(self.paired.delete(&sender_parts(who)))
+            .map_err(|e| Self::refused("pairing revocation", &e))
+    }
+
+    /// Keep the local store's pairing namespaces ([`PENDING`], [`PAIRED`]) a copy of the
+    /// cluster's records, from now on (spawned on the current runtime).
+    pub fn mirror(&self, store: &Store) {
+        tokio::spawn(mirror_into(
+            self.pending.watch(),
+            store.clone(),
+            PENDING,
+            |c| serde_json::to_string(c).ok(),
+        ));
+        tokio::spawn(mirror_into(
+            self.paired.watch(),
+            store.clone(),
+            PAIRED,
+            |at| Some(at.to_string()),
+        ));
+    }
+}
+
+/// Write every record `watch` sees into namespace `ns` of `store` (its key parts joined with
+/// `:`, its value as `text` makes it), made durable with the next flush.
+async fn mirror_into<V: Payload>(
+    mut watch: shared::Watch<V>,
+    store: Store,
+    ns: &'static str,
+    text: fn(&V) -> Option<String>,
+) {
+    while let Some(w) = watch.next().await {
+        let (key, value) = match w {
+            Watched::Started => continue,
+            Watched::Put { key, value, .. } => (key, text(&value)),
+            Watched::Removed { key, .. } => (key, None),
+        };
+        let key = key.join(":");
+        if let Err(e) = store.state_put_unflushed(ns, &key, value.as_deref()) {
+            tracing::error!(error = %e, key, "cluster: pairing record not mirrored in the store");
+            continue;
+        }
+        if let Err(e) = store.flush_ticket().await {
+            tracing::error!(error = %e, key, "cluster: pairing record mirrored but not flushed");
+        }
     }
 }
 
@@ -126,7 +222,7 @@ pub struct Access {
     rules: HashMap<String, AccessRule>,
     per_user: std::collections::HashSet<String>,
     bindings: crate::config::agents::Bindings,
-    shared: SharedSlot,
+    shared: Option<SharedAccess>,
 }
 
 fn code() -> String {
@@ -146,13 +242,14 @@ impl Access {
             rules,
             per_user: std::collections::HashSet::new(),
             bindings: crate::config::agents::Bindings::default(),
-            shared: SharedSlot::default(),
+            shared: None,
         }
     }
 
-    /// Pairing shared with other gateways through `slot` (cluster mode).
-    pub fn with_shared(mut self, slot: SharedSlot) -> Self {
-        self.shared = slot;
+    /// Pairing shared with other gateways through `shared` (cluster mode).
+    #[must_use]
+    pub fn with_shared(mut self, shared: Option<SharedAccess>) -> Self {
+        self.shared = shared;
         self
     }
 
@@ -268,8 +365,8 @@ impl Access {
             if now_ms.saturating_sub(p.created_ms) > CODE_TTL_MS {
                 // Durable with the next flush (the pump's, or the notice's below).
                 store.state_put_unflushed(PENDING, &c, None)?;
-                if let Some(sh) = self.shared.get() {
-                    sh.pending(&c, None);
+                if let Some(sh) = &self.shared {
+                    sh.publish_pending(&c, None);
                 }
             } else if p.channel == ev.channel.as_str() && p.user == user {
                 return Ok(Verdict::Denied { reply: None });
@@ -288,8 +385,8 @@ impl Access {
         // only once a flush taken after this write is done, so a code nobody saw may be lost
         // in a crash, never a code that was shown.
         store.state_put_unflushed(PENDING, &c, Some(&text))?;
-        if let Some(sh) = self.shared.get() {
-            sh.pending(&c, Some(&text));
+        if let Some(sh) = &self.shared {
+            sh.publish_pending(&c, Some(&p));
         }
         tracing::info!(channel = %ev.channel, user, code = %c, "pairing code issued");
         Ok(Verdict::Denied {
@@ -335,7 +432,7 @@ pub enum PairingError {
     Store(#[from] StoreError),
     /// The cluster's records could not be written (nothing changed).
     #[error("{0}")]
-    Shared(String),
+    Shared(SharedError),
 }
 
 /// Admit the sender of pending code `code` (in the cluster first, when `shared`). Returns
@@ -345,7 +442,7 @@ pub enum PairingError {
 /// Unknown or expired code, the cluster could not be written, or store failure.
 pub fn approve(
     store: &Store,
-    shared: Option<&dyn SharedAccess>,
+    shared: Option<&SharedAccess>,
     code: &str,
     now_ms: u64,
 ) -> Result<String, PairingError> {
@@ -359,7 +456,7 @@ pub fn approve(
     };
     let who = crate::types::SenderId::new(&p.channel, &p.user);
     if let Some(sh) = shared {
-        sh.approve(&code, who.as_str(), &now_ms.to_string())
+        sh.approve(&code, who.as_str(), now_ms)
             .map_err(PairingError::Shared)?;
     }
     store
@@ -387,7 +484,7 @@ pub fn paired(store: &Store) -> Result<Vec<String>, StoreError> {
 /// The cluster could not be written, or store failure.
 pub fn revoke(
     store: &Store,
-    shared: Option<&dyn SharedAccess>,
+    shared: Option<&SharedAccess>,
     who: &str,
 ) -> Result<bool, PairingError> {
     let was = store.state_get(PAIRED, who)?.is_some();

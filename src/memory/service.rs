@@ -22,7 +22,8 @@ use super::embed::{chunk_hash, fuse, Embedder, Vectors};
 use super::index::{Hit, Index, IndexStats, Stamp};
 use super::settings::MemorySettings;
 use crate::store::Store;
-use crate::tools::memory::{generation, read_up_to, scope_workspace};
+use crate::tools::memory::{read_up_to, scope_workspace};
+use crate::tools::shared_docs::MemoryDocs;
 use crate::tools::{ToolContext, ToolError, Workspace};
 use crate::types::SessionKey;
 use crate::types::{MutexExt, RwLockExt};
@@ -152,6 +153,8 @@ pub struct MemoryService {
     embedder: Option<Arc<Embedder>>,
     /// Why embedding stopped for good (a refused key, a bad answer): searches are keyword-only.
     embed_broken: Mutex<Option<String>>,
+    /// The daemon's memory documents: their write count tells when to look at the files again.
+    docs: MemoryDocs,
 }
 
 impl std::fmt::Debug for MemoryService {
@@ -184,7 +187,21 @@ impl MemoryService {
             roots: Mutex::new(BTreeMap::new()),
             embedder,
             embed_broken: Mutex::new(None),
+            docs: MemoryDocs::default(),
         }
+    }
+
+    /// Watching the writes of the daemon's memory documents `docs` (given to the tools that
+    /// write them too), so a search after a write sees it.
+    #[must_use]
+    pub fn with_docs(mut self, docs: MemoryDocs) -> Self {
+        self.docs = docs;
+        self
+    }
+
+    /// The memory documents this service watches (the tools that write them get the same).
+    pub fn docs(&self) -> &MemoryDocs {
+        &self.docs
     }
 
     /// Index at most `max` bytes of each document (the memory tools' limit).
@@ -416,7 +433,7 @@ impl MemoryService {
     /// Bring `root` up to date if due; whether it is (false: still building after
     /// [`BUILD_WAIT`]).
     async fn fresh(self: &Arc<Self>, root: &Arc<Root>) -> bool {
-        let gen = generation();
+        let gen = self.docs.writes();
         let mut rx = root.done.subscribe();
         let before = *rx.borrow_and_update();
         let start = {

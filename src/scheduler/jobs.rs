@@ -7,7 +7,7 @@
 //! `sched.runs.<job id>`/`<scheduled time>` → its [`RunRecord`]s (the last
 //! [`RUNS_KEPT`]), written in the same atomic batch as the job they update.
 
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
 use chrono::{DateTime, NaiveDate, Utc};
 use serde::{Deserialize, Serialize};
@@ -15,7 +15,8 @@ use serde::{Deserialize, Serialize};
 use super::catchup::{self, CatchUp, Plan, Run, RunId};
 use super::schedule::{Schedule, ScheduleError};
 use super::settings::SchedulerSettings;
-use super::shared::{SharedJobs, SharedState};
+use super::shared::{Claim, SharedState, CLAIMS_BUCKET, JOBS_BUCKET};
+use crate::store::shared::{self as seam, Entry, Replicated, Shared, SharedError, SharedErrorKind};
 use crate::store::{Store, StoreError};
 use crate::types::MutexExt;
 use crate::types::SessionKey;
@@ -293,7 +294,7 @@ pub struct JobStore {
     limits: SchedulerSettings,
     lock: Arc<Mutex<()>>,
     /// The shared copy (cluster mode): authoritative for the definitions; the store caches it.
-    shared: Arc<OnceLock<Arc<dyn SharedJobs>>>,
+    shared: Option<SharedJobs>,
 }
 
 fn runs_ns(job: &str) -> String {
@@ -381,18 +382,21 @@ impl JobStore {
             store,
             limits,
             lock: Arc::new(Mutex::new(())),
-            shared: Arc::new(OnceLock::new()),
+            shared: None,
         }
     }
 
-    /// Share the jobs with the other gateways through `shared` (cluster mode; set once).
-    pub fn set_shared(&self, shared: Arc<dyn SharedJobs>) {
-        let _ = self.shared.set(shared);
+    /// These jobs shared with the other gateways through `shared` (cluster mode), given before
+    /// the job store is used.
+    #[must_use]
+    pub fn sharing(mut self, shared: Option<SharedJobs>) -> Self {
+        self.shared = shared;
+        self
     }
 
     /// Whether the jobs are shared (cluster mode).
     pub fn is_shared(&self) -> bool {
-        self.shared.get().is_some()
+        self.shared.is_some()
     }
 
     /// The limits in force.
@@ -429,10 +433,10 @@ impl JobStore {
     fn save(&self, job: &Job) -> Result<(), JobError> {
         let text = encode(job)?;
         self.store.state_put(JOBS_NS, &job.id, Some(&text))?;
-        if let Some(sh) = self.shared.get() {
+        if let Some(sh) = &self.shared {
             // Not lost when this fails: the next sync publishes a local job the shared copy
             // never had.
-            if let Err(e) = sh.publish(&job.id, Some(&text)) {
+            if let Err(e) = sh.publish(job) {
                 tracing::warn!(job = %job.id, error = %e, "scheduled job not shared yet; retried");
             }
         }
@@ -444,8 +448,8 @@ impl JobStore {
     /// this node only until the next sync undoes it.
     fn save_asked(&self, job: &Job) -> Result<(), JobError> {
         let text = encode(job)?;
-        if let Some(sh) = self.shared.get() {
-            sh.publish(&job.id, Some(&text)).map_err(|e| {
+        if let Some(sh) = &self.shared {
+            sh.publish(job).map_err(|e| {
                 JobError::Store(StoreError::Backend(format!(
                     "the job could not be saved in the cluster ({e}); try again"
                 )))
@@ -460,7 +464,7 @@ impl JobStore {
     /// guard). The definition comes from the shared copy; the position in the schedule is the
     /// later of the two. Unreachable: the cache is used as it is.
     fn sync(&self) -> Result<(), JobError> {
-        let Some(sh) = self.shared.get() else {
+        let Some(sh) = &self.shared else {
             return Ok(());
         };
         let remote = match sh.all() {
@@ -471,14 +475,7 @@ impl JobStore {
             }
         };
         let mut seen = std::collections::HashSet::new();
-        for text in remote {
-            let r: Job = match serde_json::from_str(&text) {
-                Ok(j) => j,
-                Err(e) => {
-                    tracing::warn!(error = %e, "shared job record undecodable; skipped");
-                    continue;
-                }
-            };
+        for r in remote {
             seen.insert(r.id.clone());
             let merged = match self.load(&r.id) {
                 Ok(Some(l)) => merge(l, r.clone()),
@@ -506,7 +503,10 @@ impl JobStore {
                 }
                 Ok(SharedState::Absent) => {
                     // Made here before cluster mode, or its publication failed: share it.
-                    if let Err(e) = sh.publish(&id, Some(&text)) {
+                    let published = serde_json::from_str::<Job>(&text)
+                        .map_err(|e| e.to_string())
+                        .and_then(|job| sh.publish(&job).map_err(|e| e.to_string()));
+                    if let Err(e) = published {
                         tracing::warn!(job = %id, error = %e, "scheduled job not shared yet");
                     }
                 }
@@ -521,9 +521,12 @@ impl JobStore {
     ///
     /// # Errors
     /// The shared copy is not reachable: nobody can tell; do not run it now.
-    pub fn claim(&self, id: &str, run: &Run) -> Result<Option<String>, String> {
-        match self.shared.get() {
-            Some(sh) if !run.manual => sh.claim(id, &run_key(run)),
+    pub fn claim(&self, id: &str, run: &Run) -> Result<Option<String>, SharedError> {
+        match &self.shared {
+            Some(sh) if !run.manual => Ok(match sh.claim(id, &run_key(run))? {
+                Claim::Mine => None,
+                Claim::Taken(node) => Some(node),
+            }),
             _ => Ok(None),
         }
     }
@@ -690,8 +693,8 @@ impl JobStore {
     pub fn remove(&self, id: &str, owner: Option<&SessionKey>) -> Result<Job, JobError> {
         let _g = self.guard();
         let job = self.load_owned(id, owner)?;
-        if let Some(sh) = self.shared.get() {
-            sh.publish(id, None).map_err(|e| {
+        if let Some(sh) = &self.shared {
+            sh.remove(id).map_err(|e| {
                 JobError::Store(StoreError::Backend(format!(
                     "the job could not be removed from the cluster ({e}); try again"
                 )))
@@ -711,8 +714,8 @@ impl JobStore {
             .collect();
         writes.push((JOBS_NS, id, None));
         self.store.state_put_many(&writes)?;
-        if let Some(sh) = self.shared.get() {
-            if let Err(e) = sh.publish(id, None) {
+        if let Some(sh) = &self.shared {
+            if let Err(e) = sh.remove(id) {
                 tracing::warn!(job = %id, error = %e, "scheduled job removal not shared");
             }
         }
@@ -914,10 +917,10 @@ impl JobStore {
         writes.push((ns.as_str(), key.as_str(), Some(record_text.as_str())));
         writes.push((JOBS_NS, id, Some(job_text.as_str())));
         self.store.state_put_many(&writes)?;
-        if let Some(sh) = self.shared.get() {
+        if let Some(sh) = &self.shared {
             let shared = sh
-                .add_run(id, &record_text, RUNS_KEPT)
-                .and_then(|()| sh.publish(id, Some(&job_text)));
+                .add_run(id, &record, RUNS_KEPT)
+                .and_then(|()| sh.publish(&job));
             if let Err(e) = shared {
                 tracing::warn!(job = %id, error = %e, "scheduled run not shared");
             }
@@ -935,18 +938,14 @@ impl JobStore {
     /// [`JobError::NotFound`]; a store failure or a corrupt record.
     pub fn runs(&self, id: &str, owner: Option<&SessionKey>) -> Result<Vec<RunRecord>, JobError> {
         self.load_owned(id, owner)?;
-        if let Some(sh) = self.shared.get() {
+        if let Some(sh) = &self.shared {
             match sh.runs(id) {
-                Ok(list) => {
-                    return list
-                        .iter()
-                        .map(|v| {
-                            serde_json::from_str(v).map_err(|e| JobError::Corrupt {
-                                key: format!("cluster runs of {id}"),
-                                detail: e.to_string(),
-                            })
-                        })
-                        .collect()
+                Ok(list) => return Ok(list),
+                Err(e) if e.kind() == SharedErrorKind::Invalid => {
+                    return Err(JobError::Corrupt {
+                        key: format!("cluster runs of {id}"),
+                        detail: e.to_string(),
+                    })
                 }
                 Err(e) => {
                     tracing::warn!(job = %id, error = %e, "shared run history not reachable; showing this gateway's");
@@ -964,6 +963,154 @@ impl JobStore {
                 })
             })
             .collect()
+    }
+}
+
+/// Times the shared run history is read and written again when another node wrote it in
+/// between.
+const HISTORY_TRIES: usize = 5;
+
+impl seam::Payload for Job {}
+
+/// A job's shared run history, oldest first.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(transparent)]
+pub struct RunHistory(pub Vec<RunRecord>);
+
+impl seam::Payload for RunHistory {}
+
+/// The shared copy of the jobs (cheap to clone).
+#[derive(Clone)]
+pub struct SharedJobs {
+    jobs: Shared<Job>,
+    runs: Shared<RunHistory>,
+    claims: Shared<String>,
+}
+
+impl SharedJobs {
+    /// The jobs kept through `seam`.
+    pub fn new(seam: Arc<dyn Replicated>) -> Self {
+        Self {
+            jobs: Shared::new(seam.clone(), JOBS_BUCKET, "job"),
+            runs: Shared::new(seam.clone(), JOBS_BUCKET, "runs"),
+            claims: Shared::new(seam, CLAIMS_BUCKET, "claim"),
+        }
+    }
+
+    /// Write `job`.
+    ///
+    /// # Errors
+    /// The cluster did not take it.
+    pub fn publish(&self, job: &Job) -> Result<(), SharedError> {
+        seam::wait(self.jobs.put(&[&job.id], job)).map(drop)
+    }
+
+    /// Remove job `id` and its run history.
+    ///
+    /// # Errors
+    /// The cluster did not take it.
+    pub fn remove(&self, id: &str) -> Result<(), SharedError> {
+        seam::wait(async {
+            self.jobs.delete(&[id]).await?;
+            self.runs.delete(&[id]).await
+        })
+    }
+
+    /// Every shared job (a record that does not decode is logged and left out).
+    ///
+    /// # Errors
+    /// The cluster did not answer.
+    pub fn all(&self) -> Result<Vec<Job>, SharedError> {
+        seam::wait(async {
+            let mut out = Vec::new();
+            for k in self.jobs.keys().await? {
+                let parts: Vec<&str> = k.iter().map(String::as_str).collect();
+                match self.jobs.get(&parts).await {
+                    Ok(Some(v)) => out.push(v.value),
+                    Ok(None) => {}
+                    Err(e) if e.kind() == SharedErrorKind::Invalid => {
+                        tracing::warn!(job = ?k, error = %e, "shared job record undecodable; skipped");
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            Ok(out)
+        })
+    }
+
+    /// What the shared copy knows of job `id`.
+    ///
+    /// # Errors
+    /// The cluster did not answer.
+    pub fn state(&self, id: &str) -> Result<SharedState, SharedError> {
+        Ok(match seam::wait(self.jobs.entry(&[id]))? {
+            Entry::Absent => SharedState::Absent,
+            Entry::Present(_) => SharedState::Present,
+            Entry::Removed(_) => SharedState::Removed,
+        })
+    }
+
+    /// Claim occurrence `run` (its scheduled time) of job `id` for this gateway.
+    ///
+    /// # Errors
+    /// The cluster did not answer: nobody can tell who runs it; it must not run now.
+    pub fn claim(&self, id: &str, run: &str) -> Result<Claim, SharedError> {
+        let me = self.claims.node().to_string();
+        seam::wait(async {
+            match self.claims.update(&[id, run], &me, 0).await {
+                Ok(_) => Ok(Claim::Mine),
+                Err(e) if e.kind() == SharedErrorKind::Conflict => {
+                    let holder = self
+                        .claims
+                        .get(&[id, run])
+                        .await?
+                        .map(|v| v.value)
+                        .unwrap_or_default();
+                    Ok(if holder == me {
+                        Claim::Mine
+                    } else {
+                        Claim::Taken(holder)
+                    })
+                }
+                Err(e) => Err(e),
+            }
+        })
+    }
+
+    /// Add `record` to job `id`'s history, keeping the last `keep`.
+    ///
+    /// # Errors
+    /// The cluster did not answer, or the history kept changing.
+    pub fn add_run(&self, id: &str, record: &RunRecord, keep: usize) -> Result<(), SharedError> {
+        seam::wait(async {
+            for _ in 0..HISTORY_TRIES {
+                let now = self.runs.entry(&[id]).await?;
+                let rev = now.revision();
+                let mut list = now.value().map(|v| v.value).unwrap_or_default();
+                list.0.push(record.clone());
+                let excess = list.0.len().saturating_sub(keep);
+                list.0.drain(..excess);
+                match self.runs.update(&[id], &list, rev).await {
+                    Ok(_) => return Ok(()),
+                    Err(e) if e.kind() == SharedErrorKind::Conflict => continue,
+                    Err(e) => return Err(e),
+                }
+            }
+            Err(SharedError::new(
+                SharedErrorKind::Conflict,
+                "the run history kept changing",
+            ))
+        })
+    }
+
+    /// Job `id`'s shared run records, oldest first.
+    ///
+    /// # Errors
+    /// The cluster did not answer, or the history does not decode.
+    pub fn runs(&self, id: &str) -> Result<Vec<RunRecord>, SharedError> {
+        Ok(seam::wait(self.runs.get(&[id]))?
+            .map(|v| v.value.0)
+            .unwrap_or_default())
     }
 }
 

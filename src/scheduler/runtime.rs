@@ -176,8 +176,28 @@ impl Scheduler {
         heartbeat: Option<HeartbeatSettings>,
         workspace: Arc<crate::tools::workspace::Workspace>,
     ) -> Arc<Self> {
+        Self::over(
+            JobStore::new(store.clone(), limits),
+            store,
+            sink,
+            allow,
+            heartbeat,
+            workspace,
+        )
+    }
+
+    /// [`Scheduler::new`] over the job store `jobs` (in cluster mode, one sharing its jobs:
+    /// [`JobStore::sharing`]).
+    pub fn over(
+        jobs: JobStore,
+        store: Store,
+        sink: Option<Arc<dyn MessageSink>>,
+        allow: Vec<String>,
+        heartbeat: Option<HeartbeatSettings>,
+        workspace: Arc<crate::tools::workspace::Workspace>,
+    ) -> Arc<Self> {
         Arc::new(Self {
-            jobs: JobStore::new(store.clone(), limits),
+            jobs,
             store,
             route: OnceLock::new(),
             sink,

@@ -126,20 +126,15 @@ impl SledKv {
             .flush_every_ms(Some(500))
             .open()
             .map_err(|e| match e {
+                // Another process holds the lock (sled keeps the lock call's kind, patch 8 of
+                // vendor/sled).
                 sled::Error::Io(io) if io.kind() == std::io::ErrorKind::WouldBlock => {
                     StoreError::Locked(path.display().to_string())
                 }
-                sled::Error::Io(io) => {
-                    let text = io.to_string();
-                    if text.contains("lock") || text.contains("Resource temporarily unavailable") {
-                        StoreError::Locked(path.display().to_string())
-                    } else {
-                        StoreError::Io {
-                            path: path.display().to_string(),
-                            source: io,
-                        }
-                    }
-                }
+                sled::Error::Io(io) => StoreError::Io {
+                    path: path.display().to_string(),
+                    source: io,
+                },
                 other @ (sled::Error::Corruption { .. }
                 | sled::Error::ReportableBug(_)
                 | sled::Error::Unsupported(_)) => StoreError::Damaged {

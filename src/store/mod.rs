@@ -17,6 +17,7 @@ pub mod health;
 pub mod integrity;
 pub mod kv;
 pub mod replica;
+pub mod shared;
 pub mod usage;
 pub mod window;
 
@@ -104,13 +105,10 @@ impl StoreError {
 
 fn io_kind(e: &std::io::Error) -> &'static str {
     use std::io::ErrorKind;
-    // sled hands back copies of its first I/O error that keep only the kind and the text.
-    let text = e.to_string();
+    // sled hands back copies of its first I/O error that keep its kind (and its text).
     match e.kind() {
         ErrorKind::StorageFull => "no_space",
         ErrorKind::FileTooLarge => "file_too_large",
-        _ if text.contains("No space left") || text.contains("StorageFull") => "no_space",
-        _ if text.contains("File too large") || text.contains("FileTooLarge") => "file_too_large",
         _ => "io",
     }
 }
@@ -292,6 +290,9 @@ pub struct Store {
     path: Option<PathBuf>,
     core: Arc<Core>,
     commit: Arc<commit::GroupCommit>,
+    /// Where this handle tells finished turns and deliveries (cluster mode: the session log),
+    /// given with [`Store::with_replica`] before the handle is shared ([`replica`]).
+    replica: Option<Arc<dyn replica::Replica>>,
 }
 
 /// What the flusher thread shares with the store's handles.
@@ -304,8 +305,9 @@ pub(crate) struct Core {
     recorded: AtomicU64,
     /// Changes announced to whoever shows them live ([`Store::announce`]).
     changes: tokio::sync::broadcast::Sender<Change>,
-    /// Where finished turns and deliveries are told (cluster mode), [`replica`].
-    replica: std::sync::OnceLock<Arc<dyn replica::Replica>>,
+    /// Moves after every batch that may settle an inbound message: a turn's end, a reply
+    /// delivered, a record another node wrote ([`Store::settled`]).
+    settled: tokio::sync::watch::Sender<u64>,
 }
 
 /// A change of a stored value, announced after it is written (the control UI shows the canvas
@@ -420,7 +422,7 @@ impl Store {
             writes: AtomicU64::new(0),
             recorded: AtomicU64::new(0),
             changes: tokio::sync::broadcast::channel(64).0,
-            replica: std::sync::OnceLock::new(),
+            settled: tokio::sync::watch::channel(0).0,
         });
         let commit = Arc::new(commit::GroupCommit::start(core.clone()));
         Self {
@@ -428,6 +430,7 @@ impl Store {
             path,
             core,
             commit,
+            replica: None,
         }
     }
 
@@ -479,6 +482,20 @@ impl Store {
     /// receiver holds no handle on the store: it ends (`Closed`) once the store is closed.
     pub fn changes(&self) -> tokio::sync::broadcast::Receiver<Change> {
         self.core.changes.subscribe()
+    }
+
+    /// An event that moves after every batch that may settle an inbound message: a turn's end
+    /// written ([`Store::finish_turn_unflushed`] and its flushed forms), a reply removed from
+    /// the outbox ([`Store::outbound_done`]), a record of another node applied
+    /// ([`Store::apply_remote`]). The cluster's partition owners acknowledge messages on it
+    /// instead of polling the store.
+    pub fn settled(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.core.settled.subscribe()
+    }
+
+    /// Tell [`Store::settled`]'s receivers that a batch may have settled a message.
+    pub(super) fn tell_settled(&self) {
+        self.core.settled.send_modify(|n| *n = n.wrapping_add(1));
     }
 
     /// A small state value (adapter offsets, pairing) under `ns`/`key`.
@@ -895,7 +912,9 @@ impl Store {
         if let Some(r) = reply {
             ops.push(Op::Put(outbox_key(&r.id), encode(r)?));
         }
-        self.apply(ops)
+        self.apply(ops)?;
+        self.tell_settled();
+        Ok(())
     }
 
     /// Put a message in the outbox and flush (proactive messages).
@@ -939,7 +958,9 @@ impl Store {
         if let Some(r) = self.replica() {
             r.delivered(id);
         }
-        self.apply(vec![Op::Del(outbox_key(id))])
+        self.apply(vec![Op::Del(outbox_key(id))])?;
+        self.tell_settled();
+        Ok(())
     }
 
     /// Remove a delivered message from the outbox and wait until that removal is durable, so

@@ -58,14 +58,18 @@ pub trait Replica: Send + Sync {
 }
 
 impl Store {
-    /// Tell finished turns and deliveries to `replica` from now on (cluster mode; set once).
-    pub fn set_replica(&self, replica: Arc<dyn Replica>) {
-        let _ = self.core.replica.set(replica);
+    /// This handle telling finished turns and deliveries to `replica` (cluster mode): the
+    /// daemon makes it before it shares the store with anything that finishes turns or
+    /// delivers replies, and every clone made from it tells the same replica.
+    #[must_use]
+    pub fn with_replica(mut self, replica: Arc<dyn Replica>) -> Self {
+        self.replica = Some(replica);
+        self
     }
 
     /// The replica, if any.
     pub(super) fn replica(&self) -> Option<&Arc<dyn Replica>> {
-        self.core.replica.get()
+        self.replica.as_ref()
     }
 
     /// The record of a turn about to be finished with `msgs` and `reply`, for the replica.
@@ -165,6 +169,7 @@ impl Store {
             super::seal(applied.to_string().as_bytes()),
         ));
         self.apply(ops)?;
+        self.tell_settled();
         Ok(queued)
     }
 
@@ -316,9 +321,8 @@ mod tests {
 
     #[test]
     fn finished_turns_and_deliveries_reach_the_replica() {
-        let s = Store::memory();
         let seen = Arc::new(Seen::default());
-        s.set_replica(seen.clone());
+        let s = Store::memory().with_replica(seen.clone());
         let crate::store::JournalOutcome::New(entry) =
             s.journal_inbound(&ev("e1"), &key()).unwrap()
         else {

@@ -475,3 +475,35 @@ fn reopening_neither_grows_the_log_by_a_segment_nor_loses_what_it_holds() {
     // to a whole segment even for a few KB of sessions.
     assert!(len() < 256 * 1024, "{first} -> {}", len());
 }
+
+/// The event the cluster's partition owners acknowledge on: it moves after a turn's end, a
+/// delivered reply and a record of another node, and not after other writes.
+#[test]
+fn the_settled_event_moves_when_a_message_may_have_settled() {
+    let s = Store::memory();
+    let mut rx = s.settled();
+    let session = SessionKey::parse("http:c1").unwrap();
+    let JournalOutcome::New(entry) = s.journal_inbound(&ev("e1"), &session).unwrap() else {
+        panic!("not new")
+    };
+    s.begin_turn(&entry, &Message::user("hello e1")).unwrap();
+    s.state_put("ns", "k", Some("v")).unwrap();
+    assert!(
+        !rx.has_changed().unwrap(),
+        "moved on writes that settle nothing"
+    );
+    s.finish_turn(&session, Some(&entry), &[Message::assistant("hi")], None)
+        .unwrap();
+    assert!(rx.has_changed().unwrap(), "a turn's end");
+    rx.mark_unchanged();
+    s.outbound_done("o1").unwrap();
+    assert!(rx.has_changed().unwrap(), "a reply delivered");
+    rx.mark_unchanged();
+    s.apply_remote(
+        &crate::store::replica::Record::Delivered("o2".into()),
+        ("applied", "0"),
+        1,
+    )
+    .unwrap();
+    assert!(rx.has_changed().unwrap(), "a record of another node");
+}

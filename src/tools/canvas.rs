@@ -301,9 +301,11 @@ impl Tool for CanvasTool {
         c.updated_ms = clawft_channel_core::now_ms();
         let text =
             serde_json::to_string(&c).map_err(|e| ToolError::ExecutionFailed(e.to_string()))?;
+        // Durable before the answer, without holding the runtime while the disk flushes.
         self.store
-            .state_put(NS, &key, Some(&text))
+            .state_put_unflushed(NS, &key, Some(&text))
             .map_err(failed)?;
+        self.store.flush_ticket().await.map_err(failed)?;
         self.store.announce(
             NS,
             &key,
@@ -397,5 +399,69 @@ mod tests {
             .await
             .unwrap_err();
         assert!(e.to_string().contains("not available"), "{e}");
+    }
+
+    /// A disk whose flushes take 300 ms (an SD card): the write is in memory at once.
+    #[derive(Default)]
+    struct SlowDisk(crate::store::kv::MemKv);
+
+    impl crate::store::kv::Kv for SlowDisk {
+        fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, crate::store::StoreError> {
+            self.0.get(key)
+        }
+        fn scan_prefix(
+            &self,
+            prefix: &[u8],
+        ) -> Result<crate::store::kv::Pairs, crate::store::StoreError> {
+            self.0.scan_prefix(prefix)
+        }
+        fn apply(&self, ops: Vec<crate::store::kv::Op>) -> Result<(), crate::store::StoreError> {
+            self.0.apply(ops)
+        }
+        fn flush(&self) -> Result<(), crate::store::StoreError> {
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            self.0.flush()
+        }
+        fn next_id(&self) -> Result<u64, crate::store::StoreError> {
+            self.0.next_id()
+        }
+        fn size_on_disk(&self) -> u64 {
+            0
+        }
+    }
+
+    /// Presenting a page waits for its flush without holding the runtime's only thread: the
+    /// other tasks (another chat's turn) keep running meanwhile.
+    #[tokio::test(flavor = "current_thread")]
+    async fn presenting_leaves_the_runtime_free_while_the_disk_flushes() {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::with_kv(Arc::new(SlowDisk::default()));
+        let t = CanvasTool::new(store.clone());
+        let a = ctx(dir.path(), "web:a");
+        let ticks = Arc::new(AtomicU32::new(0));
+        let counted = ticks.clone();
+        let other = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                counted.fetch_add(1, Ordering::Relaxed);
+            }
+        });
+        tokio::task::yield_now().await;
+        let started = std::time::Instant::now();
+        t.execute(json!({"action": "present", "html": "<p>hi</p>"}), &a)
+            .await
+            .unwrap();
+        assert!(
+            started.elapsed() >= std::time::Duration::from_millis(300),
+            "answered before the page was durable"
+        );
+        other.abort();
+        assert!(
+            ticks.load(Ordering::Relaxed) >= 10,
+            "the runtime was held during the flush: {} ticks",
+            ticks.load(Ordering::Relaxed)
+        );
+        assert_eq!(canvas_json(&store, "web:a").unwrap()["version"], 1);
     }
 }

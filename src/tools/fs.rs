@@ -18,6 +18,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
+use super::shared_docs::MemoryDocs;
 use super::workspace::{check_replaceable, refuse_hard_link, write_atomic};
 use super::{parse_args, schema_of, Effect, Tool, ToolContext, ToolError};
 use crate::types::SettingError;
@@ -430,18 +431,38 @@ pub fn file_tools(
     settings: &FileToolsSettings,
     memory_fallback: Option<PathBuf>,
 ) -> Vec<Arc<dyn Tool>> {
+    file_tools_writing(settings, memory_fallback, &MemoryDocs::default())
+}
+
+/// [`file_tools`] writing the daemon's memory documents `docs` (the memory index watches
+/// their writes; in cluster mode the cluster's copy is written first).
+pub fn file_tools_writing(
+    settings: &FileToolsSettings,
+    memory_fallback: Option<PathBuf>,
+    docs: &MemoryDocs,
+) -> Vec<Arc<dyn Tool>> {
     vec![
         Arc::new(ReadFile),
         Arc::new(ListDirectory),
-        Arc::new(WriteFile::new(settings)),
-        Arc::new(EditFile::new(settings)),
+        Arc::new(WriteFile {
+            docs: docs.clone(),
+            ..WriteFile::new(settings)
+        }),
+        Arc::new(EditFile {
+            docs: docs.clone(),
+            ..EditFile::new(settings)
+        }),
         Arc::new(super::search::Glob::new(settings)),
         Arc::new(super::search::Grep::new(settings)),
         Arc::new(
             super::memory::MemoryRead::new(memory_fallback)
                 .with_max_bytes(settings.memory_max_bytes),
         ),
-        Arc::new(super::memory::MemoryWrite::new().with_max_bytes(settings.memory_max_bytes)),
+        Arc::new(
+            super::memory::MemoryWrite::new()
+                .with_max_bytes(settings.memory_max_bytes)
+                .with_docs(docs.clone()),
+        ),
     ]
 }
 
@@ -461,6 +482,9 @@ pub struct WriteFileArgs {
 /// `write_file`: create or replace a file atomically.
 pub struct WriteFile {
     max_bytes: u64,
+    /// The daemon's memory documents (a context file or memory document written here is the
+    /// cluster's copy in cluster mode, and the memory index is told).
+    docs: MemoryDocs,
 }
 
 impl WriteFile {
@@ -468,6 +492,7 @@ impl WriteFile {
     pub fn new(settings: &FileToolsSettings) -> Self {
         Self {
             max_bytes: settings.max_write_bytes,
+            docs: MemoryDocs::default(),
         }
     }
 }
@@ -536,10 +561,11 @@ impl Tool for WriteFile {
         }
         let ws = ctx.workspace.clone();
         let max_backup = self.max_bytes;
+        let docs = self.docs.clone();
         blocking(move || {
             let rel = a.path.as_str();
             // Cluster mode: a context file or memory document is the cluster's copy.
-            let shared = super::shared_docs::begin(&ws, super::shared_docs::Scope::Agent, rel)?;
+            let shared = docs.begin(&ws, super::shared_docs::Scope::Agent, rel)?;
             if let Some(p) = &shared {
                 p.check_size(a.content.len())?;
             }
@@ -563,7 +589,7 @@ impl Tool for WriteFile {
                 p.finish(a.content.as_bytes())?;
             }
             if super::memory::is_memory_path(rel) {
-                super::memory::touched();
+                docs.touched();
             }
             let bytes = a.content.len();
             let mut v = json!({
@@ -599,6 +625,8 @@ pub struct EditFileArgs {
 pub struct EditFile {
     max_read: u64,
     max_write: u64,
+    /// As [`WriteFile`]'s.
+    docs: MemoryDocs,
 }
 
 impl EditFile {
@@ -607,6 +635,7 @@ impl EditFile {
         Self {
             max_read: settings.max_edit_bytes,
             max_write: settings.max_write_bytes,
+            docs: MemoryDocs::default(),
         }
     }
 }
@@ -685,9 +714,10 @@ impl Tool for EditFile {
         }
         let ws = ctx.workspace.clone();
         let (max_read, max_write) = (self.max_read, self.max_write);
+        let docs = self.docs.clone();
         blocking(move || {
             let rel = a.path.as_str();
-            let shared = super::shared_docs::begin(&ws, super::shared_docs::Scope::Agent, rel)?;
+            let shared = docs.begin(&ws, super::shared_docs::Scope::Agent, rel)?;
             let (dir, name) = ws.open_parent(rel, false)?;
             let Some(existing) = check_replaceable(&ws, &dir, &name, rel)? else {
                 return Err(ToolError::FileNotFound(format!(
@@ -760,7 +790,7 @@ impl Tool for EditFile {
                 p.finish(new.as_bytes())?;
             }
             if super::memory::is_memory_path(rel) {
-                super::memory::touched();
+                docs.touched();
             }
             Ok(json!({
                 "message": format!("Successfully edited {rel} ({replacements} replacement{})", if replacements == 1 { "" } else { "s" }),

@@ -11,8 +11,7 @@
 
 use std::io::Read;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use rustix::fs::{Mode, OFlags};
@@ -21,30 +20,12 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::fs::{blocking, DEFAULT_MEMORY_MAX_BYTES};
-use super::workspace::{check_replaceable, write_atomic};
+use super::shared_docs::{DocError, MemoryDocs};
+use super::workspace::{check_replaceable, write_atomic_checked, WriteError};
 use super::{parse_args, schema_of, Effect, Tool, ToolContext, ToolError, Workspace};
-
-use crate::types::MutexExt;
 
 /// The memory file, relative to the workspace.
 pub const MEMORY_FILE: &str = "memory/MEMORY.md";
-
-/// Serialises read-modify-write appends in this process (sessions may share a workspace).
-static WRITE_LOCK: Mutex<()> = Mutex::new(());
-
-/// Bumped by every write to a memory document through a tool, so the search index knows to
-/// look at the files again before its next search.
-static GENERATION: AtomicU64 = AtomicU64::new(0);
-
-/// How many memory writes this process has made (see [`GENERATION`]).
-pub fn generation() -> u64 {
-    GENERATION.load(Ordering::Acquire)
-}
-
-/// Note a write to a memory document.
-pub fn touched() {
-    GENERATION.fetch_add(1, Ordering::AcqRel);
-}
 
 /// How a chat user's memory is named in paths the model sees (`users/<name>/MEMORY.md`); on
 /// disk it is `~/.clawft/users/<name>`, outside the workspace.
@@ -304,6 +285,9 @@ pub struct MemoryWriteArgs {
 /// `memory_write`: append to or replace the long-term memory file.
 pub struct MemoryWrite {
     max_bytes: u64,
+    /// The daemon's memory documents: the append lock, the write count the index watches,
+    /// the cluster's copy (cluster mode).
+    docs: MemoryDocs,
 }
 
 impl MemoryWrite {
@@ -311,7 +295,16 @@ impl MemoryWrite {
     pub fn new() -> Self {
         Self {
             max_bytes: DEFAULT_MEMORY_MAX_BYTES,
+            docs: MemoryDocs::default(),
         }
+    }
+
+    /// Writing the daemon's memory documents `docs` (shared with the other nodes in cluster
+    /// mode, watched by the memory index).
+    #[must_use]
+    pub fn with_docs(mut self, docs: MemoryDocs) -> Self {
+        self.docs = docs;
+        self
     }
 
     /// Refuse to make the memory file larger than `max` bytes (default: 1 MiB).
@@ -354,8 +347,9 @@ impl Tool for MemoryWrite {
         };
         let ctx = ctx.clone();
         let max = self.max_bytes;
+        let docs = self.docs.clone();
         blocking(move || {
-            let _guard = WRITE_LOCK.locked();
+            let _guard = docs.append_lock();
             let ws = scope_workspace(&ctx, true)?
                 .ok_or_else(|| ToolError::ExecutionFailed("no memory directory".into()))?;
             // Cluster mode: from the shared copy, retried when another node wrote meanwhile.
@@ -366,32 +360,31 @@ impl Tool for MemoryWrite {
             let mut tries = 0;
             loop {
                 tries += 1;
-                let pending = super::shared_docs::begin(&ctx.workspace, scope, &file)?;
+                let pending = docs.begin(&ctx.workspace, scope, &file)?;
                 let limit = if pending.is_some() {
                     max.min(super::shared_docs::MAX_SHARED_BYTES as u64)
                 } else {
                     max
                 };
                 let out = match (write_memory(&ws, &file, &a, limit), &pending) {
-                    (Ok(out), _) => out,
-                    // The cluster's newer copy landed in the file while it was being written.
-                    (Err(ToolError::ExecutionFailed(m)), Some(_))
-                        if tries < 5 && m.contains("replaced by someone else") =>
-                    {
-                        continue;
+                    (Ok(out), _) => {
+                        docs.touched();
+                        out
                     }
-                    (Err(e), _) => break Err(e),
+                    // The cluster's newer copy landed in the file while it was being written.
+                    (Err(WriteError::Replaced(_)), Some(_)) if tries < 5 => continue,
+                    (Err(e), _) => break Err(ToolError::from(e)),
                 };
                 let Some(p) = pending else {
                     break Ok(out);
                 };
                 match p.finish(out.1.as_bytes()) {
                     Ok(()) => break Ok(out),
-                    Err(e) if tries < 5 && e.to_string().contains("another node") => {
+                    Err(DocError::Conflict(_)) if tries < 5 => {
                         tracing::info!(file = %file, "memory document changed on another node meanwhile: writing again");
                         continue;
                     }
-                    Err(e) => break Err(e),
+                    Err(e) => break Err(ToolError::from(e)),
                 }
             }
             .map(|(v, _)| v)
@@ -406,7 +399,7 @@ fn write_memory(
     file: &str,
     a: &MemoryWriteArgs,
     max: u64,
-) -> Result<(Value, String), ToolError> {
+) -> Result<(Value, String), WriteError> {
     let (dir, name) = ws.open_parent(file, true)?;
     let existing = check_replaceable(ws, &dir, &name, file)?;
     let (data, mode_name) = match (a.mode, existing) {
@@ -422,7 +415,7 @@ fn write_memory(
             if cut {
                 return Err(ToolError::InvalidArgs(format!(
                             "the memory file is already larger than {max} bytes; condense it with mode=overwrite"
-                        )));
+                        )).into());
             }
             let sep = if old.is_empty() || old.ends_with("\n\n") {
                 ""
@@ -440,11 +433,10 @@ fn write_memory(
         return Err(ToolError::InvalidArgs(format!(
                     "the memory file would be {} bytes; the limit is {max}. Condense it with mode=overwrite",
                     data.len()
-                )));
+                )).into());
     }
     let mode = existing.map_or(0o644, |e| e.mode);
-    write_atomic(&dir, &name, data.as_bytes(), mode, existing, file)?;
-    touched();
+    write_atomic_checked(&dir, &name, data.as_bytes(), mode, existing, file)?;
     Ok((
         json!({
             "message": format!("Successfully wrote {} bytes to memory (mode: {mode_name})", a.content.len()),

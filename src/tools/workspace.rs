@@ -448,7 +448,8 @@ pub fn refuse_hard_link(st: &rustix::fs::Stat, rel: &str) -> Result<(), ToolErro
 /// changed since, nothing is replaced.
 ///
 /// # Errors
-/// `ExecutionFailed` (I/O), or a mapped errno (`InvalidArgs` if `name` became a directory).
+/// `ExecutionFailed` (I/O, or the entry was replaced meanwhile), or a mapped errno
+/// (`InvalidArgs` if `name` became a directory).
 pub fn write_atomic(
     dir: &OwnedFd,
     name: &str,
@@ -457,6 +458,44 @@ pub fn write_atomic(
     expect: Option<Existing>,
     rel: &str,
 ) -> Result<(), ToolError> {
+    write_atomic_checked(dir, name, data, mode, expect, rel).map_err(ToolError::from)
+}
+
+/// Why [`write_atomic_checked`] wrote nothing: a caller that retries branches on
+/// [`WriteError::Replaced`].
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError {
+    /// The entry changed between the check and the write (another writer replaced it).
+    #[error(
+        "`{0}` was replaced by someone else while it was being written; read it again and retry"
+    )]
+    Replaced(String),
+    /// Any other failure.
+    #[error(transparent)]
+    Failed(#[from] ToolError),
+}
+
+impl From<WriteError> for ToolError {
+    fn from(e: WriteError) -> Self {
+        match e {
+            WriteError::Replaced(_) => ToolError::ExecutionFailed(e.to_string()),
+            WriteError::Failed(t) => t,
+        }
+    }
+}
+
+/// [`write_atomic`], telling a replaced entry apart ([`WriteError::Replaced`]).
+///
+/// # Errors
+/// As [`write_atomic`].
+pub fn write_atomic_checked(
+    dir: &OwnedFd,
+    name: &str,
+    data: &[u8],
+    mode: u32,
+    expect: Option<Existing>,
+    rel: &str,
+) -> Result<(), WriteError> {
     let mut created = None;
     for _ in 0..TEMP_NAME_TRIES {
         let tmp = format!(".weft-{:016x}.tmp", fastrand::u64(..));
@@ -471,15 +510,16 @@ pub fn write_atomic(
                 break;
             }
             Err(Errno::EXIST) => {}
-            Err(e) => return Err(map_errno(rel, e)),
+            Err(e) => return Err(map_errno(rel, e).into()),
         }
     }
     let Some((tmp, fd)) = created else {
         return Err(ToolError::ExecutionFailed(format!(
             "`{rel}`: could not create a temporary file next to it"
-        )));
+        ))
+        .into());
     };
-    let result = (|| {
+    let result = (|| -> Result<(), WriteError> {
         let mut file = std::fs::File::from(fd);
         let io = |e: std::io::Error| ToolError::ExecutionFailed(format!("writing `{rel}`: {e}"));
         file.write_all(data).map_err(io)?;
@@ -494,12 +534,10 @@ pub fn write_atomic(
                 .map(|st| (st.st_dev, st.st_ino))
                 .ok();
             if now != Some(old.id) {
-                return Err(ToolError::ExecutionFailed(format!(
-                    "`{rel}` was replaced by someone else while it was being written; read it again and retry"
-                )));
+                return Err(WriteError::Replaced(rel.to_string()));
             }
         }
-        rustix::fs::renameat(dir, tmp.as_str(), dir, name).map_err(|e| map_errno(rel, e))
+        rustix::fs::renameat(dir, tmp.as_str(), dir, name).map_err(|e| map_errno(rel, e).into())
     })();
     if result.is_err() {
         let _ = rustix::fs::unlinkat(dir, tmp.as_str(), AtFlags::empty());

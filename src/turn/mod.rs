@@ -9,6 +9,7 @@ pub mod context;
 pub mod guard;
 pub mod offer;
 mod round;
+pub mod shared_usage;
 mod steps;
 pub mod usage;
 

@@ -4,11 +4,15 @@
 //!
 //! Days and months are UTC. It never flushes the store: a turn's counters ride the turn's own
 //! flush, and calls recorded outside a turn ([`UsageLedger::record`]) ride the next one.
+//!
+//! In cluster mode the ledger is given the cluster's counters ([`super::shared_usage`]) when
+//! it is made ([`UsageLedger::sharing`]): budgets then count the whole cluster's spend.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use super::shared_usage::SharedUsage;
 use crate::config::usage::UsageConfig;
 use crate::llm::{ChatRequest, ChatResponse, Usage};
 use crate::store::kv::Op;
@@ -50,23 +54,6 @@ pub struct UsageSnapshot {
     pub today: UsageRow,
     /// All sessions, this month.
     pub month: UsageRow,
-}
-
-/// The usage of the other gateways of a cluster (cluster mode): each gateway publishes its own
-/// counters and the budget checks add the others'. The daemon provides the implementation;
-/// without one (single-node mode) nothing here is used.
-pub trait SharedUsage: Send + Sync {
-    /// Publish this gateway's counters of `day` (all of them; they replace the last ones).
-    /// Must not block.
-    fn publish(&self, day: &str, rows: Vec<UsageRow>);
-    /// Add the rows of one turn to this gateway's counters of `day` (a new day starts from
-    /// nothing) and publish them. Must not block, nor cost more than the rows given.
-    fn add(&self, day: &str, rows: &[UsageRow]);
-    /// The other gateways' counters of `since` (a `YYYY-MM-DD` day) or later.
-    ///
-    /// # Errors
-    /// Not reachable.
-    fn others(&self, since: &str) -> Result<Vec<UsageRow>, String>;
 }
 
 /// How long the other gateways' counters are used before they are read again (2 s): the
@@ -149,7 +136,7 @@ pub struct UsageLedger {
     config: std::sync::RwLock<UsageConfig>,
     state: Mutex<State>,
     /// The other gateways' usage (cluster mode).
-    shared: OnceLock<Arc<dyn SharedUsage>>,
+    shared: Option<SharedUsage>,
     /// Their counters as last read, and when.
     remote: Mutex<Option<(Instant, String, Vec<UsageRow>)>>,
 }
@@ -202,33 +189,35 @@ impl UsageLedger {
             store,
             config: std::sync::RwLock::new(config),
             state: Mutex::new(st),
-            shared: OnceLock::new(),
+            shared: None,
             remote: Mutex::new(None),
         })
     }
 
-    /// Count the other gateways' usage against the budgets too, and publish this one's
-    /// (cluster mode; set once).
-    pub fn set_shared(&self, shared: Arc<dyn SharedUsage>) {
+    /// This ledger counting the other gateways' usage against the budgets too, and
+    /// publishing this one's through `shared` (cluster mode), given before it is used.
+    #[must_use]
+    pub fn sharing(mut self, shared: Option<SharedUsage>) -> Self {
+        let Some(sh) = shared else {
+            return self;
+        };
         let day = day_of(clawft_channel_core::now_ms());
-        let sh = shared.clone();
-        if self.shared.set(shared).is_err() {
-            return;
-        }
         // This gateway's counters of today, once; each turn then adds its own rows.
         match self.store.usage_rows(&day) {
             Ok(mut mine) => {
                 mine.retain(|r| r.day == day);
-                sh.publish(&day, mine);
+                sh.publish(&day, &mine);
             }
             Err(e) => tracing::warn!(error = %e, "this node's usage not published"),
         }
+        self.shared = Some(sh);
+        self
     }
 
     /// The other gateways' counters of this month (cluster mode), read again when older than
     /// [`SHARED_USAGE_FRESH`]; the last ones read when they cannot be.
     fn remote_rows(&self, now_ms: u64) -> Option<Vec<UsageRow>> {
-        let sh = self.shared.get()?;
+        let sh = self.shared.as_ref()?;
         let since = month_start(&day_of(now_ms));
         {
             let r = self.remote.locked();
@@ -614,7 +603,7 @@ impl UsageLedger {
         }
         let day = st.day.clone();
         drop(st);
-        if let Some(sh) = self.shared.get() {
+        if let Some(sh) = &self.shared {
             sh.add(&day, rows);
         }
         for r in rows {

@@ -639,7 +639,7 @@ async fn lease_rules_against_a_real_server() {
     let err = write_fenced(&state, "chan.telegram.offset", f("12", 5), r1)
         .await
         .unwrap_err();
-    assert!(err.contains("fenced"), "{err}");
+    assert!(err.to_string().contains("fenced"), "{err}");
     // The same holder after a lost answer (stale revision, its own token): goes through.
     let r3 = write_fenced(&state, "chan.telegram.offset", f("13", 7), r1)
         .await

@@ -596,8 +596,10 @@ impl Config {
             };
 
             if let Err(e) = try_lock {
+                // clawft patch 8: the lock error keeps its kind (`WouldBlock` when another
+                // process holds the lock), so callers tell it apart without reading the text.
                 return Err(Error::Io(io::Error::new(
-                    ErrorKind::Other,
+                    e.kind(),
                     format!(
                         "could not acquire lock on {:?}: {:?}",
                         self.db_path().to_string_lossy(),
