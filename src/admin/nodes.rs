@@ -34,6 +34,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use crate::store::{Store, StoreError};
+use crate::tools::nodes::NodeCallError;
 use crate::types::MutexExt;
 use clawft_channel_http::AdminError;
 
@@ -266,7 +267,7 @@ pub struct NodeRecord {
     pub addr: String,
 }
 
-type Waiters = Mutex<HashMap<u64, oneshot::Sender<Result<String, String>>>>;
+type Waiters = Mutex<HashMap<u64, oneshot::Sender<Result<String, NodeCallError>>>>;
 
 /// One connected, approved node.
 struct Conn {
@@ -412,7 +413,7 @@ impl NodeHub {
     }
 
     /// The record of `who` (id, or name when one record has it).
-    fn find(&self, who: &str) -> Result<NodeRecord, String> {
+    fn find(&self, who: &str) -> Result<NodeRecord, AdminError> {
         if let Some(r) = self.record(who) {
             return Ok(r);
         }
@@ -423,12 +424,12 @@ impl NodeHub {
             .collect();
         match named.as_slice() {
             [one] => Ok(one.clone()),
-            [] => Err(format!(
+            [] => Err(AdminError::BadRequest(format!(
                 "no node `{who}` (`weft nodes list` shows their ids)"
-            )),
-            _ => Err(format!(
+            ))),
+            _ => Err(AdminError::BadRequest(format!(
                 "several nodes are named `{who}`: name one by its id (`weft nodes list`)"
-            )),
+            ))),
         }
     }
 
@@ -454,7 +455,7 @@ impl NodeHub {
     /// # Errors
     /// Unknown node, store failure.
     pub fn decide(&self, who: &str, decision: NodeDecision) -> Result<Value, AdminError> {
-        let mut r = self.find(who).map_err(AdminError::BadRequest)?;
+        let mut r = self.find(who)?;
         let state = match decision {
             NodeDecision::Revoke => {
                 // Forgotten: its next connection is a new pending request.
@@ -599,7 +600,7 @@ impl NodeHub {
                     Some(Ok(Message::Text(t))) => match serde_json::from_str::<Frame>(t.as_str()) {
                         Ok(Frame::Result { id, ok, content }) => {
                             if let Some(w) = conn.waiters.locked().remove(&id) {
-                                let _ = w.send(if ok { Ok(content) } else { Err(content) });
+                                let _ = w.send(if ok { Ok(content) } else { Err(NodeCallError::Failed(content)) });
                             }
                         }
                         _ => {
@@ -774,7 +775,7 @@ impl crate::tools::nodes::NodeControl for NodeHub {
         op: &str,
         args: Value,
         timeout: Duration,
-    ) -> Result<String, String> {
+    ) -> Result<String, NodeCallError> {
         let conn = {
             let online = self.online.locked();
             online
@@ -790,24 +791,20 @@ impl crate::tools::nodes::NodeControl for NodeHub {
                 .map(|r| r.name)
                 .collect();
             return Err(if names.iter().any(|n| n == node) {
-                format!("node `{node}` is offline")
+                NodeCallError::Offline(node.to_string())
             } else {
-                format!(
-                    "no node `{node}`; paired nodes: {}",
-                    if names.is_empty() {
-                        "none".into()
-                    } else {
-                        names.join(", ")
-                    }
-                )
+                NodeCallError::Unknown {
+                    node: node.to_string(),
+                    paired: names,
+                }
             });
         };
         if !conn.offers.iter().any(|o| o == op) {
-            return Err(format!(
-                "node `{}` does not offer `{op}` (it offers: {})",
-                conn.name,
-                conn.offers.join(", ")
-            ));
+            return Err(NodeCallError::NotOffered {
+                node: conn.name.clone(),
+                op: op.to_string(),
+                offers: conn.offers.clone(),
+            });
         }
         let id = self.next_call.fetch_add(1, Ordering::Relaxed);
         let (wtx, wrx) = oneshot::channel();
@@ -819,22 +816,18 @@ impl crate::tools::nodes::NodeControl for NodeHub {
         };
         if conn.tx.send(frame.text()).await.is_err() {
             conn.waiters.locked().remove(&id);
-            return Err(format!("node `{}` disconnected", conn.name));
+            return Err(NodeCallError::Disconnected(conn.name.clone()));
         }
         match tokio::time::timeout(timeout, wrx).await {
             Ok(Ok(r)) => r,
-            Ok(Err(_)) => Err(format!(
-                "node `{}` disconnected before answering; a command it was running was stopped there",
-                conn.name
-            )),
+            Ok(Err(_)) => Err(NodeCallError::DroppedCall(conn.name.clone())),
             Err(_) => {
                 conn.waiters.locked().remove(&id);
                 let _ = conn.tx.try_send(Frame::Cancel { id }.text());
-                Err(format!(
-                    "node `{}` did not answer within {} s; the call was cancelled",
-                    conn.name,
-                    timeout.as_secs()
-                ))
+                Err(NodeCallError::TimedOut {
+                    node: conn.name.clone(),
+                    secs: timeout.as_secs(),
+                })
             }
         }
     }

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use clawft_channel_core::spec::{Handles, PairedCheck};
-use clawft_channel_core::{Channel, StateStore};
+use clawft_channel_core::{Channel, StateError, StateStore};
 use clawft_channel_http::{MailEntry, MailStore};
 
 use crate::config::Config;
@@ -58,16 +58,21 @@ impl StateStore for StoreState {
     fn get(&self, key: &str) -> Option<String> {
         self.store.state_get(&self.ns, key).ok().flatten()
     }
-    fn put(&self, key: &str, value: &str) -> Result<(), clawft_channel_core::StateError> {
+    fn put(&self, key: &str, value: &str) -> Result<(), StateError> {
         self.store
             .state_put(&self.ns, key, Some(value))
-            .map_err(|e| clawft_channel_core::StateError(e.to_string()))
+            .map_err(state_error)
     }
-    fn remove(&self, key: &str) -> Result<(), clawft_channel_core::StateError> {
+    fn remove(&self, key: &str) -> Result<(), StateError> {
         self.store
             .state_put(&self.ns, key, None)
-            .map_err(|e| clawft_channel_core::StateError(e.to_string()))
+            .map_err(state_error)
     }
+}
+
+/// A store failure as the channels' state error.
+fn state_error(e: impl std::fmt::Display) -> StateError {
+    StateError(e.to_string())
 }
 
 /// The HTTP chats' mailboxes and reply record in the store: a state namespace per chat
@@ -109,11 +114,11 @@ impl StoreMail {
         ns
     }
 
-    fn entries(&self, chat: &str) -> Result<Vec<(String, MailEntry)>, String> {
+    fn entries(&self, chat: &str) -> Result<Vec<(String, MailEntry)>, StateError> {
         let all = self
             .store
             .state_scan(&Self::ns(chat))
-            .map_err(|e| e.to_string())?;
+            .map_err(state_error)?;
         Ok(all
             .into_iter()
             .filter_map(|(k, v)| serde_json::from_str(&v).ok().map(|e| (k, e)))
@@ -122,7 +127,7 @@ impl StoreMail {
 }
 
 impl MailStore for StoreMail {
-    fn append(&self, chat: &str, mut entry: MailEntry, keep: usize) -> Result<u64, String> {
+    fn append(&self, chat: &str, mut entry: MailEntry, keep: usize) -> Result<u64, StateError> {
         // One scan serves the duplicate check and the trim below (a chat's sends are
         // sequential: nothing is appended to it in between).
         let old = self.entries(chat)?;
@@ -130,14 +135,14 @@ impl MailStore for StoreMail {
             return Ok(e.seq);
         }
         // Never 0: `after=0` lists everything.
-        let seq = self.store.next_unique().map_err(|e| e.to_string())? + 1;
+        let seq = self.store.next_unique().map_err(state_error)? + 1;
         entry.seq = seq;
-        let v = serde_json::to_string(&entry).map_err(|e| e.to_string())?;
+        let v = serde_json::to_string(&entry).map_err(state_error)?;
         let ns = Self::ns(chat);
         let key = format!("{seq:020}");
         self.store
             .state_put_unflushed(&ns, &key, Some(&v))
-            .map_err(|e| e.to_string())?;
+            .map_err(state_error)?;
         let over = (old.len() + 1).saturating_sub(keep);
         let oldest = old.iter().map(|(k, _)| k).chain(std::iter::once(&key));
         for k in oldest.take(over) {
@@ -147,11 +152,11 @@ impl MailStore for StoreMail {
             );
             self.store
                 .state_put_unflushed(&ns, k, None)
-                .map_err(|e| e.to_string())?;
+                .map_err(state_error)?;
         }
         Ok(seq)
     }
-    fn list(&self, chat: &str, after: u64, limit: usize) -> Result<Vec<MailEntry>, String> {
+    fn list(&self, chat: &str, after: u64, limit: usize) -> Result<Vec<MailEntry>, StateError> {
         Ok(self
             .entries(chat)?
             .into_iter()
@@ -160,18 +165,18 @@ impl MailStore for StoreMail {
             .take(limit)
             .collect())
     }
-    fn ack(&self, chat: &str, upto: u64) -> Result<(), String> {
+    fn ack(&self, chat: &str, upto: u64) -> Result<(), StateError> {
         let ns = Self::ns(chat);
         for (k, e) in self.entries(chat)? {
             if e.seq <= upto {
                 self.store
                     .state_put_unflushed(&ns, &k, None)
-                    .map_err(|e| e.to_string())?;
+                    .map_err(state_error)?;
             }
         }
         Ok(())
     }
-    fn put_reply(&self, event_id: &str, entry: &MailEntry) -> Result<(), String> {
+    fn put_reply(&self, event_id: &str, entry: &MailEntry) -> Result<(), StateError> {
         use std::sync::atomic::Ordering;
         if self.recorded.fetch_add(1, Ordering::Relaxed) + 1 >= PRUNE_EVERY {
             self.recorded.store(0, Ordering::Relaxed);
@@ -179,10 +184,10 @@ impl MailStore for StoreMail {
             // A scan of the namespace: off the runtime's workers.
             std::thread::spawn(move || prune_replies(&store));
         }
-        let v = serde_json::to_string(entry).map_err(|e| e.to_string())?;
+        let v = serde_json::to_string(entry).map_err(state_error)?;
         self.store
             .state_put_unflushed(NS_REPLIES, event_id, Some(&v))
-            .map_err(|e| e.to_string())
+            .map_err(state_error)
     }
     fn reply(&self, event_id: &str) -> Option<MailEntry> {
         let v = self.store.state_get(NS_REPLIES, event_id).ok()??;

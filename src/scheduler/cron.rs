@@ -35,26 +35,89 @@ const MONTHS: [&str; 12] = [
 ];
 const DAYS: [&str; 7] = ["SUN", "MON", "TUE", "WED", "THU", "FRI", "SAT"];
 
+/// What is wrong with a cron expression, naming the field (`what`: `minute`, `day-of-week`…).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CronError {
+    /// Not 5 or 6 fields.
+    #[error("it has {0} fields")]
+    FieldCount(usize),
+    /// A value that is neither a number nor (where the field has names) a name.
+    #[error("{what} `{text}` is not a number{}", if *.named { " or a name" } else { "" })]
+    NotANumber {
+        /// The field.
+        what: &'static str,
+        /// The value as written.
+        text: String,
+        /// Whether the field also takes names (`MON`, `JAN`).
+        named: bool,
+    },
+    /// A value outside the field's range.
+    #[error("{what} {value} is out of range {min}-{max}")]
+    OutOfRange {
+        /// The field.
+        what: &'static str,
+        /// The value.
+        value: u32,
+        /// The field's least value.
+        min: u32,
+        /// The field's greatest value.
+        max: u32,
+    },
+    /// A step that is not a number.
+    #[error("{what} step `{text}` is not a number")]
+    BadStep {
+        /// The field.
+        what: &'static str,
+        /// The step as written.
+        text: String,
+    },
+    /// A step of 0.
+    #[error("{0} step must be at least 1")]
+    ZeroStep(&'static str),
+    /// A range whose end is before its start.
+    #[error("{what} range {from}-{to} goes backwards")]
+    Backwards {
+        /// The field.
+        what: &'static str,
+        /// The start.
+        from: u32,
+        /// The end.
+        to: u32,
+    },
+    /// `5/2`: a step after a single value.
+    #[error("{what} step `{item}` needs a range or `*` before the `/`")]
+    StepNeedsRange {
+        /// The field.
+        what: &'static str,
+        /// The item as written.
+        item: String,
+    },
+}
+
 fn field(
     text: &str,
-    what: &str,
+    what: &'static str,
     min: u32,
     max: u32,
     names: &[&str],
     base: u32,
-) -> Result<u64, String> {
-    let value = |s: &str| -> Result<u32, String> {
+) -> Result<u64, CronError> {
+    let value = |s: &str| -> Result<u32, CronError> {
         if let Some(i) = names.iter().position(|n| n.eq_ignore_ascii_case(s)) {
             return Ok(base + i as u32);
         }
-        let v: u32 = s.parse().map_err(|_| {
-            format!(
-                "{what} `{s}` is not a number{}",
-                if names.is_empty() { "" } else { " or a name" }
-            )
+        let v: u32 = s.parse().map_err(|_| CronError::NotANumber {
+            what,
+            text: s.to_string(),
+            named: !names.is_empty(),
         })?;
         if v < min || v > max {
-            return Err(format!("{what} {v} is out of range {min}-{max}"));
+            return Err(CronError::OutOfRange {
+                what,
+                value: v,
+                min,
+                max,
+            });
         }
         Ok(v)
     };
@@ -62,11 +125,12 @@ fn field(
     for item in text.split(',') {
         let (range, step) = match item.split_once('/') {
             Some((r, s)) => {
-                let step: u32 = s
-                    .parse()
-                    .map_err(|_| format!("{what} step `{s}` is not a number"))?;
+                let step: u32 = s.parse().map_err(|_| CronError::BadStep {
+                    what,
+                    text: s.to_string(),
+                })?;
                 if step == 0 {
-                    return Err(format!("{what} step must be at least 1"));
+                    return Err(CronError::ZeroStep(what));
                 }
                 (r, step)
             }
@@ -77,14 +141,19 @@ fn field(
         } else if let Some((a, b)) = range.split_once('-') {
             let (a, b) = (value(a)?, value(b)?);
             if a > b {
-                return Err(format!("{what} range {a}-{b} goes backwards"));
+                return Err(CronError::Backwards {
+                    what,
+                    from: a,
+                    to: b,
+                });
             }
             (a, b)
         } else {
             if step != 1 {
-                return Err(format!(
-                    "{what} step `{item}` needs a range or `*` before the `/`"
-                ));
+                return Err(CronError::StepNeedsRange {
+                    what,
+                    item: item.to_string(),
+                });
             }
             let v = value(range)?;
             (v, v)
@@ -103,12 +172,12 @@ impl CronExpr {
     ///
     /// # Errors
     /// What is wrong, naming the field.
-    pub fn parse(expr: &str) -> Result<Self, String> {
+    pub fn parse(expr: &str) -> Result<Self, CronError> {
         let parts: Vec<&str> = expr.split_whitespace().collect();
         let (sec, rest) = match parts.len() {
             5 => ("0", &parts[..]),
             6 => (parts[0], &parts[1..]),
-            n => return Err(format!("it has {n} fields")),
+            n => return Err(CronError::FieldCount(n)),
         };
         let mut weekdays = field(rest[4], "day-of-week", 0, 7, &DAYS, 0)?;
         if weekdays & (1 << 7) != 0 {
@@ -283,7 +352,7 @@ mod tests {
             ("0 10-2 * * *", "hour range 10-2 goes backwards"),
             ("0 0 9 * * * 2027", "it has 7 fields"),
         ] {
-            assert_eq!(CronExpr::parse(e).unwrap_err(), msg, "{e}");
+            assert_eq!(CronExpr::parse(e).unwrap_err().to_string(), msg, "{e}");
         }
     }
 }

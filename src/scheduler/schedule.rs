@@ -160,7 +160,7 @@ impl Schedule {
                 let cron =
                     CronExpr::parse(expr).map_err(|detail| ScheduleError::BadExpression {
                         expr: expr.clone(),
-                        detail,
+                        detail: detail.to_string(),
                     })?;
                 let name = tz.as_deref().unwrap_or("UTC");
                 let zone = Zone::load(name).map_err(|detail| ScheduleError::UnknownTimeZone {

@@ -33,15 +33,62 @@ pub trait NodeControl: Send + Sync {
     /// The approved nodes, online or not, with what each offers.
     fn list(&self) -> Value;
     /// Run `op` with `args` on the node named (or with the id) `node`, waiting at most
-    /// `timeout`; the node's text answer, or why it failed (offline, disconnected, refused,
-    /// timed out).
+    /// `timeout`; the node's text answer, or why it failed.
+    ///
+    /// # Errors
+    /// See [`NodeCallError`].
     async fn call(
         &self,
         node: &str,
         op: &str,
         args: Value,
         timeout: Duration,
-    ) -> Result<String, String>;
+    ) -> Result<String, NodeCallError>;
+}
+
+/// Why a call on a node has no answer.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NodeCallError {
+    /// A paired node that is not connected now.
+    #[error("node `{0}` is offline")]
+    Offline(String),
+    /// No approved node has that name or id.
+    #[error("no node `{node}`; paired nodes: {}", if .paired.is_empty() { "none".to_string() } else { .paired.join(", ") })]
+    Unknown {
+        /// The name asked for.
+        node: String,
+        /// The names of the approved nodes.
+        paired: Vec<String>,
+    },
+    /// The node does not offer the operation.
+    #[error("node `{node}` does not offer `{op}` (it offers: {})", .offers.join(", "))]
+    NotOffered {
+        /// The node's name.
+        node: String,
+        /// The operation asked for.
+        op: String,
+        /// What it offers.
+        offers: Vec<String>,
+    },
+    /// The connection was gone before the call was sent.
+    #[error("node `{0}` disconnected")]
+    Disconnected(String),
+    /// The connection ended while the call ran (the node stops what it ran).
+    #[error(
+        "node `{0}` disconnected before answering; a command it was running was stopped there"
+    )]
+    DroppedCall(String),
+    /// No answer in time; the call was cancelled on the node.
+    #[error("node `{node}` did not answer within {secs} s; the call was cancelled")]
+    TimedOut {
+        /// The node's name.
+        node: String,
+        /// The time allowed.
+        secs: u64,
+    },
+    /// The node answered with an error (its own words).
+    #[error("{0}")]
+    Failed(String),
 }
 
 /// Where the running gateway puts its [`NodeControl`]; empty until it runs.
@@ -282,7 +329,7 @@ impl Tool for NodesTool {
         // The node's own limit plus a margin for the round trip; never longer.
         let wait = timeout + Duration::from_secs(5);
         tokio::select! {
-            r = hub.call(&node, op, args, wait) => r.map(Value::String).map_err(ToolError::ExecutionFailed),
+            r = hub.call(&node, op, args, wait) => r.map(Value::String).map_err(|e| ToolError::ExecutionFailed(e.to_string())),
             () = ctx.cancel.cancelled() => Err(ToolError::ExecutionFailed("cancelled".into())),
         }
     }

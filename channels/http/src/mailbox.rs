@@ -16,6 +16,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 
 use clawft_channel_core::lock::MutexExt;
+use clawft_channel_core::StateError;
 use serde::{Deserialize, Serialize};
 
 /// One message kept for an HTTP chat.
@@ -38,7 +39,8 @@ pub struct MailEntry {
     pub at_ms: u64,
 }
 
-/// Where the mailbox lives. Errors are the backing store's, as text.
+/// Where the mailbox lives. Errors are the backing store's (a [`StateError`], like the
+/// adapters' own state).
 pub trait MailStore: Send + Sync + 'static {
     /// Append `entry` to `chat`'s mailbox (its `seq` is assigned here, and returned). The oldest
     /// entries beyond `keep` are dropped. A message already there (same `id`: the outbox sends
@@ -46,22 +48,22 @@ pub trait MailStore: Send + Sync + 'static {
     ///
     /// # Errors
     /// The store failed.
-    fn append(&self, chat: &str, entry: MailEntry, keep: usize) -> Result<u64, String>;
+    fn append(&self, chat: &str, entry: MailEntry, keep: usize) -> Result<u64, StateError>;
     /// Up to `limit` entries of `chat` with `seq > after`, oldest first.
     ///
     /// # Errors
     /// The store failed.
-    fn list(&self, chat: &str, after: u64, limit: usize) -> Result<Vec<MailEntry>, String>;
+    fn list(&self, chat: &str, after: u64, limit: usize) -> Result<Vec<MailEntry>, StateError>;
     /// Remove the entries of `chat` with `seq <= upto`.
     ///
     /// # Errors
     /// The store failed.
-    fn ack(&self, chat: &str, upto: u64) -> Result<(), String>;
+    fn ack(&self, chat: &str, upto: u64) -> Result<(), StateError>;
     /// Record the final reply to request `event_id`.
     ///
     /// # Errors
     /// The store failed.
-    fn put_reply(&self, event_id: &str, entry: &MailEntry) -> Result<(), String>;
+    fn put_reply(&self, event_id: &str, entry: &MailEntry) -> Result<(), StateError>;
     /// The recorded reply to request `event_id`.
     fn reply(&self, event_id: &str) -> Option<MailEntry>;
 }
@@ -80,7 +82,7 @@ struct MemInner {
 }
 
 impl MailStore for MemoryMail {
-    fn append(&self, chat: &str, mut entry: MailEntry, keep: usize) -> Result<u64, String> {
+    fn append(&self, chat: &str, mut entry: MailEntry, keep: usize) -> Result<u64, StateError> {
         let mut g = self.inner.locked();
         if let Some(e) = g
             .chats
@@ -99,7 +101,7 @@ impl MailStore for MemoryMail {
         }
         Ok(seq)
     }
-    fn list(&self, chat: &str, after: u64, limit: usize) -> Result<Vec<MailEntry>, String> {
+    fn list(&self, chat: &str, after: u64, limit: usize) -> Result<Vec<MailEntry>, StateError> {
         let g = self.inner.locked();
         Ok(g.chats
             .get(chat)
@@ -111,14 +113,14 @@ impl MailStore for MemoryMail {
             })
             .unwrap_or_default())
     }
-    fn ack(&self, chat: &str, upto: u64) -> Result<(), String> {
+    fn ack(&self, chat: &str, upto: u64) -> Result<(), StateError> {
         let mut g = self.inner.locked();
         if let Some(mb) = g.chats.get_mut(chat) {
             mb.retain(|seq, _| *seq > upto);
         }
         Ok(())
     }
-    fn put_reply(&self, event_id: &str, entry: &MailEntry) -> Result<(), String> {
+    fn put_reply(&self, event_id: &str, entry: &MailEntry) -> Result<(), StateError> {
         self.inner
             .locked()
             .replies
