@@ -19,7 +19,7 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::fs::{blocking, DEFAULT_MEMORY_MAX_BYTES};
+use super::file_settings::{blocking, DEFAULT_MEMORY_MAX_BYTES};
 use super::shared_docs::{DocError, MemoryDocs};
 use super::workspace::{check_replaceable, write_atomic_checked, WriteError};
 use super::{parse_args, schema_of, Effect, Tool, ToolContext, ToolError, Workspace};

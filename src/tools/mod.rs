@@ -8,6 +8,7 @@ pub mod builtin;
 pub mod canvas;
 pub mod discovery;
 pub mod exec;
+pub mod file_settings;
 pub mod fs;
 pub mod gateway;
 pub mod html;

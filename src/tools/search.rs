@@ -25,7 +25,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
-use super::fs::{blocking, FileToolsSettings, BINARY_SNIFF_BYTES};
+use super::file_settings::{blocking, FileToolsSettings, BINARY_SNIFF_BYTES};
 use super::{parse_args, schema_of, Effect, Tool, ToolContext, ToolError, Workspace};
 
 /// Most results returned by one call (the result is cut to 64 KiB anyway); page with `offset`.
