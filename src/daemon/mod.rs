@@ -234,6 +234,7 @@ async fn start_channel(
 }
 
 /// The daemon's services every agent shares.
+#[derive(Clone)]
 struct Shared {
     store: Store,
     outbox: Outbox,
@@ -384,86 +385,23 @@ impl Daemon {
             }
             None => crate::tools::shared_docs::MemoryDocs::default(),
         };
-        let outbox = Outbox::new(store.clone(), ChannelTable::default())
-            .with_files(config.home.join("outbox-files"));
-        let approvals = crate::approval::Approvals::sharing(
-            Arc::new(outbox.clone()) as Arc<dyn MessageSink>,
-            shared_state.approvals.clone(),
-        );
-        let mcp = start_mcp(config);
-        let memory = crate::daemon::build::memory_service(config, Some(store.clone()), docs);
-        let subagents = crate::subagent::SubagentHub::new(config.tools.subagents.clone());
-        let scheduler = crate::scheduler::Scheduler::over(
-            crate::scheduler::JobStore::new(store.clone(), config.scheduler)
-                .sharing(shared_state.jobs.clone()),
-            store.clone(),
-            Some(Arc::new(outbox.clone()) as Arc<dyn MessageSink>),
-            config.tools.message_allow.clone(),
-            config.heartbeat.clone(),
-            workspace.clone(),
-        );
-        let gateway = crate::tools::gateway::GatewaySlot::default();
-        let nodes = crate::tools::nodes::NodesSlot::default();
-        let processes = crate::tools::exec::process::ProcessTable::new();
-        let usage = Arc::new(
-            crate::turn::usage::UsageLedger::load(store.clone(), config.usage.clone())?
-                .sharing(shared_state.usage.clone()),
-        );
-        let sessions = crate::session::tools::SessionDirectory::new(store.clone());
-        sessions.set_usage(usage.clone());
-        let media = Arc::new(
-            crate::media::Media::new(config.media.clone())
-                .map_err(|e| DaemonError::Spawn(e.to_string()))?,
-        );
-        let shared = Shared {
-            store: store.clone(),
-            outbox: outbox.clone(),
-            approvals: approvals.clone(),
-            mcp: mcp.clone(),
-            memory: memory.clone(),
-            subagents: subagents.clone(),
-            scheduler: scheduler.clone(),
-            gateway: gateway.clone(),
-            nodes: nodes.clone(),
-            usage: usage.clone(),
-            processes: processes.clone(),
-            sessions: sessions.clone(),
-            media: media.clone(),
-        };
-        let main = AgentRuntime::start(config, workspace.clone(), &shared);
-        let deps = main.deps(config, model, &shared);
-        let mut named = std::collections::BTreeMap::new();
-        let mut others = Vec::new();
-        for a in &config.agents {
-            let Some(view) = config.for_agent(&a.name) else {
-                continue;
-            };
-            // A new agent's workspace gets the context-file templates, as onboard writes them
-            // for the first one.
-            let fresh = !view.agent.workspace.exists();
-            let ws = open_workspace(&view)?;
-            if fresh {
-                match crate::turn::context::write_templates(&view.agent.workspace) {
-                    Ok(files) => {
-                        tracing::info!(agent = %a.name, files = files.len(), "new agent workspace: context-file templates written")
-                    }
-                    Err((path, e)) => {
-                        tracing::warn!(agent = %a.name, path = %path.display(), error = %e, "could not write a context-file template")
-                    }
-                }
-            }
-            let rt = AgentRuntime::start(&view, ws, &shared);
-            let d = rt.deps(&view, build_model(&view)?, &shared);
-            tracing::info!(agent = %a.name, workspace = %view.agent.workspace.display(), model = %view.providers.first().map_or("", |p| p.model.as_str()), "agent ready");
-            named.insert(a.name.clone(), d);
-            others.push((a.name.clone(), rt));
-        }
-        let agents = crate::turn::Agents::new(deps, named);
-        for (name, d) in agents.iter() {
-            if let Err(e) = crate::session::window::check_fits(d) {
-                tracing::error!(agent = name, "{e}");
-            }
-        }
+        let shared = shared_pieces(config, &store, &workspace, docs, &shared_state)?;
+        let Shared {
+            outbox,
+            approvals,
+            mcp,
+            memory,
+            subagents,
+            scheduler,
+            gateway,
+            nodes,
+            usage,
+            processes,
+            sessions,
+            media,
+            ..
+        } = shared.clone();
+        let (main, agents, others) = start_agents(config, model, &shared, &workspace)?;
         let tools = main.tools.clone();
         let tasks = TaskTracker::new();
         let turns = CancellationToken::new();
@@ -533,47 +471,14 @@ impl Daemon {
             .await?;
         }
 
-        // Replies answered before a crash but not delivered.
-        let outbound = store.pending_outbound()?;
-        if !outbound.is_empty() {
-            tracing::info!(count = outbound.len(), "resending undelivered replies");
-        }
-        let swept = outbox.sweep_staged(&outbound);
-        if swept > 0 {
-            tracing::info!(
-                count = swept,
-                "removed attachment copies of messages never queued"
-            );
-        }
-        for m in outbound {
-            // An approval question from before the restart: nobody waits for its answer.
-            if approvals.expired_at_start(&m) {
-                if let Err(e) = store.outbound_done(&m.id) {
-                    tracing::warn!(error = %e, "could not drop an expired approval question");
-                }
-                continue;
-            }
-            outbox.route(m);
-        }
-        // Messages accepted before a crash but not answered (in cluster mode, the chat
-        // channels' ones are in the cluster's journal: their partition's owner resumes them).
-        let mut inbound = store.pending_inbound()?;
-        if cluster.is_some() {
-            inbound.retain(|e| {
-                e.event
-                    .as_ref()
-                    .is_none_or(|ev| !clustered(&config.chat_channels, ev.channel.as_str()))
-            });
-        }
-        if !inbound.is_empty() {
-            tracing::info!(
-                count = inbound.len(),
-                "processing messages accepted before a restart"
-            );
-        }
-        for e in inbound {
-            inbox.route(e);
-        }
+        replay(
+            &store,
+            &outbox,
+            &approvals,
+            &inbox,
+            config,
+            cluster.is_some(),
+        )?;
         open.cancel();
         #[cfg(feature = "cluster")]
         if let (Some(c), Some(log)) = (&cluster, log) {
@@ -1073,4 +978,170 @@ pub async fn live_sessions(bus: &BusRef) -> Vec<SessionStatus> {
     }
     out.sort_by(|a, b| a.key.cmp(&b.key));
     out
+}
+
+/// What every agent of the daemon shares (store, outbox, approvals, MCP, memory, subagents,
+/// scheduler, usage, processes, sessions, media), each given its cluster handle when
+/// `shared_state` has one.
+fn shared_pieces(
+    config: &Config,
+    store: &Store,
+    workspace: &Arc<Workspace>,
+    docs: crate::tools::shared_docs::MemoryDocs,
+    shared_state: &cluster_state::SharedState,
+) -> Result<Shared, DaemonError> {
+    let outbox = Outbox::new(store.clone(), ChannelTable::default())
+        .with_files(config.home.join("outbox-files"));
+    let approvals = crate::approval::Approvals::sharing(
+        Arc::new(outbox.clone()) as Arc<dyn MessageSink>,
+        shared_state.approvals.clone(),
+    );
+    let mcp = start_mcp(config);
+    let memory = crate::daemon::build::memory_service(config, Some(store.clone()), docs);
+    let subagents = crate::subagent::SubagentHub::new(config.tools.subagents.clone());
+    let scheduler = crate::scheduler::Scheduler::over(
+        crate::scheduler::JobStore::new(store.clone(), config.scheduler)
+            .sharing(shared_state.jobs.clone()),
+        store.clone(),
+        Some(Arc::new(outbox.clone()) as Arc<dyn MessageSink>),
+        config.tools.message_allow.clone(),
+        config.heartbeat.clone(),
+        workspace.clone(),
+    );
+    let gateway = crate::tools::gateway::GatewaySlot::default();
+    let nodes = crate::tools::nodes::NodesSlot::default();
+    let processes = crate::tools::exec::process::ProcessTable::new();
+    let usage = Arc::new(
+        crate::turn::usage::UsageLedger::load(store.clone(), config.usage.clone())?
+            .sharing(shared_state.usage.clone()),
+    );
+    let sessions = crate::session::tools::SessionDirectory::new(store.clone());
+    sessions.set_usage(usage.clone());
+    let media = Arc::new(
+        crate::media::Media::new(config.media.clone())
+            .map_err(|e| DaemonError::Spawn(e.to_string()))?,
+    );
+    Ok(Shared {
+        store: store.clone(),
+        outbox: outbox.clone(),
+        approvals: approvals.clone(),
+        mcp: mcp.clone(),
+        memory: memory.clone(),
+        subagents: subagents.clone(),
+        scheduler: scheduler.clone(),
+        gateway: gateway.clone(),
+        nodes: nodes.clone(),
+        usage: usage.clone(),
+        processes: processes.clone(),
+        sessions: sessions.clone(),
+        media: media.clone(),
+    })
+}
+
+/// The default agent's runtime and every named agent's (`agents.NAME`, a new one's workspace
+/// given the context-file templates), their dependencies as the bus sees them.
+fn start_agents(
+    config: &Config,
+    model: DynModel,
+    shared: &Shared,
+    workspace: &Arc<Workspace>,
+) -> Result<
+    (
+        AgentRuntime,
+        crate::turn::Agents,
+        Vec<(String, AgentRuntime)>,
+    ),
+    DaemonError,
+> {
+    let main = AgentRuntime::start(config, workspace.clone(), &shared);
+    let deps = main.deps(config, model, &shared);
+    let mut named = std::collections::BTreeMap::new();
+    let mut others = Vec::new();
+    for a in &config.agents {
+        let Some(view) = config.for_agent(&a.name) else {
+            continue;
+        };
+        // A new agent's workspace gets the context-file templates, as onboard writes them
+        // for the first one.
+        let fresh = !view.agent.workspace.exists();
+        let ws = open_workspace(&view)?;
+        if fresh {
+            match crate::turn::context::write_templates(&view.agent.workspace) {
+                Ok(files) => {
+                    tracing::info!(agent = %a.name, files = files.len(), "new agent workspace: context-file templates written")
+                }
+                Err((path, e)) => {
+                    tracing::warn!(agent = %a.name, path = %path.display(), error = %e, "could not write a context-file template")
+                }
+            }
+        }
+        let rt = AgentRuntime::start(&view, ws, &shared);
+        let d = rt.deps(&view, build_model(&view)?, &shared);
+        tracing::info!(agent = %a.name, workspace = %view.agent.workspace.display(), model = %view.providers.first().map_or("", |p| p.model.as_str()), "agent ready");
+        named.insert(a.name.clone(), d);
+        others.push((a.name.clone(), rt));
+    }
+    let agents = crate::turn::Agents::new(deps, named);
+    for (name, d) in agents.iter() {
+        if let Err(e) = crate::session::window::check_fits(d) {
+            tracing::error!(agent = name, "{e}");
+        }
+    }
+    Ok((main, agents, others))
+}
+
+/// Replay what a crash interrupted: replies answered but not delivered (an approval question
+/// from before the restart is dropped: nobody waits for its answer), then messages accepted
+/// but not answered (in cluster mode the chat channels' ones are in the cluster's journal,
+/// where their partition's owner resumes them).
+fn replay(
+    store: &Store,
+    outbox: &Outbox,
+    approvals: &crate::approval::Approvals,
+    inbox: &Inbox,
+    config: &Config,
+    clustered_mode: bool,
+) -> Result<(), DaemonError> {
+    // Replies answered before a crash but not delivered.
+    let outbound = store.pending_outbound()?;
+    if !outbound.is_empty() {
+        tracing::info!(count = outbound.len(), "resending undelivered replies");
+    }
+    let swept = outbox.sweep_staged(&outbound);
+    if swept > 0 {
+        tracing::info!(
+            count = swept,
+            "removed attachment copies of messages never queued"
+        );
+    }
+    for m in outbound {
+        // An approval question from before the restart: nobody waits for its answer.
+        if approvals.expired_at_start(&m) {
+            if let Err(e) = store.outbound_done(&m.id) {
+                tracing::warn!(error = %e, "could not drop an expired approval question");
+            }
+            continue;
+        }
+        outbox.route(m);
+    }
+    // Messages accepted before a crash but not answered (in cluster mode, the chat
+    // channels' ones are in the cluster's journal: their partition's owner resumes them).
+    let mut inbound = store.pending_inbound()?;
+    if clustered_mode {
+        inbound.retain(|e| {
+            e.event
+                .as_ref()
+                .is_none_or(|ev| !clustered(&config.chat_channels, ev.channel.as_str()))
+        });
+    }
+    if !inbound.is_empty() {
+        tracing::info!(
+            count = inbound.len(),
+            "processing messages accepted before a restart"
+        );
+    }
+    for e in inbound {
+        inbox.route(e);
+    }
+    Ok(())
 }
