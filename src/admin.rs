@@ -677,10 +677,16 @@ impl clawft_channel_http::Admin for AdminApi {
                 Some(hub) => hub.list_json(),
                 None => nodes::NodeHub::new(running()?.store.clone()).list_json(),
             }),
-            AdminRequest::Node { id, decision } => match self.nodes.get() {
-                Some(hub) => hub.decide(&id, decision),
-                None => nodes::NodeHub::new(running()?.store.clone()).decide(&id, decision),
-            },
+            // On the blocking pool: the decision is flushed before it is answered.
+            AdminRequest::Node { id, decision } => {
+                let hub = match self.nodes.get() {
+                    Some(hub) => hub.clone(),
+                    None => nodes::NodeHub::new(running()?.store.clone()),
+                };
+                tokio::task::spawn_blocking(move || hub.decide(&id, decision))
+                    .await
+                    .map_err(internal)?
+            }
             // On the blocking pool: shared jobs (cluster mode) wait on the cluster.
             AdminRequest::Cron { action, args } => {
                 let r = running()?;
