@@ -401,7 +401,11 @@ impl Daemon {
             media,
             ..
         } = shared.clone();
-        let (main, agents, others) = start_agents(config, model, &shared, &workspace)?;
+        let StartedAgents {
+            main,
+            agents,
+            others,
+        } = start_agents(config, model, &shared, &workspace)?;
         let tools = main.tools.clone();
         let tasks = TaskTracker::new();
         let turns = CancellationToken::new();
@@ -1023,19 +1027,29 @@ fn shared_pieces(
     );
     Ok(Shared {
         store: store.clone(),
-        outbox: outbox.clone(),
-        approvals: approvals.clone(),
-        mcp: mcp.clone(),
-        memory: memory.clone(),
-        subagents: subagents.clone(),
-        scheduler: scheduler.clone(),
-        gateway: gateway.clone(),
-        nodes: nodes.clone(),
-        usage: usage.clone(),
-        processes: processes.clone(),
-        sessions: sessions.clone(),
-        media: media.clone(),
+        outbox,
+        approvals,
+        mcp,
+        memory,
+        subagents,
+        scheduler,
+        gateway,
+        nodes,
+        usage,
+        processes,
+        sessions,
+        media,
     })
+}
+
+/// What [`start_agents`] started.
+struct StartedAgents {
+    /// The default agent's runtime.
+    main: AgentRuntime,
+    /// Every agent's dependencies, as the bus routes to them.
+    agents: crate::turn::Agents,
+    /// The named agents' runtimes.
+    others: Vec<(String, AgentRuntime)>,
 }
 
 /// The default agent's runtime and every named agent's (`agents.NAME`, a new one's workspace
@@ -1045,16 +1059,9 @@ fn start_agents(
     model: DynModel,
     shared: &Shared,
     workspace: &Arc<Workspace>,
-) -> Result<
-    (
-        AgentRuntime,
-        crate::turn::Agents,
-        Vec<(String, AgentRuntime)>,
-    ),
-    DaemonError,
-> {
-    let main = AgentRuntime::start(config, workspace.clone(), &shared);
-    let deps = main.deps(config, model, &shared);
+) -> Result<StartedAgents, DaemonError> {
+    let main = AgentRuntime::start(config, workspace.clone(), shared);
+    let deps = main.deps(config, model, shared);
     let mut named = std::collections::BTreeMap::new();
     let mut others = Vec::new();
     for a in &config.agents {
@@ -1075,8 +1082,8 @@ fn start_agents(
                 }
             }
         }
-        let rt = AgentRuntime::start(&view, ws, &shared);
-        let d = rt.deps(&view, build_model(&view)?, &shared);
+        let rt = AgentRuntime::start(&view, ws, shared);
+        let d = rt.deps(&view, build_model(&view)?, shared);
         tracing::info!(agent = %a.name, workspace = %view.agent.workspace.display(), model = %view.providers.first().map_or("", |p| p.model.as_str()), "agent ready");
         named.insert(a.name.clone(), d);
         others.push((a.name.clone(), rt));
@@ -1087,7 +1094,11 @@ fn start_agents(
             tracing::error!(agent = name, "{e}");
         }
     }
-    Ok((main, agents, others))
+    Ok(StartedAgents {
+        main,
+        agents,
+        others,
+    })
 }
 
 /// Replay what a crash interrupted: replies answered but not delivered (an approval question
