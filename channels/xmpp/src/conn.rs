@@ -55,7 +55,9 @@ pub struct Login {
 impl Login {
     /// The JID's domain part.
     pub fn domain(&self) -> &str {
-        self.jid.split_once('@').map_or(self.jid.as_str(), |(_, d)| d)
+        self.jid
+            .split_once('@')
+            .map_or(self.jid.as_str(), |(_, d)| d)
     }
     /// The JID's local part.
     pub fn local(&self) -> &str {
@@ -102,7 +104,11 @@ pub enum Stream {
 }
 
 impl AsyncRead for Stream {
-    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
         match self.get_mut() {
             Stream::Plain(s) => Pin::new(s).poll_read(cx, buf),
             Stream::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
@@ -111,7 +117,11 @@ impl AsyncRead for Stream {
 }
 
 impl AsyncWrite for Stream {
-    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
         match self.get_mut() {
             Stream::Plain(s) => Pin::new(s).poll_write(cx, buf),
             Stream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
@@ -138,17 +148,22 @@ fn connector(ca_pem: Option<&[u8]>) -> io::Result<TlsConnector> {
         Some(pem) => {
             let mut roots = rustls::RootCertStore::empty();
             for cert in CertificateDer::pem_slice_iter(pem) {
-                let cert = cert.map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
-                roots.add(cert).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+                let cert =
+                    cert.map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+                roots
+                    .add(cert)
+                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
             }
             roots
         }
     };
-    let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-        .with_safe_default_protocol_versions()
-        .map_err(io::Error::other)?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
+    let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(io::Error::other)?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
     Ok(TlsConnector::from(Arc::new(cfg)))
 }
 
@@ -175,7 +190,10 @@ pub struct Session {
 ///
 /// # Errors
 /// The socket, malformed XML, or the stream closed.
-pub async fn read_event(stream: &mut (impl AsyncRead + Unpin), reader: &mut Reader) -> Result<Event, ConnError> {
+pub async fn read_event(
+    stream: &mut (impl AsyncRead + Unpin),
+    reader: &mut Reader,
+) -> Result<Event, ConnError> {
     let mut buf = [0u8; 8192];
     loop {
         if let Some(ev) = reader.next_event()? {
@@ -194,7 +212,11 @@ async fn stanza(stream: &mut Stream, reader: &mut Reader) -> Result<Element, Con
         match read_event(stream, reader).await? {
             Event::Open(_) => continue,
             Event::Stanza(el) if el.name == "stream:error" => {
-                let cond = el.children.first().map_or("unknown", |c| c.name.as_str()).to_string();
+                let cond = el
+                    .children
+                    .first()
+                    .map_or("unknown", |c| c.name.as_str())
+                    .to_string();
                 return Err(ConnError::Closed(format!(": {cond}")));
             }
             Event::Stanza(el) => return Ok(el),
@@ -214,7 +236,10 @@ async fn open(stream: &mut Stream, reader: &mut Reader, l: &Login) -> Result<Ele
     // The features follow the server's stream header.
     let f = stanza(stream, reader).await?;
     if f.name != "stream:features" {
-        return Err(ConnError::Unsupported(format!("expected stream features, got <{}>", f.name)));
+        return Err(ConnError::Unsupported(format!(
+            "expected stream features, got <{}>",
+            f.name
+        )));
     }
     Ok(f)
 }
@@ -230,9 +255,10 @@ fn nonce() -> Result<String, ConnError> {
 
 /// A random id for a stanza.
 pub fn random_id() -> String {
-    nonce().map_or_else(|_| format!("{:x}", std::process::id()), |n| {
-        n.chars().filter(char::is_ascii_alphanumeric).collect()
-    })
+    nonce().map_or_else(
+        |_| format!("{:x}", std::process::id()),
+        |n| n.chars().filter(char::is_ascii_alphanumeric).collect(),
+    )
 }
 
 /// Connect, secure, log in and bind a resource.
@@ -241,35 +267,66 @@ pub fn random_id() -> String {
 /// See [`ConnError`]; each step within `l.timeout`.
 pub async fn connect(l: &Login) -> Result<Session, ConnError> {
     let t = l.timeout;
-    let step = |what: &'static str| move |_| ConnError::Io(io::Error::new(io::ErrorKind::TimedOut, format!("{what} took over {}s", t.as_secs())));
+    let step = |what: &'static str| {
+        move |_| {
+            ConnError::Io(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("{what} took over {}s", t.as_secs()),
+            ))
+        }
+    };
     let tcp = tokio::time::timeout(t, TcpStream::connect((l.host.as_str(), l.port)))
         .await
         .map_err(step("connecting"))??;
     let _ = tcp.set_nodelay(true);
     let mut stream = match l.tls {
-        TlsMode::Direct => tokio::time::timeout(t, tls(tcp, l)).await.map_err(step("the TLS handshake"))??,
+        TlsMode::Direct => tokio::time::timeout(t, tls(tcp, l))
+            .await
+            .map_err(step("the TLS handshake"))??,
         TlsMode::StartTls => Stream::Plain(tcp),
     };
     let mut reader = Reader::default();
-    let mut features = tokio::time::timeout(t, open(&mut stream, &mut reader, l)).await.map_err(step("opening the stream"))??;
+    let mut features = tokio::time::timeout(t, open(&mut stream, &mut reader, l))
+        .await
+        .map_err(step("opening the stream"))??;
     if let Stream::Plain(_) = stream {
         if features.child("starttls", Some(NS_TLS)).is_none() {
-            return Err(ConnError::Unsupported(format!("{} does not offer STARTTLS: the password is never sent in clear", l.host)));
+            return Err(ConnError::Unsupported(format!(
+                "{} does not offer STARTTLS: the password is never sent in clear",
+                l.host
+            )));
         }
-        stream.write_all(format!("<starttls xmlns='{NS_TLS}'/>").as_bytes()).await?;
-        let p = tokio::time::timeout(t, stanza(&mut stream, &mut reader)).await.map_err(step("STARTTLS"))??;
+        stream
+            .write_all(format!("<starttls xmlns='{NS_TLS}'/>").as_bytes())
+            .await?;
+        let p = tokio::time::timeout(t, stanza(&mut stream, &mut reader))
+            .await
+            .map_err(step("STARTTLS"))??;
         if p.name != "proceed" {
-            return Err(ConnError::Unsupported(format!("{} refused STARTTLS", l.host)));
+            return Err(ConnError::Unsupported(format!(
+                "{} refused STARTTLS",
+                l.host
+            )));
         }
         let Stream::Plain(tcp) = stream else {
             return Err(ConnError::Unsupported("STARTTLS on a TLS stream".into()));
         };
-        stream = tokio::time::timeout(t, tls(tcp, l)).await.map_err(step("the TLS handshake"))??;
-        features = tokio::time::timeout(t, open(&mut stream, &mut reader, l)).await.map_err(step("opening the stream"))??;
+        stream = tokio::time::timeout(t, tls(tcp, l))
+            .await
+            .map_err(step("the TLS handshake"))??;
+        features = tokio::time::timeout(t, open(&mut stream, &mut reader, l))
+            .await
+            .map_err(step("opening the stream"))??;
     }
     let mechs: Vec<&str> = features
         .child("mechanisms", Some(NS_SASL))
-        .map(|m| m.children.iter().filter(|c| c.name == "mechanism").map(|c| c.text.trim()).collect())
+        .map(|m| {
+            m.children
+                .iter()
+                .filter(|c| c.name == "mechanism")
+                .map(|c| c.text.trim())
+                .collect()
+        })
         .unwrap_or_default();
     let mech = if mechs.contains(&"SCRAM-SHA-256") {
         Mechanism::Sha256
@@ -284,30 +341,61 @@ pub async fn connect(l: &Login) -> Result<Session, ConnError> {
     };
     let (mut scram, first) = Scram::start(mech, l.local(), &nonce()?);
     stream
-        .write_all(format!("<auth xmlns='{NS_SASL}' mechanism='{}'>{first}</auth>", mech.name()).as_bytes())
+        .write_all(
+            format!(
+                "<auth xmlns='{NS_SASL}' mechanism='{}'>{first}</auth>",
+                mech.name()
+            )
+            .as_bytes(),
+        )
         .await?;
     loop {
-        let s = tokio::time::timeout(t, stanza(&mut stream, &mut reader)).await.map_err(step("the login"))??;
+        let s = tokio::time::timeout(t, stanza(&mut stream, &mut reader))
+            .await
+            .map_err(step("the login"))??;
         match s.name.as_str() {
             "challenge" => {
-                let r = scram.respond(&s.text, &l.password).map_err(|e| ConnError::Auth(e.0))?;
-                stream.write_all(format!("<response xmlns='{NS_SASL}'>{r}</response>").as_bytes()).await?;
+                let r = scram
+                    .respond(&s.text, &l.password)
+                    .map_err(|e| ConnError::Auth(e.0))?;
+                stream
+                    .write_all(format!("<response xmlns='{NS_SASL}'>{r}</response>").as_bytes())
+                    .await?;
             }
             "success" => {
                 scram.verify(&s.text).map_err(|e| ConnError::Auth(e.0))?;
                 break;
             }
             "failure" => {
-                let cond = s.children.iter().find(|c| c.name != "text").map_or("not-authorized", |c| c.name.as_str());
-                let text = s.child("text", None).map(|c| format!(" ({})", c.text)).unwrap_or_default();
-                return Err(ConnError::Auth(format!("{} refused the login of {}: {cond}{text}", l.host, l.jid)));
+                let cond = s
+                    .children
+                    .iter()
+                    .find(|c| c.name != "text")
+                    .map_or("not-authorized", |c| c.name.as_str());
+                let text = s
+                    .child("text", None)
+                    .map(|c| format!(" ({})", c.text))
+                    .unwrap_or_default();
+                return Err(ConnError::Auth(format!(
+                    "{} refused the login of {}: {cond}{text}",
+                    l.host, l.jid
+                )));
             }
-            other => return Err(ConnError::Unsupported(format!("unexpected <{other}> during the login"))),
+            other => {
+                return Err(ConnError::Unsupported(format!(
+                    "unexpected <{other}> during the login"
+                )))
+            }
         }
     }
-    let features = tokio::time::timeout(t, open(&mut stream, &mut reader, l)).await.map_err(step("opening the stream"))??;
+    let features = tokio::time::timeout(t, open(&mut stream, &mut reader, l))
+        .await
+        .map_err(step("opening the stream"))??;
     if features.child("bind", Some(NS_BIND)).is_none() {
-        return Err(ConnError::Unsupported(format!("{} offers no resource binding", l.host)));
+        return Err(ConnError::Unsupported(format!(
+            "{} offers no resource binding",
+            l.host
+        )));
     }
     let sm = features.child("sm", Some("urn:xmpp:sm:3")).is_some();
     stream
@@ -319,21 +407,35 @@ pub async fn connect(l: &Login) -> Result<Session, ConnError> {
             .as_bytes(),
         )
         .await?;
-    let r = tokio::time::timeout(t, stanza(&mut stream, &mut reader)).await.map_err(step("binding"))??;
+    let r = tokio::time::timeout(t, stanza(&mut stream, &mut reader))
+        .await
+        .map_err(step("binding"))??;
     let bound = r
         .child("bind", Some(NS_BIND))
         .and_then(|b| b.child("jid", None))
         .map(|j| j.text.trim().to_string())
         .filter(|_| r.attr("type") == Some("result"))
-        .ok_or_else(|| ConnError::Unsupported(format!("{} refused to bind resource {}", l.host, l.resource)))?;
+        .ok_or_else(|| {
+            ConnError::Unsupported(format!(
+                "{} refused to bind resource {}",
+                l.host, l.resource
+            ))
+        })?;
     // RFC 3921 sessions, where a legacy server still requires one.
     if let Some(s) = features.child("session", Some("urn:ietf:params:xml:ns:xmpp-session")) {
         if s.child("optional", None).is_none() {
             stream
                 .write_all(b"<iq type='set' id='sess'><session xmlns='urn:ietf:params:xml:ns:xmpp-session'/></iq>")
                 .await?;
-            let _ = tokio::time::timeout(t, stanza(&mut stream, &mut reader)).await.map_err(step("the session"))??;
+            let _ = tokio::time::timeout(t, stanza(&mut stream, &mut reader))
+                .await
+                .map_err(step("the session"))??;
         }
     }
-    Ok(Session { stream, reader, bound, sm })
+    Ok(Session {
+        stream,
+        reader,
+        bound,
+        sm,
+    })
 }

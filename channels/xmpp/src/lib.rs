@@ -121,7 +121,9 @@ impl Inner {
         let (tx, rx) = oneshot::channel();
         let out = self.out.locked().clone();
         let Some(out) = out else {
-            return Err(ChannelError::Transient("not connected to the XMPP server".into()));
+            return Err(ChannelError::Transient(
+                "not connected to the XMPP server".into(),
+            ));
         };
         out.send((stanza, Some(tx)))
             .map_err(|_| ChannelError::Transient("the XMPP connection closed".into()))?;
@@ -206,7 +208,9 @@ pub fn event_id(m: &Element, from_bare: &str, own_bare: &str) -> Option<String> 
     m.children
         .iter()
         .find(|c| {
-            c.name == "stanza-id" && c.ns() == NS_SID && c.attr("by").map(bare).as_deref() == Some(own_bare)
+            c.name == "stanza-id"
+                && c.ns() == NS_SID
+                && c.attr("by").map(bare).as_deref() == Some(own_bare)
         })
         .and_then(|c| c.attr("id"))
         .map(|id| format!("sid:{id}"))
@@ -264,7 +268,16 @@ async fn on_message(
     };
     let Some(event_id) = event_id(&m, &from_bare, own_bare) else {
         tracing::warn!(channel = %inner.cfg.id, from = %from_bare, "XMPP message without an id: read, but a resend of it cannot be recognised");
-        return deliver(inner, &m, from, &from_bare, format!("t:{}", now_ms()), body, tx).await;
+        return deliver(
+            inner,
+            &m,
+            from,
+            &from_bare,
+            format!("t:{}", now_ms()),
+            body,
+            tx,
+        )
+        .await;
     };
     deliver(inner, &m, from, &from_bare, event_id, body, tx).await
 }
@@ -324,7 +337,10 @@ fn on_iq(inner: &Inner, iq: &Element) {
     if !matches!(kind, "get" | "set") {
         return;
     }
-    let to = iq.attr("from").map(|f| format!(" to='{}'", escape(f))).unwrap_or_default();
+    let to = iq
+        .attr("from")
+        .map(|f| format!(" to='{}'", escape(f)))
+        .unwrap_or_default();
     let id = escape(id);
     if iq.child("ping", Some("urn:xmpp:ping")).is_some() {
         inner.push(format!("<iq type='result' id='{id}'{to}/>"));
@@ -419,7 +435,9 @@ async fn run(
         match ev {
             Ok(Event::Stanza(el)) if el.name == "stream:error" => {
                 let cond = el.children.first().map_or("unknown", |c| c.name.as_str());
-                break Err(ChannelError::Transient(format!("the XMPP server ended the stream: {cond}")));
+                break Err(ChannelError::Transient(format!(
+                    "the XMPP server ended the stream: {cond}"
+                )));
             }
             Ok(Event::Stanza(el)) => {
                 if let Err(e) = on_stanza(inner, &own_bare, el, tx).await {
@@ -427,7 +445,11 @@ async fn run(
                 }
             }
             Ok(Event::Open(_)) => {}
-            Ok(Event::Close) => break Err(ChannelError::Transient("the XMPP server closed the stream".into())),
+            Ok(Event::Close) => {
+                break Err(ChannelError::Transient(
+                    "the XMPP server closed the stream".into(),
+                ))
+            }
             Err(e) => break Err(ChannelError::Transient(e.to_string())),
         }
     };
@@ -480,7 +502,10 @@ impl SendFiles for Target<'_> {
         _first: bool,
     ) -> Result<SentRef, ChannelError> {
         let id = conn::random_id();
-        let note = format!("{} could not be sent: this chat does not take files yet.", f.name);
+        let note = format!(
+            "{} could not be sent: this chat does not take files yet.",
+            f.name
+        );
         self.ch
             .inner
             .write(chat_message(self.msg.chat.as_str(), &id, &note))
@@ -564,12 +589,23 @@ mod tests {
     fn the_event_id_is_the_senders_id_else_our_servers_stanza_id() {
         let own = "bot@example.org";
         let m = msg("<message id='a1'><origin-id xmlns='urn:xmpp:sid:0' id='o1'/><stanza-id xmlns='urn:xmpp:sid:0' by='bot@example.org' id='s1'/></message>");
-        assert_eq!(event_id(&m, "al@example.org", own).as_deref(), Some("al@example.org:o1"));
+        assert_eq!(
+            event_id(&m, "al@example.org", own).as_deref(),
+            Some("al@example.org:o1")
+        );
         let m = msg("<message id='a1'/>");
-        assert_eq!(event_id(&m, "al@example.org", own).as_deref(), Some("al@example.org:a1"));
+        assert_eq!(
+            event_id(&m, "al@example.org", own).as_deref(),
+            Some("al@example.org:a1")
+        );
         let m = msg("<message><stanza-id xmlns='urn:xmpp:sid:0' by='evil@example.org' id='x'/><stanza-id xmlns='urn:xmpp:sid:0' by='bot@example.org' id='s1'/></message>");
-        assert_eq!(event_id(&m, "al@example.org", own).as_deref(), Some("sid:s1"));
-        let m = msg("<message><stanza-id xmlns='urn:xmpp:sid:0' by='evil@example.org' id='x'/></message>");
+        assert_eq!(
+            event_id(&m, "al@example.org", own).as_deref(),
+            Some("sid:s1")
+        );
+        let m = msg(
+            "<message><stanza-id xmlns='urn:xmpp:sid:0' by='evil@example.org' id='x'/></message>",
+        );
         assert_eq!(event_id(&m, "al@example.org", own), None);
     }
 

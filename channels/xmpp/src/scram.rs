@@ -25,9 +25,19 @@ impl Mechanism {
         }
     }
 
-    fn algs(self) -> (hmac::Algorithm, pbkdf2::Algorithm, &'static digest::Algorithm) {
+    fn algs(
+        self,
+    ) -> (
+        hmac::Algorithm,
+        pbkdf2::Algorithm,
+        &'static digest::Algorithm,
+    ) {
         match self {
-            Mechanism::Sha256 => (hmac::HMAC_SHA256, pbkdf2::PBKDF2_HMAC_SHA256, &digest::SHA256),
+            Mechanism::Sha256 => (
+                hmac::HMAC_SHA256,
+                pbkdf2::PBKDF2_HMAC_SHA256,
+                &digest::SHA256,
+            ),
             Mechanism::Sha1 => (
                 hmac::HMAC_SHA1_FOR_LEGACY_USE_ONLY,
                 pbkdf2::PBKDF2_HMAC_SHA1,
@@ -116,7 +126,10 @@ impl Scram {
             .map(|(a, b)| a ^ b)
             .collect();
         let server_key = hmac::sign(&key, b"Server Key");
-        let server_sig = hmac::sign(&hmac::Key::new(h, server_key.as_ref()), auth_message.as_bytes());
+        let server_sig = hmac::sign(
+            &hmac::Key::new(h, server_key.as_ref()),
+            auth_message.as_bytes(),
+        );
         self.server_signature = Some(server_sig.as_ref().to_vec());
         Ok(B64.encode(format!("{without_proof},p={}", B64.encode(proof))))
     }

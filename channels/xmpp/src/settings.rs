@@ -124,7 +124,10 @@ impl PlatformSpec for Xmpp {
         };
         let host = f.host.map(|h| h.trim().to_string()).unwrap_or(domain);
         if host.is_empty() || host.contains(['/', ' ']) {
-            return Err(account.invalid("host", format!("expected a host name or address like xmpp.example.org, got `{host}`")));
+            return Err(account.invalid(
+                "host",
+                format!("expected a host name or address like xmpp.example.org, got `{host}`"),
+            ));
         }
         let port = f.port.unwrap_or(match tls {
             TlsMode::StartTls => 5222,
@@ -146,15 +149,32 @@ impl PlatformSpec for Xmpp {
             Some(p) => {
                 let path = secrets.config_path(p);
                 let pem = std::fs::read(&path).map_err(|e| {
-                    account.invalid("tls_ca_file", format!("cannot read {}: {e}", path.display()))
+                    account.invalid(
+                        "tls_ca_file",
+                        format!("cannot read {}: {e}", path.display()),
+                    )
                 })?;
                 if !String::from_utf8_lossy(&pem).contains("-----BEGIN CERTIFICATE-----") {
-                    return Err(account.invalid("tls_ca_file", format!("{}: no PEM certificate (-----BEGIN CERTIFICATE-----) in it", path.display())));
+                    return Err(account.invalid(
+                        "tls_ca_file",
+                        format!(
+                            "{}: no PEM certificate (-----BEGIN CERTIFICATE-----) in it",
+                            path.display()
+                        ),
+                    ));
                 }
                 Some(pem)
             }
         };
-        Ok(XmppSettings { jid, password, host, port, tls, resource, ca_pem })
+        Ok(XmppSettings {
+            jid,
+            password,
+            host,
+            port,
+            tls,
+            resource,
+            ca_pem,
+        })
     }
 
     fn user_id(id: &str, account: &Account) -> Result<String, SettingsError> {
@@ -195,14 +215,30 @@ impl ChannelSetup for XmppSettings {
             Ok(mut s) => {
                 use tokio::io::AsyncWriteExt;
                 let _ = s.stream.write_all(b"</stream:stream>").await;
-                Verdict::Ok(format!("logged in to {}:{} as {}", self.host, self.port, s.bound))
+                Verdict::Ok(format!(
+                    "logged in to {}:{} as {}",
+                    self.host, self.port, s.bound
+                ))
             }
             Err(e) => {
                 let detail = redact(&e.to_string(), self.password.expose());
                 let fix = match e {
-                    conn::ConnError::Auth(_) => format!("check {} and {}", account.key("jid"), account.key("password")),
-                    conn::ConnError::Unsupported(_) => "the server must offer TLS and a SCRAM login".to_string(),
-                    conn::ConnError::Io(_) | conn::ConnError::Xml(_) | conn::ConnError::Closed(_) => format!("check {} and {} (and {} for a private CA)", account.key("host"), account.key("port"), account.key("tls_ca_file")),
+                    conn::ConnError::Auth(_) => format!(
+                        "check {} and {}",
+                        account.key("jid"),
+                        account.key("password")
+                    ),
+                    conn::ConnError::Unsupported(_) => {
+                        "the server must offer TLS and a SCRAM login".to_string()
+                    }
+                    conn::ConnError::Io(_)
+                    | conn::ConnError::Xml(_)
+                    | conn::ConnError::Closed(_) => format!(
+                        "check {} and {} (and {} for a private CA)",
+                        account.key("host"),
+                        account.key("port"),
+                        account.key("tls_ca_file")
+                    ),
                 };
                 Verdict::Fail(format!("{}:{}: {detail}: {fix}", self.host, self.port))
             }

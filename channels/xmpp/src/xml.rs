@@ -106,10 +106,12 @@ impl Reader {
         let text = match std::str::from_utf8(&self.buf) {
             Ok(t) => t,
             // A multi-byte character cut at the end of a read: wait for the rest.
-            Err(e) if e.error_len().is_none() => match std::str::from_utf8(&self.buf[..e.valid_up_to()]) {
-                Ok(t) => t,
-                Err(e) => return Err(XmlError(e.to_string())),
-            },
+            Err(e) if e.error_len().is_none() => {
+                match std::str::from_utf8(&self.buf[..e.valid_up_to()]) {
+                    Ok(t) => t,
+                    Err(e) => return Err(XmlError(e.to_string())),
+                }
+            }
             Err(e) => return Err(XmlError(e.to_string())),
         };
         let mut p = Parser { s: text, pos: 0 };
@@ -158,12 +160,18 @@ impl Parser<'_> {
                     Some(i) if r[2..i].trim() == "stream:stream" => {
                         Ok(Step::Done(Event::Close, self.pos + i + 1))
                     }
-                    Some(_) => Err(XmlError(format!("unexpected end tag at {}", &r[..r.len().min(40)]))),
+                    Some(_) => Err(XmlError(format!(
+                        "unexpected end tag at {}",
+                        &r[..r.len().min(40)]
+                    ))),
                     None => Ok(Step::More),
                 };
             }
             if !r.starts_with('<') {
-                return Err(XmlError(format!("text outside a stanza: {}", &r[..r.len().min(40)])));
+                return Err(XmlError(format!(
+                    "text outside a stanza: {}",
+                    &r[..r.len().min(40)]
+                )));
             }
             if r.starts_with("<stream:stream") {
                 return match self.start_tag()? {
@@ -216,7 +224,10 @@ impl Parser<'_> {
             }
             let Some(eq) = t.find('=') else {
                 return if t.contains('>') {
-                    Err(XmlError(format!("attribute without a value in <{}>", el.name)))
+                    Err(XmlError(format!(
+                        "attribute without a value in <{}>",
+                        el.name
+                    )))
                 } else {
                     Ok(Step::More)
                 };
@@ -228,7 +239,10 @@ impl Parser<'_> {
                 return Ok(Step::More);
             };
             if q != '"' && q != '\'' {
-                return Err(XmlError(format!("unquoted attribute {key} in <{}>", el.name)));
+                return Err(XmlError(format!(
+                    "unquoted attribute {key} in <{}>",
+                    el.name
+                )));
             }
             let Some(close) = v[1..].find(q) else {
                 return Ok(Step::More);
