@@ -152,6 +152,8 @@ platforms! {
     Signal signal "signal" clawft_channel_signal::Signal;
     /// Email (IMAP IDLE in, SMTP out).
     Email email "email" clawft_channel_email::Email;
+    /// XMPP (a client connection: STARTTLS or direct TLS, SASL SCRAM).
+    Xmpp xmpp "xmpp" clawft_channel_xmpp::Xmpp;
 }
 
 /// A platform user id, written as a number or a string.

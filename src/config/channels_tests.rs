@@ -41,6 +41,8 @@ fn sample(platform: &str) -> Value {
         "signal" => json!({"number": "+15551234567", "allow_from": ["+15557654321"]}),
         "email" => json!({"imap_host": "imap.example.org", "address": "bot@example.org",
             "password": "p", "authserv_id": "mx.example.org", "allow_from": ["a@example.org"]}),
+        "xmpp" => json!({"jid": "bot@example.org", "password": "p",
+            "allow_from": ["alice@example.org"]}),
         other => panic!("no sample section for the platform `{other}`: add one here"),
     }
 }
@@ -51,7 +53,7 @@ fn sample(platform: &str) -> Value {
 #[test]
 fn every_platform_that_holds_a_connection_names_what_it_resumes_from() {
     let mut names: Vec<&str> = PLATFORMS.iter().map(|(n, _)| *n).collect();
-    assert_eq!(names.len(), 7, "{names:?}");
+    assert_eq!(names.len(), 8, "{names:?}");
     for (name, intake) in PLATFORMS {
         match intake {
             Intake::Connection(Resume::Keys(keys)) => {
@@ -87,6 +89,8 @@ fn every_platform_that_holds_a_connection_names_what_it_resumes_from() {
     assert_eq!(keys("signal"), ["events_cursor"]);
     assert_eq!(keys("email"), ["cursor"]);
     assert!(keys("slack").is_empty() && keys("whatsapp").is_empty());
+    // The XMPP server keeps what arrives for an offline account and hands it over at login.
+    assert!(keys("xmpp").is_empty());
 }
 
 /// Each platform's section (written, read back as the file shape and written again) reaches
