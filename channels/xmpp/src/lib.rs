@@ -346,8 +346,10 @@ fn on_iq(inner: &Inner, iq: &Element) {
         inner.push(format!("<iq type='result' id='{id}'{to}/>"));
         return;
     }
-    if let Some(q) = iq.child("query", Some("http://jabber.org/protocol/disco#info")) {
-        let _ = q;
+    if iq
+        .child("query", Some("http://jabber.org/protocol/disco#info"))
+        .is_some()
+    {
         inner.push(format!(
             "<iq type='result' id='{id}'{to}><query xmlns='http://jabber.org/protocol/disco#info'><identity category='client' type='bot' name='weft'/><feature var='http://jabber.org/protocol/disco#info'/><feature var='{NS_RECEIPTS}'/><feature var='{NS_CHATSTATES}'/><feature var='urn:xmpp:ping'/></query></iq>"
         ));
@@ -574,6 +576,7 @@ impl Channel for XmppChannel {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
 
     fn msg(s: &str) -> Element {

@@ -159,6 +159,7 @@ impl Scram {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
 
     /// RFC 5802 §5's example exchange (user, password, nonces and salt from the RFC).

@@ -210,8 +210,7 @@ impl Parser<'_> {
             if t.is_empty() {
                 return Ok(Step::More);
             }
-            if let Some(after) = t.strip_prefix("/>") {
-                let _ = after;
+            if t.starts_with("/>") {
                 self.pos += i + 2;
                 return Ok(Step::Done((el, true), self.pos));
             }
@@ -361,6 +360,7 @@ pub fn escape(s: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
 
     fn events(chunks: &[&str]) -> Vec<Event> {

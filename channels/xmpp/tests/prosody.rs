@@ -3,6 +3,8 @@
 //! (slixmpp from PyPI, `tests/peer.py`, in `.venv-test`). Waits on events (log lines, stanzas),
 //! never on time.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
