@@ -115,6 +115,11 @@ fn a_section_of_each_platform_round_trips_through_the_settings_enum() {
         assert_eq!(one.id(), *name);
         assert_eq!(one.settings.intake(), *intake, "{name}");
         assert_eq!(one.allow_from.len(), 1, "{name}");
+        // A platform this build leaves out (xmpp is not a default feature) is read but has no
+        // setup of its own to compare accounts by.
+        if *name == "xmpp" && !cfg!(feature = "xmpp") {
+            continue;
+        }
         assert!(!one.settings.setup().identity().is_empty(), "{name}");
         // An account of it is the channel `<platform>.NAME`, of the same variant.
         let mut with_account = sample(name);
