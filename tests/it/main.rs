@@ -40,6 +40,7 @@ mod first_hour;
 mod gateway;
 mod inputs;
 mod layering;
+mod local_models;
 mod lean;
 #[cfg(feature = "matrix")]
 mod matrix;
