@@ -126,7 +126,8 @@ impl OpenAiCompat {
     /// OpenAI-compatible endpoint, llama-server, LM Studio, vLLM): when the server reports
     /// reading fewer than 75% of the prompt tokens we estimate (and the prompt is over 1,024
     /// tokens), the answer is discarded and a [`LlmError::ContextLength`] carrying the count it
-    /// read is returned instead, so the session shrinks its window, compacts and retries once.
+    /// read (and the window that suggests) is returned instead, so the session shrinks its
+    /// window, compacts and retries once.
     #[must_use]
     pub fn checking_truncation(mut self, on: bool) -> Self {
         self.check_truncation = on;
@@ -145,7 +146,10 @@ impl OpenAiCompat {
                 body: format!(
                     "the server read only {read} prompt tokens of the ~{sent} sent: it cut the front of the prompt (the instructions and tools) without saying so; its context window is smaller than the agent's"
                 ),
-                window: Some(read),
+                // Ollama keeps half its window of a prompt that overruns it (other servers
+                // keep more): twice what was read, at most what was sent. A guess too large
+                // is caught again on the retry, and the window shrinks further.
+                window: Some((read * 2).min(sent)),
             }),
             None => Ok(resp),
         }
