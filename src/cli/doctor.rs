@@ -321,7 +321,10 @@ async fn ollama_provider(
     if !r.status().is_success() {
         return fail(
             check,
-            format!("Ollama at {base} answered HTTP {} to /api/show", r.status().as_u16()),
+            format!(
+                "Ollama at {base} answered HTTP {} to /api/show",
+                r.status().as_u16()
+            ),
         );
     }
     let facts = crate::llm::ollama::facts_of(&r.json().await.unwrap_or_default());

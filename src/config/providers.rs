@@ -547,12 +547,14 @@ fn resolve_window(
         // that (the model's own length, read at run time, can only lower it further).
         None => providers
             .first()
-            .map_or(crate::llm::models::DEFAULT_CONTEXT_WINDOW, |p| match p.kind {
-                ProviderKind::Ollama => {
-                    crate::llm::models::context_window(&p.model).min(p.num_ctx_max)
-                }
-                ProviderKind::OpenAi | ProviderKind::Anthropic => {
-                    crate::llm::models::context_window(&p.model)
+            .map_or(crate::llm::models::DEFAULT_CONTEXT_WINDOW, |p| {
+                match p.kind {
+                    ProviderKind::Ollama => {
+                        crate::llm::models::context_window(&p.model).min(p.num_ctx_max)
+                    }
+                    ProviderKind::OpenAi | ProviderKind::Anthropic => {
+                        crate::llm::models::context_window(&p.model)
+                    }
                 }
             }),
     };

@@ -244,8 +244,8 @@ impl Ollama {
         if text.is_empty() {
             return Ok(None);
         }
-        let v: Value = serde_json::from_str(text)
-            .map_err(|e| ep.invalid(format!("bad stream line: {e}")))?;
+        let v: Value =
+            serde_json::from_str(text).map_err(|e| ep.invalid(format!("bad stream line: {e}")))?;
         if let Some(err) = v.get("error") {
             return Err(ep.invalid(format!("stream error: {err}")));
         }

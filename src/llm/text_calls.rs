@@ -199,7 +199,9 @@ pub fn parse_lenient(text: &str) -> Option<(Value, bool)> {
         return Some((v, false));
     }
     let fixed = repair(text);
-    serde_json::from_str::<Value>(&fixed).ok().map(|v| (v, true))
+    serde_json::from_str::<Value>(&fixed)
+        .ok()
+        .map(|v| (v, true))
 }
 
 /// Single quotes turned into double quotes (outside double-quoted strings), trailing commas

@@ -52,8 +52,15 @@ fn route(llm: &FakeLlm) {
 
 /// Message `i`: about 1 KB (some 250 tokens); every fifth asks for a note (a tool call).
 fn message(i: usize) -> String {
-    let ask = if i % 5 == 4 { "keep a note of this. " } else { "" };
-    format!("m{i:03} {ask}{}", "the quick brown fox jumps over the lazy dog ".repeat(22))
+    let ask = if i % 5 == 4 {
+        "keep a note of this. "
+    } else {
+        ""
+    };
+    format!(
+        "m{i:03} {ask}{}",
+        "the quick brown fox jumps over the lazy dog ".repeat(22)
+    )
 }
 
 fn gateway_config(dir: &std::path::Path, providers: Value, model: &str) -> clawft::config::Config {
@@ -76,7 +83,10 @@ async fn sixty_messages(gw: &TestGateway) {
         let (s, body) = gw.api.chat("local", &message(i)).await;
         assert_eq!(s, 200, "message {i}: {body}");
         let reply = body["reply"].as_str().unwrap_or_default();
-        assert_ne!(reply, CUT_ANSWER, "message {i} was answered from a cut prompt");
+        assert_ne!(
+            reply, CUT_ANSWER,
+            "message {i} was answered from a cut prompt"
+        );
         assert!(
             reply.starts_with("ok ") || reply.starts_with("noted "),
             "message {i}: {reply}"
@@ -163,7 +173,11 @@ async fn tool_calls_written_as_text_in_each_format_are_run_not_shown() {
     let dir = tempfile::tempdir().unwrap();
     let llm = FakeLlm::start().await;
     // A local server (127.0.0.1): tool calls are read from text (`tool_call_format = "auto"`).
-    let cfg = crate::common::config(&llm, dir.path(), json!({"agents": {"defaults": {"stream": false}}}));
+    let cfg = crate::common::config(
+        &llm,
+        dir.path(),
+        json!({"agents": {"defaults": {"stream": false}}}),
+    );
     let gw = TestGateway::start(cfg).await;
     let formats = [
         // Hermes/Qwen, with single quotes.
@@ -186,12 +200,12 @@ async fn tool_calls_written_as_text_in_each_format_are_run_not_shown() {
         let reqs = llm.requests();
         let last = reqs.last().unwrap();
         let msgs = messages(last);
-        let call = msgs
-            .iter()
-            .rfind(|m| m["role"] == "assistant")
-            .unwrap();
+        let call = msgs.iter().rfind(|m| m["role"] == "assistant").unwrap();
         // The history goes back as a proper tool call, which the server accepts.
-        assert_eq!(call["tool_calls"][0]["function"]["name"], "memory_write", "{text}");
+        assert_eq!(
+            call["tool_calls"][0]["function"]["name"], "memory_write",
+            "{text}"
+        );
         let result = msgs.last().unwrap();
         assert_eq!(result["role"], "tool", "{text}");
         assert!(

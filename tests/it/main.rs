@@ -40,8 +40,8 @@ mod first_hour;
 mod gateway;
 mod inputs;
 mod layering;
-mod local_models;
 mod lean;
+mod local_models;
 #[cfg(feature = "matrix")]
 mod matrix;
 mod mcp;
