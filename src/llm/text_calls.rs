@@ -268,6 +268,7 @@ fn repair(text: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
 
     fn one(content: &str) -> (String, Value, bool) {
