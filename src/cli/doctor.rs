@@ -188,6 +188,10 @@ async fn providers(config: &Config, client: &reqwest::Client) -> Vec<Finding> {
     let hints = config.provider_hints();
     for p in &config.providers {
         let check = format!("provider {}", p.name);
+        if p.kind == ProviderKind::Ollama {
+            out.push(ollama_provider(config, p, client, &check).await);
+            continue;
+        }
         let hint = |f: fn(&crate::config::provenance::ProviderHints) -> &String| {
             hints.get(&p.name).map(f).cloned().unwrap_or_default()
         };
@@ -208,7 +212,7 @@ async fn providers(config: &Config, client: &reqwest::Client) -> Vec<Finding> {
                 ProviderKind::Anthropic => req
                     .header("x-api-key", k.expose())
                     .header("anthropic-version", "2023-06-01"),
-                ProviderKind::OpenAi => req.bearer_auth(k.expose()),
+                ProviderKind::OpenAi | ProviderKind::Ollama => req.bearer_auth(k.expose()),
             };
         }
         out.push(match req.send().await {
@@ -275,6 +279,79 @@ async fn providers(config: &Config, client: &reqwest::Client) -> Vec<Finding> {
         });
     }
     out
+}
+
+/// An Ollama provider (native API): the model's own window from `/api/show`, the window the
+/// gateway asks for (`num_ctx`), and whether the model takes tools.
+async fn ollama_provider(
+    config: &Config,
+    p: &crate::config::ProviderConfig,
+    client: &reqwest::Client,
+    check: &str,
+) -> Finding {
+    let root = crate::llm::ollama::server_root(&p.base_url);
+    let base = crate::types::scrub::redact_url(&root);
+    let resp = client
+        .post(crate::llm::http::join_url(&root, "/api/show"))
+        .json(&serde_json::json!({ "model": p.model }))
+        .send()
+        .await;
+    let r = match resp {
+        Ok(r) => r,
+        Err(e) => {
+            return match crate::daemon::connect_hint(config) {
+                Some(h) => fail(check, format!("{h} ({e})")),
+                None => fail(
+                    check,
+                    format!("Ollama at {base} is unreachable ({e}): is `ollama serve` running?"),
+                ),
+            }
+        }
+    };
+    if r.status().as_u16() == 404 {
+        return fail(
+            check,
+            format!(
+                "Ollama at {base} does not have the model `{m}`: run `ollama pull {m}` (or set providers.{n}.model to one `ollama list` shows)",
+                m = p.model,
+                n = p.name
+            ),
+        );
+    }
+    if !r.status().is_success() {
+        return fail(
+            check,
+            format!(
+                "Ollama at {base} answered HTTP {} to /api/show",
+                r.status().as_u16()
+            ),
+        );
+    }
+    let facts = crate::llm::ollama::facts_of(&r.json().await.unwrap_or_default());
+    let agent = config.agent.window.context_window;
+    let asked = agent
+        .min(p.num_ctx_max)
+        .min(facts.context_length.unwrap_or(u64::MAX));
+    let own = facts
+        .context_length
+        .map_or_else(|| "not reported".to_string(), |n| format!("{n} tokens"));
+    let tools = match facts.tools {
+        Some(true) => "takes tools (native tool calls)",
+        Some(false) => "takes no tools (its template has none): tool calls are read from its text",
+        None => "tool support not reported (tool calls are also read from its text)",
+    };
+    let detail = format!(
+        "Ollama at {base} serves model {m}: its own window {own}; weft asks for num_ctx {asked} (the agent's window {agent}, providers.{n}.num_ctx_max {max}), keep_alive {ka}; {tools}",
+        m = p.model,
+        n = p.name,
+        max = p.num_ctx_max,
+        ka = p.keep_alive,
+    );
+    if facts.tools == Some(false) {
+        warn(check, detail)
+    } else {
+        ok(check, detail)
+    }
 }
 
 /// Each chat channel: its allow-list, then what its platform checks (a token accepted, a

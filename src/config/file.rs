@@ -186,8 +186,9 @@ pub struct CompactionFile {
 #[derive(Clone, Debug, Default, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ProviderFile {
-    /// `openai` (any OpenAI-compatible server) or `anthropic`. Default from the name
-    /// (`anthropic` for a provider named anthropic, else `openai`).
+    /// `openai` (any OpenAI-compatible server), `anthropic`, or `ollama` (Ollama's native
+    /// API, which sizes the model's window per request). Default from the name (`anthropic`
+    /// and `ollama` for providers so named, else `openai`).
     pub kind: Option<String>,
     /// Base URL, e.g. `https://api.openai.com/v1` or `http://127.0.0.1:11434/v1`.
     pub base_url: Option<String>,
@@ -205,6 +206,19 @@ pub struct ProviderFile {
     pub headers: Option<BTreeMap<String, String>>,
     /// Retries on 429/5xx/connection errors before falling over (default 3).
     pub max_retries: Option<u32>,
+    /// `kind = "ollama"`: the most context tokens asked of the server (`num_ctx`), whatever
+    /// the agent's window (default 16384). Ollama's memory for the window grows with it: lower
+    /// it on a small machine, raise it on a large one.
+    pub num_ctx_max: Option<u64>,
+    /// `kind = "ollama"`: how long the model stays loaded after a request (default `30m`;
+    /// `-1` keeps it loaded).
+    pub keep_alive: Option<String>,
+    /// How tool calls are read: `native` (only the server's `tool_calls`), `auto` (those, else
+    /// calls the model wrote as text in any format below), or one format: `hermes` (Qwen's
+    /// `<tool_call>`), `llama` (`<|python_tag|>`, bare `{"name", "parameters"}`), `mistral`
+    /// (`[TOOL_CALLS]`), `json` (a fenced JSON block). Default: `auto` for servers on this
+    /// machine or the local network, `native` for the others.
+    pub tool_call_format: Option<String>,
 }
 
 /// `store`.

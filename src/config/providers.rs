@@ -17,7 +17,8 @@ use super::subagents::{SubagentSettings, SubagentsFile};
 use super::types::{
     AgentConfig, ProviderConfig, ProviderKind, ProviderSource, TimeZone, Vision, WindowSettings,
     DEFAULT_COMPACTION_THRESHOLD, DEFAULT_LOOP_REPEAT_LIMIT, DEFAULT_MAX_TOOL_CALLS_PER_TURN,
-    DEFAULT_MAX_TOOL_ITERATIONS, LOCAL_DEFAULT_BASE_URL,
+    DEFAULT_MAX_TOOL_ITERATIONS, DEFAULT_OLLAMA_KEEP_ALIVE, DEFAULT_OLLAMA_NUM_CTX_MAX,
+    LOCAL_DEFAULT_BASE_URL, OLLAMA_DEFAULT_BASE_URL,
 };
 use crate::types::Secret;
 
@@ -266,6 +267,7 @@ fn agent_models(providers: &[ProviderConfig], extra: Vec<String>) -> Vec<String>
 fn default_model(name: &str, kind: ProviderKind) -> &'static str {
     match (name, kind) {
         (_, ProviderKind::Anthropic) => "claude-sonnet-4-5",
+        (_, ProviderKind::Ollama) => "llama3.2",
         ("openrouter", _) => "openai/gpt-4o-mini",
         ("ollama" | "local", _) => "llama3.2",
         _ => "gpt-4o-mini",
@@ -276,6 +278,7 @@ fn default_model(name: &str, kind: ProviderKind) -> &'static str {
 fn default_base_url(name: &str, kind: ProviderKind) -> &'static str {
     match (name, kind) {
         (_, ProviderKind::Anthropic) => "https://api.anthropic.com",
+        (_, ProviderKind::Ollama) => OLLAMA_DEFAULT_BASE_URL,
         ("openrouter", _) => "https://openrouter.ai/api/v1",
         ("ollama" | "local", _) => LOCAL_DEFAULT_BASE_URL,
         _ => "https://api.openai.com/v1",
@@ -306,6 +309,9 @@ fn provider(
         timeout: Duration::from_secs(timeout_secs.unwrap_or(120).max(1)),
         headers,
         max_retries: max_retries.unwrap_or(3),
+        num_ctx_max: DEFAULT_OLLAMA_NUM_CTX_MAX,
+        keep_alive: DEFAULT_OLLAMA_KEEP_ALIVE.to_string(),
+        tool_call_format: None,
     }
 }
 
@@ -404,15 +410,39 @@ fn resolve_providers(
         let key = format!("providers.{name}");
         let kind = match p.kind.as_deref() {
             None if name == "anthropic" => ProviderKind::Anthropic,
+            None if name == "ollama" => ProviderKind::Ollama,
             None | Some("openai") => ProviderKind::OpenAi,
             Some("anthropic") => ProviderKind::Anthropic,
+            Some("ollama") => ProviderKind::Ollama,
             Some(other) => {
                 return Err(ConfigError::Invalid {
                     key: format!("{key}.kind"),
-                    detail: format!("expected `openai` or `anthropic`, got `{other}`"),
+                    detail: format!("expected `openai`, `anthropic` or `ollama`, got `{other}`"),
                 })
             }
         };
+        if matches!(p.num_ctx_max, Some(n) if n < 1024) {
+            return Err(ConfigError::Invalid {
+                key: format!("{key}.num_ctx_max"),
+                detail: format!(
+                    "expected the most context tokens to ask of Ollama (at least 1024), got {}",
+                    p.num_ctx_max.unwrap_or_default()
+                ),
+            });
+        }
+        let tool_call_format = match p.tool_call_format.as_deref() {
+            None => None,
+            Some(f) => Some(crate::llm::text_calls::ToolCallFormat::parse(f).ok_or_else(|| {
+                ConfigError::Invalid {
+                    key: format!("{key}.tool_call_format"),
+                    detail: format!(
+                        "expected `native`, `auto`, `hermes`, `llama`, `mistral` or `json`, got `{f}`"
+                    ),
+                }
+            })?),
+        };
+        let num_ctx_max = p.num_ctx_max;
+        let keep_alive = p.keep_alive.clone();
         if let Some(url) = &p.base_url {
             if !(url.starts_with("http://") || url.starts_with("https://")) {
                 return Err(ConfigError::Invalid {
@@ -444,19 +474,24 @@ fn resolve_providers(
         }
         let headers = p.headers.unwrap_or_default().into_iter().collect();
         let model = model_override.or(p.model.as_deref());
-        all.insert(
-            name.clone(),
-            provider(
-                &name,
-                kind,
-                p.base_url,
-                api_key,
-                model,
-                p.timeout_secs,
-                headers,
-                p.max_retries,
-            ),
+        let mut resolved = provider(
+            &name,
+            kind,
+            p.base_url,
+            api_key,
+            model,
+            p.timeout_secs,
+            headers,
+            p.max_retries,
         );
+        if let Some(n) = num_ctx_max {
+            resolved.num_ctx_max = n;
+        }
+        resolved.tool_call_format = tool_call_format;
+        if let Some(k) = keep_alive.filter(|k| !k.trim().is_empty()) {
+            resolved.keep_alive = k;
+        }
+        all.insert(name.clone(), resolved);
     }
     let mut order: Vec<String> = Vec::new();
     match first {
@@ -508,10 +543,19 @@ fn resolve_window(
             })
         }
         Some(w) => w,
+        // Ollama serves the window asked of it, at most `num_ctx_max`: the agent's window is
+        // that (the model's own length, read at run time, can only lower it further).
         None => providers
             .first()
             .map_or(crate::llm::models::DEFAULT_CONTEXT_WINDOW, |p| {
-                crate::llm::models::context_window(&p.model)
+                match p.kind {
+                    ProviderKind::Ollama => {
+                        crate::llm::models::context_window(&p.model).min(p.num_ctx_max)
+                    }
+                    ProviderKind::OpenAi | ProviderKind::Anthropic => {
+                        crate::llm::models::context_window(&p.model)
+                    }
+                }
             }),
     };
     let threshold = compaction.threshold.unwrap_or(DEFAULT_COMPACTION_THRESHOLD);

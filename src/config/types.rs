@@ -27,7 +27,17 @@ pub enum ProviderKind {
     OpenAi,
     /// Anthropic Messages.
     Anthropic,
+    /// Ollama's native chat API (`/api/chat`): the window is chosen per request (`num_ctx`).
+    Ollama,
 }
+
+/// Default `providers.*.num_ctx_max` of an Ollama provider: the most context asked of it,
+/// whatever the agent's window (Ollama's memory for the window grows with it).
+pub const DEFAULT_OLLAMA_NUM_CTX_MAX: u64 = 16_384;
+/// Default `providers.*.keep_alive` of an Ollama provider.
+pub const DEFAULT_OLLAMA_KEEP_ALIVE: &str = "30m";
+/// Ollama's native API when nothing is configured.
+pub const OLLAMA_DEFAULT_BASE_URL: &str = "http://127.0.0.1:11434";
 
 /// Where the provider list came from: decides the hint given when it fails.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -72,6 +82,13 @@ pub struct ProviderConfig {
     pub headers: Vec<(String, String)>,
     /// Retries before falling over to the next provider.
     pub max_retries: u32,
+    /// Ollama: the most context tokens asked for (`num_ctx_max`).
+    pub num_ctx_max: u64,
+    /// Ollama: how long the model stays loaded after a request (`keep_alive`).
+    pub keep_alive: String,
+    /// `tool_call_format`: how tool calls are read (`None`: `auto` for a server on this
+    /// machine or the local network, else `native`).
+    pub tool_call_format: Option<crate::llm::text_calls::ToolCallFormat>,
 }
 
 /// Agent behaviour.

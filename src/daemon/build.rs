@@ -6,8 +6,10 @@ use std::sync::Arc;
 
 use crate::config::{Config, ProviderKind, ProviderSource};
 use crate::llm::anthropic::{Anthropic, AnthropicConfig};
+use crate::llm::ollama::{Ollama, OllamaConfig};
 use crate::llm::openai::{OpenAiCompat, OpenAiConfig};
 use crate::llm::retry::{ResilientModel, RetryPolicy};
+use crate::llm::text_calls::ToolCallFormat;
 use crate::llm::{DynModel, LlmError};
 use crate::mcp::client::McpManager;
 use crate::net::proxy::{EgressProxy, ProxyPolicy};
@@ -48,6 +50,21 @@ pub fn build_model(config: &Config) -> Result<DynModel, LlmError> {
                     timeout: p.timeout,
                     extra_headers: p.headers.clone(),
                 })?
+                .with_scrubber(scrubber.clone())
+                .checking_truncation(is_local_server(&p.base_url))
+                .reading_tool_calls(tool_call_format(p)),
+            ),
+            ProviderKind::Ollama => Arc::new(
+                Ollama::new(OllamaConfig {
+                    name: p.name.clone(),
+                    base_url: p.base_url.clone(),
+                    model: p.model.clone(),
+                    timeout: p.timeout,
+                    window: config.agent.window.context_window,
+                    num_ctx_max: p.num_ctx_max,
+                    keep_alive: p.keep_alive.clone(),
+                    tool_call_format: tool_call_format(p),
+                })?
                 .with_scrubber(scrubber.clone()),
             ),
             ProviderKind::Anthropic => Arc::new(
@@ -70,6 +87,44 @@ pub fn build_model(config: &Config) -> Result<DynModel, LlmError> {
         ..RetryPolicy::default()
     };
     Ok(Arc::new(ResilientModel::new(models, policy)))
+}
+
+/// How `p`'s tool calls are read: its setting, else `auto` for a local server and Ollama,
+/// `native` for the others.
+fn tool_call_format(p: &crate::config::ProviderConfig) -> ToolCallFormat {
+    p.tool_call_format.unwrap_or(
+        if p.kind == ProviderKind::Ollama || is_local_server(&p.base_url) {
+            ToolCallFormat::Auto
+        } else {
+            ToolCallFormat::Native
+        },
+    )
+}
+
+/// Whether `base_url` points at a server on this machine or the local network (loopback,
+/// private and link-local addresses, `localhost`, `.local`/`.lan`/`.internal` names, single-label
+/// host names): the local servers (Ollama, llama-server, LM Studio, vLLM) whose answers are
+/// checked for a prompt they cut silently.
+pub fn is_local_server(base_url: &str) -> bool {
+    let Ok(url) = url::Url::parse(base_url) else {
+        return false;
+    };
+    match url.host() {
+        Some(url::Host::Ipv4(ip)) => ip.is_loopback() || ip.is_private() || ip.is_link_local(),
+        Some(url::Host::Ipv6(ip)) => {
+            ip.is_loopback() || (ip.segments()[0] & 0xfe00) == 0xfc00 // unique local
+                || (ip.segments()[0] & 0xffc0) == 0xfe80 // link-local
+        }
+        Some(url::Host::Domain(d)) => {
+            let d = d.trim_end_matches('.').to_ascii_lowercase();
+            d == "localhost"
+                || !d.contains('.')
+                || [".localhost", ".local", ".lan", ".internal", ".home.arpa"]
+                    .iter()
+                    .any(|s| d.ends_with(s))
+        }
+        None => false,
+    }
 }
 
 /// What to tell the user when the provider cannot be reached, given where it came from.

@@ -58,6 +58,10 @@ pub enum LlmError {
         status: u16,
         /// First bytes of the response body.
         body: String,
+        /// The window the server showed it really has, in its tokens, when known: a local
+        /// server that cut the front of the prompt silently and read only this many tokens,
+        /// or Ollama's `num_ctx` a prompt did not fit. The session shrinks its window below it.
+        window: Option<u64>,
     },
     /// The account is out of credit or over its quota (`insufficient_quota`, billing errors).
     /// Never retried: waiting does not help.
@@ -167,6 +171,15 @@ impl LlmError {
         matches!(self, LlmError::ContextLength { .. })
     }
 
+    /// For a context-length error: the window the server showed it really has, if known.
+    pub fn known_window(&self) -> Option<u64> {
+        if let LlmError::ContextLength { window, .. } = self {
+            *window
+        } else {
+            None
+        }
+    }
+
     /// The delay the server asked for.
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
@@ -248,10 +261,12 @@ impl LlmError {
                 provider,
                 status,
                 body,
+                window,
             } => LlmError::ContextLength {
                 provider,
                 status,
                 body: clean(body),
+                window,
             },
             LlmError::Quota {
                 provider,
@@ -310,6 +325,7 @@ impl LlmError {
                 provider,
                 status,
                 body,
+                window: None,
             };
         }
         match status {

@@ -8,8 +8,10 @@ pub mod anthropic;
 pub mod error;
 pub(crate) mod http;
 pub mod models;
+pub mod ollama;
 pub mod openai;
 pub mod retry;
+pub mod text_calls;
 pub mod tokens;
 
 use std::sync::Arc;
@@ -218,6 +220,41 @@ pub struct ChatResponse {
 }
 
 impl ChatResponse {
+    /// Tool calls the model wrote as text (a local model whose template or server did not
+    /// make them `tool_calls`), read by `format` when the request offered tools and the
+    /// answer has no native calls. Ids are `text_call_<n>`; a call whose JSON was repaired is
+    /// marked so the turn tells the model.
+    pub(crate) fn with_text_calls(
+        mut self,
+        req: &ChatRequest,
+        format: text_calls::ToolCallFormat,
+        next_id: &std::sync::atomic::AtomicU64,
+    ) -> Self {
+        if format == text_calls::ToolCallFormat::Native
+            || req.tools.is_empty()
+            || !self.tool_calls.is_empty()
+        {
+            return self;
+        }
+        let Some((calls, said)) = text_calls::read(&self.content, format) else {
+            return self;
+        };
+        self.tool_calls = calls
+            .into_iter()
+            .map(|c| ToolCall {
+                id: format!(
+                    "text_call_{}",
+                    next_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                ),
+                name: c.name,
+                arguments: c.arguments,
+            })
+            .collect();
+        self.content = said;
+        self.finish_reason = Some("tool_calls".into());
+        self
+    }
+
     /// This response named after the model asked for: the request's, else the provider's
     /// configured default.
     pub(crate) fn answered_by(mut self, requested: &str, configured: &str) -> Self {

@@ -45,6 +45,13 @@ pub struct OpenAiCompat {
     /// Redacts the key (and any configured secret, [`OpenAiCompat::with_secrets`]) from the
     /// errors this provider returns.
     scrubber: Scrubber,
+    /// Compare the prompt tokens the server reports with our estimate and treat a prompt it
+    /// read far less of as cut ([`OpenAiCompat::checking_truncation`]).
+    check_truncation: bool,
+    /// How tool calls are read ([`OpenAiCompat::reading_tool_calls`]).
+    tool_call_format: super::text_calls::ToolCallFormat,
+    /// Ids of tool calls read from text.
+    text_call_ids: std::sync::atomic::AtomicU64,
 }
 
 /// Serialised tool lists, reused while the specs are equal (compared, not hashed).
@@ -101,7 +108,51 @@ impl OpenAiCompat {
             http,
             tools_json: ToolsJsonCache::default(),
             scrubber,
+            check_truncation: false,
+            tool_call_format: super::text_calls::ToolCallFormat::Native,
+            text_call_ids: std::sync::atomic::AtomicU64::new(0),
         })
+    }
+
+    /// Read tool calls the model wrote as text in `format` (`auto` for local servers: see
+    /// [`super::text_calls`]); `native` (the default) only takes the server's `tool_calls`.
+    #[must_use]
+    pub fn reading_tool_calls(mut self, format: super::text_calls::ToolCallFormat) -> Self {
+        self.tool_call_format = format;
+        self
+    }
+
+    /// Check every answer for a prompt the server cut silently (local servers: Ollama's
+    /// OpenAI-compatible endpoint, llama-server, LM Studio, vLLM): when the server reports
+    /// reading fewer than 75% of the prompt tokens we estimate (and the prompt is over 1,024
+    /// tokens), the answer is discarded and a [`LlmError::ContextLength`] carrying the count it
+    /// read (and the window that suggests) is returned instead, so the session shrinks its
+    /// window, compacts and retries once.
+    #[must_use]
+    pub fn checking_truncation(mut self, on: bool) -> Self {
+        self.check_truncation = on;
+        self
+    }
+
+    /// `resp`, unless it answers a prompt the server cut (see [`Self::checking_truncation`]).
+    fn untruncated(&self, req: &ChatRequest, resp: ChatResponse) -> Result<ChatResponse, LlmError> {
+        if !self.check_truncation {
+            return Ok(resp);
+        }
+        match truncated(req, &resp.usage) {
+            Some((read, sent)) => Err(LlmError::ContextLength {
+                provider: self.cfg.name.clone(),
+                status: 200,
+                body: format!(
+                    "the server read only {read} prompt tokens of the ~{sent} sent: it cut the front of the prompt (the instructions and tools) without saying so; its context window is smaller than the agent's"
+                ),
+                // Ollama keeps half its window of a prompt that overruns it (other servers
+                // keep more): twice what was read, at most what was sent. A guess too large
+                // is caught again on the retry, and the window shrinks further.
+                window: Some((read * 2).min(sent)),
+            }),
+            None => Ok(resp),
+        }
     }
 
     /// Redact with `scrubber` instead (the daemon builds one for every provider, from every
@@ -374,6 +425,19 @@ fn usage_of(v: &Value) -> Usage {
     }
 }
 
+/// `(read, sent)` when the server reports reading far fewer prompt tokens than were sent:
+/// under 75% of our estimate of a prompt over 1,024 tokens. Real tokenizers count 3.5–4.5
+/// bytes a token where the estimate counts 4, so an honest count is never that far below;
+/// a server that reports nothing (0) is not judged.
+pub(crate) fn truncated(req: &ChatRequest, usage: &Usage) -> Option<(u64, u64)> {
+    let read = usage.input_tokens;
+    if read == 0 || usage.estimated {
+        return None;
+    }
+    let sent = super::tokens::of_request(req);
+    (sent >= 1024 && read * 4 < sent * 3).then_some((read, sent))
+}
+
 /// Parse a non-streaming completion body.
 fn parse_completion(v: &Value) -> Option<ChatResponse> {
     let choice = v.get("choices")?.get(0)?;
@@ -499,7 +563,9 @@ impl ChatModel for OpenAiCompat {
             Some(tx) => self.complete_stream(req, tx).await,
             None => self.complete_once(req).await,
         };
-        r.map(|resp| resp.answered_by(&req.model, &self.cfg.model))
+        r.and_then(|resp| self.untruncated(req, resp))
+            .map(|resp| resp.with_text_calls(req, self.tool_call_format, &self.text_call_ids))
+            .map(|resp| resp.answered_by(&req.model, &self.cfg.model))
             .map_err(|e| e.scrubbed(&self.scrubber))
     }
 }

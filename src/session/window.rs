@@ -647,12 +647,21 @@ pub async fn run_windowed(
     if outcome.context_overflow {
         // The real window is smaller than assumed: below the refused prompt.
         let refused = state.calibrated(outcome.last_prompt.0.max(1));
-        state.learned_window =
-            Some((refused * 95 / 100).min(state.learned_window.unwrap_or(u64::MAX)));
+        // A server that said what it really holds (a local server that cut the prompt
+        // silently, Ollama's `num_ctx`): below that, with room for the answer.
+        let shown = outcome
+            .overflow_window
+            .map_or(u64::MAX, |w| (w * 90 / 100).max(1024));
+        state.learned_window = Some(
+            (refused * 95 / 100)
+                .min(shown)
+                .min(state.learned_window.unwrap_or(u64::MAX)),
+        );
         tracing::warn!(
             refused_tokens = refused,
+            server_window = outcome.overflow_window,
             learned_window = state.learned_window,
-            "context window exceeded; compacting and retrying once"
+            "context window exceeded (or the prompt was cut by the server); compacting and retrying once"
         );
         // Tool rounds of the refused turn are stored: they belong to the window.
         msgs.append(&mut outcome.messages);

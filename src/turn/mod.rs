@@ -226,6 +226,9 @@ pub struct TurnOutcome {
     /// The provider refused the prompt as over the model's context window: the session
     /// compacts its prompt window and tries once more.
     pub context_overflow: bool,
+    /// With `context_overflow`: the window the server showed it really has, when it said
+    /// (a local server that cut the prompt silently, Ollama's `num_ctx`).
+    pub overflow_window: Option<u64>,
     /// Of the last LLM call: its prompt as estimated before sending (`llm::tokens`) and as the
     /// provider reported it (0 when it reported nothing). The session calibrates its estimate.
     pub last_prompt: (u64, u64),
@@ -247,6 +250,7 @@ impl TurnOutcome {
             usage: Usage::default(),
             by_model: Vec::new(),
             context_overflow: false,
+            overflow_window: None,
             last_prompt: (0, 0),
             files: Vec::new(),
         }

@@ -262,6 +262,7 @@ impl<'a> Turn<'a> {
                     .into_owned();
                 let hint = answer::hint_for(&e, deps);
                 self.out.context_overflow = e.is_context_length();
+                self.out.overflow_window = e.known_window();
                 Err(Stop::failed(answer::failure_reason(
                     &e,
                     &shown,

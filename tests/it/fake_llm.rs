@@ -73,6 +73,50 @@ struct Inner {
     strict: Option<Strict>,
     /// The serialised prompt of the previous request (for `cached_tokens`).
     last_prompt: Vec<u8>,
+    /// Behave like Ollama ([`FakeLlm::ollama`]).
+    ollama: Option<OllamaMode>,
+    /// What the model read of each request (after any silent cut), in order, with whether
+    /// it was cut.
+    read: Vec<(Value, bool)>,
+}
+
+/// How the fake behaves as an Ollama server.
+#[derive(Clone, Copy, Debug)]
+struct OllamaMode {
+    /// The server's window when a request does not set `options.num_ctx` (always, on its
+    /// OpenAI-compatible endpoint): `OLLAMA_CONTEXT_LENGTH`, 4096 by default.
+    default_ctx: u64,
+    /// The model's own `context_length` (`/api/show`); a larger `num_ctx` is capped to it.
+    context_length: u64,
+}
+
+/// What a model answers once its instructions were cut away: the tests assert no user ever
+/// sees it.
+pub const CUT_ANSWER: &str = "I have no instructions or tools; how can I help?";
+
+/// `body` as Ollama's runner reads it with a window of `num_ctx` tokens: a prompt that fits
+/// is read whole; a longer one loses its front silently: the tools and the messages from the
+/// first on, until what is left fills half the window (Ollama keeps `num_ctx/2` tokens of an
+/// over-long prompt). Returns the body read and whether it was cut.
+fn ollama_read(body: &Value, num_ctx: u64) -> (Value, bool) {
+    if est_tokens(prompt_bytes(body).len()) <= num_ctx {
+        return (body.clone(), false);
+    }
+    let mut read = body.clone();
+    read["tools"] = Value::Null;
+    let msgs = messages_of(body);
+    let mut start = 0;
+    loop {
+        read["messages"] = Value::Array(msgs[start..].to_vec());
+        if est_tokens(prompt_bytes(&read).len()) <= num_ctx / 2 || start + 1 >= msgs.len() {
+            return (read, true);
+        }
+        start += 1;
+    }
+}
+
+fn messages_of(body: &Value) -> Vec<Value> {
+    body["messages"].as_array().cloned().unwrap_or_default()
 }
 
 /// What a strict fake rejects.
@@ -120,6 +164,9 @@ impl FakeLlm {
         // model never received).
         let app = Router::new()
             .route("/v1/chat/completions", post(handle))
+            // Ollama's native API ([`FakeLlm::ollama`]).
+            .route("/api/chat", post(handle_native))
+            .route("/api/show", post(handle_show))
             // The models it serves, as OpenAI lists them (`weft doctor` checks the configured
             // one is there).
             .route(
@@ -174,6 +221,33 @@ impl FakeLlm {
             bytes_per_token: 3,
             declared_tools: true,
         });
+    }
+
+    /// Behave like Ollama: its OpenAI-compatible endpoint reads every prompt with the
+    /// server's `default_ctx` window, and `/api/chat` with `options.num_ctx` when sent (capped
+    /// by the model's `context_length`, which `/api/show` reports) else `default_ctx`. A
+    /// longer prompt is cut from the front silently ([`ollama_read`]) and answered with
+    /// [`CUT_ANSWER`]; the usage reports the tokens read (`prompt_eval_count`, or
+    /// `prompt_tokens` on the OpenAI-compatible endpoint), as Ollama does.
+    #[allow(dead_code)]
+    pub fn ollama(&self, default_ctx: u64, context_length: u64) {
+        self.shared.inner.lock().unwrap().ollama = Some(OllamaMode {
+            default_ctx,
+            context_length,
+        });
+    }
+
+    /// The server's root (`http://127.0.0.1:PORT`), where Ollama's native API lives.
+    #[allow(dead_code)]
+    pub fn root_url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// What the model read of each request in Ollama mode (after any silent cut), and
+    /// whether it was cut.
+    #[allow(dead_code)]
+    pub fn read(&self) -> Vec<(Value, bool)> {
+        self.shared.inner.lock().unwrap().read.clone()
     }
 
     /// Queue a reply.
@@ -327,6 +401,7 @@ fn strict_rejection_by(
 }
 
 async fn handle(State(s): State<Shared>, Json(body): Json<Value>) -> Response<Body> {
+    let mut cut_answer = false;
     let (reply, usage) = {
         let mut g = s.inner.lock().unwrap();
         g.raw_requests.push(body.clone());
@@ -338,11 +413,18 @@ async fn handle(State(s): State<Shared>, Json(body): Json<Value>) -> Response<Bo
             .take_while(|(a, b)| a == b)
             .count();
         let per_token = g.strict.map_or(4, |st| st.bytes_per_token);
-        let usage = (
+        let mut usage = (
             prompt.len().div_ceil(per_token) as u64,
             cached.div_ceil(per_token) as u64 & !63,
         );
         g.last_prompt = prompt;
+        if let Some(o) = g.ollama {
+            // Ollama's OpenAI-compatible endpoint takes no window per request.
+            let (read, cut) = ollama_read(&body, o.default_ctx);
+            usage = (est_tokens(prompt_bytes(&read).len()), 0);
+            g.read.push((unstamped(&read), cut));
+            cut_answer = cut;
+        }
         let rejected = g.strict.and_then(|st| {
             strict_rejection_by(&body, st.window, st.bytes_per_token, st.declared_tools)
         });
@@ -369,6 +451,12 @@ async fn handle(State(s): State<Shared>, Json(body): Json<Value>) -> Response<Bo
     s.changed.notify_waiters();
     let stream = body["stream"].as_bool().unwrap_or(false);
     let model = body["model"].as_str().unwrap_or("fake").to_string();
+    // A model whose instructions were cut away answers without them.
+    let reply = if cut_answer {
+        Reply::Text(CUT_ANSWER.into())
+    } else {
+        reply
+    };
     let reply = match reply {
         Reply::EchoToolResults => Reply::Text(
             body["messages"]
@@ -383,6 +471,137 @@ async fn handle(State(s): State<Shared>, Json(body): Json<Value>) -> Response<Bo
         other => other,
     };
     answer(reply, stream, &model, usage).await
+}
+
+/// `/api/show`: the model's architecture facts (its `context_length`) and capabilities.
+async fn handle_show(State(s): State<Shared>, Json(body): Json<Value>) -> Response<Body> {
+    let mode = s.inner.lock().unwrap().ollama;
+    let Some(o) = mode else {
+        return Response::builder()
+            .status(StatusCode::NOT_FOUND)
+            .body(Body::from("404 page not found"))
+            .unwrap();
+    };
+    let model = body["model"].as_str().unwrap_or_default();
+    if model.is_empty() || model == "missing-model" {
+        return Response::builder()
+            .status(StatusCode::NOT_FOUND)
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Body::from(
+                json!({"error": format!("model '{model}' not found")}).to_string(),
+            ))
+            .unwrap();
+    }
+    json_response(json!({
+        "modelfile": "# fake", "template": "{{ .Prompt }}",
+        "details": {"family": "qwen2", "parameter_size": "7.6B", "quantization_level": "Q4_K_M"},
+        "model_info": {"general.architecture": "qwen2", "qwen2.context_length": o.context_length},
+        "capabilities": ["completion", "tools"],
+    }))
+}
+
+/// `/api/chat`: Ollama's native chat, streamed as one JSON object a line. The window is
+/// `options.num_ctx` (capped by the model's length), else the server's default.
+async fn handle_native(State(s): State<Shared>, Json(body): Json<Value>) -> Response<Body> {
+    let (reply, read_tokens, cut) = {
+        let mut g = s.inner.lock().unwrap();
+        let Some(o) = g.ollama else {
+            return Response::builder()
+                .status(StatusCode::NOT_FOUND)
+                .body(Body::from("404 page not found"))
+                .unwrap();
+        };
+        g.raw_requests.push(body.clone());
+        g.requests.push(unstamped(&body));
+        let num_ctx = body["options"]["num_ctx"]
+            .as_u64()
+            .map_or(o.default_ctx, |n| n.min(o.context_length));
+        let (read, cut) = ollama_read(&body, num_ctx);
+        let read_tokens = est_tokens(prompt_bytes(&read).len());
+        g.read.push((unstamped(&read), cut));
+        let reply = if cut {
+            Reply::Text(CUT_ANSWER.into())
+        } else {
+            let routed = g.router.clone().and_then(|r| r(&unstamped(&body)));
+            routed.unwrap_or_else(|| {
+                g.script
+                    .pop_front()
+                    .unwrap_or_else(|| Reply::Text("(no script)".into()))
+            })
+        };
+        (reply, read_tokens, cut)
+    };
+    let _ = cut;
+    s.changed.notify_waiters();
+    let stream = body["stream"].as_bool().unwrap_or(true);
+    let model = body["model"].as_str().unwrap_or("fake").to_string();
+    let mut reply = reply;
+    if let Reply::EchoToolResults = reply {
+        reply = Reply::Text(
+            messages_of(&body)
+                .iter()
+                .filter(|m| m["role"] == "tool")
+                .map(|m| m["content"].as_str().unwrap_or_default().to_string())
+                .collect::<Vec<_>>()
+                .join("\n"),
+        );
+    }
+    while let Reply::Delay(d, inner) = reply {
+        tokio::time::sleep(d).await;
+        reply = *inner;
+    }
+    let (content, calls): (String, Vec<Value>) = match reply {
+        Reply::Text(t) | Reply::NoUsage(t) => (t, Vec::new()),
+        Reply::ToolCalls(calls) => (
+            String::new(),
+            calls
+                .iter()
+                .map(|(_, name, args)| {
+                    let args: Value = serde_json::from_str(args).unwrap_or_else(|_| json!({}));
+                    json!({"function": {"name": name, "arguments": args}})
+                })
+                .collect(),
+        ),
+        Reply::Status(code, _, text) => {
+            return Response::builder()
+                .status(StatusCode::from_u16(code).unwrap())
+                .header(header::CONTENT_TYPE, "application/json")
+                .body(Body::from(json!({ "error": text }).to_string()))
+                .unwrap();
+        }
+        other => panic!("the Ollama fake does not script {other:?}"),
+    };
+    let eval = est_tokens(content.len()).max(1);
+    let last = json!({"model": model, "created_at": "2026-12-07T18:00:00Z",
+        "message": {"role": "assistant", "content": ""}, "done": true, "done_reason": "stop",
+        "total_duration": 1000, "prompt_eval_count": read_tokens, "eval_count": eval});
+    if !stream {
+        let mut v = last;
+        v["message"] = json!({"role": "assistant", "content": content});
+        if !calls.is_empty() {
+            v["message"]["tool_calls"] = Value::Array(calls);
+        }
+        return json_response(v);
+    }
+    let mut lines: Vec<Value> = Vec::new();
+    let chars: Vec<char> = content.chars().collect();
+    for part in chars.chunks(chars.len().div_ceil(3).max(1)) {
+        lines.push(json!({"model": model, "created_at": "2026-12-07T18:00:00Z",
+            "message": {"role": "assistant", "content": part.iter().collect::<String>()}, "done": false}));
+    }
+    if !calls.is_empty() {
+        lines.push(json!({"model": model, "created_at": "2026-12-07T18:00:00Z",
+            "message": {"role": "assistant", "content": "", "tool_calls": calls}, "done": false}));
+    }
+    lines.push(last);
+    let frames: Vec<Result<Bytes, Infallible>> = lines
+        .into_iter()
+        .map(|l| Ok(Bytes::from(format!("{l}\n"))))
+        .collect();
+    Response::builder()
+        .header(header::CONTENT_TYPE, "application/x-ndjson")
+        .body(Body::from_stream(futures::stream::iter(frames)))
+        .unwrap()
 }
 
 fn usage_json(prompt: u64, cached: u64, completion: &str) -> Value {

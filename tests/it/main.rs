@@ -41,6 +41,7 @@ mod gateway;
 mod inputs;
 mod layering;
 mod lean;
+mod local_models;
 #[cfg(feature = "matrix")]
 mod matrix;
 mod mcp;
