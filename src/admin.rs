@@ -671,7 +671,9 @@ impl clawft_channel_http::Admin for AdminApi {
                         .await
                         .map_err(internal)?
                         .map_err(internal)?;
-                Ok(json!({"path": path.display().to_string(), "records": n}))
+                Ok(
+                    json!({"path": path.display().to_string(), "records": n.records, "counts": n.counts}),
+                )
             }
             AdminRequest::NodesList => Ok(match self.nodes.get() {
                 Some(hub) => hub.list_json(),

@@ -116,6 +116,38 @@ fn permissions(check: &str, path: &Path) -> Option<Finding> {
     })
 }
 
+/// Whether anything weft keeps (`~/.clawft`, the store, the workspace) is open to other local
+/// users. The gateway makes it private at start; a `fail` here means it has not started since,
+/// or something changed the modes after.
+pub fn private_files_finding(config: &Config) -> Finding {
+    let mut roots = vec![config.home.clone()];
+    for extra in [&config.store.path, &config.agent.workspace] {
+        if !extra.starts_with(&config.home) {
+            roots.push(extra.clone());
+        }
+    }
+    let open: Vec<std::path::PathBuf> = roots
+        .iter()
+        .flat_map(|r| crate::types::private::too_open(r, 5))
+        .collect();
+    let shown: Vec<String> = roots.iter().map(|r| r.display().to_string()).collect();
+    match open.first() {
+        None => ok(
+            "private files",
+            format!("{}: only this user can read them", shown.join(", ")),
+        ),
+        Some(first) => fail(
+            "private files",
+            format!(
+                "{} (and {} more) can be read by other local users (transcripts, the node-signing key): restart the gateway, which makes them private, or run `chmod -R go-rwx {}`",
+                first.display(),
+                open.len() - 1,
+                shown.join(" ")
+            ),
+        ),
+    }
+}
+
 /// Whether the workspace holds the daemon's own files (or lies inside its store or credentials
 /// directory). The file tools refuse them anyway and the exec sandbox carves them out, but a
 /// kernel without Landlock leaves them readable to `exec_shell`, and an operator who copies or
@@ -238,7 +270,7 @@ async fn providers(config: &Config, client: &reqwest::Client) -> Vec<Finding> {
                     // every turn would fail with "model not found".
                     Some(ids) if !ids.is_empty() && !p.model.is_empty() && !ids.contains(&p.model) => {
                         let shown: Vec<&str> = ids.iter().take(8).map(String::as_str).collect();
-                        warn(
+                        fail(
                             &check,
                             format!(
                                 "{base} answers, but does not list the model `{}` among its {} models ({}{}): set agents.defaults.model (or providers.{}.model) to one it serves",
@@ -430,6 +462,7 @@ pub async fn check(config: &Config) -> Result<Vec<Finding>, CliError> {
             }
         }
     }
+    out.push(private_files_finding(config));
     out.extend(workspace_findings(config));
     out.extend(window_findings(config));
     out.extend(service_credentials(

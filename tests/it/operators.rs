@@ -767,6 +767,22 @@ async fn doctor_says_when_the_provider_does_not_serve_the_configured_model() {
         "{}",
         text(&out)
     );
+    // Every turn would fail: a failure, not a warning.
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let v: serde_json::Value = serde_json::from_str(&said).unwrap();
+    let finding = v
+        .as_array()
+        .or_else(|| v["findings"].as_array())
+        .and_then(|a| {
+            a.iter().find(|f| {
+                f["detail"]
+                    .as_str()
+                    .is_some_and(|d| d.contains("does not list"))
+            })
+        })
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(finding["level"], "fail", "{said}");
     let cfg = crate::process::gateway_config(dir.path(), &llm, port, json!({}));
     let out = run(dir.path(), &cfg, &["doctor", "--json"]).await;
     let said = String::from_utf8_lossy(&out.stdout).into_owned();
