@@ -309,6 +309,73 @@ async fn providers(config: &Config, client: &reqwest::Client) -> Vec<Finding> {
     out
 }
 
+/// What the running gateway knows of its providers (it serves the family; this shell's keys
+/// may differ from its own): a failure for each provider it cannot use, and a failure when a
+/// gateway runs but does not answer. `None` when no gateway runs. The second value names the
+/// providers the gateway has used successfully (this shell's failures for them are warnings).
+async fn gateway_providers(config: &Config) -> Option<(Vec<Finding>, Vec<String>)> {
+    let client = match GatewayClient::detect(config).await {
+        Ok(Some(c)) => c,
+        Ok(None) => return None,
+        Err(e) => {
+            return Some((
+                vec![fail(
+                    "gateway",
+                    format!("a gateway holds the store but cannot be asked ({e}): is it hung? `weft logs` shows what it does"),
+                )],
+                Vec::new(),
+            ))
+        }
+    };
+    let status = match client.get("/v1/status").await {
+        Ok(v) => v,
+        Err(e) => {
+            return Some((
+                vec![fail(
+                    "gateway",
+                    format!(
+                        "the gateway at {} does not answer ({e}): is it hung? `weft logs` shows what it does",
+                        client.base()
+                    ),
+                )],
+                Vec::new(),
+            ))
+        }
+    };
+    let mut out = Vec::new();
+    let mut working = Vec::new();
+    for p in status["providers"].as_array().into_iter().flatten() {
+        let name = p["name"].as_str().unwrap_or("?");
+        let model = p["model"].as_str().unwrap_or("");
+        let check = format!("gateway's {name}");
+        let at = |k: &str| {
+            p[k].as_u64()
+                .and_then(|ms| chrono::DateTime::from_timestamp_millis(i64::try_from(ms).ok()?))
+                .map_or_else(
+                    || "?".to_string(),
+                    |t| t.format("%Y-%m-%d %H:%M:%S UTC").to_string(),
+                )
+        };
+        out.push(match p["state"].as_str() {
+            Some("failing") => fail(
+                check,
+                format!(
+                    "the running gateway's calls to {name} (model {model}) fail since {}: {} ({}); fix the key or model where the gateway runs (for the service: its service.env), then `systemctl restart clawft` or restart `weft gateway`",
+                    at("failing_since_ms"),
+                    p["last_error"]["message"].as_str().unwrap_or("?"),
+                    p["last_error"]["kind"].as_str().unwrap_or("?"),
+                ),
+            ),
+            Some("ok") => {
+                working.push(name.to_string());
+                ok(check, format!("the running gateway's last call to {name} (model {model}) succeeded at {}", at("last_success_ms")))
+            }
+            _ => ok(check, format!("the running gateway has not called {name} (model {model}) yet")),
+        });
+    }
+    Some((out, working))
+}
+
 /// Each chat channel: its allow-list, then what its platform checks (a token accepted, a
 /// login, a daemon reachable) unless a secret it needs is not in this shell.
 async fn channels(config: &Config) -> Vec<Finding> {
@@ -471,7 +538,24 @@ pub async fn check(config: &Config) -> Result<Vec<Finding>, CliError> {
     ));
     out.extend(cluster_finding(config).await);
     let client = http()?;
-    out.extend(providers(config, &client).await);
+    let mut shell = providers(config, &client).await;
+    if let Some((from_gateway, working)) = gateway_providers(config).await {
+        // This shell may hold other keys than the gateway: what the gateway uses successfully
+        // is not failed for what this shell sees.
+        for f in &mut shell {
+            if f.level == "fail" && working.iter().any(|w| f.check == format!("provider {w}")) {
+                f.level = "warn";
+                f.detail = format!(
+                    "{} (from this shell; the running gateway's calls succeed)",
+                    f.detail
+                );
+            }
+        }
+        out.extend(shell);
+        out.extend(from_gateway);
+    } else {
+        out.extend(shell);
+    }
     out.extend(channels(config).await);
     for d in &config.deferred_secrets {
         if !d.key.starts_with("channels.") || d.key == "channels.http.token" {

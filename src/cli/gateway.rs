@@ -108,6 +108,9 @@ impl Gateway {
             None => config,
         };
         let admin = AdminApi::new(config.clone());
+        if let Some(h) = model.health() {
+            admin.set_provider_health(h);
+        }
         let mut channels: Vec<Arc<dyn Channel>> = Vec::new();
         let mut http_addr = None;
         let mut http_tls_addr = None;
