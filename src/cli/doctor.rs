@@ -67,7 +67,25 @@ pub fn media_findings(m: &crate::media::MediaSettings) -> Vec<Finding> {
             "voice notes",
             format!("speech made Ogg/Opus by {}", p.display()),
         ),
-        (_, None) => ok("voice notes", "the speech endpoint answers Ogg/Opus"),
+        (SpeechBackend::Http(_), None) => ok("voice notes", "the speech endpoint answers Ogg/Opus"),
+        (SpeechBackend::None, None) => warn(
+            "voice notes",
+            "none: nothing speaks (see speech), so no voice notes are sent",
+        ),
+    };
+    let heard = match &m.transcription {
+        Some(t) => ok(
+            "transcription",
+            format!(
+                "voice notes and audio are transcribed by {} at {}",
+                t.model,
+                crate::types::scrub::redact_url(&t.base_url)
+            ),
+        ),
+        None => warn(
+            "transcription",
+            "none: voice notes reach the model as files it cannot hear; set [media.transcription] base_url and model (an OpenAI-compatible /audio/transcriptions, e.g. a local whisper.cpp server)",
+        ),
     };
     let images = match &m.images {
         Some(i) => ok("images", format!("{} at {}", i.model, i.base_url)),
@@ -76,7 +94,7 @@ pub fn media_findings(m: &crate::media::MediaSettings) -> Vec<Finding> {
             "none: the image tool is refused; set [media.images] base_url and model to draw",
         ),
     };
-    vec![tts, notes, images]
+    vec![tts, notes, images, heard]
 }
 
 fn fail(check: impl Into<String>, detail: impl Into<String>) -> Finding {
@@ -872,6 +890,16 @@ mod tests {
         let f = media_findings(&c.media);
         assert_eq!(f[0].level, "warn");
         assert!(f[0].detail.contains("install espeak-ng"), "{}", f[0].detail);
+        // No speech: no claim about a speech endpoint; no transcription: said.
+        assert_eq!(f[1].level, "warn", "{}", f[1].detail);
+        assert!(!f[1].detail.contains("endpoint answers"), "{}", f[1].detail);
+        assert_eq!(f[3].check, "transcription");
+        assert_eq!(f[3].level, "warn");
+        assert!(
+            f[3].detail.contains("[media.transcription]"),
+            "{}",
+            f[3].detail
+        );
     }
 
     #[test]

@@ -239,7 +239,10 @@ impl Gateway {
             _ => None,
         };
         match http_addr {
-            Some(a) => tracing::info!(http = %a, https = ?http_tls_addr, "weft gateway ready"),
+            Some(a) => match http_tls_addr {
+                Some(tls) => tracing::info!(http = %a, https = %tls, "weft gateway ready"),
+                None => tracing::info!(http = %a, "weft gateway ready"),
+            },
             None => tracing::info!("weft gateway ready (HTTP API disabled)"),
         }
         Ok(Self {
