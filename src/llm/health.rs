@@ -71,11 +71,14 @@ impl Entry {
     }
 }
 
+/// Entries by (configured position, provider name, model).
+type Entries = BTreeMap<(usize, String, String), Entry>;
+
 /// Shared, cheap to clone: the health of every provider/model the gateway calls, in the order
 /// they are configured.
 #[derive(Clone, Debug, Default)]
 pub struct ProviderHealth {
-    inner: Arc<Mutex<BTreeMap<(usize, String, String), Entry>>>,
+    inner: Arc<Mutex<Entries>>,
 }
 
 /// Whether an error says something about the provider (rather than about this request or a

@@ -66,10 +66,8 @@ fn walk(root: &Path, f: &mut dyn FnMut(&Path, &std::fs::Metadata)) {
     let Ok(meta) = std::fs::symlink_metadata(root) else {
         return;
     };
-    if meta.is_dir() || meta.is_file() {
-        if open_to_others(meta.permissions().mode()) {
-            f(root, &meta);
-        }
+    if (meta.is_dir() || meta.is_file()) && open_to_others(meta.permissions().mode()) {
+        f(root, &meta);
     }
     if meta.is_dir() {
         let Ok(entries) = std::fs::read_dir(root) else {
