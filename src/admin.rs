@@ -293,6 +293,8 @@ pub struct AdminApi {
     inspect: Arc<OnceLock<inspect::Inspect>>,
     /// This node in the cluster (cluster mode): its health gates `/readyz`.
     cluster: Arc<OnceLock<crate::cluster::Cluster>>,
+    /// The health of the providers the gateway calls (`status`, `/readyz`).
+    providers: Arc<OnceLock<crate::llm::health::ProviderHealth>>,
 }
 
 impl AdminApi {
@@ -308,7 +310,40 @@ impl AdminApi {
             reloads: Arc::new(OnceLock::new()),
             inspect: Arc::new(OnceLock::new()),
             cluster: Arc::new(OnceLock::new()),
+            providers: Arc::new(OnceLock::new()),
         }
+    }
+
+    /// Report the health of the providers the gateway calls (`status`, `/readyz`, doctor).
+    pub fn set_provider_health(&self, health: crate::llm::health::ProviderHealth) {
+        let _ = self.providers.set(health);
+    }
+
+    /// `providers` of the status: the configured ones (base URL, whether a key is set) with
+    /// their health as the running gateway has seen it.
+    fn providers_json(&self) -> Value {
+        let health = self
+            .providers
+            .get()
+            .map(crate::llm::health::ProviderHealth::to_json)
+            .unwrap_or_default();
+        Value::Array(
+            health
+                .into_iter()
+                .map(|mut h| {
+                    if let Some(p) = self
+                        .config
+                        .providers
+                        .iter()
+                        .find(|p| h["name"] == p.name.as_str())
+                    {
+                        h["base_url"] = json!(crate::types::scrub::redact_url(&p.base_url));
+                        h["api_key"] = json!(p.api_key.is_some());
+                    }
+                    h
+                })
+                .collect(),
+        )
     }
 
     /// Report the health of this node in the cluster (`/readyz`, `weft status`).
@@ -371,6 +406,9 @@ impl clawft_channel_http::Admin for AdminApi {
                 let live = crate::daemon::live_sessions(&r.bus).await;
                 let mut v = status_json(&self.config, &r.store, Some(&live));
                 v["mode"] = json!("gateway");
+                if self.providers.get().is_some() {
+                    v["providers"] = self.providers_json();
+                }
                 if let Some(c) = self.cluster_json() {
                     v["cluster"] = c;
                 }
@@ -451,6 +489,19 @@ impl clawft_channel_http::Admin for AdminApi {
         // Starting until every MCP server has ended its first connection attempt (connected or
         // failed): a request before then would wait for their tools (up to
         // tools.mcp_connect_wait_secs).
+        // Not ready while no provider answers: every turn would fail (a stale key, a model the
+        // provider does not serve, an unreachable server).
+        if self
+            .providers
+            .get()
+            .is_some_and(crate::llm::health::ProviderHealth::all_failing)
+        {
+            return Err(json!({
+                "status": "provider_failing",
+                "reason": "provider_failing",
+                "providers": self.providers_json(),
+            }));
+        }
         let connecting = r.mcp().map(|m| m.first_connecting()).unwrap_or_default();
         if !connecting.is_empty() {
             return Err(json!({
@@ -671,7 +722,9 @@ impl clawft_channel_http::Admin for AdminApi {
                         .await
                         .map_err(internal)?
                         .map_err(internal)?;
-                Ok(json!({"path": path.display().to_string(), "records": n}))
+                Ok(
+                    json!({"path": path.display().to_string(), "records": n.records, "counts": n.counts}),
+                )
             }
             AdminRequest::NodesList => Ok(match self.nodes.get() {
                 Some(hub) => hub.list_json(),

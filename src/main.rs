@@ -6,6 +6,9 @@ use clawft::cli::{self, Cli, Command};
 use clawft::config::{Config, Env};
 
 fn main() -> ExitCode {
+    // Everything weft writes (store, index, logs, media, backups) is private to this user,
+    // whatever the umask it was started with (docs/security.md, "Private files").
+    clawft::types::private::restrict_umask();
     clawft::install_crypto_provider();
     let cli = cli::parse();
     if cli.command.prints_only() {

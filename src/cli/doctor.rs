@@ -67,7 +67,25 @@ pub fn media_findings(m: &crate::media::MediaSettings) -> Vec<Finding> {
             "voice notes",
             format!("speech made Ogg/Opus by {}", p.display()),
         ),
-        (_, None) => ok("voice notes", "the speech endpoint answers Ogg/Opus"),
+        (SpeechBackend::Http(_), None) => ok("voice notes", "the speech endpoint answers Ogg/Opus"),
+        (SpeechBackend::None, None) => warn(
+            "voice notes",
+            "none: nothing speaks (see speech), so no voice notes are sent",
+        ),
+    };
+    let heard = match &m.transcription {
+        Some(t) => ok(
+            "transcription",
+            format!(
+                "voice notes and audio are transcribed by {} at {}",
+                t.model,
+                crate::types::scrub::redact_url(&t.base_url)
+            ),
+        ),
+        None => warn(
+            "transcription",
+            "none: voice notes reach the model as files it cannot hear; set [media.transcription] base_url and model (an OpenAI-compatible /audio/transcriptions, e.g. a local whisper.cpp server)",
+        ),
     };
     let images = match &m.images {
         Some(i) => ok("images", format!("{} at {}", i.model, i.base_url)),
@@ -76,7 +94,7 @@ pub fn media_findings(m: &crate::media::MediaSettings) -> Vec<Finding> {
             "none: the image tool is refused; set [media.images] base_url and model to draw",
         ),
     };
-    vec![tts, notes, images]
+    vec![tts, notes, images, heard]
 }
 
 fn fail(check: impl Into<String>, detail: impl Into<String>) -> Finding {
@@ -114,6 +132,38 @@ fn permissions(check: &str, path: &Path) -> Option<Finding> {
             format!("{} (mode {:o})", path.display(), mode & 0o777),
         )
     })
+}
+
+/// Whether anything weft keeps (`~/.clawft`, the store, the workspace) is open to other local
+/// users. The gateway makes it private at start; a `fail` here means it has not started since,
+/// or something changed the modes after.
+pub fn private_files_finding(config: &Config) -> Finding {
+    let mut roots = vec![config.home.clone()];
+    for extra in [&config.store.path, &config.agent.workspace] {
+        if !extra.starts_with(&config.home) {
+            roots.push(extra.clone());
+        }
+    }
+    let open: Vec<std::path::PathBuf> = roots
+        .iter()
+        .flat_map(|r| crate::types::private::too_open(r, 5))
+        .collect();
+    let shown: Vec<String> = roots.iter().map(|r| r.display().to_string()).collect();
+    match open.first() {
+        None => ok(
+            "private files",
+            format!("{}: only this user can read them", shown.join(", ")),
+        ),
+        Some(first) => fail(
+            "private files",
+            format!(
+                "{} (and {} more) can be read by other local users (transcripts, the node-signing key): restart the gateway, which makes them private, or run `chmod -R go-rwx {}`",
+                first.display(),
+                open.len() - 1,
+                shown.join(" ")
+            ),
+        ),
+    }
 }
 
 /// Whether the workspace holds the daemon's own files (or lies inside its store or credentials
@@ -242,7 +292,7 @@ async fn providers(config: &Config, client: &reqwest::Client) -> Vec<Finding> {
                     // every turn would fail with "model not found".
                     Some(ids) if !ids.is_empty() && !p.model.is_empty() && !ids.contains(&p.model) => {
                         let shown: Vec<&str> = ids.iter().take(8).map(String::as_str).collect();
-                        warn(
+                        fail(
                             &check,
                             format!(
                                 "{base} answers, but does not list the model `{}` among its {} models ({}{}): set agents.defaults.model (or providers.{}.model) to one it serves",
@@ -352,6 +402,73 @@ async fn ollama_provider(
     } else {
         ok(check, detail)
     }
+}
+
+/// What the running gateway knows of its providers (it serves the family; this shell's keys
+/// may differ from its own): a failure for each provider it cannot use, and a failure when a
+/// gateway runs but does not answer. `None` when no gateway runs. The second value names the
+/// providers the gateway has used successfully (this shell's failures for them are warnings).
+async fn gateway_providers(config: &Config) -> Option<(Vec<Finding>, Vec<String>)> {
+    let client = match GatewayClient::detect(config).await {
+        Ok(Some(c)) => c,
+        Ok(None) => return None,
+        Err(e) => {
+            return Some((
+                vec![fail(
+                    "gateway",
+                    format!("a gateway holds the store but cannot be asked ({e}): is it hung? `weft logs` shows what it does"),
+                )],
+                Vec::new(),
+            ))
+        }
+    };
+    let status = match client.get("/v1/status").await {
+        Ok(v) => v,
+        Err(e) => {
+            return Some((
+                vec![fail(
+                    "gateway",
+                    format!(
+                        "the gateway at {} does not answer ({e}): is it hung? `weft logs` shows what it does",
+                        client.base()
+                    ),
+                )],
+                Vec::new(),
+            ))
+        }
+    };
+    let mut out = Vec::new();
+    let mut working = Vec::new();
+    for p in status["providers"].as_array().into_iter().flatten() {
+        let name = p["name"].as_str().unwrap_or("?");
+        let model = p["model"].as_str().unwrap_or("");
+        let check = format!("gateway's {name}");
+        let at = |k: &str| {
+            p[k].as_u64()
+                .and_then(|ms| chrono::DateTime::from_timestamp_millis(i64::try_from(ms).ok()?))
+                .map_or_else(
+                    || "?".to_string(),
+                    |t| t.format("%Y-%m-%d %H:%M:%S UTC").to_string(),
+                )
+        };
+        out.push(match p["state"].as_str() {
+            Some("failing") => fail(
+                check,
+                format!(
+                    "the running gateway's calls to {name} (model {model}) fail since {}: {} ({}); fix the key or model where the gateway runs (for the service: its service.env), then `systemctl restart clawft` or restart `weft gateway`",
+                    at("failing_since_ms"),
+                    p["last_error"]["message"].as_str().unwrap_or("?"),
+                    p["last_error"]["kind"].as_str().unwrap_or("?"),
+                ),
+            ),
+            Some("ok") => {
+                working.push(name.to_string());
+                ok(check, format!("the running gateway's last call to {name} (model {model}) succeeded at {}", at("last_success_ms")))
+            }
+            _ => ok(check, format!("the running gateway has not called {name} (model {model}) yet")),
+        });
+    }
+    Some((out, working))
 }
 
 /// Each chat channel: its allow-list, then what its platform checks (a token accepted, a
@@ -507,6 +624,7 @@ pub async fn check(config: &Config) -> Result<Vec<Finding>, CliError> {
             }
         }
     }
+    out.push(private_files_finding(config));
     out.extend(workspace_findings(config));
     out.extend(window_findings(config));
     out.extend(service_credentials(
@@ -515,7 +633,24 @@ pub async fn check(config: &Config) -> Result<Vec<Finding>, CliError> {
     ));
     out.extend(cluster_finding(config).await);
     let client = http()?;
-    out.extend(providers(config, &client).await);
+    let mut shell = providers(config, &client).await;
+    if let Some((from_gateway, working)) = gateway_providers(config).await {
+        // This shell may hold other keys than the gateway: what the gateway uses successfully
+        // is not failed for what this shell sees.
+        for f in &mut shell {
+            if f.level == "fail" && working.iter().any(|w| f.check == format!("provider {w}")) {
+                f.level = "warn";
+                f.detail = format!(
+                    "{} (from this shell; the running gateway's calls succeed)",
+                    f.detail
+                );
+            }
+        }
+        out.extend(shell);
+        out.extend(from_gateway);
+    } else {
+        out.extend(shell);
+    }
     out.extend(channels(config).await);
     for d in &config.deferred_secrets {
         if !d.key.starts_with("channels.") || d.key == "channels.http.token" {
@@ -832,6 +967,16 @@ mod tests {
         let f = media_findings(&c.media);
         assert_eq!(f[0].level, "warn");
         assert!(f[0].detail.contains("install espeak-ng"), "{}", f[0].detail);
+        // No speech: no claim about a speech endpoint; no transcription: said.
+        assert_eq!(f[1].level, "warn", "{}", f[1].detail);
+        assert!(!f[1].detail.contains("endpoint answers"), "{}", f[1].detail);
+        assert_eq!(f[3].check, "transcription");
+        assert_eq!(f[3].level, "warn");
+        assert!(
+            f[3].detail.contains("[media.transcription]"),
+            "{}",
+            f[3].detail
+        );
     }
 
     #[test]

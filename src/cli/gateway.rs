@@ -48,6 +48,33 @@ pub struct Gateway {
     cluster: Option<crate::cluster::Cluster>,
 }
 
+/// Make what the gateway keeps private before it opens any of it: the umask for what it will
+/// create, and the modes of what an earlier start (or a quick start under `umask 022`) left
+/// readable by other local users: `~/.clawft`, the store and the workspace when they live
+/// elsewhere. Says once what it tightened.
+fn make_private(config: &Config) {
+    crate::types::private::restrict_umask();
+    let mut roots = vec![config.home.clone()];
+    for extra in [&config.store.path, &config.agent.workspace] {
+        if !extra.starts_with(&config.home) {
+            roots.push(extra.clone());
+        }
+    }
+    let changed: Vec<std::path::PathBuf> = roots
+        .iter()
+        .flat_map(|r| crate::types::private::tighten(r))
+        .collect();
+    if let Some(first) = changed.first() {
+        let shown: Vec<String> = roots.iter().map(|r| r.display().to_string()).collect();
+        tracing::warn!(
+            under = %shown.join(", "),
+            changed = changed.len(),
+            first = %first.display(),
+            "files other local users could read were made private (directories 0700, files 0600)"
+        );
+    }
+}
+
 impl Gateway {
     /// Open the store, bind the HTTP API and start the daemon.
     ///
@@ -55,6 +82,7 @@ impl Gateway {
     /// Startup failures (store locked, bind refused, workspace), with what to fix.
     pub async fn start(config: Arc<Config>) -> Result<Self, CliError> {
         crate::tools::exec::prewarm();
+        make_private(&config);
         let store = Store::open_with(
             &config.store.path,
             config.store.cache_bytes,
@@ -80,6 +108,9 @@ impl Gateway {
             None => config,
         };
         let admin = AdminApi::new(config.clone());
+        if let Some(h) = model.health() {
+            admin.set_provider_health(h);
+        }
         let mut channels: Vec<Arc<dyn Channel>> = Vec::new();
         let mut http_addr = None;
         let mut http_tls_addr = None;
@@ -208,7 +239,10 @@ impl Gateway {
             _ => None,
         };
         match http_addr {
-            Some(a) => tracing::info!(http = %a, https = ?http_tls_addr, "weft gateway ready"),
+            Some(a) => match http_tls_addr {
+                Some(tls) => tracing::info!(http = %a, https = %tls, "weft gateway ready"),
+                None => tracing::info!(http = %a, "weft gateway ready"),
+            },
             None => tracing::info!("weft gateway ready (HTTP API disabled)"),
         }
         Ok(Self {

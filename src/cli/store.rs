@@ -36,6 +36,9 @@ pub enum StoreAction {
     Restore {
         /// Backup file written by `weft store backup`.
         path: PathBuf,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -44,9 +47,19 @@ fn print_backup(v: &serde_json::Value, as_json: bool) {
     if as_json {
         println!("{v}");
     } else {
+        let kinds: Vec<String> = v["counts"]
+            .as_object()
+            .map(|m| {
+                m.iter()
+                    .filter(|(_, n)| n.as_u64().is_some_and(|n| n > 0))
+                    .map(|(k, n)| format!("{n} {k}"))
+                    .collect()
+            })
+            .unwrap_or_default();
         println!(
-            "wrote {} records to {} (put it back with `weft store restore {}`)",
+            "wrote {} records ({}) to {} (put it back with `weft store restore {}`)",
             v["records"],
+            kinds.join(", "),
             v["path"].as_str().unwrap_or("?"),
             v["path"].as_str().unwrap_or("PATH")
         );
@@ -141,7 +154,7 @@ pub async fn run(config: &Config, action: StoreAction) -> Result<(), CliError> {
             let s = Store::open(dir, config.store.cache_bytes).map_err(CliError::msg)?;
             let n = backup::backup(&s, &path).map_err(CliError::msg)?;
             print_backup(
-                &json!({"path": path.display().to_string(), "records": n}),
+                &json!({"path": path.display().to_string(), "records": n.records, "counts": n.counts}),
                 json,
             );
             Ok(())
@@ -150,16 +163,31 @@ pub async fn run(config: &Config, action: StoreAction) -> Result<(), CliError> {
             "a gateway is running on the store at {}: stop it first (`systemctl stop clawft` or Ctrl-C), then restore",
             dir.display()
         ))),
-        (StoreAction::Restore { path }, None) => {
+        (StoreAction::Restore { path, json }, None) => {
             match backup::restore(&path, dir, config.store.cache_bytes) {
-                Ok(aside) => {
-                    println!(
-                        "{}",
-                        json!({
-                            "restored": path.display().to_string(),
-                            "previous_store": aside.map(|p| p.display().to_string()),
-                        })
-                    );
+                Ok(done) => {
+                    let previous = done.previous_store.map(|p| p.display().to_string());
+                    if json {
+                        println!(
+                            "{}",
+                            json!({
+                                "restored": path.display().to_string(),
+                                "records": done.counts.records,
+                                "counts": done.counts.counts,
+                                "previous_store": previous,
+                            })
+                        );
+                    } else {
+                        println!(
+                            "restored {} records from {} ({}; every count matches the backup's manifest)",
+                            done.counts.records,
+                            path.display(),
+                            done.counts.sentence()
+                        );
+                        if let Some(p) = previous {
+                            println!("the store found before was kept at {p}");
+                        }
+                    }
                     Ok(())
                 }
                 Err(StoreError::Locked(p)) => Err(CliError::Failed(format!(

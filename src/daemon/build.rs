@@ -23,6 +23,18 @@ use crate::types::scrub::Scrubber;
 /// # Errors
 /// A provider whose client cannot be built.
 pub fn build_model(config: &Config) -> Result<DynModel, LlmError> {
+    build_model_sharing(config, None)
+}
+
+/// [`build_model`], recording each call's outcome in `health` (the gateway's, shared by its
+/// agents) or in a health of its own.
+///
+/// # Errors
+/// As [`build_model`].
+pub fn build_model_sharing(
+    config: &Config,
+    health: Option<crate::llm::health::ProviderHealth>,
+) -> Result<DynModel, LlmError> {
     let mut models: Vec<DynModel> = Vec::new();
     let mut retries = 3;
     // Provider errors echo request headers and URLs: every configured secret, and every
@@ -86,7 +98,24 @@ pub fn build_model(config: &Config) -> Result<DynModel, LlmError> {
         fail_fast_refused: config.provider_source == ProviderSource::LocalDefault,
         ..RetryPolicy::default()
     };
-    Ok(Arc::new(ResilientModel::new(models, policy)))
+    let pairs: Vec<(String, String)> = config
+        .providers
+        .iter()
+        .map(|p| (p.name.clone(), p.model.clone()))
+        .collect();
+    let health = match health {
+        Some(h) => {
+            for (name, model) in &pairs {
+                h.declare(name, model);
+            }
+            h
+        }
+        None => crate::llm::health::ProviderHealth::new(&pairs),
+    };
+    let defaults = pairs.into_iter().map(|(_, m)| m).collect();
+    Ok(Arc::new(
+        ResilientModel::new(models, policy).with_health(health, defaults),
+    ))
 }
 
 /// How `p`'s tool calls are read: its setting, else `auto` for a local server and Ollama,

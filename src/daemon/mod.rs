@@ -12,7 +12,8 @@ pub mod channels;
 pub mod cluster_state;
 
 pub use build::{
-    access_rules, build_model, build_registry, connect_hint, protected_paths, start_mcp,
+    access_rules, build_model, build_model_sharing, build_registry, connect_hint, protected_paths,
+    start_mcp,
 };
 
 use std::sync::Arc;
@@ -1061,6 +1062,8 @@ fn start_agents(
     workspace: &Arc<Workspace>,
 ) -> Result<StartedAgents, DaemonError> {
     let main = AgentRuntime::start(config, workspace.clone(), shared);
+    // Every agent's calls count in the one provider health the gateway reports.
+    let health = model.health();
     let deps = main.deps(config, model, shared);
     let mut named = std::collections::BTreeMap::new();
     let mut others = Vec::new();
@@ -1083,7 +1086,7 @@ fn start_agents(
             }
         }
         let rt = AgentRuntime::start(&view, ws, shared);
-        let d = rt.deps(&view, build_model(&view)?, shared);
+        let d = rt.deps(&view, build_model_sharing(&view, health.clone())?, shared);
         tracing::info!(agent = %a.name, workspace = %view.agent.workspace.display(), model = %view.providers.first().map_or("", |p| p.model.as_str()), "agent ready");
         named.insert(a.name.clone(), d);
         others.push((a.name.clone(), rt));

@@ -6,6 +6,7 @@
 
 pub mod anthropic;
 pub mod error;
+pub mod health;
 pub(crate) mod http;
 pub mod models;
 pub mod ollama;
@@ -291,6 +292,12 @@ pub trait ChatModel: Send + Sync + 'static {
         req: &ChatRequest,
         stream: Option<&mpsc::Sender<StreamEvent>>,
     ) -> Result<ChatResponse, LlmError>;
+
+    /// The health this model keeps of the providers it calls (a chain of providers keeps it;
+    /// a single client does not).
+    fn health(&self) -> Option<health::ProviderHealth> {
+        None
+    }
 }
 
 /// Shared handle to a model.

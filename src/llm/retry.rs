@@ -39,12 +39,42 @@ impl Default for RetryPolicy {
 pub struct ResilientModel {
     models: Vec<DynModel>,
     policy: RetryPolicy,
+    /// Each model's configured default model name (for a request that names none).
+    defaults: Vec<String>,
+    health: super::health::ProviderHealth,
 }
 
 impl ResilientModel {
     /// Try `models` in order, each with `policy`.
     pub fn new(models: Vec<DynModel>, policy: RetryPolicy) -> Self {
-        Self { models, policy }
+        let defaults = vec![String::new(); models.len()];
+        Self {
+            models,
+            policy,
+            defaults,
+            health: super::health::ProviderHealth::default(),
+        }
+    }
+
+    /// Record each call's outcome in `health`; `defaults` are the models' configured model
+    /// names, in order.
+    #[must_use]
+    pub fn with_health(
+        mut self,
+        health: super::health::ProviderHealth,
+        defaults: Vec<String>,
+    ) -> Self {
+        self.health = health;
+        self.defaults = defaults;
+        self
+    }
+
+    fn model_of<'a>(&'a self, i: usize, req: &'a ChatRequest) -> &'a str {
+        if req.model.is_empty() {
+            self.defaults.get(i).map_or("", String::as_str)
+        } else {
+            &req.model
+        }
     }
 
     fn backoff(&self, attempt: u32) -> Duration {
@@ -65,6 +95,10 @@ impl ChatModel for ResilientModel {
         self.models.first().map_or("none", |m| m.name())
     }
 
+    fn health(&self) -> Option<super::health::ProviderHealth> {
+        Some(self.health.clone())
+    }
+
     async fn complete(
         &self,
         req: &ChatRequest,
@@ -74,7 +108,7 @@ impl ChatModel for ResilientModel {
             provider: "none".into(),
             detail: "no LLM provider configured".into(),
         };
-        for model in &self.models {
+        for (i, model) in self.models.iter().enumerate() {
             let mut attempt = 0;
             loop {
                 attempt += 1;
@@ -104,13 +138,20 @@ impl ChatModel for ResilientModel {
                         r
                     }
                 };
+                let now = clawft_channel_core::now_ms();
                 let err = match result {
-                    Ok(r) => return Ok(r),
+                    Ok(r) => {
+                        self.health
+                            .success(model.name(), self.model_of(i, req), now);
+                        return Ok(r);
+                    }
                     Err(e) => e,
                 };
                 if matches!(err, LlmError::Cancelled) {
                     return Err(err);
                 }
+                self.health
+                    .failure(model.name(), self.model_of(i, req), &err, now);
                 // Every failed attempt, retried or not, by the provider that failed.
                 crate::metrics::inc(
                     "clawft_llm_errors_total",

@@ -375,12 +375,15 @@ fn backup_and_restore_bring_the_sessions_back() {
     let file = d.path().join("b.jsonl");
     {
         let s = Store::open(&dir, 1 << 20).unwrap();
-        assert_eq!(backup::backup(&s, &file).unwrap(), 11);
+        assert_eq!(backup::backup(&s, &file).unwrap().records, 11);
         let key = SessionKey::parse("http:c0").unwrap();
         s.clear_session(&key).unwrap();
         assert_eq!(s.sessions().unwrap().len(), 4);
     }
-    let aside = backup::restore(&file, &dir, 1 << 20).unwrap().unwrap();
+    let aside = backup::restore(&file, &dir, 1 << 20)
+        .unwrap()
+        .previous_store
+        .unwrap();
     assert!(aside.join("db").exists());
     let s = Store::open(&dir, 1 << 20).unwrap();
     assert_eq!(s.sessions().unwrap().len(), 5);
@@ -506,4 +509,108 @@ fn the_settled_event_moves_when_a_message_may_have_settled() {
     )
     .unwrap();
     assert!(rx.has_changed().unwrap(), "a record of another node");
+}
+
+/// A store holding at least one record of every kind (usage and compaction windows included).
+fn every_kind(dir: &std::path::Path) -> Store {
+    let s = Store::open(dir, 1 << 20).unwrap();
+    let key = SessionKey::parse("http:c1").unwrap();
+    let msgs: Vec<Message> = (0..51).map(|i| Message::user(format!("m{i}"))).collect();
+    s.append_messages(&key, &msgs).unwrap();
+    let JournalOutcome::New(_) = s.journal_inbound(&ev("a"), &key).unwrap() else {
+        panic!("a not new")
+    };
+    s.enqueue_outbound(&OutboundMessage {
+        id: "r1".into(),
+        channel: ChannelId::new("http"),
+        chat: ChatId::new("c1"),
+        thread: None,
+        in_reply_to: None,
+        body: clawft_channel_core::OutboundBody::text_of(OutboundKind::Final, "hi".into()),
+        attachments: Vec::new(),
+    })
+    .unwrap();
+    s.state_put("ns", "k", Some("v")).unwrap();
+    s.record_usage(&[usage::UsageRow {
+        day: "2026-12-07".into(),
+        session: key.to_string(),
+        user: "u".into(),
+        model: "m".into(),
+        calls: 3,
+        input_tokens: 100,
+        output_tokens: 20,
+        ..Default::default()
+    }])
+    .unwrap();
+    let _durable_at_flush_below = s
+        .put_compaction(
+            &key,
+            &window::Compaction {
+                summary: "the summary".into(),
+                from_seq: 43,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    s.flush().unwrap();
+    s
+}
+
+#[test]
+fn a_backup_holds_every_kind_of_record_and_restore_checks_it() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path().join("store");
+    let file = d.path().join("b.jsonl");
+    let before;
+    {
+        let s = every_kind(&dir);
+        before = backup::check(&s).unwrap();
+        // Every kind the store knows has a record here, so none can be left out below.
+        for kind in backup::Kind::ALL {
+            assert!(
+                before.counts.get(kind.name()).copied().unwrap_or(0) > 0,
+                "no {} record written: extend every_kind()",
+                kind.name()
+            );
+        }
+        assert!(
+            !before.counts.contains_key("unknown"),
+            "{:?}",
+            before.counts
+        );
+        let n = backup::backup(&s, &file).unwrap();
+        assert_eq!(n.counts["usage"], 1);
+        assert_eq!(n.counts["window"], 1);
+        assert_eq!(n.counts["messages"], 51);
+    }
+    let done = backup::restore(&file, &dir, 1 << 20).unwrap();
+    assert_eq!(done.counts.counts["usage"], 1);
+    assert!(
+        done.counts.sentence().contains("1 window"),
+        "{}",
+        done.counts.sentence()
+    );
+    let s = Store::open(&dir, 1 << 20).unwrap();
+    let after = backup::check(&s).unwrap();
+    assert_eq!(
+        before.counts, after.counts,
+        "store check before and after disagree"
+    );
+    let key = SessionKey::parse("http:c1").unwrap();
+    assert_eq!(s.compaction(&key).unwrap().unwrap().from_seq, 43);
+    assert_eq!(s.usage_rows("2026-12-01").unwrap()[0].input_tokens, 100);
+    drop(s);
+
+    // A backup whose manifest disagrees with its records is refused before anything moves.
+    let text = std::fs::read_to_string(&file).unwrap();
+    let (body, trailer) = text.trim_end().rsplit_once('\n').unwrap();
+    let forged = trailer.replace("\"usage\":1", "\"usage\":2");
+    assert_ne!(forged, trailer);
+    // Keep the checksum right: only the counts lie.
+    std::fs::write(&file, format!("{body}\n{forged}\n")).unwrap();
+    let e = backup::restore(&file, &dir, 1 << 20).unwrap_err();
+    assert!(
+        e.to_string().contains("2 usage records but it holds 1"),
+        "{e}"
+    );
 }

@@ -2,6 +2,7 @@
 //! sanitising, credential scrubbing ([`scrub::Scrubber`]). This module imports nothing from the
 //! crate (see `docs/architecture.md`, layer 0).
 
+pub mod private;
 pub mod private_dir;
 pub mod scrub;
 pub mod secret;

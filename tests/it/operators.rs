@@ -767,6 +767,22 @@ async fn doctor_says_when_the_provider_does_not_serve_the_configured_model() {
         "{}",
         text(&out)
     );
+    // Every turn would fail: a failure, not a warning.
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let v: serde_json::Value = serde_json::from_str(&said).unwrap();
+    let finding = v
+        .as_array()
+        .or_else(|| v["findings"].as_array())
+        .and_then(|a| {
+            a.iter().find(|f| {
+                f["detail"]
+                    .as_str()
+                    .is_some_and(|d| d.contains("does not list"))
+            })
+        })
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(finding["level"], "fail", "{said}");
     let cfg = crate::process::gateway_config(dir.path(), &llm, port, json!({}));
     let out = run(dir.path(), &cfg, &["doctor", "--json"]).await;
     let said = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -840,4 +856,88 @@ async fn config_show_lists_defaults_and_renders_lists_plainly() {
         !shown.contains("ValueKind") && !shown.contains("Value {"),
         "{shown}"
     );
+}
+
+/// A gateway started with a stale key (the provider answers its calls 401) while the shell
+/// holds a good one: `weft status`, `/readyz` and `weft doctor` report what the gateway meets,
+/// not what the shell sees; doctor fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn doctor_status_and_readyz_report_the_running_gateways_provider_failure() {
+    let dir = tempfile::tempdir().unwrap();
+    let llm = FakeLlm::start().await;
+    // Every completion is refused as a stale key is; /v1/models answers (the shell's key is good).
+    llm.route(|_| {
+        Some(Reply::Status(
+            401,
+            None,
+            "{\"error\": {\"message\": \"Incorrect API key provided\"}}".into(),
+        ))
+    });
+    let port = free_port();
+    let mut v = config_value(
+        &llm.base_url(),
+        dir.path(),
+        json!({"channels": {"http": {"bind": format!("127.0.0.1:{port}")}}}),
+    );
+    v["providers"]["openai"]
+        .as_object_mut()
+        .unwrap()
+        .remove("api_key");
+    v["providers"]["openai"]["api_key_env"] = json!("LLM_KEY");
+    let cfg = write_config(dir.path(), &v);
+    let d = Daemon::start_with_env(dir.path(), &cfg, port, &[("LLM_KEY", "sk-stale-000000")]).await;
+    let (s, _) = d.api.get("/readyz").await;
+    assert_eq!(s, 200, "ready before any call");
+    let (s, reply) = d.api.chat("family", "hello").await;
+    assert!(s != 200 || reply.to_string().len() < 10_000, "{reply}");
+    let (_, status) = d.api.get("/v1/status").await;
+    let p = &status["providers"][0];
+    assert_eq!(p["name"], "openai", "{status}");
+    assert_eq!(p["model"], "fake-model", "{status}");
+    assert_eq!(p["state"], "failing", "{status}");
+    assert_eq!(p["last_error"]["kind"], "auth", "{status}");
+    assert!(p["failing_since_ms"].as_u64().is_some(), "{status}");
+    assert_eq!(p["last_success_ms"], Value::Null, "{status}");
+    let (s, ready) = d.api.get("/readyz").await;
+    assert_eq!(s, 503, "{ready}");
+    assert_eq!(ready["status"], "provider_failing", "{ready}");
+    // Doctor from a shell holding a good key.
+    let (dd, cc) = (dir.path().to_path_buf(), cfg.clone());
+    let out = tokio::task::spawn_blocking(move || {
+        weft(&dd)
+            .env("RUST_LOG", "warn")
+            .env("LLM_KEY", "sk-good-111111")
+            .arg("--config")
+            .arg(&cc)
+            .args(["doctor", "--json"])
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let rows: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let row = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["check"] == "gateway's openai")
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(row["level"], "fail", "{rows}");
+    let detail = row["detail"].as_str().unwrap_or_default();
+    assert!(
+        detail.contains("auth") && detail.contains("service.env"),
+        "{detail}"
+    );
+    assert!(!detail.contains("sk-stale-000000"), "{detail}");
+    // Once the provider answers again, it is ok and ready.
+    llm.route(|_| Some(Reply::Text("back".into())));
+    let (s, _) = d.api.chat("family", "hello again").await;
+    assert_eq!(s, 200);
+    let (_, status) = d.api.get("/v1/status").await;
+    assert_eq!(status["providers"][0]["state"], "ok", "{status}");
+    let (s, _) = d.api.get("/readyz").await;
+    assert_eq!(s, 200);
+    assert!(d.term().success());
 }

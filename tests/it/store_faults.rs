@@ -458,3 +458,115 @@ async fn a_full_disk_makes_the_gateway_unready_and_it_serves_again_once_space_is
     rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
     let _ = child.wait();
 }
+
+fn mode(p: &Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::symlink_metadata(p)
+        .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+        .permissions()
+        .mode()
+        & 0o777
+}
+
+/// Started by hand under the usual `umask 022` (the README's quick start): the data directory,
+/// the store, the workspace, the log and every backup are private (0700/0600); what an earlier
+/// start left open is tightened at start and said once; `weft doctor` fails on what is open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn files_are_private_whatever_the_umask() {
+    use std::os::unix::fs::PermissionsExt;
+    // The test process's umask is what the gateway it starts inherits.
+    rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o022));
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join(".clawft");
+    // What an older quick start left: an open data directory and a readable file in it.
+    std::fs::create_dir_all(home.join("skills")).unwrap();
+    std::fs::set_permissions(&home, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::write(home.join("skills/old.md"), "x").unwrap();
+    assert_eq!(mode(&home.join("skills/old.md")), 0o644);
+    let llm = FakeLlm::start().await;
+    let port = free_port();
+    let cfg = gateway_config(dir.path(), &llm, port, json!({}));
+    let d = Daemon::start(dir.path(), &cfg, port).await;
+    let (s, v) = d.api.chat("modes", "hello").await;
+    assert_eq!(s, 200, "{v}");
+    let backup = dir.path().join("backups/b.jsonl");
+    let out = weft(dir.path())
+        .arg("--config")
+        .arg(&cfg)
+        .args(["store", "backup", "--json"])
+        .arg(&backup)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(d.term().success());
+    let store = dir.path().join("store");
+    for p in [&home, &home.join("skills"), &store, &dir.path().join("ws")] {
+        assert_eq!(mode(p), 0o700, "{}", p.display());
+    }
+    for p in [
+        home.join("skills/old.md"),
+        store.join("db"),
+        home.join("logs/gateway.log"),
+        backup.clone(),
+    ] {
+        assert_eq!(mode(&p), 0o600, "{}", p.display());
+    }
+    let log = log_of(dir.path());
+    assert_eq!(
+        log.matches("were made private").count(),
+        1,
+        "said once: {log}"
+    );
+
+    // Doctor: ok now; a failure naming the file once something is opened again.
+    let doctor = |cfg: &Path| {
+        weft(dir.path())
+            .arg("--config")
+            .arg(cfg)
+            .args(["doctor", "--json"])
+            .output()
+            .unwrap()
+    };
+    let line = |out: &std::process::Output| -> Value {
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        v.as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["check"] == "private files")
+            .cloned()
+            .unwrap_or_default()
+    };
+    let f = line(&doctor(&cfg));
+    assert_eq!(f["level"], "ok", "{f}");
+    std::fs::set_permissions(store.join("db"), std::fs::Permissions::from_mode(0o644)).unwrap();
+    let out = doctor(&cfg);
+    let f = line(&out);
+    assert_eq!(f["level"], "fail", "{f}");
+    assert!(f["detail"].as_str().unwrap().contains("store/db"), "{f}");
+    assert!(!out.status.success());
+
+    // A restore under umask 022 makes a private store too.
+    let out = weft(dir.path())
+        .arg("--config")
+        .arg(&cfg)
+        .args(["store", "restore"])
+        .arg(&backup)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.starts_with("restored ") && said.contains("sessions"),
+        "{said}"
+    );
+    assert_eq!(mode(&store), 0o700);
+    assert_eq!(mode(&store.join("db")), 0o600);
+}
