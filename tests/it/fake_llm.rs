@@ -175,6 +175,9 @@ impl FakeLlm {
                     axum::Json(json!({"object": "list", "data": [
                         {"id": "fake-model", "object": "model"},
                         {"id": "fake-small", "object": "model"},
+                        // What onboard configures for OpenAI: the README's quick start runs
+                        // against this fake standing in for OpenAI, which lists it.
+                        {"id": "gpt-4o-mini", "object": "model"},
                     ]}))
                 }),
             )
