@@ -26,6 +26,8 @@ pub mod media;
 pub mod secret;
 pub mod send;
 pub mod spec;
+#[cfg(feature = "tls")]
+pub mod stream;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod text;
