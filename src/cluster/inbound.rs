@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_nats::jetstream::{self, consumer::pull};
+use async_nats::jetstream::{self, consumer::pull, consumer::pull::MessagesErrorKind};
 use clawft_channel_core::{InboundEvent, OutboundMessage};
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
@@ -512,18 +512,43 @@ async fn consume(
         .await
         .map_err(|e| nats(&e))?;
     drop(creating);
-    let mut msgs = consumer
-        .stream()
-        .heartbeat(Duration::from_secs(5))
-        .expires(Duration::from_secs(30))
-        .messages()
-        .await
-        .map_err(|e| nats(&e))?;
+    let open = || async {
+        consumer
+            .stream()
+            .heartbeat(Duration::from_secs(5))
+            .expires(Duration::from_secs(30))
+            .messages()
+            .await
+            .map_err(|e| nats(&e))
+    };
+    let mut msgs = open().await?;
     loop {
         tokio::select! {
             m = msgs.next() => match m {
                 None => return Err(ClusterError::Nats("the consumer's stream ended".into())),
-                Some(Err(e)) => return Err(nats(&e)),
+                Some(Err(e)) => match e.kind() {
+                    // The consumer is gone (deleted by an operator, or not a pull consumer):
+                    // made again from the partition's oldest unacknowledged message.
+                    MessagesErrorKind::ConsumerDeleted | MessagesErrorKind::PushBasedConsumer => {
+                        return Err(nats(&e))
+                    }
+                    // The durable consumer survives a lost server or a leader moving (it is
+                    // replicated): only the pull is asked again, on the connection as it is
+                    // now. Replaying the log and making every partition's consumer again here
+                    // queued dozens of JetStream requests while its leaders moved, and a
+                    // partition's messages waited for the queue for tens of seconds.
+                    MessagesErrorKind::MissingHeartbeat
+                    | MessagesErrorKind::Pull
+                    | MessagesErrorKind::NoResponders
+                    | MessagesErrorKind::Other => {
+                        tracing::debug!(partition = p, error = %e, "cluster: partition pull interrupted; pulling again");
+                        if e.kind() != MessagesErrorKind::MissingHeartbeat {
+                            // Told at once (no JetStream answering): not a busy loop.
+                            tokio::time::sleep(Duration::from_millis(250)).await;
+                        }
+                        msgs = open().await?;
+                    }
+                },
                 Some(Ok(m)) => take(args, m, flight).await?,
             },
             () = flight.changed() => flight.ack_finished(&args.store, args.log.as_ref()).await,

@@ -54,9 +54,11 @@ struct Inner {
     replies: HashMap<String, (u32, Option<Inbound>)>,
     /// Records of an inbound message not yet stored in the log.
     unsettled: HashMap<Inbound, u32>,
-    /// Per partition, the records a stopped writer could not store, with the last sequence
-    /// it knew: the next writer of the partition here stores them first if nobody wrote in
-    /// between (else they are dropped: the node that wrote answered those messages).
+    /// Per partition, the records a stopped writer could not store and those of turns that
+    /// finished here after it stopped, with the last sequence it knew: the next writer of the
+    /// partition here stores them first if nobody wrote in between (else they are dropped: the
+    /// node that wrote answered those messages). Their inbound messages stay unsettled (not
+    /// acknowledged) until then.
     stash: HashMap<u32, (u64, Vec<Queued>)>,
 }
 
@@ -116,16 +118,30 @@ impl SessionLog {
         }
     }
 
-    /// Partition `p` is not written by this node any more.
-    fn stop_writing(&self, p: u32, generation: u64) {
+    /// Partition `p`'s writer `generation` stopped at sequence `at`, with `left` not stored:
+    /// kept for the next writer here, and what finishes here meanwhile is kept with it (a
+    /// consumer started again after a NATS server was lost must not acknowledge a message
+    /// whose turn the log never got: the next owner would answer without it in the history).
+    fn stop_writing(&self, p: u32, generation: u64, at: u64, mut left: Vec<Queued>) {
         let mut g = self.locked();
-        if g.writers.get(&p).is_none_or(|(n, _)| *n != generation) {
+        if g.writers.get(&p).is_some_and(|(n, _)| *n != generation) {
+            // A newer writer started meanwhile (it replayed what this one stored): what this
+            // one could not store goes to it.
+            if let Some((_, tx)) = g.writers.get(&p).cloned() {
+                for q in left {
+                    g.queue(p, Some(&tx), q);
+                }
+            }
             return;
         }
         g.writers.remove(&p);
         let parts = self.partitions;
         g.covered
             .retain(|s, _| partition_of(s.as_str(), parts) != p);
+        // Records handed over while it stopped come after its own.
+        let entry = g.stash.entry(p).or_insert((0, Vec::new()));
+        left.append(&mut entry.1);
+        *entry = (at, left);
     }
 }
 
@@ -144,19 +160,24 @@ impl Replica for SessionLog {
 
     fn records(&self, session: &SessionKey) -> bool {
         let p = partition_of(session.as_str(), self.partitions);
-        self.locked().writers.contains_key(&p)
+        let g = self.locked();
+        g.writers.contains_key(&p) || g.stash.contains_key(&p)
     }
 
     fn turn(&self, rec: TurnRecord) {
         let p = partition_of(rec.session.as_str(), self.partitions);
         let mut g = self.locked();
-        let Some((_, tx)) = g.writers.get(&p).cloned() else {
+        let writer = g.writers.get(&p).map(|(_, tx)| tx.clone());
+        if writer.is_none() && !g.stash.contains_key(&p) {
+            // Never written here: the partition's owner records it.
             return;
-        };
-        g.covered.insert(
-            rec.session.clone(),
-            rec.from_seq + rec.messages.len() as u64,
-        );
+        }
+        if writer.is_some() {
+            g.covered.insert(
+                rec.session.clone(),
+                rec.from_seq + rec.messages.len() as u64,
+            );
+        }
         for r in &rec.replies {
             g.replies.insert(r.id.clone(), (p, rec.inbound.clone()));
         }
@@ -164,24 +185,7 @@ impl Replica for SessionLog {
             *g.unsettled.entry(k.clone()).or_insert(0) += 1 + rec.replies.len() as u32;
         }
         let key = rec.inbound.clone();
-        let ids: Vec<String> = rec.replies.iter().map(|r| r.id.clone()).collect();
-        if tx.send((Record::Turn(rec), key.clone())).is_err() {
-            // The writer stopped: not recorded, nothing to wait for.
-            g.writers.remove(&p);
-            for id in &ids {
-                g.replies.remove(id);
-            }
-            if let Some(k) = &key {
-                if let Some(n) = g.unsettled.get_mut(k) {
-                    *n = n.saturating_sub(1 + ids.len() as u32);
-                    if *n == 0 {
-                        g.unsettled.remove(k);
-                    }
-                }
-            }
-            drop(g);
-            self.tell_stored();
-        }
+        g.queue(p, writer.as_ref(), (Record::Turn(rec), key));
     }
 
     fn delivered(&self, id: &str) {
@@ -189,15 +193,30 @@ impl Replica for SessionLog {
         let Some((p, key)) = g.replies.remove(id) else {
             return;
         };
-        let sent = g.writers.get(&p).is_some_and(|(_, tx)| {
-            tx.send((Record::Delivered(id.to_string()), key.clone()))
-                .is_ok()
-        });
-        if !sent {
+        let writer = g.writers.get(&p).map(|(_, tx)| tx.clone());
+        if writer.is_none() && !g.stash.contains_key(&p) {
             // Not writable here any more (the partition moved): nothing more to wait for.
             drop(g);
             self.settle(key.as_ref());
+            return;
         }
+        g.queue(p, writer.as_ref(), (Record::Delivered(id.to_string()), key));
+    }
+}
+
+impl Inner {
+    /// Hand `q` to partition `p`'s writer, or keep it for the next writer here when there is
+    /// none now or it just stopped (its inbound message stays unsettled until then).
+    fn queue(&mut self, p: u32, writer: Option<&mpsc::UnboundedSender<Queued>>, q: Queued) {
+        let q = match writer {
+            Some(tx) => match tx.send(q) {
+                Ok(()) => return,
+                Err(mpsc::error::SendError(q)) => q,
+            },
+            None => q,
+        };
+        // The sequence is set by the stopping writer ([`SessionLog::stop_writing`]).
+        self.stash.entry(p).or_insert((0, Vec::new())).1.push(q);
     }
 }
 
@@ -381,15 +400,12 @@ pub fn start_writer(
     cluster.spawn(async move {
         let (mut at, mut pending) = (last, Vec::new());
         let r = write_batches(&log, &js, p, &mut at, &mut rx, &mut pending, &stop).await;
-        log.stop_writing(p, generation);
         // Kept for the next writer of the partition on this node.
         rx.close();
         while let Ok(q) = rx.try_recv() {
             pending.push(q);
         }
-        if !pending.is_empty() {
-            log.locked().stash.insert(p, (at, pending));
-        }
+        log.stop_writing(p, generation, at, pending);
         match r {
             Ok(()) | Err(LogError::Stopped) => {}
             Err(e) => {
@@ -508,5 +524,81 @@ async fn append(
             () = tokio::time::sleep(Duration::from_millis(200)) => {}
             () = stop.cancelled() => return Err(LogError::Stopped),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::llm::Message;
+
+    fn turn(event: &str) -> TurnRecord {
+        TurnRecord {
+            session: SessionKey::parse("telegram:7").unwrap(),
+            inbound: Some(("telegram".into(), event.into())),
+            from_seq: 0,
+            messages: vec![Message::user(event)],
+            window: None,
+            replies: Vec::new(),
+        }
+    }
+
+    /// A turn that finishes while the partition's consumer starts again here (its writer
+    /// stopped, the next not started yet) is kept for the next writer, and its inbound
+    /// message is not settled (acknowledged) before that writer stored it.
+    #[tokio::test]
+    async fn a_turn_between_two_writers_waits_for_the_next_one() {
+        let log = SessionLog::new(1);
+        let session = SessionKey::parse("telegram:7").unwrap();
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        log.locked().writers.insert(0, (1, tx));
+        log.locked().started = 1;
+        assert!(log.records(&session));
+        log.turn(turn("e1"));
+        assert!(!log.settled("telegram", "e1"));
+        // The writer stops with e1's record not stored (NATS away).
+        rx.close();
+        let left: Vec<Queued> = std::iter::from_fn(|| rx.try_recv().ok()).collect();
+        log.stop_writing(0, 1, 5, left);
+        // A turn finishing now is still recorded, for the next writer.
+        assert!(log.records(&session));
+        log.turn(turn("e2"));
+        assert!(!log.settled("telegram", "e1"));
+        assert!(!log.settled("telegram", "e2"));
+        {
+            let g = log.locked();
+            let (at, left) = g.stash.get(&0).unwrap();
+            assert_eq!(*at, 5);
+            let events: Vec<_> = left.iter().map(|(_, k)| k.clone().unwrap().1).collect();
+            assert_eq!(events, ["e1", "e2"]);
+        }
+        // The next writer here (nobody wrote since) gets both first; once stored, settled.
+        let (tx2, mut rx2) = mpsc::unbounded_channel();
+        {
+            let mut g = log.locked();
+            let (at, left) = g.stash.remove(&0).unwrap();
+            assert_eq!(at, 5);
+            for q in left {
+                tx2.send(q).unwrap();
+            }
+            g.writers.insert(0, (2, tx2));
+        }
+        while let Ok((_, k)) = rx2.try_recv() {
+            log.settle(k.as_ref());
+        }
+        assert!(log.settled("telegram", "e1"));
+        assert!(log.settled("telegram", "e2"));
+    }
+
+    /// A partition this node never wrote records nothing here (its owner does).
+    #[test]
+    fn a_partition_never_written_here_records_nothing() {
+        let log = SessionLog::new(1);
+        let session = SessionKey::parse("telegram:7").unwrap();
+        assert!(!log.records(&session));
+        log.turn(turn("e1"));
+        assert!(log.settled("telegram", "e1"));
+        assert!(log.locked().stash.is_empty());
     }
 }

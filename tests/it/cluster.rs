@@ -539,9 +539,7 @@ async fn one_poller_across_three_nodes_failover_and_nats_outages() {
         );
     }
     let _ = m2;
-    for n in nodes.into_iter().flatten() {
-        assert_eq!(n.term().code(), Some(0));
-    }
+    crate::process::term_all(nodes, &dirs);
 }
 
 /// The fake counts overlapping polls (so the assertion above can fail).
@@ -772,9 +770,7 @@ async fn discord_connection_moves_and_resumes_the_session() {
     );
     assert!(dc.client_frames().iter().any(|f| f["op"] == 6), "no RESUME");
     assert_eq!(answered("answer: d1"), 1);
-    for n in nodes.into_iter().flatten() {
-        assert_eq!(n.term().code(), Some(0));
-    }
+    crate::process::term_all(nodes, &dirs);
 }
 
 /// Signal's event stream is a long-lived connection too: of two nodes only the lease holder
@@ -830,7 +826,5 @@ async fn signal_stream_moves_and_resumes_from_the_cursor() {
     tokio::time::sleep(Duration::from_millis(1000)).await;
     assert_eq!(answered("answer: s1"), 1, "{:?}", sig.sent());
     assert_eq!(answered("answer: s2"), 1, "{:?}", sig.sent());
-    for n in nodes.into_iter().flatten() {
-        assert_eq!(n.term().code(), Some(0));
-    }
+    crate::process::term_all(nodes, &dirs);
 }

@@ -149,7 +149,5 @@ async fn partitions_are_shared_handed_over_and_taken_after_a_kill() {
         logs_of(&dirs)
     );
     assert_eq!(tg.max_concurrent_polls(), 1, "two nodes polled at once");
-    for n in nodes.into_iter().flatten() {
-        assert_eq!(n.term().code(), Some(0));
-    }
+    crate::process::term_all(nodes, &dirs);
 }

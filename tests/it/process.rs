@@ -1468,3 +1468,20 @@ fn rust_log_target_directives_select_the_dependencies_log_records() {
     // Unparsable: the command's default level (warn), not everything.
     assert_eq!(sled_debug_lines("sled=chatty"), 0);
 }
+
+/// SIGTERM every node still running and assert each shut down cleanly (exit 0); a node that
+/// did not is named with its exit status and its log.
+pub(crate) fn term_all(nodes: Vec<Option<Daemon>>, dirs: &[tempfile::TempDir]) {
+    for (i, n) in nodes.into_iter().enumerate() {
+        if let Some(n) = n {
+            let st = n.term();
+            assert_eq!(
+                st.code(),
+                Some(0),
+                "node {} did not shut down cleanly: {st}\n{}",
+                i + 1,
+                log_of(dirs[i].path())
+            );
+        }
+    }
+}
