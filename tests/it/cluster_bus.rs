@@ -116,8 +116,10 @@ async fn messages_of_killed_nodes_are_answered_by_the_next_partition_owner() {
     // Round 2 while the connection and the partitions move; one NATS server lost meanwhile.
     texts.extend(push_round(&tg, 2));
     nats.servers[0].kill();
+    // (JetStream moves the lost server's stream and consumer leaders meanwhile: on a loaded
+    // machine its API answers nothing for tens of seconds; the bound is about correctness.)
     assert!(
-        wait_until(Duration::from_secs(30), || answered(&tg, &texts) >= 150).await,
+        wait_until(Duration::from_secs(60), || answered(&tg, &texts) >= 150).await,
         "after the first kill ({killed_at} answered then): {} of {} answered\n{}",
         answered(&tg, &texts),
         texts.len(),
@@ -133,7 +135,7 @@ async fn messages_of_killed_nodes_are_answered_by_the_next_partition_owner() {
     // Every message is answered by the node left, which owns every partition now.
     let all = texts.len();
     assert!(
-        wait_until(Duration::from_secs(40), || answered(&tg, &texts) == all).await,
+        wait_until(Duration::from_secs(90), || answered(&tg, &texts) == all).await,
         "{} of {all} answered; unanswered: {:?}\n{}",
         answered(&tg, &texts),
         texts
