@@ -399,19 +399,27 @@ async fn own(
     // The session log's writer of the last consumer: it outlives a consumer stopped for a
     // handover, so the turns under way are still recorded (and then acknowledged).
     let mut writer = None;
+    let leave = |stop: Stop| {
+        if let Some(log) = &args.log {
+            log.not_resuming(p);
+        }
+        stop
+    };
     loop {
         flight.due = true;
         let h = loop {
             tokio::select! {
                 h = super::leased::held(&mut rx) => break h,
-                () = args.intake.cancelled() => return Stop::Shutdown,
-                () = super::balance::unwanted(wanted, p) => return Stop::Handover(None),
+                () = args.intake.cancelled() => return leave(Stop::Shutdown),
+                () = super::balance::unwanted(wanted, p) => return leave(Stop::Handover(None)),
                 () = flight.changed() => {
                     flight.ack_finished(&args.store, args.log.as_ref()).await;
                 }
             }
         };
-        let Some(h) = h else { return Stop::Shutdown };
+        let Some(h) = h else {
+            return leave(Stop::Shutdown);
+        };
         tracing::info!(
             partition = p,
             token = h.token,
@@ -420,10 +428,17 @@ async fn own(
         let r = tokio::select! {
             r = consume(cluster, p, args, flight, &mut writer) => Some(r),
             () = super::leased::lost(&mut rx, h.token) => None,
-            () = super::balance::unwanted(wanted, p) => return Stop::Handover(writer.take()),
+            () = super::balance::unwanted(wanted, p) => return leave(Stop::Handover(writer.take())),
         };
         // Lost or failed: this writer stops (the next owner, or the next consumer here after
-        // a replay, writes the partition's records).
+        // a replay, writes the partition's records; turns finishing in between wait for the
+        // latter).
+        if let Some(log) = &args.log {
+            match &r {
+                Some(Err(_)) => log.resume_later(p),
+                None | Some(Ok(())) => log.not_resuming(p),
+            }
+        }
         writer = None;
         match r {
             None => tracing::warn!(
@@ -435,7 +450,7 @@ async fn own(
                 tracing::warn!(partition = p, error = %e, "cluster: partition consumer failed; trying again");
                 tokio::select! {
                     () = tokio::time::sleep(Duration::from_millis(500)) => {}
-                    () = args.intake.cancelled() => return Stop::Shutdown,
+                    () = args.intake.cancelled() => return leave(Stop::Shutdown),
                 }
             }
         }

@@ -60,6 +60,9 @@ struct Inner {
     /// node that wrote answered those messages). Their inbound messages stay unsettled (not
     /// acknowledged) until then.
     stash: HashMap<u32, (u64, Vec<Queued>)>,
+    /// Partitions whose consumer is starting again here while the lease stays this node's:
+    /// turns finishing between the two writers are kept for the next one.
+    resuming: std::collections::HashSet<u32>,
 }
 
 /// The session log of this node: the store's [`Replica`] in cluster mode.
@@ -138,14 +141,36 @@ impl SessionLog {
         let parts = self.partitions;
         g.covered
             .retain(|s, _| partition_of(s.as_str(), parts) != p);
+        if left.is_empty() && !g.resuming.contains(&p) && !g.stash.contains_key(&p) {
+            return;
+        }
         // Records handed over while it stopped come after its own.
         let entry = g.stash.entry(p).or_insert((0, Vec::new()));
         left.append(&mut entry.1);
         *entry = (at, left);
     }
+
+    /// Partition `p`'s consumer failed and starts again while the lease stays this node's:
+    /// what finishes before its next writer is kept for that writer (and not acknowledged
+    /// before it is stored).
+    pub fn resume_later(&self, p: u32) {
+        self.locked().resuming.insert(p);
+    }
+
+    /// Partition `p` is not being started again here (its lease was lost or handed over, or
+    /// the node stops): a turn finishing now is left to the partition's owner.
+    pub fn not_resuming(&self, p: u32) {
+        self.locked().resuming.remove(&p);
+    }
 }
 
 impl Inner {
+    /// Whether partition `p`'s records are taken here: it has a writer, or its next writer
+    /// here is on its way.
+    fn keeps(&self, p: u32) -> bool {
+        self.writers.contains_key(&p) || self.resuming.contains(&p)
+    }
+
     fn unreplied_key(&self, channel: &str, event_id: &str) -> Option<u32> {
         self.unsettled
             .get(&(channel.to_string(), event_id.to_string()))
@@ -161,15 +186,15 @@ impl Replica for SessionLog {
     fn records(&self, session: &SessionKey) -> bool {
         let p = partition_of(session.as_str(), self.partitions);
         let g = self.locked();
-        g.writers.contains_key(&p) || g.stash.contains_key(&p)
+        g.keeps(p)
     }
 
     fn turn(&self, rec: TurnRecord) {
         let p = partition_of(rec.session.as_str(), self.partitions);
         let mut g = self.locked();
         let writer = g.writers.get(&p).map(|(_, tx)| tx.clone());
-        if writer.is_none() && !g.stash.contains_key(&p) {
-            // Never written here: the partition's owner records it.
+        if !g.keeps(p) {
+            // Not written here: the partition's owner records it.
             return;
         }
         if writer.is_some() {
@@ -194,7 +219,7 @@ impl Replica for SessionLog {
             return;
         };
         let writer = g.writers.get(&p).map(|(_, tx)| tx.clone());
-        if writer.is_none() && !g.stash.contains_key(&p) {
+        if !g.keeps(p) {
             // Not writable here any more (the partition moved): nothing more to wait for.
             drop(g);
             self.settle(key.as_ref());
@@ -365,6 +390,7 @@ pub fn start_writer(
         let n = g.started;
         // What the last writer here could not store goes first, when the log is still where
         // that writer left it (nobody else wrote the partition meanwhile).
+        g.resuming.remove(&p);
         if let Some((at, left)) = g.stash.remove(&p) {
             if at == last {
                 tracing::info!(
@@ -560,6 +586,7 @@ mod tests {
         // The writer stops with e1's record not stored (NATS away).
         rx.close();
         let left: Vec<Queued> = std::iter::from_fn(|| rx.try_recv().ok()).collect();
+        log.resume_later(0);
         log.stop_writing(0, 1, 5, left);
         // A turn finishing now is still recorded, for the next writer.
         assert!(log.records(&session));
@@ -599,6 +626,16 @@ mod tests {
         assert!(!log.records(&session));
         log.turn(turn("e1"));
         assert!(log.settled("telegram", "e1"));
+        assert!(log.locked().stash.is_empty());
+        // Nor one whose lease was lost or handed over (its writer stopped, no consumer
+        // starting again here): the new owner records its turns.
+        let (tx, rx) = mpsc::unbounded_channel();
+        log.locked().writers.insert(0, (1, tx));
+        drop(rx);
+        log.stop_writing(0, 1, 3, Vec::new());
+        assert!(!log.records(&session));
+        log.turn(turn("e2"));
+        assert!(log.settled("telegram", "e2"));
         assert!(log.locked().stash.is_empty());
     }
 }

@@ -285,6 +285,11 @@ pub(crate) async fn start_nodes_with(
     .await
 }
 
+/// Held by the tests that lose NATS servers or kill nodes under load: one at a time (two at
+/// once on two cores starved JetStream's leader elections past the 4 s lease TTL, and leases
+/// lapsed where the tests expect only the kills to move them).
+pub(crate) static HEAVY: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// `n` gateways (`n1`, `n2`, …) in cluster mode on `nats` (lease TTL 4 s) with `extra`
 /// merged into their config.
 pub(crate) async fn start_nodes_merged(
@@ -338,6 +343,7 @@ fn offsets(tg: &FakeTelegram) -> Vec<i64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_poller_across_three_nodes_failover_and_nats_outages() {
+    let _heavy = HEAVY.lock().await;
     let Some(mut nats) = Nats::start(3).await else {
         return;
     };

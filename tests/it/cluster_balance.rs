@@ -45,6 +45,7 @@ fn balanced(o: &BTreeMap<String, u64>, nodes: &[&str], lo: u64, hi: u64) -> bool
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn partitions_are_shared_handed_over_and_taken_after_a_kill() {
+    let _heavy = crate::cluster::HEAVY.lock().await;
     let Some(nats) = Nats::start(3).await else {
         return;
     };

@@ -84,6 +84,7 @@ async fn status_retried(dir: &std::path::Path) -> serde_json::Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn messages_of_killed_nodes_are_answered_by_the_next_partition_owner() {
+    let _heavy = crate::cluster::HEAVY.lock().await;
     let Some(mut nats) = Nats::start(3).await else {
         return;
     };
