@@ -450,6 +450,13 @@ impl Browser {
             .await
     }
 
+    /// Run `script` (a function body whose last argument is the callback) in the page and wait
+    /// for what it passes to the callback.
+    pub(crate) async fn js_async(&self, script: &str) -> Value {
+        self.post("/execute/async", json!({"script": script, "args": []}))
+            .await
+    }
+
     /// The element matching `css`, waiting for it.
     pub(crate) async fn find(&self, css: &str) -> String {
         let deadline = std::time::Instant::now() + T;

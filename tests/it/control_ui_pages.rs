@@ -45,6 +45,44 @@ async fn admin(d: &Daemon, name: &str, body: Value) -> Value {
     v
 }
 
+/// axe-core (`npm ci --prefix tests/ui`), or `None` outside CI when it is not installed.
+fn axe_source() -> Option<String> {
+    let p = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/ui/node_modules/axe-core/axe.min.js"
+    );
+    match std::fs::read_to_string(p) {
+        Ok(s) => Some(s),
+        Err(e) => {
+            assert!(
+                std::env::var("CI").is_err(),
+                "axe-core is needed for the control UI tests (npm ci --prefix tests/ui): {p}: {e}"
+            );
+            eprintln!("axe-core checks skipped: {p}: {e}");
+            None
+        }
+    }
+}
+
+/// The serious and critical accessibility violations axe-core finds in the page as shown.
+async fn axe_violations(b: &Browser, axe: &str) -> Value {
+    if b.js("return typeof axe === 'undefined'", json!([])).await == true {
+        b.js(axe, json!([])).await;
+    }
+    let v = b.js_async(
+        "const done = arguments[arguments.length - 1];
+         axe.run(document)
+           .then((r) => done({passes: r.passes.length, bad: r.violations.filter((v) => v.impact === 'serious' || v.impact === 'critical')
+             .map((v) => ({id: v.id, impact: v.impact, help: v.help,
+                           nodes: v.nodes.slice(0, 5).map((n) => n.target.join(' ') + ': ' + n.failureSummary)}))}))
+           .catch((e) => done('axe failed: ' + e));",
+    )
+    .await;
+    // It ran its rules (a page where no rule applied would pass vacuously).
+    assert!(v["passes"].as_u64().unwrap_or(0) >= 10, "{v}");
+    v["bad"].clone()
+}
+
 /// Open `page` and wait until it has loaded (its loader ran, no error shown).
 async fn open(b: &Browser, port: u16, page: &str) {
     b.goto(&format!("http://127.0.0.1:{port}/ui/#{page}")).await;
@@ -395,6 +433,7 @@ async fn overview_usage_chart_words_and_fit_in_a_browser() {
 
     // Every page fits: no sideways scroll at a laptop's and a phone's width.
     let shots = std::env::var("WEFT_UI_SCREENSHOTS").ok();
+    let axe = axe_source();
     for (w, h) in [(1280, 900), (390, 844)] {
         b.resize(w, h).await;
         for page in PAGES {
@@ -410,6 +449,12 @@ async fn overview_usage_chart_words_and_fit_in_a_browser() {
                 sw <= iw,
                 "page {page} scrolls sideways at {w} px: {sw} > {iw}"
             );
+            // Accessible: no serious or critical axe-core violation (at both widths: the
+            // phone layout has its own markup rules, such as the cards' labels).
+            if let Some(axe) = &axe {
+                let v = axe_violations(&b, axe).await;
+                assert_eq!(v, json!([]), "page {page} at {w} px");
+            }
             if let Some(dir) = &shots {
                 b.js("window.scrollTo(0, 0)", json!([])).await;
                 let png = b.screenshot().await;
@@ -442,6 +487,10 @@ async fn overview_usage_chart_words_and_fit_in_a_browser() {
         .await;
     assert_eq!(seen[0], true, "the chat form shows without a login");
     assert_eq!(seen[1], true, "{seen}");
+    if let Some(axe) = &axe {
+        let v = axe_violations(&anon, axe).await;
+        assert_eq!(v, json!([]), "the signed-out page");
+    }
     let icon = plain().get(seen[2].as_str().unwrap()).send().await.unwrap();
     assert_eq!(icon.status(), 200);
     assert_eq!(icon.headers()["content-type"], "image/svg+xml");

@@ -277,7 +277,9 @@ function toolCard(p) {
   if (!card) {
     const li = el('li', null, { 'data-who': 'tool', class: 'note' });
     card = el('details', null, { class: 'tool' });
-    card.append(el('summary'), el('p', 'call ' + (p.call_id || '')));
+    const more = el('p', 'Its arguments and result: in the transcript on ', { class: 'muted' });
+    more.append(el('a', 'Sessions', { href: '#sessions' }), ' (call ' + (p.call_id || '') + ').');
+    card.append(el('summary'), more);
     li.append(card);
     $('chat-log').append(li);
     toolCards.set(p.call_id, card);
@@ -412,12 +414,13 @@ function drawChart(stacked, days, measure) {
   const rows = new Map((stacked.rows || []).map((r) => [r.key, r]));
   const keys = [...new Set((stacked.rows || []).flatMap((r) => (r.parts || []).map((p) => p.key)))].sort();
   const fmt = (v) => (measure === 'cost' ? money(v) : kilo(v) + ' tokens');
-  const W = 720;
-  const H = 220;
-  const L = 56;
-  const B = 24;
-  const top = Math.max(...[...rows.values()].map((r) => measureOf(r, measure)), 0);
   const chart = $('usage-chart');
+  // Drawn at the width it is shown (1 unit = 1 CSS pixel: the labels keep their size).
+  const W = Math.max(300, Math.round(chart.clientWidth || 720));
+  const H = W < 600 ? 180 : 240;
+  const L = 52;
+  const B = 22;
+  const top = Math.max(...[...rows.values()].map((r) => measureOf(r, measure)), 0);
   if (!top) {
     chart.replaceChildren(el('p', 'No ' + (measure === 'cost' ? 'spend' : 'tokens') + ' in the last ' + days.length + ' days. Usage appears here once an agent has answered (each model call is counted).', { class: 'muted' }));
     $('usage-legend').textContent = '';
@@ -427,7 +430,7 @@ function drawChart(stacked, days, measure) {
   const bw = (W - L) / days.length;
   const y = (v) => (H - B) - (v / top) * (H - B - 8);
   s.append(svg('line', { x1: L, x2: W, y1: H - B, y2: H - B, class: 'axis' }), svg('line', { x1: L, x2: W, y1: y(top), y2: y(top), class: 'axis' }));
-  s.append(svg('text', { x: L - 4, y: y(top) + 4, 'text-anchor': 'end' }, fmt(top)), svg('text', { x: L - 4, y: H - B + 4, 'text-anchor': 'end' }, measure === 'cost' ? '$0' : '0'));
+  s.append(svg('text', { x: L - 4, y: y(top) + 4, 'text-anchor': 'end' }, measure === 'cost' ? money(top) : kilo(top)), svg('text', { x: L - 4, y: H - B + 4, 'text-anchor': 'end' }, measure === 'cost' ? '$0' : '0'));
   days.forEach((d, i) => {
     const r = rows.get(d);
     const x = L + i * bw + bw * 0.15;
@@ -443,7 +446,8 @@ function drawChart(stacked, days, measure) {
     }
     if (r) g.append(svg('title', {}, d + ': ' + fmt(measureOf(r, measure))));
     s.append(g);
-    if (i === 0 || i === days.length - 1 || (days.length > 7 && i % 7 === 0)) {
+    const every = Math.max(1, Math.ceil(days.length / Math.floor((W - L) / 48)));
+    if (i === days.length - 1 || (i % every === 0 && days.length - 1 - i >= every)) {
       s.append(svg('text', { x: (x + bw * 0.35).toFixed(1), y: H - 6, 'text-anchor': 'middle' }, d.slice(5)));
     }
   });
