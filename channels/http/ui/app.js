@@ -448,7 +448,9 @@ function drawChart(stacked, days, measure) {
     s.append(g);
     const every = Math.max(1, Math.ceil(days.length / Math.floor((W - L) / 48)));
     if (i === days.length - 1 || (i % every === 0 && days.length - 1 - i >= every)) {
-      s.append(svg('text', { x: (x + bw * 0.35).toFixed(1), y: H - 6, 'text-anchor': 'middle' }, d.slice(5)));
+      const anchor = i === days.length - 1 ? 'end' : i === 0 ? 'start' : 'middle';
+      const tx = anchor === 'end' ? W - 2 : anchor === 'start' ? L : x + bw * 0.35;
+      s.append(svg('text', { x: tx.toFixed(1), y: H - 6, 'text-anchor': anchor }, d.slice(5)));
     }
   });
   chart.replaceChildren(s);
