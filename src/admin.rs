@@ -177,7 +177,12 @@ pub fn usage_json_stacked(
     stack: Option<&str>,
 ) -> Result<Value, AdminError> {
     let since = usage_since(days);
-    usage_of(store.usage_rows(&since).map_err(internal)?, by, &since, stack)
+    usage_of(
+        store.usage_rows(&since).map_err(internal)?,
+        by,
+        &since,
+        stack,
+    )
 }
 
 /// The first day of the last `days` days (UTC).

@@ -153,8 +153,7 @@ async fn overview_usage_chart_words_and_fit_in_a_browser() {
 
     // The token fixed in the file and the configuration reloaded from the Config page: the
     // overview shows the bot connected.
-    let mut file: Value =
-        serde_json::from_str(&std::fs::read_to_string(&cfg).unwrap()).unwrap();
+    let mut file: Value = serde_json::from_str(&std::fs::read_to_string(&cfg).unwrap()).unwrap();
     file["channels"]["telegram"]["token"] = json!(FakeTelegram::TOKEN);
     std::fs::write(&cfg, serde_json::to_string_pretty(&file).unwrap()).unwrap();
     open(&b, port, "config").await;
@@ -218,7 +217,10 @@ async fn overview_usage_chart_words_and_fit_in_a_browser() {
     assert_eq!(shown["img"], false, "HTML from the model became an element");
     let text = shown["text"].as_str().unwrap();
     assert!(!text.contains("**") && !text.contains("```"), "{text}");
-    assert!(text.contains("<img src=x"), "the model's HTML shows as text: {text}");
+    assert!(
+        text.contains("<img src=x"),
+        "the model's HTML shows as text: {text}"
+    );
     assert_ne!(b.js("return document.title", json!([])).await, "owned");
     let card = b
         .until(
@@ -272,7 +274,10 @@ async fn overview_usage_chart_words_and_fit_in_a_browser() {
         .await;
     assert!(prov.as_str().unwrap().contains("answering"), "{prov}");
     let spend = b
-        .js("return document.getElementById('ov-spend').textContent", json!([]))
+        .js(
+            "return document.getElementById('ov-spend').textContent",
+            json!([]),
+        )
         .await;
     let spend = spend.as_str().unwrap();
     assert!(
@@ -294,7 +299,12 @@ async fn overview_usage_chart_words_and_fit_in_a_browser() {
     );
     let pending = admin(&d, "approvals/list", json!({})).await;
     let id = pending["approvals"][0]["id"].as_str().unwrap().to_string();
-    admin(&d, "approvals/answer", json!({"id": id, "decision": "deny"})).await;
+    admin(
+        &d,
+        "approvals/answer",
+        json!({"id": id, "decision": "deny"}),
+    )
+    .await;
     let (s, _) = tokio::time::timeout(T, asker).await.unwrap().unwrap();
     assert_eq!(s, 200);
 
@@ -394,7 +404,9 @@ async fn overview_usage_chart_words_and_fit_in_a_browser() {
         .await;
     let row = row.as_str().unwrap();
     assert!(
-        row.contains("every day at 07:00 Europe/Berlin") && row.contains("never ran") && row.contains("in "),
+        row.contains("every day at 07:00 Europe/Berlin")
+            && row.contains("never ran")
+            && row.contains("in "),
         "{row}"
     );
     assert!(!row.contains('{'), "raw JSON in the job row: {row}");
@@ -427,7 +439,8 @@ async fn overview_usage_chart_words_and_fit_in_a_browser() {
         )
         .await;
     assert!(
-        chans.as_str().unwrap().contains("connected as @") && !chans.as_str().unwrap().contains("allow_from"),
+        chans.as_str().unwrap().contains("connected as @")
+            && !chans.as_str().unwrap().contains("allow_from"),
         "{chans}"
     );
 
@@ -466,14 +479,18 @@ async fn overview_usage_chart_words_and_fit_in_a_browser() {
         b.resize(1280, 900).await;
         b.color_scheme("dark").await;
         open(&b, port, "overview").await;
-        std::fs::write(format!("{dir}/ui-overview-dark-1280.png"), b.screenshot().await)
-            .unwrap();
+        std::fs::write(
+            format!("{dir}/ui-overview-dark-1280.png"),
+            b.screenshot().await,
+        )
+        .unwrap();
     }
     drop(b);
 
     // Without a login: a page that says how to get one, not the chat form; a favicon.
     let anon = Browser::start(drv).await;
-    anon.goto(&format!("http://127.0.0.1:{port}/ui/#chat")).await;
+    anon.goto(&format!("http://127.0.0.1:{port}/ui/#chat"))
+        .await;
     anon.until(
         "return !document.getElementById('page-signed-out').hidden",
         "the signed-out page",
