@@ -304,7 +304,12 @@ function onMessage(m) {
     toolCards.clear();
   } else if (m.kind === 'approval' && m.approval) {
     const li = addLine('approval', null, 'note');
-    li.append(el('p', 'The agent asks to run:'), el('pre', m.approval.command || m.text), answerButtons(m.approval.id));
+    const at = new Date();
+    const until = new Date(at.getTime() + approvalTimeoutSecs * 1000);
+    const hm = (d) => d.toLocaleTimeString('en-GB', { hour: '2-digit', minute: '2-digit' });
+    const asked = el('p', 'Asked at ' + hm(at) + (approvalTimeoutSecs ? ', it expires unanswered at ' + hm(until) + ' (then the command does not run)' : '')
+      + '. An operator answers here, on the Approvals page, or in the chat with /approve ' + m.approval.id + '.', { class: 'muted' });
+    li.append(el('p', 'The agent asks to run:'), el('pre', m.approval.command || m.text), asked, answerButtons(m.approval.id));
   } else if (m.kind === 'progress' && m.progress) {
     toolCard(m.progress);
   }
