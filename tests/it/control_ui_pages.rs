@@ -229,7 +229,37 @@ async fn overview_usage_chart_words_and_fit_in_a_browser() {
         )
         .await;
     assert_eq!(card, "read_file — done");
-    // The transcript shows the call's arguments and result in a card.
+    // An approval asked in the web chat: the command, when it expires and who may answer;
+    // answered from its buttons.
+    llm.push(Reply::ToolCalls(vec![(
+        "w1".into(),
+        "exec_shell".into(),
+        json!({"command": "touch from-web"}).to_string(),
+    )]));
+    llm.push(Reply::Text("not run".into()));
+    b.type_in("#chat-input", "run it").await;
+    b.click("#chat-form button[type=submit]").await;
+    let ask = b
+        .until(
+            "const l = document.querySelector('#chat-log li[data-who=\"approval\"]'); return l && l.textContent",
+            "the approval in the chat",
+        )
+        .await;
+    let ask = ask.as_str().unwrap();
+    assert!(
+        ask.contains("touch from-web")
+            && ask.contains("expires unanswered at")
+            && ask.contains("/approve "),
+        "{ask}"
+    );
+    b.click("#chat-log li[data-who=\"approval\"] button[data-decision=deny]")
+        .await;
+    b.until(
+        "return [...document.querySelectorAll('#chat-log li.agent')].some(l => l.textContent === 'not run')",
+        "the reply after the denial",
+    )
+    .await;
+    assert!(!dir.path().join("ws/from-web").exists());
     open(&b, port, "sessions").await;
     b.click("#sessions-rows tr[data-key=\"web:main\"] a").await;
     let t = b
