@@ -162,8 +162,27 @@ fn usage_totals(r: &UsageRow) -> Value {
 /// # Errors
 /// An unknown `by` (bad request) or a store failure.
 pub fn usage_json(store: &Store, by: &str, days: u64) -> Result<Value, AdminError> {
+    usage_json_stacked(store, by, days, None)
+}
+
+/// [`usage_json`] where, with `stack` (one of the same groupings), each row also holds its
+/// `parts`: the same totals split by that second grouping (the control UI's stacked chart).
+///
+/// # Errors
+/// An unknown `by` or `stack` (bad request) or a store failure.
+pub fn usage_json_stacked(
+    store: &Store,
+    by: &str,
+    days: u64,
+    stack: Option<&str>,
+) -> Result<Value, AdminError> {
     let since = usage_since(days);
-    usage_of(store.usage_rows(&since).map_err(internal)?, by, &since)
+    usage_of(
+        store.usage_rows(&since).map_err(internal)?,
+        by,
+        &since,
+        stack,
+    )
 }
 
 /// The first day of the last `days` days (UTC).
@@ -173,32 +192,56 @@ fn usage_since(days: u64) -> String {
     crate::store::usage::day_of(now.saturating_sub(back))
 }
 
-/// `rows` grouped `by` day, session, model, user or agent, with their total.
-fn usage_of(rows: Vec<UsageRow>, by: &str, since: &str) -> Result<Value, AdminError> {
-    let mut groups: std::collections::BTreeMap<String, UsageRow> = Default::default();
+/// The group of `r` by `by` (day, session, model, user or agent).
+fn usage_key(r: &UsageRow, by: &str) -> Result<String, AdminError> {
+    Ok(match by {
+        "day" => r.day.clone(),
+        "session" => r.session.clone(),
+        "model" => r.model.clone(),
+        "user" => r.user.clone(),
+        "agent" => crate::types::session_key::agent_of(&r.session).to_string(),
+        other => {
+            return Err(bad_request(format!(
+                "unknown grouping `{other}`: use day, session, model, user or agent"
+            )))
+        }
+    })
+}
+
+/// `rows` grouped `by` day, session, model, user or agent, with their total (and, with
+/// `stack`, each group's parts by that second grouping).
+fn usage_of(
+    rows: Vec<UsageRow>,
+    by: &str,
+    since: &str,
+    stack: Option<&str>,
+) -> Result<Value, AdminError> {
+    type Parts = std::collections::BTreeMap<String, UsageRow>;
+    let mut groups: std::collections::BTreeMap<String, (UsageRow, Parts)> = Default::default();
     let mut total = UsageRow::default();
     for r in rows {
-        let key = match by {
-            "day" => r.day.clone(),
-            "session" => r.session.clone(),
-            "model" => r.model.clone(),
-            "user" => r.user.clone(),
-            "agent" => crate::types::session_key::agent_of(&r.session).to_string(),
-            other => {
-                return Err(bad_request(format!(
-                    "unknown grouping `{other}`: use day, session, model, user or agent"
-                )))
-            }
-        };
+        let key = usage_key(&r, by)?;
+        let part = stack.map(|s| usage_key(&r, s)).transpose()?;
         total.add(&r);
-        groups.entry(key).or_default().add(&r);
+        let g = groups.entry(key).or_default();
+        g.0.add(&r);
+        if let Some(p) = part {
+            g.1.entry(p).or_default().add(&r);
+        }
     }
     Ok(json!({
         "by": by,
         "since": since,
-        "rows": groups.iter().map(|(k, r)| {
+        "rows": groups.iter().map(|(k, (r, parts))| {
             let mut v = usage_totals(r);
             v["key"] = json!(k);
+            if stack.is_some() {
+                v["parts"] = parts.iter().map(|(pk, p)| {
+                    let mut pv = usage_totals(p);
+                    pv["key"] = json!(pk);
+                    pv
+                }).collect::<Vec<_>>().into();
+            }
             v
         }).collect::<Vec<_>>(),
         "total": usage_totals(&total),
@@ -214,6 +257,7 @@ async fn cluster_usage_json(
     store: &Store,
     by: &str,
     days: u64,
+    stack: Option<&str>,
 ) -> Result<Value, AdminError> {
     let since = usage_since(days);
     let me = cluster.settings().node_id.clone();
@@ -226,7 +270,7 @@ async fn cluster_usage_json(
     let mut nodes = match read {
         Ok(n) => n,
         Err(e) => {
-            let mut v = usage_of(mine, by, &since)?;
+            let mut v = usage_of(mine, by, &since, stack)?;
             v["cluster_error"] = json!(format!("only this node's usage: {e}"));
             return Ok(v);
         }
@@ -242,7 +286,7 @@ async fn cluster_usage_json(
             (n.clone(), usage_totals(&t))
         })
         .collect();
-    let mut v = usage_of(nodes.into_values().flatten().collect(), by, &since)?;
+    let mut v = usage_of(nodes.into_values().flatten().collect(), by, &since, stack)?;
     v["nodes"] = Value::Object(per_node);
     Ok(v)
 }
@@ -692,13 +736,13 @@ impl clawft_channel_http::Admin for AdminApi {
             AdminRequest::CanvasGet { session } => {
                 crate::tools::canvas::canvas_json(&running()?.store, &session).map_err(internal)
             }
-            AdminRequest::Usage { by, days } => {
+            AdminRequest::Usage { by, days, stack } => {
                 let r = running()?;
                 #[cfg(feature = "cluster")]
                 if let Some(c) = self.cluster.get() {
-                    return cluster_usage_json(c, &r.store, &by, days).await;
+                    return cluster_usage_json(c, &r.store, &by, days, stack.as_deref()).await;
                 }
-                usage_json(&r.store, &by, days)
+                usage_json_stacked(&r.store, &by, days, stack.as_deref())
             }
             AdminRequest::McpRestart { name } => {
                 let r = running()?;

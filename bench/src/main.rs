@@ -40,7 +40,7 @@ const SCENARIOS: &[(&str, &str)] = &[
     ("burst", "1,000 sessions sent at once: errors, p50/p99; RSS after the settle time"),
     ("idle_sessions", "RSS growth per 1,000 idle sessions"),
     ("slow_disk", "every fsync +50 ms (LD_PRELOAD shim, built with cc), 20 ms model: p99 of 50 chats doing turns, then with 16 chats flooding /new and /status"),
-    ("ui", "the control UI: bytes of the chat page's first load (the page and every asset it names)"),
+    ("ui", "the control UI: bytes of the first load (the page and every asset it names), and the largest page's total compressed"),
     ("browser", "the browser tool with the system's Chromium: chat turn to the first snapshot cold and warm, the browser's PSS idle, the gateway's RSS with the browser idle and closed"),
     ("cluster", "cluster mode on a real three-server NATS cluster, Telegram on its fake, a 100 ms model: one node's cost, turns/s and p99 with 1 and 3 nodes, failover when the Telegram lease holder is killed (needs --features platform-fakes, a weft built with the cluster feature, nats-server)"),
     ("conversation", "one session, 200 messages of 1 KB: prompt bytes and estimated tokens per turn, with an 8k context window and without a bound (informational)"),
@@ -388,15 +388,15 @@ async fn start(ctx: &mut Ctx) -> Result<(), String> {
 
 /// The control UI's first load: `/ui/` and every `/ui/...` asset it names (`src`/`href`),
 /// as a browser fetches them on a first visit (uncompressed).
-async fn ui(ctx: &mut Ctx) -> Result<(), String> {
-    let (home, _gw) = ctx.fresh("ui").await?;
-    let mut c = Client::new(home.addr(), Duration::from_secs(10));
-    let (status, page) = c.request("GET", "/ui/", None).await?;
+/// A page of the control UI and every `/ui/` asset it names: (bytes, gzip -9 bytes, assets).
+async fn ui_page(c: &mut Client, path: &str) -> Result<(usize, usize, usize), String> {
+    let (status, page) = c.request("GET", path, None).await?;
     if status != 200 {
-        return Err(format!("GET /ui/ answered {status}"));
+        return Err(format!("GET {path} answered {status}"));
     }
     let html = String::from_utf8_lossy(&page).into_owned();
     let mut total = page.len();
+    let mut gz = gzip_len(&page)?;
     let mut assets = Vec::new();
     for attr in ["src=\"", "href=\""] {
         for part in html.split(attr).skip(1) {
@@ -414,7 +414,38 @@ async fn ui(ctx: &mut Ctx) -> Result<(), String> {
             return Err(format!("GET {a} answered {status}"));
         }
         total += body.len();
+        gz += gzip_len(&body)?;
     }
+    Ok((total, gz, assets.len()))
+}
+
+/// The size of `bytes` compressed by `gzip -9` (each file on its own, as a server or proxy
+/// compressing responses would send it).
+fn gzip_len(bytes: &[u8]) -> Result<usize, String> {
+    use std::io::Write as _;
+    let mut child = std::process::Command::new("gzip")
+        .arg("-9c")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("gzip: {e}"))?;
+    child
+        .stdin
+        .take()
+        .ok_or("gzip: no stdin")?
+        .write_all(bytes)
+        .map_err(|e| format!("gzip: {e}"))?;
+    let out = child.wait_with_output().map_err(|e| format!("gzip: {e}"))?;
+    Ok(out.stdout.len())
+}
+
+async fn ui(ctx: &mut Ctx) -> Result<(), String> {
+    let (home, _gw) = ctx.fresh("ui").await?;
+    let mut c = Client::new(home.addr(), Duration::from_secs(10));
+    // Every page of the UI is one document (pages are its sections): its first load is the
+    // whole page; the login page is the other document.
+    let (total, gz, n) = ui_page(&mut c, "/ui/").await?;
+    let (login, login_gz, login_n) = ui_page(&mut c, "/ui/login").await?;
     ctx.report.add(
         "ui_first_load_bytes",
         Some(total as f64),
@@ -422,7 +453,18 @@ async fn ui(ctx: &mut Ctx) -> Result<(), String> {
         Some(200.0 * 1024.0),
         "<=",
         None,
-        format!("/ui/ and its {} assets, uncompressed", assets.len()),
+        format!("/ui/ and its {n} assets, uncompressed"),
+    );
+    ctx.report.add(
+        "ui_largest_page_gzip_bytes",
+        Some(gz.max(login_gz) as f64),
+        "bytes",
+        Some(150.0 * 1024.0),
+        "<=",
+        None,
+        format!(
+            "the largest page with every asset it loads, each gzip -9: /ui/ {gz} B ({total} B raw), /ui/login {login_gz} B ({login} B raw, {login_n} assets)"
+        ),
     );
     Ok(())
 }

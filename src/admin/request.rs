@@ -63,12 +63,14 @@ pub enum AdminRequest {
         /// The session's key, as written.
         session: String,
     },
-    /// `usage {by?, days?}`.
+    /// `usage {by?, days?, stack?}`.
     Usage {
         /// `day`, `session`, `model`, `user` or `agent` (default `day`).
         by: String,
         /// How many days back (default 30).
         days: u64,
+        /// A second grouping splitting each row into `parts` (the UI's stacked chart).
+        stack: Option<String>,
     },
     /// `store/check`.
     StoreCheck,
@@ -239,6 +241,7 @@ impl AdminRequest {
             "usage" => AdminRequest::Usage {
                 by: b.0["by"].as_str().unwrap_or("day").to_string(),
                 days: b.number("days").unwrap_or(30),
+                stack: b.0["stack"].as_str().map(str::to_string),
             },
             "store/check" => AdminRequest::StoreCheck,
             "store/backup" => {

@@ -410,6 +410,35 @@ impl Browser {
         self.cmd(reqwest::Method::POST, path, Some(body)).await
     }
 
+    /// Resize the browser's window (CSS pixels; headless: the viewport too).
+    pub(crate) async fn resize(&self, width: u32, height: u32) {
+        let v = self
+            .post("/window/rect", json!({"width": width, "height": height}))
+            .await;
+        assert!(v["width"].is_number(), "resize: {v}");
+    }
+
+    /// A PNG of the viewport.
+    pub(crate) async fn screenshot(&self) -> Vec<u8> {
+        use base64::Engine as _;
+        let v = self.cmd(reqwest::Method::GET, "/screenshot", None).await;
+        base64::engine::general_purpose::STANDARD
+            .decode(v.as_str().unwrap_or_else(|| panic!("screenshot: {v}")))
+            .unwrap()
+    }
+
+    /// Emulate the system's colour scheme (`light` or `dark`) through Chromium's DevTools.
+    pub(crate) async fn color_scheme(&self, scheme: &str) {
+        let v = self
+            .post(
+                "/goog/cdp/execute",
+                json!({"cmd": "Emulation.setEmulatedMedia",
+                       "params": {"features": [{"name": "prefers-color-scheme", "value": scheme}]}}),
+            )
+            .await;
+        assert!(v.is_object(), "emulate {scheme}: {v}");
+    }
+
     pub(crate) async fn goto(&self, url: &str) {
         let v = self.post("/url", json!({ "url": url })).await;
         assert!(v.is_null(), "{v}");
@@ -418,6 +447,13 @@ impl Browser {
     /// Run `script` (a function body; `arguments` as in WebDriver) in the page.
     pub(crate) async fn js(&self, script: &str, args: Value) -> Value {
         self.post("/execute/sync", json!({"script": script, "args": args}))
+            .await
+    }
+
+    /// Run `script` (a function body whose last argument is the callback) in the page and wait
+    /// for what it passes to the callback.
+    pub(crate) async fn js_async(&self, script: &str) -> Value {
+        self.post("/execute/async", json!({"script": script, "args": []}))
             .await
     }
 
@@ -589,7 +625,7 @@ async fn in_a_browser_login_chat_approve_and_usage() {
         )
         .await;
     assert_eq!(status, "sent");
-    b.goto(&format!("http://127.0.0.1:{port}/ui/")).await;
+    b.goto(&format!("http://127.0.0.1:{port}/ui/#chat")).await;
     b.until(
         "return document.body.dataset.live === 'yes'",
         "event stream open",
@@ -698,7 +734,7 @@ async fn in_a_browser_login_chat_approve_and_usage() {
     .await;
     b.click("#nodes-table tbody tr button").await;
     b.until(
-        "const r = document.querySelector('#nodes-table tbody tr'); return r && r.textContent.includes('approved') && r.textContent.includes('true')",
+        "const r = document.querySelector('#nodes-table tbody tr'); return r && r.textContent.includes('approved') && r.textContent.includes('online')",
         "the approved node online",
     )
     .await;

@@ -360,7 +360,7 @@ async fn in_a_browser_config_shows_origins_and_agents_page_searches_memory() {
     // Automations: the heartbeat's schedule, and the allowlists (none without a chat platform).
     b.goto(&format!("http://127.0.0.1:{port}/ui/#ops")).await;
     b.until(
-        "const t = document.getElementById('heartbeat').textContent; return t.startsWith('Heartbeat: every 7200 s, to ') && t.includes('ops')",
+        "const t = document.getElementById('heartbeat').textContent; return t.startsWith('Heartbeat: every 2 hours, to ') && t.includes('ops')",
         "the heartbeat shown",
     )
     .await;

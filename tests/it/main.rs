@@ -28,6 +28,8 @@ mod control;
 mod control_ui;
 #[cfg(feature = "ui")]
 mod control_ui_config;
+#[cfg(feature = "ui")]
+mod control_ui_pages;
 mod conversation;
 mod cron_ops;
 mod custom_tools;

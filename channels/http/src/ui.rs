@@ -95,6 +95,11 @@ const ASSETS: &[(&str, &str, &[u8])] = &[
         "text/css; charset=utf-8",
         include_bytes!("../ui/app.css"),
     ),
+    (
+        "favicon.svg",
+        "image/svg+xml",
+        include_bytes!("../ui/favicon.svg"),
+    ),
 ];
 
 /// What a UI session may do.

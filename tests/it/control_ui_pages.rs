@@ -1,0 +1,546 @@
+//! The control UI as a person sees it, in a real headless Chromium: the overview's live channel
+//! state (a wrong Telegram token, then fixed and reloaded), provider health, spend against the
+//! budgets and what waits; the usage chart's values against `weft usage --json`; schedules in
+//! words and Run now's feedback; Markdown and tool cards in the chat (never HTML from the
+//! model); the canvas panel only when there is a canvas; the page without a login; no page
+//! scrolls sideways at 1280 or 390 px. With `WEFT_UI_SCREENSHOTS=DIR` it saves a PNG of every
+//! page at both widths there (docs/img holds the current ones).
+
+use std::time::Duration;
+
+use clawft_channel_telegram::fake::FakeTelegram;
+use serde_json::{json, Value};
+
+use crate::control_ui::{driver, link, plain, run, setup, Browser};
+use crate::fake_llm::{FakeLlm, Reply};
+use crate::process::Daemon;
+
+const T: Duration = Duration::from_secs(30);
+
+/// The pages, by their address.
+const PAGES: &[&str] = &[
+    "overview",
+    "chat",
+    "approvals",
+    "usage",
+    "sessions",
+    "ops",
+    "logs",
+    "agents",
+    "config",
+];
+
+async fn admin(d: &Daemon, name: &str, body: Value) -> Value {
+    let r = d
+        .api
+        .http
+        .post(format!("{}/v1/admin/{name}", d.api.base))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let s = r.status().as_u16();
+    let v: Value = r.json().await.unwrap_or(Value::Null);
+    assert_eq!(s, 200, "{name}: {v}");
+    v
+}
+
+/// axe-core (`npm ci --prefix tests/ui`), or `None` outside CI when it is not installed.
+fn axe_source() -> Option<String> {
+    let p = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/ui/node_modules/axe-core/axe.min.js"
+    );
+    match std::fs::read_to_string(p) {
+        Ok(s) => Some(s),
+        Err(e) => {
+            assert!(
+                std::env::var("CI").is_err(),
+                "axe-core is needed for the control UI tests (npm ci --prefix tests/ui): {p}: {e}"
+            );
+            eprintln!("axe-core checks skipped: {p}: {e}");
+            None
+        }
+    }
+}
+
+/// The serious and critical accessibility violations axe-core finds in the page as shown.
+async fn axe_violations(b: &Browser, axe: &str) -> Value {
+    if b.js("return typeof axe === 'undefined'", json!([])).await == true {
+        b.js(axe, json!([])).await;
+    }
+    let v = b.js_async(
+        "const done = arguments[arguments.length - 1];
+         axe.run(document)
+           .then((r) => done({passes: r.passes.length, bad: r.violations.filter((v) => v.impact === 'serious' || v.impact === 'critical')
+             .map((v) => ({id: v.id, impact: v.impact, help: v.help,
+                           nodes: v.nodes.slice(0, 5).map((n) => n.target.join(' ') + ': ' + n.failureSummary)}))}))
+           .catch((e) => done('axe failed: ' + e));",
+    )
+    .await;
+    // It ran its rules (a page where no rule applied would pass vacuously).
+    assert!(v["passes"].as_u64().unwrap_or(0) >= 10, "{v}");
+    v["bad"].clone()
+}
+
+/// Open `page` and wait until it has loaded (its loader ran, no error shown).
+async fn open(b: &Browser, port: u16, page: &str) {
+    b.goto(&format!("http://127.0.0.1:{port}/ui/#{page}")).await;
+    b.until(
+        &format!(
+            "const s = document.getElementById('page-{page}'); return s && !s.hidden && document.getElementById('notice').hidden && s.textContent.length > 40"
+        ),
+        &format!("page {page} shown"),
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn overview_usage_chart_words_and_fit_in_a_browser() {
+    let Some(drv) = driver() else { return };
+    let llm = FakeLlm::start().await;
+    let tg = FakeTelegram::start().await;
+    let (dir, cfg, port) = setup(
+        &llm,
+        json!({
+            "channels": {"telegram": {"token": "123456:wrong-token", "api_url": tg.api_url(),
+                                      "allow_from": [111], "stream_edits": false}},
+            "prices": {"fake-model": {"input": 50.0, "output": 100.0}},
+            "budgets": {"daily_usd": 5.0, "monthly_usd": 100.0},
+            "tools": {"exec": {"mode": "ask", "approval_timeout_secs": 600}},
+        }),
+    );
+    std::fs::write(dir.path().join("ws/notes.txt"), "milk, eggs").unwrap();
+    let d = Daemon::start(dir.path(), &cfg, port).await;
+    let b = Browser::start(drv).await;
+    b.resize(1280, 900).await;
+    let url = link(dir.path(), &cfg, &[]).await;
+    b.goto(&url).await;
+    b.until(
+        "return document.getElementById('me') && document.getElementById('me').textContent.includes('operator')",
+        "logged in",
+    )
+    .await;
+
+    // The landing page is the overview: every channel with its live state, the web chat too,
+    // and the Telegram bot whose token the Bot API refuses says so.
+    let here = b.js("return location.hash", json!([])).await;
+    assert!(here == "" || here == "#overview", "{here}");
+    let tg_state = b
+        .until(
+            "const l = document.querySelector('#ov-channels li[data-channel^=\"telegram\"]'); return l && l.textContent.includes('auth failed') && l.textContent",
+            "the overview shows the refused Telegram token",
+        )
+        .await;
+    assert!(
+        tg_state.as_str().unwrap().contains("Unauthorized"),
+        "{tg_state}"
+    );
+    for ch in ["web", "http"] {
+        b.until(
+            &format!("return document.querySelector('#ov-channels li[data-channel=\"{ch}\"]')"),
+            &format!("channel {ch} listed"),
+        )
+        .await;
+    }
+    let verdict = b
+        .until(
+            "const v = document.getElementById('ov-verdict'); return v.classList.contains('bad') && v.textContent",
+            "the verdict names the failing channel",
+        )
+        .await;
+    assert!(verdict.as_str().unwrap().contains("telegram"), "{verdict}");
+
+    // The token fixed in the file and the configuration reloaded from the Config page: the
+    // overview shows the bot connected.
+    let mut file: Value = serde_json::from_str(&std::fs::read_to_string(&cfg).unwrap()).unwrap();
+    file["channels"]["telegram"]["token"] = json!(FakeTelegram::TOKEN);
+    std::fs::write(&cfg, serde_json::to_string_pretty(&file).unwrap()).unwrap();
+    open(&b, port, "config").await;
+    b.click("#config-reload").await;
+    b.until(
+        "return document.getElementById('config-report').textContent.includes('Reloaded')",
+        "reloaded",
+    )
+    .await;
+    open(&b, port, "overview").await;
+    b.until(
+        "const l = document.querySelector('#ov-channels li[data-channel^=\"telegram\"]'); return l && l.textContent.includes('connected as @')",
+        "the overview shows the bot connected after the reload",
+    )
+    .await;
+
+    // Traffic from three users: Telegram, the HTTP API and the web chat (Markdown and a tool
+    // call in its reply).
+    llm.push(Reply::Text("hello from telegram".into()));
+    tg.push_user_message(111, 111, "hi");
+    assert!(
+        crate::common::wait_until(T, || !tg.sent().is_empty()).await,
+        "no Telegram reply"
+    );
+    llm.push(Reply::Text("hello over http".into()));
+    let (s, v) = d.api.chat("api-user", "hi").await;
+    assert_eq!(s, 200, "{v}");
+
+    open(&b, port, "chat").await;
+    b.until("return document.body.dataset.live === 'yes'", "events")
+        .await;
+    // No canvas in this session: no canvas panel.
+    assert_eq!(
+        b.js(
+            "return document.getElementById('canvas-panel').hidden",
+            json!([])
+        )
+        .await,
+        true
+    );
+    llm.push(Reply::ToolCalls(vec![(
+        "r1".into(),
+        "read_file".into(),
+        json!({"path": "notes.txt"}).to_string(),
+    )]));
+    llm.push(Reply::Text(
+        "Your **list**: `milk`\n\n- eggs\n- bread\n\n```\nuname -a\n```\n<img src=x onerror=\"document.title='owned'\">".into(),
+    ));
+    b.type_in("#chat-input", "what is on my list?").await;
+    b.click("#chat-form button[type=submit]").await;
+    let shown = b
+        .until(
+            "const l = [...document.querySelectorAll('#chat-log li.agent:not(.streaming)')].pop(); return l && l.querySelector('strong') && ({strong: l.querySelector('strong').textContent, code: l.querySelector('code').textContent, items: l.querySelectorAll('ul li').length, pre: l.querySelector('pre').textContent, img: !!l.querySelector('img'), text: l.textContent})",
+            "the reply rendered as Markdown",
+        )
+        .await;
+    assert_eq!(shown["strong"], "list", "{shown}");
+    assert_eq!(shown["code"], "milk", "{shown}");
+    assert_eq!(shown["items"], 2, "{shown}");
+    assert_eq!(shown["pre"], "uname -a", "{shown}");
+    assert_eq!(shown["img"], false, "HTML from the model became an element");
+    let text = shown["text"].as_str().unwrap();
+    assert!(!text.contains("**") && !text.contains("```"), "{text}");
+    assert!(
+        text.contains("<img src=x"),
+        "the model's HTML shows as text: {text}"
+    );
+    assert_ne!(b.js("return document.title", json!([])).await, "owned");
+    let card = b
+        .until(
+            "const c = document.querySelector('#chat-log details.tool summary'); return c && c.textContent",
+            "the tool call as a card",
+        )
+        .await;
+    assert_eq!(card, "read_file — done");
+    // An approval asked in the web chat: the command, when it expires and who may answer;
+    // answered from its buttons.
+    llm.push(Reply::ToolCalls(vec![(
+        "w1".into(),
+        "exec_shell".into(),
+        json!({"command": "touch from-web"}).to_string(),
+    )]));
+    llm.push(Reply::Text("not run".into()));
+    b.type_in("#chat-input", "run it").await;
+    b.click("#chat-form button[type=submit]").await;
+    let ask = b
+        .until(
+            "const l = document.querySelector('#chat-log li[data-who=\"approval\"]'); return l && l.textContent",
+            "the approval in the chat",
+        )
+        .await;
+    let ask = ask.as_str().unwrap();
+    assert!(
+        ask.contains("touch from-web")
+            && ask.contains("expires unanswered at")
+            && ask.contains("/approve "),
+        "{ask}"
+    );
+    b.click("#chat-log li[data-who=\"approval\"] button[data-decision=deny]")
+        .await;
+    b.until(
+        "return [...document.querySelectorAll('#chat-log li.agent')].some(l => l.textContent === 'not run')",
+        "the reply after the denial",
+    )
+    .await;
+    assert!(!dir.path().join("ws/from-web").exists());
+    open(&b, port, "sessions").await;
+    b.click("#sessions-rows tr[data-key=\"web:main\"] a").await;
+    let t = b
+        .until(
+            "const c = document.querySelector('#transcript details.tool'); return c && c.textContent",
+            "the transcript's tool card",
+        )
+        .await;
+    let t = t.as_str().unwrap();
+    assert!(
+        t.contains("read_file") && t.contains("notes.txt") && t.contains("milk, eggs"),
+        "{t}"
+    );
+
+    // Something waits: a command asked on the HTTP API, its expiry in words.
+    llm.push(Reply::ToolCalls(vec![(
+        "e1".into(),
+        "exec_shell".into(),
+        json!({"command": "echo waiting"}).to_string(),
+    )]));
+    llm.push(Reply::Text("denied then".into()));
+    let api = d.api.clone();
+    let asker = tokio::spawn(async move { api.chat("asker", "run it").await });
+    open(&b, port, "overview").await;
+    let waiting = b
+        .until(
+            "const t = document.getElementById('ov-waiting').textContent; return t.includes('echo waiting') && t",
+            "the approval waiting on the overview",
+        )
+        .await;
+    assert!(
+        waiting.as_str().unwrap().contains("expires in 10 min")
+            || waiting.as_str().unwrap().contains("expires in 9 min"),
+        "{waiting}"
+    );
+    // Providers answering, spend against the budget.
+    let prov = b
+        .until(
+            "const l = document.querySelector('#ov-providers li[data-provider=\"openai\"]'); return l && l.textContent",
+            "provider health",
+        )
+        .await;
+    assert!(prov.as_str().unwrap().contains("answering"), "{prov}");
+    let spend = b
+        .js(
+            "return document.getElementById('ov-spend').textContent",
+            json!([]),
+        )
+        .await;
+    let spend = spend.as_str().unwrap();
+    assert!(
+        spend.contains("of $5.00 budget") && spend.contains("of $100.00 budget"),
+        "{spend}"
+    );
+    let (ok, out, err) = run(dir.path(), &cfg, &["usage", "--days", "1", "--json"]).await;
+    assert!(ok, "{err}");
+    let cli: Value = serde_json::from_str(&out).unwrap();
+    let today = b
+        .js(
+            "return Number(document.getElementById('ov-spend').dataset.today)",
+            json!([]),
+        )
+        .await;
+    assert!(
+        (today.as_f64().unwrap() - cli["total"]["cost_usd"].as_f64().unwrap()).abs() < 1e-9,
+        "{today} vs {cli}"
+    );
+    let pending = admin(&d, "approvals/list", json!({})).await;
+    let id = pending["approvals"][0]["id"].as_str().unwrap().to_string();
+    admin(
+        &d,
+        "approvals/answer",
+        json!({"id": id, "decision": "deny"}),
+    )
+    .await;
+    let (s, _) = tokio::time::timeout(T, asker).await.unwrap().unwrap();
+    assert_eq!(s, 200);
+
+    // The usage chart, stacked by user: each day's bar and each user's part are the figures
+    // of `weft usage --json`.
+    open(&b, port, "usage").await;
+    for measure in ["cost", "tokens"] {
+        b.js(
+            &format!(
+                "document.getElementById('usage-measure').value = '{measure}'; const s = document.getElementById('usage-stack'); s.value = 'user'; s.dispatchEvent(new Event('change'));"
+            ),
+            json!([]),
+        )
+        .await;
+        let chart = b
+            .until(
+                "const s = document.querySelector('#usage-chart svg'); return s && s.getAttribute('aria-label').includes('user') && {days: [...s.querySelectorAll('g[data-day]')].map(g => [g.dataset.day, Number(g.dataset.value)]), parts: [...s.querySelectorAll('rect[data-key]')].map(r => [r.dataset.key, Number(r.dataset.value), r.querySelector('title').textContent])}",
+                "the chart drawn",
+            )
+            .await;
+        let value = |r: &Value| -> f64 {
+            if measure == "cost" {
+                r["cost_usd"].as_f64().unwrap()
+            } else {
+                (r["input_tokens"].as_u64().unwrap() + r["output_tokens"].as_u64().unwrap()) as f64
+            }
+        };
+        let (ok, out, err) = run(dir.path(), &cfg, &["usage", "--json"]).await;
+        assert!(ok, "{err}");
+        let by_day: Value = serde_json::from_str(&out).unwrap();
+        let days = chart["days"].as_array().unwrap();
+        assert_eq!(days.len(), 30, "{chart}");
+        for day in days {
+            let want = by_day["rows"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|r| r["key"] == day[0])
+                .map_or(0.0, value);
+            assert!(
+                (day[1].as_f64().unwrap() - want).abs() < 1e-9,
+                "{measure} {day} vs {by_day}"
+            );
+        }
+        let (ok, out, err) = run(dir.path(), &cfg, &["usage", "--by", "user", "--json"]).await;
+        assert!(ok, "{err}");
+        let by_user: Value = serde_json::from_str(&out).unwrap();
+        let users = by_user["rows"].as_array().unwrap();
+        assert!(users.len() >= 3, "three users: {by_user}");
+        for u in users {
+            let shown: f64 = chart["parts"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|p| p[0] == u["key"])
+                .map(|p| p[1].as_f64().unwrap())
+                .sum();
+            assert!(
+                (shown - value(u)).abs() < 1e-9,
+                "{measure} user {u} vs {chart}"
+            );
+        }
+        // Values on hover, in words.
+        let tip = chart["parts"][0][2].as_str().unwrap();
+        assert!(
+            tip.contains(if measure == "cost" { "$" } else { "tokens" }),
+            "{tip}"
+        );
+    }
+    // The table below: money as money, no float noise, no JSON key as a header.
+    let table = b
+        .js(
+            "return document.getElementById('usage-table').innerText",
+            json!([]),
+        )
+        .await;
+    let table = table.as_str().unwrap();
+    assert!(
+        table.contains("Spend") && !table.contains("cost_usd") && !table.contains("0000000"),
+        "{table}"
+    );
+
+    // Schedules in words, a job that never ran says so, Run now says what it did.
+    admin(
+        &d,
+        "cron/add",
+        json!({"name": "morning", "schedule": {"kind": "cron", "expr": "0 7 * * *", "tz": "Europe/Berlin"},
+               "message": "good morning", "deliver": "turn", "target": {"channel": "http", "chat_id": "ops"}}),
+    )
+    .await;
+    open(&b, port, "ops").await;
+    let row = b
+        .until(
+            "const r = document.querySelector('#cron-table tbody tr'); return r && r.textContent.includes('morning') && r.textContent",
+            "the job listed",
+        )
+        .await;
+    let row = row.as_str().unwrap();
+    assert!(
+        row.contains("every day at 07:00 Europe/Berlin")
+            && row.contains("never ran")
+            && row.contains("in "),
+        "{row}"
+    );
+    assert!(!row.contains('{'), "raw JSON in the job row: {row}");
+    b.js(
+        "[...document.querySelectorAll('#cron-table tbody button')].find(b => b.textContent === 'History').click()",
+        json!([]),
+    )
+    .await;
+    b.until(
+        "return document.getElementById('cron-runs').textContent.includes('No runs yet')",
+        "an empty history says so",
+    )
+    .await;
+    llm.push(Reply::Text("good morning to you".into()));
+    b.js(
+        "[...document.querySelectorAll('#cron-table tbody button')].find(b => b.textContent === 'Run now').click()",
+        json!([]),
+    )
+    .await;
+    b.until(
+        "const n = document.getElementById('notice'); return !n.hidden && n.textContent.includes('Started morning: see History')",
+        "Run now says what it did",
+    )
+    .await;
+    // Channels on this page: state, not configuration.
+    let chans = b
+        .js(
+            "return document.getElementById('channels-table').textContent",
+            json!([]),
+        )
+        .await;
+    assert!(
+        chans.as_str().unwrap().contains("connected as @")
+            && !chans.as_str().unwrap().contains("allow_from"),
+        "{chans}"
+    );
+
+    // Every page fits: no sideways scroll at a laptop's and a phone's width.
+    let shots = std::env::var("WEFT_UI_SCREENSHOTS").ok();
+    let axe = axe_source();
+    for (w, h) in [(1280, 900), (390, 844)] {
+        b.resize(w, h).await;
+        for page in PAGES {
+            open(&b, port, page).await;
+            let fit = b
+                .js(
+                    "return [document.documentElement.scrollWidth, window.innerWidth]",
+                    json!([]),
+                )
+                .await;
+            let (sw, iw) = (fit[0].as_u64().unwrap(), fit[1].as_u64().unwrap());
+            assert!(
+                sw <= iw,
+                "page {page} scrolls sideways at {w} px: {sw} > {iw}"
+            );
+            // Accessible: no serious or critical axe-core violation (at both widths: the
+            // phone layout has its own markup rules, such as the cards' labels).
+            if let Some(axe) = &axe {
+                let v = axe_violations(&b, axe).await;
+                assert_eq!(v, json!([]), "page {page} at {w} px");
+            }
+            if let Some(dir) = &shots {
+                b.js("window.scrollTo(0, 0)", json!([])).await;
+                let png = b.screenshot().await;
+                std::fs::write(format!("{dir}/ui-{page}-{w}.png"), png).unwrap();
+            }
+        }
+    }
+    if let Some(dir) = &shots {
+        b.resize(1280, 900).await;
+        b.color_scheme("dark").await;
+        open(&b, port, "overview").await;
+        std::fs::write(
+            format!("{dir}/ui-overview-dark-1280.png"),
+            b.screenshot().await,
+        )
+        .unwrap();
+    }
+    drop(b);
+
+    // Without a login: a page that says how to get one, not the chat form; a favicon.
+    let anon = Browser::start(drv).await;
+    anon.goto(&format!("http://127.0.0.1:{port}/ui/#chat"))
+        .await;
+    anon.until(
+        "return !document.getElementById('page-signed-out').hidden",
+        "the signed-out page",
+    )
+    .await;
+    let seen = anon
+        .js(
+            "return [document.getElementById('chat-form').offsetParent === null, document.body.innerText.includes('weft dashboard'), document.querySelector('link[rel=icon]').href]",
+            json!([]),
+        )
+        .await;
+    assert_eq!(seen[0], true, "the chat form shows without a login");
+    assert_eq!(seen[1], true, "{seen}");
+    if let Some(axe) = &axe {
+        let v = axe_violations(&anon, axe).await;
+        assert_eq!(v, json!([]), "the signed-out page");
+    }
+    let icon = plain().get(seen[2].as_str().unwrap()).send().await.unwrap();
+    assert_eq!(icon.status(), 200);
+    assert_eq!(icon.headers()["content-type"], "image/svg+xml");
+    drop(anon);
+    d.term();
+}
