@@ -128,8 +128,14 @@ pub enum Approval {
 /// after the approval timeout and treats that as [`Approval::Deny`].
 #[async_trait]
 pub trait Approver: Send + Sync {
-    /// Decide on `command` (as the model wrote it) for `session`.
-    async fn approve(&self, session: &SessionKey, command: &str) -> Approval;
+    /// Decide on `command` (as the model wrote it) for `session`; it would run `on` the gateway
+    /// or a node (who may approve depends on it).
+    async fn approve(
+        &self,
+        session: &SessionKey,
+        command: &str,
+        on: crate::tools::exec::settings::RunsOn,
+    ) -> Approval;
 
     /// Whether `command` was always allowed in `session` where this gate cannot see it (on
     /// another gateway of a cluster): then nobody is asked.
@@ -554,7 +560,7 @@ impl CommandGate {
                     return Ok(());
                 }
                 let answer = tokio::select! {
-                    a = tokio::time::timeout(self.approval_timeout, approver.approve(session, command)) => a.ok(),
+                    a = tokio::time::timeout(self.approval_timeout, approver.approve(session, command, crate::tools::exec::settings::RunsOn::Gateway)) => a.ok(),
                     () = cancel.cancelled() => return Err(ToolError::Cancelled),
                 };
                 match answer {
