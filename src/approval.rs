@@ -617,9 +617,9 @@ impl Approvals {
             Approvers::Operator => format!(
                 "Approval needed to run:\n```\n{what}\n```\nOnly the operator can approve it (in the control UI, with `weft approvals approve {id}`{}). Anyone here can refuse it with `/deny {id}`.",
                 if rules.approver_ids.is_empty() {
-                    ""
+                    String::new()
                 } else {
-                    ", or an approver replying `/approve {id}`"
+                    format!(", or an approver replying `/approve {id}`")
                 }
             ),
         }

@@ -358,10 +358,11 @@ async fn ask_mode_runs_a_command_only_after_the_user_approves_it_in_the_chat() {
 
 /// `/approve ID` sent to `chat_id` as chat user `sender` (HTTP channel: "http:<sender>").
 async fn approve_as(api: &crate::common::Api, chat_id: &str, sender: &str, id: &str) -> String {
+    let content = format!("/approve {id}");
     let r = api
         .http
         .post(format!("{}/v1/chat", api.base))
-        .json(&json!({"chat_id": chat_id, "sender": sender, "content": format!("/approve {id}")}))
+        .json(&json!({"chat_id": chat_id, "sender": sender, "content": content}))
         .send()
         .await
         .unwrap();
