@@ -29,8 +29,9 @@ use tokio::sync::oneshot;
 use crate::store::shared::{
     self, Bucket, Payload, Replicated, Shared, SharedError, SharedErrorKind, Watched,
 };
-use crate::tools::exec::settings::{ApproverRules, Approvers, RunsOn};
+use crate::tools::exec::settings::{ApproverRules, Approvers};
 use crate::tools::message::MessageSink;
+use crate::tools::shell_policy::RunsOn;
 use crate::types::MutexExt;
 use crate::types::SessionKey;
 

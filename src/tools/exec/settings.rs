@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::net::ssrf::Cidr;
 use crate::tools::sandbox;
-use crate::tools::shell_policy::{ExecMode, DEFAULT_DENY_PATTERNS};
+use crate::tools::shell_policy::{ExecMode, RunsOn, DEFAULT_DENY_PATTERNS};
 use crate::types::SettingError;
 
 /// Default `exec_shell` timeout (seed 000: 30 s).
@@ -176,15 +176,6 @@ impl Approvers {
             Self::Operator => "operator",
         }
     }
-}
-
-/// Where a command put to an approver would run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RunsOn {
-    /// On the gateway's own machine (`exec_shell`, `spawn`, `process`).
-    Gateway,
-    /// On a paired node (the `nodes` tool).
-    Node,
 }
 
 /// Who may answer approval questions: `tools.exec.approvers` and `approver_ids`.

@@ -248,7 +248,7 @@ impl Approver for ScriptedApprover {
         &self,
         _session: &SessionKey,
         _command: &str,
-        _on: crate::tools::exec::settings::RunsOn,
+        _on: crate::tools::shell_policy::RunsOn,
     ) -> Approval {
         self.asked.fetch_add(1, Ordering::SeqCst);
         tokio::time::sleep(self.delay).await;
