@@ -4,7 +4,10 @@
 //! message ("reply `/approve ID`, `/approve ID always` or `/deny ID`"), and the call waits. The
 //! answer comes back as an ordinary inbound message that the session handles as a command at
 //! once, even while the turn is running, through [`Approvals::answer`]. Only the session that
-//! asked can answer (a stranger who learns the id cannot approve). The caller bounds the wait
+//! asked can answer (a stranger who learns the id cannot approve), and under `tools.exec.approvers
+//! = "operator"` (the default for commands on nodes) a chat user may only deny, unless listed in
+//! `tools.exec.approver_ids`; who may approve is judged when the answer arrives, by the rules in
+//! force then ([`Approvals::set_rules`], replaced at each reload). The caller bounds the wait
 //! (2 minutes by default) and treats silence as a denial; a pending request dropped for any
 //! reason (timeout, `/stop`) is kept as expired, for `weft approvals list`.
 //!
@@ -26,7 +29,9 @@ use tokio::sync::oneshot;
 use crate::store::shared::{
     self, Bucket, Payload, Replicated, Shared, SharedError, SharedErrorKind, Watched,
 };
+use crate::tools::exec::settings::{ApproverRules, Approvers};
 use crate::tools::message::MessageSink;
+use crate::tools::shell_policy::RunsOn;
 use crate::types::MutexExt;
 use crate::types::SessionKey;
 
@@ -34,6 +39,49 @@ use crate::types::SessionKey;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("No pending approval `{0}` in this chat (it may have timed out).")]
 pub struct NotPending(pub String);
+
+/// Why a chat user's `/approve` or `/deny` changed nothing.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refused {
+    /// No such question waits for this chat (or it expired).
+    #[error(transparent)]
+    NotPending(NotPending),
+    /// Only the operator (or a listed approver) may approve it: `tools.exec.approvers =
+    /// "operator"`, the default for commands on nodes. The question still waits.
+    #[error("Only the operator can approve `{0}`: ask them to approve it in the control UI or with `weft approvals approve {0}`. Nothing was run; you can still `/deny {0}`.")]
+    OperatorOnly(String),
+}
+
+impl Refused {
+    /// Which refusal it is.
+    pub fn kind(&self) -> RefusedKind {
+        match self {
+            Self::NotPending(_) => RefusedKind::NotPending,
+            Self::OperatorOnly(_) => RefusedKind::OperatorOnly,
+        }
+    }
+}
+
+/// [`Refused`] without its details.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RefusedKind {
+    /// See [`Refused::NotPending`].
+    NotPending,
+    /// See [`Refused::OperatorOnly`].
+    OperatorOnly,
+}
+
+/// Who gives an answer.
+enum Answerer<'a> {
+    /// The operator (control UI, CLI, admin API) or another gateway of the cluster, which
+    /// only forwards what an operator answered there.
+    Operator,
+    /// A chat user: the session they wrote in and who they are ("channel:user id").
+    Chat {
+        session: &'a SessionKey,
+        sender: &'a str,
+    },
+}
 
 /// Why the operator's answer was not given.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -52,6 +100,8 @@ pub use clawft_channel_core::command::Decision;
 struct Pending {
     session: SessionKey,
     command: String,
+    /// Where the command would run: decides who may approve it, read when the answer arrives.
+    on: RunsOn,
     asked_ms: u64,
     tx: oneshot::Sender<Decision>,
 }
@@ -119,9 +169,10 @@ impl crate::tools::shell_policy::Approver for Approvals {
         &self,
         session: &SessionKey,
         command: &str,
+        on: RunsOn,
     ) -> crate::tools::shell_policy::Approval {
         use crate::tools::shell_policy::Approval;
-        match self.request(session, command).await {
+        match self.request_on(session, command, on).await {
             Decision::Once => Approval::AllowOnce,
             Decision::Always => Approval::AllowAlways,
             Decision::Deny => Approval::Deny,
@@ -343,7 +394,7 @@ impl SharedApprovals {
                 let [id] = key.as_slice() else {
                     continue;
                 };
-                if a.resolve(None, id, value.0).is_ok() {
+                if a.answer_any(id, value.0).is_ok() {
                     tracing::info!(
                         id,
                         decision = decision_str(value.0),
@@ -408,6 +459,9 @@ pub struct Approvals {
     recent: Mutex<VecDeque<ApprovalInfo>>,
     /// The other gateways of the cluster (cluster mode).
     shared: Option<SharedApprovals>,
+    /// Who may answer (`tools.exec.approvers`, `approver_ids`), replaced by a reload and read
+    /// when an answer arrives.
+    rules: Mutex<ApproverRules>,
 }
 
 /// Removes a request when its asker stops waiting; unanswered, it is kept as expired.
@@ -433,7 +487,14 @@ impl Approvals {
             pending: Mutex::new(HashMap::new()),
             recent: Mutex::new(VecDeque::new()),
             shared: None,
+            rules: Mutex::new(ApproverRules::default()),
         }
+    }
+
+    /// Who may answer from now on (at start and at each reload); questions already asked are
+    /// judged by these rules when their answer arrives.
+    pub fn set_rules(&self, rules: ApproverRules) {
+        *self.rules.locked() = rules;
     }
 
     /// Approvals whose questions go out through `sink`, shared with the other gateways of the
@@ -474,9 +535,14 @@ impl Approvals {
         self.pending.locked()
     }
 
-    /// Ask the user of `session` whether `what` may happen; waits for the answer. A question
-    /// that cannot be sent is a denial.
+    /// Ask the user of `session` whether `what` may happen on the gateway; waits for the
+    /// answer. A question that cannot be sent is a denial.
     pub async fn request(&self, session: &SessionKey, what: &str) -> Decision {
+        self.request_on(session, what, RunsOn::Gateway).await
+    }
+
+    /// [`Approvals::request`] for a command that runs `on` the gateway or a node.
+    pub async fn request_on(&self, session: &SessionKey, what: &str, on: RunsOn) -> Decision {
         if crate::types::session_key::subagent_task_id(session).is_some() {
             // A subagent has no chat to ask in: nobody could answer.
             tracing::info!(session = %session, "a subagent cannot ask for approval; denying");
@@ -489,6 +555,7 @@ impl Approvals {
             Pending {
                 session: session.clone(),
                 command: what.to_string(),
+                on,
                 asked_ms: now_ms(),
                 tx,
             },
@@ -516,9 +583,7 @@ impl Approvals {
             ChatId::new(chat),
             thread.map(ThreadId::new),
             clawft_channel_core::OutboundBody::Approval {
-                text: format!(
-                    "Approval needed to run:\n```\n{what}\n```\nReply `/approve {id}` to run it once, `/approve {id} always` to stop asking for this command, or `/deny {id}`."
-                ),
+                text: self.question(&id, what, on),
                 ask: clawft_channel_core::ApprovalAsk {
                     approval_id: id.clone(),
                     command: what.to_string(),
@@ -543,17 +608,39 @@ impl Approvals {
         rx.await.unwrap_or(Decision::Deny)
     }
 
-    /// Answer request `id` from `session`. Returns the text to reply to the user.
+    /// The question as the chat shows it: what would run, and who may answer.
+    fn question(&self, id: &str, what: &str, on: RunsOn) -> String {
+        let rules = self.rules.locked().clone();
+        match rules.for_run(on) {
+            Approvers::Chat => format!(
+                "Approval needed to run:\n```\n{what}\n```\nReply `/approve {id}` to run it once, `/approve {id} always` to stop asking for this command, or `/deny {id}`."
+            ),
+            Approvers::Operator => format!(
+                "Approval needed to run:\n```\n{what}\n```\nOnly the operator can approve it (in the control UI, with `weft approvals approve {id}`{}). Anyone here can refuse it with `/deny {id}`.",
+                if rules.approver_ids.is_empty() {
+                    String::new()
+                } else {
+                    format!(", or an approver replying `/approve {id}`")
+                }
+            ),
+        }
+    }
+
+    /// Answer request `id` from chat user `sender` ("channel:user id") writing in `session`,
+    /// judged by the rules in force now (not those when it was asked). Returns the text to
+    /// reply to the user.
     ///
     /// # Errors
-    /// No such pending request for this session.
+    /// No such pending request for this session ([`Refused::NotPending`]), or an approval that
+    /// only the operator may give ([`Refused::OperatorOnly`]; the question still waits).
     pub fn answer(
         &self,
         session: &SessionKey,
+        sender: &str,
         id: &str,
         d: Decision,
-    ) -> Result<String, NotPending> {
-        self.resolve(Some(session), id, d)
+    ) -> Result<String, Refused> {
+        self.resolve(Answerer::Chat { session, sender }, id, d)
     }
 
     /// Answer request `id` whichever session asked (the operator: `weft approvals`, the admin
@@ -562,7 +649,12 @@ impl Approvals {
     /// # Errors
     /// No such pending request.
     pub fn answer_any(&self, id: &str, d: Decision) -> Result<String, NotPending> {
-        self.resolve(None, id, d)
+        self.resolve(Answerer::Operator, id, d)
+            .map_err(|e| match e {
+                Refused::NotPending(n) => n,
+                // The operator may approve anything.
+                Refused::OperatorOnly(id) => NotPending(id),
+            })
     }
 
     /// [`Approvals::answer_any`], or, when the question waits on another gateway of the
@@ -571,7 +663,7 @@ impl Approvals {
     /// # Errors
     /// No gateway asks it, or the cluster could not carry the answer.
     pub fn answer_anywhere(&self, id: &str, d: Decision) -> Result<String, AnswerError> {
-        match (self.resolve(None, id, d), &self.shared) {
+        match (self.answer_any(id, d), &self.shared) {
             (Ok(text), _) => Ok(text),
             (Err(e), None) => Err(AnswerError::NotPending(e)),
             (Err(e), Some(sh)) => match sh.forward(id, d).map_err(AnswerError::Cluster)? {
@@ -611,20 +703,30 @@ impl Approvals {
         out
     }
 
-    fn resolve(
-        &self,
-        session: Option<&SessionKey>,
-        id: &str,
-        d: Decision,
-    ) -> Result<String, NotPending> {
+    fn resolve(&self, who: Answerer<'_>, id: &str, d: Decision) -> Result<String, Refused> {
+        let not_pending = || Refused::NotPending(NotPending(id.to_string()));
         let p = {
             let mut g = self.lock();
-            if g.get(id)
-                .is_none_or(|p| session.is_some_and(|s| p.session != *s))
-            {
-                return Err(NotPending(id.to_string()));
+            let Some(p) = g.get(id) else {
+                return Err(not_pending());
+            };
+            if let Answerer::Chat { session, sender } = who {
+                // Authority is judged now, by the rules in force now.
+                let rules = self.rules.locked().clone();
+                let listed = rules.is_listed(sender);
+                if p.session != *session && !listed {
+                    return Err(not_pending());
+                }
+                if d != Decision::Deny && !listed && rules.for_run(p.on) == Approvers::Operator {
+                    tracing::info!(
+                        id,
+                        sender,
+                        "an approval only the operator may give was refused to a chat user"
+                    );
+                    return Err(Refused::OperatorOnly(id.to_string()));
+                }
             }
-            g.remove(id).ok_or_else(|| NotPending(id.to_string()))?
+            g.remove(id).ok_or_else(not_pending)?
         };
         let state = match d {
             Decision::Once => ApprovalState::Approved,
@@ -740,9 +842,9 @@ mod tests {
             other => panic!("not an approval question: {other:?}"),
         };
         assert!(msg.text().contains("rm -r build") && msg.text().contains(&id));
-        assert!(a.answer(&other, &id, Decision::Once).is_err());
-        assert!(a.answer(&me, "nope", Decision::Once).is_err());
-        a.answer(&me, &id, Decision::Always).unwrap();
+        assert!(a.answer(&other, "telegram:2", &id, Decision::Once).is_err());
+        assert!(a.answer(&me, "telegram:1", "nope", Decision::Once).is_err());
+        a.answer(&me, "telegram:1", &id, Decision::Always).unwrap();
         assert_eq!(waiting.await.unwrap(), Decision::Always);
         assert_eq!(a.pending(), 0);
 
@@ -750,5 +852,83 @@ mod tests {
         let r = tokio::time::timeout(Duration::from_millis(20), a.request(&me, "x")).await;
         assert!(r.is_err());
         assert_eq!(a.pending(), 0);
+    }
+
+    /// Wait for the next question in `sink` and return its id and text.
+    async fn next_question(sink: &Sink, n: usize) -> (String, String) {
+        loop {
+            if let Some(m) = sink.0.lock().unwrap().get(n).cloned() {
+                let id = match &m.body {
+                    clawft_channel_core::OutboundBody::Approval { ask, .. } => {
+                        ask.approval_id.clone()
+                    }
+                    other => panic!("not an approval question: {other:?}"),
+                };
+                return (id, m.text().to_string());
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn a_command_on_a_node_is_approved_only_by_the_operator_by_default() {
+        let sink = Arc::new(Sink::default());
+        let a = Arc::new(Approvals::new(sink.clone()));
+        let me = SessionKey::parse("telegram:1").unwrap();
+        let (a2, me2) = (a.clone(), me.clone());
+        let waiting = tokio::spawn(async move {
+            a2.request_on(&me2, "[on node home] uname -a", RunsOn::Node)
+                .await
+        });
+        let (id, text) = next_question(&sink, 0).await;
+        assert!(text.contains("Only the operator can approve"), "{text}");
+        let e = a
+            .answer(&me, "telegram:1", &id, Decision::Once)
+            .unwrap_err();
+        assert_eq!(e.kind(), RefusedKind::OperatorOnly);
+        assert!(e.to_string().contains("Nothing was run"), "{e}");
+        assert_eq!(a.pending(), 1, "a refused approval changes nothing");
+        // Anyone in the chat may still refuse it.
+        a.answer(&me, "telegram:1", &id, Decision::Deny).unwrap();
+        assert_eq!(waiting.await.unwrap(), Decision::Deny);
+
+        // On the gateway, the default is the chat.
+        let (a2, me2) = (a.clone(), me.clone());
+        let waiting = tokio::spawn(async move { a2.request(&me2, "uname -a").await });
+        let (id, _) = next_question(&sink, 1).await;
+        a.answer(&me, "telegram:1", &id, Decision::Once).unwrap();
+        assert_eq!(waiting.await.unwrap(), Decision::Once);
+    }
+
+    #[tokio::test]
+    async fn authority_is_judged_by_the_rules_in_force_when_the_answer_arrives() {
+        let sink = Arc::new(Sink::default());
+        let a = Arc::new(Approvals::new(sink.clone()));
+        a.set_rules(ApproverRules {
+            approvers: Some(Approvers::Operator),
+            approver_ids: vec!["telegram:7".into()],
+        });
+        let me = SessionKey::parse("telegram:1").unwrap();
+        let boss = SessionKey::parse("telegram:7").unwrap();
+        let (a2, me2) = (a.clone(), me.clone());
+        let waiting = tokio::spawn(async move { a2.request(&me2, "uname -a").await });
+        let (id, _) = next_question(&sink, 0).await;
+        // Removed before answering: the listed approver's answer no longer counts.
+        a.set_rules(ApproverRules {
+            approvers: Some(Approvers::Operator),
+            approver_ids: Vec::new(),
+        });
+        let e = a
+            .answer(&boss, "telegram:7", &id, Decision::Once)
+            .unwrap_err();
+        assert_eq!(e.kind(), RefusedKind::NotPending);
+        assert_eq!(a.pending(), 1);
+        // Listed again (a later reload), the same answer is taken.
+        a.set_rules(ApproverRules {
+            approvers: Some(Approvers::Operator),
+            approver_ids: vec!["telegram:7".into()],
+        });
+        a.answer(&boss, "telegram:7", &id, Decision::Once).unwrap();
+        assert_eq!(waiting.await.unwrap(), Decision::Once);
     }
 }

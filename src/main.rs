@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use clawft::cli::{self, Cli, Command};
-use clawft::config::{Config, Env};
+use clawft::config::{Config, ConfigError, Env};
 
 fn main() -> ExitCode {
     // Everything weft writes (store, index, logs, media, backups) is private to this user,
@@ -110,6 +110,21 @@ fn main() -> ExitCode {
             println!("{:<5} {:<22} {e}", "fail", "config");
             return fail("1 check(s) failed");
         }
+        Err(e) if talks_to_the_gateway(&cli.command) && !matches!(e, ConfigError::Missing(_)) => {
+            // The running gateway keeps the configuration it loaded: what finds it (the store's
+            // control file) is enough, and pending approvals must not expire over a typo.
+            match Config::load_to_find_gateway(cli.config.as_deref(), &load_env) {
+                // Without a running gateway only the store commands work from the store alone;
+                // `status` would show defaults instead of the settings.
+                Ok(c) if gateway_runs(&c) || matches!(cli.command, Command::Store { .. }) => {
+                    eprintln!(
+                        "warning: the config file on disk does not load ({e}); a running gateway keeps the configuration it loaded, but it will refuse this file at its next reload or restart. Fix it, then check with `weft config check`."
+                    );
+                    c
+                }
+                Ok(_) | Err(_) => return fail(&e.to_string()),
+            }
+        }
         Err(e) => return fail(&e.to_string()),
     };
     // One thread for the actors and I/O (blocking work goes to the blocking pool): measured
@@ -208,4 +223,42 @@ fn main() -> ExitCode {
 fn fail(msg: &str) -> ExitCode {
     eprintln!("weft: {msg}");
     ExitCode::FAILURE
+}
+
+/// Commands that only talk to the running gateway (or read its store): they need only what
+/// finds it, so a typo elsewhere in the file on disk does not lock the operator out.
+fn talks_to_the_gateway(command: &Command) -> bool {
+    match command {
+        Command::Status { .. }
+        | Command::Approvals { .. }
+        | Command::Pairing { .. }
+        | Command::Dashboard { .. }
+        | Command::Store { .. } => true,
+        // Prices, budgets and agents come from the whole file.
+        Command::Sessions { .. } | Command::Usage { .. } => false,
+        Command::Onboard { .. }
+        | Command::Service { .. }
+        | Command::Completions { .. }
+        | Command::Logs { .. }
+        | Command::Config { .. }
+        | Command::Agent { .. }
+        | Command::Agents { .. }
+        | Command::Gateway
+        | Command::Tools { .. }
+        | Command::Cron { .. }
+        | Command::Doctor { .. }
+        | Command::Mcp { .. }
+        | Command::McpServer
+        | Command::Memory { .. }
+        | Command::Skills { .. }
+        | Command::Node { .. }
+        | Command::Nodes { .. }
+        | Command::Cluster { .. }
+        | Command::Send { .. } => false,
+    }
+}
+
+/// Whether a gateway runs on `config`'s store (its control file names a live process).
+fn gateway_runs(config: &Config) -> bool {
+    matches!(cli::control::read(&config.store.path), Ok(Some(info)) if cli::control::pid_alive(info.pid))
 }

@@ -74,6 +74,49 @@ impl Config {
             .map_err(|e| e.located(&locate))
     }
 
+    /// What finds the running gateway when the whole file does not load (an unknown key, a
+    /// bad value elsewhere): the file's `store` section alone (where the gateway's control
+    /// file and token are), every other setting at its default. For the commands that only
+    /// talk to the running gateway, which keeps the configuration it loaded.
+    ///
+    /// # Errors
+    /// The file is missing, is not JSON/TOML at all, or its `store` section is itself invalid.
+    pub fn load_to_find_gateway(path: Option<&Path>, env: &Env) -> Result<Config, ConfigError> {
+        let explicit = path.is_some();
+        let path = path.map_or_else(|| default_path(env), Path::to_path_buf);
+        let exists = path.exists();
+        if explicit && !exists {
+            return Err(ConfigError::Missing(path));
+        }
+        let format = match path.extension().and_then(|e| e.to_str()) {
+            Some("toml") => config::FileFormat::Toml,
+            Some(_) | None => config::FileFormat::Json,
+        };
+        let overrides = env_overrides(env);
+        let file_source = exists.then_some((path.as_path(), format));
+        let merged = merged(file_source, &overrides)
+            .map_err(|e| parse_error(&e, file_source, &overrides))?;
+        let store = match merged.get::<file::StoreFile>("store") {
+            Ok(s) => s,
+            Err(config::ConfigError::NotFound(_)) => file::StoreFile::default(),
+            Err(e) => return Err(parse_error(&e, file_source, &overrides)),
+        };
+        let raw = ConfigFile {
+            store,
+            ..ConfigFile::default()
+        };
+        let config_dir = path
+            .parent()
+            .map_or_else(|| clawft_home(env), Path::to_path_buf);
+        Self::resolve(
+            raw,
+            exists.then_some(path),
+            &config_dir,
+            env,
+            Provenance::default(),
+        )
+    }
+
     /// Parse configuration text directly (used by tests of the example config).
     ///
     /// # Errors

@@ -618,6 +618,11 @@ impl Daemon {
             self.usage.set_config(new.usage.clone());
             changes.push("prices and budgets reloaded".into());
         }
+        if old.tools.exec.approver_rules != new.tools.exec.approver_rules {
+            // Judged when an answer arrives: questions already asked follow the new rules.
+            self.approvals
+                .set_rules(new.tools.exec.approver_rules.clone());
+        }
         if old.tools.subagents != new.tools.subagents {
             self.subagents.set_settings(new.tools.subagents.clone());
             changes.push("subagent limits reloaded (running subagents keep theirs)".into());
@@ -1001,6 +1006,7 @@ fn shared_pieces(
         Arc::new(outbox.clone()) as Arc<dyn MessageSink>,
         shared_state.approvals.clone(),
     );
+    approvals.set_rules(config.tools.exec.approver_rules.clone());
     let mcp = start_mcp(config);
     let memory = crate::daemon::build::memory_service(config, Some(store.clone()), docs);
     let subagents = crate::subagent::SubagentHub::new(config.tools.subagents.clone());

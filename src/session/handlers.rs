@@ -218,7 +218,7 @@ pub(super) fn on_inbound(
         }
         Some(ChatCommand::Approval { id, decision }) => {
             let (kind, text) = match &state.args.hooks.approvals {
-                Some(a) => match a.answer(&state.args.key, &id, decision) {
+                Some(a) => match answer_approval(a, &state.args.key, &entry, &id, decision) {
                     Ok(t) => (OutboundKind::Final, t),
                     Err(e) => (OutboundKind::Error, e.to_string()),
                 },
@@ -252,4 +252,28 @@ pub(super) fn on_inbound(
             maybe_start(myself, state);
         }
     }
+}
+
+/// A chat's `/approve` or `/deny`: the terminal (`weft agent`, local or through the gateway
+/// with the control token) is the operator; anyone else answers as the chat user they are.
+fn answer_approval(
+    approvals: &crate::approval::Approvals,
+    session: &SessionKey,
+    entry: &InboxEntry,
+    id: &str,
+    decision: crate::approval::Decision,
+) -> Result<String, crate::approval::Refused> {
+    if clawft_channel_core::Surface::of(session.route().0)
+        == Some(clawft_channel_core::Surface::Terminal)
+    {
+        return approvals
+            .answer_any(id, decision)
+            .map_err(crate::approval::Refused::NotPending);
+    }
+    let sender = entry
+        .event
+        .as_ref()
+        .map(|e| format!("{}:{}", e.channel.as_str(), e.sender.as_str()))
+        .unwrap_or_default();
+    approvals.answer(session, &sender, id, decision)
 }

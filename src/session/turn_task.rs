@@ -171,7 +171,7 @@ impl TurnTask {
         heartbeat: bool,
         outcome: &mut TurnOutcome,
     ) -> Option<OutboundMessage> {
-        let Some(body) = reply_body(outcome, heartbeat) else {
+        let Some(body) = reply_body(outcome, heartbeat, ev.channel.surface().is_none()) else {
             if let Some(s) = &self.hooks.scheduler {
                 s.heartbeat_quiet();
             }
@@ -264,8 +264,10 @@ fn count_turn(key: &SessionKey, status: &TurnStatus) {
 
 /// The body of the reply to a turn that ended so: the answer with the turn's tokens (for
 /// clients that report them), or the failure with its reason; `None` for a heartbeat with
-/// nothing to report.
-fn reply_body(outcome: &TurnOutcome, heartbeat: bool) -> Option<OutboundBody> {
+/// nothing to report. In a chat (`chat_user`: a platform, not the terminal, the HTTP API or
+/// the control UI, which the operator and integrators use) a provider failure is a plain
+/// sentence: status codes, the provider's text and the fix are the operator's (log, status).
+fn reply_body(outcome: &TurnOutcome, heartbeat: bool, chat_user: bool) -> Option<OutboundBody> {
     let reason = match outcome.status {
         TurnStatus::Completed => {
             let text = if heartbeat {
@@ -286,10 +288,11 @@ fn reply_body(outcome: &TurnOutcome, heartbeat: bool) -> Option<OutboundBody> {
             clawft_channel_core::ErrorReason::Failed
         }
     };
-    Some(OutboundBody::Error {
-        text: outcome.reply.clone(),
-        reason,
-    })
+    let text = match outcome.provider_failure {
+        Some(f) if chat_user => f.plain_text().to_string(),
+        Some(_) | None => outcome.reply.clone(),
+    };
+    Some(OutboundBody::Error { text, reason })
 }
 
 /// What the scheduler records of a run that ended so.

@@ -305,7 +305,7 @@ impl Tool for NodesTool {
                 };
                 let question = format!("[on node {node}] {command}");
                 let answer = tokio::select! {
-                    r = tokio::time::timeout(ask.timeout, approver.approve(&ctx.session, &question)) => r.unwrap_or(super::shell_policy::Approval::Deny),
+                    r = tokio::time::timeout(ask.timeout, approver.approve(&ctx.session, &question, super::shell_policy::RunsOn::Node)) => r.unwrap_or(super::shell_policy::Approval::Deny),
                     () = ctx.cancel.cancelled() => return Err(ToolError::ExecutionFailed("cancelled".into())),
                 };
                 match answer {

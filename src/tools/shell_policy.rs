@@ -111,6 +111,15 @@ impl ExecMode {
     }
 }
 
+/// Where a command put to an approver would run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunsOn {
+    /// On the gateway's own machine (`exec_shell`, `spawn`, `process`).
+    Gateway,
+    /// On a paired node (the `nodes` tool).
+    Node,
+}
+
 /// A human's answer to "may this command run?".
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Approval {
@@ -128,8 +137,9 @@ pub enum Approval {
 /// after the approval timeout and treats that as [`Approval::Deny`].
 #[async_trait]
 pub trait Approver: Send + Sync {
-    /// Decide on `command` (as the model wrote it) for `session`.
-    async fn approve(&self, session: &SessionKey, command: &str) -> Approval;
+    /// Decide on `command` (as the model wrote it) for `session`; it would run `on` the gateway
+    /// or a node (who may approve depends on it).
+    async fn approve(&self, session: &SessionKey, command: &str, on: RunsOn) -> Approval;
 
     /// Whether `command` was always allowed in `session` where this gate cannot see it (on
     /// another gateway of a cluster): then nobody is asked.
@@ -554,7 +564,7 @@ impl CommandGate {
                     return Ok(());
                 }
                 let answer = tokio::select! {
-                    a = tokio::time::timeout(self.approval_timeout, approver.approve(session, command)) => a.ok(),
+                    a = tokio::time::timeout(self.approval_timeout, approver.approve(session, command, RunsOn::Gateway)) => a.ok(),
                     () = cancel.cancelled() => return Err(ToolError::Cancelled),
                 };
                 match answer {

@@ -202,6 +202,58 @@ pub enum TurnStatus {
     OverBudget(String),
 }
 
+/// Why the model gave no answer, as a chat user is told it: a plain sentence without status
+/// codes or the provider's text (those go to the log, `status` and the operator).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProviderFailure {
+    /// Only the operator can fix it (a refused key, no credit, a refused request).
+    NeedsOperator,
+    /// The provider is not answering (rate limited, overloaded, unreachable, slow).
+    NotAnswering,
+    /// The conversation is too long for the model, even compacted.
+    TooLong,
+    /// The answer came back cut or empty twice.
+    Incomplete,
+}
+
+impl ProviderFailure {
+    /// The class of `e` (`None`: a cancel, which is not a failure).
+    pub fn of(e: &crate::llm::LlmError) -> Option<Self> {
+        use crate::llm::LlmError;
+        Some(match e {
+            LlmError::Auth { .. }
+            | LlmError::Quota { .. }
+            | LlmError::BadRequest { .. }
+            | LlmError::InvalidResponse { .. } => Self::NeedsOperator,
+            LlmError::RateLimited { .. }
+            | LlmError::Server { .. }
+            | LlmError::Connect { .. }
+            | LlmError::Timeout { .. } => Self::NotAnswering,
+            LlmError::ContextLength { .. } => Self::TooLong,
+            LlmError::Cut { .. } | LlmError::Empty { .. } => Self::Incomplete,
+            LlmError::Cancelled => return None,
+        })
+    }
+
+    /// What a chat user reads.
+    pub fn plain_text(self) -> &'static str {
+        match self {
+            Self::NeedsOperator => {
+                "Sorry, I can't answer right now: the AI service I use is failing on my side. The operator can see why in the gateway's status; please try again later."
+            }
+            Self::NotAnswering => {
+                "Sorry, I can't answer right now: the AI service I use is not responding. Please try again in a few minutes."
+            }
+            Self::TooLong => {
+                "This conversation has grown too long for me. Send /new to start a fresh one."
+            }
+            Self::Incomplete => {
+                "Sorry, I could not put together a complete answer. Please try again or say it differently."
+            }
+        }
+    }
+}
+
 /// The result of a turn.
 #[derive(Clone, Debug)]
 pub struct TurnOutcome {
@@ -235,6 +287,9 @@ pub struct TurnOutcome {
     /// Workspace files the turn's tools made for the chat (`tts`, `image`), sent with the
     /// reply.
     pub files: Vec<String>,
+    /// The turn failed because the model gave no answer: what a chat user is told instead of
+    /// `reply` (which carries the detail for the operator's surfaces and the log).
+    pub provider_failure: Option<ProviderFailure>,
 }
 
 impl TurnOutcome {
@@ -253,6 +308,7 @@ impl TurnOutcome {
             overflow_window: None,
             last_prompt: (0, 0),
             files: Vec::new(),
+            provider_failure: None,
         }
     }
 }

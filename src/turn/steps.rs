@@ -263,6 +263,7 @@ impl<'a> Turn<'a> {
                 let hint = answer::hint_for(&e, deps);
                 self.out.context_overflow = e.is_context_length();
                 self.out.overflow_window = e.known_window();
+                self.out.provider_failure = super::ProviderFailure::of(&e);
                 Err(Stop::failed(answer::failure_reason(
                     &e,
                     &shown,

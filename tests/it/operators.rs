@@ -941,3 +941,65 @@ async fn doctor_status_and_readyz_report_the_running_gateways_provider_failure()
     assert_eq!(s, 200);
     assert!(d.term().success());
 }
+
+/// A typo in the config file on disk (`modle`) while the gateway runs on the good one: the
+/// commands that only talk to the gateway (`status`, `approvals`) warn and carry on, so a
+/// pending approval is still answered; a command that needs the whole file fails naming the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_typo_on_disk_does_not_lock_the_cli_out_of_the_running_gateway() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("ws")).unwrap();
+    let llm = FakeLlm::start().await;
+    let port = free_port();
+    let cfg = crate::process::gateway_config(
+        dir.path(),
+        &llm,
+        port,
+        json!({"tools": {"exec": {"mode": "ask"}}}),
+    );
+    let d = Daemon::start(dir.path(), &cfg, port).await;
+    llm.push(exec_call("t1", "echo yes > typo.txt"));
+    llm.push(Reply::Text("ran it".into()));
+    let api = d.api.clone();
+    let turn = tokio::spawn(async move { api.chat("asker", "make the file").await });
+    // The operator edits the file and mistypes a key.
+    let mut v: Value = serde_json::from_str(&std::fs::read_to_string(&cfg).unwrap()).unwrap();
+    v["agents"]["defaults"]["modle"] = json!("gpt-4o");
+    std::fs::write(&cfg, serde_json::to_string_pretty(&v).unwrap()).unwrap();
+
+    let out = run(dir.path(), &cfg, &["status"]).await;
+    assert!(out.status.success(), "{}", text(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("warning") && err.contains("modle"),
+        "{}",
+        text(&out)
+    );
+    let mut id = None;
+    for _ in 0..250 {
+        let out = run(dir.path(), &cfg, &["approvals", "list", "--json"]).await;
+        assert!(out.status.success(), "{}", text(&out));
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        if let Some(a) = v["approvals"].as_array().and_then(|a| a.first()) {
+            id = a["id"].as_str().map(str::to_string);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(40)).await;
+    }
+    let id = id.expect("no pending approval listed");
+    let out = run(dir.path(), &cfg, &["approvals", "approve", &id]).await;
+    assert!(out.status.success(), "{}", text(&out));
+    let (s, body) = turn.await.unwrap();
+    assert_eq!((s, body["reply"].as_str()), (200, Some("ran it")), "{body}");
+    assert!(dir.path().join("ws/typo.txt").exists());
+
+    // A command that needs the whole file fails with the key.
+    let out = run(dir.path(), &cfg, &["config", "show"]).await;
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("modle"),
+        "{}",
+        text(&out)
+    );
+    drop(d);
+}

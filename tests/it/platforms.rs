@@ -101,6 +101,60 @@ async fn telegram_message_in_long_reply_out_strangers_refused_429_honoured() {
     gw.stop().await;
 }
 
+/// The provider refuses the gateway's key (401): the family member on Telegram reads a plain
+/// sentence, with no status code, provider text or setting in it; the detail is the
+/// operator's (status, and the HTTP API the operator's tools use).
+#[tokio::test]
+async fn a_chat_user_gets_a_plain_sentence_when_the_provider_fails() {
+    use clawft_channel_telegram::fake::FakeTelegram;
+    let tg = FakeTelegram::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let llm = FakeLlm::start().await;
+    llm.route(|_| {
+        Some(Reply::Status(
+            401,
+            None,
+            "{\"error\": {\"message\": \"Incorrect API key provided: sk-b***xyz\"}}".into(),
+        ))
+    });
+    let cfg = config(
+        &llm,
+        dir.path(),
+        gateway_extra(
+            "telegram",
+            json!({"token": FakeTelegram::TOKEN, "api_url": tg.api_url(), "allow_from": [111], "stream_edits": false}),
+        ),
+    );
+    let gw = TestGateway::start(cfg).await;
+    tg.push_user_message(111, 111, "what's for dinner?");
+    let sent = tg.wait_sent(1, T).await;
+    let seen: String = sent.iter().map(|m| m.visible.as_str()).collect();
+    assert!(
+        seen.starts_with("Sorry, I can't answer right now"),
+        "{seen}"
+    );
+    for leak in [
+        "401",
+        "HTTP",
+        "Incorrect API key",
+        "sk-",
+        "api_key",
+        "openai",
+        "provider",
+    ] {
+        assert!(
+            !seen.contains(leak),
+            "{leak:?} shown to a chat user: {seen}"
+        );
+    }
+    // The operator's surfaces keep the detail.
+    let (_, st) = gw.api.get("/v1/status").await;
+    assert_eq!(st["providers"][0]["last_error"]["kind"], "auth", "{st}");
+    let (_, reply) = gw.api.chat("ops", "hello").await;
+    assert!(reply.to_string().contains("401"), "{reply}");
+    gw.stop().await;
+}
+
 #[tokio::test]
 async fn discord_message_in_long_reply_out_strangers_refused_duplicate_once() {
     use clawft_channel_discord::fake::{FakeDiscord, FakeFailure, FAKE_TOKEN};

@@ -356,6 +356,102 @@ async fn ask_mode_runs_a_command_only_after_the_user_approves_it_in_the_chat() {
     gw.stop().await;
 }
 
+/// `/approve ID` sent to `chat_id` as chat user `sender` (HTTP channel: "http:<sender>").
+async fn approve_as(api: &crate::common::Api, chat_id: &str, sender: &str, id: &str) -> String {
+    let content = format!("/approve {id}");
+    let r = api
+        .http
+        .post(format!("{}/v1/chat", api.base))
+        .json(&json!({"chat_id": chat_id, "sender": sender, "content": content}))
+        .send()
+        .await
+        .unwrap();
+    r.json::<Value>().await.unwrap().to_string()
+}
+
+/// `tools.exec.approvers = "operator"`: the family member who asked cannot approve their own
+/// command (told why, nothing runs, the question still waits); a listed approver can, from
+/// their own chat, until a reload removes them (authority is judged when the answer arrives);
+/// the operator's answer through the admin API is accepted.
+#[tokio::test]
+async fn under_operator_approvers_a_chat_user_cannot_approve_and_a_removed_approver_no_longer_can()
+{
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("ws")).unwrap();
+    let llm = FakeLlm::start().await;
+    for (i, file) in ["one", "two"].iter().enumerate() {
+        llm.push(calls(&[(
+            &format!("o{i}"),
+            "exec_shell",
+            &json!({"command": format!("echo yes > {file}.txt")}).to_string(),
+        )]));
+        llm.push(Reply::Text(format!("ran {file}")));
+    }
+    let with_ids = |ids: Value| {
+        config(
+            &llm,
+            dir.path(),
+            json!({"tools": {"exec": {"mode": "ask", "approvers": "operator", "approver_ids": ids}}}),
+        )
+    };
+    let mut gw = TestGateway::start(with_ids(json!(["http:boss"]))).await;
+
+    let api = gw.api.clone();
+    let turn = tokio::spawn(async move { api.chat("family", "make one").await });
+    let id = approval_id(&gw.api, "family").await;
+    // The asker is told who may approve, and their own /approve changes nothing.
+    let refused = approve_as(&gw.api, "family", "mia", &id).await;
+    assert!(
+        refused.contains("Only the operator can approve"),
+        "{refused}"
+    );
+    assert!(
+        !dir.path().join("ws/one.txt").exists(),
+        "ran on a chat user's approval"
+    );
+    // The listed approver is removed by a reload before answering: no longer an approver.
+    gw.gateway.daemon.reload(with_ids(json!([]))).await;
+    let refused = approve_as(&gw.api, "boss-chat", "boss", &id).await;
+    assert!(refused.contains("No pending approval"), "{refused}");
+    assert!(!dir.path().join("ws/one.txt").exists());
+    // The operator (admin API: the control UI and `weft approvals` use it) approves.
+    let r = gw
+        .api
+        .http
+        .post(format!("{}/v1/admin/approvals/answer", gw.api.base))
+        .json(&json!({"id": id, "decision": "approve"}))
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "{}", r.text().await.unwrap());
+    let (s, body) = turn.await.unwrap();
+    assert_eq!(
+        (s, body["reply"].as_str()),
+        (200, Some("ran one")),
+        "{body}"
+    );
+    assert!(dir.path().join("ws/one.txt").exists());
+
+    // Listed again: the approver answers from their own chat.
+    gw.gateway
+        .daemon
+        .reload(with_ids(json!(["http:boss"])))
+        .await;
+    let api = gw.api.clone();
+    let turn = tokio::spawn(async move { api.chat("family", "make two").await });
+    let id = approval_id(&gw.api, "family").await;
+    let ok = approve_as(&gw.api, "boss-chat", "boss", &id).await;
+    assert!(ok.contains("Approved"), "{ok}");
+    let (s, body) = turn.await.unwrap();
+    assert_eq!(
+        (s, body["reply"].as_str()),
+        (200, Some("ran two")),
+        "{body}"
+    );
+    assert!(dir.path().join("ws/two.txt").exists());
+    gw.stop().await;
+}
+
 #[tokio::test]
 async fn stop_kills_the_whole_process_group_of_a_running_command() {
     let dir = tempfile::tempdir().unwrap();

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::net::ssrf::Cidr;
 use crate::tools::sandbox;
-use crate::tools::shell_policy::{ExecMode, DEFAULT_DENY_PATTERNS};
+use crate::tools::shell_policy::{ExecMode, RunsOn, DEFAULT_DENY_PATTERNS};
 use crate::types::SettingError;
 
 /// Default `exec_shell` timeout (seed 000: 30 s).
@@ -101,6 +101,15 @@ pub struct ExecFile {
     pub env_passthrough: Option<Vec<String>>,
     /// Seconds to wait for a human's approval in "ask" mode; no answer means deny. (default: 120)
     pub approval_timeout_secs: Option<u64>,
+    /// Who may approve a command in "ask" mode: "chat" (anyone in the chat that asked) or
+    /// "operator" (only the control UI, `weft approvals`, the admin API and the chat users in
+    /// `approver_ids`). Anyone in the asking chat may still deny. (default: "chat" for commands
+    /// on the gateway, "operator" for commands on nodes)
+    pub approvers: Option<String>,
+    /// Chat users who may approve any command from any chat, as "channel:user id" (e.g.
+    /// ["telegram:1111111"]). Checked when the answer arrives: one removed by a reload can no
+    /// longer approve. (default: none)
+    pub approver_ids: Option<Vec<String>>,
     /// Bytes of stdout and of stderr kept per command; the rest is discarded and flagged.
     /// (default: 1048576)
     pub max_output_bytes: Option<u64>,
@@ -148,6 +157,53 @@ impl NetworkMode {
     }
 }
 
+/// Who may approve a command in "ask" mode (`tools.exec.approvers`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Approvers {
+    /// Anyone in the chat that asked (and the operator).
+    Chat,
+    /// Only the operator: the control UI, `weft approvals`, the admin API, and the chat users
+    /// listed in `approver_ids`.
+    Operator,
+}
+
+impl Approvers {
+    /// The config spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Chat => "chat",
+            Self::Operator => "operator",
+        }
+    }
+}
+
+/// Who may answer approval questions: `tools.exec.approvers` and `approver_ids`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ApproverRules {
+    /// As configured; `None`: the default of where the command runs.
+    pub approvers: Option<Approvers>,
+    /// Chat users ("channel:user id") who may approve from any chat.
+    pub approver_ids: Vec<String>,
+}
+
+impl ApproverRules {
+    /// Who approves a command that runs `on`: the configured value, else "chat" on the gateway
+    /// and "operator" on nodes (a chat member must not approve a command on the home machine).
+    pub fn for_run(&self, on: RunsOn) -> Approvers {
+        match (self.approvers, on) {
+            (Some(a), _) => a,
+            (None, RunsOn::Gateway) => Approvers::Chat,
+            (None, RunsOn::Node) => Approvers::Operator,
+        }
+    }
+
+    /// Whether chat user `who` ("channel:user id") is a listed approver.
+    pub fn is_listed(&self, who: &str) -> bool {
+        self.approver_ids.iter().any(|a| a == who)
+    }
+}
+
 /// Resolved, validated settings of the process tools.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ExecSettings {
@@ -185,6 +241,8 @@ pub struct ExecSettings {
     pub env_passthrough: Vec<String>,
     /// `ask` mode wait.
     pub approval_timeout: Duration,
+    /// Who may answer approval questions.
+    pub approver_rules: ApproverRules,
     /// Cap per stream.
     pub max_output_bytes: usize,
     /// `spawn` concurrency.
@@ -218,6 +276,7 @@ impl Default for ExecSettings {
             write_paths: Vec::new(),
             env_passthrough: Vec::new(),
             approval_timeout: Duration::from_secs(DEFAULT_APPROVAL_TIMEOUT_SECS),
+            approver_rules: ApproverRules::default(),
             max_output_bytes: DEFAULT_MAX_OUTPUT_BYTES,
             max_concurrent_spawns: DEFAULT_MAX_CONCURRENT_SPAWNS,
             max_background_processes: DEFAULT_MAX_BACKGROUND_PROCESSES,
@@ -254,6 +313,34 @@ fn invalid(detail: impl Into<String>) -> SettingError {
 }
 
 impl ExecFile {
+    /// `approvers` and `approver_ids`, checked.
+    fn approver_rules(&self) -> Result<ApproverRules, SettingError> {
+        let approvers = match self.approvers.as_deref() {
+            None => None,
+            Some("chat") => Some(Approvers::Chat),
+            Some("operator") => Some(Approvers::Operator),
+            Some(other) => {
+                return Err(invalid(format!(
+                    "`approvers`: expected \"chat\" (anyone in the chat that asked) or \"operator\" (the control UI, `weft approvals` and the users in `approver_ids`), got {other:?}"
+                )))
+            }
+        };
+        let approver_ids = self.approver_ids.clone().unwrap_or_default();
+        if let Some(bad) = approver_ids.iter().find(|id| {
+            id.split_once(':').is_none_or(|(c, u)| {
+                c.is_empty() || u.is_empty() || id.contains(char::is_whitespace)
+            })
+        }) {
+            return Err(invalid(format!(
+                "`approver_ids`: expected \"channel:user id\" such as \"telegram:1111111\", got {bad:?}"
+            )));
+        }
+        Ok(ApproverRules {
+            approvers,
+            approver_ids,
+        })
+    }
+
     /// Validate and fill in defaults.
     ///
     /// # Errors
@@ -411,6 +498,7 @@ impl ExecFile {
             write_paths: paths("write_paths", self.write_paths.as_ref())?,
             env_passthrough,
             approval_timeout,
+            approver_rules: self.approver_rules()?,
             max_output_bytes,
             max_concurrent_spawns,
             max_background_processes,

@@ -244,7 +244,12 @@ impl ScriptedApprover {
 
 #[async_trait]
 impl Approver for ScriptedApprover {
-    async fn approve(&self, _session: &SessionKey, _command: &str) -> Approval {
+    async fn approve(
+        &self,
+        _session: &SessionKey,
+        _command: &str,
+        _on: crate::tools::shell_policy::RunsOn,
+    ) -> Approval {
         self.asked.fetch_add(1, Ordering::SeqCst);
         tokio::time::sleep(self.delay).await;
         self.answers
