@@ -1471,6 +1471,7 @@ fn rust_log_target_directives_select_the_dependencies_log_records() {
 
 /// SIGTERM every node still running and assert each shut down cleanly (exit 0); a node that
 /// did not is named with its exit status and its log.
+#[cfg(feature = "cluster")]
 pub(crate) fn term_all(nodes: Vec<Option<Daemon>>, dirs: &[tempfile::TempDir]) {
     for (i, n) in nodes.into_iter().enumerate() {
         if let Some(n) = n {
