@@ -133,7 +133,8 @@ impl Nats {
             .await
             .unwrap();
         let dir = tempfile::tempdir().unwrap();
-        let ports: Vec<(u16, u16)> = (0..n).map(|_| (free_port(), free_port())).collect();
+        let all = crate::process::free_ports(2 * n);
+        let ports: Vec<(u16, u16)> = all.chunks(2).map(|c| (c[0], c[1])).collect();
         let routes = if n > 1 {
             ports
                 .iter()

@@ -31,6 +31,18 @@ pub(crate) fn free_port() -> u16 {
         .port()
 }
 
+/// `k` distinct free ports: their listeners are held until all are taken (ports taken one
+/// by one may repeat: a NATS server once got the same port for clients and routes).
+#[cfg(feature = "cluster")]
+pub(crate) fn free_ports(k: usize) -> Vec<u16> {
+    let held: Vec<std::net::TcpListener> = (0..k)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect();
+    held.iter()
+        .map(|l| l.local_addr().unwrap().port())
+        .collect()
+}
+
 pub fn write_config(dir: &Path, v: &Value) -> PathBuf {
     let p = dir.join("config.json");
     std::fs::write(&p, serde_json::to_string_pretty(v).unwrap()).unwrap();
