@@ -47,6 +47,17 @@ pub(crate) async fn link(dir: &Path, cfg: &Path, extra: &[&str]) -> String {
     url
 }
 
+/// Log `b` in as the operator with a fresh link, and wait until the page says so.
+pub(crate) async fn log_in(b: &Browser, dir: &Path, cfg: &Path) {
+    let url = link(dir, cfg, &[]).await;
+    b.goto(&url).await;
+    b.until(
+        "return document.getElementById('me') && document.getElementById('me').textContent.includes('operator')",
+        "logged in",
+    )
+    .await;
+}
+
 pub(crate) fn plain() -> reqwest::Client {
     reqwest::Client::builder().no_proxy().build().unwrap()
 }
@@ -589,13 +600,7 @@ async fn in_a_browser_login_chat_approve_and_usage() {
     let b = Browser::start(drv).await;
 
     // Log in: the page trades the link for a cookie and lands on the chat.
-    let url = link(dir.path(), &cfg, &[]).await;
-    b.goto(&url).await;
-    b.until(
-        "return document.getElementById('me') && document.getElementById('me').textContent.includes('operator')",
-        "logged in",
-    )
-    .await;
+    log_in(&b, dir.path(), &cfg).await;
     let here = b
         .js("return location.pathname + location.hash", json!([]))
         .await;

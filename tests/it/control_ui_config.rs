@@ -8,7 +8,7 @@ use std::path::Path;
 
 use serde_json::{json, Value};
 
-use crate::control_ui::{driver, exchange, link, run, setup, ui_post, Browser};
+use crate::control_ui::{driver, exchange, link, log_in, run, setup, ui_post, Browser};
 use crate::fake_llm::FakeLlm;
 use crate::process::Daemon;
 
@@ -305,13 +305,7 @@ async fn in_a_browser_config_shows_origins_and_agents_page_searches_memory() {
     .unwrap();
     let d = Daemon::start(dir.path(), &cfg, port).await;
     let b = Browser::start(drv).await;
-    let url = link(dir.path(), &cfg, &[]).await;
-    b.goto(&url).await;
-    b.until(
-        "return document.getElementById('me') && document.getElementById('me').textContent.includes('operator')",
-        "logged in",
-    )
-    .await;
+    log_in(&b, dir.path(), &cfg).await;
     b.goto(&format!("http://127.0.0.1:{port}/ui/#config")).await;
     let shown = b
         .until(

@@ -11,7 +11,7 @@ use std::time::Duration;
 use clawft_channel_telegram::fake::FakeTelegram;
 use serde_json::{json, Value};
 
-use crate::control_ui::{driver, link, plain, run, setup, Browser};
+use crate::control_ui::{driver, log_in, plain, run, setup, Browser};
 use crate::fake_llm::{FakeLlm, Reply};
 use crate::process::Daemon;
 
@@ -114,13 +114,7 @@ async fn overview_usage_chart_words_and_fit_in_a_browser() {
     let d = Daemon::start(dir.path(), &cfg, port).await;
     let b = Browser::start(drv).await;
     b.resize(1280, 900).await;
-    let url = link(dir.path(), &cfg, &[]).await;
-    b.goto(&url).await;
-    b.until(
-        "return document.getElementById('me') && document.getElementById('me').textContent.includes('operator')",
-        "logged in",
-    )
-    .await;
+    log_in(&b, dir.path(), &cfg).await;
 
     // The landing page is the overview: every channel with its live state, the web chat too,
     // and the Telegram bot whose token the Bot API refuses says so.
