@@ -108,15 +108,7 @@ impl SessionLog {
 
     fn settle(&self, key: Option<&Inbound>) {
         if let Some(k) = key {
-            {
-                let mut g = self.locked();
-                if let Some(n) = g.unsettled.get_mut(k) {
-                    *n = n.saturating_sub(1);
-                    if *n == 0 {
-                        g.unsettled.remove(k);
-                    }
-                }
-            }
+            self.locked().unsettle(k);
             self.tell_stored();
         }
     }
@@ -171,10 +163,34 @@ impl Inner {
         self.writers.contains_key(&p) || self.resuming.contains(&p)
     }
 
+    /// One record of inbound message `k` is stored (or will not be).
+    fn unsettle(&mut self, k: &Inbound) {
+        if let Some(n) = self.unsettled.get_mut(k) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.unsettled.remove(k);
+            }
+        }
+    }
+
     fn unreplied_key(&self, channel: &str, event_id: &str) -> Option<u32> {
         self.unsettled
             .get(&(channel.to_string(), event_id.to_string()))
             .copied()
+    }
+
+    /// Hand `q` to partition `p`'s writer, or keep it for the next writer here when there is
+    /// none now or it just stopped (its inbound message stays unsettled until then).
+    fn queue(&mut self, p: u32, writer: Option<&mpsc::UnboundedSender<Queued>>, q: Queued) {
+        let q = match writer {
+            Some(tx) => match tx.send(q) {
+                Ok(()) => return,
+                Err(mpsc::error::SendError(q)) => q,
+            },
+            None => q,
+        };
+        // The sequence is set by the stopping writer ([`SessionLog::stop_writing`]).
+        self.stash.entry(p).or_insert((0, Vec::new())).1.push(q);
     }
 }
 
@@ -226,22 +242,6 @@ impl Replica for SessionLog {
             return;
         }
         g.queue(p, writer.as_ref(), (Record::Delivered(id.to_string()), key));
-    }
-}
-
-impl Inner {
-    /// Hand `q` to partition `p`'s writer, or keep it for the next writer here when there is
-    /// none now or it just stopped (its inbound message stays unsettled until then).
-    fn queue(&mut self, p: u32, writer: Option<&mpsc::UnboundedSender<Queued>>, q: Queued) {
-        let q = match writer {
-            Some(tx) => match tx.send(q) {
-                Ok(()) => return,
-                Err(mpsc::error::SendError(q)) => q,
-            },
-            None => q,
-        };
-        // The sequence is set by the stopping writer ([`SessionLog::stop_writing`]).
-        self.stash.entry(p).or_insert((0, Vec::new())).1.push(q);
     }
 }
 
@@ -407,14 +407,8 @@ pub fn start_writer(
                     records = left.len(),
                     "cluster: session log records of the last writer dropped: another node wrote the partition since"
                 );
-                let keys: Vec<Inbound> = left.into_iter().filter_map(|(_, k)| k).collect();
-                for k in keys {
-                    if let Some(n) = g.unsettled.get_mut(&k) {
-                        *n = n.saturating_sub(1);
-                        if *n == 0 {
-                            g.unsettled.remove(&k);
-                        }
-                    }
+                for k in left.into_iter().filter_map(|(_, k)| k) {
+                    g.unsettle(&k);
                 }
             }
         }
