@@ -432,7 +432,7 @@ async fn run(
     let result = loop {
         let ev = tokio::select! {
             ev = conn::read_event(&mut rd, &mut reader) => ev,
-            () = cancel.cancelled() => break Ok(()),
+            () = cancel.cancelled() => break say_goodbye(inner, &own_bare, &mut rd, &mut reader, tx).await,
         };
         match ev {
             Ok(Event::Stanza(el)) if el.name == "stream:error" => {
@@ -463,6 +463,45 @@ async fn run(
         Err(e) => format!("disconnected: {e}"),
     });
     result
+}
+
+/// How long a stop waits for the server to confirm the bot is offline.
+const GOODBYE_WAIT: Duration = Duration::from_secs(5);
+
+/// A graceful stop: tell the server the bot is offline, then read until the server confirms it
+/// (a ping answered after the presence), taking in the messages it routed here meanwhile. From
+/// then on the server keeps new messages for the next login (offline storage) instead of
+/// writing them to a connection about to close, where they would be lost.
+async fn say_goodbye<R: tokio::io::AsyncRead + Unpin>(
+    inner: &Inner,
+    own_bare: &str,
+    rd: &mut R,
+    reader: &mut xml::Reader,
+    tx: &mpsc::Sender<InboundDelivery>,
+) -> Result<(), ChannelError> {
+    let id = format!("bye-{}", conn::random_id());
+    inner.push("<presence type='unavailable'/>".into());
+    inner.push(format!(
+        "<iq type='get' id='{id}'><ping xmlns='urn:xmpp:ping'/></iq>"
+    ));
+    let drained = tokio::time::timeout(GOODBYE_WAIT, async {
+        loop {
+            match conn::read_event(rd, reader).await {
+                Ok(Event::Stanza(el)) if el.name == "iq" && el.attr("id") == Some(id.as_str()) => {
+                    return Ok(())
+                }
+                Ok(Event::Stanza(el)) if el.name == "stream:error" => return Ok(()),
+                Ok(Event::Stanza(el)) => on_stanza(inner, own_bare, el, tx).await?,
+                Ok(Event::Open(_)) => {}
+                Ok(Event::Close) | Err(_) => return Ok::<(), ChannelError>(()),
+            }
+        }
+    })
+    .await;
+    if drained.is_err() {
+        tracing::warn!(channel = %inner.cfg.id, "the XMPP server did not confirm the bot went offline within 5 s; closing anyway");
+    }
+    Ok(())
 }
 
 /// One outbound message's target, for the send path.

@@ -3,7 +3,7 @@ lines on stdin, reporting what it receives as JSON lines on stdout.
 
 argv: jid password port ca_file. In: {"send": {"to", "body", "id", "receipt": bool}},
 {"subscribe": "jid"}. Out: {"ready": true}, {"message": {"from", "body", "id"}},
-{"receipt": "id"}, {"subscribed": "jid"}.
+{"receipt": "id"}, {"subscribed": "jid"}, {"unavailable": "jid"} (a contact went offline).
 """
 import asyncio
 import json
@@ -28,6 +28,7 @@ class Peer(slixmpp.ClientXMPP):
         self.add_event_handler("message", self.on_message)
         self.add_event_handler("receipt_received", self.on_receipt)
         self.add_event_handler("presence_subscribed", self.on_subscribed)
+        self.add_event_handler("got_offline", self.on_unavailable)
 
     async def start(self, _):
         self.send_presence()
@@ -60,6 +61,10 @@ class Peer(slixmpp.ClientXMPP):
 
     def on_subscribed(self, p):
         out({"subscribed": str(p["from"].bare)})
+
+    def on_unavailable(self, p):
+        if p["from"].bare != self.boundjid.bare:
+            out({"unavailable": str(p["from"].bare)})
 
 
 jid, password, port, ca = sys.argv[1:5]

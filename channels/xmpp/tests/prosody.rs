@@ -403,10 +403,14 @@ async fn one_to_one_chats_against_a_real_prosody() {
     alice.cmd(json!({"subscribe": "bot@localhost"})).await;
     assert_eq!(alice.next().await, json!({"subscribed": "bot@localhost"}));
 
-    // The bot goes away; what alice sends meanwhile is kept by the server and delivered at
-    // the next login, with its id.
+    // The bot goes away, saying so: the stop returns once the server took the goodbye, so
+    // what alice sends from then on is kept by the server and delivered at the next login,
+    // with its id (before, a message sent right after the stop could still be written to the
+    // closing connection and be lost). Its contact sees it offline.
     bot.cancel.cancel();
     bot.task.await.unwrap().unwrap();
+    alice.say("m3", "while you were out").await;
+    assert_eq!(alice.next().await, json!({"unavailable": "bot@localhost"}));
     // The reply already delivered is not sent again (the send journal has it); a new one
     // fails as transient while disconnected, so the outbox keeps it for later.
     let again = bot.ch.send(&reply).await.unwrap();
@@ -419,7 +423,6 @@ async fn one_to_one_chats_against_a_real_prosody() {
     );
     let r = bot.ch.send(&later).await;
     assert!(matches!(r, Err(ChannelError::Transient(_))), "{r:?}");
-    alice.say("m3", "while you were out").await;
     let mut bot = run(&p);
     let ev = take(&mut bot.rx, Ack::Accepted).await;
     assert_eq!(ev.event_id.as_str(), "alice@localhost:m3");
