@@ -178,6 +178,13 @@ pub struct InboundEvent {
     pub thread: Option<ThreadId>,
     /// Who sent it.
     pub sender: UserId,
+    /// The sender's display name as the platform gives it (Telegram's first and last name,
+    /// Discord's global name, Matrix's displayname, an email's From name…), cleaned by
+    /// [`display_name`]. Shown to the operator next to the id; never used for access,
+    /// routing or anything that grants authority (anyone can choose any name). Absent in
+    /// events stored before it existed and on platforms that do not give one cheaply.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sender_name: Option<String>,
     /// Platform event id; `(channel, event_id)` is deduplicated by ingress.
     pub event_id: PlatformEventId,
     /// Text content as sent (sanitised later by ingress).
@@ -191,6 +198,39 @@ pub struct InboundEvent {
     /// Who it comes from (adapters: always [`Origin::User`]).
     #[serde(default, skip_serializing_if = "Origin::is_user")]
     pub origin: Origin,
+}
+
+/// The longest display name kept, in characters (a longer one is cut, with `…`).
+pub const MAX_DISPLAY_NAME_CHARS: usize = 64;
+
+/// A platform's display name as it is kept for [`InboundEvent::sender_name`]: the non-empty
+/// parts joined by a space, control characters (newlines, bidi overrides included) dropped,
+/// runs of blanks folded to one space, cut at [`MAX_DISPLAY_NAME_CHARS`]. `None` when nothing
+/// is left. A name is decoration for the operator only: it never grants anything.
+pub fn display_name<'a>(parts: impl IntoIterator<Item = &'a str>) -> Option<String> {
+    let mut out = String::new();
+    for part in parts {
+        for word in part
+            .split(|c: char| c.is_whitespace() || c.is_control() || is_format_char(c))
+            .filter(|w| !w.is_empty())
+        {
+            if !out.is_empty() {
+                out.push(' ');
+            }
+            out.push_str(word);
+        }
+    }
+    if out.chars().count() > MAX_DISPLAY_NAME_CHARS {
+        out = out.chars().take(MAX_DISPLAY_NAME_CHARS - 1).collect();
+        out.push('…');
+    }
+    (!out.is_empty()).then_some(out)
+}
+
+/// Invisible formatting characters a name could use to look like another text (bidi
+/// overrides and isolates, zero-width characters).
+fn is_format_char(c: char) -> bool {
+    matches!(c, '\u{200B}' | '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2060}'..='\u{2069}' | '\u{FEFF}')
 }
 
 /// Default of the one inbound size limit of every channel (`channels.max_inbound_bytes`):
@@ -1069,5 +1109,32 @@ mod outbound_tests {
             let want: serde_json::Value = serde_json::from_str(json).unwrap();
             assert_eq!(again, want, "written back differently");
         }
+    }
+}
+
+#[cfg(test)]
+mod display_name_tests {
+    use super::{display_name, MAX_DISPLAY_NAME_CHARS};
+
+    #[test]
+    fn parts_are_joined_and_cleaned() {
+        assert_eq!(
+            display_name(["Ada", "Lovelace"]).as_deref(),
+            Some("Ada Lovelace")
+        );
+        assert_eq!(
+            display_name(["  Ada\n\tL. ", ""]).as_deref(),
+            Some("Ada L.")
+        );
+        // A bidi override cannot turn the name around; an emoji sequence stays whole.
+        assert_eq!(display_name(["\u{202E}nimda"]).as_deref(), Some("nimda"));
+        assert_eq!(
+            display_name(["👨\u{200D}👩"]).as_deref(),
+            Some("👨\u{200D}👩")
+        );
+        assert_eq!(display_name(["", " \u{200B} "]), None);
+        let long = display_name(["x".repeat(500).as_str()]).unwrap_or_default();
+        assert_eq!(long.chars().count(), MAX_DISPLAY_NAME_CHARS);
+        assert!(long.ends_with('…'));
     }
 }
