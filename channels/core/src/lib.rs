@@ -426,6 +426,10 @@ pub enum ToolProgress {
         tool: String,
         /// The call's id.
         call_id: String,
+        /// The call's arguments (JSON text) as the transcript keeps them (credentials masked),
+        /// cut at [`PROGRESS_TEXT_CHARS`]. Absent in events written before it existed.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        arguments: Option<String>,
     },
     /// The call ended.
     ToolFinished {
@@ -435,7 +439,27 @@ pub enum ToolProgress {
         call_id: String,
         /// The error code of a failed call (`NOT_FOUND`, `TIMEOUT` …); `None`: it succeeded.
         error_code: Option<String>,
+        /// Its result as the transcript keeps it (scrubbed), cut at [`PROGRESS_TEXT_CHARS`].
+        /// Absent in events written before it existed.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        result: Option<String>,
     },
+}
+
+/// The most characters of a call's arguments or result a progress event carries (the whole
+/// text is in the transcript).
+pub const PROGRESS_TEXT_CHARS: usize = 2000;
+
+/// `text` cut at [`PROGRESS_TEXT_CHARS`] characters, with `… (N more characters)` when cut.
+pub fn progress_text(text: &str) -> String {
+    match text.char_indices().nth(PROGRESS_TEXT_CHARS) {
+        None => text.to_string(),
+        Some((at, _)) => format!(
+            "{}… ({} more characters)",
+            &text[..at],
+            text[at..].chars().count()
+        ),
+    }
 }
 
 impl ToolProgress {
@@ -457,6 +481,7 @@ impl OutboundBody {
             OutboundKind::Progress => OutboundBody::Progress(ToolProgress::ToolStarted {
                 tool: text,
                 call_id: String::new(),
+                arguments: None,
             }),
             OutboundKind::Error => OutboundBody::Error {
                 text,
@@ -661,6 +686,7 @@ impl From<WireOutbound> for OutboundMessage {
                 None => OutboundBody::Progress(ToolProgress::ToolStarted {
                     tool: w.content,
                     call_id: String::new(),
+                    arguments: None,
                 }),
             },
         };
@@ -1092,6 +1118,7 @@ mod outbound_tests {
                     tool: "grep".into(),
                     call_id: "c1".into(),
                     error_code: Some("TIMEOUT".into()),
+                    result: None,
                 }),
             ),
             (
@@ -1136,5 +1163,19 @@ mod display_name_tests {
         let long = display_name(["x".repeat(500).as_str()]).unwrap_or_default();
         assert_eq!(long.chars().count(), MAX_DISPLAY_NAME_CHARS);
         assert!(long.ends_with('…'));
+    }
+}
+
+#[cfg(test)]
+mod progress_text_tests {
+    use super::{progress_text, PROGRESS_TEXT_CHARS};
+
+    #[test]
+    fn long_texts_are_cut_on_a_character_and_say_how_much_is_left() {
+        assert_eq!(progress_text("short"), "short");
+        let long = "é".repeat(PROGRESS_TEXT_CHARS + 5);
+        let cut = progress_text(&long);
+        assert!(cut.ends_with("… (5 more characters)"), "{cut}");
+        assert!(cut.starts_with(&"é".repeat(PROGRESS_TEXT_CHARS)));
     }
 }
