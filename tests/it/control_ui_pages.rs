@@ -107,10 +107,16 @@ async fn overview_usage_chart_words_and_fit_in_a_browser() {
                                       "allow_from": [111], "stream_edits": false}},
             "prices": {"fake-model": {"input": 50.0, "output": 100.0}},
             "budgets": {"daily_usd": 5.0, "monthly_usd": 100.0},
-            "tools": {"exec": {"mode": "ask", "approval_timeout_secs": 600}},
+            "tools": {"exec": {"mode": "ask", "approval_timeout_secs": 600,
+                               "approver_ids": ["telegram:111"]}},
         }),
     );
-    std::fs::write(dir.path().join("ws/notes.txt"), "milk, eggs").unwrap();
+    // The provider key in a file a tool reads: the live tool card shows it scrubbed.
+    std::fs::write(
+        dir.path().join("ws/notes.txt"),
+        format!("milk, eggs\nkey {}", crate::common::PROVIDER_KEY),
+    )
+    .unwrap();
     let d = Daemon::start(dir.path(), &cfg, port).await;
     let b = Browser::start(drv).await;
     b.resize(1280, 900).await;
@@ -166,8 +172,14 @@ async fn overview_usage_chart_words_and_fit_in_a_browser() {
 
     // Traffic from three users: Telegram, the HTTP API and the web chat (Markdown and a tool
     // call in its reply).
+    // The Telegram user has a name: the transcript and the session list show it, the id on
+    // hover.
     llm.push(Reply::Text("hello from telegram".into()));
-    tg.push_user_message(111, 111, "hi");
+    tg.push_update(json!({"message": {
+        "message_id": 900, "date": 1_700_000_000,
+        "chat": {"id": 111, "type": "private", "first_name": "Ada"},
+        "from": {"id": 111, "is_bot": false, "first_name": "Ada", "last_name": "Lovelace\u{202e}", "username": "ada"},
+        "text": "hi"}}));
     assert!(
         crate::common::wait_until(T, || !tg.sent().is_empty()).await,
         "no Telegram reply"
@@ -223,6 +235,27 @@ async fn overview_usage_chart_words_and_fit_in_a_browser() {
         )
         .await;
     assert_eq!(card, "read_file — done");
+    // Live, from the stream (the chat log, not the transcript): the call's arguments and its
+    // result, with the provider key the file holds scrubbed as in the transcript.
+    let live = b
+        .until(
+            "const c = document.querySelector('#chat-log details.tool'); const r = c && c.querySelector('[data-part=result] pre'); return r && {args: c.querySelector('[data-part=arguments] pre').textContent, result: r.textContent, text: c.textContent}",
+            "the tool card's arguments and result",
+        )
+        .await;
+    assert!(
+        live["args"].as_str().unwrap().contains("\"path\": \"notes.txt\""),
+        "{live}"
+    );
+    let result = live["result"].as_str().unwrap();
+    assert!(result.contains("milk, eggs"), "{live}");
+    assert!(
+        !live["text"]
+            .as_str()
+            .unwrap()
+            .contains(crate::common::PROVIDER_KEY),
+        "a secret in the live card: {live}"
+    );
     // An approval asked in the web chat: the command, when it expires and who may answer;
     // answered from its buttons.
     llm.push(Reply::ToolCalls(vec![(
@@ -267,6 +300,30 @@ async fn overview_usage_chart_words_and_fit_in_a_browser() {
         t.contains("read_file") && t.contains("notes.txt") && t.contains("milk, eggs"),
         "{t}"
     );
+    // The Telegram user by name, the id on hover; found by the name too.
+    b.type_in("#sessions-q", "lovelace").await;
+    b.click("#sessions-form button[type=submit]").await;
+    let chip = b
+        .until(
+            "const r = document.querySelectorAll('#sessions-rows tr[data-key]'); const c = r.length === 1 && r[0].querySelector('.chip[data-user=\"telegram:111\"]'); return c && [r[0].dataset.key, c.textContent, c.title]",
+            "the session found by its user's name",
+        )
+        .await;
+    assert_eq!(
+        chip,
+        json!(["telegram:111", "Ada Lovelace", "Ada Lovelace (telegram:111)"])
+    );
+    b.click("#sessions-rows tr[data-key=\"telegram:111\"] a").await;
+    let said = b
+        .until(
+            "const l = document.querySelector('#transcript li.user'); return l && [l.dataset.who, l.title, l.textContent]",
+            "the user's message by name",
+        )
+        .await;
+    assert_eq!(
+        said,
+        json!(["Ada Lovelace", "Ada Lovelace (telegram:111)", "hi"])
+    );
 
     // Something waits: a command asked on the HTTP API, its expiry in words.
     llm.push(Reply::ToolCalls(vec![(
@@ -289,6 +346,19 @@ async fn overview_usage_chart_words_and_fit_in_a_browser() {
             || waiting.as_str().unwrap().contains("expires in 9 min"),
         "{waiting}"
     );
+    // Who may answer it, per row (tools.exec.approvers "chat" by default, and the listed id).
+    open(&b, port, "approvals").await;
+    let who = b
+        .until(
+            "const t = document.querySelector('#approvals-rows tr td[data-col=who]'); return t && t.textContent.includes('asker') && t.textContent",
+            "who may answer",
+        )
+        .await;
+    assert_eq!(
+        who,
+        "The chat: anyone in http:asker, or an operator, or telegram:111 (from any chat).Anyone in the chat may deny."
+    );
+    open(&b, port, "overview").await;
     // Providers answering, spend against the budget.
     let prov = b
         .until(
