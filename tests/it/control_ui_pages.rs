@@ -244,7 +244,10 @@ async fn overview_usage_chart_words_and_fit_in_a_browser() {
         )
         .await;
     assert!(
-        live["args"].as_str().unwrap().contains("\"path\": \"notes.txt\""),
+        live["args"]
+            .as_str()
+            .unwrap()
+            .contains("\"path\": \"notes.txt\""),
         "{live}"
     );
     let result = live["result"].as_str().unwrap();
@@ -256,6 +259,15 @@ async fn overview_usage_chart_words_and_fit_in_a_browser() {
             .contains(crate::common::PROVIDER_KEY),
         "a secret in the live card: {live}"
     );
+    let shots = std::env::var("WEFT_UI_SCREENSHOTS").ok();
+    if let Some(dir) = &shots {
+        b.js(
+            "const c = document.querySelector('#chat-log details.tool'); c.open = true; c.scrollIntoView()",
+            json!([]),
+        )
+        .await;
+        std::fs::write(format!("{dir}/ui-chat-tool-1280.png"), b.screenshot().await).unwrap();
+    }
     // An approval asked in the web chat: the command, when it expires and who may answer;
     // answered from its buttons.
     llm.push(Reply::ToolCalls(vec![(
@@ -311,9 +323,14 @@ async fn overview_usage_chart_words_and_fit_in_a_browser() {
         .await;
     assert_eq!(
         chip,
-        json!(["telegram:111", "Ada Lovelace", "Ada Lovelace (telegram:111)"])
+        json!([
+            "telegram:111",
+            "Ada Lovelace",
+            "Ada Lovelace (telegram:111)"
+        ])
     );
-    b.click("#sessions-rows tr[data-key=\"telegram:111\"] a").await;
+    b.click("#sessions-rows tr[data-key=\"telegram:111\"] a")
+        .await;
     let said = b
         .until(
             "const l = document.querySelector('#transcript li.user'); return l && [l.dataset.who, l.title, l.textContent]",
@@ -358,6 +375,13 @@ async fn overview_usage_chart_words_and_fit_in_a_browser() {
         who,
         "The chat: anyone in http:asker, or an operator, or telegram:111 (from any chat).Anyone in the chat may deny."
     );
+    if let Some(dir) = &shots {
+        std::fs::write(
+            format!("{dir}/ui-approvals-pending-1280.png"),
+            b.screenshot().await,
+        )
+        .unwrap();
+    }
     open(&b, port, "overview").await;
     // Providers answering, spend against the budget.
     let prov = b
@@ -539,7 +563,6 @@ async fn overview_usage_chart_words_and_fit_in_a_browser() {
     );
 
     // Every page fits: no sideways scroll at a laptop's and a phone's width.
-    let shots = std::env::var("WEFT_UI_SCREENSHOTS").ok();
     let axe = axe_source();
     for (w, h) in [(1280, 900), (390, 844)] {
         b.resize(w, h).await;
@@ -607,4 +630,93 @@ async fn overview_usage_chart_words_and_fit_in_a_browser() {
     assert_eq!(icon.headers()["content-type"], "image/svg+xml");
     drop(anon);
     d.term();
+}
+
+/// The overview's cluster card on one gateway clustered on a real NATS server (one server, the
+/// pinned `nats-server` the cluster tests use): this node alive, the partitions it holds and
+/// the Telegram connection lease, the same as `weft cluster status --json` reads from NATS.
+#[cfg(feature = "cluster")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_overview_shows_the_cluster_as_weft_cluster_status_does() {
+    let Some(drv) = driver() else { return };
+    let Some(nats) = crate::cluster::Nats::start(1).await else {
+        return;
+    };
+    let llm = FakeLlm::start().await;
+    let tg = FakeTelegram::start().await;
+    let (dirs, nodes) = crate::cluster::start_nodes_merged(
+        1,
+        &nats,
+        &llm,
+        json!({"channels": {"telegram": {"token": FakeTelegram::TOKEN, "api_url": tg.api_url(),
+                                         "allow_from": [111]}}}),
+    )
+    .await;
+    let d = nodes[0].as_ref().unwrap();
+    let dir = dirs[0].path();
+    let port: u16 = d.api.base.rsplit(':').next().unwrap().parse().unwrap();
+    // Wait until the node holds every partition and the Telegram connection.
+    let deadline = std::time::Instant::now() + T;
+    let cli = loop {
+        let v = crate::cluster::cluster_status(dir);
+        if v["partitions"]["held"] == v["partitions"]["count"]
+            && v["connections"].as_array().is_some_and(|c| !c.is_empty())
+        {
+            break v;
+        }
+        assert!(std::time::Instant::now() < deadline, "{v}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let b = Browser::start(drv).await;
+    b.resize(1280, 900).await;
+    log_in(&b, dir, &dir.join("config.json")).await;
+    open(&b, port, "overview").await;
+    let card = b
+        .until(
+            "const c = document.getElementById('ov-cluster-card'); const n = document.querySelector('#ov-cluster-nodes li[data-node]'); return c && !c.hidden && n && n.textContent.includes('holds') && {text: c.textContent, nodes: [...document.querySelectorAll('#ov-cluster-nodes li')].map(l => [l.dataset.node, l.className, l.textContent]), parts: document.getElementById('ov-cluster-parts').textContent}",
+            "the cluster card with its nodes",
+        )
+        .await;
+    let nodes_cli = cli["nodes"].as_array().unwrap();
+    let shown = card["nodes"].as_array().unwrap();
+    assert_eq!(shown.len(), nodes_cli.len(), "{card} vs {cli}");
+    assert_eq!(shown[0][0], "n1", "{card}");
+    let line = shown[0][2].as_str().unwrap();
+    let held = cli["partitions"]["owners"]["n1"].as_u64().unwrap();
+    assert!(
+        line.contains("n1 (this node)")
+            && line.contains("alive")
+            && line.contains(&format!("{held} partitions"))
+            && line.contains("holds telegram.default"),
+        "{line} vs {cli}"
+    );
+    assert!(shown[0][1].as_str().unwrap().contains("s-ok"), "{card}");
+    let count = cli["partitions"]["count"].as_u64().unwrap();
+    assert_eq!(
+        card["parts"],
+        format!(
+            "Partitions: {count} of {count} held; {} connection lease{}.",
+            cli["connections"].as_array().unwrap().len(),
+            if cli["connections"].as_array().unwrap().len() == 1 {
+                ""
+            } else {
+                "s"
+            }
+        ),
+        "{card}"
+    );
+    assert!(
+        card["text"].as_str().unwrap().contains("Connected to NATS"),
+        "{card}"
+    );
+    if let Ok(dir) = std::env::var("WEFT_UI_SCREENSHOTS") {
+        std::fs::write(
+            format!("{dir}/ui-overview-cluster-1280.png"),
+            b.screenshot().await,
+        )
+        .unwrap();
+    }
+    drop(b);
+    drop(nodes);
+    drop(nats);
 }

@@ -534,7 +534,8 @@ async function loadSessions() {
       a.addEventListener('click', (ev) => { ev.preventDefault(); showTranscript(s.key).catch(fail); });
       const td = el('td', null, { 'data-label': 'Session' });
       td.append(a);
-      if (s.snippet) td.append(el('br'), el('small', s.match + ': ' + s.snippet));
+      const names = s.names || {};
+      if (s.snippet) td.append(el('br'), el('small', s.match + ': ' + (s.match === 'user' && names[s.snippet] ? authorTitle(s.snippet, names[s.snippet]) : s.snippet)));
       const w = s.window || {};
       const u = s.usage || {};
       const act = el('td', null, { class: 'actions', 'data-label': 'Actions' });
@@ -747,6 +748,32 @@ function spendLine(label, spent, limit, unit) {
   }
   return div;
 }
+// The cluster part of the status: this node's link to NATS, the nodes of the registry (alive
+// or not, since when, the partitions each holds) and the connection leases (which node holds
+// each platform connection). Hidden in single-node mode.
+function showCluster(c) {
+  $('ov-cluster-card').hidden = !c;
+  if (!c) return;
+  const p = $('ov-cluster');
+  p.replaceChildren(c.ok ? 'Connected to NATS' : 'NATS unreachable' + (c.reason ? ': ' + c.reason : ''));
+  if (c.since_ms) p.append(' since ', when(c.since_ms));
+  p.append('; this node is ', el('strong', c.node_id || '?'), '.');
+  if (c.view_error) p.append(el('br'), el('small', 'Members not readable now: ' + c.view_error));
+  const owners = (c.partitions || {}).owners || {};
+  const conns = c.connections || [];
+  $('ov-cluster-nodes').replaceChildren(...(c.nodes || []).map((n) => {
+    const held = conns.filter((l) => l.holder === n.node).map((l) => l.key.replace(/^conn\./, ''));
+    const words = el('span', (n.alive ? 'alive' : 'silent for ' + rel(Date.now() - n.seen_ms_ago).replace(' ago', '')) + ', up since ');
+    words.append(when(n.since_ms), ', ' + num(owners[n.node] || 0) + ' partitions' + (held.length ? ', holds ' + held.join(', ') : ''));
+    const li = stateItem(n.alive ? 'ok' : 'bad', n.node + (n.node === c.node_id ? ' (this node)' : ''), '');
+    li.querySelector('.word').replaceWith(words);
+    li.dataset.node = n.node;
+    return li;
+  }));
+  const parts = c.partitions;
+  $('ov-cluster-parts').textContent = parts ? 'Partitions: ' + num(parts.held) + ' of ' + num(parts.count) + ' held'
+    + (parts.held < parts.count ? ' (sessions of the others wait for a node)' : '') + '; ' + conns.length + ' connection lease' + (conns.length === 1 ? '' : 's') + '.' : '';
+}
 async function loadOverview() {
   const dayOfMonth = new Date().getUTCDate();
   const [status, today, month, approvals, pairing, nodes, config, logs] = await Promise.all([
@@ -820,9 +847,7 @@ async function loadOverview() {
   // Sessions and cluster.
   const ss = status.sessions || {};
   $('ov-sessions').textContent = num(ss.live) + ' active now, ' + num(ss.stored) + ' stored.';
-  const c = status.cluster;
-  $('ov-cluster').textContent = c ? 'Cluster: ' + (c.ok ? 'connected' : 'unreachable' + (c.reason ? ' (' + c.reason + ')' : ''))
-    + (c.node_id ? ', this node ' + c.node_id : '') + (Array.isArray(c.members) ? ', ' + c.members.length + ' members' : '') : '';
+  showCluster(status.cluster);
   // Last errors.
   const errs = (logs.lines || []).slice(-5).reverse();
   $('ov-errors').replaceChildren(...(errs.length ? errs.map((l) => el('li', l.text)) : [el('li', 'No errors logged since the gateway started.', { class: 'muted' })]));
