@@ -756,14 +756,14 @@ function showCluster(c) {
   if (!c) return;
   const p = $('ov-cluster');
   p.replaceChildren(c.ok ? 'Connected to NATS' : 'NATS unreachable' + (c.reason ? ': ' + c.reason : ''));
-  if (c.since_ms) p.append(' since ', when(c.since_ms));
+  if (c.since_ms) p.append(' since ', el('time', local(c.since_ms), { datetime: new Date(ms(c.since_ms)).toISOString(), title: rel(c.since_ms) }));
   p.append('; this node is ', el('strong', c.node_id || '?'), '.');
   if (c.view_error) p.append(el('br'), el('small', 'Members not readable now: ' + c.view_error));
   const owners = (c.partitions || {}).owners || {};
   const conns = c.connections || [];
   $('ov-cluster-nodes').replaceChildren(...(c.nodes || []).map((n) => {
     const held = conns.filter((l) => l.holder === n.node).map((l) => l.key.replace(/^conn\./, ''));
-    const words = el('span', (n.alive ? 'alive' : 'silent for ' + rel(Date.now() - n.seen_ms_ago).replace(' ago', '')) + ', up since ');
+    const words = el('span', (n.alive ? 'alive' : 'silent for ' + rel(Date.now() - n.seen_ms_ago).replace(' ago', '')) + ', started ');
     words.append(when(n.since_ms), ', ' + num(owners[n.node] || 0) + ' partitions' + (held.length ? ', holds ' + held.join(', ') : ''));
     const li = stateItem(n.alive ? 'ok' : 'bad', n.node + (n.node === c.node_id ? ' (this node)' : ''), '');
     li.querySelector('.word').replaceWith(words);
