@@ -193,6 +193,7 @@ fn event(i: u64) -> InboundEvent {
         chat: ChatId::new("bench"),
         thread: None,
         sender: UserId::new("http"),
+        sender_name: None,
         event_id: PlatformEventId::new(format!("ev-{i}")),
         content: "what does note.txt say?".into(),
         received_at_ms: now_ms(),

@@ -416,6 +416,43 @@ impl AdminApi {
         }
     }
 
+    /// The cluster as its registry and leases show it (`weft cluster status`'s nodes,
+    /// partitions and connection leases), read on this node's NATS connection when it is
+    /// healthy, at most 2 s; otherwise `view_error` says why it is missing.
+    #[cfg(feature = "cluster")]
+    async fn cluster_view(&self, into: &mut Value) {
+        let Some(c) = self.cluster.get() else {
+            return;
+        };
+        let js = match c.healthy_jetstream() {
+            Ok(js) => js,
+            Err(e) => {
+                into["view_error"] = json!(e.to_string());
+                return;
+            }
+        };
+        let settings = c.settings().clone();
+        let read = c
+            .run_here(async move {
+                tokio::time::timeout(
+                    std::time::Duration::from_secs(2),
+                    crate::cluster::status::collect_on(&js, &settings),
+                )
+                .await
+            })
+            .await;
+        match read {
+            Some(Ok(Ok(view))) => {
+                for k in ["nodes", "partitions", "connections", "lease_ttl_secs"] {
+                    into[k] = view[k].clone();
+                }
+            }
+            Some(Ok(Err(e))) => into["view_error"] = json!(e.to_string()),
+            Some(Err(_)) => into["view_error"] = json!("NATS did not answer within 2 s"),
+            None => into["view_error"] = json!("the cluster is stopping"),
+        }
+    }
+
     /// Serve `nodes/*` from `hub` (the gateway's connected nodes).
     pub fn set_nodes(&self, hub: Arc<nodes::NodeHub>) {
         let _ = self.nodes.set(hub);
@@ -455,6 +492,8 @@ impl clawft_channel_http::Admin for AdminApi {
                 }
                 if let Some(c) = self.cluster_json() {
                     v["cluster"] = c;
+                    #[cfg(feature = "cluster")]
+                    self.cluster_view(&mut v["cluster"]).await;
                 }
                 v["channel_states"] = crate::daemon::channel_states(r.channels()).await;
                 v["mcp_servers"] = mcp_json(r.mcp().as_deref());

@@ -155,6 +155,36 @@ pub struct ApprovalInfo {
     pub asked_ms: u64,
     /// Where it stands.
     pub state: ApprovalState,
+    /// Who may answer it (pending ones), by the rules in force when it was listed: for a
+    /// question of another gateway, by that gateway's rules when it asked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub may_answer: Option<MayAnswer>,
+}
+
+/// Who may answer a pending approval (`tools.exec.approvers` and `approver_ids`, as the
+/// security guide's "Who may approve" tells). Anyone in the asking chat may always deny.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct MayAnswer {
+    /// `chat`: anyone in the asking chat, and the operator; `operator`: only the operator
+    /// (control UI, `weft approvals`, admin API, local terminal) and the listed users.
+    pub approvers: Approvers,
+    /// Chat users (`channel:user id`) who may approve from any chat.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub approver_ids: Vec<String>,
+    /// The command would run on a paired node (whose default is `operator`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub on_node: bool,
+}
+
+impl MayAnswer {
+    /// Who may answer a command that runs `on`, by `rules`.
+    pub fn of(rules: &ApproverRules, on: RunsOn) -> Self {
+        Self {
+            approvers: rules.for_run(on),
+            approver_ids: rules.approver_ids.clone(),
+            on_node: on == RunsOn::Node,
+        }
+    }
 }
 
 fn now_ms() -> u64 {
@@ -520,6 +550,7 @@ impl Approvals {
             command: p.command.clone(),
             asked_ms: p.asked_ms,
             state,
+            may_answer: None,
         });
     }
 
@@ -603,6 +634,7 @@ impl Approvals {
                 command: what.to_string(),
                 asked_ms: now_ms(),
                 state: ApprovalState::Pending,
+                may_answer: Some(MayAnswer::of(&self.rules.locked(), on)),
             });
         }
         rx.await.unwrap_or(Decision::Deny)
@@ -747,6 +779,7 @@ impl Approvals {
 
     /// Pending requests (oldest first), then answered and expired ones (newest first).
     pub fn list(&self) -> Vec<ApprovalInfo> {
+        let rules = self.rules.locked().clone();
         let mut out: Vec<ApprovalInfo> = self
             .lock()
             .iter()
@@ -757,6 +790,7 @@ impl Approvals {
                 command: p.command.clone(),
                 asked_ms: p.asked_ms,
                 state: ApprovalState::Pending,
+                may_answer: Some(MayAnswer::of(&rules, p.on)),
             })
             .collect();
         out.sort_by_key(|a| a.asked_ms);
@@ -780,6 +814,7 @@ impl Approvals {
             command: ask.command.clone(),
             asked_ms: 0,
             state: ApprovalState::Expired,
+            may_answer: None,
         });
         true
     }

@@ -197,6 +197,7 @@ pub fn handle(
         chat: ChatId::new(chat),
         thread: thread.map(ThreadId::new),
         sender: UserId::new(format!("{EVENT_PREFIX}{}", hook.name)),
+        sender_name: None,
         event_id: PlatformEventId::new(event_id.clone()),
         content: render(hook, &delivery, body),
         received_at_ms: clawft_channel_core::now_ms(),

@@ -2,7 +2,7 @@
 //! text in the transcripts, bounded and paged), each session's prompt window and usage, and
 //! `sessions/compact` (the `/compact` chat command, asked by the operator).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use clawft_channel_core::{ChannelId, ChatId, InboundEvent, PlatformEventId, ThreadId, UserId};
 use serde_json::{json, Value};
@@ -139,6 +139,7 @@ pub fn search(store: &Store, query: &SearchQuery) -> Result<Value, AdminError> {
     let mut metas = store.sessions().map_err(internal)?;
     metas.sort_by(|a, b| b.updated_ms.cmp(&a.updated_ms).then(a.key.cmp(&b.key)));
     let usage = usage_by_session(store)?;
+    let names = store.user_names().map_err(internal)?;
     let none = (UsageRow::default(), BTreeSet::new());
     let mut budget = TEXT_SCAN_BYTES;
     let mut text_incomplete = false;
@@ -154,7 +155,10 @@ pub fn search(store: &Store, query: &SearchQuery) -> Result<Value, AdminError> {
             Some(("all", None))
         } else if m.key.as_str().to_lowercase().contains(&q) {
             Some(("key", None))
-        } else if let Some(user) = users.iter().find(|x| x.to_lowercase().contains(&q)) {
+        } else if let Some(user) = users.iter().find(|x| {
+            x.to_lowercase().contains(&q)
+                || names.get(*x).is_some_and(|n| n.to_lowercase().contains(&q))
+        }) {
             Some(("user", Some(user.clone())))
         } else if budget == 0 {
             text_incomplete = true;
@@ -194,6 +198,11 @@ pub fn search(store: &Store, query: &SearchQuery) -> Result<Value, AdminError> {
             "created_ms": m.created_ms,
             "updated_ms": m.updated_ms,
             "users": users,
+            // The display names of those users whose platform gave one (decoration only).
+            "names": users
+                .iter()
+                .filter_map(|u| names.get(u).map(|n| (u.clone(), n.clone())))
+                .collect::<BTreeMap<_, _>>(),
             "match": by,
             "snippet": detail,
             "window": window_json(store, &m.key, m.next_seq)?,
@@ -239,6 +248,7 @@ pub fn compact(
         chat: ChatId::new(chat),
         thread: thread.map(ThreadId::new),
         sender: UserId::new(OPERATOR_SENDER),
+        sender_name: None,
         event_id: PlatformEventId::new(event_id.clone()),
         content: "/compact".into(),
         received_at_ms: now,

@@ -44,14 +44,15 @@ impl Inbox {
     /// Route a journaled entry to its session. False when the bus is gone (the entry stays
     /// journaled and is replayed at the next start).
     pub fn route(&self, entry: InboxEntry) -> bool {
-        self.0.cast(BusMsg::Inbound(entry)).is_ok()
+        self.0.cast(BusMsg::Inbound(Box::new(entry))).is_ok()
     }
 }
 
 /// Messages understood by [`BusActor`].
 pub enum BusMsg {
-    /// From ingress: a journaled user message. Spawns the session if needed.
-    Inbound(InboxEntry),
+    /// From ingress: a journaled user message. Spawns the session if needed. (Boxed: the
+    /// entry is by far the largest message.)
+    Inbound(Box<InboxEntry>),
     /// From a session's idle timer: evict it if nothing was routed to it since.
     SessionIdle {
         /// Session.
@@ -159,7 +160,7 @@ impl Actor for BusActor {
         state: &mut BusState,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            BusMsg::Inbound(entry) => route_inbound(&myself, state, entry).await,
+            BusMsg::Inbound(entry) => route_inbound(&myself, state, *entry).await,
             BusMsg::SessionIdle { key, routed } => {
                 if state.sessions.get(&key).is_some_and(|l| l.routed == routed) {
                     if let Some(live) = state.sessions.remove(&key) {

@@ -65,6 +65,7 @@ impl TerminalChannel {
             chat: ChatId::new(chat),
             thread: None,
             sender: UserId::new("terminal"),
+            sender_name: None,
             event_id: event_id.clone(),
             content: text.to_string(),
             received_at_ms: now_ms(),

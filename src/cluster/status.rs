@@ -37,7 +37,18 @@ pub async fn check(s: &ClusterSettings) -> Result<String, ClusterError> {
 /// The connection or JetStream failed.
 pub async fn collect(s: &ClusterSettings) -> Result<Value, ClusterError> {
     let client = connect(s, WAIT, false).await?;
-    let js = jetstream::new(client);
+    collect_on(&jetstream::new(client), s).await
+}
+
+/// [`collect`] on a connection the caller has (the running gateway's, for its status).
+///
+/// # Errors
+/// JetStream failed or did not answer.
+pub async fn collect_on(
+    js: &jetstream::Context,
+    s: &ClusterSettings,
+) -> Result<Value, ClusterError> {
+    let js = js.clone();
     let (leases, nodes, _) = tokio::time::timeout(WAIT * 2, super::node::buckets(&js, s.lease_ttl))
         .await
         .map_err(|_| ClusterError::Nats("JetStream did not answer".into()))??;

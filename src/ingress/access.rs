@@ -508,6 +508,7 @@ mod tests {
             chat: ChatId::new("c1"),
             thread: None,
             sender: UserId::new(user),
+            sender_name: None,
             event_id: PlatformEventId::new("e1"),
             content: "hi".into(),
             received_at_ms: 0,

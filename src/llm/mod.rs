@@ -74,6 +74,22 @@ pub struct Message {
     /// shows it to the model before the text, in the agent's time zone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub at_ms: Option<u64>,
+    /// For `Role::User`: who wrote it, for the operator's view of the transcript (the control
+    /// UI). Never sent to the model. Absent in messages stored before it existed and in the
+    /// gateway's own (scheduled runs, announcements).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from: Option<Author>,
+}
+
+/// The writer of a user message, as the operator sees it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Author {
+    /// `channel:sender` (`telegram:111`): what access and usage know the user by.
+    pub id: String,
+    /// The display name the platform gave with the message, if any. Decoration only: nothing
+    /// is decided on it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }
 
 /// An image attached to a user message.
@@ -127,6 +143,7 @@ impl Message {
             name: None,
             images: Vec::new(),
             at_ms: None,
+            from: None,
         }
     }
     /// A tool result answering `call_id`.
@@ -143,6 +160,7 @@ impl Message {
             name: Some(name.into()),
             images: Vec::new(),
             at_ms: None,
+            from: None,
         }
     }
 }

@@ -115,6 +115,7 @@ fn event(content: &str, attachments: Vec<MediaRef>) -> InboundEvent {
         chat: ChatId::new("42"),
         thread: None,
         sender: UserId::new("7"),
+        sender_name: None,
         event_id: PlatformEventId::new("1001"),
         content: content.into(),
         received_at_ms: 1_795_000_000_000,

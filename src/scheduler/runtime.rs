@@ -416,6 +416,7 @@ impl Scheduler {
             chat: ChatId::new(job.target.chat_id.clone()),
             thread: job.target.thread.clone().map(ThreadId::new),
             sender: UserId::new(sender),
+            sender_name: None,
             event_id: PlatformEventId::new(format!("{prefix}{}", run.id)),
             content,
             received_at_ms: clawft_channel_core::now_ms(),
@@ -622,6 +623,7 @@ impl Scheduler {
             chat: ChatId::new(h.target.chat_id.clone()),
             thread: h.target.thread.clone().map(ThreadId::new),
             sender: UserId::new(SYSTEM_SENDER),
+            sender_name: None,
             event_id: PlatformEventId::new(format!(
                 "{HEARTBEAT_PREFIX}{}",
                 uuid::Uuid::now_v7()

@@ -579,6 +579,12 @@ fn maybe_start(myself: &ActorRef<SessionMsg>, state: &mut SessionState) {
         let mut user = Message::user(content);
         user.images = images;
         user.at_ms = Some(ev.received_at_ms).filter(|t| *t > 0);
+        if !crate::types::session_key::is_gateway_event(&ev) {
+            user.from = Some(crate::llm::Author {
+                id: crate::types::SenderId::of(&ev).as_str().to_string(),
+                name: ev.sender_name.clone(),
+            });
+        }
         if let Err(e) = state.args.deps.store.begin_turn(&entry, &user) {
             tracing::error!(error = %e, "could not record the user message");
             refuse(

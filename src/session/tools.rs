@@ -407,6 +407,7 @@ impl Tool for SessionsSend {
             chat: ChatId::new(chat),
             thread: thread.map(ThreadId::new),
             sender: UserId::new(SYSTEM_SENDER),
+            sender_name: None,
             event_id: PlatformEventId::new(event_id),
             content: format!(
                 "[Message from session {} (agent {}) via sessions_send. It is not from this chat's user; answer it here, in this chat.]\n{message}",
@@ -598,6 +599,7 @@ mod tests {
             chat: ChatId::new(chat),
             thread: None,
             sender: UserId::new(sender),
+            sender_name: None,
             event_id: PlatformEventId::new(id),
             content: text.into(),
             received_at_ms: 1,

@@ -204,6 +204,9 @@ fn outbox_key(id: &str) -> Vec<u8> {
 
 /// State namespace of the chat users who spoke in each session.
 const NS_PARTICIPANTS: &str = "session-users";
+/// State namespace of the chat users' display names (`channel:sender` → the name the platform
+/// gave with their last message). For the operator's view only.
+const NS_USER_NAMES: &str = "user-names";
 /// Between the session key and the user in a participant key (a session key holds no control
 /// characters).
 const PARTICIPANT_SEP: char = '\u{1f}';
@@ -808,8 +811,21 @@ impl Store {
             );
             let now = clawft_channel_core::now_ms().to_string();
             ops.push(Op::Put(k, seal(now.as_bytes())));
+            if let Some(name) = &ev.sender_name {
+                let k = state_key(NS_USER_NAMES, who.as_str());
+                ops.push(Op::Put(k, seal(name.as_bytes())));
+            }
         }
         self.apply(ops)
+    }
+
+    /// The display name each chat user (`channel:sender`) gave with their last message, for
+    /// the users whose platform gives one (recorded by [`Store::begin_turn`]).
+    ///
+    /// # Errors
+    /// Backend failure.
+    pub fn user_names(&self) -> Result<std::collections::HashMap<String, String>, StoreError> {
+        Ok(self.state_scan(NS_USER_NAMES)?.into_iter().collect())
     }
 
     /// The chat users (`channel:sender`) who have spoken in each session, with the time of

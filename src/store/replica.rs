@@ -200,6 +200,7 @@ mod tests {
             chat: ChatId::new("42"),
             thread: None,
             sender: UserId::new("42"),
+            sender_name: None,
             event_id: PlatformEventId::new(id),
             content: format!("hello {id}"),
             received_at_ms: 1,

@@ -10,6 +10,7 @@ fn ev(id: &str) -> InboundEvent {
         chat: ChatId::new("c1"),
         thread: None,
         sender: UserId::new("u"),
+        sender_name: None,
         event_id: PlatformEventId::new(id),
         content: format!("hello {id}"),
         received_at_ms: 1,

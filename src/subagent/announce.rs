@@ -107,6 +107,7 @@ pub(super) fn journal_batch(
         chat: ChatId::new(chat),
         thread: thread.map(ThreadId::new),
         sender: UserId::new(SYSTEM_SENDER),
+        sender_name: None,
         event_id: PlatformEventId::new(format!("subagents:{batch_id}")),
         content: batch.content.clone(),
         received_at_ms: now_ms(),

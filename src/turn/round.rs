@@ -27,10 +27,17 @@ pub(super) async fn run_calls(
             return guard::refused_outcome(e, admit, registry.scrubber());
         }
         if let Some(ev) = events {
+            // As the transcript keeps them: credentials the tool names masked, and every
+            // secret the scrubber knows.
+            let shown = registry
+                .stored_arguments(&call.name, &call.arguments, ctx)
+                .unwrap_or_else(|| call.arguments.clone());
+            let shown = registry.scrubber().scrub_str(&shown);
             let _ = ev
                 .send(TurnEvent::Tool(ToolProgress::ToolStarted {
                     tool: call.name.clone(),
                     call_id: call.id.clone(),
+                    arguments: Some(clawft_channel_core::progress_text(&shown)),
                 }))
                 .await;
         }
@@ -46,6 +53,8 @@ pub(super) async fn run_calls(
                     tool: call.name.clone(),
                     call_id: call.id.clone(),
                     error_code: o.error.as_ref().map(|e| e.code().to_string()),
+                    // The content the transcript stores (the registry scrubbed the value).
+                    result: Some(clawft_channel_core::progress_text(&o.content())),
                 }))
                 .await;
         }

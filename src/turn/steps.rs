@@ -299,6 +299,7 @@ impl<'a> Turn<'a> {
             name: None,
             images: Vec::new(),
             at_ms: None,
+            from: None,
         };
         let mut stored = assistant.clone();
         for c in &mut stored.tool_calls {

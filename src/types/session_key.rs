@@ -348,6 +348,7 @@ mod tests {
             chat: clawft_channel_core::ChatId::new("42"),
             thread: None,
             sender: clawft_channel_core::UserId::new(sender),
+            sender_name: None,
             event_id: clawft_channel_core::PlatformEventId::new(id),
             content: String::new(),
             received_at_ms: 0,

@@ -23,6 +23,7 @@ fn event(user: &str, id: &str, text: &str) -> InboundEvent {
         chat: ChatId::new(format!("chat-{user}")),
         thread: None,
         sender: UserId::new(user),
+        sender_name: None,
         event_id: PlatformEventId::new(id),
         content: text.into(),
         received_at_ms: now_ms(),

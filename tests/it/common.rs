@@ -28,13 +28,16 @@ pub fn merged(mut base: Value, patch: Value) -> Value {
     base
 }
 
+/// The provider key of [`config_value`]: a configured secret, which the scrubber knows.
+pub const PROVIDER_KEY: &str = "sk-test-secret-123456";
+
 /// A config file (JSON) for a gateway whose state lives in `dir` and whose LLM is `llm_url`.
 pub fn config_value(llm_url: &str, dir: &Path, extra: Value) -> Value {
     let mut v = json!({
         "agents": { "defaults": { "workspace": dir.join("ws").to_str().unwrap(), "model": "fake-model" } },
         "providers": { "openai": {
             "base_url": llm_url,
-            "api_key": "sk-test-secret-123456",
+            "api_key": PROVIDER_KEY,
             "timeout_secs": 30,
             "max_retries": 3,
         } },

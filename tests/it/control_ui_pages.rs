@@ -107,10 +107,16 @@ async fn overview_usage_chart_words_and_fit_in_a_browser() {
                                       "allow_from": [111], "stream_edits": false}},
             "prices": {"fake-model": {"input": 50.0, "output": 100.0}},
             "budgets": {"daily_usd": 5.0, "monthly_usd": 100.0},
-            "tools": {"exec": {"mode": "ask", "approval_timeout_secs": 600}},
+            "tools": {"exec": {"mode": "ask", "approval_timeout_secs": 600,
+                               "approver_ids": ["telegram:111"]}},
         }),
     );
-    std::fs::write(dir.path().join("ws/notes.txt"), "milk, eggs").unwrap();
+    // The provider key in a file a tool reads: the live tool card shows it scrubbed.
+    std::fs::write(
+        dir.path().join("ws/notes.txt"),
+        format!("milk, eggs\nkey {}", crate::common::PROVIDER_KEY),
+    )
+    .unwrap();
     let d = Daemon::start(dir.path(), &cfg, port).await;
     let b = Browser::start(drv).await;
     b.resize(1280, 900).await;
@@ -166,8 +172,14 @@ async fn overview_usage_chart_words_and_fit_in_a_browser() {
 
     // Traffic from three users: Telegram, the HTTP API and the web chat (Markdown and a tool
     // call in its reply).
+    // The Telegram user has a name: the transcript and the session list show it, the id on
+    // hover.
     llm.push(Reply::Text("hello from telegram".into()));
-    tg.push_user_message(111, 111, "hi");
+    tg.push_update(json!({"message": {
+        "message_id": 900, "date": 1_700_000_000,
+        "chat": {"id": 111, "type": "private", "first_name": "Ada"},
+        "from": {"id": 111, "is_bot": false, "first_name": "Ada", "last_name": "Lovelace\u{202e}", "username": "ada"},
+        "text": "hi"}}));
     assert!(
         crate::common::wait_until(T, || !tg.sent().is_empty()).await,
         "no Telegram reply"
@@ -223,6 +235,39 @@ async fn overview_usage_chart_words_and_fit_in_a_browser() {
         )
         .await;
     assert_eq!(card, "read_file — done");
+    // Live, from the stream (the chat log, not the transcript): the call's arguments and its
+    // result, with the provider key the file holds scrubbed as in the transcript.
+    let live = b
+        .until(
+            "const c = document.querySelector('#chat-log details.tool'); const r = c && c.querySelector('[data-part=result] pre'); return r && {args: c.querySelector('[data-part=arguments] pre').textContent, result: r.textContent, text: c.textContent}",
+            "the tool card's arguments and result",
+        )
+        .await;
+    assert!(
+        live["args"]
+            .as_str()
+            .unwrap()
+            .contains("\"path\": \"notes.txt\""),
+        "{live}"
+    );
+    let result = live["result"].as_str().unwrap();
+    assert!(result.contains("milk, eggs"), "{live}");
+    assert!(
+        !live["text"]
+            .as_str()
+            .unwrap()
+            .contains(crate::common::PROVIDER_KEY),
+        "a secret in the live card: {live}"
+    );
+    let shots = std::env::var("WEFT_UI_SCREENSHOTS").ok();
+    if let Some(dir) = &shots {
+        b.js(
+            "const c = document.querySelector('#chat-log details.tool'); c.open = true; c.scrollIntoView()",
+            json!([]),
+        )
+        .await;
+        std::fs::write(format!("{dir}/ui-chat-tool-1280.png"), b.screenshot().await).unwrap();
+    }
     // An approval asked in the web chat: the command, when it expires and who may answer;
     // answered from its buttons.
     llm.push(Reply::ToolCalls(vec![(
@@ -267,6 +312,35 @@ async fn overview_usage_chart_words_and_fit_in_a_browser() {
         t.contains("read_file") && t.contains("notes.txt") && t.contains("milk, eggs"),
         "{t}"
     );
+    // The Telegram user by name, the id on hover; found by the name too.
+    b.type_in("#sessions-q", "lovelace").await;
+    b.click("#sessions-form button[type=submit]").await;
+    let chip = b
+        .until(
+            "const r = document.querySelectorAll('#sessions-rows tr[data-key]'); const c = r.length === 1 && r[0].querySelector('.chip[data-user=\"telegram:111\"]'); return c && [r[0].dataset.key, c.textContent, c.title]",
+            "the session found by its user's name",
+        )
+        .await;
+    assert_eq!(
+        chip,
+        json!([
+            "telegram:111",
+            "Ada Lovelace",
+            "Ada Lovelace (telegram:111)"
+        ])
+    );
+    b.click("#sessions-rows tr[data-key=\"telegram:111\"] a")
+        .await;
+    let said = b
+        .until(
+            "const l = document.querySelector('#transcript li.user'); return l && [l.dataset.who, l.title, l.textContent]",
+            "the user's message by name",
+        )
+        .await;
+    assert_eq!(
+        said,
+        json!(["Ada Lovelace", "Ada Lovelace (telegram:111)", "hi"])
+    );
 
     // Something waits: a command asked on the HTTP API, its expiry in words.
     llm.push(Reply::ToolCalls(vec![(
@@ -289,6 +363,26 @@ async fn overview_usage_chart_words_and_fit_in_a_browser() {
             || waiting.as_str().unwrap().contains("expires in 9 min"),
         "{waiting}"
     );
+    // Who may answer it, per row (tools.exec.approvers "chat" by default, and the listed id).
+    open(&b, port, "approvals").await;
+    let who = b
+        .until(
+            "const t = document.querySelector('#approvals-rows tr td[data-col=who]'); return t && t.textContent.includes('asker') && t.textContent",
+            "who may answer",
+        )
+        .await;
+    assert_eq!(
+        who,
+        "The chat: anyone in http:asker, or an operator, or telegram:111 (from any chat).Anyone in the chat may deny."
+    );
+    if let Some(dir) = &shots {
+        std::fs::write(
+            format!("{dir}/ui-approvals-pending-1280.png"),
+            b.screenshot().await,
+        )
+        .unwrap();
+    }
+    open(&b, port, "overview").await;
     // Providers answering, spend against the budget.
     let prov = b
         .until(
@@ -469,7 +563,6 @@ async fn overview_usage_chart_words_and_fit_in_a_browser() {
     );
 
     // Every page fits: no sideways scroll at a laptop's and a phone's width.
-    let shots = std::env::var("WEFT_UI_SCREENSHOTS").ok();
     let axe = axe_source();
     for (w, h) in [(1280, 900), (390, 844)] {
         b.resize(w, h).await;
@@ -537,4 +630,93 @@ async fn overview_usage_chart_words_and_fit_in_a_browser() {
     assert_eq!(icon.headers()["content-type"], "image/svg+xml");
     drop(anon);
     d.term();
+}
+
+/// The overview's cluster card on one gateway clustered on a real NATS server (one server, the
+/// pinned `nats-server` the cluster tests use): this node alive, the partitions it holds and
+/// the Telegram connection lease, the same as `weft cluster status --json` reads from NATS.
+#[cfg(feature = "cluster")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_overview_shows_the_cluster_as_weft_cluster_status_does() {
+    let Some(drv) = driver() else { return };
+    let Some(nats) = crate::cluster::Nats::start(1).await else {
+        return;
+    };
+    let llm = FakeLlm::start().await;
+    let tg = FakeTelegram::start().await;
+    let (dirs, nodes) = crate::cluster::start_nodes_merged(
+        1,
+        &nats,
+        &llm,
+        json!({"channels": {"telegram": {"token": FakeTelegram::TOKEN, "api_url": tg.api_url(),
+                                         "allow_from": [111]}}}),
+    )
+    .await;
+    let d = nodes[0].as_ref().unwrap();
+    let dir = dirs[0].path();
+    let port: u16 = d.api.base.rsplit(':').next().unwrap().parse().unwrap();
+    // Wait until the node holds every partition and the Telegram connection.
+    let deadline = std::time::Instant::now() + T;
+    let cli = loop {
+        let v = crate::cluster::cluster_status(dir);
+        if v["partitions"]["held"] == v["partitions"]["count"]
+            && v["connections"].as_array().is_some_and(|c| !c.is_empty())
+        {
+            break v;
+        }
+        assert!(std::time::Instant::now() < deadline, "{v}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let b = Browser::start(drv).await;
+    b.resize(1280, 900).await;
+    log_in(&b, dir, &dir.join("config.json")).await;
+    open(&b, port, "overview").await;
+    let card = b
+        .until(
+            "const c = document.getElementById('ov-cluster-card'); const n = document.querySelector('#ov-cluster-nodes li[data-node]'); return c && !c.hidden && n && n.textContent.includes('holds') && {text: c.textContent, nodes: [...document.querySelectorAll('#ov-cluster-nodes li')].map(l => [l.dataset.node, l.className, l.textContent]), parts: document.getElementById('ov-cluster-parts').textContent}",
+            "the cluster card with its nodes",
+        )
+        .await;
+    let nodes_cli = cli["nodes"].as_array().unwrap();
+    let shown = card["nodes"].as_array().unwrap();
+    assert_eq!(shown.len(), nodes_cli.len(), "{card} vs {cli}");
+    assert_eq!(shown[0][0], "n1", "{card}");
+    let line = shown[0][2].as_str().unwrap();
+    let held = cli["partitions"]["owners"]["n1"].as_u64().unwrap();
+    assert!(
+        line.contains("n1 (this node)")
+            && line.contains("alive")
+            && line.contains(&format!("{held} partitions"))
+            && line.contains("holds telegram.default"),
+        "{line} vs {cli}"
+    );
+    assert!(shown[0][1].as_str().unwrap().contains("s-ok"), "{card}");
+    let count = cli["partitions"]["count"].as_u64().unwrap();
+    assert_eq!(
+        card["parts"],
+        format!(
+            "Partitions: {count} of {count} held; {} connection lease{}.",
+            cli["connections"].as_array().unwrap().len(),
+            if cli["connections"].as_array().unwrap().len() == 1 {
+                ""
+            } else {
+                "s"
+            }
+        ),
+        "{card}"
+    );
+    assert!(
+        card["text"].as_str().unwrap().contains("Connected to NATS"),
+        "{card}"
+    );
+    if let Ok(dir) = std::env::var("WEFT_UI_SCREENSHOTS") {
+        std::fs::write(
+            format!("{dir}/ui-overview-cluster-1280.png"),
+            b.screenshot().await,
+        )
+        .unwrap();
+    }
+    drop(b);
+    drop(nodes);
+    drop(nats);
 }

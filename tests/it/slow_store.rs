@@ -106,6 +106,7 @@ fn event(chat: &str, id: &str, text: &str) -> InboundEvent {
         chat: ChatId::new(chat),
         thread: None,
         sender: UserId::new("42"),
+        sender_name: None,
         event_id: PlatformEventId::new(id),
         content: text.into(),
         received_at_ms: now_ms(),

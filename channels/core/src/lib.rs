@@ -178,6 +178,13 @@ pub struct InboundEvent {
     pub thread: Option<ThreadId>,
     /// Who sent it.
     pub sender: UserId,
+    /// The sender's display name as the platform gives it (Telegram's first and last name,
+    /// Discord's global name, Matrix's displayname, an email's From name…), cleaned by
+    /// [`display_name`]. Shown to the operator next to the id; never used for access,
+    /// routing or anything that grants authority (anyone can choose any name). Absent in
+    /// events stored before it existed and on platforms that do not give one cheaply.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sender_name: Option<String>,
     /// Platform event id; `(channel, event_id)` is deduplicated by ingress.
     pub event_id: PlatformEventId,
     /// Text content as sent (sanitised later by ingress).
@@ -191,6 +198,39 @@ pub struct InboundEvent {
     /// Who it comes from (adapters: always [`Origin::User`]).
     #[serde(default, skip_serializing_if = "Origin::is_user")]
     pub origin: Origin,
+}
+
+/// The longest display name kept, in characters (a longer one is cut, with `…`).
+pub const MAX_DISPLAY_NAME_CHARS: usize = 64;
+
+/// A platform's display name as it is kept for [`InboundEvent::sender_name`]: the non-empty
+/// parts joined by a space, control characters (newlines, bidi overrides included) dropped,
+/// runs of blanks folded to one space, cut at [`MAX_DISPLAY_NAME_CHARS`]. `None` when nothing
+/// is left. A name is decoration for the operator only: it never grants anything.
+pub fn display_name<'a>(parts: impl IntoIterator<Item = &'a str>) -> Option<String> {
+    let mut out = String::new();
+    for part in parts {
+        for word in part
+            .split(|c: char| c.is_whitespace() || c.is_control() || is_format_char(c))
+            .filter(|w| !w.is_empty())
+        {
+            if !out.is_empty() {
+                out.push(' ');
+            }
+            out.push_str(word);
+        }
+    }
+    if out.chars().count() > MAX_DISPLAY_NAME_CHARS {
+        out = out.chars().take(MAX_DISPLAY_NAME_CHARS - 1).collect();
+        out.push('…');
+    }
+    (!out.is_empty()).then_some(out)
+}
+
+/// Invisible formatting characters a name could use to look like another text (bidi
+/// overrides and isolates, zero-width characters).
+fn is_format_char(c: char) -> bool {
+    matches!(c, '\u{200B}' | '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2060}'..='\u{2069}' | '\u{FEFF}')
 }
 
 /// Default of the one inbound size limit of every channel (`channels.max_inbound_bytes`):
@@ -386,6 +426,10 @@ pub enum ToolProgress {
         tool: String,
         /// The call's id.
         call_id: String,
+        /// The call's arguments (JSON text) as the transcript keeps them (credentials masked),
+        /// cut at [`PROGRESS_TEXT_CHARS`]. Absent in events written before it existed.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        arguments: Option<String>,
     },
     /// The call ended.
     ToolFinished {
@@ -395,7 +439,27 @@ pub enum ToolProgress {
         call_id: String,
         /// The error code of a failed call (`NOT_FOUND`, `TIMEOUT` …); `None`: it succeeded.
         error_code: Option<String>,
+        /// Its result as the transcript keeps it (scrubbed), cut at [`PROGRESS_TEXT_CHARS`].
+        /// Absent in events written before it existed.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        result: Option<String>,
     },
+}
+
+/// The most characters of a call's arguments or result a progress event carries (the whole
+/// text is in the transcript).
+pub const PROGRESS_TEXT_CHARS: usize = 2000;
+
+/// `text` cut at [`PROGRESS_TEXT_CHARS`] characters, with `… (N more characters)` when cut.
+pub fn progress_text(text: &str) -> String {
+    match text.char_indices().nth(PROGRESS_TEXT_CHARS) {
+        None => text.to_string(),
+        Some((at, _)) => format!(
+            "{}… ({} more characters)",
+            &text[..at],
+            text[at..].chars().count()
+        ),
+    }
 }
 
 impl ToolProgress {
@@ -417,6 +481,7 @@ impl OutboundBody {
             OutboundKind::Progress => OutboundBody::Progress(ToolProgress::ToolStarted {
                 tool: text,
                 call_id: String::new(),
+                arguments: None,
             }),
             OutboundKind::Error => OutboundBody::Error {
                 text,
@@ -621,6 +686,7 @@ impl From<WireOutbound> for OutboundMessage {
                 None => OutboundBody::Progress(ToolProgress::ToolStarted {
                     tool: w.content,
                     call_id: String::new(),
+                    arguments: None,
                 }),
             },
         };
@@ -1052,6 +1118,7 @@ mod outbound_tests {
                     tool: "grep".into(),
                     call_id: "c1".into(),
                     error_code: Some("TIMEOUT".into()),
+                    result: None,
                 }),
             ),
             (
@@ -1069,5 +1136,46 @@ mod outbound_tests {
             let want: serde_json::Value = serde_json::from_str(json).unwrap();
             assert_eq!(again, want, "written back differently");
         }
+    }
+}
+
+#[cfg(test)]
+mod display_name_tests {
+    use super::{display_name, MAX_DISPLAY_NAME_CHARS};
+
+    #[test]
+    fn parts_are_joined_and_cleaned() {
+        assert_eq!(
+            display_name(["Ada", "Lovelace"]).as_deref(),
+            Some("Ada Lovelace")
+        );
+        assert_eq!(
+            display_name(["  Ada\n\tL. ", ""]).as_deref(),
+            Some("Ada L.")
+        );
+        // A bidi override cannot turn the name around; an emoji sequence stays whole.
+        assert_eq!(display_name(["\u{202E}nimda"]).as_deref(), Some("nimda"));
+        assert_eq!(
+            display_name(["👨\u{200D}👩"]).as_deref(),
+            Some("👨\u{200D}👩")
+        );
+        assert_eq!(display_name(["", " \u{200B} "]), None);
+        let long = display_name(["x".repeat(500).as_str()]).unwrap_or_default();
+        assert_eq!(long.chars().count(), MAX_DISPLAY_NAME_CHARS);
+        assert!(long.ends_with('…'));
+    }
+}
+
+#[cfg(test)]
+mod progress_text_tests {
+    use super::{progress_text, PROGRESS_TEXT_CHARS};
+
+    #[test]
+    fn long_texts_are_cut_on_a_character_and_say_how_much_is_left() {
+        assert_eq!(progress_text("short"), "short");
+        let long = "é".repeat(PROGRESS_TEXT_CHARS + 5);
+        let cut = progress_text(&long);
+        assert!(cut.ends_with("… (5 more characters)"), "{cut}");
+        assert!(cut.starts_with(&"é".repeat(PROGRESS_TEXT_CHARS)));
     }
 }

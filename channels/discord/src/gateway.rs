@@ -174,6 +174,13 @@ pub fn parse_message(
         chat: ChatId::new(chat),
         thread: None,
         sender: UserId::new(author_id),
+        // The server nickname, else the global display name, else the username.
+        sender_name: ["member", "author"]
+            .into_iter()
+            .zip(["nick", "global_name"])
+            .find_map(|(o, k)| d.get(o).and_then(|o| s(o, k)))
+            .or_else(|| s(author, "username"))
+            .and_then(|n| clawft_channel_core::display_name([n.as_str()])),
         event_id: PlatformEventId::new(id),
         content,
         received_at_ms: now_ms(),

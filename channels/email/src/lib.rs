@@ -490,6 +490,7 @@ impl EmailChannel {
             chat: ChatId::new(m.from.clone()),
             thread: Some(ThreadId::new(thread.clone())),
             sender: UserId::new(m.from.clone()),
+            sender_name: m.from_name.clone(),
             event_id: PlatformEventId::new(own),
             content,
             received_at_ms: now_ms(),

@@ -20,6 +20,8 @@ pub struct Attachment {
 pub struct Inbound {
     /// The `From:` address, lower-cased.
     pub from: String,
+    /// The `From:` display name (`"Ada Lovelace" <ada@…>`), cleaned; decoration only.
+    pub from_name: Option<String>,
     /// `Message-ID` without angle brackets.
     pub message_id: Option<String>,
     /// `References`, oldest first.
@@ -57,6 +59,11 @@ pub fn parse(raw: &[u8]) -> Option<Inbound> {
         .and_then(|a| a.address())?
         .trim()
         .to_ascii_lowercase();
+    let from_name = msg
+        .from()
+        .and_then(|a| a.first())
+        .and_then(|a| a.name())
+        .and_then(|n| clawft_channel_core::display_name([n]));
     let mut auth_results = Vec::new();
     let mut automatic = false;
     for (name, value) in msg.headers_raw() {
@@ -93,6 +100,7 @@ pub fn parse(raw: &[u8]) -> Option<Inbound> {
         .collect();
     Some(Inbound {
         from,
+        from_name,
         message_id: msg.message_id().map(str::to_string),
         references: ids(msg.references()),
         in_reply_to: ids(msg.in_reply_to()).pop(),

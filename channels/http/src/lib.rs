@@ -880,6 +880,7 @@ async fn submit(inner: &Arc<Inner>, req: ChatReq, waiter: Waiter) -> Result<Subm
         } else {
             req.sender.unwrap_or_else(|| "http".into())
         }),
+        sender_name: None,
         event_id: event_id.clone(),
         content: req.content,
         received_at_ms: now_ms(),

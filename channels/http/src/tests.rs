@@ -133,6 +133,7 @@ async fn start_with(cfg: HttpConfig, mode: Mode) -> Harness {
                         clawft_channel_core::ToolProgress::ToolStarted {
                             tool: "read_file".into(),
                             call_id: "c1".into(),
+                            arguments: None,
                         },
                     );
                     daemon_ch.send(&p).await.unwrap();

@@ -1003,6 +1003,7 @@ impl WebChannel {
             chat: ChatId::new(chat),
             thread: None,
             sender: UserId::new(WEB_SENDER),
+            sender_name: None,
             event_id: PlatformEventId::new(event_id.clone()),
             content,
             received_at_ms: now_ms(),

@@ -270,22 +270,34 @@ function onCanvas(m) {
 }
 function chatChanged() { $('chat-log').textContent = ''; canvasSession = ''; $('canvas-state').textContent = ''; $('canvas-panel').hidden = true; checkCanvas(); }
 
-// Tool calls of the current turn, by call id: a collapsible card each.
+// Tool calls of the current turn, by call id: a collapsible card each, with the arguments
+// when the call starts and the result when it ends (as the transcript keeps them: credentials
+// masked, secrets scrubbed; long ones cut by the gateway, the whole text is in the transcript).
 const toolCards = new Map();
+function callPart(label, text, part) {
+  const pre = el('pre', shown(text), { class: 'capped', tabindex: '0' });
+  return box('div', { 'data-part': part }, el('p', label), pre);
+}
 function toolCard(p) {
   let card = toolCards.get(p.call_id);
   if (!card) {
     const li = el('li', null, { 'data-who': 'tool', class: 'note' });
     card = el('details', null, { class: 'tool' });
-    const more = el('p', 'Its arguments and result: in the transcript on ', { class: 'muted' });
-    more.append(el('a', 'Sessions', { href: '#sessions' }), ' (call ' + (p.call_id || '') + ').');
-    card.append(el('summary'), more);
+    card.append(el('summary'));
     li.append(card);
     $('chat-log').append(li);
     toolCards.set(p.call_id, card);
   }
   const state = p.event === 'tool_started' ? 'running…' : p.error_code ? 'failed (' + p.error_code + ')' : 'done';
   card.firstChild.textContent = (p.tool || 'tool') + ' — ' + state;
+  if (typeof p.arguments === 'string' && !card.querySelector('[data-part=arguments]')) card.append(callPart('Arguments:', p.arguments, 'arguments'));
+  if (typeof p.result === 'string' && !card.querySelector('[data-part=result]')) card.append(callPart(p.error_code ? 'Error:' : 'Result:', p.result, 'result'));
+  const cut = / more characters\)$/.test((p.arguments || '') + '') || / more characters\)$/.test((p.result || '') + '');
+  if (cut && !card.querySelector('[data-part=more]')) {
+    const more = el('p', 'Cut here: the whole call is in the transcript on ', { class: 'muted', 'data-part': 'more' });
+    more.append(el('a', 'Sessions', { href: '#sessions' }), '.');
+    card.append(more);
+  }
   return card;
 }
 function onMessage(m) {
@@ -376,12 +388,28 @@ function fillAgents(agents) {
 $('canvas-reload').addEventListener('click', reloadCanvas);
 
 // ---- approvals ----
+// Who may answer a pending approval, in words (tools.exec.approvers and approver_ids, judged
+// by the gateway when the answer arrives; see the security guide's "Who may approve").
+function mayAnswer(a) {
+  const m = a.may_answer;
+  if (a.state !== 'pending' || !m) return '—';
+  const ids = m.approver_ids || [];
+  const listed = ids.length ? ids.join(', ') + ' (from any chat)' : '';
+  const span = el('span');
+  if (m.approvers === 'operator') {
+    span.append(el('strong', 'Operator only'), ': here, weft approvals' + (listed ? ', or ' + listed : '') + '.');
+  } else {
+    span.append(el('strong', 'The chat'), ': anyone in ' + a.session + ', or an operator' + (listed ? ', or ' + listed : '') + '.');
+  }
+  span.append(el('br'), el('small', (m.on_node ? 'A command on a node. ' : '') + 'Anyone in the chat may deny.'));
+  return span;
+}
 let approvalTimeoutSecs = 0;
 async function loadApprovals() {
   const v = await api('admin/approvals/list', {});
   const list = v.approvals || [];
   if (!list.length) {
-    $('approvals-rows').replaceChildren(box('tr', {}, el('td', 'No approvals. When an agent asks to run a command (tools.exec.mode = "ask"), it appears here and in its chat.', { colspan: '5', class: 'empty' })));
+    $('approvals-rows').replaceChildren(box('tr', {}, el('td', 'No approvals. When an agent asks to run a command (tools.exec.mode = "ask"), it appears here and in its chat.', { colspan: '6', class: 'empty' })));
     return;
   }
   $('approvals-rows').replaceChildren(...list.map((a) => {
@@ -395,7 +423,7 @@ async function loadApprovals() {
     } else asked.textContent = 'before the last restart';
     tr.append(box('td', { 'data-label': 'Asked in' }, a.session + (a.node ? ' (on ' + a.node + ')' : '')),
       box('td', { 'data-label': 'Command' }, el('code', a.command)), asked,
-      el('td', a.state, { 'data-label': 'State' }), answer);
+      el('td', a.state, { 'data-label': 'State' }), box('td', { 'data-label': 'Who may answer', 'data-col': 'who' }, mayAnswer(a)), answer);
     return tr;
   }));
 }
@@ -506,7 +534,8 @@ async function loadSessions() {
       a.addEventListener('click', (ev) => { ev.preventDefault(); showTranscript(s.key).catch(fail); });
       const td = el('td', null, { 'data-label': 'Session' });
       td.append(a);
-      if (s.snippet) td.append(el('br'), el('small', s.match + ': ' + s.snippet));
+      const names = s.names || {};
+      if (s.snippet) td.append(el('br'), el('small', s.match + ': ' + (s.match === 'user' && names[s.snippet] ? authorTitle(s.snippet, names[s.snippet]) : s.snippet)));
       const w = s.window || {};
       const u = s.usage || {};
       const act = el('td', null, { class: 'actions', 'data-label': 'Actions' });
@@ -522,7 +551,7 @@ async function loadSessions() {
         api('sessions/' + encodeURIComponent(s.key) + '/clear', {}).then(loadSessions).catch(fail);
       });
       act.append(compact, ' ', reset);
-      tr.append(td, box('td', { 'data-label': 'Users' }, chips(s.users)),
+      tr.append(td, box('td', { 'data-label': 'Users' }, userChips(s.users, s.names)),
         el('td', num(w.in_window) + ' / ' + num(w.stored), { 'data-col': 'window', 'data-label': 'Window / stored', class: 'num' }),
         el('td', '≈' + kilo(w.tokens_estimate), { 'data-col': 'tokens', 'data-label': 'Tokens (est.)', class: 'num' }),
         el('td', kilo((u.input_tokens || 0) + (u.output_tokens || 0)) + ' tok, ' + money(u.cost_usd), { 'data-col': 'usage', 'data-label': 'Usage', class: 'num' }),
@@ -546,8 +575,29 @@ function textOf(c) {
   if (Array.isArray(c)) return c.map((p) => (typeof p === 'string' ? p : p.text || (p.type ? '[' + p.type + ']' : ''))).join('\n');
   return '';
 }
+// Who wrote a user message: the name the platform gave (never trusted for anything: only
+// shown), else the id (`telegram:111`); messages stored before authors were kept: "user".
+function authorName(from) { return from ? from.name || from.id : 'user'; }
+function authorTitle(id, name) { return name ? name + ' (' + id + ')' : id; }
+// A session's users as chips: the name when known, the id on hover.
+function userChips(ids, names) {
+  const span = el('span');
+  for (const id of ids || []) {
+    const name = (names || {})[id];
+    span.append(el('span', name || id, { class: 'chip', title: authorTitle(id, name), 'data-user': id }));
+  }
+  return span;
+}
 function pretty(s) {
   try { return JSON.stringify(JSON.parse(s), null, 2); } catch (e) { return String(s); }
+}
+// A tool's arguments or result as a person reads it: a JSON string as its text, other JSON
+// indented, anything else (a cut text) as it is.
+function shown(s) {
+  try {
+    const v = JSON.parse(s);
+    return typeof v === 'string' ? v : JSON.stringify(v, null, 2);
+  } catch (e) { return String(s); }
 }
 async function showTranscript(key) {
   const v = await api('sessions/' + encodeURIComponent(key));
@@ -559,11 +609,12 @@ async function showTranscript(key) {
   for (const m of v.messages || []) {
     if (m.role === 'tool') {
       const card = cards.get(m.tool_call_id);
-      const result = box('div', {}, el('p', 'Result:'), el('pre', textOf(m.content)));
+      const result = box('div', {}, el('p', 'Result:'), el('pre', shown(textOf(m.content))));
       if (card) card.append(result); else items.push(box('li', { 'data-who': 'tool result', class: 'note' }, result));
       continue;
     }
-    const li = el('li', null, { 'data-who': m.role === 'user' ? (m.name || 'user') : m.role || '', class: m.role || '' });
+    const li = el('li', null, { 'data-who': m.role === 'user' ? authorName(m.from) : m.role || '', class: m.role || '' });
+    if (m.role === 'user' && m.from) li.title = authorTitle(m.from.id, m.from.name);
     const text = textOf(m.content);
     if (m.role === 'assistant') li.append(markdown(text)); else if (text) li.append(text);
     for (const c of m.tool_calls || []) {
@@ -697,6 +748,32 @@ function spendLine(label, spent, limit, unit) {
   }
   return div;
 }
+// The cluster part of the status: this node's link to NATS, the nodes of the registry (alive
+// or not, since when, the partitions each holds) and the connection leases (which node holds
+// each platform connection). Hidden in single-node mode.
+function showCluster(c) {
+  $('ov-cluster-card').hidden = !c;
+  if (!c) return;
+  const p = $('ov-cluster');
+  p.replaceChildren(c.ok ? 'Connected to NATS' : 'NATS unreachable' + (c.reason ? ': ' + c.reason : ''));
+  if (c.since_ms) p.append(' since ', el('time', local(c.since_ms), { datetime: new Date(ms(c.since_ms)).toISOString(), title: rel(c.since_ms) }));
+  p.append('; this node is ', el('strong', c.node_id || '?'), '.');
+  if (c.view_error) p.append(el('br'), el('small', 'Members not readable now: ' + c.view_error));
+  const owners = (c.partitions || {}).owners || {};
+  const conns = c.connections || [];
+  $('ov-cluster-nodes').replaceChildren(...(c.nodes || []).map((n) => {
+    const held = conns.filter((l) => l.holder === n.node).map((l) => l.key.replace(/^conn\./, ''));
+    const words = el('span', (n.alive ? 'alive' : 'silent for ' + rel(Date.now() - n.seen_ms_ago).replace(' ago', '')) + ', started ');
+    words.append(when(n.since_ms), ', ' + num(owners[n.node] || 0) + ' partitions' + (held.length ? ', holds ' + held.join(', ') : ''));
+    const li = stateItem(n.alive ? 'ok' : 'bad', n.node + (n.node === c.node_id ? ' (this node)' : ''), '');
+    li.querySelector('.word').replaceWith(words);
+    li.dataset.node = n.node;
+    return li;
+  }));
+  const parts = c.partitions;
+  $('ov-cluster-parts').textContent = parts ? 'Partitions: ' + num(parts.held) + ' of ' + num(parts.count) + ' held'
+    + (parts.held < parts.count ? ' (sessions of the others wait for a node)' : '') + '; ' + conns.length + ' connection lease' + (conns.length === 1 ? '' : 's') + '.' : '';
+}
 async function loadOverview() {
   const dayOfMonth = new Date().getUTCDate();
   const [status, today, month, approvals, pairing, nodes, config, logs] = await Promise.all([
@@ -770,9 +847,7 @@ async function loadOverview() {
   // Sessions and cluster.
   const ss = status.sessions || {};
   $('ov-sessions').textContent = num(ss.live) + ' active now, ' + num(ss.stored) + ' stored.';
-  const c = status.cluster;
-  $('ov-cluster').textContent = c ? 'Cluster: ' + (c.ok ? 'connected' : 'unreachable' + (c.reason ? ' (' + c.reason + ')' : ''))
-    + (c.node_id ? ', this node ' + c.node_id : '') + (Array.isArray(c.members) ? ', ' + c.members.length + ' members' : '') : '';
+  showCluster(status.cluster);
   // Last errors.
   const errs = (logs.lines || []).slice(-5).reverse();
   $('ov-errors').replaceChildren(...(errs.length ? errs.map((l) => el('li', l.text)) : [el('li', 'No errors logged since the gateway started.', { class: 'muted' })]));

@@ -163,6 +163,9 @@ pub(crate) struct Inner {
     pub(crate) authenticated_media: AtomicBool,
     /// Joined members per room (a room of two is a DM).
     pub(crate) members: Mutex<HashMap<String, u64>>,
+    /// Members' display names per (room, user), from the syncs' `m.room.member` events or
+    /// asked once per sender (`None`: asked, none set). Shown to the operator only.
+    pub(crate) display_names: Mutex<HashMap<(String, String), Option<String>>>,
     /// Streamed drafts, the delivery progress of final replies and the attachments delivered.
     send: SendPath<String, Rendered>,
 }
@@ -281,6 +284,7 @@ impl MatrixChannel {
                 me: Mutex::new(None),
                 authenticated_media: AtomicBool::new(true),
                 members: Mutex::new(HashMap::new()),
+                display_names: Mutex::new(HashMap::new()),
                 cfg,
                 api,
                 status: Mutex::new("not started".into()),

@@ -174,6 +174,17 @@ async fn handle(
                 .flatten()
                 .chain(r["timeline"]["events"].as_array().into_iter().flatten())
         };
+        {
+            let mut names = inner.display_names.locked();
+            for e in events().filter(|e| e["type"] == "m.room.member") {
+                if let Some(user) = e["state_key"].as_str() {
+                    let name = e["content"]["displayname"]
+                        .as_str()
+                        .and_then(|n| clawft_channel_core::display_name([n]));
+                    names.insert((room.clone(), user.to_string()), name);
+                }
+            }
+        }
         if events().any(|e| e["type"] == "m.room.encryption") {
             if let Err(e) = refuse_encrypted(inner, room).await {
                 return Batch::Retry(format!("leaving encrypted room {room}: {e}"));
@@ -359,6 +370,7 @@ async fn inbound(inner: &Inner, me: &str, room: &str, ev: &Value) -> Option<Inbo
         channel: inner.cfg.id.clone(),
         chat: ChatId::new(crate::chat_of(room)),
         thread,
+        sender_name: display_name(inner, room, sender).await,
         sender: UserId::new(sender),
         event_id: PlatformEventId::new(event_id),
         content: text,
@@ -366,6 +378,37 @@ async fn inbound(inner: &Inner, me: &str, room: &str, ev: &Value) -> Option<Inbo
         attachments,
         origin: Default::default(),
     })
+}
+
+/// The sender's display name in `room`: from the syncs' member events, else asked once from
+/// the room's state (a sender whose join came before this gateway's sync token).
+async fn display_name(inner: &Inner, room: &str, sender: &str) -> Option<String> {
+    let key = (room.to_string(), sender.to_string());
+    if let Some(n) = inner.display_names.locked().get(&key) {
+        return n.clone();
+    }
+    let url = inner.api.url(&[
+        "_matrix",
+        "client",
+        "v3",
+        "rooms",
+        room,
+        "state",
+        "m.room.member",
+        sender,
+    ]);
+    let name = inner
+        .api
+        .call(Method::GET, url, None, Duration::from_secs(10))
+        .await
+        .ok()
+        .and_then(|v| {
+            v["displayname"]
+                .as_str()
+                .and_then(|n| clawft_channel_core::display_name([n]))
+        });
+    inner.display_names.locked().insert(key, name.clone());
+    name
 }
 
 /// A reply's body without the quoted fallback (`> <@user:hs> quoted` lines and the blank

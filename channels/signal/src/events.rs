@@ -97,6 +97,11 @@ pub(crate) fn parse(me: &Me<'_>, env: &Value, received_at_ms: u64) -> Option<Inb
         chat: ChatId::new(chat),
         thread: None,
         sender: UserId::new(from.clone()),
+        // The profile name signal-cli knows for the sender (its contact or profile).
+        sender_name: env
+            .get("sourceName")
+            .and_then(Value::as_str)
+            .and_then(|n| clawft_channel_core::display_name([n])),
         event_id: PlatformEventId::new(format!("{from}:{ts}")),
         content,
         received_at_ms,

@@ -285,6 +285,7 @@ fn to_event(channel: &ChannelId, inc: Incoming) -> InboundEvent {
         chat: ChatId::new(inc.chat),
         thread: inc.thread.map(ThreadId::new),
         sender: UserId::new(inc.sender),
+        sender_name: None,
         event_id: PlatformEventId::new(inc.event_id),
         content: inc.content,
         received_at_ms: now_ms(),

@@ -21,6 +21,26 @@ struct User {
     id: i64,
     #[serde(default)]
     is_bot: bool,
+    #[serde(default)]
+    first_name: String,
+    #[serde(default)]
+    last_name: String,
+    #[serde(default)]
+    username: String,
+}
+
+impl User {
+    /// "First Last", or "@username" for an account without a name.
+    fn display_name(&self) -> Option<String> {
+        clawft_channel_core::display_name([self.first_name.as_str(), self.last_name.as_str()])
+            .or_else(|| {
+                (!self.username.is_empty())
+                    .then(|| {
+                        clawft_channel_core::display_name([format!("@{}", self.username).as_str()])
+                    })
+                    .flatten()
+            })
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -171,6 +191,7 @@ pub(crate) struct Incoming {
     pub chat: i64,
     pub thread: Option<i64>,
     pub sender: i64,
+    pub sender_name: Option<String>,
     pub message_id: i64,
     pub group: bool,
     pub text: String,
@@ -287,6 +308,7 @@ pub(crate) fn decide(update: &Value, me: &Me, mode: GroupMode) -> Decision {
         chat: msg.chat.id,
         thread: msg.message_thread_id.filter(|_| msg.is_topic_message),
         sender: from.id,
+        sender_name: from.display_name(),
         message_id: msg.message_id,
         group,
         text,
@@ -369,6 +391,7 @@ mod tests {
                 chat: 9,
                 thread: None,
                 sender: 9,
+                sender_name: Some("U".into()),
                 message_id: 3,
                 group: false,
                 text: "hello 😀".into(),

@@ -392,6 +392,7 @@ impl TelegramChannel {
                 chat: ChatId::new(incoming.chat.to_string()),
                 thread: incoming.thread.map(|t| ThreadId::new(t.to_string())),
                 sender: UserId::new(incoming.sender.to_string()),
+                sender_name: incoming.sender_name,
                 event_id: id.event_id(),
                 content: incoming.text,
                 received_at_ms: now_ms(),

@@ -326,7 +326,15 @@ impl Inner {
                     }
                 }
                 for m in value["messages"].as_array().unwrap_or(&empty) {
-                    if let Some(ev) = self.event(m) {
+                    if let Some(mut ev) = self.event(m) {
+                        // The sender's profile name, from the contact entry with its wa_id.
+                        ev.sender_name = value["contacts"]
+                            .as_array()
+                            .unwrap_or(&empty)
+                            .iter()
+                            .find(|c| c["wa_id"].as_str() == Some(ev.sender.as_str()))
+                            .and_then(|c| c["profile"]["name"].as_str())
+                            .and_then(|n| clawft_channel_core::display_name([n]));
                         out.push(ev);
                     }
                 }
@@ -379,6 +387,7 @@ impl Inner {
             chat: ChatId::new(from),
             thread: None,
             sender: UserId::new(from),
+            sender_name: None,
             event_id: PlatformEventId::new(id),
             content,
             received_at_ms: clawft_channel_core::now_ms(),

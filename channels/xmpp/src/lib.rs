@@ -296,6 +296,7 @@ async fn deliver(
         chat: ChatId::new(from_bare),
         thread: None,
         sender: UserId::new(from_bare),
+        sender_name: None,
         event_id: PlatformEventId::new(event_id),
         content: body,
         received_at_ms: now_ms(),

@@ -158,7 +158,7 @@ impl NetworkMode {
 }
 
 /// Who may approve a command in "ask" mode (`tools.exec.approvers`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Approvers {
     /// Anyone in the chat that asked (and the operator).
