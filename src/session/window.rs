@@ -157,7 +157,12 @@ impl Budget {
             clippy::cast_precision_loss
         )]
         let at = (window as f64 * s.threshold) as u64;
-        let limit = at.saturating_sub(reserve).max(window / 4);
+        // The prompt budget (never above the window) bounds the prompt too: older turns are
+        // summarised before a request would carry more.
+        let limit = at
+            .saturating_sub(reserve)
+            .max(window / 4)
+            .min(s.prompt_budget.max(1024));
         Self {
             window,
             reserve,
