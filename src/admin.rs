@@ -119,7 +119,11 @@ pub fn sessions_json(store: &Store) -> Result<Value, AdminError> {
 ///
 /// # Errors
 /// Invalid key (bad request) or store failure (internal).
-pub fn session_json(store: &Store, key: &str) -> Result<Option<Value>, AdminError> {
+pub fn session_json(
+    store: &Store,
+    key: &str,
+    windows: &sessions::Windows,
+) -> Result<Option<Value>, AdminError> {
     let key = SessionKey::parse(key).map_err(bad_request)?;
     let Some(meta) = store.session_meta(&key).map_err(internal)? else {
         return Ok(None);
@@ -140,7 +144,7 @@ pub fn session_json(store: &Store, key: &str) -> Result<Option<Value>, AdminErro
         "created_ms": meta.created_ms,
         "updated_ms": meta.updated_ms,
         "usage": { "today": usage_totals(&day), "total": usage_totals(&all) },
-        "window": sessions::window_json(store, &key, meta.next_seq)?,
+        "window": sessions::window_json(store, &key, meta.next_seq, windows)?,
         "messages": msgs,
     })))
 }
@@ -476,7 +480,7 @@ impl clawft_channel_http::Admin for AdminApi {
 
     async fn session(&self, key: &str) -> Result<Option<Value>, AdminError> {
         let r = self.running.get().ok_or_else(starting)?;
-        session_json(&r.store, key)
+        session_json(&r.store, key, &sessions::windows_of(&self.config))
     }
 
     async fn clear_session(&self, key: &str) -> Result<bool, AdminError> {
@@ -719,7 +723,8 @@ impl clawft_channel_http::Admin for AdminApi {
             AdminRequest::SessionsSearch(query) => {
                 let r = running()?;
                 let store = r.store.clone();
-                tokio::task::spawn_blocking(move || sessions::search(&store, &query))
+                let windows = sessions::windows_of(&self.config);
+                tokio::task::spawn_blocking(move || sessions::search(&store, &query, &windows))
                     .await
                     .map_err(internal)?
             }

@@ -312,9 +312,26 @@ pub fn session(v: &Value) -> String {
     if w.is_object() {
         let _ = writeln!(
             out,
-            "window: {} of {} messages, ≈{} tokens, {} compactions",
+            "window: {} of {} messages, ≈{} tokens of conversation, {} compactions",
             w["in_window"], w["stored"], w["tokens_estimate"], w["compactions"]
         );
+        if let Some(budget) = w["prompt_budget_tokens"].as_u64() {
+            let _ = writeln!(
+                out,
+                "prompt budget: {budget} tokens a request (the model's window: {} tokens); older turns are summarised beyond it",
+                w["context_window"]
+            );
+        }
+        if let Some(summary) = w["summary"].as_str().filter(|t| !t.is_empty()) {
+            let _ = writeln!(
+                out,
+                "summary of the {} messages before the window (≈{} tokens):",
+                w["summarised"], w["summary_tokens"]
+            );
+            for line in summary.lines() {
+                let _ = writeln!(out, "  {line}");
+            }
+        }
     }
     for m in &msgs {
         out.push('\n');

@@ -16,9 +16,9 @@ use super::secrets::{resolve_secret, secret_origin};
 use super::subagents::{SubagentSettings, SubagentsFile};
 use super::types::{
     AgentConfig, ProviderConfig, ProviderKind, ProviderSource, TimeZone, Vision, WindowSettings,
-    DEFAULT_COMPACTION_THRESHOLD, DEFAULT_LOOP_REPEAT_LIMIT, DEFAULT_PROMPT_BUDGET, DEFAULT_MAX_TOOL_CALLS_PER_TURN,
+    DEFAULT_COMPACTION_THRESHOLD, DEFAULT_LOOP_REPEAT_LIMIT, DEFAULT_MAX_TOOL_CALLS_PER_TURN,
     DEFAULT_MAX_TOOL_ITERATIONS, DEFAULT_OLLAMA_KEEP_ALIVE, DEFAULT_OLLAMA_NUM_CTX_MAX,
-    LOCAL_DEFAULT_BASE_URL, OLLAMA_DEFAULT_BASE_URL,
+    DEFAULT_PROMPT_BUDGET, LOCAL_DEFAULT_BASE_URL, OLLAMA_DEFAULT_BASE_URL,
 };
 use crate::types::Secret;
 

@@ -358,10 +358,10 @@ struct HistorySearchArgs {
     max_results: Option<usize>,
 }
 
-/// `history_search`: the current chat's stored messages that match the most words of the
-/// query (stemmed, case and accents folded, as memory search reads them), best first, with
-/// when they were said and whether they are still in the prompt. Only the calling session's
-/// own transcript is read: the tool takes no session key.
+/// `history_search`: the current chat's stored messages before its compaction point (those
+/// the summary replaced) that match the most words of the query (stemmed, case and accents
+/// folded, as memory search reads them), best first, with when they were said. Only the
+/// calling session's own transcript is read: the tool takes no session key.
 struct HistorySearch(Arc<Shared>);
 
 #[async_trait]
@@ -370,7 +370,7 @@ impl Tool for HistorySearch {
         crate::tools::builtin::Builtin::HistorySearch.name()
     }
     fn description(&self) -> &str {
-        "Search this conversation's full history, including older messages replaced by the summary. Returns: {results: [{index, role, said_at, text, in_prompt}], searched}"
+        "Search this conversation's older messages, those the summary replaced (e.g. what was decided months ago). Returns: {results: [{index, role, said_at, text}], searched}"
     }
     fn parameters(&self) -> Value {
         schema_of::<HistorySearchArgs>()
@@ -408,8 +408,17 @@ fn history_search(
         .compaction(key)
         .map_err(store_err)?
         .map_or(0, |c| c.from_seq);
-    let transcript = store.load_transcript_from(key, 0).map_err(store_err)?;
+    // Only what the prompt no longer holds: the rest is in front of the model already.
+    let mut transcript = store.load_transcript_from(key, 0).map_err(store_err)?;
+    transcript.retain(|(seq, _)| *seq < from_seq);
     let searched = transcript.len();
+    if searched == 0 {
+        return Ok(json!({
+            "results": [],
+            "searched": 0,
+            "message": "nothing of this conversation has been summarised yet: all of it is in your prompt",
+        }));
+    }
     // (score, seq): distinct query terms found, a literal match of the whole query worth
     // one more; newer first among equals.
     let mut hits: Vec<(usize, u64, usize)> = Vec::new();
@@ -451,7 +460,6 @@ fn history_search(
                 "role": role,
                 "said_at": said_at[i].map_or(Value::Null, time_of),
                 "text": text,
-                "in_prompt": seq >= from_seq,
                 "score": score,
             });
             if truncated {
