@@ -302,7 +302,12 @@ mod tests {
             store.append_messages(&key, &msgs).unwrap();
         }
         let t = std::time::Instant::now();
-        let v = search(&store, &SearchQuery::of(&json!({"q": "zebra"})).unwrap()).unwrap();
+        let v = search(
+            &store,
+            &SearchQuery::of(&json!({"q": "zebra"})).unwrap(),
+            &Windows::new(),
+        )
+        .unwrap();
         let took = t.elapsed();
         // 3,000 × 20 KB = 60 MB of text: the budget (32 MB) stops the text search.
         assert_eq!(v["text_search_incomplete"], true, "{v}");
@@ -312,7 +317,7 @@ mod tests {
         let mut offset = 0;
         for _ in 0..3 {
             let q = json!({"q": "telegram:", "limit": 100, "offset": offset});
-            let v = search(&store, &SearchQuery::of(&q).unwrap()).unwrap();
+            let v = search(&store, &SearchQuery::of(&q).unwrap(), &Windows::new()).unwrap();
             let rows = v["sessions"].as_array().unwrap();
             assert_eq!(rows.len(), 100);
             for r in rows {
@@ -328,6 +333,7 @@ mod tests {
         let v = search(
             &store,
             &SearchQuery::of(&json!({"q": "zebra2007", "channel": "telegram"})).unwrap(),
+            &Windows::new(),
         )
         .unwrap();
         let found: Vec<&str> = v["sessions"]

@@ -451,7 +451,7 @@ async fn a_chat_past_its_prompt_budget_stays_under_it_and_still_finds_what_was_s
     let asked = reqs.len() - 2;
     let sent = messages(&reqs[asked])
         .iter()
-        .map(|m| m.to_string())
+        .map(ToString::to_string)
         .collect::<String>();
     assert!(
         !sent.contains(FACT),
@@ -478,6 +478,23 @@ async fn a_chat_past_its_prompt_budget_stays_under_it_and_still_finds_what_was_s
         "{w}"
     );
     assert!(w["tokens_estimate"].as_u64().unwrap() < BUDGET, "{w}");
+    // `weft usage --session`: the chat's turns, and its input tokens per turn, which the
+    // budget keeps under it (usage counts every call: chat, flush and summary).
+    let r = gw
+        .api
+        .http
+        .post(format!("{}/v1/admin/usage", gw.api.base))
+        .json(&json!({"session": "http:budget", "days": 2}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let u: Value = r.json().await.unwrap();
+    assert_eq!(u["total"]["turns"], 42, "{u}");
+    let calls = u["total"]["calls"].as_u64().unwrap();
+    assert_eq!(calls, reqs.len() as u64, "{u}");
+    let per_turn = u["total"]["input_tokens_per_turn"].as_u64().unwrap();
+    assert!(per_turn > 0 && per_turn < BUDGET, "{u}");
     println!(
         "requests: {}, compactions: {compactions}, largest chat prompt: {} tokens",
         reqs.len(),
