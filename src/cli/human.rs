@@ -435,4 +435,22 @@ mod tests {
         // 2024-02-29 13:05:59 UTC
         assert_eq!(utc_minute(Some(1_709_211_959_000)), "2024-02-29 13:05");
     }
+
+    #[test]
+    fn a_session_shows_its_budget_window_and_summary() {
+        let v = serde_json::json!({"key": "telegram:1", "messages": [], "usage": {},
+            "window": {"in_window": 12, "stored": 80, "tokens_estimate": 5100, "compactions": 3,
+                "prompt_budget_tokens": 24000, "context_window": 128000, "summarised": 68,
+                "summary_tokens": 40, "summary": "- boat: teal\n- trip in May"}});
+        let t = session(&v);
+        assert!(
+            t.contains("window: 12 of 80 messages, ≈5100 tokens of conversation, 3 compactions"),
+            "{t}"
+        );
+        assert!(
+            t.contains("prompt budget: 24000 tokens a request (the model's window: 128000 tokens)"),
+            "{t}"
+        );
+        assert!(t.contains("summary of the 68 messages before the window (≈40 tokens):\n  - boat: teal\n  - trip in May\n"), "{t}");
+    }
 }

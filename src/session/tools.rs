@@ -753,6 +753,57 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn history_search_reads_only_the_calling_chats_summarised_messages() {
+        let d = tempfile::tempdir().unwrap();
+        let store = Store::memory();
+        chat(&store, "telegram:100", "100", "the boat will be teal", "e1");
+        chat(&store, "telegram:200", "200", "bob's boat is red", "e2");
+        chat(&store, "telegram:100", "100", "the boat needs oars", "e3");
+        let tools = session_tools(
+            SessionDirectory::new(store.clone()),
+            SessionsSettings::default(),
+            "m".into(),
+        );
+        let search = tool(&tools, "history_search");
+        let alice = ctx(d.path(), "telegram:100", Some("100"));
+        // Nothing summarised yet: all of it is in the prompt.
+        let v = search
+            .execute(json!({"query": "boat"}), &alice)
+            .await
+            .unwrap();
+        assert_eq!(v["searched"], 0, "{v}");
+        // The first exchange summarised (the window starts at the second user message).
+        let key = SessionKey::parse("telegram:100").unwrap();
+        let c = crate::store::window::Compaction {
+            summary: "S".into(),
+            from_seq: 2,
+            shortened_until: 2,
+            summarised: 2,
+            count: 1,
+        };
+        store.put_compaction(&key, &c).unwrap().await.unwrap();
+        let v = search
+            .execute(json!({"query": "what colour is the boat"}), &alice)
+            .await
+            .unwrap();
+        let texts: Vec<&str> = v["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["text"].as_str().unwrap())
+            .collect();
+        assert_eq!(texts, ["the boat will be teal"], "{v}");
+        assert_eq!(v["searched"], 2);
+        // Bob's chat is never read, whatever the query.
+        let v = search
+            .execute(json!({"query": "red"}), &alice)
+            .await
+            .unwrap();
+        assert!(v["results"].as_array().unwrap().is_empty(), "{v}");
+        assert!(search.execute(json!({"query": " "}), &alice).await.is_err());
+    }
+
+    #[tokio::test]
     async fn a_user_lists_and_reads_their_own_sessions_only_and_sends_once_per_call() {
         let d = tempfile::tempdir().unwrap();
         let store = Store::memory();
