@@ -370,7 +370,7 @@ impl Tool for HistorySearch {
         crate::tools::builtin::Builtin::HistorySearch.name()
     }
     fn description(&self) -> &str {
-        "Search this conversation's older messages, those the summary replaced (e.g. what was decided months ago). Returns: {results: [{index, role, said_at, text}], searched}"
+        "Search this chat's messages older than the summary."
     }
     fn parameters(&self) -> Value {
         schema_of::<HistorySearchArgs>()
