@@ -119,7 +119,11 @@ pub fn sessions_json(store: &Store) -> Result<Value, AdminError> {
 ///
 /// # Errors
 /// Invalid key (bad request) or store failure (internal).
-pub fn session_json(store: &Store, key: &str) -> Result<Option<Value>, AdminError> {
+pub fn session_json(
+    store: &Store,
+    key: &str,
+    windows: &sessions::Windows,
+) -> Result<Option<Value>, AdminError> {
     let key = SessionKey::parse(key).map_err(bad_request)?;
     let Some(meta) = store.session_meta(&key).map_err(internal)? else {
         return Ok(None);
@@ -140,7 +144,7 @@ pub fn session_json(store: &Store, key: &str) -> Result<Option<Value>, AdminErro
         "created_ms": meta.created_ms,
         "updated_ms": meta.updated_ms,
         "usage": { "today": usage_totals(&day), "total": usage_totals(&all) },
-        "window": sessions::window_json(store, &key, meta.next_seq)?,
+        "window": sessions::window_json(store, &key, meta.next_seq, windows)?,
         "messages": msgs,
     })))
 }
@@ -183,6 +187,66 @@ pub fn usage_json_stacked(
         &since,
         stack,
     )
+}
+
+/// One session's usage over the last `days` days, day by day: its turns (the user messages
+/// of that day), LLM calls, tokens and spend, and per turn the input tokens and the cost, so
+/// a chat's cost per turn can be followed over its life (`weft usage --session KEY`).
+///
+/// # Errors
+/// A key that does not parse, no such session (bad request), or a store failure.
+pub fn session_usage_json(store: &Store, key: &str, days: u64) -> Result<Value, AdminError> {
+    let key = SessionKey::parse(key).map_err(bad_request)?;
+    if store.session_meta(&key).map_err(internal)?.is_none() {
+        return Err(bad_request(format!("no session `{key}`")));
+    }
+    let since = usage_since(days);
+    let mut by_day: std::collections::BTreeMap<String, (UsageRow, u64)> = Default::default();
+    for r in store.usage_rows(&since).map_err(internal)? {
+        if r.session == key.as_str() {
+            by_day.entry(r.day.clone()).or_default().0.add(&r);
+        }
+    }
+    for m in store.load_transcript(&key).map_err(internal)? {
+        if m.role != crate::llm::Role::User {
+            continue;
+        }
+        if let Some(at) = m.at_ms {
+            let day = crate::store::usage::day_of(at);
+            if day >= since {
+                by_day.entry(day).or_default().1 += 1;
+            }
+        }
+    }
+    let per_turn = |r: &UsageRow, turns: u64| {
+        let mut v = usage_totals(r);
+        v["turns"] = json!(turns);
+        if let Some(tokens) = r.input_tokens.checked_div(turns) {
+            v["input_tokens_per_turn"] = json!(tokens);
+            #[allow(clippy::cast_precision_loss)]
+            let cost = r.cost_usd / turns as f64;
+            v["cost_usd_per_turn"] = json!(cost);
+        }
+        v
+    };
+    let mut total = (UsageRow::default(), 0);
+    let rows: Vec<Value> = by_day
+        .iter()
+        .map(|(day, (r, turns))| {
+            total.0.add(r);
+            total.1 += turns;
+            let mut v = per_turn(r, *turns);
+            v["key"] = json!(day);
+            v
+        })
+        .collect();
+    Ok(json!({
+        "by": "day",
+        "session": key.as_str(),
+        "since": since,
+        "rows": rows,
+        "total": per_turn(&total.0, total.1),
+    }))
 }
 
 /// The first day of the last `days` days (UTC).
@@ -515,7 +579,7 @@ impl clawft_channel_http::Admin for AdminApi {
 
     async fn session(&self, key: &str) -> Result<Option<Value>, AdminError> {
         let r = self.running.get().ok_or_else(starting)?;
-        session_json(&r.store, key)
+        session_json(&r.store, key, &sessions::windows_of(&self.config))
     }
 
     async fn clear_session(&self, key: &str) -> Result<bool, AdminError> {
@@ -758,7 +822,8 @@ impl clawft_channel_http::Admin for AdminApi {
             AdminRequest::SessionsSearch(query) => {
                 let r = running()?;
                 let store = r.store.clone();
-                tokio::task::spawn_blocking(move || sessions::search(&store, &query))
+                let windows = sessions::windows_of(&self.config);
+                tokio::task::spawn_blocking(move || sessions::search(&store, &query, &windows))
                     .await
                     .map_err(internal)?
             }
@@ -775,7 +840,23 @@ impl clawft_channel_http::Admin for AdminApi {
             AdminRequest::CanvasGet { session } => {
                 crate::tools::canvas::canvas_json(&running()?.store, &session).map_err(internal)
             }
-            AdminRequest::Usage { by, days, stack } => {
+            AdminRequest::Usage {
+                session: Some(key),
+                days,
+                ..
+            } => {
+                let r = running()?;
+                let store = r.store.clone();
+                tokio::task::spawn_blocking(move || session_usage_json(&store, &key, days))
+                    .await
+                    .map_err(internal)?
+            }
+            AdminRequest::Usage {
+                session: None,
+                by,
+                days,
+                stack,
+            } => {
                 let r = running()?;
                 #[cfg(feature = "cluster")]
                 if let Some(c) = self.cluster.get() {

@@ -160,7 +160,12 @@ fn main() -> ExitCode {
             Command::Gateway => cli::gateway::run(config, cli::gateway::signals()).await,
             Command::Status { json } => cli::status::run(&config, json).await,
             Command::Sessions { action } => cli::sessions::run(&config, action).await,
-            Command::Usage { by, days, json } => cli::usage::run(&config, by, days, json).await,
+            Command::Usage {
+                by,
+                days,
+                session,
+                json,
+            } => cli::usage::run(&config, by, days, session, json).await,
             Command::Tools { action } => cli::tools::run(&config, action).await,
             Command::Pairing { action } => cli::pairing::run(&config, action).await,
             Command::Approvals { action } => cli::approvals::run(&config, action).await,

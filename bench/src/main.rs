@@ -43,7 +43,7 @@ const SCENARIOS: &[(&str, &str)] = &[
     ("ui", "the control UI: bytes of the first load (the page and every asset it names), and the largest page's total compressed"),
     ("browser", "the browser tool with the system's Chromium: chat turn to the first snapshot cold and warm, the browser's PSS idle, the gateway's RSS with the browser idle and closed"),
     ("cluster", "cluster mode on a real three-server NATS cluster, Telegram on its fake, a 100 ms model: one node's cost, turns/s and p99 with 1 and 3 nodes, failover when the Telegram lease holder is killed (needs --features platform-fakes, a weft built with the cluster feature, nats-server)"),
-    ("conversation", "one session, 200 messages of 1 KB: prompt bytes and estimated tokens per turn, with an 8k context window and without a bound (informational)"),
+    ("conversation", "one session, 200 messages of 1 KB: prompt bytes and estimated tokens per turn, with an 8k context window, with a 128k window under the default 24k prompt budget, and without a bound (informational)"),
 ];
 
 struct Args {
@@ -959,9 +959,15 @@ fn main() -> ExitCode {
 
 /// One session, `n` messages of ~1 KB, through a gateway whose context window is `window`:
 /// the first request of each turn, in bytes.
-async fn conversation_run(ctx: &mut Ctx, n: u64, window: u64) -> Result<(Vec<usize>, u64), String> {
+async fn conversation_run(
+    ctx: &mut Ctx,
+    n: u64,
+    window: u64,
+    budget: u64,
+) -> Result<(Vec<usize>, u64), String> {
     let home = Home::new("conversation", &ctx.llm.base_url(), None)?;
     home.set_agent("context_window", json!(window))?;
+    home.set_agent("prompt_budget_tokens", json!(budget))?;
     let (home, _gw) = ctx.start_gateway(home).await?;
     let mut c = Client::new(home.addr(), TURN_TIMEOUT);
     ctx.llm.record_turns();
@@ -972,19 +978,24 @@ async fn conversation_run(ctx: &mut Ctx, n: u64, window: u64) -> Result<(Vec<usi
     Ok(ctx.llm.turn_bodies())
 }
 
-/// Prompt size per turn over a long conversation, with an 8k window and without a bound (a
-/// window too large to be reached: what every turn sent before the prompt window existed).
+/// Prompt size per turn over a long conversation, with an 8k window, with a 128k window and
+/// the default prompt budget (24k), and without a bound (a window and budget too large to be
+/// reached: what every turn sent before the prompt window existed).
 async fn conversation(ctx: &mut Ctx) -> Result<(), String> {
     let n = ctx.n(50, 200);
-    for (tag, window) in [("8k", 8192u64), ("unbounded", 10_000_000)] {
-        let (sizes, summaries) = conversation_run(ctx, n, window).await?;
+    for (tag, window, budget) in [
+        ("8k", 8192u64, 8192u64),
+        ("budget24k", 128_000, 24_000),
+        ("unbounded", 10_000_000, 10_000_000),
+    ] {
+        let (sizes, summaries) = conversation_run(ctx, n, window, budget).await?;
         if sizes.len() as u64 != n {
             return Err(format!("{} turns recorded, expected {n}", sizes.len()));
         }
         let tok = |b: usize| b.div_ceil(4) as f64;
         let max = sizes.iter().copied().max().unwrap_or(0);
         let mean = sizes.iter().sum::<usize>() as f64 / sizes.len().max(1) as f64;
-        let note = format!("window {window} tokens; tokens = bytes / 4");
+        let note = format!("window {window} tokens, prompt budget {budget}; tokens = bytes / 4");
         for (what, bytes) in [("max", max as f64), ("mean", mean)] {
             ctx.report.add(
                 &format!("conversation_{tag}_prompt_bytes_{what}"),
@@ -1005,7 +1016,7 @@ async fn conversation(ctx: &mut Ctx) -> Result<(), String> {
                 "",
             );
         }
-        for at in [1usize, 50, 100, 200] {
+        for at in [1usize, 10, 50, 100, 200] {
             if let Some(b) = sizes.get(at - 1) {
                 ctx.report.add(
                     &format!("conversation_{tag}_prompt_tokens_turn_{at}"),

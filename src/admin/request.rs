@@ -63,8 +63,11 @@ pub enum AdminRequest {
         /// The session's key, as written.
         session: String,
     },
-    /// `usage {by?, days?, stack?}`.
+    /// `usage {by?, days?, stack?, session?}`.
     Usage {
+        /// One session's life, day by day with its turns (`weft usage --session KEY`);
+        /// `by` and `stack` are then not used.
+        session: Option<String>,
         /// `day`, `session`, `model`, `user` or `agent` (default `day`).
         by: String,
         /// How many days back (default 30).
@@ -239,6 +242,7 @@ impl AdminRequest {
                 session: b.required("session", "`session` (a session key) is required")?,
             },
             "usage" => AdminRequest::Usage {
+                session: b.0["session"].as_str().map(str::to_string),
                 by: b.0["by"].as_str().unwrap_or("day").to_string(),
                 days: b.number("days").unwrap_or(30),
                 stack: b.0["stack"].as_str().map(str::to_string),

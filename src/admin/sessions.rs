@@ -26,16 +26,38 @@ const SNIPPET: usize = 60;
 /// The sender of the messages the control UI asks for (`/compact`).
 pub const OPERATOR_SENDER: &str = "operator";
 
+/// Each agent's prompt window settings (the budget and the model's window), by agent name.
+pub type Windows = HashMap<String, crate::config::WindowSettings>;
+
+/// [`Windows`] of `config`: its own agent and every named one.
+pub fn windows_of(config: &crate::config::Config) -> Windows {
+    std::iter::once((config.agent_name.clone(), config.agent.window.clone()))
+        .chain(
+            config
+                .agents
+                .iter()
+                .map(|a| (a.name.clone(), a.agent.window.clone())),
+        )
+        .collect()
+}
+
 /// A session's prompt window: messages in it vs stored, the estimated tokens of what the
-/// model is sent (summary and window, by the same estimate the window code uses), and the
-/// compactions so far.
+/// model is sent (summary and window, by the same estimate the window code uses), the prompt
+/// budget and the model's window of its agent (when known), the summary and the compactions
+/// so far.
 ///
 /// # Errors
 /// Store failure.
-pub fn window_json(store: &Store, key: &SessionKey, stored: u64) -> Result<Value, AdminError> {
+pub fn window_json(
+    store: &Store,
+    key: &SessionKey,
+    stored: u64,
+    windows: &Windows,
+) -> Result<Value, AdminError> {
     let (state, msgs) = crate::session::window::load(store, key).map_err(internal)?;
     let history = crate::session::window::history(&state, &msgs);
     let c = &state.compaction;
+    let settings = windows.get(key.agent());
     Ok(json!({
         "stored": stored,
         "in_window": msgs.len(),
@@ -43,7 +65,10 @@ pub fn window_json(store: &Store, key: &SessionKey, stored: u64) -> Result<Value
         "compactions": c.count,
         "summarised": c.summarised,
         "summary_tokens": if c.summary.is_empty() { 0 } else { tokens::of_text(&c.summary) },
+        "summary": c.summary,
         "tokens_estimate": history.iter().map(tokens::of_message).sum::<u64>(),
+        "prompt_budget_tokens": settings.map(|w| w.prompt_budget),
+        "context_window": settings.map(|w| w.context_window),
     }))
 }
 
@@ -129,7 +154,7 @@ impl SearchQuery {
 ///
 /// # Errors
 /// A store failure.
-pub fn search(store: &Store, query: &SearchQuery) -> Result<Value, AdminError> {
+pub fn search(store: &Store, query: &SearchQuery, windows: &Windows) -> Result<Value, AdminError> {
     let SearchQuery {
         q,
         channel,
@@ -205,7 +230,7 @@ pub fn search(store: &Store, query: &SearchQuery) -> Result<Value, AdminError> {
                 .collect::<BTreeMap<_, _>>(),
             "match": by,
             "snippet": detail,
-            "window": window_json(store, &m.key, m.next_seq)?,
+            "window": window_json(store, &m.key, m.next_seq, windows)?,
             "usage": usage_totals(u),
         }));
     }
@@ -287,7 +312,12 @@ mod tests {
             store.append_messages(&key, &msgs).unwrap();
         }
         let t = std::time::Instant::now();
-        let v = search(&store, &SearchQuery::of(&json!({"q": "zebra"})).unwrap()).unwrap();
+        let v = search(
+            &store,
+            &SearchQuery::of(&json!({"q": "zebra"})).unwrap(),
+            &Windows::new(),
+        )
+        .unwrap();
         let took = t.elapsed();
         // 3,000 × 20 KB = 60 MB of text: the budget (32 MB) stops the text search.
         assert_eq!(v["text_search_incomplete"], true, "{v}");
@@ -297,7 +327,7 @@ mod tests {
         let mut offset = 0;
         for _ in 0..3 {
             let q = json!({"q": "telegram:", "limit": 100, "offset": offset});
-            let v = search(&store, &SearchQuery::of(&q).unwrap()).unwrap();
+            let v = search(&store, &SearchQuery::of(&q).unwrap(), &Windows::new()).unwrap();
             let rows = v["sessions"].as_array().unwrap();
             assert_eq!(rows.len(), 100);
             for r in rows {
@@ -313,6 +343,7 @@ mod tests {
         let v = search(
             &store,
             &SearchQuery::of(&json!({"q": "zebra2007", "channel": "telegram"})).unwrap(),
+            &Windows::new(),
         )
         .unwrap();
         let found: Vec<&str> = v["sessions"]

@@ -800,13 +800,16 @@ pub fn window_findings(config: &Config) -> Vec<Finding> {
         let overhead = crate::session::window::overhead_of(&registry, &prompt, &skills, &[]);
         out.push(
             match crate::session::window::fits_one_exchange(&view.agent, overhead) {
-                Ok(()) => ok(
-                    check,
-                    format!(
-                        "{} tokens; every request carries ~{overhead} (instructions and core tools)",
-                        view.agent.window.context_window
+                Ok(()) => match view.agent.window.budget_capped() {
+                    Some(capped) => warn(check, capped),
+                    None => ok(
+                        check,
+                        format!(
+                            "{} tokens; every request carries ~{overhead} (instructions and core tools); prompt budget {} tokens",
+                            view.agent.window.context_window, view.agent.window.prompt_budget
+                        ),
                     ),
-                ),
+                },
                 Err(e) => fail(check, e),
             },
         );

@@ -312,9 +312,26 @@ pub fn session(v: &Value) -> String {
     if w.is_object() {
         let _ = writeln!(
             out,
-            "window: {} of {} messages, ≈{} tokens, {} compactions",
+            "window: {} of {} messages, ≈{} tokens of conversation, {} compactions",
             w["in_window"], w["stored"], w["tokens_estimate"], w["compactions"]
         );
+        if let Some(budget) = w["prompt_budget_tokens"].as_u64() {
+            let _ = writeln!(
+                out,
+                "prompt budget: {budget} tokens a request (the model's window: {} tokens); older turns are summarised beyond it",
+                w["context_window"]
+            );
+        }
+        if let Some(summary) = w["summary"].as_str().filter(|t| !t.is_empty()) {
+            let _ = writeln!(
+                out,
+                "summary of the {} messages before the window (≈{} tokens):",
+                w["summarised"], w["summary_tokens"]
+            );
+            for line in summary.lines() {
+                let _ = writeln!(out, "  {line}");
+            }
+        }
     }
     for m in &msgs {
         out.push('\n');
@@ -417,5 +434,23 @@ mod tests {
         assert_eq!(utc_minute(None), "-");
         // 2024-02-29 13:05:59 UTC
         assert_eq!(utc_minute(Some(1_709_211_959_000)), "2024-02-29 13:05");
+    }
+
+    #[test]
+    fn a_session_shows_its_budget_window_and_summary() {
+        let v = serde_json::json!({"key": "telegram:1", "messages": [], "usage": {},
+            "window": {"in_window": 12, "stored": 80, "tokens_estimate": 5100, "compactions": 3,
+                "prompt_budget_tokens": 24000, "context_window": 128000, "summarised": 68,
+                "summary_tokens": 40, "summary": "- boat: teal\n- trip in May"}});
+        let t = session(&v);
+        assert!(
+            t.contains("window: 12 of 80 messages, ≈5100 tokens of conversation, 3 compactions"),
+            "{t}"
+        );
+        assert!(
+            t.contains("prompt budget: 24000 tokens a request (the model's window: 128000 tokens)"),
+            "{t}"
+        );
+        assert!(t.contains("summary of the 68 messages before the window (≈40 tokens):\n  - boat: teal\n  - trip in May\n"), "{t}");
     }
 }

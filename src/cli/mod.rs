@@ -114,6 +114,9 @@ pub enum Command {
         /// How many UTC days back, today included.
         #[arg(long, default_value_t = 30)]
         days: u64,
+        /// One chat's life day by day: its turns, and the input tokens and cost per turn.
+        #[arg(long, value_name = "KEY")]
+        session: Option<String>,
         /// Print JSON.
         #[arg(long)]
         json: bool,

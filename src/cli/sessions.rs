@@ -46,9 +46,11 @@ pub async fn run(config: &Config, action: SessionsAction) -> Result<(), CliError
             .get_opt(&format!("/v1/sessions/{}", encode(&key)))
             .await?
             .ok_or_else(|| CliError::Failed(format!("no session `{key}`")))?,
-        (Backend::Store(s), SessionsAction::Show { key, .. }) => session_json(s, &key)
-            .map_err(CliError::msg)?
-            .ok_or_else(|| CliError::Failed(format!("no session `{key}`")))?,
+        (Backend::Store(s), SessionsAction::Show { key, .. }) => {
+            session_json(s, &key, &crate::admin::sessions::windows_of(config))
+                .map_err(CliError::msg)?
+                .ok_or_else(|| CliError::Failed(format!("no session `{key}`")))?
+        }
         (Backend::Gateway(c), SessionsAction::Clear { key, .. }) => {
             c.delete(&format!("/v1/sessions/{}", encode(&key))).await?
         }

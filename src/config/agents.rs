@@ -64,7 +64,8 @@ pub fn merge_agent(defaults: &AgentDefaultsFile, over: AgentDefaultsFile) -> Age
     let o = over;
     overlay!(b, o; model, max_tool_iterations, loop_repeat_limit, max_tool_calls_per_turn,
         workspace, provider, fallback, system_prompt, max_tokens, temperature, stream,
-        context_window, models, mcp_servers, vision, timezone, reply_with_voice, nodes);
+        context_window, models, mcp_servers, vision, timezone, reply_with_voice, nodes,
+        prompt_budget_tokens);
     b.tools = table(b.tools.take(), o.tools, |b, o| {
         overlay!(b, o; profile, allow, deny, also_allow);
     });

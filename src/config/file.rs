@@ -146,6 +146,10 @@ pub struct AgentDefaultsFile {
     pub context_window: Option<u64>,
     /// When and how the prompt window is compacted.
     pub compaction: Option<CompactionFile>,
+    /// Most tokens a request's prompt may carry before older turns are summarised (default
+    /// 24000, at least 1024; capped at the model's context window). Keeps the cost of a turn
+    /// flat however long the chat grows.
+    pub prompt_budget_tokens: Option<u64>,
     /// Models a chat may switch to with `/model NAME` (the agent's own model always can).
     pub models: Option<Vec<String>>,
     /// MCP servers (names of `tools.mcp_servers`) whose tools this agent gets (default: all).

@@ -18,7 +18,7 @@ use super::types::{
     AgentConfig, ProviderConfig, ProviderKind, ProviderSource, TimeZone, Vision, WindowSettings,
     DEFAULT_COMPACTION_THRESHOLD, DEFAULT_LOOP_REPEAT_LIMIT, DEFAULT_MAX_TOOL_CALLS_PER_TURN,
     DEFAULT_MAX_TOOL_ITERATIONS, DEFAULT_OLLAMA_KEEP_ALIVE, DEFAULT_OLLAMA_NUM_CTX_MAX,
-    LOCAL_DEFAULT_BASE_URL, OLLAMA_DEFAULT_BASE_URL,
+    DEFAULT_PROMPT_BUDGET, LOCAL_DEFAULT_BASE_URL, OLLAMA_DEFAULT_BASE_URL,
 };
 use crate::types::Secret;
 
@@ -131,6 +131,7 @@ pub(super) fn resolve_agent(
         .as_deref()
         .map_or_else(|| e.home.join(&e.default_workspace), |w| expand(w, e.env));
     let window_override = d.context_window;
+    let prompt_budget = d.prompt_budget_tokens;
     let compaction = d.compaction.take().unwrap_or_default();
     let mut agent = AgentConfig {
         workspace,
@@ -193,7 +194,7 @@ pub(super) fn resolve_agent(
         secrets,
         provenance,
     )?;
-    agent.window = resolve_window(window_override, compaction, &providers)?;
+    agent.window = resolve_window(window_override, prompt_budget, compaction, &providers)?;
     agent.model_sees_images = providers
         .first()
         .is_some_and(|p| crate::llm::models::supports_vision(&p.model));
@@ -530,6 +531,7 @@ fn resolve_providers(
 /// first provider's model from the built-in table when not set.
 fn resolve_window(
     context_window: Option<u64>,
+    prompt_budget: Option<u64>,
     compaction: file::CompactionFile,
     providers: &[ProviderConfig],
 ) -> Result<WindowSettings, ConfigError> {
@@ -567,8 +569,22 @@ fn resolve_window(
             ),
         });
     }
+    let asked = match prompt_budget {
+        Some(b) if b < 1024 => {
+            return Err(ConfigError::Invalid {
+                key: "agents.defaults.prompt_budget_tokens".into(),
+                detail: format!(
+                    "expected the most tokens a request's prompt may carry (at least 1024), got {b}"
+                ),
+            })
+        }
+        Some(b) => b,
+        None => DEFAULT_PROMPT_BUDGET,
+    };
     Ok(WindowSettings {
         context_window,
+        prompt_budget: asked.min(context_window),
+        prompt_budget_set: prompt_budget,
         threshold,
         summary_model: compaction.model.filter(|m| !m.trim().is_empty()),
     })

@@ -97,6 +97,11 @@ pub fn rows(config: &Config, set: &BTreeMap<String, String>) -> Vec<Row> {
         a.window.context_window.to_string(),
         p.origin(&d("context_window")),
     );
+    push(
+        d("prompt_budget_tokens"),
+        a.window.prompt_budget.to_string(),
+        p.origin(&d("prompt_budget_tokens")),
+    );
     let opt = |v: Option<String>| v.unwrap_or_else(|| "(not set)".into());
     let lower = |v: &dyn std::fmt::Debug| format!("{v:?}").to_lowercase();
     for (k, v) in [

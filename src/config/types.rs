@@ -218,22 +218,49 @@ impl AgentConfig {
 /// Default `agents.defaults.compaction.threshold`.
 pub const DEFAULT_COMPACTION_THRESHOLD: f64 = 0.75;
 
+/// Default `agents.defaults.prompt_budget_tokens`: about 24k tokens of prompt a request
+/// (docs/architecture.md, "Prompt budget": enough for instructions, tools, a summary and
+/// dozens of recent messages; a tenth of a cent a turn on gpt-4o-mini).
+pub const DEFAULT_PROMPT_BUDGET: u64 = 24_000;
+
 /// The prompt window of the agent's model (docs/architecture.md, "Prompt window and
 /// compaction").
 #[derive(Clone, Debug, PartialEq)]
 pub struct WindowSettings {
     /// The model's context window in tokens.
     pub context_window: u64,
+    /// Most estimated tokens a request's prompt carries before older turns are summarised
+    /// (`prompt_budget_tokens`, capped at `context_window`).
+    pub prompt_budget: u64,
+    /// `prompt_budget_tokens` as set (`None`: the default), to say when it was capped.
+    pub prompt_budget_set: Option<u64>,
     /// Compact when the prompt would pass this fraction of the window.
     pub threshold: f64,
     /// The model writing summaries (`None`: the agent's model).
     pub summary_model: Option<String>,
 }
 
+impl WindowSettings {
+    /// When `prompt_budget_tokens` is set above the model's window: what to tell the operator
+    /// (at start and in `weft doctor`).
+    pub fn budget_capped(&self) -> Option<String> {
+        self.prompt_budget_set
+            .filter(|&b| b > self.context_window)
+            .map(|b| {
+                format!(
+                    "prompt_budget_tokens is {b} but the model's context window is {} tokens: the budget is capped at the window",
+                    self.context_window
+                )
+            })
+    }
+}
+
 impl Default for WindowSettings {
     fn default() -> Self {
         Self {
             context_window: crate::llm::models::DEFAULT_CONTEXT_WINDOW,
+            prompt_budget: DEFAULT_PROMPT_BUDGET.min(crate::llm::models::DEFAULT_CONTEXT_WINDOW),
+            prompt_budget_set: None,
             threshold: DEFAULT_COMPACTION_THRESHOLD,
             summary_model: None,
         }

@@ -1102,6 +1102,9 @@ fn start_agents(
         if let Err(e) = crate::session::window::check_fits(d) {
             tracing::error!(agent = name, "{e}");
         }
+        if let Some(capped) = d.agent.window.budget_capped() {
+            tracing::warn!(agent = name, "{capped}");
+        }
     }
     Ok(StartedAgents {
         main,

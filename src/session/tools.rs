@@ -2,7 +2,9 @@
 //! may see, with their last activity), `sessions_history` (a session's transcript, paginated;
 //! the registry scrubs it like every tool result), `sessions_send` (a message handed to another
 //! session as an inbound turn, through the journal, exactly once per call) and
-//! `session_status` (the current session: agent, model, tokens, budgets left, queue).
+//! `session_status` (the current session: agent, model, tokens, budgets left, queue) and
+//! `history_search` (words looked up in the current chat's own stored history, the part
+//! compaction summarised included; never another chat's).
 //!
 //! Which sessions a turn may see is `tools.sessions` ([`crate::tools::sessions`]). The tools
 //! reach the store, the usage ledger and the bus through a [`SessionDirectory`] the daemon
@@ -83,7 +85,8 @@ pub fn session_tools(
         Arc::new(SessionsList(shared.clone())),
         Arc::new(SessionsHistory(shared.clone())),
         Arc::new(SessionsSend(shared.clone())),
-        Arc::new(SessionStatus(shared)),
+        Arc::new(SessionStatus(shared.clone())),
+        Arc::new(HistorySearch(shared)),
     ]
 }
 
@@ -338,6 +341,138 @@ impl Tool for SessionsHistory {
             "total": total,
         }))
     }
+}
+
+/// Most results `history_search` returns (default 5).
+const MAX_HISTORY_RESULTS: usize = 20;
+/// Characters of one message `history_search` returns around its best match.
+const HISTORY_HIT_CHARS: usize = 1200;
+
+/// Arguments of `history_search`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct HistorySearchArgs {
+    /// Words to look for.
+    query: String,
+    /// Default 5, max 20.
+    max_results: Option<usize>,
+}
+
+/// `history_search`: the current chat's stored messages before its compaction point (those
+/// the summary replaced) that match the most words of the query (stemmed, case and accents
+/// folded, as memory search reads them), best first, with when they were said. Only the
+/// calling session's own transcript is read: the tool takes no session key.
+struct HistorySearch(Arc<Shared>);
+
+#[async_trait]
+impl Tool for HistorySearch {
+    fn name(&self) -> &str {
+        crate::tools::builtin::Builtin::HistorySearch.name()
+    }
+    fn description(&self) -> &str {
+        "Search this chat's messages older than the summary."
+    }
+    fn parameters(&self) -> Value {
+        schema_of::<HistorySearchArgs>()
+    }
+    fn effect(&self) -> Effect {
+        Effect::ReadOnly
+    }
+    async fn execute(&self, args: Value, ctx: &ToolContext) -> Result<Value, ToolError> {
+        let a: HistorySearchArgs = parse_args(self.name(), args)?;
+        let query = a.query.trim();
+        if query.is_empty() {
+            return Err(ToolError::InvalidArgs("query is empty".into()));
+        }
+        let max = a.max_results.unwrap_or(5).clamp(1, MAX_HISTORY_RESULTS);
+        let store = self.0.dir.store.clone();
+        let key = ctx.session.clone();
+        let query = query.to_string();
+        // A long chat is tens of megabytes: read and match it off the async threads.
+        tokio::task::spawn_blocking(move || history_search(&store, &key, &query, max))
+            .await
+            .map_err(|e| ToolError::ExecutionFailed(format!("history search stopped: {e}")))?
+    }
+}
+
+/// The best `max` matches of `query` in `key`'s transcript.
+fn history_search(
+    store: &Store,
+    key: &SessionKey,
+    query: &str,
+    max: usize,
+) -> Result<Value, ToolError> {
+    let wanted: std::collections::BTreeSet<String> =
+        crate::memory::text::terms(query).into_iter().collect();
+    let from_seq = store
+        .compaction(key)
+        .map_err(store_err)?
+        .map_or(0, |c| c.from_seq);
+    // Only what the prompt no longer holds: the rest is in front of the model already.
+    let mut transcript = store.load_transcript_from(key, 0).map_err(store_err)?;
+    transcript.retain(|(seq, _)| *seq < from_seq);
+    let searched = transcript.len();
+    if searched == 0 {
+        return Ok(json!({
+            "results": [],
+            "searched": 0,
+            "message": "nothing of this conversation has been summarised yet: all of it is in your prompt",
+        }));
+    }
+    // (score, seq): distinct query terms found, a literal match of the whole query worth
+    // one more; newer first among equals.
+    let mut hits: Vec<(usize, u64, usize)> = Vec::new();
+    let mut said_at = Vec::with_capacity(transcript.len());
+    let mut last_at = None;
+    for (i, (seq, m)) in transcript.iter().enumerate() {
+        if m.at_ms.is_some() {
+            last_at = m.at_ms;
+        }
+        said_at.push(last_at);
+        if m.role == Role::System || m.content.trim().is_empty() {
+            continue;
+        }
+        let found: std::collections::BTreeSet<String> =
+            crate::memory::text::terms(&m.content).into_iter().collect();
+        let mut score = wanted.intersection(&found).count();
+        if crate::memory::text::contains_phrase(&m.content, query) {
+            score += 1;
+        }
+        if score > 0 {
+            hits.push((score, *seq, i));
+        }
+    }
+    hits.sort_by(|a, b| b.0.cmp(&a.0).then(b.1.cmp(&a.1)));
+    let results: Vec<Value> = hits
+        .iter()
+        .take(max)
+        .map(|&(score, seq, i)| {
+            let m = &transcript[i].1;
+            let (text, truncated) = cut(&m.content, HISTORY_HIT_CHARS);
+            let role = match m.role {
+                Role::User => "user",
+                Role::Assistant => "assistant",
+                Role::Tool => "tool",
+                Role::System => "system",
+            };
+            let mut v = json!({
+                "index": seq,
+                "role": role,
+                "said_at": said_at[i].map_or(Value::Null, time_of),
+                "text": text,
+                "score": score,
+            });
+            if truncated {
+                v["truncated"] = json!(true);
+            }
+            v
+        })
+        .collect();
+    let mut out = json!({ "results": results, "searched": searched });
+    if hits.is_empty() {
+        out["message"] = json!("nothing in this conversation's history matches; try other words");
+    }
+    Ok(out)
 }
 
 /// Arguments of `sessions_send`.
@@ -617,6 +752,57 @@ mod tests {
 
     fn tool<'a>(tools: &'a [Arc<dyn Tool>], name: &str) -> &'a Arc<dyn Tool> {
         tools.iter().find(|t| t.name() == name).unwrap()
+    }
+
+    #[tokio::test]
+    async fn history_search_reads_only_the_calling_chats_summarised_messages() {
+        let d = tempfile::tempdir().unwrap();
+        let store = Store::memory();
+        chat(&store, "telegram:100", "100", "the boat will be teal", "e1");
+        chat(&store, "telegram:200", "200", "bob's boat is red", "e2");
+        chat(&store, "telegram:100", "100", "the boat needs oars", "e3");
+        let tools = session_tools(
+            SessionDirectory::new(store.clone()),
+            SessionsSettings::default(),
+            "m".into(),
+        );
+        let search = tool(&tools, "history_search");
+        let alice = ctx(d.path(), "telegram:100", Some("100"));
+        // Nothing summarised yet: all of it is in the prompt.
+        let v = search
+            .execute(json!({"query": "boat"}), &alice)
+            .await
+            .unwrap();
+        assert_eq!(v["searched"], 0, "{v}");
+        // The first exchange summarised (the window starts at the second user message).
+        let key = SessionKey::parse("telegram:100").unwrap();
+        let c = crate::store::window::Compaction {
+            summary: "S".into(),
+            from_seq: 2,
+            shortened_until: 2,
+            summarised: 2,
+            count: 1,
+        };
+        store.put_compaction(&key, &c).unwrap().await.unwrap();
+        let v = search
+            .execute(json!({"query": "what colour is the boat"}), &alice)
+            .await
+            .unwrap();
+        let texts: Vec<&str> = v["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["text"].as_str().unwrap())
+            .collect();
+        assert_eq!(texts, ["the boat will be teal"], "{v}");
+        assert_eq!(v["searched"], 2);
+        // Bob's chat is never read, whatever the query.
+        let v = search
+            .execute(json!({"query": "red"}), &alice)
+            .await
+            .unwrap();
+        assert!(v["results"].as_array().unwrap().is_empty(), "{v}");
+        assert!(search.execute(json!({"query": " "}), &alice).await.is_err());
     }
 
     #[tokio::test]

@@ -157,7 +157,12 @@ impl Budget {
             clippy::cast_precision_loss
         )]
         let at = (window as f64 * s.threshold) as u64;
-        let limit = at.saturating_sub(reserve).max(window / 4);
+        // The prompt budget (never above the window) bounds the prompt too: older turns are
+        // summarised before a request would carry more.
+        let limit = at
+            .saturating_sub(reserve)
+            .max(window / 4)
+            .min(s.prompt_budget.max(1024));
         Self {
             window,
             reserve,
@@ -310,8 +315,23 @@ fn loaded_overhead(deps: &TurnDeps, msgs: &[Message]) -> u64 {
     tokens::of_tools(offer.specs.get(offer.core..).unwrap_or_default())
 }
 
+/// Estimated tokens of the time a request puts before each user message ("[Tue 2026-12-08
+/// 09:14 Europe/Paris] "): counted here as the request estimate counts it.
+const STAMP_TOKENS: u64 = 10;
+
 fn est_messages(state: &WindowState, msgs: &[Message]) -> u64 {
-    state.calibrated(msgs.iter().map(tokens::of_message).sum())
+    state.calibrated(
+        msgs.iter()
+            .map(|m| {
+                tokens::of_message(m)
+                    + if m.at_ms.is_some() && m.role == Role::User {
+                        STAMP_TOKENS
+                    } else {
+                        0
+                    }
+            })
+            .sum(),
+    )
 }
 
 /// When a message alone cannot fit the model's window: what to tell the user.
@@ -400,11 +420,12 @@ async fn compact(
         .map_err(|e| NotCompacted::Failed(e.to_string()))?
         .saturating_sub((msgs.len() - unstored) as u64);
 
-    // The flush sees as much of the conversation as fits the window (from a user message on).
+    // The flush sees as much of the conversation as fits the prompt budget (from a user
+    // message on): it is a request like the others.
     let mut start = 0;
-    let fits = b
-        .window
-        .saturating_sub(b.reserve + b.overhead + tokens::of_text(FLUSH_PROMPT) + 16);
+    let fits = b.limit.saturating_sub(
+        b.overhead + flush_overhead(deps, state) + tokens::of_text(FLUSH_PROMPT) + 16,
+    );
     while start < last_user && est_messages(state, &history(state, &msgs[start..last_user])) > fits
     {
         start = msgs[start + 1..last_user]
@@ -451,6 +472,16 @@ async fn compact(
         summary_tokens,
         flushed,
     })
+}
+
+/// Estimated tokens the flush adds to a request's tools: the schema of `memory_write`, which it
+/// loads.
+fn flush_overhead(deps: &TurnDeps, state: &WindowState) -> u64 {
+    let registry = deps.shared.tools.current();
+    let offer = registry.offer(&[], &[Builtin::MemoryWrite.name().to_string()], &[]);
+    state.calibrated(tokens::of_tools(
+        offer.specs.get(offer.core..).unwrap_or_default(),
+    ))
 }
 
 /// The memory flush: one silent turn asking the agent to save what it wants to keep. Its

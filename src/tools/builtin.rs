@@ -48,6 +48,8 @@ pub enum Builtin {
     SessionsSend,
     /// `session_status`.
     SessionStatus,
+    /// `history_search`.
+    HistorySearch,
     /// `subagents`.
     Subagents,
     /// `use_skill`.
@@ -137,7 +139,7 @@ impl Group {
 
 impl Builtin {
     /// Every built-in tool.
-    pub const ALL: [Builtin; 31] = [
+    pub const ALL: [Builtin; 32] = [
         Builtin::ReadFile,
         Builtin::WriteFile,
         Builtin::EditFile,
@@ -158,6 +160,7 @@ impl Builtin {
         Builtin::SessionsHistory,
         Builtin::SessionsSend,
         Builtin::SessionStatus,
+        Builtin::HistorySearch,
         Builtin::Subagents,
         Builtin::UseSkill,
         Builtin::SkillSearch,
@@ -194,6 +197,7 @@ impl Builtin {
             Builtin::SessionsHistory => "sessions_history",
             Builtin::SessionsSend => "sessions_send",
             Builtin::SessionStatus => "session_status",
+            Builtin::HistorySearch => "history_search",
             Builtin::Subagents => "subagents",
             Builtin::UseSkill => "use_skill",
             Builtin::SkillSearch => "skill_search",
@@ -234,6 +238,7 @@ impl Builtin {
             | Builtin::SessionsHistory
             | Builtin::SessionsSend
             | Builtin::SessionStatus
+            | Builtin::HistorySearch
             | Builtin::Subagents
             | Builtin::UseSkill => Some(Group::Sessions),
             Builtin::Cron | Builtin::Gateway => Some(Group::Automation),
@@ -264,6 +269,7 @@ impl Builtin {
             | Builtin::WebSearch
             | Builtin::Message
             | Builtin::MemorySearch
+            | Builtin::HistorySearch
             | Builtin::ToolSearch
             | Builtin::UseSkill
             | Builtin::SkillSearch => true,

@@ -54,7 +54,8 @@ pub fn group_of(tool: &str) -> Option<&'static str> {
 }
 
 /// The session tools of the `messaging` profile (seed 004's table).
-const MESSAGING_SESSION_TOOLS: [Builtin; 4] = [
+const MESSAGING_SESSION_TOOLS: [Builtin; 5] = [
+    Builtin::HistorySearch,
     Builtin::SessionsList,
     Builtin::SessionsHistory,
     Builtin::SessionsSend,
@@ -71,7 +72,8 @@ pub enum Profile {
     /// Files, runtime, memory, sessions, web, and `image`.
     Coding,
     /// Messaging and the session tools (seed 004: `group:messaging`, `sessions_list`,
-    /// `sessions_history`, `sessions_send`, `session_status`; not `subagents` or `use_skill`).
+    /// `sessions_history`, `sessions_send`, `session_status`, and `history_search` over the
+    /// chat's own history; not `subagents` or `use_skill`).
     Messaging,
     /// `session_status` only (seed 004).
     Minimal,

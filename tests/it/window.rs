@@ -349,3 +349,161 @@ async fn the_prompt_prefix_is_byte_stable_and_cached() {
     assert!(cached > 0, "{text}");
     gw.stop().await;
 }
+
+/// The prompt of a request as the fake sizes it (tools and messages), without the completion.
+fn prompt_size(req: &Value) -> u64 {
+    size(req) - req["max_tokens"].as_u64().unwrap_or(0)
+}
+
+#[tokio::test]
+async fn a_chat_past_its_prompt_budget_stays_under_it_and_still_finds_what_was_said_first() {
+    // The done-when test of the prompt budget: one chat driven far past a small budget in a
+    // big window. Every request stays under the budget, the strict provider accepts every
+    // transcript, and a fact of the first turn, long summarised away (the summaries do not
+    // keep it, nor does memory), is found through the chat's own history.
+    const BUDGET: u64 = 8000;
+    const FACT: &str = "teal-7731";
+    let dir = tempfile::tempdir().unwrap();
+    let llm = FakeLlm::start().await;
+    llm.strict(Some(128_000));
+    let summaries = Arc::new(AtomicUsize::new(0));
+    llm.route(move |req| {
+        let msgs = messages(req);
+        let last = msgs.last().unwrap();
+        Some(match kind(req) {
+            Kind::Summary => {
+                let n = summaries.fetch_add(1, Ordering::SeqCst) + 1;
+                Reply::Text(format!("SUMMARY-{n}: the user sends numbered paragraphs."))
+            }
+            // Nothing saved to memory: only the history can answer.
+            Kind::Flush => Reply::Text("NO_REPLY".into()),
+            Kind::Chat if last["role"] == "tool" => {
+                let found = last["content"]
+                    .as_str()
+                    .unwrap()
+                    .split(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
+                    .find(|w| w.starts_with("teal-"))
+                    .map(str::to_string);
+                Reply::Text(match found {
+                    Some(colour) => format!("In March we decided on {colour}."),
+                    None => "I could not find it.".into(),
+                })
+            }
+            Kind::Chat
+                if last["content"]
+                    .as_str()
+                    .is_some_and(|c| c.contains("What colour did we decide")) =>
+            {
+                Reply::ToolCalls(vec![(
+                    "h1".into(),
+                    "history_search".into(),
+                    json!({"query": "boat painted colour March"}).to_string(),
+                )])
+            }
+            Kind::Chat => Reply::Text(format!("ok {}", msgs.len())),
+        })
+    });
+    let cfg = config(
+        &llm,
+        dir.path(),
+        json!({
+            "agents": {"defaults": {"prompt_budget_tokens": BUDGET, "context_window": 128_000, "stream": false}},
+            "tools": {"rate_limit": {"per_minute": 0}},
+        }),
+    );
+    assert_eq!(cfg.agent.window.prompt_budget, BUDGET);
+    let gw = TestGateway::start(cfg).await;
+    let first = format!("For the record: in March we decided the boat will be painted {FACT}.");
+    let (s, body) = gw.api.chat("budget", &first).await;
+    assert_eq!(s, 200, "{body}");
+    for i in 0..40 {
+        let (s, body) = gw.api.chat("budget", &paragraph(i)).await;
+        assert_eq!(s, 200, "message {i}: {body}");
+        assert!(body["reply"].as_str().unwrap().starts_with("ok "), "{body}");
+    }
+    let (s, body) = gw
+        .api
+        .chat(
+            "budget",
+            "What colour did we decide for the boat back in March?",
+        )
+        .await;
+    assert_eq!(s, 200, "{body}");
+    let reply = body["reply"].as_str().unwrap();
+    assert!(reply.contains(FACT), "{reply}");
+
+    let reqs = llm.raw_requests();
+    let kinds: Vec<Kind> = reqs.iter().map(kind).collect();
+    let compactions = kinds.iter().filter(|k| **k == Kind::Summary).count();
+    assert!(compactions >= 2, "{compactions} compactions");
+    // Every request the chat sent stayed under the budget (tool schemas included), the
+    // memory flush's too; the summary calls have no tools and are smaller.
+    for (i, r) in reqs.iter().enumerate() {
+        assert!(
+            prompt_size(r) <= BUDGET,
+            "request {i} ({:?}) carries {} tokens, over the budget of {BUDGET}",
+            kinds[i],
+            prompt_size(r)
+        );
+    }
+    // The question's turn: the first turn is no longer in its prompt (only a summary that
+    // does not know the fact), the model searched the history, and the result held the fact.
+    let asked = reqs.len() - 2;
+    let sent = messages(&reqs[asked])
+        .iter()
+        .map(ToString::to_string)
+        .collect::<String>();
+    assert!(
+        !sent.contains(FACT),
+        "the first turn is still in the prompt"
+    );
+    assert!(sent.contains(SUMMARY_HEADER), "no summary in the prompt");
+    let m = messages(&reqs[asked + 1]);
+    let result = m.last().unwrap();
+    assert_eq!(result["role"], "tool");
+    let found: Value = serde_json::from_str(result["content"].as_str().unwrap()).unwrap();
+    let top = &found["results"][0];
+    assert!(top["text"].as_str().unwrap().contains(FACT), "{found}");
+    assert_eq!(top["role"], "user");
+    assert_eq!(top["index"], 0, "{found}");
+    assert!(top["said_at"].is_string(), "{found}");
+    // The session view shows the budget, the window and the summary.
+    let (s, v) = gw.api.get("/v1/sessions/http:budget").await;
+    assert_eq!(s, 200, "{v}");
+    let w = &v["window"];
+    assert_eq!(w["prompt_budget_tokens"], BUDGET, "{w}");
+    assert_eq!(w["context_window"], 128_000, "{w}");
+    assert!(
+        w["summary"].as_str().unwrap().starts_with("SUMMARY-"),
+        "{w}"
+    );
+    assert!(w["tokens_estimate"].as_u64().unwrap() < BUDGET, "{w}");
+    // `weft usage --session`: the chat's turns, and its input tokens per turn, which the
+    // budget keeps under it.
+    let r = gw
+        .api
+        .http
+        .post(format!("{}/v1/admin/usage", gw.api.base))
+        .json(&json!({"session": "http:budget", "days": 2}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let u: Value = r.json().await.unwrap();
+    assert_eq!(u["total"]["turns"], 42, "{u}");
+    let chat_calls = kinds.iter().filter(|k| **k == Kind::Chat).count() as u64;
+    assert!(u["total"]["calls"].as_u64().unwrap() >= chat_calls, "{u}");
+    let per_turn = u["total"]["input_tokens_per_turn"].as_u64().unwrap();
+    assert!(per_turn > 0 && per_turn < BUDGET, "{u}");
+    println!(
+        "requests: {}, compactions: {compactions}, largest chat prompt: {} tokens",
+        reqs.len(),
+        reqs.iter()
+            .zip(&kinds)
+            .filter(|(_, k)| **k == Kind::Chat)
+            .map(|(r, _)| prompt_size(r))
+            .max()
+            .unwrap()
+    );
+    gw.stop().await;
+}
