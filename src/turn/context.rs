@@ -457,6 +457,20 @@ mod tests {
     /// Cluster mode shares the context files by name: a file added to the prompt's list must
     /// be shared too, or each node would keep its own.
     #[test]
+    fn comments_are_for_the_editor_and_a_file_of_headings_is_left_out() {
+        assert_eq!(
+            without_comments("# A\n\n<!-- note\nfor you -->\n- kept <!-- x --> too\n<!-- open"),
+            "# A\n\n- kept  too\n"
+        );
+        let (_d, ws) = ws();
+        std::fs::write(ws.root().join("USER.md"), TEMPLATES[3].1).unwrap();
+        assert_eq!(read_capped(&ws, "USER.md").unwrap(), None);
+        std::fs::write(ws.root().join("SOUL.md"), TEMPLATES[0].1).unwrap();
+        let soul = read_capped(&ws, "SOUL.md").unwrap().unwrap();
+        assert!(soul.starts_with("# Soul\n\n- Be direct"), "{soul}");
+    }
+
+    #[test]
     fn every_context_file_is_shared_in_cluster_mode() {
         let shared = crate::tools::shared_docs::CONTEXT_FILES;
         for f in AGENT_FILES
