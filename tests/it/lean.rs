@@ -264,7 +264,7 @@ async fn an_mcp_tool_is_found_with_tool_search_and_called() {
     llm.push(Reply::ToolCalls(vec![(
         "s1".into(),
         "tool_search".into(),
-        json!({"query": "echo a message back", "limit": 2}).to_string(),
+        json!({"query": "echo the input back", "limit": 2}).to_string(),
     )]));
     llm.push(Reply::ToolCalls(vec![(
         "e1".into(),
