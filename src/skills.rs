@@ -259,31 +259,57 @@ fn workspace_files(ws: &Workspace) -> Vec<(String, String)> {
 const SECTION_BYTES: usize = 1024;
 
 /// The skills paragraph appended to the system prompt (empty without skills): each skill by
-/// name and the first line of its description, within [`SECTION_BYTES`].
+/// name and the first line of its description, within [`SECTION_BYTES`]. `skill_search` is
+/// named only when some skills are counted rather than listed (see [`all_listed`]).
 pub fn prompt_section(skills: &[Skill]) -> String {
     if skills.is_empty() {
         return String::new();
     }
-    let mut s = String::from(
-        "\n\nSkills (activate one with the use_skill tool when the task matches; skill_search finds one by what it does; the user can also type /NAME):",
-    );
-    for (i, k) in skills.iter().enumerate() {
+    let (listed, _) = listing(skills);
+    let mut s = String::from(if listed.len() == skills.len() {
+        "\n\nSkills (activate one with the use_skill tool when the task matches; the user can also type /NAME):"
+    } else {
+        "\n\nSkills (activate one with the use_skill tool when the task matches; skill_search finds one by what it does; the user can also type /NAME):"
+    });
+    for entry in &listed {
+        s.push_str(entry);
+    }
+    if listed.len() < skills.len() {
+        s.push_str(&format!(
+            "\n- … and {} more (find them with skill_search)",
+            skills.len() - listed.len()
+        ));
+    }
+    s
+}
+
+/// Whether the prompt's skills section lists every skill: then `skill_search` has nothing to
+/// find that the model does not already see, and is not offered (its schema costs ~400 bytes
+/// of every request).
+pub fn all_listed(skills: &[Skill]) -> bool {
+    listing(skills).0.len() == skills.len()
+}
+
+/// The section's entry lines (`\n- name: first line`) that fit [`SECTION_BYTES`] with the
+/// longer header, and that header's length.
+fn listing(skills: &[Skill]) -> (Vec<String>, usize) {
+    const HEADER: usize = 140;
+    let mut used = HEADER;
+    let mut out = Vec::new();
+    for k in skills {
         let line = crate::tools::discovery::one_line(&k.description);
         let entry = if line.is_empty() {
             format!("\n- {}", k.name)
         } else {
             format!("\n- {}: {line}", k.name)
         };
-        if s.len() + entry.len() > SECTION_BYTES {
-            s.push_str(&format!(
-                "\n- … and {} more (find them with skill_search)",
-                skills.len() - i
-            ));
+        if used + entry.len() > SECTION_BYTES {
             break;
         }
-        s.push_str(&entry);
+        used += entry.len();
+        out.push(entry);
     }
-    s
+    (out, used)
 }
 
 /// The skill a message activates (`/NAME ...` at its start), if any.
@@ -326,7 +352,7 @@ impl Tool for UseSkill {
         crate::tools::builtin::Builtin::UseSkill.name()
     }
     fn description(&self) -> &str {
-        "Activate a skill listed in the system prompt: returns its instructions, and the tools it needs become available for the rest of this turn. Returns: {name, instructions, allowed_tools}"
+        "Activate a listed skill: returns {name, instructions, allowed_tools}; its tools are then available for this turn."
     }
     fn parameters(&self) -> Value {
         schema_of::<UseSkillArgs>()

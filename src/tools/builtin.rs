@@ -253,7 +253,7 @@ impl Builtin {
     }
 
     /// Whether every request carries it in full (a core tool): what a chat assistant uses in
-    /// most turns (the file tools, a shell, the web, sending a message, searching memory), the
+    /// most turns (the file tools, a shell, the web, searching memory), the
     /// search tool itself, and the skill tools (left out when the agent has no skills). The
     /// others are listed by name and loaded with `tool_search`.
     pub const fn core(self) -> bool {
@@ -263,17 +263,20 @@ impl Builtin {
             | Builtin::EditFile
             | Builtin::ListDirectory
             | Builtin::Glob
-            | Builtin::Grep
             | Builtin::ExecShell
             | Builtin::WebFetch
             | Builtin::WebSearch
-            | Builtin::Message
             | Builtin::MemorySearch
             | Builtin::HistorySearch
             | Builtin::ToolSearch
             | Builtin::UseSkill
             | Builtin::SkillSearch => true,
-            Builtin::Spawn
+            // Listed by name, loaded on demand: searching file contents is a coding task
+            // (and `exec_shell` can run `grep`), and a reply reaches its chat without
+            // `message`; their schemas (~1.8 KB) kept a one-line message over 8 KB.
+            Builtin::Grep
+            | Builtin::Message
+            | Builtin::Spawn
             | Builtin::Process
             | Builtin::MemoryRead
             | Builtin::MemoryWrite

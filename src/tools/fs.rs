@@ -6,7 +6,7 @@
 //! (`openat2` RESOLVE_BENEATH), and the file is replaced by `renameat` of a temporary file
 //! made in that directory, so neither symlinks nor hard links are ever written through.
 
-use std::io::Read;
+use std::io::{Read, Seek};
 use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
@@ -33,6 +33,8 @@ use super::{parse_args, schema_of, Effect, Tool, ToolContext, ToolError};
 /// 64 KiB anyway): reading stops there, at a line boundary when it can, so a call holds about
 /// this much whatever the file's size.
 const READ_FILE_CONTENT_BUDGET: usize = super::MAX_TOOL_RESULT_BYTES;
+/// Room a `read_file` result keeps beside its content (the other members and the note).
+const READ_FILE_ENVELOPE: usize = 512;
 /// Read buffer of `read_file` (bytes).
 const READ_FILE_CHUNK: usize = 64 * 1024;
 
@@ -191,8 +193,26 @@ impl Tool for ReadFile {
             }
             let start = a.offset.unwrap_or(1).saturating_sub(1);
             let take = a.limit.unwrap_or(u64::MAX);
-            let r = read_lines(&mut file, start, take, READ_FILE_CONTENT_BUDGET)
+            let mut budget = READ_FILE_CONTENT_BUDGET;
+            let mut r = read_lines(&mut file, start, take, budget)
                 .map_err(|e| ToolError::ExecutionFailed(format!("{}: {e}", a.path)))?;
+            // The budget is in file bytes, the cap in bytes the provider receives (quotes,
+            // backslashes and newlines are escaped twice): read fewer lines until it fits, so
+            // the registry never cuts the content behind the note's offset.
+            for _ in 0..4 {
+                let Some(l) = &r else { break };
+                let wire = super::truncate::size(&json!(l.content));
+                if wire + READ_FILE_ENVELOPE <= super::MAX_TOOL_RESULT_BYTES {
+                    break;
+                }
+                budget = (budget.saturating_mul(super::MAX_TOOL_RESULT_BYTES - READ_FILE_ENVELOPE)
+                    / wire)
+                    .saturating_sub(64);
+                file.seek(std::io::SeekFrom::Start(0))
+                    .map_err(|e| ToolError::ExecutionFailed(format!("{}: {e}", a.path)))?;
+                r = read_lines(&mut file, start, take, budget)
+                    .map_err(|e| ToolError::ExecutionFailed(format!("{}: {e}", a.path)))?;
+            }
             let Some(r) = r else {
                 return Err(ToolError::BinaryFile(format!(
                     "`{}` is a binary file ({} bytes); it cannot be read as text",
@@ -209,7 +229,7 @@ impl Tool for ReadFile {
             });
             if r.budget_hit {
                 v["note"] = json!(format!(
-                    "content stops at {READ_FILE_CONTENT_BUDGET} bytes; continue with offset {}",
+                    "content stops at about {budget} bytes; continue with offset {}",
                     r.next_line
                 ));
             } else if cut_by_size {

@@ -183,3 +183,33 @@ fn read_lines_counts_selects_and_cuts_like_the_whole_file_read_did() {
         .unwrap()
         .is_some());
 }
+
+/// A page of a file full of quotes and backslashes (each escaped twice on its way to the
+/// provider) fits the result cap whole: the registry never cuts it, so the note's offset
+/// continues exactly where the content stops.
+#[tokio::test]
+async fn a_page_of_escaped_text_fits_the_cap_and_paging_loses_no_line() {
+    let fx = Fixture::new();
+    let line = format!("{}\n", r#""q" \ "#.repeat(20));
+    let text: String = (1..=3000).map(|i| format!("{i:05} {line}")).collect();
+    std::fs::write(fx.ws.join("quotes.txt"), &text).unwrap();
+    let reg = registry();
+    let out = reg
+        .dispatch("read_file", "r", r#"{"path":"quotes.txt"}"#, &fx.ctx)
+        .await;
+    assert!(out.error.is_none(), "{:?}", out.error);
+    let wire = serde_json::to_string(&serde_json::Value::String(out.content()))
+        .unwrap()
+        .len();
+    assert!(wire <= crate::tools::MAX_TOOL_RESULT_BYTES, "{wire}");
+    let v = &out.value;
+    let content = v["content"].as_str().unwrap();
+    assert!(content.starts_with("00001 "), "{v}");
+    assert!(content.ends_with('\n'), "cut inside a line: {v}");
+    let shown = content.lines().count();
+    let note = v["note"].as_str().unwrap();
+    assert!(
+        note.ends_with(&format!("continue with offset {}", shown + 1)),
+        "{note} after {shown} lines"
+    );
+}

@@ -30,9 +30,11 @@ pub struct ToolOutcome {
 }
 
 impl ToolOutcome {
-    /// The JSON text the model sees.
+    /// The JSON text the model sees, held to [`MAX_TOOL_RESULT_BYTES`] as the provider receives
+    /// it, whatever was added to the value after the call (a guard's notice).
     pub fn content(&self) -> String {
-        serde_json::to_string(&self.value).unwrap_or_else(|_| "null".into())
+        let v = truncate_result(self.value.clone(), MAX_TOOL_RESULT_BYTES);
+        serde_json::to_string(&v).unwrap_or_else(|_| "null".into())
     }
 }
 
@@ -514,6 +516,9 @@ impl ToolRegistry {
                 tracing::info!(error_code = e.code(), "tool failed");
                 let mut v = e.to_json();
                 self.scrubber.clean_value(&mut v);
+                // An error's text can echo the call (a long tool name, a path): the cap holds
+                // on this path too.
+                let v = truncate_result(v, MAX_TOOL_RESULT_BYTES);
                 ToolOutcome {
                     value: v,
                     error: Some(e),

@@ -288,10 +288,36 @@ fn read_capped(ws: &Workspace, rel: &str) -> Result<Option<String>, String> {
             FILE_CAP / 1024
         );
     }
-    if text.trim().is_empty() {
+    let text = without_comments(&text);
+    if text
+        .lines()
+        .all(|l| l.trim().is_empty() || l.trim_start().starts_with('#'))
+    {
         return Ok(None);
     }
     Ok(Some(text))
+}
+
+/// `text` without its `<!-- … -->` comments: notes for the person editing the file, not for
+/// the model (an unclosed comment runs to the end). Lines left empty by a comment go too.
+fn without_comments(text: &str) -> String {
+    if !text.contains("<!--") {
+        return text.to_string();
+    }
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("<!--") {
+        out.push_str(&rest[..at]);
+        rest = rest[at..]
+            .find("-->")
+            .map_or("", |end| &rest[at + end + 3..]);
+        // A comment on its own line leaves no blank line behind.
+        if out.ends_with('\n') || out.is_empty() {
+            rest = rest.strip_prefix('\n').unwrap_or(rest);
+        }
+    }
+    out.push_str(rest);
+    out
 }
 
 /// Truncate at a char boundary at or below `max` bytes.
@@ -350,7 +376,8 @@ pub fn assemble(base: &str, files: &[(&str, String)], suffix: &str) -> String {
 pub const TEMPLATES: &[(&str, &str)] = &[
     (
         "SOUL.md",
-        "# Soul\n\nYour persona and tone. Edit freely.\n\n\
+        "# Soul\n\n<!-- Your assistant's persona and tone. Edit freely; text in comments like \
+         this one is not sent to the model. -->\n\
          - Be direct and friendly; skip filler and flattery.\n\
          - Say so when you are unsure, and check facts with your tools.\n\
          - Ask before doing anything destructive or hard to undo.\n",
@@ -369,8 +396,8 @@ pub const TEMPLATES: &[(&str, &str)] = &[
     ),
     (
         "USER.md",
-        "# User\n\nWho you work for. Fill in what helps:\n\n- Name:\n- Time zone:\n\
-         - Language:\n- Preferences:\n",
+        "# User\n\n<!-- Who the assistant works for: name, time zone, language, preferences. \
+         Left out of the prompt until something is written outside this comment. -->\n",
     ),
     (
         "BOOTSTRAP.md",
@@ -429,6 +456,20 @@ mod tests {
 
     /// Cluster mode shares the context files by name: a file added to the prompt's list must
     /// be shared too, or each node would keep its own.
+    #[test]
+    fn comments_are_for_the_editor_and_a_file_of_headings_is_left_out() {
+        assert_eq!(
+            without_comments("# A\n\n<!-- note\nfor you -->\n- kept <!-- x --> too\n<!-- open"),
+            "# A\n\n- kept  too\n"
+        );
+        let (_d, ws) = ws();
+        std::fs::write(ws.root().join("USER.md"), TEMPLATES[3].1).unwrap();
+        assert_eq!(read_capped(&ws, "USER.md").unwrap(), None);
+        std::fs::write(ws.root().join("SOUL.md"), TEMPLATES[0].1).unwrap();
+        let soul = read_capped(&ws, "SOUL.md").unwrap().unwrap();
+        assert!(soul.starts_with("# Soul\n\n- Be direct"), "{soul}");
+    }
+
     #[test]
     fn every_context_file_is_shared_in_cluster_mode() {
         let shared = crate::tools::shared_docs::CONTEXT_FILES;

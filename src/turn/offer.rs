@@ -19,6 +19,9 @@ use crate::tools::registry::ToolRegistry;
 /// The skill tools: offered in full only when the agent has skills.
 pub const SKILL_TOOLS: &[&str] = &[Builtin::UseSkill.name(), Builtin::SkillSearch.name()];
 
+/// `skill_search` alone.
+const SEARCH_TOOL: &[&str] = &[Builtin::SkillSearch.name()];
+
 /// The names of the tools `messages` load, in order of first appearance (see the module
 /// docs), and the tools of `preload` first.
 pub fn loaded_by(registry: &ToolRegistry, preload: &[String], messages: &[Message]) -> Vec<String> {
@@ -69,10 +72,13 @@ pub fn loaded_by(registry: &ToolRegistry, preload: &[String], messages: &[Messag
     out
 }
 
-/// The core tools taken out of the offer: the skill tools when there are no skills.
+/// The core tools taken out of the offer: the skill tools when there are no skills,
+/// `skill_search` when the prompt lists every skill (nothing left for it to find).
 pub fn omitted(skills: &[Skill]) -> &'static [&'static str] {
     if skills.is_empty() {
         SKILL_TOOLS
+    } else if crate::skills::all_listed(skills) {
+        SEARCH_TOOL
     } else {
         &[]
     }

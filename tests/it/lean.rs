@@ -264,7 +264,7 @@ async fn an_mcp_tool_is_found_with_tool_search_and_called() {
     llm.push(Reply::ToolCalls(vec![(
         "s1".into(),
         "tool_search".into(),
-        json!({"query": "echo a message back", "limit": 2}).to_string(),
+        json!({"query": "echo the input back", "limit": 2}).to_string(),
     )]));
     llm.push(Reply::ToolCalls(vec![(
         "e1".into(),
@@ -354,4 +354,60 @@ async fn a_window_too_small_for_the_core_set_is_reported_at_start() {
         .find(|l| l.contains("context window (main)"))
         .unwrap_or_else(|| panic!("{stdout}"));
     assert!(line.starts_with("ok"), "{line}");
+}
+
+/// What `weft onboard` writes, plus one skill: a one-line message costs at most 8 KB of
+/// instructions (every system message) and tool schemas, through the real binary and the
+/// config onboard wrote (the fake LLM standing in for OpenAI, as in the README's quick start).
+#[tokio::test]
+async fn onboards_defaults_and_one_skill_keep_a_one_line_message_within_8_kb() {
+    use std::process::Command;
+    let home = tempfile::tempdir().unwrap();
+    let llm = FakeLlm::start().await;
+    let (home_dir, base_url) = (home.path().to_path_buf(), llm.base_url());
+    let user = move |args: &[&str]| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_weft"));
+        c.env_clear()
+            .env("HOME", &home_dir)
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("OPENAI_API_KEY", "sk-onboard-123")
+            .env("OPENAI_BASE_URL", &base_url)
+            .stdin(std::process::Stdio::null())
+            .args(args);
+        c
+    };
+    let out = user(&["onboard"]).output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let skill = home.path().join(".clawft/workspace/skills/groceries");
+    std::fs::create_dir_all(&skill).unwrap();
+    std::fs::write(
+        skill.join("SKILL.md"),
+        "---\nname: groceries\ndescription: Keep the family's shopping list in groceries.md \
+         and read it back by aisle\nallowed_tools: [\"read_file\", \"edit_file\"]\n---\n\
+         1. Read groceries.md (create it when missing).\n2. Add or tick off items, one per \
+         line, grouped by aisle.\n3. Answer with the list as it is now.\n",
+    )
+    .unwrap();
+    llm.push(Reply::Text("Hello!".into()));
+    let out = tokio::task::spawn_blocking(move || user(&["agent", "-m", "hi"]).output().unwrap())
+        .await
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let req = &llm.requests()[0];
+    let instructions: usize = messages(req)
+        .iter()
+        .filter(|m| m["role"] == "system")
+        .map(|m| m["content"].as_str().unwrap_or_default().len())
+        .sum();
+    let tools = serde_json::to_vec(&req["tools"]).unwrap().len();
+    // The templates and the skill are in the request.
+    let system = system_of(req);
+    assert!(system.contains("Be direct and friendly"), "{system}");
+    assert!(system.contains("groceries"), "{system}");
+    assert!(
+        instructions + tools <= 8192,
+        "instructions {instructions} + tools {tools} = {} bytes",
+        instructions + tools
+    );
+    eprintln!("onboard + one skill: instructions {instructions} B + tools {tools} B");
 }

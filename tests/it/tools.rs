@@ -610,3 +610,71 @@ async fn metrics_are_valid_prometheus_text_and_count_turns_and_tools() {
         .any(|s| s.metric == "clawft_llm_request_duration_seconds"));
     gw.stop().await;
 }
+
+/// The 64 KB cap on a tool result holds on what the provider receives for the tool message (the
+/// content string as written in the request body, escapes included), on every path: binary
+/// output kept at a timeout, a long text result, and an error whose text echoes the call.
+#[tokio::test]
+async fn a_tool_result_is_held_to_its_cap_as_the_provider_receives_it() {
+    const CAP: usize = 65_536;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("ws")).unwrap();
+    let llm = FakeLlm::start().await;
+    let long_name = format!("no_such_tool_{}", "\u{1}\"x".repeat(40_000));
+    llm.push(Reply::ToolCalls(vec![
+        (
+            "bin".into(),
+            "exec_shell".into(),
+            json!({"command": "head -c 3000000 /dev/urandom; sleep 30", "timeout": 2}).to_string(),
+        ),
+        (
+            "text".into(),
+            "exec_shell".into(),
+            json!({"command": "yes '\"quoted\" \\\\ text' | head -c 900000"}).to_string(),
+        ),
+        ("err".into(), long_name, "{}".into()),
+    ]));
+    llm.push(Reply::Text("done".into()));
+    let gw = TestGateway::start(config(&llm, dir.path(), json!({}))).await;
+    let (s, body) = gw.api.chat("cap", "run them").await;
+    assert_eq!(s, 200, "{body}");
+    let req = &llm.requests()[1];
+    let tools: Vec<&Value> = req["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .collect();
+    assert_eq!(tools.len(), 3, "{req}");
+    for m in &tools {
+        let content = m["content"].as_str().unwrap();
+        // The bytes of the tool message's content in the request body.
+        let wire = serde_json::to_string(&m["content"]).unwrap().len();
+        assert!(
+            wire <= CAP,
+            "{}: {wire} bytes on the wire ({} decoded)",
+            m["tool_call_id"],
+            content.len()
+        );
+        // Still JSON the model can read, saying it was cut.
+        let v: Value = serde_json::from_str(content).unwrap();
+        assert!(content.contains("truncated"), "{}: {v}", m["tool_call_id"]);
+    }
+    let results = tool_results(req);
+    // What matters about the run survives the cut: that it timed out, and why.
+    let bin = &results.iter().find(|(id, _)| id == "bin").unwrap().1;
+    assert_eq!(bin["timed_out"], true, "{bin}");
+    assert!(bin["note"].as_str().unwrap().contains("timed out"), "{bin}");
+    let text = &results.iter().find(|(id, _)| id == "text").unwrap().1;
+    assert_eq!(text["exit_code"], 0, "{text}");
+    assert!(
+        text["stdout"]
+            .as_str()
+            .unwrap()
+            .starts_with("\"quoted\" \\\\ text\n"),
+        "{text}"
+    );
+    let err = &results.iter().find(|(id, _)| id == "err").unwrap().1;
+    assert_eq!(err["error_code"], "NOT_FOUND", "{err}");
+    gw.stop().await;
+}
