@@ -24,7 +24,7 @@ use crate::types::MutexExt;
 use crate::types::SessionKey;
 
 /// How the summary enters the prompt (a user message right after the system prompt).
-pub const SUMMARY_HEADER: &str = "[Summary of the earlier conversation, written by you for yourself when it was compacted. The full messages are no longer in this prompt.]";
+pub const SUMMARY_HEADER: &str = "[Summary of the earlier conversation, written by you for yourself when it was compacted. The full messages are no longer in this prompt; the history_search tool finds their words.]";
 
 /// The instruction of the memory flush turn.
 pub const FLUSH_PROMPT: &str = "[Context maintenance, not from the user] This conversation is about to be compacted: its older messages will be replaced by a summary. Save anything worth keeping for later (facts about the user, preferences, decisions, open tasks) with memory_write now. Then reply exactly NO_REPLY. Nothing of this exchange is shown to the user.";

@@ -267,15 +267,17 @@ impl Builtin {
             | Builtin::WebFetch
             | Builtin::WebSearch
             | Builtin::MemorySearch
-            | Builtin::HistorySearch
             | Builtin::ToolSearch
             | Builtin::UseSkill
             | Builtin::SkillSearch => true,
             // Listed by name, loaded on demand: searching file contents is a coding task
             // (and `exec_shell` can run `grep`), and a reply reaches its chat without
             // `message`; their schemas (~1.8 KB) kept a one-line message over 8 KB.
+            // `history_search` has nothing to find until a chat was summarised; its line in
+            // the list is enough for a model to call it by name then.
             Builtin::Grep
             | Builtin::Message
+            | Builtin::HistorySearch
             | Builtin::Spawn
             | Builtin::Process
             | Builtin::MemoryRead
