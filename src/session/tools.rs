@@ -449,15 +449,9 @@ fn history_search(
         .map(|&(score, seq, i)| {
             let m = &transcript[i].1;
             let (text, truncated) = cut(&m.content, HISTORY_HIT_CHARS);
-            let role = match m.role {
-                Role::User => "user",
-                Role::Assistant => "assistant",
-                Role::Tool => "tool",
-                Role::System => "system",
-            };
             let mut v = json!({
                 "index": seq,
-                "role": role,
+                "role": m.role,
                 "said_at": said_at[i].map_or(Value::Null, time_of),
                 "text": text,
                 "score": score,
