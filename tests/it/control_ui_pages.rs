@@ -333,7 +333,7 @@ async fn overview_usage_chart_words_and_fit_in_a_browser() {
         .await;
     let said = b
         .until(
-            "const l = document.querySelector('#transcript li.user'); return l && [l.dataset.who, l.title, l.textContent]",
+            "const t = document.getElementById('transcript-title'); const l = document.querySelector('#transcript li.user'); return t && t.textContent.startsWith('telegram:111:') && l && [l.dataset.who, l.title, l.textContent]",
             "the user's message by name",
         )
         .await;
